@@ -1,0 +1,39 @@
+"""attnkit: softmax, doubly-normalized, hybrid, Sinkhorn and CoDA attention for PyTorch.
+
+    import attnkit as ak
+    out = ak.attention(q, k, v, mechanism="dnas", key_mask=mask)
+"""
+
+from . import scores
+from .config import DNAS, MECHANISMS, CoDA, Hybrid, Sinkhorn, Softmax, resolve_mechanism
+from .functional import BACKENDS, attention, normalize
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "MECHANISMS",
+    "BACKENDS",
+    "Softmax",
+    "DNAS",
+    "Hybrid",
+    "Sinkhorn",
+    "CoDA",
+    "resolve_mechanism",
+    "attention",
+    "normalize",
+    "scores",
+    "nn",
+]
+
+
+def __getattr__(name):  # lazy: ``ak.nn`` and ``ak.explain_away`` import torch.nn modules on first use
+    if name == "nn":
+        from . import nn
+
+        return nn
+    if name == "explain_away":
+        from .analysis import explain_away
+
+        return explain_away
+    raise AttributeError(f"module 'attnkit' has no attribute {name!r}")

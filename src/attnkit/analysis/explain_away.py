@@ -1,0 +1,84 @@
+"""Explaining-away statistics of attention weights.
+
+"Attention that does not explain away", section 4 (eps-explained-away keys, histogram of weight sums);
+doubly-normalized attention draft, Lemma 1 (Appendix B). For weights ``pi (B, H, Lq, Lk)``, key ``j``
+receives the total weight ``sum_i pi_ij`` over valid queries. A key is eps-explained-away when that sum
+is below ``eps``. DNAS guarantees ``sum_i pi_ij >= 1 / n_k`` for every key with a valid query.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["ExplainAway", "explain_away"]
+
+
+@dataclass
+class ExplainAway:
+    """Per-key weight sums and their summary.
+
+    ``key_sums (B, H, Lk)``: ``sum_i pi_ij`` over valid queries (0 for invalid keys);
+    ``log_sums (B, H, Lk)``: their natural log (``-inf`` for invalid keys or zero sums);
+    ``valid_keys (B, H, Lk)``: which keys count; ``min``: smallest sum over valid keys;
+    ``min_normalized``: smallest ``n_k * sum_i pi_ij`` (Lemma 1 says >= 1 for DNAS);
+    ``fraction_below_eps``: share of valid keys with a sum below ``eps``.
+    """
+
+    key_sums: Tensor
+    log_sums: Tensor
+    valid_keys: Tensor
+    min: float
+    min_normalized: float
+    fraction_below_eps: float
+    eps: float
+
+
+def explain_away(
+    weights: Tensor,
+    key_mask: Optional[Tensor] = None,
+    query_mask: Optional[Tensor] = None,
+    eps: float = 1e-3,
+) -> ExplainAway:
+    """Explaining-away statistics of ``weights (B, H, Lq, Lk)`` (key/query masks: True = real token)."""
+    if not isinstance(weights, Tensor) or weights.dim() != 4:
+        got = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
+        raise ValueError(f"weights must be a tensor of shape (B, H, Lq, Lk), got {got}")
+    if not (isinstance(eps, (int, float)) and eps > 0):
+        raise ValueError(f"eps={eps!r}; expected a number > 0")
+    B, H, Lq, Lk = weights.shape
+    for name, m, L in (("key_mask", key_mask, Lk), ("query_mask", query_mask, Lq)):
+        if m is not None and (not isinstance(m, Tensor) or m.dtype != torch.bool or tuple(m.shape) != (B, L)):
+            got = (tuple(m.shape), m.dtype) if isinstance(m, Tensor) else type(m).__name__
+            raise ValueError(f"{name} must be a bool tensor of shape ({B}, {L}) with True = real token, got {got}")
+    w = weights.detach().double()
+    if query_mask is not None:
+        w = w * query_mask[:, None, :, None]  # (B, H, Lq, Lk)
+    key_sums = w.sum(dim=-2)  # (B, H, Lk)
+    valid_keys = torch.ones(B, H, Lk, dtype=torch.bool, device=w.device)
+    if key_mask is not None:
+        valid_keys = valid_keys & key_mask[:, None, :]
+    if query_mask is not None:
+        valid_keys = valid_keys & query_mask.any(dim=-1)[:, None, None]  # keys of an all-padding row do not count
+    key_sums = key_sums.masked_fill(~valid_keys, 0.0)
+    log_sums = torch.log(key_sums).masked_fill(~valid_keys, float("-inf"))
+    n_k = valid_keys.sum(dim=-1, keepdim=True).clamp_min(1)  # (B, H, 1)
+    if valid_keys.any():
+        sums = key_sums[valid_keys]
+        min_sum = sums.min().item()
+        min_normalized = (key_sums * n_k)[valid_keys].min().item()
+        fraction = (sums < eps).double().mean().item()
+    else:
+        min_sum, min_normalized, fraction = float("nan"), float("nan"), 0.0
+    return ExplainAway(
+        key_sums=key_sums.to(weights.dtype),
+        log_sums=log_sums.to(weights.dtype),
+        valid_keys=valid_keys,
+        min=min_sum,
+        min_normalized=min_normalized,
+        fraction_below_eps=fraction,
+        eps=float(eps),
+    )

@@ -1,0 +1,65 @@
+"""The ``attnkit`` command line: a thin layer over the library.
+
+Every module of this package that defines ``register(app)`` adds its commands. Errors a user can fix
+(``ValueError``, ``FileNotFoundError``, ...) print one line and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+from typing import Optional, Sequence
+
+import typer
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="attnkit",
+    help="Softmax, doubly-normalized, hybrid, Sinkhorn and CoDA attention: info, demos, benchmarks, runs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+
+@app.callback()
+def _root() -> None:
+    """attnkit: attention mechanisms from the doubly-normalized, CoDA and alignment papers."""
+
+
+for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    if not _info.name.startswith("_"):
+        _module = importlib.import_module(f"{__name__}.{_info.name}")
+        if hasattr(_module, "register"):
+            _module.register(app)
+
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError)
+
+
+def _one_line(message: str) -> str:
+    return " ".join(str(message).split())
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Entry point of the ``attnkit`` script."""
+    try:
+        app(args=list(argv) if argv is not None else None, standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(130)
+    except typer.TyperException as exc:  # usage errors: unknown option, bad parameter, missing argument
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        if _one_line(message):  # ``attnkit`` alone prints the help and no error line
+            print(f"error: {_one_line(message)}", file=sys.stderr)
+        sys.exit(2)
+    except USER_ERRORS as exc:
+        print(f"error: {_one_line(str(exc) or type(exc).__name__)}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,46 @@
+"""``attnkit info``: version, mechanisms, backends and the torch build."""
+
+from __future__ import annotations
+
+import platform
+
+import typer
+
+__all__ = ["register", "info_dict"]
+
+
+def info_dict() -> dict:
+    import torch
+
+    import attnkit as ak
+    from attnkit import functional
+
+    kernels = functional._efficient_module()
+    return {
+        "attnkit": ak.__version__,
+        "mechanisms": list(ak.MECHANISMS),
+        "backends": [b for b in ak.BACKENDS if b != "efficient" or kernels is not None],
+        "torch": torch.__version__,
+        "cuda": torch.cuda.is_available(),
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+    }
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def info(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+        """Show the attnkit version, its mechanisms and backends, and the torch build."""
+        data = info_dict()
+        if as_json:
+            import json
+
+            typer.echo(json.dumps(data, indent=2))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="attnkit", show_header=False)
+        for key, value in data.items():
+            table.add_row(key, ", ".join(map(str, value)) if isinstance(value, list) else str(value))
+        Console().print(table)

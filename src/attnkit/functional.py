@@ -1,0 +1,257 @@
+"""The functional core: ``attention`` and ``normalize`` (DESIGN.md section 6).
+
+Both accept a mechanism name (``"softmax"``, ``"dnas"``, ``"hnas"``, ``"sinkhorn"``, ``"coda"``) or a
+config object (``ak.Sinkhorn(iters=5)``), the masks of ``attnkit.masks`` and return weights in which
+invalid pairs weigh exactly 0 and queries without a valid key get zeros (never NaN).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .config import CoDA, Hybrid, MechanismConfig, MechanismLike, Sinkhorn, resolve_mechanism
+from .masks import MaskInfo, build_mask, causal_leak_error, check_qkv
+from .mechanisms import (
+    check_hybrid_weight,
+    coda_weights,
+    dnas_weights,
+    hybrid_weights,
+    neg_l1_distance,
+    sinkhorn_weights,
+    softmax_weights,
+)
+from .scores import scaled_dot
+
+__all__ = ["attention", "normalize", "BACKENDS", "resolve_call"]
+
+BACKENDS: tuple[str, ...] = ("auto", "reference", "efficient")
+
+
+def resolve_call(
+    mechanism: MechanismLike,
+    hybrid_weight: Optional[Union[float, Tensor]],
+    sinkhorn_iters: Optional[int],
+) -> MechanismConfig:
+    """Merge the per-call options with the mechanism's config, rejecting options that do not apply."""
+    config = resolve_mechanism(mechanism)
+    if hybrid_weight is not None and not isinstance(config, Hybrid):
+        raise ValueError(
+            f"hybrid_weight is only used by mechanism 'hnas', got mechanism {config.name!r}; drop hybrid_weight"
+        )
+    if sinkhorn_iters is not None:
+        if not isinstance(config, Sinkhorn):
+            raise ValueError(
+                f"sinkhorn_iters is only used by mechanism 'sinkhorn', got mechanism {config.name!r}; "
+                "drop sinkhorn_iters"
+            )
+        if not isinstance(mechanism, str) and sinkhorn_iters != config.iters:
+            raise ValueError(
+                f"sinkhorn_iters={sinkhorn_iters} contradicts the config Sinkhorn(iters={config.iters}); pass one of them"
+            )
+        config = Sinkhorn(iters=sinkhorn_iters)
+    return config
+
+
+def _check_scale(scale: Optional[float], D: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(D)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale={scale!r}; expected a finite number > 0 (default 1/sqrt(D) = {1 / math.sqrt(D):.4g})")
+    return float(scale)
+
+
+def _check_dropout(p: float) -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout_p={p!r}; expected a number in [0, 1)")
+    return float(p)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half-precision inputs are normalized in float32 (as torch's softmax does internally)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _weights(
+    scores: Tensor,
+    config: MechanismConfig,
+    mask: MaskInfo,
+    u: Optional[Tensor],
+    gate_scores: Optional[Tensor] = None,
+) -> Tensor:
+    """Weights ``(B, H, Lq, Lk)`` of ``config`` from scores in the compute dtype."""
+    if isinstance(config, CoDA):
+        return coda_weights(scores, gate_scores, mask.valid, config)
+    if mask.bias is not None:
+        scores = scores + mask.bias.to(scores.dtype)
+    if config.name == "softmax":
+        return softmax_weights(scores, mask.valid)
+    if config.name == "dnas":
+        return dnas_weights(scores, mask.valid)
+    if config.name == "hnas":
+        return hybrid_weights(scores, mask.valid, u.to(scores.dtype))
+    return sinkhorn_weights(scores, mask.valid, config.iters)
+
+
+def _hybrid_u(config: MechanismConfig, hybrid_weight, H: int, like: Tensor) -> Optional[Tensor]:
+    if not isinstance(config, Hybrid):
+        return None
+    return check_hybrid_weight(config.u0 if hybrid_weight is None else hybrid_weight, H, like)
+
+
+def _efficient_module():
+    try:
+        from . import kernels
+    except ImportError:  # pragma: no cover - the kernels ship with the package
+        return None
+    return kernels
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mechanism: MechanismLike = "softmax",
+    *,
+    key_mask: Optional[Tensor] = None,
+    query_mask: Optional[Tensor] = None,
+    attn_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    scale: Optional[float] = None,
+    dropout_p: float = 0.0,
+    hybrid_weight: Optional[Union[float, Tensor]] = None,
+    sinkhorn_iters: Optional[int] = None,
+    return_weights: bool = False,
+    backend: str = "auto",
+) -> Union[Tensor, tuple[Tensor, Tensor]]:
+    r"""Attention ``out_i = sum_j pi_ij v_j`` with the weights ``pi`` of ``mechanism``.
+
+    .. math::
+        s_{ij} = \text{scale} \cdot q_i \cdot k_j, \qquad
+        \pi = \text{normalize}(s), \qquad \text{out} = \pi v
+
+    For ``"coda"``, ``pi = f_E(alpha E) * gate(beta N)`` with ``N = -scale * ||q_i - k_j||_1``.
+
+    Shapes:
+        q ``(B, H, Lq, D)``, k ``(B, H, Lk, D)``, v ``(B, H, Lk, Dv)`` -> out ``(B, H, Lq, Dv)``;
+        weights ``(B, H, Lq, Lk)`` when ``return_weights``.
+
+    Args:
+        mechanism: a name in ``ak.MECHANISMS`` or a config object.
+        key_mask, query_mask, attn_mask, causal: masks, True = may attend (see ``attnkit.masks``).
+        scale: score scale, ``1/sqrt(D)`` by default.
+        dropout_p: dropout on the weights (applied whenever > 0, as in SDPA).
+        hybrid_weight: ``u`` for ``"hnas"``: a number or a tensor of shape ``()`` / ``(H,)``.
+            Defaults to the config's ``u0`` (0.5).
+        sinkhorn_iters: iterations for ``"sinkhorn"`` (default 3).
+        return_weights: also return the weights (uses the reference backend).
+        backend: ``"reference"`` (materialized weights), ``"efficient"`` (O(L) memory) or ``"auto"``.
+
+    Invariants: invalid pairs weigh 0; a query with no valid key returns zeros; dnas/hnas/sinkhorn
+    raise a ``ValueError`` under ``causal=True`` (they would leak future positions).
+    """
+    config = resolve_call(mechanism, hybrid_weight, sinkhorn_iters)
+    check_qkv(q, k, v)
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    if causal and config.query_normalized:
+        raise causal_leak_error(config.name)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    mask = build_mask(
+        B, H, Lq, Lk,
+        key_mask=key_mask, query_mask=query_mask, attn_mask=attn_mask, causal=causal,
+        device=q.device, allow_bias=not isinstance(config, CoDA),
+    )
+    scale = _check_scale(scale, D)
+    dropout_p = _check_dropout(dropout_p)
+    u = _hybrid_u(config, hybrid_weight, H, q)
+
+    kernels = _efficient_module()
+    if backend == "efficient":
+        if return_weights:
+            raise ValueError(
+                "backend='efficient' never materializes the (Lq, Lk) weights; use backend='reference' "
+                "(or 'auto') with return_weights=True"
+            )
+        if kernels is None:
+            raise ValueError("the efficient backend is not available in this build; use backend='reference'")
+        return kernels.efficient_attention(q, k, v, config, mask, scale=scale, dropout_p=dropout_p, u=u)
+    if backend == "auto" and not return_weights and kernels is not None:
+        if kernels.prefers_efficient(q, k, v, config, mask, dropout_p=dropout_p):
+            return kernels.efficient_attention(q, k, v, config, mask, scale=scale, dropout_p=dropout_p, u=u)
+    return _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights)
+
+
+def _reference_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    config: MechanismConfig,
+    mask: MaskInfo,
+    scale: float,
+    dropout_p: float,
+    u: Optional[Tensor],
+    return_weights: bool,
+) -> Union[Tensor, tuple[Tensor, Tensor]]:
+    """The materialized path: weights ``(B, H, Lq, Lk)`` in float32 (or float64), then ``weights @ v``."""
+    cdtype = _compute_dtype(q.dtype)
+    s = scaled_dot(q, k, scale).to(cdtype)  # (B, H, Lq, Lk)
+    n = neg_l1_distance(q, k, scale).to(cdtype) if isinstance(config, CoDA) else None  # (B, H, Lq, Lk)
+    w = _weights(s, config, mask, u, gate_scores=n)
+    if dropout_p > 0:
+        w = F.dropout(w, p=dropout_p, training=True)
+    w = w.to(v.dtype)
+    out = w @ v  # (B, H, Lq, Dv)
+    return (out, w) if return_weights else out
+
+
+def normalize(
+    scores: Tensor,
+    mechanism: MechanismLike = "softmax",
+    *,
+    key_mask: Optional[Tensor] = None,
+    query_mask: Optional[Tensor] = None,
+    attn_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    hybrid_weight: Optional[Union[float, Tensor]] = None,
+    sinkhorn_iters: Optional[int] = None,
+    gate_scores: Optional[Tensor] = None,
+) -> Tensor:
+    """Attention weights ``(B, H, Lq, Lk)`` from any scores ``(B, H, Lq, Lk)``.
+
+    Use it with any score function of ``ak.scores`` (dot, scaled dot, bilinear, additive). For
+    ``"coda"``, ``scores`` is the affinity ``E`` and ``gate_scores`` the negative distance ``N``
+    (e.g. ``ak.scores.neg_l1_distance(q, k)``); alpha and beta of the config scale them.
+    """
+    config = resolve_call(mechanism, hybrid_weight, sinkhorn_iters)
+    if not isinstance(scores, Tensor) or scores.dim() != 4 or not scores.dtype.is_floating_point:
+        got = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
+        raise ValueError(f"scores must be a floating tensor of shape (B, H, Lq, Lk), got {got}")
+    B, H, Lq, Lk = scores.shape
+    if causal and config.query_normalized:
+        raise causal_leak_error(config.name)
+    if isinstance(config, CoDA):
+        if gate_scores is None:
+            raise ValueError(
+                "mechanism 'coda' needs gate_scores (the N matrix, e.g. ak.scores.neg_l1_distance(q, k)) "
+                "besides scores (the E matrix)"
+            )
+        if not isinstance(gate_scores, Tensor) or gate_scores.shape != scores.shape:
+            got = tuple(gate_scores.shape) if isinstance(gate_scores, Tensor) else type(gate_scores).__name__
+            raise ValueError(f"gate_scores has shape {got}, expected the shape of scores {tuple(scores.shape)}")
+    elif gate_scores is not None:
+        raise ValueError(f"gate_scores is only used by mechanism 'coda', got {config.name!r}")
+    mask = build_mask(
+        B, H, Lq, Lk,
+        key_mask=key_mask, query_mask=query_mask, attn_mask=attn_mask, causal=causal,
+        device=scores.device, allow_bias=not isinstance(config, CoDA),
+    )
+    cdtype = _compute_dtype(scores.dtype)
+    u = _hybrid_u(config, hybrid_weight, H, scores)
+    n = gate_scores.to(cdtype) if gate_scores is not None else None
+    return _weights(scores.to(cdtype), config, mask, u, gate_scores=n).to(scores.dtype)

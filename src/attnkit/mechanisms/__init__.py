@@ -1,0 +1,20 @@
+"""The normalizations ("mechanisms") as pure functions of scores and a validity mask."""
+
+from .coda import ACTIVATION_FNS, coda_weights, neg_l1_distance
+from .dnas import dnas_weights, key_log_normalizer
+from .hybrid import check_hybrid_weight, hybrid_weights
+from .sinkhorn import sinkhorn_column_potential, sinkhorn_weights
+from .softmax import softmax_weights
+
+__all__ = [
+    "ACTIVATION_FNS",
+    "coda_weights",
+    "neg_l1_distance",
+    "dnas_weights",
+    "key_log_normalizer",
+    "check_hybrid_weight",
+    "hybrid_weights",
+    "sinkhorn_column_potential",
+    "sinkhorn_weights",
+    "softmax_weights",
+]

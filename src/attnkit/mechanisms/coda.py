@@ -1,0 +1,69 @@
+"""Compositional de-attention (CoDA) quasi-attention.
+
+"Compositional De-Attention Networks", eqs. (1)-(6) and (10); DESIGN.md section 3:
+
+    E_ij = alpha * q_i . k_j / sqrt(D)                  (affinity)
+    N_ij = -beta * ||q_i - k_j||_1 / sqrt(D)            (negative L1 distance)
+    M    = f_E(E) * g(N)                                 (no softmax, no normalization)
+
+with ``f_E = tanh`` and the gate ``g`` one of: plain ``f_N(N)`` (``"sigmoid"``), ``2 f_N(N)``
+(``"scaled"``, eq. 5, default) or ``f_N(N - mean N)`` (``"centered"``, eq. 4); ``center_e``
+uses ``E - mean E`` (eq. 6). Means run over the valid entries of each (batch, head) matrix.
+
+Masks are multiplicative: ``M_ij = 0`` on invalid pairs (an additive ``-inf`` would give
+``tanh(-inf) = -1``). Invariant with the default activations: ``M in [-1, 1]``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from ..config import CoDA
+from ._common import masked_mean
+
+__all__ = ["coda_weights", "neg_l1_distance", "ACTIVATION_FNS"]
+
+
+def _algebraic(x: Tensor) -> Tensor:
+    return x * torch.rsqrt(1 + x * x)
+
+
+ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "arctan": torch.atan,
+    "algebraic": _algebraic,
+}
+
+
+def neg_l1_distance(q: Tensor, k: Tensor, scale: Optional[float] = None) -> Tensor:
+    """``-||q_i - k_j||_1 * scale`` with ``scale = 1/sqrt(D)`` by default; ``(B, H, Lq, Lk)``.
+
+    Uses ``torch.cdist(p=1)``: no ``(Lq, Lk, D)`` temporary.
+    """
+    D = q.shape[-1]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    B, H, Lq, _ = q.shape
+    Lk = k.shape[-2]
+    dist = torch.cdist(q.reshape(B * H, Lq, D), k.reshape(B * H, Lk, D), p=1)  # (B*H, Lq, Lk)
+    return -scale * dist.view(B, H, Lq, Lk)
+
+
+def coda_weights(affinity: Tensor, neg_distance: Tensor, valid: Optional[Tensor], config: CoDA) -> Tensor:
+    """CoDA matrix ``M (B, H, Lq, Lk)`` from ``E = affinity`` and ``N = neg_distance`` (before alpha/beta)."""
+    e = config.alpha * affinity
+    n = config.beta * neg_distance
+    if config.center_e:
+        e = e - masked_mean(e, valid)  # eq. (6)
+    if config.gate == "centered":
+        n = n - masked_mean(n, valid)  # eq. (4)
+    m = ACTIVATION_FNS[config.e_activation](e) * ACTIVATION_FNS[config.n_activation](n)
+    if config.gate == "scaled":
+        m = 2 * m  # eq. (5)
+    if valid is not None:
+        m = m.masked_fill(~valid, 0.0)
+    return m

@@ -1,0 +1,55 @@
+"""Hybrid attention (HNAS): a learned mix of doubly-normalized and softmax attention.
+
+Doubly-normalized attention draft, section 6; "Attention that does not explain away", section 5
+(one weight per layer and head); DESIGN.md section 2:
+
+    pi^H = u * pi^D + (1 - u) * pi^L,    u in [0, 1]
+
+``u = 0`` is softmax, ``u = 1`` is DNAS. Because the output is linear in ``pi``,
+``out^H = u * out^D + (1 - u) * out^L``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+from .dnas import dnas_weights
+from .softmax import softmax_weights
+
+__all__ = ["hybrid_weights", "check_hybrid_weight"]
+
+
+def check_hybrid_weight(u: Union[float, Tensor], H: int, like: Tensor) -> Tensor:
+    """Validate ``u`` (a number, or a tensor of shape ``()``, ``(H,)`` or broadcastable to ``(B, H, 1, 1)``)
+    and return it as a tensor broadcastable to ``(B, H, Lq, Lk)`` in ``like``'s dtype and device."""
+    if isinstance(u, bool) or not isinstance(u, (int, float, Tensor)):
+        raise ValueError(f"hybrid_weight must be a number or a tensor in [0, 1], got {type(u).__name__}")
+    if not isinstance(u, Tensor):
+        if not 0.0 <= float(u) <= 1.0:
+            raise ValueError(f"hybrid_weight={u!r} is outside [0, 1]; u mixes DNAS (u=1) and softmax (u=0)")
+        return torch.tensor(float(u), dtype=like.dtype, device=like.device)
+    if not u.dtype.is_floating_point:
+        raise ValueError(f"hybrid_weight has dtype {u.dtype}; expected a floating tensor in [0, 1]")
+    if u.device != like.device:
+        raise ValueError(f"hybrid_weight is on {u.device} but the inputs are on {like.device}")
+    with torch.no_grad():
+        if torch.isnan(u).any() or (u < 0).any() or (u > 1).any():
+            raise ValueError(
+                f"hybrid_weight has values outside [0, 1] (min {u.min().item():.4g}, max {u.max().item():.4g}); "
+                "pass sigmoid(theta) for a learnable weight"
+            )
+    if u.dim() == 1:
+        if u.shape[0] not in (1, H):
+            raise ValueError(f"hybrid_weight has shape {tuple(u.shape)}; expected () or (H,) = ({H},)")
+        u = u.view(1, -1, 1, 1)  # (1, H, 1, 1)
+    elif u.dim() not in (0, 4):
+        raise ValueError(f"hybrid_weight has shape {tuple(u.shape)}; expected (), (H,) or (B, H, 1, 1)")
+    return u.to(like.dtype)
+
+
+def hybrid_weights(scores: Tensor, valid: Optional[Tensor], u: Tensor) -> Tensor:
+    """Hybrid weights ``(B, H, Lq, Lk)``; ``u`` already validated by ``check_hybrid_weight``."""
+    return u * dnas_weights(scores, valid) + (1 - u) * softmax_weights(scores, valid)
