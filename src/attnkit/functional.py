@@ -7,8 +7,9 @@ invalid pairs weigh exactly 0 and queries without a valid key get zeros (never N
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -27,9 +28,26 @@ from .mechanisms import (
 )
 from .scores import scaled_dot
 
-__all__ = ["attention", "normalize", "BACKENDS", "resolve_call"]
+__all__ = ["attention", "normalize", "observe_weights", "BACKENDS", "resolve_call", "WeightObserver"]
 
 BACKENDS: tuple[str, ...] = ("auto", "reference", "efficient")
+
+WeightObserver = Callable[[Tensor, MaskInfo, MechanismConfig], None]
+_OBSERVERS: list[WeightObserver] = []
+
+
+@contextlib.contextmanager
+def observe_weights(observer: WeightObserver) -> Iterator[None]:
+    """Call ``observer(weights, mask_info, config)`` for every ``attention`` call inside the block.
+
+    ``weights`` is the detached ``(B, H, Lq, Lk)`` matrix; calls inside the block use the reference
+    backend so that the weights exist. Diagnostics (``attnkit.analysis``) build on this.
+    """
+    _OBSERVERS.append(observer)
+    try:
+        yield
+    finally:
+        _OBSERVERS.remove(observer)
 
 
 def resolve_call(
@@ -170,6 +188,12 @@ def attention(
     scale = _check_scale(scale, D)
     dropout_p = _check_dropout(dropout_p)
     u = _hybrid_u(config, hybrid_weight, H, q)
+
+    if _OBSERVERS:
+        out, w = _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights=True)
+        for observer in list(_OBSERVERS):
+            observer(w.detach(), mask, config)
+        return (out, w) if return_weights else out
 
     kernels = _efficient_module()
     if backend == "efficient":
