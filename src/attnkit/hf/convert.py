@@ -1,0 +1,284 @@
+"""Convert a loaded transformers model to an attnkit mechanism, in place (DESIGN.md sections 2 and 6).
+
+HNAS (hybrid) attention mixes ``pi^H = u * pi^D + (1 - u) * pi^L`` with one ``u = sigmoid(theta)`` per layer and
+head (draft sec. 6, later version sec. 5); ``theta (H,)`` becomes a parameter of each converted attention module,
+so optimizers and ``save_pretrained`` see it. The conversion is recorded in ``model.config.attnkit``, and the
+config names the ``"attnkit"`` attention implementation, so ``attnkit.hf.load(path)`` (or ``from_pretrained``
+after ``attnkit.hf.register()``) rebuilds the same model.
+
+Which modules convert: the self-attention modules that dispatch through transformers' ``AttentionInterface``
+(BERT, RoBERTa, ALBERT, DistilBERT, Llama-style decoders, ...). Cross-attention is never converted; in
+encoder-decoder models only the encoder self-attention is. dnas/hnas/sinkhorn normalize over queries and so leak
+future tokens under a causal mask: converting causal self-attention to them raises a ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+from dataclasses import asdict
+from typing import Optional, Sequence, Union
+
+import torch
+from torch import Tensor, nn
+
+from ..config import Hybrid, MechanismConfig, MechanismLike, Sinkhorn, resolve_mechanism
+from .registry import _MECHANISM_ATTR, _SELF_ATTR, _THETA_ATTR, IMPLEMENTATION, register
+
+__all__ = [
+    "convert",
+    "load",
+    "hybrid_weights",
+    "attention_modules",
+    "converted_modules",
+    "conversion",
+    "restore_conversion",
+]
+
+CONFIG_KEY = "attnkit"
+_CROSS_NAMES = ("crossattention", "cross_attention", "cross_attn", "encoder_attn")
+_DISPATCH_CACHE: dict[type, bool] = {}
+
+
+def _dispatches_attention(module: nn.Module) -> bool:
+    """Whether the module's ``forward`` calls an ``AttentionInterface`` function (read from its source once)."""
+    cls = type(module)
+    if cls not in _DISPATCH_CACHE:
+        try:
+            source = inspect.getsource(cls.forward)
+        except (OSError, TypeError):
+            source = ""
+        _DISPATCH_CACHE[cls] = "ALL_ATTENTION_FUNCTIONS" in source
+    return _DISPATCH_CACHE[cls]
+
+
+def _is_cross_attention(name: str, module: nn.Module) -> bool:
+    last = name.rsplit(".", 1)[-1].lower()
+    return "cross" in type(module).__name__.lower() or last in _CROSS_NAMES or bool(
+        getattr(module, "is_cross_attention", False)
+    )
+
+
+def _check_model(model) -> None:
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        raise ValueError(
+            f"expected a transformers PreTrainedModel (e.g. AutoModel.from_pretrained(...)), got {type(model).__name__}"
+        )
+
+
+def attention_modules(model) -> list[tuple[str, nn.Module]]:
+    """The convertible self-attention modules of ``model``, in layer order, named relative to ``model.base_model``.
+
+    For encoder-decoder models only the encoder's self-attention modules are listed.
+    """
+    _check_model(model)
+    base = model.base_model
+    prefix = ""
+    if getattr(model.config, "is_encoder_decoder", False):
+        encoder = model.get_encoder()
+        names = [n for n, m in base.named_modules() if m is encoder]
+        if not names:
+            raise ValueError(f"{type(model).__name__} is encoder-decoder but its encoder was not found in the model")
+        prefix = names[0] + "." if names[0] else ""
+    found = []
+    for name, module in base.named_modules():
+        if not name.startswith(prefix) or not hasattr(module, "is_causal"):
+            continue
+        if _dispatches_attention(module) and not _is_cross_attention(name, module):
+            found.append((name, module))
+    return found
+
+
+def _num_heads(module: nn.Module, config) -> int:
+    for attr in ("num_attention_heads", "num_heads", "n_heads"):
+        value = getattr(module, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    own = getattr(module, "config", config)
+    return int(getattr(own, "num_attention_heads"))
+
+
+def _apply(module: nn.Module, config: MechanismConfig, H: int) -> None:
+    """Attach the mechanism (and for hnas the ``theta (H,)`` parameter initialised to ``logit(u0)``)."""
+    setattr(module, _MECHANISM_ATTR, config)
+    setattr(module, _SELF_ATTR, True)
+    if isinstance(config, Hybrid):
+        like = next(module.parameters(), None)
+        u0 = min(max(float(config.u0), 1e-6), 1 - 1e-6)  # logit(0) and logit(1) are infinite
+        theta = torch.full(
+            (H,), math.log(u0 / (1 - u0)),
+            dtype=torch.float32,
+            device=like.device if like is not None else None,
+        )
+        module.register_parameter(_THETA_ATTR, nn.Parameter(theta))
+
+
+def _resolve(mechanism: MechanismLike, u0: Optional[float], sinkhorn_iters: Optional[int]) -> MechanismConfig:
+    config = resolve_mechanism(mechanism)
+    if u0 is not None:
+        if not isinstance(config, Hybrid):
+            raise ValueError(f"u0 is only used by mechanism 'hnas', got mechanism {config.name!r}; drop u0")
+        if not isinstance(mechanism, str) and float(u0) != config.u0:
+            raise ValueError(f"u0={u0} contradicts the config Hybrid(u0={config.u0}); pass one of them")
+        config = Hybrid(u0=u0)
+    if sinkhorn_iters is not None:
+        if not isinstance(config, Sinkhorn):
+            raise ValueError(
+                f"sinkhorn_iters is only used by mechanism 'sinkhorn', got mechanism {config.name!r}; drop sinkhorn_iters"
+            )
+        config = Sinkhorn(iters=sinkhorn_iters)
+    return config
+
+
+def _set_implementation(model) -> None:
+    # ``attn_implementation`` in config.json is read back by the config constructor, so a saved model
+    # asks for the attnkit implementation (and fails loudly if attnkit is not registered).
+    model.config.attn_implementation = IMPLEMENTATION
+    model.set_attn_implementation(IMPLEMENTATION)
+
+
+def convert(
+    model,
+    mechanism: MechanismLike = "hnas",
+    u0: Optional[float] = None,
+    layers: Optional[Sequence[int]] = None,
+    *,
+    sinkhorn_iters: Optional[int] = None,
+):
+    r"""Convert ``model``'s self-attention to ``mechanism`` in place and return the model.
+
+    .. math::
+        \pi^H = u \, \pi^D + (1 - u) \, \pi^L, \qquad u = \sigma(\theta) \in (0, 1)^H \text{ per layer}
+
+    Args:
+        model: a loaded transformers model whose attention goes through ``AttentionInterface``.
+        mechanism: a name in ``ak.MECHANISMS`` or a config object (``ak.Sinkhorn(iters=5)``, ``ak.CoDA(...)``).
+        u0: initial hybrid weight for ``"hnas"`` (default 0.5); ``theta`` starts at ``logit(u0)``.
+        layers: indices into ``attention_modules(model)`` to convert (default: all); the others keep softmax.
+        sinkhorn_iters: iterations for ``"sinkhorn"`` (default 3).
+
+    Adds one parameter ``attnkit_theta (H,)`` per converted layer for hnas and records the choice in
+    ``model.config.attnkit``. Save with ``model.save_pretrained`` (safetensors).
+
+    Raises a ``ValueError`` for a model that does not dispatch attention through ``AttentionInterface``, a
+    model converted already, layer indices out of range, or dnas/hnas/sinkhorn on causal self-attention.
+    """
+    _check_model(model)
+    register()
+    config = _resolve(mechanism, u0, sinkhorn_iters)
+    if getattr(model.config, CONFIG_KEY, None):
+        done = getattr(model.config, CONFIG_KEY)
+        raise ValueError(
+            f"{type(model).__name__} is already converted to {done.get('mechanism')!r}; load the original "
+            "model to convert it to another mechanism"
+        )
+    if not model._can_set_attn_implementation() or not getattr(model, "_supports_attention_backend", False):
+        raise ValueError(
+            f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface, "
+            "so attnkit cannot replace its attention; supported: BERT, RoBERTa, ALBERT, DistilBERT, Llama-style models"
+        )
+    modules = attention_modules(model)
+    if not modules:
+        raise ValueError(f"{type(model).__name__} has no self-attention module that attnkit can convert")
+    if layers is None:
+        chosen = list(range(len(modules)))
+    else:
+        chosen = sorted(set(int(i) for i in layers))
+        bad = [i for i in chosen if not 0 <= i < len(modules)]
+        if bad or not chosen:
+            raise ValueError(
+                f"layers={list(layers)!r}; expected a non-empty list of indices in [0, {len(modules) - 1}] "
+                f"({len(modules)} attention modules)"
+            )
+    if config.query_normalized:
+        causal = [modules[i][0] for i in chosen if getattr(modules[i][1], "is_causal", False)]
+        if causal:
+            raise ValueError(
+                f"cannot convert causal self-attention ({causal[0]}, {len(causal)} module(s)) to {config.name!r}: "
+                f"it normalizes over queries, so under a causal mask the weight of query i depends on later "
+                "queries (a future-token leak). Use mechanism='softmax' or 'coda' for decoders."
+            )
+    for i in chosen:
+        name, module = modules[i]
+        _apply(module, config, _num_heads(module, model.config))
+    setattr(model.config, CONFIG_KEY, {
+        "mechanism": config.name,
+        "options": asdict(config),
+        "modules": [modules[i][0] for i in chosen],
+    })
+    _set_implementation(model)
+    return model
+
+
+def conversion(model) -> Optional[MechanismConfig]:
+    """The mechanism config recorded in ``model.config`` (``None`` for a model that was not converted)."""
+    record = getattr(getattr(model, "config", None), CONFIG_KEY, None)
+    if not record:
+        return None
+    return resolve_mechanism(record["mechanism"], **record.get("options", {}))
+
+
+def restore_conversion(model) -> bool:
+    """Re-apply the conversion recorded in ``model.config`` to a freshly built model; ``True`` if applied.
+
+    Runs when a model is built after ``register()``, before its weights are loaded. A sub-model that holds
+    only part of the recorded modules (the encoder or decoder of an encoder-decoder) is left to its parent.
+    """
+    config = conversion(model)
+    if config is None:
+        return False
+    names = getattr(model.config, CONFIG_KEY)["modules"]
+    by_name = dict(model.base_model.named_modules())
+    if not all(n in by_name for n in names) or any(hasattr(by_name[n], _MECHANISM_ATTR) for n in names):
+        return False
+    for n in names:
+        _apply(by_name[n], config, _num_heads(by_name[n], model.config))
+    _set_implementation(model)
+    return True
+
+
+def converted_modules(model) -> list[nn.Module]:
+    """The converted attention modules of ``model``, in the recorded layer order."""
+    record = getattr(getattr(model, "config", None), CONFIG_KEY, None)
+    if not record:
+        raise ValueError(f"{type(model).__name__} was not converted with attnkit.hf.convert; nothing to read")
+    by_name = dict(model.base_model.named_modules())
+    return [by_name[n] for n in record["modules"]]
+
+
+def hybrid_weights(model) -> Tensor:
+    """The hybrid weights ``u = sigmoid(theta)`` of an hnas-converted model, shape ``(layers, H)``, detached.
+
+    ``layers`` counts converted attention modules (ALBERT shares one module across its layers).
+    """
+    config = conversion(model)
+    if not isinstance(config, Hybrid):
+        name = "none" if config is None else repr(config.name)
+        raise ValueError(f"hybrid_weights needs a model converted with mechanism='hnas', got mechanism {name}")
+    thetas = [getattr(m, _THETA_ATTR).detach() for m in converted_modules(model)]
+    return torch.sigmoid(torch.stack(thetas).float())  # (layers, H)
+
+
+def load(path: Union[str, os.PathLike], model_class=None, **kwargs):
+    """Load a model saved after ``convert`` (or a stock one) with its attnkit conversion restored.
+
+    ``model_class`` defaults to the saved architecture (``config.architectures[0]``), else ``AutoModel``;
+    extra ``kwargs`` go to ``from_pretrained`` (e.g. ``num_labels``). Weights load from safetensors only.
+    """
+    import transformers
+
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model directory {path!r} does not exist; pass a directory written by save_pretrained")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"{path!r} has no config.json; pass a directory written by save_pretrained")
+    register()
+    if model_class is None:
+        config = transformers.AutoConfig.from_pretrained(path)
+        arch = (getattr(config, "architectures", None) or [None])[0]
+        model_class = getattr(transformers, arch, None) if arch else None
+        model_class = model_class or transformers.AutoModel
+    return model_class.from_pretrained(path, use_safetensors=True, **kwargs)
