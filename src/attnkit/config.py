@@ -64,7 +64,7 @@ class Hybrid:
     query_normalized = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.u0, (int, float)) or not 0.0 <= float(self.u0) <= 1.0 or math.isnan(self.u0):
+        if isinstance(self.u0, bool) or not isinstance(self.u0, (int, float)) or not 0.0 <= float(self.u0) <= 1.0:
             raise ValueError(f"Hybrid(u0={self.u0!r}): the hybrid weight must be a number in [0, 1]")
 
 
@@ -115,7 +115,7 @@ class CoDA:
                 raise ValueError(f"CoDA({field_name}={value!r}): expected one of {ACTIVATIONS}")
         for field_name in ("alpha", "beta"):
             value = getattr(self, field_name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"CoDA({field_name}={value!r}): expected a finite number > 0")
         if not isinstance(self.center_e, bool):
             raise ValueError(f"CoDA(center_e={self.center_e!r}): expected True or False")

@@ -8,6 +8,7 @@ invalid pairs weigh exactly 0 and queries without a valid key get zeros (never N
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 from typing import Callable, Iterator, Optional, Union
 
@@ -89,6 +90,20 @@ def _check_dropout(p: float) -> float:
     return float(p)
 
 
+def _check_causal(config: MechanismConfig, causal: bool) -> None:
+    """Reject mechanisms whose weights at query i would depend on later queries under a causal mask."""
+    if not causal:
+        return
+    if config.query_normalized:
+        raise causal_leak_error(config.name)
+    if isinstance(config, CoDA) and (config.center_e or config.gate == "centered"):
+        raise ValueError(
+            f"CoDA(gate={config.gate!r}, center_e={config.center_e!r}) subtracts the mean over all valid pairs "
+            "(eqs. 4 and 6), so under a causal mask the output at position i depends on later positions "
+            "(a future-token leak). Use CoDA(gate='scaled') or gate='sigmoid' with center_e=False for causal attention."
+        )
+
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Half-precision inputs are normalized in float32 (as torch's softmax does internally)."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
@@ -116,16 +131,23 @@ def _weights(
 
 
 def _hybrid_u(config: MechanismConfig, hybrid_weight, H: int, like: Tensor) -> Optional[Tensor]:
+    """``u`` broadcastable to ``(B, H, Lq, Lk)`` in the compute dtype (float32 for half inputs)."""
     if not isinstance(config, Hybrid):
         return None
-    return check_hybrid_weight(config.u0 if hybrid_weight is None else hybrid_weight, H, like)
+    u = config.u0 if hybrid_weight is None else hybrid_weight
+    return check_hybrid_weight(u, H, like, dtype=_compute_dtype(like.dtype))
 
 
 def _efficient_module():
-    try:
-        from . import kernels
-    except ImportError:  # pragma: no cover - the kernels ship with the package
+    """``attnkit.kernels`` when it is part of this build, else ``None``.
+
+    Only a missing package means "not available": an error raised while importing an existing
+    kernels package propagates instead of silently falling back to the reference backend.
+    """
+    if importlib.util.find_spec(f"{__package__}.kernels") is None:
         return None
+    from . import kernels
+
     return kernels
 
 
@@ -176,8 +198,7 @@ def attention(
     check_qkv(q, k, v)
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
-    if causal and config.query_normalized:
-        raise causal_leak_error(config.name)
+    _check_causal(config, causal)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
     mask = build_mask(
@@ -222,10 +243,15 @@ def _reference_attention(
     u: Optional[Tensor],
     return_weights: bool,
 ) -> Union[Tensor, tuple[Tensor, Tensor]]:
-    """The materialized path: weights ``(B, H, Lq, Lk)`` in float32 (or float64), then ``weights @ v``."""
+    """The materialized path: weights ``(B, H, Lq, Lk)`` in float32 (or float64), then ``weights @ v``.
+
+    Scores are computed from ``q`` and ``k`` cast to the compute dtype, so half-precision inputs lose
+    no accuracy in the logits; the weights are cast to ``v``'s dtype for the product, as SDPA does.
+    """
     cdtype = _compute_dtype(q.dtype)
-    s = scaled_dot(q, k, scale).to(cdtype)  # (B, H, Lq, Lk)
-    n = neg_l1_distance(q, k, scale).to(cdtype) if isinstance(config, CoDA) else None  # (B, H, Lq, Lk)
+    qc, kc = q.to(cdtype), k.to(cdtype)
+    s = scaled_dot(qc, kc, scale)  # (B, H, Lq, Lk)
+    n = neg_l1_distance(qc, kc, scale) if isinstance(config, CoDA) else None  # (B, H, Lq, Lk)
     w = _weights(s, config, mask, u, gate_scores=n)
     if dropout_p > 0:
         w = F.dropout(w, p=dropout_p, training=True)
@@ -257,8 +283,7 @@ def normalize(
         got = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
         raise ValueError(f"scores must be a floating tensor of shape (B, H, Lq, Lk), got {got}")
     B, H, Lq, Lk = scores.shape
-    if causal and config.query_normalized:
-        raise causal_leak_error(config.name)
+    _check_causal(config, causal)
     if isinstance(config, CoDA):
         if gate_scores is None:
             raise ValueError(
@@ -268,6 +293,12 @@ def normalize(
         if not isinstance(gate_scores, Tensor) or gate_scores.shape != scores.shape:
             got = tuple(gate_scores.shape) if isinstance(gate_scores, Tensor) else type(gate_scores).__name__
             raise ValueError(f"gate_scores has shape {got}, expected the shape of scores {tuple(scores.shape)}")
+        if not gate_scores.dtype.is_floating_point:
+            raise ValueError(f"gate_scores has dtype {gate_scores.dtype}; expected a floating dtype like scores")
+        if gate_scores.device != scores.device:
+            raise ValueError(
+                f"gate_scores is on {gate_scores.device} but scores are on {scores.device}; move it with .to(device)"
+            )
     elif gate_scores is not None:
         raise ValueError(f"gate_scores is only used by mechanism 'coda', got {config.name!r}")
     mask = build_mask(

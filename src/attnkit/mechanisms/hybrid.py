@@ -22,15 +22,19 @@ from .softmax import softmax_weights
 __all__ = ["hybrid_weights", "check_hybrid_weight"]
 
 
-def check_hybrid_weight(u: Union[float, Tensor], H: int, like: Tensor) -> Tensor:
+def check_hybrid_weight(
+    u: Union[float, Tensor], H: int, like: Tensor, *, dtype: Optional[torch.dtype] = None
+) -> Tensor:
     """Validate ``u`` (a number, or a tensor of shape ``()``, ``(H,)`` or broadcastable to ``(B, H, 1, 1)``)
-    and return it as a tensor broadcastable to ``(B, H, Lq, Lk)`` in ``like``'s dtype and device."""
+    and return it as a tensor broadcastable to ``(B, H, Lq, Lk)`` on ``like``'s device, in ``dtype``
+    (``like``'s dtype by default)."""
+    dtype = like.dtype if dtype is None else dtype
     if isinstance(u, bool) or not isinstance(u, (int, float, Tensor)):
         raise ValueError(f"hybrid_weight must be a number or a tensor in [0, 1], got {type(u).__name__}")
     if not isinstance(u, Tensor):
         if not 0.0 <= float(u) <= 1.0:
             raise ValueError(f"hybrid_weight={u!r} is outside [0, 1]; u mixes DNAS (u=1) and softmax (u=0)")
-        return torch.tensor(float(u), dtype=like.dtype, device=like.device)
+        return torch.tensor(float(u), dtype=dtype, device=like.device)
     if not u.dtype.is_floating_point:
         raise ValueError(f"hybrid_weight has dtype {u.dtype}; expected a floating tensor in [0, 1]")
     if u.device != like.device:
@@ -45,9 +49,15 @@ def check_hybrid_weight(u: Union[float, Tensor], H: int, like: Tensor) -> Tensor
         if u.shape[0] not in (1, H):
             raise ValueError(f"hybrid_weight has shape {tuple(u.shape)}; expected () or (H,) = ({H},)")
         u = u.view(1, -1, 1, 1)  # (1, H, 1, 1)
-    elif u.dim() not in (0, 4):
+    elif u.dim() == 4:
+        if u.shape[1] not in (1, H) or u.shape[2] != 1 or u.shape[3] != 1:
+            raise ValueError(
+                f"hybrid_weight has shape {tuple(u.shape)}; a 4-D weight must be (B, H, 1, 1) with H = {H} "
+                "(one u per batch element and head)"
+            )
+    elif u.dim() != 0:
         raise ValueError(f"hybrid_weight has shape {tuple(u.shape)}; expected (), (H,) or (B, H, 1, 1)")
-    return u.to(like.dtype)
+    return u.to(dtype)
 
 
 def hybrid_weights(scores: Tensor, valid: Optional[Tensor], u: Tensor) -> Tensor:
