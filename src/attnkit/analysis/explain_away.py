@@ -4,17 +4,20 @@
 doubly-normalized attention draft, Lemma 1 (Appendix B). For weights ``pi (B, H, Lq, Lk)``, key ``j``
 receives the total weight ``sum_i pi_ij`` over valid queries. A key is eps-explained-away when that sum
 is below ``eps``. DNAS guarantees ``sum_i pi_ij >= 1 / n_k`` for every key with a valid query.
+
+``log_sum_histogram`` bins the log weight sums (Fig. 1 of the later version, natural log).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence, Union
 
+import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["ExplainAway", "explain_away"]
+__all__ = ["ExplainAway", "explain_away", "log_sum_histogram"]
 
 
 @dataclass
@@ -42,8 +45,15 @@ def explain_away(
     key_mask: Optional[Tensor] = None,
     query_mask: Optional[Tensor] = None,
     eps: float = 1e-3,
+    *,
+    valid: Optional[Tensor] = None,
 ) -> ExplainAway:
-    """Explaining-away statistics of ``weights (B, H, Lq, Lk)`` (key/query masks: True = real token)."""
+    """Explaining-away statistics of ``weights (B, H, Lq, Lk)`` (key/query masks: True = real token).
+
+    ``valid`` (optional, bool, broadcastable to ``(B, H, Lq, Lk)``): the pairs that may attend, e.g.
+    ``MaskInfo.valid``. With it, a key counts only when some valid query may attend to it (so keys
+    hidden by an ``attn_mask`` padding mask are left out) and ``n_k`` counts those keys.
+    """
     if not isinstance(weights, Tensor) or weights.dim() != 4:
         got = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
         raise ValueError(f"weights must be a tensor of shape (B, H, Lq, Lk), got {got}")
@@ -54,7 +64,17 @@ def explain_away(
         if m is not None and (not isinstance(m, Tensor) or m.dtype != torch.bool or tuple(m.shape) != (B, L)):
             got = (tuple(m.shape), m.dtype) if isinstance(m, Tensor) else type(m).__name__
             raise ValueError(f"{name} must be a bool tensor of shape ({B}, {L}) with True = real token, got {got}")
+    if valid is not None:
+        if not isinstance(valid, Tensor) or valid.dtype != torch.bool or valid.dim() != 4 or any(
+            v not in (1, e) for v, e in zip(valid.shape, (B, H, Lq, Lk))
+        ):
+            got = (tuple(valid.shape), valid.dtype) if isinstance(valid, Tensor) else type(valid).__name__
+            raise ValueError(
+                f"valid must be a bool tensor broadcastable to (B, H, Lq, Lk) = {(B, H, Lq, Lk)}, got {got}"
+            )
     w = weights.detach().double()
+    if valid is not None:
+        w = w * valid  # (B, H, Lq, Lk)
     if query_mask is not None:
         w = w * query_mask[:, None, :, None]  # (B, H, Lq, Lk)
     key_sums = w.sum(dim=-2)  # (B, H, Lk)
@@ -63,6 +83,8 @@ def explain_away(
         valid_keys = valid_keys & key_mask[:, None, :]
     if query_mask is not None:
         valid_keys = valid_keys & query_mask.any(dim=-1)[:, None, None]  # keys of an all-padding row do not count
+    if valid is not None:
+        valid_keys = valid_keys & valid.any(dim=-2).expand(B, H, Lk)  # (B, H, Lk): some query may attend
     key_sums = key_sums.masked_fill(~valid_keys, 0.0)
     log_sums = torch.log(key_sums).masked_fill(~valid_keys, float("-inf"))
     n_k = valid_keys.sum(dim=-1, keepdim=True).clamp_min(1)  # (B, H, 1)
@@ -82,3 +104,28 @@ def explain_away(
         fraction_below_eps=fraction,
         eps=float(eps),
     )
+
+
+def log_sum_histogram(
+    stats: Union[ExplainAway, Sequence[ExplainAway]],
+    bins: int = 40,
+    range: Optional[tuple[float, float]] = None,
+    floor: float = -50.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Histogram of ``log sum_i pi_ij`` over the valid keys of one or several :class:`ExplainAway`.
+
+    Sums of exactly 0 (log = -inf) are put at ``floor`` so that they stay visible. Returns
+    ``(counts (bins,), edges (bins + 1,))`` as ``numpy.histogram`` does.
+    """
+    items = [stats] if isinstance(stats, ExplainAway) else list(stats)
+    if not items or not all(isinstance(item, ExplainAway) for item in items):
+        raise ValueError("stats must be an ExplainAway or a non-empty sequence of them (from explain_away)")
+    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
+        raise ValueError(f"bins={bins!r}; expected an integer >= 1")
+    values = np.concatenate([item.log_sums[item.valid_keys].double().cpu().numpy() for item in items])
+    values = np.maximum(values, floor)
+    if range is None:
+        range = (float(values.min()), float(values.max())) if values.size else (floor, 0.0)
+        if range[0] == range[1]:
+            range = (range[0] - 0.5, range[1] + 0.5)
+    return np.histogram(values, bins=bins, range=range)

@@ -1,0 +1,141 @@
+"""Collect explaining-away statistics from every attention call of a forward pass.
+
+"Attention that does not explain away", section 4 (Fig. 1); doubly-normalized attention draft,
+section 5.1 (Fig. 1, ``min_j sum_i pi_ij`` against the ``1/L`` bound of Lemma 1). Built on
+``attnkit.functional.observe_weights``, so it sees every ``ak.attention`` call: attnkit modules,
+models written on the functional API and Hugging Face models converted by attnkit.
+
+    with collect_explain_away(model) as log:
+        model(x)
+    log.records[0].layer, log.records[0].stats.min
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+import torch
+from torch import Tensor
+
+from ..config import MechanismConfig
+from ..functional import observe_weights
+from ..masks import MaskInfo
+from .explain_away import ExplainAway, explain_away
+
+__all__ = ["ExplainAwayRecord", "ExplainAwayLog", "collect_explain_away"]
+
+
+@dataclass(frozen=True)
+class ExplainAwayRecord:
+    """The statistics of one attention call.
+
+    ``call``: order among all calls in the block; ``forward_pass``: index of the model forward pass
+    (0 when no model was given); ``layer``: order of the call within its forward pass (the layer index
+    for a stack of attention layers); ``mechanism``: the mechanism's name; ``stats``: :class:`ExplainAway`.
+    """
+
+    call: int
+    forward_pass: int
+    layer: int
+    mechanism: str
+    stats: ExplainAway
+
+
+@dataclass
+class ExplainAwayLog:
+    """The records collected by :func:`collect_explain_away`, in call order."""
+
+    eps: float
+    records: list[ExplainAwayRecord] = field(default_factory=list)
+    _pass: int = 0
+    _layer: int = 0
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def layers(self) -> list[int]:
+        """The layer indices seen, sorted."""
+        return sorted({r.layer for r in self.records})
+
+    def by_layer(self, layer: int) -> list[ExplainAway]:
+        """Statistics of every call recorded at ``layer`` (one per forward pass)."""
+        if layer not in self.layers():
+            raise ValueError(f"no attention call was recorded at layer {layer}; recorded layers: {self.layers()}")
+        return [r.stats for r in self.records if r.layer == layer]
+
+    def min(self) -> float:
+        """Smallest key weight sum over every recorded call."""
+        if not self.records:
+            raise ValueError("no attention call was recorded; run the model inside the `with` block")
+        return min(r.stats.min for r in self.records)
+
+    def min_normalized(self) -> float:
+        """Smallest ``n_k * sum_i pi_ij`` over every recorded call (Lemma 1: >= 1 for DNAS)."""
+        if not self.records:
+            raise ValueError("no attention call was recorded; run the model inside the `with` block")
+        return min(r.stats.min_normalized for r in self.records)
+
+    def summary(self) -> list[dict]:
+        """One row per layer: mechanism, calls, min sum, min ``n_k``-normalized sum, mean fraction below eps."""
+        rows = []
+        for layer in self.layers():
+            recs = [r for r in self.records if r.layer == layer]
+            rows.append(
+                {
+                    "layer": layer,
+                    "mechanism": recs[0].mechanism,
+                    "calls": len(recs),
+                    "min_sum": min(r.stats.min for r in recs),
+                    "min_normalized": min(r.stats.min_normalized for r in recs),
+                    "fraction_below_eps": sum(r.stats.fraction_below_eps for r in recs) / len(recs),
+                }
+            )
+        return rows
+
+    def _observe(self, weights: Tensor, mask: MaskInfo, config: MechanismConfig) -> None:
+        stats = explain_away(
+            weights,
+            key_mask=mask.key_mask,
+            query_mask=mask.query_mask,
+            eps=self.eps,
+            valid=mask.valid,
+        )
+        record = ExplainAwayRecord(
+            call=len(self.records), forward_pass=self._pass, layer=self._layer, mechanism=config.name, stats=stats
+        )
+        self.records.append(record)
+        self._layer += 1
+
+    def _start_pass(self) -> None:
+        if self._layer > 0:
+            self._pass += 1
+        self._layer = 0
+
+
+@contextlib.contextmanager
+def collect_explain_away(
+    model: Optional[torch.nn.Module] = None, eps: float = 1e-3
+) -> Iterator[ExplainAwayLog]:
+    """Record :func:`~attnkit.analysis.explain_away` statistics of every ``ak.attention`` call in the block.
+
+    With ``model``, each call of ``model`` starts a new forward pass and ``layer`` counts the attention
+    calls within it; without, every call in the block belongs to pass 0 and ``layer`` is the call order.
+    Keys and queries are told apart from padding with the call's ``MaskInfo`` (key/query masks and the
+    combined validity of all masks). Calls inside the block use the reference backend.
+    """
+    if not (isinstance(eps, (int, float)) and eps > 0):
+        raise ValueError(f"eps={eps!r}; expected a number > 0")
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module (or None), got {type(model).__name__}")
+    log = ExplainAwayLog(eps=float(eps))
+    handle = None
+    if model is not None:
+        handle = model.register_forward_pre_hook(lambda module, args: log._start_pass())
+    try:
+        with observe_weights(log._observe):
+            yield log
+    finally:
+        if handle is not None:
+            handle.remove()
