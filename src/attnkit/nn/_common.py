@@ -1,0 +1,102 @@
+"""Helpers shared by the attention modules: mechanism + ``u0`` resolution and torch-style masks.
+
+Hybrid attention (HNAS), "Attention that does not explain away" section 5 / doubly-normalized
+attention draft section 6 (DESIGN.md section 2): each module holds one learnable ``theta`` per head
+and mixes ``u = sigmoid(theta)``, ``pi^H = u * pi^D + (1 - u) * pi^L``; ``theta`` starts at
+``logit(u0)``.
+
+The ``torch.nn`` modules mark padding with **True = ignore** (``key_padding_mask``) and disallowed
+pairs with **True = not allowed** (boolean ``attn_mask``), or use additive float masks. The
+functional core uses the opposite boolean convention (True = may attend); the helpers here convert.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..config import Hybrid, MechanismConfig, MechanismLike, resolve_mechanism
+
+__all__ = ["resolve_module_mechanism", "logit", "mechanism_label", "canonical_mask", "to_additive", "append_columns"]
+
+
+def resolve_module_mechanism(mechanism: MechanismLike, u0: Optional[float]) -> MechanismConfig:
+    """The config of ``mechanism`` with ``u0`` merged in (hnas only), validated for a learnable ``theta``.
+
+    ``u0`` may come from ``ak.Hybrid(u0=...)`` or the ``u0`` argument (default 0.5); it must lie strictly
+    inside (0, 1) because ``theta = logit(u0)`` has to be finite.
+    """
+    config = resolve_mechanism(mechanism)
+    if not isinstance(config, Hybrid):
+        if u0 is not None:
+            raise ValueError(
+                f"u0={u0!r} is only used by mechanism 'hnas', got mechanism {config.name!r}; drop u0 "
+                "or use mechanism='hnas'"
+            )
+        return config
+    if u0 is not None:
+        if isinstance(u0, bool) or not isinstance(u0, (int, float)):
+            raise ValueError(f"u0={u0!r}; expected a number in (0, 1), e.g. 0.5")
+        if not isinstance(mechanism, str) and float(u0) != config.u0:
+            raise ValueError(
+                f"u0={u0!r} contradicts the config {config!r}; pass u0 in one place only"
+            )
+        config = Hybrid(u0=float(u0))  # validates [0, 1]
+    if not 0.0 < config.u0 < 1.0:
+        raise ValueError(
+            f"u0={config.u0!r}: a learnable hybrid weight u = sigmoid(theta) needs u0 strictly inside (0, 1) "
+            "(theta = logit(u0) must be finite); use e.g. u0=0.01 / 0.99, or mechanism='softmax' / 'dnas'"
+        )
+    return config
+
+
+def logit(p: float) -> float:
+    """``log(p / (1 - p))`` for ``p`` in (0, 1)."""
+    return math.log(p) - math.log1p(-p)
+
+
+def mechanism_label(config: MechanismConfig) -> str:
+    """``"hnas"`` for a default config, the full repr (``Sinkhorn(iters=5)``) otherwise."""
+    return config.name if config == resolve_mechanism(config.name) else repr(config)
+
+
+def canonical_mask(mask: Optional[Tensor], name: str, dtype: torch.dtype) -> Optional[Tensor]:
+    """Validate a torch-style mask and simplify it.
+
+    Returns ``None``, a boolean mask (True = ignore / not allowed), or a float additive mask in ``dtype``.
+    A float mask holding only 0 and -inf is turned into the equivalent boolean mask, so that it also
+    works where additive biases do not (CoDA) and can mark padded queries.
+    """
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor (bool, True = ignore, or float additive), got {type(mask).__name__}")
+    if mask.dtype == torch.bool:
+        return mask
+    if not mask.dtype.is_floating_point:
+        raise ValueError(
+            f"{name} has dtype {mask.dtype}; expected torch.bool (True = ignore / not allowed) or a float "
+            f"additive mask (-inf = not allowed); convert a 0/1 mask with {name}.bool()"
+        )
+    neg_inf = mask == float("-inf")
+    if bool(((mask == 0) | neg_inf).all()):
+        return neg_inf
+    return mask.to(dtype)
+
+
+def to_additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean (True = not allowed) or float mask as a float additive mask in ``dtype``."""
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
+    return mask.to(dtype)
+
+
+def append_columns(mask: Optional[Tensor], n: int) -> Optional[Tensor]:
+    """Append ``n`` allowed key columns (False / 0.0) to a torch-style mask's last dimension."""
+    if mask is None:
+        return None
+    extra = torch.zeros(*mask.shape[:-1], n, dtype=mask.dtype, device=mask.device)
+    return torch.cat([mask, extra], dim=-1)

@@ -1,0 +1,377 @@
+r"""A drop-in ``torch.nn.MultiheadAttention`` with a choice of normalization.
+
+Vaswani et al. multi-head attention (lecture-attention-and-transformers.txt, "multi-head");
+the normalizations of DESIGN.md section 2: softmax (LNAS, draft eq. 3), DNAS (draft eqs. 6-8),
+HNAS (draft section 6; "Attention that does not explain away" section 5, one ``u`` per layer and
+head), Sinkhorn (later version section 3.2) and CoDA (compositional-de-attention.txt eqs. 1-10).
+
+.. math::
+    q = x_q W_Q^T + b_Q,\quad k = x_k W_K^T + b_K,\quad v = x_v W_V^T + b_V \quad\text{(split into H heads)}
+
+    \text{head}_h = \pi_h v_h,\quad \pi_h = \text{normalize}(q_h k_h^T / \sqrt{D})
+
+    \text{out} = [\text{head}_1, \dots, \text{head}_H] W_O^T + b_O
+
+The parameters, call signature, mask conventions and return values are those of
+``torch.nn.MultiheadAttention``; the math goes through ``attnkit.functional.attention``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..config import Hybrid, MechanismLike
+from ..functional import BACKENDS, attention
+from ._common import append_columns, canonical_mask, logit, mechanism_label, resolve_module_mechanism, to_additive
+
+__all__ = ["MultiheadAttention"]
+
+
+class MultiheadAttention(nn.Module):
+    r"""Multi-head attention with ``mechanism`` in ``softmax | dnas | hnas | sinkhorn | coda``.
+
+    With ``mechanism="softmax"`` it computes what ``torch.nn.MultiheadAttention`` computes (same
+    parameter names, so a torch ``state_dict`` loads). ``mechanism="hnas"`` adds one parameter,
+    ``theta`` of shape ``(H,)``, with the per-head hybrid weight ``u = sigmoid(theta)``
+    (initialised to ``u0`` from ``ak.Hybrid(u0=...)`` or the ``u0`` argument, default 0.5):
+
+    .. math::
+        \pi^H_h = u_h \pi^D_h + (1 - u_h) \pi^L_h
+
+    Masks follow torch: ``key_padding_mask`` True = ignore (or float additive), ``attn_mask`` boolean
+    True = not allowed (or float additive) of shape ``(Lq, Lk)`` or ``(B*H, Lq, Lk)``.
+
+    **Query padding.** dnas, hnas and sinkhorn normalize each key's column over the queries, so padded
+    queries must stay out of it. ``query_padding_mask (B, Lq)`` (True = ignore) marks them; when it is
+    not given and the call is self-attention (``query is key``) with a ``key_padding_mask`` of equal
+    length, the key padding is used for the queries too (for every mechanism but softmax, whose
+    real-token outputs do not depend on other queries and whose padded outputs stay as torch computes
+    them). Padded queries then get a zero attention output (``out_proj.bias`` after the projection).
+
+    Shapes (``batch_first=True``): query ``(B, Lq, E)``, key ``(B, Lk, kdim)``, value ``(B, Lk, vdim)``
+    -> out ``(B, Lq, E)``, weights ``(B, Lq, Lk)`` (averaged over heads) or ``(B, H, Lq, Lk)``.
+    Unbatched inputs ``(L, E)`` give ``(Lq, E)`` and ``(Lq, Lk)`` / ``(H, Lq, Lk)``. ``Lk`` counts the
+    extra keys of ``add_bias_kv`` / ``add_zero_attn``.
+
+    Invariants: disallowed pairs weigh 0 and a query with no allowed key gets a zero attention output
+    (torch gives NaN there); ``is_causal=True`` raises a ``ValueError`` for dnas/hnas/sinkhorn.
+    """
+
+    __constants__ = ["batch_first"]
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        mechanism: MechanismLike = "softmax",
+        dropout: float = 0.0,
+        bias: bool = True,
+        add_bias_kv: bool = False,
+        add_zero_attn: bool = False,
+        kdim: Optional[int] = None,
+        vdim: Optional[int] = None,
+        batch_first: bool = True,
+        device=None,
+        dtype=None,
+        u0: Optional[float] = None,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}={value!r}; expected a positive integer")
+        if embed_dim % num_heads != 0:
+            raise ValueError(
+                f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; each head gets "
+                f"embed_dim // num_heads features (e.g. num_heads in {_divisors(embed_dim)})"
+            )
+        for name, value in (("kdim", kdim), ("vdim", vdim)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{name}={value!r}; expected a positive integer or None (= embed_dim)")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout={dropout!r}; expected a probability in [0, 1)")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r}; expected one of {BACKENDS}")
+
+        self.config = resolve_module_mechanism(mechanism, u0)
+        self.embed_dim = embed_dim
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.vdim = vdim if vdim is not None else embed_dim
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.dropout = float(dropout)
+        self.batch_first = batch_first
+        self.add_zero_attn = add_zero_attn
+        self.backend = backend
+
+        if self._qkv_same_embed_dim:
+            self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **factory))
+            self.register_parameter("q_proj_weight", None)
+            self.register_parameter("k_proj_weight", None)
+            self.register_parameter("v_proj_weight", None)
+        else:
+            self.q_proj_weight = nn.Parameter(torch.empty(embed_dim, embed_dim, **factory))
+            self.k_proj_weight = nn.Parameter(torch.empty(embed_dim, self.kdim, **factory))
+            self.v_proj_weight = nn.Parameter(torch.empty(embed_dim, self.vdim, **factory))
+            self.register_parameter("in_proj_weight", None)
+        if bias:
+            self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim, **factory))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        if add_bias_kv:
+            self.bias_k = nn.Parameter(torch.empty(1, 1, embed_dim, **factory))
+            self.bias_v = nn.Parameter(torch.empty(1, 1, embed_dim, **factory))
+        else:
+            self.bias_k = self.bias_v = None
+        if isinstance(self.config, Hybrid):
+            self.theta = nn.Parameter(torch.empty(num_heads, **factory))
+        else:
+            self.register_parameter("theta", None)
+        self.reset_parameters()
+
+    @property
+    def mechanism(self) -> str:
+        """The mechanism's name (``"softmax"``, ``"dnas"``, ``"hnas"``, ``"sinkhorn"``, ``"coda"``)."""
+        return self.config.name
+
+    @property
+    def u(self) -> Tensor:
+        """The hybrid weights ``sigmoid(theta)``, shape ``(H,)``, detached (for plots and logs)."""
+        if self.theta is None:
+            raise ValueError(f"u exists only for mechanism 'hnas'; this module uses {self.config.name!r}")
+        return torch.sigmoid(self.theta.detach())
+
+    def reset_parameters(self) -> None:
+        """torch's initialisation (Xavier-uniform projections, zero biases, Xavier-normal ``bias_k/v``);
+        ``theta = logit(u0)``."""
+        if self._qkv_same_embed_dim:
+            nn.init.xavier_uniform_(self.in_proj_weight)
+        else:
+            nn.init.xavier_uniform_(self.q_proj_weight)
+            nn.init.xavier_uniform_(self.k_proj_weight)
+            nn.init.xavier_uniform_(self.v_proj_weight)
+        self.out_proj.reset_parameters()
+        if self.in_proj_bias is not None:
+            nn.init.zeros_(self.in_proj_bias)
+            nn.init.zeros_(self.out_proj.bias)
+        if self.bias_k is not None:
+            nn.init.xavier_normal_(self.bias_k)
+            nn.init.xavier_normal_(self.bias_v)
+        if self.theta is not None:
+            with torch.no_grad():
+                self.theta.fill_(logit(self.config.u0))
+
+    def extra_repr(self) -> str:
+        parts = [f"embed_dim={self.embed_dim}", f"num_heads={self.num_heads}", f"mechanism={mechanism_label(self.config)}"]
+        if self.dropout:
+            parts.append(f"dropout={self.dropout}")
+        if not self._qkv_same_embed_dim:
+            parts.append(f"kdim={self.kdim}, vdim={self.vdim}")
+        if self.bias_k is not None:
+            parts.append("add_bias_kv=True")
+        if self.add_zero_attn:
+            parts.append("add_zero_attn=True")
+        if not self.batch_first:
+            parts.append("batch_first=False")
+        if self.backend != "auto":
+            parts.append(f"backend={self.backend}")
+        return ", ".join(parts)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Optional[Tensor] = None,
+        need_weights: bool = True,
+        attn_mask: Optional[Tensor] = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+        query_padding_mask: Optional[Tensor] = None,
+    ) -> tuple[Tensor, Optional[Tensor]]:
+        """torch's ``MultiheadAttention.forward``, plus ``query_padding_mask`` (True = ignore).
+
+        Returns ``(out, weights)``; ``weights`` is ``None`` unless ``need_weights``. ``is_causal=True``
+        applies a causal mask (on top of ``attn_mask`` when both are given).
+        """
+        self_attention = query is key
+        batched = self._check_inputs(query, key, value)
+        if not batched:  # (L, E) -> (1, L, E)
+            query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+            key_padding_mask = _unsqueeze_1d(key_padding_mask, "key_padding_mask")
+            query_padding_mask = _unsqueeze_1d(query_padding_mask, "query_padding_mask")
+        elif not self.batch_first:  # (L, B, E) -> (B, L, E)
+            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+        B, Lq, E = query.shape
+        Lk = key.shape[1]
+        H, D = self.num_heads, self.head_dim
+        dtype = query.dtype
+
+        key_padding_mask = canonical_mask(key_padding_mask, "key_padding_mask", dtype)
+        query_padding_mask = canonical_mask(query_padding_mask, "query_padding_mask", dtype)
+        attn_mask = canonical_mask(attn_mask, "attn_mask", dtype)
+        self._check_masks(key_padding_mask, query_padding_mask, attn_mask, B, Lq, Lk)
+        if attn_mask is not None and attn_mask.dim() == 3:
+            attn_mask = attn_mask.view(B, H, Lq, Lk)  # (B*H, Lq, Lk) -> (B, H, Lq, Lk), batch-major as torch
+        query_mask = self._query_mask(self_attention, key_padding_mask, query_padding_mask, Lq, Lk)
+
+        q, k, v = self._project(query, key, value)  # (B, Lq, E), (B, Lk, E), (B, Lk, E)
+        if self.bias_k is not None:
+            k = torch.cat([k, self.bias_k.expand(B, 1, E)], dim=1)  # (B, Lk + 1, E)
+            v = torch.cat([v, self.bias_v.expand(B, 1, E)], dim=1)  # (B, Lk + 1, E)
+            attn_mask, key_padding_mask = append_columns(attn_mask, 1), append_columns(key_padding_mask, 1)
+        q = q.view(B, Lq, H, D).transpose(1, 2)  # (B, H, Lq, D)
+        k = k.view(B, -1, H, D).transpose(1, 2)  # (B, H, Lk', D)
+        v = v.view(B, -1, H, D).transpose(1, 2)  # (B, H, Lk', D)
+        if self.add_zero_attn:
+            k = torch.cat([k, k.new_zeros(B, H, 1, D)], dim=2)  # (B, H, Lk' + 1, D)
+            v = torch.cat([v, v.new_zeros(B, H, 1, D)], dim=2)  # (B, H, Lk' + 1, D)
+            attn_mask, key_padding_mask = append_columns(attn_mask, 1), append_columns(key_padding_mask, 1)
+
+        key_mask, valid_or_bias = _functional_masks(key_padding_mask, attn_mask, dtype)
+        result = attention(
+            q, k, v, self.config,
+            key_mask=key_mask,
+            query_mask=None if query_mask is None else ~query_mask,
+            attn_mask=valid_or_bias,
+            causal=bool(is_causal),
+            dropout_p=self.dropout if self.training else 0.0,
+            hybrid_weight=torch.sigmoid(self.theta) if self.theta is not None else None,
+            return_weights=need_weights,
+            backend=self.backend,
+        )
+        out, weights = result if need_weights else (result, None)
+        out = self.out_proj(out.transpose(1, 2).reshape(B, Lq, E))  # (B, H, Lq, D) -> (B, Lq, E)
+        if weights is not None and average_attn_weights:
+            weights = weights.mean(dim=1)  # (B, Lq, Lk')
+        if not batched:
+            out = out.squeeze(0)  # (Lq, E)
+            weights = weights.squeeze(0) if weights is not None else None
+        elif not self.batch_first:
+            out = out.transpose(0, 1)  # (Lq, B, E)
+        return out, weights
+
+    # -- pieces of forward -------------------------------------------------------------------------
+
+    def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if self._qkv_same_embed_dim:
+            w_q, w_k, w_v = self.in_proj_weight.chunk(3)
+        else:
+            w_q, w_k, w_v = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+        b_q = b_k = b_v = None
+        if self.in_proj_bias is not None:
+            b_q, b_k, b_v = self.in_proj_bias.chunk(3)
+        return F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
+
+    def _query_mask(
+        self,
+        self_attention: bool,
+        key_padding_mask: Optional[Tensor],
+        query_padding_mask: Optional[Tensor],
+        Lq: int,
+        Lk: int,
+    ) -> Optional[Tensor]:
+        """The query padding (True = ignore): given, or inferred from the key padding of self-attention."""
+        if query_padding_mask is not None:
+            if query_padding_mask.dtype != torch.bool:
+                raise ValueError(
+                    "query_padding_mask must be boolean (True = padded query) or a float mask of only 0 and -inf; "
+                    "finite additive biases have no meaning for queries"
+                )
+            return query_padding_mask
+        if (
+            self_attention
+            and self.config.name != "softmax"
+            and key_padding_mask is not None
+            and key_padding_mask.dtype == torch.bool
+            and Lq == Lk
+        ):
+            return key_padding_mask
+        return None
+
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> bool:
+        """Validate shapes and return whether the inputs are batched."""
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(t, Tensor):
+                raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
+            raise ValueError(
+                f"query, key, value have shapes {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}; "
+                "expected all 3-D (batched) or all 2-D (unbatched, (L, E))"
+            )
+        layout = "(B, L, E)" if self.batch_first else "(L, B, E)"
+        for name, t, dim in (("query", query, self.embed_dim), ("key", key, self.kdim), ("value", value, self.vdim)):
+            if t.shape[-1] != dim:
+                raise ValueError(
+                    f"{name} has shape {tuple(t.shape)}, expected last dimension {dim} (layout {layout}, "
+                    f"batch_first={self.batch_first})"
+                )
+        if key.shape[:-1] != value.shape[:-1]:
+            raise ValueError(
+                f"key {tuple(key.shape)} and value {tuple(value.shape)} must agree in every dimension but the last"
+            )
+        batched = query.dim() == 3
+        if batched:
+            b = 0 if self.batch_first else 1
+            if query.shape[b] != key.shape[b]:
+                raise ValueError(
+                    f"query {tuple(query.shape)} and key {tuple(key.shape)} have different batch sizes "
+                    f"(layout {layout}, batch_first={self.batch_first})"
+                )
+        return batched
+
+    def _check_masks(
+        self,
+        key_padding_mask: Optional[Tensor],
+        query_padding_mask: Optional[Tensor],
+        attn_mask: Optional[Tensor],
+        B: int,
+        Lq: int,
+        Lk: int,
+    ) -> None:
+        for name, m, L in (("key_padding_mask", key_padding_mask, Lk), ("query_padding_mask", query_padding_mask, Lq)):
+            if m is not None and tuple(m.shape) != (B, L):
+                raise ValueError(f"{name} has shape {tuple(m.shape)}, expected (B, L) = ({B}, {L}) (True = ignore)")
+        if attn_mask is not None:
+            shapes = ((Lq, Lk), (B * self.num_heads, Lq, Lk))
+            if tuple(attn_mask.shape) not in shapes:
+                raise ValueError(
+                    f"attn_mask has shape {tuple(attn_mask.shape)}, expected (Lq, Lk) = {shapes[0]} or "
+                    f"(B * num_heads, Lq, Lk) = {shapes[1]}"
+                )
+
+
+def _unsqueeze_1d(mask: Optional[Tensor], name: str) -> Optional[Tensor]:
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor) or mask.dim() != 1:
+        got = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
+        raise ValueError(f"{name} is {got} but the inputs are unbatched; expected a 1-D mask (L,)")
+    return mask.unsqueeze(0)  # (1, L)
+
+
+def _functional_masks(
+    key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], dtype: torch.dtype
+) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """Torch-style masks -> ``(key_mask, attn_mask)`` of the functional core (True = may attend, or additive)."""
+    any_float = any(m is not None and m.dtype != torch.bool for m in (key_padding_mask, attn_mask))
+    if not any_float:
+        key_mask = None if key_padding_mask is None else ~key_padding_mask  # (B, Lk)
+        valid = None if attn_mask is None else ~attn_mask  # (Lq, Lk) or (B, H, Lq, Lk)
+        return key_mask, valid
+    bias = to_additive(attn_mask, dtype) if attn_mask is not None else None
+    if key_padding_mask is not None:
+        kp = to_additive(key_padding_mask, dtype)[:, None, None, :]  # (B, 1, 1, Lk)
+        bias = kp if bias is None else bias + kp  # (B, H|1, Lq, Lk)
+    return None, bias
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, min(n, 64) + 1) if n % d == 0]

@@ -1,0 +1,110 @@
+r"""Positional encodings added to token embeddings.
+
+Vaswani et al. (2017), section 3.5, as presented in lecture-attention-and-transformers.txt
+("positional encodings"): the fixed sinusoids
+
+.. math::
+    PE_{(pos, 2i)} = \sin(pos / 10000^{2i/d}), \qquad PE_{(pos, 2i+1)} = \cos(pos / 10000^{2i/d})
+
+or a learned table ``P in R^{max_len x d}``. Both return ``dropout(x + PE[start : start + L])``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEncoding", "POSITIONAL"]
+
+POSITIONAL: tuple[str, ...] = ("sinusoidal", "learned")
+
+
+def _check_args(d_model: int, max_len: int, dropout: float) -> None:
+    for name, value in (("d_model", d_model), ("max_len", max_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name}={value!r}; expected a positive integer")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout={dropout!r}; expected a probability in [0, 1)")
+
+
+class _PositionalEncoding(nn.Module):
+    """Shared forward: validate ``x``, add ``table[start : start + L]`` along the sequence dimension."""
+
+    def __init__(self, d_model: int, max_len: int, dropout: float, batch_first: bool) -> None:
+        super().__init__()
+        _check_args(d_model, max_len, dropout)
+        self.d_model = d_model
+        self.max_len = max_len
+        self.batch_first = batch_first
+        self.dropout = nn.Dropout(dropout)
+
+    def table(self) -> Tensor:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        """``x`` ``(B, L, d_model)`` (``(L, B, d_model)`` if not ``batch_first``, or unbatched ``(L, d_model)``);
+        positions ``start .. start + L - 1`` (``start`` > 0 for incremental decoding)."""
+        if not isinstance(x, Tensor) or x.dim() not in (2, 3) or x.shape[-1] != self.d_model:
+            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x has shape {got}, expected (B, L, {self.d_model}) or (L, {self.d_model})")
+        seq_dim = 1 if (x.dim() == 3 and self.batch_first) else 0
+        L = x.shape[seq_dim]
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f"start={start!r}; expected an integer >= 0")
+        if start + L > self.max_len:
+            raise ValueError(
+                f"positions up to {start + L - 1} requested but max_len={self.max_len}; "
+                f"build the module with max_len >= {start + L}"
+            )
+        pe = self.table()[start : start + L].to(x.dtype)  # (L, d_model)
+        if x.dim() == 3:
+            pe = pe.unsqueeze(0) if self.batch_first else pe.unsqueeze(1)  # (1, L, d) or (L, 1, d)
+        return self.dropout(x + pe)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, max_len={self.max_len}"
+
+
+class SinusoidalPositionalEncoding(_PositionalEncoding):
+    """Fixed sine/cosine positions (no parameters; the table is a non-persistent buffer)."""
+
+    def __init__(
+        self, d_model: int, max_len: int = 1024, dropout: float = 0.0, batch_first: bool = True, device=None
+    ) -> None:
+        super().__init__(d_model, max_len, dropout, batch_first)
+        position = torch.arange(max_len, dtype=torch.float64, device=device)[:, None]  # (max_len, 1)
+        div = torch.exp(
+            torch.arange(0, d_model, 2, dtype=torch.float64, device=device) * (-math.log(10000.0) / d_model)
+        )  # (ceil(d/2),)
+        pe = torch.zeros(max_len, d_model, dtype=torch.float64, device=device)
+        pe[:, 0::2] = torch.sin(position * div)
+        pe[:, 1::2] = torch.cos(position * div[: d_model // 2])
+        self.register_buffer("pe", pe.float(), persistent=False)
+
+    def table(self) -> Tensor:
+        return self.pe
+
+
+class LearnedPositionalEncoding(_PositionalEncoding):
+    """A learned ``(max_len, d_model)`` table, initialised ``N(0, 0.02^2)`` (BERT/GPT-2 style)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        max_len: int = 1024,
+        dropout: float = 0.0,
+        batch_first: bool = True,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__(d_model, max_len, dropout, batch_first)
+        self.weight = nn.Parameter(torch.empty(max_len, d_model, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, std=0.02)
+
+    def table(self) -> Tensor:
+        return self.weight
