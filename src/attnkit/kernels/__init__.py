@@ -1,0 +1,118 @@
+"""The ``"efficient"`` backend: every mechanism in ``O(L)`` extra memory with exact gradients.
+
+``efficient_attention`` is what ``ak.attention(..., backend="efficient")`` calls;
+``prefers_efficient`` decides for ``backend="auto"``. Per mechanism:
+
+- softmax: ``F.scaled_dot_product_attention`` (fused) when the masks allow it, else the block kernel;
+- dnas / hnas / sinkhorn: ``potentials.potential_attention`` (block sweeps with recomputation), or
+  FlexAttention on CUDA (``flex``);
+- coda: ``coda.coda_attention`` (query blocks, ``torch.cdist(p=1)``, recomputation).
+
+The (Lq, Lk) weights are never materialized; use ``backend="reference"`` to get them.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..config import CoDA, Hybrid, MechanismConfig, Sinkhorn
+from ..masks import MaskInfo
+from ._blocks import BlockMasks
+from .coda import coda_attention
+from .potentials import potential_attention
+
+__all__ = ["efficient_attention", "prefers_efficient", "MIN_PAIRS"]
+
+# backend="auto" takes the efficient path from this many (query, key) pairs on: below it the
+# materialized path is as fast and the memory it saves is small.
+MIN_PAIRS = 128 * 128
+
+
+def _iters(config: MechanismConfig) -> int:
+    if isinstance(config, Sinkhorn):
+        return config.iters
+    return 0 if config.name == "softmax" else 1
+
+
+def efficient_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    config: MechanismConfig,
+    mask: MaskInfo,
+    *,
+    scale: float,
+    dropout_p: float = 0.0,
+    u: Optional[Tensor] = None,
+) -> Tensor:
+    """Attention output ``(B, H, Lq, Dv)`` of ``config`` without materializing the ``(Lq, Lk)`` weights.
+
+    Same contract as the reference backend of ``attnkit.functional`` (inputs already validated):
+    invalid pairs weigh 0, queries without a valid key return zeros, padded queries never enter a
+    column normalization. Dropout is supported for softmax only (by the fused kernel); the other
+    mechanisms recompute their weights in the backward pass and raise a ``ValueError`` for
+    ``dropout_p > 0``.
+    """
+    Lq, Lk = q.shape[2], k.shape[2]
+    if dropout_p > 0 and config.name != "softmax":
+        raise ValueError(
+            f"dropout_p={dropout_p} is not supported by backend='efficient' for mechanism {config.name!r} "
+            "(its backward pass recomputes the weights and cannot replay the dropout mask); "
+            "use backend='reference' (or 'auto') for attention dropout"
+        )
+    masks = BlockMasks.from_info(mask, Lq, Lk)
+    if isinstance(config, CoDA):
+        return coda_attention(q, k, v, masks, config, scale=scale)
+    iters = _iters(config)
+    if iters == 0 and _sdpa_ok(masks, dropout_p):
+        return _sdpa_softmax(q, k, v, masks, scale=scale, dropout_p=dropout_p)
+    if dropout_p > 0:
+        raise ValueError(
+            f"dropout_p={dropout_p} with causal=True and another mask is not supported by backend='efficient'; "
+            "use backend='reference'"
+        )
+    if q.is_cuda:
+        from . import flex
+
+        if flex.available(q):
+            return flex.flex_attention_potentials(q, k, v, masks, scale=scale, iters=iters, u=u)
+    return potential_attention(q, k, v, masks, scale=scale, iters=iters, u=u if isinstance(config, Hybrid) else None)
+
+
+def _sdpa_ok(masks: BlockMasks, dropout_p: float) -> bool:
+    """The fused kernel takes one mask: fine unless causal comes with another pair mask or a learnable bias."""
+    if masks.bias is not None and masks.bias.requires_grad:
+        return False
+    return not (masks.causal and (masks.key is not None or masks.pair is not None or masks.bias is not None))
+
+
+def _sdpa_softmax(q: Tensor, k: Tensor, v: Tensor, masks: BlockMasks, *, scale: float, dropout_p: float) -> Tensor:
+    attn: Optional[Tensor] = None
+    if masks.key is not None or masks.pair is not None:
+        attn = masks.key if masks.pair is None else (masks.pair if masks.key is None else masks.key & masks.pair)
+    if masks.bias is not None:
+        bias = masks.bias.to(q.dtype)
+        attn = bias if attn is None else bias.masked_fill(~attn, float("-inf"))  # (B|1, H|1, Lq|1, Lk)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn, dropout_p=dropout_p, is_causal=masks.causal, scale=scale
+    )  # (B, H, Lq, Dv); rows without a valid key are zeros
+    if masks.query is not None:
+        out = out.masked_fill(~masks.query, 0.0)
+    return out
+
+
+def prefers_efficient(
+    q: Tensor, k: Tensor, v: Tensor, config: MechanismConfig, mask: MaskInfo, *, dropout_p: float = 0.0
+) -> bool:
+    """``backend="auto"``: the efficient path when it pays (``Lq * Lk >= MIN_PAIRS``) and supports the call."""
+    Lq, Lk = q.shape[2], k.shape[2]
+    if dropout_p > 0:
+        if config.name != "softmax":
+            return False
+        if mask.causal and (mask.key_mask is not None or mask.attn_mask is not None):
+            return False
+    return Lq * Lk >= MIN_PAIRS

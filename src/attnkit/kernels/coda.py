@@ -1,0 +1,109 @@
+"""CoDA quasi-attention in ``O(block * Lk)`` memory, chunked over queries with recomputation.
+
+"Compositional De-Attention Networks", eqs. (1)-(6) and (10); DESIGN.md section 3:
+
+    E_ij = alpha * scale * q_i . k_j,    N_ij = -beta * scale * ||q_i - k_j||_1
+    M    = f_E(E) * g(N),                out = M v
+
+Each block of queries ``[i0, i1)`` builds its ``(B, H, C, Lk)`` slices of ``E`` and ``N`` (the L1
+distances with ``torch.cdist(p=1)``, never a ``(C, Lk, D)`` temporary), multiplies by ``v`` and drops
+them; the backward pass recomputes the block (activation checkpointing), so the peak is one block.
+The centred variants (eqs. 4 and 6) need the mean of ``E`` / ``N`` over the valid pairs of each
+(batch, head) matrix: a first chunked sweep computes those sums, also with recomputation.
+Masks are multiplicative: ``M_ij = 0`` on invalid pairs.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from ..config import CoDA
+from ..mechanisms import ACTIVATION_FNS
+from ._blocks import BlockMasks, chunk_size
+
+__all__ = ["coda_attention"]
+
+
+def coda_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    masks: BlockMasks,
+    config: CoDA,
+    *,
+    scale: float,
+    block: Optional[int] = None,
+) -> Tensor:
+    """CoDA output ``(B, H, Lq, Dv)``; the result equals ``coda_weights(E, N) @ v`` of the reference."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    dtype = q.dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        q, k, v = q.float(), k.float(), v.float()
+    width = block if block is not None else chunk_size(B * H, Lk, Lq)
+    ranges = [(i0, min(Lq, i0 + width)) for i0 in range(0, Lq, width)]
+
+    mean_e: Optional[Tensor] = None
+    mean_n: Optional[Tensor] = None
+    if config.center_e or config.gate == "centered":
+        sum_e = sum_n = count = 0
+        for i0, i1 in ranges:
+            se, sn, cnt = checkpoint(
+                _block_sums, q[:, :, i0:i1], k, masks, i0, i1, scale, config, use_reentrant=False
+            )
+            sum_e, sum_n, count = sum_e + se, sum_n + sn, count + cnt
+        count = count.clamp_min(1)
+        mean_e = sum_e / count if config.center_e else None  # (B, H, 1, 1)
+        mean_n = sum_n / count if config.gate == "centered" else None  # (B, H, 1, 1)
+
+    outs = [
+        checkpoint(_block_out, q[:, :, i0:i1], k, v, mean_e, mean_n, masks, i0, i1, scale, config, use_reentrant=False)
+        for i0, i1 in ranges
+    ]
+    return torch.cat(outs, dim=2).to(dtype)  # (B, H, Lq, Dv)
+
+
+def _affinity_distance(qb: Tensor, k: Tensor, scale: float, config: CoDA) -> tuple[Tensor, Tensor]:
+    """``alpha * E`` and ``beta * N`` of a block of queries, ``(B, H, C, Lk)`` each."""
+    B, H, C, D = qb.shape
+    Lk = k.shape[2]
+    e = torch.matmul(qb, k.transpose(-1, -2)) * (config.alpha * scale)  # (B, H, C, Lk)
+    dist = torch.cdist(qb.reshape(B * H, C, D), k.reshape(B * H, Lk, D), p=1)  # (B*H, C, Lk)
+    n = dist.view(B, H, C, Lk) * (-config.beta * scale)  # (B, H, C, Lk)
+    return e, n
+
+
+def _block_sums(qb, k, masks: BlockMasks, i0, i1, scale, config):
+    """Sums of ``alpha E`` and ``beta N`` over the valid pairs of the block, and their count; ``(B, H, 1, 1)``."""
+    e, n = _affinity_distance(qb, k, scale, config)
+    valid = masks.valid(i0, i1, 0, masks.Lk)
+    if valid is None:
+        count = torch.full((1, 1, 1, 1), float(e.shape[-2] * e.shape[-1]), dtype=e.dtype, device=e.device)
+        return e.sum(dim=(-2, -1), keepdim=True), n.sum(dim=(-2, -1), keepdim=True), count
+    valid = valid.expand_as(e)
+    count = valid.sum(dim=(-2, -1), keepdim=True).to(e.dtype)
+    return (
+        e.masked_fill(~valid, 0.0).sum(dim=(-2, -1), keepdim=True),
+        n.masked_fill(~valid, 0.0).sum(dim=(-2, -1), keepdim=True),
+        count,
+    )
+
+
+def _block_out(qb, k, v, mean_e, mean_n, masks: BlockMasks, i0, i1, scale, config):
+    """``M[i0:i1] @ v`` for one block of queries, ``(B, H, C, Dv)``."""
+    e, n = _affinity_distance(qb, k, scale, config)
+    if mean_e is not None:
+        e = e - mean_e  # eq. (6)
+    if mean_n is not None:
+        n = n - mean_n  # eq. (4)
+    m = ACTIVATION_FNS[config.e_activation](e) * ACTIVATION_FNS[config.n_activation](n)  # (B, H, C, Lk)
+    if config.gate == "scaled":
+        m = 2 * m  # eq. (5)
+    valid = masks.valid(i0, i1, 0, masks.Lk)
+    if valid is not None:
+        m = m.masked_fill(~valid, 0.0)
+    return m @ v  # (B, H, C, Dv)
