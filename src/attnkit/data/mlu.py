@@ -1,0 +1,143 @@
+"""Mathematical Language Understanding (MLU): character-level arithmetic with two variables.
+
+The task of Wangperawong (2018), "Attending to Mathematical Language with Transformers"
+(arXiv:1812.02825), used in the CoDA paper (compositional-de-attention.txt, section 3.6, Table 6):
+the input assigns integer values to two variables and asks for an expression of them, the output is
+its value, both as character strings, e.g. ``x=85,y=-523,x*y`` -> ``-44455``.
+
+The original data draw ``x, y`` from ``[-1000, 1000)`` and the operator from ``{+, -, *}``, and, "to
+ensure that the model embraces symbolic variables", put the two assignments in a random order
+(``y=129,x=531,x-y``). The variations here:
+
+- ``permute_assignments`` (default on): the order of the two assignments is random;
+- ``permute_operands`` (default off): the order of the operands is random too (``y-x``);
+- ``operators``: any subset of ``+ - * // %`` (``//`` and ``%`` with Python's floor semantics, never by 0);
+- ``variables``: the two variable names.
+
+Samples are unique (by input string) and split into disjoint train and test sets; a seed fixes
+everything. The metric is sequence accuracy: an output counts only when it matches exactly.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+from .containers import Seq2SeqData
+
+__all__ = ["MLUConfig", "OPERATORS", "generate_mlu", "evaluate_expression", "sequence_accuracy"]
+
+OPERATORS: dict[str, object] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "//": lambda a, b: a // b,
+    "%": lambda a, b: a % b,
+}
+_FORBIDDEN_IN_NAMES = set("0123456789=,+-*/% ")
+
+
+@dataclass(frozen=True)
+class MLUConfig:
+    """Settings of the MLU generator (defaults: the original task, 100k samples split 9:1)."""
+
+    num_train: int = 90_000
+    num_test: int = 10_000
+    low: int = -1000
+    high: int = 1000  # exclusive
+    operators: tuple[str, ...] = ("+", "-", "*")
+    variables: tuple[str, str] = ("x", "y")
+    permute_assignments: bool = True
+    permute_operands: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for field_name in ("num_train", "num_test", "low", "high", "seed"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"MLUConfig({field_name}={value!r}): expected an integer")
+        if self.num_train < 1 or self.num_test < 0:
+            raise ValueError(f"MLUConfig(num_train={self.num_train}, num_test={self.num_test}): need num_train >= 1, num_test >= 0")
+        if self.high <= self.low:
+            raise ValueError(f"MLUConfig(low={self.low}, high={self.high}): need low < high (high is exclusive)")
+        ops = tuple(self.operators)
+        if not ops or any(op not in OPERATORS for op in ops) or len(set(ops)) != len(ops):
+            raise ValueError(f"MLUConfig(operators={self.operators!r}): expected distinct operators from {tuple(OPERATORS)}")
+        object.__setattr__(self, "operators", ops)
+        names = tuple(self.variables)
+        if (
+            len(names) != 2
+            or names[0] == names[1]
+            or any(not isinstance(v, str) or not v or set(v) & _FORBIDDEN_IN_NAMES for v in names)
+        ):
+            raise ValueError(
+                f"MLUConfig(variables={self.variables!r}): expected two distinct non-empty names without digits, "
+                "spaces or the characters = , + - * / %"
+            )
+        object.__setattr__(self, "variables", names)
+        if self.num_train + self.num_test > self.space_size // 2:
+            raise ValueError(
+                f"MLUConfig: {self.num_train + self.num_test} unique samples requested but the settings allow only "
+                f"{self.space_size}; ask for at most half of that, or widen [low, high) / add operators"
+            )
+
+    @property
+    def space_size(self) -> int:
+        """Number of distinct input strings the settings can produce (an upper bound with ``//``/``%``)."""
+        n = self.high - self.low
+        return n * n * len(self.operators) * (2 if self.permute_assignments else 1) * (2 if self.permute_operands else 1)
+
+
+def evaluate_expression(a: int, op: str, b: int) -> int:
+    if op not in OPERATORS:
+        raise ValueError(f"operator {op!r}: expected one of {tuple(OPERATORS)}")
+    if op in ("//", "%") and b == 0:
+        raise ValueError(f"{a} {op} 0 is undefined")
+    return OPERATORS[op](a, b)
+
+
+def _sample(rng: random.Random, config: MLUConfig) -> tuple[str, str] | None:
+    x = rng.randrange(config.low, config.high)
+    y = rng.randrange(config.low, config.high)
+    op = config.operators[rng.randrange(len(config.operators))]
+    vx, vy = config.variables
+    assignments = [f"{vx}={x}", f"{vy}={y}"]
+    if config.permute_assignments and rng.random() < 0.5:
+        assignments.reverse()
+    (left, a), (right, b) = (vx, x), (vy, y)
+    if config.permute_operands and rng.random() < 0.5:
+        (left, a), (right, b) = (right, b), (left, a)
+    if op in ("//", "%") and b == 0:
+        return None
+    return f"{assignments[0]},{assignments[1]},{left}{op}{right}", str(evaluate_expression(a, op, b))
+
+
+def generate_mlu(config: MLUConfig = MLUConfig(), name: str = "mlu") -> Seq2SeqData:
+    """Unique MLU samples, split into disjoint train/test sets; the same config gives the same data."""
+    rng = random.Random(config.seed)
+    total = config.num_train + config.num_test
+    seen: dict[str, str] = {}
+    while len(seen) < total:
+        sample = _sample(rng, config)
+        if sample is not None and sample[0] not in seen:
+            seen[sample[0]] = sample[1]
+    pairs = list(seen.items())  # insertion order: deterministic for a seed
+    rng.shuffle(pairs)
+    train, test = pairs[: config.num_train], pairs[config.num_train :]
+    return Seq2SeqData(
+        name=name,
+        train_src=[s for s, _ in train],
+        train_tgt=[t for _, t in train],
+        test_src=[s for s, _ in test],
+        test_tgt=[t for _, t in test],
+    )
+
+
+def sequence_accuracy(predictions: Sequence[str], targets: Sequence[str]) -> float:
+    """Share of predictions that equal their target exactly (the MLU metric)."""
+    if len(predictions) != len(targets):
+        raise ValueError(f"{len(predictions)} predictions for {len(targets)} targets; expected one per target")
+    if not targets:
+        raise ValueError("sequence_accuracy of an empty set is undefined; pass at least one target")
+    return sum(p == t for p, t in zip(predictions, targets)) / len(targets)

