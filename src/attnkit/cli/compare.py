@@ -1,0 +1,107 @@
+"""``attnkit compare``: does a mechanism help on my task? Train the same model with each, report side by side.
+
+    attnkit compare                                   # quick preset, Reuters-R8, five mechanisms, 2 seeds
+    attnkit compare --task mlu --preset paper         # Transformer vs CoDA Transformer on MLU
+    attnkit compare --config run.yaml --max-steps 20  # file values, overridden by the command line
+    accelerate launch -m attnkit.cli compare ...      # many processes / GPUs, same code
+
+A thin layer over ``attnkit.runner.run_compare``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+__all__ = ["register", "parse_set"]
+
+
+def parse_set(items: list[str]) -> dict:
+    """``["lr=1e-3", "max_train=null"]`` -> ``{"lr": 0.001, "max_train": None}`` (values read as YAML scalars)."""
+    import yaml
+
+    values = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set lr=1e-3")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        values[key.strip().replace("-", "_")] = value
+    return values
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def compare(
+        task: Optional[str] = typer.Option(None, "--task", help="reuters8 (default), mlu, another catalog dataset, or a .json/.jsonl dataset file."),
+        mechanisms: Optional[str] = typer.Option(None, "--mechanisms", help="Comma-separated, e.g. softmax,dnas,hnas,sinkhorn,coda."),
+        seeds: Optional[int] = typer.Option(None, "--seeds", help="Seeds per mechanism (mean ± std over them)."),
+        preset: Optional[str] = typer.Option(None, "--preset", help="quick (default, minutes on a CPU) or paper."),
+        max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Hard cap on optimizer steps per run."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/compare-<task>-<preset>)."),
+        resume: bool = typer.Option(False, "--resume", help="Continue the run in --out (finished runs are skipped)."),
+        overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier run directory --out."),
+        config_file: Optional[Path] = typer.Option(None, "--config", help="YAML/TOML/JSON file of configuration keys."),
+        set_: list[str] = typer.Option([], "--set", help="Any other configuration key: --set lr=1e-3 (repeatable)."),
+        progress: Optional[str] = typer.Option(None, "--progress", help="auto, rich, tqdm or none."),
+    ) -> None:
+        """Train the same model with several attention mechanisms under the same seeds and budget.
+
+        Writes results.json, results.csv, plots and a self-contained report.html into the run directory.
+        """
+        from attnkit.runner.compare import run_compare, saved_config
+        from attnkit.runner.config import build_config, load_config_file
+
+        overrides = parse_set(set_)
+        given = {
+            "task": task, "mechanisms": mechanisms, "seeds": seeds, "preset": preset, "max_steps": max_steps,
+            "out": None if out is None else str(out), "progress": progress,
+            "resume": resume or None, "overwrite": overwrite or None,
+        }
+        clash = sorted(k for k, v in given.items() if v is not None and k in overrides)
+        if clash:
+            raise ValueError(f"{clash} given both as an option and with --set; give each once")
+        overrides.update({k: v for k, v in given.items() if v is not None})
+        file_values = load_config_file(config_file) if config_file is not None else {}
+        layered = {**file_values, **overrides}
+        if "out" not in layered:
+            layered["out"] = str(Path("runs") / f"compare-{Path(str(layered.get('task', 'reuters8'))).stem}-"
+                                 f"{layered.get('preset', 'quick')}")
+        base = saved_config(layered["out"]) if layered.get("resume") else None
+        config = build_config(layered, base=base)
+        result = run_compare(config)
+        _print_summary(result)
+
+    return None
+
+
+def _print_summary(result) -> None:
+    from accelerate.state import PartialState
+
+    if not PartialState().is_main_process:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from attnkit.runner.report import table_rows
+
+    header, rows = table_rows(result.records, result.task.metric_names)
+    table = Table(title=f"attnkit compare: {result.config.task} ({result.config.preset})")
+    for h in header:
+        table.add_column(h)
+    for row in rows:
+        table.add_row(*row)
+    console = Console()
+    console.print(table)
+    for kind, path in result.files.items():
+        console.print(f"{kind:>16}: {path}")

@@ -1,0 +1,215 @@
+"""``attnkit compare``: train the same model with several mechanisms under the same seeds and budget.
+
+``run_compare(config)`` loops over mechanisms x seeds (``train.train_run``), skips finished runs when
+resuming, aggregates mean +- std over seeds and writes ``results.json``, ``results.csv``, the plots and
+``report.html`` into the run directory ``config.out``:
+
+    out/
+      config.json            the configuration (a resumed run must match it)
+      runs/<mechanism>-seed<k>/result.json, model.pt, checkpoints/
+      results.json  results.csv  learning_curves.png  hybrid_weights.png  report.html
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from .config import CompareConfig
+from .train import train_run
+
+__all__ = ["CompareResult", "run_compare", "aggregate", "prepare_run_dir", "CONFIG_FILE"]
+
+CONFIG_FILE = "config.json"
+_MARKER = "attnkit compare"
+
+
+@dataclass
+class CompareResult:
+    """The aggregated table (one record per mechanism), every run's record, and where they were written."""
+
+    config: CompareConfig
+    task: object
+    records: list[dict]
+    runs: list[dict]
+    out: Path
+    files: dict
+
+
+def _mean_std(values: list) -> tuple[Optional[float], Optional[float]]:
+    values = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def aggregate(runs: list[dict], mechanisms: tuple[str, ...], baseline: str = "softmax") -> list[dict]:
+    """One record per mechanism: mean and std over seeds of each metric, step time relative to ``baseline``.
+
+    ``step_time_rel`` divides the mean optimizer-step time (evaluation excluded) by the baseline's; when the
+    baseline was not run, the first mechanism is the baseline (``step_time_baseline`` says which).
+    ``explain_away_min_normalized`` is the smallest ``n_k * min_j sum_i pi_ij`` over layers and seeds
+    (Lemma 1: >= 1 for DNAS); ``hybrid_u`` is the final ``u`` per layer and head, averaged over seeds.
+    """
+    if baseline not in mechanisms:
+        baseline = mechanisms[0]
+    by_mech = {m: [r for r in runs if r["mechanism"] == m] for m in mechanisms}
+    base_time = statistics.fmean(r["step_time_s"] for r in by_mech[baseline])
+    records = []
+    for mech in mechanisms:
+        group = by_mech[mech]
+        record: dict = {"mechanism": mech, "seeds": [r["seed"] for r in group], "n_seeds": len(group)}
+        metric_names = [k for k, v in group[0]["metrics"].items() if isinstance(v, (int, float))]
+        for name in metric_names:
+            record[f"{name}_mean"], record[f"{name}_std"] = _mean_std([r["metrics"][name] for r in group])
+        time_mean, time_std = _mean_std([r["step_time_s"] for r in group])
+        record["step_time_s"] = time_mean
+        record["step_time_rel"] = time_mean / base_time if base_time else None
+        record["step_time_baseline"] = baseline
+        mins = [r["explain_away"]["min_normalized"] for r in group if r["explain_away"]["min_normalized"] is not None]
+        raw = [r["explain_away"]["min"] for r in group if r["explain_away"]["min"] is not None]
+        record["explain_away_min_normalized"] = min(mins) if mins else None
+        record["explain_away_min_raw"] = min(raw) if raw else None
+        us = [r["hybrid_u"] for r in group if r["hybrid_u"] is not None]
+        if us:
+            layers, heads = len(us[0]), len(us[0][0])
+            record["hybrid_u"] = [
+                [statistics.fmean(u[l][h] for u in us) for h in range(heads)] for l in range(layers)
+            ]
+            record["hybrid_u_mean"] = statistics.fmean(x for row in record["hybrid_u"] for x in row)
+        else:
+            record["hybrid_u"], record["hybrid_u_mean"] = None, None
+        records.append(record)
+    return records
+
+
+def _is_run_dir(out: Path) -> bool:
+    try:
+        return json.loads((out / CONFIG_FILE).read_text()).get("created_by") == _MARKER
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _check_writable(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise PermissionError(
+            f"cannot write to the run directory {str(out)!r} ({exc.strerror or type(exc).__name__}); "
+            "choose another --out"
+        ) from None
+
+
+def saved_config(out: str | Path) -> Optional[dict]:
+    """The configuration saved in run directory ``out`` (for ``--resume``), or ``None``."""
+    path = Path(out) / CONFIG_FILE
+    if not _is_run_dir(Path(out)):
+        return None
+    return json.loads(path.read_text())["config"]
+
+
+def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path:
+    """Check the run directory against ``resume`` / ``overwrite`` and, on the main process, create it.
+
+    A non-empty directory is an error unless ``resume`` (it must hold a run with the same configuration)
+    or ``overwrite`` (it must be an earlier ``attnkit compare`` run directory, which is then deleted).
+    """
+    out = Path(config.out)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {str(out)!r} is a file, not a directory; choose another --out")
+    non_empty = out.is_dir() and any(out.iterdir())
+    if config.resume:
+        if not _is_run_dir(out):
+            raise FileNotFoundError(
+                f"--resume: {str(out)!r} holds no attnkit compare run to continue; drop --resume to start one"
+            )
+        saved = json.loads((out / CONFIG_FILE).read_text())["config"]
+        current = config.result_dict()
+        changed = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
+        if changed:
+            detail = ", ".join(f"{k}: saved {a!r}, given {b!r}" for k, (a, b) in sorted(changed.items()))
+            raise ValueError(
+                f"--resume: the run in {str(out)!r} was started with other settings ({detail}); "
+                "pass the same settings, or --overwrite to start over"
+            )
+    elif non_empty and not config.overwrite:
+        raise FileExistsError(
+            f"run directory {str(out)!r} exists and is not empty; pass --resume to continue it, "
+            "--overwrite to replace it, or choose another --out"
+        )
+    elif non_empty and config.overwrite and not _is_run_dir(out):
+        raise FileExistsError(
+            f"--overwrite: {str(out)!r} is not an attnkit compare run directory (no {CONFIG_FILE} of ours); "
+            "refusing to delete it, choose another --out"
+        )
+    if is_main_process:
+        if non_empty and config.overwrite:
+            shutil.rmtree(out)
+        _check_writable(out)
+        if not config.resume:
+            payload = {"created_by": _MARKER, "config": config.result_dict()}
+            (out / CONFIG_FILE).write_text(json.dumps(payload, indent=1))
+    return out
+
+
+def run_compare(
+    config: CompareConfig,
+    *,
+    accelerator=None,
+    task=None,
+    on_step: Optional[Callable[[str, int, int], None]] = None,
+) -> CompareResult:
+    """Run every mechanism x seed of ``config`` and write the results; see the module docstring.
+
+    ``task`` replaces the task named by ``config.task`` (a ``runner.tasks`` task object);
+    ``on_step(mechanism, seed, step)`` is called after every optimizer step.
+    """
+    from accelerate import Accelerator
+
+    from .progress import make_progress
+    from .report import write_report
+    from .tasks import get_task
+
+    accelerator = accelerator or Accelerator()
+    task = task or get_task(config.task)
+    data = task.prepare(config)  # before touching the run directory: a missing dataset leaves nothing behind
+    out = Path(config.out)
+    # Every process checks the directory before any creates it, then the main process writes.
+    error = None
+    try:
+        prepare_run_dir(config, is_main_process=False)
+    except (ValueError, OSError) as exc:
+        error = exc
+    accelerator.wait_for_everyone()
+    if error is not None:
+        raise error
+    if accelerator.is_main_process:
+        prepare_run_dir(config, is_main_process=True)
+    accelerator.wait_for_everyone()
+
+    progress = make_progress(config.progress, accelerator.is_main_process)
+    runs = []
+    try:
+        for mech in config.mechanisms:
+            for seed in config.seed_list:
+                hook = None if on_step is None else (lambda step, m=mech, s=seed: on_step(m, s, step))
+                result = train_run(task, data, config, mech, seed, out / "runs" / f"{mech}-seed{seed}",
+                                   accelerator, progress, on_step=hook)
+                runs.append(result.record)
+    finally:
+        if progress is not None:
+            progress.close()
+    records = aggregate(runs, config.mechanisms)
+    files: dict = {}
+    if accelerator.is_main_process:
+        files = write_report(config, task, records, runs, out)
+    accelerator.wait_for_everyone()
+    return CompareResult(config=config, task=task, records=records, runs=runs, out=out, files=files)

@@ -1,0 +1,280 @@
+"""Configuration of ``attnkit compare``: one frozen, validated dataclass, presets, YAML/TOML files.
+
+Precedence, lowest first: the preset of the task (``quick`` or ``paper``) < the configuration saved in a
+run directory being resumed < a configuration file (``--config run.yaml``) < command-line values.
+Unknown keys are rejected with the list of valid ones.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from ..config import MECHANISMS, resolve_mechanism
+
+__all__ = [
+    "CompareConfig",
+    "PRESETS",
+    "DEFAULT_TASK",
+    "DEFAULT_MECHANISMS",
+    "PROGRESS",
+    "build_config",
+    "load_config_file",
+    "preset_values",
+    "config_keys",
+]
+
+DEFAULT_TASK = "reuters8"
+DEFAULT_MECHANISMS: tuple[str, ...] = ("softmax", "dnas", "hnas", "sinkhorn", "coda")
+PROGRESS: tuple[str, ...] = ("auto", "rich", "tqdm", "none")
+PRESET_NAMES: tuple[str, ...] = ("quick", "paper")
+
+# Hyperparameters per task kind and preset. ``quick`` fits the default comparison (five mechanisms x two
+# seeds on Reuters-R8) in about ten minutes on two CPU cores; ``paper`` is the largest setting that still
+# trains on a CPU in under an hour (the papers trained for 100K steps on GPUs).
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "classification": {
+        "quick": dict(
+            mechanisms=DEFAULT_MECHANISMS, seeds=2, steps=150, batch_size=32, lr=2e-3, warmup_steps=15,
+            eval_every=50, checkpoint_every=50, max_train=2400, max_eval=600, max_len=64, vocab_size=6000,
+            d_model=64, nhead=4, num_layers=2, dim_feedforward=128, dropout=0.1, explain_away_samples=64,
+        ),
+        "paper": dict(
+            mechanisms=DEFAULT_MECHANISMS, seeds=3, steps=1500, batch_size=32, lr=1e-3, warmup_steps=100,
+            eval_every=250, checkpoint_every=250, max_train=None, max_eval=None, max_len=256, vocab_size=20000,
+            d_model=128, nhead=4, num_layers=2, dim_feedforward=256, dropout=0.1, explain_away_samples=128,
+        ),
+    },
+    "seq2seq": {
+        "quick": dict(
+            mechanisms=("softmax", "coda"), seeds=2, steps=300, batch_size=64, lr=2e-3, warmup_steps=30,
+            eval_every=100, checkpoint_every=100, max_train=20000, max_eval=300, max_len=24, max_target_len=12,
+            vocab_size=64, d_model=64, nhead=4, num_layers=2, dim_feedforward=128, dropout=0.0,
+            explain_away_samples=64,
+        ),
+        "paper": dict(
+            mechanisms=("softmax", "coda"), seeds=1, steps=3000, batch_size=64, lr=1e-3, warmup_steps=200,
+            eval_every=500, checkpoint_every=500, max_train=None, max_eval=1000, max_len=32, max_target_len=12,
+            vocab_size=64, d_model=128, nhead=4, num_layers=2, dim_feedforward=256, dropout=0.0,
+            explain_away_samples=128,
+        ),
+    },
+}
+
+# Which preset family a built-in task uses; a dataset file (``--task data.json``) says its own kind.
+TASK_KINDS: dict[str, str] = {"reuters8": "classification", "mlu": "seq2seq"}
+
+
+def _positive_int(name: str, value: Any, *, allow_none: bool = False, minimum: int = 1) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        hint = " (or null for no cap)" if allow_none else ""
+        raise ValueError(f"{name}={value!r}: expected an integer >= {minimum}{hint}")
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """Everything that decides the result of ``attnkit compare``.
+
+    ``task``: a built-in task (``reuters8``, ``mlu``) or a dataset file (``.json``/``.jsonl``, see
+    ``attnkit.runner.tasks``); ``mechanisms``: names in ``attnkit.MECHANISMS``; ``seeds``: how many seeds
+    (``seed``, ``seed + 1``, ...) per mechanism; ``steps``: optimizer steps per run, capped by ``max_steps``;
+    ``batch_size``: the global batch (split evenly across processes); ``max_train`` / ``max_eval``: caps on the
+    number of examples (null = all); ``max_len`` / ``max_target_len``: token caps; ``vocab_size``: the largest
+    vocabulary kept by the word tokenizer. ``out``: the run directory; ``resume`` continues it,
+    ``overwrite`` replaces it.
+    """
+
+    task: str = DEFAULT_TASK
+    preset: str = "quick"
+    mechanisms: tuple[str, ...] = DEFAULT_MECHANISMS
+    seeds: int = 2
+    seed: int = 0
+    steps: int = 150
+    max_steps: Optional[int] = None
+    batch_size: int = 32
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    warmup_steps: int = 15
+    grad_clip: float = 1.0
+    eval_every: int = 50
+    checkpoint_every: int = 50
+    max_train: Optional[int] = None
+    max_eval: Optional[int] = None
+    max_len: int = 64
+    max_target_len: int = 12
+    vocab_size: int = 6000
+    d_model: int = 64
+    nhead: int = 4
+    num_layers: int = 2
+    dim_feedforward: int = 128
+    dropout: float = 0.1
+    explain_away_samples: int = 64
+    out: str = "runs/compare"
+    resume: bool = False
+    overwrite: bool = False
+    progress: str = "auto"
+    plots: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.task, str) or not self.task:
+            raise ValueError(f"task={self.task!r}: expected a task name ({sorted(TASK_KINDS)}) or a dataset file")
+        if self.preset not in PRESET_NAMES:
+            raise ValueError(f"preset={self.preset!r}: expected one of {PRESET_NAMES}")
+        mechanisms = self.mechanisms
+        if isinstance(mechanisms, str):
+            mechanisms = tuple(m.strip() for m in mechanisms.split(",") if m.strip())
+        if not isinstance(mechanisms, (tuple, list)) or not mechanisms:
+            raise ValueError(f"mechanisms={self.mechanisms!r}: expected a non-empty list of {MECHANISMS}")
+        names = []
+        for m in mechanisms:
+            if not isinstance(m, str):
+                raise ValueError(f"mechanisms contains {m!r}; expected names from {MECHANISMS}")
+            try:
+                names.append(resolve_mechanism(m).name)
+            except ValueError:
+                raise ValueError(f"unknown mechanism {m!r} in mechanisms; expected names from {MECHANISMS}") from None
+        if len(set(names)) != len(names):
+            raise ValueError(f"mechanisms={list(mechanisms)} names a mechanism twice; list each once")
+        object.__setattr__(self, "mechanisms", tuple(names))
+        _positive_int("seeds", self.seeds)
+        _positive_int("seed", self.seed, minimum=0)
+        for name in ("steps", "batch_size", "eval_every", "checkpoint_every", "max_len", "max_target_len",
+                     "vocab_size", "d_model", "nhead", "num_layers", "dim_feedforward", "explain_away_samples"):
+            _positive_int(name, getattr(self, name))
+        for name in ("max_steps", "max_train", "max_eval"):
+            _positive_int(name, getattr(self, name), allow_none=True)
+        _positive_int("warmup_steps", self.warmup_steps, minimum=0)
+        if self.d_model % self.nhead:
+            raise ValueError(f"d_model={self.d_model} is not divisible by nhead={self.nhead}; pick a multiple")
+        for name, low, high in (("lr", 0.0, math.inf), ("weight_decay", -1e-12, math.inf),
+                                ("grad_clip", 0.0, math.inf), ("dropout", -1e-12, 1.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or not low < value < high:
+                raise ValueError(f"{name}={value!r}: expected a finite number in ({max(low, 0)}, {high})")
+        for name in ("resume", "overwrite", "plots"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected true or false")
+        if self.resume and self.overwrite:
+            raise ValueError("resume and overwrite exclude each other: --resume continues a run, --overwrite replaces it")
+        if self.progress not in PROGRESS:
+            raise ValueError(f"progress={self.progress!r}: expected one of {PROGRESS}")
+        if not isinstance(self.out, str) or not self.out:
+            raise ValueError(f"out={self.out!r}: expected a directory path")
+
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps of each run: ``steps``, capped by ``max_steps``."""
+        return min(self.steps, self.max_steps) if self.max_steps is not None else self.steps
+
+    @property
+    def seed_list(self) -> tuple[int, ...]:
+        return tuple(range(self.seed, self.seed + self.seeds))
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["mechanisms"] = list(self.mechanisms)
+        return data
+
+    def result_dict(self) -> dict:
+        """The keys that decide the results (not where they go or how progress is shown)."""
+        data = self.to_dict()
+        for key in ("out", "resume", "overwrite", "progress", "plots"):
+            data.pop(key)
+        return data
+
+
+def config_keys() -> list[str]:
+    return [f.name for f in fields(CompareConfig)]
+
+
+def _check_keys(values: Mapping[str, Any], source: str) -> None:
+    valid = config_keys()
+    unknown = sorted(set(values) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown configuration key(s) {unknown} in {source}; valid keys: {', '.join(valid)}")
+
+
+def load_config_file(path: str | Path) -> dict:
+    """Read a YAML (``.yaml``/``.yml``), TOML (``.toml``) or JSON file of configuration keys.
+
+    Dashes in keys are accepted for underscores (``max-steps``), as on the command line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"configuration file {str(path)!r} not found")
+    text = path.read_text(encoding="utf-8")
+    suffix = path.suffix.lower()
+    try:
+        if suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        elif suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        elif suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ValueError(f"configuration file {str(path)!r}: expected a .yaml, .yml, .toml or .json file")
+    except ValueError:
+        raise
+    except Exception as exc:  # yaml.YAMLError and friends: report as the user's error
+        raise ValueError(f"configuration file {str(path)!r} does not parse: {' '.join(str(exc).split())}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ValueError(f"configuration file {str(path)!r} must hold a mapping of keys to values, got {type(data).__name__}")
+    data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    _check_keys(data, repr(str(path)))
+    return data
+
+
+def task_kind(task: str) -> str:
+    """``"classification"`` or ``"seq2seq"`` for a built-in task or a dataset file."""
+    if task in TASK_KINDS:
+        return TASK_KINDS[task]
+    from ..data import DATASETS
+
+    if task.lower() in DATASETS:
+        return "seq2seq" if DATASETS[task.lower()].kind == "seq2seq" else "classification"
+    from .tasks import file_task_kind  # a dataset file declares its kind; anything else is an unknown task
+
+    return file_task_kind(task)
+
+
+def preset_values(task: str, preset: str) -> dict:
+    if preset not in PRESET_NAMES:
+        raise ValueError(f"preset={preset!r}: expected one of {PRESET_NAMES}")
+    return dict(PRESETS[task_kind(task)][preset])
+
+
+def build_config(
+    overrides: Optional[Mapping[str, Any]] = None,
+    *,
+    file: Optional[str | Path] = None,
+    base: Optional[Mapping[str, Any]] = None,
+) -> CompareConfig:
+    """Merge preset < ``base`` < ``file`` < ``overrides`` (``None`` values in ``overrides`` are ignored)."""
+    values: dict[str, Any] = {}
+    if base:
+        _check_keys(base, "the saved run configuration")
+        values.update(base)
+    if file is not None:
+        values.update(load_config_file(file))
+    if overrides:
+        given = {k.replace("-", "_"): v for k, v in overrides.items() if v is not None}
+        _check_keys(given, "the command line")
+        values.update(given)
+    task = values.get("task", DEFAULT_TASK)
+    preset = values.get("preset", "quick")
+    if not isinstance(task, str) or not task:
+        raise ValueError(f"task={task!r}: expected a task name ({sorted(TASK_KINDS)}) or a dataset file")
+    merged = {**preset_values(task, preset), **values}
+    return CompareConfig(**merged)

@@ -1,0 +1,240 @@
+"""Outputs of ``attnkit compare``: ``results.json``, ``results.csv``, plots, and a self-contained ``report.html``.
+
+The HTML report embeds its plots as base64 PNGs (it opens in a browser from anywhere, with no other file)
+and passes every piece of dataset text it shows through ``html.escape``.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import json
+from pathlib import Path
+from typing import Optional
+
+from .config import CompareConfig
+
+__all__ = ["write_report", "write_results_json", "write_results_csv", "format_value", "table_rows", "render_html"]
+
+FALLBACK_COLORS = {"softmax": "#1f77b4", "dnas": "#d62728", "hnas": "#9467bd", "sinkhorn": "#2ca02c", "coda": "#ff7f0e"}
+
+
+def _colors() -> dict:
+    try:
+        from ..analysis.plots import MECHANISM_COLORS
+    except ImportError:
+        return FALLBACK_COLORS
+    return {**FALLBACK_COLORS, **MECHANISM_COLORS}
+
+
+def format_value(mean: Optional[float], std: Optional[float] = None, scale: float = 1.0, digits: int = 1) -> str:
+    """``"84.3 +- 0.5"`` (``std`` omitted when there is one seed), ``"-"`` when missing."""
+    if mean is None:
+        return "-"
+    text = f"{mean * scale:.{digits}f}"
+    if std is not None:
+        text += f" ± {std * scale:.{digits}f}"
+    return text
+
+
+def table_rows(records: list[dict], metric_names: tuple[str, ...]) -> tuple[list[str], list[list[str]]]:
+    """The human-readable results table: a header and one row per mechanism."""
+    header = ["mechanism", "seeds", *[f"{m} (%)" for m in metric_names], "step time (× baseline)",
+              "explain-away min n_k·Σπ", "final hybrid u (mean)"]
+    rows = []
+    for r in records:
+        u = "-" if r["hybrid_u"] is None else (
+            f"{r['hybrid_u_mean']:.3f}  [" + "; ".join(", ".join(f"{x:.2f}" for x in row) for row in r["hybrid_u"]) + "]"
+        )
+        rows.append([
+            r["mechanism"], str(r["n_seeds"]),
+            *[format_value(r.get(f"{m}_mean"), r.get(f"{m}_std"), 100.0) for m in metric_names],
+            format_value(r["step_time_rel"], None, 1.0, 2) + (" (baseline)" if r["mechanism"] == r["step_time_baseline"] else ""),
+            format_value(r["explain_away_min_normalized"], None, 1.0, 3),
+            u,
+        ])
+    return header, rows
+
+
+def write_results_json(path: Path, config: CompareConfig, task, records: list[dict], runs: list[dict]) -> None:
+    payload = {
+        "task": config.task,
+        "kind": task.kind,
+        "metrics": list(task.metric_names),
+        "config": config.to_dict(),
+        "results": records,
+        "runs": runs,
+        "notes": {
+            "step_time_rel": "mean time per optimizer step (evaluation excluded) / the baseline mechanism's",
+            "explain_away_min_normalized": "min over attention layers, eval samples and seeds of n_k * min_j sum_i pi_ij "
+                                           "(Lemma 1: >= 1 for DNAS); explain_away_min_raw is min_j sum_i pi_ij",
+            "hybrid_u": "final u = sigmoid(theta) per layer (rows) and head (columns), mean over seeds",
+        },
+    }
+    path.write_text(json.dumps(payload, indent=1))
+
+
+def write_results_csv(path: Path, records: list[dict], metric_names: tuple[str, ...]) -> None:
+    columns = ["mechanism", "n_seeds"]
+    for m in metric_names:
+        columns += [f"{m}_mean", f"{m}_std"]
+    columns += ["step_time_s", "step_time_rel", "step_time_baseline", "explain_away_min_normalized",
+                "explain_away_min_raw", "hybrid_u_mean", "hybrid_u"]
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        for r in records:
+            writer.writerow(["" if r.get(c) is None else (json.dumps(r[c]) if c == "hybrid_u" else r[c]) for c in columns])
+
+
+def _history_mean(runs: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """Mean over seeds of ``key`` at each logged step (steps logged by every seed)."""
+    by_step: dict[int, list[float]] = {}
+    for r in runs:
+        for h in r["history"]:
+            if h.get(key) is not None:
+                by_step.setdefault(h["step"], []).append(h[key])
+    steps = sorted(s for s, v in by_step.items() if len(v) == len(runs))
+    return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
+
+
+def plot_learning_curves(path: Path, runs: list[dict], mechanisms: tuple[str, ...], metric: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = _colors()
+    fig, (ax_loss, ax_metric) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for mech in mechanisms:
+        group = [r for r in runs if r["mechanism"] == mech]
+        for ax, key in ((ax_loss, "train_loss"), (ax_metric, metric)):
+            steps, values = _history_mean(group, key)
+            if steps:
+                ax.plot(steps, values, marker="o", ms=3, label=mech, color=colors.get(mech))
+    ax_loss.set(xlabel="step", ylabel="training loss", title="training loss (mean over seeds)")
+    ax_metric.set(xlabel="step", ylabel=metric, title=f"eval {metric} (mean over seeds)")
+    for ax in (ax_loss, ax_metric):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_hybrid(path: Path, runs: list[dict]) -> bool:
+    """Hybrid-weight trajectories ``u`` (one line per layer and head) of the first hnas seed."""
+    run = next((r for r in runs if r["mechanism"] == "hnas" and r["history"] and r["history"][0]["hybrid_u"]), None)
+    if run is None:
+        return False
+    import torch
+
+    steps = [h["step"] for h in run["history"]]
+    u = torch.tensor([h["hybrid_u"] for h in run["history"]])  # (T, layers, heads)
+    try:
+        from ..analysis.plots import plot_hybrid_trajectories
+    except ImportError:
+        plot_hybrid_trajectories = None
+    if plot_hybrid_trajectories is not None:
+        plot_hybrid_trajectories(steps, u, path)
+        return True
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    T, layers, heads = u.shape
+    fig, axes = plt.subplots(1, layers, figsize=(4 * layers, 3.2), squeeze=False)
+    for layer in range(layers):
+        ax = axes[0, layer]
+        for head in range(heads):
+            ax.plot(steps, u[:, layer, head].tolist(), label=f"head {head}")
+        ax.set(xlabel="step", ylabel="u (share of DNAS)", title=f"hnas layer {layer} (seed {run['seed']})", ylim=(0, 1))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _img(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+
+
+def _html_table(header: list[str], rows: list[list[str]], table_id: str = "") -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    id_attr = f' id="{table_id}"' if table_id else ""
+    return f"<table{id_attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render_html(config: CompareConfig, task, records: list[dict], runs: list[dict], images: list[Path]) -> str:
+    """The report as one HTML string (plots inlined; dataset text escaped)."""
+    header, rows = table_rows(records, task.metric_names)
+    run_rows = [
+        [r["mechanism"], str(r["seed"]), *[format_value(r["metrics"].get(m), None, 100.0) for m in task.metric_names],
+         f"{r['step_time_s'] * 1000:.1f}", format_value(r["explain_away"]["min_normalized"], None, 1.0, 3),
+         format_value(r["explain_away"]["min"], None, 1.0, 4)]
+        for r in runs
+    ]
+    run_header = ["mechanism", "seed", *[f"{m} (%)" for m in task.metric_names], "ms / step",
+                  "min n_k·Σπ", "min Σπ (raw)"]
+    sample_blocks = []
+    for mech in config.mechanisms:
+        run = next(r for r in runs if r["mechanism"] == mech)
+        if run["samples"]:
+            keys = list(run["samples"][0])
+            sample_blocks.append(f"<h3>{html.escape(mech)} (seed {run['seed']})</h3>"
+                                 + _html_table(keys, [[s[k] for k in keys] for s in run["samples"]]))
+    config_rows = [[k, json.dumps(v)] for k, v in config.to_dict().items()]
+    css = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;"
+           "margin:1em 0}th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;font-size:14px}"
+           "th{background:#f3f3f3}img{max-width:100%}code{background:#f3f3f3;padding:1px 4px}")
+    world = runs[0]["world_size"] if runs else 1
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>attnkit compare: {html.escape(config.task)}</title><style>{css}</style></head><body>",
+        f"<h1>attnkit compare: {html.escape(config.task)} ({html.escape(config.preset)} preset)</h1>",
+        f"<p>{len(config.mechanisms)} mechanisms × {config.seeds} seed(s), {config.total_steps} optimizer steps each, "
+        f"global batch {config.batch_size}, {world} process(es). Metrics are mean ± std over seeds on "
+        f"{runs[0]['eval_examples'] if runs else 0} evaluation examples.</p>",
+        "<h2>Results</h2>",
+        _html_table(header, rows, "results"),
+        "<p><b>step time</b>: mean time per optimizer step, evaluation excluded, relative to "
+        f"<code>{html.escape(records[0]['step_time_baseline'] if records else '')}</code>. "
+        "<b>explain-away min</b>: the smallest <code>n_k · min_j Σ_i π_ij</code> over attention layers, evaluation "
+        "samples and seeds (Lemma 1: ≥ 1 for DNAS; near 0 means some key is explained away; CoDA's quasi-attention "
+        "is not normalized, so its value is not a weight share). <b>hybrid u</b>: final share of DNAS per layer "
+        "(rows, separated by ;) and head.</p>",
+    ]
+    for image in images:
+        parts.append(f"<h2>{html.escape(image.stem.replace('_', ' '))}</h2>{_img(image)}")
+    parts += ["<h2>Runs</h2>", _html_table(run_header, run_rows, "runs")]
+    if sample_blocks:
+        parts += ["<h2>Sample predictions</h2>", *sample_blocks]
+    parts += ["<h2>Configuration</h2>", _html_table(["key", "value"], config_rows, "config"), "</body></html>"]
+    return "\n".join(parts)
+
+
+def write_report(config: CompareConfig, task, records: list[dict], runs: list[dict], out: Path) -> dict:
+    """Write every output into ``out``; return ``{kind: path}``."""
+    out = Path(out)
+    files = {"json": out / "results.json", "csv": out / "results.csv"}
+    write_results_json(files["json"], config, task, records, runs)
+    write_results_csv(files["csv"], records, task.metric_names)
+    images = []
+    if config.plots:
+        files["learning_curves"] = out / "learning_curves.png"
+        plot_learning_curves(files["learning_curves"], runs, config.mechanisms, task.metric_names[0])
+        images.append(files["learning_curves"])
+        if plot_hybrid(out / "hybrid_weights.png", runs):
+            files["hybrid_weights"] = out / "hybrid_weights.png"
+            images.append(files["hybrid_weights"])
+    files["html"] = out / "report.html"
+    files["html"].write_text(render_html(config, task, records, runs, images), encoding="utf-8")
+    return files

@@ -1,0 +1,397 @@
+"""Tasks of ``attnkit compare``: a dataset, a model builder, a loss and metrics.
+
+- ``reuters8`` (and the other text-classification datasets of ``attnkit.data``): a ``TransformerClassifier``
+  over a word vocabulary; metrics accuracy and macro-F1.
+- ``mlu`` (CoDA paper sec. 3.6, Table 6): a character-level ``Seq2SeqTransformer``; metric sequence accuracy
+  (exact match of the greedy decoding). The mechanism is used in encoder, decoder and cross attention; the
+  query-normalized ones (dnas, hnas, sinkhorn) would leak future positions in the causal decoder
+  self-attention, which therefore stays softmax for them (as in the papers).
+- a dataset file of your own, ``--task my_data.json``::
+
+      {"kind": "classification", "train": [{"text": "...", "label": "sports"}, ...], "test": [...]}
+      {"kind": "seq2seq", "train": [{"source": "x=1,y=2,x+y", "target": "3"}, ...], "test": [...]}
+
+  (optionally ``"label_names"``; labels are names or indices into it). ``.jsonl`` files hold one
+  ``{"split": "train"|"test", ...}`` object per line and a first line ``{"kind": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .config import CompareConfig
+
+__all__ = [
+    "ClassificationTask",
+    "Seq2SeqTask",
+    "EncodedClassification",
+    "EncodedSeq2Seq",
+    "get_task",
+    "load_file_dataset",
+    "file_task_kind",
+    "macro_f1",
+]
+
+_FILE_SUFFIXES = (".json", ".jsonl")
+_DATA_SEED = 1234  # the training/evaluation subsets do not depend on the run seed
+
+
+def macro_f1(labels: list[int], preds: list[int]) -> float:
+    """Unweighted mean of per-class F1 over the classes present in ``labels`` or ``preds``."""
+    classes = sorted(set(labels) | set(preds))
+    scores = []
+    for c in classes:
+        tp = sum(1 for y, p in zip(labels, preds) if y == c and p == c)
+        fp = sum(1 for y, p in zip(labels, preds) if y != c and p == c)
+        fn = sum(1 for y, p in zip(labels, preds) if y == c and p != c)
+        scores.append(0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn))
+    return sum(scores) / len(scores) if scores else 0.0
+
+
+def _subset(n: int, cap: Optional[int]) -> Tensor:
+    """A fixed random subset of ``range(n)`` of size ``cap`` (all of it, in order, without a cap)."""
+    if cap is None or cap >= n:
+        return torch.arange(n)
+    generator = torch.Generator().manual_seed(_DATA_SEED)
+    return torch.randperm(n, generator=generator)[:cap].sort().values
+
+
+def _trim(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Drop the padding columns that no row of the batch uses (keeps at least one column)."""
+    length = max(1, int(mask.sum(dim=1).max()))
+    return ids[:, :length], mask[:, :length]
+
+
+# --------------------------------------------------------------------------- dataset files
+
+
+def _read_file(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"dataset file {path!r} not found; give a built-in task (reuters8, mlu, ...) or an existing .json/.jsonl file"
+        )
+    try:
+        if p.suffix == ".jsonl":
+            lines = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+            if not lines or "kind" not in lines[0]:
+                raise ValueError('the first line must be {"kind": "classification"} or {"kind": "seq2seq"}')
+            head, rows = lines[0], lines[1:]
+            data = {k: v for k, v in head.items()}
+            for split in ("train", "test"):
+                data[split] = [r for r in rows if r.get("split") == split]
+            return data
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"dataset file {path!r} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"dataset file {path!r} must hold an object with keys kind, train, test")
+    return data
+
+
+def file_task_kind(path: str) -> str:
+    """The ``kind`` a dataset file declares (``classification`` or ``seq2seq``)."""
+    if not str(path).endswith(_FILE_SUFFIXES):
+        from ..data import DATASETS
+
+        raise ValueError(
+            f"unknown task {path!r}; expected one of {', '.join(DATASETS)} or a dataset file ending in .json/.jsonl"
+        )
+    kind = _read_file(path).get("kind")
+    if kind not in ("classification", "seq2seq"):
+        raise ValueError(f"dataset file {path!r}: kind={kind!r}; expected 'classification' or 'seq2seq'")
+    return kind
+
+
+def load_file_dataset(path: str):
+    """A ``TextClassificationData`` or ``Seq2SeqData`` from a dataset file (format in the module docstring)."""
+    from ..data import Seq2SeqData, TextClassificationData
+
+    kind = file_task_kind(path)
+    raw = _read_file(path)
+    name = Path(path).stem
+    for split in ("train", "test"):
+        if not isinstance(raw.get(split), list) or not raw[split]:
+            raise ValueError(f"dataset file {path!r}: {split!r} must be a non-empty list of examples")
+    fields = ("text", "label") if kind == "classification" else ("source", "target")
+    for split in ("train", "test"):
+        for i, row in enumerate(raw[split]):
+            if not isinstance(row, dict) or any(f not in row for f in fields):
+                raise ValueError(f"dataset file {path!r}: {split}[{i}] = {row!r}; expected an object with keys {fields}")
+    if kind == "seq2seq":
+        return Seq2SeqData(
+            name=name,
+            train_src=[str(r["source"]) for r in raw["train"]], train_tgt=[str(r["target"]) for r in raw["train"]],
+            test_src=[str(r["source"]) for r in raw["test"]], test_tgt=[str(r["target"]) for r in raw["test"]],
+        )
+    names = raw.get("label_names")
+    if names is None:
+        names = sorted({str(r["label"]) for r in raw["train"] + raw["test"]})
+    index = {str(n): i for i, n in enumerate(names)}
+
+    def label(row: dict) -> int:
+        y = row["label"]
+        if isinstance(y, int) and not isinstance(y, bool) and 0 <= y < len(names):
+            return y
+        if str(y) not in index:
+            raise ValueError(f"dataset file {path!r}: label {y!r} is not in label_names {names}")
+        return index[str(y)]
+
+    return TextClassificationData(
+        name=name,
+        train_texts=[str(r["text"]) for r in raw["train"]], train_labels=[label(r) for r in raw["train"]],
+        test_texts=[str(r["text"]) for r in raw["test"]], test_labels=[label(r) for r in raw["test"]],
+        label_names=[str(n) for n in names],
+    )
+
+
+# --------------------------------------------------------------------------- classification
+
+
+@dataclass
+class EncodedClassification:
+    """Token ids ``(N, L)``, masks ``(N, L)`` (True = real) and labels ``(N,)`` of both splits."""
+
+    train_ids: Tensor
+    train_mask: Tensor
+    train_labels: Tensor
+    test_ids: Tensor
+    test_mask: Tensor
+    test_labels: Tensor
+    test_texts: list[str]
+    label_names: list[str]
+    vocab_size: int
+    pad_id: int
+
+
+class ClassificationTask:
+    """Text classification with a ``TransformerClassifier``; metrics accuracy and macro-F1."""
+
+    kind = "classification"
+    metric_names = ("accuracy", "macro_f1")
+
+    def __init__(self, name: str, source: Optional[str] = None) -> None:
+        self.name, self.source = name, source
+
+    def load(self, config: CompareConfig):
+        if self.source is not None:
+            return load_file_dataset(self.source)
+        from ..data import get_info, load_dataset
+
+        return load_dataset(self.name, download=get_info(self.name).offline)
+
+    def prepare(self, config: CompareConfig) -> EncodedClassification:
+        from ..data import WordTokenizer
+
+        raw = self.load(config)
+        train_texts = raw.joined_texts("train") if raw.is_pair else list(raw.train_texts)
+        test_texts = raw.joined_texts("test") if raw.is_pair else list(raw.test_texts)
+        tr, te = _subset(len(train_texts), config.max_train), _subset(len(test_texts), config.max_eval)
+        train_texts = [train_texts[i] for i in tr.tolist()]
+        test_texts = [test_texts[i] for i in te.tolist()]
+        tokenizer = WordTokenizer.fit(train_texts, max_vocab=config.vocab_size)
+        train_ids, train_mask = tokenizer.encode(train_texts, max_length=config.max_len)
+        test_ids, test_mask = tokenizer.encode(test_texts, max_length=config.max_len)
+        return EncodedClassification(
+            train_ids=train_ids, train_mask=train_mask,
+            train_labels=torch.tensor(raw.train_labels, dtype=torch.long)[tr],
+            test_ids=test_ids, test_mask=test_mask,
+            test_labels=torch.tensor(raw.test_labels, dtype=torch.long)[te],
+            test_texts=test_texts, label_names=list(raw.label_names),
+            vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
+        )
+
+    def build_model(self, config: CompareConfig, mechanism: str, data: EncodedClassification) -> torch.nn.Module:
+        from ..models import TransformerClassifier
+
+        return TransformerClassifier(
+            vocab_size=data.vocab_size, num_classes=len(data.label_names), d_model=config.d_model,
+            nhead=config.nhead, num_layers=config.num_layers, dim_feedforward=config.dim_feedforward,
+            dropout=config.dropout, mechanism=mechanism, max_len=config.max_len, pad_id=data.pad_id,
+        )
+
+    def num_train(self, data: EncodedClassification) -> int:
+        return len(data.train_labels)
+
+    def num_eval(self, data: EncodedClassification) -> int:
+        return len(data.test_labels)
+
+    def count(self, data: EncodedClassification, idx: Tensor) -> int:
+        return len(idx)
+
+    def _batch(self, ids: Tensor, mask: Tensor, idx: Tensor, device) -> tuple[Tensor, Tensor]:
+        ids, mask = _trim(ids[idx], mask[idx])  # (b, L)
+        return ids.to(device), mask.to(device)
+
+    def loss_sum(self, model, data: EncodedClassification, idx: Tensor, config, device) -> Tensor:
+        ids, mask = self._batch(data.train_ids, data.train_mask, idx, device)
+        logits = model(ids, mask)  # (b, num_classes)
+        return F.cross_entropy(logits.float(), data.train_labels[idx].to(device), reduction="sum")
+
+    def predict(self, model, data: EncodedClassification, idx: Tensor, config, device) -> list[int]:
+        ids, mask = self._batch(data.test_ids, data.test_mask, idx, device)
+        return model(ids, mask).argmax(dim=-1).tolist()
+
+    def forward_for_diagnostics(self, model, data: EncodedClassification, idx: Tensor, config, device) -> None:
+        ids, mask = self._batch(data.test_ids, data.test_mask, idx, device)
+        model(ids, mask)
+
+    def metrics(self, data: EncodedClassification, preds: list[int]) -> dict:
+        labels = data.test_labels.tolist()
+        accuracy = sum(int(p == y) for p, y in zip(preds, labels)) / max(1, len(labels))
+        return {"accuracy": accuracy, "macro_f1": macro_f1(labels, preds)}
+
+    def samples(self, data: EncodedClassification, preds: list[int], limit: int = 8) -> list[dict]:
+        names = data.label_names
+        return [
+            {"text": text[:240] + ("…" if len(text) > 240 else ""), "label": names[y], "predicted": names[p]}
+            for text, y, p in zip(data.test_texts[:limit], data.test_labels.tolist(), preds)
+        ]
+
+
+# --------------------------------------------------------------------------- sequence to sequence
+
+
+@dataclass
+class EncodedSeq2Seq:
+    """Source ids ``(N, Ls)`` and target ids ``(N, Lt)`` (``<bos> target <eos>``) with masks, both splits."""
+
+    train_src: Tensor
+    train_src_mask: Tensor
+    train_tgt: Tensor
+    train_tgt_mask: Tensor
+    test_src: Tensor
+    test_src_mask: Tensor
+    test_tgt: Tensor
+    test_tgt_mask: Tensor
+    test_src_texts: list[str]
+    test_tgt_texts: list[str]
+    tokenizer: Any
+
+
+class Seq2SeqTask:
+    """Character-level transduction with a ``Seq2SeqTransformer``; metric sequence accuracy (exact match)."""
+
+    kind = "seq2seq"
+    metric_names = ("sequence_accuracy",)
+
+    def __init__(self, name: str, source: Optional[str] = None) -> None:
+        self.name, self.source = name, source
+
+    def load(self, config: CompareConfig):
+        if self.source is not None:
+            return load_file_dataset(self.source)
+        from ..data import load_dataset
+
+        options = {}
+        if self.name == "mlu":  # generated: make only what is used
+            options = {"seed": 0}
+            if config.max_train is not None:
+                options["num_train"] = config.max_train
+            if config.max_eval is not None:
+                options["num_test"] = config.max_eval
+        return load_dataset(self.name, **options)
+
+    def prepare(self, config: CompareConfig) -> EncodedSeq2Seq:
+        from ..data import CharTokenizer
+
+        raw = self.load(config)
+        tr, te = _subset(len(raw.train_src), config.max_train), _subset(len(raw.test_src), config.max_eval)
+        pick = lambda items, idx: [items[i] for i in idx.tolist()]  # noqa: E731
+        train_src, train_tgt = pick(raw.train_src, tr), pick(raw.train_tgt, tr)
+        test_src, test_tgt = pick(raw.test_src, te), pick(raw.test_tgt, te)
+        tokenizer = CharTokenizer.fit(train_src + train_tgt + test_src + test_tgt)
+        enc = {}
+        for split, src, tgt in (("train", train_src, train_tgt), ("test", test_src, test_tgt)):
+            enc[f"{split}_src"], enc[f"{split}_src_mask"] = tokenizer.encode(src, max_length=config.max_len)
+            enc[f"{split}_tgt"], enc[f"{split}_tgt_mask"] = tokenizer.encode(
+                tgt, max_length=config.max_target_len + 2, add_bos=True, add_eos=True
+            )
+        return EncodedSeq2Seq(**enc, test_src_texts=test_src, test_tgt_texts=test_tgt, tokenizer=tokenizer)
+
+    @staticmethod
+    def mechanisms_for(mechanism: str) -> dict:
+        """Encoder, decoder self- and cross-attention mechanisms for one compared ``mechanism``."""
+        from ..config import resolve_mechanism
+
+        decoder = "softmax" if resolve_mechanism(mechanism).query_normalized else mechanism
+        return {"encoder_mechanism": mechanism, "decoder_mechanism": decoder, "cross_mechanism": mechanism}
+
+    def build_model(self, config: CompareConfig, mechanism: str, data: EncodedSeq2Seq) -> torch.nn.Module:
+        from ..models import Seq2SeqTransformer
+
+        return Seq2SeqTransformer(
+            vocab_size=data.tokenizer.vocab_size, d_model=config.d_model, nhead=config.nhead,
+            num_encoder_layers=config.num_layers, num_decoder_layers=config.num_layers,
+            dim_feedforward=config.dim_feedforward, dropout=config.dropout,
+            max_len=max(config.max_len, config.max_target_len + 2), pad_id=data.tokenizer.pad_id,
+            **self.mechanisms_for(mechanism),
+        )
+
+    def num_train(self, data: EncodedSeq2Seq) -> int:
+        return len(data.train_src)
+
+    def num_eval(self, data: EncodedSeq2Seq) -> int:
+        return len(data.test_src)
+
+    def count(self, data: EncodedSeq2Seq, idx: Tensor) -> int:
+        return int(data.train_tgt_mask[idx, 1:].sum())  # predicted target tokens, <eos> included
+
+    def _batch(self, split: str, data: EncodedSeq2Seq, idx: Tensor, device):
+        src, src_mask = _trim(getattr(data, f"{split}_src")[idx], getattr(data, f"{split}_src_mask")[idx])
+        tgt, tgt_mask = _trim(getattr(data, f"{split}_tgt")[idx], getattr(data, f"{split}_tgt_mask")[idx])
+        return src.to(device), src_mask.to(device), tgt.to(device), tgt_mask.to(device)
+
+    def loss_sum(self, model, data: EncodedSeq2Seq, idx: Tensor, config, device) -> Tensor:
+        src, src_mask, tgt, tgt_mask = self._batch("train", data, idx, device)
+        logits = model(src, src_mask, tgt[:, :-1], tgt_mask[:, :-1])  # (b, Lt - 1, V)
+        gold = tgt[:, 1:].masked_fill(~tgt_mask[:, 1:], -100)  # (b, Lt - 1)
+        return F.cross_entropy(logits.float().flatten(0, 1), gold.flatten(), ignore_index=-100, reduction="sum")
+
+    def predict(self, model, data: EncodedSeq2Seq, idx: Tensor, config, device) -> list[str]:
+        src, src_mask, _, _ = self._batch("test", data, idx, device)
+        tok = data.tokenizer
+        out = model.greedy_decode(src, src_mask, max_len=config.max_target_len + 2, bos_id=tok.bos_id, eos_id=tok.eos_id)
+        return tok.decode(out)
+
+    def forward_for_diagnostics(self, model, data: EncodedSeq2Seq, idx: Tensor, config, device) -> None:
+        src, src_mask, tgt, tgt_mask = self._batch("test", data, idx, device)
+        model(src, src_mask, tgt[:, :-1], tgt_mask[:, :-1])
+
+    def metrics(self, data: EncodedSeq2Seq, preds: list[str]) -> dict:
+        gold = self._targets(data)
+        return {"sequence_accuracy": sum(int(p == t) for p, t in zip(preds, gold)) / max(1, len(gold))}
+
+    @staticmethod
+    def _targets(data: EncodedSeq2Seq) -> list[str]:
+        """The targets as the model can produce them (``<bos>``/``<eos>`` dropped, truncated to max_target_len)."""
+        return data.tokenizer.decode(data.test_tgt)
+
+    def samples(self, data: EncodedSeq2Seq, preds: list[str], limit: int = 8) -> list[dict]:
+        return [
+            {"source": s, "target": t, "predicted": p}
+            for s, t, p in zip(data.test_src_texts[:limit], self._targets(data)[:limit], preds)
+        ]
+
+
+def get_task(name: str):
+    """The task for a built-in dataset name or a dataset file (``.json``/``.jsonl``)."""
+    if str(name).endswith(_FILE_SUFFIXES):
+        kind = file_task_kind(name)
+        cls = ClassificationTask if kind == "classification" else Seq2SeqTask
+        return cls(Path(name).stem, source=str(name))
+    from ..data import DATASETS
+
+    key = str(name).lower()
+    if key not in DATASETS:
+        raise ValueError(
+            f"unknown task {name!r}; expected one of {', '.join(DATASETS)} or a dataset file ending in .json/.jsonl"
+        )
+    return Seq2SeqTask(key) if DATASETS[key].kind == "seq2seq" else ClassificationTask(key)

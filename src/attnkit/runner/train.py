@@ -1,0 +1,327 @@
+"""One training run (task x mechanism x seed) with Hugging Face Accelerate.
+
+The same code runs in one CPU process (``attnkit compare``) and in many processes or GPUs
+(``accelerate launch -m attnkit.cli compare ...``): every process sees the same deterministic batch order
+(a permutation of the training set per epoch, seeded by the run seed and the epoch) and takes its share
+of each global batch; the loss is normalized by the size of the *global* batch, so the averaged gradient
+is the same as one process would compute on the whole batch.
+
+Checkpoints (every ``checkpoint_every`` steps) hold the model, optimizer and scheduler states, the step,
+the metrics history, the timing sums and every process's RNG states; the batch order is a function of
+(seed, step). A run continued from a checkpoint therefore ends with the same metrics as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .config import CompareConfig
+
+__all__ = ["RunResult", "train_run", "batch_indices", "hybrid_u", "latest_checkpoint", "RESULT_FILE"]
+
+RESULT_FILE = "result.json"
+_TRAINER_FILE = "trainer.json"  # written last: its presence marks a complete checkpoint
+
+
+@dataclass
+class RunResult:
+    """What one run reports: final metrics, timings, diagnostics and the metrics history."""
+
+    record: dict
+
+    @property
+    def metrics(self) -> dict:
+        return self.record["metrics"]
+
+
+def batch_indices(step: int, n_train: int, batch_size: int, seed: int) -> Tensor:
+    """The training-set indices of global batch ``step`` (0-based): epoch permutations, last partial batch dropped."""
+    per_epoch = n_train // batch_size
+    if per_epoch < 1:
+        raise ValueError(
+            f"batch_size={batch_size} is larger than the training set ({n_train} examples); lower batch_size"
+        )
+    epoch, position = divmod(step, per_epoch)
+    generator = torch.Generator().manual_seed(1_000_003 * seed + epoch)
+    order = torch.randperm(n_train, generator=generator)  # (n_train,)
+    return order[position * batch_size:(position + 1) * batch_size]
+
+
+def hybrid_u(model: torch.nn.Module) -> Optional[list[list[float]]]:
+    """The hybrid weights ``u`` of the HNAS attention modules (``ak.nn.hybrid_weights``): ``[layer][head]``.
+
+    ``None`` when the model has no hybrid attention.
+    """
+    from ..nn import MultiheadAttention, MultiViewAttention, hybrid_weights
+
+    if not any(isinstance(m, (MultiheadAttention, MultiViewAttention)) and m.theta is not None for m in model.modules()):
+        return None
+    return hybrid_weights(model).double().cpu().tolist()  # (layers, heads)
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def latest_checkpoint(run_dir: Path) -> Optional[Path]:
+    """The newest complete checkpoint of ``run_dir`` (one whose ``trainer.json`` was written), or ``None``."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return None
+    done = sorted(p for p in root.glob("step-*") if (p / _TRAINER_FILE).is_file())
+    return done[-1] if done else None
+
+
+def _save_checkpoint(accelerator, run_dir: Path, step: int, model, optimizer, scheduler, trainer: dict) -> None:
+    path = Path(run_dir) / "checkpoints" / f"step-{step:07d}"
+    if accelerator.is_main_process:
+        if path.exists():
+            shutil.rmtree(path)
+        path.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    torch.save(_rng_state(), path / f"rng-rank{accelerator.process_index}.pt")
+    if accelerator.is_main_process:
+        state = {
+            "model": accelerator.unwrap_model(model).state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+        }
+        torch.save(state, path / "state.pt")
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        tmp = path / (_TRAINER_FILE + ".tmp")
+        tmp.write_text(json.dumps(trainer))
+        os.replace(tmp, path / _TRAINER_FILE)
+        for old in (Path(run_dir) / "checkpoints").glob("step-*"):
+            if old != path:
+                shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+
+
+def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler) -> dict:
+    trainer = json.loads((path / _TRAINER_FILE).read_text())
+    if trainer["world_size"] != accelerator.num_processes:
+        raise ValueError(
+            f"checkpoint {str(path)!r} was written by {trainer['world_size']} process(es); resume it with the same "
+            f"number (this run has {accelerator.num_processes}) or start over with --overwrite"
+        )
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    accelerator.unwrap_model(model).load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    _set_rng_state(torch.load(path / f"rng-rank{accelerator.process_index}.pt", weights_only=False))
+    return trainer
+
+
+def _schedule(warmup: int, total: int) -> Callable[[int], float]:
+    def factor(step: int) -> float:  # linear warmup, then linear decay to 0 at ``total``
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return factor
+
+
+def _evaluate(accelerator, task, data, model, config: CompareConfig) -> tuple[dict, list]:
+    """Metrics on the evaluation set; each process predicts its share, the predictions are gathered."""
+    from accelerate.utils import gather_object
+
+    net = accelerator.unwrap_model(model)
+    net.eval()
+    n = task.num_eval(data)
+    local = list(range(accelerator.process_index, n, accelerator.num_processes))
+    preds: list = []
+    with torch.no_grad():
+        for start in range(0, len(local), config.batch_size):
+            idx = torch.tensor(local[start:start + config.batch_size], dtype=torch.long)
+            preds.extend(zip(idx.tolist(), task.predict(net, data, idx, config, accelerator.device)))
+    if accelerator.num_processes > 1:
+        preds = gather_object(preds)
+    preds = [p for _, p in sorted(preds, key=lambda item: item[0])]
+    net.train()
+    return task.metrics(data, preds), preds
+
+
+def _explain_away(accelerator, task, data, model, config: CompareConfig) -> dict:
+    """Smallest key weight sums over every attention call on a sample of the evaluation set.
+
+    ``min_normalized`` is ``n_k * min_j sum_i pi_ij`` (Lemma 1: >= 1 for DNAS); ``min`` is the raw smallest sum.
+    """
+    from ..analysis import explain_away
+    from ..functional import observe_weights
+
+    stats = {"min": math.inf, "min_normalized": math.inf, "fraction_below_eps": 0.0, "calls": 0}
+
+    def observer(weights, mask_info, mechanism_config) -> None:
+        result = explain_away(weights, key_mask=mask_info.key_mask, query_mask=mask_info.query_mask)
+        if not math.isnan(result.min):
+            stats["min"] = min(stats["min"], result.min)
+            stats["min_normalized"] = min(stats["min_normalized"], result.min_normalized)
+        stats["fraction_below_eps"] = max(stats["fraction_below_eps"], result.fraction_below_eps)
+        stats["calls"] += 1
+
+    net = accelerator.unwrap_model(model)
+    net.eval()
+    n = min(config.explain_away_samples, task.num_eval(data))
+    with torch.no_grad(), observe_weights(observer):
+        for start in range(0, n, config.batch_size):
+            idx = torch.arange(start, min(n, start + config.batch_size))
+            task.forward_for_diagnostics(net, data, idx, config, accelerator.device)
+    net.train()
+    if stats["calls"] == 0:
+        return {"min": None, "min_normalized": None, "fraction_below_eps": None, "calls": 0}
+    return stats
+
+
+def train_run(
+    task,
+    data,
+    config: CompareConfig,
+    mechanism: str,
+    seed: int,
+    run_dir: Path,
+    accelerator,
+    progress=None,
+    on_step: Optional[Callable[[int], None]] = None,
+) -> RunResult:
+    """Train and evaluate ``mechanism`` with ``seed`` on ``task``; continue from ``run_dir``'s checkpoint if any.
+
+    Writes ``run_dir/result.json`` when done and returns its record. ``on_step(step)`` is called after each
+    optimizer step (and its checkpoint); ``progress`` is a ``runner.progress`` bar or ``None``.
+    """
+    from accelerate.utils import set_seed
+
+    run_dir = Path(run_dir)
+    result_path = run_dir / RESULT_FILE
+    if result_path.is_file():
+        return RunResult(json.loads(result_path.read_text()))
+    world, rank = accelerator.num_processes, accelerator.process_index
+    if config.batch_size % world:
+        raise ValueError(
+            f"batch_size={config.batch_size} does not split evenly over {world} processes; "
+            f"use a multiple of {world}"
+        )
+    total = config.total_steps
+    n_train = task.num_train(data)
+    batch_indices(0, n_train, config.batch_size, seed)  # validates batch_size against the training set
+
+    set_seed(seed)
+    model = task.build_model(config, mechanism, data)
+    n_params = sum(p.numel() for p in model.parameters())
+    model.to(accelerator.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config.warmup_steps, total))
+    accelerator.free_memory()
+    model, optimizer = accelerator.prepare(model, optimizer)
+
+    trainer: dict[str, Any] = {
+        "step": 0, "history": [], "time_sum": 0.0, "time_count": 0, "loss_sum": 0.0, "loss_count": 0,
+        "world_size": world, "mechanism": mechanism, "seed": seed,
+    }
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is not None:
+        trainer = _load_checkpoint(accelerator, checkpoint, model, optimizer, scheduler)
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+    if progress is not None:
+        progress.start_run(f"{mechanism} seed {seed}", total, trainer["step"])
+    model.train()
+    while trainer["step"] < total:
+        step = trainer["step"]
+        start = time.perf_counter()
+        global_idx = batch_indices(step, n_train, config.batch_size, seed)  # (batch_size,)
+        local_idx = global_idx[rank::world]
+        loss_sum = task.loss_sum(model, data, local_idx, config, accelerator.device)
+        denominator = task.count(data, global_idx)
+        loss = loss_sum * (world / denominator)  # DDP averages over processes: the mean over the global batch
+        accelerator.backward(loss)
+        if config.grad_clip:
+            accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        global_loss = loss.detach() / world
+        if world > 1:
+            global_loss = accelerator.reduce(global_loss, reduction="sum")
+        loss_value = float(global_loss)
+        if not math.isfinite(loss_value):
+            raise ValueError(
+                f"{mechanism} seed {seed}: the training loss became {loss_value} at step {step + 1}; "
+                "lower lr or raise warmup_steps"
+            )
+        trainer["time_sum"] += time.perf_counter() - start
+        trainer["time_count"] += 1
+        trainer["loss_sum"] += loss_value
+        trainer["loss_count"] += 1
+        trainer["step"] = step = step + 1
+        if progress is not None:
+            progress.update(step, loss_value, len(global_idx) / max(1e-9, trainer["time_sum"] / trainer["time_count"]))
+
+        if step % config.eval_every == 0 or step == total:
+            metrics, _ = _evaluate(accelerator, task, data, model, config)
+            trainer["history"].append({
+                "step": step,
+                "train_loss": trainer["loss_sum"] / max(1, trainer["loss_count"]),
+                "lr": scheduler.get_last_lr()[0],
+                **metrics,
+                "hybrid_u": hybrid_u(accelerator.unwrap_model(model)),
+            })
+            trainer["loss_sum"], trainer["loss_count"] = 0.0, 0
+        if step % config.checkpoint_every == 0 and step < total:
+            _save_checkpoint(accelerator, run_dir, step, model, optimizer, scheduler, trainer)
+        if on_step is not None:
+            on_step(step)
+
+    metrics, preds = _evaluate(accelerator, task, data, model, config)
+    explain = _explain_away(accelerator, task, data, model, config)
+    net = accelerator.unwrap_model(model)
+    record = {
+        "mechanism": mechanism,
+        "seed": seed,
+        "steps": total,
+        "metrics": metrics,
+        "step_time_s": trainer["time_sum"] / max(1, trainer["time_count"]),
+        "explain_away": explain,
+        "hybrid_u": hybrid_u(net),
+        "history": trainer["history"],
+        "num_params": n_params,
+        "train_examples": n_train,
+        "eval_examples": task.num_eval(data),
+        "world_size": world,
+        "samples": task.samples(data, preds, limit=8),
+    }
+    if accelerator.is_main_process:
+        torch.save(net.state_dict(), run_dir / "model.pt")
+        tmp = run_dir / (RESULT_FILE + ".tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        os.replace(tmp, result_path)
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    accelerator.wait_for_everyone()
+    if progress is not None:
+        progress.end_run(metrics)
+    accelerator.free_memory()
+    return RunResult(record)
