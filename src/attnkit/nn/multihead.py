@@ -149,15 +149,15 @@ class MultiheadAttention(nn.Module):
         return torch.sigmoid(self.theta.detach())
 
     def reset_parameters(self) -> None:
-        """torch's initialisation (Xavier-uniform projections, zero biases, Xavier-normal ``bias_k/v``);
-        ``theta = logit(u0)``."""
+        """torch's initialisation: Xavier-uniform input projections, zero biases, Xavier-normal ``bias_k/v``;
+        ``theta = logit(u0)``. As in torch, ``out_proj.weight`` keeps ``nn.Linear``'s initialisation, so
+        a seeded construction draws exactly the numbers ``torch.nn.MultiheadAttention`` draws."""
         if self._qkv_same_embed_dim:
             nn.init.xavier_uniform_(self.in_proj_weight)
         else:
             nn.init.xavier_uniform_(self.q_proj_weight)
             nn.init.xavier_uniform_(self.k_proj_weight)
             nn.init.xavier_uniform_(self.v_proj_weight)
-        self.out_proj.reset_parameters()
         if self.in_proj_bias is not None:
             nn.init.zeros_(self.in_proj_bias)
             nn.init.zeros_(self.out_proj.bias)

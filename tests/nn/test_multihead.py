@@ -1,0 +1,328 @@
+"""ak.nn.MultiheadAttention: torch equivalence for softmax, every mechanism against float64 references,
+query padding, state_dict compatibility, the learnable hybrid weight and argument validation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnkit as ak
+import attnkit.nn as aknn
+from tests._reference import ref_weights
+
+E, H = 8, 2
+MECHANISMS = ["softmax", "dnas", "hnas", "sinkhorn", "coda", ak.CoDA(gate="centered", center_e=True), ak.Sinkhorn(iters=7)]
+QUERY_NORMALIZED = ["dnas", "hnas", "sinkhorn"]
+
+
+def _pair(seed: int = 0, **kwargs) -> tuple[torch.nn.MultiheadAttention, aknn.MultiheadAttention]:
+    torch.manual_seed(seed)
+    theirs = torch.nn.MultiheadAttention(E, H, dtype=torch.float64, **kwargs)
+    ours = aknn.MultiheadAttention(E, H, dtype=torch.float64, **kwargs)
+    ours.load_state_dict(theirs.state_dict())
+    return theirs, ours
+
+
+def _inputs(B=3, Lq=5, Lk=4, kdim=E, vdim=E, batch_first=True, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    shape = (lambda L, d: (B, L, d)) if batch_first else (lambda L, d: (L, B, d))
+    q = torch.randn(*shape(Lq, E), generator=g, dtype=torch.float64)
+    k = torch.randn(*shape(Lk, kdim), generator=g, dtype=torch.float64)
+    v = torch.randn(*shape(Lk, vdim), generator=g, dtype=torch.float64)
+    return q, k, v
+
+
+def _masks(kind: str, B=3, Lq=5, Lk=4):
+    """torch-convention masks; key 0 is always allowed so that no row is fully masked."""
+    g = torch.Generator().manual_seed(2)
+    kpm = torch.zeros(B, Lk, dtype=torch.bool)
+    kpm[1, 2:] = True
+    kpm[2, 1] = True
+    am = torch.rand(Lq, Lk, generator=g) < 0.4
+    am[:, 0] = False
+    if kind == "none":
+        return {}
+    if kind == "bool_kpm":
+        return {"key_padding_mask": kpm}
+    if kind == "float_kpm":
+        return {"key_padding_mask": torch.zeros(B, Lk, dtype=torch.float64).masked_fill(kpm, float("-inf"))}
+    if kind == "bool_attn":
+        return {"attn_mask": am}
+    if kind == "float_attn_3d":
+        bias = torch.randn(B * H, Lq, Lk, generator=g, dtype=torch.float64)
+        bias[:, :, 1] = float("-inf")
+        return {"attn_mask": bias}
+    if kind == "both":
+        return {"key_padding_mask": kpm, "attn_mask": am}
+    if kind == "mixed":
+        return {"key_padding_mask": kpm, "attn_mask": torch.randn(Lq, Lk, generator=g, dtype=torch.float64)}
+    raise ValueError(kind)
+
+
+OPTIONS = {
+    "plain": {},
+    "bias_kv": {"add_bias_kv": True},
+    "zero_attn": {"add_zero_attn": True},
+    "kdim_vdim": {"kdim": 6, "vdim": 3},
+    "no_bias": {"bias": False},
+    "seq_first": {"batch_first": False},
+    "all": {"add_bias_kv": True, "add_zero_attn": True, "kdim": 6, "vdim": 3},
+}
+
+
+@pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
+@pytest.mark.parametrize("mask_kind", ["none", "bool_kpm", "float_kpm", "bool_attn", "float_attn_3d", "both", "mixed"])
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_softmax_matches_torch(option, mask_kind):
+    opts = {"batch_first": True, **OPTIONS[option]}
+    theirs, ours = _pair(**opts)
+    theirs.train(), ours.train()  # dropout=0 in training mode must still agree
+    q, k, v = _inputs(kdim=opts.get("kdim", E), vdim=opts.get("vdim", E), batch_first=opts["batch_first"])
+    masks = _masks(mask_kind)
+    for average in (True, False):
+        out_t, w_t = theirs(q, k, v, average_attn_weights=average, **masks)
+        out_o, w_o = ours(q, k, v, average_attn_weights=average, **masks)
+        torch.testing.assert_close(out_o, out_t, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(w_o, w_t, rtol=1e-10, atol=1e-12)
+    out_t, none_t = theirs(q, k, v, need_weights=False, **masks)
+    out_o, none_o = ours(q, k, v, need_weights=False, **masks)
+    assert none_t is None and none_o is None
+    torch.testing.assert_close(out_o, out_t, rtol=1e-10, atol=1e-12)
+
+
+def test_softmax_self_attention_with_padding_matches_torch_everywhere():
+    theirs, ours = _pair(batch_first=True)
+    x, _, _ = _inputs(Lk=5)
+    kpm = torch.tensor([[False] * 5, [False, False, False, True, True], [False] * 4 + [True]])
+    out_t, w_t = theirs(x, x, x, key_padding_mask=kpm)
+    out_o, w_o = ours(x, x, x, key_padding_mask=kpm)
+    torch.testing.assert_close(out_o, out_t, rtol=1e-10, atol=1e-12)  # padded queries too
+    torch.testing.assert_close(w_o, w_t, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("three_d_mask", [False, True])
+def test_unbatched_matches_torch(three_d_mask):
+    theirs, ours = _pair(batch_first=True, add_zero_attn=True)
+    q, k, v = (t[0] for t in _inputs())
+    kpm = torch.tensor([False, True, False, False])
+    am = torch.zeros(H, 5, 4, dtype=torch.bool) if three_d_mask else torch.zeros(5, 4, dtype=torch.bool)
+    am[..., 2] = True
+    out_t, w_t = theirs(q, k, v, key_padding_mask=kpm, attn_mask=am, average_attn_weights=False)
+    out_o, w_o = ours(q, k, v, key_padding_mask=kpm, attn_mask=am, average_attn_weights=False)
+    assert out_o.shape == (5, E) and w_o.shape == (H, 5, 5)
+    torch.testing.assert_close(out_o, out_t, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(w_o, w_t, rtol=1e-10, atol=1e-12)
+
+
+def test_is_causal_matches_torch_causal_mask():
+    theirs, ours = _pair(batch_first=True)
+    x, _, _ = _inputs(Lk=5)
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(5, dtype=torch.float64)
+    out_t, w_t = theirs(x, x, x, attn_mask=causal, is_causal=True)
+    out_o, w_o = ours(x, x, x, is_causal=True)
+    torch.testing.assert_close(out_o, out_t, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(w_o, w_t, rtol=1e-10, atol=1e-12)
+
+
+def _manual_mha(module: aknn.MultiheadAttention, x_q, x_k, mechanism, **ref_kwargs):
+    """Float64 reference: project with the module's weights, normalize with tests._reference, project out."""
+    B, Lq, _ = x_q.shape
+    Lk = x_k.shape[1]
+    w_q, w_k, w_v = module.in_proj_weight.chunk(3)
+    b_q, b_k, b_v = module.in_proj_bias.chunk(3)
+    q = (x_q @ w_q.T + b_q).view(B, Lq, H, E // H).transpose(1, 2)  # (B, H, Lq, D)
+    k = (x_k @ w_k.T + b_k).view(B, Lk, H, E // H).transpose(1, 2)  # (B, H, Lk, D)
+    v = (x_k @ w_v.T + b_v).view(B, Lk, H, E // H).transpose(1, 2)  # (B, H, Lk, D)
+    w = ref_weights(q, k, mechanism, **ref_kwargs)  # (B, H, Lq, Lk)
+    out = (w @ v).transpose(1, 2).reshape(B, Lq, E)  # (B, Lq, E)
+    return module.out_proj(out), w
+
+
+@pytest.mark.parametrize("mechanism", ["dnas", "hnas", "sinkhorn", "coda"])
+def test_mechanism_matches_float64_reference(mechanism):
+    torch.manual_seed(0)
+    module = aknn.MultiheadAttention(E, H, mechanism=mechanism, dtype=torch.float64)
+    if mechanism == "hnas":
+        with torch.no_grad():
+            module.theta.copy_(torch.tensor([-1.0, 2.0]))
+    x, y, _ = _inputs(Lq=5, Lk=6)
+    kpm = torch.zeros(3, 6, dtype=torch.bool)
+    kpm[1, 4:] = True
+    out, w = module(x, y, y, key_padding_mask=kpm, average_attn_weights=False)
+    u = torch.sigmoid(torch.tensor([-1.0, 2.0], dtype=torch.float64))
+    ref_out, ref_w = _manual_mha(module, x, y, mechanism, key_mask=~kpm, u=u)
+    torch.testing.assert_close(w, ref_w, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(out, ref_out, rtol=1e-9, atol=1e-12)
+
+
+def _padded_batch(lengths, L, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(len(lengths), L, E, generator=g, dtype=torch.float64)
+    pad = torch.arange(L)[None, :] >= torch.tensor(lengths)[:, None]  # (B, L) True = padding
+    return x, pad
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS, ids=str)
+def test_padding_equals_truncation(mechanism, backend):
+    torch.manual_seed(0)
+    module = aknn.MultiheadAttention(E, H, mechanism=mechanism, dtype=torch.float64, backend=backend)
+    lengths = [6, 3, 4]
+    x, pad = _padded_batch(lengths, 6)
+    out, _ = module(x, x, x, key_padding_mask=pad, need_weights=False)
+    for b, n in enumerate(lengths):
+        alone, _ = module(x[b : b + 1, :n], x[b : b + 1, :n], x[b : b + 1, :n], need_weights=False)
+        torch.testing.assert_close(out[b : b + 1, :n], alone, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("mechanism", QUERY_NORMALIZED + ["coda"])
+def test_explicit_query_padding_equals_truncation_in_cross_attention(mechanism):
+    torch.manual_seed(0)
+    module = aknn.MultiheadAttention(E, H, mechanism=mechanism, dtype=torch.float64)
+    xq, qpad = _padded_batch([5, 2], 5, seed=4)
+    xk, kpad = _padded_batch([3, 4], 4, seed=5)
+    out, w = module(xq, xk, xk, key_padding_mask=kpad, query_padding_mask=qpad)
+    assert torch.all(w[1, 2:] == 0), "padded queries must carry no weight"
+    for b, (nq, nk) in enumerate([(5, 3), (2, 4)]):
+        alone, _ = module(xq[b : b + 1, :nq], xk[b : b + 1, :nk], xk[b : b + 1, :nk])
+        torch.testing.assert_close(out[b : b + 1, :nq], alone, rtol=1e-9, atol=1e-11)
+
+
+def test_padded_queries_change_dnas_columns_without_query_mask():
+    """The failure the query mask prevents: in cross-attention without it, padding leaks into real rows."""
+    torch.manual_seed(0)
+    module = aknn.MultiheadAttention(E, H, mechanism="dnas", dtype=torch.float64)
+    xq, qpad = _padded_batch([2], 5, seed=4)
+    xk = torch.randn(1, 4, E, dtype=torch.float64)
+    leaky, _ = module(xq, xk, xk)
+    alone, _ = module(xq[:, :2], xk, xk)
+    assert not torch.allclose(leaky[:, :2], alone)
+    masked, _ = module(xq, xk, xk, query_padding_mask=qpad)
+    torch.testing.assert_close(masked[:, :2], alone, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
+def test_causal_raises_for_query_normalized(mechanism):
+    module = aknn.MultiheadAttention(E, H, mechanism=mechanism)
+    x = torch.randn(2, 4, E)
+    with pytest.raises(ValueError, match="future-token leak"):
+        module(x, x, x, is_causal=True)
+
+
+def test_fully_masked_query_gets_zeros_not_nan():
+    _, ours = _pair(batch_first=True)
+    q, k, v = _inputs()
+    am = torch.zeros(5, 4, dtype=torch.bool)
+    am[2] = True  # query 2 may attend to nothing
+    out, w = ours(q, k, v, attn_mask=am)
+    assert torch.isfinite(out).all()
+    assert torch.all(w[:, 2] == 0)
+    torch.testing.assert_close(out[:, 2], ours.out_proj.bias.expand(3, E))
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"kdim": 6, "vdim": 3}, {"add_bias_kv": True, "bias": False}])
+def test_torch_state_dict_loads_and_hnas_adds_only_theta(kwargs):
+    theirs = torch.nn.MultiheadAttention(E, H, batch_first=True, **kwargs)
+    softmax = aknn.MultiheadAttention(E, H, **kwargs)
+    softmax.load_state_dict(theirs.state_dict())  # strict
+    assert set(softmax.state_dict()) == set(theirs.state_dict())
+    hnas = aknn.MultiheadAttention(E, H, mechanism="hnas", **kwargs)
+    result = hnas.load_state_dict(theirs.state_dict(), strict=False)
+    assert result.missing_keys == ["theta"] and result.unexpected_keys == []
+    assert set(hnas.state_dict()) - set(theirs.state_dict()) == {"theta"}
+    for name, tensor in theirs.state_dict().items():
+        torch.testing.assert_close(hnas.state_dict()[name], tensor)
+
+
+def test_ours_loads_into_torch():
+    ours = aknn.MultiheadAttention(E, H, mechanism="dnas", kdim=5)
+    theirs = torch.nn.MultiheadAttention(E, H, kdim=5, batch_first=True)
+    theirs.load_state_dict(ours.state_dict())
+    assert torch.equal(theirs.k_proj_weight, ours.k_proj_weight)
+
+
+def test_init_matches_torch_scheme():
+    torch.manual_seed(5)
+    theirs = torch.nn.MultiheadAttention(E, H, add_bias_kv=True, batch_first=True)
+    torch.manual_seed(5)
+    ours = aknn.MultiheadAttention(E, H, add_bias_kv=True)
+    for name, tensor in theirs.state_dict().items():
+        torch.testing.assert_close(ours.state_dict()[name], tensor, msg=name)
+
+
+def test_gradients_reach_theta():
+    module = aknn.MultiheadAttention(E, H, mechanism="hnas")
+    x = torch.randn(2, 5, E)
+    pad = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    out, _ = module(x, x, x, key_padding_mask=pad)
+    (out[:, :3] ** 2).sum().backward()
+    assert module.theta.grad is not None and module.theta.grad.shape == (H,)
+    assert torch.isfinite(module.theta.grad).all() and (module.theta.grad.abs() > 0).all()
+
+
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [({}, 0.5), ({"u0": 0.1}, 0.1), ({"mechanism": ak.Hybrid(u0=0.25)}, 0.25),
+     ({"mechanism": ak.Hybrid(u0=0.25), "u0": 0.25}, 0.25)],
+)
+def test_u_starts_at_u0(kwargs, expected):
+    module = aknn.MultiheadAttention(E, 4, **{"mechanism": "hnas", **kwargs})
+    torch.testing.assert_close(module.u, torch.full((4,), expected))
+    assert not module.u.requires_grad
+    module.reset_parameters()
+    torch.testing.assert_close(module.u, torch.full((4,), expected))
+
+
+def test_dropout_only_in_training():
+    torch.manual_seed(0)
+    module = aknn.MultiheadAttention(E, H, mechanism="dnas", dropout=0.5)
+    x = torch.randn(2, 5, E)
+    module.eval()
+    first, _ = module(x, x, x)
+    second, _ = module(x, x, x)
+    assert torch.equal(first, second)
+    module.train()
+    dropped, w = module(x, x, x, average_attn_weights=False)
+    assert not torch.allclose(dropped, first)
+    assert (w == 0).any()
+
+
+def test_extra_repr_names_the_mechanism():
+    assert "embed_dim=384, num_heads=12, mechanism=hnas" in repr(aknn.MultiheadAttention(384, 12, mechanism="hnas"))
+    assert "mechanism=Sinkhorn(iters=5)" in repr(aknn.MultiheadAttention(8, 2, mechanism=ak.Sinkhorn(iters=5)))
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"embed_dim": 10, "num_heads": 3}, "embed_dim=10"),
+        ({"mechanism": "hnas", "u0": 1.5}, "1.5"),
+        ({"mechanism": "hnas", "u0": 0.0}, "u0=0.0"),
+        ({"mechanism": "hnas", "u0": 1.0}, "u0=1.0"),
+        ({"mechanism": ak.Hybrid(u0=0.2), "u0": 0.3}, "u0=0.3"),
+        ({"mechanism": "softmax", "u0": 0.3}, "u0=0.3"),
+        ({"mechanism": "bogus"}, "bogus"),
+        ({"dropout": 1.0}, "dropout=1.0"),
+        ({"backend": "fast"}, "fast"),
+        ({"kdim": 0}, "kdim=0"),
+    ],
+)
+def test_bad_arguments_raise_value_error_naming_the_value(kwargs, needle):
+    args = {"embed_dim": E, "num_heads": H, **kwargs}
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(".", r"\.")):
+        aknn.MultiheadAttention(**args)
+
+
+@pytest.mark.parametrize(
+    "call, needle",
+    [
+        (lambda m, x: m(x, x[:, :, :4], x[:, :, :4]), r"last dimension 8"),
+        (lambda m, x: m(x, x, x, key_padding_mask=torch.zeros(2, 3, dtype=torch.bool)), r"\(2, 3\)"),
+        (lambda m, x: m(x, x, x, attn_mask=torch.zeros(4, 5, dtype=torch.bool)), r"\(4, 5\)"),
+        (lambda m, x: m(x, x, x, key_padding_mask=torch.zeros(2, 5, dtype=torch.long)), "torch.int64"),
+        (lambda m, x: m(x, x, x[:1]), "value"),
+    ],
+)
+def test_bad_inputs_raise_value_error(call, needle):
+    module = aknn.MultiheadAttention(E, H)
+    with pytest.raises(ValueError, match=needle):
+        call(module, torch.randn(2, 5, E))
