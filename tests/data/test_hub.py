@@ -1,0 +1,119 @@
+"""Hugging Face hub datasets: column mapping on local fixture files, the offline cache, fast failure offline."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from attnkit.data import DatasetUnavailableError, fetch, is_cached, load_dataset
+from attnkit.data import hub
+
+pytest.importorskip("datasets")
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture
+def sst2_dir(tmp_path):
+    folder = tmp_path / "sst2"
+    folder.mkdir()
+    _jsonl(folder / "train.jsonl", [
+        {"sentence": "a gripping film", "label": 1, "idx": 0},
+        {"sentence": "dull and long", "label": 0, "idx": 1},
+        {"sentence": "unlabeled row", "label": -1, "idx": 2},
+    ])
+    _jsonl(folder / "validation.jsonl", [{"sentence": "fine work", "label": 1, "idx": 0}])
+    return folder
+
+
+def test_single_text_columns_map_to_texts_and_unlabeled_rows_drop(sst2_dir):
+    data = load_dataset("sst2", source=sst2_dir)
+    assert data.train_texts == ["a gripping film", "dull and long"] and data.train_labels == [1, 0]
+    assert data.test_texts == ["fine work"] and data.test_labels == [1]
+    assert data.label_names == ["negative", "positive"] and not data.is_pair
+
+
+def test_pair_columns_from_parquet_map_to_text_pairs(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    folder = tmp_path / "mrpc"
+    folder.mkdir()
+    for split, n in (("train", 3), ("test", 2)):
+        rows = {"sentence1": [f"s1 {split} {i}" for i in range(n)], "sentence2": [f"s2 {split} {i}" for i in range(n)],
+                "label": [i % 2 for i in range(n)], "idx": list(range(n))}
+        datasets.Dataset.from_dict(rows).to_parquet(str(folder / f"{split}.parquet"))
+    data = load_dataset("mrpc", source=folder)
+    assert data.is_pair and data.train_text_pairs == ["s2 train 0", "s2 train 1", "s2 train 2"]
+    assert data.test_labels == [0, 1]
+    assert data.joined_texts("test", sep=" || ") == ["s1 test 0 || s2 test 0", "s1 test 1 || s2 test 1"]
+
+
+def test_fetch_from_source_writes_cache_that_loads_offline(sst2_dir, tmp_path, monkeypatch):
+    fetch("sst2", cache_dir=tmp_path / "cache", source=sst2_dir)
+    assert is_cached("sst2", tmp_path / "cache")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cached = load_dataset("sst2", cache_dir=tmp_path / "cache")
+    direct = load_dataset("sst2", source=sst2_dir)
+    assert (cached.train_texts, cached.train_labels, cached.test_texts) == (direct.train_texts, direct.train_labels, direct.test_texts)
+
+
+def test_snli_pairs_from_csv_keep_three_classes(tmp_path):
+    folder = tmp_path / "snli"
+    folder.mkdir()
+    header = "premise,hypothesis,label\n"
+    (folder / "train.csv").write_text(header + "a man sleeps,a person rests,0\na dog runs,a cat sits,2\nx,y,-1\n")
+    (folder / "test.csv").write_text(header + "kids play,children play,1\n")
+    data = load_dataset("snli", source=folder)
+    assert data.train_labels == [0, 2] and data.test_text_pairs == ["children play"]
+    assert data.label_names == ["entailment", "neutral", "contradiction"]
+
+
+def test_wrong_columns_raise_clear_error(tmp_path):
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    _jsonl(folder / "train.jsonl", [{"text": "x", "label": 0}])
+    _jsonl(folder / "test.jsonl", [{"text": "y", "label": 1}])
+    with pytest.raises(ValueError, match=r"expected \['sentence', 'label'\]"):
+        load_dataset("sst2", source=folder)
+
+
+def test_out_of_range_label_raises(tmp_path):
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    _jsonl(folder / "train.jsonl", [{"sentence": "x", "label": 5}])
+    _jsonl(folder / "test.jsonl", [{"sentence": "y", "label": 1}])
+    with pytest.raises(ValueError, match="label 5 is not an integer in"):
+        load_dataset("sst2", source=folder)
+
+
+def test_source_without_split_files_names_what_is_needed(tmp_path):
+    with pytest.raises(DatasetUnavailableError, match="needs train.<ext> and test.<ext>"):
+        load_dataset("sst2", source=tmp_path)
+
+
+def test_offline_mode_fails_at_once_with_one_message(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.monotonic()
+    with pytest.raises(DatasetUnavailableError, match="HF_HUB_OFFLINE") as info:
+        load_dataset("sst2", cache_dir=tmp_path, download=True)
+    assert time.monotonic() - start < 2
+    assert "attnkit data fetch sst2" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unreachable_hub_fails_fast(tmp_path, monkeypatch):
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: connection refused at once
+    start = time.monotonic()
+    with pytest.raises(DatasetUnavailableError, match="cannot connect to 127.0.0.1:9"):
+        fetch("mrpc", cache_dir=tmp_path)
+    assert time.monotonic() - start < hub.CONNECT_TIMEOUT_S + 2
+    assert not is_cached("mrpc", tmp_path)
+
+
+def test_hub_dataset_not_cached_names_fetch(tmp_path):
+    with pytest.raises(DatasetUnavailableError, match="attnkit data fetch snli"):
+        load_dataset("snli", cache_dir=tmp_path)
