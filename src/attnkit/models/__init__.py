@@ -1,0 +1,11 @@
+"""Small models for the comparison runner: a Transformer text classifier and an encoder-decoder (MLU).
+
+Both take an attention mechanism per block (``"softmax"``, ``"dnas"``, ``"hnas"``, ``"sinkhorn"``,
+``"coda"`` or a config object); decoders take ``"softmax"`` or ``"coda"`` (query-normalized mechanisms
+would leak future positions there).
+"""
+
+from .classifier import POOLINGS, TransformerClassifier
+from .seq2seq import Seq2SeqTransformer
+
+__all__ = ["TransformerClassifier", "Seq2SeqTransformer", "POOLINGS"]
