@@ -63,6 +63,6 @@ class TinyTask(ClassificationTask):
 def tiny_overrides(path: Path, out: Path, **extra) -> dict:
     values = dict(task=str(path), mechanisms="softmax,hnas", seeds=1, steps=12, batch_size=8, eval_every=4,
                   checkpoint_every=4, d_model=16, nhead=2, num_layers=1, dim_feedforward=32, max_len=16,
-                  explain_away_samples=16, out=str(out), progress="none")
+                  explain_away_samples=16, lr=1e-2, warmup_steps=1, out=str(out), progress="none")
     values.update(extra)
     return values

@@ -1,0 +1,153 @@
+"""End-to-end ``attnkit compare`` on a tiny fixture: outputs, the HTML report, kill-and-resume, run-dir safety."""
+
+from __future__ import annotations
+
+import csv
+import json
+from html.parser import HTMLParser
+
+import pytest
+
+from attnkit.runner import build_config, run_compare
+from tests.runner._fixtures import TinyTask, tiny_overrides, write_classification_file
+
+
+class _Tables(HTMLParser):
+    """Collects the cells of every table by id, and counts <script> tags."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self.scripts = 0
+        self._table = None
+        self._cell = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self._table = dict(attrs).get("id", "")
+            self.tables[self._table] = []
+        elif tag == "tr" and self._table is not None:
+            self.tables[self._table].append([])
+        elif tag in ("td", "th"):
+            self._cell = ""
+        elif tag == "script":
+            self.scripts += 1
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[self._table][-1].append(self._cell)
+            self._cell = None
+        elif tag == "table":
+            self._table = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell += data
+
+
+def _run(tmp_path, out_name="out", **extra):
+    data = write_classification_file(tmp_path / "topics.json")
+    config = build_config(tiny_overrides(data, tmp_path / out_name, **extra))
+    return run_compare(config, task=TinyTask("topics", source=str(data)))
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("compare"))
+
+
+def test_writes_one_record_per_mechanism(finished):
+    out = finished.out
+    payload = json.loads((out / "results.json").read_text())
+    assert [r["mechanism"] for r in payload["results"]] == ["softmax", "hnas"]
+    assert len(payload["runs"]) == 2
+    for record in payload["results"]:
+        assert 0.0 <= record["accuracy_mean"] <= 1.0 and 0.0 <= record["macro_f1_mean"] <= 1.0
+        assert record["step_time_rel"] > 0
+    assert payload["results"][0]["step_time_rel"] == pytest.approx(1.0)
+    hnas = payload["results"][1]
+    assert len(hnas["hybrid_u"]) == 1 and len(hnas["hybrid_u"][0]) == 2  # (layers, heads)
+    assert all(0.0 < u < 1.0 for u in hnas["hybrid_u"][0])
+    assert payload["results"][0]["hybrid_u"] is None
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert [r["mechanism"] for r in rows] == ["softmax", "hnas"]
+    assert float(rows[1]["accuracy_mean"]) == pytest.approx(hnas["accuracy_mean"])
+    for name in ("learning_curves.png", "hybrid_weights.png", "report.html"):
+        assert (out / name).stat().st_size > 0
+
+
+def test_history_logs_every_eval_step(finished):
+    run = finished.runs[0]
+    assert [h["step"] for h in run["history"]] == [4, 8, 12]
+    assert run["history"][-1]["accuracy"] == run["metrics"]["accuracy"]
+
+
+def test_training_learns_the_fixture(finished):
+    # three topics with disjoint keywords: chance is 1/3
+    assert max(r["accuracy_mean"] for r in finished.records) > 0.6
+
+
+def test_explain_away_is_recorded_with_softmax_and_hnas(finished):
+    for record in finished.records:
+        assert record["explain_away_min_normalized"] is not None
+        assert record["explain_away_min_raw"] <= record["explain_away_min_normalized"]
+
+
+def test_html_report_parses_and_contains_the_table(finished):
+    text = (finished.out / "report.html").read_text()
+    parser = _Tables()
+    parser.feed(text)
+    results = parser.tables["results"]
+    assert results[0][0] == "mechanism"
+    assert [row[0] for row in results[1:]] == ["softmax", "hnas"]
+    accuracy = f"{finished.records[1]['accuracy_mean'] * 100:.1f}"
+    assert results[2][2] == accuracy
+    assert "data:image/png;base64," in text
+    # dataset text is escaped: the fixture's <script> sample and a label name with markup
+    assert parser.scripts == 0
+    assert "&lt;script&gt;" in text and "&lt;b&gt;&amp;tag" in text
+
+
+def test_existing_run_dir_is_never_overwritten_silently(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="--resume"):
+        _run(tmp_path, max_steps=1, mechanisms="softmax")
+    with pytest.raises(FileExistsError, match="not an attnkit compare run"):
+        _run(tmp_path, max_steps=1, mechanisms="softmax", overwrite=True)
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
+    data = write_classification_file(tmp_path / "topics.json")
+    task = TinyTask("topics", source=str(data))
+    common = dict(mechanisms="softmax,hnas", seeds=2, steps=10, checkpoint_every=3, eval_every=5)
+    full = run_compare(build_config(tiny_overrides(data, tmp_path / "full", **common)), task=task)
+
+    class Killed(Exception):
+        pass
+
+    def kill(mechanism, seed, step):
+        if mechanism == "hnas" and seed == 0 and step == 8:  # after the checkpoint of step 6, before the end
+            raise Killed
+
+    with pytest.raises(Killed):
+        run_compare(build_config(tiny_overrides(data, tmp_path / "cut", **common)), task=task, on_step=kill)
+    assert not (tmp_path / "cut" / "results.json").exists()
+    assert (tmp_path / "cut" / "runs" / "hnas-seed0" / "checkpoints" / "step-0000006").is_dir()
+    resumed = run_compare(build_config(tiny_overrides(data, tmp_path / "cut", resume=True, **common)), task=task)
+
+    for a, b in zip(full.runs, resumed.runs):
+        assert (a["mechanism"], a["seed"]) == (b["mechanism"], b["seed"])
+        assert a["metrics"] == b["metrics"]
+        assert a["hybrid_u"] == b["hybrid_u"]
+        assert a["explain_away"] == b["explain_away"]
+        strip = lambda history: [{k: v for k, v in h.items()} for h in history]  # noqa: E731
+        assert strip(a["history"]) == strip(b["history"])
+
+
+def test_resume_rejects_changed_settings(tmp_path):
+    _run(tmp_path, mechanisms="softmax", max_steps=2)
+    with pytest.raises(ValueError, match="lr: saved 0.01, given 0.5"):
+        _run(tmp_path, mechanisms="softmax", max_steps=2, resume=True, lr=0.5)

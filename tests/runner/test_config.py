@@ -1,0 +1,75 @@
+"""Configuration: validation, presets, YAML/TOML files with unknown keys rejected, command-line precedence."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnkit.runner.config import CompareConfig, build_config, config_keys, load_config_file
+
+
+def test_defaults_are_the_quick_reuters8_comparison():
+    config = build_config()
+    assert config.task == "reuters8" and config.preset == "quick"
+    assert config.mechanisms == ("softmax", "dnas", "hnas", "sinkhorn", "coda")
+    assert config.seeds >= 2
+
+
+def test_mlu_paper_preset_compares_transformer_and_coda():
+    config = build_config({"task": "mlu", "preset": "paper"})
+    assert config.mechanisms == ("softmax", "coda")
+    assert config.steps > build_config({"task": "mlu"}).steps
+
+
+def test_mechanism_aliases_resolve_and_unknown_is_rejected():
+    assert CompareConfig(mechanisms="lnas, hybrid").mechanisms == ("softmax", "hnas")
+    with pytest.raises(ValueError, match="unknown mechanism 'flash'.*softmax"):
+        CompareConfig(mechanisms="softmax,flash")
+    with pytest.raises(ValueError, match="twice"):
+        CompareConfig(mechanisms="softmax,lnas")
+
+
+@pytest.mark.parametrize("key,value", [("steps", -1), ("max_steps", 0), ("seeds", 0), ("batch_size", 2.5),
+                                       ("lr", float("nan")), ("dropout", 1.0), ("preset", "huge")])
+def test_bad_values_name_the_key_and_value(key, value):
+    with pytest.raises(ValueError, match=key):
+        CompareConfig(**{key: value})
+
+
+def test_max_steps_caps_the_steps():
+    assert CompareConfig(steps=100, max_steps=7).total_steps == 7
+    assert CompareConfig(steps=5, max_steps=7).total_steps == 5
+
+
+@pytest.mark.parametrize("name,text", [
+    ("run.yaml", "task: mlu\nseeds: 3\nmax-steps: 40\nlr: 0.01\n"),
+    ("run.toml", 'task = "mlu"\nseeds = 3\nmax_steps = 40\nlr = 0.01\n'),
+])
+def test_file_values_override_the_preset(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    config = build_config(file=path)
+    assert (config.task, config.seeds, config.max_steps, config.lr) == ("mlu", 3, 40, 0.01)
+    assert config.mechanisms == ("softmax", "coda")  # from the mlu preset
+
+
+def test_command_line_overrides_the_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("seeds: 3\nmechanisms: [softmax, dnas]\n")
+    config = build_config({"seeds": 1, "mechanisms": None}, file=path)
+    assert config.seeds == 1 and config.mechanisms == ("softmax", "dnas")
+
+
+def test_unknown_file_key_lists_the_valid_ones(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("seeds: 2\nlearning_rate: 0.1\n")
+    with pytest.raises(ValueError, match=r"unknown configuration key\(s\) \['learning_rate'\].*valid keys: .*\blr\b"):
+        load_config_file(path)
+
+
+def test_missing_config_file_is_reported(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+        load_config_file(tmp_path / "nope.yaml")
+
+
+def test_every_key_is_settable_from_a_file(tmp_path):
+    assert {"task", "mechanisms", "seeds", "max_steps", "out", "resume"} <= set(config_keys())
