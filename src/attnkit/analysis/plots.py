@@ -72,12 +72,13 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: PathLike) -> Path:
+def _save(fig, path: PathLike, tight: bool = True) -> Path:
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise ValueError(f"plot path {str(path)!r} must end in .png")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    if tight:
+        fig.tight_layout()
     fig.savefig(path, dpi=120)
     import matplotlib.pyplot as plt
 
@@ -140,7 +141,7 @@ def plot_center_distance_curves(
     drawn as markers on the same axes. One panel per ``a``; LNAS solid, DNAS dashed."""
     plt = _pyplot()
     values = list(curves)
-    fig, axes = plt.subplots(1, len(values), figsize=(4.2 * len(values), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(values), figsize=(4.2 * len(values), 4.0), squeeze=False)
     for ax, a in zip(axes[0], values):
         for name, d in curves[a].items():
             ls = "--" if name == "dnas" else "-"
@@ -154,10 +155,12 @@ def plot_center_distance_curves(
         ax.set_xlabel("cluster mass ratio r = N0 / N1")
         ax.set_ylabel("center distance after one step")
         ax.set_title(f"a = {a:g}")
-        ax.set_ylim(bottom=0)
-    axes[0][0].legend(fontsize=7, loc="lower center")
+        ax.set_ylim(0, 2.1 * a)
+    handles, names = axes[0][0].get_legend_handles_labels()
     fig.suptitle(title)
-    return _save(fig, path)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.legend(handles, names, loc="lower center", ncol=len(names), fontsize=8, frameon=False)
+    return _save(fig, path, tight=False)
 
 
 def plot_mode_collapse_2d(

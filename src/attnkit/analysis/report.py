@@ -1,0 +1,101 @@
+"""What a reproduction produces: a table, the claims it checked, and the files it wrote.
+
+Shared by the targets of :mod:`attnkit.analysis.reproduce`; each writes PNG plots and CSV data into one
+output directory, which is never overwritten unless asked.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence, Union
+
+__all__ = ["Claim", "ReproduceResult", "prepare_output_dir", "write_csv", "format_value"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A paper's claim, whether the reproduction supports it, and the numbers behind the verdict."""
+
+    source: str
+    statement: str
+    held: bool
+    evidence: str
+
+
+@dataclass
+class ReproduceResult:
+    """``rows``: the printed table (one dict per row, same keys); ``claims``; ``files`` written, in order;
+    ``seconds``: the wall time of the run."""
+
+    name: str
+    out: Path
+    rows: list[dict] = field(default_factory=list)
+    claims: list[Claim] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def add_file(self, path: Union[str, Path]) -> Path:
+        path = Path(path)
+        self.files.append(path)
+        return path
+
+    def write_summary(self) -> Path:
+        """Write ``summary.json`` (rows, claims, files) next to the other outputs."""
+        data = {
+            "name": self.name,
+            "seconds": round(self.seconds, 2),
+            "rows": [{k: _jsonable(v) for k, v in row.items()} for row in self.rows],
+            "claims": [c.__dict__ for c in self.claims],
+            "files": [p.name for p in self.files],
+        }
+        path = self.out / "summary.json"
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        return self.add_file(path)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if hasattr(value, "item"):
+        return _jsonable(value.item())
+    return value
+
+
+def prepare_output_dir(out: Union[str, Path], overwrite: bool = False) -> Path:
+    """Create ``out``; refuse an existing non-empty directory unless ``overwrite`` (files are then replaced)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"output path {str(out)!r} exists and is not a directory; pass another --out")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(
+            f"output directory {str(out)!r} is not empty; pass --overwrite to replace its files or choose another --out"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def write_csv(path: Union[str, Path], rows: Sequence[Mapping[str, Any]], columns: Iterable[str] = ()) -> Path:
+    """Write ``rows`` (dicts) as CSV with a header; ``columns`` fixes the order (default: the first row's keys)."""
+    path = Path(path)
+    columns = list(columns) or (list(rows[0]) if rows else [])
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _jsonable(row.get(k, "")) for k in columns})
+    return path
+
+
+def format_value(value: Any) -> str:
+    """Short text for a table cell: floats with 4 significant digits, the rest as ``str``."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+            return f"{value:.3e}"
+        return f"{value:.4g}"
+    return str(value)

@@ -1,0 +1,63 @@
+"""``attnkit reproduce NAME``: rerun a figure or claim of the papers (a thin layer over
+``attnkit.analysis.reproduce``). Writes PNG plots, CSV data and ``summary.json``; prints a table and
+whether each paper claim held."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+__all__ = ["register"]
+
+
+def _print_result(result) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from attnkit.analysis.report import format_value
+
+    console = Console()
+    if result.rows:
+        table = Table(title=f"attnkit reproduce {result.name}")
+        columns = list(result.rows[0])
+        for column in columns:
+            table.add_column(column)
+        for row in result.rows:
+            cells = []
+            for column in columns:
+                value = row.get(column, "")
+                cells.append("-" if isinstance(value, float) and math.isnan(value) else format_value(value))
+            table.add_row(*cells)
+        console.print(table)
+    claims = Table(title="paper claims")
+    for column in ("held", "source", "claim", "evidence"):
+        claims.add_column(column, overflow="fold")
+    for claim in result.claims:
+        claims.add_row("yes" if claim.held else "NO", claim.source, claim.statement, claim.evidence)
+    console.print(claims)
+    console.print(f"{len(result.files)} files written to {result.out} in {result.seconds:.1f} s")
+
+
+def register(app: typer.Typer) -> None:
+    from attnkit.analysis.reproduce import TARGET_HELP
+
+    targets = "\n\n".join(f"{name}: {text}" for name, text in TARGET_HELP.items())
+
+    @app.command(help=f"Reproduce a figure or claim of the papers (PNG + CSV + table).\n\nTargets:\n\n{targets}")
+    def reproduce(
+        name: str = typer.Argument(..., help=f"One of: {', '.join(TARGET_HELP)}."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default runs/reproduce/NAME)."),
+        overwrite: bool = typer.Option(False, "--overwrite", help="Replace files in a non-empty output directory."),
+        quick: bool = typer.Option(False, "--quick", help="Smaller sizes and shorter training (smoke test)."),
+        seed: int = typer.Option(0, "--seed", help="Random seed."),
+    ) -> None:
+        from attnkit.analysis.reproduce import reproduce as run
+
+        try:
+            result = run(name, out, overwrite=overwrite, quick=quick, seed=seed)
+        except ImportError as exc:  # matplotlib missing: a user-fixable environment problem
+            raise ValueError(str(exc)) from exc
+        _print_result(result)
