@@ -1,0 +1,197 @@
+"""Transformer layers, stacks and the encoder-decoder: torch equivalence with softmax, padding, causality,
+the decoder's refusal of query-normalized mechanisms, per-layer mechanisms and argument checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnkit as ak
+import attnkit.nn as aknn
+
+D, NH, FF = 8, 2, 16
+MECHANISMS = ["softmax", "dnas", "hnas", "sinkhorn", "coda", ak.CoDA(gate="centered", center_e=True)]
+F64 = {"dtype": torch.float64}
+
+
+def _x(B, L, seed=0):
+    return torch.randn(B, L, D, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def _pad(lengths, L):
+    return torch.arange(L)[None, :] >= torch.tensor(lengths)[:, None]  # (B, L) True = padding
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_softmax_encoder_layer_matches_torch(norm_first, activation):
+    torch.manual_seed(0)
+    kwargs = dict(dim_feedforward=FF, dropout=0.1, activation=activation, batch_first=True, norm_first=norm_first)
+    theirs = torch.nn.TransformerEncoderLayer(D, NH, **kwargs, **F64).eval()
+    ours = aknn.TransformerEncoderLayer(D, NH, **kwargs, **F64).eval()
+    ours.load_state_dict(theirs.state_dict())
+    x, pad = _x(3, 5), _pad([5, 3, 4], 5)
+    src_mask = torch.zeros(5, 5, dtype=torch.bool)
+    src_mask[:, 1] = True
+    src_mask[1, 0] = False
+    for masks in ({}, {"src_key_padding_mask": pad}, {"src_key_padding_mask": pad, "src_mask": src_mask}):
+        expected = theirs(x, **masks)
+        got = ours(x, **masks)
+        real = ~pad[..., None] if masks else torch.ones(1, 1, 1, dtype=torch.bool)
+        torch.testing.assert_close(got * real, expected * real, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_softmax_decoder_layer_matches_torch(norm_first):
+    torch.manual_seed(0)
+    kwargs = dict(dim_feedforward=FF, dropout=0.1, batch_first=True, norm_first=norm_first)
+    theirs = torch.nn.TransformerDecoderLayer(D, NH, **kwargs, **F64).eval()
+    ours = aknn.TransformerDecoderLayer(D, NH, **kwargs, **F64).eval()
+    ours.load_state_dict(theirs.state_dict())
+    tgt, memory = _x(2, 4, seed=1), _x(2, 6, seed=2)
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(4, dtype=torch.float64)
+    mem_pad = _pad([6, 3], 6)
+    expected = theirs(tgt, memory, tgt_mask=causal, memory_key_padding_mask=mem_pad, tgt_is_causal=True)
+    got = ours(tgt, memory, tgt_mask=causal, memory_key_padding_mask=mem_pad, tgt_is_causal=True)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    got_hint_only = ours(tgt, memory, memory_key_padding_mask=mem_pad, tgt_is_causal=True)
+    torch.testing.assert_close(got_hint_only, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_softmax_stacks_and_transformer_match_torch():
+    torch.manual_seed(0)
+    theirs = torch.nn.Transformer(D, NH, 2, 2, FF, dropout=0.1, batch_first=True, **F64).eval()
+    ours = aknn.Transformer(
+        D, NH, 2, 2, FF, dropout=0.1, encoder_mechanism="softmax", positional=None, **F64
+    ).eval()
+    ours.load_state_dict(theirs.state_dict())
+    src, tgt = _x(2, 6, seed=3), _x(2, 4, seed=4)
+    src_pad = _pad([6, 4], 6)
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(4, dtype=torch.float64)
+    expected = theirs(src, tgt, tgt_mask=causal, src_key_padding_mask=src_pad, memory_key_padding_mask=src_pad,
+                      tgt_is_causal=True)
+    got = ours(src, tgt, src_key_padding_mask=src_pad)  # causal decoder and memory padding by default
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_torch_transformer_state_dict_loads_into_hnas_encoder_with_only_theta_missing():
+    theirs = torch.nn.Transformer(D, NH, 3, 1, FF, batch_first=True)
+    ours = aknn.Transformer(D, NH, 3, 1, FF, encoder_mechanism="hnas", positional="sinusoidal")
+    result = ours.load_state_dict(theirs.state_dict(), strict=False)
+    assert result.unexpected_keys == []
+    assert result.missing_keys == [f"encoder.layers.{i}.self_attn.theta" for i in range(3)]
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS, ids=str)
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_layer_padding_equals_truncation(mechanism, norm_first, backend):
+    torch.manual_seed(0)
+    layer = aknn.TransformerEncoderLayer(
+        D, NH, FF, mechanism=mechanism, norm_first=norm_first, backend=backend, **F64
+    ).eval()
+    lengths = [5, 2, 3]
+    x, pad = _x(3, 5, seed=5), _pad(lengths, 5)
+    out = layer(x, src_key_padding_mask=pad)
+    for b, n in enumerate(lengths):
+        alone = layer(x[b : b + 1, :n])
+        torch.testing.assert_close(out[b : b + 1, :n], alone, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("mechanism", ["dnas", "hnas", ak.Sinkhorn(iters=2)], ids=str)
+def test_decoder_refuses_query_normalized_self_attention(mechanism):
+    with pytest.raises(ValueError, match="self_mechanism=.*future-token leak"):
+        aknn.TransformerDecoderLayer(D, NH, self_mechanism=mechanism)
+
+
+@pytest.mark.parametrize("mechanism", ["dnas", "hnas", "sinkhorn"])
+def test_decoder_refuses_query_normalized_cross_attention(mechanism):
+    with pytest.raises(ValueError, match="cross_mechanism=.*teacher forcing"):
+        aknn.TransformerDecoderLayer(D, NH, cross_mechanism=mechanism)
+    with pytest.raises(ValueError, match="cross_mechanism"):
+        aknn.Transformer(D, NH, 1, 1, FF, cross_mechanism=mechanism)
+
+
+def test_coda_decoder_is_allowed_and_causal():
+    torch.manual_seed(0)
+    model = aknn.Transformer(D, NH, 1, 2, FF, decoder_mechanism="coda", cross_mechanism="coda", **F64).eval()
+    src, tgt = _x(1, 5, seed=6), _x(1, 4, seed=7)
+    out = model(src, tgt)
+    changed = tgt.clone()
+    changed[:, 3] += 1.0
+    out_changed = model(src, changed)
+    torch.testing.assert_close(out_changed[:, :3], out[:, :3])  # the future does not leak back
+    assert not torch.allclose(out_changed[:, 3], out[:, 3])
+
+
+def test_encoder_with_causal_mask_raises_for_dnas():
+    encoder = aknn.TransformerEncoder(aknn.TransformerEncoderLayer(D, NH, FF, mechanism="dnas"), 2)
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(4)
+    with pytest.raises(ValueError, match="future-token leak"):
+        encoder(torch.randn(1, 4, D), mask=causal)
+    with pytest.raises(ValueError, match="future-token leak"):
+        aknn.TransformerEncoderLayer(D, NH, FF, mechanism="hnas")(torch.randn(1, 4, D), is_causal=True)
+
+
+def test_mechanism_per_layer_and_hybrid_weights():
+    model = aknn.Transformer(D, NH, 3, 1, FF, encoder_mechanism=["hnas", "dnas", ak.Hybrid(u0=0.1)])
+    names = [layer.self_attn.mechanism for layer in model.encoder.layers]
+    assert names == ["hnas", "dnas", "hnas"]
+    u = aknn.hybrid_weights(model)
+    assert u.shape == (2, NH)
+    torch.testing.assert_close(u, torch.tensor([[0.5, 0.5], [0.1, 0.1]]))
+
+
+def test_encoder_stack_copies_layer_without_mechanism():
+    layer = aknn.TransformerEncoderLayer(D, NH, FF, mechanism="dnas")
+    encoder = aknn.TransformerEncoder(layer, 2, norm=torch.nn.LayerNorm(D))
+    assert [m.self_attn.mechanism for m in encoder.layers] == ["dnas", "dnas"]
+    torch.testing.assert_close(encoder.layers[1].linear1.weight, layer.linear1.weight)
+    assert encoder(torch.randn(2, 3, D)).shape == (2, 3, D)
+
+
+def test_decoder_stack_per_layer_mechanisms():
+    layer = aknn.TransformerDecoderLayer(D, NH, FF)
+    decoder = aknn.TransformerDecoder(layer, 2, self_mechanism=["softmax", "coda"])
+    assert [m.self_attn.mechanism for m in decoder.layers] == ["softmax", "coda"]
+    assert [m.multihead_attn.mechanism for m in decoder.layers] == ["softmax", "softmax"]
+    with pytest.raises(ValueError, match="future-token leak"):
+        aknn.TransformerDecoder(layer, 2, self_mechanism=["softmax", "dnas"])
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_transformer_adds_positions(positional):
+    torch.manual_seed(0)
+    model = aknn.Transformer(D, NH, 1, 1, FF, positional=positional, max_len=16).eval()
+    bare = aknn.Transformer(D, NH, 1, 1, FF, positional=None).eval()
+    bare.load_state_dict(model.state_dict(), strict=False)
+    src, tgt = torch.randn(2, 5, D), torch.randn(2, 3, D)
+    assert model(src, tgt).shape == (2, 3, D)
+    assert not torch.allclose(model(src, tgt), bare(src, tgt))
+    if positional == "learned":
+        assert model.src_position.weight.shape == (16, D)
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"positional": "rotary"}, "positional='rotary'"),
+        ({"encoder_mechanism": ["hnas"]}, "encoder_mechanism has 1 entries"),
+        ({"encoder_mechanism": "nope"}, "nope"),
+        ({"nhead": 3}, "embed_dim=8 is not divisible by num_heads=3"),
+        ({"activation": "swish"}, "activation='swish'"),
+        ({"num_encoder_layers": 0}, "num_layers=0"),
+    ],
+)
+def test_bad_arguments_raise_value_error_naming_the_value(kwargs, needle):
+    args = {"d_model": D, "nhead": NH, "num_encoder_layers": 2, "num_decoder_layers": 1, "dim_feedforward": FF, **kwargs}
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace("[", r"\[")):
+        aknn.Transformer(**args)
+
+
+def test_seq_first_layout():
+    torch.manual_seed(0)
+    ours = aknn.TransformerEncoderLayer(D, NH, FF, batch_first=False, **F64).eval()
+    theirs = torch.nn.TransformerEncoderLayer(D, NH, FF, batch_first=False, **F64).eval()
+    ours.load_state_dict(theirs.state_dict())
+    x = _x(3, 4).transpose(0, 1)  # (L, B, D)
+    torch.testing.assert_close(ours(x), theirs(x), rtol=1e-10, atol=1e-12)
