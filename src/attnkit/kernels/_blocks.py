@@ -16,10 +16,10 @@ from torch import Tensor
 
 from ..masks import MaskInfo
 
-__all__ = ["BlockMasks", "chunk_size", "reduce_to"]
+__all__ = ["BlockMasks", "chunk_size", "head_groups", "reduce_to"]
 
-# Elements of one (B, H, rows, cols) score block: about 16 MiB in float32, a few such blocks live at once.
-BLOCK_ELEMENTS = 1 << 22
+# Elements of one score block: 1 MiB in float32, so that the element-wise passes over a block run in cache.
+BLOCK_ELEMENTS = 1 << 18
 
 
 @dataclass
@@ -50,6 +50,23 @@ class BlockMasks:
                 pair = None if bool(finite.all()) else finite
                 bias = mask.bias if mask.bias is not None else m.masked_fill(~finite, 0.0)
         return cls(key=key, query=query, pair=pair, bias=bias, causal=bool(mask.causal), Lq=Lq, Lk=Lk)
+
+    def select(self, b0: int, b1: int, h0: int, h1: int) -> "BlockMasks":
+        """The masks of batch elements ``[b0, b1)`` and heads ``[h0, h1)``."""
+
+        def _sub(t: Optional[Tensor]) -> Optional[Tensor]:
+            if t is None:
+                return None
+            if t.shape[0] != 1:
+                t = t[b0:b1]
+            if t.shape[1] != 1:
+                t = t[:, h0:h1]
+            return t
+
+        return BlockMasks(
+            key=_sub(self.key), query=_sub(self.query), pair=_sub(self.pair), bias=_sub(self.bias),
+            causal=self.causal, Lq=self.Lq, Lk=self.Lk,
+        )
 
     @property
     def any(self) -> bool:
@@ -92,10 +109,19 @@ def _block(t: Tensor, i0: int, i1: int, j0: int, j1: int) -> Tensor:
 
 
 def chunk_size(BH: int, length: int, total: int, budget: int = BLOCK_ELEMENTS) -> int:
-    """Block width so that a ``(B*H, length, width)`` block has about ``budget`` elements."""
+    """Block width so that a ``(BH, length, width)`` block has about ``budget`` elements (at least 32)."""
     width = budget // max(1, BH * length)
     width = max(32, (width // 32) * 32)
     return min(total, width)
+
+
+def head_groups(B: int, H: int, pairs: int, budget: int = BLOCK_ELEMENTS):
+    """``(b0, b1, h0, h1)`` slices of the (batch, head) grid, grouping heads while a group's
+    ``(Lq, Lk)`` matrices (``pairs`` elements each) fit in ``budget``."""
+    g = max(1, min(H, budget // max(1, pairs)))
+    for b in range(B):
+        for h0 in range(0, H, g):
+            yield b, b + 1, h0, min(H, h0 + g)
 
 
 def reduce_to(grad: Tensor, shape: torch.Size) -> Tensor:
