@@ -175,7 +175,7 @@ def convert(
             f"{type(model).__name__} is already converted to {done.get('mechanism')!r}; load the original "
             "model to convert it to another mechanism"
         )
-    if not model._can_set_attn_implementation() or not getattr(model, "_supports_attention_backend", False):
+    if not model._can_set_attn_implementation():
         raise ValueError(
             f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface, "
             "so attnkit cannot replace its attention; supported: BERT, RoBERTa, ALBERT, DistilBERT, Llama-style models"
