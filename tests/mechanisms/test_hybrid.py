@@ -1,0 +1,82 @@
+"""Hybrid attention (HNAS), draft section 6 / later version section 5: u * DNAS + (1 - u) * softmax."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnkit as ak
+from tests._reference import CASES, Case, random_qkv, ref_attention
+
+HNAS = [pytest.param(c, id=c.id) for c in CASES if c.ref_mechanism == "hnas"] + [
+    pytest.param(Case(f"hnas-{u}", "hnas", {"hybrid_weight": u}, {"u": u}, "hnas"), id=f"hnas-{u}")
+    for u in (0.0, 0.25, 1.0)
+]
+
+
+@pytest.mark.parametrize("case", HNAS)
+def test_matches_reference(case, backend, compare_with_reference):
+    compare_with_reference(case, backend)
+
+
+@pytest.mark.parametrize("case", [c for c in HNAS if c.values[0].id in ("hnas-0.3", "hnas-per-head")])
+def test_gradcheck_float64(case, backend, gradcheck_attention):
+    gradcheck_attention(case, backend)
+
+
+def test_gradient_wrt_per_head_u_matches_closed_form(backend):
+    """d out / d u_h = out^D_h - out^L_h (the output is linear in u)."""
+    q, k, v = random_qkv(2, 2, 4, 5, seed=2)
+    u = torch.tensor([0.3, 0.8], dtype=torch.float64, requires_grad=True)
+    out = ak.attention(q, k, v, "hnas", hybrid_weight=u, backend=backend)
+    (du,) = torch.autograd.grad(out.sum(), u)
+    diff = ak.attention(q, k, v, "dnas", backend=backend) - ak.attention(q, k, v, "softmax", backend=backend)
+    torch.testing.assert_close(du, diff.sum(dim=(0, 2, 3)), atol=1e-10, rtol=1e-8)
+
+
+@pytest.mark.parametrize("u", [0.0, torch.tensor(0.0), torch.zeros(2)], ids=["float", "scalar-tensor", "per-head"])
+def test_u_zero_equals_softmax(backend, u):
+    q, k, v = random_qkv(2, 2, 4, 5, seed=3)
+    m = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    expected = ak.attention(q, k, v, "softmax", key_mask=m, backend=backend)
+    torch.testing.assert_close(ak.attention(q, k, v, "hnas", hybrid_weight=u, key_mask=m, backend=backend), expected,
+                               atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("u", [1.0, torch.tensor(1.0), torch.ones(2)], ids=["float", "scalar-tensor", "per-head"])
+def test_u_one_equals_dnas(backend, u):
+    q, k, v = random_qkv(2, 2, 4, 5, seed=4)
+    m = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    expected = ak.attention(q, k, v, "dnas", key_mask=m, backend=backend)
+    torch.testing.assert_close(ak.attention(q, k, v, "hnas", hybrid_weight=u, key_mask=m, backend=backend), expected,
+                               atol=1e-12, rtol=0)
+
+
+def test_per_head_u_mixes_each_head_separately(backend):
+    q, k, v = random_qkv(2, 2, 4, 5, seed=5)
+    u = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    out = ak.attention(q, k, v, "hnas", hybrid_weight=u, backend=backend)
+    torch.testing.assert_close(out[:, 0], ak.attention(q, k, v, "softmax", backend=backend)[:, 0], atol=1e-12, rtol=0)
+    torch.testing.assert_close(out[:, 1], ak.attention(q, k, v, "dnas", backend=backend)[:, 1], atol=1e-12, rtol=0)
+
+
+def test_per_batch_and_head_u(backend):
+    q, k, v = random_qkv(2, 2, 3, 4, seed=6)
+    u = torch.tensor([[0.1, 0.6], [0.9, 0.4]], dtype=torch.float64).view(2, 2, 1, 1)
+    out = ak.attention(q, k, v, "hnas", hybrid_weight=u, backend=backend)
+    expected, _ = ref_attention(q, k, v, "hnas", u=u)
+    torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-8)
+
+
+def test_weights_are_the_convex_mix():
+    q, k, v = random_qkv(2, 2, 4, 5, seed=7)
+    s = ak.scores.scaled_dot(q, k)
+    w = ak.normalize(s, "hnas", hybrid_weight=0.3)
+    torch.testing.assert_close(w, 0.3 * ak.normalize(s, "dnas") + 0.7 * ak.normalize(s, "softmax"), atol=1e-12, rtol=0)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 4, dtype=torch.float64), atol=1e-12, rtol=0)
+
+
+def test_config_u0_is_the_default_weight():
+    q, k, v = random_qkv(1, 2, 3, 4, seed=8)
+    torch.testing.assert_close(ak.attention(q, k, v, ak.Hybrid(u0=0.1)), ak.attention(q, k, v, "hnas", hybrid_weight=0.1))
+    torch.testing.assert_close(ak.attention(q, k, v, "hnas"), ak.attention(q, k, v, "hnas", hybrid_weight=0.5))
