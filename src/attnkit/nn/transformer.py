@@ -160,7 +160,9 @@ class Transformer(nn.Module):
     ``encoder_mechanism`` (one value or one per encoder layer; default ``"hnas"``, the setup of the
     headline-generation experiments), ``decoder_mechanism`` and ``cross_mechanism`` (softmax or coda).
     ``positional``: ``"sinusoidal"``, ``"learned"`` or ``None`` (then inputs must carry positions).
-    The decoder self-attention is causal by default (``tgt_is_causal=True``).
+    The decoder self-attention is causal by default (``tgt_is_causal=True``), and ``forward`` uses
+    ``src_key_padding_mask`` as ``memory_key_padding_mask`` when the latter is not given (padded source
+    tokens are never attended to). Unlike ``torch.nn.Transformer`` it adds positions to ``src``/``tgt``.
 
     Shapes: src ``(B, Ls, d_model)``, tgt ``(B, Lt, d_model)`` -> ``(B, Lt, d_model)`` (``batch_first``).
     """
