@@ -1,0 +1,114 @@
+"""``attnkit.masks``: validation of q/k/v and the combination of masks into ``MaskInfo``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit.masks import MaskInfo, build_mask, causal_leak_error, check_qkv
+from tests._reference import full_valid
+
+B, H, Lq, Lk = 2, 3, 4, 5
+
+
+def _expand(valid):
+    return torch.ones(B, H, Lq, Lk, dtype=torch.bool) if valid is None else valid.expand(B, H, Lq, Lk)
+
+
+def test_no_masks_give_no_valid_pattern():
+    info = build_mask(B, H, Lq, Lk, device=torch.device("cpu"))
+    assert isinstance(info, MaskInfo)
+    assert info.valid is None and info.bias is None and not info.causal
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_combined_valid_equals_every_mask_allowing_the_pair(causal):
+    g = torch.Generator().manual_seed(0)
+    km = torch.rand(B, Lk, generator=g) < 0.7
+    qm = torch.rand(B, Lq, generator=g) < 0.7
+    am = torch.rand(1, H, Lq, Lk, generator=g) < 0.7
+    info = build_mask(B, H, Lq, Lk, key_mask=km, query_mask=qm, attn_mask=am, causal=causal, device=torch.device("cpu"))
+    expected = full_valid(B, H, Lq, Lk, key_mask=km, query_mask=qm, attn_mask=am, causal=causal)
+    assert torch.equal(_expand(info.valid), expected)
+    assert info.key_mask is km and info.query_mask is qm and info.attn_mask is am and info.causal is causal
+
+
+def test_causal_is_top_left_aligned_for_rectangular_shapes():
+    info = build_mask(1, 1, 3, 5, causal=True, device=torch.device("cpu"))
+    expected = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]], dtype=torch.bool)
+    assert torch.equal(info.valid[0, 0], expected)
+
+
+def test_float_attn_mask_becomes_finite_bias_and_validity():
+    am = torch.tensor([[0.5, float("-inf"), -2.0, 0.0, 1.0]] * Lq)
+    info = build_mask(B, H, Lq, Lk, attn_mask=am, device=torch.device("cpu"))
+    assert torch.isfinite(info.bias).all()
+    assert torch.equal(info.bias.expand(B, H, Lq, Lk)[1, 2, 3], torch.tensor([0.5, 0.0, -2.0, 0.0, 1.0]))
+    assert torch.equal(_expand(info.valid)[0, 0, 0], torch.tensor([True, False, True, True, True]))
+
+
+def test_float_attn_mask_refused_when_bias_not_allowed():
+    with pytest.raises(ValueError, match="multiplicative"):
+        build_mask(B, H, Lq, Lk, attn_mask=torch.zeros(Lq, Lk), device=torch.device("cpu"), allow_bias=False)
+
+
+@pytest.mark.parametrize(
+    "shape", [(Lq, Lk), (1, Lk), (Lq, 1), (H, Lq, Lk), (1, 1, Lk), (B, 1, Lq, Lk), (1, H, 1, Lk), (B, H, Lq, Lk)]
+)
+def test_attn_mask_broadcastable_shapes_are_accepted(shape):
+    am = torch.rand(shape, generator=torch.Generator().manual_seed(1)) < 0.5
+    info = build_mask(B, H, Lq, Lk, attn_mask=am, device=torch.device("cpu"))
+    assert torch.equal(_expand(info.valid), am.expand(B, H, Lq, Lk))
+
+
+META = torch.device("meta")
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"key_mask": torch.ones(B, Lk + 1, dtype=torch.bool)}, r"key_mask has shape \(2, 6\), expected \(B, Lk\) = \(2, 5\)"),
+        ({"key_mask": torch.ones(Lk, dtype=torch.bool)}, r"key_mask has shape \(5,\)"),
+        ({"key_mask": torch.ones(B, Lk)}, r"key_mask has dtype torch.float32; expected torch.bool"),
+        ({"key_mask": torch.ones(B, Lk, dtype=torch.bool, device=META)}, "key_mask is on meta"),
+        ({"key_mask": [[1] * Lk] * B}, "key_mask must be a boolean torch.Tensor"),
+        ({"query_mask": torch.ones(B, Lk, dtype=torch.bool)}, r"query_mask has shape \(2, 5\), expected \(B, Lq\) = \(2, 4\)"),
+        ({"query_mask": torch.ones(B, Lq, dtype=torch.uint8)}, "query_mask has dtype torch.uint8"),
+        ({"query_mask": torch.ones(B, Lq, dtype=torch.bool, device=META)}, "query_mask is on meta"),
+        ({"attn_mask": torch.ones(Lq + 1, Lk, dtype=torch.bool)}, r"attn_mask has shape \(5, 5\)"),
+        ({"attn_mask": torch.ones(B + 1, H, Lq, Lk, dtype=torch.bool)}, r"attn_mask has shape \(3, 3, 4, 5\)"),
+        ({"attn_mask": torch.ones(1, 1, 1, Lq, Lk, dtype=torch.bool)}, r"attn_mask has shape \(1, 1, 1, 4, 5\)"),
+        ({"attn_mask": torch.ones(Lq, Lk, dtype=torch.int64)}, "attn_mask has dtype torch.int64"),
+        ({"attn_mask": torch.ones(Lq, Lk, dtype=torch.bool, device=META)}, "attn_mask is on meta"),
+        ({"attn_mask": [[True] * Lk] * Lq}, "attn_mask must be a torch.Tensor"),
+        ({"attn_mask": torch.full((Lq, Lk), float("nan"))}, "NaN"),
+        ({"attn_mask": torch.full((Lq, Lk), float("inf"))}, r"\+inf"),
+        ({"causal": "yes"}, "causal must be True or False"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else None,
+)
+def test_bad_masks_raise_value_error_naming_the_problem(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        build_mask(B, H, Lq, Lk, device=CPU, **kwargs)
+
+
+def test_check_qkv_accepts_a_different_value_dim():
+    check_qkv(torch.randn(B, H, Lq, 8), torch.randn(B, H, Lk, 8), torch.randn(B, H, Lk, 3))
+
+
+def test_check_qkv_may_allow_different_head_dims():
+    check_qkv(torch.randn(B, H, Lq, 8), torch.randn(B, H, Lk, 6), torch.randn(B, H, Lk, 3), same_head_dim=False)
+    with pytest.raises(ValueError, match="head dims differ"):
+        check_qkv(torch.randn(B, H, Lq, 8), torch.randn(B, H, Lk, 6), torch.randn(B, H, Lk, 3))
+
+
+def test_check_qkv_rejects_mixed_devices():
+    with pytest.raises(ValueError, match="one device"):
+        check_qkv(torch.randn(B, H, Lq, 4), torch.randn(B, H, Lk, 4, device=META), torch.randn(B, H, Lk, 4))
+
+
+def test_causal_leak_error_names_the_mechanism_and_the_fix():
+    err = causal_leak_error("dnas")
+    assert isinstance(err, ValueError)
+    assert "'dnas'" in str(err) and "leak" in str(err) and "softmax" in str(err)
