@@ -326,3 +326,12 @@ def test_bad_inputs_raise_value_error(call, needle):
     module = aknn.MultiheadAttention(E, H)
     with pytest.raises(ValueError, match=needle):
         call(module, torch.randn(2, 5, E))
+
+
+def test_efficient_backend_refuses_need_weights():
+    module = aknn.MultiheadAttention(E, H, mechanism="dnas", backend="efficient")
+    x = torch.randn(2, 5, E)
+    with pytest.raises(ValueError, match="need_weights=False"):
+        module(x, x, x)
+    out, weights = module(x, x, x, need_weights=False)
+    assert weights is None and out.shape == (2, 5, E)

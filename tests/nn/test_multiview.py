@@ -59,7 +59,7 @@ def test_matches_float64_reference(mechanism, num_heads, attn_dim, share):
     assert [tuple(w.shape) for w in weights] == [(2, num_heads, 5, 4), (2, num_heads, 5, 6)]
 
 
-@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("mechanism", MECHANISMS + [ak.Sinkhorn(iters=6), ak.CoDA(gate="centered", center_e=True)], ids=str)
 def test_padding_equals_truncation(mechanism, backend):
     torch.manual_seed(0)
     module = aknn.MultiViewAttention(E, num_views=2, mechanism=mechanism, backend=backend, dtype=torch.float64)

@@ -202,6 +202,11 @@ class MultiheadAttention(nn.Module):
         applies a causal mask (on top of ``attn_mask`` when both are given).
         """
         self_attention = query is key
+        if need_weights and self.backend == "efficient":
+            raise ValueError(
+                "need_weights=True asks for the (Lq, Lk) weights, which backend='efficient' never materializes; "
+                "pass need_weights=False, or build the module with backend='auto'"
+            )
         batched = self._check_inputs(query, key, value)
         if not batched:  # (L, E) -> (1, L, E)
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
