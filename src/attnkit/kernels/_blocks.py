@@ -18,8 +18,9 @@ from ..masks import MaskInfo
 
 __all__ = ["BlockMasks", "chunk_size", "head_groups", "reduce_to"]
 
-# Elements of one score block: 1 MiB in float32, so that the element-wise passes over a block run in cache.
-BLOCK_ELEMENTS = 1 << 18
+# Elements of one score block (8 MiB in float32): large enough that each operation is one sizeable
+# parallel region, small enough that the few live blocks stay far below the (Lq, Lk) matrix.
+BLOCK_ELEMENTS = 1 << 21
 
 
 @dataclass
@@ -116,8 +117,8 @@ def chunk_size(BH: int, length: int, total: int, budget: int = BLOCK_ELEMENTS) -
 
 
 def head_groups(B: int, H: int, pairs: int, budget: int = BLOCK_ELEMENTS):
-    """``(b0, b1, h0, h1)`` slices of the (batch, head) grid, grouping heads while a group's
-    ``(Lq, Lk)`` matrices (``pairs`` elements each) fit in ``budget``."""
+    """``(b0, b1, h0, h1)`` slices of the (batch, head) grid: as many heads per group as leave blocks
+    of at least 64 keys (``pairs = Lq * 64`` elements per head) within ``budget``."""
     g = max(1, min(H, budget // max(1, pairs)))
     for b in range(B):
         for h0 in range(0, H, g):

@@ -265,7 +265,7 @@ def _accumulate(sw: _Sweeps, ds: Tensor, j0, j1, dqs, dk, dbias) -> None:
 def _groups(q: Tensor, k: Tensor, block: Optional[int]):
     B, H, Lq, _ = q.shape
     Lk = k.shape[2]
-    for b0, b1, h0, h1 in head_groups(B, H, Lq * Lk):
+    for b0, b1, h0, h1 in head_groups(B, H, Lq * min(Lk, 64)):
         width = block if block is not None else chunk_size(h1 - h0, Lq, Lk)
         yield (slice(b0, b1), slice(h0, h1)), (b0, b1, h0, h1), width
 
