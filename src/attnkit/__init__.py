@@ -4,6 +4,8 @@
     out = ak.attention(q, k, v, mechanism="dnas", key_mask=mask)
 """
 
+import importlib
+
 from . import scores
 from .config import DNAS, MECHANISMS, CoDA, Hybrid, Sinkhorn, Softmax, resolve_mechanism
 from .functional import BACKENDS, attention, normalize
@@ -29,11 +31,7 @@ __all__ = [
 
 def __getattr__(name):  # lazy: ``ak.nn`` and ``ak.explain_away`` import torch.nn modules on first use
     if name == "nn":
-        from . import nn
-
-        return nn
+        return importlib.import_module(f"{__name__}.nn")
     if name == "explain_away":
-        from .analysis import explain_away
-
-        return explain_away
+        return importlib.import_module(f"{__name__}.analysis").explain_away
     raise AttributeError(f"module 'attnkit' has no attribute {name!r}")

@@ -20,12 +20,6 @@ def test_all_names_exist():
         assert getattr(aknn, name) is not None
 
 
-@pytest.mark.xfail(
-    reason="attnkit/__init__.py's lazy __getattr__ runs `from . import nn`, whose hasattr(attnkit, 'nn') check "
-    "re-enters __getattr__ (RecursionError) unless attnkit.nn was imported first; "
-    "importlib.import_module(f'{__name__}.nn') fixes it",
-    strict=False,
-)
 def test_ak_nn_is_reachable_from_a_fresh_interpreter():
     code = "import attnkit as ak; print(ak.nn.MultiheadAttention.__name__)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
