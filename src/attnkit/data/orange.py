@@ -106,6 +106,8 @@ def parse_tab(text: str, source: str = "<string>") -> TabTable:
     width = len(names)
     types = (lines[1].split("\t") + [""] * width)[:width]
     flags = (lines[2].split("\t") + [""] * width)[:width]
+    # a type is a name (d, c, s, ...) or, in older files, the space-separated values of a discrete column
+    types = ["d" if len(t.split()) > 1 else t for t in types]
     unknown = [t for t in types if t.strip().lower() not in _TYPES]
     if unknown:
         raise ValueError(
