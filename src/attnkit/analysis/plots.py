@@ -273,27 +273,30 @@ def plot_lemma1(
     rows: Sequence[Mapping[str, object]],
     path: PathLike,
     title: str = "Lemma 1: min over keys of n_k * sum_i pi_ij",
+    floor: float = 1e-12,
 ) -> Path:
-    """One bar per case (``rows[i]["case"]``) and mechanism (``rows[i]["mechanism"]``) with
-    ``rows[i]["min_normalized"]``; the Lemma 1 bound (1) as a line. Log y axis."""
+    """One horizontal bar per case (``rows[i]["case"]``) and mechanism (``rows[i]["mechanism"]``) with
+    ``rows[i]["min_normalized"]`` on a log axis clipped at ``floor``; the Lemma 1 bound (1) as a line."""
     plt = _pyplot()
     cases = list(dict.fromkeys(str(r["case"]) for r in rows))
     names = list(dict.fromkeys(str(r["mechanism"]) for r in rows))
-    width = 0.8 / len(names)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(cases) + 2), 4.0))
+    height = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(8.0, 0.32 * len(cases) * max(1, len(names) / 3) + 1.6))
     for k, name in enumerate(names):
-        xs, ys = [], []
+        ys, xs = [], []
         for i, case in enumerate(cases):
             for r in rows:
                 if str(r["case"]) == case and str(r["mechanism"]) == name:
-                    xs.append(i + (k - (len(names) - 1) / 2) * width)
-                    ys.append(max(float(r["min_normalized"]), 1e-300))
-        ax.bar(xs, ys, width=width, color=mechanism_color(name), label=mechanism_label(name))
-    ax.axhline(1.0, color="black", ls="--", lw=1, label="Lemma 1 bound (= 1)")
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(cases)))
-    ax.set_xticklabels(cases, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("min_j n_k * sum_i pi_ij")
+                    ys.append(i + (k - (len(names) - 1) / 2) * height)
+                    xs.append(min(max(float(r["min_normalized"]), floor), 1e3))
+        ax.barh(ys, xs, height=height, color=mechanism_color(name), label=mechanism_label(name), left=floor)
+    ax.axvline(1.0, color="black", ls="--", lw=1, label="Lemma 1 bound (= 1)")
+    ax.set_xscale("log")
+    ax.set_xlim(floor, 10)
+    ax.set_yticks(range(len(cases)))
+    ax.set_yticklabels(cases, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"min_j n_k * sum_i pi_ij  (values below {floor:g} drawn at {floor:g})")
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)

@@ -1,0 +1,113 @@
+"""Explaining-away statistics on hand-built weight matrices, and the forward-pass collector."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit.analysis import collect_explain_away, explain_away, log_sum_histogram
+from attnkit.functional import _OBSERVERS
+
+
+def _weights(rows) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float64)[None, None]  # (1, 1, Lq, Lk)
+
+
+def test_key_sums_min_and_fraction_on_hand_built_weights():
+    w = _weights([[0.9, 0.1, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0], [0.9996, 0.0, 0.0004, 0.0]])
+    stats = explain_away(w, eps=1e-3)
+    assert torch.allclose(stats.key_sums[0, 0], torch.tensor([2.3996, 0.6, 0.0004, 0.0], dtype=torch.float64))
+    assert stats.min == 0.0 and stats.min_normalized == 0.0
+    assert stats.fraction_below_eps == pytest.approx(0.5)  # keys 2 and 3
+    assert stats.log_sums[0, 0, 3] == -math.inf
+    assert stats.log_sums[0, 0, 1].item() == pytest.approx(math.log(0.6))
+
+
+def test_masks_exclude_padded_keys_and_queries():
+    w = _weights([[0.5, 0.5, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.0]])
+    key_mask = torch.tensor([[True, True, False]])
+    query_mask = torch.tensor([[True, True, False]])
+    stats = explain_away(w, key_mask=key_mask, query_mask=query_mask)
+    assert stats.valid_keys.tolist() == [[[True, True, False]]]
+    assert stats.min == pytest.approx(0.7)
+    assert stats.min_normalized == pytest.approx(1.4)  # n_k = 2
+    assert stats.fraction_below_eps == 0.0
+
+
+def test_valid_pairs_from_attn_mask_leave_unreachable_keys_out():
+    w = _weights([[0.6, 0.4, 0.0], [0.3, 0.7, 0.0]])
+    valid = torch.tensor([[True, True, False], [True, True, False]])[None, None]
+    stats = explain_away(w, valid=valid)
+    assert stats.valid_keys.tolist() == [[[True, True, False]]]
+    assert stats.min == pytest.approx(0.9) and stats.min_normalized == pytest.approx(1.8)
+    with pytest.raises(ValueError, match="valid"):
+        explain_away(w, valid=valid.float())
+
+
+def test_lemma1_lower_bound_on_dnas_weights():
+    g = torch.Generator().manual_seed(0)
+    s = 20 * torch.randn(3, 2, 7, 11, generator=g, dtype=torch.float64)
+    key_mask = torch.arange(11)[None, :] < torch.tensor([[11], [6], [1]])
+    dnas = explain_away(ak.normalize(s, "dnas", key_mask=key_mask), key_mask=key_mask)
+    soft = explain_away(ak.normalize(s, "softmax", key_mask=key_mask), key_mask=key_mask)
+    assert dnas.min_normalized >= 1 - 1e-12
+    assert soft.min_normalized < 1e-3
+
+
+def test_log_sum_histogram_counts_valid_keys_and_floors_zero_sums():
+    w = _weights([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    stats = explain_away(w, key_mask=torch.tensor([[True, True, False]]))
+    counts, edges = log_sum_histogram(stats, bins=5, range=(-60.0, 1.0), floor=-50.0)
+    assert counts.sum() == 2  # the padded key is not counted
+    assert counts[np.searchsorted(edges, -50.0, side="right") - 1] == 1  # sum 0 drawn at the floor
+    with pytest.raises(ValueError, match="bins"):
+        log_sum_histogram(stats, bins=0)
+
+
+def test_bad_weights_raise():
+    with pytest.raises(ValueError, match=r"\(B, H, Lq, Lk\)"):
+        explain_away(torch.zeros(3, 3))
+    with pytest.raises(ValueError, match="key_mask"):
+        explain_away(torch.zeros(1, 1, 2, 3), key_mask=torch.ones(1, 2, dtype=torch.bool))
+
+
+class _TwoLayers(torch.nn.Module):
+    """Two attention calls per forward: a softmax layer then a DNAS layer."""
+
+    def forward(self, x, key_mask=None, attn_mask=None):
+        h = ak.attention(x, x, x, "softmax", key_mask=key_mask, attn_mask=attn_mask)
+        return ak.attention(h, h, h, "dnas", key_mask=key_mask, attn_mask=attn_mask)
+
+
+def test_collector_records_every_layer_and_forward_pass():
+    model = _TwoLayers()
+    x = torch.randn(2, 3, 5, 4, dtype=torch.float64)
+    key_mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    with collect_explain_away(model) as log:
+        model(x, key_mask=key_mask)
+        model(x, key_mask=key_mask)
+    assert [(r.forward_pass, r.layer, r.mechanism) for r in log.records] == [
+        (0, 0, "softmax"), (0, 1, "dnas"), (1, 0, "softmax"), (1, 1, "dnas")]
+    assert not _OBSERVERS  # the observer is removed on exit
+    _, w = ak.attention(x, x, x, "softmax", key_mask=key_mask, return_weights=True)
+    expected = explain_away(w, key_mask=key_mask)
+    assert torch.allclose(log.records[0].stats.key_sums, expected.key_sums)
+    assert log.by_layer(1)[0].min_normalized >= 1 - 1e-12  # Lemma 1 for the DNAS layer
+    assert [row["layer"] for row in log.summary()] == [0, 1]
+    with pytest.raises(ValueError, match="layer 5"):
+        log.by_layer(5)
+
+
+def test_collector_uses_attn_mask_padding():
+    model = _TwoLayers()
+    x = torch.randn(1, 1, 4, 3, dtype=torch.float64)
+    attn_mask = torch.tensor([True, True, True, False])[None, None, None, :]  # (1, 1, 1, Lk): HF-style padding
+    with collect_explain_away() as log:
+        model(x, attn_mask=attn_mask)
+    for record in log.records:
+        assert record.stats.valid_keys[0, 0].tolist() == [True, True, True, False]
+    assert log.records[1].stats.min_normalized >= 1 - 1e-12  # the padded key does not count as explained away

@@ -1,0 +1,116 @@
+"""Mode collapse: closed forms of draft eqs. (11)-(14) against the simulator, and the 2-D cluster counts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit.analysis import (
+    center_distance_dnas,
+    center_distance_lnas,
+    count_clusters,
+    simulate_self_attention,
+    two_clusters,
+)
+from attnkit.analysis.repro_mode_collapse import CLUSTER_GAP, MODE_COLLAPSE_2D_STD
+
+
+def _simulated_distance(n0: int, n1: int, a: float, mechanism: str, scores: str = "gaussian") -> float:
+    x = two_clusters(n0, n1, [a], [-a])  # exactly separated clusters
+    after = simulate_self_attention(x, mechanism, steps=1, scores=scores)[1, :, 0]
+    return float(after[:n0].mean() - after[n0:].mean())
+
+
+@pytest.mark.parametrize("scores", ["gaussian", "dot"])
+@pytest.mark.parametrize("n0,n1,a", [(10, 5, 0.6), (3, 3, 0.8), (2, 20, 1.0), (30, 1, 0.4), (7, 7, 1.3)])
+def test_closed_forms_match_simulation(n0, n1, a, scores):
+    assert abs(_simulated_distance(n0, n1, a, "softmax", scores) - center_distance_lnas(n0 / n1, a)) < 1e-6
+    assert abs(_simulated_distance(n0, n1, a, "dnas", scores) - center_distance_dnas(n0 / n1, a)) < 1e-6
+
+
+def test_closed_forms_from_cluster_sums_by_hand():
+    # Appendix C before simplification: t = 1, s = exp(-2 a^2), written with N0, N1 directly
+    n0, n1, a = 6.0, 2.0, 0.7
+    s, t = math.exp(-2 * a * a), 1.0
+    lnas = 2 * n0 * n1 * (t * t - s * s) * a / ((n1 * t + n0 * s) * (n0 * t + n1 * s))
+    c0 = (n0 * t * (n0 * s + n1 * t) - n1 * s * (n0 * t + n1 * s)) / (n0 * t * (n0 * s + n1 * t) + n1 * s * (n0 * t + n1 * s))
+    c1 = (n0 * s * (n0 * s + n1 * t) - n1 * t * (n0 * t + n1 * s)) / (n0 * s * (n0 * s + n1 * t) + n1 * t * (n0 * t + n1 * s))
+    assert center_distance_lnas(n0 / n1, a) == pytest.approx(lnas, rel=1e-12)
+    assert center_distance_dnas(n0 / n1, a) == pytest.approx((c0 - c1) * a, rel=1e-12)
+
+
+def test_both_schemes_agree_at_r_equal_one():
+    for a in (0.2, 0.7, 1.5):
+        s = math.exp(-2 * a * a)
+        expected = 2 * a * (1 - s) / (1 + s)
+        assert center_distance_lnas(1.0, a) == pytest.approx(expected, rel=1e-12)
+        assert center_distance_dnas(1.0, a) == pytest.approx(expected, rel=1e-12)
+        assert abs(_simulated_distance(4, 4, a, "softmax") - _simulated_distance(4, 4, a, "dnas")) < 1e-12
+
+
+def test_dnas_upper_bounds_lnas_for_unbalanced_clusters():
+    r = np.concatenate([np.logspace(-3, -0.01, 50), np.logspace(0.01, 3, 50)])
+    for a in (0.3, 0.8, 1.2, 2.0):
+        assert np.all(center_distance_dnas(r, a) > center_distance_lnas(r, a))
+        assert np.all(center_distance_dnas(r, a) < 2 * a)  # both still shrink the distance
+
+
+def test_closed_forms_broadcast_and_reject_bad_values():
+    out = center_distance_lnas(np.array([0.5, 1.0, 2.0]), 1.0)
+    assert out.shape == (3,)
+    assert out[0] == pytest.approx(out[2])  # symmetric in r <-> 1/r
+    with pytest.raises(ValueError, match="r="):
+        center_distance_dnas(0.0, 1.0)
+    with pytest.raises(ValueError, match="a="):
+        center_distance_lnas(1.0, -1.0)
+
+
+def test_simulator_keeps_points_and_sinkhorn_between_schemes():
+    x = two_clusters(12, 3, [0.9], [-0.9])
+    traj = simulate_self_attention(x, ak.Sinkhorn(iters=3), steps=3)
+    assert traj.shape == (4, 15, 1) and torch.equal(traj[0], x)
+    sink = float(traj[1, :12, 0].mean() - traj[1, 12:, 0].mean())
+    assert center_distance_lnas(4.0, 0.9) < sink < center_distance_dnas(4.0, 0.9) + 1e-12
+
+
+def test_simulator_rejects_bad_input():
+    with pytest.raises(ValueError, match="coda"):
+        simulate_self_attention(torch.zeros(3, 2), "coda")
+    with pytest.raises(ValueError, match="steps"):
+        simulate_self_attention(torch.zeros(3, 2), "dnas", steps=-1)
+    with pytest.raises(ValueError, match="scores"):
+        simulate_self_attention(torch.zeros(3, 2), "dnas", scores="cosine")
+    with pytest.raises(ValueError, match="shape"):
+        simulate_self_attention(torch.zeros(2, 3, 4), "dnas")
+
+
+def test_count_clusters_gap_rule_on_hand_built_points():
+    chain = torch.tensor([[0.0, 0], [0.4, 0], [0.8, 0], [1.2, 0]])  # steps of 0.4 < gap 0.5: one cluster
+    far = torch.tensor([[5.0, 5.0], [5.1, 5.0]])
+    straggler = torch.tensor([[-9.0, -9.0]])
+    points = torch.cat([chain, far, straggler])
+    counts = count_clusters(points, gap=0.5, min_fraction=0.2)  # min size ceil(0.2 * 7) = 2
+    assert counts.count == 2 and counts.sizes == (4, 2, 1) and counts.min_size == 2
+    assert count_clusters(points, gap=0.3, min_fraction=0.0).count == 6  # the chain breaks into 4 points
+    with pytest.raises(ValueError, match="gap"):
+        count_clusters(points, gap=0)
+
+
+def _final_counts(n0: int, n1: int, mechanism) -> int:
+    x = two_clusters(n0, n1, [1.8, 0.7], [-1.0, -1.0], std=MODE_COLLAPSE_2D_STD, seed=0)
+    final = simulate_self_attention(x, mechanism, steps=4)[-1]
+    return count_clusters(final, gap=CLUSTER_GAP).count
+
+
+def test_unbalanced_2d_lnas_collapses_dnas_keeps_two_clusters():
+    assert _final_counts(500, 50, "softmax") == 1
+    assert _final_counts(500, 50, "dnas") == 2
+
+
+def test_balanced_2d_both_keep_two_clusters():
+    assert _final_counts(225, 225, "softmax") == 2
+    assert _final_counts(225, 225, "dnas") == 2

@@ -1,0 +1,51 @@
+"""Plot helpers: fixed colours per mechanism, readable PNG files, clear errors on bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import attnkit as ak
+from attnkit.analysis.plots import (
+    MECHANISM_COLORS,
+    mechanism_color,
+    plot_hybrid_trajectories,
+    plot_log_sum_histograms,
+    plot_min_weight_sum,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_mechanism_has_its_own_colour():
+    assert set(MECHANISM_COLORS) == set(ak.MECHANISMS)
+    assert len(set(MECHANISM_COLORS.values())) == len(MECHANISM_COLORS)
+    assert mechanism_color("lnas") == MECHANISM_COLORS["softmax"]
+    with pytest.raises(ValueError, match="expected one of"):
+        mechanism_color("relu")
+
+
+def test_hybrid_trajectories_png(tmp_path):
+    steps = np.arange(0, 50, 5)
+    u = np.clip(np.linspace(0.5, 0.9, len(steps))[:, None, None] + np.zeros((1, 3, 4)), 0, 1)  # (T, layers, heads)
+    path = plot_hybrid_trajectories(steps, u, tmp_path / "u.png", title="u over training")
+    assert path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 5000
+
+
+def test_hybrid_trajectories_reject_bad_shapes(tmp_path):
+    with pytest.raises(ValueError, match="layers, heads"):
+        plot_hybrid_trajectories(np.arange(3), np.zeros((3, 2)), tmp_path / "u.png")
+    with pytest.raises(ValueError, match="steps has shape"):
+        plot_hybrid_trajectories(np.arange(4), np.zeros((3, 1, 1)), tmp_path / "u.png")
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        plot_hybrid_trajectories(np.arange(3), np.full((3, 1, 1), 1.5), tmp_path / "u.png")
+    with pytest.raises(ValueError, match=".png"):
+        plot_hybrid_trajectories(np.arange(3), np.zeros((3, 1, 1)), tmp_path / "u.pdf")
+
+
+def test_explain_away_plots_write_png(tmp_path):
+    log_sums = {"softmax": np.array([-30.0, -5.0, -np.inf, 0.1]), "dnas": np.array([-2.0, -1.0, 0.5])}
+    hist = plot_log_sum_histograms(log_sums, tmp_path / "h.png", eps=1e-3, bound=1 / 50)
+    curve = plot_min_weight_sum([0, 10, 20], {"softmax": [0.3, 1e-4, 0.0], "dnas": [0.3, 0.05, 0.04]},
+                                tmp_path / "m.png", bound=1 / 50)
+    assert hist.read_bytes()[:8] == PNG_MAGIC and curve.read_bytes()[:8] == PNG_MAGIC
