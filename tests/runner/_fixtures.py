@@ -1,4 +1,4 @@
-"""Tiny fixtures for the runner tests: a dataset file and a stand-in classifier until attnkit.models lands."""
+"""Tiny fixtures for the runner tests: dataset files written on the fly, and a small configuration."""
 
 from __future__ import annotations
 
@@ -6,11 +6,6 @@ import json
 import random
 from pathlib import Path
 
-import torch
-from torch import nn
-
-from attnkit.nn import MultiheadAttention
-from attnkit.runner.tasks import ClassificationTask
 
 WORDS = {
     "sport": ["goal", "match", "team", "score", "league", "coach"],
@@ -36,28 +31,6 @@ def write_classification_file(path: Path, n_train: int = 96, n_test: int = 32, s
     data["test"][0]["text"] = "<script>alert('x')</script> goal team"
     path.write_text(json.dumps(data))
     return path
-
-
-class TinyClassifier(nn.Module):
-    """Embedding + one attnkit attention layer + masked mean pooling + linear."""
-
-    def __init__(self, vocab_size: int, num_classes: int, d_model: int, nhead: int, mechanism: str, pad_id: int):
-        super().__init__()
-        self.embed = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
-        self.attn = MultiheadAttention(d_model, nhead, mechanism=mechanism, batch_first=True)
-        self.drop = nn.Dropout(0.1)
-        self.head = nn.Linear(d_model, num_classes)
-
-    def forward(self, ids, mask):
-        x = self.embed(ids)  # (B, L, d)
-        y, _ = self.attn(x, x, x, key_padding_mask=~mask, need_weights=False, query_padding_mask=~mask)
-        x = self.drop(x + y) * mask[..., None]
-        return self.head(x.sum(1) / mask.sum(1, keepdim=True).clamp_min(1))  # (B, C)
-
-
-class TinyTask(ClassificationTask):
-    def build_model(self, config, mechanism, data):
-        return TinyClassifier(data.vocab_size, len(data.label_names), config.d_model, config.nhead, mechanism, data.pad_id)
 
 
 def tiny_overrides(path: Path, out: Path, **extra) -> dict:

@@ -8,8 +8,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from attnkit.runner import build_config, run_compare
-from tests.runner._fixtures import TinyTask, tiny_overrides, write_classification_file
+from attnkit.runner import build_config, get_task, run_compare
+from tests.runner._fixtures import tiny_overrides, write_classification_file
 
 
 class _Tables(HTMLParser):
@@ -48,7 +48,7 @@ class _Tables(HTMLParser):
 def _run(tmp_path, out_name="out", **extra):
     data = write_classification_file(tmp_path / "topics.json")
     config = build_config(tiny_overrides(data, tmp_path / out_name, **extra))
-    return run_compare(config, task=TinyTask("topics", source=str(data)))
+    return run_compare(config)
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def test_existing_run_dir_is_never_overwritten_silently(tmp_path):
 
 def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
     data = write_classification_file(tmp_path / "topics.json")
-    task = TinyTask("topics", source=str(data))
+    task = get_task(str(data))
     common = dict(mechanisms="softmax,hnas", seeds=2, steps=10, checkpoint_every=3, eval_every=5)
     full = run_compare(build_config(tiny_overrides(data, tmp_path / "full", **common)), task=task)
 

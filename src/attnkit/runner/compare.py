@@ -179,6 +179,10 @@ def run_compare(
     from .tasks import get_task
 
     accelerator = accelerator or Accelerator()
+    if config.threads is not None:
+        import torch
+
+        torch.set_num_threads(config.threads)
     task = task or get_task(config.task)
     data = task.prepare(config)  # before touching the run directory: a missing dataset leaves nothing behind
     out = Path(config.out)

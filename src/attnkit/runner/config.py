@@ -41,6 +41,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             mechanisms=DEFAULT_MECHANISMS, seeds=2, steps=150, batch_size=32, lr=2e-3, warmup_steps=15,
             eval_every=50, checkpoint_every=50, max_train=2400, max_eval=600, max_len=64, vocab_size=6000,
             d_model=64, nhead=4, num_layers=2, dim_feedforward=128, dropout=0.1, explain_away_samples=64,
+            threads=1,
         ),
         "paper": dict(
             mechanisms=DEFAULT_MECHANISMS, seeds=3, steps=1500, batch_size=32, lr=1e-3, warmup_steps=100,
@@ -53,11 +54,11 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             mechanisms=("softmax", "coda"), seeds=2, steps=300, batch_size=64, lr=2e-3, warmup_steps=30,
             eval_every=100, checkpoint_every=100, max_train=20000, max_eval=300, max_len=24, max_target_len=12,
             vocab_size=64, d_model=64, nhead=4, num_layers=2, dim_feedforward=128, dropout=0.0,
-            explain_away_samples=64,
+            explain_away_samples=64, threads=1,
         ),
         "paper": dict(
-            mechanisms=("softmax", "coda"), seeds=1, steps=3000, batch_size=64, lr=1e-3, warmup_steps=200,
-            eval_every=500, checkpoint_every=500, max_train=None, max_eval=1000, max_len=32, max_target_len=12,
+            mechanisms=("softmax", "coda"), seeds=1, steps=6000, batch_size=64, lr=1e-3, warmup_steps=300,
+            eval_every=1000, checkpoint_every=500, max_train=None, max_eval=1000, max_len=32, max_target_len=12,
             vocab_size=64, d_model=128, nhead=4, num_layers=2, dim_feedforward=256, dropout=0.0,
             explain_away_samples=128,
         ),
@@ -85,7 +86,8 @@ class CompareConfig:
     (``seed``, ``seed + 1``, ...) per mechanism; ``steps``: optimizer steps per run, capped by ``max_steps``;
     ``batch_size``: the global batch (split evenly across processes); ``max_train`` / ``max_eval``: caps on the
     number of examples (null = all); ``max_len`` / ``max_target_len``: token caps; ``vocab_size``: the largest
-    vocabulary kept by the word tokenizer. ``out``: the run directory; ``resume`` continues it,
+    vocabulary kept by the word tokenizer. ``threads``: torch CPU threads per process (null = torch's
+    default; the quick presets use 1, which keeps a small or shared CPU from thrashing). ``out``: the run directory; ``resume`` continues it,
     ``overwrite`` replaces it.
     """
 
@@ -117,6 +119,7 @@ class CompareConfig:
     out: str = "runs/compare"
     resume: bool = False
     overwrite: bool = False
+    threads: Optional[int] = None
     progress: str = "auto"
     plots: bool = True
 
@@ -146,7 +149,7 @@ class CompareConfig:
         for name in ("steps", "batch_size", "eval_every", "checkpoint_every", "max_len", "max_target_len",
                      "vocab_size", "d_model", "nhead", "num_layers", "dim_feedforward", "explain_away_samples"):
             _positive_int(name, getattr(self, name))
-        for name in ("max_steps", "max_train", "max_eval"):
+        for name in ("max_steps", "max_train", "max_eval", "threads"):
             _positive_int(name, getattr(self, name), allow_none=True)
         _positive_int("warmup_steps", self.warmup_steps, minimum=0)
         if self.d_model % self.nhead:

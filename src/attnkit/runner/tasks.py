@@ -3,9 +3,10 @@
 - ``reuters8`` (and the other text-classification datasets of ``attnkit.data``): a ``TransformerClassifier``
   over a word vocabulary; metrics accuracy and macro-F1.
 - ``mlu`` (CoDA paper sec. 3.6, Table 6): a character-level ``Seq2SeqTransformer``; metric sequence accuracy
-  (exact match of the greedy decoding). The mechanism is used in encoder, decoder and cross attention; the
-  query-normalized ones (dnas, hnas, sinkhorn) would leak future positions in the causal decoder
-  self-attention, which therefore stays softmax for them (as in the papers).
+  (exact match of the greedy decoding). softmax and coda are used in encoder, decoder and cross attention
+  (the CoDA Transformer); the query-normalized ones (dnas, hnas, sinkhorn) normalize over target positions
+  in the decoder's self- and cross-attention, which would leak future tokens, so they replace the encoder's
+  attention only and the decoder stays softmax (as in the papers).
 - a dataset file of your own, ``--task my_data.json``::
 
       {"kind": "classification", "train": [{"text": "...", "label": "sports"}, ...], "test": [...]}
@@ -322,13 +323,14 @@ class Seq2SeqTask:
         from ..config import resolve_mechanism
 
         decoder = "softmax" if resolve_mechanism(mechanism).query_normalized else mechanism
-        return {"encoder_mechanism": mechanism, "decoder_mechanism": decoder, "cross_mechanism": mechanism}
+        return {"encoder_mechanism": mechanism, "decoder_mechanism": decoder, "cross_mechanism": decoder}
 
     def build_model(self, config: CompareConfig, mechanism: str, data: EncodedSeq2Seq) -> torch.nn.Module:
         from ..models import Seq2SeqTransformer
 
         return Seq2SeqTransformer(
-            vocab_size=data.tokenizer.vocab_size, d_model=config.d_model, nhead=config.nhead,
+            src_vocab_size=data.tokenizer.vocab_size, tgt_vocab_size=data.tokenizer.vocab_size,
+            d_model=config.d_model, nhead=config.nhead,
             num_encoder_layers=config.num_layers, num_decoder_layers=config.num_layers,
             dim_feedforward=config.dim_feedforward, dropout=config.dropout,
             max_len=max(config.max_len, config.max_target_len + 2), pad_id=data.tokenizer.pad_id,
