@@ -1,0 +1,149 @@
+"""Numerical precision of every mechanism in float32 and bfloat16 against float64.
+
+For each mechanism (every CoDA variant included) and each available backend, run ``ak.attention``
+on one padded batch (B=2, H=4, L=128, D=32 by default; the second sequence is padded) in float32
+and bfloat16, and report the max abs error of the output and of dq / dk / dv against the float64
+reference backend on the same inputs. Gradients are those of ``sum(out * g)`` for a fixed random
+``g``. Errors are measured on real tokens only (padded positions are exactly zero everywhere).
+
+Two errors are reported: against float64 on the original inputs (what a user sees, including the
+rounding of q, k, v to the low-precision dtype) and against float64 on the *same rounded* inputs
+(the arithmetic error of the implementation alone). They differ most for CoDA's gradients wrt q and
+k: ``d|q - k|_1 / dq = sign(q - k)`` flips where rounding moves q_d past k_d.
+
+    python benchmarks/precision.py                 # table + bench-results/precision.json
+    python benchmarks/precision.py --out my.json --length 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+import attnkit as ak
+
+__all__ = ["SETTINGS", "measure", "main"]
+
+SETTINGS: dict[str, object] = {
+    "softmax": "softmax",
+    "dnas": "dnas",
+    "hnas(u=0.5)": ak.Hybrid(u0=0.5),
+    "sinkhorn(k=3)": ak.Sinkhorn(iters=3),
+    "sinkhorn(k=10)": ak.Sinkhorn(iters=10),
+    "coda(scaled)": ak.CoDA(gate="scaled"),
+    "coda(sigmoid)": ak.CoDA(gate="sigmoid"),
+    "coda(centered)": ak.CoDA(gate="centered"),
+    "coda(center_e)": ak.CoDA(center_e=True),
+    "coda(center_e,centered)": ak.CoDA(center_e=True, gate="centered"),
+    "coda(sigmoid*tanh)": ak.CoDA(e_activation="sigmoid", n_activation="tanh"),
+    "coda(arctan*arctan)": ak.CoDA(e_activation="arctan", n_activation="arctan"),
+    "coda(algebraic*algebraic)": ak.CoDA(e_activation="algebraic", n_activation="algebraic"),
+}
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def available_backends() -> list[str]:
+    backends = ["reference"]
+    if importlib.util.find_spec("attnkit.kernels") is not None:
+        backends.append("efficient")
+    return backends
+
+
+def _inputs(B: int, H: int, L: int, D: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64) for _ in range(3))
+    lengths = torch.tensor([L] + [max(1, L * 5 // 8)] * (B - 1))
+    mask = torch.arange(L)[None, :] < lengths[:, None]  # (B, L)
+    grad_out = torch.randn(B, H, L, D, generator=g, dtype=torch.float64)
+    return q, k, v, mask, grad_out
+
+
+def _run(mechanism, q, k, v, mask, grad_out, dtype, backend, round_to=None):
+    """``out, dq, dk, dv`` as float64; ``round_to`` first rounds the inputs through that dtype."""
+    if round_to is not None:
+        q, k, v = (t.to(round_to).to(dtype) for t in (q, k, v))
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    out = ak.attention(*leaves, mechanism, key_mask=mask, query_mask=mask, backend=backend)
+    dq, dk, dv = torch.autograd.grad((out * grad_out.to(dtype)).sum(), leaves)
+    return [t.detach().double() for t in (out, dq, dk, dv)]
+
+
+def measure(B: int = 2, H: int = 4, L: int = 128, D: int = 32, seed: int = 0) -> list[dict]:
+    """One row per (mechanism, backend, dtype): max abs errors against float64 and the float64 magnitudes."""
+    q, k, v, mask, grad_out = _inputs(B, H, L, D, seed)
+    real = mask[:, None, :, None]  # (B, 1, L, 1): rows of real tokens
+    rows = []
+    for name, mechanism in SETTINGS.items():
+        exact = _run(mechanism, q, k, v, mask, grad_out, torch.float64, "reference")
+        for dtype_name, dtype in DTYPES.items():
+            exact_rounded = _run(mechanism, q, k, v, mask, grad_out, torch.float64, "reference", round_to=dtype)
+            for backend in available_backends():
+                start = time.perf_counter()
+                got = _run(mechanism, q, k, v, mask, grad_out, dtype, backend)
+                seconds = time.perf_counter() - start
+                row = {"mechanism": name, "backend": backend, "dtype": dtype_name, "seconds": seconds}
+                for label, a, b, c in zip(("out", "dq", "dk", "dv"), got, exact, exact_rounded):
+                    row[f"{label}_err"] = ((a - b) * real).abs().max().item()
+                    row[f"{label}_err_rounded_inputs"] = ((a - c) * real).abs().max().item()
+                    row[f"{label}_max"] = (b * real).abs().max().item()
+                rows.append(row)
+    return rows
+
+
+def _table(rows: list[dict]) -> str:
+    cols = ("out", "dq", "dk", "dv")
+    header = (
+        f"{'mechanism':<26} {'backend':<10} {'dtype':<9} "
+        + " ".join(f"{c:>8}" for c in cols) + " | " + " ".join(f"{c + '*':>8}" for c in cols) + f" {'|out|':>6}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in sorted(rows, key=lambda r: (r["dtype"], list(SETTINGS).index(r["mechanism"]), r["backend"])):
+        lines.append(
+            f"{r['mechanism']:<26} {r['backend']:<10} {r['dtype']:<9} "
+            + " ".join(f"{r[c + '_err']:8.1e}" for c in cols) + " | "
+            + " ".join(f"{r[c + '_err_rounded_inputs']:8.1e}" for c in cols) + f" {r['out_max']:6.2f}"
+        )
+    lines.append("left: vs float64 on the original inputs; * right: vs float64 on the same rounded inputs")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench-results/precision.json", help="JSON file to write")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--head-dim", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    for name in ("batch", "heads", "length", "head_dim"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    torch.manual_seed(args.seed)
+    rows = measure(args.batch, args.heads, args.length, args.head_dim, args.seed)
+    print(f"max abs error vs float64 (B={args.batch}, H={args.heads}, L={args.length}, D={args.head_dim}, padded)")
+    print(_table(rows))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "config": {"B": args.batch, "H": args.heads, "L": args.length, "D": args.head_dim, "seed": args.seed},
+        "torch": torch.__version__,
+        "attnkit": ak.__version__,
+        "machine": platform.machine(),
+        "backends": available_backends(),
+        "rows": rows,
+    }
+    out.write_text(json.dumps(payload, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
