@@ -191,8 +191,9 @@ def attention(
         return_weights: also return the weights (uses the reference backend).
         backend: ``"reference"`` (materialized weights), ``"efficient"`` (O(L) memory) or ``"auto"``.
 
-    Invariants: invalid pairs weigh 0; a query with no valid key returns zeros; dnas/hnas/sinkhorn
-    raise a ``ValueError`` under ``causal=True`` (they would leak future positions).
+    Invariants: invalid pairs weigh 0; a query with no valid key returns zeros; dnas/hnas/sinkhorn,
+    and CoDA with ``gate="centered"`` or ``center_e=True`` (means over all valid pairs), raise a
+    ``ValueError`` under ``causal=True`` (they would leak future positions).
     """
     config = resolve_call(mechanism, hybrid_weight, sinkhorn_iters)
     check_qkv(q, k, v)

@@ -12,6 +12,9 @@ uses ``E - mean E`` (eq. 6). Means run over the valid entries of each (batch, he
 
 Masks are multiplicative: ``M_ij = 0`` on invalid pairs (an additive ``-inf`` would give
 ``tanh(-inf) = -1``). Invariant with the default activations: ``M in [-1, 1]``.
+
+The centered variants take means over every valid pair of the matrix, so under a causal mask they
+would let later positions shift earlier outputs; ``ak.attention`` refuses that combination.
 """
 
 from __future__ import annotations
