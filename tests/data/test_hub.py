@@ -1,4 +1,4 @@
-"""Hugging Face hub datasets: column mapping on local fixture files, the offline cache, fast failure offline."""
+"""Hugging Face hub datasets: column mapping on local fixture files, the offline cache, fast failure."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import time
 
 import pytest
 
-from attnkit.data import DatasetUnavailableError, fetch, is_cached, load_dataset
-from attnkit.data import hub
+from attnkit.data import DatasetUnavailableError, fetch, hub, is_cached, load_dataset
 
 pytest.importorskip("datasets")
 
@@ -21,11 +20,14 @@ def _jsonl(path, rows):
 def sst2_dir(tmp_path):
     folder = tmp_path / "sst2"
     folder.mkdir()
-    _jsonl(folder / "train.jsonl", [
-        {"sentence": "a gripping film", "label": 1, "idx": 0},
-        {"sentence": "dull and long", "label": 0, "idx": 1},
-        {"sentence": "unlabeled row", "label": -1, "idx": 2},
-    ])
+    _jsonl(
+        folder / "train.jsonl",
+        [
+            {"sentence": "a gripping film", "label": 1, "idx": 0},
+            {"sentence": "dull and long", "label": 0, "idx": 1},
+            {"sentence": "unlabeled row", "label": -1, "idx": 2},
+        ],
+    )
     _jsonl(folder / "validation.jsonl", [{"sentence": "fine work", "label": 1, "idx": 0}])
     return folder
 
@@ -42,8 +44,12 @@ def test_pair_columns_from_parquet_map_to_text_pairs(tmp_path):
     folder = tmp_path / "mrpc"
     folder.mkdir()
     for split, n in (("train", 3), ("test", 2)):
-        rows = {"sentence1": [f"s1 {split} {i}" for i in range(n)], "sentence2": [f"s2 {split} {i}" for i in range(n)],
-                "label": [i % 2 for i in range(n)], "idx": list(range(n))}
+        rows = {
+            "sentence1": [f"s1 {split} {i}" for i in range(n)],
+            "sentence2": [f"s2 {split} {i}" for i in range(n)],
+            "label": [i % 2 for i in range(n)],
+            "idx": list(range(n)),
+        }
         datasets.Dataset.from_dict(rows).to_parquet(str(folder / f"{split}.parquet"))
     data = load_dataset("mrpc", source=folder)
     assert data.is_pair and data.train_text_pairs == ["s2 train 0", "s2 train 1", "s2 train 2"]
@@ -57,14 +63,20 @@ def test_fetch_from_source_writes_cache_that_loads_offline(sst2_dir, tmp_path, m
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cached = load_dataset("sst2", cache_dir=tmp_path / "cache")
     direct = load_dataset("sst2", source=sst2_dir)
-    assert (cached.train_texts, cached.train_labels, cached.test_texts) == (direct.train_texts, direct.train_labels, direct.test_texts)
+    assert (cached.train_texts, cached.train_labels, cached.test_texts) == (
+        direct.train_texts,
+        direct.train_labels,
+        direct.test_texts,
+    )
 
 
 def test_snli_pairs_from_csv_keep_three_classes(tmp_path):
     folder = tmp_path / "snli"
     folder.mkdir()
     header = "premise,hypothesis,label\n"
-    (folder / "train.csv").write_text(header + "a man sleeps,a person rests,0\na dog runs,a cat sits,2\nx,y,-1\n")
+    (folder / "train.csv").write_text(
+        header + "a man sleeps,a person rests,0\na dog runs,a cat sits,2\nx,y,-1\n"
+    )
     (folder / "test.csv").write_text(header + "kids play,children play,1\n")
     data = load_dataset("snli", source=folder)
     assert data.train_labels == [0, 2] and data.test_text_pairs == ["children play"]

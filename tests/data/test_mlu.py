@@ -27,7 +27,9 @@ def test_same_seed_gives_same_data_and_other_seed_differs():
 
 
 def test_targets_are_the_value_of_the_expression():
-    data = generate_mlu(MLUConfig(num_train=500, num_test=100, operators=("+", "-", "*", "//", "%"), permute_operands=True))
+    data = generate_mlu(
+        MLUConfig(num_train=500, num_test=100, operators=("+", "-", "*", "//", "%"), permute_operands=True)
+    )
     for src, tgt in zip(data.train_src + data.test_src, data.train_tgt + data.test_tgt):
         assert int(tgt) == _evaluate_plainly(src), src
 
@@ -54,7 +56,10 @@ def test_values_stay_in_range():
 def test_permuted_assignments_use_both_orders():
     orders = {s.split(",")[0][0] for s in generate_mlu(MLUConfig(num_train=200, num_test=0)).train_src}
     assert orders == {"x", "y"}
-    fixed = {s.split(",")[0][0] for s in generate_mlu(MLUConfig(num_train=200, num_test=0, permute_assignments=False)).train_src}
+    fixed = {
+        s.split(",")[0][0]
+        for s in generate_mlu(MLUConfig(num_train=200, num_test=0, permute_assignments=False)).train_src
+    }
     assert fixed == {"x"}
 
 
@@ -66,7 +71,9 @@ def test_operand_permutation_and_operator_choice():
 
 
 def test_division_and_modulo_never_by_zero():
-    data = generate_mlu(MLUConfig(num_train=90, num_test=0, low=-2, high=3, operators=("//", "%"), permute_operands=True))
+    data = generate_mlu(
+        MLUConfig(num_train=90, num_test=0, low=-2, high=3, operators=("//", "%"), permute_operands=True)
+    )
     for src in data.train_src:
         v1, a, v2, b, left, op, right = _PATTERN.match(src).groups()
         assert {v1: int(a), v2: int(b)}[right] != 0

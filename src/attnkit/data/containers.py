@@ -29,9 +29,13 @@ class DatasetChecksumError(DatasetUnavailableError):
     """A cached or freshly extracted file does not have the SHA-256 it should have."""
 
 
-def _check_split(name: str, split: str, texts: list, labels: list, pairs: Optional[list], n_classes: int) -> None:
+def _check_split(
+    name: str, split: str, texts: list, labels: list, pairs: Optional[list], n_classes: int
+) -> None:
     if len(texts) != len(labels):
-        raise ValueError(f"{name}: {split} has {len(texts)} texts but {len(labels)} labels; expected one label per text")
+        raise ValueError(
+            f"{name}: {split} has {len(texts)} texts but {len(labels)} labels; expected one label per text"
+        )
     if pairs is not None and len(pairs) != len(texts):
         raise ValueError(f"{name}: {split} has {len(texts)} texts but {len(pairs)} second texts of the pairs")
     bad = [y for y in labels if isinstance(y, bool) or not isinstance(y, int) or not 0 <= y < n_classes]
@@ -63,9 +67,13 @@ class TextClassificationData:
 
     def __post_init__(self) -> None:
         if not self.label_names:
-            raise ValueError(f"{self.name}: label_names is empty; a classification dataset needs at least one class")
+            raise ValueError(
+                f"{self.name}: label_names is empty; a classification dataset needs at least one class"
+            )
         if (self.train_text_pairs is None) != (self.test_text_pairs is None):
-            raise ValueError(f"{self.name}: give the second texts of the pairs for both splits or for neither")
+            raise ValueError(
+                f"{self.name}: give the second texts of the pairs for both splits or for neither"
+            )
         n = len(self.label_names)
         _check_split(self.name, "train", self.train_texts, self.train_labels, self.train_text_pairs, n)
         _check_split(self.name, "test", self.test_texts, self.test_labels, self.test_text_pairs, n)
@@ -79,7 +87,7 @@ class TextClassificationData:
         return self.train_text_pairs is not None
 
     def joined_texts(self, split: str, sep: str = " | ") -> list[str]:
-        """The texts of ``split`` (``"train"`` or ``"test"``), each pair joined by ``sep`` (for one-input models)."""
+        """The texts of ``split`` (``"train"``/``"test"``), pairs joined by ``sep`` (for one-input models)."""
         if split not in ("train", "test"):
             raise ValueError(f"split={split!r}: expected 'train' or 'test'")
         texts = getattr(self, f"{split}_texts")
@@ -90,7 +98,8 @@ class TextClassificationData:
 
     def __repr__(self) -> str:
         return (
-            f"TextClassificationData(name={self.name!r}, train={len(self.train_texts)}, test={len(self.test_texts)}, "
+            f"TextClassificationData(name={self.name!r}, train={len(self.train_texts)}, "
+            f"test={len(self.test_texts)}, "
             f"classes={self.num_classes}, pairs={self.is_pair})"
         )
 

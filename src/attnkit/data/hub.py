@@ -53,8 +53,13 @@ HUB_SPECS: dict[str, HubSpec] = {
         "mrpc", "nyu-mll/glue", "mrpc", ("sentence1", "sentence2"), "label", ("not_equivalent", "equivalent")
     ),
     "snli": HubSpec(
-        "snli", "stanfordnlp/snli", None, ("premise", "hypothesis"), "label",
-        ("entailment", "neutral", "contradiction"), test_split="test",
+        "snli",
+        "stanfordnlp/snli",
+        None,
+        ("premise", "hypothesis"),
+        "label",
+        ("entailment", "neutral", "contradiction"),
+        test_split="test",
     ),
 }
 
@@ -64,7 +69,7 @@ def _truthy(name: str) -> bool:
 
 
 def hub_reachable(timeout: float = CONNECT_TIMEOUT_S) -> Optional[str]:
-    """``None`` when a TCP connection to the hub opens within ``timeout`` seconds, else the reason it did not."""
+    """``None`` when a TCP connection to the hub opens within ``timeout`` seconds, else why not."""
     if _truthy("HF_HUB_OFFLINE") or _truthy("HF_DATASETS_OFFLINE"):
         return "HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set"
     if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
@@ -106,7 +111,9 @@ def _to_data(spec: HubSpec, train: Any, test: Any) -> TextClassificationData:
             )
         labels = list(table[spec.label_column])
         keep = [i for i, y in enumerate(labels) if y is not None and y != -1]
-        bad = [labels[i] for i in keep if not isinstance(labels[i], int) or not 0 <= labels[i] < len(label_names)]
+        bad = [
+            labels[i] for i in keep if not isinstance(labels[i], int) or not 0 <= labels[i] < len(label_names)
+        ]
         if bad:
             raise ValueError(
                 f"{spec.name}: {split} label {bad[0]!r} is not an integer in [0, {len(label_names)}) "
@@ -143,18 +150,23 @@ def load_hub_source(spec: HubSpec, source: PathLike) -> TextClassificationData:
     (or ``<test split>.*``), each ``.jsonl``/``.json``/``.parquet``/``.csv``."""
     folder = Path(source).expanduser()
     if not folder.is_dir():
-        raise DatasetUnavailableError(f"{spec.name}: source {folder} is not a folder; pass a folder with train.* and test.* files")
+        raise DatasetUnavailableError(
+            f"{spec.name}: source {folder} is not a folder; pass a folder with train.* and test.* files"
+        )
     train = _split_file(folder, ("train",))
     test = _split_file(folder, ("test", spec.test_split))
     if train is None or test is None:
         raise DatasetUnavailableError(
-            f"{spec.name}: {folder} needs train.<ext> and test.<ext> (or {spec.test_split}.<ext>) with ext in "
+            f"{spec.name}: {folder} needs train.<ext> and test.<ext> (or {spec.test_split}.<ext>) "
+            "with ext in "
             f"{tuple(_EXTENSIONS)}; found {sorted(p.name for p in folder.iterdir())}"
         )
     if _EXTENSIONS[train.suffix] != _EXTENSIONS[test.suffix]:
         raise ValueError(f"{spec.name}: {train.name} and {test.name} must have the same format")
     datasets = _import_datasets()
-    with tempfile.TemporaryDirectory(prefix="attnkit-hf-") as scratch:  # nothing is written beside the user's files
+    with tempfile.TemporaryDirectory(
+        prefix="attnkit-hf-"
+    ) as scratch:  # nothing is written beside the user's files
         loaded = datasets.load_dataset(
             _EXTENSIONS[train.suffix],
             data_files={"train": str(train), "test": str(test)},
@@ -170,7 +182,8 @@ def _load_from_hub(spec: HubSpec) -> TextClassificationData:
         raise DatasetUnavailableError(
             f"{spec.name}: the Hugging Face hub dataset {spec.hub_id} cannot be downloaded here: {reason}. "
             f"Run `attnkit data fetch {spec.name}` where the hub is reachable and copy the attnkit cache "
-            f"($ATTNKIT_CACHE), or pass source=DIR (CLI: --source DIR) with train/test files in the hub's columns {list(spec.text_columns)} + "
+            f"($ATTNKIT_CACHE), or pass source=DIR (CLI: --source DIR) with train/test files in the hub's "
+            f"columns {list(spec.text_columns)} + "
             f"[{spec.label_column!r}]"
         )
     datasets = _import_datasets()
@@ -178,7 +191,9 @@ def _load_from_hub(spec: HubSpec) -> TextClassificationData:
         loaded = datasets.load_dataset(spec.path, spec.config)
     except Exception as exc:  # the hub's errors are many (HTTP, auth, missing config); report one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise DatasetUnavailableError(f"{spec.name}: datasets.load_dataset({spec.hub_id!r}) failed: {first}") from None
+        raise DatasetUnavailableError(
+            f"{spec.name}: datasets.load_dataset({spec.hub_id!r}) failed: {first}"
+        ) from None
     return _to_data(spec, loaded[spec.train_split], loaded[spec.test_split])
 
 
@@ -193,7 +208,7 @@ def _write_jsonl(path: Path, texts: list[str], pairs: Optional[list[str]], label
 
 
 def fetch_hub(spec: HubSpec, folder: Path, *, source: Optional[PathLike] = None) -> Path:
-    """Load from the hub (or local ``source`` files) and write ``train.jsonl``/``test.jsonl``/``labels.json``."""
+    """Load from the hub (or local ``source`` files); write train/test ``.jsonl`` and ``labels.json``."""
     data = load_hub_source(spec, source) if source is not None else _load_from_hub(spec)
     _write_jsonl(folder / "train.jsonl", data.train_texts, data.train_text_pairs, data.train_labels)
     _write_jsonl(folder / "test.jsonl", data.test_texts, data.test_text_pairs, data.test_labels)

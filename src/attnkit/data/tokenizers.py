@@ -18,9 +18,13 @@ __all__ = ["WordTokenizer", "CharTokenizer", "pad_batch"]
 _WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
 
-def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int, max_length: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad id lists into ``ids (B, L)`` and ``mask (B, L)`` (True = real), truncating at ``max_length``."""
-    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+def pad_batch(
+    sequences: Sequence[Sequence[int]], pad_id: int, max_length: Optional[int] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad id lists into ``ids (B, L)``, ``mask (B, L)`` (True = real); truncate at ``max_length``."""
+    if max_length is not None and (
+        isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
+    ):
         raise ValueError(f"max_length={max_length!r}: expected an integer >= 1 or None")
     if max_length is not None:
         sequences = [list(s)[:max_length] for s in sequences]
@@ -62,11 +66,16 @@ class WordTokenizer:
         self.pad_id, self.unk_id = 0, 1
 
     @classmethod
-    def fit(cls, texts: Iterable[str], max_vocab: Optional[int] = 20000, min_freq: int = 1,
-            lowercase: bool = True) -> "WordTokenizer":
-        """Vocabulary of the ``max_vocab`` most frequent words seen at least ``min_freq`` times (ties: first seen)."""
-        if max_vocab is not None and (isinstance(max_vocab, bool) or not isinstance(max_vocab, int) or max_vocab < 2):
-            raise ValueError(f"max_vocab={max_vocab!r}: expected an integer >= 2 (it counts <pad> and <unk>) or None")
+    def fit(
+        cls, texts: Iterable[str], max_vocab: Optional[int] = 20000, min_freq: int = 1, lowercase: bool = True
+    ) -> "WordTokenizer":
+        """The ``max_vocab`` most frequent words seen at least ``min_freq`` times (ties: first seen)."""
+        if max_vocab is not None and (
+            isinstance(max_vocab, bool) or not isinstance(max_vocab, int) or max_vocab < 2
+        ):
+            raise ValueError(
+                f"max_vocab={max_vocab!r}: expected an integer >= 2 (it counts <pad> and <unk>) or None"
+            )
         if isinstance(min_freq, bool) or not isinstance(min_freq, int) or min_freq < 1:
             raise ValueError(f"min_freq={min_freq!r}: expected an integer >= 1")
         counts: Counter = Counter()
@@ -94,12 +103,16 @@ class WordTokenizer:
     def encode_ids(self, text: str) -> list[int]:
         return [self.index.get(w, self.unk_id) for w in self.tokenize(text)]
 
-    def encode(self, texts: Sequence[str], max_length: Optional[int] = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(
+        self, texts: Sequence[str], max_length: Optional[int] = 256
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``ids (B, L)``, ``mask (B, L)`` True = real; ``L`` = longest text, at most ``max_length``."""
         return pad_batch([self.encode_ids(t) for t in _check_texts(texts)], self.pad_id, max_length)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return " ".join(self.vocab[i] for i in (ids.tolist() if torch.is_tensor(ids) else ids) if i != self.pad_id)
+        return " ".join(
+            self.vocab[i] for i in (ids.tolist() if torch.is_tensor(ids) else ids) if i != self.pad_id
+        )
 
     def to_dict(self) -> dict:
         return {"type": "word", "vocab": self.vocab, "lowercase": self.lowercase}
@@ -123,7 +136,9 @@ class CharTokenizer:
     def __init__(self, alphabet: Iterable[str] = MLU_ALPHABET) -> None:
         chars = list(dict.fromkeys(alphabet))
         if any(len(c) != 1 for c in chars):
-            raise ValueError(f"alphabet must be single characters, got {[c for c in chars if len(c) != 1][:3]}")
+            raise ValueError(
+                f"alphabet must be single characters, got {[c for c in chars if len(c) != 1][:3]}"
+            )
         self.chars = chars
         self.vocab = [*self.SPECIALS, *chars]
         self.index = {c: i + len(self.SPECIALS) for i, c in enumerate(chars)}
@@ -145,14 +160,19 @@ class CharTokenizer:
         ids = [self.index.get(c, self.unk_id) for c in text]
         return ([self.bos_id] if add_bos else []) + ids + ([self.eos_id] if add_eos else [])
 
-    def encode(self, texts: Sequence[str], max_length: Optional[int] = None, add_bos: bool = False,
-               add_eos: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(
+        self,
+        texts: Sequence[str],
+        max_length: Optional[int] = None,
+        add_bos: bool = False,
+        add_eos: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``ids (B, L)``, ``mask (B, L)`` True = real, with optional ``<bos>``/``<eos>`` around each text."""
         seqs = [self.encode_ids(t, add_bos, add_eos) for t in _check_texts(texts)]
         return pad_batch(seqs, self.pad_id, max_length)
 
     def decode(self, ids) -> list[str]:
-        """Strings of a batch ``(B, L)`` (or one sequence ``(L,)``): stop at ``<eos>``, skip ``<pad>``/``<bos>``."""
+        """Strings of a batch ``(B, L)`` or one sequence ``(L,)``: stop at ``<eos>``, skip pad/bos."""
         rows = ids.tolist() if torch.is_tensor(ids) else list(ids)
         single = bool(rows) and not isinstance(rows[0], (list, tuple))
         out = []

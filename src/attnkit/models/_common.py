@@ -19,7 +19,10 @@ def per_layer(value: PerLayer, num_layers: int, name: str) -> list:
     """One mechanism for every layer, or a list/tuple with exactly one per layer."""
     if isinstance(value, (list, tuple)):
         if len(value) != num_layers:
-            raise ValueError(f"{name} has {len(value)} entries for {num_layers} layers; give one per layer or a single value")
+            raise ValueError(
+                f"{name} has {len(value)} entries for {num_layers} layers; "
+                "give one per layer or a single value"
+            )
         return list(value)
     return [value] * num_layers
 
@@ -35,24 +38,36 @@ def check_positive_int(name: str, value) -> None:
 
 
 def check_ids_and_mask(
-    ids: Tensor, mask: Optional[Tensor], vocab_size: int, max_len: int, pad_id: int, ids_name: str, mask_name: str
+    ids: Tensor,
+    mask: Optional[Tensor],
+    vocab_size: int,
+    max_len: int,
+    pad_id: int,
+    ids_name: str,
+    mask_name: str,
 ) -> Tensor:
-    """Validate ``ids (B, L)`` and ``mask (B, L)`` (True = real); return the mask (``ids != pad_id`` if None)."""
+    """Validate ``ids (B, L)`` and ``mask (B, L)`` (True = real); return the mask (``ids != pad_id``)."""
     if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.dtype != torch.long:
         got = f"{tuple(ids.shape)} {ids.dtype}" if isinstance(ids, Tensor) else type(ids).__name__
         raise ValueError(f"{ids_name} is {got}; expected a LongTensor (B, L) of token ids")
     B, L = ids.shape
     if L > max_len:
-        raise ValueError(f"{ids_name} has length {L} > max_len={max_len}; truncate the input or build the model with max_len >= {L}")
+        raise ValueError(
+            f"{ids_name} has length {L} > max_len={max_len}; truncate the input or build the model "
+            f"with max_len >= {L}"
+        )
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         raise ValueError(
-            f"{ids_name} holds ids in [{int(ids.min())}, {int(ids.max())}] but the vocabulary has {vocab_size} entries"
+            f"{ids_name} holds ids in [{int(ids.min())}, {int(ids.max())}] but the vocabulary has "
+            f"{vocab_size} entries"
         )
     if mask is None:
         return ids != pad_id
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != (B, L):
         got = f"{tuple(mask.shape)} {mask.dtype}" if isinstance(mask, Tensor) else type(mask).__name__
-        raise ValueError(f"{mask_name} is {got}; expected a BoolTensor (B, L) = ({B}, {L}) with True = real token")
+        raise ValueError(
+            f"{mask_name} is {got}; expected a BoolTensor (B, L) = ({B}, {L}) with True = real token"
+        )
     return mask
 
 

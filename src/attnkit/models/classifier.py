@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..nn import SinusoidalPositionalEncoding, TransformerEncoder, TransformerEncoderLayer
 from ..config import resolve_mechanism
+from ..nn import SinusoidalPositionalEncoding, TransformerEncoder, TransformerEncoderLayer
 from ._common import PerLayer, TokenEmbedding, check_ids_and_mask, check_positive_int, label, per_layer
 
 __all__ = ["TransformerClassifier", "POOLINGS"]
@@ -55,8 +55,12 @@ class TransformerClassifier(nn.Module):
         norm_first: bool = True,
     ) -> None:
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("num_classes", num_classes), ("num_layers", num_layers),
-                            ("max_len", max_len)):
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("num_classes", num_classes),
+            ("num_layers", num_layers),
+            ("max_len", max_len),
+        ):
             check_positive_int(name, value)
         if pooling not in POOLINGS:
             raise ValueError(f"pooling={pooling!r}; expected one of {POOLINGS}")
@@ -67,8 +71,13 @@ class TransformerClassifier(nn.Module):
         self.embed = TokenEmbedding(vocab_size, d_model, pad_id)
         self.position = SinusoidalPositionalEncoding(d_model, max_len=max_len + 1, dropout=dropout)
         layer = TransformerEncoderLayer(
-            d_model, nhead, dim_feedforward=dim_feedforward, dropout=dropout, batch_first=True,
-            norm_first=norm_first, mechanism=mechanisms[0],
+            d_model,
+            nhead,
+            dim_feedforward=dim_feedforward,
+            dropout=dropout,
+            batch_first=True,
+            norm_first=norm_first,
+            mechanism=mechanisms[0],
         )
         self.encoder = TransformerEncoder(
             layer, num_layers, norm=nn.LayerNorm(d_model) if norm_first else None, mechanism=mechanisms
@@ -79,7 +88,7 @@ class TransformerClassifier(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Embeddings ``N(0, 1/d)``; encoder matrices Xavier-uniform (as ``nn.Transformer``); head Xavier, bias 0."""
+        """Embeddings ``N(0, 1/d)``; encoder matrices Xavier-uniform (as ``nn.Transformer``); head Xavier."""
         self.embed.reset_parameters()
         for p in self.encoder.parameters():
             if p.dim() > 1:
@@ -91,12 +100,22 @@ class TransformerClassifier(nn.Module):
 
     def extra_repr(self) -> str:
         names = ", ".join(label(m) for m in self.mechanisms)
-        return f"vocab_size={self.vocab_size}, num_classes={self.num_classes}, mechanism=[{names}], pooling={self.pooling}"
+        return (
+            f"vocab_size={self.vocab_size}, num_classes={self.num_classes}, mechanism=[{names}], "
+            f"pooling={self.pooling}"
+        )
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Encoder states ``(B, L', d_model)`` and their mask ``(B, L')`` (``L' = L + 1`` with ``"cls"``)."""
-        mask = check_ids_and_mask(input_ids, attention_mask, self.vocab_size, self.max_len, self.pad_id,
-                                  "input_ids", "attention_mask")
+        mask = check_ids_and_mask(
+            input_ids,
+            attention_mask,
+            self.vocab_size,
+            self.max_len,
+            self.pad_id,
+            "input_ids",
+            "attention_mask",
+        )
         x = self.embed(input_ids)  # (B, L, d_model)
         if self.cls is not None:
             B = x.shape[0]

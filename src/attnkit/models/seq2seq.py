@@ -54,23 +54,44 @@ class Seq2SeqTransformer(nn.Module):
         norm_first: bool = True,
     ) -> None:
         super().__init__()
-        for name, value in (("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size),
-                            ("num_encoder_layers", num_encoder_layers), ("num_decoder_layers", num_decoder_layers),
-                            ("max_len", max_len)):
+        for name, value in (
+            ("src_vocab_size", src_vocab_size),
+            ("tgt_vocab_size", tgt_vocab_size),
+            ("num_encoder_layers", num_encoder_layers),
+            ("num_decoder_layers", num_decoder_layers),
+            ("max_len", max_len),
+        ):
             check_positive_int(name, value)
-        enc = [resolve_mechanism(m) for m in per_layer(encoder_mechanism, num_encoder_layers, "encoder_mechanism")]
-        dec = [resolve_mechanism(m) for m in per_layer(decoder_mechanism, num_decoder_layers, "decoder_mechanism")]
-        cross = [resolve_mechanism(m) for m in per_layer(cross_mechanism, num_decoder_layers, "cross_mechanism")]
+        enc = [
+            resolve_mechanism(m)
+            for m in per_layer(encoder_mechanism, num_encoder_layers, "encoder_mechanism")
+        ]
+        dec = [
+            resolve_mechanism(m)
+            for m in per_layer(decoder_mechanism, num_decoder_layers, "decoder_mechanism")
+        ]
+        cross = [
+            resolve_mechanism(m) for m in per_layer(cross_mechanism, num_decoder_layers, "cross_mechanism")
+        ]
         self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         self.d_model, self.max_len, self.pad_id = d_model, max_len, pad_id
         self.mechanisms = {"encoder": enc, "decoder": dec, "cross": cross}
         self.src_embed = TokenEmbedding(src_vocab_size, d_model, pad_id)
         self.tgt_embed = TokenEmbedding(tgt_vocab_size, d_model, pad_id)
         self.transformer = Transformer(
-            d_model=d_model, nhead=nhead, num_encoder_layers=num_encoder_layers,
-            num_decoder_layers=num_decoder_layers, dim_feedforward=dim_feedforward, dropout=dropout,
-            batch_first=True, norm_first=norm_first, encoder_mechanism=enc, decoder_mechanism=dec,
-            cross_mechanism=cross, positional="sinusoidal", max_len=max_len,
+            d_model=d_model,
+            nhead=nhead,
+            num_encoder_layers=num_encoder_layers,
+            num_decoder_layers=num_decoder_layers,
+            dim_feedforward=dim_feedforward,
+            dropout=dropout,
+            batch_first=True,
+            norm_first=norm_first,
+            encoder_mechanism=enc,
+            decoder_mechanism=dec,
+            cross_mechanism=cross,
+            positional="sinusoidal",
+            max_len=max_len,
         )
         self.generator = nn.Linear(d_model, tgt_vocab_size)
         self.reset_parameters()
@@ -85,30 +106,45 @@ class Seq2SeqTransformer(nn.Module):
 
     def extra_repr(self) -> str:
         parts = {k: "[" + ", ".join(label(m) for m in v) + "]" for k, v in self.mechanisms.items()}
-        return (f"src_vocab_size={self.src_vocab_size}, tgt_vocab_size={self.tgt_vocab_size}, "
-                f"encoder={parts['encoder']}, decoder={parts['decoder']}, cross={parts['cross']}")
+        return (
+            f"src_vocab_size={self.src_vocab_size}, tgt_vocab_size={self.tgt_vocab_size}, "
+            f"encoder={parts['encoder']}, decoder={parts['decoder']}, cross={parts['cross']}"
+        )
 
     def encode(self, src_ids: Tensor, src_mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         """Memory ``(B, Ls, d_model)`` and the source mask ``(B, Ls)`` (True = real)."""
-        src_mask = check_ids_and_mask(src_ids, src_mask, self.src_vocab_size, self.max_len, self.pad_id,
-                                      "src_ids", "src_mask")
+        src_mask = check_ids_and_mask(
+            src_ids, src_mask, self.src_vocab_size, self.max_len, self.pad_id, "src_ids", "src_mask"
+        )
         memory = self.transformer.encode(self.src_embed(src_ids), src_key_padding_mask=~src_mask)
         return memory, src_mask
 
-    def decode(self, tgt_in_ids: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Optional[Tensor] = None) -> Tensor:
+    def decode(
+        self, tgt_in_ids: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Optional[Tensor] = None
+    ) -> Tensor:
         """Logits ``(B, Lt, V)`` of the next token at every target position (causal)."""
-        tgt_mask = check_ids_and_mask(tgt_in_ids, tgt_mask, self.tgt_vocab_size, self.max_len, self.pad_id,
-                                      "tgt_in_ids", "tgt_mask")
+        tgt_mask = check_ids_and_mask(
+            tgt_in_ids, tgt_mask, self.tgt_vocab_size, self.max_len, self.pad_id, "tgt_in_ids", "tgt_mask"
+        )
         if tgt_in_ids.shape[0] != memory.shape[0]:
-            raise ValueError(f"tgt_in_ids has batch {tgt_in_ids.shape[0]} but the source has {memory.shape[0]}")
+            raise ValueError(
+                f"tgt_in_ids has batch {tgt_in_ids.shape[0]} but the source has {memory.shape[0]}"
+            )
         h = self.transformer.decode(
-            self.tgt_embed(tgt_in_ids), memory, tgt_key_padding_mask=~tgt_mask,
-            memory_key_padding_mask=~src_mask, tgt_is_causal=True,
+            self.tgt_embed(tgt_in_ids),
+            memory,
+            tgt_key_padding_mask=~tgt_mask,
+            memory_key_padding_mask=~src_mask,
+            tgt_is_causal=True,
         )  # (B, Lt, d_model)
         return self.generator(h)  # (B, Lt, V)
 
     def forward(
-        self, src_ids: Tensor, src_mask: Optional[Tensor], tgt_in_ids: Tensor, tgt_mask: Optional[Tensor] = None
+        self,
+        src_ids: Tensor,
+        src_mask: Optional[Tensor],
+        tgt_in_ids: Tensor,
+        tgt_mask: Optional[Tensor] = None,
     ) -> Tensor:
         memory, src_mask = self.encode(src_ids, src_mask)
         return self.decode(tgt_in_ids, memory, src_mask, tgt_mask)
@@ -128,7 +164,10 @@ class Seq2SeqTransformer(nn.Module):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.tgt_vocab_size:
                 raise ValueError(f"{name}={value!r}; expected an id in [0, {self.tgt_vocab_size})")
         if max_len + 1 > self.max_len:
-            raise ValueError(f"max_len={max_len} needs {max_len + 1} target positions; the model has max_len={self.max_len}")
+            raise ValueError(
+                f"max_len={max_len} needs {max_len + 1} target positions; "
+                f"the model has max_len={self.max_len}"
+            )
         memory, src_mask = self.encode(src_ids, src_mask)
         B = src_ids.shape[0]
         ys = torch.full((B, 1), bos_id, dtype=torch.long, device=src_ids.device)  # (B, 1 + t)
