@@ -3,7 +3,8 @@
     attnkit compare                                   # quick preset, Reuters-R8, five mechanisms, 2 seeds
     attnkit compare --task mlu --preset paper         # Transformer vs CoDA Transformer on MLU
     attnkit compare --config run.yaml --max-steps 20  # file values, overridden by the command line
-    accelerate launch -m attnkit.cli compare ...      # many processes / GPUs, same code
+    accelerate launch --multi_gpu --num_processes 2 -m attnkit.cli compare ...   # many processes / GPUs
+    torchrun --nproc_per_node 2 -m attnkit.cli compare ...                           # the same, on CPUs too
 
 A thin layer over ``attnkit.runner.run_compare``.
 """

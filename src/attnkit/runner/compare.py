@@ -178,7 +178,12 @@ def run_compare(
     from .report import write_report
     from .tasks import get_task
 
-    accelerator = accelerator or Accelerator()
+    if accelerator is None:
+        import torch
+
+        # On a machine without a GPU, processes started by ``accelerate launch --multi_gpu`` or ``torchrun``
+        # train together on the CPU (gloo); Accelerate only forms that group when told to use the CPU.
+        accelerator = Accelerator(cpu=not torch.cuda.is_available())
     if config.threads is not None:
         import torch
 
