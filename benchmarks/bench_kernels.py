@@ -1,0 +1,11 @@
+"""Benchmark of the attention backends; the same code as ``attnkit bench`` (see ``--help``).
+
+    python benchmarks/bench_kernels.py --quick --out bench-results/kernels-quick.json
+"""
+
+import sys
+
+from attnkit.cli import main
+
+if __name__ == "__main__":
+    main(["bench", *sys.argv[1:]])

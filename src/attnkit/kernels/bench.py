@@ -1,0 +1,262 @@
+"""Benchmark of the attention backends against PyTorch's fused softmax (``attnkit bench``).
+
+For each sequence length ``L`` (``B=1, H=8, D=64``; float32 on CPU, bfloat16 on CUDA) and each
+mechanism x backend, the median time of the forward pass and of forward+backward, their ratio to
+``F.scaled_dot_product_attention`` softmax measured in the same process, and the peak memory of one
+forward+backward, measured in a fresh subprocess per configuration (CPU: peak RSS above the RSS after
+creating the inputs; CUDA: ``torch.cuda.max_memory_allocated``). The reference backend (materialized
+weights) is the in-house baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["BenchConfig", "run_bench", "format_table", "DEFAULT_LENGTHS", "QUICK_LENGTHS", "DEFAULT_MECHANISMS"]
+
+DEFAULT_LENGTHS = (256, 1024, 4096, 8192)
+QUICK_LENGTHS = (256, 1024)
+DEFAULT_MECHANISMS = ("softmax", "dnas", "hnas", "sinkhorn", "coda")
+BACKENDS = ("reference", "efficient")
+B, H, D = 1, 8, 64
+
+
+@dataclass
+class BenchConfig:
+    lengths: Sequence[int] = DEFAULT_LENGTHS
+    mechanisms: Sequence[str] = DEFAULT_MECHANISMS
+    backends: Sequence[str] = BACKENDS
+    repeats: int = 3
+    sinkhorn_iters: int = 3
+    memory: bool = True
+    max_reference_length: int = 2048
+    device: str = "cpu"
+    time_limit_s: float = 120.0  # per timed configuration: fewer repeats when one run is this slow
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        bad = [L for L in self.lengths if not isinstance(L, int) or L < 1]
+        if bad:
+            raise ValueError(f"lengths must be positive integers, got {bad}")
+        unknown = sorted(set(self.mechanisms) - set(DEFAULT_MECHANISMS))
+        if unknown:
+            raise ValueError(f"unknown mechanism(s) {unknown}; expected some of {DEFAULT_MECHANISMS}")
+        unknown = sorted(set(self.backends) - set(BACKENDS))
+        if unknown:
+            raise ValueError(f"unknown backend(s) {unknown}; expected some of {BACKENDS}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats={self.repeats}; expected >= 1")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device={self.device!r}; expected 'cpu' or 'cuda'")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but CUDA is not available; use --device cpu")
+
+
+def _dtype(device: str) -> torch.dtype:
+    return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def _inputs(L: int, device: str, seed: int = 0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return [
+        torch.randn(B, H, L, D, generator=g).to(device=device, dtype=_dtype(device)).requires_grad_()
+        for _ in range(3)
+    ]
+
+
+def _call(mechanism: str, backend: str, sinkhorn_iters: int) -> Callable:
+    """``f(q, k, v) -> out`` for one configuration; ``backend="sdpa"`` is PyTorch's fused softmax."""
+    if backend == "sdpa":
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v)
+    import attnkit as ak
+
+    mech = ak.Sinkhorn(iters=sinkhorn_iters) if mechanism == "sinkhorn" else mechanism
+    return lambda q, k, v: ak.attention(q, k, v, mech, backend=backend)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _median_time(fn: Callable[[], None], repeats: int, device: str, limit: float) -> float:
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        if sum(times) > limit:
+            break
+    return statistics.median(times)
+
+
+def _time_config(f: Callable, q, k, v, cfg: BenchConfig) -> tuple[float, float]:
+    def fwd() -> None:
+        with torch.no_grad():
+            f(q, k, v)
+
+    def fwd_bwd() -> None:
+        q.grad = k.grad = v.grad = None
+        f(q, k, v).float().sum().backward()
+
+    fwd()  # warm-up
+    t_fwd = _median_time(fwd, cfg.repeats, cfg.device, cfg.time_limit_s)
+    t_fb = _median_time(fwd_bwd, cfg.repeats, cfg.device, cfg.time_limit_s)
+    return t_fwd, t_fb
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def measure_peak(mechanism: str, backend: str, L: int, device: str, sinkhorn_iters: int) -> dict:
+    """Peak memory of one forward+backward in this process (call it in a fresh process)."""
+    import attnkit  # noqa: F401  (imported before the baseline for every backend alike)
+
+    q, k, v = _inputs(L, device)
+    f = _call(mechanism, backend, sinkhorn_iters)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        f(q, k, v).float().sum().backward()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        return {"peak_mb": peak / 2**20, "peak_extra_mb": (peak - base) / 2**20}
+    f(q[..., :8, :], k[..., :8, :], v[..., :8, :]).float().sum().backward()  # load kernels before the baseline
+    q.grad = k.grad = v.grad = None
+    reset = _reset_peak_rss()
+    base = _rss_mb()
+    f(q, k, v).float().sum().backward()
+    peak = _peak_rss_mb() if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"peak_mb": peak, "peak_extra_mb": max(0.0, peak - base)}
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's high-water mark of this process (Linux ``clear_refs`` 5); False if refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _peak_in_subprocess(mechanism: str, backend: str, L: int, cfg: BenchConfig) -> dict:
+    cmd = [
+        sys.executable, "-m", "attnkit.kernels.bench", "--peak",
+        mechanism, backend, str(L), cfg.device, str(cfg.sinkhorn_iters),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["killed"])[-1]
+        return {"peak_mb": None, "peak_extra_mb": None, "error": tail}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_bench(cfg: BenchConfig, log: Optional[Callable[[str], None]] = None) -> dict:
+    """Run the benchmark; returns ``{"meta": ..., "rows": [...]}`` (one row per length x mechanism x backend)."""
+    log = log or (lambda msg: None)
+    rows = []
+    for L in cfg.lengths:
+        q, k, v = _inputs(L, cfg.device)
+        sdpa = _call("softmax", "sdpa", cfg.sinkhorn_iters)
+        sdpa_fwd, sdpa_fb = _time_config(sdpa, q, k, v, cfg)
+        sdpa_mem = _peak_in_subprocess("softmax", "sdpa", L, cfg) if cfg.memory else {}
+        rows.append(_row(L, "softmax", "sdpa", sdpa_fwd, sdpa_fb, sdpa_fwd, sdpa_fb, sdpa_mem))
+        log(f"L={L} sdpa fwd {sdpa_fwd:.4f}s fwd+bwd {sdpa_fb:.4f}s")
+        for mechanism in cfg.mechanisms:
+            for backend in cfg.backends:
+                if backend == "reference" and L > cfg.max_reference_length:
+                    rows.append(_skipped(L, mechanism, backend, f"L > max_reference_length={cfg.max_reference_length}"))
+                    continue
+                f = _call(mechanism, backend, cfg.sinkhorn_iters)
+                t_fwd, t_fb = _time_config(f, q, k, v, cfg)
+                # SDPA again, right after: the ratio uses the mean of the two measurements (shared CPU)
+                s_fwd, s_fb = _time_config(sdpa, q, k, v, cfg)
+                ref_fwd, ref_fb = (sdpa_fwd + s_fwd) / 2, (sdpa_fb + s_fb) / 2
+                mem = _peak_in_subprocess(mechanism, backend, L, cfg) if cfg.memory else {}
+                row = _row(L, mechanism, backend, t_fwd, t_fb, ref_fwd, ref_fb, mem)
+                rows.append(row)
+                log(
+                    f"L={L} {mechanism}/{backend}: fwd x{row['fwd_ratio']:.2f} fwd+bwd x{row['fwd_bwd_ratio']:.2f}"
+                    + (f" peak {row['peak_extra_mb']:.0f} MiB" if row.get("peak_extra_mb") is not None else "")
+                )
+    meta = {
+        "B": B, "H": H, "D": D, "dtype": str(_dtype(cfg.device)).replace("torch.", ""),
+        "device": cfg.device, "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "repeats": cfg.repeats, "sinkhorn_iters": cfg.sinkhorn_iters,
+        "memory": "peak RSS above the inputs, fresh process per row" if cfg.device == "cpu"
+        else "torch.cuda.max_memory_allocated above the inputs",
+    }
+    return {"meta": meta, "rows": rows}
+
+
+def _row(L, mechanism, backend, t_fwd, t_fb, sdpa_fwd, sdpa_fb, mem) -> dict:
+    row = {
+        "L": L, "mechanism": mechanism, "backend": backend,
+        "fwd_s": t_fwd, "fwd_bwd_s": t_fb,
+        "fwd_ratio": t_fwd / sdpa_fwd, "fwd_bwd_ratio": t_fb / sdpa_fb,
+        "peak_mb": mem.get("peak_mb"), "peak_extra_mb": mem.get("peak_extra_mb"),
+    }
+    if "error" in mem:
+        row["memory_error"] = mem["error"]
+    return row
+
+
+def _skipped(L, mechanism, backend, reason) -> dict:
+    return {
+        "L": L, "mechanism": mechanism, "backend": backend, "fwd_s": None, "fwd_bwd_s": None,
+        "fwd_ratio": None, "fwd_bwd_ratio": None, "peak_mb": None, "peak_extra_mb": None, "skipped": reason,
+    }
+
+
+def format_table(result: dict) -> str:
+    """A plain-text table of the rows: times, ratios to SDPA softmax and peak memory (MiB)."""
+    head = f"{'L':>6} {'mechanism':<9} {'backend':<9} {'fwd s':>9} {'x sdpa':>7} {'f+b s':>9} {'x sdpa':>7} {'peak MiB':>9}"
+    lines = [head, "-" * len(head)]
+    fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
+    for r in result["rows"]:
+        lines.append(
+            f"{r['L']:>6} {r['mechanism']:<9} {r['backend']:<9} {fmt(r['fwd_s'], '9.4f')} "
+            f"{fmt(r['fwd_ratio'], '7.2f')} {fmt(r['fwd_bwd_s'], '9.4f')} {fmt(r['fwd_bwd_ratio'], '7.2f')} "
+            f"{fmt(r['peak_extra_mb'], '9.0f')}"
+        )
+    return "\n".join(lines)
+
+
+def write_json(result: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 7 and sys.argv[1] == "--peak":
+        _, _, mech, backend, length, device, iters = sys.argv
+        print(json.dumps(measure_peak(mech, backend, int(length), device, int(iters))))
+    else:
+        print("usage: python -m attnkit.kernels.bench --peak MECHANISM BACKEND L DEVICE SINKHORN_ITERS", file=sys.stderr)
+        sys.exit(2)
