@@ -108,7 +108,7 @@ def plot_hybrid_trajectories(
     T, n_layers, n_heads = u.shape
     cols = min(n_layers, 4)
     rows = int(np.ceil(n_layers / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.9 * rows), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(6.4, 3.6 * cols), 3.2 * rows), squeeze=False, sharey=True)
     cmap = plt.get_cmap("viridis")
     for layer in range(rows * cols):
         ax = axes[layer // cols][layer % cols]
