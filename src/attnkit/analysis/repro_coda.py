@@ -17,7 +17,7 @@ from .toy_models import train_coda
 __all__ = ["coda_matrices"]
 
 
-def _describe(values: np.ndarray) -> dict:
+def _describe(values: np.ndarray, is_gate: bool) -> dict:
     return {
         "mean": float(values.mean()),
         "median": float(np.median(values)),
@@ -25,7 +25,7 @@ def _describe(values: np.ndarray) -> dict:
         "p95": float(np.percentile(values, 95)),
         "frac |x| < 0.1": float((np.abs(values) < 0.1).mean()),
         "frac < 0": float((values < 0).mean()),
-        "frac gate saturated": float(((values < 0.1) | (values > 0.9)).mean()),
+        "frac gate saturated": float(((values < 0.1) | (values > 0.9)).mean()) if is_gate else float("nan"),
     }
 
 
@@ -36,7 +36,8 @@ def coda_matrices(result: ReproduceResult, quick: bool = False, seed: int = 0) -
     rows = []
     for stage, mats in (("init", run.before), ("trained", run.after)):
         for name, values in mats.items():
-            rows.append({"stage": stage, "matrix": name, "entries": int(values.size), **_describe(values)})
+            rows.append({"stage": stage, "matrix": name, "entries": int(values.size),
+                         **_describe(values, is_gate=name == gate_name)})
     result.add_file(write_csv(out / "coda_summary.csv", rows))
     rng = np.random.default_rng(seed)
     sample_rows = []
