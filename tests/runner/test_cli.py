@@ -68,6 +68,7 @@ def test_unknown_config_key_lists_the_valid_ones(tmp_path, data, capsys):
     assert "valid keys:" in err and "max_steps" in err and "mechanisms" in err
 
 
+@pytest.mark.slow
 def test_second_run_into_the_same_directory_is_refused(tmp_path, data, capsys):
     out = tmp_path / "out"
     main(["compare", "--task", str(data), *TINY, "--mechanisms", "softmax", "--max-steps", "2", "--out", str(out)])

@@ -119,6 +119,7 @@ def test_existing_run_dir_is_never_overwritten_silently(tmp_path):
     assert (out / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
     data = write_classification_file(tmp_path / "topics.json")
     task = get_task(str(data))

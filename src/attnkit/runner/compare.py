@@ -172,22 +172,27 @@ def run_compare(
     ``task`` replaces the task named by ``config.task`` (a ``runner.tasks`` task object);
     ``on_step(mechanism, seed, step)`` is called after every optimizer step.
     """
+    import torch
     from accelerate import Accelerator
 
+    if accelerator is None:
+        # On a machine without a GPU, processes started by ``accelerate launch --multi_gpu`` or ``torchrun``
+        # train together on the CPU (gloo); Accelerate only forms that group when told to use the CPU.
+        accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    threads_before = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    try:
+        return _run_compare(config, accelerator, task, on_step)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run_compare(config: CompareConfig, accelerator, task, on_step) -> CompareResult:
     from .progress import make_progress
     from .report import write_report
     from .tasks import get_task
 
-    if accelerator is None:
-        import torch
-
-        # On a machine without a GPU, processes started by ``accelerate launch --multi_gpu`` or ``torchrun``
-        # train together on the CPU (gloo); Accelerate only forms that group when told to use the CPU.
-        accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    if config.threads is not None:
-        import torch
-
-        torch.set_num_threads(config.threads)
     task = task or get_task(config.task)
     data = task.prepare(config)  # before touching the run directory: a missing dataset leaves nothing behind
     out = Path(config.out)

@@ -1,0 +1,63 @@
+"""Aggregation over seeds, step-time ratios, the batch order, and the results table formatting."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+
+from attnkit.runner.compare import aggregate
+from attnkit.runner.report import format_value
+from attnkit.runner.tasks import macro_f1
+from attnkit.runner.train import batch_indices
+
+
+def _run(mech, seed, acc, time_s, u=None, ea=1.0):
+    return {"mechanism": mech, "seed": seed, "metrics": {"accuracy": acc}, "step_time_s": time_s, "hybrid_u": u,
+            "explain_away": {"min": ea / 10, "min_normalized": ea, "fraction_below_eps": 0.0, "calls": 1}}
+
+
+def test_mean_std_over_seeds_and_time_relative_to_softmax():
+    runs = [_run("softmax", 0, 0.80, 0.10), _run("softmax", 1, 0.90, 0.30),
+            _run("hnas", 0, 0.70, 0.40, [[0.2, 0.4]], ea=2.0), _run("hnas", 1, 0.75, 0.40, [[0.4, 0.6]], ea=1.5)]
+    soft, hnas = aggregate(runs, ("softmax", "hnas"))
+    assert soft["accuracy_mean"] == pytest.approx(0.85)
+    assert soft["accuracy_std"] == pytest.approx(statistics.stdev([0.8, 0.9]))
+    assert soft["step_time_rel"] == pytest.approx(1.0)
+    assert hnas["step_time_rel"] == pytest.approx(0.40 / 0.20)
+    assert hnas["hybrid_u"] == [pytest.approx([0.3, 0.5])]
+    assert hnas["hybrid_u_mean"] == pytest.approx(0.4)
+    assert hnas["explain_away_min_normalized"] == 1.5 and soft["hybrid_u"] is None
+
+
+def test_first_mechanism_is_the_baseline_without_softmax():
+    records = aggregate([_run("dnas", 0, 0.5, 0.2), _run("coda", 0, 0.6, 0.1)], ("dnas", "coda"))
+    assert [r["step_time_baseline"] for r in records] == ["dnas", "dnas"]
+    assert records[1]["step_time_rel"] == pytest.approx(0.5)
+    assert records[0]["accuracy_std"] is None  # one seed: no spread to report
+
+
+def test_batch_order_is_a_permutation_per_epoch_and_depends_on_the_seed():
+    n, b = 20, 6  # 3 full batches per epoch, 2 examples dropped
+    epoch = torch.cat([batch_indices(s, n, b, seed=0) for s in range(3)])
+    assert len(set(epoch.tolist())) == 18
+    assert torch.equal(batch_indices(4, n, b, seed=0), batch_indices(4, n, b, seed=0))
+    assert not torch.equal(batch_indices(0, n, b, seed=0), batch_indices(0, n, b, seed=1))
+    assert not torch.equal(batch_indices(0, n, b, seed=0), batch_indices(3, n, b, seed=0))  # a new epoch reshuffles
+
+
+def test_batch_larger_than_the_training_set_is_rejected():
+    with pytest.raises(ValueError, match="batch_size=64 is larger than the training set \\(10 examples\\)"):
+        batch_indices(0, 10, 64, seed=0)
+
+
+def test_macro_f1_known_answer():
+    # class 0: tp=1 fp=1 fn=1 -> F1 0.5; class 1: tp=1 fp=1 fn=1 -> 0.5; class 2: tp=1 -> 1.0
+    assert macro_f1([0, 0, 1, 1, 2], [0, 1, 1, 0, 2]) == pytest.approx((0.5 + 0.5 + 1.0) / 3)
+
+
+def test_format_value_shows_std_only_with_several_seeds():
+    assert format_value(0.843, 0.012, 100.0) == "84.3 ± 1.2"
+    assert format_value(0.761, None, 100.0) == "76.1"
+    assert format_value(None) == "-"
