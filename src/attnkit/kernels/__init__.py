@@ -4,8 +4,8 @@
 ``prefers_efficient`` decides for ``backend="auto"``. Per mechanism:
 
 - softmax: ``F.scaled_dot_product_attention`` (fused) when the masks allow it, else the block kernel;
-- dnas / hnas / sinkhorn: ``potentials.potential_attention`` (block sweeps with recomputation), or
-  FlexAttention on CUDA (``flex``);
+- dnas / hnas / sinkhorn: ``potentials.potential_attention`` (block sweeps with recomputation; plain
+  tensor operations, so the same code runs on CPU and CUDA);
 - coda: ``coda.coda_attention`` (query blocks, ``torch.cdist(p=1)``, recomputation).
 
 The (Lq, Lk) weights are never materialized; use ``backend="reference"`` to get them.
@@ -75,11 +75,6 @@ def efficient_attention(
             f"dropout_p={dropout_p} with causal=True and another mask is not supported by backend='efficient'; "
             "use backend='reference'"
         )
-    if q.is_cuda:
-        from . import flex
-
-        if flex.available(q):
-            return flex.flex_attention_potentials(q, k, v, masks, scale=scale, iters=iters, u=u)
     return potential_attention(q, k, v, masks, scale=scale, iters=iters, u=u if isinstance(config, Hybrid) else None)
 
 

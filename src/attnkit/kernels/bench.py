@@ -17,7 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -44,7 +44,6 @@ class BenchConfig:
     max_reference_length: int = 2048
     device: str = "cpu"
     time_limit_s: float = 120.0  # per timed configuration: fewer repeats when one run is this slow
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         bad = [L for L in self.lengths if not isinstance(L, int) or L < 1]

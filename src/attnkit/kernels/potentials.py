@@ -211,8 +211,7 @@ def _backward_group(sw: _Sweeps, v: Tensor, iters: int, a_list, b_list, mains, d
     dv = torch.zeros_like(v)
     deltas = [(dO * o).sum(dim=-1, keepdim=True) for dO, o, _, _ in mains]  # (b, h, Lq, 1)
     if iters > 0:
-        k_ = iters
-        r_col = torch.exp(a_list[k_ - 1] - a_list[k_])  # (b, h, Lq, 1), <= Lk: column/row ratio
+        r_col = torch.exp(a_list[iters - 1] - a_list[iters])  # (b, h, Lq, 1), <= Lk: column/row ratio
     g_a = None  # gradient of the row potential a^{t-1}, accumulated across key blocks
     for j0, j1 in sw.ranges():
         s, _ = sw.scores(j0, j1)  # (b, h, Lq, C)
