@@ -57,8 +57,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             explain_away_samples=64, threads=1,
         ),
         "paper": dict(
-            mechanisms=("softmax", "coda"), seeds=1, steps=6000, batch_size=64, lr=1e-3, warmup_steps=300,
-            eval_every=1000, checkpoint_every=500, max_train=None, max_eval=1000, max_len=32, max_target_len=12,
+            mechanisms=("softmax", "coda"), seeds=1, steps=3000, batch_size=64, lr=1e-3, warmup_steps=200,
+            eval_every=500, checkpoint_every=500, max_train=None, max_eval=1000, max_len=32, max_target_len=12,
             vocab_size=64, d_model=128, nhead=4, num_layers=2, dim_feedforward=256, dropout=0.0,
             explain_away_samples=128,
         ),

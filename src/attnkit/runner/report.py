@@ -18,17 +18,6 @@ from .config import CompareConfig
 
 __all__ = ["write_report", "write_results_json", "write_results_csv", "format_value", "table_rows", "render_html"]
 
-FALLBACK_COLORS = {"softmax": "#1f77b4", "dnas": "#d62728", "hnas": "#9467bd", "sinkhorn": "#2ca02c", "coda": "#ff7f0e"}
-
-
-def _colors() -> dict:
-    try:
-        from ..analysis.plots import MECHANISM_COLORS
-    except ImportError:
-        return FALLBACK_COLORS
-    return {**FALLBACK_COLORS, **MECHANISM_COLORS}
-
-
 def format_value(mean: Optional[float], std: Optional[float] = None, scale: float = 1.0, digits: int = 1) -> str:
     """``"84.3 +- 0.5"`` (``std`` omitted when there is one seed), ``"-"`` when missing."""
     if mean is None:
@@ -106,7 +95,8 @@ def plot_learning_curves(path: Path, runs: list[dict], mechanisms: tuple[str, ..
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = _colors()
+    from ..analysis.plots import MECHANISM_COLORS as colors
+
     fig, (ax_loss, ax_metric) = plt.subplots(1, 2, figsize=(10, 3.8))
     for mech in mechanisms:
         group = [r for r in runs if r["mechanism"] == mech]
@@ -129,34 +119,13 @@ def plot_hybrid(path: Path, runs: list[dict]) -> bool:
     run = next((r for r in runs if r["mechanism"] == "hnas" and r["history"] and r["history"][0]["hybrid_u"]), None)
     if run is None:
         return False
-    import torch
+    import numpy as np
+
+    from ..analysis.plots import plot_hybrid_trajectories
 
     steps = [h["step"] for h in run["history"]]
-    u = torch.tensor([h["hybrid_u"] for h in run["history"]])  # (T, layers, heads)
-    try:
-        from ..analysis.plots import plot_hybrid_trajectories
-    except ImportError:
-        plot_hybrid_trajectories = None
-    if plot_hybrid_trajectories is not None:
-        plot_hybrid_trajectories(steps, u, path)
-        return True
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    T, layers, heads = u.shape
-    fig, axes = plt.subplots(1, layers, figsize=(4 * layers, 3.2), squeeze=False)
-    for layer in range(layers):
-        ax = axes[0, layer]
-        for head in range(heads):
-            ax.plot(steps, u[:, layer, head].tolist(), label=f"head {head}")
-        ax.set(xlabel="step", ylabel="u (share of DNAS)", title=f"hnas layer {layer} (seed {run['seed']})", ylim=(0, 1))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    u = np.array([h["hybrid_u"] for h in run["history"]])  # (T, layers, heads)
+    plot_hybrid_trajectories(steps, u, path, title=f"hnas: hybrid weight u per layer and head (seed {run['seed']})")
     return True
 
 
