@@ -111,3 +111,10 @@ def test_collector_uses_attn_mask_padding():
     for record in log.records:
         assert record.stats.valid_keys[0, 0].tolist() == [True, True, True, False]
     assert log.records[1].stats.min_normalized >= 1 - 1e-12  # the padded key does not count as explained away
+
+
+def test_signed_coda_weights_give_no_nan():
+    w = _weights([[0.5, -0.7], [0.1, -0.2]])  # CoDA's M is signed: key 1 sums to -0.9
+    stats = explain_away(w)
+    assert not torch.isnan(stats.log_sums).any()
+    assert stats.log_sums[0, 0, 1] == -math.inf and stats.min == pytest.approx(-0.9)

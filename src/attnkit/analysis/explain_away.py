@@ -25,7 +25,7 @@ class ExplainAway:
     """Per-key weight sums and their summary.
 
     ``key_sums (B, H, Lk)``: ``sum_i pi_ij`` over valid queries (0 for invalid keys);
-    ``log_sums (B, H, Lk)``: their natural log (``-inf`` for invalid keys or zero sums);
+    ``log_sums (B, H, Lk)``: their natural log (``-inf`` for invalid keys and sums <= 0, e.g. CoDA's signed M);
     ``valid_keys (B, H, Lk)``: which keys count; ``min``: smallest sum over valid keys;
     ``min_normalized``: smallest ``n_k * sum_i pi_ij`` (Lemma 1 says >= 1 for DNAS);
     ``fraction_below_eps``: share of valid keys with a sum below ``eps``.
@@ -86,7 +86,7 @@ def explain_away(
     if valid is not None:
         valid_keys = valid_keys & valid.any(dim=-2).expand(B, H, Lk)  # (B, H, Lk): some query may attend
     key_sums = key_sums.masked_fill(~valid_keys, 0.0)
-    log_sums = torch.log(key_sums).masked_fill(~valid_keys, float("-inf"))
+    log_sums = torch.log(key_sums.clamp_min(0.0)).masked_fill(~valid_keys, float("-inf"))  # CoDA sums can be < 0
     n_k = valid_keys.sum(dim=-1, keepdim=True).clamp_min(1)  # (B, H, 1)
     if valid_keys.any():
         sums = key_sums[valid_keys]
