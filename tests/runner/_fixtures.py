@@ -39,3 +39,15 @@ def tiny_overrides(path: Path, out: Path, **extra) -> dict:
                   explain_away_samples=16, lr=1e-2, warmup_steps=1, out=str(out), progress="none")
     values.update(extra)
     return values
+
+
+def write_seq2seq_jsonl(path: Path, n_train: int = 64, n_test: int = 16, seed: int = 0) -> Path:
+    """Reverse a short digit string (a .jsonl dataset file: a kind line, then one example per line)."""
+    rng = random.Random(seed)
+    lines = [json.dumps({"kind": "seq2seq"})]
+    for split, n in (("train", n_train), ("test", n_test)):
+        for _ in range(n):
+            s = "".join(rng.choices("0123456789", k=rng.randrange(2, 6)))
+            lines.append(json.dumps({"split": split, "source": s, "target": s[::-1]}))
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -152,3 +152,20 @@ def test_resume_rejects_changed_settings(tmp_path):
     _run(tmp_path, mechanisms="softmax", max_steps=2)
     with pytest.raises(ValueError, match="lr: saved 0.01, given 0.5"):
         _run(tmp_path, mechanisms="softmax", max_steps=2, resume=True, lr=0.5)
+
+
+def test_seq2seq_file_task_reports_sequence_accuracy(tmp_path):
+    from tests.runner._fixtures import write_seq2seq_jsonl
+
+    data = write_seq2seq_jsonl(tmp_path / "reverse.jsonl")
+    config = build_config(tiny_overrides(data, tmp_path / "out", mechanisms="softmax,dnas", steps=4, eval_every=2,
+                                         max_target_len=6))
+    assert config.mechanisms == ("softmax", "dnas")
+    result = run_compare(config)
+    assert result.task.kind == "seq2seq"
+    assert result.task.mechanisms_for("dnas") == {"encoder_mechanism": "dnas", "decoder_mechanism": "softmax",
+                                                  "cross_mechanism": "softmax"}
+    for record in result.records:
+        assert 0.0 <= record["sequence_accuracy_mean"] <= 1.0
+    sample = result.runs[0]["samples"][0]
+    assert sample["target"] == sample["source"][::-1]
