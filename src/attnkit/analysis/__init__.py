@@ -4,7 +4,8 @@
 - :func:`collect_explain_away`: the same statistics from every ``ak.attention`` call of a forward pass.
 - :func:`center_distance_lnas`, :func:`center_distance_dnas`, :func:`simulate_self_attention`,
   :func:`count_clusters`: mode collapse (draft eqs. 11-14, later version Appendix E).
-- :func:`reproduce`: the ``attnkit reproduce NAME`` targets; plotting helpers in ``attnkit.analysis.plots``.
+- ``attnkit.analysis.reproduce.reproduce(name)``: the ``attnkit reproduce NAME`` targets; plotting helpers
+  in ``attnkit.analysis.plots`` (matplotlib, the ``plot`` extra).
 """
 
 from .collect import ExplainAwayLog, ExplainAwayRecord, collect_explain_away
@@ -31,14 +32,4 @@ __all__ = [
     "simulate_self_attention",
     "two_clusters",
     "count_clusters",
-    "reproduce",
-    "TARGETS",
 ]
-
-
-def __getattr__(name):  # the reproduction targets import the toy models and plots only when used
-    if name in ("reproduce", "TARGETS"):
-        from . import reproduce as _reproduce
-
-        return getattr(_reproduce, name)
-    raise AttributeError(f"module 'attnkit.analysis' has no attribute {name!r}")
