@@ -5,7 +5,10 @@ paper sec. 4 converts BERT/ALBERT/RoBERTa). ``finetune`` loads an encoder, conve
 ``attnkit.hf.convert`` (softmax included, so every mechanism runs through the same code), trains on a
 text-classification dataset of the catalog (``attnkit.data.load_dataset``) and reports test accuracy, macro-F1
 and the mean time per training step. It runs in one process or under ``accelerate launch`` (the ``Trainer``
-shards the batches; only the main process writes).
+shards the batches; only the main process writes). Several CPU processes: accelerate starts them through
+torchrun only with ``--multi_gpu``, which without a GPU runs on the CPU (gloo):
+
+    accelerate launch --multi_gpu --num_processes 2 -m attnkit.cli finetune --mechanism hnas --out runs/hnas
 
 Outputs in ``out``: ``model.safetensors`` + ``config.json`` (restorable with ``attnkit.hf.load``), the tokenizer,
 and ``metrics.json``.
