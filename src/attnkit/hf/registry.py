@@ -1,5 +1,9 @@
 """attnkit as a Hugging Face transformers attention implementation (DESIGN.md sections 2 and 6).
 
+Mechanisms: softmax (seed eq. 1/3), doubly-normalized DNAS (draft eqs. 6-8), hybrid HNAS (draft sec. 6,
+``u * pi^D + (1 - u) * pi^L`` with ``u = sigmoid(theta)`` per head), Sinkhorn (later version sec. 3.2) and
+CoDA (compositional-de-attention eqs. 1-10), all through ``attnkit.attention``.
+
 transformers dispatches attention through two registries, both keyed by ``config._attn_implementation``:
 
 - ``AttentionInterface``: ``fn(module, query, key, value, attention_mask, scaling=, dropout=, **kwargs)``
