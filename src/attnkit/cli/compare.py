@@ -96,7 +96,7 @@ def _print_summary(result) -> None:
 
     from attnkit.runner.report import table_rows
 
-    header, rows = table_rows(result.records, result.task.metric_names)
+    header, rows = table_rows(result.records, result.task.metric_names, detail=False)
     table = Table(title=f"attnkit compare: {result.config.task} ({result.config.preset})")
     for h in header:
         table.add_column(h)

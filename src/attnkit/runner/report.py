@@ -28,20 +28,28 @@ def format_value(mean: Optional[float], std: Optional[float] = None, scale: floa
     return text
 
 
-def table_rows(records: list[dict], metric_names: tuple[str, ...]) -> tuple[list[str], list[list[str]]]:
-    """The human-readable results table: a header and one row per mechanism."""
+def table_rows(
+    records: list[dict], metric_names: tuple[str, ...], detail: bool = True
+) -> tuple[list[str], list[list[str]]]:
+    """The human-readable results table: a header and one row per mechanism.
+
+    ``detail``: list the final hybrid ``u`` of every layer and head, not only their mean.
+    """
     header = ["mechanism", "seeds", *[f"{m} (%)" for m in metric_names], "step time (× baseline)",
               "explain-away min n_k·Σπ", "final hybrid u (mean)"]
     rows = []
     for r in records:
-        u = "-" if r["hybrid_u"] is None else (
-            f"{r['hybrid_u_mean']:.3f}  [" + "; ".join(", ".join(f"{x:.2f}" for x in row) for row in r["hybrid_u"]) + "]"
-        )
+        u = "-" if r["hybrid_u"] is None else f"{r['hybrid_u_mean']:.3f}"
+        if detail and r["hybrid_u"] is not None:
+            u += "  [" + "; ".join(", ".join(f"{x:.2f}" for x in row) for row in r["hybrid_u"]) + "]"
+        explain = format_value(r["explain_away_min_normalized"], None, 1.0, 3)
+        if r["mechanism"] == "coda" and r["explain_away_min_normalized"] is not None:
+            explain += " (not normalized)"
         rows.append([
             r["mechanism"], str(r["n_seeds"]),
             *[format_value(r.get(f"{m}_mean"), r.get(f"{m}_std"), 100.0) for m in metric_names],
             format_value(r["step_time_rel"], None, 1.0, 2) + (" (baseline)" if r["mechanism"] == r["step_time_baseline"] else ""),
-            format_value(r["explain_away_min_normalized"], None, 1.0, 3),
+            explain,
             u,
         ])
     return header, rows
