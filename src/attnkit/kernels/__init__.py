@@ -4,7 +4,8 @@
 ``prefers_efficient`` decides for ``backend="auto"``. Per mechanism:
 
 - softmax: ``F.scaled_dot_product_attention`` (fused) when the masks allow it, else the block kernel;
-- dnas / hnas / sinkhorn: ``potentials.potential_attention`` (block sweeps with recomputation; plain
+- dnas / hnas with padding masks on the CPU: ``fused_dnas.fused_dnas_attention`` (fused attention passes);
+- dnas / hnas / sinkhorn otherwise: ``potentials.potential_attention`` (block sweeps with recomputation; plain
   tensor operations, so the same code runs on CPU and CUDA);
 - coda: ``coda.coda_attention`` (query blocks, ``torch.cdist(p=1)``, recomputation).
 
@@ -23,6 +24,7 @@ from ..config import CoDA, Hybrid, MechanismConfig, Sinkhorn
 from ..masks import MaskInfo
 from ._blocks import BlockMasks
 from .coda import coda_attention
+from .fused_dnas import fused_available, fused_dnas_attention
 from .potentials import potential_attention
 
 __all__ = ["efficient_attention", "prefers_efficient", "MIN_PAIRS"]
@@ -75,7 +77,12 @@ def efficient_attention(
             f"dropout_p={dropout_p} with causal=True and another mask is not supported by backend='efficient'; "
             "use backend='reference'"
         )
-    return potential_attention(q, k, v, masks, scale=scale, iters=iters, u=u if isinstance(config, Hybrid) else None)
+    hybrid_u = u if isinstance(config, Hybrid) else None
+    if iters == 1 and mask.attn_mask is None and not mask.causal and fused_available(q, v):
+        return fused_dnas_attention(
+            q, k, v, key_mask=mask.key_mask, query_mask=mask.query_mask, scale=scale, u=hybrid_u
+        )
+    return potential_attention(q, k, v, masks, scale=scale, iters=iters, u=hybrid_u)
 
 
 def _sdpa_ok(masks: BlockMasks, dropout_p: float) -> bool:
