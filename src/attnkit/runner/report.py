@@ -65,7 +65,7 @@ def write_results_json(path: Path, config: CompareConfig, task, records: list[di
         "runs": runs,
         "notes": {
             "step_time_rel": "mean time per optimizer step (evaluation excluded) / the baseline mechanism's",
-            "explain_away_min_normalized": "min over attention layers, eval samples and seeds of n_k * min_j sum_i pi_ij "
+            "explain_away_min_normalized": "min over non-causal attention layers, eval samples and seeds of n_k * min_j sum_i pi_ij "
                                            "(Lemma 1: >= 1 for DNAS); explain_away_min_raw is min_j sum_i pi_ij",
             "hybrid_u": "final u = sigmoid(theta) per layer (rows) and head (columns), mean over seeds",
         },
@@ -182,9 +182,9 @@ def render_html(config: CompareConfig, task, records: list[dict], runs: list[dic
         f"{runs[0]['eval_examples'] if runs else 0} evaluation examples.</p>",
         "<h2>Results</h2>",
         _html_table(header, rows, "results"),
-        "<p><b>step time</b>: mean time per optimizer step, evaluation excluded, relative to "
+        "<p><b>step time</b>: mean time per optimizer step, evaluation excluded (noisy on a shared CPU), relative to "
         f"<code>{html.escape(records[0]['step_time_baseline'] if records else '')}</code>. "
-        "<b>explain-away min</b>: the smallest <code>n_k · min_j Σ_i π_ij</code> over attention layers, evaluation "
+        "<b>explain-away min</b>: the smallest <code>n_k · min_j Σ_i π_ij</code> over the non-causal attention layers, evaluation "
         "samples and seeds (Lemma 1: ≥ 1 for DNAS; near 0 means some key is explained away; CoDA's quasi-attention "
         "is not normalized, so its value is not a weight share). <b>hybrid u</b>: final share of DNAS per layer "
         "(rows, separated by ;) and head.</p>",
