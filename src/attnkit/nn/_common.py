@@ -16,11 +16,11 @@ import math
 from typing import Optional
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..config import Hybrid, MechanismConfig, MechanismLike, resolve_mechanism
 
-__all__ = ["resolve_module_mechanism", "logit", "mechanism_label", "canonical_mask", "to_additive", "append_columns"]
+__all__ = ["HybridWeightMixin", "resolve_module_mechanism", "logit", "mechanism_label", "canonical_mask", "to_additive", "append_columns"]
 
 
 def resolve_module_mechanism(mechanism: MechanismLike, u0: Optional[float]) -> MechanismConfig:
@@ -100,3 +100,40 @@ def append_columns(mask: Optional[Tensor], n: int) -> Optional[Tensor]:
         return None
     extra = torch.zeros(*mask.shape[:-1], n, dtype=mask.dtype, device=mask.device)
     return torch.cat([mask, extra], dim=-1)
+
+
+class HybridWeightMixin:
+    """The per-head hybrid weight of an attention module: ``theta (H,)`` for hnas (else ``None``), ``u = sigmoid(theta)``.
+
+    The module sets ``self.config`` and calls ``_init_hybrid_weight`` in ``__init__`` and ``_reset_hybrid_weight``
+    in ``reset_parameters``.
+    """
+
+    config: MechanismConfig
+
+    def _init_hybrid_weight(self, num_heads: int, **factory) -> None:
+        if isinstance(self.config, Hybrid):
+            self.theta = nn.Parameter(torch.empty(num_heads, **factory))
+        else:
+            self.register_parameter("theta", None)
+
+    def _reset_hybrid_weight(self) -> None:
+        if self.theta is not None:
+            with torch.no_grad():
+                self.theta.fill_(logit(self.config.u0))
+
+    @property
+    def mechanism(self) -> str:
+        """The mechanism's name (``"softmax"``, ``"dnas"``, ``"hnas"``, ``"sinkhorn"``, ``"coda"``)."""
+        return self.config.name
+
+    @property
+    def u(self) -> Tensor:
+        """The hybrid weights ``sigmoid(theta)``, shape ``(H,)``, detached (for plots and logs)."""
+        if self.theta is None:
+            raise ValueError(f"u exists only for mechanism 'hnas'; this module uses {self.config.name!r}")
+        return torch.sigmoid(self.theta.detach())
+
+    def _hybrid_weight(self) -> Optional[Tensor]:
+        """``sigmoid(theta)`` with its gradient, or ``None`` when the mechanism is not hnas."""
+        return torch.sigmoid(self.theta) if self.theta is not None else None

@@ -24,14 +24,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import Hybrid, MechanismLike
+from ..config import MechanismLike
 from ..functional import BACKENDS, attention
-from ._common import append_columns, canonical_mask, logit, mechanism_label, resolve_module_mechanism, to_additive
+from ._common import (
+    HybridWeightMixin,
+    append_columns,
+    canonical_mask,
+    mechanism_label,
+    resolve_module_mechanism,
+    to_additive,
+)
 
 __all__ = ["MultiheadAttention"]
 
 
-class MultiheadAttention(nn.Module):
+class MultiheadAttention(HybridWeightMixin, nn.Module):
     r"""Multi-head attention with ``mechanism`` in ``softmax | dnas | hnas | sinkhorn | coda``.
 
     With ``mechanism="softmax"`` it computes what ``torch.nn.MultiheadAttention`` computes (same
@@ -130,23 +137,8 @@ class MultiheadAttention(nn.Module):
             self.bias_v = nn.Parameter(torch.empty(1, 1, embed_dim, **factory))
         else:
             self.bias_k = self.bias_v = None
-        if isinstance(self.config, Hybrid):
-            self.theta = nn.Parameter(torch.empty(num_heads, **factory))
-        else:
-            self.register_parameter("theta", None)
+        self._init_hybrid_weight(num_heads, **factory)
         self.reset_parameters()
-
-    @property
-    def mechanism(self) -> str:
-        """The mechanism's name (``"softmax"``, ``"dnas"``, ``"hnas"``, ``"sinkhorn"``, ``"coda"``)."""
-        return self.config.name
-
-    @property
-    def u(self) -> Tensor:
-        """The hybrid weights ``sigmoid(theta)``, shape ``(H,)``, detached (for plots and logs)."""
-        if self.theta is None:
-            raise ValueError(f"u exists only for mechanism 'hnas'; this module uses {self.config.name!r}")
-        return torch.sigmoid(self.theta.detach())
 
     def reset_parameters(self) -> None:
         """torch's initialisation: Xavier-uniform input projections, zero biases, Xavier-normal ``bias_k/v``;
@@ -164,9 +156,7 @@ class MultiheadAttention(nn.Module):
         if self.bias_k is not None:
             nn.init.xavier_normal_(self.bias_k)
             nn.init.xavier_normal_(self.bias_v)
-        if self.theta is not None:
-            with torch.no_grad():
-                self.theta.fill_(logit(self.config.u0))
+        self._reset_hybrid_weight()
 
     def extra_repr(self) -> str:
         parts = [f"embed_dim={self.embed_dim}", f"num_heads={self.num_heads}", f"mechanism={mechanism_label(self.config)}"]
@@ -248,7 +238,7 @@ class MultiheadAttention(nn.Module):
             attn_mask=valid_or_bias,
             causal=bool(is_causal),
             dropout_p=self.dropout if self.training else 0.0,
-            hybrid_weight=torch.sigmoid(self.theta) if self.theta is not None else None,
+            hybrid_weight=self._hybrid_weight(),
             return_weights=need_weights,
             backend=self.backend,
         )

@@ -33,14 +33,14 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from ..config import Hybrid, MechanismLike
+from ..config import MechanismLike
 from ..functional import BACKENDS, attention
-from ._common import canonical_mask, logit, mechanism_label, resolve_module_mechanism
+from ._common import HybridWeightMixin, canonical_mask, mechanism_label, resolve_module_mechanism
 
 __all__ = ["MultiViewAttention"]
 
 
-class MultiViewAttention(nn.Module):
+class MultiViewAttention(HybridWeightMixin, nn.Module):
     r"""Fuse a primary view with ``num_views`` secondary views by attention (Appendix B, later version).
 
     Args:
@@ -100,22 +100,8 @@ class MultiViewAttention(nn.Module):
         n_key = 1 if share_key_proj else num_views
         self.k_projs = nn.ModuleList(nn.Linear(embed_dim, attn_dim, bias=bias, **factory) for _ in range(n_key))
         self.norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps, **factory)
-        if isinstance(self.config, Hybrid):
-            self.theta = nn.Parameter(torch.empty(num_heads, **factory))
-        else:
-            self.register_parameter("theta", None)
+        self._init_hybrid_weight(num_heads, **factory)
         self.reset_parameters()
-
-    @property
-    def mechanism(self) -> str:
-        return self.config.name
-
-    @property
-    def u(self) -> Tensor:
-        """The hybrid weights ``sigmoid(theta)``, shape ``(H,)``, detached (for plots and logs)."""
-        if self.theta is None:
-            raise ValueError(f"u exists only for mechanism 'hnas'; this module uses {self.config.name!r}")
-        return torch.sigmoid(self.theta.detach())
 
     def reset_parameters(self) -> None:
         for linear in [self.q_proj, *self.k_projs]:
@@ -123,9 +109,7 @@ class MultiViewAttention(nn.Module):
             if linear.bias is not None:
                 nn.init.zeros_(linear.bias)
         self.norm.reset_parameters()
-        if self.theta is not None:
-            with torch.no_grad():
-                self.theta.fill_(logit(self.config.u0))
+        self._reset_hybrid_weight()
 
     def extra_repr(self) -> str:
         return (
@@ -146,7 +130,7 @@ class MultiViewAttention(nn.Module):
         query_mask = None if query_padding_mask is None else ~masks[0]
         H, Dq, Dv = self.num_heads, self.attn_dim // self.num_heads, E // self.num_heads
         q = self.q_proj(primary).view(B, Lp, H, Dq).transpose(1, 2)  # (B, H, Lp, d'/H)
-        u = torch.sigmoid(self.theta) if self.theta is not None else None
+        u = self._hybrid_weight()
         total = primary  # y^p = x^p
         weights = []
         for s, x in enumerate(secondary):
