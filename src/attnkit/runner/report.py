@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import csv
 import html
-import io
 import json
 from pathlib import Path
 from typing import Optional
