@@ -87,6 +87,14 @@ def _query_mask(valid: Tensor, Lq: int) -> Tensor:
     return key_valid[:, -Lq:]  # (B, Lq)
 
 
+def _as_key_mask(valid: Optional[Tensor]) -> Optional[Tensor]:
+    """``(B, Lk)`` when the boolean mask ``(B, 1, Lq, Lk)`` is pure key padding (every row the same), else ``None``."""
+    if valid is None or valid.dim() != 4 or valid.shape[1] != 1:
+        return None
+    key_mask = valid[:, 0].any(dim=-2)  # (B, Lk)
+    return key_mask if torch.equal(valid, key_mask[:, None, None, :].expand_as(valid)) else None
+
+
 def attention_forward(
     module: nn.Module,
     query: Tensor,
@@ -121,9 +129,13 @@ def attention_forward(
     query_mask = None
     if config.query_normalized and valid is not None and getattr(module, _SELF_ATTR, False):
         query_mask = _query_mask(valid, Lq)
+    key_mask = _as_key_mask(valid)
+    if key_mask is not None:
+        valid = None  # the same pairs, in the factored form that the fused kernels take
     u = torch.sigmoid(getattr(module, _THETA_ATTR)) if isinstance(config, Hybrid) else None
     out = attention(
         query, key, value, config,
+        key_mask=key_mask,
         query_mask=query_mask,
         attn_mask=valid if valid is not None else bias,
         # causality is inside the mask of our mask interface; a missing mask on a causal module is a plain causal call
