@@ -64,7 +64,10 @@ class _DNAS(torch.autograd.Function):
         bias = -c[:, :, None, :]  # (B, H, 1, Lk)
         if key_bias is not None:
             bias = bias + key_bias
-        out, r = _attend(q, k, v, bias.contiguous(), scale)  # (B, H, Lq, D), (B, H, Lq)
+        # contiguous: given a strided mask (c comes back as a transposed view), the kernel's backward
+        # copies it out to the full (B, H, Lq, Lk) shape
+        bias = bias.contiguous()
+        out, r = _attend(q, k, v, bias, scale)  # (B, H, Lq, D), (B, H, Lq)
         ctx.save_for_backward(q, k, v, out, r, c, A, bias, query_bias, query_valid, key_valid)
         ctx.scale = scale
         return out
