@@ -80,22 +80,30 @@ class _DNAS(torch.autograd.Function):
         dout = dout.contiguous()
         dq, dk, dv = backward(dout, q, k, v, out, r, 0.0, False, attn_mask=bias, scale=scale)
         D = q.shape[-1]
+        # Temporaries of size (B, H, L, D) are freed as soon as they are used and the corrections are
+        # added in place, so that the peak stays a few such tensors above the gradients themselves.
         delta = (dout * out).sum(-1)  # (B, H, Lq)
         # sum_i P_ij delta_i as a pass over the transposed problem with the query bias -r_i
         t_bias = -r[:, :, None, :]  # (B, H, 1, Lq)
         if query_bias is not None:
             t_bias = t_bias + query_bias
-        weighted, lse_t = _attend(k, q, delta[..., None].expand(-1, -1, -1, D).contiguous(), t_bias.contiguous(), scale)
+        values = delta[..., None].expand(-1, -1, -1, D).contiguous()  # the kernel wants D-wide values
+        weighted, lse_t = _attend(k, q, values, t_bias.contiguous(), scale)
+        del values
         column_delta = torch.exp(lse_t - c) * weighted[..., 0]  # (B, H, Lk)
+        del weighted
         g = column_delta - (v * dv).sum(-1)  # dL/dc_j, (B, H, Lk)
         if key_valid is not None:
             g = g * key_valid  # padded keys have P_ij = 0: no gradient through their c_j
-        through_c, _ = _attend(q, k, g[..., None] * k, bias, scale)  # sum_j P_ij g_j k_j, (B, H, Lq, D)
-        dq_c = (scale * torch.exp(r))[..., None] * through_c  # (B, H, Lq, D)
+        gk = g[..., None] * k  # (B, H, Lk, D)
+        through_c, _ = _attend(q, k, gk, bias, scale)  # sum_j P_ij g_j k_j, (B, H, Lq, D)
+        del gk
+        row_scale = scale * torch.exp(r)  # (B, H, Lq)
         if query_valid is not None:
-            dq_c = dq_c * query_valid[..., None]  # padded queries are not part of c
-        dq = dq + dq_c
-        dk = dk + scale * g[..., None] * A
+            row_scale = row_scale * query_valid  # padded queries are not part of c
+        dq.addcmul_(row_scale[..., None], through_c)
+        del through_c
+        dk.addcmul_(g[..., None], A, value=scale)
         return dq, dk, dv, None, None, None, None, None
 
 
