@@ -4,8 +4,9 @@ For each sequence length ``L`` (``B=1, H=8, D=64``; float32 on CPU, bfloat16 on 
 mechanism x backend, the median time of the forward pass and of forward+backward, their ratio to
 ``F.scaled_dot_product_attention`` softmax measured in the same process, and the peak memory of one
 forward+backward, measured in a fresh subprocess per configuration (CPU: peak RSS above the RSS after
-creating the inputs, with a fixed glibc mmap threshold so that freed blocks leave the RSS; CUDA: ``torch.cuda.max_memory_allocated``). The reference backend (materialized
-weights) is the in-house baseline.
+creating the inputs, with a fixed glibc mmap threshold so that freed blocks leave the RSS; CUDA:
+``torch.cuda.max_memory_allocated``). The reference backend (materialized weights) is the in-house
+baseline.
 """
 
 from __future__ import annotations
