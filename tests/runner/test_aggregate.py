@@ -61,3 +61,43 @@ def test_format_value_shows_std_only_with_several_seeds():
     assert format_value(0.843, 0.012, 100.0) == "84.3 ± 1.2"
     assert format_value(0.761, None, 100.0) == "76.1"
     assert format_value(None) == "-"
+
+
+def _record(mechanism: str, u=None) -> dict:
+    return {
+        "mechanism": mechanism, "n_seeds": 2, "accuracy_mean": 0.93, "accuracy_std": 0.007,
+        "macro_f1_mean": 0.689, "macro_f1_std": 0.013, "step_time_rel": 1.41, "step_time_baseline": "softmax",
+        "explain_away_min_normalized": -182.7 if mechanism == "coda" else 3.046,
+        "hybrid_u": u, "hybrid_u_mean": None if u is None else 0.485,
+    }
+
+
+def test_terminal_table_fits_80_columns_and_its_legend_explains_the_short_headers():
+    from rich.console import Console
+    from rich.table import Table
+
+    from attnkit.runner.report import table_legend, table_rows
+
+    records = [_record("softmax"), _record("hnas", [[0.5, 0.47], [0.49, 0.48]]), _record("sinkhorn"), _record("coda")]
+    header, rows = table_rows(records, ("accuracy", "macro_f1"), detail=False)
+    table = Table()
+    for h in header:
+        table.add_column(h, no_wrap=h != "mechanism")
+    for row in rows:
+        table.add_row(*row)
+    console = Console(width=80, record=True)
+    console.print(table)
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert not any("…" in line for line in lines)  # nothing cut off
+    legend = table_legend(records)
+    assert "softmax's" in legend and "Lemma 1" in legend and "CoDA" in legend
+    assert rows[3][5].endswith("*")
+
+
+def test_report_table_lists_every_hybrid_weight():
+    from attnkit.runner.report import table_rows
+
+    header, rows = table_rows([_record("hnas", [[0.5, 0.47], [0.49, 0.48]])], ("accuracy",), detail=True)
+    assert header[-1] == "final hybrid u (mean)"
+    assert rows[0][-1] == "0.485  [0.50, 0.47; 0.49, 0.48]"

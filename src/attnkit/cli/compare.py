@@ -94,12 +94,13 @@ def _print_summary(result) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from attnkit.runner.report import table_rows
+    from attnkit.runner.report import table_legend, table_rows
 
     header, rows = table_rows(result.records, result.task.metric_names, detail=False)
-    table = Table(title=f"attnkit compare: {result.config.task} ({result.config.preset})")
+    table = Table(title=f"attnkit compare: {result.config.task} ({result.config.preset})",
+                  caption=table_legend(result.records), caption_justify="left")
     for h in header:
-        table.add_column(h)
+        table.add_column(h, justify="left" if h == "mechanism" else "right", no_wrap=h != "mechanism")
     for row in rows:
         table.add_row(*row)
     console = Console()

@@ -15,7 +15,8 @@ from typing import Optional
 
 from .config import CompareConfig
 
-__all__ = ["write_report", "write_results_json", "write_results_csv", "format_value", "table_rows", "render_html"]
+__all__ = ["write_report", "write_results_json", "write_results_csv", "format_value", "table_rows", "table_legend",
+           "render_html"]
 
 def format_value(mean: Optional[float], std: Optional[float] = None, scale: float = 1.0, digits: int = 1) -> str:
     """``"84.3 +- 0.5"`` (``std`` omitted when there is one seed), ``"-"`` when missing."""
@@ -32,10 +33,15 @@ def table_rows(
 ) -> tuple[list[str], list[list[str]]]:
     """The human-readable results table: a header and one row per mechanism.
 
-    ``detail``: list the final hybrid ``u`` of every layer and head, not only their mean.
+    ``detail=True`` (the HTML report): long column names, and the final hybrid ``u`` of every layer and
+    head besides their mean. ``detail=False`` (the terminal): short column names that fit 80 columns,
+    explained by ``table_legend``.
     """
-    header = ["mechanism", "seeds", *[f"{m} (%)" for m in metric_names], "step time (× baseline)",
-              "explain-away min n_k·Σπ", "final hybrid u (mean)"]
+    if detail:
+        header = ["mechanism", "seeds", *[f"{m} (%)" for m in metric_names], "step time (× baseline)",
+                  "explain-away min n_k·Σπ", "final hybrid u (mean)"]
+    else:
+        header = ["mechanism", "seeds", *[f"{m} %" for m in metric_names], "step ×", "min n_k·Σπ", "u"]
     rows = []
     for r in records:
         u = "-" if r["hybrid_u"] is None else f"{r['hybrid_u_mean']:.3f}"
@@ -43,15 +49,31 @@ def table_rows(
             u += "  [" + "; ".join(", ".join(f"{x:.2f}" for x in row) for row in r["hybrid_u"]) + "]"
         explain = format_value(r["explain_away_min_normalized"], None, 1.0, 3)
         if r["mechanism"] == "coda" and r["explain_away_min_normalized"] is not None:
-            explain += " (not normalized)"
+            explain += " (not normalized)" if detail else "*"
+        step = format_value(r["step_time_rel"], None, 1.0, 2)
+        if detail and r["mechanism"] == r["step_time_baseline"]:
+            step += " (baseline)"
         rows.append([
             r["mechanism"], str(r["n_seeds"]),
             *[format_value(r.get(f"{m}_mean"), r.get(f"{m}_std"), 100.0) for m in metric_names],
-            format_value(r["step_time_rel"], None, 1.0, 2) + (" (baseline)" if r["mechanism"] == r["step_time_baseline"] else ""),
+            step,
             explain,
             u,
         ])
     return header, rows
+
+
+def table_legend(records: list[dict]) -> str:
+    """What the short columns of ``table_rows(..., detail=False)`` mean."""
+    baseline = records[0]["step_time_baseline"] if records else "the baseline"
+    lines = [
+        f"step ×: time per optimizer step / {baseline}'s;  "
+        "min n_k·Σπ: explain-away statistic, min_j of n_k·Σ_i π_ij (Lemma 1: ≥ 1 for DNAS);  "
+        "u: final hybrid weight, mean over layers and heads",
+    ]
+    if any(r["mechanism"] == "coda" and r["explain_away_min_normalized"] is not None for r in records):
+        lines.append("*: CoDA weights are not normalized (they lie in [-1, 1]); the statistic is not comparable")
+    return "\n".join(lines)
 
 
 def write_results_json(path: Path, config: CompareConfig, task, records: list[dict], runs: list[dict]) -> None:
