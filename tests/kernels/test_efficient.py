@@ -243,3 +243,21 @@ def test_coda_block_memory_path_matches_reference_with_blocks():
     eff = coda_attention(q, k, v, BlockMasks.from_info(mask, 10, 7), config, scale=0.5, block=3)
     ref = ak.attention(q, k, v, config, key_mask=key, scale=0.5, backend="reference")
     torch.testing.assert_close(eff, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_auto_sends_coda_to_the_efficient_path_only_for_large_batches():
+    # CoDA's efficient path recomputes the L1 distance; it pays from B * H * Lq * Lk >= 2**24 pairs
+    from attnkit.kernels import CODA_MIN_TOTAL_PAIRS
+
+    coda, dnas = ak.resolve_mechanism("coda"), ak.resolve_mechanism("dnas")
+
+    def shapes(b, h, length):
+        q = torch.empty(b, h, length, 8)
+        return (q, q, q), build_mask(b, h, length, length, device=q.device)
+
+    (qkv, mask) = shapes(1, 8, 1024)  # 8.4M pairs
+    assert 8 * 1024 * 1024 < CODA_MIN_TOTAL_PAIRS
+    assert not prefers_efficient(*qkv, coda, mask)
+    assert prefers_efficient(*qkv, dnas, mask)
+    (qkv, mask) = shapes(2, 8, 1024)  # 16.8M pairs
+    assert prefers_efficient(*qkv, coda, mask)
