@@ -93,6 +93,7 @@ def measure(B: int = 2, H: int = 4, L: int = 128, D: int = 32, seed: int = 0) ->
                     row[f"{label}_err"] = ((a - b) * real).abs().max().item()
                     row[f"{label}_err_rounded_inputs"] = ((a - c) * real).abs().max().item()
                     row[f"{label}_max"] = (b * real).abs().max().item()
+                    row[f"{label}_mae"] = ((a - b) * real).abs().sum().item() / (real.sum().item() * H * D)
                 rows.append(row)
     return rows
 
@@ -114,6 +115,34 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def flex_rule(rows: list[dict]) -> list[dict]:
+    """PyTorch's rule for FlexAttention: the efficient backend's mean abs error vs float64 is at most
+    10x (float32) / 1.1x (bfloat16) the reference backend's at the same precision. One row per
+    (mechanism, dtype): the ratio for out, dq, dk, dv and whether all four are within the factor."""
+    factors = {"float32": 10.0, "bfloat16": 1.1}
+    by_key = {(r["mechanism"], r["dtype"], r["backend"]): r for r in rows}
+    checks = []
+    for (name, dtype, backend), eff in by_key.items():
+        ref = by_key.get((name, dtype, "reference"))
+        if backend != "efficient" or ref is None:
+            continue
+        ratios = {c: eff[f"{c}_mae"] / max(ref[f"{c}_mae"], 1e-30) for c in ("out", "dq", "dk", "dv")}
+        ok = all(eff[f"{c}_mae"] <= factors[dtype] * ref[f"{c}_mae"] + 1e-12 for c in ratios)
+        checks.append({"mechanism": name, "dtype": dtype, "factor": factors[dtype], **ratios, "holds": ok})
+    return checks
+
+
+def _rule_table(checks: list[dict]) -> str:
+    header = f"{'mechanism':<26} {'dtype':<9} {'factor':>6} " + " ".join(f"{c:>6}" for c in ("out", "dq", "dk", "dv"))
+    lines = [header + "  holds", "-" * (len(header) + 7)]
+    for c in checks:
+        lines.append(
+            f"{c['mechanism']:<26} {c['dtype']:<9} {c['factor']:>6} "
+            + " ".join(f"{c[x]:6.2f}" for x in ("out", "dq", "dk", "dv")) + ("  yes" if c["holds"] else "  NO")
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench-results/precision.json", help="JSON file to write")
@@ -130,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = measure(args.batch, args.heads, args.length, args.head_dim, args.seed)
     print(f"max abs error vs float64 (B={args.batch}, H={args.heads}, L={args.length}, D={args.head_dim}, padded)")
     print(_table(rows))
+    checks = flex_rule(rows)
+    if checks:
+        print("\nmean abs error, efficient / reference (FlexAttention rule: <= 10 float32, <= 1.1 bfloat16)")
+        print(_rule_table(checks))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -139,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": platform.machine(),
         "backends": available_backends(),
         "rows": rows,
+        "flex_rule": checks,
     }
     out.write_text(json.dumps(payload, indent=2))
     print(f"wrote {out}")

@@ -96,10 +96,10 @@ def test_error_at_most_a_multiple_of_the_reference_error(dtype, factor):
     ref = ak.attention(q, k, v, "dnas", key_mask=km, query_mask=qm, backend="reference")
     fused = fused_dnas_attention(q, k, v, key_mask=km, query_mask=qm, scale=32**-0.5)
 
-    def rmse(x):
-        return (x.double() - exact).pow(2).mean().sqrt().item()
+    def mean_abs_error(x):  # the measure of PyTorch's FlexAttention tests
+        return (x.double() - exact).abs().mean().item()
 
-    assert rmse(fused) <= factor * rmse(ref) + 1e-7
+    assert mean_abs_error(fused) <= factor * mean_abs_error(ref) + 1e-7
 
 
 def test_efficient_backend_dispatches_padding_masks_to_the_fused_path(monkeypatch):
