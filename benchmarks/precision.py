@@ -151,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     args = parser.parse_args(argv)
+    if Path(args.out).exists() and not args.overwrite:
+        parser.error(f"{args.out} exists; pass --overwrite to replace it or pick another --out")
     for name in ("batch", "heads", "length", "head_dim"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
