@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -100,7 +101,10 @@ def test_classification_metrics_known_answer():
     assert m["macro_f1"] == pytest.approx((0.5 + 0.8 + 0.0) / 3)
 
 
-def test_finetune_writes_metrics_and_model(tiny_bert, fixture_dataset, tmp_path, capsys):
+def test_finetune_writes_metrics_and_model(tiny_bert, fixture_dataset, tmp_path, capsys, monkeypatch):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     out = tmp_path / "run"
     main(["finetune", "--model", str(tiny_bert), "--mechanism", "hnas", "--dataset", str(fixture_dataset),
           "--max-steps", "3", "--batch-size", "4", "--lr", "1e-2", "--max-length", "16", "--out", str(out)])
@@ -114,6 +118,7 @@ def test_finetune_writes_metrics_and_model(tiny_bert, fixture_dataset, tmp_path,
     u = akhf.hybrid_weights(loaded)
     assert torch.equal(u, torch.tensor(metrics["hybrid_weights"]))
     assert not torch.allclose(u, torch.full_like(u, 0.5))  # theta was trained (lr 1e-2, 3 steps)
+    assert list(scratch.iterdir()) == []  # the trainer's scratch directory is removed
 
 
 def test_finetune_refuses_a_non_empty_out(tiny_bert, fixture_dataset, tmp_path, capsys):
