@@ -1,4 +1,5 @@
-"""The fused CPU path for DNAS/HNAS (kernels/fused_dnas.py) against the float64 reference."""
+"""PyTorch's fused CPU attention op for DNAS/HNAS (kernels/fused_dnas.py), the path used where the C++ kernels
+cannot be built, against the float64 reference."""
 
 from __future__ import annotations
 
@@ -102,7 +103,8 @@ def test_error_at_most_a_multiple_of_the_reference_error(dtype, factor):
     assert mean_abs_error(fused) <= factor * mean_abs_error(ref) + 1e-7
 
 
-def test_efficient_backend_dispatches_padding_masks_to_the_fused_path(monkeypatch):
+def test_without_the_cpp_kernels_padding_masks_go_to_the_fused_op(monkeypatch):
+    monkeypatch.setattr("attnkit.kernels.fused_cpu_available", lambda q: False)
     calls = []
     real = fused_dnas.fused_dnas_attention
 

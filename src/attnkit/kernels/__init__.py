@@ -4,9 +4,12 @@
 ``prefers_efficient`` decides for ``backend="auto"``. Per mechanism:
 
 - softmax: ``F.scaled_dot_product_attention`` (fused) when the masks allow it, else the block kernel;
-- dnas / hnas with padding masks on the CPU: ``fused_dnas.fused_dnas_attention`` (fused attention passes);
-- dnas / hnas / sinkhorn otherwise: ``potentials.potential_attention`` (block sweeps with recomputation; plain
-  tensor operations, so the same code runs on CPU and CUDA);
+- dnas / hnas / sinkhorn on the CPU, with or without padding masks: ``fused_cpu.fused_cpu_attention``, the C++
+  kernels of ``csrc/potentials_cpu.cpp`` (built on first use; see ``cpu_ext``);
+- where those cannot be built: dnas / hnas with padding masks through PyTorch's fused CPU attention op
+  (``fused_dnas.fused_dnas_attention``);
+- dnas / hnas / sinkhorn otherwise (``attn_mask``, CUDA): ``potentials.potential_attention`` (block sweeps with
+  recomputation; plain tensor operations, so the same code runs on CPU and CUDA);
 - coda: ``coda.coda_attention`` (query blocks, ``torch.cdist(p=1)``, recomputation).
 
 The (Lq, Lk) weights are never materialized; use ``backend="reference"`` to get them.
@@ -23,6 +26,7 @@ from ..config import CoDA, Hybrid, MechanismConfig, Sinkhorn
 from ..masks import MaskInfo
 from ._blocks import BlockMasks
 from .coda import coda_attention
+from .fused_cpu import fused_cpu_attention, fused_cpu_available
 from .fused_dnas import fused_available, fused_dnas_attention
 from .potentials import potential_attention
 
@@ -83,7 +87,12 @@ def efficient_attention(
             "use backend='reference'"
         )
     hybrid_u = u if isinstance(config, Hybrid) else None
-    if iters == 1 and mask.attn_mask is None and not mask.causal and fused_available(q, v):
+    padding_only = mask.attn_mask is None and not mask.causal
+    if padding_only and fused_cpu_available(q):
+        return fused_cpu_attention(
+            q, k, v, key_mask=mask.key_mask, query_mask=mask.query_mask, scale=scale, iters=iters, u=hybrid_u
+        )
+    if iters == 1 and padding_only and fused_available(q, v):
         return fused_dnas_attention(
             q, k, v, key_mask=mask.key_mask, query_mask=mask.query_mask, scale=scale, u=hybrid_u
         )

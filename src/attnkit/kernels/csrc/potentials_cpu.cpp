@@ -1,0 +1,666 @@
+// DNAS, HNAS and Sinkhorn attention on the CPU in O(L) extra memory, forward and exact backward.
+//
+// "Attention that does not explain away", sections 3.1-3.2 and 5; doubly-normalized attention draft,
+// eqs. (6)-(8) and section 6; DESIGN.md section 2. With scores s_ij = scale * q_i . k_j, a^0 = 0 and
+// k >= 1 rounds of log-domain potentials
+//
+//     b^t_j = -LSE_i (s_ij + a^{t-1}_i)        (column step, over valid queries)
+//     a^t_i = -LSE_j (s_ij + b^t_j)            (row step, over valid keys)
+//     out_i = sum_j exp(s_ij + b^k_j + a^k_i) v_j
+//
+// k = 1 is DNAS, k > 1 Sinkhorn; with `softmax_too` the same sweeps also return the softmax output
+// (the other half of HNAS). Padding masks are handled by compaction: each (batch, head) gathers its
+// valid queries and keys into dense buffers, so the kernel proper never meets an invalid pair.
+//
+// Layout of the work. The keys are visited in strips of `kBc` columns; a strip holds every valid query,
+// so its column log-sum-exp is complete within the strip. Each strip is built in row chunks of `kBq`
+// (one small GEMM per chunk), and every elementwise step of a chunk runs while it is in cache:
+//
+// forward, round t:  chunk: X = s + a^{t-1}; per-chunk column max m_c and sums of exp(X - m_c)
+//                    strip: merge the chunks -> b^t_j
+//                    chunk: w = exp(X - m_c) * exp(m_c - M) / z  (column-normalized, in [0, 1]);
+//                           l_i += sum_j w_ij; last round: acc_i += w_i V
+//                    a^t_i = a^{t-1}_i - log(l_i), out_i = acc_i / l_i  (rows whose l underflowed are
+//                    recomputed with a running maximum)
+// backward:          chunk: P = exp(s + b^k + a^k), dP = dO V^T, dV += P^T dO, dS = P (dP - delta),
+//                           g_j += sum_i dS_ij  (gradient of b^k_j, complete after the strip)
+//                    chunk: dS -= Q_col g (Q_col: column-normalized weights of the last column step),
+//                           dQ += dS K, dK += dS^T Q, gradient of a^{k-1} -= Q_col g
+//                    earlier rounds: the same with dS = -Q_row * grad(a^t)
+//
+// The extra memory is two strips of (Lq, kBc) per thread and O(L) vectors per (batch, head).
+// Parallel over (batch, head).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+extern "C" {
+void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
+            const float*, const int*, const float*, float*, const int*);
+void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*, const double*,
+            const int*, const double*, const int*, const double*, double*, const int*);
+}
+
+namespace {
+
+constexpr int64_t kBc = 64;   // keys per strip
+constexpr int64_t kBq = 128;  // queries per chunk
+
+// ---------------------------------------------------------------------------------------------------
+// BLAS and vector helpers
+
+void blas(char ta, char tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+          float beta, float* c, int ldc) {
+  sgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
+}
+void blas(char ta, char tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b,
+          int ldb, double beta, double* c, int ldc) {
+  dgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
+}
+
+// Row-major C (M x N) = alpha * op(A) op(B) + beta * C, where op(A) is M x K and op(B) is K x N.
+// (Column-major BLAS computes C^T = op(B)^T op(A)^T on the same memory.)
+template <typename T>
+void mm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+        int64_t ldb, T beta, T* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
+    return;
+  }
+  blas(transB ? 'T' : 'N', transA ? 'T' : 'N', (int)N, (int)M, (int)K, alpha, B, (int)ldb, A, (int)lda, beta, C,
+       (int)ldc);
+}
+
+// x[j] = exp(x[j] + shift[j] + c) for j < n (shift may be null).
+inline void exp_shift(float* x, const float* shift, float c, int64_t n) {
+  using V = at::vec::Vectorized<float>;
+  const V vc(c);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    V y = V::loadu(x + j) + vc;
+    if (shift) y = y + V::loadu(shift + j);
+    y.exp_u20().store(x + j);
+  }
+  for (; j < n; ++j) x[j] = std::exp(x[j] + (shift ? shift[j] : 0.f) + c);
+}
+inline void exp_shift(double* x, const double* shift, double c, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) x[j] = std::exp(x[j] + (shift ? shift[j] : 0.0) + c);
+}
+
+template <typename T>
+inline T dot(const T* a, const T* b, int64_t n) {
+  T s = 0;
+  for (int64_t j = 0; j < n; ++j) s += a[j] * b[j];
+  return s;
+}
+template <>
+inline float dot<float>(const float* a, const float* b, int64_t n) {
+  using V = at::vec::Vectorized<float>;
+  V acc(0.f);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) acc = at::vec::fmadd(V::loadu(a + j), V::loadu(b + j), acc);
+  float s = at::vec::vec_reduce_all<float>([](V& x, V& y) { return x + y; }, acc);
+  for (; j < n; ++j) s += a[j] * b[j];
+  return s;
+}
+
+template <typename T>
+inline T sum(const T* a, int64_t n) {
+  T s = 0;
+  for (int64_t j = 0; j < n; ++j) s += a[j];
+  return s;
+}
+template <>
+inline float sum<float>(const float* a, int64_t n) {
+  using V = at::vec::Vectorized<float>;
+  V acc(0.f);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) acc = acc + V::loadu(a + j);
+  float s = at::vec::vec_reduce_all<float>([](V& x, V& y) { return x + y; }, acc);
+  for (; j < n; ++j) s += a[j];
+  return s;
+}
+
+template <typename T>
+inline T tiny() {
+  return std::sqrt(std::numeric_limits<T>::min());  // row sums below this are redone with a running max
+}
+
+// ---------------------------------------------------------------------------------------------------
+// One (batch, head) problem in dense, compacted form: n valid queries, m valid keys.
+
+template <typename T>
+struct Head {
+  int64_t n, m, D, Dv;
+  T scale;
+  const T* q;  // (n, D)
+  const T* k;  // (m, D)
+  const T* v;  // (m, Dv)
+};
+
+template <typename T>
+struct Scratch {
+  std::vector<T> strip1, strip2, tile, tile2, cmax, csum, gb, row;
+  void reserve(int64_t n) {
+    strip1.resize(n * kBc);
+    strip2.resize(n * kBc);
+    tile.resize(kBq * kBc);
+    tile2.resize(kBq * kBc);
+    const int64_t chunks = (n + kBq - 1) / kBq;
+    cmax.resize(chunks * kBc);
+    csum.resize(chunks * kBc);
+    gb.resize(kBc);
+  }
+};
+
+// s_i. for one query against all keys, plus bias b: y (m) = scale * K q_i + b.
+template <typename T>
+void score_row(const Head<T>& h, int64_t i, const T* b, T* y) {
+  mm<T>(false, true, 1, h.m, h.D, h.scale, h.q + i * h.D, h.D, h.k, h.D, T(0), y, h.m);
+  if (b)
+    for (int64_t j = 0; j < h.m; ++j) y[j] += b[j];
+}
+
+// Robust row step for row i: a_i = -LSE_j y_ij (y = s + b) and, if out != null, out_i = softmax(y) V.
+template <typename T>
+T robust_row(const Head<T>& h, int64_t i, const T* b, T* out, std::vector<T>& row) {
+  row.resize(h.m);
+  score_row(h, i, b, row.data());
+  T mx = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < h.m; ++j) mx = std::max(mx, row[j]);
+  exp_shift(row.data(), (const T*)nullptr, -mx, h.m);
+  const T l = sum(row.data(), h.m);
+  if (out) {
+    mm<T>(false, false, 1, h.Dv, h.m, T(1) / l, row.data(), h.m, h.v, h.Dv, T(0), out, h.Dv);
+  }
+  return -(mx + std::log(l));
+}
+
+// Forward: a (iters + 1, n), b (iters, m), out (n, Dv); with soft: out_l (n, Dv), a_l (n).
+template <typename T>
+void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l, T* a_l, Scratch<T>& w) {
+  const int64_t n = h.n, m = h.m, Dv = h.Dv;
+  const T NEG = -std::numeric_limits<T>::infinity();
+  const int64_t chunks = (n + kBq - 1) / kBq;
+  std::fill(a, a + n, T(0));  // a^0
+  std::vector<T> l(n), ml, ll;
+  if (out_l) {
+    ml.assign(n, NEG);
+    ll.assign(n, T(0));
+    std::fill(out_l, out_l + n * Dv, T(0));
+  }
+  for (int64_t t = 1; t <= iters; ++t) {
+    const bool last = t == iters;
+    const T* a_prev = a + (t - 1) * n;
+    T* a_t = a + t * n;
+    T* b_t = b + (t - 1) * m;
+    std::fill(l.begin(), l.end(), T(0));
+    if (last) std::fill(out, out + n * Dv, T(0));
+    for (int64_t j0 = 0; j0 < m; j0 += kBc) {
+      const int64_t bc = std::min(kBc, m - j0);
+      T* X = w.strip1.data();  // (n, bc)
+      // pass 1: scores, softmax half, per-chunk column statistics
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+        T* Xc = X + i0 * bc;
+        mm<T>(false, true, rows, bc, h.D, h.scale, h.q + i0 * h.D, h.D, h.k + j0 * h.D, h.D, T(0), Xc, bc);
+        if (last && out_l) {
+          T* P = w.tile.data();  // (rows, bc): online row softmax of the scores
+          for (int64_t r = 0; r < rows; ++r) {
+            const T* x = Xc + r * bc;
+            T* p = P + r * bc;
+            T mx = NEG;
+            for (int64_t j = 0; j < bc; ++j) mx = std::max(mx, x[j]);
+            const int64_t i = i0 + r;
+            const T m_new = std::max(ml[i], mx);
+            const T resc = std::exp(ml[i] - m_new);
+            std::copy(x, x + bc, p);
+            exp_shift(p, (const T*)nullptr, -m_new, bc);
+            ll[i] = ll[i] * resc + sum(p, bc);
+            if (resc != T(1)) {
+              T* o = out_l + i * Dv;
+              for (int64_t d = 0; d < Dv; ++d) o[d] *= resc;
+            }
+            ml[i] = m_new;
+          }
+          mm<T>(false, false, rows, Dv, bc, T(1), P, bc, h.v + j0 * Dv, Dv, T(1), out_l + i0 * Dv, Dv);
+        }
+        T* cm = w.cmax.data() + c * kBc;
+        T* cs = w.csum.data() + c * kBc;
+        std::fill(cm, cm + bc, NEG);
+        std::fill(cs, cs + bc, T(0));
+        for (int64_t r = 0; r < rows; ++r) {
+          T* x = Xc + r * bc;
+          if (t > 1) {
+            const T ai = a_prev[i0 + r];
+            for (int64_t j = 0; j < bc; ++j) x[j] += ai;
+          }
+          for (int64_t j = 0; j < bc; ++j) cm[j] = std::max(cm[j], x[j]);
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          T* x = Xc + r * bc;
+          for (int64_t j = 0; j < bc; ++j) x[j] -= cm[j];
+          exp_shift(x, (const T*)nullptr, T(0), bc);
+          for (int64_t j = 0; j < bc; ++j) cs[j] += x[j];
+        }
+      }
+      // merge the chunks: b_j = -LSE_i x_ij; cmax becomes the factor exp(m_c - M_j) / z_j
+      T* bj = b_t + j0;
+      for (int64_t j = 0; j < bc; ++j) {
+        T M = NEG;
+        for (int64_t c = 0; c < chunks; ++c) M = std::max(M, w.cmax[c * kBc + j]);
+        T z = 0;
+        for (int64_t c = 0; c < chunks; ++c) {
+          const T f = std::exp(w.cmax[c * kBc + j] - M);
+          w.cmax[c * kBc + j] = f;
+          z += w.csum[c * kBc + j] * f;
+        }
+        bj[j] = -(M + std::log(z));
+        for (int64_t c = 0; c < chunks; ++c) w.cmax[c * kBc + j] /= z;
+      }
+      // pass 2: column-normalized weights, row sums, output
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+        T* Xc = X + i0 * bc;
+        const T* f = w.cmax.data() + c * kBc;
+        for (int64_t r = 0; r < rows; ++r) {
+          T* x = Xc + r * bc;
+          for (int64_t j = 0; j < bc; ++j) x[j] *= f[j];
+          l[i0 + r] += sum(x, bc);
+        }
+        if (last) mm<T>(false, false, rows, Dv, bc, T(1), Xc, bc, h.v + j0 * Dv, Dv, T(1), out + i0 * Dv, Dv);
+      }
+    }
+    // row step: a^t = a^{t-1} - log(sum_j w_ij); rows whose weights underflowed get a running maximum
+    const T small = tiny<T>();
+    for (int64_t i = 0; i < n; ++i) {
+      if (l[i] >= small) {
+        a_t[i] = a_prev[i] - std::log(l[i]);
+        if (last) {
+          T* o = out + i * Dv;
+          const T inv = T(1) / l[i];
+          for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
+        }
+      } else {
+        a_t[i] = robust_row(h, i, b_t, last ? out + i * Dv : (T*)nullptr, w.row);
+      }
+    }
+  }
+  if (out_l) {
+    for (int64_t i = 0; i < n; ++i) {
+      T* o = out_l + i * Dv;
+      const T inv = T(1) / ll[i];
+      for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
+      a_l[i] = -(ml[i] + std::log(ll[i]));
+    }
+  }
+}
+
+// Second pass of a backward strip: dS -= Q_col * g; grad_a -= Q_col g; dQ += dS K; dK += dS^T Q.
+template <typename T>
+void finish_strip(const Head<T>& h, int64_t j0, int64_t bc, const T* g, T* grad_a, T* dq, T* dk, Scratch<T>& w) {
+  const int64_t n = h.n, chunks = (n + kBq - 1) / kBq;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+    T* dS = w.strip1.data() + i0 * bc;
+    const T* Qc = w.strip2.data() + i0 * bc;
+    for (int64_t r = 0; r < rows; ++r) {
+      T* d = dS + r * bc;
+      const T* qc = Qc + r * bc;
+      if (grad_a) grad_a[i0 + r] -= dot(qc, g, bc);
+      for (int64_t j = 0; j < bc; ++j) d[j] -= qc[j] * g[j];
+    }
+    mm<T>(false, false, rows, h.D, bc, h.scale, dS, bc, h.k + j0 * h.D, h.D, T(1), dq + i0 * h.D, h.D);
+    mm<T>(true, false, bc, h.D, rows, h.scale, dS, bc, h.q + i0 * h.D, h.D, T(1), dk + j0 * h.D, h.D);
+  }
+}
+
+// Backward of one head. dout (n, Dv); u: weight of the mechanism's half (1 without hybrid); out_l/a_l:
+// the softmax half (null without hybrid). Writes dq (n, D), dk (m, D), dv (m, Dv).
+template <typename T>
+void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out, const T* a, const T* b,
+                   const T* out_l, const T* a_l, T u, T* dq, T* dk, T* dv, Scratch<T>& w) {
+  const int64_t n = h.n, m = h.m, D = h.D, Dv = h.Dv;
+  const int64_t chunks = (n + kBq - 1) / kBq;
+  std::fill(dq, dq + n * D, T(0));
+  std::fill(dk, dk + m * D, T(0));
+  std::fill(dv, dv + m * Dv, T(0));
+  std::vector<T> delta(n), delta_l(out_l ? n : 0), r_col(n), grad_a(n, T(0)), grad_row(n);
+  for (int64_t i = 0; i < n; ++i) {
+    delta[i] = dot(dout + i * Dv, out + i * Dv, Dv);
+    if (out_l) delta_l[i] = dot(dout + i * Dv, out_l + i * Dv, Dv);
+  }
+  const T* a_k = a + iters * n;
+  const T* a_km1 = a + (iters - 1) * n;
+  const T* b_k = b + (iters - 1) * m;
+  for (int64_t i = 0; i < n; ++i) r_col[i] = std::exp(a_km1[i] - a_k[i]);  // row sum of the column weights
+  T* ga = iters > 1 ? grad_a.data() : nullptr;
+  // the last round: the output's own softmax over s + b^k, and the column step b^k
+  for (int64_t j0 = 0; j0 < m; j0 += kBc) {
+    const int64_t bc = std::min(kBc, m - j0);
+    T* g = w.gb.data();
+    std::fill(g, g + bc, T(0));
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+      T* P = w.strip2.data() + i0 * bc;  // (rows, bc): scores, then weights
+      T* dS = w.strip1.data() + i0 * bc;
+      T* dP = w.tile.data();
+      T* PL = w.tile2.data();
+      mm<T>(false, true, rows, bc, D, h.scale, h.q + i0 * D, D, h.k + j0 * D, D, T(0), P, bc);
+      mm<T>(false, true, rows, bc, Dv, T(1), dout + i0 * Dv, Dv, h.v + j0 * Dv, Dv, T(0), dP, bc);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r;
+        T* p = P + r * bc;
+        T* dp = dP + r * bc;
+        T* ds = dS + r * bc;
+        if (out_l) {
+          T* pl = PL + r * bc;
+          std::copy(p, p + bc, pl);
+          exp_shift(pl, (const T*)nullptr, a_l[i], bc);
+        }
+        exp_shift(p, b_k + j0, a_k[i], bc);
+        const T di = delta[i];
+        for (int64_t j = 0; j < bc; ++j) {
+          ds[j] = u * p[j] * (dp[j] - di);
+          g[j] += ds[j];
+        }
+        if (out_l) {
+          const T* pl = PL + r * bc;
+          const T dl = delta_l[i], ul = T(1) - u;
+          for (int64_t j = 0; j < bc; ++j) {
+            ds[j] += ul * pl[j] * (dp[j] - dl);
+            dp[j] = u * p[j] + ul * pl[j];  // the hybrid weights, for dV
+          }
+        }
+      }
+      const T* W = out_l ? dP : P;
+      mm<T>(true, false, bc, Dv, rows, out_l ? T(1) : u, W, bc, dout + i0 * Dv, Dv, T(1), dv + j0 * Dv, Dv);
+      for (int64_t r = 0; r < rows; ++r) {  // P -> column weights of the last column step
+        T* p = P + r * bc;
+        const T rc = r_col[i0 + r];
+        for (int64_t j = 0; j < bc; ++j) p[j] *= rc;
+      }
+    }
+    finish_strip(h, j0, bc, g, ga, dq, dk, w);
+  }
+  // earlier rounds t = k-1 .. 1: the row step a^t, then the column step b^t
+  for (int64_t t = iters - 1; t >= 1; --t) {
+    std::copy(grad_a.begin(), grad_a.end(), grad_row.begin());
+    std::fill(grad_a.begin(), grad_a.end(), T(0));
+    T* ga_next = t > 1 ? grad_a.data() : nullptr;
+    const T* a_t = a + t * n;
+    const T* a_tm1 = a + (t - 1) * n;
+    const T* b_t = b + (t - 1) * m;
+    for (int64_t i = 0; i < n; ++i) r_col[i] = std::exp(a_tm1[i] - a_t[i]);
+    for (int64_t j0 = 0; j0 < m; j0 += kBc) {
+      const int64_t bc = std::min(kBc, m - j0);
+      T* g = w.gb.data();
+      std::fill(g, g + bc, T(0));
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+        T* P = w.strip2.data() + i0 * bc;
+        T* dS = w.strip1.data() + i0 * bc;
+        mm<T>(false, true, rows, bc, D, h.scale, h.q + i0 * D, D, h.k + j0 * D, D, T(0), P, bc);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r;
+          T* p = P + r * bc;
+          T* ds = dS + r * bc;
+          exp_shift(p, b_t + j0, a_t[i], bc);  // row-normalized weights of the row step a^t
+          const T gr = grad_row[i], rc = r_col[i];
+          for (int64_t j = 0; j < bc; ++j) {
+            ds[j] = -p[j] * gr;
+            g[j] += ds[j];
+            p[j] *= rc;
+          }
+        }
+      }
+      finish_strip(h, j0, bc, g, ga_next, dq, dk, w);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Padding: gather the valid rows of one (batch, head), scatter the results back.
+
+std::vector<int64_t> valid_index(const at::Tensor& mask, int64_t b, int64_t L) {
+  std::vector<int64_t> idx;
+  if (!mask.defined()) {
+    idx.resize(L);
+    for (int64_t i = 0; i < L; ++i) idx[i] = i;
+    return idx;
+  }
+  const bool* p = mask.data_ptr<bool>() + b * L;
+  for (int64_t i = 0; i < L; ++i)
+    if (p[i]) idx.push_back(i);
+  return idx;
+}
+
+template <typename T>
+const T* gather(const T* src, const std::vector<int64_t>& idx, int64_t L, int64_t width, std::vector<T>& buf) {
+  if ((int64_t)idx.size() == L) return src;
+  buf.resize(idx.size() * width);
+  for (size_t r = 0; r < idx.size(); ++r) std::copy(src + idx[r] * width, src + (idx[r] + 1) * width, &buf[r * width]);
+  return buf.data();
+}
+
+// dst rows idx[r] = src rows r; dst is zero elsewhere (already zero-initialised).
+template <typename T>
+void scatter(const T* src, const std::vector<int64_t>& idx, int64_t width, T* dst) {
+  for (size_t r = 0; r < idx.size(); ++r) std::copy(src + r * width, src + (r + 1) * width, dst + idx[r] * width);
+}
+
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& km,
+                  const c10::optional<at::Tensor>& qm, int64_t heads) {
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "CPU tensors expected");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be (B*H, L, D)");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), "q, k, v dtypes differ");
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble, "float32 or float64 expected");
+  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "contiguous q, k, v expected");
+  TORCH_CHECK(q.size(0) == k.size(0) && k.size(0) == v.size(0) && k.size(1) == v.size(1), "shape mismatch");
+  TORCH_CHECK(q.size(2) == k.size(2), "q and k head sizes differ");
+  TORCH_CHECK(heads >= 1 && q.size(0) % heads == 0, "heads must divide B*H");
+  const int64_t B = q.size(0) / heads;
+  if (km.has_value()) {
+    TORCH_CHECK(km->scalar_type() == at::kBool && km->is_contiguous() && km->dim() == 2 && km->size(0) == B &&
+                    km->size(1) == k.size(1),
+                "key_valid must be a contiguous bool (B, Lk) tensor");
+  }
+  if (qm.has_value()) {
+    TORCH_CHECK(qm->scalar_type() == at::kBool && qm->is_contiguous() && qm->dim() == 2 && qm->size(0) == B &&
+                    qm->size(1) == q.size(1),
+                "query_valid must be a contiguous bool (B, Lq) tensor");
+  }
+  TORCH_CHECK(q.size(1) < (1LL << 31) / kBc && k.size(1) < (1LL << 31), "sequence too long for 32-bit BLAS");
+}
+
+template <typename T>
+void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& km,
+                  const at::Tensor& qm, int64_t heads, double scale, int64_t iters, bool soft, at::Tensor& out,
+                  at::Tensor& a_all, at::Tensor& b_all, at::Tensor& out_l, at::Tensor& a_l) {
+  const int64_t BH = q.size(0), Lq = q.size(1), Lk = k.size(1), D = q.size(2), Dv = v.size(2);
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k.data_ptr<T>();
+  const T* vp = v.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  T* ap = a_all.data_ptr<T>();
+  T* bp = b_all.data_ptr<T>();
+  T* olp = soft ? out_l.data_ptr<T>() : nullptr;
+  T* alp = soft ? a_l.data_ptr<T>() : nullptr;
+  at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
+    Scratch<T> w;
+    std::vector<T> gq, gk, gv, o, aa, bb, ol, al;
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t bi = bh / heads;
+      const auto iq = valid_index(qm, bi, Lq);
+      const auto ik = valid_index(km, bi, Lk);
+      const int64_t n = iq.size(), m = ik.size();
+      if (n == 0 || m == 0) continue;  // outputs and potentials stay 0
+      Head<T> h{n, m, D, Dv, (T)scale, gather(qp + bh * Lq * D, iq, Lq, D, gq), gather(kp + bh * Lk * D, ik, Lk, D, gk),
+                gather(vp + bh * Lk * Dv, ik, Lk, Dv, gv)};
+      w.reserve(n);
+      o.resize(n * Dv);
+      aa.resize((iters + 1) * n);
+      bb.resize(iters * m);
+      if (soft) {
+        ol.resize(n * Dv);
+        al.resize(n);
+      }
+      forward_head<T>(h, iters, aa.data(), bb.data(), o.data(), soft ? ol.data() : nullptr,
+                      soft ? al.data() : nullptr, w);
+      scatter(o.data(), iq, Dv, op + bh * Lq * Dv);
+      for (int64_t t = 0; t <= iters; ++t) scatter(aa.data() + t * n, iq, 1, ap + (t * BH + bh) * Lq);
+      for (int64_t t = 0; t < iters; ++t) scatter(bb.data() + t * m, ik, 1, bp + (t * BH + bh) * Lk);
+      if (soft) {
+        scatter(ol.data(), iq, Dv, olp + bh * Lq * Dv);
+        scatter(al.data(), iq, 1, alp + bh * Lq);
+      }
+    }
+  });
+}
+
+std::vector<at::Tensor> potentials_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           const c10::optional<at::Tensor>& key_valid,
+                                           const c10::optional<at::Tensor>& query_valid, int64_t heads,
+                                           double scale, int64_t iters, bool softmax_too) {
+  check_inputs(q, k, v, key_valid, query_valid, heads);
+  TORCH_CHECK(iters >= 1, "iters must be >= 1");
+  const int64_t BH = q.size(0), Lq = q.size(1), Lk = k.size(1), Dv = v.size(2);
+  auto out = at::zeros({BH, Lq, Dv}, q.options());
+  auto a_all = at::zeros({iters + 1, BH, Lq}, q.options());
+  auto b_all = at::zeros({iters, BH, Lk}, q.options());
+  auto out_l = softmax_too ? at::zeros({BH, Lq, Dv}, q.options()) : at::empty({0}, q.options());
+  auto a_l = softmax_too ? at::zeros({BH, Lq}, q.options()) : at::empty({0}, q.options());
+  const at::Tensor km = key_valid.has_value() ? *key_valid : at::Tensor();
+  const at::Tensor qm = query_valid.has_value() ? *query_valid : at::Tensor();
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "potentials_forward", [&] {
+    forward_impl<scalar_t>(q, k, v, km, qm, heads, scale, iters, softmax_too, out, a_all, b_all, out_l, a_l);
+  });
+  return {out, a_all, b_all, out_l, a_l};
+}
+
+template <typename T>
+void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const at::Tensor& out, const at::Tensor& out_l, const at::Tensor& a_all, const at::Tensor& b_all,
+                   const at::Tensor& a_l, const at::Tensor& u, const at::Tensor& km, const at::Tensor& qm,
+                   int64_t heads, double scale, int64_t iters, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
+  const int64_t BH = q.size(0), Lq = q.size(1), Lk = k.size(1), D = q.size(2), Dv = v.size(2);
+  const bool soft = out_l.defined();
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k.data_ptr<T>();
+  const T* vp = v.data_ptr<T>();
+  const T* dop = dout.data_ptr<T>();
+  const T* op = out.data_ptr<T>();
+  const T* ap = a_all.data_ptr<T>();
+  const T* bp = b_all.data_ptr<T>();
+  const T* olp = soft ? out_l.data_ptr<T>() : nullptr;
+  const T* alp = soft ? a_l.data_ptr<T>() : nullptr;
+  const T* up = u.defined() ? u.data_ptr<T>() : nullptr;
+  T* dqp = dq.data_ptr<T>();
+  T* dkp = dk.data_ptr<T>();
+  T* dvp = dv.data_ptr<T>();
+  at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
+    Scratch<T> w;
+    std::vector<T> gq, gk, gv, gdo, go, gol, gal, aa, bb, dqb, dkb, dvb, tmp;
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t bi = bh / heads;
+      const auto iq = valid_index(qm, bi, Lq);
+      const auto ik = valid_index(km, bi, Lk);
+      const int64_t n = iq.size(), m = ik.size();
+      if (n == 0 || m == 0) continue;  // gradients stay 0
+      Head<T> h{n, m, D, Dv, (T)scale, gather(qp + bh * Lq * D, iq, Lq, D, gq), gather(kp + bh * Lk * D, ik, Lk, D, gk),
+                gather(vp + bh * Lk * Dv, ik, Lk, Dv, gv)};
+      const T* dO = gather(dop + bh * Lq * Dv, iq, Lq, Dv, gdo);
+      const T* o = gather(op + bh * Lq * Dv, iq, Lq, Dv, go);
+      const T* ol = soft ? gather(olp + bh * Lq * Dv, iq, Lq, Dv, gol) : nullptr;
+      const T* al = soft ? gather(alp + bh * Lq, iq, Lq, 1, gal) : nullptr;
+      aa.resize((iters + 1) * n);
+      bb.resize(iters * m);
+      for (int64_t t = 0; t <= iters; ++t) {
+        const T* src = gather(ap + (t * BH + bh) * Lq, iq, Lq, 1, tmp);
+        std::copy(src, src + n, aa.begin() + t * n);
+      }
+      for (int64_t t = 0; t < iters; ++t) {
+        const T* src = gather(bp + (t * BH + bh) * Lk, ik, Lk, 1, tmp);
+        std::copy(src, src + m, bb.begin() + t * m);
+      }
+      w.reserve(n);
+      const bool dense = n == Lq && m == Lk;
+      T* dqh = dqp + bh * Lq * D;
+      T* dkh = dkp + bh * Lk * D;
+      T* dvh = dvp + bh * Lk * Dv;
+      if (!dense) {
+        dqb.resize(n * D);
+        dkb.resize(m * D);
+        dvb.resize(m * Dv);
+      }
+      backward_head<T>(h, iters, dO, o, aa.data(), bb.data(), ol, al, up ? up[bh] : T(1), dense ? dqh : dqb.data(),
+                       dense ? dkh : dkb.data(), dense ? dvh : dvb.data(), w);
+      if (!dense) {
+        scatter(dqb.data(), iq, D, dqh);
+        scatter(dkb.data(), ik, D, dkh);
+        scatter(dvb.data(), ik, Dv, dvh);
+      }
+    }
+  });
+}
+
+std::vector<at::Tensor> potentials_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& v, const at::Tensor& out,
+                                            const c10::optional<at::Tensor>& out_l, const at::Tensor& a_all,
+                                            const at::Tensor& b_all, const c10::optional<at::Tensor>& a_l,
+                                            const c10::optional<at::Tensor>& u,
+                                            const c10::optional<at::Tensor>& key_valid,
+                                            const c10::optional<at::Tensor>& query_valid, int64_t heads,
+                                            double scale, int64_t iters) {
+  check_inputs(q, k, v, key_valid, query_valid, heads);
+  TORCH_CHECK(iters >= 1, "iters must be >= 1");
+  TORCH_CHECK(out_l.has_value() == a_l.has_value(), "out_l and a_l go together");
+  for (const at::Tensor* t : {&dout, &out, &a_all, &b_all}) {
+    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == q.scalar_type(), "contiguous tensors of q's dtype expected");
+  }
+  const int64_t BH = q.size(0);
+  TORCH_CHECK(dout.sizes() == out.sizes() && out.size(0) == BH && out.size(1) == q.size(1) && out.size(2) == v.size(2),
+              "dout/out must be (B*H, Lq, Dv)");
+  TORCH_CHECK(a_all.dim() == 3 && a_all.size(0) == iters + 1 && a_all.size(1) == BH && a_all.size(2) == q.size(1),
+              "a_all must be (iters + 1, B*H, Lq)");
+  TORCH_CHECK(b_all.dim() == 3 && b_all.size(0) == iters && b_all.size(1) == BH && b_all.size(2) == k.size(1),
+              "b_all must be (iters, B*H, Lk)");
+  if (out_l.has_value()) {
+    TORCH_CHECK(out_l->sizes() == out.sizes() && out_l->is_contiguous() && out_l->scalar_type() == q.scalar_type(),
+                "out_l must be like out");
+    TORCH_CHECK(a_l->dim() == 2 && a_l->size(0) == BH && a_l->size(1) == q.size(1) && a_l->is_contiguous() &&
+                    a_l->scalar_type() == q.scalar_type(),
+                "a_l must be (B*H, Lq)");
+  }
+  if (u.has_value()) {
+    TORCH_CHECK(u->dim() == 1 && u->size(0) == BH && u->is_contiguous() && u->scalar_type() == q.scalar_type(),
+                "u must be a contiguous (B*H,) tensor of q's dtype");
+  }
+  auto dq = at::zeros_like(q);
+  auto dk = at::zeros_like(k);
+  auto dv = at::zeros_like(v);
+  const at::Tensor none;
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "potentials_backward", [&] {
+    backward_impl<scalar_t>(dout, q, k, v, out, out_l.has_value() ? *out_l : none, a_all, b_all,
+                            a_l.has_value() ? *a_l : none, u.has_value() ? *u : none,
+                            key_valid.has_value() ? *key_valid : none, query_valid.has_value() ? *query_valid : none,
+                            heads, scale, iters, dq, dk, dv);
+  });
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(attnkit_cpu, m) {
+  m.def("potentials_forward", &potentials_forward);
+  m.def("potentials_backward", &potentials_backward);
+}

@@ -1,0 +1,110 @@
+"""DNAS, HNAS and Sinkhorn on the CPU through the C++ kernels of ``csrc/potentials_cpu.cpp``.
+
+"Attention that does not explain away", sections 3.1-3.2 and 5; doubly-normalized attention draft,
+eqs. (6)-(8); DESIGN.md section 2. The kernel computes ``k`` rounds of log-domain potentials
+
+    b^t_j = -LSE_i (s_ij + a^{t-1}_i),    a^t_i = -LSE_j (s_ij + b^t_j),    a^0 = 0,
+    out_i = sum_j exp(s_ij + b^k_j + a^k_i) v_j,
+
+(``k = 1`` DNAS, ``k > 1`` Sinkhorn) in strips of keys that hold every query, so that each column
+log-sum-exp is complete within its strip and nothing ``(Lq, Lk)``-shaped is stored; the backward pass
+recomputes the strips and is exact. HNAS (``u * out_D + (1 - u) * out_L``) computes its softmax half in
+the same sweeps, sharing the scores and ``dO V^T``. Padding masks (``key_mask``, ``query_mask``) are
+handled by compaction inside the kernel; ``attn_mask`` and causal calls use ``potentials.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import cpu_ext
+from ._blocks import reduce_to
+
+__all__ = ["fused_cpu_available", "fused_cpu_attention"]
+
+
+def fused_cpu_available(q: Tensor) -> bool:
+    """True for CPU tensors when the C++ extension is built (it is built on the first call)."""
+    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16) and (
+        cpu_ext.load()
+    )
+
+
+def fused_cpu_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    key_mask: Optional[Tensor],
+    query_mask: Optional[Tensor],
+    scale: float,
+    iters: int,
+    u: Optional[Tensor] = None,
+) -> Tensor:
+    """Output ``(B, H, Lq, Dv)`` of DNAS (``iters=1``), Sinkhorn (``iters=k``) or, with ``u``
+    (broadcastable to ``(B, H, 1, 1)``), the hybrid ``u * out(iters) + (1 - u) * out(softmax)``.
+
+    ``key_mask (B, Lk)`` / ``query_mask (B, Lq)``: True = real. Padded queries and queries without a
+    valid key return zeros; padded queries never enter a column normalization. Half-precision inputs
+    are computed in float32 and the result is cast back.
+    """
+    if iters < 1:
+        raise ValueError(f"iters={iters}; the fused CPU kernel needs iters >= 1 (softmax is SDPA)")
+    if not cpu_ext.load():
+        raise RuntimeError(f"the C++ CPU kernels are not available ({cpu_ext.load_error()})")
+    dtype = q.dtype
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    B = max(q.shape[0], k.shape[0], v.shape[0])
+    H = max(q.shape[1], k.shape[1], v.shape[1])
+    q = q.to(work).expand(B, H, -1, -1)
+    k = k.to(work).expand(B, H, -1, -1)
+    v = v.to(work).expand(B, H, -1, -1)
+    km = None if key_mask is None else key_mask.to(torch.bool).expand(B, -1).contiguous()
+    qm = None if query_mask is None else query_mask.to(torch.bool).expand(B, -1).contiguous()
+    out = _Potentials.apply(q, k, v, u, km, qm, scale, iters)
+    return out.to(dtype)
+
+
+class _Potentials(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, u, km, qm, scale, iters):
+        B, H, Lq, D = q.shape
+        Lk, Dv = k.shape[2], v.shape[3]
+        q3 = q.reshape(B * H, Lq, D).contiguous()  # (B*H, Lq, D)
+        k3 = k.reshape(B * H, Lk, D).contiguous()  # (B*H, Lk, D)
+        v3 = v.reshape(B * H, Lk, Dv).contiguous()  # (B*H, Lk, Dv)
+        hybrid = u is not None
+        out, a_all, b_all, out_l, a_l = torch.ops.attnkit_cpu.potentials_forward(
+            q3, k3, v3, km, qm, H, float(scale), int(iters), hybrid
+        )  # (B*H, Lq, Dv), (k+1, B*H, Lq), (k, B*H, Lk), [(B*H, Lq, Dv), (B*H, Lq)]
+        ctx.save_for_backward(q3, k3, v3, u, km, qm, out, a_all, b_all, out_l if hybrid else None,
+                              a_l if hybrid else None)
+        ctx.shape = (B, H, Lq, Lk, D, Dv)
+        ctx.scale, ctx.iters = float(scale), int(iters)
+        out = out.view(B, H, Lq, Dv)
+        if hybrid:
+            uc = u.to(out.dtype)
+            return uc * out + (1 - uc) * out_l.view(B, H, Lq, Dv)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q3, k3, v3, u, km, qm, out, a_all, b_all, out_l, a_l = ctx.saved_tensors
+        B, H, Lq, Lk, D, Dv = ctx.shape
+        dO = grad_out.to(q3.dtype).reshape(B * H, Lq, Dv).contiguous()  # (B*H, Lq, Dv)
+        u_bh = None
+        if u is not None:
+            u_bh = u.to(q3.dtype).expand(B, H, 1, 1).reshape(B * H).contiguous()  # (B*H,)
+        dq, dk, dv = torch.ops.attnkit_cpu.potentials_backward(
+            dO, q3, k3, v3, out, out_l, a_all, b_all, a_l, u_bh, km, qm, H, ctx.scale, ctx.iters
+        )
+        du = None
+        if u is not None and ctx.needs_input_grad[3]:
+            diff = (out - out_l).view(B, H, Lq, Dv)
+            du = (grad_out.to(q3.dtype) * diff).sum(dim=(-2, -1), keepdim=True)  # (B, H, 1, 1)
+            du = reduce_to(du, (1,) * (4 - u.dim()) + tuple(u.shape)).reshape(u.shape).to(u.dtype)
+        # q, k, v were expanded to (B, H, ...) before the call: autograd sums broadcast gradients
+        return dq.view(B, H, Lq, D), dk.view(B, H, Lk, D), dv.view(B, H, Lk, Dv), du, None, None, None, None
