@@ -23,8 +23,18 @@ def info_dict() -> dict:
         "torch": torch.__version__,
         "cuda": torch.cuda.is_available(),
         "threads": torch.get_num_threads(),
+        "cpu_kernels": _cpu_kernels(),
         "python": platform.python_version(),
     }
+
+
+def _cpu_kernels() -> str:
+    """Which CPU kernels the efficient backend runs for DNAS/HNAS/Sinkhorn (builds the C++ ones if needed)."""
+    from attnkit.kernels import cpu_ext
+
+    if cpu_ext.load(warn=False):
+        return f"C++ ({cpu_ext.build_dir()})"
+    return f"PyTorch fallback ({cpu_ext.load_error()})"
 
 
 def register(app: typer.Typer) -> None:

@@ -10,6 +10,7 @@ kernels (same results, slower) and says so once. ``ATTNKIT_NO_CPP=1`` turns the 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -43,6 +44,21 @@ def _flags() -> list[str]:
     return flags
 
 
+def _ninja_on_path() -> None:
+    """``cpp_extension`` runs ``ninja`` from PATH: add the interpreter's bin folder and the ``ninja`` wheel's."""
+    dirs = [str(Path(sys.executable).parent)]
+    try:
+        import ninja
+
+        dirs.append(str(ninja.BIN_DIR))
+    except (ImportError, AttributeError):
+        pass
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    missing = [d for d in dirs if d not in path]
+    if missing:
+        os.environ["PATH"] = os.pathsep.join(path + missing)
+
+
 def build_dir() -> Path:
     """Where the extension is built: ``$ATTNKIT_CACHE/ext/torch-<version>-<capability>``."""
     root = os.environ.get("ATTNKIT_CACHE")
@@ -64,6 +80,7 @@ def load(verbose: bool = False, *, warn: bool = True) -> bool:
         try:
             from torch.utils import cpp_extension
 
+            _ninja_on_path()
             path = build_dir()
             path.mkdir(parents=True, exist_ok=True)
             cpp_extension.load(
@@ -83,7 +100,7 @@ def load(verbose: bool = False, *, warn: bool = True) -> bool:
                 warnings.warn(
                     "attnkit: the C++ CPU kernels could not be built "
                     f"({_state['error']}); the efficient backend uses its pure-PyTorch kernels (same results, "
-                    "slower). Install a C++ compiler (g++) and ninja, then run `attnkit info --build`.",
+                    "slower). Install a C++ compiler (g++) and ninja, then run `attnkit info` to build them.",
                     RuntimeWarning,
                     stacklevel=2,
                 )

@@ -85,9 +85,8 @@ class _Potentials(torch.autograd.Function):
         ctx.shape = (B, H, Lq, Lk, D, Dv)
         ctx.scale, ctx.iters = float(scale), int(iters)
         out = out.view(B, H, Lq, Dv)
-        if hybrid:
-            uc = u.to(out.dtype)
-            return uc * out + (1 - uc) * out_l.view(B, H, Lq, Dv)
+        if hybrid:  # u * out + (1 - u) * out_l, without temporaries of the output's size
+            return torch.lerp(out_l.view(B, H, Lq, Dv), out, u.to(out.dtype).expand(B, H, 1, 1))
         return out
 
     @staticmethod
@@ -103,8 +102,9 @@ class _Potentials(torch.autograd.Function):
         )
         du = None
         if u is not None and ctx.needs_input_grad[3]:
-            diff = (out - out_l).view(B, H, Lq, Dv)
-            du = (grad_out.to(q3.dtype) * diff).sum(dim=(-2, -1), keepdim=True)  # (B, H, 1, 1)
+            flat = dO.view(B * H, 1, Lq * Dv)
+            du = torch.bmm(flat, out.view(B * H, Lq * Dv, 1)) - torch.bmm(flat, out_l.view(B * H, Lq * Dv, 1))
+            du = du.view(B, H, 1, 1)  # sum over (Lq, Dv) of dO * (out - out_l)
             du = reduce_to(du, (1,) * (4 - u.dim()) + tuple(u.shape)).reshape(u.shape).to(u.dtype)
         # q, k, v were expanded to (B, H, ...) before the call: autograd sums broadcast gradients
         return dq.view(B, H, Lq, D), dk.view(B, H, Lk, D), dv.view(B, H, Lk, Dv), du, None, None, None, None

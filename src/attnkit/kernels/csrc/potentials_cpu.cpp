@@ -80,20 +80,41 @@ void mm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, T alpha, cons
        (int)ldc);
 }
 
-// x[j] = exp(x[j] + shift[j] + c) for j < n (shift may be null).
-inline void exp_shift(float* x, const float* shift, float c, int64_t n) {
+// dst[j] = exp(src[j] + shift[j] + c) for j < n (shift may be null; dst may be src).
+inline void exp_to(float* dst, const float* src, const float* shift, float c, int64_t n) {
   using V = at::vec::Vectorized<float>;
   const V vc(c);
   int64_t j = 0;
   for (; j + V::size() <= n; j += V::size()) {
-    V y = V::loadu(x + j) + vc;
+    V y = V::loadu(src + j) + vc;
     if (shift) y = y + V::loadu(shift + j);
-    y.exp_u20().store(x + j);
+    y.exp_u20().store(dst + j);
   }
-  for (; j < n; ++j) x[j] = std::exp(x[j] + (shift ? shift[j] : 0.f) + c);
+  for (; j < n; ++j) dst[j] = std::exp(src[j] + (shift ? shift[j] : 0.f) + c);
 }
-inline void exp_shift(double* x, const double* shift, double c, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) x[j] = std::exp(x[j] + (shift ? shift[j] : 0.0) + c);
+inline void exp_to(double* dst, const double* src, const double* shift, double c, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = std::exp(src[j] + (shift ? shift[j] : 0.0) + c);
+}
+template <typename T>
+inline void exp_shift(T* x, const T* shift, T c, int64_t n) {
+  exp_to(x, x, shift, c, n);
+}
+
+template <typename T>
+inline T vmax(const T* x, int64_t n) {
+  T m = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
+  return m;
+}
+template <>
+inline float vmax<float>(const float* x, int64_t n) {
+  using V = at::vec::Vectorized<float>;
+  V acc(-std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) acc = at::vec::maximum(acc, V::loadu(x + j));
+  float m = at::vec::vec_reduce_all<float>([](V& a, V& b) { return at::vec::maximum(a, b); }, acc);
+  for (; j < n; ++j) m = std::max(m, x[j]);
+  return m;
 }
 
 template <typename T>
@@ -175,8 +196,7 @@ template <typename T>
 T robust_row(const Head<T>& h, int64_t i, const T* b, T* out, std::vector<T>& row) {
   row.resize(h.m);
   score_row(h, i, b, row.data());
-  T mx = -std::numeric_limits<T>::infinity();
-  for (int64_t j = 0; j < h.m; ++j) mx = std::max(mx, row[j]);
+  const T mx = vmax(row.data(), h.m);
   exp_shift(row.data(), (const T*)nullptr, -mx, h.m);
   const T l = sum(row.data(), h.m);
   if (out) {
@@ -218,13 +238,10 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
           for (int64_t r = 0; r < rows; ++r) {
             const T* x = Xc + r * bc;
             T* p = P + r * bc;
-            T mx = NEG;
-            for (int64_t j = 0; j < bc; ++j) mx = std::max(mx, x[j]);
             const int64_t i = i0 + r;
-            const T m_new = std::max(ml[i], mx);
+            const T m_new = std::max(ml[i], vmax(x, bc));
             const T resc = std::exp(ml[i] - m_new);
-            std::copy(x, x + bc, p);
-            exp_shift(p, (const T*)nullptr, -m_new, bc);
+            exp_to(p, x, (const T*)nullptr, -m_new, bc);
             ll[i] = ll[i] * resc + sum(p, bc);
             if (resc != T(1)) {
               T* o = out_l + i * Dv;
@@ -246,10 +263,11 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
           }
           for (int64_t j = 0; j < bc; ++j) cm[j] = std::max(cm[j], x[j]);
         }
+        T* neg = w.gb.data();  // -cm, as the shift of the exponent
+        for (int64_t j = 0; j < bc; ++j) neg[j] = -cm[j];
         for (int64_t r = 0; r < rows; ++r) {
           T* x = Xc + r * bc;
-          for (int64_t j = 0; j < bc; ++j) x[j] -= cm[j];
-          exp_shift(x, (const T*)nullptr, T(0), bc);
+          exp_shift(x, neg, T(0), bc);
           for (int64_t j = 0; j < bc; ++j) cs[j] += x[j];
         }
       }
@@ -362,11 +380,7 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
         T* p = P + r * bc;
         T* dp = dP + r * bc;
         T* ds = dS + r * bc;
-        if (out_l) {
-          T* pl = PL + r * bc;
-          std::copy(p, p + bc, pl);
-          exp_shift(pl, (const T*)nullptr, a_l[i], bc);
-        }
+        if (out_l) exp_to(PL + r * bc, p, (const T*)nullptr, a_l[i], bc);
         exp_shift(p, b_k + j0, a_k[i], bc);
         const T di = delta[i];
         for (int64_t j = 0; j < bc; ++j) {
