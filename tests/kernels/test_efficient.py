@@ -219,7 +219,9 @@ def test_dropout_raises_for_query_normalized_and_auto_falls_back():
     assert ak.attention(q, k, v, "softmax", dropout_p=0.5, backend="efficient").shape == (B, H, 200, Dv)
 
 
-def test_auto_prefers_efficient_only_when_large():
+def test_auto_prefers_efficient_only_when_large(monkeypatch):
+    """Without the C++ kernels (the block sweeps), the efficient path pays from MIN_PAIRS pairs on."""
+    monkeypatch.setattr("attnkit.kernels.fused_cpu_available", lambda q: False)
     config = ak.resolve_mechanism("dnas")
     small = _qkv(dtype=torch.float32, lq=16, lk=16)
     large = _qkv(dtype=torch.float32, lq=256, lk=256)
@@ -232,6 +234,24 @@ def test_auto_prefers_efficient_only_when_large():
     auto = ak.attention(q, k, v, "dnas", backend="auto")
     eff = efficient_attention(q, k, v, config, mask_large, scale=D**-0.5)
     torch.testing.assert_close(auto, eff, rtol=0, atol=0)
+
+
+def test_auto_takes_the_cpp_kernels_at_every_size_for_padding_masks():
+    from attnkit.kernels import cpu_ext
+
+    if not cpu_ext.load(warn=False):
+        pytest.skip("C++ CPU kernels not built")
+    small = _qkv(dtype=torch.float32, lq=4, lk=5)
+    key = torch.ones(B, 5, dtype=torch.bool)
+    key[1, 3:] = False
+    padded = build_mask(B, H, 4, 5, key_mask=key, device=small[0].device)
+    pair = build_mask(B, H, 4, 5, attn_mask=torch.ones(4, 5, dtype=torch.bool), device=small[0].device)
+    for name in ("dnas", "hnas", "sinkhorn"):
+        config = ak.resolve_mechanism(name)
+        assert prefers_efficient(*small, config, padded)
+        assert not prefers_efficient(*small, config, pair)  # a general mask: the block sweeps, only when large
+        assert not prefers_efficient(*small, config, padded, dropout_p=0.1)
+    assert not prefers_efficient(*small, ak.resolve_mechanism("softmax"), padded)
 
 
 def test_coda_block_memory_path_matches_reference_with_blocks():
