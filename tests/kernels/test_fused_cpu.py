@@ -183,3 +183,16 @@ def test_iters_zero_is_refused():
     q, k, v = _inputs(1, 1, 3, 3, 2)
     with pytest.raises(ValueError, match="iters=0"):
         fused_cpu_attention(q, k, v, key_mask=None, query_mask=None, scale=1.0, iters=0)
+
+
+@pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn2"])
+def test_fewer_heads_than_threads_spreads_query_chunks_and_matches_reference(name):
+    """B * H = 1 < threads: the kernel splits each strip's query chunks over the threads."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 3))
+    try:
+        km, qm = _masks(1, 520, 150, seed=4)
+        _check(name, 1, 1, 520, 150, 8, 5, km, qm)  # 520 queries: five chunks of 128
+        _check(name, 1, 2, 300, 200, 8, 8, None, None)  # H = 2 < 3 threads, unpadded
+    finally:
+        torch.set_num_threads(threads)

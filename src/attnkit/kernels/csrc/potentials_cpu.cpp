@@ -168,20 +168,68 @@ struct Head {
   const T* v;  // (m, Dv)
 };
 
+// Buffers of one worker thread: two (kBq, kBc) tiles, a kBc vector and its partial dK / dV of a strip.
+template <typename T>
+struct Tiles {
+  std::vector<T> tile, tile2, vec, dk, dv, row;
+};
+
+// Buffers of one (batch, head) problem: two (n, kBc) strips, per-chunk column statistics, and the tiles
+// of each thread that works on its chunks (one when the heads are spread over the threads; all of them
+// when one head at a time is spread over its query chunks).
 template <typename T>
 struct Scratch {
-  std::vector<T> strip1, strip2, tile, tile2, cmax, csum, gb, row;
-  void reserve(int64_t n) {
+  std::vector<T> strip1, strip2, cmax, csum, gb;
+  std::vector<Tiles<T>> tiles;
+  bool parallel = false;
+  void reserve(int64_t n, int64_t D, int64_t Dv, bool par) {
+    parallel = par;
     strip1.resize(n * kBc);
     strip2.resize(n * kBc);
-    tile.resize(kBq * kBc);
-    tile2.resize(kBq * kBc);
     const int64_t chunks = (n + kBq - 1) / kBq;
     cmax.resize(chunks * kBc);
     csum.resize(chunks * kBc);
     gb.resize(kBc);
+    tiles.resize(par ? at::get_num_threads() : 1);
+    for (auto& t : tiles) {
+      t.tile.resize(kBq * kBc);
+      t.tile2.resize(kBq * kBc);
+      t.vec.resize(kBc);
+      t.dk.resize(kBc * D);
+      t.dv.resize(kBc * Dv);
+    }
   }
 };
+
+// fn(c, tiles) for every query chunk c, on the calling thread or spread over the threads.
+template <typename T, typename F>
+void for_chunks(int64_t chunks, Scratch<T>& w, const F& fn) {
+  if (!w.parallel || chunks == 1) {
+    for (int64_t c = 0; c < chunks; ++c) fn(c, w.tiles[0]);
+    return;
+  }
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    Tiles<T>& tl = w.tiles[at::get_thread_num()];
+    for (int64_t c = begin; c < end; ++c) fn(c, tl);
+  });
+}
+
+// Zero every thread's partial dK / dV of a strip; afterwards add them to dk / dv (rows j0 .. j0 + bc).
+template <typename T>
+void zero_partials(Scratch<T>& w) {
+  for (auto& t : w.tiles) {
+    std::fill(t.dk.begin(), t.dk.end(), T(0));
+    std::fill(t.dv.begin(), t.dv.end(), T(0));
+  }
+}
+template <typename T>
+void add_partials(const Scratch<T>& w, int64_t bc, int64_t D, int64_t Dv, T* dk, T* dv) {
+  for (const auto& t : w.tiles) {
+    for (int64_t x = 0; x < bc * D; ++x) dk[x] += t.dk[x];
+    if (dv)
+      for (int64_t x = 0; x < bc * Dv; ++x) dv[x] += t.dv[x];
+  }
+}
 
 // s_i. for one query against all keys, plus bias b: y (m) = scale * K q_i + b.
 template <typename T>
@@ -229,12 +277,12 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
       const int64_t bc = std::min(kBc, m - j0);
       T* X = w.strip1.data();  // (n, bc)
       // pass 1: scores, softmax half, per-chunk column statistics
-      for (int64_t c = 0; c < chunks; ++c) {
+      for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
         const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
         T* Xc = X + i0 * bc;
         mm<T>(false, true, rows, bc, h.D, h.scale, h.q + i0 * h.D, h.D, h.k + j0 * h.D, h.D, T(0), Xc, bc);
         if (last && out_l) {
-          T* P = w.tile.data();  // (rows, bc): online row softmax of the scores
+          T* P = tl.tile.data();  // (rows, bc): online row softmax of the scores
           for (int64_t r = 0; r < rows; ++r) {
             const T* x = Xc + r * bc;
             T* p = P + r * bc;
@@ -263,14 +311,14 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
           }
           for (int64_t j = 0; j < bc; ++j) cm[j] = std::max(cm[j], x[j]);
         }
-        T* neg = w.gb.data();  // -cm, as the shift of the exponent
+        T* neg = tl.vec.data();  // -cm, as the shift of the exponent
         for (int64_t j = 0; j < bc; ++j) neg[j] = -cm[j];
         for (int64_t r = 0; r < rows; ++r) {
           T* x = Xc + r * bc;
           exp_shift(x, neg, T(0), bc);
           for (int64_t j = 0; j < bc; ++j) cs[j] += x[j];
         }
-      }
+      });
       // merge the chunks: b_j = -LSE_i x_ij; cmax becomes the factor exp(m_c - M_j) / z_j
       T* bj = b_t + j0;
       for (int64_t j = 0; j < bc; ++j) {
@@ -286,7 +334,7 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
         for (int64_t c = 0; c < chunks; ++c) w.cmax[c * kBc + j] /= z;
       }
       // pass 2: column-normalized weights, row sums, output
-      for (int64_t c = 0; c < chunks; ++c) {
+      for_chunks(chunks, w, [&](int64_t c, Tiles<T>&) {
         const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
         T* Xc = X + i0 * bc;
         const T* f = w.cmax.data() + c * kBc;
@@ -296,7 +344,7 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
           l[i0 + r] += sum(x, bc);
         }
         if (last) mm<T>(false, false, rows, Dv, bc, T(1), Xc, bc, h.v + j0 * Dv, Dv, T(1), out + i0 * Dv, Dv);
-      }
+      });
     }
     // row step: a^t = a^{t-1} - log(sum_j w_ij); rows whose weights underflowed get a running maximum
     const T small = tiny<T>();
@@ -309,7 +357,7 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
           for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
         }
       } else {
-        a_t[i] = robust_row(h, i, b_t, last ? out + i * Dv : (T*)nullptr, w.row);
+        a_t[i] = robust_row(h, i, b_t, last ? out + i * Dv : (T*)nullptr, w.tiles[0].row);
       }
     }
   }
@@ -323,11 +371,23 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
   }
 }
 
-// Second pass of a backward strip: dS -= Q_col * g; grad_a -= Q_col g; dQ += dS K; dK += dS^T Q.
+// The column gradient g of a strip: the sum of the per-chunk partial sums kept in w.csum.
 template <typename T>
-void finish_strip(const Head<T>& h, int64_t j0, int64_t bc, const T* g, T* grad_a, T* dq, T* dk, Scratch<T>& w) {
+const T* strip_gradient(Scratch<T>& w, int64_t chunks, int64_t bc) {
+  T* g = w.gb.data();
+  std::fill(g, g + bc, T(0));
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t j = 0; j < bc; ++j) g[j] += w.csum[c * kBc + j];
+  return g;
+}
+
+// Second pass of a backward strip: dS -= Q_col * g; grad_a -= Q_col g; dQ += dS K; then dK (and the dV
+// that the first pass left in the threads' partials) of the strip's keys.
+template <typename T>
+void finish_strip(const Head<T>& h, int64_t j0, int64_t bc, T* grad_a, T* dq, T* dk, T* dv, Scratch<T>& w) {
   const int64_t n = h.n, chunks = (n + kBq - 1) / kBq;
-  for (int64_t c = 0; c < chunks; ++c) {
+  const T* g = strip_gradient(w, chunks, bc);
+  for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
     const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
     T* dS = w.strip1.data() + i0 * bc;
     const T* Qc = w.strip2.data() + i0 * bc;
@@ -338,8 +398,9 @@ void finish_strip(const Head<T>& h, int64_t j0, int64_t bc, const T* g, T* grad_
       for (int64_t j = 0; j < bc; ++j) d[j] -= qc[j] * g[j];
     }
     mm<T>(false, false, rows, h.D, bc, h.scale, dS, bc, h.k + j0 * h.D, h.D, T(1), dq + i0 * h.D, h.D);
-    mm<T>(true, false, bc, h.D, rows, h.scale, dS, bc, h.q + i0 * h.D, h.D, T(1), dk + j0 * h.D, h.D);
-  }
+    mm<T>(true, false, bc, h.D, rows, h.scale, dS, bc, h.q + i0 * h.D, h.D, T(1), tl.dk.data(), h.D);
+  });
+  add_partials(w, bc, h.D, h.Dv, dk + j0 * h.D, dv ? dv + j0 * h.Dv : (T*)nullptr);
 }
 
 // Backward of one head. dout (n, Dv); u: weight of the mechanism's half (1 without hybrid); out_l/a_l:
@@ -365,14 +426,15 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
   // the last round: the output's own softmax over s + b^k, and the column step b^k
   for (int64_t j0 = 0; j0 < m; j0 += kBc) {
     const int64_t bc = std::min(kBc, m - j0);
-    T* g = w.gb.data();
-    std::fill(g, g + bc, T(0));
-    for (int64_t c = 0; c < chunks; ++c) {
+    zero_partials(w);
+    for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
       const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+      T* g = w.csum.data() + c * kBc;  // this chunk's part of the column gradient
+      std::fill(g, g + bc, T(0));
       T* P = w.strip2.data() + i0 * bc;  // (rows, bc): scores, then weights
       T* dS = w.strip1.data() + i0 * bc;
-      T* dP = w.tile.data();
-      T* PL = w.tile2.data();
+      T* dP = tl.tile.data();
+      T* PL = tl.tile2.data();
       mm<T>(false, true, rows, bc, D, h.scale, h.q + i0 * D, D, h.k + j0 * D, D, T(0), P, bc);
       mm<T>(false, true, rows, bc, Dv, T(1), dout + i0 * Dv, Dv, h.v + j0 * Dv, Dv, T(0), dP, bc);
       for (int64_t r = 0; r < rows; ++r) {
@@ -397,14 +459,14 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
         }
       }
       const T* W = out_l ? dP : P;
-      mm<T>(true, false, bc, Dv, rows, out_l ? T(1) : u, W, bc, dout + i0 * Dv, Dv, T(1), dv + j0 * Dv, Dv);
+      mm<T>(true, false, bc, Dv, rows, out_l ? T(1) : u, W, bc, dout + i0 * Dv, Dv, T(1), tl.dv.data(), Dv);
       for (int64_t r = 0; r < rows; ++r) {  // P -> column weights of the last column step
         T* p = P + r * bc;
         const T rc = r_col[i0 + r];
         for (int64_t j = 0; j < bc; ++j) p[j] *= rc;
       }
-    }
-    finish_strip(h, j0, bc, g, ga, dq, dk, w);
+    });
+    finish_strip(h, j0, bc, ga, dq, dk, dv, w);
   }
   // earlier rounds t = k-1 .. 1: the row step a^t, then the column step b^t
   for (int64_t t = iters - 1; t >= 1; --t) {
@@ -417,10 +479,11 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
     for (int64_t i = 0; i < n; ++i) r_col[i] = std::exp(a_tm1[i] - a_t[i]);
     for (int64_t j0 = 0; j0 < m; j0 += kBc) {
       const int64_t bc = std::min(kBc, m - j0);
-      T* g = w.gb.data();
-      std::fill(g, g + bc, T(0));
-      for (int64_t c = 0; c < chunks; ++c) {
+      zero_partials(w);
+      for_chunks(chunks, w, [&](int64_t c, Tiles<T>&) {
         const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+        T* g = w.csum.data() + c * kBc;
+        std::fill(g, g + bc, T(0));
         T* P = w.strip2.data() + i0 * bc;
         T* dS = w.strip1.data() + i0 * bc;
         mm<T>(false, true, rows, bc, D, h.scale, h.q + i0 * D, D, h.k + j0 * D, D, T(0), P, bc);
@@ -436,8 +499,8 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
             p[j] *= rc;
           }
         }
-      }
-      finish_strip(h, j0, bc, g, ga_next, dq, dk, w);
+      });
+      finish_strip(h, j0, bc, ga_next, dq, dk, (T*)nullptr, w);
     }
   }
 }
@@ -509,7 +572,10 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   T* bp = b_all.data_ptr<T>();
   T* olp = soft ? out_l.data_ptr<T>() : nullptr;
   T* alp = soft ? a_l.data_ptr<T>() : nullptr;
-  at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
+  // Spread the (batch, head) problems over the threads, or, when there are fewer of them than threads,
+  // each problem's query chunks.
+  const bool inner = BH < at::get_num_threads();
+  auto body = [&](int64_t begin, int64_t end) {
     Scratch<T> w;
     std::vector<T> gq, gk, gv, o, aa, bb, ol, al;
     for (int64_t bh = begin; bh < end; ++bh) {
@@ -520,7 +586,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       if (n == 0 || m == 0) continue;  // outputs and potentials stay 0
       Head<T> h{n, m, D, Dv, (T)scale, gather(qp + bh * Lq * D, iq, Lq, D, gq), gather(kp + bh * Lk * D, ik, Lk, D, gk),
                 gather(vp + bh * Lk * Dv, ik, Lk, Dv, gv)};
-      w.reserve(n);
+      w.reserve(n, D, Dv, inner);
       o.resize(n * Dv);
       aa.resize((iters + 1) * n);
       bb.resize(iters * m);
@@ -538,7 +604,12 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         scatter(al.data(), iq, 1, alp + bh * Lq);
       }
     }
-  });
+  };
+  if (inner) {
+    body(0, BH);
+  } else {
+    at::parallel_for(0, BH, 1, body);
+  }
 }
 
 std::vector<at::Tensor> potentials_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -581,7 +652,10 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
   T* dqp = dq.data_ptr<T>();
   T* dkp = dk.data_ptr<T>();
   T* dvp = dv.data_ptr<T>();
-  at::parallel_for(0, BH, 1, [&](int64_t begin, int64_t end) {
+  // Spread the (batch, head) problems over the threads, or, when there are fewer of them than threads,
+  // each problem's query chunks.
+  const bool inner = BH < at::get_num_threads();
+  auto body = [&](int64_t begin, int64_t end) {
     Scratch<T> w;
     std::vector<T> gq, gk, gv, gdo, go, gol, gal, aa, bb, dqb, dkb, dvb, tmp;
     for (int64_t bh = begin; bh < end; ++bh) {
@@ -606,7 +680,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
         const T* src = gather(bp + (t * BH + bh) * Lk, ik, Lk, 1, tmp);
         std::copy(src, src + m, bb.begin() + t * m);
       }
-      w.reserve(n);
+      w.reserve(n, D, Dv, inner);
       const bool dense = n == Lq && m == Lk;
       T* dqh = dqp + bh * Lq * D;
       T* dkh = dkp + bh * Lk * D;
@@ -624,7 +698,12 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
         scatter(dvb.data(), ik, Dv, dvh);
       }
     }
-  });
+  };
+  if (inner) {
+    body(0, BH);
+  } else {
+    at::parallel_for(0, BH, 1, body);
+  }
 }
 
 std::vector<at::Tensor> potentials_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
