@@ -36,7 +36,7 @@ def test_disabled_extension_falls_back_to_the_same_results():
         "g = torch.Generator().manual_seed(0)\n"
         "q, k, v = (torch.randn(2, 2, 6, 4, generator=g, dtype=torch.float64) for _ in range(3))\n"
         "km = torch.tensor([[1] * 6, [1] * 4 + [0] * 2], dtype=torch.bool)\n"
-        "for m in ('dnas', 'hnas', ak.Sinkhorn(iters=3)):\n"
+        "for m in ('dnas', 'hnas', ak.Sinkhorn(iters=3), 'coda'):\n"
         "    a = ak.attention(q, k, v, m, key_mask=km, backend='efficient')\n"
         "    b = ak.attention(q, k, v, m, key_mask=km, backend='reference')\n"
         "    torch.testing.assert_close(a, b)\n"

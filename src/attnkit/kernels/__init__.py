@@ -10,7 +10,7 @@
   (``fused_dnas.fused_dnas_attention``);
 - dnas / hnas / sinkhorn otherwise (``attn_mask``, CUDA): ``potentials.potential_attention`` (block sweeps with
   recomputation; plain tensor operations, so the same code runs on CPU and CUDA);
-- coda: ``coda.coda_attention`` (query blocks, ``torch.cdist(p=1)``, recomputation).
+- coda: ``coda.coda_attention`` (query blocks, L1 distances by ``l1.l1_distance``, recomputation).
 
 The (Lq, Lk) weights are never materialized; use ``backend="reference"`` to get them.
 """
@@ -39,7 +39,9 @@ MIN_PAIRS = 128 * 128
 # computes twice (forward, and again in the backward pass); the materialized path is faster until its
 # memory traffic dominates. Measured (2 threads, fp32, B=1, H=8, D=64, forward+backward, efficient /
 # reference): L=256 1.45, 1024 1.15, 1536 1.10, 2048 0.91, 4096 0.76. So CoDA goes efficient from this
-# many pairs over the whole batch (B * H * Lq * Lk), where the reference holds about 0.6 GiB.
+# many pairs over the whole batch (B * H * Lq * Lk), where the reference holds about 0.6 GiB. With the C++
+# L1 kernel (both paths ~3.4x faster) the crossover moved down but is noisy: 4.2M pairs 0.73, 8.4M
+# 0.82 (B=1) / 1.28 (B=2), 16.8M 0.72; the threshold stays where the efficient path wins.
 CODA_MIN_TOTAL_PAIRS = 1 << 24
 
 

@@ -6,7 +6,8 @@
     M    = f_E(E) * g(N),                out = M v
 
 Each block of queries ``[i0, i1)`` builds its ``(B, H, C, Lk)`` slices of ``E`` and ``N`` (the L1
-distances with ``torch.cdist(p=1)``, never a ``(C, Lk, D)`` temporary), multiplies by ``v`` and drops
+distances with ``l1.l1_distance``, the C++ kernel on the CPU or ``torch.cdist(p=1)``, never a ``(C, Lk, D)``
+temporary), multiplies by ``v`` and drops
 them; the backward pass recomputes the block (activation checkpointing), so the peak is one block.
 The centred variants (eqs. 4 and 6) need the mean of ``E`` / ``N`` over the valid pairs of each
 (batch, head) matrix: a first chunked sweep computes those sums, also with recomputation.
@@ -24,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from ..config import CoDA
 from ..mechanisms import ACTIVATION_FNS
 from ._blocks import BlockMasks, chunk_size
+from .l1 import l1_distance
 
 __all__ = ["coda_attention"]
 
@@ -72,7 +74,7 @@ def _affinity_distance(qb: Tensor, k: Tensor, scale: float, config: CoDA) -> tup
     B, H, C, D = qb.shape
     Lk = k.shape[2]
     e = torch.matmul(qb, k.transpose(-1, -2)) * (config.alpha * scale)  # (B, H, C, Lk)
-    dist = torch.cdist(qb.reshape(B * H, C, D), k.reshape(B * H, Lk, D), p=1)  # (B*H, C, Lk)
+    dist = l1_distance(qb.reshape(B * H, C, D), k.reshape(B * H, Lk, D))  # (B*H, C, Lk)
     n = dist.view(B, H, C, Lk) * (-config.beta * scale)  # (B, H, C, Lk)
     return e, n
 

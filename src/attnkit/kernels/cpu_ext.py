@@ -1,4 +1,4 @@
-"""Build and load the C++ CPU kernels (``csrc/potentials_cpu.cpp``) on first use.
+"""Build and load the C++ CPU kernels (``csrc/*.cpp``: potentials, L1 distances) on first use.
 
 The extension is compiled once per machine with ``torch.utils.cpp_extension`` (a C++ compiler and
 ``ninja`` are needed; ``scripts/setup.sh`` builds it) into ``$ATTNKIT_CACHE/ext`` (default
@@ -20,7 +20,7 @@ import torch
 
 __all__ = ["available", "load", "build_dir", "disabled", "load_error"]
 
-_SOURCE = Path(__file__).parent / "csrc" / "potentials_cpu.cpp"
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("potentials_cpu.cpp", "l1_distance_cpu.cpp")]
 _lock = threading.Lock()
 _state: dict = {"loaded": False, "ok": False, "error": None}
 
@@ -85,7 +85,7 @@ def load(verbose: bool = False, *, warn: bool = True) -> bool:
             path.mkdir(parents=True, exist_ok=True)
             cpp_extension.load(
                 name="attnkit_cpu",
-                sources=[str(_SOURCE)],
+                sources=[str(p) for p in _SOURCES],
                 extra_cflags=_flags(),
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(path),
@@ -93,6 +93,7 @@ def load(verbose: bool = False, *, warn: bool = True) -> bool:
                 verbose=verbose,
             )
             torch.ops.attnkit_cpu.potentials_forward  # noqa: B018  (raises if the library did not register)
+            torch.ops.attnkit_cpu.l1_distance  # noqa: B018
             _state.update(loaded=True, ok=True, error=None)
         except Exception as exc:  # a missing compiler, ninja or BLAS symbol: fall back, say why once
             _state.update(loaded=True, ok=False, error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1:]}")

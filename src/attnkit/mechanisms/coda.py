@@ -46,16 +46,19 @@ ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
 def neg_l1_distance(q: Tensor, k: Tensor, scale: Optional[float] = None) -> Tensor:
     """``-||q_i - k_j||_1 * scale`` with ``scale = 1/sqrt(D)`` by default; ``(B, H, Lq, Lk)``.
 
-    Uses ``torch.cdist(p=1)``: no ``(Lq, Lk, D)`` temporary. Half-precision inputs are computed in
-    float32 (``cdist`` has no bfloat16 kernel) and the result is cast back to the input dtype.
+    Uses ``attnkit.kernels.l1.l1_distance`` (the C++ kernel on the CPU, ``torch.cdist(p=1)`` elsewhere):
+    no ``(Lq, Lk, D)`` temporary. Half-precision inputs are computed in float32 (``cdist`` has no bfloat16
+    kernel) and the result is cast back to the input dtype.
     """
+    from ..kernels.l1 import l1_distance  # here: attnkit.kernels imports this module
+
     B, H, Lq, D = q.shape
     Lk = k.shape[-2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     dtype = q.dtype
     if dtype in (torch.float16, torch.bfloat16):
         q, k = q.float(), k.float()
-    dist = torch.cdist(q.reshape(B * H, Lq, D), k.reshape(B * H, Lk, D), p=1)  # (B*H, Lq, Lk)
+    dist = l1_distance(q.reshape(B * H, Lq, D), k.reshape(B * H, Lk, D))  # (B*H, Lq, Lk)
     return (-scale * dist.view(B, H, Lq, Lk)).to(dtype)  # (B, H, Lq, Lk)
 
 

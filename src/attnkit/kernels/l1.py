@@ -1,0 +1,41 @@
+"""Batched L1 distances ``||x_i - y_j||_1`` for CoDA's gate (CoDA eq. (10); DESIGN.md section 3).
+
+On the CPU, with the C++ extension built, ``csrc/l1_distance_cpu.cpp`` (register tiles over transposed
+keys, forward and backward); elsewhere ``torch.cdist(p=1)``. Both avoid an ``(n, m, D)`` temporary.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from . import cpu_ext
+
+__all__ = ["l1_distance"]
+
+
+class _L1Distance(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, y: Tensor) -> Tensor:
+        ctx.save_for_backward(x, y)
+        return torch.ops.attnkit_cpu.l1_distance(x, y)  # (N, n, m)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        x, y = ctx.saved_tensors
+        dx, dy = torch.ops.attnkit_cpu.l1_distance_backward(grad, x, y)  # sum_j G sign(x - y), -sum_i ...
+        return dx, dy
+
+
+def l1_distance(x: Tensor, y: Tensor) -> Tensor:
+    """``dist (N, n, m)`` with ``dist[b, i, j] = sum_d |x[b, i, d] - y[b, j, d]|``; ``x (N, n, D)``, ``y (N, m, D)``.
+
+    The gradient is ``sign(x_i - y_j)`` weighted by the incoming gradient (0 at ties, as ``torch.cdist``).
+    """
+    if x.dim() != 3 or y.dim() != 3 or x.shape[0] != y.shape[0] or x.shape[2] != y.shape[2]:
+        raise ValueError(f"x {tuple(x.shape)} and y {tuple(y.shape)}: expected (N, n, D) and (N, m, D)")
+    if x.device.type == "cpu" and x.dtype == y.dtype and x.dtype in (torch.float32, torch.float64) and cpu_ext.load():
+        return _L1Distance.apply(x.contiguous(), y.contiguous())
+    return torch.cdist(x, y, p=1)
