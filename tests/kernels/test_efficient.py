@@ -7,9 +7,9 @@ import torch
 
 import attnkit as ak
 from attnkit.kernels import efficient_attention, prefers_efficient
-from attnkit.kernels._blocks import BlockMasks
-from attnkit.kernels.coda import coda_attention
-from attnkit.kernels.potentials import potential_attention
+from attnkit.kernels.block_masks import BlockMasks
+from attnkit.kernels.coda_blockwise import coda_attention
+from attnkit.kernels.blockwise import potential_attention
 from attnkit.masks import build_mask
 
 MECHS = {

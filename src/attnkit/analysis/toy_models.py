@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from ..config import CoDA, Hybrid, MechanismLike, resolve_mechanism
 from ..functional import attention, normalize
 from ..mechanisms import ACTIVATION_FNS
-from ..mechanisms._common import masked_mean
+from ..mechanisms.masked import masked_mean
 from ..scores import neg_l1_distance, scaled_dot
 from .collect import collect_explain_away
 

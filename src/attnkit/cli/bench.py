@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
     ) -> None:
         """Benchmark the attention backends; print a table (ratios to SDPA softmax) and write JSON."""
-        from attnkit.kernels.bench import (
+        from attnkit.benchmark import (
             DEFAULT_LENGTHS,
             DEFAULT_MECHANISMS,
             QUICK_LENGTHS,

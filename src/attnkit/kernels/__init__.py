@@ -4,13 +4,13 @@
 ``prefers_efficient`` decides for ``backend="auto"``. Per mechanism:
 
 - softmax: ``F.scaled_dot_product_attention`` (fused) when the masks allow it, else the block kernel;
-- dnas / hnas / sinkhorn on the CPU, with or without padding masks: ``fused_cpu.fused_cpu_attention``, the C++
+- dnas / hnas / sinkhorn on the CPU, with or without padding masks: ``cpp_potentials.fused_cpu_attention``, the C++
   kernels of ``csrc/potentials_cpu.cpp`` (built on first use; see ``cpu_ext``);
 - where those cannot be built: dnas / hnas with padding masks through PyTorch's fused CPU attention op
-  (``fused_dnas.fused_dnas_attention``);
-- dnas / hnas / sinkhorn otherwise (``attn_mask``, CUDA): ``potentials.potential_attention`` (block sweeps with
+  (``aten_fallback.fused_dnas_attention``);
+- dnas / hnas / sinkhorn otherwise (``attn_mask``, CUDA): ``blockwise.potential_attention`` (block sweeps with
   recomputation; plain tensor operations, so the same code runs on CPU and CUDA);
-- coda: ``coda.coda_attention`` (query blocks, L1 distances by ``l1.l1_distance``, recomputation).
+- coda: ``coda_blockwise.coda_attention`` (query blocks, L1 distances by ``l1_distance.l1_distance``, recomputation).
 
 The (Lq, Lk) weights are never materialized; use ``backend="reference"`` to get them.
 """
@@ -24,11 +24,11 @@ from torch import Tensor
 
 from ..config import CoDA, Hybrid, MechanismConfig, Sinkhorn
 from ..masks import MaskInfo
-from ._blocks import BlockMasks
-from .coda import coda_attention
-from .fused_cpu import fused_cpu_attention, fused_cpu_available
-from .fused_dnas import fused_available, fused_dnas_attention
-from .potentials import potential_attention
+from .block_masks import BlockMasks
+from .coda_blockwise import coda_attention
+from .cpp_potentials import fused_cpu_attention, fused_cpu_available
+from .aten_fallback import fused_available, fused_dnas_attention
+from .blockwise import potential_attention
 
 __all__ = ["efficient_attention", "prefers_efficient", "MIN_PAIRS", "CODA_MIN_TOTAL_PAIRS"]
 

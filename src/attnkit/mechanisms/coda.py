@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ..config import CoDA
-from ._common import masked_mean
+from .masked import masked_mean
 
 __all__ = ["coda_weights", "neg_l1_distance", "ACTIVATION_FNS"]
 
@@ -46,11 +46,11 @@ ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
 def neg_l1_distance(q: Tensor, k: Tensor, scale: Optional[float] = None) -> Tensor:
     """``-||q_i - k_j||_1 * scale`` with ``scale = 1/sqrt(D)`` by default; ``(B, H, Lq, Lk)``.
 
-    Uses ``attnkit.kernels.l1.l1_distance`` (the C++ kernel on the CPU, ``torch.cdist(p=1)`` elsewhere):
+    Uses ``attnkit.kernels.l1_distance.l1_distance`` (the C++ kernel on the CPU, ``torch.cdist(p=1)`` elsewhere):
     no ``(Lq, Lk, D)`` temporary. Half-precision inputs are computed in float32 (``cdist`` has no bfloat16
     kernel) and the result is cast back to the input dtype.
     """
-    from ..kernels.l1 import l1_distance  # here: attnkit.kernels imports this module
+    from ..kernels.l1_distance import l1_distance  # here: attnkit.kernels imports this module
 
     B, H, Lq, D = q.shape
     Lk = k.shape[-2]

@@ -18,7 +18,7 @@ from typing import Optional
 
 from torch import Tensor
 
-from ._common import masked_logsumexp
+from .masked import masked_logsumexp
 from .softmax import softmax_weights
 
 __all__ = ["dnas_weights", "key_log_normalizer"]

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._common import masked_logsumexp
+from .masked import masked_logsumexp
 from .softmax import softmax_weights
 
 __all__ = ["sinkhorn_weights", "sinkhorn_column_potential"]

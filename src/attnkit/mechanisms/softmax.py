@@ -13,7 +13,7 @@ from typing import Optional
 
 from torch import Tensor
 
-from ._common import masked_softmax
+from .masked import masked_softmax
 
 __all__ = ["softmax_weights"]
 

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..config import resolve_mechanism
 from ..nn import Transformer
-from ._common import PerLayer, TokenEmbedding, check_ids_and_mask, check_positive_int, label, per_layer
+from .building_blocks import PerLayer, TokenEmbedding, check_ids_and_mask, check_positive_int, label, per_layer
 
 __all__ = ["Seq2SeqTransformer"]
 

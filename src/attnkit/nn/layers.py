@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import MechanismLike, resolve_mechanism
-from ._common import mechanism_label
+from .module_utils import mechanism_label
 from .multihead import MultiheadAttention
 
 __all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "Activation"]

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ..config import MechanismLike
 from ..functional import BACKENDS, attention
-from ._common import (
+from .module_utils import (
     HybridWeightMixin,
     append_columns,
     canonical_mask,

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from ..config import MechanismLike
 from ..functional import BACKENDS, attention
-from ._common import HybridWeightMixin, canonical_mask, mechanism_label, resolve_module_mechanism
+from .module_utils import HybridWeightMixin, canonical_mask, mechanism_label, resolve_module_mechanism
 
 __all__ = ["MultiViewAttention"]
 

@@ -170,7 +170,7 @@ _MMAP_THRESHOLD = 128 * 1024
 
 def _peak_in_subprocess(mechanism: str, backend: str, L: int, cfg: BenchConfig) -> dict:
     cmd = [
-        sys.executable, "-m", "attnkit.kernels.bench", "--peak",
+        sys.executable, "-m", "attnkit.benchmark", "--peak",
         mechanism, backend, str(L), cfg.device, str(cfg.sinkhorn_iters),
     ]
     # A fixed mmap threshold: blocks of 128 KiB and more are mapped and returned to the system when
@@ -267,5 +267,5 @@ if __name__ == "__main__":
         _, _, mech, backend, length, device, iters = sys.argv
         print(json.dumps(measure_peak(mech, backend, int(length), device, int(iters))))
     else:
-        print("usage: python -m attnkit.kernels.bench --peak MECHANISM BACKEND L DEVICE SINKHORN_ITERS", file=sys.stderr)
+        print("usage: python -m attnkit.benchmark --peak MECHANISM BACKEND L DEVICE SINKHORN_ITERS", file=sys.stderr)
         sys.exit(2)

@@ -6,7 +6,7 @@
     M    = f_E(E) * g(N),                out = M v
 
 Each block of queries ``[i0, i1)`` builds its ``(B, H, C, Lk)`` slices of ``E`` and ``N`` (the L1
-distances with ``l1.l1_distance``, the C++ kernel on the CPU or ``torch.cdist(p=1)``, never a ``(C, Lk, D)``
+distances with ``l1_distance.l1_distance``, the C++ kernel on the CPU or ``torch.cdist(p=1)``, never a ``(C, Lk, D)``
 temporary), multiplies by ``v`` and drops
 them; the backward pass recomputes the block (activation checkpointing), so the peak is one block.
 The centred variants (eqs. 4 and 6) need the mean of ``E`` / ``N`` over the valid pairs of each
@@ -24,8 +24,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ..config import CoDA
 from ..mechanisms import ACTIVATION_FNS
-from ._blocks import BlockMasks, chunk_size
-from .l1 import l1_distance
+from .block_masks import BlockMasks, chunk_size
+from .l1_distance import l1_distance
 
 __all__ = ["coda_attention"]
 

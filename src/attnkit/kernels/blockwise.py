@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._blocks import BlockMasks, chunk_size, head_groups, reduce_to
+from .block_masks import BlockMasks, chunk_size, head_groups, reduce_to
 
 __all__ = ["potential_attention"]
 

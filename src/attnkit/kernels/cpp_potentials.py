@@ -10,7 +10,7 @@ eqs. (6)-(8); DESIGN.md section 2. The kernel computes ``k`` rounds of log-domai
 log-sum-exp is complete within its strip and nothing ``(Lq, Lk)``-shaped is stored; the backward pass
 recomputes the strips and is exact. HNAS (``u * out_D + (1 - u) * out_L``) computes its softmax half in
 the same sweeps, sharing the scores and ``dO V^T``. Padding masks (``key_mask``, ``query_mask``) are
-handled by compaction inside the kernel; ``attn_mask`` and causal calls use ``potentials.py``.
+handled by compaction inside the kernel; ``attn_mask`` and causal calls use ``blockwise.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from . import cpu_ext
-from ._blocks import reduce_to
+from .block_masks import reduce_to
 
 __all__ = ["fused_cpu_available", "fused_cpu_attention"]
 

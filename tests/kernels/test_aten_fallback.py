@@ -1,4 +1,4 @@
-"""PyTorch's fused CPU attention op for DNAS/HNAS (kernels/fused_dnas.py), the path used where the C++ kernels
+"""PyTorch's fused CPU attention op for DNAS/HNAS (kernels/aten_fallback.py), the path used where the C++ kernels
 cannot be built, against the float64 reference."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import attnkit as ak
-from attnkit.kernels import fused_dnas
-from attnkit.kernels.fused_dnas import fused_available, fused_dnas_attention
+from attnkit.kernels import aten_fallback
+from attnkit.kernels.aten_fallback import fused_available, fused_dnas_attention
 
 pytestmark = pytest.mark.skipif(
     not fused_available(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2)), reason="no fused CPU attention kernel"
@@ -106,7 +106,7 @@ def test_error_at_most_a_multiple_of_the_reference_error(dtype, factor):
 def test_without_the_cpp_kernels_padding_masks_go_to_the_fused_op(monkeypatch):
     monkeypatch.setattr("attnkit.kernels.fused_cpu_available", lambda q: False)
     calls = []
-    real = fused_dnas.fused_dnas_attention
+    real = aten_fallback.fused_dnas_attention
 
     def spy(*args, **kwargs):
         calls.append(kwargs["key_mask"] is not None)

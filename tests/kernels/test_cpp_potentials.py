@@ -1,4 +1,4 @@
-"""The C++ CPU kernels for DNAS, HNAS and Sinkhorn (kernels/fused_cpu.py, csrc/potentials_cpu.cpp) against the
+"""The C++ CPU kernels for DNAS, HNAS and Sinkhorn (kernels/cpp_potentials.py, csrc/potentials_cpu.cpp) against the
 float64 reference: outputs, gradients, padding, empty rows, large logits, low precision and dispatch."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 
 import attnkit as ak
 from attnkit.kernels import cpu_ext
-from attnkit.kernels import fused_cpu
-from attnkit.kernels.fused_cpu import fused_cpu_attention
+from attnkit.kernels import cpp_potentials
+from attnkit.kernels.cpp_potentials import fused_cpu_attention
 
 
 pytestmark = pytest.mark.skipif(not cpu_ext.load(warn=False), reason="C++ CPU kernels not built")
@@ -164,7 +164,7 @@ def test_error_at_most_a_multiple_of_the_reference_error(name, dtype, factor):
 
 def test_efficient_backend_uses_the_cpp_kernels_for_padding_masks(monkeypatch):
     calls = []
-    real = fused_cpu.fused_cpu_attention
+    real = cpp_potentials.fused_cpu_attention
 
     def spy(*args, **kwargs):
         calls.append((kwargs["iters"], kwargs["key_mask"] is not None))

@@ -17,7 +17,7 @@ for the gradient that flows through ``c``:
 
 ``sum_i P_ij delta_i`` is a pass over the transposed problem with bias ``-r_i``. Nothing of size
 ``(Lq, Lk)`` is stored. The path takes key and query padding masks (no ``attn_mask``); other calls use
-the block kernel of ``potentials.py``.
+the block kernel of ``blockwise.py``.
 
 The kernel is reached through ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu``: the
 public ``F.scaled_dot_product_attention`` does not return the log-sum-exp that DNAS needs.

@@ -1,4 +1,4 @@
-"""The L1 distances of CoDA's gate (kernels/l1.py, csrc/l1_distance_cpu.cpp) against torch.cdist(p=1)."""
+"""The L1 distances of CoDA's gate (kernels/l1_distance.py, csrc/l1_distance_cpu.cpp) against torch.cdist(p=1)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnkit.kernels import cpu_ext
-from attnkit.kernels.l1 import l1_distance
+from attnkit.kernels.l1_distance import l1_distance
 
 pytestmark = pytest.mark.skipif(not cpu_ext.load(warn=False), reason="C++ CPU kernels not built")
 
