@@ -2,12 +2,12 @@
 
 Nothing here imports attnkit: the tests compare attnkit against these formulas.
 
-- softmax (LNAS), doubly-normalized draft eq. (1)/(3): ``pi_ij = exp(s_ij) / sum_j exp(s_ij)``.
-- DNAS, draft eqs. (7)-(8): ``xi_ji = exp(s_ij) / sum_i exp(s_ij)``, ``pi_ij = xi_ji / sum_j xi_ji``.
-- HNAS, draft section 6: ``u * pi^D + (1 - u) * pi^L``.
-- Sinkhorn, draft section 4: start from ``exp(s)`` and alternate column / row normalizations
+- softmax (LNAS), "Doubly-Normalized Attention" eq. (1)/(3): ``pi_ij = exp(s_ij) / sum_j exp(s_ij)``.
+- DNAS, "Doubly-Normalized Attention" eqs. (7)-(8): ``xi_ji = exp(s_ij) / sum_i exp(s_ij)``, ``pi_ij = xi_ji / sum_j xi_ji``.
+- HNAS, "Doubly-Normalized Attention" section 6: ``u * pi^D + (1 - u) * pi^L``.
+- Sinkhorn, "Doubly-Normalized Attention" section 4: start from ``exp(s)`` and alternate column / row normalizations
   (``k`` rounds; ``k = 0`` is one row normalization).
-- CoDA, compositional de-attention eqs. (3)-(6) and (10): ``tanh(E) * sigmoid(N)`` and its variants.
+- CoDA, "Compositional De-Attention Networks" eqs. (3)-(6) and (10): ``tanh(E) * sigmoid(N)`` and its variants.
 
 Every normalization runs over the *valid* entries only: a pair is valid when the key mask, the
 query mask, the boolean/float attention mask and the causal mask all allow it. Empty rows give 0.

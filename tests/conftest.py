@@ -58,9 +58,14 @@ def compare_with_reference():
 
 @pytest.fixture
 def gradcheck_attention():
-    """``check(case, backend)``: ``torch.autograd.gradcheck`` in float64 on a small masked problem."""
+    """``check(case, backend)``: ``torch.autograd.gradcheck`` in float64 on a small masked problem.
 
-    def check(case, backend, *, B=2, H=2, Lq=3, Lk=4, D=3, seed=0, **extra):
+    The problem is the smallest that reaches every branch: batch element 0 unpadded, element 1 padded on
+    both sides, a random boolean ``attn_mask`` that empties some rows and columns, two heads (per-head ``u``).
+    ``fast_mode=True`` checks a random projection ``v^T J u`` of the Jacobian (PyTorch's fast gradcheck)
+    instead of every entry: for variants of a mechanism whose branches a full check already covers."""
+
+    def check(case, backend, *, B=2, H=2, Lq=3, Lk=4, D=3, seed=0, fast_mode=False, **extra):
         q, k, v = random_qkv(B, H, Lq, Lk, D=D, Dv=2, seed=seed, requires_grad=True)
         masks = _masks(B, Lq, Lk, seed)
         mechanism = case.attnkit_mechanism(ak)
@@ -79,6 +84,6 @@ def gradcheck_attention():
             def fn(q, k, v):
                 return ak.attention(q, k, v, mechanism, backend=backend, **call, **masks, **extra)
 
-        assert torch.autograd.gradcheck(fn, tuple(inputs), eps=1e-6, atol=1e-6, rtol=1e-4)
+        assert torch.autograd.gradcheck(fn, tuple(inputs), eps=1e-6, atol=1e-6, rtol=1e-4, fast_mode=fast_mode)
 
     return check

@@ -1,4 +1,4 @@
-"""Score functions (DESIGN.md section 5) against plain formulas, each fed through ``ak.normalize``."""
+"""Score functions (docs/design.md section 1) against plain formulas, each fed through ``ak.normalize``."""
 
 from __future__ import annotations
 

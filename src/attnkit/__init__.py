@@ -7,8 +7,9 @@
 import importlib
 
 from . import scores
-from .config import DNAS, MECHANISMS, CoDA, Hybrid, Sinkhorn, Softmax, resolve_mechanism
-from .functional import BACKENDS, attention, normalize
+from .config import DNAS, CoDA, Hybrid, Sinkhorn, Softmax
+from .functional import BACKENDS, attention, explain_dispatch, normalize
+from .registry import MECHANISMS, resolve_mechanism
 
 __version__ = "0.1.0"
 
@@ -24,6 +25,7 @@ __all__ = [
     "resolve_mechanism",
     "attention",
     "normalize",
+    "explain_dispatch",
     "scores",
     "nn",
 ]

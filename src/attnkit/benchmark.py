@@ -25,11 +25,13 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from .registry import MECHANISMS, resolve_options
+
 __all__ = ["BenchConfig", "run_bench", "format_table", "DEFAULT_LENGTHS", "QUICK_LENGTHS", "DEFAULT_MECHANISMS"]
 
 DEFAULT_LENGTHS = (256, 1024, 4096, 8192)
 QUICK_LENGTHS = (256, 1024)
-DEFAULT_MECHANISMS = ("softmax", "dnas", "hnas", "sinkhorn", "coda")
+DEFAULT_MECHANISMS = MECHANISMS
 BACKENDS = ("reference", "efficient")
 B, H, D = 1, 8, 64
 
@@ -80,10 +82,10 @@ def _call(mechanism: str, backend: str, sinkhorn_iters: int) -> Callable:
     """``f(q, k, v) -> out`` for one configuration; ``backend="sdpa"`` is PyTorch's fused softmax."""
     if backend == "sdpa":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v)
-    import attnkit as ak
+    from .functional import attention
 
-    mech = ak.Sinkhorn(iters=sinkhorn_iters) if mechanism == "sinkhorn" else mechanism
-    return lambda q, k, v: ak.attention(q, k, v, mech, backend=backend)
+    mech = resolve_options(mechanism, sinkhorn_iters=sinkhorn_iters if mechanism == "sinkhorn" else None)
+    return lambda q, k, v: attention(q, k, v, mech, backend=backend)
 
 
 def _sync(device: str) -> None:
@@ -208,6 +210,7 @@ def run_bench(cfg: BenchConfig, log: Optional[Callable[[str], None]] = None) -> 
                 ref_fwd, ref_fb = (sdpa_fwd + s_fwd) / 2, (sdpa_fb + s_fb) / 2
                 mem = _peak_in_subprocess(mechanism, backend, L, cfg) if cfg.memory else {}
                 row = _row(L, mechanism, backend, t_fwd, t_fb, ref_fwd, ref_fb, mem)
+                row["route"] = _route(mechanism, backend, q, k, v, cfg.sinkhorn_iters)
                 rows.append(row)
                 log(
                     f"L={L} {mechanism}/{backend}: fwd x{row['fwd_ratio']:.2f} fwd+bwd x{row['fwd_bwd_ratio']:.2f}"
@@ -222,6 +225,14 @@ def run_bench(cfg: BenchConfig, log: Optional[Callable[[str], None]] = None) -> 
         else "torch.cuda.max_memory_allocated above the inputs",
     }
     return {"meta": meta, "rows": rows}
+
+
+def _route(mechanism: str, backend: str, q, k, v, sinkhorn_iters: int) -> str:
+    """The route ``ak.attention`` takes for this configuration (``attnkit.kernels.plan``)."""
+    from .functional import explain_dispatch
+
+    mech = resolve_options(mechanism, sinkhorn_iters=sinkhorn_iters if mechanism == "sinkhorn" else None)
+    return explain_dispatch(q, k, v, mech, backend=backend).route
 
 
 def _row(L, mechanism, backend, t_fwd, t_fb, sdpa_fwd, sdpa_fb, mem) -> dict:
@@ -245,12 +256,15 @@ def _skipped(L, mechanism, backend, reason) -> dict:
 
 def format_table(result: dict) -> str:
     """A plain-text table of the rows: times, ratios to SDPA softmax and peak memory (MiB)."""
-    head = f"{'L':>6} {'mechanism':<9} {'backend':<9} {'fwd s':>9} {'x sdpa':>7} {'f+b s':>9} {'x sdpa':>7} {'peak MiB':>9}"
+    head = (
+        f"{'L':>6} {'mechanism':<9} {'backend':<9} {'route':<14} {'fwd s':>9} {'x sdpa':>7} {'f+b s':>9} "
+        f"{'x sdpa':>7} {'peak MiB':>9}"
+    )
     lines = [head, "-" * len(head)]
     fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
     for r in result["rows"]:
         lines.append(
-            f"{r['L']:>6} {r['mechanism']:<9} {r['backend']:<9} {fmt(r['fwd_s'], '9.4f')} "
+            f"{r['L']:>6} {r['mechanism']:<9} {r['backend']:<9} {r.get('route', 'sdpa'):<14} {fmt(r['fwd_s'], '9.4f')} "
             f"{fmt(r['fwd_ratio'], '7.2f')} {fmt(r['fwd_bwd_s'], '9.4f')} {fmt(r['fwd_bwd_ratio'], '7.2f')} "
             f"{fmt(r['peak_extra_mb'], '9.0f')}"
         )

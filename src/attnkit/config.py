@@ -1,18 +1,18 @@
 """Configuration objects for the attention mechanisms.
 
-Each mechanism of DESIGN.md section 2/3 has a small frozen dataclass, validated in ``__post_init__``.
-``resolve_mechanism`` turns a name (``"dnas"``) or a config object into a config object, so every
-public entry point accepts both.
+Each mechanism of docs/design.md sections 2-3 has a small frozen dataclass, validated in ``__post_init__``.
+The registry (``attnkit.registry``) maps names and aliases to these classes; ``resolve_mechanism`` there
+turns a name (``"dnas"``) or a config object into a config object, so every public entry point accepts both.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Any, Union
 
+from .validators import check_bool, check_choice, check_int, check_number
+
 __all__ = [
-    "MECHANISMS",
     "ACTIVATIONS",
     "GATES",
     "Softmax",
@@ -22,14 +22,10 @@ __all__ = [
     "CoDA",
     "MechanismConfig",
     "MechanismLike",
-    "resolve_mechanism",
 ]
 
-MECHANISMS: tuple[str, ...] = ("softmax", "dnas", "hnas", "sinkhorn", "coda")
 ACTIVATIONS: tuple[str, ...] = ("tanh", "sigmoid", "arctan", "algebraic")
 GATES: tuple[str, ...] = ("sigmoid", "scaled", "centered")
-
-_ALIASES = {"lnas": "softmax", "hybrid": "hnas", "doubly": "dnas"}
 
 
 @dataclass(frozen=True)
@@ -64,8 +60,7 @@ class Hybrid:
     query_normalized = True
 
     def __post_init__(self) -> None:
-        if isinstance(self.u0, bool) or not isinstance(self.u0, (int, float)) or not 0.0 <= float(self.u0) <= 1.0:
-            raise ValueError(f"Hybrid(u0={self.u0!r}): the hybrid weight must be a number in [0, 1]")
+        check_number(self.u0, f"Hybrid(u0={self.u0!r})", "the hybrid weight must be a number in [0, 1]", low=0.0, high=1.0)
 
 
 @dataclass(frozen=True)
@@ -81,11 +76,10 @@ class Sinkhorn:
     query_normalized = True
 
     def __post_init__(self) -> None:
-        if isinstance(self.iters, bool) or not isinstance(self.iters, int) or self.iters < 0:
-            raise ValueError(
-                f"Sinkhorn(iters={self.iters!r}): the number of iterations must be an integer >= 0 "
-                "(0 = softmax, 1 = DNAS)"
-            )
+        check_int(
+            self.iters, f"Sinkhorn(iters={self.iters!r})",
+            "the number of iterations must be an integer >= 0 (0 = softmax, 1 = DNAS)", low=0,
+        )
 
 
 @dataclass(frozen=True)
@@ -107,50 +101,29 @@ class CoDA:
     query_normalized = False
 
     def __post_init__(self) -> None:
-        if self.gate not in GATES:
-            raise ValueError(f"CoDA(gate={self.gate!r}): expected one of {GATES}")
+        check_choice(self.gate, f"CoDA(gate={self.gate!r})", GATES)
         for field_name in ("e_activation", "n_activation"):
             value = getattr(self, field_name)
-            if value not in ACTIVATIONS:
-                raise ValueError(f"CoDA({field_name}={value!r}): expected one of {ACTIVATIONS}")
+            check_choice(value, f"CoDA({field_name}={value!r})", ACTIVATIONS)
         for field_name in ("alpha", "beta"):
             value = getattr(self, field_name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"CoDA({field_name}={value!r}): expected a finite number > 0")
-        if not isinstance(self.center_e, bool):
-            raise ValueError(f"CoDA(center_e={self.center_e!r}): expected True or False")
+            check_number(value, f"CoDA({field_name}={value!r})", "expected a finite number > 0", low=0.0, low_open=True)
+        check_bool(self.center_e, f"CoDA(center_e={self.center_e!r})")
+
+    @property
+    def uses_global_means(self) -> bool:
+        """Eqs. (4) and (6) subtract means over every valid pair, which a causal mask cannot allow."""
+        return self.center_e or self.gate == "centered"
 
 
 MechanismConfig = Union[Softmax, DNAS, Hybrid, Sinkhorn, CoDA]
 MechanismLike = Union[str, MechanismConfig]
 
-_BY_NAME: dict[str, type] = {"softmax": Softmax, "dnas": DNAS, "hnas": Hybrid, "sinkhorn": Sinkhorn, "coda": CoDA}
 
 
-def resolve_mechanism(mechanism: MechanismLike, **options: Any) -> MechanismConfig:
-    """Return the config object for ``mechanism`` (a name or a config object).
+def __getattr__(name: str) -> Any:  # the names that moved to the registry, for code written against this module
+    if name in ("MECHANISMS", "resolve_mechanism"):
+        from . import registry
 
-    ``options`` are config fields given by name (e.g. ``iters=5`` for Sinkhorn); an option that the
-    mechanism does not have raises a ``ValueError`` listing the ones it has.
-    """
-    if isinstance(mechanism, tuple(_BY_NAME.values())):
-        config = mechanism
-    elif isinstance(mechanism, str):
-        key = _ALIASES.get(mechanism.lower(), mechanism.lower())
-        if key not in _BY_NAME:
-            raise ValueError(f"unknown attention mechanism {mechanism!r}; expected one of {MECHANISMS}")
-        config = _BY_NAME[key]()
-    else:
-        raise ValueError(
-            f"mechanism must be a name in {MECHANISMS} or a config object (ak.Softmax(), ak.DNAS(), "
-            f"ak.Hybrid(u0=...), ak.Sinkhorn(iters=...), ak.CoDA(...)), got {type(mechanism).__name__}"
-        )
-    if options:
-        valid = [f.name for f in fields(config)]
-        unknown = sorted(set(options) - set(valid))
-        if unknown:
-            raise ValueError(
-                f"{type(config).__name__} has no option(s) {unknown}; valid options: {valid or 'none'}"
-            )
-        config = replace(config, **options)
-    return config
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

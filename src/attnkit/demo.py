@@ -13,7 +13,8 @@ import torch
 from torch import Tensor
 
 from .analysis.explain_away import explain_away
-from .config import MECHANISMS, CoDA, Hybrid, Sinkhorn, resolve_mechanism
+from .config import CoDA, Hybrid, Sinkhorn
+from .registry import MECHANISMS, resolve_mechanism
 from .functional import attention
 
 __all__ = ["MechanismSummary", "padded_batch", "side_by_side"]

@@ -1,4 +1,4 @@
-"""The functional core: ``attention`` and ``normalize`` (DESIGN.md section 6).
+"""The functional core: ``attention``, ``normalize`` and ``explain_dispatch`` (docs/design.md section 6).
 
 Both accept a mechanism name (``"softmax"``, ``"dnas"``, ``"hnas"``, ``"sinkhorn"``, ``"coda"``) or a
 config object (``ak.Sinkhorn(iters=5)``), the masks of ``attnkit.masks`` and return weights in which
@@ -8,7 +8,6 @@ invalid pairs weigh exactly 0 and queries without a valid key get zeros (never N
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import math
 from typing import Callable, Iterator, Optional, Union
 
@@ -16,22 +15,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .config import CoDA, Hybrid, MechanismConfig, MechanismLike, Sinkhorn, resolve_mechanism
-from .masks import MaskInfo, build_mask, causal_leak_error, check_qkv
-from .mechanisms import (
-    check_hybrid_weight,
-    coda_weights,
-    dnas_weights,
-    hybrid_weights,
-    neg_l1_distance,
-    sinkhorn_weights,
-    softmax_weights,
-)
-from .scores import scaled_dot
+from .config import CoDA, Hybrid, MechanismConfig, MechanismLike
+from .kernels import Plan, plan, run_route
+from .masks import MaskInfo, build_mask, check_qkv
+from .mechanisms import check_hybrid_weight
+from .registry import check_causal, resolve_options, spec_of
+from .scores import neg_l1_distance, scaled_dot
+from .validators import check_number
 
-__all__ = ["attention", "normalize", "observe_weights", "BACKENDS", "resolve_call", "WeightObserver"]
+__all__ = ["attention", "normalize", "explain_dispatch", "observe_weights", "BACKENDS", "resolve_call", "WeightObserver"]
 
 BACKENDS: tuple[str, ...] = ("auto", "reference", "efficient")
+
 
 WeightObserver = Callable[[Tensor, MaskInfo, MechanismConfig], None]
 _OBSERVERS: list[WeightObserver] = []
@@ -57,51 +52,19 @@ def resolve_call(
     sinkhorn_iters: Optional[int],
 ) -> MechanismConfig:
     """Merge the per-call options with the mechanism's config, rejecting options that do not apply."""
-    config = resolve_mechanism(mechanism)
-    if hybrid_weight is not None and not isinstance(config, Hybrid):
-        raise ValueError(
-            f"hybrid_weight is only used by mechanism 'hnas', got mechanism {config.name!r}; drop hybrid_weight"
-        )
-    if sinkhorn_iters is not None:
-        if not isinstance(config, Sinkhorn):
-            raise ValueError(
-                f"sinkhorn_iters is only used by mechanism 'sinkhorn', got mechanism {config.name!r}; "
-                "drop sinkhorn_iters"
-            )
-        if not isinstance(mechanism, str) and sinkhorn_iters != config.iters:
-            raise ValueError(
-                f"sinkhorn_iters={sinkhorn_iters} contradicts the config Sinkhorn(iters={config.iters}); pass one of them"
-            )
-        config = Sinkhorn(iters=sinkhorn_iters)
-    return config
+    return resolve_options(mechanism, hybrid_weight=hybrid_weight, sinkhorn_iters=sinkhorn_iters)
 
 
 def _check_scale(scale: Optional[float], D: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(D)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale={scale!r}; expected a finite number > 0 (default 1/sqrt(D) = {1 / math.sqrt(D):.4g})")
-    return float(scale)
+    expected = f"expected a finite number > 0 (default 1/sqrt(D) = {1 / math.sqrt(D):.4g})"
+    return check_number(scale, f"scale={scale!r}", expected, low=0.0, low_open=True, sep="; ")
 
 
 def _check_dropout(p: float) -> float:
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout_p={p!r}; expected a number in [0, 1)")
-    return float(p)
-
-
-def _check_causal(config: MechanismConfig, causal: bool) -> None:
-    """Reject mechanisms whose weights at query i would depend on later queries under a causal mask."""
-    if not causal:
-        return
-    if config.query_normalized:
-        raise causal_leak_error(config.name)
-    if isinstance(config, CoDA) and (config.center_e or config.gate == "centered"):
-        raise ValueError(
-            f"CoDA(gate={config.gate!r}, center_e={config.center_e!r}) subtracts the mean over all valid pairs "
-            "(eqs. 4 and 6), so under a causal mask the output at position i depends on later positions "
-            "(a future-token leak). Use CoDA(gate='scaled') or gate='sigmoid' with center_e=False for causal attention."
-        )
+    expected = "expected a number in [0, 1)"
+    return check_number(p, f"dropout_p={p!r}", expected, low=0.0, high=1.0, high_open=True, sep="; ")
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -117,17 +80,9 @@ def _weights(
     gate_scores: Optional[Tensor] = None,
 ) -> Tensor:
     """Weights ``(B, H, Lq, Lk)`` of ``config`` from scores in the compute dtype."""
-    if isinstance(config, CoDA):
-        return coda_weights(scores, gate_scores, mask.valid, config)
-    if mask.bias is not None:
+    if mask.bias is not None:  # never for CoDA: build_mask refuses a float attn_mask there
         scores = scores + mask.bias.to(scores.dtype)
-    if config.name == "softmax":
-        return softmax_weights(scores, mask.valid)
-    if config.name == "dnas":
-        return dnas_weights(scores, mask.valid)
-    if config.name == "hnas":
-        return hybrid_weights(scores, mask.valid, u.to(scores.dtype))
-    return sinkhorn_weights(scores, mask.valid, config.iters)
+    return spec_of(config).weights(scores, mask.valid, config, u, gate_scores)
 
 
 def _hybrid_u(config: MechanismConfig, hybrid_weight, H: int, like: Tensor) -> Optional[Tensor]:
@@ -136,19 +91,6 @@ def _hybrid_u(config: MechanismConfig, hybrid_weight, H: int, like: Tensor) -> O
         return None
     u = config.u0 if hybrid_weight is None else hybrid_weight
     return check_hybrid_weight(u, H, like, dtype=_compute_dtype(like.dtype))
-
-
-def _efficient_module():
-    """``attnkit.kernels`` when it is part of this build, else ``None``.
-
-    Only a missing package means "not available": an error raised while importing an existing
-    kernels package propagates instead of silently falling back to the reference backend.
-    """
-    if importlib.util.find_spec(f"{__package__}.kernels") is None:
-        return None
-    from . import kernels
-
-    return kernels
 
 
 def attention(
@@ -195,21 +137,11 @@ def attention(
     and CoDA with ``gate="centered"`` or ``center_e=True`` (means over all valid pairs), raise a
     ``ValueError`` under ``causal=True`` (they would leak future positions).
     """
-    config = resolve_call(mechanism, hybrid_weight, sinkhorn_iters)
-    check_qkv(q, k, v)
-    B, H, Lq, D = q.shape
-    Lk = k.shape[2]
-    _check_causal(config, causal)
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
-    mask = build_mask(
-        B, H, Lq, Lk,
-        key_mask=key_mask, query_mask=query_mask, attn_mask=attn_mask, causal=causal,
-        device=q.device, allow_bias=not isinstance(config, CoDA),
+    config, mask, scale, dropout_p = _boundary(
+        q, k, v, mechanism, key_mask, query_mask, attn_mask, causal, scale, dropout_p, hybrid_weight,
+        sinkhorn_iters, backend,
     )
-    scale = _check_scale(scale, D)
-    dropout_p = _check_dropout(dropout_p)
-    u = _hybrid_u(config, hybrid_weight, H, q)
+    u = _hybrid_u(config, hybrid_weight, q.shape[1], q)
 
     if _OBSERVERS:
         out, w = _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights=True)
@@ -217,20 +149,80 @@ def attention(
             observer(w.detach(), mask, config)
         return (out, w) if return_weights else out
 
-    kernels = _efficient_module()
+    route = _plan(q, k, v, config, mask, dropout_p, backend, return_weights).route
+    if route == "reference":
+        return _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights)
+    return run_route(route, q, k, v, config, mask, scale=scale, dropout_p=dropout_p, u=u)
+
+
+def _boundary(
+    q, k, v, mechanism, key_mask, query_mask, attn_mask, causal, scale, dropout_p, hybrid_weight,
+    sinkhorn_iters, backend,
+) -> tuple[MechanismConfig, MaskInfo, float, float]:
+    """Resolve and validate one call once: the config, the call's one ``MaskInfo``, scale and dropout."""
+    config = resolve_call(mechanism, hybrid_weight, sinkhorn_iters)
+    check_qkv(q, k, v)
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    check_causal(config, causal)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    mask = build_mask(
+        B, H, Lq, Lk,
+        key_mask=key_mask, query_mask=query_mask, attn_mask=attn_mask, causal=causal,
+        device=q.device, allow_bias=not isinstance(config, CoDA),
+    )
+    return config, mask, _check_scale(scale, D), _check_dropout(dropout_p)
+
+
+def _plan(q, k, v, config, mask, dropout_p: float, backend: str, return_weights: bool) -> Plan:
+    """The route of a validated call: ``"reference"`` or a route of ``attnkit.kernels.ROUTES``, with why."""
     if backend == "efficient":
         if return_weights:
             raise ValueError(
                 "backend='efficient' never materializes the (Lq, Lk) weights; use backend='reference' "
                 "(or 'auto') with return_weights=True"
             )
-        if kernels is None:
-            raise ValueError("the efficient backend is not available in this build; use backend='reference'")
-        return kernels.efficient_attention(q, k, v, config, mask, scale=scale, dropout_p=dropout_p, u=u)
-    if backend == "auto" and not return_weights and kernels is not None:
-        if kernels.prefers_efficient(q, k, v, config, mask, dropout_p=dropout_p):
-            return kernels.efficient_attention(q, k, v, config, mask, scale=scale, dropout_p=dropout_p, u=u)
-    return _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights)
+        return plan(q, k, v, config, mask, dropout_p=dropout_p, backend="efficient")
+    if backend == "reference":
+        return Plan("reference", "backend='reference' was asked for")
+    if return_weights:
+        return Plan("reference", "return_weights=True needs the materialized (Lq, Lk) weights")
+    return plan(q, k, v, config, mask, dropout_p=dropout_p, backend="auto")
+
+
+def explain_dispatch(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mechanism: MechanismLike = "softmax",
+    *,
+    key_mask: Optional[Tensor] = None,
+    query_mask: Optional[Tensor] = None,
+    attn_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    hybrid_weight: Optional[Union[float, Tensor]] = None,
+    sinkhorn_iters: Optional[int] = None,
+    return_weights: bool = False,
+    backend: str = "auto",
+) -> Plan:
+    """Which route ``ak.attention`` takes for these arguments, and why, without running it.
+
+    Returns a ``Plan(route, reason)``: ``route`` is ``"reference"`` (materialized weights) or one of
+    ``attnkit.kernels.ROUTES`` (``"sdpa"``, ``"cpp"``, ``"aten"``, ``"blockwise"``, ``"coda_blockwise"``).
+    Takes the arguments of ``ak.attention`` and validates them the same way.
+
+        >>> ak.explain_dispatch(q, k, v, "dnas", key_mask=mask)
+        Plan(route='cpp', reason='the C++ kernels beat the materialized path at every size; ...')
+    """
+    config, mask, _, dropout_p = _boundary(
+        q, k, v, mechanism, key_mask, query_mask, attn_mask, causal, None, dropout_p, hybrid_weight,
+        sinkhorn_iters, backend,
+    )
+    if _OBSERVERS:
+        return Plan("reference", "inside observe_weights(): the observers need the weights")
+    return _plan(q, k, v, config, mask, dropout_p, backend, return_weights)
 
 
 def _reference_attention(
@@ -284,7 +276,7 @@ def normalize(
         got = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
         raise ValueError(f"scores must be a floating tensor of shape (B, H, Lq, Lk), got {got}")
     B, H, Lq, Lk = scores.shape
-    _check_causal(config, causal)
+    check_causal(config, causal)
     if isinstance(config, CoDA):
         if gate_scores is None:
             raise ValueError(

@@ -1,6 +1,6 @@
 """Validation of attention inputs and the combination of masks into one validity pattern.
 
-Convention (DESIGN.md section 1): boolean masks with **True = real / may attend**.
+Convention (docs/design.md section 1): boolean masks with **True = real / may attend**.
 
 - ``key_mask``   ``(B, Lk)``   False marks padded keys.
 - ``query_mask`` ``(B, Lq)``   False marks padded queries (they get a zero output and never enter
@@ -14,7 +14,7 @@ A pair ``(i, j)`` is valid when every mask allows it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -25,19 +25,105 @@ __all__ = ["MaskInfo", "check_qkv", "build_mask", "causal_leak_error"]
 
 @dataclass
 class MaskInfo:
-    """The combined masks of one attention call.
+    """The masks of one attention call, built once by ``build_mask`` at the public boundary.
 
-    ``valid``: boolean, broadcastable to ``(B, H, Lq, Lk)``, or ``None`` when every pair is valid.
-    ``bias``: additive float bias broadcastable to ``(B, H, Lq, Lk)`` (finite, 0 where invalid) or ``None``.
-    ``key_mask`` / ``query_mask``: the validated 1-D masks, kept for backends that use them directly.
+    Every backend reads this one object: the reference path the combined ``valid`` pattern, the
+    efficient kernels the factored form, block by block (``block_valid`` / ``bias_block`` / ``select``),
+    so that the only ``O(Lq * Lk)`` memory is what the user passed. Factored fields, each broadcastable
+    to ``(B, H, Lq, Lk)``:
+
+    ``key``: ``(B, 1, 1, Lk)`` bool; ``query``: ``(B, 1, Lq, 1)`` bool; ``pair``: ``(B|1, H|1, Lq|1, Lk|1)``
+    bool from ``attn_mask`` (a boolean mask, or the finite entries of a float mask with ``-inf``);
+    ``bias``: the additive float bias of a float ``attn_mask`` (finite, 0 where invalid); ``causal``: flag.
+    ``key_mask`` / ``query_mask`` / ``attn_mask``: the validated user masks as given.
     """
 
-    valid: Optional[Tensor]
+    key_mask: Optional[Tensor]
+    query_mask: Optional[Tensor]
+    attn_mask: Optional[Tensor]
+    causal: bool
+    key: Optional[Tensor]
+    query: Optional[Tensor]
+    pair: Optional[Tensor]
     bias: Optional[Tensor]
-    key_mask: Optional[Tensor] = None
-    query_mask: Optional[Tensor] = None
-    attn_mask: Optional[Tensor] = None
-    causal: bool = False
+    Lq: int
+    Lk: int
+    device: Optional[torch.device] = None
+    _valid: Optional[Tensor] = field(default=None, repr=False)
+    _valid_built: bool = field(default=False, repr=False)
+
+    @property
+    def valid(self) -> Optional[Tensor]:
+        """The combined validity ``(B|1, H|1, Lq, Lk)`` (True = the pair may attend), ``None`` when all pairs are
+        valid. Built on first use: only the reference path and the diagnostics need it."""
+        if not self._valid_built:
+            self._valid = self.block_valid(0, self.Lq, 0, self.Lk)
+            self._valid_built = True
+        return self._valid
+
+    @property
+    def padding_only(self) -> bool:
+        """Only key/query padding (no ``attn_mask``, not causal): the form the C++ and ATen kernels take."""
+        return self.attn_mask is None and not self.causal
+
+    @property
+    def any(self) -> bool:
+        """True when some pair may be invalid."""
+        return self.key is not None or self.query is not None or self.pair is not None or self.causal
+
+    def block_valid(self, i0: int, i1: int, j0: int, j1: int) -> Optional[Tensor]:
+        """Validity of the block ``[i0, i1) x [j0, j1)``, broadcastable to ``(B, H, i1 - i0, j1 - j0)``."""
+        out: Optional[Tensor] = None
+
+        def _and(m: Tensor) -> None:
+            nonlocal out
+            out = m if out is None else out & m
+
+        if self.key is not None:
+            _and(self.key[..., j0:j1])  # (B, 1, 1, cols)
+        if self.query is not None:
+            _and(self.query[..., i0:i1, :])  # (B, 1, rows, 1)
+        if self.causal:
+            rows = torch.arange(i0, i1, device=self.device)[:, None]  # (rows, 1)
+            cols = torch.arange(j0, j1, device=self.device)[None, :]  # (1, cols)
+            _and((cols <= rows)[None, None])  # (1, 1, rows, cols)
+        if self.pair is not None:
+            _and(_block(self.pair, i0, i1, j0, j1))
+        return out
+
+    def bias_block(self, i0: int, i1: int, j0: int, j1: int) -> Optional[Tensor]:
+        """The additive bias of the block ``[i0, i1) x [j0, j1)``, or ``None``."""
+        return None if self.bias is None else _block(self.bias, i0, i1, j0, j1)
+
+    def select(self, b0: int, b1: int, h0: int, h1: int) -> "MaskInfo":
+        """The masks of batch elements ``[b0, b1)`` and heads ``[h0, h1)``."""
+
+        def _sub(t: Optional[Tensor]) -> Optional[Tensor]:
+            if t is None:
+                return None
+            if t.shape[0] != 1:
+                t = t[b0:b1]
+            if t.shape[1] != 1:
+                t = t[:, h0:h1]
+            return t
+
+        return MaskInfo(
+            key_mask=None if self.key_mask is None else self.key_mask[b0:b1],
+            query_mask=None if self.query_mask is None else self.query_mask[b0:b1],
+            attn_mask=None,
+            causal=self.causal,
+            key=_sub(self.key), query=_sub(self.query), pair=_sub(self.pair), bias=_sub(self.bias),
+            Lq=self.Lq, Lk=self.Lk, device=self.device,
+        )
+
+
+def _block(t: Tensor, i0: int, i1: int, j0: int, j1: int) -> Tensor:
+    """Rows ``[i0, i1)`` and columns ``[j0, j1)`` of a tensor broadcastable to ``(B, H, Lq, Lk)``."""
+    if t.shape[-2] != 1:
+        t = t[..., i0:i1, :]
+    if t.shape[-1] != 1:
+        t = t[..., j0:j1]
+    return t
 
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_head_dim: bool = True) -> None:
@@ -86,11 +172,10 @@ def _check_1d_mask(name: str, mask: Tensor, B: int, L: int, length_name: str, de
 
 
 def causal_leak_error(mechanism: str) -> ValueError:
-    return ValueError(
-        f"mechanism {mechanism!r} normalizes over queries, so under a causal mask the weight of query i "
-        "depends on later queries (a future-token leak). Use mechanism='softmax' or 'coda' for causal "
-        "(decoder) attention, and keep dnas/hnas/sinkhorn for bidirectional (encoder) attention."
-    )
+    """The error for a query-normalized ``mechanism`` under a causal mask (``attnkit.registry.causal_problem``)."""
+    from .registry import causal_problem, resolve_mechanism
+
+    return ValueError(causal_problem(resolve_mechanism(mechanism)))
 
 
 def build_mask(
@@ -106,10 +191,8 @@ def build_mask(
     device: torch.device,
     allow_bias: bool = True,
 ) -> MaskInfo:
-    """Validate the masks and combine them into ``MaskInfo(valid, bias)``.
-
-    ``valid`` has shape ``(B or 1, H or 1, Lq, Lk)``.
-    """
+    """Validate the masks and return the one ``MaskInfo`` of the call (its ``valid`` has shape
+    ``(B or 1, H or 1, Lq, Lk)``)."""
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be True or False, got {causal!r}")
     if key_mask is not None:
@@ -117,24 +200,15 @@ def build_mask(
     if query_mask is not None:
         query_mask = _check_1d_mask("query_mask", query_mask, B, Lq, "Lq", device)
 
-    valid: Optional[Tensor] = None
+    pair: Optional[Tensor] = None
     bias: Optional[Tensor] = None
-
-    def _and(m: Tensor) -> None:
-        nonlocal valid
-        valid = m if valid is None else valid & m
-
-    if key_mask is not None:
-        _and(key_mask[:, None, None, :])  # (B, 1, 1, Lk)
-    if query_mask is not None:
-        _and(query_mask[:, None, :, None])  # (B, 1, Lq, 1)
-    if causal:
-        _and(torch.ones(Lq, Lk, dtype=torch.bool, device=device).tril()[None, None])  # (1, 1, Lq, Lk)
     if attn_mask is not None:
         if not isinstance(attn_mask, Tensor):
             raise ValueError(f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
         if attn_mask.device != device:
-            raise ValueError(f"attn_mask is on {attn_mask.device} but the inputs are on {device}; move it with .to(device)")
+            raise ValueError(
+                f"attn_mask is on {attn_mask.device} but the inputs are on {device}; move it with .to(device)"
+            )
         expected = (B, H, Lq, Lk)
         shape = tuple(attn_mask.shape)
         if not 2 <= len(shape) <= 4 or any(s not in (1, e) for s, e in zip(shape[::-1], expected[::-1])):
@@ -144,7 +218,7 @@ def build_mask(
             )
         m = attn_mask.reshape((1,) * (4 - len(shape)) + shape)  # (B|1, H|1, Lq|1, Lk|1)
         if m.dtype == torch.bool:
-            _and(m)
+            pair = m
         elif m.dtype.is_floating_point:
             if not allow_bias:
                 raise ValueError(
@@ -152,14 +226,26 @@ def build_mask(
                     "(its masks are multiplicative); pass a boolean mask with True = may attend"
                 )
             if torch.isnan(m).any() or (m == float("inf")).any():
-                raise ValueError("attn_mask contains NaN or +inf; use finite biases and -inf for pairs that may not attend")
+                raise ValueError(
+                    "attn_mask contains NaN or +inf; use finite biases and -inf for pairs that may not attend"
+                )
             finite = torch.isfinite(m)
-            _and(finite)
+            pair = None if bool(finite.all()) else finite
             bias = m.masked_fill(~finite, 0.0)
         else:
             raise ValueError(
                 f"attn_mask has dtype {m.dtype}; expected torch.bool (True = may attend) or a float additive bias"
             )
     return MaskInfo(
-        valid=valid, bias=bias, key_mask=key_mask, query_mask=query_mask, attn_mask=attn_mask, causal=causal
+        key_mask=key_mask,
+        query_mask=query_mask,
+        attn_mask=attn_mask,
+        causal=causal,
+        key=None if key_mask is None else key_mask[:, None, None, :],  # (B, 1, 1, Lk)
+        query=None if query_mask is None else query_mask[:, None, :, None],  # (B, 1, Lq, 1)
+        pair=pair,
+        bias=bias,
+        Lq=Lq,
+        Lk=Lk,
+        device=device,
     )

@@ -1,4 +1,4 @@
-"""Mode collapse: closed forms of draft eqs. (11)-(14) against the simulator, and the 2-D cluster counts."""
+"""Mode collapse: closed forms of "Doubly-Normalized Attention" eqs. (11)-(14) against the simulator, and the 2-D cluster counts."""
 
 from __future__ import annotations
 

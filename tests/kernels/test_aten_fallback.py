@@ -104,7 +104,7 @@ def test_error_at_most_a_multiple_of_the_reference_error(dtype, factor):
 
 
 def test_without_the_cpp_kernels_padding_masks_go_to_the_fused_op(monkeypatch):
-    monkeypatch.setattr("attnkit.kernels.fused_cpu_available", lambda q: False)
+    monkeypatch.setattr("attnkit.kernels.dispatch.fused_cpu_available", lambda q: False)
     calls = []
     real = aten_fallback.fused_dnas_attention
 
@@ -112,7 +112,7 @@ def test_without_the_cpp_kernels_padding_masks_go_to_the_fused_op(monkeypatch):
         calls.append(kwargs["key_mask"] is not None)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("attnkit.kernels.fused_dnas_attention", spy)
+    monkeypatch.setattr("attnkit.kernels.dispatch.fused_dnas_attention", spy)
     q, k, v = _inputs(1, 2, 8, 8, 4)
     km = torch.ones(1, 8, dtype=torch.bool)
     ak.attention(q, k, v, "dnas", key_mask=km, backend="efficient")

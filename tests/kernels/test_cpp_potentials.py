@@ -170,7 +170,7 @@ def test_efficient_backend_uses_the_cpp_kernels_for_padding_masks(monkeypatch):
         calls.append((kwargs["iters"], kwargs["key_mask"] is not None))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("attnkit.kernels.fused_cpu_attention", spy)
+    monkeypatch.setattr("attnkit.kernels.dispatch.fused_cpu_attention", spy)
     q, k, v = _inputs(1, 2, 8, 8, 4)
     km = torch.ones(1, 8, dtype=torch.bool)
     ak.attention(q, k, v, "dnas", key_mask=km, backend="efficient")

@@ -1,38 +1,15 @@
-"""CoDA quasi-attention, compositional de-attention eqs. (3)-(6) and (10); DESIGN.md section 3."""
+"""CoDA quasi-attention, "Compositional De-Attention Networks" eqs. (3)-(6) and (10); docs/design.md section 3."""
 
 from __future__ import annotations
 
 import math
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attnkit as ak
-from tests._reference import CASES, Case, random_qkv
-
-CODA = [pytest.param(c, id=c.id) for c in CASES if c.ref_mechanism == "coda"] + [
-    pytest.param(
-        Case(f"coda-e_{e}-n_{n}", lambda ak, e=e, n=n: ak.CoDA(e_activation=e, n_activation=n), {},
-             {"coda": {"e_activation": e, "n_activation": n}}, "coda"),
-        id=f"coda-e_{e}-n_{n}",
-    )
-    for e, n in (("tanh", "tanh"), ("tanh", "arctan"), ("sigmoid", "sigmoid"), ("arctan", "sigmoid"),
-                 ("algebraic", "sigmoid"))
-]
-
-
-@pytest.mark.parametrize("case", CODA)
-def test_matches_reference(case, backend, compare_with_reference):
-    compare_with_reference(case, backend)
-
-
-@pytest.mark.parametrize("case", [c for c in CODA if c.values[0].id in (
-    "coda-default", "coda-sigmoid", "coda-center_e-centered", "coda-alpha-beta", "coda-e_sigmoid-n_tanh",
-    "coda-e_arctan-n_arctan", "coda-e_algebraic-n_algebraic")])
-def test_gradcheck_float64(case, backend, gradcheck_attention):
-    gradcheck_attention(case, backend)
+from tests._reference import random_qkv
 
 
 def test_equals_eq10_of_the_coda_paper(backend):

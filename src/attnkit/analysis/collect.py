@@ -1,6 +1,6 @@
 """Collect explaining-away statistics from every attention call of a forward pass.
 
-"Attention that does not explain away", section 4 (Fig. 1); doubly-normalized attention draft,
+"Attention that does not Explain Away" (arXiv:2009.14308), section 4 (Fig. 1); "Doubly-Normalized Attention",
 section 5.1 (Fig. 1, ``min_j sum_i pi_ij`` against the ``1/L`` bound of Lemma 1). Built on
 ``attnkit.functional.observe_weights``, so it sees every ``ak.attention`` call: attnkit modules,
 models written on the functional API and Hugging Face models converted by attnkit.

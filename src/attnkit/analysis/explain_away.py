@@ -1,11 +1,11 @@
 """Explaining-away statistics of attention weights.
 
-"Attention that does not explain away", section 4 (eps-explained-away keys, histogram of weight sums);
-doubly-normalized attention draft, Lemma 1 (Appendix B). For weights ``pi (B, H, Lq, Lk)``, key ``j``
+"Attention that does not Explain Away" (arXiv:2009.14308), section 4 (eps-explained-away keys, histogram of weight sums);
+"Doubly-Normalized Attention", Lemma 1 (Appendix B). For weights ``pi (B, H, Lq, Lk)``, key ``j``
 receives the total weight ``sum_i pi_ij`` over valid queries. A key is eps-explained-away when that sum
 is below ``eps``. DNAS guarantees ``sum_i pi_ij >= 1 / n_k`` for every key with a valid query.
 
-``log_sum_histogram`` bins the log weight sums (Fig. 1 of the later version, natural log).
+``log_sum_histogram`` bins the log weight sums (Fig. 1 of "Attention that does not Explain Away", natural log).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Mode collapse under repeated self-attention.
 
-Doubly-normalized attention draft, section 5.2 and Appendix C, eqs. (11)/(13) and (12)/(14);
-"Attention that does not explain away", Appendix E (the 2-D example). Two clusters of ``N0`` points at
+"Doubly-Normalized Attention", section 5.2 and Appendix C, eqs. (11)/(13) and (12)/(14);
+"Attention that does not Explain Away" (arXiv:2009.14308), Appendix E (the 2-D example). Two clusters of ``N0`` points at
 ``+a`` and ``N1`` points at ``-a`` (``r = N0 / N1``) attend to each other with Gaussian-kernel scores
 ``s_ij = -||x_i - x_j||^2 / 2``; intra-cluster weights are ``t = 1`` and inter-cluster ones
 ``s = exp(-2 a^2)``. After one step the distance between the two centers is
@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..config import MechanismLike, resolve_mechanism
+from ..config import MechanismLike
+from ..registry import resolve_mechanism
 from ..functional import normalize
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Plots of the papers' diagnostics, one fixed colour per mechanism.
 
-Doubly-normalized attention draft: Fig. 1 (minimum weight sum during training), Fig. 2 (center distance
-vs ``r``), Fig. 3/4 (hybrid weight ``u`` over training); "Attention that does not explain away": Fig. 1
+"Doubly-Normalized Attention": Fig. 1 (minimum weight sum during training), Fig. 2 (center distance
+vs ``r``), Fig. 3/4 (hybrid weight ``u`` over training); "Attention that does not Explain Away" (arXiv:2009.14308): Fig. 1
 (histogram of log weight sums), Figs. 6/8/9 (2-D mode collapse); CoDA: Fig. 2 (histograms of
 ``sigmoid(N)``, ``tanh(E)``, ``M``). matplotlib (the ``plot`` extra) is imported inside each function
 with the Agg backend; every function writes a PNG and returns its path.
@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
+
+from ..registry import SPECS, mechanism_color, spec_of
 
 __all__ = [
     "MECHANISM_COLORS",
@@ -28,35 +30,18 @@ __all__ = [
     "plot_lemma1",
 ]
 
-MECHANISM_COLORS: dict[str, str] = {
-    "softmax": "#1f5fbf",  # blue, as LNAS in the papers' figures
-    "dnas": "#d62728",  # red, as DNAS in the papers' figures
-    "hnas": "#8c4fbf",
-    "sinkhorn": "#2a9d3c",
-    "coda": "#e07b00",
-}
-MECHANISM_LABELS: dict[str, str] = {
-    "softmax": "LNAS (softmax)",
-    "dnas": "DNAS",
-    "hnas": "HNAS",
-    "sinkhorn": "Sinkhorn",
-    "coda": "CoDA",
-}
+MECHANISM_COLORS: dict[str, str] = {name: spec.color for name, spec in SPECS.items()}  # from the registry
+MECHANISM_LABELS: dict[str, str] = {name: spec.label for name, spec in SPECS.items()}
 
 PathLike = Union[str, Path]
 
 
-def mechanism_color(name: str) -> str:
-    """The fixed colour of mechanism ``name`` (``"lnas"`` is an alias of ``"softmax"``)."""
-    key = "softmax" if name.lower() == "lnas" else name.lower()
-    if key not in MECHANISM_COLORS:
-        raise ValueError(f"no colour for mechanism {name!r}; expected one of {tuple(MECHANISM_COLORS)}")
-    return MECHANISM_COLORS[key]
-
-
 def mechanism_label(name: str) -> str:
-    key = "softmax" if name.lower() == "lnas" else name.lower()
-    return MECHANISM_LABELS.get(key, name)
+    """The label of mechanism ``name`` in plots (aliases accepted; other names are returned as given)."""
+    try:
+        return spec_of(name).label
+    except ValueError:
+        return name
 
 
 def _pyplot():
@@ -94,7 +79,7 @@ def plot_hybrid_trajectories(
 ) -> Path:
     """Plot ``u`` (``(T, layers, heads)``, values in [0, 1]) against the training ``steps`` (``(T,)``).
 
-    One panel per layer, one line per head; ``u = 1`` is DNAS, ``u = 0`` softmax (draft Figs. 3, 4).
+    One panel per layer, one line per head; ``u = 1`` is DNAS, ``u = 0`` softmax ("Doubly-Normalized Attention" Figs. 3, 4).
     """
     u = np.asarray(u, dtype=np.float64)
     steps = np.asarray(steps, dtype=np.float64)

@@ -1,10 +1,10 @@
 """Reproductions of the explaining-away claims.
 
-- ``explain-away``: doubly-normalized attention draft, Fig. 1 (``min_j sum_i pi_ij`` during training
-  against the ``1/L`` bound) and "Attention that does not explain away", Fig. 1 (histogram of the log
+- ``explain-away``: "Doubly-Normalized Attention", Fig. 1 (``min_j sum_i pi_ij`` during training
+  against the ``1/L`` bound) and "Attention that does not Explain Away" (arXiv:2009.14308), Fig. 1 (histogram of the log
   weight sums, eps = 1e-3): a one-layer multi-view fusion model (:class:`MultiViewFusion`) trained with
-  LNAS, DNAS and HNAS on a synthetic task; HNAS's hybrid weight is plotted over training (draft Fig. 3).
-- ``lemma1``: draft Lemma 1 (Appendix B): on random inputs across shapes and masks, the observed minimum
+  LNAS, DNAS and HNAS on a synthetic task; HNAS's hybrid weight is plotted over training ("Doubly-Normalized Attention" Fig. 3).
+- ``lemma1``: "Doubly-Normalized Attention" Lemma 1 (Appendix B): on random inputs across shapes and masks, the observed minimum
   of ``n_k * sum_i pi_ij`` must be >= 1 for DNAS (and Sinkhorn with >= 1 iteration, by the same proof).
 """
 
@@ -67,13 +67,13 @@ def explain_away_training(result: ReproduceResult, quick: bool = False, seed: in
         })
     soft, dnas = runs["softmax"], runs["dnas"]
     result.claims += [
-        Claim("draft Fig. 1", "LNAS drives the minimum key weight sum close to 0 (below eps = 1e-3)",
+        Claim("'Doubly-Normalized Attention' Fig. 1", "LNAS drives the minimum key weight sum close to 0 (below eps = 1e-3)",
               bool(soft.min_sums[-1] < EPS), f"final LNAS min sum {soft.min_sums[-1]:.3e}"),
-        Claim("draft Fig. 1 / Lemma 1", "DNAS keeps every key's weight sum >= 1/n_k throughout training",
+        Claim("'Doubly-Normalized Attention' Fig. 1 / Lemma 1", "DNAS keeps every key's weight sum >= 1/n_k throughout training",
               bool(dnas.min_normalized.min() >= 1 - 1e-6),
               f"min over {len(dnas.steps)} evaluations of n_k * sum = {dnas.min_normalized.min():.4f}; "
               f"min sum {dnas.min_sums.min():.4f} (1/{max_keys} = {bound:.4f})"),
-        Claim("later version Fig. 1", "a large share of LNAS keys is eps-explained-away, none under DNAS",
+        Claim("'Attention that does not Explain Away' Fig. 1", "a large share of LNAS keys is eps-explained-away, none under DNAS",
               bool(soft.fraction_below_eps[-1] > 0.1 and dnas.fraction_below_eps[-1] == 0),
               f"fraction below eps: LNAS {soft.fraction_below_eps[-1]:.3f}, DNAS {dnas.fraction_below_eps[-1]:.3f}; "
               f"LNAS log sums down to {soft.log_sums.min():.1f} (paper: < -20)"),
@@ -137,11 +137,11 @@ def lemma1(result: ReproduceResult, quick: bool = False, seed: int = 0) -> None:
                             "min n_k*sum": value, "worst case": worst["case"], "bound": {
                                 "dnas": "1 (Lemma 1)", "sinkhorn": "1", "hnas": "u = 0.5", "softmax": "none"}[name]})
     result.claims += [
-        Claim("draft Lemma 1 (App. B)", "DNAS: every key with a valid query gets n_k * sum_i pi_ij >= 1",
+        Claim("'Doubly-Normalized Attention' Lemma 1 (App. B)", "DNAS: every key with a valid query gets n_k * sum_i pi_ij >= 1",
               overall["dnas"] >= 1 - 1e-9, f"observed min {overall['dnas']:.6f} over "
               f"{len(LEMMA1_CASES) * trials} inputs"),
         Claim("Lemma 1 proof applied to Sinkhorn", "Sinkhorn (3 iterations) also keeps n_k * sum >= 1",
               overall["sinkhorn"] >= 1 - 1e-9, f"observed min {overall['sinkhorn']:.6f}"),
-        Claim("draft sec. 5.1", "softmax has no such bound (keys can be explained away)",
+        Claim("'Doubly-Normalized Attention' sec. 5.1", "softmax has no such bound (keys can be explained away)",
               overall["softmax"] < 1, f"observed min {overall['softmax']:.3e}"),
     ]

@@ -2,10 +2,10 @@
 
 Targets (``TARGETS``):
 
-- ``mode-collapse-curves``: draft Fig. 2, eqs. (11)-(14), closed forms and simulation.
-- ``mode-collapse-2d``: later version Appendix E, cluster counts after 4 steps (500/50 and 225/225).
+- ``mode-collapse-curves``: "Doubly-Normalized Attention" Fig. 2, eqs. (11)-(14), closed forms and simulation.
+- ``mode-collapse-2d``: "Attention that does not Explain Away" (arXiv:2009.14308) Appendix E, cluster counts after 4 steps (500/50 and 225/225).
 - ``explain-away``: Fig. 1 of both versions, a trained multi-view model under LNAS, DNAS, HNAS.
-- ``lemma1``: draft Lemma 1 on random inputs across shapes and masks.
+- ``lemma1``: "Doubly-Normalized Attention" Lemma 1 on random inputs across shapes and masks.
 - ``coda-matrices``: CoDA Fig. 2, histograms of the gate, ``tanh(E)`` and ``M`` of a trained model.
 
 Each runs on CPU in well under a few minutes (on one thread: the models are tiny); ``quick=True``
@@ -37,10 +37,10 @@ TARGETS: dict[str, TargetFn] = {
     "coda-matrices": coda_matrices,
 }
 TARGET_HELP: dict[str, str] = {
-    "mode-collapse-curves": "draft Fig. 2: center distance after one step vs r, LNAS vs DNAS, closed form + simulation",
+    "mode-collapse-curves": "'Doubly-Normalized Attention' Fig. 2: center distance after one step vs r, LNAS vs DNAS, closed form + simulation",
     "mode-collapse-2d": "later App. E: 2-D clusters (500/50, 225/225), 4 steps, clusters left per mechanism",
     "explain-away": "Fig. 1: trained multi-view model, log weight sums and min weight sum vs the 1/n_k bound",
-    "lemma1": "draft Lemma 1: min of n_k * sum_i pi_ij over random inputs, shapes and masks",
+    "lemma1": "'Doubly-Normalized Attention' Lemma 1: min of n_k * sum_i pi_ij over random inputs, shapes and masks",
     "coda-matrices": "CoDA Fig. 2: histograms of sigmoid(N), tanh(E) and M of a trained CoDA model",
 }
 

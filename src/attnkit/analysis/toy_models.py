@@ -1,10 +1,10 @@
 """Small trained models for the explain-away and CoDA reproductions, built on ``ak.attention``.
 
 - :class:`MultiViewFusion`: the one-layer, single-head multi-view attention of the VQA model
-  ("Attention that does not explain away", section 6.1 and Appendix B; draft section 7.1): queries
+  ("Attention that does not Explain Away" (arXiv:2009.14308), section 6.1 and Appendix B; "Doubly-Normalized Attention" section 7.1): queries
   from a primary view ``q = W_q P``, keys from a secondary view ``k = W_k S``, the secondary features
   themselves as values. It is trained on a synthetic task in which only a few secondary "boxes" carry
-  the label, so a softmax model learns to explain the others away (draft Fig. 1, later Fig. 1).
+  the label, so a softmax model learns to explain the others away ("Doubly-Normalized Attention" Fig. 1, "Attention that does not Explain Away" Fig. 1).
 - :class:`CoDAClassifier`: one CoDA self-attention layer over token embeddings (CoDA eqs. 1-5), trained
   on a signed-sum task, from which ``tanh(E)``, the gate ``sigmoid(N)`` and ``M`` are read (CoDA Fig. 2).
 """
@@ -19,9 +19,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..config import CoDA, Hybrid, MechanismLike, resolve_mechanism
+from ..config import CoDA, Hybrid, MechanismLike
 from ..functional import attention, normalize
-from ..mechanisms import ACTIVATION_FNS
+from ..mechanisms import coda_affinity, coda_gate, sigmoid_weight
+from ..registry import initial_theta, resolve_options
 from ..mechanisms.masked import masked_mean
 from ..scores import neg_l1_distance, scaled_dot
 from .collect import collect_explain_away
@@ -47,7 +48,7 @@ class MultiViewFusion(nn.Module):
 
     def __init__(self, features: int, head_dim: int, num_classes: int, mechanism: MechanismLike = "softmax"):
         super().__init__()
-        self.config = resolve_mechanism(mechanism)
+        self.config = resolve_options(mechanism, learnable_u=True)
         self.q_proj = nn.Linear(features, head_dim)
         self.k_proj = nn.Linear(features, head_dim)
         self.norm = nn.LayerNorm(features)
@@ -60,11 +61,10 @@ class MultiViewFusion(nn.Module):
             layer.reset_parameters()
         self.norm.reset_parameters()
         if self.theta is not None:
-            u0 = min(max(float(self.config.u0), 1e-4), 1 - 1e-4)
-            nn.init.constant_(self.theta, math.log(u0 / (1 - u0)))
+            nn.init.constant_(self.theta, initial_theta(self.config))
 
     def hybrid_weight(self) -> Optional[Tensor]:
-        return None if self.theta is None else torch.sigmoid(self.theta)
+        return None if self.theta is None else sigmoid_weight(self.theta)
 
     def forward(self, primary: Tensor, secondary: Tensor, key_mask: Optional[Tensor] = None) -> Tensor:
         q = self.q_proj(primary)[:, None]  # (B, 1, Lq, D)
@@ -238,8 +238,8 @@ class CoDAClassifier(nn.Module):
             e = e - masked_mean(e, valid)
         if self.config.gate == "centered":
             n = n - masked_mean(n, valid)
-        gate = ACTIVATION_FNS[self.config.n_activation](n) * (2.0 if self.config.gate == "scaled" else 1.0)
-        f_e = ACTIVATION_FNS[self.config.e_activation](e)
+        gate = coda_gate(n, self.config)
+        f_e = coda_affinity(e, self.config)
         gate_name = {"sigmoid": "sigmoid(N)", "scaled": "2 sigmoid(N)", "centered": "sigmoid(N - mean N)"}
         return {
             gate_name[self.config.gate]: gate[valid].numpy(),

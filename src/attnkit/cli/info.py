@@ -1,4 +1,4 @@
-"""``attnkit info``: version, mechanisms, backends and the torch build."""
+"""``attnkit info``: version, mechanisms, backends, the torch build and the route of typical calls."""
 
 from __future__ import annotations
 
@@ -6,25 +6,41 @@ import platform
 
 import typer
 
-__all__ = ["register", "info_dict"]
+__all__ = ["register", "info_dict", "dispatch_examples"]
+
+# Typical calls whose route ``attnkit info`` shows: (label, B, H, L, D, padded).
+EXAMPLES = (("L=128, key padding", 4, 8, 128, 64, True), ("L=2048, no mask", 1, 8, 2048, 64, False))
+
+
+def dispatch_examples() -> dict:
+    """``{example: {mechanism: "route: reason"}}``: what ``backend="auto"`` picks (``ak.explain_dispatch``)."""
+    import torch
+
+    import attnkit as ak
+
+    out = {}
+    for label, B, H, L, D, padded in EXAMPLES:
+        q = torch.zeros(B, H, L, D)
+        mask = (torch.arange(L)[None, :] < torch.arange(L // 2, L, L // (2 * B))[:B, None]) if padded else None
+        out[label] = {m: str(ak.explain_dispatch(q, q, q, m, key_mask=mask)) for m in ak.MECHANISMS}
+    return out
 
 
 def info_dict() -> dict:
     import torch
 
     import attnkit as ak
-    from attnkit import functional
 
-    kernels = functional._efficient_module()
     return {
         "attnkit": ak.__version__,
         "mechanisms": list(ak.MECHANISMS),
-        "backends": [b for b in ak.BACKENDS if b != "efficient" or kernels is not None],
+        "backends": list(ak.BACKENDS),
         "torch": torch.__version__,
         "cuda": torch.cuda.is_available(),
         "threads": torch.get_num_threads(),
         "cpu_kernels": _cpu_kernels(),
         "python": platform.python_version(),
+        "dispatch (backend='auto')": dispatch_examples(),
     }
 
 
@@ -50,7 +66,16 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
+        routes = data.pop("dispatch (backend='auto')")
         table = Table(title="attnkit", show_header=False)
         for key, value in data.items():
             table.add_row(key, ", ".join(map(str, value)) if isinstance(value, list) else str(value))
-        Console().print(table)
+        console = Console()
+        console.print(table)
+        for example, by_mechanism in routes.items():
+            grid = Table(title=f"backend='auto' routes, {example} (ak.explain_dispatch)")
+            grid.add_column("mechanism")
+            grid.add_column("route: reason")
+            for mechanism, plan in by_mechanism.items():
+                grid.add_row(mechanism, plan)
+            console.print(grid)

@@ -1,7 +1,7 @@
 """Mathematical Language Understanding (MLU): character-level arithmetic with two variables.
 
 The task of Wangperawong (2018), "Attending to Mathematical Language with Transformers"
-(arXiv:1812.02825), used in the CoDA paper (compositional-de-attention.txt, section 3.6, Table 6):
+(arXiv:1812.02825), used in the CoDA paper ("Compositional De-Attention Networks", section 3.6, Table 6):
 the input assigns integer values to two variables and asks for an expression of them, the output is
 its value, both as character strings, e.g. ``x=85,y=-523,x*y`` -> ``-44455``.
 

@@ -11,8 +11,17 @@
 name ``"attnkit"``; ``convert`` and ``load`` call it.
 """
 
-from .convert import attention_modules, conversion, convert, converted_modules, hybrid_weights, load
-from .registry import IMPLEMENTATION, attention_forward, attention_mask, is_registered, register
+from .attention_interface import IMPLEMENTATION, attention_forward, attention_mask
+from .convert import (
+    attention_modules,
+    conversion,
+    convert,
+    converted_modules,
+    hybrid_weights,
+    is_registered,
+    load,
+    register,
+)
 
 __all__ = [
     "IMPLEMENTATION",

@@ -1,7 +1,7 @@
-"""Convert a loaded transformers model to an attnkit mechanism, in place (DESIGN.md sections 2 and 6).
+"""Convert a loaded transformers model to an attnkit mechanism, in place (docs/design.md sections 2 and 7).
 
 HNAS (hybrid) attention mixes ``pi^H = u * pi^D + (1 - u) * pi^L`` with one ``u = sigmoid(theta)`` per layer and
-head (draft sec. 6, later version sec. 5); ``theta (H,)`` becomes a parameter of each converted attention module,
+head ("Doubly-Normalized Attention" sec. 6, "Attention that does not Explain Away" (arXiv:2009.14308) sec. 5); ``theta (H,)`` becomes a parameter of each converted attention module,
 so optimizers and ``save_pretrained`` see it. The conversion is recorded in ``model.config.attnkit``, and the
 config names the ``"attnkit"`` attention implementation, so ``attnkit.hf.load(path)`` (or ``from_pretrained``
 after ``attnkit.hf.register()``) rebuilds the same model.
@@ -15,7 +15,6 @@ future tokens under a causal mask: converting causal self-attention to them rais
 from __future__ import annotations
 
 import inspect
-import math
 import os
 from dataclasses import asdict
 from typing import Optional, Sequence, Union
@@ -23,8 +22,16 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from ..config import Hybrid, MechanismConfig, MechanismLike, Sinkhorn, resolve_mechanism
-from .registry import _MECHANISM_ATTR, _SELF_ATTR, _THETA_ATTR, IMPLEMENTATION, register
+from ..config import Hybrid, MechanismConfig, MechanismLike
+from ..registry import causal_problem, config_label, initial_theta, resolve_mechanism, resolve_options
+from .attention_interface import (
+    _MECHANISM_ATTR,
+    _SELF_ATTR,
+    _THETA_ATTR,
+    IMPLEMENTATION,
+    attention_forward,
+    attention_mask,
+)
 
 __all__ = [
     "convert",
@@ -34,6 +41,8 @@ __all__ = [
     "converted_modules",
     "conversion",
     "restore_conversion",
+    "register",
+    "is_registered",
 ]
 
 CONFIG_KEY = "attnkit"
@@ -107,30 +116,12 @@ def _apply(module: nn.Module, config: MechanismConfig, H: int) -> None:
     setattr(module, _SELF_ATTR, True)
     if isinstance(config, Hybrid):
         like = next(module.parameters(), None)
-        u0 = min(max(float(config.u0), 1e-6), 1 - 1e-6)  # logit(0) and logit(1) are infinite
         theta = torch.full(
-            (H,), math.log(u0 / (1 - u0)),
+            (H,), initial_theta(config),
             dtype=torch.float32,
             device=like.device if like is not None else None,
         )
         module.register_parameter(_THETA_ATTR, nn.Parameter(theta))
-
-
-def _resolve(mechanism: MechanismLike, u0: Optional[float], sinkhorn_iters: Optional[int]) -> MechanismConfig:
-    config = resolve_mechanism(mechanism)
-    if u0 is not None:
-        if not isinstance(config, Hybrid):
-            raise ValueError(f"u0 is only used by mechanism 'hnas', got mechanism {config.name!r}; drop u0")
-        if not isinstance(mechanism, str) and float(u0) != config.u0:
-            raise ValueError(f"u0={u0} contradicts the config Hybrid(u0={config.u0}); pass one of them")
-        config = Hybrid(u0=u0)
-    if sinkhorn_iters is not None:
-        if not isinstance(config, Sinkhorn):
-            raise ValueError(
-                f"sinkhorn_iters is only used by mechanism 'sinkhorn', got mechanism {config.name!r}; drop sinkhorn_iters"
-            )
-        config = Sinkhorn(iters=sinkhorn_iters)
-    return config
 
 
 def _set_implementation(model) -> None:
@@ -168,7 +159,7 @@ def convert(
     """
     _check_model(model)
     register()
-    config = _resolve(mechanism, u0, sinkhorn_iters)
+    config = resolve_options(mechanism, u0=u0, sinkhorn_iters=sinkhorn_iters, learnable_u=True)
     if getattr(model.config, CONFIG_KEY, None):
         done = getattr(model.config, CONFIG_KEY)
         raise ValueError(
@@ -193,13 +184,13 @@ def convert(
                 f"layers={list(layers)!r}; expected a non-empty list of indices in [0, {len(modules) - 1}] "
                 f"({len(modules)} attention modules)"
             )
-    if config.query_normalized:
+    problem = causal_problem(config)
+    if problem is not None:
         causal = [modules[i][0] for i in chosen if getattr(modules[i][1], "is_causal", False)]
         if causal:
             raise ValueError(
-                f"cannot convert causal self-attention ({causal[0]}, {len(causal)} module(s)) to {config.name!r}: "
-                f"it normalizes over queries, so under a causal mask the weight of query i depends on later "
-                "queries (a future-token leak). Use mechanism='softmax' or 'coda' for decoders."
+                f"cannot convert causal self-attention ({causal[0]}, {len(causal)} module(s)) to "
+                f"{config_label(config)!r}: {problem}"
             )
     for i in chosen:
         name, module = modules[i]
@@ -282,3 +273,39 @@ def load(path: Union[str, os.PathLike], model_class=None, **kwargs):
         model_class = getattr(transformers, arch, None) if arch else None
         model_class = model_class or transformers.AutoModel
     return model_class.from_pretrained(path, use_safetensors=True, **kwargs)
+
+
+_REGISTERED = False
+
+
+def is_registered() -> bool:
+    """Whether ``register()`` has run in this process."""
+    return _REGISTERED
+
+
+def register() -> None:
+    """Register attnkit with transformers (idempotent).
+
+    After it, ``attn_implementation="attnkit"`` is valid in ``from_pretrained`` / ``set_attn_implementation``,
+    and a model saved after ``attnkit.hf.convert`` is restored by a plain ``from_pretrained``: its config names
+    the ``"attnkit"`` implementation and carries the conversion, which is re-applied when the model is built,
+    before its weights (the hnas ``theta`` included) are loaded.
+    """
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from transformers import AttentionInterface, PreTrainedModel
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(IMPLEMENTATION, attention_forward)
+    AttentionMaskInterface.register(IMPLEMENTATION, attention_mask)
+
+    original_post_init = PreTrainedModel.post_init
+
+    def post_init(self) -> None:
+        original_post_init(self)
+        restore_conversion(self)
+
+    post_init.__wrapped__ = original_post_init  # type: ignore[attr-defined]
+    PreTrainedModel.post_init = post_init
+    _REGISTERED = True

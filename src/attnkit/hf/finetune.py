@@ -1,6 +1,6 @@
 """Fine-tune a (converted) encoder for sequence classification with transformers' ``Trainer``.
 
-The papers fine-tune pretrained encoders with doubly-normalized and hybrid attention (draft sec. 6; alignment
+The papers fine-tune pretrained encoders with doubly-normalized and hybrid attention ("Doubly-Normalized Attention" sec. 6; alignment
 paper sec. 4 converts BERT/ALBERT/RoBERTa). ``finetune`` loads an encoder, converts its self-attention with
 ``attnkit.hf.convert`` (softmax included, so every mechanism runs through the same code), trains on a
 text-classification dataset of the catalog (``attnkit.data.load_dataset``) and reports test accuracy, macro-F1
@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..config import MECHANISMS
+from ..registry import MECHANISMS
 
 __all__ = ["FinetuneConfig", "finetune", "classification_metrics", "load_text_classification", "default_model_path"]
 
@@ -197,8 +197,7 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
         TrainingArguments,
     )
 
-    from .convert import conversion, convert, hybrid_weights
-    from .registry import register
+    from .convert import conversion, convert, hybrid_weights, register
 
     out = Path(config.out)
     _check_out(out, config.overwrite)

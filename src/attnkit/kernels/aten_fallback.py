@@ -1,6 +1,6 @@
 """DNAS and HNAS on the CPU as a few fused attention passes with exact gradients.
 
-Doubly-normalized attention draft, eqs. (6)-(8); DESIGN.md section 2. DNAS is softmax attention with a
+"Doubly-Normalized Attention", eqs. (6)-(8); docs/design.md section 2. DNAS is softmax attention with a
 per-key bias ``-c_j``, where ``c_j = LSE_i s_ij`` (over valid queries) is the row log-sum-exp of the
 transposed problem (queries = keys). With the fused CPU flash-attention kernel, which also returns the
 row log-sum-exp, the forward pass is two fused passes:

@@ -1,7 +1,7 @@
 """Softmax, DNAS, HNAS and Sinkhorn attention in ``O(L)`` extra memory, with exact gradients.
 
-"Attention that does not explain away", sections 3.1-3.2 and 5; doubly-normalized attention draft,
-eqs. (6)-(8) and section 6; DESIGN.md section 2. All four mechanisms are softmax attention with a
+"Attention that does not Explain Away" (arXiv:2009.14308), sections 3.1-3.2 and 5; "Doubly-Normalized Attention",
+eqs. (6)-(8) and section 6; docs/design.md section 2. All four mechanisms are softmax attention with a
 per-key bias ``b`` built from log-sum-exp potentials (``a = 0``, then ``k`` rounds of)
 
     b_j = -LSE_i (s_ij + a_i)          (column step, over valid queries i)
@@ -29,7 +29,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .block_masks import BlockMasks, chunk_size, head_groups, reduce_to
+from ..masks import MaskInfo
+from .blocking import chunk_size, head_groups, reduce_to
 
 __all__ = ["potential_attention"]
 
@@ -40,7 +41,7 @@ def potential_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    masks: BlockMasks,
+    masks: MaskInfo,
     *,
     scale: float,
     iters: int,
@@ -71,7 +72,7 @@ def _tiny(dtype: torch.dtype) -> float:
 class _Sweeps:
     """Recomputable score blocks ``s[..., j0:j1]`` of one group of heads (bias added, invalid = -inf)."""
 
-    def __init__(self, qs: Tensor, k: Tensor, masks: BlockMasks, width: int):
+    def __init__(self, qs: Tensor, k: Tensor, masks: MaskInfo, width: int):
         self.qs = qs  # (b, h, Lq, D), already multiplied by the scale
         self.k = k  # (b, h, Lk, D)
         self.masks = masks
@@ -88,7 +89,7 @@ class _Sweeps:
         s = torch.matmul(self.qs, self.k[:, :, j0:j1].transpose(-1, -2))  # (b, h, Lq, C)
         if self.masks.bias is not None:
             s += self.masks.bias_block(0, self.Lq, j0, j1).to(s.dtype)
-        valid = self.masks.valid(0, self.Lq, j0, j1)
+        valid = self.masks.block_valid(0, self.Lq, j0, j1)
         if valid is not None:
             s.masked_fill_(~valid, NEG_INF)
         return s, valid

@@ -1,6 +1,6 @@
 """CoDA quasi-attention in ``O(block * Lk)`` memory, chunked over queries with recomputation.
 
-"Compositional De-Attention Networks", eqs. (1)-(6) and (10); DESIGN.md section 3:
+"Compositional De-Attention Networks", eqs. (1)-(6) and (10); docs/design.md section 3:
 
     E_ij = alpha * scale * q_i . k_j,    N_ij = -beta * scale * ||q_i - k_j||_1
     M    = f_E(E) * g(N),                out = M v
@@ -23,8 +23,9 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from ..config import CoDA
-from ..mechanisms import ACTIVATION_FNS
-from .block_masks import BlockMasks, chunk_size
+from ..mechanisms import coda_affinity, coda_gate
+from ..masks import MaskInfo
+from .blocking import chunk_size
 from .l1_distance import l1_distance
 
 __all__ = ["coda_attention"]
@@ -34,7 +35,7 @@ def coda_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    masks: BlockMasks,
+    masks: MaskInfo,
     config: CoDA,
     *,
     scale: float,
@@ -79,10 +80,10 @@ def _affinity_distance(qb: Tensor, k: Tensor, scale: float, config: CoDA) -> tup
     return e, n
 
 
-def _block_sums(qb, k, masks: BlockMasks, i0, i1, scale, config):
+def _block_sums(qb, k, masks: MaskInfo, i0, i1, scale, config):
     """Sums of ``alpha E`` and ``beta N`` over the valid pairs of the block, and their count; ``(B, H, 1, 1)``."""
     e, n = _affinity_distance(qb, k, scale, config)
-    valid = masks.valid(i0, i1, 0, masks.Lk)
+    valid = masks.block_valid(i0, i1, 0, masks.Lk)
     if valid is None:
         count = torch.full((1, 1, 1, 1), float(e.shape[-2] * e.shape[-1]), dtype=e.dtype, device=e.device)
         return e.sum(dim=(-2, -1), keepdim=True), n.sum(dim=(-2, -1), keepdim=True), count
@@ -95,17 +96,15 @@ def _block_sums(qb, k, masks: BlockMasks, i0, i1, scale, config):
     )
 
 
-def _block_out(qb, k, v, mean_e, mean_n, masks: BlockMasks, i0, i1, scale, config):
+def _block_out(qb, k, v, mean_e, mean_n, masks: MaskInfo, i0, i1, scale, config):
     """``M[i0:i1] @ v`` for one block of queries, ``(B, H, C, Dv)``."""
     e, n = _affinity_distance(qb, k, scale, config)
     if mean_e is not None:
         e = e - mean_e  # eq. (6)
     if mean_n is not None:
         n = n - mean_n  # eq. (4)
-    m = ACTIVATION_FNS[config.e_activation](e) * ACTIVATION_FNS[config.n_activation](n)  # (B, H, C, Lk)
-    if config.gate == "scaled":
-        m = 2 * m  # eq. (5)
-    valid = masks.valid(i0, i1, 0, masks.Lk)
+    m = coda_affinity(e, config) * coda_gate(n, config)  # (B, H, C, Lk), eqs. (1) and (5)
+    valid = masks.block_valid(i0, i1, 0, masks.Lk)
     if valid is not None:
         m = m.masked_fill(~valid, 0.0)
     return m @ v  # (B, H, C, Dv)

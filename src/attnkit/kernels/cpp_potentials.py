@@ -1,7 +1,7 @@
 """DNAS, HNAS and Sinkhorn on the CPU through the C++ kernels of ``csrc/potentials_cpu.cpp``.
 
-"Attention that does not explain away", sections 3.1-3.2 and 5; doubly-normalized attention draft,
-eqs. (6)-(8); DESIGN.md section 2. The kernel computes ``k`` rounds of log-domain potentials
+"Attention that does not Explain Away" (arXiv:2009.14308), sections 3.1-3.2 and 5; "Doubly-Normalized Attention",
+eqs. (6)-(8); docs/design.md section 2. The kernel computes ``k`` rounds of log-domain potentials
 
     b^t_j = -LSE_i (s_ij + a^{t-1}_i),    a^t_i = -LSE_j (s_ij + b^t_j),    a^0 = 0,
     out_i = sum_j exp(s_ij + b^k_j + a^k_i) v_j,
@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from . import cpu_ext
-from .block_masks import reduce_to
+from .blocking import reduce_to
 
 __all__ = ["fused_cpu_available", "fused_cpu_attention"]
 

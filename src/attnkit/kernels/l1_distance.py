@@ -1,4 +1,4 @@
-"""Batched L1 distances ``||x_i - y_j||_1`` for CoDA's gate (CoDA eq. (10); DESIGN.md section 3).
+"""Batched L1 distances ``||x_i - y_j||_1`` for CoDA's gate (CoDA eq. (10); docs/design.md section 3).
 
 On the CPU, with the C++ extension built, ``csrc/l1_distance_cpu.cpp`` (register tiles over transposed
 keys, forward and backward); elsewhere ``torch.cdist(p=1)``. Both avoid an ``(n, m, D)`` temporary.

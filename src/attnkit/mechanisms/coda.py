@@ -1,6 +1,6 @@
 """Compositional de-attention (CoDA) quasi-attention.
 
-"Compositional De-Attention Networks", eqs. (1)-(6) and (10); DESIGN.md section 3:
+"Compositional De-Attention Networks", eqs. (1)-(6) and (10); docs/design.md section 3:
 
     E_ij = alpha * q_i . k_j / sqrt(D)                  (affinity)
     N_ij = -beta * ||q_i - k_j||_1 / sqrt(D)            (negative L1 distance)
@@ -19,7 +19,6 @@ would let later positions shift earlier outputs; ``ak.attention`` refuses that c
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional
 
 import torch
@@ -28,7 +27,7 @@ from torch import Tensor
 from ..config import CoDA
 from .masked import masked_mean
 
-__all__ = ["coda_weights", "neg_l1_distance", "ACTIVATION_FNS"]
+__all__ = ["coda_weights", "coda_affinity", "coda_gate", "ACTIVATION_FNS"]
 
 
 def _algebraic(x: Tensor) -> Tensor:
@@ -43,23 +42,16 @@ ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-def neg_l1_distance(q: Tensor, k: Tensor, scale: Optional[float] = None) -> Tensor:
-    """``-||q_i - k_j||_1 * scale`` with ``scale = 1/sqrt(D)`` by default; ``(B, H, Lq, Lk)``.
+def coda_affinity(e: Tensor, config: CoDA) -> Tensor:
+    """``f_E(E)`` of ``E`` already scaled by alpha (and centered for ``center_e``, eq. 6)."""
+    return ACTIVATION_FNS[config.e_activation](e)
 
-    Uses ``attnkit.kernels.l1_distance.l1_distance`` (the C++ kernel on the CPU, ``torch.cdist(p=1)`` elsewhere):
-    no ``(Lq, Lk, D)`` temporary. Half-precision inputs are computed in float32 (``cdist`` has no bfloat16
-    kernel) and the result is cast back to the input dtype.
-    """
-    from ..kernels.l1_distance import l1_distance  # here: attnkit.kernels imports this module
 
-    B, H, Lq, D = q.shape
-    Lk = k.shape[-2]
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    dtype = q.dtype
-    if dtype in (torch.float16, torch.bfloat16):
-        q, k = q.float(), k.float()
-    dist = l1_distance(q.reshape(B * H, Lq, D), k.reshape(B * H, Lk, D))  # (B*H, Lq, Lk)
-    return (-scale * dist.view(B, H, Lq, Lk)).to(dtype)  # (B, H, Lq, Lk)
+def coda_gate(n: Tensor, config: CoDA) -> Tensor:
+    """The gate of ``N`` already scaled by beta (and centered for ``gate="centered"``, eq. 4):
+    ``f_N(N)``, or ``2 f_N(N)`` for ``gate="scaled"`` (eq. 5)."""
+    gate = ACTIVATION_FNS[config.n_activation](n)
+    return 2 * gate if config.gate == "scaled" else gate
 
 
 def coda_weights(affinity: Tensor, neg_distance: Tensor, valid: Optional[Tensor], config: CoDA) -> Tensor:
@@ -70,9 +62,7 @@ def coda_weights(affinity: Tensor, neg_distance: Tensor, valid: Optional[Tensor]
         e = e - masked_mean(e, valid)  # eq. (6)
     if config.gate == "centered":
         n = n - masked_mean(n, valid)  # eq. (4)
-    m = ACTIVATION_FNS[config.e_activation](e) * ACTIVATION_FNS[config.n_activation](n)
-    if config.gate == "scaled":
-        m = 2 * m  # eq. (5)
+    m = coda_affinity(e, config) * coda_gate(n, config)
     if valid is not None:
         m = m.masked_fill(~valid, 0.0)
     return m

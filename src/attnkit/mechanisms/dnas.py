@@ -1,6 +1,6 @@
 """Doubly-normalized attention (DNAS).
 
-Doubly-normalized attention draft, eqs. (6)-(8); DESIGN.md section 2. First normalize over the
+"Doubly-Normalized Attention", eqs. (6)-(8); docs/design.md section 2. First normalize over the
 queries of each key, then over the keys of each query:
 
     xi_ji = exp(s_ij - c_j),   c_j = LSE_i s_ij            (over valid queries i)
@@ -8,7 +8,7 @@ queries of each key, then over the keys of each query:
 
 so DNAS is softmax attention with the per-key bias ``-c_j``.
 
-Invariant (Lemma 1, draft Appendix B): every key with at least one valid query receives
+Invariant (Lemma 1, "Doubly-Normalized Attention" Appendix B): every key with at least one valid query receives
 ``sum_i pi_ij >= 1 / n_k``, ``n_k`` the number of valid keys — no key is fully explained away.
 """
 

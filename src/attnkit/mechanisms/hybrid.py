@@ -1,7 +1,7 @@
 """Hybrid attention (HNAS): a learned mix of doubly-normalized and softmax attention.
 
-Doubly-normalized attention draft, section 6; "Attention that does not explain away", section 5
-(one weight per layer and head); DESIGN.md section 2:
+"Doubly-Normalized Attention", section 6; "Attention that does not Explain Away" (arXiv:2009.14308), section 5
+(one weight per layer and head); docs/design.md section 2:
 
     pi^H = u * pi^D + (1 - u) * pi^L,    u in [0, 1]
 
@@ -19,7 +19,17 @@ from torch import Tensor
 from .dnas import dnas_weights
 from .softmax import softmax_weights
 
-__all__ = ["hybrid_weights", "check_hybrid_weight"]
+__all__ = ["hnas_weights", "check_hybrid_weight", "sigmoid_weight"]
+
+_UNIT_INTERVAL = "_attnkit_in_unit_interval"
+
+
+def sigmoid_weight(theta: Tensor) -> Tensor:
+    """``u = sigmoid(theta)``, marked as lying in [0, 1] by construction, so that ``check_hybrid_weight``
+    skips its value check (a host synchronization) for the modules' own learnable weights."""
+    u = torch.sigmoid(theta)
+    setattr(u, _UNIT_INTERVAL, True)
+    return u
 
 
 def check_hybrid_weight(
@@ -27,7 +37,8 @@ def check_hybrid_weight(
 ) -> Tensor:
     """Validate ``u`` (a number, or a tensor of shape ``()``, ``(H,)`` or broadcastable to ``(B, H, 1, 1)``)
     and return it as a tensor broadcastable to ``(B, H, Lq, Lk)`` on ``like``'s device, in ``dtype``
-    (``like``'s dtype by default)."""
+    (``like``'s dtype by default). The values of a user's tensor are checked to lie in [0, 1] (a host
+    synchronization); those of ``sigmoid_weight`` cannot leave it and are not."""
     dtype = like.dtype if dtype is None else dtype
     if isinstance(u, bool) or not isinstance(u, (int, float, Tensor)):
         raise ValueError(f"hybrid_weight must be a number or a tensor in [0, 1], got {type(u).__name__}")
@@ -39,12 +50,13 @@ def check_hybrid_weight(
         raise ValueError(f"hybrid_weight has dtype {u.dtype}; expected a floating tensor in [0, 1]")
     if u.device != like.device:
         raise ValueError(f"hybrid_weight is on {u.device} but the inputs are on {like.device}")
-    with torch.no_grad():
-        if torch.isnan(u).any() or (u < 0).any() or (u > 1).any():
-            raise ValueError(
-                f"hybrid_weight has values outside [0, 1] (min {u.min().item():.4g}, max {u.max().item():.4g}); "
-                "pass sigmoid(theta) for a learnable weight"
-            )
+    if not getattr(u, _UNIT_INTERVAL, False):
+        with torch.no_grad():
+            if torch.isnan(u).any() or (u < 0).any() or (u > 1).any():
+                raise ValueError(
+                    f"hybrid_weight has values outside [0, 1] (min {u.min().item():.4g}, "
+                    f"max {u.max().item():.4g}); pass sigmoid(theta) for a learnable weight"
+                )
     if u.dim() == 1:
         if u.shape[0] not in (1, H):
             raise ValueError(f"hybrid_weight has shape {tuple(u.shape)}; expected () or (H,) = ({H},)")
@@ -60,6 +72,6 @@ def check_hybrid_weight(
     return u.to(dtype)
 
 
-def hybrid_weights(scores: Tensor, valid: Optional[Tensor], u: Tensor) -> Tensor:
+def hnas_weights(scores: Tensor, valid: Optional[Tensor], u: Tensor) -> Tensor:
     """Hybrid weights ``(B, H, Lq, Lk)``; ``u`` already validated by ``check_hybrid_weight``."""
     return u * dnas_weights(scores, valid) + (1 - u) * softmax_weights(scores, valid)

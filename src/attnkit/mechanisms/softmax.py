@@ -1,6 +1,6 @@
 """Softmax attention (LNAS, upper-normalized).
 
-Doubly-normalized attention draft, eq. (1)/(3); DESIGN.md section 2:
+"Doubly-Normalized Attention", eq. (1)/(3); docs/design.md section 2:
 
     pi_ij = exp(s_ij - r_i),   r_i = LSE_j s_ij   (over valid keys j)
 

@@ -8,7 +8,8 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from ..config import MechanismConfig, MechanismLike, resolve_mechanism
+from ..config import MechanismLike
+from ..registry import config_label
 
 __all__ = ["PerLayer", "per_layer", "label", "check_positive_int", "check_ids_and_mask", "TokenEmbedding"]
 
@@ -27,9 +28,7 @@ def per_layer(value: PerLayer, num_layers: int, name: str) -> list:
     return [value] * num_layers
 
 
-def label(config: MechanismConfig) -> str:
-    """``"hnas"`` for a default config, the full repr (``Sinkhorn(iters=5)``) otherwise."""
-    return config.name if config == resolve_mechanism(config.name) else repr(config)
+label = config_label  # "hnas" for a default config, the full repr (``Sinkhorn(iters=5)``) otherwise
 
 
 def check_positive_int(name: str, value) -> None:

@@ -1,8 +1,8 @@
 r"""A small Transformer encoder text classifier with an attention mechanism per layer.
 
-Vaswani et al. (2017) encoder (lecture-attention-and-transformers.txt: multi-head self-attention,
+Vaswani et al. (2017) encoder ("Attention Is All You Need", arXiv:1706.03762: multi-head self-attention,
 sinusoidal positions, residual + LayerNorm) over word embeddings, pooled into one vector and mapped
-to class logits; each layer may use any mechanism of DESIGN.md section 2/3 (softmax, DNAS, HNAS,
+to class logits; each layer may use any mechanism of docs/design.md sections 2-3 (softmax, DNAS, HNAS,
 Sinkhorn, CoDA), as in the text-classification comparisons of the doubly-normalized and CoDA papers.
 
 .. math::
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..config import resolve_mechanism
+from ..registry import resolve_mechanism
 from ..nn import SinusoidalPositionalEncoding, TransformerEncoder, TransformerEncoderLayer
 from .building_blocks import PerLayer, TokenEmbedding, check_ids_and_mask, check_positive_int, label, per_layer
 

@@ -1,6 +1,6 @@
 r"""A small Transformer encoder-decoder for character-level transduction (MLU), mechanism per block.
 
-The "CoDA Transformer" of compositional-de-attention.txt (section 2.4, evaluated on MLU in section
+The "CoDA Transformer" of "Compositional De-Attention Networks" (section 2.4, evaluated on MLU in section
 3.6) is a Transformer whose attention is replaced by CoDA; here each of the three attention kinds is
 chosen independently: ``encoder_mechanism`` (any mechanism, one or one per layer), ``decoder_mechanism``
 (causal self-attention) and ``cross_mechanism`` (``"softmax"`` or ``"coda"``: the query-normalized
@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ..config import resolve_mechanism
+from ..registry import resolve_mechanism
 from ..nn import Transformer
 from .building_blocks import PerLayer, TokenEmbedding, check_ids_and_mask, check_positive_int, label, per_layer
 

@@ -1,6 +1,6 @@
 """Collect the learned hybrid weights of a model for plots.
 
-"Attention that does not explain away", section 5 and Figs. 3-5: one ``u = sigmoid(theta)`` per
+"Attention that does not Explain Away" (arXiv:2009.14308), section 5 and Figs. 3-5: one ``u = sigmoid(theta)`` per
 layer and head, plotted per layer (averaged over heads) to show where DNAS or softmax is preferred.
 """
 

@@ -1,8 +1,8 @@
 r"""Transformer encoder and decoder layers with a mechanism per attention.
 
-Vaswani et al. (2017) as presented in lecture-attention-and-transformers.txt ("the Transformer":
+Vaswani et al. (2017) ("Attention Is All You Need", arXiv:1706.03762) ("the Transformer":
 multi-head self-attention, masked decoder self-attention, cross-attention, residual + LayerNorm);
-the mechanisms of DESIGN.md section 2. Post-LN (``norm_first=False``) and pre-LN sublayers:
+the mechanisms of docs/design.md section 2. Post-LN (``norm_first=False``) and pre-LN sublayers:
 
 .. math::
     x \leftarrow \text{LN}(x + \text{Drop}(\text{Attn}(x))) \quad\text{or}\quad
@@ -26,7 +26,8 @@ from typing import Callable, Optional, Union
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import MechanismLike, resolve_mechanism
+from ..config import MechanismLike
+from ..registry import resolve_mechanism
 from .module_utils import mechanism_label
 from .multihead import MultiheadAttention
 

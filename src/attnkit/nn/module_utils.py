@@ -1,9 +1,9 @@
 """Helpers shared by the attention modules: mechanism + ``u0`` resolution and torch-style masks.
 
-Hybrid attention (HNAS), "Attention that does not explain away" section 5 / doubly-normalized
-attention draft section 6 (DESIGN.md section 2): each module holds one learnable ``theta`` per head
-and mixes ``u = sigmoid(theta)``, ``pi^H = u * pi^D + (1 - u) * pi^L``; ``theta`` starts at
-``logit(u0)``.
+Hybrid attention (HNAS), "Attention that does not Explain Away" (arXiv:2009.14308) section 5 and
+docs/design.md section 2: each module holds one learnable ``theta`` per head and mixes
+``u = sigmoid(theta)``, ``pi^H = u * pi^D + (1 - u) * pi^L``; ``theta`` starts at ``logit(u0)``
+(``attnkit.registry.initial_theta``, the one ``u0 -> theta`` policy).
 
 The ``torch.nn`` modules mark padding with **True = ignore** (``key_padding_mask``) and disallowed
 pairs with **True = not allowed** (boolean ``attn_mask``), or use additive float masks. The
@@ -12,15 +12,23 @@ functional core uses the opposite boolean convention (True = may attend); the he
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
-from ..config import Hybrid, MechanismConfig, MechanismLike, resolve_mechanism
+from ..config import Hybrid, MechanismConfig, MechanismLike
+from ..mechanisms import sigmoid_weight
+from ..registry import config_label, initial_theta, resolve_options
 
-__all__ = ["HybridWeightMixin", "resolve_module_mechanism", "logit", "mechanism_label", "canonical_mask", "to_additive", "append_columns"]
+__all__ = [
+    "HybridWeightMixin",
+    "resolve_module_mechanism",
+    "mechanism_label",
+    "canonical_mask",
+    "to_additive",
+    "append_columns",
+]
 
 
 def resolve_module_mechanism(mechanism: MechanismLike, u0: Optional[float]) -> MechanismConfig:
@@ -29,38 +37,10 @@ def resolve_module_mechanism(mechanism: MechanismLike, u0: Optional[float]) -> M
     ``u0`` may come from ``ak.Hybrid(u0=...)`` or the ``u0`` argument (default 0.5); it must lie strictly
     inside (0, 1) because ``theta = logit(u0)`` has to be finite.
     """
-    config = resolve_mechanism(mechanism)
-    if not isinstance(config, Hybrid):
-        if u0 is not None:
-            raise ValueError(
-                f"u0={u0!r} is only used by mechanism 'hnas', got mechanism {config.name!r}; drop u0 "
-                "or use mechanism='hnas'"
-            )
-        return config
-    if u0 is not None:
-        if isinstance(u0, bool) or not isinstance(u0, (int, float)):
-            raise ValueError(f"u0={u0!r}; expected a number in (0, 1), e.g. 0.5")
-        if not isinstance(mechanism, str) and float(u0) != config.u0:
-            raise ValueError(
-                f"u0={u0!r} contradicts the config {config!r}; pass u0 in one place only"
-            )
-        config = Hybrid(u0=float(u0))  # validates [0, 1]
-    if not 0.0 < config.u0 < 1.0:
-        raise ValueError(
-            f"u0={config.u0!r}: a learnable hybrid weight u = sigmoid(theta) needs u0 strictly inside (0, 1) "
-            "(theta = logit(u0) must be finite); use e.g. u0=0.01 / 0.99, or mechanism='softmax' / 'dnas'"
-        )
-    return config
+    return resolve_options(mechanism, u0=u0, learnable_u=True)
 
 
-def logit(p: float) -> float:
-    """``log(p / (1 - p))`` for ``p`` in (0, 1)."""
-    return math.log(p) - math.log1p(-p)
-
-
-def mechanism_label(config: MechanismConfig) -> str:
-    """``"hnas"`` for a default config, the full repr (``Sinkhorn(iters=5)``) otherwise."""
-    return config.name if config == resolve_mechanism(config.name) else repr(config)
+mechanism_label = config_label
 
 
 def canonical_mask(mask: Optional[Tensor], name: str, dtype: torch.dtype) -> Optional[Tensor]:
@@ -120,7 +100,7 @@ class HybridWeightMixin:
     def _reset_hybrid_weight(self) -> None:
         if self.theta is not None:
             with torch.no_grad():
-                self.theta.fill_(logit(self.config.u0))
+                self.theta.fill_(initial_theta(self.config))
 
     @property
     def mechanism(self) -> str:
@@ -136,4 +116,4 @@ class HybridWeightMixin:
 
     def _hybrid_weight(self) -> Optional[Tensor]:
         """``sigmoid(theta)`` with its gradient, or ``None`` when the mechanism is not hnas."""
-        return torch.sigmoid(self.theta) if self.theta is not None else None
+        return sigmoid_weight(self.theta) if self.theta is not None else None

@@ -1,9 +1,9 @@
 r"""A drop-in ``torch.nn.MultiheadAttention`` with a choice of normalization.
 
-Vaswani et al. multi-head attention (lecture-attention-and-transformers.txt, "multi-head");
-the normalizations of DESIGN.md section 2: softmax (LNAS, draft eq. 3), DNAS (draft eqs. 6-8),
-HNAS (draft section 6; "Attention that does not explain away" section 5, one ``u`` per layer and
-head), Sinkhorn (later version section 3.2) and CoDA (compositional-de-attention.txt eqs. 1-10).
+Vaswani et al. multi-head attention ("Attention Is All You Need", arXiv:1706.03762, "multi-head");
+the normalizations of docs/design.md section 2: softmax (LNAS, "Doubly-Normalized Attention" eq. 3), DNAS ("Doubly-Normalized Attention" eqs. 6-8),
+HNAS ("Doubly-Normalized Attention" section 6; "Attention that does not Explain Away" (arXiv:2009.14308) section 5, one ``u`` per layer and
+head), Sinkhorn ("Attention that does not Explain Away" section 3.2) and CoDA ("Compositional De-Attention Networks" eqs. 1-10).
 
 .. math::
     q = x_q W_Q^T + b_Q,\quad k = x_k W_K^T + b_K,\quad v = x_v W_V^T + b_V \quad\text{(split into H heads)}

@@ -1,7 +1,7 @@
 r"""Multi-view attention fusion for VQA.
 
-"Attention that does not explain away", section 6.1 and Appendix B (multi-view attention model),
-after Yu et al. (2019); the draft's section 7.1 describes the earlier version, in which the
+"Attention that does not Explain Away" (arXiv:2009.14308), section 6.1 and Appendix B (multi-view attention model),
+after Yu et al. (2019); "Doubly-Normalized Attention" section 7.1 describes the earlier version, in which the
 secondary views also gave the values through a transformation. This module implements the later
 version (Appendix B), whose equations read, for a primary view ``p`` with features
 ``x^p_i`` (``i = 1..Lp``) and secondary views ``s`` with features ``x^s_j`` (``j = 1..Ls``):
@@ -41,7 +41,7 @@ __all__ = ["MultiViewAttention"]
 
 
 class MultiViewAttention(HybridWeightMixin, nn.Module):
-    r"""Fuse a primary view with ``num_views`` secondary views by attention (Appendix B, later version).
+    r"""Fuse a primary view with ``num_views`` secondary views by attention (Appendix B, "Attention that does not Explain Away").
 
     Args:
         embed_dim: feature size ``d`` of every view.

@@ -1,6 +1,6 @@
 r"""Positional encodings added to token embeddings.
 
-Vaswani et al. (2017), section 3.5, as presented in lecture-attention-and-transformers.txt
+Vaswani et al. (2017), section 3.5, ("Attention Is All You Need", arXiv:1706.03762)
 ("positional encodings"): the fixed sinusoids
 
 .. math::

@@ -1,8 +1,8 @@
 r"""Transformer encoder/decoder stacks and a full encoder-decoder with a mechanism per layer.
 
-Vaswani et al. (2017) as presented in lecture-attention-and-transformers.txt (stacked layers,
+Vaswani et al. (2017) ("Attention Is All You Need", arXiv:1706.03762) (stacked layers,
 sinusoidal or learned positional embeddings, final LayerNorm). The headline-generation setup of
-"Attention that does not explain away" (section 6.3, Appendix D) uses an HNAS encoder with a
+"Attention that does not Explain Away" (arXiv:2009.14308) (section 6.3, Appendix D) uses an HNAS encoder with a
 softmax decoder, hence the defaults of ``Transformer``. Parameter names are those of
 ``torch.nn.TransformerEncoder`` / ``TransformerDecoder`` / ``Transformer`` (``layers.0``, ``norm``,
 ``encoder``, ``decoder``).

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from ..config import MECHANISMS, resolve_mechanism
+from ..registry import MECHANISMS, resolve_mechanism
 
 __all__ = [
     "CompareConfig",
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 DEFAULT_TASK = "reuters8"
-DEFAULT_MECHANISMS: tuple[str, ...] = ("softmax", "dnas", "hnas", "sinkhorn", "coda")
+DEFAULT_MECHANISMS: tuple[str, ...] = MECHANISMS
 PROGRESS: tuple[str, ...] = ("auto", "rich", "tqdm", "none")
 PRESET_NAMES: tuple[str, ...] = ("quick", "paper")
 
@@ -247,7 +247,7 @@ def task_kind(task: str) -> str:
 
     if task.lower() in DATASETS:
         return "seq2seq" if DATASETS[task.lower()].kind == "seq2seq" else "classification"
-    from .tasks import file_task_kind  # a dataset file declares its kind; anything else is an unknown task
+    from .dataset_file import file_task_kind  # a dataset file declares its kind; anything else is an unknown task
 
     return file_task_kind(task)
 

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -28,6 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .config import CompareConfig
+from .dataset_file import _FILE_SUFFIXES, file_task_kind
+from .dataset_file import read_dataset_file as _read_file
 
 __all__ = [
     "ClassificationTask",
@@ -40,7 +41,6 @@ __all__ = [
     "macro_f1",
 ]
 
-_FILE_SUFFIXES = (".json", ".jsonl")
 _DATA_SEED = 1234  # the training/evaluation subsets do not depend on the run seed
 
 
@@ -71,44 +71,6 @@ def _trim(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 
 
 # --------------------------------------------------------------------------- dataset files
-
-
-def _read_file(path: str) -> dict:
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(
-            f"dataset file {path!r} not found; give a built-in task (reuters8, mlu, ...) or an existing .json/.jsonl file"
-        )
-    try:
-        if p.suffix == ".jsonl":
-            lines = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-            if not lines or "kind" not in lines[0]:
-                raise ValueError('the first line must be {"kind": "classification"} or {"kind": "seq2seq"}')
-            head, rows = lines[0], lines[1:]
-            data = {k: v for k, v in head.items()}
-            for split in ("train", "test"):
-                data[split] = [r for r in rows if r.get("split") == split]
-            return data
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"dataset file {path!r} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"dataset file {path!r} must hold an object with keys kind, train, test")
-    return data
-
-
-def file_task_kind(path: str) -> str:
-    """The ``kind`` a dataset file declares (``classification`` or ``seq2seq``)."""
-    if not str(path).endswith(_FILE_SUFFIXES):
-        from ..data import DATASETS
-
-        raise ValueError(
-            f"unknown task {path!r}; expected one of {', '.join(DATASETS)} or a dataset file ending in .json/.jsonl"
-        )
-    kind = _read_file(path).get("kind")
-    if kind not in ("classification", "seq2seq"):
-        raise ValueError(f"dataset file {path!r}: kind={kind!r}; expected 'classification' or 'seq2seq'")
-    return kind
 
 
 def load_file_dataset(path: str):
@@ -320,7 +282,7 @@ class Seq2SeqTask:
     @staticmethod
     def mechanisms_for(mechanism: str) -> dict:
         """Encoder, decoder self- and cross-attention mechanisms for one compared ``mechanism``."""
-        from ..config import resolve_mechanism
+        from ..registry import resolve_mechanism
 
         decoder = "softmax" if resolve_mechanism(mechanism).query_normalized else mechanism
         return {"encoder_mechanism": mechanism, "decoder_mechanism": decoder, "cross_mechanism": decoder}

@@ -1,6 +1,7 @@
 """Additive (MLP) scores of Bahdanau et al. (2015).
 
-Lecture, "content-based attention"; DESIGN.md section 5:
+"Neural Machine Translation by Jointly Learning to Align and Translate" (arXiv:1409.0473);
+docs/design.md section 1:
 
     s_ij = w^T tanh(W_q q_i + W_k k_j + b)
 

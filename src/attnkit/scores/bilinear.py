@@ -1,6 +1,6 @@
 """General / bilinear scores (Luong et al., 2015, "general").
 
-Lecture, "score functions"; DESIGN.md section 5:
+"Effective Approaches to Attention-based Neural Machine Translation" (arXiv:1508.04025); docs/design.md section 1:
 
     s_ij = q_i^T W k_j
 """

@@ -1,5 +1,5 @@
 // L1 distances for CoDA's gate on the CPU, forward and backward ("Compositional De-Attention Networks",
-// eq. (10); DESIGN.md section 3):
+// eq. (10); docs/design.md section 3):
 //
 //     dist_ij = sum_d |x_id - y_jd|
 //     dx_id   =  sum_j G_ij sign(x_id - y_jd),    dy_jd = -sum_i G_ij sign(x_id - y_jd)

@@ -1,7 +1,7 @@
 // DNAS, HNAS and Sinkhorn attention on the CPU in O(L) extra memory, forward and exact backward.
 //
-// "Attention that does not explain away", sections 3.1-3.2 and 5; doubly-normalized attention draft,
-// eqs. (6)-(8) and section 6; DESIGN.md section 2. With scores s_ij = scale * q_i . k_j, a^0 = 0 and
+// "Attention that does not Explain Away" (arXiv:2009.14308), sections 3.1-3.2 and 5; "Doubly-Normalized Attention",
+// eqs. (6)-(8) and section 6; docs/design.md section 2. With scores s_ij = scale * q_i . k_j, a^0 = 0 and
 // k >= 1 rounds of log-domain potentials
 //
 //     b^t_j = -LSE_i (s_ij + a^{t-1}_i)        (column step, over valid queries)

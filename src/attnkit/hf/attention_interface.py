@@ -1,8 +1,9 @@
-"""attnkit as a Hugging Face transformers attention implementation (DESIGN.md sections 2 and 6).
+"""attnkit as a Hugging Face transformers attention implementation (docs/design.md sections 2, 3 and 6).
 
-Mechanisms: softmax (seed eq. 1/3), doubly-normalized DNAS (draft eqs. 6-8), hybrid HNAS (draft sec. 6,
-``u * pi^D + (1 - u) * pi^L`` with ``u = sigmoid(theta)`` per head), Sinkhorn (later version sec. 3.2) and
-CoDA (compositional-de-attention eqs. 1-10), all through ``attnkit.attention``.
+Every mechanism of the registry (``attnkit.registry``) runs through ``attnkit.attention``: softmax, DNAS and
+HNAS (``u * pi^D + (1 - u) * pi^L`` with ``u = sigmoid(theta)`` per head) of "Attention that does not Explain
+Away" (arXiv:2009.14308), Sinkhorn (its section 3.2; "Sinkformers", arXiv:2110.11773) and CoDA
+("Compositional De-Attention Networks", eqs. 1-10).
 
 transformers dispatches attention through two registries, both keyed by ``config._attn_implementation``:
 
@@ -11,8 +12,10 @@ transformers dispatches attention through two registries, both keyed by ``config
 - ``AttentionMaskInterface``: builds the ``attention_mask`` that the model passes to the attention function.
   Without an entry, transformers passes ``attention_mask=None`` and padding would be silently ignored.
 
-The mask registered here is the boolean ``(B, 1, Lq, Lk)`` mask of ``sdpa_mask`` (True = may attend), always
-materialized for causal models so that causality is never implicit. transformers masks keys only; for
+The mask registered here is, for bidirectional attention with padding, the ``(B, Lk)`` key padding mask itself
+(True = real), passed straight through to ``attnkit.attention`` as ``key_mask``; otherwise the boolean
+``(B, 1, Lq, Lk)`` mask of ``sdpa_mask`` (True = may attend), always materialized for causal models so that
+causality is never implicit. transformers masks keys only; for
 self-attention a query position is real exactly when the key at the same position is, so the query mask of the
 query-normalized mechanisms (dnas, hnas, sinkhorn) is recovered from the key columns: padded queries stay out of
 the column normalizations (``c_j`` of DNAS) and a padded batch gives, on its real tokens, what each sequence
@@ -32,14 +35,13 @@ from torch import Tensor, nn
 
 from ..config import Hybrid, MechanismConfig, Softmax
 from ..functional import attention
-from ..masks import causal_leak_error
+from ..mechanisms import sigmoid_weight
+from ..registry import check_causal
 
 __all__ = [
     "IMPLEMENTATION",
     "attention_forward",
     "attention_mask",
-    "register",
-    "is_registered",
     "module_mechanism",
 ]
 
@@ -77,22 +79,13 @@ def _split_mask(mask: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tens
     )
 
 
-def _query_mask(valid: Tensor, Lq: int) -> Tensor:
-    """Recover which queries are real in self-attention from a key-only boolean mask ``(B, 1|H, Lq, Lk)``.
+def _query_mask(key_valid: Tensor, Lq: int) -> Tensor:
+    """Which queries are real in self-attention, from the key padding ``(B, Lk)``.
 
-    A key column with no query allowed to attend to it is padding; in self-attention the query at the same
-    position is padding too. With a cache (``Lq < Lk``) the queries are the last ``Lq`` positions.
+    A padded key position is a padded query position too; with a cache (``Lq < Lk``) the queries are the
+    last ``Lq`` positions.
     """
-    key_valid = valid.any(dim=-2).any(dim=1)  # (B, Lk)
     return key_valid[:, -Lq:]  # (B, Lq)
-
-
-def _as_key_mask(valid: Optional[Tensor]) -> Optional[Tensor]:
-    """``(B, Lk)`` when the boolean mask ``(B, 1, Lq, Lk)`` is pure key padding (every row the same), else ``None``."""
-    if valid is None or valid.dim() != 4 or valid.shape[1] != 1:
-        return None
-    key_mask = valid[:, 0].any(dim=-2)  # (B, Lk)
-    return key_mask if torch.equal(valid, key_mask[:, None, None, :].expand_as(valid)) else None
 
 
 def attention_forward(
@@ -117,22 +110,23 @@ def attention_forward(
     """
     config = module_mechanism(module)
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
-    if causal and config.query_normalized:
-        raise causal_leak_error(config.name)
+    check_causal(config, causal)
     B, H, Lq, D = query.shape
     Hkv = key.shape[1]
     if H % Hkv != 0:
         raise ValueError(f"query has {H} heads and key {Hkv}; grouped-query attention needs H to be a multiple of H_kv")
     key, value = _repeat_kv(key, H // Hkv), _repeat_kv(value, H // Hkv)  # (B, H, Lk, D)
 
-    valid, bias = _split_mask(attention_mask)
-    query_mask = None
-    if config.query_normalized and valid is not None and getattr(module, _SELF_ATTR, False):
-        query_mask = _query_mask(valid, Lq)
-    key_mask = _as_key_mask(valid)
-    if key_mask is not None:
-        valid = None  # the same pairs, in the factored form that the fused kernels take
-    u = torch.sigmoid(getattr(module, _THETA_ATTR)) if isinstance(config, Hybrid) else None
+    key_mask = query_mask = None
+    if attention_mask is not None and attention_mask.dim() == 2:
+        key_mask, valid, bias = attention_mask, None, None  # (B, Lk): key padding from our mask interface
+        key_valid = key_mask
+    else:
+        valid, bias = _split_mask(attention_mask)
+        key_valid = None if valid is None else valid.any(dim=-2).any(dim=1)  # (B, Lk): keys some query sees
+    if config.query_normalized and key_valid is not None and getattr(module, _SELF_ATTR, False):
+        query_mask = _query_mask(key_valid, Lq)
+    u = sigmoid_weight(getattr(module, _THETA_ATTR)) if isinstance(config, Hybrid) else None
     out = attention(
         query, key, value, config,
         key_mask=key_mask,
@@ -160,12 +154,24 @@ def attention_mask(
     device="cpu",
     **kwargs,
 ) -> Optional[Tensor]:
-    """The ``AttentionMaskInterface`` entry of attnkit: a boolean ``(B, 1, Lq, Lk)`` mask, True = may attend.
+    """The ``AttentionMaskInterface`` entry of attnkit, True = may attend.
 
-    It is transformers' ``sdpa_mask`` with causal masks always materialized (never left to an ``is_causal``
+    Bidirectional attention with a padding mask: the key padding mask ``(B, Lk)`` itself, which
+    ``attention_forward`` passes straight to ``attnkit.attention`` as ``key_mask`` (the form the fused kernels
+    take; nothing ``(Lq, Lk)``-shaped is built or compared per layer). Otherwise a boolean ``(B, 1, Lq, Lk)``
+    mask: transformers' ``sdpa_mask`` with causal masks always materialized (never left to an ``is_causal``
     flag), and ``None`` only for bidirectional attention without padding.
     """
-    from transformers.masking_utils import causal_mask_function, sdpa_mask
+    from transformers.masking_utils import bidirectional_mask_function, causal_mask_function, sdpa_mask
+
+    if (
+        mask_function is bidirectional_mask_function
+        and attention_mask is not None
+        and attention_mask.dim() == 2
+        and tuple(attention_mask.shape) == (batch_size, kv_length)
+        and kv_offset == 0
+    ):
+        return attention_mask.to(device=device, dtype=torch.bool)  # (B, Lk)
 
     kwargs.pop("allow_is_causal_skip", None)
     return sdpa_mask(
@@ -182,41 +188,3 @@ def attention_mask(
         device=device,
         **kwargs,
     )
-
-
-_REGISTERED = False
-
-
-def is_registered() -> bool:
-    """Whether ``register()`` has run in this process."""
-    return _REGISTERED
-
-
-def register() -> None:
-    """Register attnkit with transformers (idempotent).
-
-    After it, ``attn_implementation="attnkit"`` is valid in ``from_pretrained`` / ``set_attn_implementation``,
-    and a model saved after ``attnkit.hf.convert`` is restored by a plain ``from_pretrained``: its config names
-    the ``"attnkit"`` implementation and carries the conversion, which is re-applied when the model is built,
-    before its weights (the hnas ``theta`` included) are loaded.
-    """
-    global _REGISTERED
-    if _REGISTERED:
-        return
-    from transformers import AttentionInterface, PreTrainedModel
-    from transformers.masking_utils import AttentionMaskInterface
-
-    AttentionInterface.register(IMPLEMENTATION, attention_forward)
-    AttentionMaskInterface.register(IMPLEMENTATION, attention_mask)
-
-    original_post_init = PreTrainedModel.post_init
-
-    def post_init(self) -> None:
-        original_post_init(self)
-        from .convert import restore_conversion
-
-        restore_conversion(self)
-
-    post_init.__wrapped__ = original_post_init  # type: ignore[attr-defined]
-    PreTrainedModel.post_init = post_init
-    _REGISTERED = True

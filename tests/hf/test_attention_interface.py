@@ -1,4 +1,4 @@
-"""attnkit.hf.registry: the AttentionInterface / AttentionMaskInterface entries against float64 references."""
+"""attnkit.hf.attention_interface: the AttentionInterface / AttentionMaskInterface entries against float64 references."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 import attnkit as ak
 from attnkit.hf import attention_forward, attention_mask, register
-from attnkit.hf.registry import IMPLEMENTATION
+from attnkit.hf.attention_interface import IMPLEMENTATION
 
 pytestmark = pytest.mark.hf
 
@@ -53,10 +53,20 @@ def test_registration_adds_both_registries():
     assert AttentionMaskInterface._global_mapping[IMPLEMENTATION] is attention_mask
 
 
-def test_mask_is_boolean_key_padding():
+def test_mask_is_boolean_key_padding_passed_straight_through():
     mask, pad = _padding_mask((4, 2), 4)
-    assert mask.dtype == torch.bool and mask.shape == (2, 1, 4, 4)
-    assert torch.equal(mask, pad[:, None, None, :].expand(2, 1, 4, 4))
+    assert mask.dtype == torch.bool and mask.shape == (2, 4)  # (B, Lk): no (Lq, Lk) mask to rebuild per layer
+    assert torch.equal(mask, pad)
+
+
+def test_key_padding_and_its_4d_form_give_the_same_output():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 4, 4, dtype=torch.float64) for _ in range(3))
+    mask, pad = _padding_mask((4, 2), 4)
+    for name in ("softmax", "dnas"):
+        out, _ = attention_forward(_module(name), q, k, v, mask, scaling=0.5)
+        out4, _ = attention_forward(_module(name), q, k, v, pad[:, None, None, :].expand(2, 1, 4, 4), scaling=0.5)
+        torch.testing.assert_close(out, out4)
 
 
 def test_causal_mask_is_always_materialized():

@@ -1,0 +1,257 @@
+"""The route table of the attention backends and the one function that chooses a route: ``plan``.
+
+One table ``ROUTES[name]`` (what each route computes, when it can run, how to call it) and one chooser, as
+geomloss keeps one ``routines[loss][backend]`` table and decides ``"auto"`` in one block. Every mechanism's
+``MechanismSpec.routes`` (``attnkit.registry``) lists the efficient routes that can run it, in order of
+preference; ``plan`` takes the first whose ``supports`` accepts the call, and decides for ``backend="auto"``
+whether the efficient path pays at all. ``ak.attention`` runs the plan; ``ak.explain_dispatch`` and
+``attnkit info`` / ``attnkit bench`` print it.
+
+Routes (docs/design.md section 5):
+
+- ``reference``: the materialized ``(Lq, Lk)`` weights (``attnkit.functional``), every mechanism and mask;
+- ``sdpa``: softmax through ``F.scaled_dot_product_attention`` (fused), when the masks fit its one mask;
+- ``cpp``: dnas / hnas / sinkhorn on the CPU with padding masks, the C++ kernels (``cpp_potentials.py``);
+- ``aten``: dnas / hnas with padding masks through PyTorch's fused CPU attention op where the C++ kernels
+  cannot be built (``aten_fallback.py``);
+- ``blockwise``: the potential loop in block sweeps with recomputation, any mask, CPU or CUDA
+  (``blockwise.py``);
+- ``coda_blockwise``: CoDA in query blocks with recomputation (``coda_blockwise.py``).
+
+A new route (e.g. a CUDA kernel) is one ``Route`` entry here plus its name in the specs of the mechanisms
+it runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..config import MechanismConfig
+from ..masks import MaskInfo
+from ..registry import spec_of
+from .aten_fallback import fused_available, fused_dnas_attention
+from .blockwise import potential_attention
+from .coda_blockwise import coda_attention
+from .cpp_potentials import fused_cpu_attention, fused_cpu_available
+
+__all__ = ["Plan", "Route", "ROUTES", "plan", "run_route", "MIN_PAIRS", "CODA_MIN_TOTAL_PAIRS"]
+
+# backend="auto" takes the efficient path from this many (query, key) pairs on: below it the
+# materialized path is as fast and the memory it saves is small.
+MIN_PAIRS = 128 * 128
+# CoDA's cost is the L1 distance (``torch.cdist(p=1)``, no BLAS path), which the efficient path
+# computes twice (forward, and again in the backward pass); the materialized path is faster until its
+# memory traffic dominates. Measured (2 threads, fp32, B=1, H=8, D=64, forward+backward, efficient /
+# reference): L=256 1.45, 1024 1.15, 1536 1.10, 2048 0.91, 4096 0.76. So CoDA goes efficient from this
+# many pairs over the whole batch (B * H * Lq * Lk), where the reference holds about 0.6 GiB. With the C++
+# L1 kernel (both paths ~3.4x faster) the crossover moved down but is noisy: 4.2M pairs 0.73, 8.4M
+# 0.82 (B=1) / 1.28 (B=2), 16.8M 0.72; the threshold stays where the efficient path wins.
+CODA_MIN_TOTAL_PAIRS = 1 << 24
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The route a call takes and why (``str(plan)`` is ``"route: reason"``)."""
+
+    route: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.route}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a route needs to know about one call (inputs already validated at the public boundary)."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    config: MechanismConfig
+    mask: MaskInfo
+    dropout_p: float
+
+    @property
+    def iters(self) -> Optional[int]:
+        fn = spec_of(self.config).potential_iters
+        return None if fn is None else fn(self.config)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One efficient route: ``supports(call)`` returns ``None`` when it can run the call, else why not;
+    ``run(call, scale, u)`` returns the output ``(B, H, Lq, Dv)``; ``dropout`` whether it applies dropout."""
+
+    name: str
+    summary: str
+    supports: Callable[[Call], Optional[str]]
+    run: Callable[[Call, float, Optional[Tensor]], Tensor]
+    dropout: bool = False
+
+
+def _sdpa_supports(call: Call) -> Optional[str]:
+    """The fused kernel takes one mask: fine unless causal comes with another pair mask or a learnable bias."""
+    if call.iters != 0:
+        return "SDPA computes softmax (0 normalization rounds) only"
+    mask = call.mask
+    if mask.bias is not None and mask.bias.requires_grad:
+        return "a learnable float attn_mask (SDPA gives it no gradient here)"
+    if mask.causal and (mask.key is not None or mask.pair is not None or mask.bias is not None):
+        return "causal together with another mask (SDPA takes one mask)"
+    return None
+
+
+def _sdpa_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
+    mask = call.mask
+    attn: Optional[Tensor] = None
+    if mask.key is not None or mask.pair is not None:
+        attn = mask.key if mask.pair is None else (mask.pair if mask.key is None else mask.key & mask.pair)
+    if mask.bias is not None:
+        bias = mask.bias.to(call.q.dtype)
+        attn = bias if attn is None else bias.masked_fill(~attn, float("-inf"))  # (B|1, H|1, Lq|1, Lk)
+    out = F.scaled_dot_product_attention(
+        call.q, call.k, call.v, attn_mask=attn, dropout_p=call.dropout_p, is_causal=mask.causal, scale=scale
+    )  # (B, H, Lq, Dv); rows without a valid key are zeros
+    if mask.query is not None:
+        out = out.masked_fill(~mask.query, 0.0)
+    return out
+
+
+def _cpp_supports(call: Call) -> Optional[str]:
+    if call.iters < 1:
+        return "the C++ kernels run at least one column normalization (softmax goes to SDPA)"
+    if not call.mask.padding_only:
+        return "the C++ kernels take padding masks only (no attn_mask, not causal)"
+    if not fused_cpu_available(call.q):
+        return "the C++ kernels are not available (not a CPU tensor, or the extension did not build)"
+    return None
+
+
+def _cpp_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
+    return fused_cpu_attention(
+        call.q, call.k, call.v, key_mask=call.mask.key_mask, query_mask=call.mask.query_mask,
+        scale=scale, iters=call.iters, u=u,
+    )
+
+
+def _aten_supports(call: Call) -> Optional[str]:
+    if call.iters != 1:
+        return "the ATen fallback runs one normalization round (dnas / hnas) only"
+    if not call.mask.padding_only:
+        return "the ATen fallback takes padding masks only (no attn_mask, not causal)"
+    if not fused_available(call.q, call.v):
+        return "PyTorch's fused CPU attention op does not take these inputs (not CPU, or D != Dv)"
+    return None
+
+
+def _aten_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
+    return fused_dnas_attention(
+        call.q, call.k, call.v, key_mask=call.mask.key_mask, query_mask=call.mask.query_mask, scale=scale, u=u
+    )
+
+
+def _always(call: Call) -> Optional[str]:
+    return None
+
+
+def _blockwise_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
+    return potential_attention(call.q, call.k, call.v, call.mask, scale=scale, iters=call.iters, u=u)
+
+
+def _coda_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
+    return coda_attention(call.q, call.k, call.v, call.mask, call.config, scale=scale)
+
+
+ROUTES: dict[str, Route] = {
+    route.name: route
+    for route in (
+        Route("sdpa", "F.scaled_dot_product_attention (fused softmax)", _sdpa_supports, _sdpa_run, dropout=True),
+        Route("cpp", "C++ potential kernels (CPU, padding masks)", _cpp_supports, _cpp_run),
+        Route("aten", "ATen fused CPU attention op, two passes (fallback)", _aten_supports, _aten_run),
+        Route("blockwise", "block sweeps of the potential loop with recomputation", _always, _blockwise_run),
+        Route("coda_blockwise", "CoDA in query blocks with recomputation", _always, _coda_run),
+    )
+}
+
+
+def _efficient_route(call: Call) -> tuple[str, str]:
+    """The first route of the mechanism's spec that supports the call, with the reasons the others did not."""
+    skipped = []
+    for name in spec_of(call.config).routes:
+        why_not = ROUTES[name].supports(call)
+        if why_not is None:
+            reason = ROUTES[name].summary
+            return name, reason + (f" ({'; '.join(skipped)})" if skipped else "")
+        skipped.append(f"not {name}: {why_not}")
+    raise AssertionError(f"no route for {call.config!r}; the last route of every spec supports every call")
+
+
+def _dropout_error(call: Call, route: str) -> Optional[str]:
+    if call.dropout_p <= 0 or ROUTES[route].dropout:
+        return None
+    if call.config.name != "softmax":
+        return (
+            f"dropout_p={call.dropout_p} is not supported by backend='efficient' for mechanism "
+            f"{call.config.name!r} (its backward pass recomputes the weights and cannot replay the dropout "
+            "mask); use backend='reference' (or 'auto') for attention dropout"
+        )
+    return (
+        f"dropout_p={call.dropout_p} with causal=True and another mask is not supported by backend='efficient'; "
+        "use backend='reference'"
+    )
+
+
+def plan(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    config: MechanismConfig,
+    mask: MaskInfo,
+    *,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+) -> Plan:
+    """The route of one call (inputs validated, ``config`` resolved) for ``backend`` ``"efficient"`` or
+    ``"auto"``, and why. ``"efficient"`` raises a ``ValueError`` when its route cannot apply the dropout.
+
+    ``"auto"`` takes the efficient path when it pays and supports the call: DNAS/HNAS/Sinkhorn with padding
+    masks only, on the CPU with the C++ kernels built, always (measured, fwd+bwd, B=4, H=8, D=32: 0.45-0.6x
+    the reference's time at L=8..32, 0.3-0.5x at L=128). Otherwise from ``Lq * Lk >= MIN_PAIRS``; CoDA from
+    ``B * H * Lq * Lk >= CODA_MIN_TOTAL_PAIRS``.
+    """
+    call = Call(q, k, v, config, mask, dropout_p)
+    route, reason = _efficient_route(call)
+    if backend == "efficient":
+        error = _dropout_error(call, route)
+        if error is not None:
+            raise ValueError(error)
+        return Plan(route, reason)
+    if _dropout_error(call, route) is not None:
+        return Plan("reference", f"dropout_p={dropout_p} > 0 and the {route} route cannot apply dropout")
+    Lq, Lk = q.shape[2], k.shape[2]
+    if route == "coda_blockwise":
+        B, H = max(q.shape[0], k.shape[0]), max(q.shape[1], k.shape[1])
+        total = B * H * Lq * Lk
+        if total < CODA_MIN_TOTAL_PAIRS:
+            return Plan(
+                "reference",
+                f"B*H*Lq*Lk = {total} < {CODA_MIN_TOTAL_PAIRS}: CoDA's materialized path is faster below this size",
+            )
+        return Plan(route, f"B*H*Lq*Lk = {total} >= {CODA_MIN_TOTAL_PAIRS}; {reason}")
+    if route == "cpp":
+        return Plan(route, f"the C++ kernels beat the materialized path at every size; {reason}")
+    if Lq * Lk < MIN_PAIRS:
+        return Plan("reference", f"Lq*Lk = {Lq * Lk} < {MIN_PAIRS}: the materialized path is as fast at this size")
+    return Plan(route, f"Lq*Lk = {Lq * Lk} >= {MIN_PAIRS}; {reason}")
+
+
+def run_route(
+    route: str, q: Tensor, k: Tensor, v: Tensor, config: MechanismConfig, mask: MaskInfo, *,
+    scale: float, dropout_p: float = 0.0, u: Optional[Tensor] = None,
+) -> Tensor:
+    """Run efficient ``route`` (a name of ``ROUTES``) on one call; ``u`` is the hybrid weight (hnas only)."""
+    return ROUTES[route].run(Call(q, k, v, config, mask, dropout_p), scale, u)

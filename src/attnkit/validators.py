@@ -1,0 +1,84 @@
+"""Small validators for user-given values: each raises a ``ValueError`` whose message names the value and the fix.
+
+Used at the public boundary (config dataclasses, ``ak.attention``, module constructors, CLI/run configs), so
+that the inner layers receive values that are already checked. ``what`` is how the message refers to the
+value (``"Sinkhorn(iters=-1)"``, ``"scale=0"``); ``expected`` says what would be accepted.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "is_number",
+    "check_number",
+    "check_int",
+    "check_bool",
+    "check_choice",
+    "check_float_tensor",
+]
+
+
+def is_number(value: Any) -> bool:
+    """A real Python number (``bool`` excluded: ``True`` is not a weight or a length)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
+def check_number(
+    value: Any,
+    what: str,
+    expected: str,
+    *,
+    low: Optional[float] = None,
+    high: Optional[float] = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    finite: bool = True,
+    sep: str = ": ",
+) -> float:
+    """``float(value)`` if it is a number inside ``[low, high]`` (ends excluded with ``*_open``), else a
+    ``ValueError`` ``"{what}{sep}{expected}"``. NaN is always rejected."""
+    ok = is_number(value) and not math.isnan(value) and (not finite or math.isfinite(value))
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        raise ValueError(f"{what}{sep}{expected}")
+    return float(value)
+
+
+def check_int(value: Any, what: str, expected: str, *, low: Optional[int] = None) -> int:
+    """``value`` if it is an ``int`` (not ``bool``) ``>= low``, else a ``ValueError`` ``"{what}: {expected}"``."""
+    if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low):
+        raise ValueError(f"{what}: {expected}")
+    return value
+
+
+def check_bool(value: Any, what: str) -> bool:
+    """``value`` if it is ``True`` or ``False``."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{what}: expected True or False")
+    return value
+
+
+def check_choice(value: Any, what: str, choices: Sequence[str]) -> str:
+    """``value`` if it is one of ``choices``."""
+    if value not in tuple(choices):
+        raise ValueError(f"{what}: expected one of {tuple(choices)}")
+    return value
+
+
+def check_float_tensor(value: Any, name: str, *, device: Optional[torch.device] = None) -> Tensor:
+    """``value`` if it is a floating tensor (on ``device`` when given)."""
+    if not isinstance(value, Tensor):
+        raise ValueError(f"{name} must be a floating torch.Tensor, got {type(value).__name__}")
+    if not value.dtype.is_floating_point:
+        raise ValueError(f"{name} has dtype {value.dtype}; expected a floating dtype")
+    if device is not None and value.device != device:
+        raise ValueError(f"{name} is on {value.device} but the inputs are on {device}; move it with .to(device)")
+    return value

@@ -1,0 +1,29 @@
+"""``attnkit demo``: every mechanism side by side on one padded batch, with Lemma 1's numbers."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import attnkit as ak
+from attnkit.cli import main
+
+
+def test_demo_prints_every_mechanism_and_dnas_keeps_lemma1(capsys):
+    main(["demo", "--seed", "0"])
+    out = capsys.readouterr().out
+    for name in ("softmax", "dnas", "sinkhorn(k=3)", "hnas(u=0.5)", "coda(scaled)"):
+        assert name in out
+    dnas_row = next(line for line in out.splitlines() if re.search(r"\bdnas\b", line) and "%" in line)
+    numbers = re.findall(r"[-+]?\d+\.\d+(?:e[-+]\d+)?", dnas_row)
+    assert float(numbers[3]) >= 1 - 1e-6  # n_k * min: Lemma 1
+    assert len(out.splitlines()) > 3 * len(ak.MECHANISMS)  # one weight grid per mechanism
+
+
+def test_demo_rejects_a_non_numeric_seed(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--seed", "abc"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1

@@ -1,0 +1,47 @@
+"""``attnkit info``: version, mechanisms, backends, the torch build and the route of typical calls."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import attnkit as ak
+from attnkit.cli import main
+
+
+def test_info_json_lists_every_mechanism_backend_and_a_route_per_mechanism(capsys):
+    main(["info", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert data["attnkit"] == ak.__version__
+    assert data["mechanisms"] == list(ak.MECHANISMS)
+    assert data["backends"] == list(ak.BACKENDS)
+    routes = data["dispatch (backend='auto')"]
+    assert routes and all(set(by_mechanism) == set(ak.MECHANISMS) for by_mechanism in routes.values())
+    padded = routes["L=128, key padding"]
+    assert padded["coda"].startswith("reference: ")  # small CoDA calls stay materialized
+    assert data["cpu_kernels"].startswith(("C++", "PyTorch fallback"))
+
+
+def test_info_routes_are_what_explain_dispatch_says(capsys):
+    from attnkit.cli.info import dispatch_examples
+
+    import torch
+
+    q = torch.zeros(1, 8, 2048, 64)
+    expected = {m: str(ak.explain_dispatch(q, q, q, m)) for m in ak.MECHANISMS}
+    assert dispatch_examples()["L=2048, no mask"] == expected
+
+
+def test_info_table_names_the_mechanisms(capsys):
+    main(["info"])
+    out = capsys.readouterr().out
+    assert all(name in out for name in ak.MECHANISMS) and "route" in out
+
+
+def test_info_rejects_an_unknown_option(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["info", "--bogus"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
