@@ -83,7 +83,9 @@ def measure(B: int = 2, H: int = 4, L: int = 128, D: int = 32, seed: int = 0) ->
     for name, mechanism in SETTINGS.items():
         exact = _run(mechanism, q, k, v, mask, grad_out, torch.float64, "reference")
         for dtype_name, dtype in DTYPES.items():
-            exact_rounded = _run(mechanism, q, k, v, mask, grad_out, torch.float64, "reference", round_to=dtype)
+            exact_rounded = _run(
+                mechanism, q, k, v, mask, grad_out, torch.float64, "reference", round_to=dtype
+            )
             for backend in available_backends():
                 start = time.perf_counter()
                 got = _run(mechanism, q, k, v, mask, grad_out, dtype, backend)
@@ -102,7 +104,10 @@ def _table(rows: list[dict]) -> str:
     cols = ("out", "dq", "dk", "dv")
     header = (
         f"{'mechanism':<26} {'backend':<10} {'dtype':<9} "
-        + " ".join(f"{c:>8}" for c in cols) + " | " + " ".join(f"{c + '*':>8}" for c in cols) + f" {'|out|':>6}"
+        + " ".join(f"{c:>8}" for c in cols)
+        + " | "
+        + " ".join(f"{c + '*':>8}" for c in cols)
+        + f" {'|out|':>6}"
     )
     lines = [header, "-" * len(header)]
     for r in sorted(rows, key=lambda r: (r["dtype"], list(SETTINGS).index(r["mechanism"]), r["backend"])):
@@ -133,12 +138,15 @@ def flex_rule(rows: list[dict]) -> list[dict]:
 
 
 def _rule_table(checks: list[dict]) -> str:
-    header = f"{'mechanism':<26} {'dtype':<9} {'factor':>6} " + " ".join(f"{c:>6}" for c in ("out", "dq", "dk", "dv"))
+    header = f"{'mechanism':<26} {'dtype':<9} {'factor':>6} " + " ".join(
+        f"{c:>6}" for c in ("out", "dq", "dk", "dv")
+    )
     lines = [header + "  holds", "-" * (len(header) + 7)]
     for c in checks:
         lines.append(
             f"{c['mechanism']:<26} {c['dtype']:<9} {c['factor']:>6} "
-            + " ".join(f"{c[x]:6.2f}" for x in ("out", "dq", "dk", "dv")) + ("  yes" if c["holds"] else "  NO")
+            + " ".join(f"{c[x]:6.2f}" for x in ("out", "dq", "dk", "dv"))
+            + ("  yes" if c["holds"] else "  NO")
         )
     return "\n".join(lines)
 
@@ -160,7 +168,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     torch.manual_seed(args.seed)
     rows = measure(args.batch, args.heads, args.length, args.head_dim, args.seed)
-    print(f"max abs error vs float64 (B={args.batch}, H={args.heads}, L={args.length}, D={args.head_dim}, padded)")
+    print(
+        f"max abs error vs float64 (B={args.batch}, H={args.heads}, L={args.length}, D={args.head_dim}, "
+        "padded)"
+    )
     print(_table(rows))
     checks = flex_rule(rows)
     if checks:

@@ -3,11 +3,14 @@
 Nothing here imports attnkit: the tests compare attnkit against these formulas.
 
 - softmax (LNAS), "Doubly-Normalized Attention" eq. (1)/(3): ``pi_ij = exp(s_ij) / sum_j exp(s_ij)``.
-- DNAS, "Doubly-Normalized Attention" eqs. (7)-(8): ``xi_ji = exp(s_ij) / sum_i exp(s_ij)``, ``pi_ij = xi_ji / sum_j xi_ji``.
+- DNAS, "Doubly-Normalized Attention" eqs. (7)-(8): ``xi_ji = exp(s_ij) / sum_i exp(s_ij)``, ``pi_ij = xi_ji /
+sum_j xi_ji``.
 - HNAS, "Doubly-Normalized Attention" section 6: ``u * pi^D + (1 - u) * pi^L``.
-- Sinkhorn, "Doubly-Normalized Attention" section 4: start from ``exp(s)`` and alternate column / row normalizations
+- Sinkhorn, "Doubly-Normalized Attention" section 4: start from ``exp(s)`` and alternate column / row
+normalizations
   (``k`` rounds; ``k = 0`` is one row normalization).
-- CoDA, "Compositional De-Attention Networks" eqs. (3)-(6) and (10): ``tanh(E) * sigmoid(N)`` and its variants.
+- CoDA, "Compositional De-Attention Networks" eqs. (3)-(6) and (10): ``tanh(E) * sigmoid(N)`` and its
+variants.
 
 Every normalization runs over the *valid* entries only: a pair is valid when the key mask, the
 query mask, the boolean/float attention mask and the causal mask all allow it. Empty rows give 0.
@@ -234,7 +237,9 @@ def ref_weights(
     """Weights ``(B, H, Lq, Lk)`` in float64 for ``mechanism``."""
     B, H, Lq, _ = q.shape
     Lk = k.shape[2]
-    valid = full_valid(B, H, Lq, Lk, key_mask=key_mask, query_mask=query_mask, attn_mask=attn_mask, causal=causal)
+    valid = full_valid(
+        B, H, Lq, Lk, key_mask=key_mask, query_mask=query_mask, attn_mask=attn_mask, causal=causal
+    )
     if mechanism == "coda":
         return ref_coda(q, k, valid, scale=scale, **(coda or {}))
     s = ref_scores(q, k, scale)
@@ -267,7 +272,9 @@ class Case:
     """One mechanism setting: how to call ``ak.attention`` and how to call the reference."""
 
     id: str
-    mechanism: object  # a name, or a zero-argument callable building the config (attnkit is not imported here)
+    mechanism: (
+        object  # a name, or a zero-argument callable building the config (attnkit is not imported here)
+    )
     call: dict = field(default_factory=dict)  # extra kwargs of ak.attention
     ref: dict = field(default_factory=dict)  # extra kwargs of ref_weights
     ref_mechanism: str = ""
@@ -325,7 +332,9 @@ CASES: list[Case] = [
 # ------------------------------------------------------------------------------------- inputs
 
 
-def random_qkv(B=2, H=2, Lq=5, Lk=6, D=4, Dv=3, *, seed=0, dtype=torch.float64, scale=1.0, requires_grad=False):
+def random_qkv(
+    B=2, H=2, Lq=5, Lk=6, D=4, Dv=3, *, seed=0, dtype=torch.float64, scale=1.0, requires_grad=False
+):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, Lq, D, generator=g, dtype=torch.float64) * scale
     k = torch.randn(B, H, Lk, D, generator=g, dtype=torch.float64) * scale

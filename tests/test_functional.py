@@ -41,15 +41,18 @@ def reference(case, q, k, v, **kwargs):
 
 
 def grads(out, inputs, seed=1):
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(out.dtype)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(
+        out.dtype
+    )
     return torch.autograd.grad((out * g).sum(), inputs, allow_unused=True)
 
 
 # ------------------------------------------------------------------------------ padding
 
-
 @pytest.mark.parametrize("case", CASE_PARAMS)
-@pytest.mark.parametrize("q_lengths,k_lengths", [([5, 3, 1], [5, 3, 1]), ([4, 2, 4], [6, 1, 3])], ids=["self", "cross"])
+@pytest.mark.parametrize(
+    "q_lengths,k_lengths", [([5, 3, 1], [5, 3, 1]), ([4, 2, 4], [6, 1, 3])], ids=["self", "cross"]
+)
 def test_padding_equals_truncation(case, backend, q_lengths, k_lengths):
     Lq, Lk = max(q_lengths), max(k_lengths)
     q, k, v = random_qkv(B=3, H=2, Lq=Lq, Lk=Lk, D=4, Dv=3, seed=11)
@@ -58,7 +61,9 @@ def test_padding_equals_truncation(case, backend, q_lengths, k_lengths):
     for b, (nq, nk) in enumerate(zip(q_lengths, k_lengths)):
         alone = attend(case, q[b : b + 1, :, :nq], k[b : b + 1, :, :nk], v[b : b + 1, :, :nk], backend)
         torch.testing.assert_close(padded[b : b + 1, :, :nq], alone, **F64)
-        assert torch.equal(padded[b, :, nq:], torch.zeros_like(padded[b, :, nq:])), "padded queries must output 0"
+        assert torch.equal(padded[b, :, nq:], torch.zeros_like(padded[b, :, nq:])), (
+            "padded queries must output 0"
+        )
 
 
 @pytest.mark.parametrize("case", CASE_PARAMS)
@@ -71,7 +76,9 @@ def test_padding_equals_truncation_for_gradients(case, backend):
     for b, n in enumerate(lengths):
         qs, ks, vs = (t.detach()[b : b + 1, :, :n].clone().requires_grad_() for t in (q, k, v))
         alone = attend(case, qs, ks, vs, backend)
-        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)[b : b + 1, :, :n]
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)[
+            b : b + 1, :, :n
+        ]
         sq, sk, sv = torch.autograd.grad((alone * g).sum(), (qs, ks, vs))
         torch.testing.assert_close(dq[b : b + 1, :, :n], sq, **F64)
         torch.testing.assert_close(dk[b : b + 1, :, :n], sk, **F64)
@@ -113,7 +120,9 @@ def test_fully_masked_key_columns_get_no_weight(case, backend):
     torch.testing.assert_close(out, reference(case, q, k, v, key_mask=km, attn_mask=attn_mask), **F64)
     _, dk, dv = grads(out, (q, k, v))
     for b, j in ((0, 2), (0, 4), (1, 4)):
-        assert torch.all(dk[b, :, j] == 0) and torch.all(dv[b, :, j] == 0), f"masked key ({b}, {j}) got a gradient"
+        assert torch.all(dk[b, :, j] == 0) and torch.all(dv[b, :, j] == 0), (
+            f"masked key ({b}, {j}) got a gradient"
+        )
     v2 = v.detach().clone()
     v2[0, :, 2] += 100.0
     v2[:, :, 4] -= 100.0
@@ -177,7 +186,9 @@ def test_low_precision_error_within_stated_tolerance(case, backend, dtype):
     B, H, L, D = 2, 2, 12, 8
     q, k, v = random_qkv(B, H, L, L, D=D, Dv=D, seed=8)
     m = random_lengths_masks([12, 7], L)
-    ref = attend(case, *(t.clone().requires_grad_() for t in (q, k, v)), "reference", key_mask=m, query_mask=m)
+    ref = attend(
+        case, *(t.clone().requires_grad_() for t in (q, k, v)), "reference", key_mask=m, query_mask=m
+    )
     ql, kl, vl = (t.to(dtype).requires_grad_() for t in (q, k, v))
     out = attend(case, ql, kl, vl, backend, key_mask=m, query_mask=m)
     assert out.dtype == dtype
@@ -362,7 +373,9 @@ def test_config_objects_equal_names_and_options():
     ]
     for (m1, kw1), (m2, kw2) in pairs:
         torch.testing.assert_close(ak.attention(q, k, v, m1, **kw1), ak.attention(q, k, v, m2, **kw2), **F64)
-    assert not torch.allclose(ak.attention(q, k, v, "sinkhorn", sinkhorn_iters=1), ak.attention(q, k, v, "sinkhorn"))
+    assert not torch.allclose(
+        ak.attention(q, k, v, "sinkhorn", sinkhorn_iters=1), ak.attention(q, k, v, "sinkhorn")
+    )
 
 
 def test_efficient_backend_refuses_return_weights():
@@ -398,70 +411,170 @@ BAD_ATTENTION_CALLS = [
     _bad("key-value-length-mismatch", lambda: ak.attention(Q, K, V[:, :, :2]), r"lengths differ.*Lk=4.*2"),
     _bad("empty-sequence", lambda: ak.attention(Q[:, :, :0], K, V), "empty sequence"),
     _bad("mixed-dtypes", lambda: ak.attention(Q, K.double(), V), "share one dtype"),
-    _bad("key-mask-shape", lambda: ak.attention(Q, K, V, key_mask=torch.ones(2, 5, dtype=torch.bool)),
-         r"key_mask has shape \(2, 5\), expected \(B, Lk\) = \(2, 4\)"),
-    _bad("key-mask-dtype", lambda: ak.attention(Q, K, V, key_mask=torch.ones(2, 4)), r"key_mask has dtype torch.float32"),
-    _bad("key-mask-device", lambda: ak.attention(Q, K, V, key_mask=torch.ones(2, 4, dtype=torch.bool, device=META)),
-         "key_mask is on meta"),
+    _bad(
+        "key-mask-shape",
+        lambda: ak.attention(Q, K, V, key_mask=torch.ones(2, 5, dtype=torch.bool)),
+        r"key_mask has shape \(2, 5\), expected \(B, Lk\) = \(2, 4\)",
+    ),
+    _bad(
+        "key-mask-dtype",
+        lambda: ak.attention(Q, K, V, key_mask=torch.ones(2, 4)),
+        r"key_mask has dtype torch.float32",
+    ),
+    _bad(
+        "key-mask-device",
+        lambda: ak.attention(Q, K, V, key_mask=torch.ones(2, 4, dtype=torch.bool, device=META)),
+        "key_mask is on meta",
+    ),
     _bad("key-mask-not-tensor", lambda: ak.attention(Q, K, V, key_mask=[[True] * 4] * 2), "key_mask must be"),
-    _bad("query-mask-shape", lambda: ak.attention(Q, K, V, query_mask=torch.ones(2, 4, dtype=torch.bool)),
-         r"query_mask has shape \(2, 4\), expected \(B, Lq\) = \(2, 3\)"),
-    _bad("query-mask-dtype", lambda: ak.attention(Q, K, V, query_mask=torch.ones(2, 3, dtype=torch.int64)),
-         "query_mask has dtype torch.int64"),
-    _bad("attn-mask-shape", lambda: ak.attention(Q, K, V, attn_mask=torch.ones(3, 3, dtype=torch.bool)),
-         r"attn_mask has shape \(3, 3\).*broadcastable to \(B, H, Lq, Lk\) = \(2, 2, 3, 4\)"),
-    _bad("attn-mask-rank-1", lambda: ak.attention(Q, K, V, attn_mask=torch.ones(4, dtype=torch.bool)),
-         r"attn_mask has shape \(4,\)"),
-    _bad("attn-mask-batch", lambda: ak.attention(Q, K, V, attn_mask=torch.ones(3, 1, 3, 4, dtype=torch.bool)),
-         r"attn_mask has shape \(3, 1, 3, 4\)"),
-    _bad("attn-mask-int-dtype", lambda: ak.attention(Q, K, V, attn_mask=torch.ones(3, 4, dtype=torch.int32)),
-         "attn_mask has dtype torch.int32"),
-    _bad("attn-mask-device", lambda: ak.attention(Q, K, V, attn_mask=torch.ones(3, 4, dtype=torch.bool, device=META)),
-         "attn_mask is on meta"),
-    _bad("attn-mask-nan", lambda: ak.attention(Q, K, V, attn_mask=torch.full((3, 4), float("nan"))), r"NaN or \+inf"),
-    _bad("attn-mask-pos-inf", lambda: ak.attention(Q, K, V, attn_mask=torch.full((3, 4), float("inf"))), r"\+inf"),
+    _bad(
+        "query-mask-shape",
+        lambda: ak.attention(Q, K, V, query_mask=torch.ones(2, 4, dtype=torch.bool)),
+        r"query_mask has shape \(2, 4\), expected \(B, Lq\) = \(2, 3\)",
+    ),
+    _bad(
+        "query-mask-dtype",
+        lambda: ak.attention(Q, K, V, query_mask=torch.ones(2, 3, dtype=torch.int64)),
+        "query_mask has dtype torch.int64",
+    ),
+    _bad(
+        "attn-mask-shape",
+        lambda: ak.attention(Q, K, V, attn_mask=torch.ones(3, 3, dtype=torch.bool)),
+        r"attn_mask has shape \(3, 3\).*broadcastable to \(B, H, Lq, Lk\) = \(2, 2, 3, 4\)",
+    ),
+    _bad(
+        "attn-mask-rank-1",
+        lambda: ak.attention(Q, K, V, attn_mask=torch.ones(4, dtype=torch.bool)),
+        r"attn_mask has shape \(4,\)",
+    ),
+    _bad(
+        "attn-mask-batch",
+        lambda: ak.attention(Q, K, V, attn_mask=torch.ones(3, 1, 3, 4, dtype=torch.bool)),
+        r"attn_mask has shape \(3, 1, 3, 4\)",
+    ),
+    _bad(
+        "attn-mask-int-dtype",
+        lambda: ak.attention(Q, K, V, attn_mask=torch.ones(3, 4, dtype=torch.int32)),
+        "attn_mask has dtype torch.int32",
+    ),
+    _bad(
+        "attn-mask-device",
+        lambda: ak.attention(Q, K, V, attn_mask=torch.ones(3, 4, dtype=torch.bool, device=META)),
+        "attn_mask is on meta",
+    ),
+    _bad(
+        "attn-mask-nan",
+        lambda: ak.attention(Q, K, V, attn_mask=torch.full((3, 4), float("nan"))),
+        r"NaN or \+inf",
+    ),
+    _bad(
+        "attn-mask-pos-inf",
+        lambda: ak.attention(Q, K, V, attn_mask=torch.full((3, 4), float("inf"))),
+        r"\+inf",
+    ),
     _bad("causal-not-bool", lambda: ak.attention(Q, K, V, causal=1), "causal must be True or False"),
-    _bad("hybrid-weight-above-1", lambda: ak.attention(Q, K, V, "hnas", hybrid_weight=1.5), r"1.5 is outside \[0, 1\]"),
-    _bad("hybrid-weight-negative", lambda: ak.attention(Q, K, V, "hnas", hybrid_weight=-0.1), r"outside \[0, 1\]"),
-    _bad("hybrid-weight-nan", lambda: ak.attention(Q, K, V, "hnas", hybrid_weight=float("nan")), r"outside \[0, 1\]"),
-    _bad("hybrid-weight-tensor-outside", lambda: ak.attention(Q, K, V, "hnas", hybrid_weight=torch.tensor([0.5, 1.2])),
-         r"outside \[0, 1\].*max 1.2"),
-    _bad("hybrid-weight-tensor-shape", lambda: ak.attention(Q, K, V, "hnas", hybrid_weight=torch.full((3,), 0.5)),
-         r"hybrid_weight has shape \(3,\).*\(H,\) = \(2,\)"),
-    _bad("hybrid-weight-tensor-4d-shape", lambda: ak.attention(Q, K, V, "hnas", hybrid_weight=torch.full((1, 2, 3, 1), .5)),
-         r"hybrid_weight has shape \(1, 2, 3, 1\)"),
-    _bad("hybrid-weight-int-tensor", lambda: ak.attention(Q, K, V, "hnas", hybrid_weight=torch.tensor(1)),
-         "hybrid_weight has dtype torch.int64"),
+    _bad(
+        "hybrid-weight-above-1",
+        lambda: ak.attention(Q, K, V, "hnas", hybrid_weight=1.5),
+        r"1.5 is outside \[0, 1\]",
+    ),
+    _bad(
+        "hybrid-weight-negative",
+        lambda: ak.attention(Q, K, V, "hnas", hybrid_weight=-0.1),
+        r"outside \[0, 1\]",
+    ),
+    _bad(
+        "hybrid-weight-nan",
+        lambda: ak.attention(Q, K, V, "hnas", hybrid_weight=float("nan")),
+        r"outside \[0, 1\]",
+    ),
+    _bad(
+        "hybrid-weight-tensor-outside",
+        lambda: ak.attention(Q, K, V, "hnas", hybrid_weight=torch.tensor([0.5, 1.2])),
+        r"outside \[0, 1\].*max 1.2",
+    ),
+    _bad(
+        "hybrid-weight-tensor-shape",
+        lambda: ak.attention(Q, K, V, "hnas", hybrid_weight=torch.full((3,), 0.5)),
+        r"hybrid_weight has shape \(3,\).*\(H,\) = \(2,\)",
+    ),
+    _bad(
+        "hybrid-weight-tensor-4d-shape",
+        lambda: ak.attention(Q, K, V, "hnas", hybrid_weight=torch.full((1, 2, 3, 1), 0.5)),
+        r"hybrid_weight has shape \(1, 2, 3, 1\)",
+    ),
+    _bad(
+        "hybrid-weight-int-tensor",
+        lambda: ak.attention(Q, K, V, "hnas", hybrid_weight=torch.tensor(1)),
+        "hybrid_weight has dtype torch.int64",
+    ),
     _bad("hybrid-weight-bool", lambda: ak.attention(Q, K, V, "hnas", hybrid_weight=True), "got bool"),
     _bad("hybrid-weight-string", lambda: ak.attention(Q, K, V, "hnas", hybrid_weight="0.5"), "got str"),
-    _bad("sinkhorn-negative", lambda: ak.attention(Q, K, V, "sinkhorn", sinkhorn_iters=-1), r"iters=-1.*integer >= 0"),
-    _bad("sinkhorn-float", lambda: ak.attention(Q, K, V, "sinkhorn", sinkhorn_iters=2.5), r"iters=2.5.*integer >= 0"),
+    _bad(
+        "sinkhorn-negative",
+        lambda: ak.attention(Q, K, V, "sinkhorn", sinkhorn_iters=-1),
+        r"iters=-1.*integer >= 0",
+    ),
+    _bad(
+        "sinkhorn-float",
+        lambda: ak.attention(Q, K, V, "sinkhorn", sinkhorn_iters=2.5),
+        r"iters=2.5.*integer >= 0",
+    ),
     _bad("sinkhorn-bool", lambda: ak.attention(Q, K, V, "sinkhorn", sinkhorn_iters=True), r"iters=True"),
-    _bad("sinkhorn-contradicts-config", lambda: ak.attention(Q, K, V, ak.Sinkhorn(iters=2), sinkhorn_iters=5),
-         r"sinkhorn_iters=5 contradicts.*iters=2"),
-    _bad("unknown-mechanism", lambda: ak.attention(Q, K, V, "flash"),
-         r"unknown attention mechanism 'flash'.*'softmax', 'dnas', 'hnas', 'sinkhorn', 'coda'"),
+    _bad(
+        "sinkhorn-contradicts-config",
+        lambda: ak.attention(Q, K, V, ak.Sinkhorn(iters=2), sinkhorn_iters=5),
+        r"sinkhorn_iters=5 contradicts.*iters=2",
+    ),
+    _bad(
+        "unknown-mechanism",
+        lambda: ak.attention(Q, K, V, "flash"),
+        r"unknown attention mechanism 'flash'.*'softmax', 'dnas', 'hnas', 'sinkhorn', 'coda'",
+    ),
     _bad("mechanism-wrong-type", lambda: ak.attention(Q, K, V, 3), "mechanism must be a name"),
-    _bad("unknown-backend", lambda: ak.attention(Q, K, V, backend="cuda"), r"unknown backend 'cuda'.*'reference'"),
-    _bad("hybrid-weight-for-dnas", lambda: ak.attention(Q, K, V, "dnas", hybrid_weight=0.5),
-         r"hybrid_weight is only used by mechanism 'hnas', got mechanism 'dnas'"),
-    _bad("hybrid-weight-for-coda", lambda: ak.attention(Q, K, V, ak.CoDA(), hybrid_weight=0.5),
-         r"hybrid_weight is only used.*'coda'"),
-    _bad("sinkhorn-iters-for-softmax", lambda: ak.attention(Q, K, V, "softmax", sinkhorn_iters=2),
-         r"sinkhorn_iters is only used by mechanism 'sinkhorn', got mechanism 'softmax'"),
-    _bad("sinkhorn-iters-for-hnas", lambda: ak.attention(Q, K, V, "hnas", sinkhorn_iters=2), "sinkhorn_iters is only"),
+    _bad(
+        "unknown-backend",
+        lambda: ak.attention(Q, K, V, backend="cuda"),
+        r"unknown backend 'cuda'.*'reference'",
+    ),
+    _bad(
+        "hybrid-weight-for-dnas",
+        lambda: ak.attention(Q, K, V, "dnas", hybrid_weight=0.5),
+        r"hybrid_weight is only used by mechanism 'hnas', got mechanism 'dnas'",
+    ),
+    _bad(
+        "hybrid-weight-for-coda",
+        lambda: ak.attention(Q, K, V, ak.CoDA(), hybrid_weight=0.5),
+        r"hybrid_weight is only used.*'coda'",
+    ),
+    _bad(
+        "sinkhorn-iters-for-softmax",
+        lambda: ak.attention(Q, K, V, "softmax", sinkhorn_iters=2),
+        r"sinkhorn_iters is only used by mechanism 'sinkhorn', got mechanism 'softmax'",
+    ),
+    _bad(
+        "sinkhorn-iters-for-hnas",
+        lambda: ak.attention(Q, K, V, "hnas", sinkhorn_iters=2),
+        "sinkhorn_iters is only",
+    ),
     _bad("scale-zero", lambda: ak.attention(Q, K, V, scale=0.0), r"scale=0.0; expected a finite number > 0"),
     _bad("scale-negative", lambda: ak.attention(Q, K, V, scale=-1.0), r"scale=-1.0"),
     _bad("scale-nan", lambda: ak.attention(Q, K, V, scale=float("nan")), r"scale=nan"),
     _bad("scale-string", lambda: ak.attention(Q, K, V, scale="0.1"), r"scale='0.1'"),
-    _bad("dropout-one", lambda: ak.attention(Q, K, V, dropout_p=1.0), r"dropout_p=1.0; expected a number in \[0, 1\)"),
+    _bad(
+        "dropout-one",
+        lambda: ak.attention(Q, K, V, dropout_p=1.0),
+        r"dropout_p=1.0; expected a number in \[0, 1\)",
+    ),
     _bad("dropout-negative", lambda: ak.attention(Q, K, V, dropout_p=-0.1), r"dropout_p=-0.1"),
     _bad("dropout-string", lambda: ak.attention(Q, K, V, dropout_p="0.1"), r"dropout_p='0.1'"),
     _bad("coda-float-attn-mask", lambda: ak.attention(Q, K, V, "coda", attn_mask=torch.zeros(3, 4)), "CoDA"),
     _bad("causal-dnas", lambda: ak.attention(Q, K, V, "dnas", causal=True), r"'dnas'.*leak"),
     _bad("causal-hnas", lambda: ak.attention(Q, K, V, "hnas", causal=True), r"'hnas'.*leak"),
     _bad("causal-sinkhorn", lambda: ak.attention(Q, K, V, "sinkhorn", causal=True), r"'sinkhorn'.*leak"),
-    _bad("causal-coda-centered", lambda: ak.attention(Q, K, V, ak.CoDA(gate="centered"), causal=True), "leak"),
+    _bad(
+        "causal-coda-centered", lambda: ak.attention(Q, K, V, ak.CoDA(gate="centered"), causal=True), "leak"
+    ),
     _bad("causal-coda-center-e", lambda: ak.attention(Q, K, V, ak.CoDA(center_e=True), causal=True), "leak"),
 ]
 
@@ -469,18 +582,41 @@ S = torch.randn(2, 2, 3, 4)
 
 BAD_NORMALIZE_CALLS = [
     _bad("coda-without-gate-scores", lambda: ak.normalize(S, "coda"), "needs gate_scores"),
-    _bad("coda-gate-scores-shape", lambda: ak.normalize(S, "coda", gate_scores=S[..., :3]),
-         r"gate_scores has shape \(2, 2, 3, 3\), expected the shape of scores \(2, 2, 3, 4\)"),
-    _bad("coda-gate-scores-not-tensor", lambda: ak.normalize(S, "coda", gate_scores=1.0), "gate_scores has shape float"),
-    _bad("coda-gate-scores-int", lambda: ak.normalize(S, "coda", gate_scores=S.long()), "gate_scores has dtype"),
-    _bad("coda-gate-scores-device", lambda: ak.normalize(S, "coda", gate_scores=S.to(META)), "gate_scores is on meta"),
-    _bad("gate-scores-for-softmax", lambda: ak.normalize(S, "softmax", gate_scores=S),
-         "gate_scores is only used by mechanism 'coda'"),
-    _bad("scores-rank-3", lambda: ak.normalize(S[0], "dnas"), r"scores must be a floating tensor of shape \(B, H, Lq, Lk\)"),
+    _bad(
+        "coda-gate-scores-shape",
+        lambda: ak.normalize(S, "coda", gate_scores=S[..., :3]),
+        r"gate_scores has shape \(2, 2, 3, 3\), expected the shape of scores \(2, 2, 3, 4\)",
+    ),
+    _bad(
+        "coda-gate-scores-not-tensor",
+        lambda: ak.normalize(S, "coda", gate_scores=1.0),
+        "gate_scores has shape float",
+    ),
+    _bad(
+        "coda-gate-scores-int", lambda: ak.normalize(S, "coda", gate_scores=S.long()), "gate_scores has dtype"
+    ),
+    _bad(
+        "coda-gate-scores-device",
+        lambda: ak.normalize(S, "coda", gate_scores=S.to(META)),
+        "gate_scores is on meta",
+    ),
+    _bad(
+        "gate-scores-for-softmax",
+        lambda: ak.normalize(S, "softmax", gate_scores=S),
+        "gate_scores is only used by mechanism 'coda'",
+    ),
+    _bad(
+        "scores-rank-3",
+        lambda: ak.normalize(S[0], "dnas"),
+        r"scores must be a floating tensor of shape \(B, H, Lq, Lk\)",
+    ),
     _bad("scores-int", lambda: ak.normalize(S.long(), "dnas"), "scores must be a floating tensor"),
     _bad("scores-not-tensor", lambda: ak.normalize([[1.0]], "dnas"), "got list"),
-    _bad("key-mask-shape", lambda: ak.normalize(S, "dnas", key_mask=torch.ones(2, 3, dtype=torch.bool)),
-         r"key_mask has shape \(2, 3\), expected \(B, Lk\) = \(2, 4\)"),
+    _bad(
+        "key-mask-shape",
+        lambda: ak.normalize(S, "dnas", key_mask=torch.ones(2, 3, dtype=torch.bool)),
+        r"key_mask has shape \(2, 3\), expected \(B, Lk\) = \(2, 4\)",
+    ),
     _bad("hybrid-weight-outside", lambda: ak.normalize(S, "hnas", hybrid_weight=2.0), r"outside \[0, 1\]"),
     _bad("sinkhorn-negative", lambda: ak.normalize(S, "sinkhorn", sinkhorn_iters=-3), "integer >= 0"),
     _bad("causal-dnas", lambda: ak.normalize(S, "dnas", causal=True), "leak"),

@@ -27,7 +27,9 @@ def test_combined_valid_equals_every_mask_allowing_the_pair(causal):
     km = torch.rand(B, Lk, generator=g) < 0.7
     qm = torch.rand(B, Lq, generator=g) < 0.7
     am = torch.rand(1, H, Lq, Lk, generator=g) < 0.7
-    info = build_mask(B, H, Lq, Lk, key_mask=km, query_mask=qm, attn_mask=am, causal=causal, device=torch.device("cpu"))
+    info = build_mask(
+        B, H, Lq, Lk, key_mask=km, query_mask=qm, attn_mask=am, causal=causal, device=torch.device("cpu")
+    )
     expected = full_valid(B, H, Lq, Lk, key_mask=km, query_mask=qm, attn_mask=am, causal=causal)
     assert torch.equal(_expand(info.valid), expected)
     assert info.key_mask is km and info.query_mask is qm and info.attn_mask is am and info.causal is causal
@@ -53,7 +55,8 @@ def test_float_attn_mask_refused_when_bias_not_allowed():
 
 
 @pytest.mark.parametrize(
-    "shape", [(Lq, Lk), (1, Lk), (Lq, 1), (H, Lq, Lk), (1, 1, Lk), (B, 1, Lq, Lk), (1, H, 1, Lk), (B, H, Lq, Lk)]
+    "shape",
+    [(Lq, Lk), (1, Lk), (Lq, 1), (H, Lq, Lk), (1, 1, Lk), (B, 1, Lq, Lk), (1, H, 1, Lk), (B, H, Lq, Lk)],
 )
 def test_attn_mask_broadcastable_shapes_are_accepted(shape):
     am = torch.rand(shape, generator=torch.Generator().manual_seed(1)) < 0.5
@@ -68,17 +71,29 @@ CPU = torch.device("cpu")
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"key_mask": torch.ones(B, Lk + 1, dtype=torch.bool)}, r"key_mask has shape \(2, 6\), expected \(B, Lk\) = \(2, 5\)"),
+        (
+            {"key_mask": torch.ones(B, Lk + 1, dtype=torch.bool)},
+            r"key_mask has shape \(2, 6\), expected \(B, Lk\) = \(2, 5\)",
+        ),
         ({"key_mask": torch.ones(Lk, dtype=torch.bool)}, r"key_mask has shape \(5,\)"),
         ({"key_mask": torch.ones(B, Lk)}, r"key_mask has dtype torch.float32; expected torch.bool"),
         ({"key_mask": torch.ones(B, Lk, dtype=torch.bool, device=META)}, "key_mask is on meta"),
         ({"key_mask": [[1] * Lk] * B}, "key_mask must be a boolean torch.Tensor"),
-        ({"query_mask": torch.ones(B, Lk, dtype=torch.bool)}, r"query_mask has shape \(2, 5\), expected \(B, Lq\) = \(2, 4\)"),
+        (
+            {"query_mask": torch.ones(B, Lk, dtype=torch.bool)},
+            r"query_mask has shape \(2, 5\), expected \(B, Lq\) = \(2, 4\)",
+        ),
         ({"query_mask": torch.ones(B, Lq, dtype=torch.uint8)}, "query_mask has dtype torch.uint8"),
         ({"query_mask": torch.ones(B, Lq, dtype=torch.bool, device=META)}, "query_mask is on meta"),
         ({"attn_mask": torch.ones(Lq + 1, Lk, dtype=torch.bool)}, r"attn_mask has shape \(5, 5\)"),
-        ({"attn_mask": torch.ones(B + 1, H, Lq, Lk, dtype=torch.bool)}, r"attn_mask has shape \(3, 3, 4, 5\)"),
-        ({"attn_mask": torch.ones(1, 1, 1, Lq, Lk, dtype=torch.bool)}, r"attn_mask has shape \(1, 1, 1, 4, 5\)"),
+        (
+            {"attn_mask": torch.ones(B + 1, H, Lq, Lk, dtype=torch.bool)},
+            r"attn_mask has shape \(3, 3, 4, 5\)",
+        ),
+        (
+            {"attn_mask": torch.ones(1, 1, 1, Lq, Lk, dtype=torch.bool)},
+            r"attn_mask has shape \(1, 1, 1, 4, 5\)",
+        ),
         ({"attn_mask": torch.ones(Lq, Lk, dtype=torch.int64)}, "attn_mask has dtype torch.int64"),
         ({"attn_mask": torch.ones(Lq, Lk, dtype=torch.bool, device=META)}, "attn_mask is on meta"),
         ({"attn_mask": [[True] * Lk] * Lq}, "attn_mask must be a torch.Tensor"),
@@ -98,7 +113,9 @@ def test_check_qkv_accepts_a_different_value_dim():
 
 
 def test_check_qkv_may_allow_different_head_dims():
-    check_qkv(torch.randn(B, H, Lq, 8), torch.randn(B, H, Lk, 6), torch.randn(B, H, Lk, 3), same_head_dim=False)
+    check_qkv(
+        torch.randn(B, H, Lq, 8), torch.randn(B, H, Lk, 6), torch.randn(B, H, Lk, 3), same_head_dim=False
+    )
     with pytest.raises(ValueError, match="head dims differ"):
         check_qkv(torch.randn(B, H, Lq, 8), torch.randn(B, H, Lk, 6), torch.randn(B, H, Lk, 3))
 

@@ -64,7 +64,10 @@ def test_additive_is_w_tanh_wq_q_plus_wk_k(with_bias):
     q, k, _ = random_qkv(2, 2, 3, 4, D=5, seed=4)
     g = torch.Generator().manual_seed(0)
     A = 6
-    Wq, Wk = torch.randn(A, 5, generator=g, dtype=torch.float64), torch.randn(A, 5, generator=g, dtype=torch.float64)
+    Wq, Wk = (
+        torch.randn(A, 5, generator=g, dtype=torch.float64),
+        torch.randn(A, 5, generator=g, dtype=torch.float64),
+    )
     w, b = torch.randn(A, generator=g, dtype=torch.float64), torch.randn(A, generator=g, dtype=torch.float64)
     bias = b if with_bias else torch.zeros(A, dtype=torch.float64)
     expected = _loop_scores(q, k, lambda a, c, h: w @ torch.tanh(Wq @ a + Wk @ c + bias))
@@ -107,7 +110,10 @@ def test_bad_score_weights_raise_value_error():
 def _score_functions():
     g = torch.Generator().manual_seed(42)
     W = torch.randn(5, 5, generator=g, dtype=torch.float64) / math.sqrt(5)
-    Wq, Wk = torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randn(6, 5, generator=g, dtype=torch.float64)
+    Wq, Wk = (
+        torch.randn(6, 5, generator=g, dtype=torch.float64),
+        torch.randn(6, 5, generator=g, dtype=torch.float64),
+    )
     w = torch.randn(6, generator=g, dtype=torch.float64)
     return {
         "dot": lambda q, k: ak.scores.dot(q, k),

@@ -27,7 +27,14 @@ import torch.nn.functional as F
 
 from .registry import MECHANISMS, resolve_options
 
-__all__ = ["BenchConfig", "run_bench", "format_table", "DEFAULT_LENGTHS", "QUICK_LENGTHS", "DEFAULT_MECHANISMS"]
+__all__ = [
+    "BenchConfig",
+    "run_bench",
+    "format_table",
+    "DEFAULT_LENGTHS",
+    "QUICK_LENGTHS",
+    "DEFAULT_MECHANISMS",
+]
 
 DEFAULT_LENGTHS = (256, 1024, 4096, 8192)
 QUICK_LENGTHS = (256, 1024)
@@ -140,7 +147,9 @@ def measure_peak(mechanism: str, backend: str, L: int, device: str, sinkhorn_ite
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
         return {"peak_mb": peak / 2**20, "peak_extra_mb": (peak - base) / 2**20}
-    f(q[..., :8, :], k[..., :8, :], v[..., :8, :]).float().sum().backward()  # load kernels before the baseline
+    f(
+        q[..., :8, :], k[..., :8, :], v[..., :8, :]
+    ).float().sum().backward()  # load kernels before the baseline
     q.grad = k.grad = v.grad = None
     reset = _reset_peak_rss()
     base = _rss_mb()
@@ -188,7 +197,8 @@ def _peak_in_subprocess(mechanism: str, backend: str, L: int, cfg: BenchConfig) 
 
 
 def run_bench(cfg: BenchConfig, log: Optional[Callable[[str], None]] = None) -> dict:
-    """Run the benchmark; returns ``{"meta": ..., "rows": [...]}`` (one row per length x mechanism x backend)."""
+    """Run the benchmark; returns ``{"meta": ..., "rows": [...]}`` (one row per length x mechanism x
+    backend)."""
     log = log or (lambda msg: None)
     rows = []
     for L in cfg.lengths:
@@ -201,7 +211,11 @@ def run_bench(cfg: BenchConfig, log: Optional[Callable[[str], None]] = None) -> 
         for mechanism in cfg.mechanisms:
             for backend in cfg.backends:
                 if backend == "reference" and L > cfg.max_reference_length:
-                    rows.append(_skipped(L, mechanism, backend, f"L > max_reference_length={cfg.max_reference_length}"))
+                    rows.append(
+                        _skipped(
+                            L, mechanism, backend, f"L > max_reference_length={cfg.max_reference_length}"
+                        )
+                    )
                     continue
                 f = _call(mechanism, backend, cfg.sinkhorn_iters)
                 t_fwd, t_fb = _time_config(f, q, k, v, cfg)
@@ -213,14 +227,20 @@ def run_bench(cfg: BenchConfig, log: Optional[Callable[[str], None]] = None) -> 
                 row["route"] = _route(mechanism, backend, q, k, v, cfg.sinkhorn_iters)
                 rows.append(row)
                 log(
-                    f"L={L} {mechanism}/{backend}: fwd x{row['fwd_ratio']:.2f} fwd+bwd x{row['fwd_bwd_ratio']:.2f}"
-                    + (f" peak {row['peak_extra_mb']:.0f} MiB" if row.get("peak_extra_mb") is not None else "")
+                    f"L={L} {mechanism}/{backend}: fwd x{row['fwd_ratio']:.2f} fwd+bwd "
+                    f"x{row['fwd_bwd_ratio']:.2f}"
+                    + (
+                        f" peak {row['peak_extra_mb']:.0f} MiB"
+                        if row.get("peak_extra_mb") is not None
+                        else ""
+                    )
                 )
     meta = {
         "B": B, "H": H, "D": D, "dtype": str(_dtype(cfg.device)).replace("torch.", ""),
         "device": cfg.device, "threads": torch.get_num_threads(), "torch": torch.__version__,
         "repeats": cfg.repeats, "sinkhorn_iters": cfg.sinkhorn_iters,
-        "memory": f"peak RSS above the inputs, fresh process per row, MALLOC_MMAP_THRESHOLD_={_MMAP_THRESHOLD}"
+        "memory": "peak RSS above the inputs, fresh process per row, "
+        f"MALLOC_MMAP_THRESHOLD_={_MMAP_THRESHOLD}"
         if cfg.device == "cpu"
         else "torch.cuda.max_memory_allocated above the inputs",
     }
@@ -264,7 +284,8 @@ def format_table(result: dict) -> str:
     fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
     for r in result["rows"]:
         lines.append(
-            f"{r['L']:>6} {r['mechanism']:<9} {r['backend']:<9} {r.get('route', 'sdpa'):<14} {fmt(r['fwd_s'], '9.4f')} "
+            f"{r['L']:>6} {r['mechanism']:<9} {r['backend']:<9} {r.get('route', 'sdpa'):<14} "
+            f"{fmt(r['fwd_s'], '9.4f')} "
             f"{fmt(r['fwd_ratio'], '7.2f')} {fmt(r['fwd_bwd_s'], '9.4f')} {fmt(r['fwd_bwd_ratio'], '7.2f')} "
             f"{fmt(r['peak_extra_mb'], '9.0f')}"
         )
@@ -281,5 +302,8 @@ if __name__ == "__main__":
         _, _, mech, backend, length, device, iters = sys.argv
         print(json.dumps(measure_peak(mech, backend, int(length), device, int(iters))))
     else:
-        print("usage: python -m attnkit.benchmark --peak MECHANISM BACKEND L DEVICE SINKHORN_ITERS", file=sys.stderr)
+        print(
+            "usage: python -m attnkit.benchmark --peak MECHANISM BACKEND L DEVICE SINKHORN_ITERS",
+            file=sys.stderr,
+        )
         sys.exit(2)

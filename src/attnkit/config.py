@@ -8,7 +8,7 @@ turns a name (``"dnas"``) or a config object into a config object, so every publ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Union
 
 from .validators import check_bool, check_choice, check_int, check_number
 
@@ -60,7 +60,13 @@ class Hybrid:
     query_normalized = True
 
     def __post_init__(self) -> None:
-        check_number(self.u0, f"Hybrid(u0={self.u0!r})", "the hybrid weight must be a number in [0, 1]", low=0.0, high=1.0)
+        check_number(
+            self.u0,
+            f"Hybrid(u0={self.u0!r})",
+            "the hybrid weight must be a number in [0, 1]",
+            low=0.0,
+            high=1.0,
+        )
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,9 @@ class CoDA:
             check_choice(value, f"CoDA({field_name}={value!r})", ACTIVATIONS)
         for field_name in ("alpha", "beta"):
             value = getattr(self, field_name)
-            check_number(value, f"CoDA({field_name}={value!r})", "expected a finite number > 0", low=0.0, low_open=True)
+            check_number(
+                value, f"CoDA({field_name}={value!r})", "expected a finite number > 0", low=0.0, low_open=True
+            )
         check_bool(self.center_e, f"CoDA(center_e={self.center_e!r})")
 
     @property
@@ -118,12 +126,3 @@ class CoDA:
 
 MechanismConfig = Union[Softmax, DNAS, Hybrid, Sinkhorn, CoDA]
 MechanismLike = Union[str, MechanismConfig]
-
-
-
-def __getattr__(name: str) -> Any:  # the names that moved to the registry, for code written against this module
-    if name in ("MECHANISMS", "resolve_mechanism"):
-        from . import registry
-
-        return getattr(registry, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,8 +32,11 @@ class MechanismSummary:
     output_norm: float
 
 
-def padded_batch(seed: int = 0, lengths: tuple[int, ...] = (8, 5), heads: int = 2, dim: int = 16, sharpness: float = 2.0):
-    """Attention inputs ``q, k, v (B, H, L, D)`` for sequences of ``lengths``, right-padded, with their mask ``(B, L)``.
+def padded_batch(
+    seed: int = 0, lengths: tuple[int, ...] = (8, 5), heads: int = 2, dim: int = 16, sharpness: float = 2.0
+):
+    """Attention inputs ``q, k, v (B, H, L, D)`` for sequences of ``lengths``, right-padded, with their mask
+    ``(B, L)``.
 
     Every query leans towards one shared direction that key 0 carries strongly, so softmax piles the weight
     of all queries on key 0 and leaves the other keys nearly unattended (the explaining-away regime).
@@ -59,7 +62,8 @@ def side_by_side(
     eps: float = 1e-3,
     show: tuple[int, int] = (1, 0),
 ) -> list[MechanismSummary]:
-    """Run every mechanism on one padded batch (queries and keys share lengths); summarize weights and explaining away.
+    """Run every mechanism on one padded batch (queries and keys share lengths); summarize weights and
+    explaining away.
 
     ``show = (b, h)`` picks the sequence and head whose weights are returned (real tokens only).
     """
@@ -69,7 +73,9 @@ def side_by_side(
     summaries = []
     for mech in mechanisms:
         config = resolve_mechanism(mech)
-        out, w = attention(q, k, v, config, key_mask=mask, query_mask=mask, return_weights=True, backend="reference")
+        out, w = attention(
+            q, k, v, config, key_mask=mask, query_mask=mask, return_weights=True, backend="reference"
+        )
         stats = explain_away(w, key_mask=mask, query_mask=mask, eps=eps)
         real_rows = w.sum(-1)[mask[:, None, :].expand(-1, w.shape[1], -1)]  # row sums of real queries
         summaries.append(

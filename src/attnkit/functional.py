@@ -23,7 +23,15 @@ from .registry import check_causal, resolve_options, spec_of
 from .scores import neg_l1_distance, scaled_dot
 from .validators import check_number
 
-__all__ = ["attention", "normalize", "explain_dispatch", "observe_weights", "BACKENDS", "resolve_call", "WeightObserver"]
+__all__ = [
+    "attention",
+    "normalize",
+    "explain_dispatch",
+    "observe_weights",
+    "BACKENDS",
+    "resolve_call",
+    "WeightObserver",
+]
 
 BACKENDS: tuple[str, ...] = ("auto", "reference", "efficient")
 
@@ -285,12 +293,19 @@ def normalize(
             )
         if not isinstance(gate_scores, Tensor) or gate_scores.shape != scores.shape:
             got = tuple(gate_scores.shape) if isinstance(gate_scores, Tensor) else type(gate_scores).__name__
-            raise ValueError(f"gate_scores has shape {got}, expected the shape of scores {tuple(scores.shape)}")
+            raise ValueError(
+                f"gate_scores has shape {got}, expected the shape of scores "
+                f"{tuple(scores.shape)}"
+            )
         if not gate_scores.dtype.is_floating_point:
-            raise ValueError(f"gate_scores has dtype {gate_scores.dtype}; expected a floating dtype like scores")
+            raise ValueError(
+                f"gate_scores has dtype {gate_scores.dtype}; expected a floating dtype like "
+                "scores"
+            )
         if gate_scores.device != scores.device:
             raise ValueError(
-                f"gate_scores is on {gate_scores.device} but scores are on {scores.device}; move it with .to(device)"
+                f"gate_scores is on {gate_scores.device} but scores are on {scores.device}; move it with "
+                ".to(device)"
             )
     elif gate_scores is not None:
         raise ValueError(f"gate_scores is only used by mechanism 'coda', got {config.name!r}")

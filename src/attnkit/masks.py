@@ -20,6 +20,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .registry import causal_problem, resolve_mechanism
+
 __all__ = ["MaskInfo", "check_qkv", "build_mask", "causal_leak_error"]
 
 
@@ -54,7 +56,8 @@ class MaskInfo:
 
     @property
     def valid(self) -> Optional[Tensor]:
-        """The combined validity ``(B|1, H|1, Lq, Lk)`` (True = the pair may attend), ``None`` when all pairs are
+        """The combined validity ``(B|1, H|1, Lq, Lk)`` (True = the pair may attend), ``None`` when all pairs
+        are
         valid. Built on first use: only the reference path and the diagnostics need it."""
         if not self._valid_built:
             self._valid = self.block_valid(0, self.Lq, 0, self.Lk)
@@ -137,11 +140,20 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_head_dim: bool = True) ->
                 "Add a head dimension with .unsqueeze(1) or reshape (B, L, H*D) to (B, H, L, D)."
             )
         if not t.dtype.is_floating_point:
-            raise ValueError(f"{name} has dtype {t.dtype}; expected a floating dtype (float32, float64, bfloat16, float16)")
+            raise ValueError(
+                f"{name} has dtype {t.dtype}; expected a floating dtype (float32, float64, "
+                "bfloat16, float16)"
+            )
     if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}; cast them with .to(dtype)")
+        raise ValueError(
+            f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}; cast them "
+            "with .to(dtype)"
+        )
     if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}; move them with .to(device)")
+        raise ValueError(
+            f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}; move them "
+            "with .to(device)"
+        )
     (Bq, Hq, _, Dq), (Bk, Hk, Lk, Dk), (Bv, Hv, Lv, _) = q.shape, k.shape, v.shape
     if not (Bq == Bk == Bv):
         raise ValueError(f"batch sizes differ: q has B={Bq}, k has B={Bk}, v has B={Bv}")
@@ -158,7 +170,10 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_head_dim: bool = True) ->
 
 def _check_1d_mask(name: str, mask: Tensor, B: int, L: int, length_name: str, device: torch.device) -> Tensor:
     if not isinstance(mask, Tensor):
-        raise ValueError(f"{name} must be a boolean torch.Tensor of shape (B, {length_name}), got {type(mask).__name__}")
+        raise ValueError(
+            f"{name} must be a boolean torch.Tensor of shape (B, {length_name}), got "
+            f"{type(mask).__name__}"
+        )
     if mask.dtype != torch.bool:
         raise ValueError(
             f"{name} has dtype {mask.dtype}; expected torch.bool with True = real token "
@@ -167,14 +182,16 @@ def _check_1d_mask(name: str, mask: Tensor, B: int, L: int, length_name: str, de
     if tuple(mask.shape) != (B, L):
         raise ValueError(f"{name} has shape {tuple(mask.shape)}, expected (B, {length_name}) = ({B}, {L})")
     if mask.device != device:
-        raise ValueError(f"{name} is on {mask.device} but the inputs are on {device}; move it with .to(device)")
+        raise ValueError(
+            f"{name} is on {mask.device} but the inputs are on {device}; move it with "
+            ".to(device)"
+        )
     return mask
 
 
 def causal_leak_error(mechanism: str) -> ValueError:
-    """The error for a query-normalized ``mechanism`` under a causal mask (``attnkit.registry.causal_problem``)."""
-    from .registry import causal_problem, resolve_mechanism
-
+    """The error for a query-normalized ``mechanism`` under a causal mask
+    (``attnkit.registry.causal_problem``)."""
     return ValueError(causal_problem(resolve_mechanism(mechanism)))
 
 
@@ -213,7 +230,8 @@ def build_mask(
         shape = tuple(attn_mask.shape)
         if not 2 <= len(shape) <= 4 or any(s not in (1, e) for s, e in zip(shape[::-1], expected[::-1])):
             raise ValueError(
-                f"attn_mask has shape {shape}; expected a shape broadcastable to (B, H, Lq, Lk) = {expected}, "
+                f"attn_mask has shape {shape}; expected a shape broadcastable to (B, H, Lq, Lk) = "
+                f"{expected}, "
                 f"e.g. ({Lq}, {Lk}) or ({B}, 1, {Lq}, {Lk})"
             )
         m = attn_mask.reshape((1,) * (4 - len(shape)) + shape)  # (B|1, H|1, Lq|1, Lk|1)
@@ -234,7 +252,8 @@ def build_mask(
             bias = m.masked_fill(~finite, 0.0)
         else:
             raise ValueError(
-                f"attn_mask has dtype {m.dtype}; expected torch.bool (True = may attend) or a float additive bias"
+                f"attn_mask has dtype {m.dtype}; expected torch.bool (True = may attend) or a float "
+                "additive bias"
             )
     return MaskInfo(
         key_mask=key_mask,

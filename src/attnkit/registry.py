@@ -1,4 +1,5 @@
-"""The registry of attention mechanisms: one ``MechanismSpec`` per mechanism, the only place that knows them all.
+"""The registry of attention mechanisms: one ``MechanismSpec`` per mechanism, the only place that knows them
+all.
 
 A spec holds what the rest of the package needs to know about a mechanism (docs/design.md section 6):
 its config class and aliases, whether it normalizes over queries (and so refuses causal masks), the number
@@ -44,8 +45,10 @@ class MechanismSpec:
     """Everything the package needs to know about one mechanism besides its math.
 
     ``weights(scores, valid, config, u, gate_scores)``: the reference weights ``(B, H, Lq, Lk)``
-    (``attnkit.mechanisms``). ``potential_iters(config)``: the ``k`` of the potential loop (0 softmax, 1 DNAS/HNAS, ``iters`` Sinkhorn),
-    ``None`` for mechanisms outside the loop (CoDA). ``routes``: the efficient routes that can run it, in order
+    (``attnkit.mechanisms``). ``potential_iters(config)``: the ``k`` of the potential loop (0 softmax, 1
+    DNAS/HNAS, ``iters`` Sinkhorn),
+    ``None`` for mechanisms outside the loop (CoDA). ``routes``: the efficient routes that can run it, in
+    order
     of preference (names of ``attnkit.kernels.ROUTES``). ``label``/``color``: tables and plots.
     """
 
@@ -74,40 +77,72 @@ SPECS: dict[str, MechanismSpec] = {
     spec.name: spec
     for spec in (
         MechanismSpec(
-            "softmax", Softmax, ("lnas",), "LNAS (softmax)", "#1f5fbf",  # blue, as LNAS in the papers' figures
-            query_normalized=False, weights=lambda s, valid, c, u, n: softmax_weights(s, valid),
+            "softmax",
+            Softmax,
+            ("lnas",),
+            "LNAS (softmax)",
+            "#1f5fbf",  # blue, as LNAS in the papers' figures
+            query_normalized=False,
+            weights=lambda s, valid, c, u, n: softmax_weights(s, valid),
             potential_iters=lambda c: 0,
-            routes=("sdpa", "blockwise"), summary="rows sum to 1",
+            routes=("sdpa", "blockwise"),
+            summary="rows sum to 1",
         ),
         MechanismSpec(
-            "dnas", DNAS, ("doubly",), "DNAS", "#d62728",  # red, as DNAS in the papers' figures
-            query_normalized=True, weights=lambda s, valid, c, u, n: dnas_weights(s, valid),
+            "dnas",
+            DNAS,
+            ("doubly",),
+            "DNAS",
+            "#d62728",  # red, as DNAS in the papers' figures
+            query_normalized=True,
+            weights=lambda s, valid, c, u, n: dnas_weights(s, valid),
             potential_iters=lambda c: 1,
-            routes=("cpp", "aten", "blockwise"), summary="every key receives at least 1/n_k (Lemma 1)",
+            routes=("cpp", "aten", "blockwise"),
+            summary="every key receives at least 1/n_k (Lemma 1)",
         ),
         MechanismSpec(
-            "hnas", Hybrid, ("hybrid",), "HNAS", "#8c4fbf",
-            query_normalized=True, weights=lambda s, valid, c, u, n: hnas_weights(s, valid, u.to(s.dtype)),
+            "hnas",
+            Hybrid,
+            ("hybrid",),
+            "HNAS",
+            "#8c4fbf",
+            query_normalized=True,
+            weights=lambda s, valid, c, u, n: hnas_weights(s, valid, u.to(s.dtype)),
             potential_iters=lambda c: 1,
-            routes=("cpp", "aten", "blockwise"), summary="u * DNAS + (1 - u) * softmax",
+            routes=("cpp", "aten", "blockwise"),
+            summary="u * DNAS + (1 - u) * softmax",
         ),
         MechanismSpec(
-            "sinkhorn", Sinkhorn, (), "Sinkhorn", "#2a9d3c",
-            query_normalized=True, weights=lambda s, valid, c, u, n: sinkhorn_weights(s, valid, c.iters),
+            "sinkhorn",
+            Sinkhorn,
+            (),
+            "Sinkhorn",
+            "#2a9d3c",
+            query_normalized=True,
+            weights=lambda s, valid, c, u, n: sinkhorn_weights(s, valid, c.iters),
             potential_iters=lambda c: c.iters,
-            routes=("sdpa", "cpp", "blockwise"), summary="k column+row normalizations",
+            routes=("sdpa", "cpp", "blockwise"),
+            summary="k column+row normalizations",
         ),
         MechanismSpec(
-            "coda", CoDA, (), "CoDA", "#e07b00",
-            query_normalized=False, weights=lambda s, valid, c, u, n: coda_weights(s, n, valid, c),
+            "coda",
+            CoDA,
+            (),
+            "CoDA",
+            "#e07b00",
+            query_normalized=False,
+            weights=lambda s, valid, c, u, n: coda_weights(s, n, valid, c),
             potential_iters=None,
-            routes=("coda_blockwise",), summary="M = tanh(E) * gate(N) in [-1, 1], no normalization",
+            routes=("coda_blockwise",),
+            summary="M = tanh(E) * gate(N) in [-1, 1], no normalization",
         ),
     )
 }
 
 MECHANISMS: tuple[str, ...] = tuple(SPECS)
-_BY_ALIAS: dict[str, str] = {alias: spec.name for spec in SPECS.values() for alias in (spec.name, *spec.aliases)}
+_BY_ALIAS: dict[str, str] = {
+    alias: spec.name for spec in SPECS.values() for alias in (spec.name, *spec.aliases)
+}
 _CONFIG_TYPES = tuple(spec.config for spec in SPECS.values())
 
 
@@ -173,7 +208,8 @@ def resolve_options(
     by_name = isinstance(mechanism, str)
     if hybrid_weight is not None and not isinstance(config, Hybrid):
         raise ValueError(
-            f"hybrid_weight is only used by mechanism 'hnas', got mechanism {config.name!r}; drop hybrid_weight"
+            f"hybrid_weight is only used by mechanism 'hnas', got mechanism {config.name!r}; drop "
+            "hybrid_weight"
         )
     if u0 is not None:
         if not isinstance(config, Hybrid):
@@ -222,13 +258,15 @@ def causal_problem(config: MechanismConfig) -> Optional[str]:
     """Why ``config`` cannot run under a causal mask (a future-token leak), or ``None`` when it can."""
     if spec_of(config).query_normalized:
         return (
-            f"mechanism {config.name!r} normalizes over queries, so under a causal mask the weight of query i "
+            f"mechanism {config.name!r} normalizes over queries, so under a causal mask the weight of query "
+            "i "
             "depends on later queries (a future-token leak). Use mechanism='softmax' or 'coda' for causal "
             "(decoder) attention, and keep dnas/hnas/sinkhorn for bidirectional (encoder) attention."
         )
     if isinstance(config, CoDA) and config.uses_global_means:
         return (
-            f"CoDA(gate={config.gate!r}, center_e={config.center_e!r}) subtracts the mean over all valid pairs "
+            f"CoDA(gate={config.gate!r}, center_e={config.center_e!r}) subtracts the mean over all valid "
+            "pairs "
             "(eqs. 4 and 6), so under a causal mask the output at position i depends on later positions "
             "(a future-token leak). Use CoDA(gate='scaled') or gate='sigmoid' with center_e=False for causal "
             "attention."

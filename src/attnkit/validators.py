@@ -1,4 +1,5 @@
-"""Small validators for user-given values: each raises a ``ValueError`` whose message names the value and the fix.
+"""Small validators for user-given values: each raises a ``ValueError`` whose message names the value and the
+fix.
 
 Used at the public boundary (config dataclasses, ``ak.attention``, module constructors, CLI/run configs), so
 that the inner layers receive values that are already checked. ``what`` is how the message refers to the
@@ -53,7 +54,8 @@ def check_number(
 
 
 def check_int(value: Any, what: str, expected: str, *, low: Optional[int] = None) -> int:
-    """``value`` if it is an ``int`` (not ``bool``) ``>= low``, else a ``ValueError`` ``"{what}: {expected}"``."""
+    """``value`` if it is an ``int`` (not ``bool``) ``>= low``, else a ``ValueError`` ``"{what}:
+    {expected}"``."""
     if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low):
         raise ValueError(f"{what}: {expected}")
     return value
@@ -80,5 +82,7 @@ def check_float_tensor(value: Any, name: str, *, device: Optional[torch.device] 
     if not value.dtype.is_floating_point:
         raise ValueError(f"{name} has dtype {value.dtype}; expected a floating dtype")
     if device is not None and value.device != device:
-        raise ValueError(f"{name} is on {value.device} but the inputs are on {device}; move it with .to(device)")
+        raise ValueError(
+            f"{name} is on {value.device} but the inputs are on {device}; move it with .to(device)"
+        )
     return value

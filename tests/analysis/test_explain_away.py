@@ -105,7 +105,9 @@ def test_collector_records_every_layer_and_forward_pass():
 def test_collector_uses_attn_mask_padding():
     model = _TwoLayers()
     x = torch.randn(1, 1, 4, 3, dtype=torch.float64)
-    attn_mask = torch.tensor([True, True, True, False])[None, None, None, :]  # (1, 1, 1, Lk): HF-style padding
+    attn_mask = torch.tensor([True, True, True, False])[
+        None, None, None, :
+    ]  # (1, 1, 1, Lk): HF-style padding
     with collect_explain_away() as log:
         model(x, attn_mask=attn_mask)
     for record in log.records:

@@ -1,4 +1,5 @@
-"""Mode collapse: closed forms of "Doubly-Normalized Attention" eqs. (11)-(14) against the simulator, and the 2-D cluster counts."""
+"""Mode collapse: closed forms of "Doubly-Normalized Attention" eqs. (11)-(14) against the simulator, and the
+2-D cluster counts."""
 
 from __future__ import annotations
 
@@ -37,8 +38,12 @@ def test_closed_forms_from_cluster_sums_by_hand():
     n0, n1, a = 6.0, 2.0, 0.7
     s, t = math.exp(-2 * a * a), 1.0
     lnas = 2 * n0 * n1 * (t * t - s * s) * a / ((n1 * t + n0 * s) * (n0 * t + n1 * s))
-    c0 = (n0 * t * (n0 * s + n1 * t) - n1 * s * (n0 * t + n1 * s)) / (n0 * t * (n0 * s + n1 * t) + n1 * s * (n0 * t + n1 * s))
-    c1 = (n0 * s * (n0 * s + n1 * t) - n1 * t * (n0 * t + n1 * s)) / (n0 * s * (n0 * s + n1 * t) + n1 * t * (n0 * t + n1 * s))
+    c0 = (n0 * t * (n0 * s + n1 * t) - n1 * s * (n0 * t + n1 * s)) / (
+        n0 * t * (n0 * s + n1 * t) + n1 * s * (n0 * t + n1 * s)
+    )
+    c1 = (n0 * s * (n0 * s + n1 * t) - n1 * t * (n0 * t + n1 * s)) / (
+        n0 * s * (n0 * s + n1 * t) + n1 * t * (n0 * t + n1 * s)
+    )
     assert center_distance_lnas(n0 / n1, a) == pytest.approx(lnas, rel=1e-12)
     assert center_distance_dnas(n0 / n1, a) == pytest.approx((c0 - c1) * a, rel=1e-12)
 

@@ -27,7 +27,9 @@ def test_every_mechanism_has_its_own_colour():
 
 def test_hybrid_trajectories_png(tmp_path):
     steps = np.arange(0, 50, 5)
-    u = np.clip(np.linspace(0.5, 0.9, len(steps))[:, None, None] + np.zeros((1, 3, 4)), 0, 1)  # (T, layers, heads)
+    u = np.clip(
+        np.linspace(0.5, 0.9, len(steps))[:, None, None] + np.zeros((1, 3, 4)), 0, 1
+    )  # (T, layers, heads)
     path = plot_hybrid_trajectories(steps, u, tmp_path / "u.png", title="u over training")
     assert path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 5000
 

@@ -1,4 +1,5 @@
-"""``attnkit.analysis.reproduce``: targets write their files and check the papers' claims (the command: tests/cli)."""
+"""``attnkit.analysis.reproduce``: targets write their files and check the papers' claims (the command:
+tests/cli)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,19 @@ def test_explain_away_target_quick(tmp_path):
     rows = {row["mechanism"]: row for row in result.rows}
     assert rows["dnas"]["min n_k*sum (all evals)"] >= 1 - 1e-6
     assert 0 <= rows["hnas"]["final u"] <= 1
-    assert {p.name for p in result.files} >= {"log_sum_histogram.png", "min_weight_sum.png", "hybrid_weight.png",
-                                             "training_curves.csv"}
+    assert {p.name for p in result.files} >= {
+        "log_sum_histogram.png",
+        "min_weight_sum.png",
+        "hybrid_weight.png",
+        "training_curves.csv",
+    }
 
 
 def test_every_target_is_registered():
-    assert set(TARGETS) == {"mode-collapse-curves", "mode-collapse-2d", "explain-away", "lemma1", "coda-matrices"}
+    assert set(TARGETS) == {
+        "mode-collapse-curves",
+        "mode-collapse-2d",
+        "explain-away",
+        "lemma1",
+        "coda-matrices",
+    }

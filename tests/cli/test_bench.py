@@ -12,7 +12,20 @@ from attnkit.cli import main
 @pytest.mark.slow
 def test_bench_quick_writes_json_with_ratios_and_memory(tmp_path, capsys):
     out = tmp_path / "kernels.json"
-    main(["bench", "--quick", "--mechanisms", "dnas", "--backends", "efficient", "--repeats", "1", "--out", str(out)])
+    main(
+        [
+            "bench",
+            "--quick",
+            "--mechanisms",
+            "dnas",
+            "--backends",
+            "efficient",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     data = json.loads(out.read_text())
     rows = data["rows"]
     assert {r["L"] for r in rows} == {256, 1024}

@@ -13,11 +13,42 @@ import pytest
 from attnkit.cli import main
 from tests.runner._fixtures import write_classification_file
 
-TINY = ["--mechanisms", "softmax,hnas", "--seeds", "1", "--max-steps", "8", "--progress", "none",
-        "--set", "batch_size=8", "--set", "eval_every=4", "--set", "checkpoint_every=4", "--set", "d_model=16",
-        "--set", "nhead=2", "--set", "num_layers=1", "--set", "dim_feedforward=32", "--set", "max_len=16",
-        "--set", "dropout=0", "--set", "lr=0.01", "--set", "warmup_steps=1", "--set", "explain_away_samples=16",
-        "--set", "plots=false"]
+TINY = [
+    "--mechanisms",
+    "softmax,hnas",
+    "--seeds",
+    "1",
+    "--max-steps",
+    "8",
+    "--progress",
+    "none",
+    "--set",
+    "batch_size=8",
+    "--set",
+    "eval_every=4",
+    "--set",
+    "checkpoint_every=4",
+    "--set",
+    "d_model=16",
+    "--set",
+    "nhead=2",
+    "--set",
+    "num_layers=1",
+    "--set",
+    "dim_feedforward=32",
+    "--set",
+    "max_len=16",
+    "--set",
+    "dropout=0",
+    "--set",
+    "lr=0.01",
+    "--set",
+    "warmup_steps=1",
+    "--set",
+    "explain_away_samples=16",
+    "--set",
+    "plots=false",
+]
 
 
 def _exit_code_and_stderr(args, capsys) -> tuple[int, str]:
@@ -49,9 +80,20 @@ def _bad_cases(tmp_path, data):
     }
 
 
-@pytest.mark.parametrize("case", ["unknown mechanism", "negative steps", "negative steps via --set", "missing dataset",
-                                  "unknown task", "unwritable output", "unknown config key", "unknown --set key",
-                                  "bad preset"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "unknown mechanism",
+        "negative steps",
+        "negative steps via --set",
+        "missing dataset",
+        "unknown task",
+        "unwritable output",
+        "unknown config key",
+        "unknown --set key",
+        "bad preset",
+    ],
+)
 def test_bad_configuration_exits_2_with_one_line(case, tmp_path, data, capsys):
     args, needle = _bad_cases(tmp_path, data)[case]
     code, err = _exit_code_and_stderr(args, capsys)
@@ -71,7 +113,20 @@ def test_unknown_config_key_lists_the_valid_ones(tmp_path, data, capsys):
 @pytest.mark.slow
 def test_second_run_into_the_same_directory_is_refused(tmp_path, data, capsys):
     out = tmp_path / "out"
-    main(["compare", "--task", str(data), *TINY, "--mechanisms", "softmax", "--max-steps", "2", "--out", str(out)])
+    main(
+        [
+            "compare",
+            "--task",
+            str(data),
+            *TINY,
+            "--mechanisms",
+            "softmax",
+            "--max-steps",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     before = (out / "results.json").read_text()
     capsys.readouterr()
     code, err = _exit_code_and_stderr(["--task", str(data), *TINY, "--out", str(out)], capsys)
@@ -81,22 +136,46 @@ def test_second_run_into_the_same_directory_is_refused(tmp_path, data, capsys):
 
 @pytest.mark.slow
 def test_two_cpu_processes_agree_with_one(tmp_path, data):
-    """Same seeds, same global batch: 2 processes (gloo) give the metrics of 1 process, up to float rounding."""
+    """Same seeds, same global batch: 2 processes (gloo) give the metrics of 1 process, up to float
+    rounding."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     args = ["compare", "--task", str(data), *TINY]
     one, two = tmp_path / "one", tmp_path / "two"
     subprocess.run([sys.executable, "-m", "attnkit.cli", *args, "--out", str(one)], check=True, env=env,
                    capture_output=True, timeout=300)
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
-              "-m", "attnkit.cli", *args, "--out", str(two)]
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        "0",
+        "-m",
+        "attnkit.cli",
+        *args,
+        "--out",
+        str(two),
+    ]
     proc = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs_one = json.loads((one / "results.json").read_text())["runs"]
     runs_two = json.loads((two / "results.json").read_text())["runs"]
     assert [r["world_size"] for r in runs_two] == [2, 2]
     for a, b in zip(runs_one, runs_two):
-        assert (a["mechanism"], a["seed"], a["steps"], a["eval_examples"]) == (b["mechanism"], b["seed"], b["steps"], b["eval_examples"])
+        assert (a["mechanism"], a["seed"], a["steps"], a["eval_examples"]) == (
+            b["mechanism"],
+            b["seed"],
+            b["steps"],
+            b["eval_examples"],
+        )
         assert a["metrics"] == b["metrics"]
         for ha, hb in zip(a["history"], b["history"]):
             assert hb["train_loss"] == pytest.approx(ha["train_loss"], rel=1e-5)

@@ -1,4 +1,5 @@
-"""``attnkit convert`` and ``attnkit finetune`` on a tiny BERT with MiniLM-L6's tokenizer and a written fixture."""
+"""``attnkit convert`` and ``attnkit finetune`` on a tiny BERT with MiniLM-L6's tokenizer and a written
+fixture."""
 
 from __future__ import annotations
 
@@ -29,7 +30,11 @@ TRAIN = [
     ("trade", "trade deficit with japan widened on imports"),
     ("trade", "tariffs on exports and the trade surplus"),
 ] * 3
-TEST = [("earn", "earnings per share rose"), ("acq", "takeover of the firm"), ("trade", "exports and imports fell")]
+TEST = [
+    ("earn", "earnings per share rose"),
+    ("acq", "takeover of the firm"),
+    ("trade", "exports and imports fell"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +75,9 @@ def test_convert_writes_a_restorable_model(tiny_bert, tmp_path, capsys):
     assert "converted 2 attention module(s)" in capsys.readouterr().out
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     assert json.loads((out / "config.json").read_text())["attnkit"]["mechanism"] == "hnas"
-    torch.testing.assert_close(akhf.hybrid_weights(akhf.load(out)), torch.full((2, 4), 0.25), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        akhf.hybrid_weights(akhf.load(out)), torch.full((2, 4), 0.25), atol=1e-6, rtol=0
+    )
 
 
 def test_convert_refuses_a_non_empty_out(tiny_bert, tmp_path, capsys):
@@ -81,7 +88,9 @@ def test_convert_refuses_a_non_empty_out(tiny_bert, tmp_path, capsys):
 
 def test_convert_bad_input_is_one_line(tiny_bert, tmp_path, capsys):
     assert "config.json" in _error(capsys, ["convert", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
-    assert "layers" in _error(capsys, ["convert", str(tiny_bert), "--layers", "7", "--out", str(tmp_path / "o")])
+    assert "layers" in _error(
+        capsys, ["convert", str(tiny_bert), "--layers", "7", "--out", str(tmp_path / "o")]
+    )
 
 
 def test_convert_causal_dnas_is_refused(tmp_path, capsys):
@@ -142,10 +151,36 @@ def test_finetune_under_accelerate_launch_two_processes(tiny_bert, fixture_datas
     out = tmp_path / "ddp"
     # accelerate starts several processes through torchrun only with --multi_gpu; without a GPU they run on
     # the CPU (gloo), which is how to use several CPU processes without mpirun
-    cmd = [launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-           "--dynamo_backend", "no", "-m", "attnkit.cli", "finetune", "--model", str(tiny_bert), "--mechanism", "dnas",
-           "--dataset", str(fixture_dataset), "--max-steps", "2", "--batch-size", "2", "--max-length", "16",
-           "--out", str(out)]
+    cmd = [
+        launcher,
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "-m",
+        "attnkit.cli",
+        "finetune",
+        "--model",
+        str(tiny_bert),
+        "--mechanism",
+        "dnas",
+        "--dataset",
+        str(fixture_dataset),
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--max-length",
+        "16",
+        "--out",
+        str(out),
+    ]
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

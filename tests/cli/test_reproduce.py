@@ -1,4 +1,5 @@
-"""``attnkit reproduce NAME``: a target writes its files and claims, refuses to overwrite, names the valid targets."""
+"""``attnkit reproduce NAME``: a target writes its files and claims, refuses to overwrite, names the valid
+targets."""
 
 from __future__ import annotations
 

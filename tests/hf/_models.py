@@ -13,18 +13,36 @@ VOCAB = 120
 
 
 def _configs():
-    from transformers import AlbertConfig, BartConfig, BertConfig, DistilBertConfig, LlamaConfig, RobertaConfig
+    from transformers import (
+        AlbertConfig,
+        BartConfig,
+        BertConfig,
+        DistilBertConfig,
+        LlamaConfig,
+        RobertaConfig,
+    )
 
-    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=64)
+    common = dict(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=64
+    )
     return {
         "bert": lambda: BertConfig(**common),
         "roberta": lambda: RobertaConfig(**common, pad_token_id=1),
         "albert": lambda: AlbertConfig(**common, embedding_size=16),
-        "distilbert": lambda: DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=H, hidden_dim=64),
+        "distilbert": lambda: DistilBertConfig(
+            vocab_size=VOCAB, dim=32, n_layers=2, n_heads=H, hidden_dim=64
+        ),
         "llama": lambda: LlamaConfig(**common, num_key_value_heads=2, max_position_embeddings=64),
         "bart": lambda: BartConfig(
-            vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=H,
-            decoder_attention_heads=H, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+            vocab_size=VOCAB,
+            d_model=32,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=H,
+            decoder_attention_heads=H,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=64,
         ),
     }
 
@@ -43,7 +61,8 @@ def tiny_model(family: str, seed: int = 0, attn_implementation: str = "eager"):
 
 
 def twin(model):
-    """A second model with the same weights and its own config (configs are shared objects in transformers)."""
+    """A second model with the same weights and its own config (configs are shared objects in
+    transformers)."""
     import copy
 
     return copy.deepcopy(model)

@@ -1,4 +1,5 @@
-"""attnkit.hf.attention_interface: the AttentionInterface / AttentionMaskInterface entries against float64 references."""
+"""attnkit.hf.attention_interface: the AttentionInterface / AttentionMaskInterface entries against float64
+references."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def _module(mechanism, H=3, causal=False, theta=None):
 
 
 def _padding_mask(lengths, L):
-    """transformers' key-only boolean mask (B, 1, L, L) for right padding, built by the registered function."""
+    """transformers' key-only boolean mask (B, 1, L, L) for right padding, built by the registered
+    function."""
     from transformers.masking_utils import bidirectional_mask_function
 
     pad = torch.zeros(len(lengths), L, dtype=torch.bool)
@@ -65,7 +67,9 @@ def test_key_padding_and_its_4d_form_give_the_same_output():
     mask, pad = _padding_mask((4, 2), 4)
     for name in ("softmax", "dnas"):
         out, _ = attention_forward(_module(name), q, k, v, mask, scaling=0.5)
-        out4, _ = attention_forward(_module(name), q, k, v, pad[:, None, None, :].expand(2, 1, 4, 4), scaling=0.5)
+        out4, _ = attention_forward(
+            _module(name), q, k, v, pad[:, None, None, :].expand(2, 1, 4, 4), scaling=0.5
+        )
         torch.testing.assert_close(out, out4)
 
 

@@ -1,4 +1,5 @@
-"""PyTorch's fused CPU attention op for DNAS/HNAS (kernels/aten_fallback.py), the path used where the C++ kernels
+"""PyTorch's fused CPU attention op for DNAS/HNAS (kernels/aten_fallback.py), the path used where the C++
+kernels
 cannot be built, against the float64 reference."""
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from attnkit.kernels import aten_fallback
 from attnkit.kernels.aten_fallback import fused_available, fused_dnas_attention
 
 pytestmark = pytest.mark.skipif(
-    not fused_available(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2)), reason="no fused CPU attention kernel"
+    not fused_available(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2)),
+    reason="no fused CPU attention kernel",
 )
 
 
@@ -43,9 +45,17 @@ def test_matches_reference_outputs_and_gradients(mechanism, shape, masked):
     query_mask = qm if masked in ("queries", "both") else None
     u = torch.linspace(0.1, 0.9, H, dtype=torch.float64, requires_grad=True) if mechanism == "hnas" else None
     kw = {"hybrid_weight": u} if u is not None else {}
-    ref = ak.attention(q, k, v, mechanism, key_mask=key_mask, query_mask=query_mask, backend="reference", **kw)
+    ref = ak.attention(
+        q, k, v, mechanism, key_mask=key_mask, query_mask=query_mask, backend="reference", **kw
+    )
     out = fused_dnas_attention(
-        q, k, v, key_mask=key_mask, query_mask=query_mask, scale=D**-0.5, u=None if u is None else u.view(1, H, 1, 1)
+        q,
+        k,
+        v,
+        key_mask=key_mask,
+        query_mask=query_mask,
+        scale=D**-0.5,
+        u=None if u is None else u.view(1, H, 1, 1),
     )
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10)
     g = torch.randn_like(out)
@@ -116,5 +126,7 @@ def test_without_the_cpp_kernels_padding_masks_go_to_the_fused_op(monkeypatch):
     q, k, v = _inputs(1, 2, 8, 8, 4)
     km = torch.ones(1, 8, dtype=torch.bool)
     ak.attention(q, k, v, "dnas", key_mask=km, backend="efficient")
-    ak.attention(q, k, v, "dnas", attn_mask=torch.ones(8, 8, dtype=torch.bool), backend="efficient")  # block kernel
+    ak.attention(
+        q, k, v, "dnas", attn_mask=torch.ones(8, 8, dtype=torch.bool), backend="efficient"
+    )  # block kernel
     assert calls == [True]

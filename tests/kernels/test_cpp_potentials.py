@@ -1,4 +1,5 @@
-"""The C++ CPU kernels for DNAS, HNAS and Sinkhorn (kernels/cpp_potentials.py, csrc/potentials_cpu.cpp) against the
+"""The C++ CPU kernels for DNAS, HNAS and Sinkhorn (kernels/cpp_potentials.py, csrc/potentials_cpu.cpp)
+against the
 float64 reference: outputs, gradients, padding, empty rows, large logits, low precision and dispatch."""
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ pytestmark = pytest.mark.skipif(not cpu_ext.load(warn=False), reason="C++ CPU ke
 def _inputs(B, H, Lq, Lk, D, Dv=None, dtype=torch.float64, seed=0, spread=1.0):
     g = torch.Generator().manual_seed(seed)
     shapes = ((B, H, Lq, D), (B, H, Lk, D), (B, H, Lk, Dv or D))
-    return [(spread * torch.randn(s, generator=g, dtype=torch.float64)).to(dtype).requires_grad_() for s in shapes]
+    return [
+        (spread * torch.randn(s, generator=g, dtype=torch.float64)).to(dtype).requires_grad_() for s in shapes
+    ]
 
 
 def _masks(B, Lq, Lk, seed=1):
@@ -143,7 +146,8 @@ def test_broadcast_batch_and_heads_sum_gradients():
 @pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn"])
 @pytest.mark.parametrize("dtype,factor", [(torch.float32, 10.0), (torch.bfloat16, 1.1)])
 def test_error_at_most_a_multiple_of_the_reference_error(name, dtype, factor):
-    """FlexAttention's rule: error against float64 <= factor x the reference backend's at the same precision."""
+    """FlexAttention's rule: error against float64 <= factor x the reference backend's at the same
+    precision."""
     mech = ak.Sinkhorn(iters=3) if name == "sinkhorn" else name
     q64, k64, v64 = _inputs(2, 4, 128, 96, 32, seed=5)
     km, qm = _masks(2, 128, 96)
@@ -175,7 +179,9 @@ def test_efficient_backend_uses_the_cpp_kernels_for_padding_masks(monkeypatch):
     km = torch.ones(1, 8, dtype=torch.bool)
     ak.attention(q, k, v, "dnas", key_mask=km, backend="efficient")
     ak.attention(q, k, v, ak.Sinkhorn(iters=3), backend="efficient")
-    ak.attention(q, k, v, "dnas", attn_mask=torch.ones(8, 8, dtype=torch.bool), backend="efficient")  # block kernel
+    ak.attention(
+        q, k, v, "dnas", attn_mask=torch.ones(8, 8, dtype=torch.bool), backend="efficient"
+    )  # block kernel
     assert calls == [(1, True), (3, False)]
 
 

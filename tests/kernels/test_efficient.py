@@ -62,7 +62,9 @@ def _skip(mech_name: str, mask_kind: str) -> bool:
     return mech_name.startswith("coda") and mask_kind == "float_attn"
 
 
-@pytest.mark.parametrize("mask_kind", ["none", "key", "query", "key_query", "bool_attn", "float_attn", "all_bool"])
+@pytest.mark.parametrize(
+    "mask_kind", ["none", "key", "query", "key_query", "bool_attn", "float_attn", "all_bool"]
+)
 @pytest.mark.parametrize("mech_name", list(MECHS))
 def test_matches_reference_outputs_and_grads(mech_name, mask_kind):
     if _skip(mech_name, mask_kind):
@@ -114,7 +116,9 @@ def test_gradcheck_float64(mech_name):
         return ak.attention(q, k, v, mech, key_mask=key, query_mask=query, backend="efficient", **extra)
 
     # CoDA's full check runs in tests/mechanisms/test_coda.py on both backends; here the projected one
-    assert torch.autograd.gradcheck(f, tuple(inputs), eps=1e-6, atol=1e-6, fast_mode=mech_name == "coda_centered")
+    assert torch.autograd.gradcheck(
+        f, tuple(inputs), eps=1e-6, atol=1e-6, fast_mode=mech_name == "coda_centered"
+    )
 
 
 def test_gradcheck_multi_block_sinkhorn_with_learnable_bias():
@@ -147,7 +151,9 @@ def test_large_logits_match_float64_reference(mech_name):
     q, k, v = _qkv(dtype=torch.float32, lq=12, lk=16, seed=5, mult=60.0)
     key = torch.ones(B, 16, dtype=torch.bool)
     key[0, 10:] = False
-    ref = ak.attention(q.double(), k.double(), v.double(), MECHS[mech_name], key_mask=key, backend="reference")
+    ref = ak.attention(
+        q.double(), k.double(), v.double(), MECHS[mech_name], key_mask=key, backend="reference"
+    )
     out = ak.attention(q, k, v, MECHS[mech_name], key_mask=key, backend="efficient")
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out.double(), ref, rtol=1e-3, atol=1e-3)
@@ -207,7 +213,9 @@ def test_low_precision_error_within_flex_rule(mech_name, dtype, factor):
     eff = run(dtype, "efficient")
     for name, e, r, x in zip(("out", "dq", "dk", "dv"), exact, ref, eff):
         ref_err, eff_err = _err(r, e), _err(x, e)
-        assert eff_err <= factor * ref_err + 1e-7, f"{name}: efficient {eff_err:.3g} vs reference {ref_err:.3g}"
+        assert eff_err <= factor * ref_err + 1e-7, (
+            f"{name}: efficient {eff_err:.3g} vs reference {ref_err:.3g}"
+        )
 
 
 def test_dropout_raises_for_query_normalized_and_auto_falls_back():
@@ -249,7 +257,9 @@ def test_auto_takes_the_cpp_kernels_at_every_size_for_padding_masks():
     for name in ("dnas", "hnas", "sinkhorn"):
         config = ak.resolve_mechanism(name)
         assert prefers_efficient(*small, config, padded)
-        assert not prefers_efficient(*small, config, pair)  # a general mask: the block sweeps, only when large
+        assert not prefers_efficient(
+            *small, config, pair
+        )  # a general mask: the block sweeps, only when large
         assert not prefers_efficient(*small, config, padded, dropout_p=0.1)
     assert not prefers_efficient(*small, ak.resolve_mechanism("softmax"), padded)
 

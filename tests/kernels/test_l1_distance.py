@@ -1,4 +1,5 @@
-"""The L1 distances of CoDA's gate (kernels/l1_distance.py, csrc/l1_distance_cpu.cpp) against torch.cdist(p=1)."""
+"""The L1 distances of CoDA's gate (kernels/l1_distance.py, csrc/l1_distance_cpu.cpp) against
+torch.cdist(p=1)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ def _xy(N, n, m, D, dtype=torch.float64, seed=0):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (3, 7, 5, 3), (2, 130, 37, 64), (1, 5, 100, 17), (2, 67, 16, 8)])
+@pytest.mark.parametrize(
+    "shape", [(1, 1, 1, 1), (3, 7, 5, 3), (2, 130, 37, 64), (1, 5, 100, 17), (2, 67, 16, 8)]
+)
 def test_matches_cdist_and_its_gradients(dtype, shape):
     """Shapes that leave partial register tiles (queries % 4, keys % 16) and several query chunks."""
     x, y = _xy(*shape, dtype=dtype)

@@ -1,4 +1,5 @@
-"""CoDA quasi-attention, "Compositional De-Attention Networks" eqs. (3)-(6) and (10); docs/design.md section 3."""
+"""CoDA quasi-attention, "Compositional De-Attention Networks" eqs. (3)-(6) and (10); docs/design.md section
+3."""
 
 from __future__ import annotations
 
@@ -19,11 +20,16 @@ def test_equals_eq10_of_the_coda_paper(backend):
     G = -torch.cdist(q, k, p=1)  # (B, H, Lq, Lk)
     E = q @ k.transpose(-2, -1) / math.sqrt(dk)
     expected = (torch.tanh(E) * 2 * torch.sigmoid(G / math.sqrt(dk))) @ v
-    torch.testing.assert_close(ak.attention(q, k, v, "coda", backend=backend), expected, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(
+        ak.attention(q, k, v, "coda", backend=backend), expected, atol=1e-12, rtol=1e-10
+    )
     centered = G / math.sqrt(dk) - (G / math.sqrt(dk)).mean(dim=(-2, -1), keepdim=True)
     expected_centered = (torch.tanh(E) * torch.sigmoid(centered)) @ v
     torch.testing.assert_close(
-        ak.attention(q, k, v, ak.CoDA(gate="centered"), backend=backend), expected_centered, atol=1e-12, rtol=1e-10
+        ak.attention(q, k, v, ak.CoDA(gate="centered"), backend=backend),
+        expected_centered,
+        atol=1e-12,
+        rtol=1e-10,
     )
 
 
@@ -36,7 +42,9 @@ GATES_AND_OPTIONS = st.fixed_dictionaries({
 
 
 @settings(max_examples=30, deadline=None)
-@given(options=GATES_AND_OPTIONS, spread=st.floats(0.1, 30.0), seed=st.integers(0, 2**16), L=st.integers(1, 6))
+@given(
+    options=GATES_AND_OPTIONS, spread=st.floats(0.1, 30.0), seed=st.integers(0, 2**16), L=st.integers(1, 6)
+)
 def test_weights_lie_in_minus_one_one(options, spread, seed, L):
     q, k, v = random_qkv(2, 2, L, L + 1, D=4, seed=seed, scale=spread)
     km = torch.arange(L + 1)[None] < torch.tensor([[L + 1], [max(1, L // 2)]])

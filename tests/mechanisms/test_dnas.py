@@ -10,7 +10,6 @@ import attnkit as ak
 from tests._reference import random_qkv
 
 
-
 def _random_problem(B, Lq, Lk, spread, seed, self_attention):
     g = torch.Generator().manual_seed(seed)
     if self_attention:
@@ -18,7 +17,11 @@ def _random_problem(B, Lq, Lk, spread, seed, self_attention):
     s = torch.randn(B, 2, Lq, Lk, generator=g, dtype=torch.float64) * spread
     lk = torch.randint(1, Lk + 1, (B, 1), generator=g)
     key_mask = torch.arange(Lk)[None] < lk
-    query_mask = key_mask.clone() if self_attention else torch.arange(Lq)[None] < torch.randint(1, Lq + 1, (B, 1), generator=g)
+    query_mask = (
+        key_mask.clone()
+        if self_attention
+        else torch.arange(Lq)[None] < torch.randint(1, Lq + 1, (B, 1), generator=g)
+    )
     return s, key_mask, query_mask
 
 
@@ -53,7 +56,9 @@ def test_lemma1_lower_bound(B, Lq, Lk, spread, seed, self_attention):
 @given(B=st.integers(1, 2), L=st.integers(1, 6), scale=st.floats(0.5, 8.0), seed=st.integers(0, 2**16))
 def test_lemma1_lower_bound_through_attention(B, L, scale, seed):
     q, k, v = random_qkv(B, 2, L, L, D=4, seed=seed, scale=scale)
-    mask = torch.arange(L)[None] < torch.randint(1, L + 1, (B, 1), generator=torch.Generator().manual_seed(seed))
+    mask = torch.arange(L)[None] < torch.randint(
+        1, L + 1, (B, 1), generator=torch.Generator().manual_seed(seed)
+    )
     _, w = ak.attention(q, k, v, "dnas", key_mask=mask, query_mask=mask, return_weights=True)
     _check_lemma1(w, mask, mask)
 
@@ -83,7 +88,9 @@ def test_equals_softmax_with_per_key_bias(backend):
     s = ak.scores.scaled_dot(q, k)
     c = torch.logsumexp(s, dim=-2, keepdim=True)  # (B, H, 1, Lk)
     expected = torch.softmax(s - c, dim=-1) @ v
-    torch.testing.assert_close(ak.attention(q, k, v, "dnas", backend=backend), expected, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(
+        ak.attention(q, k, v, "dnas", backend=backend), expected, atol=1e-12, rtol=1e-10
+    )
 
 
 def test_single_query_attends_uniformly(backend):

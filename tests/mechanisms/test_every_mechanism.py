@@ -1,4 +1,5 @@
-"""One suite over the mechanism registry (``attnkit.registry.SPECS``): every mechanism and its variants against
+"""One suite over the mechanism registry (``attnkit.registry.SPECS``): every mechanism and its variants
+against
 the float64 references of ``tests/_reference.py``, gradchecks, and the properties each spec declares."""
 
 from __future__ import annotations
@@ -16,10 +17,20 @@ from tests._reference import CASES, Case, random_qkv
 # The registry's cases plus variants: hnas at fixed weights (0 = softmax, 1 = DNAS) and CoDA's Table 9
 # activations.
 EXTRA = [Case(f"hnas-{u}", "hnas", {"hybrid_weight": u}, {"u": u}, "hnas") for u in (0.0, 0.25, 1.0)] + [
-    Case(f"coda-e_{e}-n_{n}", lambda ak, e=e, n=n: ak.CoDA(e_activation=e, n_activation=n), {},
-         {"coda": {"e_activation": e, "n_activation": n}}, "coda")
-    for e, n in (("tanh", "tanh"), ("tanh", "arctan"), ("sigmoid", "sigmoid"), ("arctan", "sigmoid"),
-                 ("algebraic", "sigmoid"))
+    Case(
+        f"coda-e_{e}-n_{n}",
+        lambda ak, e=e, n=n: ak.CoDA(e_activation=e, n_activation=n),
+        {},
+        {"coda": {"e_activation": e, "n_activation": n}},
+        "coda",
+    )
+    for e, n in (
+        ("tanh", "tanh"),
+        ("tanh", "arctan"),
+        ("sigmoid", "sigmoid"),
+        ("arctan", "sigmoid"),
+        ("algebraic", "sigmoid"),
+    )
 ]
 ALL = CASES + EXTRA
 TWO_SEEDS = {"softmax", "sinkhorn-0", "dnas", "sinkhorn-1"}  # the closed forms checked on a second draw
@@ -27,15 +38,26 @@ TWO_SEEDS = {"softmax", "sinkhorn-0", "dnas", "sinkhorn-1"}  # the closed forms 
 # Gradchecks: a full check where a mechanism's branches are first reached; the variants that only swap
 # elementwise functions or the number of rounds take the fast projected check (see conftest).
 FULL_GRADCHECK = {"softmax", "dnas", "hnas-0.3", "hnas-per-head", "sinkhorn-5", "coda-center_e-centered"}
-FAST_GRADCHECK = {"sinkhorn-0", "sinkhorn-1", "sinkhorn-2", "coda-default", "coda-sigmoid", "coda-alpha-beta",
-                  "coda-e_sigmoid-n_tanh", "coda-e_arctan-n_arctan", "coda-e_algebraic-n_algebraic"}
+FAST_GRADCHECK = {
+    "sinkhorn-0",
+    "sinkhorn-1",
+    "sinkhorn-2",
+    "coda-default",
+    "coda-sigmoid",
+    "coda-alpha-beta",
+    "coda-e_sigmoid-n_tanh",
+    "coda-e_arctan-n_arctan",
+    "coda-e_algebraic-n_algebraic",
+}
 
 
 def _params(cases, seeds=False):
     out = []
     for c in cases:
-        for seed in ((0, 1) if seeds and c.id in TWO_SEEDS else (0,)):
-            out.append(pytest.param(c, seed, id=f"{c.ref_mechanism}/{c.id}" + (f"-seed{seed}" if seed else "")))
+        for seed in (0, 1) if seeds and c.id in TWO_SEEDS else (0,):
+            out.append(
+                pytest.param(c, seed, id=f"{c.ref_mechanism}/{c.id}" + (f"-seed{seed}" if seed else ""))
+            )
     return out
 
 
@@ -44,7 +66,9 @@ def test_matches_reference(case, seed, backend, compare_with_reference):
     compare_with_reference(case, backend, seed=seed)
 
 
-@pytest.mark.parametrize(("case", "seed"), _params([c for c in ALL if c.id in FULL_GRADCHECK | FAST_GRADCHECK]))
+@pytest.mark.parametrize(
+    ("case", "seed"), _params([c for c in ALL if c.id in FULL_GRADCHECK | FAST_GRADCHECK])
+)
 def test_gradcheck_float64(case, seed, backend, gradcheck_attention):
     gradcheck_attention(case, backend, fast_mode=case.id in FAST_GRADCHECK)
 

@@ -1,4 +1,5 @@
-"""Hybrid attention (HNAS), "Doubly-Normalized Attention" section 6 / "Attention that does not Explain Away" (arXiv:2009.14308) section 5: u * DNAS + (1 - u) * softmax."""
+"""Hybrid attention (HNAS), "Doubly-Normalized Attention" section 6 / "Attention that does not Explain Away"
+(arXiv:2009.14308) section 5: u * DNAS + (1 - u) * softmax."""
 
 from __future__ import annotations
 
@@ -19,30 +20,46 @@ def test_gradient_wrt_per_head_u_matches_closed_form(backend):
     torch.testing.assert_close(du, diff.sum(dim=(0, 2, 3)), atol=1e-10, rtol=1e-8)
 
 
-@pytest.mark.parametrize("u", [0.0, torch.tensor(0.0), torch.zeros(2)], ids=["float", "scalar-tensor", "per-head"])
+@pytest.mark.parametrize(
+    "u", [0.0, torch.tensor(0.0), torch.zeros(2)], ids=["float", "scalar-tensor", "per-head"]
+)
 def test_u_zero_equals_softmax(backend, u):
     q, k, v = random_qkv(2, 2, 4, 5, seed=3)
     m = torch.tensor([[True] * 5, [True, True, True, False, False]])
     expected = ak.attention(q, k, v, "softmax", key_mask=m, backend=backend)
-    torch.testing.assert_close(ak.attention(q, k, v, "hnas", hybrid_weight=u, key_mask=m, backend=backend), expected,
-                               atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        ak.attention(q, k, v, "hnas", hybrid_weight=u, key_mask=m, backend=backend),
+        expected,
+        atol=1e-12,
+        rtol=0,
+    )
 
 
-@pytest.mark.parametrize("u", [1.0, torch.tensor(1.0), torch.ones(2)], ids=["float", "scalar-tensor", "per-head"])
+@pytest.mark.parametrize(
+    "u", [1.0, torch.tensor(1.0), torch.ones(2)], ids=["float", "scalar-tensor", "per-head"]
+)
 def test_u_one_equals_dnas(backend, u):
     q, k, v = random_qkv(2, 2, 4, 5, seed=4)
     m = torch.tensor([[True] * 5, [True, True, True, False, False]])
     expected = ak.attention(q, k, v, "dnas", key_mask=m, backend=backend)
-    torch.testing.assert_close(ak.attention(q, k, v, "hnas", hybrid_weight=u, key_mask=m, backend=backend), expected,
-                               atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        ak.attention(q, k, v, "hnas", hybrid_weight=u, key_mask=m, backend=backend),
+        expected,
+        atol=1e-12,
+        rtol=0,
+    )
 
 
 def test_per_head_u_mixes_each_head_separately(backend):
     q, k, v = random_qkv(2, 2, 4, 5, seed=5)
     u = torch.tensor([0.0, 1.0], dtype=torch.float64)
     out = ak.attention(q, k, v, "hnas", hybrid_weight=u, backend=backend)
-    torch.testing.assert_close(out[:, 0], ak.attention(q, k, v, "softmax", backend=backend)[:, 0], atol=1e-12, rtol=0)
-    torch.testing.assert_close(out[:, 1], ak.attention(q, k, v, "dnas", backend=backend)[:, 1], atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        out[:, 0], ak.attention(q, k, v, "softmax", backend=backend)[:, 0], atol=1e-12, rtol=0
+    )
+    torch.testing.assert_close(
+        out[:, 1], ak.attention(q, k, v, "dnas", backend=backend)[:, 1], atol=1e-12, rtol=0
+    )
 
 
 def test_per_batch_and_head_u(backend):
@@ -57,11 +74,17 @@ def test_weights_are_the_convex_mix():
     q, k, v = random_qkv(2, 2, 4, 5, seed=7)
     s = ak.scores.scaled_dot(q, k)
     w = ak.normalize(s, "hnas", hybrid_weight=0.3)
-    torch.testing.assert_close(w, 0.3 * ak.normalize(s, "dnas") + 0.7 * ak.normalize(s, "softmax"), atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        w, 0.3 * ak.normalize(s, "dnas") + 0.7 * ak.normalize(s, "softmax"), atol=1e-12, rtol=0
+    )
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 4, dtype=torch.float64), atol=1e-12, rtol=0)
 
 
 def test_config_u0_is_the_default_weight():
     q, k, v = random_qkv(1, 2, 3, 4, seed=8)
-    torch.testing.assert_close(ak.attention(q, k, v, ak.Hybrid(u0=0.1)), ak.attention(q, k, v, "hnas", hybrid_weight=0.1))
-    torch.testing.assert_close(ak.attention(q, k, v, "hnas"), ak.attention(q, k, v, "hnas", hybrid_weight=0.5))
+    torch.testing.assert_close(
+        ak.attention(q, k, v, ak.Hybrid(u0=0.1)), ak.attention(q, k, v, "hnas", hybrid_weight=0.1)
+    )
+    torch.testing.assert_close(
+        ak.attention(q, k, v, "hnas"), ak.attention(q, k, v, "hnas", hybrid_weight=0.5)
+    )

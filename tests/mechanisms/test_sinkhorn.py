@@ -1,4 +1,5 @@
-"""Sinkhorn attention with k iterations ("Doubly-Normalized Attention" section 4; "Attention that does not Explain Away" (arXiv:2009.14308) section 3.2)."""
+"""Sinkhorn attention with k iterations ("Doubly-Normalized Attention" section 4; "Attention that does not
+Explain Away" (arXiv:2009.14308) section 3.2)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from hypothesis import strategies as st
 
 import attnkit as ak
 from tests._reference import random_qkv
-
 
 
 def test_zero_iterations_equal_softmax(backend):
@@ -51,13 +51,16 @@ def test_many_iterations_give_rows_one_and_columns_nq_over_nk(B, Lq, Lk, seed):
         block = w[b, :, : nq[b], : nk[b]]
         torch.testing.assert_close(block.sum(-1), torch.ones_like(block.sum(-1)), atol=1e-7, rtol=0)
         cols = block.sum(-2)
-        torch.testing.assert_close(cols, torch.full_like(cols, nq[b].item() / nk[b].item()), atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            cols, torch.full_like(cols, nq[b].item() / nk[b].item()), atol=1e-6, rtol=0
+        )
         assert w[b].sum() == pytest.approx(2 * nq[b].item())  # H = 2 heads; nothing leaks into padding
 
 
 def test_more_iterations_balance_the_columns():
     s = torch.randn(1, 2, 6, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 3
     gaps = [
-        (ak.normalize(s, "sinkhorn", sinkhorn_iters=it).sum(-2) - 1).abs().max().item() for it in (0, 1, 5, 50)
+        (ak.normalize(s, "sinkhorn", sinkhorn_iters=it).sum(-2) - 1).abs().max().item()
+        for it in (0, 1, 5, 50)
     ]
     assert gaps[0] > 0.1 and gaps[2] > gaps[3] and gaps[3] < 1e-6, gaps

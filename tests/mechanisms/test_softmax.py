@@ -11,7 +11,6 @@ import attnkit as ak
 from tests._reference import random_qkv
 
 
-
 def test_matches_torch_sdpa(backend):
     q, k, v = random_qkv(2, 3, 5, 7, D=8, Dv=4, seed=3)
     mask = torch.rand(2, 1, 5, 7, generator=torch.Generator().manual_seed(0)) < 0.7

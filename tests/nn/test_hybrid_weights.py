@@ -39,6 +39,8 @@ def test_no_hybrid_module_raises():
 
 
 def test_different_head_counts_raise():
-    model = torch.nn.ModuleList([aknn.MultiheadAttention(8, 2, mechanism="hnas"), aknn.MultiheadAttention(8, 4, mechanism="hnas")])
+    model = torch.nn.ModuleList(
+        [aknn.MultiheadAttention(8, 2, mechanism="hnas"), aknn.MultiheadAttention(8, 4, mechanism="hnas")]
+    )
     with pytest.raises(ValueError, match="different head counts"):
         aknn.hybrid_weights(model)

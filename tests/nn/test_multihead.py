@@ -11,7 +11,15 @@ import attnkit.nn as aknn
 from tests._reference import ref_weights
 
 E, H = 8, 2
-MECHANISMS = ["softmax", "dnas", "hnas", "sinkhorn", "coda", ak.CoDA(gate="centered", center_e=True), ak.Sinkhorn(iters=7)]
+MECHANISMS = [
+    "softmax",
+    "dnas",
+    "hnas",
+    "sinkhorn",
+    "coda",
+    ak.CoDA(gate="centered", center_e=True),
+    ak.Sinkhorn(iters=7),
+]
 QUERY_NORMALIZED = ["dnas", "hnas", "sinkhorn"]
 
 
@@ -71,7 +79,9 @@ OPTIONS = {
 
 
 @pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
-@pytest.mark.parametrize("mask_kind", ["none", "bool_kpm", "float_kpm", "bool_attn", "float_attn_3d", "both", "mixed"])
+@pytest.mark.parametrize(
+    "mask_kind", ["none", "bool_kpm", "float_kpm", "bool_attn", "float_attn_3d", "both", "mixed"]
+)
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_softmax_matches_torch(option, mask_kind):
     opts = {"batch_first": True, **OPTIONS[option]}
@@ -287,8 +297,12 @@ def test_dropout_only_in_training():
 
 
 def test_extra_repr_names_the_mechanism():
-    assert "embed_dim=384, num_heads=12, mechanism=hnas" in repr(aknn.MultiheadAttention(384, 12, mechanism="hnas"))
-    assert "mechanism=Sinkhorn(iters=5)" in repr(aknn.MultiheadAttention(8, 2, mechanism=ak.Sinkhorn(iters=5)))
+    assert "embed_dim=384, num_heads=12, mechanism=hnas" in repr(
+        aknn.MultiheadAttention(384, 12, mechanism="hnas")
+    )
+    assert "mechanism=Sinkhorn(iters=5)" in repr(
+        aknn.MultiheadAttention(8, 2, mechanism=ak.Sinkhorn(iters=5))
+    )
 
 
 @pytest.mark.parametrize(

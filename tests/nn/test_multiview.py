@@ -59,10 +59,14 @@ def test_matches_float64_reference(mechanism, num_heads, attn_dim, share):
     assert [tuple(w.shape) for w in weights] == [(2, num_heads, 5, 4), (2, num_heads, 5, 6)]
 
 
-@pytest.mark.parametrize("mechanism", MECHANISMS + [ak.Sinkhorn(iters=6), ak.CoDA(gate="centered", center_e=True)], ids=str)
+@pytest.mark.parametrize(
+    "mechanism", MECHANISMS + [ak.Sinkhorn(iters=6), ak.CoDA(gate="centered", center_e=True)], ids=str
+)
 def test_padding_equals_truncation(mechanism, backend):
     torch.manual_seed(0)
-    module = aknn.MultiViewAttention(E, num_views=2, mechanism=mechanism, backend=backend, dtype=torch.float64)
+    module = aknn.MultiViewAttention(
+        E, num_views=2, mechanism=mechanism, backend=backend, dtype=torch.float64
+    )
     primary, secondary = _views(2, 5, [4, 6], seed=1)
     lengths = [(5, 4, 6), (3, 2, 5)]  # (Lp, Ls1, Ls2) per sample
     pad = lambda L, i: torch.arange(L)[None, :] >= torch.tensor([n[i] for n in lengths])[:, None]  # noqa: E731
@@ -91,11 +95,17 @@ def test_hnas_weight_is_collected_and_trained():
     primary = torch.randn(2, 3, E)
     out = module(primary, [torch.randn(2, 4, E), torch.randn(2, 5, E)])
     (out[:, :, 0] * torch.arange(3.0)).sum().backward()
-    assert module.theta.grad is not None and torch.isfinite(module.theta.grad).all() and module.theta.grad.abs() > 0
+    assert (
+        module.theta.grad is not None
+        and torch.isfinite(module.theta.grad).all()
+        and module.theta.grad.abs() > 0
+    )
 
 
 def test_extra_repr():
-    assert "num_views=2, num_heads=1, attn_dim=8, mechanism=hnas" in repr(aknn.MultiViewAttention(E, mechanism="hnas"))
+    assert "num_views=2, num_heads=1, attn_dim=8, mechanism=hnas" in repr(
+        aknn.MultiViewAttention(E, mechanism="hnas")
+    )
 
 
 @pytest.mark.parametrize(
@@ -120,4 +130,6 @@ def test_bad_inputs_raise_value_error():
     with pytest.raises(ValueError, match=r"secondary\[1\]"):
         module(primary, [torch.randn(2, 4, E), torch.randn(2, 4, E + 1)])
     with pytest.raises(ValueError, match=r"key_padding_masks\[0\]"):
-        module(primary, [torch.randn(2, 4, E)] * 2, key_padding_masks=[torch.zeros(2, 5, dtype=torch.bool), None])
+        module(
+            primary, [torch.randn(2, 4, E)] * 2, key_padding_masks=[torch.zeros(2, 5, dtype=torch.bool), None]
+        )

@@ -26,7 +26,9 @@ def _pad(lengths, L):
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_softmax_encoder_layer_matches_torch(norm_first, activation):
     torch.manual_seed(0)
-    kwargs = dict(dim_feedforward=FF, dropout=0.1, activation=activation, batch_first=True, norm_first=norm_first)
+    kwargs = dict(
+        dim_feedforward=FF, dropout=0.1, activation=activation, batch_first=True, norm_first=norm_first
+    )
     theirs = torch.nn.TransformerEncoderLayer(D, NH, **kwargs, **F64).eval()
     ours = aknn.TransformerEncoderLayer(D, NH, **kwargs, **F64).eval()
     ours.load_state_dict(theirs.state_dict())
@@ -68,8 +70,14 @@ def test_softmax_stacks_and_transformer_match_torch():
     src, tgt = _x(2, 6, seed=3), _x(2, 4, seed=4)
     src_pad = _pad([6, 4], 6)
     causal = torch.nn.Transformer.generate_square_subsequent_mask(4, dtype=torch.float64)
-    expected = theirs(src, tgt, tgt_mask=causal, src_key_padding_mask=src_pad, memory_key_padding_mask=src_pad,
-                      tgt_is_causal=True)
+    expected = theirs(
+        src,
+        tgt,
+        tgt_mask=causal,
+        src_key_padding_mask=src_pad,
+        memory_key_padding_mask=src_pad,
+        tgt_is_causal=True,
+    )
     got = ours(src, tgt, src_key_padding_mask=src_pad)  # causal decoder and memory padding by default
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
 
@@ -183,7 +191,14 @@ def test_transformer_adds_positions(positional):
     ],
 )
 def test_bad_arguments_raise_value_error_naming_the_value(kwargs, needle):
-    args = {"d_model": D, "nhead": NH, "num_encoder_layers": 2, "num_decoder_layers": 1, "dim_feedforward": FF, **kwargs}
+    args = {
+        "d_model": D,
+        "nhead": NH,
+        "num_encoder_layers": 2,
+        "num_decoder_layers": 1,
+        "dim_feedforward": FF,
+        **kwargs,
+    }
     with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace("[", r"\[")):
         aknn.Transformer(**args)
 

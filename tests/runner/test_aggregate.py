@@ -14,13 +14,23 @@ from attnkit.runner.train import batch_indices
 
 
 def _run(mech, seed, acc, time_s, u=None, ea=1.0):
-    return {"mechanism": mech, "seed": seed, "metrics": {"accuracy": acc}, "step_time_s": time_s, "hybrid_u": u,
-            "explain_away": {"min": ea / 10, "min_normalized": ea, "fraction_below_eps": 0.0, "calls": 1}}
+    return {
+        "mechanism": mech,
+        "seed": seed,
+        "metrics": {"accuracy": acc},
+        "step_time_s": time_s,
+        "hybrid_u": u,
+        "explain_away": {"min": ea / 10, "min_normalized": ea, "fraction_below_eps": 0.0, "calls": 1},
+    }
 
 
 def test_mean_std_over_seeds_and_time_relative_to_softmax():
-    runs = [_run("softmax", 0, 0.80, 0.10), _run("softmax", 1, 0.90, 0.30),
-            _run("hnas", 0, 0.70, 0.40, [[0.2, 0.4]], ea=2.0), _run("hnas", 1, 0.75, 0.40, [[0.4, 0.6]], ea=1.5)]
+    runs = [
+        _run("softmax", 0, 0.80, 0.10),
+        _run("softmax", 1, 0.90, 0.30),
+        _run("hnas", 0, 0.70, 0.40, [[0.2, 0.4]], ea=2.0),
+        _run("hnas", 1, 0.75, 0.40, [[0.4, 0.6]], ea=1.5),
+    ]
     soft, hnas = aggregate(runs, ("softmax", "hnas"))
     assert soft["accuracy_mean"] == pytest.approx(0.85)
     assert soft["accuracy_std"] == pytest.approx(statistics.stdev([0.8, 0.9]))
@@ -44,7 +54,9 @@ def test_batch_order_is_a_permutation_per_epoch_and_depends_on_the_seed():
     assert len(set(epoch.tolist())) == 18
     assert torch.equal(batch_indices(4, n, b, seed=0), batch_indices(4, n, b, seed=0))
     assert not torch.equal(batch_indices(0, n, b, seed=0), batch_indices(0, n, b, seed=1))
-    assert not torch.equal(batch_indices(0, n, b, seed=0), batch_indices(3, n, b, seed=0))  # a new epoch reshuffles
+    assert not torch.equal(
+        batch_indices(0, n, b, seed=0), batch_indices(3, n, b, seed=0)
+    )  # a new epoch reshuffles
 
 
 def test_batch_larger_than_the_training_set_is_rejected():
@@ -78,7 +90,12 @@ def test_terminal_table_fits_80_columns_and_its_legend_explains_the_short_header
 
     from attnkit.runner.report import table_legend, table_rows
 
-    records = [_record("softmax"), _record("hnas", [[0.5, 0.47], [0.49, 0.48]]), _record("sinkhorn"), _record("coda")]
+    records = [
+        _record("softmax"),
+        _record("hnas", [[0.5, 0.47], [0.49, 0.48]]),
+        _record("sinkhorn"),
+        _record("coda"),
+    ]
     header, rows = table_rows(records, ("accuracy", "macro_f1"), detail=False)
     table = Table()
     for h in header:

@@ -1,4 +1,5 @@
-"""End-to-end ``attnkit compare`` on a tiny fixture: outputs, the HTML report, kill-and-resume, run-dir safety."""
+"""End-to-end ``attnkit compare`` on a tiny fixture: outputs, the HTML report, kill-and-resume, run-dir
+safety."""
 
 from __future__ import annotations
 
@@ -137,7 +138,9 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
         run_compare(build_config(tiny_overrides(data, tmp_path / "cut", **common)), task=task, on_step=kill)
     assert not (tmp_path / "cut" / "results.json").exists()
     assert (tmp_path / "cut" / "runs" / "hnas-seed0" / "checkpoints" / "step-0000006").is_dir()
-    resumed = run_compare(build_config(tiny_overrides(data, tmp_path / "cut", resume=True, **common)), task=task)
+    resumed = run_compare(
+        build_config(tiny_overrides(data, tmp_path / "cut", resume=True, **common)), task=task
+    )
 
     for a, b in zip(full.runs, resumed.runs):
         assert (a["mechanism"], a["seed"]) == (b["mechanism"], b["seed"])
@@ -158,8 +161,11 @@ def test_seq2seq_file_task_reports_sequence_accuracy(tmp_path):
     from tests.runner._fixtures import write_seq2seq_jsonl
 
     data = write_seq2seq_jsonl(tmp_path / "reverse.jsonl")
-    config = build_config(tiny_overrides(data, tmp_path / "out", mechanisms="softmax,dnas", steps=4, eval_every=2,
-                                         max_target_len=6))
+    config = build_config(
+        tiny_overrides(
+            data, tmp_path / "out", mechanisms="softmax,dnas", steps=4, eval_every=2, max_target_len=6
+        )
+    )
     assert config.mechanisms == ("softmax", "dnas")
     result = run_compare(config)
     assert result.task.kind == "seq2seq"

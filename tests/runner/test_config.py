@@ -62,7 +62,8 @@ def test_command_line_overrides_the_file(tmp_path):
 def test_unknown_file_key_lists_the_valid_ones(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("seeds: 2\nlearning_rate: 0.1\n")
-    with pytest.raises(ValueError, match=r"unknown configuration key\(s\) \['learning_rate'\].*valid keys: .*\blr\b"):
+    match = r"unknown configuration key\(s\) \['learning_rate'\].*valid keys: .*\blr\b"
+    with pytest.raises(ValueError, match=match):
         load_config_file(path)
 
 

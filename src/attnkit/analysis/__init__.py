@@ -3,7 +3,8 @@
 - :func:`explain_away`, :func:`log_sum_histogram`: per-key weight sums of any weights ``(B, H, Lq, Lk)``.
 - :func:`collect_explain_away`: the same statistics from every ``ak.attention`` call of a forward pass.
 - :func:`center_distance_lnas`, :func:`center_distance_dnas`, :func:`simulate_self_attention`,
-  :func:`count_clusters`: mode collapse ("Doubly-Normalized Attention" eqs. 11-14, "Attention that does not Explain Away" (arXiv:2009.14308) Appendix E).
+  :func:`count_clusters`: mode collapse ("Doubly-Normalized Attention" eqs. 11-14, "Attention that does not
+  Explain Away" (arXiv:2009.14308) Appendix E).
 - ``attnkit.analysis.reproduce.reproduce(name)``: the ``attnkit reproduce NAME`` targets; plotting helpers
   in ``attnkit.analysis.plots`` (matplotlib, the ``plot`` extra).
 """

@@ -62,7 +62,10 @@ class ExplainAwayLog:
     def by_layer(self, layer: int) -> list[ExplainAway]:
         """Statistics of every call recorded at ``layer`` (one per forward pass)."""
         if layer not in self.layers():
-            raise ValueError(f"no attention call was recorded at layer {layer}; recorded layers: {self.layers()}")
+            raise ValueError(
+                f"no attention call was recorded at layer {layer}; recorded layers: "
+                f"{self.layers()}"
+            )
         return [r.stats for r in self.records if r.layer == layer]
 
     def min(self) -> float:
@@ -78,7 +81,8 @@ class ExplainAwayLog:
         return min(r.stats.min_normalized for r in self.records)
 
     def summary(self) -> list[dict]:
-        """One row per layer: mechanism, calls, min sum, min ``n_k``-normalized sum, mean fraction below eps."""
+        """One row per layer: mechanism, calls, min sum, min ``n_k``-normalized sum, mean fraction below
+        eps."""
         rows = []
         for layer in self.layers():
             recs = [r for r in self.records if r.layer == layer]
@@ -103,7 +107,11 @@ class ExplainAwayLog:
             valid=mask.valid,
         )
         record = ExplainAwayRecord(
-            call=len(self.records), forward_pass=self._pass, layer=self._layer, mechanism=config.name, stats=stats
+            call=len(self.records),
+            forward_pass=self._pass,
+            layer=self._layer,
+            mechanism=config.name,
+            stats=stats,
         )
         self.records.append(record)
         self._layer += 1

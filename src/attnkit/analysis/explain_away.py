@@ -1,11 +1,13 @@
 """Explaining-away statistics of attention weights.
 
-"Attention that does not Explain Away" (arXiv:2009.14308), section 4 (eps-explained-away keys, histogram of weight sums);
+"Attention that does not Explain Away" (arXiv:2009.14308), section 4 (eps-explained-away keys, histogram of
+weight sums);
 "Doubly-Normalized Attention", Lemma 1 (Appendix B). For weights ``pi (B, H, Lq, Lk)``, key ``j``
 receives the total weight ``sum_i pi_ij`` over valid queries. A key is eps-explained-away when that sum
 is below ``eps``. DNAS guarantees ``sum_i pi_ij >= 1 / n_k`` for every key with a valid query.
 
-``log_sum_histogram`` bins the log weight sums (Fig. 1 of "Attention that does not Explain Away", natural log).
+``log_sum_histogram`` bins the log weight sums (Fig. 1 of "Attention that does not Explain Away", natural
+log).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ class ExplainAway:
     """Per-key weight sums and their summary.
 
     ``key_sums (B, H, Lk)``: ``sum_i pi_ij`` over valid queries (0 for invalid keys);
-    ``log_sums (B, H, Lk)``: their natural log (``-inf`` for invalid keys and sums <= 0, e.g. CoDA's signed M);
+    ``log_sums (B, H, Lk)``: their natural log (``-inf`` for invalid keys and sums <= 0, e.g. CoDA's signed
+    M);
     ``valid_keys (B, H, Lk)``: which keys count; ``min``: smallest sum over valid keys;
     ``min_normalized``: smallest ``n_k * sum_i pi_ij`` (Lemma 1 says >= 1 for DNAS);
     ``fraction_below_eps``: share of valid keys with a sum below ``eps``.
@@ -63,7 +66,10 @@ def explain_away(
     for name, m, L in (("key_mask", key_mask, Lk), ("query_mask", query_mask, Lq)):
         if m is not None and (not isinstance(m, Tensor) or m.dtype != torch.bool or tuple(m.shape) != (B, L)):
             got = (tuple(m.shape), m.dtype) if isinstance(m, Tensor) else type(m).__name__
-            raise ValueError(f"{name} must be a bool tensor of shape ({B}, {L}) with True = real token, got {got}")
+            raise ValueError(
+                f"{name} must be a bool tensor of shape ({B}, {L}) with True = real token, got "
+                f"{got}"
+            )
     if valid is not None:
         if not isinstance(valid, Tensor) or valid.dtype != torch.bool or valid.dim() != 4 or any(
             v not in (1, e) for v, e in zip(valid.shape, (B, H, Lq, Lk))
@@ -82,11 +88,15 @@ def explain_away(
     if key_mask is not None:
         valid_keys = valid_keys & key_mask[:, None, :]
     if query_mask is not None:
-        valid_keys = valid_keys & query_mask.any(dim=-1)[:, None, None]  # keys of an all-padding row do not count
+        valid_keys = (
+            valid_keys & query_mask.any(dim=-1)[:, None, None]
+        )  # keys of an all-padding row do not count
     if valid is not None:
         valid_keys = valid_keys & valid.any(dim=-2).expand(B, H, Lk)  # (B, H, Lk): some query may attend
     key_sums = key_sums.masked_fill(~valid_keys, 0.0)
-    log_sums = torch.log(key_sums.clamp_min(0.0)).masked_fill(~valid_keys, float("-inf"))  # CoDA sums can be < 0
+    log_sums = torch.log(key_sums.clamp_min(0.0)).masked_fill(
+        ~valid_keys, float("-inf")
+    )  # CoDA sums can be < 0
     n_k = valid_keys.sum(dim=-1, keepdim=True).clamp_min(1)  # (B, H, 1)
     if valid_keys.any():
         sums = key_sums[valid_keys]

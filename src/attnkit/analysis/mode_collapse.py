@@ -1,7 +1,8 @@
 """Mode collapse under repeated self-attention.
 
 "Doubly-Normalized Attention", section 5.2 and Appendix C, eqs. (11)/(13) and (12)/(14);
-"Attention that does not Explain Away" (arXiv:2009.14308), Appendix E (the 2-D example). Two clusters of ``N0`` points at
+"Attention that does not Explain Away" (arXiv:2009.14308), Appendix E (the 2-D example). Two clusters of
+``N0`` points at
 ``+a`` and ``N1`` points at ``-a`` (``r = N0 / N1``) attend to each other with Gaussian-kernel scores
 ``s_ij = -||x_i - x_j||^2 / 2``; intra-cluster weights are ``t = 1`` and inter-cluster ones
 ``s = exp(-2 a^2)``. After one step the distance between the two centers is
@@ -114,7 +115,10 @@ def simulate_self_attention(
     """
     config = resolve_mechanism(mechanism)
     if config.name == "coda":
-        raise ValueError("mechanism 'coda' does not normalize the weights; use softmax, dnas, hnas or sinkhorn")
+        raise ValueError(
+            "mechanism 'coda' does not normalize the weights; use softmax, dnas, hnas or "
+            "sinkhorn"
+        )
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps={steps!r}; expected an integer >= 0")
     if scores not in SCORE_KINDS:
@@ -137,7 +141,8 @@ def two_clusters(
     std: float = 0.0,
     seed: int = 0,
 ) -> Tensor:
-    """``n0`` points around ``center0`` then ``n1`` around ``center1`` (isotropic Gaussian, ``std``); ``(N, d)``.
+    """``n0`` points around ``center0`` then ``n1`` around ``center1`` (isotropic Gaussian, ``std``); ``(N,
+    d)``.
 
     ``std = 0`` gives exactly separated clusters (every point on its center), the setting of eqs. (11)-(14).
     """
@@ -147,7 +152,10 @@ def two_clusters(
     c0 = torch.as_tensor(center0, dtype=torch.float64).reshape(-1)
     c1 = torch.as_tensor(center1, dtype=torch.float64).reshape(-1)
     if c0.shape != c1.shape:
-        raise ValueError(f"center0 has {c0.numel()} coordinates and center1 {c1.numel()}; give both the same dimension")
+        raise ValueError(
+            f"center0 has {c0.numel()} coordinates and center1 {c1.numel()}; give both the "
+            "same dimension"
+        )
     if not (isinstance(std, (int, float)) and std >= 0):
         raise ValueError(f"std={std!r}; expected a number >= 0")
     g = torch.Generator().manual_seed(seed)

@@ -1,7 +1,8 @@
 """Plots of the papers' diagnostics, one fixed colour per mechanism.
 
 "Doubly-Normalized Attention": Fig. 1 (minimum weight sum during training), Fig. 2 (center distance
-vs ``r``), Fig. 3/4 (hybrid weight ``u`` over training); "Attention that does not Explain Away" (arXiv:2009.14308): Fig. 1
+vs ``r``), Fig. 3/4 (hybrid weight ``u`` over training); "Attention that does not Explain Away"
+(arXiv:2009.14308): Fig. 1
 (histogram of log weight sums), Figs. 6/8/9 (2-D mode collapse); CoDA: Fig. 2 (histograms of
 ``sigmoid(N)``, ``tanh(E)``, ``M``). matplotlib (the ``plot`` extra) is imported inside each function
 with the Agg backend; every function writes a PNG and returns its path.
@@ -79,21 +80,27 @@ def plot_hybrid_trajectories(
 ) -> Path:
     """Plot ``u`` (``(T, layers, heads)``, values in [0, 1]) against the training ``steps`` (``(T,)``).
 
-    One panel per layer, one line per head; ``u = 1`` is DNAS, ``u = 0`` softmax ("Doubly-Normalized Attention" Figs. 3, 4).
+    One panel per layer, one line per head; ``u = 1`` is DNAS, ``u = 0`` softmax ("Doubly-Normalized
+    Attention" Figs. 3, 4).
     """
     u = np.asarray(u, dtype=np.float64)
     steps = np.asarray(steps, dtype=np.float64)
     if u.ndim != 3:
         raise ValueError(f"u has shape {u.shape}; expected (T, layers, heads)")
     if steps.shape != (u.shape[0],):
-        raise ValueError(f"steps has shape {steps.shape}; expected (T,) = ({u.shape[0]},) to match u {u.shape}")
+        raise ValueError(
+            f"steps has shape {steps.shape}; expected (T,) = ({u.shape[0]},) to match u "
+            f"{u.shape}"
+        )
     if u.shape[0] == 0 or not np.all(np.isfinite(u)) or u.min() < 0 or u.max() > 1:
         raise ValueError("u must hold at least one step of finite values in [0, 1] (u = sigmoid(theta))")
     plt = _pyplot()
     T, n_layers, n_heads = u.shape
     cols = min(n_layers, 4)
     rows = int(np.ceil(n_layers / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(max(6.4, 3.6 * cols), 3.2 * rows), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(max(6.4, 3.6 * cols), 3.2 * rows), squeeze=False, sharey=True
+    )
     cmap = plt.get_cmap("viridis")
     for layer in range(rows * cols):
         ax = axes[layer // cols][layer % cols]
@@ -102,7 +109,9 @@ def plot_hybrid_trajectories(
             continue
         for head in range(n_heads):
             colour = cmap(head / max(n_heads - 1, 1))
-            ax.plot(steps, u[:, layer, head], color=colour, marker="." if T < 30 else None, label=f"head {head}")
+            ax.plot(
+                steps, u[:, layer, head], color=colour, marker="." if T < 30 else None, label=f"head {head}"
+            )
         ax.axhline(0.5, color="grey", lw=0.8, ls=":")
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"layer {layer}")
@@ -134,7 +143,14 @@ def plot_center_distance_curves(
             if simulated and a in simulated and name in simulated[a]:
                 rs, ds = simulated[a][name]
                 marker = "s" if name == "dnas" else "o"
-                ax.plot(rs, ds, marker, mfc="none", color=mechanism_color(name), label=f"{mechanism_label(name)} simulated")
+                ax.plot(
+                    rs,
+                    ds,
+                    marker,
+                    mfc="none",
+                    color=mechanism_color(name),
+                    label=f"{mechanism_label(name)} simulated",
+                )
         ax.axhline(2 * a, color="grey", lw=0.8, ls=":", label="initial distance 2a")
         ax.set_xscale("log")
         ax.set_xlabel("cluster mass ratio r = N0 / N1")
@@ -172,12 +188,18 @@ def plot_mode_collapse_2d(
         for col, step in enumerate(steps_to_show):
             ax = axes[row][col]
             x = traj[step]
-            ax.scatter(x[labels == 0, 0], x[labels == 0, 1], s=5, color="#d62728", alpha=0.6, label="cluster 0")
-            ax.scatter(x[labels == 1, 0], x[labels == 1, 1], s=5, color="#1f5fbf", alpha=0.6, label="cluster 1")
+            ax.scatter(
+                x[labels == 0, 0], x[labels == 0, 1], s=5, color="#d62728", alpha=0.6, label="cluster 0"
+            )
+            ax.scatter(
+                x[labels == 1, 0], x[labels == 1, 1], s=5, color="#1f5fbf", alpha=0.6, label="cluster 1"
+            )
             ax.set_xlim(lo[0], hi[0])
             ax.set_ylim(lo[1], hi[1])
             count = f", {cluster_counts[name][step]} cluster(s)" if cluster_counts else ""
-            ax.set_title(f"{mechanism_label(name)}, step {step}{count}", fontsize=9, color=mechanism_color(name))
+            ax.set_title(
+                f"{mechanism_label(name)}, step {step}{count}", fontsize=9, color=mechanism_color(name)
+            )
             ax.set_xlabel("x1", fontsize=8)
             ax.set_ylabel("x2", fontsize=8)
             ax.tick_params(labelsize=7)

@@ -66,20 +66,26 @@ def _jsonable(value: Any) -> Any:
 
 
 def prepare_output_dir(out: Union[str, Path], overwrite: bool = False) -> Path:
-    """Create ``out``; refuse an existing non-empty directory unless ``overwrite`` (files are then replaced)."""
+    """Create ``out``; refuse an existing non-empty directory unless ``overwrite`` (files are then
+    replaced)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"output path {str(out)!r} exists and is not a directory; pass another --out")
+        raise NotADirectoryError(
+            f"output path {str(out)!r} exists and is not a directory; pass another "
+            "--out"
+        )
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(
-            f"output directory {str(out)!r} is not empty; pass --overwrite to replace its files or choose another --out"
+            f"output directory {str(out)!r} is not empty; pass --overwrite to replace its files or choose "
+            "another --out"
         )
     out.mkdir(parents=True, exist_ok=True)
     return out
 
 
 def write_csv(path: Union[str, Path], rows: Sequence[Mapping[str, Any]], columns: Iterable[str] = ()) -> Path:
-    """Write ``rows`` (dicts) as CSV with a header; ``columns`` fixes the order (default: the first row's keys)."""
+    """Write ``rows`` (dicts) as CSV with a header; ``columns`` fixes the order (default: the first row's
+    keys)."""
     path = Path(path)
     columns = list(columns) or (list(rows[0]) if rows else [])
     with path.open("w", newline="") as f:

@@ -1,10 +1,13 @@
 """Reproductions of the explaining-away claims.
 
 - ``explain-away``: "Doubly-Normalized Attention", Fig. 1 (``min_j sum_i pi_ij`` during training
-  against the ``1/L`` bound) and "Attention that does not Explain Away" (arXiv:2009.14308), Fig. 1 (histogram of the log
+  against the ``1/L`` bound) and "Attention that does not Explain Away" (arXiv:2009.14308), Fig. 1 (histogram
+  of the log
   weight sums, eps = 1e-3): a one-layer multi-view fusion model (:class:`MultiViewFusion`) trained with
-  LNAS, DNAS and HNAS on a synthetic task; HNAS's hybrid weight is plotted over training ("Doubly-Normalized Attention" Fig. 3).
-- ``lemma1``: "Doubly-Normalized Attention" Lemma 1 (Appendix B): on random inputs across shapes and masks, the observed minimum
+  LNAS, DNAS and HNAS on a synthetic task; HNAS's hybrid weight is plotted over training ("Doubly-Normalized
+  Attention" Fig. 3).
+- ``lemma1``: "Doubly-Normalized Attention" Lemma 1 (Appendix B): on random inputs across shapes and masks,
+the observed minimum
   of ``n_k * sum_i pi_ij`` must be >= 1 for DNAS (and Sinkhorn with >= 1 iteration, by the same proof).
 """
 
@@ -44,10 +47,15 @@ def explain_away_training(result: ReproduceResult, quick: bool = False, seed: in
     result.add_file(write_csv(out / "training_curves.csv", curve_rows))
     log_rows = [{"mechanism": name, "log_sum": float(v)} for name, run in runs.items() for v in run.log_sums]
     result.add_file(write_csv(out / "final_log_sums.csv", log_rows))
-    result.add_file(plot_log_sum_histograms(
-        {name: run.log_sums for name, run in runs.items()}, out / "log_sum_histogram.png", eps=EPS, bound=bound,
-        title=f"log key weight sums after {steps} steps (multi-view model, 40-{max_keys} keys)",
-    ))
+    result.add_file(
+        plot_log_sum_histograms(
+            {name: run.log_sums for name, run in runs.items()},
+            out / "log_sum_histogram.png",
+            eps=EPS,
+            bound=bound,
+            title=f"log key weight sums after {steps} steps (multi-view model, 40-{max_keys} keys)",
+        )
+    )
     result.add_file(plot_min_weight_sum(
         runs["softmax"].steps, {name: run.min_sums for name, run in runs.items()}, out / "min_weight_sum.png",
         bound=bound, title="min_j sum_i pi_ij on held-out data during training",
@@ -67,16 +75,27 @@ def explain_away_training(result: ReproduceResult, quick: bool = False, seed: in
         })
     soft, dnas = runs["softmax"], runs["dnas"]
     result.claims += [
-        Claim("'Doubly-Normalized Attention' Fig. 1", "LNAS drives the minimum key weight sum close to 0 (below eps = 1e-3)",
-              bool(soft.min_sums[-1] < EPS), f"final LNAS min sum {soft.min_sums[-1]:.3e}"),
-        Claim("'Doubly-Normalized Attention' Fig. 1 / Lemma 1", "DNAS keeps every key's weight sum >= 1/n_k throughout training",
-              bool(dnas.min_normalized.min() >= 1 - 1e-6),
-              f"min over {len(dnas.steps)} evaluations of n_k * sum = {dnas.min_normalized.min():.4f}; "
-              f"min sum {dnas.min_sums.min():.4f} (1/{max_keys} = {bound:.4f})"),
-        Claim("'Attention that does not Explain Away' Fig. 1", "a large share of LNAS keys is eps-explained-away, none under DNAS",
-              bool(soft.fraction_below_eps[-1] > 0.1 and dnas.fraction_below_eps[-1] == 0),
-              f"fraction below eps: LNAS {soft.fraction_below_eps[-1]:.3f}, DNAS {dnas.fraction_below_eps[-1]:.3f}; "
-              f"LNAS log sums down to {soft.log_sums.min():.1f} (paper: < -20)"),
+        Claim(
+            "'Doubly-Normalized Attention' Fig. 1",
+            "LNAS drives the minimum key weight sum close to 0 (below eps = 1e-3)",
+            bool(soft.min_sums[-1] < EPS),
+            f"final LNAS min sum {soft.min_sums[-1]:.3e}",
+        ),
+        Claim(
+            "'Doubly-Normalized Attention' Fig. 1 / Lemma 1",
+            "DNAS keeps every key's weight sum >= 1/n_k throughout training",
+            bool(dnas.min_normalized.min() >= 1 - 1e-6),
+            f"min over {len(dnas.steps)} evaluations of n_k * sum = {dnas.min_normalized.min():.4f}; "
+            f"min sum {dnas.min_sums.min():.4f} (1/{max_keys} = {bound:.4f})",
+        ),
+        Claim(
+            "'Attention that does not Explain Away' Fig. 1",
+            "a large share of LNAS keys is eps-explained-away, none under DNAS",
+            bool(soft.fraction_below_eps[-1] > 0.1 and dnas.fraction_below_eps[-1] == 0),
+            f"fraction below eps: LNAS {soft.fraction_below_eps[-1]:.3f}, DNAS "
+            f"{dnas.fraction_below_eps[-1]:.3f}; "
+            f"LNAS log sums down to {soft.log_sums.min():.1f} (paper: < -20)",
+        ),
     ]
 
 
@@ -87,7 +106,12 @@ def _lemma1_cases() -> list[tuple[str, tuple[int, int, int, int], str]]:
 
 
 LEMMA1_CASES = _lemma1_cases()
-_LEMMA1_MECHANISMS = {"softmax": "softmax", "dnas": "dnas", "hnas": Hybrid(u0=0.5), "sinkhorn": Sinkhorn(iters=3)}
+_LEMMA1_MECHANISMS = {
+    "softmax": "softmax",
+    "dnas": "dnas",
+    "hnas": Hybrid(u0=0.5),
+    "sinkhorn": Sinkhorn(iters=3),
+}
 
 
 def _random_masks(shape, kind: str, g: torch.Generator):
@@ -128,20 +152,45 @@ def lemma1(result: ReproduceResult, quick: bool = False, seed: int = 0) -> None:
         for name, value in minima.items():
             rows.append({"case": case, "mechanism": name, "trials": trials, "min_normalized": value})
     result.add_file(write_csv(result.out / "lemma1.csv", rows))
-    result.add_file(plot_lemma1(rows, result.out / "lemma1.png",
-                                title=f"Lemma 1: min_j n_k * sum_i pi_ij over {trials} random inputs per case"))
-    overall = {name: min(r["min_normalized"] for r in rows if r["mechanism"] == name) for name in _LEMMA1_MECHANISMS}
+    result.add_file(
+        plot_lemma1(
+            rows,
+            result.out / "lemma1.png",
+            title=f"Lemma 1: min_j n_k * sum_i pi_ij over {trials} random inputs per case",
+        )
+    )
+    overall = {
+        name: min(r["min_normalized"] for r in rows if r["mechanism"] == name) for name in _LEMMA1_MECHANISMS
+    }
     for name, value in overall.items():
         worst = min((r for r in rows if r["mechanism"] == name), key=lambda r: r["min_normalized"])
-        result.rows.append({"mechanism": name, "cases": len(LEMMA1_CASES), "trials per case": trials,
-                            "min n_k*sum": value, "worst case": worst["case"], "bound": {
-                                "dnas": "1 (Lemma 1)", "sinkhorn": "1", "hnas": "u = 0.5", "softmax": "none"}[name]})
+        result.rows.append(
+            {
+                "mechanism": name,
+                "cases": len(LEMMA1_CASES),
+                "trials per case": trials,
+                "min n_k*sum": value,
+                "worst case": worst["case"],
+                "bound": {"dnas": "1 (Lemma 1)", "sinkhorn": "1", "hnas": "u = 0.5", "softmax": "none"}[name],
+            }
+        )
     result.claims += [
-        Claim("'Doubly-Normalized Attention' Lemma 1 (App. B)", "DNAS: every key with a valid query gets n_k * sum_i pi_ij >= 1",
-              overall["dnas"] >= 1 - 1e-9, f"observed min {overall['dnas']:.6f} over "
-              f"{len(LEMMA1_CASES) * trials} inputs"),
-        Claim("Lemma 1 proof applied to Sinkhorn", "Sinkhorn (3 iterations) also keeps n_k * sum >= 1",
-              overall["sinkhorn"] >= 1 - 1e-9, f"observed min {overall['sinkhorn']:.6f}"),
-        Claim("'Doubly-Normalized Attention' sec. 5.1", "softmax has no such bound (keys can be explained away)",
-              overall["softmax"] < 1, f"observed min {overall['softmax']:.3e}"),
+        Claim(
+            "'Doubly-Normalized Attention' Lemma 1 (App. B)",
+            "DNAS: every key with a valid query gets n_k * sum_i pi_ij >= 1",
+            overall["dnas"] >= 1 - 1e-9,
+            f"observed min {overall['dnas']:.6f} over {len(LEMMA1_CASES) * trials} inputs",
+        ),
+        Claim(
+            "Lemma 1 proof applied to Sinkhorn",
+            "Sinkhorn (3 iterations) also keeps n_k * sum >= 1",
+            overall["sinkhorn"] >= 1 - 1e-9,
+            f"observed min {overall['sinkhorn']:.6f}",
+        ),
+        Claim(
+            "'Doubly-Normalized Attention' sec. 5.1",
+            "softmax has no such bound (keys can be explained away)",
+            overall["softmax"] < 1,
+            f"observed min {overall['softmax']:.3e}",
+        ),
     ]

@@ -3,7 +3,8 @@
 - ``mode-collapse-curves``: "Doubly-Normalized Attention", Fig. 2 (section 5.2, Appendix C): center
   distance after one step against ``r = N0 / N1`` for several ``a``, LNAS vs DNAS, closed forms
   (eqs. 11-14) and simulated points (exactly separated clusters) on the same axes.
-- ``mode-collapse-2d``: "Attention that does not Explain Away" (arXiv:2009.14308), Appendix E (Figs. 6, 8, 9): 500 points
+- ``mode-collapse-2d``: "Attention that does not Explain Away" (arXiv:2009.14308), Appendix E (Figs. 6, 8, 9):
+500 points
   around (1.8, 0.7) and 50 around (-1, -1), or 225/225, four steps of self-attention with Gaussian-kernel
   scores under LNAS, DNAS, HNAS and Sinkhorn, and the number of clusters left after each step.
 
@@ -33,7 +34,19 @@ __all__ = ["mode_collapse_curves", "mode_collapse_2d", "MODE_COLLAPSE_2D_STD", "
 MODE_COLLAPSE_2D_STD = math.sqrt(0.1)
 CLUSTER_GAP = 0.5
 CURVE_A_VALUES = (0.5, 1.0, 1.5)
-SIMULATED_SIZES = ((1, 40), (2, 40), (5, 40), (10, 40), (20, 40), (40, 40), (40, 20), (40, 10), (40, 5), (40, 2), (40, 1))
+SIMULATED_SIZES = (
+    (1, 40),
+    (2, 40),
+    (5, 40),
+    (10, 40),
+    (20, 40),
+    (40, 40),
+    (40, 20),
+    (40, 10),
+    (40, 5),
+    (40, 2),
+    (40, 1),
+)
 
 
 def mode_collapse_curves(result: ReproduceResult, quick: bool = False, seed: int = 0) -> None:
@@ -65,7 +78,8 @@ def mode_collapse_curves(result: ReproduceResult, quick: bool = False, seed: int
     result.add_file(write_csv(out / "simulated.csv", sim_rows))
     result.add_file(plot_center_distance_curves(
         r, curves, out / "center_distance.png", simulated=simulated,
-        title="Center distance after one step: LNAS (solid) vs DNAS (dashed), 'Doubly-Normalized Attention' Fig. 2",
+        title="Center distance after one step: LNAS (solid) vs DNAS (dashed), "
+        "'Doubly-Normalized Attention' Fig. 2",
     ))
 
     for a in CURVE_A_VALUES:
@@ -80,14 +94,30 @@ def mode_collapse_curves(result: ReproduceResult, quick: bool = False, seed: int
     at_one = max(abs(center_distance_dnas(1.0, a) - center_distance_lnas(1.0, a)) for a in CURVE_A_VALUES)
     decays = all(np.all(curves[a][m] < 2 * a) for a in CURVE_A_VALUES for m in ("softmax", "dnas"))
     result.claims += [
-        Claim("'Doubly-Normalized Attention' eqs. (11)-(14)", "the closed forms match simulated self-attention on exactly separated clusters",
-              max_err < 1e-6, f"max |closed form - simulated| = {max_err:.2e} over {len(sim_rows)} points"),
-        Claim("'Doubly-Normalized Attention' sec. 5.2", "the center distance decays after one step under both schemes",
-              decays, f"all distances < 2a for a in {CURVE_A_VALUES}"),
-        Claim("'Doubly-Normalized Attention' sec. 5.2 / App. C", "the DNAS distance upper-bounds LNAS for r != 1",
-              bool(np.all(gaps[off_one] > 0)), f"min (DNAS - LNAS) over r != 1: {gaps[off_one].min():.3e}"),
-        Claim("'Doubly-Normalized Attention' App. C", "at r = 1 both schemes give the same distance",
-              at_one < 1e-12, f"max |DNAS - LNAS| at r = 1: {at_one:.1e}"),
+        Claim(
+            "'Doubly-Normalized Attention' eqs. (11)-(14)",
+            "the closed forms match simulated self-attention on exactly separated clusters",
+            max_err < 1e-6,
+            f"max |closed form - simulated| = {max_err:.2e} over {len(sim_rows)} points",
+        ),
+        Claim(
+            "'Doubly-Normalized Attention' sec. 5.2",
+            "the center distance decays after one step under both schemes",
+            decays,
+            f"all distances < 2a for a in {CURVE_A_VALUES}",
+        ),
+        Claim(
+            "'Doubly-Normalized Attention' sec. 5.2 / App. C",
+            "the DNAS distance upper-bounds LNAS for r != 1",
+            bool(np.all(gaps[off_one] > 0)),
+            f"min (DNAS - LNAS) over r != 1: {gaps[off_one].min():.3e}",
+        ),
+        Claim(
+            "'Doubly-Normalized Attention' App. C",
+            "at r = 1 both schemes give the same distance",
+            at_one < 1e-12,
+            f"max |DNAS - LNAS| at r = 1: {at_one:.1e}",
+        ),
     ]
 
 
@@ -124,8 +154,18 @@ def mode_collapse_2d(result: ReproduceResult, quick: bool = False, seed: int = 0
                     d = np.linalg.norm(traj[t][labels == 0].mean(0) - traj[t][labels == 1].mean(0))
                     step_rows.append({"case": case, "n0": n0, "n1": n1, "mechanism": name, "step": t,
                                       "clusters": counts[name][t], "center_distance": float(d)})
-                    point_rows += [{"case": case, "mechanism": name, "step": t, "point": i, "cluster": int(labels[i]),
-                                    "x1": float(p[0]), "x2": float(p[1])} for i, p in enumerate(traj[t])]
+                    point_rows += [
+                        {
+                            "case": case,
+                            "mechanism": name,
+                            "step": t,
+                            "point": i,
+                            "cluster": int(labels[i]),
+                            "x1": float(p[0]),
+                            "x2": float(p[1]),
+                        }
+                        for i, p in enumerate(traj[t])
+                    ]
             result.add_file(plot_mode_collapse_2d(
                 trajectories, labels, out / f"mode_collapse_{case}.png", steps_to_show=(0, 1, 2, 4),
                 cluster_counts=counts,
@@ -144,16 +184,31 @@ def mode_collapse_2d(result: ReproduceResult, quick: bool = False, seed: int = 0
         v = finals[(case, name)]
         return all(c == k for c in v), f"{sum(c == k for c in v)}/{len(v)} seeds"
 
-    rule = f"gap rule: chains of steps < {CLUSTER_GAP}, clusters of >= 2% of the points; std {MODE_COLLAPSE_2D_STD:.3f}"
+    rule = (
+        f"gap rule: chains of steps < {CLUSTER_GAP}, clusters of >= 2% of the points; "
+        f"std {MODE_COLLAPSE_2D_STD:.3f}"
+    )
     lnas_u, ev_lu = share("unbalanced", "softmax", 1)
     dnas_u, ev_du = share("unbalanced", "dnas", 2)
     lnas_b, ev_lb = share("balanced", "softmax", 2)
     dnas_b, ev_db = share("balanced", "dnas", 2)
     result.claims += [
-        Claim("'Attention that does not Explain Away' App. E, Figs. 6/9", "unbalanced 500/50: LNAS collapses to one cluster after 4 steps",
-              lnas_u, f"1 cluster in {ev_lu}; {rule}"),
-        Claim("'Attention that does not Explain Away' App. E, Figs. 6/9", "unbalanced 500/50: DNAS keeps two clusters after 4 steps",
-              dnas_u, f"2 clusters in {ev_du}"),
-        Claim("'Attention that does not Explain Away' App. E, Fig. 8", "balanced 225/225: both LNAS and DNAS keep two clusters",
-              lnas_b and dnas_b, f"LNAS 2 clusters in {ev_lb}, DNAS in {ev_db}"),
+        Claim(
+            "'Attention that does not Explain Away' App. E, Figs. 6/9",
+            "unbalanced 500/50: LNAS collapses to one cluster after 4 steps",
+            lnas_u,
+            f"1 cluster in {ev_lu}; {rule}",
+        ),
+        Claim(
+            "'Attention that does not Explain Away' App. E, Figs. 6/9",
+            "unbalanced 500/50: DNAS keeps two clusters after 4 steps",
+            dnas_u,
+            f"2 clusters in {ev_du}",
+        ),
+        Claim(
+            "'Attention that does not Explain Away' App. E, Fig. 8",
+            "balanced 225/225: both LNAS and DNAS keep two clusters",
+            lnas_b and dnas_b,
+            f"LNAS 2 clusters in {ev_lb}, DNAS in {ev_db}",
+        ),
     ]

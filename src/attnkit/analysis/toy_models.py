@@ -1,10 +1,12 @@
 """Small trained models for the explain-away and CoDA reproductions, built on ``ak.attention``.
 
 - :class:`MultiViewFusion`: the one-layer, single-head multi-view attention of the VQA model
-  ("Attention that does not Explain Away" (arXiv:2009.14308), section 6.1 and Appendix B; "Doubly-Normalized Attention" section 7.1): queries
+  ("Attention that does not Explain Away" (arXiv:2009.14308), section 6.1 and Appendix B; "Doubly-Normalized
+  Attention" section 7.1): queries
   from a primary view ``q = W_q P``, keys from a secondary view ``k = W_k S``, the secondary features
   themselves as values. It is trained on a synthetic task in which only a few secondary "boxes" carry
-  the label, so a softmax model learns to explain the others away ("Doubly-Normalized Attention" Fig. 1, "Attention that does not Explain Away" Fig. 1).
+  the label, so a softmax model learns to explain the others away ("Doubly-Normalized Attention" Fig. 1,
+  "Attention that does not Explain Away" Fig. 1).
 - :class:`CoDAClassifier`: one CoDA self-attention layer over token embeddings (CoDA eqs. 1-5), trained
   on a signed-sum task, from which ``tanh(E)``, the gate ``sigmoid(N)`` and ``M`` are read (CoDA Fig. 2).
 """
@@ -87,7 +89,8 @@ def make_multiview_task(
     min_boxes: Optional[int] = None,
     seed: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Synthetic multi-view data: ``(primary (n, Lq, F), secondary (n, Lk, F), key_mask (n, Lk), labels (n,))``.
+    """Synthetic multi-view data: ``(primary (n, Lq, F), secondary (n, Lk, F), key_mask (n, Lk), labels
+    (n,))``.
 
     In each secondary view, ``informative`` boxes at random positions carry the class prototype and a
     marker feature; the other boxes are noise. Views have between ``min_boxes`` and ``num_boxes`` real
@@ -96,7 +99,10 @@ def make_multiview_task(
     if min_boxes is None:
         min_boxes = num_boxes
     if not 1 <= informative <= min_boxes <= num_boxes:
-        raise ValueError(f"need 1 <= informative ({informative}) <= min_boxes ({min_boxes}) <= num_boxes ({num_boxes})")
+        raise ValueError(
+            f"need 1 <= informative ({informative}) <= min_boxes ({min_boxes}) <= num_boxes "
+            f"({num_boxes})"
+        )
     g = torch.Generator().manual_seed(seed)
     prototypes = torch.randn(num_classes, features, generator=torch.Generator().manual_seed(1234))
     prototypes[:, 0] = 0.0
@@ -141,7 +147,8 @@ def train_multiview(
     min_boxes: int = 40,
     seed: int = 0,
 ) -> ExplainAwayTraining:
-    """Train :class:`MultiViewFusion` with Adam and record explain-away statistics every ``eval_every`` steps."""
+    """Train :class:`MultiViewFusion` with Adam and record explain-away statistics every ``eval_every``
+    steps."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r}; expected an integer >= 1")
     if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 1:
@@ -149,7 +156,9 @@ def train_multiview(
     torch.manual_seed(seed)
     features, classes = 16, 4
     train = make_multiview_task(2048, num_boxes=num_boxes, min_boxes=min_boxes, features=features, seed=seed)
-    evals = make_multiview_task(256, num_boxes=num_boxes, min_boxes=min_boxes, features=features, seed=seed + 1)
+    evals = make_multiview_task(
+        256, num_boxes=num_boxes, min_boxes=min_boxes, features=features, seed=seed + 1
+    )
     model = MultiViewFusion(features, head_dim=16, num_classes=classes, mechanism=mechanism)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed)
@@ -220,14 +229,17 @@ class CoDAClassifier(nn.Module):
     def forward(self, tokens: Tensor, mask: Tensor) -> Tensor:
         x, q, k, v = self.project(tokens)
         B, L, d = x.shape
-        o = attention(q, k, v, self.config, key_mask=mask, query_mask=mask, backend="reference")  # (B, H, L, D)
+        o = attention(
+            q, k, v, self.config, key_mask=mask, query_mask=mask, backend="reference"
+        )  # (B, H, L, D)
         h = x + self.out(o.transpose(1, 2).reshape(B, L, d))  # (B, L, d)
         pooled = (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)  # (B, d)
         return self.classifier(pooled)
 
     @torch.no_grad()
     def matrices(self, tokens: Tensor, mask: Tensor) -> dict[str, np.ndarray]:
-        """``tanh(E)``, the gate (``sigmoid(N)`` after the config's centering/scaling) and ``M`` on valid pairs."""
+        """``tanh(E)``, the gate (``sigmoid(N)`` after the config's centering/scaling) and ``M`` on valid
+        pairs."""
         _, q, k, _ = self.project(tokens)
         e = scaled_dot(q, k, 1 / math.sqrt(q.shape[-1]))  # (B, H, L, L)
         n = neg_l1_distance(q, k)  # (B, H, L, L)
@@ -248,7 +260,9 @@ class CoDAClassifier(nn.Module):
         }
 
 
-def make_signed_sum_task(n: int, length: int = 16, min_length: int = 8, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+def make_signed_sum_task(
+    n: int, length: int = 16, min_length: int = 8, seed: int = 0
+) -> tuple[Tensor, Tensor, Tensor]:
     """Tokens 1..14 carry values -7..-1, 1..7 (0 is padding); label 1 when the sum of the values is > 0.
 
     Returns ``(tokens (n, L), mask (n, L), labels (n,))``.
@@ -299,4 +313,6 @@ def train_coda(
     model.eval()
     with torch.no_grad():
         accuracy = (model(evals[0], evals[1]).argmax(-1) == evals[2]).double().mean().item()
-    return CoDATraining(before=before, after=model.matrices(evals[0], evals[1]), accuracy=accuracy, config=config)
+    return CoDATraining(
+        before=before, after=model.matrices(evals[0], evals[1]), accuracy=accuracy, config=config
+    )

@@ -8,7 +8,8 @@ Away" (arXiv:2009.14308), Sinkhorn (its section 3.2; "Sinkformers", arXiv:2110.1
 transformers dispatches attention through two registries, both keyed by ``config._attn_implementation``:
 
 - ``AttentionInterface``: ``fn(module, query, key, value, attention_mask, scaling=, dropout=, **kwargs)``
-  with ``query (B, H, Lq, D)``, ``key``/``value`` ``(B, H_kv, Lk, D)``, returning ``(out (B, Lq, H, D), weights)``.
+  with ``query (B, H, Lq, D)``, ``key``/``value`` ``(B, H_kv, Lk, D)``, returning ``(out (B, Lq, H, D),
+  weights)``.
 - ``AttentionMaskInterface``: builds the ``attention_mask`` that the model passes to the attention function.
   Without an entry, transformers passes ``attention_mask=None`` and padding would be silently ignored.
 
@@ -17,12 +18,14 @@ The mask registered here is, for bidirectional attention with padding, the ``(B,
 ``(B, 1, Lq, Lk)`` mask of ``sdpa_mask`` (True = may attend), always materialized for causal models so that
 causality is never implicit. transformers masks keys only; for
 self-attention a query position is real exactly when the key at the same position is, so the query mask of the
-query-normalized mechanisms (dnas, hnas, sinkhorn) is recovered from the key columns: padded queries stay out of
+query-normalized mechanisms (dnas, hnas, sinkhorn) is recovered from the key columns: padded queries stay out
+of
 the column normalizations (``c_j`` of DNAS) and a padded batch gives, on its real tokens, what each sequence
 gives alone.
 
 Each converted attention module carries its mechanism (``module.attnkit_mechanism``, a config object) and, for
-hnas, the learnable ``module.attnkit_theta`` of shape ``(H,)`` with ``u = sigmoid(theta)``. Modules that were not
+hnas, the learnable ``module.attnkit_theta`` of shape ``(H,)`` with ``u = sigmoid(theta)``. Modules that were
+not
 converted run softmax attention, identical to transformers' ``eager`` implementation.
 """
 
@@ -67,7 +70,8 @@ def _repeat_kv(x: Tensor, groups: int) -> Tensor:
 
 
 def _split_mask(mask: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
-    """``(bool_mask, additive_bias)`` of a transformers mask: ours is boolean; a user's 4-D mask may be float."""
+    """``(bool_mask, additive_bias)`` of a transformers mask: ours is boolean; a user's 4-D mask may be
+    float."""
     if mask is None:
         return None, None
     if mask.dtype == torch.bool:
@@ -75,7 +79,8 @@ def _split_mask(mask: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tens
     if mask.dtype.is_floating_point:
         return None, mask
     raise ValueError(
-        f"attention_mask has dtype {mask.dtype}; expected a boolean mask (True = may attend) or a float additive mask"
+        f"attention_mask has dtype {mask.dtype}; expected a boolean mask (True = may attend) or a float "
+        "additive mask"
     )
 
 
@@ -114,7 +119,10 @@ def attention_forward(
     B, H, Lq, D = query.shape
     Hkv = key.shape[1]
     if H % Hkv != 0:
-        raise ValueError(f"query has {H} heads and key {Hkv}; grouped-query attention needs H to be a multiple of H_kv")
+        raise ValueError(
+            f"query has {H} heads and key {Hkv}; grouped-query attention needs H to be a "
+            "multiple of H_kv"
+        )
     key, value = _repeat_kv(key, H // Hkv), _repeat_kv(value, H // Hkv)  # (B, H, Lk, D)
 
     key_mask = query_mask = None
@@ -132,7 +140,8 @@ def attention_forward(
         key_mask=key_mask,
         query_mask=query_mask,
         attn_mask=valid if valid is not None else bias,
-        # causality is inside the mask of our mask interface; a missing mask on a causal module is a plain causal call
+        # causality is inside the mask of our mask interface; a missing mask on a causal module is a plain
+        # causal call
         causal=causal and attention_mask is None and Lq > 1,
         scale=scaling,
         dropout_p=float(dropout),

@@ -1,14 +1,17 @@
 """Convert a loaded transformers model to an attnkit mechanism, in place (docs/design.md sections 2 and 7).
 
-HNAS (hybrid) attention mixes ``pi^H = u * pi^D + (1 - u) * pi^L`` with one ``u = sigmoid(theta)`` per layer and
-head ("Doubly-Normalized Attention" sec. 6, "Attention that does not Explain Away" (arXiv:2009.14308) sec. 5); ``theta (H,)`` becomes a parameter of each converted attention module,
+HNAS (hybrid) attention mixes ``pi^H = u * pi^D + (1 - u) * pi^L`` with one ``u = sigmoid(theta)`` per layer
+and
+head ("Doubly-Normalized Attention" sec. 6, "Attention that does not Explain Away" (arXiv:2009.14308) sec. 5);
+``theta (H,)`` becomes a parameter of each converted attention module,
 so optimizers and ``save_pretrained`` see it. The conversion is recorded in ``model.config.attnkit``, and the
 config names the ``"attnkit"`` attention implementation, so ``attnkit.hf.load(path)`` (or ``from_pretrained``
 after ``attnkit.hf.register()``) rebuilds the same model.
 
 Which modules convert: the self-attention modules that dispatch through transformers' ``AttentionInterface``
 (BERT, RoBERTa, ALBERT, DistilBERT, Llama-style decoders, ...). Cross-attention is never converted; in
-encoder-decoder models only the encoder self-attention is. dnas/hnas/sinkhorn normalize over queries and so leak
+encoder-decoder models only the encoder self-attention is. dnas/hnas/sinkhorn normalize over queries and so
+leak
 future tokens under a causal mask: converting causal self-attention to them raises a ``ValueError``.
 """
 
@@ -51,7 +54,8 @@ _DISPATCH_CACHE: dict[type, bool] = {}
 
 
 def _dispatches_attention(module: nn.Module) -> bool:
-    """Whether the module's ``forward`` calls an ``AttentionInterface`` function (read from its source once)."""
+    """Whether the module's ``forward`` calls an ``AttentionInterface`` function (read from its source
+    once)."""
     cls = type(module)
     if cls not in _DISPATCH_CACHE:
         try:
@@ -74,12 +78,14 @@ def _check_model(model) -> None:
 
     if not isinstance(model, PreTrainedModel):
         raise ValueError(
-            f"expected a transformers PreTrainedModel (e.g. AutoModel.from_pretrained(...)), got {type(model).__name__}"
+            "expected a transformers PreTrainedModel (e.g. AutoModel.from_pretrained(...)), got "
+            f"{type(model).__name__}"
         )
 
 
 def attention_modules(model) -> list[tuple[str, nn.Module]]:
-    """The convertible self-attention modules of ``model``, in layer order, named relative to ``model.base_model``.
+    """The convertible self-attention modules of ``model``, in layer order, named relative to
+    ``model.base_model``.
 
     For encoder-decoder models only the encoder's self-attention modules are listed.
     """
@@ -90,7 +96,10 @@ def attention_modules(model) -> list[tuple[str, nn.Module]]:
         encoder = model.get_encoder()
         names = [n for n, m in base.named_modules() if m is encoder]
         if not names:
-            raise ValueError(f"{type(model).__name__} is encoder-decoder but its encoder was not found in the model")
+            raise ValueError(
+                f"{type(model).__name__} is encoder-decoder but its encoder was not found in "
+                "the model"
+            )
         prefix = names[0] + "." if names[0] else ""
     found = []
     for name, module in base.named_modules():
@@ -146,7 +155,8 @@ def convert(
 
     Args:
         model: a loaded transformers model whose attention goes through ``AttentionInterface``.
-        mechanism: a name in ``ak.MECHANISMS`` or a config object (``ak.Sinkhorn(iters=5)``, ``ak.CoDA(...)``).
+        mechanism: a name in ``ak.MECHANISMS`` or a config object (``ak.Sinkhorn(iters=5)``,
+        ``ak.CoDA(...)``).
         u0: initial hybrid weight for ``"hnas"`` (default 0.5); ``theta`` starts at ``logit(u0)``.
         layers: indices into ``attention_modules(model)`` to convert (default: all); the others keep softmax.
         sinkhorn_iters: iterations for ``"sinkhorn"`` (default 3).
@@ -169,7 +179,8 @@ def convert(
     if not model._can_set_attn_implementation():
         raise ValueError(
             f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface, "
-            "so attnkit cannot replace its attention; supported: BERT, RoBERTa, ALBERT, DistilBERT, Llama-style models"
+            "so attnkit cannot replace its attention; supported: BERT, RoBERTa, ALBERT, DistilBERT, "
+            "Llama-style models"
         )
     modules = attention_modules(model)
     if not modules:
@@ -248,7 +259,10 @@ def hybrid_weights(model) -> Tensor:
     config = conversion(model)
     if not isinstance(config, Hybrid):
         name = "none" if config is None else repr(config.name)
-        raise ValueError(f"hybrid_weights needs a model converted with mechanism='hnas', got mechanism {name}")
+        raise ValueError(
+            "hybrid_weights needs a model converted with mechanism='hnas', got mechanism "
+            f"{name}"
+        )
     thetas = [getattr(m, _THETA_ATTR).detach() for m in converted_modules(model)]
     return torch.sigmoid(torch.stack(thetas).float())  # (layers, H)
 
@@ -263,7 +277,10 @@ def load(path: Union[str, os.PathLike], model_class=None, **kwargs):
 
     path = os.fspath(path)
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"model directory {path!r} does not exist; pass a directory written by save_pretrained")
+        raise FileNotFoundError(
+            f"model directory {path!r} does not exist; pass a directory written by "
+            "save_pretrained"
+        )
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"{path!r} has no config.json; pass a directory written by save_pretrained")
     register()
@@ -287,7 +304,8 @@ def register() -> None:
     """Register attnkit with transformers (idempotent).
 
     After it, ``attn_implementation="attnkit"`` is valid in ``from_pretrained`` / ``set_attn_implementation``,
-    and a model saved after ``attnkit.hf.convert`` is restored by a plain ``from_pretrained``: its config names
+    and a model saved after ``attnkit.hf.convert`` is restored by a plain ``from_pretrained``: its config
+    names
     the ``"attnkit"`` implementation and carries the conversion, which is re-applied when the model is built,
     before its weights (the hnas ``theta`` included) are loaded.
     """

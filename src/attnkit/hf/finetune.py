@@ -1,6 +1,7 @@
 """Fine-tune a (converted) encoder for sequence classification with transformers' ``Trainer``.
 
-The papers fine-tune pretrained encoders with doubly-normalized and hybrid attention ("Doubly-Normalized Attention" sec. 6; alignment
+The papers fine-tune pretrained encoders with doubly-normalized and hybrid attention ("Doubly-Normalized
+Attention" sec. 6; alignment
 paper sec. 4 converts BERT/ALBERT/RoBERTa). ``finetune`` loads an encoder, converts its self-attention with
 ``attnkit.hf.convert`` (softmax included, so every mechanism runs through the same code), trains on a
 text-classification dataset of the catalog (``attnkit.data.load_dataset``) and reports test accuracy, macro-F1
@@ -10,7 +11,8 @@ torchrun only with ``--multi_gpu``, which without a GPU runs on the CPU (gloo):
 
     accelerate launch --multi_gpu --num_processes 2 -m attnkit.cli finetune --mechanism hnas --out runs/hnas
 
-Outputs in ``out``: ``model.safetensors`` + ``config.json`` (restorable with ``attnkit.hf.load``), the tokenizer,
+Outputs in ``out``: ``model.safetensors`` + ``config.json`` (restorable with ``attnkit.hf.load``), the
+tokenizer,
 and ``metrics.json``.
 """
 
@@ -30,7 +32,13 @@ import torch
 
 from ..registry import MECHANISMS
 
-__all__ = ["FinetuneConfig", "finetune", "classification_metrics", "load_text_classification", "default_model_path"]
+__all__ = [
+    "FinetuneConfig",
+    "finetune",
+    "classification_metrics",
+    "load_text_classification",
+    "default_model_path",
+]
 
 
 def default_model_path() -> str:
@@ -72,7 +80,10 @@ class FinetuneConfig:
         if self.mechanism is not None and self.mechanism not in MECHANISMS:
             raise ValueError(f"mechanism={self.mechanism!r}; expected one of {MECHANISMS}")
         if self.u0 is not None and self.mechanism != "hnas":
-            raise ValueError(f"u0={self.u0} is only used by mechanism 'hnas', got {self.mechanism!r}; drop --u0")
+            raise ValueError(
+                f"u0={self.u0} is only used by mechanism 'hnas', got {self.mechanism!r}; drop "
+                "--u0"
+            )
         positive = {"batch_size": self.batch_size, "max_length": self.max_length}
         if self.max_steps is not None:
             positive["max_steps"] = self.max_steps
@@ -101,19 +112,26 @@ def classification_metrics(labels: Sequence[int], predictions: Sequence[int]) ->
 
 def _read_tsv(path: Path) -> tuple[list[str], list[str]]:
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; a dataset folder needs train.tsv and test.tsv (label<TAB>text)")
+        raise FileNotFoundError(
+            f"{path} does not exist; a dataset folder needs train.tsv and test.tsv "
+            "(label<TAB>text)"
+        )
     labels, texts = [], []
     with open(path, newline="", encoding="utf-8") as f:
         for i, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)):
             if len(row) != 2:
-                raise ValueError(f"{path}:{i + 1}: expected 2 tab-separated columns (label, text), got {len(row)}")
+                raise ValueError(
+                    f"{path}:{i + 1}: expected 2 tab-separated columns (label, text), got "
+                    f"{len(row)}"
+                )
             labels.append(row[0])
             texts.append(row[1])
     return labels, texts
 
 
 def load_text_classification(dataset: str, cache_dir: Optional[str] = None, download: bool = False):
-    """A ``TextClassificationData``: a catalog name (``reuters8``, ...) or a folder with ``train.tsv``/``test.tsv``.
+    """A ``TextClassificationData``: a catalog name (``reuters8``, ...) or a folder with
+    ``train.tsv``/``test.tsv``.
 
     The TSV files have two columns, label and text, without a header.
     """
@@ -135,7 +153,10 @@ def load_text_classification(dataset: str, cache_dir: Optional[str] = None, down
         )
     data = load_dataset(dataset, cache_dir, download=download)
     if not isinstance(data, TextClassificationData):
-        raise ValueError(f"dataset {dataset!r} is not a text-classification dataset; pick reuters8, reuters52, 20newsgroups, ...")
+        raise ValueError(
+            f"dataset {dataset!r} is not a text-classification dataset; pick reuters8, "
+            "reuters52, 20newsgroups, ..."
+        )
     return data
 
 
@@ -153,7 +174,9 @@ class _TextDataset(torch.utils.data.Dataset):
 
 
 def _encode(tokenizer, texts, pairs, labels, max_length: int) -> _TextDataset:
-    enc = tokenizer(list(texts), list(pairs) if pairs is not None else None, truncation=True, max_length=max_length)
+    enc = tokenizer(
+        list(texts), list(pairs) if pairs is not None else None, truncation=True, max_length=max_length
+    )
     return _TextDataset(dict(enc), list(labels))
 
 
@@ -161,7 +184,10 @@ def _check_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file; pass a directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(f"--out {out} exists and is not empty; pass --overwrite to replace its files or pick another")
+        raise FileExistsError(
+            f"--out {out} exists and is not empty; pass --overwrite to replace its files "
+            "or pick another"
+        )
 
 
 def _step_timer():
@@ -184,7 +210,8 @@ def _step_timer():
 
 
 def finetune(config: FinetuneConfig, data=None) -> dict:
-    """Fine-tune ``config.model`` on ``data`` (default: ``config.dataset`` of the catalog) and return the metrics.
+    """Fine-tune ``config.model`` on ``data`` (default: ``config.dataset`` of the catalog) and return the
+    metrics.
 
     The metrics: ``accuracy``, ``macro_f1`` on the test split, ``mean_step_seconds`` (first step excluded when
     there are more), ``train_loss``, the run settings, and ``hybrid_weights`` (layers x heads) for hnas.
@@ -203,7 +230,10 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
     _check_out(out, config.overwrite)
     model_dir = str(config.model or default_model_path())
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
-        raise FileNotFoundError(f"--model {model_dir} has no config.json; pass a directory written by save_pretrained")
+        raise FileNotFoundError(
+            f"--model {model_dir} has no config.json; pass a directory written by "
+            "save_pretrained"
+        )
     if data is None:
         data = load_text_classification(config.dataset, config.cache_dir, config.download)
 

@@ -45,7 +45,9 @@ def _ops():
 def fused_available(q: Tensor, v: Tensor) -> bool:
     """The fused path runs on CPU tensors with equal q/k/v head sizes when the kernel exists."""
     forward, backward = _ops()
-    return forward is not None and backward is not None and q.device.type == "cpu" and q.shape[-1] == v.shape[-1]
+    return (
+        forward is not None and backward is not None and q.device.type == "cpu" and q.shape[-1] == v.shape[-1]
+    )
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], scale: float) -> tuple[Tensor, Tensor]:
@@ -57,7 +59,8 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], scale: floa
 
 class _DNAS(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, key_bias: Optional[Tensor], query_bias: Optional[Tensor],
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, key_bias: Optional[Tensor],
+                query_bias: Optional[Tensor],
                 query_valid: Optional[Tensor], key_valid: Optional[Tensor], scale: float) -> Tensor:
         # q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, D); key_bias (B, 1, 1, Lk), query_bias (B, 1, 1, Lq)
         A, c = _attend(k, q, q, query_bias, scale)  # (B, H, Lk, D), (B, H, Lk)

@@ -1,6 +1,7 @@
 """Softmax, DNAS, HNAS and Sinkhorn attention in ``O(L)`` extra memory, with exact gradients.
 
-"Attention that does not Explain Away" (arXiv:2009.14308), sections 3.1-3.2 and 5; "Doubly-Normalized Attention",
+"Attention that does not Explain Away" (arXiv:2009.14308), sections 3.1-3.2 and 5; "Doubly-Normalized
+Attention",
 eqs. (6)-(8) and section 6; docs/design.md section 2. All four mechanisms are softmax attention with a
 per-key bias ``b`` built from log-sum-exp potentials (``a = 0``, then ``k`` rounds of)
 
@@ -123,7 +124,9 @@ class _RowLSE:
         return a, (None if self.acc is None else self.acc / l_safe)
 
 
-def _robust_rows(sw: _Sweeps, b: Optional[Tensor], v: Tensor, with_out: bool) -> tuple[Tensor, Optional[Tensor]]:
+def _robust_rows(
+    sw: _Sweeps, b: Optional[Tensor], v: Tensor, with_out: bool
+) -> tuple[Tensor, Optional[Tensor]]:
     """Row potential ``-LSE_j(s_ij + b_j)`` (and the softmax output) with a running maximum."""
     row = _RowLSE(sw.qs, v.shape[-1] if with_out else None)
     for j0, j1 in sw.ranges():

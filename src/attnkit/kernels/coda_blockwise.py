@@ -6,7 +6,8 @@
     M    = f_E(E) * g(N),                out = M v
 
 Each block of queries ``[i0, i1)`` builds its ``(B, H, C, Lk)`` slices of ``E`` and ``N`` (the L1
-distances with ``l1_distance.l1_distance``, the C++ kernel on the CPU or ``torch.cdist(p=1)``, never a ``(C, Lk, D)``
+distances with ``l1_distance.l1_distance``, the C++ kernel on the CPU or ``torch.cdist(p=1)``, never a ``(C,
+Lk, D)``
 temporary), multiplies by ``v`` and drops
 them; the backward pass recomputes the block (activation checkpointing), so the peak is one block.
 The centred variants (eqs. 4 and 6) need the mean of ``E`` / ``N`` over the valid pairs of each
@@ -64,7 +65,20 @@ def coda_attention(
         mean_n = sum_n / count if config.gate == "centered" else None  # (B, H, 1, 1)
 
     outs = [
-        checkpoint(_block_out, q[:, :, i0:i1], k, v, mean_e, mean_n, masks, i0, i1, scale, config, use_reentrant=False)
+        checkpoint(
+            _block_out,
+            q[:, :, i0:i1],
+            k,
+            v,
+            mean_e,
+            mean_n,
+            masks,
+            i0,
+            i1,
+            scale,
+            config,
+            use_reentrant=False,
+        )
         for i0, i1 in ranges
     ]
     return torch.cat(outs, dim=2).to(dtype)  # (B, H, Lq, Dv)
@@ -81,7 +95,8 @@ def _affinity_distance(qb: Tensor, k: Tensor, scale: float, config: CoDA) -> tup
 
 
 def _block_sums(qb, k, masks: MaskInfo, i0, i1, scale, config):
-    """Sums of ``alpha E`` and ``beta N`` over the valid pairs of the block, and their count; ``(B, H, 1, 1)``."""
+    """Sums of ``alpha E`` and ``beta N`` over the valid pairs of the block, and their count; ``(B, H, 1,
+    1)``."""
     e, n = _affinity_distance(qb, k, scale, config)
     valid = masks.block_valid(i0, i1, 0, masks.Lk)
     if valid is None:

@@ -1,6 +1,7 @@
 """DNAS, HNAS and Sinkhorn on the CPU through the C++ kernels of ``csrc/potentials_cpu.cpp``.
 
-"Attention that does not Explain Away" (arXiv:2009.14308), sections 3.1-3.2 and 5; "Doubly-Normalized Attention",
+"Attention that does not Explain Away" (arXiv:2009.14308), sections 3.1-3.2 and 5; "Doubly-Normalized
+Attention",
 eqs. (6)-(8); docs/design.md section 2. The kernel computes ``k`` rounds of log-domain potentials
 
     b^t_j = -LSE_i (s_ij + a^{t-1}_i),    a^t_i = -LSE_j (s_ij + b^t_j),    a^0 = 0,
@@ -28,8 +29,10 @@ __all__ = ["fused_cpu_available", "fused_cpu_attention"]
 
 def fused_cpu_available(q: Tensor) -> bool:
     """True for CPU tensors when the C++ extension is built (it is built on the first call)."""
-    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16) and (
-        cpu_ext.load()
+    return (
+        q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+        and (cpu_ext.load())
     )
 
 

@@ -94,7 +94,8 @@ class Route:
 
 
 def _sdpa_supports(call: Call) -> Optional[str]:
-    """The fused kernel takes one mask: fine unless causal comes with another pair mask or a learnable bias."""
+    """The fused kernel takes one mask: fine unless causal comes with another pair mask or a learnable
+    bias."""
     if call.iters != 0:
         return "SDPA computes softmax (0 normalization rounds) only"
     mask = call.mask
@@ -133,8 +134,14 @@ def _cpp_supports(call: Call) -> Optional[str]:
 
 def _cpp_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
     return fused_cpu_attention(
-        call.q, call.k, call.v, key_mask=call.mask.key_mask, query_mask=call.mask.query_mask,
-        scale=scale, iters=call.iters, u=u,
+        call.q,
+        call.k,
+        call.v,
+        key_mask=call.mask.key_mask,
+        query_mask=call.mask.query_mask,
+        scale=scale,
+        iters=call.iters,
+        u=u,
     )
 
 
@@ -169,7 +176,9 @@ def _coda_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
 ROUTES: dict[str, Route] = {
     route.name: route
     for route in (
-        Route("sdpa", "F.scaled_dot_product_attention (fused softmax)", _sdpa_supports, _sdpa_run, dropout=True),
+        Route(
+            "sdpa", "F.scaled_dot_product_attention (fused softmax)", _sdpa_supports, _sdpa_run, dropout=True
+        ),
         Route("cpp", "C++ potential kernels (CPU, padding masks)", _cpp_supports, _cpp_run),
         Route("aten", "ATen fused CPU attention op, two passes (fallback)", _aten_supports, _aten_run),
         Route("blockwise", "block sweeps of the potential loop with recomputation", _always, _blockwise_run),
@@ -200,7 +209,8 @@ def _dropout_error(call: Call, route: str) -> Optional[str]:
             "mask); use backend='reference' (or 'auto') for attention dropout"
         )
     return (
-        f"dropout_p={call.dropout_p} with causal=True and another mask is not supported by backend='efficient'; "
+        f"dropout_p={call.dropout_p} with causal=True and another mask is not supported by "
+        "backend='efficient'; "
         "use backend='reference'"
     )
 
@@ -239,19 +249,30 @@ def plan(
         if total < CODA_MIN_TOTAL_PAIRS:
             return Plan(
                 "reference",
-                f"B*H*Lq*Lk = {total} < {CODA_MIN_TOTAL_PAIRS}: CoDA's materialized path is faster below this size",
+                f"B*H*Lq*Lk = {total} < {CODA_MIN_TOTAL_PAIRS}: CoDA's materialized path is faster below "
+                "this size",
             )
         return Plan(route, f"B*H*Lq*Lk = {total} >= {CODA_MIN_TOTAL_PAIRS}; {reason}")
     if route == "cpp":
         return Plan(route, f"the C++ kernels beat the materialized path at every size; {reason}")
     if Lq * Lk < MIN_PAIRS:
-        return Plan("reference", f"Lq*Lk = {Lq * Lk} < {MIN_PAIRS}: the materialized path is as fast at this size")
+        return Plan(
+            "reference", f"Lq*Lk = {Lq * Lk} < {MIN_PAIRS}: the materialized path is as fast at this size"
+        )
     return Plan(route, f"Lq*Lk = {Lq * Lk} >= {MIN_PAIRS}; {reason}")
 
 
 def run_route(
-    route: str, q: Tensor, k: Tensor, v: Tensor, config: MechanismConfig, mask: MaskInfo, *,
-    scale: float, dropout_p: float = 0.0, u: Optional[Tensor] = None,
+    route: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    config: MechanismConfig,
+    mask: MaskInfo,
+    *,
+    scale: float,
+    dropout_p: float = 0.0,
+    u: Optional[Tensor] = None,
 ) -> Tensor:
     """Run efficient ``route`` (a name of ``ROUTES``) on one call; ``u`` is the hybrid weight (hnas only)."""
     return ROUTES[route].run(Call(q, k, v, config, mask, dropout_p), scale, u)

@@ -30,12 +30,14 @@ class _L1Distance(torch.autograd.Function):
 
 
 def l1_distance(x: Tensor, y: Tensor) -> Tensor:
-    """``dist (N, n, m)`` with ``dist[b, i, j] = sum_d |x[b, i, d] - y[b, j, d]|``; ``x (N, n, D)``, ``y (N, m, D)``.
+    """``dist (N, n, m)`` with ``dist[b, i, j] = sum_d |x[b, i, d] - y[b, j, d]|``; ``x (N, n, D)``, ``y (N,
+    m, D)``.
 
     The gradient is ``sign(x_i - y_j)`` weighted by the incoming gradient (0 at ties, as ``torch.cdist``).
     """
     if x.dim() != 3 or y.dim() != 3 or x.shape[0] != y.shape[0] or x.shape[2] != y.shape[2]:
         raise ValueError(f"x {tuple(x.shape)} and y {tuple(y.shape)}: expected (N, n, D) and (N, m, D)")
-    if x.device.type == "cpu" and x.dtype == y.dtype and x.dtype in (torch.float32, torch.float64) and cpu_ext.load():
+    same_float = x.dtype == y.dtype and x.dtype in (torch.float32, torch.float64)
+    if x.device.type == "cpu" and same_float and cpu_ext.load():
         return _L1Distance.apply(x.contiguous(), y.contiguous())
     return torch.cdist(x, y, p=1)

@@ -8,7 +8,8 @@ queries of each key, then over the keys of each query:
 
 so DNAS is softmax attention with the per-key bias ``-c_j``.
 
-Invariant (Lemma 1, "Doubly-Normalized Attention" Appendix B): every key with at least one valid query receives
+Invariant (Lemma 1, "Doubly-Normalized Attention" Appendix B): every key with at least one valid query
+receives
 ``sum_i pi_ij >= 1 / n_k``, ``n_k`` the number of valid keys — no key is fully explained away.
 """
 

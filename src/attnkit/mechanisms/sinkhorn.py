@@ -1,6 +1,7 @@
 """Sinkhorn attention with k iterations, in the log domain.
 
-"Attention that does not Explain Away" (arXiv:2009.14308), section 3.2 (relation to Sinkformers); docs/design.md section 2.
+"Attention that does not Explain Away" (arXiv:2009.14308), section 3.2 (relation to Sinkformers);
+docs/design.md section 2.
 With potentials ``a = 0`` and ``k`` rounds of
 
     b_j = -LSE_i (s_ij + a_i)          (column normalization over valid queries)

@@ -20,7 +20,14 @@ from torch import Tensor, nn
 
 from ..registry import resolve_mechanism
 from ..nn import SinusoidalPositionalEncoding, TransformerEncoder, TransformerEncoderLayer
-from .building_blocks import PerLayer, TokenEmbedding, check_ids_and_mask, check_positive_int, label, per_layer
+from .building_blocks import (
+    PerLayer,
+    TokenEmbedding,
+    check_ids_and_mask,
+    check_positive_int,
+    label,
+    per_layer,
+)
 
 __all__ = ["TransformerClassifier", "POOLINGS"]
 

@@ -23,7 +23,14 @@ from torch import Tensor, nn
 
 from ..registry import resolve_mechanism
 from ..nn import Transformer
-from .building_blocks import PerLayer, TokenEmbedding, check_ids_and_mask, check_positive_int, label, per_layer
+from .building_blocks import (
+    PerLayer,
+    TokenEmbedding,
+    check_ids_and_mask,
+    check_positive_int,
+    label,
+    per_layer,
+)
 
 __all__ = ["Seq2SeqTransformer"]
 

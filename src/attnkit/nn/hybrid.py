@@ -1,6 +1,7 @@
 """Collect the learned hybrid weights of a model for plots.
 
-"Attention that does not Explain Away" (arXiv:2009.14308), section 5 and Figs. 3-5: one ``u = sigmoid(theta)`` per
+"Attention that does not Explain Away" (arXiv:2009.14308), section 5 and Figs. 3-5: one ``u = sigmoid(theta)``
+per
 layer and head, plotted per layer (averaged over heads) to show where DNAS or softmax is preferred.
 """
 
@@ -36,5 +37,8 @@ def hybrid_weights(module: nn.Module) -> Tensor:
     heads = {u.shape[0] for _, u in found}
     if len(heads) > 1:
         detail = ", ".join(f"{name or '<root>'}: {u.shape[0]}" for name, u in found)
-        raise ValueError(f"the hnas modules have different head counts ({detail}); collect their .u one by one")
+        raise ValueError(
+            f"the hnas modules have different head counts ({detail}); collect their .u one by "
+            "one"
+        )
     return torch.stack([u for _, u in found])  # (layers, heads)

@@ -39,7 +39,10 @@ _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 def _activation(activation: Activation) -> Callable[[Tensor], Tensor]:
     if isinstance(activation, str):
         if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation={activation!r}; expected one of {tuple(_ACTIVATIONS)} or a callable")
+            raise ValueError(
+                f"activation={activation!r}; expected one of {tuple(_ACTIVATIONS)} or a "
+                "callable"
+            )
         return _ACTIVATIONS[activation]
     if not callable(activation):
         raise ValueError(f"activation={activation!r}; expected one of {tuple(_ACTIVATIONS)} or a callable")
@@ -109,9 +112,19 @@ class TransformerEncoderLayer(_Sublayers):
     ) -> None:
         super().__init__()
         self._init_args = dict(
-            d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
-            layer_norm_eps=layer_norm_eps, batch_first=batch_first, norm_first=norm_first, bias=bias,
-            mechanism=mechanism, device=device, dtype=dtype, backend=backend,
+            d_model=d_model,
+            nhead=nhead,
+            dim_feedforward=dim_feedforward,
+            dropout=dropout,
+            activation=activation,
+            layer_norm_eps=layer_norm_eps,
+            batch_first=batch_first,
+            norm_first=norm_first,
+            bias=bias,
+            mechanism=mechanism,
+            device=device,
+            dtype=dtype,
+            backend=backend,
         )
         factory = {"device": device, "dtype": dtype}
         self.self_attn = MultiheadAttention(
@@ -150,7 +163,13 @@ class TransformerEncoderLayer(_Sublayers):
 
     def _sa_block(self, x: Tensor, attn_mask, key_padding_mask, is_causal: bool) -> Tensor:
         out = self.self_attn(
-            x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False, is_causal=is_causal
+            x,
+            x,
+            x,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            need_weights=False,
+            is_causal=is_causal,
         )[0]
         return self.dropout1(out)
 
@@ -183,9 +202,19 @@ class TransformerDecoderLayer(_Sublayers):
         _check_decoder_mechanism(self_mechanism, "self")
         _check_decoder_mechanism(cross_mechanism, "cross")
         self._init_args = dict(
-            d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
-            layer_norm_eps=layer_norm_eps, batch_first=batch_first, norm_first=norm_first, bias=bias,
-            self_mechanism=self_mechanism, cross_mechanism=cross_mechanism, device=device, dtype=dtype,
+            d_model=d_model,
+            nhead=nhead,
+            dim_feedforward=dim_feedforward,
+            dropout=dropout,
+            activation=activation,
+            layer_norm_eps=layer_norm_eps,
+            batch_first=batch_first,
+            norm_first=norm_first,
+            bias=bias,
+            self_mechanism=self_mechanism,
+            cross_mechanism=cross_mechanism,
+            device=device,
+            dtype=dtype,
             backend=backend,
         )
         factory = {"device": device, "dtype": dtype}
@@ -205,7 +234,9 @@ class TransformerDecoderLayer(_Sublayers):
         self, self_mechanism: MechanismLike, cross_mechanism: MechanismLike
     ) -> "TransformerDecoderLayer":
         """A freshly initialised layer with the same hyperparameters and other mechanisms."""
-        return type(self)(**{**self._init_args, "self_mechanism": self_mechanism, "cross_mechanism": cross_mechanism})
+        return type(self)(
+            **{**self._init_args, "self_mechanism": self_mechanism, "cross_mechanism": cross_mechanism}
+        )
 
     def extra_repr(self) -> str:
         return f"norm_first={self.norm_first}"
@@ -224,17 +255,27 @@ class TransformerDecoderLayer(_Sublayers):
         x = tgt
         if self.norm_first:
             x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
-            x = x + self._mha_block(self.norm2(x), memory, memory_mask, memory_key_padding_mask, memory_is_causal)
+            x = x + self._mha_block(
+                self.norm2(x), memory, memory_mask, memory_key_padding_mask, memory_is_causal
+            )
             x = x + self._ff_block(self.norm3(x), self.dropout3)
         else:
             x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
-            x = self.norm2(x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask, memory_is_causal))
+            x = self.norm2(
+                x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask, memory_is_causal)
+            )
             x = self.norm3(x + self._ff_block(x, self.dropout3))
         return x
 
     def _sa_block(self, x: Tensor, attn_mask, key_padding_mask, is_causal: bool) -> Tensor:
         out = self.self_attn(
-            x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False, is_causal=is_causal
+            x,
+            x,
+            x,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            need_weights=False,
+            is_causal=is_causal,
         )[0]
         return self.dropout1(out)
 

@@ -53,7 +53,10 @@ def canonical_mask(mask: Optional[Tensor], name: str, dtype: torch.dtype) -> Opt
     if mask is None:
         return None
     if not isinstance(mask, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor (bool, True = ignore, or float additive), got {type(mask).__name__}")
+        raise ValueError(
+            f"{name} must be a torch.Tensor (bool, True = ignore, or float additive), got "
+            f"{type(mask).__name__}"
+        )
     if mask.dtype == torch.bool:
         return mask
     if not mask.dtype.is_floating_point:
@@ -83,9 +86,11 @@ def append_columns(mask: Optional[Tensor], n: int) -> Optional[Tensor]:
 
 
 class HybridWeightMixin:
-    """The per-head hybrid weight of an attention module: ``theta (H,)`` for hnas (else ``None``), ``u = sigmoid(theta)``.
+    """The per-head hybrid weight of an attention module: ``theta (H,)`` for hnas (else ``None``), ``u =
+    sigmoid(theta)``.
 
-    The module sets ``self.config`` and calls ``_init_hybrid_weight`` in ``__init__`` and ``_reset_hybrid_weight``
+    The module sets ``self.config`` and calls ``_init_hybrid_weight`` in ``__init__`` and
+    ``_reset_hybrid_weight``
     in ``reset_parameters``.
     """
 

@@ -1,6 +1,7 @@
 r"""Multi-view attention fusion for VQA.
 
-"Attention that does not Explain Away" (arXiv:2009.14308), section 6.1 and Appendix B (multi-view attention model),
+"Attention that does not Explain Away" (arXiv:2009.14308), section 6.1 and Appendix B (multi-view attention
+model),
 after Yu et al. (2019); "Doubly-Normalized Attention" section 7.1 describes the earlier version, in which the
 secondary views also gave the values through a transformation. This module implements the later
 version (Appendix B), whose equations read, for a primary view ``p`` with features
@@ -11,7 +12,8 @@ version (Appendix B), whose equations read, for a primary view ``p`` with featur
     \quad\text{(queries from the primary view, keys from each secondary view)}
 
     \pi^s = \text{normalize}\big(q\, (k^s)^T / \sqrt{d'}\big)
-    \quad\text{(LNAS: softmax over } j\text{; DNAS: over } i \text{ then } j\text{; HNAS: } u\pi^D + (1-u)\pi^L)
+    \quad\text{(LNAS: softmax over } j\text{; DNAS: over } i \text{ then } j\text{; HNAS: } u\pi^D +
+    (1-u)\pi^L)
 
     y^p_i = x^p_i, \qquad y^s_i = \sum_j \pi^s_{ij}\, x^s_j
     \quad\text{(the values are the raw features: "it is better to directly use the features as the values")}
@@ -41,7 +43,8 @@ __all__ = ["MultiViewAttention"]
 
 
 class MultiViewAttention(HybridWeightMixin, nn.Module):
-    r"""Fuse a primary view with ``num_views`` secondary views by attention (Appendix B, "Attention that does not Explain Away").
+    r"""Fuse a primary view with ``num_views`` secondary views by attention (Appendix B, "Attention that does
+    not Explain Away").
 
     Args:
         embed_dim: feature size ``d`` of every view.
@@ -98,7 +101,9 @@ class MultiViewAttention(HybridWeightMixin, nn.Module):
         self.backend = backend
         self.q_proj = nn.Linear(embed_dim, attn_dim, bias=bias, **factory)
         n_key = 1 if share_key_proj else num_views
-        self.k_projs = nn.ModuleList(nn.Linear(embed_dim, attn_dim, bias=bias, **factory) for _ in range(n_key))
+        self.k_projs = nn.ModuleList(
+            nn.Linear(embed_dim, attn_dim, bias=bias, **factory) for _ in range(n_key)
+        )
         self.norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps, **factory)
         self._init_hybrid_weight(num_heads, **factory)
         self.reset_parameters()
@@ -161,7 +166,10 @@ class MultiViewAttention(HybridWeightMixin, nn.Module):
             raise ValueError(f"primary has shape {got}, expected (B, Lp, embed_dim={self.embed_dim})")
         if isinstance(secondary, Tensor) or len(secondary) != self.num_views:
             n = "a tensor" if isinstance(secondary, Tensor) else f"{len(secondary)} views"
-            raise ValueError(f"secondary is {n}; expected a list of num_views={self.num_views} tensors (B, Ls, d)")
+            raise ValueError(
+                f"secondary is {n}; expected a list of num_views={self.num_views} tensors (B, "
+                "Ls, d)"
+            )
         B, Lp, E = primary.shape
         for s, x in enumerate(secondary):
             if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[0] != B or x.shape[-1] != E:
@@ -174,17 +182,20 @@ class MultiViewAttention(HybridWeightMixin, nn.Module):
             key_padding_masks = [None] * self.num_views
         if isinstance(key_padding_masks, Tensor) or len(key_padding_masks) != self.num_views:
             raise ValueError(
-                f"key_padding_masks must be a list of num_views={self.num_views} masks (B, Ls) or None entries"
+                f"key_padding_masks must be a list of num_views={self.num_views} masks (B, Ls) or None "
+                "entries"
             )
         checked = []
         named = [("query_padding_mask", query_padding_mask, Lp)] + [
-            (f"key_padding_masks[{s}]", m, x.shape[1]) for s, (m, x) in enumerate(zip(key_padding_masks, secondary))
+            (f"key_padding_masks[{s}]", m, x.shape[1])
+            for s, (m, x) in enumerate(zip(key_padding_masks, secondary))
         ]
         for name, mask, L in named:
             mask = canonical_mask(mask, name, dtype)
             if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (B, L)):
                 raise ValueError(
-                    f"{name} has shape {tuple(mask.shape)} and dtype {mask.dtype}; expected a boolean (B, L) = "
+                    f"{name} has shape {tuple(mask.shape)} and dtype {mask.dtype}; expected a boolean (B, "
+                    "L) = "
                     f"({B}, {L}) mask with True = padded box"
                 )
             checked.append(mask)

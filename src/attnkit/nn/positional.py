@@ -44,7 +44,8 @@ class _PositionalEncoding(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        """``x`` ``(B, L, d_model)`` (``(L, B, d_model)`` if not ``batch_first``, or unbatched ``(L, d_model)``);
+        """``x`` ``(B, L, d_model)`` (``(L, B, d_model)`` if not ``batch_first``, or unbatched ``(L,
+        d_model)``);
         positions ``start .. start + L - 1`` (``start`` > 0 for incremental decoding)."""
         if not isinstance(x, Tensor) or x.dim() not in (2, 3) or x.shape[-1] != self.d_model:
             got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__

@@ -2,7 +2,8 @@ r"""Transformer encoder/decoder stacks and a full encoder-decoder with a mechani
 
 Vaswani et al. (2017) ("Attention Is All You Need", arXiv:1706.03762) (stacked layers,
 sinusoidal or learned positional embeddings, final LayerNorm). The headline-generation setup of
-"Attention that does not Explain Away" (arXiv:2009.14308) (section 6.3, Appendix D) uses an HNAS encoder with a
+"Attention that does not Explain Away" (arXiv:2009.14308) (section 6.3, Appendix D) uses an HNAS encoder with
+a
 softmax decoder, hence the defaults of ``Transformer``. Parameter names are those of
 ``torch.nn.TransformerEncoder`` / ``TransformerDecoder`` / ``Transformer`` (``layers.0``, ``norm``,
 ``encoder``, ``decoder``).
@@ -30,7 +31,10 @@ def _per_layer(value: Optional[PerLayer], num_layers: int, name: str) -> Optiona
         return None
     if isinstance(value, (list, tuple)):
         if len(value) != num_layers:
-            raise ValueError(f"{name} has {len(value)} entries for num_layers={num_layers}; give one per layer or a single value")
+            raise ValueError(
+                f"{name} has {len(value)} entries for num_layers={num_layers}; give one per "
+                "layer or a single value"
+            )
         return list(value)
     return [value] * num_layers
 
@@ -71,7 +75,10 @@ class TransformerEncoder(nn.Module):
         _check_num_layers(num_layers)
         mechanisms = _per_layer(mechanism, num_layers, "mechanism")
         if mechanisms is not None and not isinstance(encoder_layer, TransformerEncoderLayer):
-            raise ValueError(f"mechanism needs an attnkit TransformerEncoderLayer, got {type(encoder_layer).__name__}")
+            raise ValueError(
+                "mechanism needs an attnkit TransformerEncoderLayer, got "
+                f"{type(encoder_layer).__name__}"
+            )
         if mechanisms is None:
             layers = [copy.deepcopy(encoder_layer) for _ in range(num_layers)]
         else:
@@ -147,8 +154,13 @@ class TransformerDecoder(nn.Module):
         out = tgt
         for layer in self.layers:
             out = layer(
-                out, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, tgt_key_padding_mask=tgt_key_padding_mask,
-                memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=causal,
+                out,
+                memory,
+                tgt_mask=tgt_mask,
+                memory_mask=memory_mask,
+                tgt_key_padding_mask=tgt_key_padding_mask,
+                memory_key_padding_mask=memory_key_padding_mask,
+                tgt_is_causal=causal,
                 memory_is_causal=memory_is_causal,
             )
         return self.norm(out) if self.norm is not None else out
@@ -196,9 +208,17 @@ class Transformer(nn.Module):
         _check_num_layers(num_decoder_layers)
         factory = {"device": device, "dtype": dtype}
         common = dict(
-            d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
-            layer_norm_eps=layer_norm_eps, batch_first=batch_first, norm_first=norm_first, bias=bias,
-            backend=backend, **factory,
+            d_model=d_model,
+            nhead=nhead,
+            dim_feedforward=dim_feedforward,
+            dropout=dropout,
+            activation=activation,
+            layer_norm_eps=layer_norm_eps,
+            batch_first=batch_first,
+            norm_first=norm_first,
+            bias=bias,
+            backend=backend,
+            **factory,
         )
         enc = _per_layer(encoder_mechanism, num_encoder_layers, "encoder_mechanism")
         dec = _per_layer(decoder_mechanism, num_decoder_layers, "decoder_mechanism")
@@ -208,8 +228,10 @@ class Transformer(nn.Module):
             norm=nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **factory), mechanism=enc,
         )
         self.decoder = TransformerDecoder(
-            TransformerDecoderLayer(self_mechanism=dec[0], cross_mechanism=cross[0], **common), num_decoder_layers,
-            norm=nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **factory), self_mechanism=dec,
+            TransformerDecoderLayer(self_mechanism=dec[0], cross_mechanism=cross[0], **common),
+            num_decoder_layers,
+            norm=nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **factory),
+            self_mechanism=dec,
             cross_mechanism=cross,
         )
         if positional is None:
@@ -217,8 +239,12 @@ class Transformer(nn.Module):
         else:
             make = SinusoidalPositionalEncoding if positional == "sinusoidal" else LearnedPositionalEncoding
             extra = {"device": device} if positional == "sinusoidal" else factory
-            self.src_position = make(d_model, max_len=max_len, dropout=dropout, batch_first=batch_first, **extra)
-            self.tgt_position = make(d_model, max_len=max_len, dropout=dropout, batch_first=batch_first, **extra)
+            self.src_position = make(
+                d_model, max_len=max_len, dropout=dropout, batch_first=batch_first, **extra
+            )
+            self.tgt_position = make(
+                d_model, max_len=max_len, dropout=dropout, batch_first=batch_first, **extra
+            )
         self.d_model = d_model
         self.nhead = nhead
         self.batch_first = batch_first
@@ -262,8 +288,13 @@ class Transformer(nn.Module):
         if self.tgt_position is not None:
             tgt = self.tgt_position(tgt)
         return self.decoder(
-            tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, tgt_key_padding_mask=tgt_key_padding_mask,
-            memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=tgt_is_causal,
+            tgt,
+            memory,
+            tgt_mask=tgt_mask,
+            memory_mask=memory_mask,
+            tgt_key_padding_mask=tgt_key_padding_mask,
+            memory_key_padding_mask=memory_key_padding_mask,
+            tgt_is_causal=tgt_is_causal,
         )
 
     def forward(
@@ -282,6 +313,11 @@ class Transformer(nn.Module):
         if memory_key_padding_mask is None:
             memory_key_padding_mask = src_key_padding_mask
         return self.decode(
-            tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, tgt_key_padding_mask=tgt_key_padding_mask,
-            memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=tgt_is_causal,
+            tgt,
+            memory,
+            tgt_mask=tgt_mask,
+            memory_mask=memory_mask,
+            tgt_key_padding_mask=tgt_key_padding_mask,
+            memory_key_padding_mask=memory_key_padding_mask,
+            tgt_is_causal=tgt_is_causal,
         )

@@ -71,7 +71,11 @@ def aggregate(runs: list[dict], mechanisms: tuple[str, ...], baseline: str = "so
         record["step_time_s"] = time_mean
         record["step_time_rel"] = time_mean / base_time if base_time else None
         record["step_time_baseline"] = baseline
-        mins = [r["explain_away"]["min_normalized"] for r in group if r["explain_away"]["min_normalized"] is not None]
+        mins = [
+            r["explain_away"]["min_normalized"]
+            for r in group
+            if r["explain_away"]["min_normalized"] is not None
+        ]
         raw = [r["explain_away"]["min"] for r in group if r["explain_away"]["min"] is not None]
         record["explain_away_min_normalized"] = min(mins) if mins else None
         record["explain_away_min_raw"] = min(raw) if raw else None

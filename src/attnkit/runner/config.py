@@ -38,28 +38,89 @@ PRESET_NAMES: tuple[str, ...] = ("quick", "paper")
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "classification": {
         "quick": dict(
-            mechanisms=DEFAULT_MECHANISMS, seeds=2, steps=150, batch_size=32, lr=2e-3, warmup_steps=15,
-            eval_every=50, checkpoint_every=50, max_train=2400, max_eval=600, max_len=64, vocab_size=6000,
-            d_model=64, nhead=4, num_layers=2, dim_feedforward=128, dropout=0.1, explain_away_samples=64,
+            mechanisms=DEFAULT_MECHANISMS,
+            seeds=2,
+            steps=150,
+            batch_size=32,
+            lr=2e-3,
+            warmup_steps=15,
+            eval_every=50,
+            checkpoint_every=50,
+            max_train=2400,
+            max_eval=600,
+            max_len=64,
+            vocab_size=6000,
+            d_model=64,
+            nhead=4,
+            num_layers=2,
+            dim_feedforward=128,
+            dropout=0.1,
+            explain_away_samples=64,
             threads=1,
         ),
         "paper": dict(
-            mechanisms=DEFAULT_MECHANISMS, seeds=3, steps=1500, batch_size=32, lr=1e-3, warmup_steps=100,
-            eval_every=250, checkpoint_every=250, max_train=None, max_eval=None, max_len=256, vocab_size=20000,
-            d_model=128, nhead=4, num_layers=2, dim_feedforward=256, dropout=0.1, explain_away_samples=128,
+            mechanisms=DEFAULT_MECHANISMS,
+            seeds=3,
+            steps=1500,
+            batch_size=32,
+            lr=1e-3,
+            warmup_steps=100,
+            eval_every=250,
+            checkpoint_every=250,
+            max_train=None,
+            max_eval=None,
+            max_len=256,
+            vocab_size=20000,
+            d_model=128,
+            nhead=4,
+            num_layers=2,
+            dim_feedforward=256,
+            dropout=0.1,
+            explain_away_samples=128,
         ),
     },
     "seq2seq": {
         "quick": dict(
-            mechanisms=("softmax", "coda"), seeds=2, steps=300, batch_size=64, lr=2e-3, warmup_steps=30,
-            eval_every=100, checkpoint_every=100, max_train=20000, max_eval=300, max_len=24, max_target_len=12,
-            vocab_size=64, d_model=64, nhead=4, num_layers=2, dim_feedforward=128, dropout=0.0,
-            explain_away_samples=64, threads=1,
+            mechanisms=("softmax", "coda"),
+            seeds=2,
+            steps=300,
+            batch_size=64,
+            lr=2e-3,
+            warmup_steps=30,
+            eval_every=100,
+            checkpoint_every=100,
+            max_train=20000,
+            max_eval=300,
+            max_len=24,
+            max_target_len=12,
+            vocab_size=64,
+            d_model=64,
+            nhead=4,
+            num_layers=2,
+            dim_feedforward=128,
+            dropout=0.0,
+            explain_away_samples=64,
+            threads=1,
         ),
         "paper": dict(
-            mechanisms=("softmax", "coda"), seeds=1, steps=3000, batch_size=64, lr=1e-3, warmup_steps=200,
-            eval_every=500, checkpoint_every=500, max_train=None, max_eval=1000, max_len=32, max_target_len=12,
-            vocab_size=64, d_model=128, nhead=4, num_layers=2, dim_feedforward=256, dropout=0.0,
+            mechanisms=("softmax", "coda"),
+            seeds=1,
+            steps=3000,
+            batch_size=64,
+            lr=1e-3,
+            warmup_steps=200,
+            eval_every=500,
+            checkpoint_every=500,
+            max_train=None,
+            max_eval=1000,
+            max_len=32,
+            max_target_len=12,
+            vocab_size=64,
+            d_model=128,
+            nhead=4,
+            num_layers=2,
+            dim_feedforward=256,
+            dropout=0.0,
             explain_away_samples=128,
         ),
     },
@@ -84,10 +145,12 @@ class CompareConfig:
     ``task``: a built-in task (``reuters8``, ``mlu``) or a dataset file (``.json``/``.jsonl``, see
     ``attnkit.runner.tasks``); ``mechanisms``: names in ``attnkit.MECHANISMS``; ``seeds``: how many seeds
     (``seed``, ``seed + 1``, ...) per mechanism; ``steps``: optimizer steps per run, capped by ``max_steps``;
-    ``batch_size``: the global batch (split evenly across processes); ``max_train`` / ``max_eval``: caps on the
+    ``batch_size``: the global batch (split evenly across processes); ``max_train`` / ``max_eval``: caps on
+    the
     number of examples (null = all); ``max_len`` / ``max_target_len``: token caps; ``vocab_size``: the largest
     vocabulary kept by the word tokenizer. ``threads``: torch CPU threads per process (null = torch's
-    default; the quick presets use 1, which keeps a small or shared CPU from thrashing). ``out``: the run directory; ``resume`` continues it,
+    default; the quick presets use 1, which keeps a small or shared CPU from thrashing). ``out``: the run
+    directory; ``resume`` continues it,
     ``overwrite`` replaces it.
     """
 
@@ -125,7 +188,10 @@ class CompareConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.task, str) or not self.task:
-            raise ValueError(f"task={self.task!r}: expected a task name ({sorted(TASK_KINDS)}) or a dataset file")
+            raise ValueError(
+                f"task={self.task!r}: expected a task name ({sorted(TASK_KINDS)}) or a dataset "
+                "file"
+            )
         if self.preset not in PRESET_NAMES:
             raise ValueError(f"preset={self.preset!r}: expected one of {PRESET_NAMES}")
         mechanisms = self.mechanisms
@@ -140,20 +206,27 @@ class CompareConfig:
             try:
                 names.append(resolve_mechanism(m).name)
             except ValueError:
-                raise ValueError(f"unknown mechanism {m!r} in mechanisms; expected names from {MECHANISMS}") from None
+                raise ValueError(
+                    f"unknown mechanism {m!r} in mechanisms; expected names from "
+                    f"{MECHANISMS}"
+                ) from None
         if len(set(names)) != len(names):
             raise ValueError(f"mechanisms={list(mechanisms)} names a mechanism twice; list each once")
         object.__setattr__(self, "mechanisms", tuple(names))
         _positive_int("seeds", self.seeds)
         _positive_int("seed", self.seed, minimum=0)
         for name in ("steps", "batch_size", "eval_every", "checkpoint_every", "max_len", "max_target_len",
-                     "vocab_size", "d_model", "nhead", "num_layers", "dim_feedforward", "explain_away_samples"):
+                     "vocab_size", "d_model", "nhead", "num_layers", "dim_feedforward",
+                     "explain_away_samples"):
             _positive_int(name, getattr(self, name))
         for name in ("max_steps", "max_train", "max_eval", "threads"):
             _positive_int(name, getattr(self, name), allow_none=True)
         _positive_int("warmup_steps", self.warmup_steps, minimum=0)
         if self.d_model % self.nhead:
-            raise ValueError(f"d_model={self.d_model} is not divisible by nhead={self.nhead}; pick a multiple")
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by nhead={self.nhead}; pick a "
+                "multiple"
+            )
         for name, low, high in (("lr", 0.0, math.inf), ("weight_decay", -1e-12, math.inf),
                                 ("grad_clip", 0.0, math.inf), ("dropout", -1e-12, 1.0)):
             value = getattr(self, name)
@@ -164,7 +237,10 @@ class CompareConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected true or false")
         if self.resume and self.overwrite:
-            raise ValueError("resume and overwrite exclude each other: --resume continues a run, --overwrite replaces it")
+            raise ValueError(
+                "resume and overwrite exclude each other: --resume continues a run, "
+                "--overwrite replaces it"
+            )
         if self.progress not in PROGRESS:
             raise ValueError(f"progress={self.progress!r}: expected one of {PROGRESS}")
         if not isinstance(self.out, str) or not self.out:
@@ -200,7 +276,10 @@ def _check_keys(values: Mapping[str, Any], source: str) -> None:
     valid = config_keys()
     unknown = sorted(set(values) - set(valid))
     if unknown:
-        raise ValueError(f"unknown configuration key(s) {unknown} in {source}; valid keys: {', '.join(valid)}")
+        raise ValueError(
+            f"unknown configuration key(s) {unknown} in {source}; valid keys: "
+            f"{', '.join(valid)}"
+        )
 
 
 def load_config_file(path: str | Path) -> dict:
@@ -229,11 +308,17 @@ def load_config_file(path: str | Path) -> dict:
     except ValueError:
         raise
     except Exception as exc:  # yaml.YAMLError and friends: report as the user's error
-        raise ValueError(f"configuration file {str(path)!r} does not parse: {' '.join(str(exc).split())}") from None
+        raise ValueError(
+            f"configuration file {str(path)!r} does not parse: "
+            f"{' '.join(str(exc).split())}"
+        ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ValueError(f"configuration file {str(path)!r} must hold a mapping of keys to values, got {type(data).__name__}")
+        raise ValueError(
+            f"configuration file {str(path)!r} must hold a mapping of keys to values, got "
+            f"{type(data).__name__}"
+        )
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
     _check_keys(data, repr(str(path)))
     return data
@@ -247,7 +332,9 @@ def task_kind(task: str) -> str:
 
     if task.lower() in DATASETS:
         return "seq2seq" if DATASETS[task.lower()].kind == "seq2seq" else "classification"
-    from .dataset_file import file_task_kind  # a dataset file declares its kind; anything else is an unknown task
+    from .dataset_file import (
+        file_task_kind,
+    )  # a dataset file declares its kind; anything else is an unknown task
 
     return file_task_kind(task)
 

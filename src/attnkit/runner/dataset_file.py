@@ -18,7 +18,8 @@ def read_dataset_file(path: str) -> dict:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(
-            f"dataset file {path!r} not found; give a built-in task (reuters8, mlu, ...) or an existing .json/.jsonl file"
+            f"dataset file {path!r} not found; give a built-in task (reuters8, mlu, ...) or an existing "
+            ".json/.jsonl file"
         )
     try:
         if p.suffix == ".jsonl":
@@ -44,7 +45,8 @@ def file_task_kind(path: str) -> str:
         from ..data import DATASETS
 
         raise ValueError(
-            f"unknown task {path!r}; expected one of {', '.join(DATASETS)} or a dataset file ending in .json/.jsonl"
+            f"unknown task {path!r}; expected one of {', '.join(DATASETS)} or a dataset file ending in "
+            ".json/.jsonl"
         )
     kind = read_dataset_file(path).get("kind")
     if kind not in ("classification", "seq2seq"):

@@ -51,7 +51,9 @@ class RichProgress:
         self._task = None
 
     def start_run(self, label: str, total: int, done: int) -> None:
-        self._task = self._progress.add_task(label, total=total, completed=done, loss="-", speed="-", extra="")
+        self._task = self._progress.add_task(
+            label, total=total, completed=done, loss="-", speed="-", extra=""
+        )
 
     def update(self, step: int, loss: float, throughput: float) -> None:
         self._progress.update(self._task, completed=step, loss=f"{loss:.4f}", speed=f"{throughput:.0f}")

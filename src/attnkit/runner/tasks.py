@@ -74,7 +74,8 @@ def _trim(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def load_file_dataset(path: str):
-    """A ``TextClassificationData`` or ``Seq2SeqData`` from a dataset file (format in the module docstring)."""
+    """A ``TextClassificationData`` or ``Seq2SeqData`` from a dataset file (format in the module
+    docstring)."""
     from ..data import Seq2SeqData, TextClassificationData
 
     kind = file_task_kind(path)
@@ -87,12 +88,17 @@ def load_file_dataset(path: str):
     for split in ("train", "test"):
         for i, row in enumerate(raw[split]):
             if not isinstance(row, dict) or any(f not in row for f in fields):
-                raise ValueError(f"dataset file {path!r}: {split}[{i}] = {row!r}; expected an object with keys {fields}")
+                raise ValueError(
+                    f"dataset file {path!r}: {split}[{i}] = {row!r}; expected an object with "
+                    f"keys {fields}"
+                )
     if kind == "seq2seq":
         return Seq2SeqData(
             name=name,
-            train_src=[str(r["source"]) for r in raw["train"]], train_tgt=[str(r["target"]) for r in raw["train"]],
-            test_src=[str(r["source"]) for r in raw["test"]], test_tgt=[str(r["target"]) for r in raw["test"]],
+            train_src=[str(r["source"]) for r in raw["train"]],
+            train_tgt=[str(r["target"]) for r in raw["train"]],
+            test_src=[str(r["source"]) for r in raw["test"]],
+            test_tgt=[str(r["target"]) for r in raw["test"]],
         )
     names = raw.get("label_names")
     if names is None:
@@ -171,7 +177,9 @@ class ClassificationTask:
             vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
         )
 
-    def build_model(self, config: CompareConfig, mechanism: str, data: EncodedClassification) -> torch.nn.Module:
+    def build_model(
+        self, config: CompareConfig, mechanism: str, data: EncodedClassification
+    ) -> torch.nn.Module:
         from ..models import TransformerClassifier
 
         return TransformerClassifier(
@@ -202,7 +210,9 @@ class ClassificationTask:
         ids, mask = self._batch(data.test_ids, data.test_mask, idx, device)
         return model(ids, mask).argmax(dim=-1).tolist()
 
-    def forward_for_diagnostics(self, model, data: EncodedClassification, idx: Tensor, config, device) -> None:
+    def forward_for_diagnostics(
+        self, model, data: EncodedClassification, idx: Tensor, config, device
+    ) -> None:
         ids, mask = self._batch(data.test_ids, data.test_mask, idx, device)
         model(ids, mask)
 
@@ -317,12 +327,16 @@ class Seq2SeqTask:
         src, src_mask, tgt, tgt_mask = self._batch("train", data, idx, device)
         logits = model(src, src_mask, tgt[:, :-1], tgt_mask[:, :-1])  # (b, Lt - 1, V)
         gold = tgt[:, 1:].masked_fill(~tgt_mask[:, 1:], -100)  # (b, Lt - 1)
-        return F.cross_entropy(logits.float().flatten(0, 1), gold.flatten(), ignore_index=-100, reduction="sum")
+        return F.cross_entropy(
+            logits.float().flatten(0, 1), gold.flatten(), ignore_index=-100, reduction="sum"
+        )
 
     def predict(self, model, data: EncodedSeq2Seq, idx: Tensor, config, device) -> list[str]:
         src, src_mask, _, _ = self._batch("test", data, idx, device)
         tok = data.tokenizer
-        out = model.greedy_decode(src, src_mask, max_len=config.max_target_len + 2, bos_id=tok.bos_id, eos_id=tok.eos_id)
+        out = model.greedy_decode(
+            src, src_mask, max_len=config.max_target_len + 2, bos_id=tok.bos_id, eos_id=tok.eos_id
+        )
         return tok.decode(out)
 
     def forward_for_diagnostics(self, model, data: EncodedSeq2Seq, idx: Tensor, config, device) -> None:
@@ -335,7 +349,8 @@ class Seq2SeqTask:
 
     @staticmethod
     def _targets(data: EncodedSeq2Seq) -> list[str]:
-        """The targets as the model can produce them (``<bos>``/``<eos>`` dropped, truncated to max_target_len)."""
+        """The targets as the model can produce them (``<bos>``/``<eos>`` dropped, truncated to
+        max_target_len)."""
         return data.tokenizer.decode(data.test_tgt)
 
     def samples(self, data: EncodedSeq2Seq, preds: list[str], limit: int = 8) -> list[dict]:
@@ -356,6 +371,7 @@ def get_task(name: str):
     key = str(name).lower()
     if key not in DATASETS:
         raise ValueError(
-            f"unknown task {name!r}; expected one of {', '.join(DATASETS)} or a dataset file ending in .json/.jsonl"
+            f"unknown task {name!r}; expected one of {', '.join(DATASETS)} or a dataset file ending in "
+            ".json/.jsonl"
         )
     return Seq2SeqTask(key) if DATASETS[key].kind == "seq2seq" else ClassificationTask(key)

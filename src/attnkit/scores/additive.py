@@ -20,12 +20,16 @@ from torch import Tensor, nn
 __all__ = ["additive", "AdditiveScore"]
 
 
-def additive(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, w: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-    """``q (B, H, Lq, Dq)``, ``k (B, H, Lk, Dk)``, ``w_q (A, Dq)``, ``w_k (A, Dk)``, ``w (A,)`` -> ``(B, H, Lq, Lk)``."""
+def additive(
+    q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, w: Tensor, bias: Optional[Tensor] = None
+) -> Tensor:
+    """``q (B, H, Lq, Dq)``, ``k (B, H, Lk, Dk)``, ``w_q (A, Dq)``, ``w_k (A, Dk)``, ``w (A,)`` -> ``(B, H,
+    Lq, Lk)``."""
     A = w.shape[-1]
     if w_q.shape != (A, q.shape[-1]) or w_k.shape != (A, k.shape[-1]) or w.dim() != 1:
         raise ValueError(
-            f"additive weights have shapes w_q={tuple(w_q.shape)}, w_k={tuple(w_k.shape)}, w={tuple(w.shape)}; "
+            f"additive weights have shapes w_q={tuple(w_q.shape)}, w_k={tuple(w_k.shape)}, "
+            f"w={tuple(w.shape)}; "
             f"expected ({A}, {q.shape[-1]}), ({A}, {k.shape[-1]}), ({A},)"
         )
     hq = q @ w_q.T  # (B, H, Lq, A)

@@ -1,6 +1,7 @@
 """Dot-product scores (Luong "dot"; Vaswani et al. scaled dot product).
 
-"Effective Approaches to Attention-based Neural Machine Translation" (arXiv:1508.04025) and "Attention Is All You Need" (arXiv:1706.03762); docs/design.md section 1:
+"Effective Approaches to Attention-based Neural Machine Translation" (arXiv:1508.04025) and "Attention Is All
+You Need" (arXiv:1706.03762); docs/design.md section 1:
 
     dot:         s_ij = q_i . k_j
     scaled dot:  s_ij = q_i . k_j / sqrt(D)

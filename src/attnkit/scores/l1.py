@@ -19,7 +19,8 @@ __all__ = ["neg_l1_distance"]
 def neg_l1_distance(q: Tensor, k: Tensor, scale: Optional[float] = None) -> Tensor:
     """``-||q_i - k_j||_1 * scale`` with ``scale = 1/sqrt(D)`` by default; ``(B, H, Lq, Lk)``.
 
-    Uses ``attnkit.kernels.l1_distance.l1_distance`` (the C++ kernel on the CPU, ``torch.cdist(p=1)`` elsewhere):
+    Uses ``attnkit.kernels.l1_distance.l1_distance`` (the C++ kernel on the CPU, ``torch.cdist(p=1)``
+    elsewhere):
     no ``(Lq, Lk, D)`` temporary. Half-precision inputs are computed in float32 (``cdist`` has no bfloat16
     kernel) and the result is cast back to the input dtype.
     """
