@@ -113,7 +113,7 @@ class MaskInfo:
         return MaskInfo(
             key_mask=None if self.key_mask is None else self.key_mask[b0:b1],
             query_mask=None if self.query_mask is None else self.query_mask[b0:b1],
-            attn_mask=None,
+            attn_mask=self.attn_mask,  # as given (its sliced form is ``pair`` / ``bias``)
             causal=self.causal,
             key=_sub(self.key), query=_sub(self.query), pair=_sub(self.pair), bias=_sub(self.bias),
             Lq=self.Lq, Lk=self.Lk, device=self.device,

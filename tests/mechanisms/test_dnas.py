@@ -83,7 +83,7 @@ def test_rows_sum_to_one(B, Lq, Lk, seed):
 
 
 def test_equals_softmax_with_per_key_bias(backend):
-    """DESIGN section 2: DNAS is softmax attention with the bias -c_j, c_j = LSE over queries."""
+    """docs/design.md section 2: DNAS is softmax attention with the bias -c_j, c_j = LSE over queries."""
     q, k, v = random_qkv(2, 2, 5, 4, seed=5)
     s = ak.scores.scaled_dot(q, k)
     c = torch.logsumexp(s, dim=-2, keepdim=True)  # (B, H, 1, Lk)

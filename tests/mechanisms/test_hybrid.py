@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnkit as ak
+from attnkit.mechanisms import check_hybrid_weight, sigmoid_weight
 from tests._reference import random_qkv, ref_attention
 
 
@@ -88,3 +90,31 @@ def test_config_u0_is_the_default_weight():
     torch.testing.assert_close(
         ak.attention(q, k, v, "hnas"), ak.attention(q, k, v, "hnas", hybrid_weight=0.5)
     )
+
+
+class _RecordOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _syncs(ops):
+    return [op for op in ops if "_local_scalar_dense" in op or "is_nonzero" in op or "item" in op]
+
+
+def test_module_weight_sigmoid_theta_is_not_read_back_but_a_user_tensor_is():
+    """``sigmoid(theta)`` cannot leave [0, 1]: checking its values would cost a host sync on every call."""
+    theta = torch.tensor([0.3, -2.0], requires_grad=True)
+    like = torch.zeros(1, 2, 3, 4)
+    with _RecordOps() as rec:
+        check_hybrid_weight(sigmoid_weight(theta), 2, like)
+    assert _syncs(rec.ops) == []
+    with _RecordOps() as rec:
+        check_hybrid_weight(torch.sigmoid(theta), 2, like)
+    assert _syncs(rec.ops)  # a tensor the user built is checked
+    with pytest.raises(ValueError, match="outside"):
+        check_hybrid_weight(torch.tensor([0.5, 1.5]), 2, like)
