@@ -138,6 +138,23 @@ def _hybrid_u(config: MechanismConfig, hybrid_weight, H: int, like: Tensor) -> O
     return check_hybrid_weight(u, H, like, dtype=_compute_dtype(like.dtype))
 
 
+def _zero_padding(q: Tensor, k: Tensor, v: Tensor, mask: MaskInfo) -> tuple[Tensor, Tensor, Tensor]:
+    """Zero the padded rows (``query_mask`` / ``key_mask`` False) so that whatever they hold never matters.
+
+    Padded pairs weigh exactly 0, but ``0 * nan = nan`` and ``inf - inf = nan`` in the products and
+    column sums of every backend: a select (``torch.where``, never a multiplication) makes "padding =
+    truncation" hold for NaN, inf and huge values too, and passes zero gradients to the padded rows.
+    A call without padding masks is left untouched (no copy).
+    """
+    if mask.query_mask is not None:
+        q = torch.where(mask.query_mask[:, None, :, None], q, 0.0)  # (B, H, Lq, D)
+    if mask.key_mask is not None:
+        keep = mask.key_mask[:, None, :, None]  # (B, 1, Lk, 1)
+        k = torch.where(keep, k, 0.0)  # (B, H, Lk, D)
+        v = torch.where(keep, v, 0.0)  # (B, H, Lk, Dv)
+    return q, k, v
+
+
 def _efficient_module():
     """``attnkit.kernels`` when it is part of this build, else ``None``.
 
@@ -210,6 +227,7 @@ def attention(
     scale = _check_scale(scale, D)
     dropout_p = _check_dropout(dropout_p)
     u = _hybrid_u(config, hybrid_weight, H, q)
+    q, k, v = _zero_padding(q, k, v, mask)
 
     if _OBSERVERS:
         out, w = _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights=True)
