@@ -35,8 +35,9 @@ def convert_directory(
 
     import attnkit.hf as akhf
 
-    if not os.path.isfile(os.path.join(model_dir, "config.json")):
-        raise FileNotFoundError(f"MODEL_DIR {model_dir} has no config.json; pass a directory written by save_pretrained")
+    from attnkit.hf.checks import check_model_dir
+
+    check_model_dir(model_dir, "MODEL_DIR")
     out_path = Path(out)
     _check_out(out_path, overwrite)
     model = akhf.load(model_dir)
