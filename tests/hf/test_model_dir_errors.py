@@ -82,6 +82,12 @@ def _break(model_dir, case, marker):
     if case == "wrong field type":
         config.write_text(json.dumps({**json.loads(config.read_text()), "hidden_size": "sixteen"}))
         return "config.json"
+    if case == "bad attnkit record":
+        config.write_text(json.dumps({**json.loads(config.read_text()), "attnkit": {"mechanism": "flash"}}))
+        return "config.json"
+    if case == "heads do not divide the width":
+        config.write_text(json.dumps({**json.loads(config.read_text()), "num_attention_heads": 3}))
+        return "config.json"
     if case == "weights of another shape":
         config.write_text(json.dumps({**json.loads(config.read_text()), "hidden_size": 8, "intermediate_size": 8}))
         return "model.safetensors holds tensors whose shapes differ"
@@ -95,6 +101,7 @@ def _break(model_dir, case, marker):
 
 CASES = ["truncated weights", "empty weights", "garbage weights", "no weights", "only pytorch_model.bin",
          "invalid config.json", "config.json not an object", "unknown model_type", "wrong field type",
+         "bad attnkit record", "heads do not divide the width",
          "weights of another shape", "index names a missing shard"]
 
 
