@@ -6,6 +6,8 @@ from __future__ import annotations
 import fcntl
 import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -130,20 +132,49 @@ def test_corrupt_checkpoint_is_one_line_exit_2(interrupted, tmp_path, capsys, ca
     _assert_one_line(err, needle)
 
 
+_HOLD_RUN_DIR = (
+    "import sys, time\n"
+    "from pathlib import Path\n"
+    "from attnkit.runner.compare import _lock_run_dir\n"
+    "fd = _lock_run_dir(Path(sys.argv[1]))\n"
+    "print('held', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
 def test_second_resume_of_a_running_compare_is_refused(interrupted, tmp_path, capsys):
+    """While another process holds the run directory, --resume is one line and exit 2; once that process is
+    SIGKILLed its lock is gone and the run continues to the end."""
     out, _, checkpoint = _copy_run(interrupted, tmp_path)
-    fd = os.open(out, os.O_RDONLY)  # what a live `compare --resume` on this directory holds
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_RUN_DIR, str(out)], stdout=subprocess.PIPE, text=True)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert holder.stdout.readline().strip() == "held"
         code, err = _resume_cli(out, capsys)
     finally:
-        os.close(fd)
+        holder.kill()
+        holder.wait(timeout=30)
     assert code == 2
     _assert_one_line(err, "in use by another attnkit compare")
     assert (checkpoint / "trainer.json").is_file()  # untouched
-    code = None
-    main(["compare", "--out", str(out), "--resume", "--progress", "none"])  # lock gone with its holder: finishes
+    main(["compare", "--out", str(out), "--resume", "--progress", "none"])
     assert (out / "results.json").is_file()
+
+
+def test_a_running_compare_holds_its_run_dir(interrupted, tmp_path):
+    out, data, _ = _copy_run(interrupted, tmp_path)
+    seen = []
+
+    def try_second(mechanism, seed, step):  # a second process's attempt, made while the first one trains
+        fd = os.open(out, os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            seen.append(step)
+        finally:
+            os.close(fd)
+
+    run_compare(build_config(tiny_overrides(data, out, resume=True, **COMMON)), on_step=try_second)
+    assert seen == [5, 6]
 
 
 def test_resume_reproduces_the_uninterrupted_run(interrupted, tmp_path):
