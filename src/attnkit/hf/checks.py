@@ -32,7 +32,9 @@ def _read_json(path: str) -> Any:
         raise ValueError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
                          "restore it from the original model") from None
     except (UnicodeDecodeError, OSError) as exc:
-        raise ValueError(f"{path} cannot be read ({_first_line(exc)}); restore it from the original model") from None
+        raise ValueError(
+            f"{path} cannot be read ({_first_line(exc)}); restore it from the original model"
+        ) from None
 
 
 def _check_safetensors(path: str) -> None:
@@ -68,8 +70,9 @@ def _check_weights(path: str) -> None:
     pickled = [n for n in _PICKLE_WEIGHTS if os.path.isfile(os.path.join(path, n))]
     if pickled:
         raise FileNotFoundError(
-            f"{path} holds its weights only as {pickled[0]}, a pickle file that attnkit does not load (it can run "
-            f"code); convert it to {WEIGHTS} where you trust it (model.save_pretrained(dir) writes safetensors)"
+            f"{path} holds its weights only as {pickled[0]}, a pickle file that attnkit does not load "
+            f"(it can run code); convert it to {WEIGHTS} where you trust it "
+            "(model.save_pretrained(dir) writes safetensors)"
         )
     raise FileNotFoundError(f"{path} has no {WEIGHTS}; pass a directory written by save_pretrained")
 
@@ -82,11 +85,14 @@ def check_model_dir(path: str | os.PathLike, option: str = "model directory") ->
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(
-            f"{option} {path} does not exist; pass a directory written by save_pretrained (config.json and {WEIGHTS})"
+            f"{option} {path} does not exist; pass a directory written by save_pretrained "
+            f"(config.json and {WEIGHTS})"
         )
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
-        raise FileNotFoundError(f"{option} {path} has no config.json; pass a directory written by save_pretrained")
+        raise FileNotFoundError(
+            f"{option} {path} has no config.json; pass a directory written by save_pretrained"
+        )
     config = _read_json(config_path)
     if not isinstance(config, dict):
         raise ValueError(f"{config_path} holds a {type(config).__name__}, expected a JSON object of settings")
@@ -121,11 +127,15 @@ def from_pretrained(model_class, path: str | os.PathLike, option: str = "model d
     try:
         return model_class.from_pretrained(path, use_safetensors=True, **kwargs)
     except (TypeError, AttributeError) as exc:  # a setting of the wrong type reaches a layer constructor
-        raise ValueError(f"{config_path}: a setting has the wrong type or value ({_first_line(exc)})") from None
+        raise ValueError(
+            f"{config_path}: a setting has the wrong type or value ({_first_line(exc)})"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - a hostile directory can fail anywhere in transformers
         if "mismatched_sizes" in str(exc) or "size mismatch" in str(exc):
             raise ValueError(
                 f"{weights} holds tensors whose shapes differ from the sizes in {config_path}; "
                 "restore the matching pair of files"
             ) from None
-        raise ValueError(f"cannot build the model of {config_path} and load {weights} ({_first_line(exc)})") from None
+        raise ValueError(
+            f"cannot build the model of {config_path} and load {weights} ({_first_line(exc)})"
+        ) from None

@@ -267,7 +267,8 @@ def load(path: Union[str, os.PathLike], model_class=None, **kwargs):
 
     ``model_class`` defaults to the saved architecture (``config.architectures[0]``), else ``AutoModel``;
     extra ``kwargs`` go to ``from_pretrained`` (e.g. ``num_labels``). Weights load from safetensors only; a
-    missing or broken ``config.json`` / ``model.safetensors`` raises one error naming the file (``hf.checks``).
+    missing or broken ``config.json`` / ``model.safetensors`` raises one error naming the file
+    (``hf.checks``).
     """
     import transformers
 

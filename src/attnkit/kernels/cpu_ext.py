@@ -90,7 +90,10 @@ def _build_key(sources: Optional[list[Path]] = None) -> str:
 
 
 def build_dir() -> Path:
-    """Where the extension lives: ``$ATTNKIT_CACHE/ext/torch-<version>-<capability>-<hash of the sources>``."""
+    """Where the extension lives: ``$ATTNKIT_CACHE/ext/torch-<version>-<capability>-<hash>``.
+
+    The hash covers the C++ sources, the compiler flags and the torch and Python versions.
+    """
     root = os.environ.get("ATTNKIT_CACHE")
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "attnkit"
     version = torch.__version__.replace("+", "-")
@@ -194,7 +197,7 @@ def load(verbose: bool = False, *, warn: bool = True) -> bool:
             torch.ops.attnkit_cpu.potentials_forward  # noqa: B018  (raises if the library did not register)
             torch.ops.attnkit_cpu.l1_distance  # noqa: B018
             _state.update(loaded=True, ok=True, error=None)
-        except Exception as exc:  # a missing compiler, ninja or BLAS symbol, a lock wait: fall back, say why once
+        except Exception as exc:  # no compiler, ninja or BLAS symbol, a lock wait: fall back, say why once
             lines = str(exc).strip().splitlines()
             _state.update(loaded=True, ok=False, error=f"{type(exc).__name__}: {lines[-1] if lines else ''}")
             if warn:

@@ -234,11 +234,12 @@ def _run_compare(config: CompareConfig, accelerator, task, on_step) -> CompareRe
                 if out.is_dir():  # held while it is checked, resumed or replaced
                     locks.append(_lock_run_dir(out))
                 prepare_run_dir(config, is_main_process=True)
-                if not locks or (locks[-1] is not None and _inode(locks[-1]) != _inode(out)):  # a new (or replaced) directory: lock it too
+                replaced = bool(locks) and locks[-1] is not None and _inode(locks[-1]) != _inode(out)
+                if not locks or replaced:  # a new (or replaced by --overwrite) directory: lock it too
                     locks.append(_lock_run_dir(out))
             except (ValueError, OSError) as exc:
                 error = exc
-        if accelerator.num_processes > 1:  # every process stops when the main one could not take the directory
+        if accelerator.num_processes > 1:  # all processes stop when the main one could not take the directory
             from accelerate.utils import broadcast_object_list
 
             shared = broadcast_object_list([None if error is None else str(error)])

@@ -9,7 +9,8 @@ is the same as one process would compute on the whole batch.
 Checkpoints (every ``checkpoint_every`` steps) hold the model, optimizer and scheduler states (``state.pt``,
 tensors and numbers only, read back with ``weights_only=True``), the step, the metrics history and the timing
 sums (``trainer.json``) and every process's RNG states (``rng-rank<i>.safetensors``); nothing is unpickled on
-resume, so a run directory from elsewhere cannot run code. The batch order is a function of (seed, step). A run continued from a checkpoint therefore ends with the same metrics as an uninterrupted one.
+resume, so a run directory from elsewhere cannot run code. The batch order is a function of (seed, step).
+A run continued from a checkpoint therefore ends with the same metrics as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def _set_rng_state(tensors: dict[str, Tensor], meta: dict) -> None:
     version, gauss = meta["python"]
     random.setstate((int(version), tuple(int(x) for x in tensors["python"].tolist()), gauss))
     kind, pos, has_gauss, cached = meta["numpy"]
-    np.random.set_state((str(kind), tensors["numpy"].numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
+    keys = tensors["numpy"].numpy().astype(np.uint32)  # (624,)
+    np.random.set_state((str(kind), keys, int(pos), int(has_gauss), float(cached)))
     torch.set_rng_state(tensors["torch"])
     cuda = [tensors[f"cuda.{i}"] for i in range(sum(1 for k in tensors if k.startswith("cuda.")))]
     if cuda and torch.cuda.is_available():
@@ -108,8 +110,8 @@ def _save_rng(path: Path) -> None:
 
 def _checkpoint_error(file: Path, problem: str) -> ValueError:
     return ValueError(
-        f"checkpoint file {str(file)!r} {problem}; delete {str(file.parent)!r} to restart that run from its last "
-        "good state, or start over with --overwrite"
+        f"checkpoint file {str(file)!r} {problem}; delete {str(file.parent)!r} to restart that run from its "
+        "last good state, or start over with --overwrite"
     )
 
 
@@ -127,7 +129,8 @@ def _read_checkpoint_file(file: Path, reader: Callable[[Path], Any]) -> Any:
         ) from None
     except Exception as exc:  # truncated, garbage, wrong format: one line, no traceback
         lines = str(exc).strip().splitlines()
-        raise _checkpoint_error(file, f"cannot be read ({type(exc).__name__}: {lines[0] if lines else ''})") from None
+        first = lines[0] if lines else ""
+        raise _checkpoint_error(file, f"cannot be read ({type(exc).__name__}: {first})") from None
 
 
 def _load_rng(file: Path) -> tuple[dict[str, Tensor], dict]:
@@ -199,8 +202,9 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler) -> di
         scheduler.load_state_dict(state["scheduler"])
 
     _read_checkpoint_file(state_file, restore)
-    rng = _read_checkpoint_file(path / f"rng-rank{accelerator.process_index}.safetensors", _load_rng)
-    _read_checkpoint_file(path / f"rng-rank{accelerator.process_index}.safetensors", lambda f: _set_rng_state(*rng))
+    rng_file = path / f"rng-rank{accelerator.process_index}.safetensors"
+    rng = _read_checkpoint_file(rng_file, _load_rng)
+    _read_checkpoint_file(rng_file, lambda f: _set_rng_state(*rng))
     return trainer
 
 
