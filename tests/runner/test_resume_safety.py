@@ -178,8 +178,7 @@ def test_a_running_compare_holds_its_run_dir(interrupted, tmp_path):
 
 
 def test_resume_reproduces_the_uninterrupted_run(interrupted, tmp_path):
-    root, data = interrupted
-    out, _, _ = _copy_run(interrupted, tmp_path)
+    out, data, _ = _copy_run(interrupted, tmp_path)
     task = get_task(str(data))
     full = run_compare(build_config(tiny_overrides(data, tmp_path / "full", **COMMON)), task=task)
     resumed = run_compare(build_config(tiny_overrides(data, out, resume=True, **COMMON)), task=task)

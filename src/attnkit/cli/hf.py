@@ -34,7 +34,6 @@ def convert_directory(
     import transformers
 
     import attnkit.hf as akhf
-
     from attnkit.hf.checks import check_model_dir
 
     check_model_dir(model_dir, "MODEL_DIR")

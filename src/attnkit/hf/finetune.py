@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -206,10 +205,9 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
         TrainingArguments,
     )
 
+    from .checks import auto_config, check_model_dir, from_pretrained
     from .convert import conversion, convert, hybrid_weights
     from .registry import register
-
-    from .checks import auto_config, check_model_dir, from_pretrained
 
     out = Path(config.out)
     _check_out(out, config.overwrite)

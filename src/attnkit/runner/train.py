@@ -138,7 +138,7 @@ def _load_rng(file: Path) -> tuple[dict[str, Tensor], dict]:
 
     with safe_open(str(file), framework="pt") as f:
         meta = json.loads((f.metadata() or {})["attnkit_rng"])
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
     for key in ("python", "numpy", "torch"):
         if key not in tensors:
             raise KeyError(f"no {key!r} state")
