@@ -144,15 +144,22 @@ def _zero_padding(q: Tensor, k: Tensor, v: Tensor, mask: MaskInfo) -> tuple[Tens
     Padded pairs weigh exactly 0, but ``0 * nan = nan`` and ``inf - inf = nan`` in the products and
     column sums of every backend: a select (``torch.where``, never a multiplication) makes "padding =
     truncation" hold for NaN, inf and huge values too, and passes zero gradients to the padded rows.
-    A call without padding masks is left untouched (no copy).
+    A call without padding (no mask, or a CPU mask without a False) is left untouched (no copy).
     """
-    if mask.query_mask is not None:
+    if _has_padding(mask.query_mask):
         q = torch.where(mask.query_mask[:, None, :, None], q, 0.0)  # (B, H, Lq, D)
-    if mask.key_mask is not None:
+    if _has_padding(mask.key_mask):
         keep = mask.key_mask[:, None, :, None]  # (B, 1, Lk, 1)
         k = torch.where(keep, k, 0.0)  # (B, H, Lk, D)
         v = torch.where(keep, v, 0.0)  # (B, H, Lk, Dv)
     return q, k, v
+
+
+def _has_padding(m: Optional[Tensor]) -> bool:
+    """``m`` has a False entry; on an accelerator assumed so (checking would synchronize with the device)."""
+    if m is None:
+        return False
+    return m.device.type != "cpu" or not bool(m.all())
 
 
 def _efficient_module():
