@@ -101,6 +101,30 @@ def _hybrid_u(config: MechanismConfig, hybrid_weight, H: int, like: Tensor) -> O
     return check_hybrid_weight(u, H, like, dtype=_compute_dtype(like.dtype))
 
 
+def _zero_padding(q: Tensor, k: Tensor, v: Tensor, mask: MaskInfo) -> tuple[Tensor, Tensor, Tensor]:
+    """Zero the padded rows (``query_mask`` / ``key_mask`` False) so that whatever they hold never matters.
+
+    Padded pairs weigh exactly 0, but ``0 * nan = nan`` and ``inf - inf = nan`` in the products and
+    column sums of every backend: a select (``torch.where``, never a multiplication) makes "padding =
+    truncation" hold for NaN, inf and huge values too, and passes zero gradients to the padded rows.
+    A call without padding (no mask, or a CPU mask without a False) is left untouched (no copy).
+    """
+    if _has_padding(mask.query_mask):
+        q = torch.where(mask.query_mask[:, None, :, None], q, 0.0)  # (B, H, Lq, D)
+    if _has_padding(mask.key_mask):
+        keep = mask.key_mask[:, None, :, None]  # (B, 1, Lk, 1)
+        k = torch.where(keep, k, 0.0)  # (B, H, Lk, D)
+        v = torch.where(keep, v, 0.0)  # (B, H, Lk, Dv)
+    return q, k, v
+
+
+def _has_padding(m: Optional[Tensor]) -> bool:
+    """``m`` has a False entry; on an accelerator assumed so (checking would synchronize with the device)."""
+    if m is None:
+        return False
+    return m.device.type != "cpu" or not bool(m.all())
+
+
 def attention(
     q: Tensor,
     k: Tensor,
@@ -150,6 +174,7 @@ def attention(
         sinkhorn_iters, backend,
     )
     u = _hybrid_u(config, hybrid_weight, q.shape[1], q)
+    q, k, v = _zero_padding(q, k, v, mask)
 
     if _OBSERVERS:
         out, w = _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights=True)

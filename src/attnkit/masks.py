@@ -163,6 +163,12 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_head_dim: bool = True) ->
         raise ValueError(f"q and k head dims differ: q has D={Dq}, k has D={Dk}; scores need equal D")
     if Lk != Lv:
         raise ValueError(f"k and v lengths differ: k has Lk={Lk}, v has {Lv}; each key needs one value")
+    if Hq == 0:
+        raise ValueError(f"q, k, v have H=0 heads (q has shape {tuple(q.shape)}); expected H >= 1")
+    if Dq == 0 or Dk == 0:
+        raise ValueError(
+            f"q and k have head dim D=0 (q has shape {tuple(q.shape)}); scores q . k need D >= 1"
+        )
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.shape[2] == 0:
             raise ValueError(f"{name} has an empty sequence (shape {tuple(t.shape)}); expected L >= 1")

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -47,3 +48,92 @@ def test_disabled_extension_falls_back_to_the_same_results():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "ATTNKIT_NO_CPP" in proc.stdout
+
+
+_HOLD_LOCK = (
+    "import sys, time\n"
+    "from pathlib import Path\n"
+    "from attnkit.kernels import cpu_ext\n"
+    "with cpu_ext.build_lock(Path(sys.argv[1])):\n"
+    "    print('held', flush=True)\n"
+    "    time.sleep(600)\n"
+)
+
+
+def _spawn_lock_holder(lock: os.PathLike) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(lock)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_lock_of_a_killed_builder_is_released(monkeypatch, tmp_path):
+    """A process SIGKILLed while holding the build lock leaves nothing that blocks the next build."""
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path))
+    monkeypatch.delenv("ATTNKIT_NO_CPP", raising=False)
+    final = cpu_ext.build_dir()
+    holder = _spawn_lock_holder(final.parent / (final.name + ".lock"))
+    holder.kill()
+    holder.wait(timeout=30)
+    calls = []
+
+    def fake_build(path, verbose):  # reached only once the lock is ours
+        calls.append(path)
+        raise RuntimeError("compiler not run in this test")
+
+    monkeypatch.setattr(cpu_ext, "_build", fake_build)
+    monkeypatch.setattr(cpu_ext, "_state", {"loaded": False, "ok": False, "error": None})
+    monkeypatch.setenv("ATTNKIT_EXT_LOCK_TIMEOUT", "20")
+    start = time.monotonic()
+    assert not cpu_ext.load(warn=False)
+    assert time.monotonic() - start < 10
+    assert calls == [final]
+    assert "compiler not run" in cpu_ext.load_error()
+
+
+def test_lock_wait_times_out_naming_the_file_to_delete(tmp_path):
+    lock = tmp_path / "ext.lock"
+    holder = _spawn_lock_holder(lock)
+    try:
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match=f"delete {lock}"):
+            with cpu_ext.build_lock(lock, timeout=0.5):
+                pass
+        assert time.monotonic() - start < 5
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    with cpu_ext.build_lock(lock, timeout=5):  # free again once the holder is gone
+        pass
+
+
+def test_stale_lock_files_do_not_block_loading_a_built_extension():
+    """Loading a finished build takes no lock: leftover lock files (as a killed loader leaves) are ignored."""
+    if cpu_ext.disabled() or not cpu_ext.load(warn=False):
+        pytest.skip("the C++ kernels are not built here")
+    final = cpu_ext.build_dir()
+    for stale in (final / "lock", final.parent / (final.name + ".lock")):  # cpp_extension's baton, ours
+        stale.touch()
+    code = "from attnkit.kernels import cpu_ext\nassert cpu_ext.load(), cpu_ext.load_error()\nprint('ok')\n"
+    env = dict(os.environ, ATTNKIT_EXT_LOCK_TIMEOUT="30")
+    holder = _spawn_lock_holder(final.parent / (final.name + ".lock"))  # even a live builder elsewhere
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+        (final / "lock").unlink(missing_ok=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
+def test_a_changed_source_gets_a_new_build_dir(monkeypatch, tmp_path):
+    csrc = tmp_path / "csrc"
+    shutil.copytree(cpu_ext._CSRC, csrc)
+    monkeypatch.setattr(cpu_ext, "_CSRC", csrc)
+    before = cpu_ext.build_dir()
+    with open(csrc / "potentials_cpu.cpp", "a") as f:
+        f.write("\n// edited\n")
+    after = cpu_ext.build_dir()
+    assert before != after and before.parent == after.parent
+    monkeypatch.setattr(cpu_ext, "_flags", lambda: ["-O2"])
+    assert cpu_ext.build_dir() != after

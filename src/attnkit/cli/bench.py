@@ -20,6 +20,18 @@ def parse_list(text: Optional[str], name: str, cast=str) -> Optional[list]:
         raise ValueError(f"--{name} {text!r}: expected a comma-separated list, e.g. 256,1024") from None
 
 
+def _check_writable(out: Path) -> None:
+    """Fail before a long benchmark, not after it, when ``out`` cannot be written."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe = out.parent / f".{out.name}.write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise PermissionError(f"--out {out} cannot be written ({exc.strerror or type(exc).__name__}); "
+                              "choose another --out") from None
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def bench(
@@ -46,8 +58,11 @@ def register(app: typer.Typer) -> None:
             write_json,
         )
 
+        if out.is_dir():
+            raise ValueError(f"--out {out} is a directory; pass a file path such as {out / 'kernels.json'}")
         if out.exists() and not overwrite:
             raise FileExistsError(f"{out} exists; pass --overwrite to replace it or choose another --out")
+        _check_writable(out)
         if quick and lengths is not None:
             raise ValueError("--quick and --lengths contradict each other; pass one of them")
         cfg = BenchConfig(

@@ -34,9 +34,9 @@ def convert_directory(
     import transformers
 
     import attnkit.hf as akhf
+    from attnkit.hf.checks import check_model_dir
 
-    if not os.path.isfile(os.path.join(model_dir, "config.json")):
-        raise FileNotFoundError(f"MODEL_DIR {model_dir} has no config.json; pass a directory written by save_pretrained")
+    check_model_dir(model_dir, "MODEL_DIR")
     out_path = Path(out)
     _check_out(out_path, overwrite)
     model = akhf.load(model_dir)

@@ -271,25 +271,23 @@ def load(path: Union[str, os.PathLike], model_class=None, **kwargs):
     """Load a model saved after ``convert`` (or a stock one) with its attnkit conversion restored.
 
     ``model_class`` defaults to the saved architecture (``config.architectures[0]``), else ``AutoModel``;
-    extra ``kwargs`` go to ``from_pretrained`` (e.g. ``num_labels``). Weights load from safetensors only.
+    extra ``kwargs`` go to ``from_pretrained`` (e.g. ``num_labels``). Weights load from safetensors only; a
+    missing or broken ``config.json`` / ``model.safetensors`` raises one error naming the file
+    (``hf.checks``).
     """
     import transformers
 
+    from .checks import auto_config, check_model_dir, from_pretrained
+
     path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(
-            f"model directory {path!r} does not exist; pass a directory written by "
-            "save_pretrained"
-        )
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise FileNotFoundError(f"{path!r} has no config.json; pass a directory written by save_pretrained")
+    check_model_dir(path)
     register()
     if model_class is None:
-        config = transformers.AutoConfig.from_pretrained(path)
+        config = auto_config(path)
         arch = (getattr(config, "architectures", None) or [None])[0]
-        model_class = getattr(transformers, arch, None) if arch else None
+        model_class = getattr(transformers, arch, None) if isinstance(arch, str) else None
         model_class = model_class or transformers.AutoModel
-    return model_class.from_pretrained(path, use_safetensors=True, **kwargs)
+    return from_pretrained(model_class, path, **kwargs)
 
 
 _REGISTERED = False

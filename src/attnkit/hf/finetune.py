@@ -21,7 +21,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -181,6 +180,7 @@ def _encode(tokenizer, texts, pairs, labels, max_length: int) -> _TextDataset:
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
+    """``out`` is a directory we may write (created now, so that an unwritable one fails before training)."""
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file; pass a directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
@@ -188,6 +188,14 @@ def _check_out(out: Path, overwrite: bool) -> None:
             f"--out {out} exists and is not empty; pass --overwrite to replace its files "
             "or pick another"
         )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise PermissionError(
+            f"--out {out} cannot be written ({exc.strerror or type(exc).__name__}); choose another --out"
+        ) from None
 
 
 def _step_timer():
@@ -224,28 +232,33 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
         TrainingArguments,
     )
 
+    from .checks import auto_config, check_model_dir, from_pretrained
     from .convert import conversion, convert, hybrid_weights, register
 
     out = Path(config.out)
     _check_out(out, config.overwrite)
     model_dir = str(config.model or default_model_path())
-    if not os.path.isfile(os.path.join(model_dir, "config.json")):
-        raise FileNotFoundError(
-            f"--model {model_dir} has no config.json; pass a directory written by "
-            "save_pretrained"
-        )
+    check_model_dir(model_dir, "--model")
+    auto_config(model_dir)
     if data is None:
         data = load_text_classification(config.dataset, config.cache_dir, config.download)
 
     register()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except Exception as exc:  # noqa: BLE001 - broken tokenizer files fail in many ways
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ValueError(
+            f"--model {model_dir}: its tokenizer files cannot be loaded ({type(exc).__name__}: {first})"
+        ) from None
     labels = list(data.label_names)
-    model = AutoModelForSequenceClassification.from_pretrained(
+    model = from_pretrained(
+        AutoModelForSequenceClassification,
         model_dir,
+        "--model",
         num_labels=len(labels),
         id2label=dict(enumerate(labels)),
         label2id={n: i for i, n in enumerate(labels)},
-        use_safetensors=True,
     )
     if conversion(model) is None:
         convert(model, config.mechanism or "softmax", u0=config.u0)

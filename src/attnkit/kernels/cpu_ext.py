@@ -2,25 +2,43 @@
 
 The extension is compiled once per machine with ``torch.utils.cpp_extension`` (a C++ compiler and
 ``ninja`` are needed; ``scripts/setup.sh`` builds it) into ``$ATTNKIT_CACHE/ext`` (default
-``~/.cache/attnkit/ext``), in a folder named after the torch version and the CPU capability; a changed
-source is rebuilt. Where it cannot be built, the efficient backend keeps working on its pure-PyTorch
-kernels (same results, slower) and says so once. ``ATTNKIT_NO_CPP=1`` turns the extension off.
+``~/.cache/attnkit/ext``), in a folder named after the torch version, the CPU capability and a hash of
+the sources and flags, so a changed source is rebuilt into a new folder. Where it cannot be built, the
+efficient backend keeps working on its pure-PyTorch kernels (same results, slower) and says so once.
+``ATTNKIT_NO_CPP=1`` turns the extension off.
+
+A killed process never blocks later ones:
+
+- loading a finished build takes no lock: the ``.so`` is opened with ``torch.ops.load_library``;
+- a build runs in a private temporary folder that is renamed into place when complete (``os.replace``
+  is atomic), so a half-written build is never loaded;
+- concurrent builders serialize on an OS file lock (``fcntl.flock``) that the kernel releases when its
+  holder dies; a wait longer than ``ATTNKIT_EXT_LOCK_TIMEOUT`` seconds (default 900) gives up with a
+  message naming the lock file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import shutil
 import sys
+import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
-__all__ = ["available", "load", "build_dir", "disabled", "load_error"]
+__all__ = ["available", "load", "build_dir", "disabled", "load_error", "build_lock"]
 
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("potentials_cpu.cpp", "l1_distance_cpu.cpp")]
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCES = [_CSRC / name for name in ("potentials_cpu.cpp", "l1_distance_cpu.cpp")]
+_LDFLAGS = ["-fopenmp"]
+_LIBRARY = "attnkit_cpu.so"
 _lock = threading.Lock()
 _state: dict = {"loaded": False, "ok": False, "error": None}
 
@@ -59,12 +77,99 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join(path + missing)
 
 
+def _build_key(sources: Optional[list[Path]] = None) -> str:
+    """A hash of everything the binary depends on: the C++ files, the flags, torch and Python versions."""
+    digest = hashlib.sha256()
+    csrc = sorted(_CSRC.glob("*")) if sources is None else sorted(sources)
+    for path in csrc:
+        if path.is_file():
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    meta = [torch.__version__, _capability(), sys.version.split()[0], *_flags(), "|", *_LDFLAGS]
+    digest.update("\0".join(meta).encode())
+    return digest.hexdigest()[:16]
+
+
 def build_dir() -> Path:
-    """Where the extension is built: ``$ATTNKIT_CACHE/ext/torch-<version>-<capability>``."""
+    """Where the extension lives: ``$ATTNKIT_CACHE/ext/torch-<version>-<capability>-<hash>``.
+
+    The hash covers the C++ sources, the compiler flags and the torch and Python versions.
+    """
     root = os.environ.get("ATTNKIT_CACHE")
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "attnkit"
     version = torch.__version__.replace("+", "-")
-    return base / "ext" / f"torch-{version}-{_capability().lower()}"
+    return base / "ext" / f"torch-{version}-{_capability().lower()}-{_build_key()}"
+
+
+def _lock_timeout() -> float:
+    raw = os.environ.get("ATTNKIT_EXT_LOCK_TIMEOUT", "900")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"ATTNKIT_EXT_LOCK_TIMEOUT={raw!r}; expected a number of seconds") from None
+    return value
+
+
+@contextlib.contextmanager
+def build_lock(path: Path, timeout: Optional[float] = None) -> Iterator[None]:
+    """Hold an exclusive ``fcntl.flock`` on ``path`` (released by the kernel if this process dies).
+
+    Waits at most ``timeout`` seconds (``ATTNKIT_EXT_LOCK_TIMEOUT``, default 900), then raises a
+    ``TimeoutError`` that names the lock file.
+    """
+    import fcntl
+
+    timeout = _lock_timeout() if timeout is None else timeout
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"waited {timeout:g} s for another process building the C++ kernels (lock {path}); "
+                        f"if no attnkit process is running, delete {path} and retry"
+                    ) from None
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _build(final: Path, verbose: bool) -> None:
+    """Compile into a private temporary folder (``cpp_extension`` loads it), then rename it to ``final``."""
+    from torch.utils import cpp_extension
+
+    _ninja_on_path()
+    for stale in final.parent.glob(final.name + ".tmp-*"):  # left by a builder that died; we hold the lock
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
+    try:
+        cpp_extension.load(
+            name="attnkit_cpu",
+            sources=[str(p) for p in _SOURCES],
+            extra_cflags=_flags(),
+            extra_ldflags=list(_LDFLAGS),  # cpp_extension appends to the list it gets
+            build_directory=str(tmp),
+            is_python_module=False,
+            verbose=verbose,
+        )
+        built = sorted(tmp.glob("attnkit_cpu*.so"))
+        if not built:
+            raise RuntimeError(f"the build in {tmp} produced no attnkit_cpu*.so")
+        if built[-1].name != _LIBRARY:
+            os.replace(built[-1], tmp / _LIBRARY)
+        if final.exists():  # an incomplete folder without the library; we hold the lock
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load(verbose: bool = False, *, warn: bool = True) -> bool:
@@ -78,25 +183,23 @@ def load(verbose: bool = False, *, warn: bool = True) -> bool:
             _state.update(loaded=True, ok=False, error="disabled by ATTNKIT_NO_CPP")
             return False
         try:
-            from torch.utils import cpp_extension
-
-            _ninja_on_path()
-            path = build_dir()
-            path.mkdir(parents=True, exist_ok=True)
-            cpp_extension.load(
-                name="attnkit_cpu",
-                sources=[str(p) for p in _SOURCES],
-                extra_cflags=_flags(),
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(path),
-                is_python_module=False,
-                verbose=verbose,
-            )
+            final = build_dir()
+            library = final / _LIBRARY
+            built_here = False
+            if not library.is_file():
+                final.parent.mkdir(parents=True, exist_ok=True)
+                with build_lock(final.parent / (final.name + ".lock")):
+                    if not library.is_file():  # nobody finished it while we waited
+                        _build(final, verbose)
+                        built_here = True
+            if not built_here:
+                torch.ops.load_library(str(library))
             torch.ops.attnkit_cpu.potentials_forward  # noqa: B018  (raises if the library did not register)
             torch.ops.attnkit_cpu.l1_distance  # noqa: B018
             _state.update(loaded=True, ok=True, error=None)
-        except Exception as exc:  # a missing compiler, ninja or BLAS symbol: fall back, say why once
-            _state.update(loaded=True, ok=False, error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1:]}")
+        except Exception as exc:  # no compiler, ninja or BLAS symbol, a lock wait: fall back, say why once
+            lines = str(exc).strip().splitlines()
+            _state.update(loaded=True, ok=False, error=f"{type(exc).__name__}: {lines[-1] if lines else ''}")
             if warn:
                 warnings.warn(
                     "attnkit: the C++ CPU kernels could not be built "

@@ -62,9 +62,11 @@ def check_hybrid_weight(
             raise ValueError(f"hybrid_weight has shape {tuple(u.shape)}; expected () or (H,) = ({H},)")
         u = u.view(1, -1, 1, 1)  # (1, H, 1, 1)
     elif u.dim() == 4:
-        if u.shape[1] not in (1, H) or u.shape[2] != 1 or u.shape[3] != 1:
+        B = like.shape[0]
+        if u.shape[0] not in (1, B) or u.shape[1] not in (1, H) or u.shape[2] != 1 or u.shape[3] != 1:
             raise ValueError(
-                f"hybrid_weight has shape {tuple(u.shape)}; a 4-D weight must be (B, H, 1, 1) with H = {H} "
+                f"hybrid_weight has shape {tuple(u.shape)}; a 4-D weight must be (B, H, 1, 1) with B = "
+                f"{B} (or 1) and H = {H} (or 1) "
                 "(one u per batch element and head)"
             )
     elif u.dim() != 0:

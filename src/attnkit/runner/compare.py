@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import statistics
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .config import CompareConfig
-from .train import train_run
+from .train import batch_indices, train_run
 
 __all__ = ["CompareResult", "run_compare", "aggregate", "prepare_run_dir", "CONFIG_FILE"]
 
@@ -112,6 +113,28 @@ def _check_writable(out: Path) -> None:
         ) from None
 
 
+def _lock_run_dir(out: Path) -> Optional[int]:
+    """An exclusive ``fcntl.flock`` on the directory ``out`` (released when this process ends, even killed).
+
+    Two processes continuing one run would delete each other's checkpoints; the second gets a ``ValueError``.
+    Returns the descriptor to close, or ``None`` where the platform has no ``flock``.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValueError(
+            f"run directory {str(out)!r} is in use by another attnkit compare process; wait for it to finish "
+            "(or stop it) before continuing this run, or choose another --out"
+        ) from None
+    return fd
+
+
 def saved_config(out: str | Path) -> Optional[dict]:
     """The configuration saved in run directory ``out`` (for ``--resume``), or ``None``."""
     path = Path(out) / CONFIG_FILE
@@ -193,12 +216,11 @@ def run_compare(
 
 
 def _run_compare(config: CompareConfig, accelerator, task, on_step) -> CompareResult:
-    from .progress import make_progress
-    from .report import write_report
     from .tasks import get_task
 
     task = task or get_task(config.task)
     data = task.prepare(config)  # before touching the run directory: a missing dataset leaves nothing behind
+    batch_indices(0, task.num_train(data), config.batch_size, 0)  # batch_size fits the training set
     out = Path(config.out)
     # Every process checks the directory before any creates it, then the main process writes.
     error = None
@@ -209,9 +231,42 @@ def _run_compare(config: CompareConfig, accelerator, task, on_step) -> CompareRe
     accelerator.wait_for_everyone()
     if error is not None:
         raise error
-    if accelerator.is_main_process:
-        prepare_run_dir(config, is_main_process=True)
-    accelerator.wait_for_everyone()
+    locks: list[int] = []
+    try:
+        if accelerator.is_main_process:
+            try:
+                if out.is_dir():  # held while it is checked, resumed or replaced
+                    locks.append(_lock_run_dir(out))
+                prepare_run_dir(config, is_main_process=True)
+                replaced = bool(locks) and locks[-1] is not None and _inode(locks[-1]) != _inode(out)
+                if not locks or replaced:  # a new (or replaced by --overwrite) directory: lock it too
+                    locks.append(_lock_run_dir(out))
+            except (ValueError, OSError) as exc:
+                error = exc
+        if accelerator.num_processes > 1:  # all processes stop when the main one could not take the directory
+            from accelerate.utils import broadcast_object_list
+
+            shared = broadcast_object_list([None if error is None else str(error)])
+            if shared[0] is not None and error is None:
+                error = ValueError(shared[0])
+        if error is not None:
+            raise error
+        accelerator.wait_for_everyone()
+        return _train_all(config, accelerator, task, data, out, on_step)
+    finally:
+        for fd in locks:
+            if fd is not None:
+                os.close(fd)
+
+
+def _inode(target) -> tuple[int, int]:
+    st = os.fstat(target) if isinstance(target, int) else os.stat(target)
+    return st.st_dev, st.st_ino
+
+
+def _train_all(config: CompareConfig, accelerator, task, data, out: Path, on_step) -> CompareResult:
+    from .progress import make_progress
+    from .report import write_report
 
     progress = make_progress(config.progress, accelerator.is_main_process)
     runs = []

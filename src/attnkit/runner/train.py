@@ -6,9 +6,11 @@ The same code runs in one CPU process (``attnkit compare``) and in many processe
 of each global batch; the loss is normalized by the size of the *global* batch, so the averaged gradient
 is the same as one process would compute on the whole batch.
 
-Checkpoints (every ``checkpoint_every`` steps) hold the model, optimizer and scheduler states, the step,
-the metrics history, the timing sums and every process's RNG states; the batch order is a function of
-(seed, step). A run continued from a checkpoint therefore ends with the same metrics as an uninterrupted one.
+Checkpoints (every ``checkpoint_every`` steps) hold the model, optimizer and scheduler states (``state.pt``,
+tensors and numbers only, read back with ``weights_only=True``), the step, the metrics history and the timing
+sums (``trainer.json``) and every process's RNG states (``rng-rank<i>.safetensors``); nothing is unpickled on
+resume, so a run directory from elsewhere cannot run code. The batch order is a function of (seed, step).
+A run continued from a checkpoint therefore ends with the same metrics as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -71,19 +73,76 @@ def hybrid_u(model: torch.nn.Module) -> Optional[list[list[float]]]:
     return hybrid_weights(model).double().cpu().tolist()  # (layers, heads)
 
 
-def _rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+def _rng_state() -> tuple[dict[str, Tensor], dict]:
+    """Every RNG state of this process as tensors plus JSON-able numbers (saved with no pickle)."""
+    version, mt, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    tensors = {
+        "python": torch.tensor(mt, dtype=torch.int64),  # (625,)
+        "numpy": torch.from_numpy(np.asarray(keys, dtype=np.int64)),  # (624,)
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+        for i, t in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda.{i}"] = t
+    meta = {"python": [version, gauss], "numpy": [kind, int(pos), int(has_gauss), float(cached)]}
+    return tensors, meta
 
 
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+def _set_rng_state(tensors: dict[str, Tensor], meta: dict) -> None:
+    version, gauss = meta["python"]
+    random.setstate((int(version), tuple(int(x) for x in tensors["python"].tolist()), gauss))
+    kind, pos, has_gauss, cached = meta["numpy"]
+    keys = tensors["numpy"].numpy().astype(np.uint32)  # (624,)
+    np.random.set_state((str(kind), keys, int(pos), int(has_gauss), float(cached)))
+    torch.set_rng_state(tensors["torch"])
+    cuda = [tensors[f"cuda.{i}"] for i in range(sum(1 for k in tensors if k.startswith("cuda.")))]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def _save_rng(path: Path) -> None:
+    from safetensors.torch import save_file
+
+    tensors, meta = _rng_state()
+    save_file(tensors, str(path), metadata={"attnkit_rng": json.dumps(meta)})
+
+
+def _checkpoint_error(file: Path, problem: str) -> ValueError:
+    return ValueError(
+        f"checkpoint file {str(file)!r} {problem}; delete {str(file.parent)!r} to restart that run from its "
+        "last good state, or start over with --overwrite"
+    )
+
+
+def _read_checkpoint_file(file: Path, reader: Callable[[Path], Any]) -> Any:
+    """``reader(file)``, with any failure turned into one ``ValueError`` naming the file."""
+    import pickle
+
+    if not file.is_file():
+        raise _checkpoint_error(file, "is missing (written by an older attnkit, or deleted)")
+    try:
+        return reader(file)
+    except pickle.UnpicklingError:
+        raise _checkpoint_error(
+            file, "holds pickled objects other than tensors (refused: loading them could run code)"
+        ) from None
+    except Exception as exc:  # truncated, garbage, wrong format: one line, no traceback
+        lines = str(exc).strip().splitlines()
+        first = lines[0] if lines else ""
+        raise _checkpoint_error(file, f"cannot be read ({type(exc).__name__}: {first})") from None
+
+
+def _load_rng(file: Path) -> tuple[dict[str, Tensor], dict]:
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as f:
+        meta = json.loads((f.metadata() or {})["attnkit_rng"])
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
+    for key in ("python", "numpy", "torch"):
+        if key not in tensors:
+            raise KeyError(f"no {key!r} state")
+    return tensors, meta
 
 
 def latest_checkpoint(run_dir: Path) -> Optional[Path]:
@@ -102,14 +161,14 @@ def _save_checkpoint(accelerator, run_dir: Path, step: int, model, optimizer, sc
             shutil.rmtree(path)
         path.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    torch.save(_rng_state(), path / f"rng-rank{accelerator.process_index}.pt")
+    _save_rng(path / f"rng-rank{accelerator.process_index}.safetensors")
     if accelerator.is_main_process:
         state = {
             "model": accelerator.unwrap_model(model).state_dict(),
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
         }
-        torch.save(state, path / "state.pt")
+        torch.save(state, path / "state.pt")  # tensors and numbers only: read back with weights_only=True
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         tmp = path / (_TRAINER_FILE + ".tmp")
@@ -122,17 +181,30 @@ def _save_checkpoint(accelerator, run_dir: Path, step: int, model, optimizer, sc
 
 
 def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler) -> dict:
-    trainer = json.loads((path / _TRAINER_FILE).read_text())
+    """Restore a checkpoint; nothing in it is unpickled (``weights_only=True``, safetensors, JSON).
+
+    Any file that is missing, truncated or not ours raises one ``ValueError`` that names it.
+    """
+    trainer = _read_checkpoint_file(path / _TRAINER_FILE, lambda f: json.loads(f.read_text()))
+    if not isinstance(trainer, dict) or not isinstance(trainer.get("world_size"), int):
+        raise _checkpoint_error(path / _TRAINER_FILE, "is not an attnkit trainer state")
     if trainer["world_size"] != accelerator.num_processes:
         raise ValueError(
             f"checkpoint {str(path)!r} was written by {trainer['world_size']} process(es); resume it with the same "
             f"number (this run has {accelerator.num_processes}) or start over with --overwrite"
         )
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
-    accelerator.unwrap_model(model).load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    _set_rng_state(torch.load(path / f"rng-rank{accelerator.process_index}.pt", weights_only=False))
+    state_file = path / "state.pt"
+    state = _read_checkpoint_file(state_file, lambda f: torch.load(f, map_location="cpu", weights_only=True))
+
+    def restore(_file: Path) -> None:
+        accelerator.unwrap_model(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+
+    _read_checkpoint_file(state_file, restore)
+    rng_file = path / f"rng-rank{accelerator.process_index}.safetensors"
+    rng = _read_checkpoint_file(rng_file, _load_rng)
+    _read_checkpoint_file(rng_file, lambda f: _set_rng_state(*rng))
     return trainer
 
 

@@ -1,0 +1,196 @@
+"""``compare --resume`` on hostile or broken run directories: nothing is unpickled, a bad checkpoint file is one
+line and exit 2, two processes never continue one run at once, a rejected configuration leaves nothing behind."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from attnkit.cli import main
+from attnkit.runner import build_config, get_task, run_compare
+from tests.runner._fixtures import tiny_overrides, write_classification_file
+
+COMMON = dict(mechanisms="softmax", seeds=1, steps=6, checkpoint_every=2, eval_every=3)
+
+
+class _Killed(Exception):
+    pass
+
+
+def _kill_at(step_to_kill: int):
+    def hook(mechanism, seed, step):
+        if step == step_to_kill:
+            raise _Killed
+
+    return hook
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+    """A run directory whose only run stopped after its checkpoint of step 4, and its dataset."""
+    root = tmp_path_factory.mktemp("resume")
+    data = write_classification_file(root / "topics.json")
+    with pytest.raises(_Killed):
+        run_compare(build_config(tiny_overrides(data, root / "cut", **COMMON)), on_step=_kill_at(5))
+    checkpoint = root / "cut" / "runs" / "softmax-seed0" / "checkpoints" / "step-0000004"
+    assert (checkpoint / "trainer.json").is_file()
+    return root, data
+
+
+def _copy_run(interrupted, tmp_path):
+    import shutil
+
+    root, data = interrupted
+    shutil.copytree(root / "cut", tmp_path / "cut")
+    return tmp_path / "cut", data, tmp_path / "cut" / "runs" / "softmax-seed0" / "checkpoints" / "step-0000004"
+
+
+def _resume_cli(out, capsys) -> tuple[int, str]:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--out", str(out), "--resume", "--progress", "none"])
+    return exc.value.code, capsys.readouterr().err
+
+
+def _assert_one_line(err: str, *needles: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+class _Payload:
+    """Unpickling this runs a shell command that creates a marker file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_checkpoint_files_hold_no_pickled_objects(interrupted):
+    root, _ = interrupted
+    checkpoint = root / "cut" / "runs" / "softmax-seed0" / "checkpoints" / "step-0000004"
+    names = sorted(p.name for p in checkpoint.iterdir())
+    assert names == ["rng-rank0.safetensors", "state.pt", "trainer.json"]
+    state = torch.load(checkpoint / "state.pt", weights_only=True)  # raises on any non-tensor object
+    assert set(state) == {"model", "optimizer", "scheduler"}
+
+
+@pytest.mark.parametrize("target", ["state.pt", "rng-rank0.safetensors", "rng-rank0.pt"])
+@pytest.mark.parametrize("form", ["torch.save", "pickle"])
+def test_planted_pickle_never_runs(interrupted, tmp_path, capsys, target, form):
+    out, _, checkpoint = _copy_run(interrupted, tmp_path)
+    marker = tmp_path / "PWNED"
+    payload = {"model": _Payload(marker)}
+    if form == "torch.save":
+        torch.save(payload, checkpoint / target)
+    else:
+        (checkpoint / target).write_bytes(pickle.dumps(payload))
+    if target == "rng-rank0.pt":  # the old file name: ignored, and the safetensors file is missing
+        (checkpoint / "rng-rank0.safetensors").unlink()
+    code, err = _resume_cli(out, capsys)
+    assert not marker.exists(), "a pickled payload in the run directory was executed"
+    assert code == 2
+    expected = "rng-rank0.safetensors" if target != "state.pt" else "state.pt"
+    _assert_one_line(err, expected, "--overwrite")
+
+
+@pytest.mark.parametrize("case", ["empty state", "truncated state", "garbage rng", "bad trainer json",
+                                  "trainer not a dict", "wrong model state"])
+def test_corrupt_checkpoint_is_one_line_exit_2(interrupted, tmp_path, capsys, case):
+    out, _, checkpoint = _copy_run(interrupted, tmp_path)
+    if case == "empty state":
+        (checkpoint / "state.pt").write_bytes(b"")
+        needle = "state.pt"
+    elif case == "truncated state":
+        blob = (checkpoint / "state.pt").read_bytes()
+        (checkpoint / "state.pt").write_bytes(blob[: len(blob) // 2])
+        needle = "state.pt"
+    elif case == "garbage rng":
+        (checkpoint / "rng-rank0.safetensors").write_bytes(os.urandom(300))
+        needle = "rng-rank0.safetensors"
+    elif case == "bad trainer json":
+        (checkpoint / "trainer.json").write_text("{not json")
+        needle = "trainer.json"
+    elif case == "trainer not a dict":
+        (checkpoint / "trainer.json").write_text("[1, 2]")
+        needle = "trainer.json"
+    else:
+        torch.save({"model": {"nope": torch.zeros(2)}, "optimizer": {}, "scheduler": {}}, checkpoint / "state.pt")
+        needle = "state.pt"
+    code, err = _resume_cli(out, capsys)
+    assert code == 2
+    _assert_one_line(err, needle)
+
+
+_HOLD_RUN_DIR = (
+    "import sys, time\n"
+    "from pathlib import Path\n"
+    "from attnkit.runner.compare import _lock_run_dir\n"
+    "fd = _lock_run_dir(Path(sys.argv[1]))\n"
+    "print('held', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_second_resume_of_a_running_compare_is_refused(interrupted, tmp_path, capsys):
+    """While another process holds the run directory, --resume is one line and exit 2; once that process is
+    SIGKILLed its lock is gone and the run continues to the end."""
+    out, _, checkpoint = _copy_run(interrupted, tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_RUN_DIR, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code, err = _resume_cli(out, capsys)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert code == 2
+    _assert_one_line(err, "in use by another attnkit compare")
+    assert (checkpoint / "trainer.json").is_file()  # untouched
+    main(["compare", "--out", str(out), "--resume", "--progress", "none"])
+    assert (out / "results.json").is_file()
+
+
+def test_a_running_compare_holds_its_run_dir(interrupted, tmp_path):
+    out, data, _ = _copy_run(interrupted, tmp_path)
+    seen = []
+
+    def try_second(mechanism, seed, step):  # a second process's attempt, made while the first one trains
+        fd = os.open(out, os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            seen.append(step)
+        finally:
+            os.close(fd)
+
+    run_compare(build_config(tiny_overrides(data, out, resume=True, **COMMON)), on_step=try_second)
+    assert seen == [5, 6]
+
+
+def test_resume_reproduces_the_uninterrupted_run(interrupted, tmp_path):
+    out, data, _ = _copy_run(interrupted, tmp_path)
+    task = get_task(str(data))
+    full = run_compare(build_config(tiny_overrides(data, tmp_path / "full", **COMMON)), task=task)
+    resumed = run_compare(build_config(tiny_overrides(data, out, resume=True, **COMMON)), task=task)
+    assert [r["metrics"] for r in full.runs] == [r["metrics"] for r in resumed.runs]
+    assert [r["history"] for r in full.runs] == [r["history"] for r in resumed.runs]
+
+
+def test_batch_larger_than_the_training_set_leaves_no_run_dir(tmp_path, capsys):
+    data = write_classification_file(tmp_path / "topics.json", n_train=10)
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="batch_size=16 is larger than the training set"):
+        run_compare(build_config(tiny_overrides(data, out, batch_size=16, **COMMON)))
+    assert not (out / "config.json").exists()
+    run_compare(build_config(tiny_overrides(data, out, batch_size=4, **COMMON)))  # the rerun is not refused
+    assert (out / "results.json").is_file()

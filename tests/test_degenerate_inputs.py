@@ -1,0 +1,71 @@
+"""Degenerate shapes get one clear ``ValueError`` on every backend: a ``hybrid_weight`` with more batch elements than
+the input, zero heads, zero head dimension; and ``attnkit bench --out`` is checked before the benchmark runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit.cli import main
+
+BACKENDS = ("reference", "efficient", "auto")
+
+
+def _qkv(B=2, H=2, Lq=5, Lk=6, D=4, Dv=4):
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(B, H, Lq, D, generator=g), torch.randn(B, H, Lk, D, generator=g),
+            torch.randn(B, H, Lk, Dv, generator=g))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("masked", [False, True])
+def test_hybrid_weight_with_a_larger_batch_is_rejected(backend, masked):
+    q, k, v = _qkv(B=2)
+    masks = {"key_mask": torch.tensor([[True] * 6, [True] * 3 + [False] * 3])} if masked else {}
+    u = torch.full((5, 2, 1, 1), 0.3)  # (B'=5 > B=2, H, 1, 1)
+    with pytest.raises(ValueError, match=r"hybrid_weight has shape \(5, 2, 1, 1\).*B = 2"):
+        ak.attention(q, k, v, "hnas", hybrid_weight=u, backend=backend, **masks)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hybrid_weight_per_batch_element_still_works(backend):
+    q, k, v = _qkv(B=2)
+    u = torch.tensor([0.2, 0.7]).view(2, 1, 1, 1)  # (B, 1, 1, 1)
+    out = ak.attention(q, k, v, "hnas", hybrid_weight=u, backend=backend)
+    for b in range(2):
+        one = ak.attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], "hnas", hybrid_weight=float(u[b]), backend="reference")
+        torch.testing.assert_close(out[b:b + 1], one)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mechanism", ak.MECHANISMS)
+@pytest.mark.parametrize("dims, message", [(dict(H=0), "H=0 heads"), (dict(D=0), "head dim D=0")])
+def test_zero_heads_or_head_dim_is_one_clear_error(backend, mechanism, dims, message):
+    q, k, v = _qkv(**dims)
+    with pytest.raises(ValueError, match=message):
+        ak.attention(q, k, v, mechanism, backend=backend, key_mask=torch.ones(2, 6, dtype=torch.bool))
+
+
+def _bench_error(capsys, argv) -> str:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--quick", "--mechanisms", "dnas", "--repeats", "1", "--no-memory", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    return err
+
+
+def test_bench_out_directory_is_refused_before_running(tmp_path, capsys, monkeypatch):
+    from attnkit.kernels import bench as bench_module
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("the benchmark ran before --out was checked")
+
+    monkeypatch.setattr(bench_module, "run_bench", no_run)
+    (tmp_path / "results").mkdir()
+    err = _bench_error(capsys, ["--out", str(tmp_path / "results"), "--overwrite"])
+    assert "is a directory" in err and "kernels.json" in err
+    err = _bench_error(capsys, ["--out", "/proc/attnkit-bench/kernels.json"])
+    assert "cannot be written" in err

@@ -1,0 +1,69 @@
+"""Padding = truncation whatever the padded positions hold: NaN, inf or huge values in padded q/k/v rows never
+reach the real outputs or gradients, on every mechanism, backend and kernel route."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit.kernels import cpu_ext
+
+MECHANISMS = ("softmax", "dnas", "hnas", "sinkhorn", "coda")
+# route -> (backend, C++ kernels on?, extra boolean attn_mask?): the reference backend; the efficient backend's
+# padding-only routes (SDPA, C++ potentials, CoDA blocks with the C++ L1 kernel); the same with the C++ kernels
+# off (the ATen fused op for DNAS/HNAS, block potentials for Sinkhorn, torch.cdist for CoDA); with an attn_mask
+# (SDPA with a pair mask, block potentials); and backend="auto".
+ROUTES = {
+    "reference": ("reference", True, False),
+    "efficient": ("efficient", True, False),
+    "efficient-no-cpp": ("efficient", False, False),
+    "efficient-attn-mask": ("efficient", True, True),
+    "efficient-no-cpp-attn-mask": ("efficient", False, True),
+    "auto": ("auto", True, False),
+}
+B, H, Lq, Lk, D = 3, 2, 7, 6, 4
+
+
+def _masks(with_attn_mask: bool) -> dict:
+    key_mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 1 + [0] * 5], dtype=torch.bool)  # (B, Lk)
+    query_mask = torch.tensor([[1] * 5 + [0] * 2, [1] * 7, [1] * 3 + [0] * 4], dtype=torch.bool)  # (B, Lq)
+    masks = {"key_mask": key_mask, "query_mask": query_mask}
+    if with_attn_mask:
+        g = torch.Generator().manual_seed(3)
+        masks["attn_mask"] = torch.rand(B, 1, Lq, Lk, generator=g) < 0.8  # (B, 1, Lq, Lk)
+    return masks
+
+
+def _run(q, k, v, mechanism, backend, masks):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = ak.attention(q, k, v, mechanism, backend=backend, **masks)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    grads = torch.autograd.grad((out * g).sum(), (q, k, v))
+    return out, grads
+
+
+@pytest.fixture(params=list(ROUTES))
+def route(request, monkeypatch):
+    backend, cpp, with_attn_mask = ROUTES[request.param]
+    if not cpp:  # what ATTNKIT_NO_CPP=1 does: every C++ kernel falls back to its PyTorch route
+        monkeypatch.setattr(cpu_ext, "_state", {"loaded": True, "ok": False, "error": "off in this test"})
+    return backend, with_attn_mask
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 1e30])
+@pytest.mark.parametrize("tensor", ["q", "k", "v"])
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_padded_values_never_reach_real_outputs_or_gradients(mechanism, tensor, value, route):
+    backend, with_attn_mask = route
+    masks = _masks(with_attn_mask)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64) for L in (Lq, Lk, Lk))
+    clean_out, clean_grads = _run(q, k, v, mechanism, backend, masks)
+    poisoned = {"q": q.clone(), "k": k.clone(), "v": v.clone()}
+    padded = ~(masks["query_mask"] if tensor == "q" else masks["key_mask"])  # (B, L)
+    poisoned[tensor][padded[:, None, :, None].expand_as(poisoned[tensor])] = value
+    out, grads = _run(poisoned["q"], poisoned["k"], poisoned["v"], mechanism, backend, masks)
+    torch.testing.assert_close(out, clean_out, atol=1e-12, rtol=1e-10)
+    for name, a, b in zip("qkv", grads, clean_grads):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10, msg=lambda m, name=name: f"d{name}: {m}")
