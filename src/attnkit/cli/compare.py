@@ -91,7 +91,7 @@ def _print_summary(result) -> None:
 
     if not PartialState().is_main_process:
         return
-    from rich.console import Console
+    from attnkit.cli._screen import console as make_console
     from rich.table import Table
 
     from attnkit.runner.report import table_legend, table_rows
@@ -103,7 +103,7 @@ def _print_summary(result) -> None:
         table.add_column(h, justify="left" if h == "mechanism" else "right", no_wrap=h != "mechanism")
     for row in rows:
         table.add_row(*row)
-    console = Console()
+    console = make_console()
     console.print(table)
     for kind, path in result.files.items():
         console.print(f"{kind:>16}: {path}")

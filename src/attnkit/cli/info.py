@@ -47,10 +47,10 @@ def register(app: typer.Typer) -> None:
 
             typer.echo(json.dumps(data, indent=2))
             return
-        from rich.console import Console
+        from attnkit.cli._screen import console as make_console
         from rich.table import Table
 
         table = Table(title="attnkit", show_header=False)
         for key, value in data.items():
             table.add_row(key, ", ".join(map(str, value)) if isinstance(value, list) else str(value))
-        Console().print(table)
+        make_console().print(table)
