@@ -170,6 +170,7 @@ class EncodedClassification:
     label_names: list[str]
     vocab_size: int
     pad_id: int
+    tokenizer: Any = None  # the WordTokenizer fitted on the training texts (to encode new text)
 
 
 class ClassificationTask:
@@ -212,7 +213,7 @@ class ClassificationTask:
             test_ids=test_ids, test_mask=test_mask,
             test_labels=torch.tensor(raw.test_labels, dtype=torch.long)[te],
             test_texts=test_texts, label_names=list(raw.label_names),
-            vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
+            vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, tokenizer=tokenizer,
         )
 
     def build_model(self, config: CompareConfig, mechanism: str, data: EncodedClassification) -> torch.nn.Module:
