@@ -113,7 +113,10 @@ def _print_summary(result) -> None:
     if result.extras.get("load_note"):
         console.print(result.extras["load_note"], soft_wrap=True)
     if result.task.kind == "seq2seq":  # the presets compare fewer mechanisms there: say which and why
+        by_reason: dict = {}
         for name, why in result.extras.get("skipped_mechanisms", {}).items():
-            console.print(f"not run: {name}: {why}", soft_wrap=True)
+            by_reason.setdefault(why, []).append(name)
+        for why, names in by_reason.items():
+            console.print(f"not run: {', '.join(names)}: {why}", soft_wrap=True)
     for kind, path in result.files.items():
         console.print(f"{kind:>18}: {path}")
