@@ -14,7 +14,8 @@ __all__ = ["extra_sections", "plot_learning_curves_band", "plot_confusions", "CS
 CSS = (
     "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1180px;padding:0 1em;box-sizing:border-box}"
     "table{border-collapse:collapse;margin:1em 0;max-width:100%}"
-    "th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;font-size:14px;overflow-wrap:anywhere}"
+    "th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;font-size:14px;overflow-wrap:break-word}"
+    "td{max-width:44em}"
     "th{background:#f3f3f3}img{max-width:100%;height:auto}code{background:#f3f3f3;padding:1px 4px}"
     ".wide{overflow-x:auto;max-width:100%}.note{background:#fff6dd;border-left:4px solid #e0a800;padding:6px 10px}"
     "ul.verdicts li{margin:4px 0}"

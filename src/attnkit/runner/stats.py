@@ -99,11 +99,12 @@ def verdict(mechanism: str, baseline: str, metric: str, interval: dict, test: Op
     if interval["mean"] is None:
         return f"{mechanism}: no seed shared with {baseline}, no paired comparison."
     diff = 100 * interval["mean"]
+    diff = 0.0 if round(diff, 1) == 0 else diff  # no "-0.0"
     text = f"{mechanism} vs {baseline}: {metric} {diff:+.1f} points"
     if interval["low"] is None:
         text += " (one seed: no spread over seeds to compare with)"
     else:
-        low, high = 100 * interval["low"], 100 * interval["high"]
+        low, high = (0.0 if round(x, 1) == 0 else x for x in (100 * interval["low"], 100 * interval["high"]))
         inside = low <= 0 <= high
         text += (f", 95% interval over {interval['n']} paired seeds [{low:+.1f}, {high:+.1f}]: "
                  + ("within the spread over seeds (not a difference at this budget)" if inside

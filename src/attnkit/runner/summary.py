@@ -72,8 +72,9 @@ def skipped_mechanisms(config: CompareConfig, task) -> dict:
 def diverse_samples(task, data, runs: list[dict], mechanisms: tuple[str, ...], limit: int = 12) -> dict:
     """Evaluation examples on which the mechanisms' predictions differ (first seed of each), no repeats.
 
-    Examples with more distinct predictions come first; when fewer than ``limit`` differ, examples every
-    mechanism got wrong fill the table. Returns ``{"header", "rows", "differing"}``.
+    Examples some mechanisms got right and others wrong come first (more distinct predictions first), then
+    disagreements where all are wrong; when fewer than ``limit`` differ, examples every mechanism got wrong
+    fill the table. Returns ``{"header", "rows", "differing"}``.
     """
     first = {}
     for r in runs:
@@ -90,10 +91,11 @@ def diverse_samples(task, data, runs: list[dict], mechanisms: tuple[str, ...], l
         distinct = len(set(shown))
         wrong = sum(1 for m in mechs if not correct[m][i])
         if distinct > 1 or wrong == len(mechs):
-            candidates.append((-(distinct > 1), -distinct, -wrong, i, shown))
+            mixed = 0 < wrong < len(mechs)  # some mechanism right, another wrong: the most telling rows
+            candidates.append((-mixed, -(distinct > 1), -distinct, i, shown))
     candidates.sort()
     seen, rows = set(), []
-    differing = sum(1 for c in candidates if c[0] == -1)
+    differing = sum(1 for c in candidates if c[1] == -1)
     for _, _, _, i, shown in candidates:
         example = task.example(data, i)
         key = tuple(example.values())
@@ -174,7 +176,8 @@ def summarize(task, data, config: CompareConfig, runs: list[dict], records: list
     loads = [r["load_average_max"] for r in runs if r.get("load_average_max") is not None]
     load_max = max(loads) if loads else None
     return {
-        "environment": environment(started or time.time(), time.time(), load_max),
+        # started/finished/wall time are those of this invocation (a --resume run counts only its own part)
+        "environment": {**environment(started or time.time(), time.time(), load_max), "resumed": config.resume},
         "per_class": _per_class(runs, config.mechanisms),
         "comparisons": _comparisons(task, data, runs, config, baseline),
         "timing": _timing(runs, config.mechanisms, baseline),
