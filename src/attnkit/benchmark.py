@@ -31,6 +31,8 @@ __all__ = [
     "BenchConfig",
     "run_bench",
     "format_table",
+    "spread",
+    "load_warning",
     "DEFAULT_LENGTHS",
     "QUICK_LENGTHS",
     "DEFAULT_MECHANISMS",
@@ -100,7 +102,8 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _median_time(fn: Callable[[], None], repeats: int, device: str, limit: float) -> float:
+def _round_times(fn: Callable[[], None], repeats: int, device: str, limit: float) -> list[float]:
+    """Seconds of each timed round (fewer than ``repeats`` once their sum passes ``limit``)."""
     times = []
     for _ in range(repeats):
         _sync(device)
@@ -110,10 +113,33 @@ def _median_time(fn: Callable[[], None], repeats: int, device: str, limit: float
         times.append(time.perf_counter() - t0)
         if sum(times) > limit:
             break
-    return statistics.median(times)
+    return times
+
+
+def spread(times: Sequence[float]) -> dict:
+    """``{"min", "median", "max"}`` of the rounds: the median is the headline, min..max how much it moved."""
+    return {"min": min(times), "median": statistics.median(times), "max": max(times)}
+
+
+def load_warning(load: Optional[float] = None, cores: Optional[int] = None) -> Optional[str]:
+    """A sentence when the 1-minute load average exceeds the cores (timings are then inflated), else None."""
+    load = os.getloadavg()[0] if load is None else load
+    cores = (os.cpu_count() or 1) if cores is None else cores
+    if load <= cores:
+        return None
+    return (
+        f"warning: load average {load:.1f} > {cores} cores: other processes share the CPU, so times are inflated "
+        "and ratios move between runs; compare rows of one run and rerun on an idle machine for absolute numbers"
+    )
 
 
 def _time_config(f: Callable, q, k, v, cfg: BenchConfig) -> tuple[float, float]:
+    """Median seconds of forward and of forward+backward (``_spread_config`` keeps every round)."""
+    fwd, fb = _spread_config(f, q, k, v, cfg)
+    return fwd["median"], fb["median"]
+
+
+def _spread_config(f: Callable, q, k, v, cfg: BenchConfig) -> tuple[dict, dict]:
     def fwd() -> None:
         with torch.no_grad():
             f(q, k, v)
@@ -123,8 +149,8 @@ def _time_config(f: Callable, q, k, v, cfg: BenchConfig) -> tuple[float, float]:
         f(q, k, v).float().sum().backward()
 
     fwd()  # warm-up
-    t_fwd = _median_time(fwd, cfg.repeats, cfg.device, cfg.time_limit_s)
-    t_fb = _median_time(fwd_bwd, cfg.repeats, cfg.device, cfg.time_limit_s)
+    t_fwd = spread(_round_times(fwd, cfg.repeats, cfg.device, cfg.time_limit_s))
+    t_fb = spread(_round_times(fwd_bwd, cfg.repeats, cfg.device, cfg.time_limit_s))
     return t_fwd, t_fb
 
 
@@ -200,6 +226,10 @@ def run_bench(cfg: BenchConfig, log: Optional[Callable[[str], None]] = None) -> 
     """Run the benchmark; returns ``{"meta": ..., "rows": [...]}`` (one row per length x mechanism x
     backend)."""
     log = log or (lambda msg: None)
+    load_before = os.getloadavg()
+    warning = load_warning(load_before[0])
+    if warning:
+        log(warning)
     rows = []
     for L in cfg.lengths:
         q, k, v = _inputs(L, cfg.device)
@@ -218,13 +248,15 @@ def run_bench(cfg: BenchConfig, log: Optional[Callable[[str], None]] = None) -> 
                     )
                     continue
                 f = _call(mechanism, backend, cfg.sinkhorn_iters)
-                t_fwd, t_fb = _time_config(f, q, k, v, cfg)
+                fwd_spread, fb_spread = _spread_config(f, q, k, v, cfg)
+                t_fwd, t_fb = fwd_spread["median"], fb_spread["median"]
                 # SDPA again, right after: the ratio uses the mean of the two measurements (shared CPU)
                 s_fwd, s_fb = _time_config(sdpa, q, k, v, cfg)
                 ref_fwd, ref_fb = (sdpa_fwd + s_fwd) / 2, (sdpa_fb + s_fb) / 2
                 mem = _peak_in_subprocess(mechanism, backend, L, cfg) if cfg.memory else {}
                 row = _row(L, mechanism, backend, t_fwd, t_fb, ref_fwd, ref_fb, mem)
                 row["route"] = _route(mechanism, backend, q, k, v, cfg.sinkhorn_iters)
+                row["fwd_spread_s"], row["fwd_bwd_spread_s"] = fwd_spread, fb_spread
                 rows.append(row)
                 log(
                     f"L={L} {mechanism}/{backend}: fwd x{row['fwd_ratio']:.2f} fwd+bwd "
@@ -238,7 +270,9 @@ def run_bench(cfg: BenchConfig, log: Optional[Callable[[str], None]] = None) -> 
     meta = {
         "B": B, "H": H, "D": D, "dtype": str(_dtype(cfg.device)).replace("torch.", ""),
         "device": cfg.device, "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "repeats": cfg.repeats, "sinkhorn_iters": cfg.sinkhorn_iters,
+        "repeats": cfg.repeats, "sinkhorn_iters": cfg.sinkhorn_iters, "cores": os.cpu_count(),
+        "load_average_before": list(load_before), "load_average_after": list(os.getloadavg()),
+        "load_warning": load_warning(max(load_before[0], os.getloadavg()[0])),
         "memory": "peak RSS above the inputs, fresh process per row, "
         f"MALLOC_MMAP_THRESHOLD_={_MMAP_THRESHOLD}"
         if cfg.device == "cpu"
@@ -277,18 +311,26 @@ def _skipped(L, mechanism, backend, reason) -> dict:
 def format_table(result: dict) -> str:
     """A plain-text table of the rows: times, ratios to SDPA softmax and peak memory (MiB)."""
     head = (
-        f"{'L':>6} {'mechanism':<9} {'backend':<9} {'route':<14} {'fwd s':>9} {'x sdpa':>7} {'f+b s':>9} "
-        f"{'x sdpa':>7} {'peak MiB':>9}"
+        f"{'L':>6} {'mechanism':<9} {'backend':<9} {'route':<14} {'fwd s':>9} {'x sdpa':>7} "
+        f"{'f+b s':>9} {'x sdpa':>7} {'f+b min / max s':>19} {'peak MiB':>9}"
     )
     lines = [head, "-" * len(head)]
     fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
     for r in result["rows"]:
+        fb = r.get("fwd_bwd_spread_s")
+        minmax = "-" if fb is None else f"{fb['min']:.4f} / {fb['max']:.4f}"
         lines.append(
             f"{r['L']:>6} {r['mechanism']:<9} {r['backend']:<9} {r.get('route', 'sdpa'):<14} "
             f"{fmt(r['fwd_s'], '9.4f')} "
             f"{fmt(r['fwd_ratio'], '7.2f')} {fmt(r['fwd_bwd_s'], '9.4f')} {fmt(r['fwd_bwd_ratio'], '7.2f')} "
-            f"{fmt(r['peak_extra_mb'], '9.0f')}"
+            f"{minmax:>19} {fmt(r['peak_extra_mb'], '9.0f')}"
         )
+    meta = result.get("meta", {})
+    lines.append(f"times: median of {meta.get('repeats', '?')} rounds (min / max beside it); "
+                 f"load average {', '.join(f'{x:.2f}' for x in meta.get('load_average_before', []))} "
+                 f"on {meta.get('cores', '?')} cores")
+    if meta.get("load_warning"):
+        lines.append(meta["load_warning"])
     return "\n".join(lines)
 
 

@@ -102,6 +102,22 @@ def test_collector_records_every_layer_and_forward_pass():
         log.by_layer(5)
 
 
+def test_log_is_indexable_like_a_list_and_summary_reads_per_layer():
+    model = _TwoLayers()
+    x = torch.randn(2, 3, 5, 4, dtype=torch.float64)
+    with collect_explain_away(model) as log:
+        model(x)
+        model(x)
+    assert log[0] is log.records[0] and log[-1] is log.records[3]
+    assert log[1:3] == log.records[1:3] and list(log) == log.records
+    with pytest.raises(IndexError):
+        log[4]
+    rows = log.summary()
+    assert [(r["layer"], r["mechanism"], r["calls"]) for r in rows] == [(0, "softmax", 2), (1, "dnas", 2)]
+    assert rows[1]["min_normalized"] >= 1 - 1e-12  # Lemma 1: every key gets at least 1/n_k
+    assert rows[0]["min_sum"] == min(r.stats.min for r in log if r.layer == 0)
+
+
 def test_collector_uses_attn_mask_padding():
     model = _TwoLayers()
     x = torch.randn(1, 1, 4, 3, dtype=torch.float64)

@@ -12,20 +12,8 @@ from attnkit.cli import main
 @pytest.mark.slow
 def test_bench_quick_writes_json_with_ratios_and_memory(tmp_path, capsys):
     out = tmp_path / "kernels.json"
-    main(
-        [
-            "bench",
-            "--quick",
-            "--mechanisms",
-            "dnas",
-            "--backends",
-            "efficient",
-            "--repeats",
-            "1",
-            "--out",
-            str(out),
-        ]
-    )
+    main(["bench", "--quick", "--memory", "--mechanisms", "dnas", "--backends", "efficient", "--repeats", "2",
+          "--out", str(out)])
     data = json.loads(out.read_text())
     rows = data["rows"]
     assert {r["L"] for r in rows} == {256, 1024}
@@ -33,7 +21,30 @@ def test_bench_quick_writes_json_with_ratios_and_memory(tmp_path, capsys):
     for r in rows:
         assert r["fwd_bwd_ratio"] > 0 and r["fwd_ratio"] > 0
         assert r["peak_extra_mb"] is not None and r["peak_extra_mb"] >= 0
-    assert "x sdpa" in capsys.readouterr().out
+        if r["backend"] != "sdpa":
+            fb = r["fwd_bwd_spread_s"]
+            assert fb["min"] <= fb["median"] == r["fwd_bwd_s"] <= fb["max"]
+    assert len(data["meta"]["load_average_before"]) == 3 and data["meta"]["cores"] >= 1
+    out_text = capsys.readouterr().out
+    assert "x sdpa" in out_text and "min / max" in out_text and "load average" in out_text
+
+
+def test_load_warning_only_when_load_exceeds_cores():
+    from attnkit.kernels.bench import load_warning, spread
+
+    assert load_warning(load=1.5, cores=2) is None
+    assert "load average 9.0 > 2 cores" in load_warning(load=9.0, cores=2)
+    assert spread([3.0, 1.0, 2.0]) == {"min": 1.0, "median": 2.0, "max": 3.0}
+
+
+def test_bad_lengths_reported_before_the_existing_out_file(tmp_path, capsys):
+    out = tmp_path / "kernels.json"
+    out.write_text("{}")
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--lengths", "abc", "--out", str(out)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--lengths 'abc'" in err and "--overwrite" not in err
 
 
 def test_bench_refuses_to_overwrite(tmp_path, capsys):

@@ -151,7 +151,7 @@ def _manual_mha(module: aknn.MultiheadAttention, x_q, x_k, mechanism, **ref_kwar
 @pytest.mark.parametrize("mechanism", ["dnas", "hnas", "sinkhorn", "coda"])
 def test_mechanism_matches_float64_reference(mechanism):
     torch.manual_seed(0)
-    module = aknn.MultiheadAttention(E, H, mechanism=mechanism, dtype=torch.float64)
+    module = aknn.MultiheadAttention(E, H, mechanism=mechanism, dtype=torch.float64, batch_first=True)
     if mechanism == "hnas":
         with torch.no_grad():
             module.theta.copy_(torch.tensor([-1.0, 2.0]))
@@ -175,7 +175,9 @@ def _padded_batch(lengths, L, seed=3):
 @pytest.mark.parametrize("mechanism", MECHANISMS, ids=str)
 def test_padding_equals_truncation(mechanism, backend):
     torch.manual_seed(0)
-    module = aknn.MultiheadAttention(E, H, mechanism=mechanism, dtype=torch.float64, backend=backend)
+    module = aknn.MultiheadAttention(
+        E, H, mechanism=mechanism, dtype=torch.float64, backend=backend, batch_first=True
+    )
     lengths = [6, 3, 4]
     x, pad = _padded_batch(lengths, 6)
     out, _ = module(x, x, x, key_padding_mask=pad, need_weights=False)
@@ -187,7 +189,7 @@ def test_padding_equals_truncation(mechanism, backend):
 @pytest.mark.parametrize("mechanism", QUERY_NORMALIZED + ["coda"])
 def test_explicit_query_padding_equals_truncation_in_cross_attention(mechanism):
     torch.manual_seed(0)
-    module = aknn.MultiheadAttention(E, H, mechanism=mechanism, dtype=torch.float64)
+    module = aknn.MultiheadAttention(E, H, mechanism=mechanism, dtype=torch.float64, batch_first=True)
     xq, qpad = _padded_batch([5, 2], 5, seed=4)
     xk, kpad = _padded_batch([3, 4], 4, seed=5)
     out, w = module(xq, xk, xk, key_padding_mask=kpad, query_padding_mask=qpad)
@@ -200,7 +202,7 @@ def test_explicit_query_padding_equals_truncation_in_cross_attention(mechanism):
 def test_padded_queries_change_dnas_columns_without_query_mask():
     """The failure the query mask prevents: in cross-attention without it, padding leaks into real rows."""
     torch.manual_seed(0)
-    module = aknn.MultiheadAttention(E, H, mechanism="dnas", dtype=torch.float64)
+    module = aknn.MultiheadAttention(E, H, mechanism="dnas", dtype=torch.float64, batch_first=True)
     xq, qpad = _padded_batch([2], 5, seed=4)
     xk = torch.randn(1, 4, E, dtype=torch.float64)
     leaky, _ = module(xq, xk, xk)
@@ -212,7 +214,7 @@ def test_padded_queries_change_dnas_columns_without_query_mask():
 
 @pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
 def test_causal_raises_for_query_normalized(mechanism):
-    module = aknn.MultiheadAttention(E, H, mechanism=mechanism)
+    module = aknn.MultiheadAttention(E, H, mechanism=mechanism, batch_first=True)
     x = torch.randn(2, 4, E)
     with pytest.raises(ValueError, match="future-token leak"):
         module(x, x, x, is_causal=True)
@@ -232,10 +234,10 @@ def test_fully_masked_query_gets_zeros_not_nan():
 @pytest.mark.parametrize("kwargs", [{}, {"kdim": 6, "vdim": 3}, {"add_bias_kv": True, "bias": False}])
 def test_torch_state_dict_loads_and_hnas_adds_only_theta(kwargs):
     theirs = torch.nn.MultiheadAttention(E, H, batch_first=True, **kwargs)
-    softmax = aknn.MultiheadAttention(E, H, **kwargs)
+    softmax = aknn.MultiheadAttention(E, H, **kwargs, batch_first=True)
     softmax.load_state_dict(theirs.state_dict())  # strict
     assert set(softmax.state_dict()) == set(theirs.state_dict())
-    hnas = aknn.MultiheadAttention(E, H, mechanism="hnas", **kwargs)
+    hnas = aknn.MultiheadAttention(E, H, mechanism="hnas", **kwargs, batch_first=True)
     result = hnas.load_state_dict(theirs.state_dict(), strict=False)
     assert result.missing_keys == ["theta"] and result.unexpected_keys == []
     assert set(hnas.state_dict()) - set(theirs.state_dict()) == {"theta"}
@@ -244,7 +246,7 @@ def test_torch_state_dict_loads_and_hnas_adds_only_theta(kwargs):
 
 
 def test_ours_loads_into_torch():
-    ours = aknn.MultiheadAttention(E, H, mechanism="dnas", kdim=5)
+    ours = aknn.MultiheadAttention(E, H, mechanism="dnas", kdim=5, batch_first=True)
     theirs = torch.nn.MultiheadAttention(E, H, kdim=5, batch_first=True)
     theirs.load_state_dict(ours.state_dict())
     assert torch.equal(theirs.k_proj_weight, ours.k_proj_weight)
@@ -254,13 +256,13 @@ def test_init_matches_torch_scheme():
     torch.manual_seed(5)
     theirs = torch.nn.MultiheadAttention(E, H, add_bias_kv=True, batch_first=True)
     torch.manual_seed(5)
-    ours = aknn.MultiheadAttention(E, H, add_bias_kv=True)
+    ours = aknn.MultiheadAttention(E, H, add_bias_kv=True, batch_first=True)
     for name, tensor in theirs.state_dict().items():
         torch.testing.assert_close(ours.state_dict()[name], tensor, msg=name)
 
 
 def test_gradients_reach_theta():
-    module = aknn.MultiheadAttention(E, H, mechanism="hnas")
+    module = aknn.MultiheadAttention(E, H, mechanism="hnas", batch_first=True)
     x = torch.randn(2, 5, E)
     pad = torch.tensor([[False] * 5, [False, False, False, True, True]])
     out, _ = module(x, x, x, key_padding_mask=pad)
@@ -275,7 +277,7 @@ def test_gradients_reach_theta():
      ({"mechanism": ak.Hybrid(u0=0.25), "u0": 0.25}, 0.25)],
 )
 def test_u_starts_at_u0(kwargs, expected):
-    module = aknn.MultiheadAttention(E, 4, **{"mechanism": "hnas", **kwargs})
+    module = aknn.MultiheadAttention(E, 4, **{"mechanism": "hnas", **kwargs}, batch_first=True)
     torch.testing.assert_close(module.u, torch.full((4,), expected))
     assert not module.u.requires_grad
     module.reset_parameters()
@@ -284,7 +286,7 @@ def test_u_starts_at_u0(kwargs, expected):
 
 def test_dropout_only_in_training():
     torch.manual_seed(0)
-    module = aknn.MultiheadAttention(E, H, mechanism="dnas", dropout=0.5)
+    module = aknn.MultiheadAttention(E, H, mechanism="dnas", dropout=0.5, batch_first=True)
     x = torch.randn(2, 5, E)
     module.eval()
     first, _ = module(x, x, x)
@@ -337,15 +339,88 @@ def test_bad_arguments_raise_value_error_naming_the_value(kwargs, needle):
     ],
 )
 def test_bad_inputs_raise_value_error(call, needle):
-    module = aknn.MultiheadAttention(E, H)
+    module = aknn.MultiheadAttention(E, H, batch_first=True)
     with pytest.raises(ValueError, match=needle):
         call(module, torch.randn(2, 5, E))
 
 
 def test_efficient_backend_refuses_need_weights():
-    module = aknn.MultiheadAttention(E, H, mechanism="dnas", backend="efficient")
+    module = aknn.MultiheadAttention(E, H, mechanism="dnas", backend="efficient", batch_first=True)
     x = torch.randn(2, 5, E)
     with pytest.raises(ValueError, match="need_weights=False"):
         module(x, x, x)
     out, weights = module(x, x, x, need_weights=False)
     assert weights is None and out.shape == (2, 5, E)
+
+
+# -- drop-in: torch's defaults, layouts and every option ---------------------------------------------------
+
+def test_signature_and_defaults_match_torch():
+    import inspect
+
+    for method in ("__init__", "forward"):
+        theirs = inspect.signature(getattr(torch.nn.MultiheadAttention, method)).parameters
+        ours = inspect.signature(getattr(aknn.MultiheadAttention, method)).parameters
+        assert list(ours)[: len(theirs)] == list(theirs), method  # same names, same positions
+        for name, param in theirs.items():
+            assert ours[name].default == param.default, (method, name)
+            if param.kind is not inspect.Parameter.KEYWORD_ONLY:
+                assert ours[name].kind is param.kind, (method, name)
+    assert aknn.MultiheadAttention(E, H).batch_first is False
+    assert aknn.TransformerEncoderLayer(E, H).self_attn.batch_first is False
+    assert aknn.TransformerDecoderLayer(E, H).multihead_attn.batch_first is False
+
+
+DROP_IN_OPTIONS = {k: v for k, v in OPTIONS.items() if k != "seq_first"}
+DROP_IN_MASKS = ["none", "bool_kpm", "float_kpm", "bool_attn", "float_attn_3d", "both", "mixed", "causal"]
+
+
+def _drop_in_masks(kind: str, layout: str, Lq: int, Lk: int):
+    if kind == "causal":  # torch takes is_causal as a hint and needs the causal mask itself
+        return {"attn_mask": torch.nn.Transformer.generate_square_subsequent_mask(Lq, dtype=torch.float64),
+                "is_causal": True}
+    masks = _masks(kind, Lq=Lq, Lk=Lk)
+    if layout == "unbatched":
+        masks = {n: (m[0] if n == "key_padding_mask" or m.dim() == 3 and m.shape[0] == 3 * H else m)
+                 for n, m in masks.items()}
+        if "attn_mask" in masks and masks["attn_mask"].dim() == 3:
+            masks["attn_mask"] = masks["attn_mask"][:H]  # (H, Lq, Lk) for one sequence
+    return masks
+
+
+@pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
+@pytest.mark.filterwarnings("ignore:Converting mask without torch.bool dtype")
+@pytest.mark.parametrize("mask_kind", DROP_IN_MASKS)
+@pytest.mark.parametrize("option", list(DROP_IN_OPTIONS))
+@pytest.mark.parametrize("layout", ["default", "batch_first", "unbatched"])
+def test_drop_in_equals_torch_outputs_and_weights(layout, option, mask_kind):
+    """Built with the same arguments as torch's module (its defaults: sequence-first), loaded with its
+    state_dict and called the same way, the softmax module returns the same outputs and weights."""
+    opts = dict(DROP_IN_OPTIONS[option])
+    if layout == "batch_first":
+        opts["batch_first"] = True
+    torch.manual_seed(0)
+    theirs = torch.nn.MultiheadAttention(E, H, dtype=torch.float64, **opts)
+    ours = aknn.MultiheadAttention(E, H, dtype=torch.float64, **opts)
+    ours.load_state_dict(theirs.state_dict())
+    Lq, Lk = 5, (5 if mask_kind == "causal" else 4)
+    q, k, v = _inputs(Lq=Lq, Lk=Lk, kdim=opts.get("kdim", E), vdim=opts.get("vdim", E),
+                      batch_first=layout != "default")
+    if layout == "unbatched":
+        q, k, v = q[0], k[0], v[0]  # (L, E)
+    masks = _drop_in_masks(mask_kind, layout, Lq, Lk)
+    for call in ({}, {"average_attn_weights": False}, {"need_weights": False}):
+        hint_dropped = call.get("need_weights") is False and masks.get("is_causal") and (
+            opts.get("add_bias_kv") or opts.get("add_zero_attn"))
+        # torch 2.13 drops attn_mask for the is_causal hint without weights, and SDPA's top-left causal mask
+        # then also hides the appended bias/zero key: its result with the mask alone is the reference.
+        theirs_masks = {n: m for n, m in masks.items() if n != "is_causal"} if hint_dropped else masks
+        out_t, w_t = theirs(q, k, v, **call, **theirs_masks)
+        out_o, w_o = ours(q, k, v, **call, **masks)
+        assert out_o.shape == out_t.shape
+        torch.testing.assert_close(out_o, out_t, rtol=1e-10, atol=1e-12)
+        if w_t is None:
+            assert w_o is None
+        else:
+            assert w_o.shape == w_t.shape
+            torch.testing.assert_close(w_o, w_t, rtol=1e-10, atol=1e-12)

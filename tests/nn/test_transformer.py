@@ -64,7 +64,7 @@ def test_softmax_stacks_and_transformer_match_torch():
     torch.manual_seed(0)
     theirs = torch.nn.Transformer(D, NH, 2, 2, FF, dropout=0.1, batch_first=True, **F64).eval()
     ours = aknn.Transformer(
-        D, NH, 2, 2, FF, dropout=0.1, encoder_mechanism="softmax", positional=None, **F64
+        D, NH, 2, 2, FF, dropout=0.1, encoder_mechanism="softmax", positional=None, batch_first=True, **F64
     ).eval()
     ours.load_state_dict(theirs.state_dict())
     src, tgt = _x(2, 6, seed=3), _x(2, 4, seed=4)
@@ -95,7 +95,7 @@ def test_torch_transformer_state_dict_loads_into_hnas_encoder_with_only_theta_mi
 def test_encoder_layer_padding_equals_truncation(mechanism, norm_first, backend):
     torch.manual_seed(0)
     layer = aknn.TransformerEncoderLayer(
-        D, NH, FF, mechanism=mechanism, norm_first=norm_first, backend=backend, **F64
+        D, NH, FF, mechanism=mechanism, norm_first=norm_first, backend=backend, batch_first=True, **F64
     ).eval()
     lengths = [5, 2, 3]
     x, pad = _x(3, 5, seed=5), _pad(lengths, 5)
@@ -121,7 +121,9 @@ def test_decoder_refuses_query_normalized_cross_attention(mechanism):
 
 def test_coda_decoder_is_allowed_and_causal():
     torch.manual_seed(0)
-    model = aknn.Transformer(D, NH, 1, 2, FF, decoder_mechanism="coda", cross_mechanism="coda", **F64).eval()
+    model = aknn.Transformer(
+        D, NH, 1, 2, FF, decoder_mechanism="coda", cross_mechanism="coda", batch_first=True, **F64
+    ).eval()
     src, tgt = _x(1, 5, seed=6), _x(1, 4, seed=7)
     out = model(src, tgt)
     changed = tgt.clone()
@@ -132,12 +134,14 @@ def test_coda_decoder_is_allowed_and_causal():
 
 
 def test_encoder_with_causal_mask_raises_for_dnas():
-    encoder = aknn.TransformerEncoder(aknn.TransformerEncoderLayer(D, NH, FF, mechanism="dnas"), 2)
+    layer = aknn.TransformerEncoderLayer(D, NH, FF, mechanism="dnas", batch_first=True)
+    encoder = aknn.TransformerEncoder(layer, 2)
     causal = torch.nn.Transformer.generate_square_subsequent_mask(4)
     with pytest.raises(ValueError, match="future-token leak"):
         encoder(torch.randn(1, 4, D), mask=causal)
     with pytest.raises(ValueError, match="future-token leak"):
-        aknn.TransformerEncoderLayer(D, NH, FF, mechanism="hnas")(torch.randn(1, 4, D), is_causal=True)
+        hnas = aknn.TransformerEncoderLayer(D, NH, FF, mechanism="hnas", batch_first=True)
+        hnas(torch.randn(1, 4, D), is_causal=True)
 
 
 def test_mechanism_per_layer_and_hybrid_weights():
@@ -150,7 +154,7 @@ def test_mechanism_per_layer_and_hybrid_weights():
 
 
 def test_encoder_stack_copies_layer_without_mechanism():
-    layer = aknn.TransformerEncoderLayer(D, NH, FF, mechanism="dnas")
+    layer = aknn.TransformerEncoderLayer(D, NH, FF, mechanism="dnas", batch_first=True)
     encoder = aknn.TransformerEncoder(layer, 2, norm=torch.nn.LayerNorm(D))
     assert [m.self_attn.mechanism for m in encoder.layers] == ["dnas", "dnas"]
     torch.testing.assert_close(encoder.layers[1].linear1.weight, layer.linear1.weight)
@@ -169,8 +173,8 @@ def test_decoder_stack_per_layer_mechanisms():
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
 def test_transformer_adds_positions(positional):
     torch.manual_seed(0)
-    model = aknn.Transformer(D, NH, 1, 1, FF, positional=positional, max_len=16).eval()
-    bare = aknn.Transformer(D, NH, 1, 1, FF, positional=None).eval()
+    model = aknn.Transformer(D, NH, 1, 1, FF, positional=positional, max_len=16, batch_first=True).eval()
+    bare = aknn.Transformer(D, NH, 1, 1, FF, positional=None, batch_first=True).eval()
     bare.load_state_dict(model.state_dict(), strict=False)
     src, tgt = torch.randn(2, 5, D), torch.randn(2, 3, D)
     assert model(src, tgt).shape == (2, 3, D)

@@ -7,7 +7,18 @@ models written on the functional API and Hugging Face models converted by attnki
 
     with collect_explain_away(model) as log:
         model(x)
-    log.records[0].layer, log.records[0].stats.min
+    log[0].layer, log[0].stats.min          # one record per attention call, in call order
+    log[-1], log[2:4], list(log)            # indexing, slices and iteration work like a list
+    for row in log.summary():               # one row per layer, reduced over forward passes
+        print(row)
+
+How to read ``log.summary()``: one dict per layer with ``layer`` (order of the attention call within a
+forward pass), ``mechanism``, ``calls`` (forward passes seen), ``min_sum`` (the smallest total weight
+``sum_i pi_ij`` any valid key received; a key is "explained away" when this is near 0), ``min_normalized``
+(the same times the number of valid keys ``n_k``: Lemma 1 guarantees >= 1 for DNAS, i.e. every key gets at
+least its fair share ``1/n_k`` of the column mass; softmax can go far below 1), and ``fraction_below_eps``
+(the mean share of valid keys whose sum is below ``eps``). CoDA's weights are not normalized, so its sums are
+not shares of a unit mass.
 """
 
 from __future__ import annotations
@@ -55,6 +66,13 @@ class ExplainAwayLog:
     def __len__(self) -> int:
         return len(self.records)
 
+    def __getitem__(self, index):
+        """``log[i]``: the ``i``-th record (negative indices count from the end); ``log[a:b]``: a list of them."""
+        return self.records[index]
+
+    def __iter__(self) -> Iterator[ExplainAwayRecord]:
+        return iter(self.records)
+
     def layers(self) -> list[int]:
         """The layer indices seen, sorted."""
         return sorted({r.layer for r in self.records})
@@ -81,8 +99,14 @@ class ExplainAwayLog:
         return min(r.stats.min_normalized for r in self.records)
 
     def summary(self) -> list[dict]:
-        """One row per layer: mechanism, calls, min sum, min ``n_k``-normalized sum, mean fraction below
-        eps."""
+        """One row per layer, reduced over the forward passes recorded.
+
+        Keys: ``layer``; ``mechanism``; ``calls`` (how many calls were recorded at this layer);
+        ``min_sum``: the smallest column sum ``sum_i pi_ij`` over valid keys and calls (near 0: some key is
+        explained away); ``min_normalized``: the smallest ``n_k * sum_i pi_ij`` (Lemma 1: >= 1 for DNAS; 1 means
+        the key gets exactly the uniform share ``1/n_k``); ``fraction_below_eps``: the mean share of valid keys
+        whose sum is below ``eps``.
+        """
         rows = []
         for layer in self.layers():
             recs = [r for r in self.records if r.layer == layer]

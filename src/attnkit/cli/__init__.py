@@ -13,21 +13,41 @@ from typing import Optional, Sequence
 
 import typer
 
+from ._screen import hide_flag_types
+
 __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="attnkit",
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="Softmax, doubly-normalized, hybrid, Sinkhorn and CoDA attention: info, demos, benchmarks, runs.",
-    no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from attnkit import __version__
 
-@app.callback()
-def _root() -> None:
+        typer.echo(f"attnkit {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    ctx: typer.Context,
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the attnkit version and exit."
+    ),
+) -> None:
     """attnkit: attention mechanisms from the doubly-normalized, CoDA and alignment papers."""
+    if ctx.invoked_subcommand is None:  # ``attnkit`` alone: the help is what was asked for
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
+
+
+hide_flag_types()
 
 
 for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):

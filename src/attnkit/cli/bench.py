@@ -35,13 +35,19 @@ def _check_writable(out: Path) -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def bench(
-        quick: bool = typer.Option(False, "--quick", help="Only L in {256, 1024}: a smoke run."),
+        quick: bool = typer.Option(
+            False, "--quick", help="A smoke run under a minute: L in {256, 1024}, 2 rounds, no memory subprocesses."
+        ),
         lengths: Optional[str] = typer.Option(None, help="Comma-separated sequence lengths (default 256,1024,4096,8192)."),
         mechanisms: Optional[str] = typer.Option(None, help="Comma-separated mechanisms (default: all)."),
         backends: Optional[str] = typer.Option(None, help="Comma-separated backends: reference,efficient."),
-        repeats: int = typer.Option(3, help="Timed repeats per configuration (the median is reported)."),
+        repeats: Optional[int] = typer.Option(
+            None, help="Timed rounds per configuration (default 3, 2 with --quick): median, min and max reported."
+        ),
         sinkhorn_iters: int = typer.Option(3, help="Iterations k of the Sinkhorn mechanism."),
-        memory: bool = typer.Option(True, "--memory/--no-memory", help="Measure peak memory in subprocesses."),
+        memory: Optional[bool] = typer.Option(
+            None, "--memory/--no-memory", help="Measure peak memory in subprocesses (default: on, off with --quick)."
+        ),
         max_reference_length: int = typer.Option(2048, help="Skip the materialized backend above this L."),
         device: str = typer.Option("cpu", help="cpu or cuda (bfloat16 on cuda)."),
         out: Path = typer.Option(Path("bench-results/kernels.json"), help="Where to write the JSON results."),
@@ -58,23 +64,23 @@ def register(app: typer.Typer) -> None:
             write_json,
         )
 
+        if quick and lengths is not None:
+            raise ValueError("--quick and --lengths contradict each other; pass one of them")
+        cfg = BenchConfig(  # every argument is checked here, before any file is looked at
+            lengths=parse_list(lengths, "lengths", int) or (QUICK_LENGTHS if quick else DEFAULT_LENGTHS),
+            mechanisms=parse_list(mechanisms, "mechanisms") or DEFAULT_MECHANISMS,
+            backends=parse_list(backends, "backends") or ("reference", "efficient"),
+            repeats=repeats if repeats is not None else (2 if quick else 3),
+            sinkhorn_iters=sinkhorn_iters,
+            memory=memory if memory is not None else not quick,
+            max_reference_length=max_reference_length,
+            device=device,
+        )
         if out.is_dir():
             raise ValueError(f"--out {out} is a directory; pass a file path such as {out / 'kernels.json'}")
         if out.exists() and not overwrite:
             raise FileExistsError(f"{out} exists; pass --overwrite to replace it or choose another --out")
         _check_writable(out)
-        if quick and lengths is not None:
-            raise ValueError("--quick and --lengths contradict each other; pass one of them")
-        cfg = BenchConfig(
-            lengths=parse_list(lengths, "lengths", int) or (QUICK_LENGTHS if quick else DEFAULT_LENGTHS),
-            mechanisms=parse_list(mechanisms, "mechanisms") or DEFAULT_MECHANISMS,
-            backends=parse_list(backends, "backends") or ("reference", "efficient"),
-            repeats=repeats,
-            sinkhorn_iters=sinkhorn_iters,
-            memory=memory,
-            max_reference_length=max_reference_length,
-            device=device,
-        )
         result = run_bench(cfg, log=lambda msg: typer.echo(msg, err=True))
         write_json(result, out)
         typer.echo(format_table(result))

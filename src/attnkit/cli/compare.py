@@ -55,6 +55,9 @@ def register(app: typer.Typer) -> None:
         config_file: Optional[Path] = typer.Option(None, "--config", help="YAML/TOML/JSON file of configuration keys."),
         set_: list[str] = typer.Option([], "--set", help="Any other configuration key: --set lr=1e-3 (repeatable)."),
         progress: Optional[str] = typer.Option(None, "--progress", help="auto, rich, tqdm or none."),
+        log_with: Optional[str] = typer.Option(
+            None, "--log-with", help="Also log to an Accelerate tracker: tensorboard (into OUT/tensorboard)."
+        ),
     ) -> None:
         """Train the same model with several attention mechanisms under the same seeds and budget.
 
@@ -66,7 +69,7 @@ def register(app: typer.Typer) -> None:
         overrides = parse_set(set_)
         given = {
             "task": task, "mechanisms": mechanisms, "seeds": seeds, "preset": preset, "max_steps": max_steps,
-            "out": None if out is None else str(out), "progress": progress,
+            "out": None if out is None else str(out), "progress": progress, "log_with": log_with,
             "resume": resume or None, "overwrite": overwrite or None,
         }
         clash = sorted(k for k, v in given.items() if v is not None and k in overrides)
@@ -91,7 +94,7 @@ def _print_summary(result) -> None:
 
     if not PartialState().is_main_process:
         return
-    from rich.console import Console
+    from attnkit.cli._screen import console as make_console
     from rich.table import Table
 
     from attnkit.runner.report import table_legend, table_rows
@@ -103,7 +106,17 @@ def _print_summary(result) -> None:
         table.add_column(h, justify="left" if h == "mechanism" else "right", no_wrap=h != "mechanism")
     for row in rows:
         table.add_row(*row)
-    console = Console()
+    console = make_console()
     console.print(table)
+    for line in [c["text"] for c in result.extras.get("comparisons", [])]:
+        console.print(line, soft_wrap=True)
+    if result.extras.get("load_note"):
+        console.print(result.extras["load_note"], soft_wrap=True)
+    if result.task.kind == "seq2seq":  # the presets compare fewer mechanisms there: say which and why
+        by_reason: dict = {}
+        for name, why in result.extras.get("skipped_mechanisms", {}).items():
+            by_reason.setdefault(why, []).append(name)
+        for why, names in by_reason.items():
+            console.print(f"not run: {', '.join(names)}: {why}", soft_wrap=True)
     for kind, path in result.files.items():
-        console.print(f"{kind:>16}: {path}")
+        console.print(f"{kind:>18}: {path}")

@@ -51,7 +51,7 @@ def register(app: typer.Typer) -> None:
 
             typer.echo(json.dumps(rows, indent=2))
             return
-        from rich.console import Console
+        from attnkit.cli._screen import console as make_console
         from rich.table import Table
 
         table = Table(title=f"datasets (cache: {dataset_cache_dir(cache_dir=cache_dir)})")
@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
         for row in rows:
             cached = "yes" if row["cached"] else ("generated" if row["source"] == "generated" else "no")
             table.add_row(row["name"], row["kind"], row["source"], cached, row["description"])
-        Console(width=max(Console().width, 120)).print(table)
+        make_console().print(table)
 
     @data_app.command("fetch")
     def fetch_(

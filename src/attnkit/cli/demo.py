@@ -14,13 +14,13 @@ def register(app: typer.Typer) -> None:
         eps: float = typer.Option(1e-3, help="A key is explained away when its weight sum is below eps."),
     ) -> None:
         """Show each mechanism's weights and explaining-away numbers on one padded batch."""
-        from rich.console import Console
+        from attnkit.cli._screen import console as make_console
         from rich.table import Table
 
         from attnkit.demo import side_by_side
 
         summaries = side_by_side(seed=seed, eps=eps)
-        console = Console()
+        console = make_console()
         table = Table(title="Mechanisms on one padded batch (lengths 8 and 5, 2 heads; key 0 matches every query)")
         for col in ("mechanism", "row sums", "min key sum", "n_k * min", f"keys < {eps:g}"):
             table.add_column(col, justify="right" if col != "mechanism" else "left")

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-__all__ = ["register", "convert_directory"]
+__all__ = ["register", "convert_directory", "check_mechanism", "check_dataset"]
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
@@ -19,6 +19,28 @@ def _check_out(out: Path, overwrite: bool) -> None:
         raise NotADirectoryError(f"--out {out} is a file; pass a directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"--out {out} exists and is not empty; pass --overwrite to replace its files or pick another")
+
+
+def check_mechanism(mechanism: Optional[str]) -> None:
+    """Reject an unknown ``--mechanism`` before any model is loaded (the error lists the valid names)."""
+    if mechanism is not None:
+        from attnkit import resolve_mechanism
+
+        resolve_mechanism(mechanism)
+
+
+def check_dataset(dataset: str, cache_dir: Optional[str], download: bool) -> None:
+    """Reject a dataset that is neither a folder nor cached (unless ``--download``) before the model loads."""
+    if Path(dataset).is_dir():
+        return
+    from attnkit.data import get_info, is_cached
+
+    info = get_info(dataset)  # an unknown name lists the catalog
+    if not download and not is_cached(info.name, cache_dir):
+        raise FileNotFoundError(
+            f"dataset {info.name!r} is not in the cache; pass --download to fetch it now, or run "
+            f"`attnkit data fetch {info.name}` first"
+        )
 
 
 def convert_directory(
@@ -36,6 +58,7 @@ def convert_directory(
     import attnkit.hf as akhf
     from attnkit.hf.checks import check_model_dir
 
+    check_mechanism(mechanism)
     check_model_dir(model_dir, "MODEL_DIR")
     out_path = Path(out)
     _check_out(out_path, overwrite)
@@ -92,20 +115,26 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, help="Replace the files of a non-empty --out."),
         cache_dir: Optional[str] = typer.Option(None, help="Dataset cache (default $ATTNKIT_CACHE or ~/.cache/attnkit)."),
         download: bool = typer.Option(False, help="Fetch the dataset into the cache when it is not there."),
+        max_eval_samples: Optional[int] = typer.Option(
+            None, help="Evaluate on the first N test documents only (default: all)."
+        ),
     ) -> None:
         """Fine-tune a (converted) encoder for sequence classification; prints accuracy and macro-F1."""
         from attnkit.hf.finetune import FinetuneConfig
         from attnkit.hf.finetune import finetune as run
 
+        check_mechanism(mechanism)
+        check_dataset(dataset, cache_dir, download)
+
         config = FinetuneConfig(
             out=out, model=model, mechanism=mechanism, u0=u0, dataset=dataset, max_steps=max_steps, epochs=epochs,
             batch_size=batch_size, lr=lr, max_length=max_length, seed=seed, overwrite=overwrite,
-            cache_dir=cache_dir, download=download,
+            cache_dir=cache_dir, download=download, max_eval_samples=max_eval_samples,
         )
         metrics = run(config)
         if int(os.environ.get("RANK", "0")) != 0:
             return
-        from rich.console import Console
+        from attnkit.cli._screen import console as make_console
         from rich.table import Table
 
         table = Table(title=f"attnkit finetune: {dataset}")
@@ -115,5 +144,5 @@ def register(app: typer.Typer) -> None:
             metrics["mechanism"], f"{metrics['accuracy']:.4f}", f"{metrics['macro_f1']:.4f}",
             str(metrics["train_steps"]), f"{metrics['mean_step_seconds']:.3f}", f"{metrics['train_loss']:.4f}",
         )
-        Console().print(table)
+        make_console().print(table)
         typer.echo(f"saved model and metrics.json to {out}")

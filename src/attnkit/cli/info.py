@@ -63,14 +63,14 @@ def register(app: typer.Typer) -> None:
 
             typer.echo(json.dumps(data, indent=2))
             return
-        from rich.console import Console
+        from attnkit.cli._screen import console as make_console
         from rich.table import Table
 
         routes = data.pop("dispatch (backend='auto')")
         table = Table(title="attnkit", show_header=False)
         for key, value in data.items():
             table.add_row(key, ", ".join(map(str, value)) if isinstance(value, list) else str(value))
-        console = Console()
+        console = make_console()
         console.print(table)
         for example, by_mechanism in routes.items():
             grid = Table(title=f"backend='auto' routes, {example} (ak.explain_dispatch)")

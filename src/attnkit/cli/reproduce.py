@@ -14,12 +14,12 @@ __all__ = ["register"]
 
 
 def _print_result(result) -> None:
-    from rich.console import Console
+    from attnkit.cli._screen import console as make_console
     from rich.table import Table
 
     from attnkit.analysis.report import format_value
 
-    console = Console()
+    console = make_console()
     if result.rows:
         table = Table(title=f"attnkit reproduce {result.name}")
         columns = list(result.rows[0])

@@ -74,6 +74,7 @@ class FinetuneConfig:
     overwrite: bool = False
     cache_dir: Optional[str] = None
     download: bool = False
+    max_eval_samples: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.mechanism is not None and self.mechanism not in MECHANISMS:
@@ -86,6 +87,8 @@ class FinetuneConfig:
         positive = {"batch_size": self.batch_size, "max_length": self.max_length}
         if self.max_steps is not None:
             positive["max_steps"] = self.max_steps
+        if self.max_eval_samples is not None:
+            positive["max_eval_samples"] = self.max_eval_samples
         for name, value in positive.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}; expected an integer >= 1")
@@ -179,6 +182,19 @@ def _encode(tokenizer, texts, pairs, labels, max_length: int) -> _TextDataset:
     return _TextDataset(dict(enc), list(labels))
 
 
+def _first(dataset: _TextDataset, n: int) -> _TextDataset:
+    return _TextDataset({k: v[:n] for k, v in dataset.encodings.items()}, dataset.labels[:n])
+
+
+def _main_process_log():
+    """``print`` to stderr on the main process (rank 0), nothing elsewhere."""
+    import sys
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return lambda line: None
+    return lambda line: print(line, file=sys.stderr, flush=True)
+
+
 def _check_out(out: Path, overwrite: bool) -> None:
     """``out`` is a directory we may write (created now, so that an unwritable one fails before training)."""
     if out.exists() and not out.is_dir():
@@ -225,15 +241,19 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
     there are more), ``train_loss``, the run settings, and ``hybrid_weights`` (layers x heads) for hnas.
     """
     from transformers import (
-        AutoModelForSequenceClassification,
         AutoTokenizer,
         DataCollatorWithPadding,
         Trainer,
         TrainingArguments,
     )
 
-    from .checks import auto_config, check_model_dir, from_pretrained
+    from transformers.trainer_callback import ProgressCallback
+
+    from .checks import auto_config, check_model_dir
     from .convert import conversion, convert, hybrid_weights, register
+    from .progress import load_classifier, progress_callbacks
+
+    log = _main_process_log()
 
     out = Path(config.out)
     _check_out(out, config.overwrite)
@@ -252,10 +272,9 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
             f"--model {model_dir}: its tokenizer files cannot be loaded ({type(exc).__name__}: {first})"
         ) from None
     labels = list(data.label_names)
-    model = from_pretrained(
-        AutoModelForSequenceClassification,
+    model = load_classifier(
         model_dir,
-        "--model",
+        log=log,
         num_labels=len(labels),
         id2label=dict(enumerate(labels)),
         label2id={n: i for i, n in enumerate(labels)},
@@ -271,6 +290,9 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
 
     train = _encode(tokenizer, data.train_texts, data.train_text_pairs, data.train_labels, config.max_length)
     test = _encode(tokenizer, data.test_texts, data.test_text_pairs, data.test_labels, config.max_length)
+    if config.max_eval_samples is not None and config.max_eval_samples < len(test):
+        test = _first(test, config.max_eval_samples)
+        log(f"evaluating the first {len(test)} of {len(data.test_labels)} test documents (--max-eval-samples)")
     # The Trainer wants an output_dir; nothing is saved there (save_strategy="no") and it is removed after.
     with tempfile.TemporaryDirectory(prefix="attnkit-finetune-") as scratch:
         args = TrainingArguments(
@@ -301,6 +323,9 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
             data_collator=DataCollatorWithPadding(tokenizer),
             callbacks=[timer],
         )
+        trainer.remove_callback(ProgressCallback)
+        for callback in progress_callbacks(len(test), config.batch_size * trainer.args.world_size, log=log):
+            trainer.add_callback(callback)
         result = trainer.train()
         prediction = trainer.predict(test)
     predictions = torch.as_tensor(prediction.predictions).argmax(-1).tolist()

@@ -90,8 +90,9 @@ class _Sublayers(nn.Module):
 class TransformerEncoderLayer(_Sublayers):
     """``torch.nn.TransformerEncoderLayer`` with a self-attention ``mechanism`` (any of ``ak.MECHANISMS``).
 
-    Shapes: src ``(B, L, d_model)`` (``(L, B, d_model)`` if not ``batch_first``); ``src_key_padding_mask``
-    ``(B, L)`` True = padding (also keeps padded queries out of dnas/hnas/sinkhorn column sums).
+    Shapes: src ``(L, B, d_model)`` as in torch (``(B, L, d_model)`` with ``batch_first=True``);
+    ``src_key_padding_mask`` ``(B, L)`` True = padding (also keeps padded queries out of dnas/hnas/sinkhorn
+    column sums).
     """
 
     def __init__(
@@ -102,7 +103,7 @@ class TransformerEncoderLayer(_Sublayers):
         dropout: float = 0.1,
         activation: Activation = "relu",
         layer_norm_eps: float = 1e-5,
-        batch_first: bool = True,
+        batch_first: bool = False,
         norm_first: bool = False,
         bias: bool = True,
         mechanism: MechanismLike = "softmax",
@@ -189,7 +190,7 @@ class TransformerDecoderLayer(_Sublayers):
         dropout: float = 0.1,
         activation: Activation = "relu",
         layer_norm_eps: float = 1e-5,
-        batch_first: bool = True,
+        batch_first: bool = False,
         norm_first: bool = False,
         bias: bool = True,
         self_mechanism: MechanismLike = "softmax",

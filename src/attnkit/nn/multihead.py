@@ -59,8 +59,13 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
     real-token outputs do not depend on other queries and whose padded outputs stay as torch computes
     them). Padded queries then get a zero attention output (``out_proj.bias`` after the projection).
 
-    Shapes (``batch_first=True``): query ``(B, Lq, E)``, key ``(B, Lk, kdim)``, value ``(B, Lk, vdim)``
-    -> out ``(B, Lq, E)``, weights ``(B, Lq, Lk)`` (averaged over heads) or ``(B, H, Lq, Lk)``.
+    The positional arguments, their defaults (``batch_first=False``, ``need_weights=True``,
+    ``average_attn_weights=True``) and the returned ``(out, weights)`` are torch's; ``mechanism``,
+    ``u0`` and ``backend`` are keyword-only additions.
+
+    Shapes: query ``(Lq, B, E)``, key ``(Lk, B, kdim)``, value ``(Lk, B, vdim)`` -> out ``(Lq, B, E)``
+    (``(B, L, *)`` everywhere with ``batch_first=True``); weights ``(B, Lq, Lk)`` (averaged over heads)
+    or ``(B, H, Lq, Lk)`` in both layouts.
     Unbatched inputs ``(L, E)`` give ``(Lq, E)`` and ``(Lq, Lk)`` / ``(H, Lq, Lk)``. ``Lk`` counts the
     extra keys of ``add_bias_kv`` / ``add_zero_attn``.
 
@@ -74,16 +79,17 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         self,
         embed_dim: int,
         num_heads: int,
-        mechanism: MechanismLike = "softmax",
         dropout: float = 0.0,
         bias: bool = True,
         add_bias_kv: bool = False,
         add_zero_attn: bool = False,
         kdim: Optional[int] = None,
         vdim: Optional[int] = None,
-        batch_first: bool = True,
+        batch_first: bool = False,
         device=None,
         dtype=None,
+        *,
+        mechanism: MechanismLike = "softmax",
         u0: Optional[float] = None,
         backend: str = "auto",
     ) -> None:
@@ -189,7 +195,8 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         """torch's ``MultiheadAttention.forward``, plus ``query_padding_mask`` (True = ignore).
 
         Returns ``(out, weights)``; ``weights`` is ``None`` unless ``need_weights``. ``is_causal=True``
-        applies a causal mask (on top of ``attn_mask`` when both are given).
+        applies a causal mask (on top of ``attn_mask`` when both are given; torch treats it as a hint
+        that ``attn_mask`` is causal, which gives the same result, and requires that mask).
         """
         self_attention = query is key
         if need_weights and self.backend == "efficient":
@@ -217,6 +224,20 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
             attn_mask = attn_mask.view(B, H, Lq, Lk)  # (B*H, Lq, Lk) -> (B, H, Lq, Lk), batch-major as torch
         query_mask = self._query_mask(self_attention, key_padding_mask, query_padding_mask, Lq, Lk)
 
+        causal = bool(is_causal)
+        if causal and (self.bias_k is not None or self.add_zero_attn):
+            # The appended key (bias or zeros) is visible to every query, as in torch: apply the causal
+            # mask to the Lk real keys here, and let the core reject mechanisms that leak under it.
+            attention(query.new_zeros(1, 1, 1, 1), query.new_zeros(1, 1, 1, 1), query.new_zeros(1, 1, 1, 1),
+                      self.config, causal=True)
+            future = torch.ones(Lq, Lk, dtype=torch.bool, device=query.device).triu(1)  # (Lq, Lk) True = later
+            if attn_mask is None:
+                attn_mask = future
+            elif attn_mask.dtype == torch.bool:
+                attn_mask = attn_mask | future
+            else:
+                attn_mask = attn_mask.masked_fill(future, float("-inf"))
+            causal = False
         q, k, v = self._project(query, key, value)  # (B, Lq, E), (B, Lk, E), (B, Lk, E)
         if self.bias_k is not None:
             k = torch.cat([k, self.bias_k.expand(B, 1, E)], dim=1)  # (B, Lk + 1, E)
@@ -236,7 +257,7 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
             key_mask=key_mask,
             query_mask=None if query_mask is None else ~query_mask,
             attn_mask=valid_or_bias,
-            causal=bool(is_causal),
+            causal=causal,
             dropout_p=self.dropout if self.training else 0.0,
             hybrid_weight=self._hybrid_weight(),
             return_weights=need_weights,

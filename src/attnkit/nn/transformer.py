@@ -95,7 +95,7 @@ class TransformerEncoder(nn.Module):
         is_causal: Optional[bool] = None,
     ) -> Tensor:
         """``is_causal=None`` detects a causal ``mask`` (so query-normalized layers refuse it)."""
-        seq_dim = 1 if (src.dim() == 3 and getattr(self.layers[0].self_attn, "batch_first", True)) else 0
+        seq_dim = 1 if (src.dim() == 3 and getattr(self.layers[0].self_attn, "batch_first", False)) else 0
         causal = _detect_causal(mask, is_causal, src.shape[seq_dim])
         out = src
         for layer in self.layers:
@@ -149,7 +149,7 @@ class TransformerDecoder(nn.Module):
         tgt_is_causal: Optional[bool] = None,
         memory_is_causal: bool = False,
     ) -> Tensor:
-        seq_dim = 1 if (tgt.dim() == 3 and getattr(self.layers[0].self_attn, "batch_first", True)) else 0
+        seq_dim = 1 if (tgt.dim() == 3 and getattr(self.layers[0].self_attn, "batch_first", False)) else 0
         causal = _detect_causal(tgt_mask, tgt_is_causal, tgt.shape[seq_dim])
         out = tgt
         for layer in self.layers:
@@ -176,7 +176,8 @@ class Transformer(nn.Module):
     ``src_key_padding_mask`` as ``memory_key_padding_mask`` when the latter is not given (padded source
     tokens are never attended to). Unlike ``torch.nn.Transformer`` it adds positions to ``src``/``tgt``.
 
-    Shapes: src ``(B, Ls, d_model)``, tgt ``(B, Lt, d_model)`` -> ``(B, Lt, d_model)`` (``batch_first``).
+    Shapes: src ``(Ls, B, d_model)``, tgt ``(Lt, B, d_model)`` -> ``(Lt, B, d_model)`` (torch's default
+    ``batch_first=False``); ``(B, L, d_model)`` everywhere with ``batch_first=True``.
     """
 
     def __init__(
@@ -189,7 +190,7 @@ class Transformer(nn.Module):
         dropout: float = 0.1,
         activation: Activation = "relu",
         layer_norm_eps: float = 1e-5,
-        batch_first: bool = True,
+        batch_first: bool = False,
         norm_first: bool = False,
         bias: bool = True,
         encoder_mechanism: PerLayer = "hnas",

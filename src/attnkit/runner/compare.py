@@ -17,12 +17,15 @@ import math
 import os
 import shutil
 import statistics
-from dataclasses import dataclass
+import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 from .config import CompareConfig
-from .train import batch_indices, train_run
+from .summary import RunClock, _duration, summarize, tracker_config
+from .train import RESULT_FILE, batch_indices, train_run
 
 __all__ = ["CompareResult", "run_compare", "aggregate", "prepare_run_dir", "CONFIG_FILE"]
 
@@ -40,6 +43,7 @@ class CompareResult:
     runs: list[dict]
     out: Path
     files: dict
+    extras: dict = field(default_factory=dict)
 
 
 def _mean_std(values: list) -> tuple[Optional[float], Optional[float]]:
@@ -71,6 +75,9 @@ def aggregate(runs: list[dict], mechanisms: tuple[str, ...], baseline: str = "so
         time_mean, time_std = _mean_std([r["step_time_s"] for r in group])
         record["step_time_s"] = time_mean
         record["step_time_rel"] = time_mean / base_time if base_time else None
+        seed_times = [r["step_time_s"] for r in group]
+        record["step_time_rel_min"] = min(seed_times) / base_time if base_time else None
+        record["step_time_rel_max"] = max(seed_times) / base_time if base_time else None
         record["step_time_baseline"] = baseline
         mins = [
             r["explain_away"]["min_normalized"]
@@ -91,6 +98,10 @@ def aggregate(runs: list[dict], mechanisms: tuple[str, ...], baseline: str = "so
             record["hybrid_u"], record["hybrid_u_mean"] = None, None
         records.append(record)
     return records
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _is_run_dir(out: Path) -> bool:
@@ -205,7 +216,10 @@ def run_compare(
     if accelerator is None:
         # On a machine without a GPU, processes started by ``accelerate launch --multi_gpu`` or ``torchrun``
         # train together on the CPU (gloo); Accelerate only forms that group when told to use the CPU.
-        accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        tracking = {}
+        if config.log_with is not None:  # Accelerate's trackers, e.g. TensorBoard event files in OUT/tensorboard
+            tracking = {"log_with": config.log_with, "project_dir": str(Path(config.out) / config.log_with)}
+        accelerator = Accelerator(cpu=not torch.cuda.is_available(), **tracking)
     threads_before = torch.get_num_threads()
     if config.threads is not None:
         torch.set_num_threads(config.threads)
@@ -268,21 +282,35 @@ def _train_all(config: CompareConfig, accelerator, task, data, out: Path, on_ste
     from .progress import make_progress
     from .report import write_report
 
+    if config.log_with is not None:
+        accelerator.init_trackers("attnkit-compare", config=tracker_config(config))
     progress = make_progress(config.progress, accelerator.is_main_process)
+    say = _say if accelerator.is_main_process else (lambda line: None)
     runs = []
+    plan = [(mech, seed) for mech in config.mechanisms for seed in config.seed_list]
+    clock = RunClock(len(plan))
     try:
-        for mech in config.mechanisms:
-            for seed in config.seed_list:
-                hook = None if on_step is None else (lambda step, m=mech, s=seed: on_step(m, s, step))
-                result = train_run(task, data, config, mech, seed, out / "runs" / f"{mech}-seed{seed}",
-                                   accelerator, progress, on_step=hook)
-                runs.append(result.record)
+        for k, (mech, seed) in enumerate(plan, start=1):
+            run_dir = out / "runs" / f"{mech}-seed{seed}"
+            finished = (run_dir / RESULT_FILE).is_file()
+            say(clock.line(k, mech, seed, finished))
+            hook = None if on_step is None else (lambda step, m=mech, s=seed: on_step(m, s, step))
+            start = time.perf_counter()
+            result = train_run(task, data, config, mech, seed, run_dir, accelerator, progress, on_step=hook)
+            if not finished:
+                clock.add(time.perf_counter() - start)
+            runs.append(result.record)
     finally:
         if progress is not None:
             progress.close()
     records = aggregate(runs, config.mechanisms)
     files: dict = {}
+    extras: dict = {}
     if accelerator.is_main_process:
-        files = write_report(config, task, records, runs, out)
+        extras = summarize(task, data, config, runs, records, started=clock.started)
+        files = write_report(config, task, records, runs, out, extras=extras)
+        say(f"done: {len(plan)} runs in {_duration(time.time() - clock.started)}")
+    if config.log_with is not None:
+        accelerator.end_training()
     accelerator.wait_for_everyone()
-    return CompareResult(config=config, task=task, records=records, runs=runs, out=out, files=files)
+    return CompareResult(config=config, task=task, records=records, runs=runs, out=out, files=files, extras=extras)

@@ -31,6 +31,7 @@ DEFAULT_TASK = "reuters8"
 DEFAULT_MECHANISMS: tuple[str, ...] = MECHANISMS
 PROGRESS: tuple[str, ...] = ("auto", "rich", "tqdm", "none")
 PRESET_NAMES: tuple[str, ...] = ("quick", "paper")
+TRACKERS: tuple[str, ...] = ("tensorboard",)  # Accelerate trackers that ``log_with`` accepts
 
 # Hyperparameters per task kind and preset. ``quick`` fits the default comparison (five mechanisms x two
 # seeds on Reuters-R8) in about ten minutes on two CPU cores; ``paper`` is the largest setting that still
@@ -44,7 +45,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             batch_size=32,
             lr=2e-3,
             warmup_steps=15,
-            eval_every=50,
+            eval_every=15,
             checkpoint_every=50,
             max_train=2400,
             max_eval=600,
@@ -185,6 +186,7 @@ class CompareConfig:
     threads: Optional[int] = None
     progress: str = "auto"
     plots: bool = True
+    log_with: Optional[str] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.task, str) or not self.task:
@@ -243,6 +245,8 @@ class CompareConfig:
             )
         if self.progress not in PROGRESS:
             raise ValueError(f"progress={self.progress!r}: expected one of {PROGRESS}")
+        if self.log_with is not None and self.log_with not in TRACKERS:
+            raise ValueError(f"log_with={self.log_with!r}: expected one of {TRACKERS} (or leave it unset)")
         if not isinstance(self.out, str) or not self.out:
             raise ValueError(f"out={self.out!r}: expected a directory path")
 
@@ -263,7 +267,7 @@ class CompareConfig:
     def result_dict(self) -> dict:
         """The keys that decide the results (not where they go or how progress is shown)."""
         data = self.to_dict()
-        for key in ("out", "resume", "overwrite", "progress", "plots"):
+        for key in ("out", "resume", "overwrite", "progress", "plots", "log_with"):
             data.pop(key)
         return data
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from .config import CompareConfig
+from .report_extras import plot_confusions, plot_learning_curves_band
 
 __all__ = ["write_report", "write_results_json", "write_results_csv", "format_value", "table_rows", "table_legend",
            "render_html"]
@@ -38,7 +39,7 @@ def table_rows(
     explained by ``table_legend``.
     """
     if detail:
-        header = ["mechanism", "seeds", *[f"{m} (%)" for m in metric_names], "step time (× baseline)",
+        header = ["mechanism", "seeds", *[f"{m} (%)" for m in metric_names], "step time (× baseline, range over seeds)",
                   "explain-away min n_k·Σπ", "final hybrid u (mean)"]
     else:
         header = ["mechanism", "seeds", *[f"{m} %" for m in metric_names], "step ×", "min n_k·Σπ", "u"]
@@ -53,6 +54,8 @@ def table_rows(
         step = format_value(r["step_time_rel"], None, 1.0, 2)
         if detail and r["mechanism"] == r["step_time_baseline"]:
             step += " (baseline)"
+        if detail and r.get("step_time_rel_min") is not None and r["n_seeds"] > 1:
+            step += f" [{r['step_time_rel_min']:.2f}–{r['step_time_rel_max']:.2f} over seeds]"
         rows.append([
             r["mechanism"], str(r["n_seeds"]),
             *[format_value(r.get(f"{m}_mean"), r.get(f"{m}_std"), 100.0) for m in metric_names],
@@ -76,7 +79,8 @@ def table_legend(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_results_json(path: Path, config: CompareConfig, task, records: list[dict], runs: list[dict]) -> None:
+def write_results_json(path: Path, config: CompareConfig, task, records: list[dict], runs: list[dict],
+                       extras: Optional[dict] = None) -> None:
     payload = {
         "task": config.task,
         "kind": task.kind,
@@ -90,6 +94,7 @@ def write_results_json(path: Path, config: CompareConfig, task, records: list[di
                                            "(Lemma 1: >= 1 for DNAS); explain_away_min_raw is min_j sum_i pi_ij",
             "hybrid_u": "final u = sigmoid(theta) per layer (rows) and head (columns), mean over seeds",
         },
+        **(extras or {}),
     }
     path.write_text(json.dumps(payload, indent=1))
 
@@ -167,10 +172,11 @@ def _html_table(header: list[str], rows: list[list[str]], table_id: str = "") ->
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
     id_attr = f' id="{table_id}"' if table_id else ""
-    return f"<table{id_attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f'<div class="wide"><table{id_attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
-def render_html(config: CompareConfig, task, records: list[dict], runs: list[dict], images: list[Path]) -> str:
+def render_html(config: CompareConfig, task, records: list[dict], runs: list[dict], images: list[Path],
+                extras: Optional[dict] = None) -> str:
     """The report as one HTML string (plots inlined; dataset text escaped)."""
     header, rows = table_rows(records, task.metric_names)
     run_rows = [
@@ -189,9 +195,9 @@ def render_html(config: CompareConfig, task, records: list[dict], runs: list[dic
             sample_blocks.append(f"<h3>{html.escape(mech)} (seed {run['seed']})</h3>"
                                  + _html_table(keys, [[s[k] for k in keys] for s in run["samples"]]))
     config_rows = [[k, json.dumps(v)] for k, v in config.to_dict().items()]
-    css = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;"
-           "margin:1em 0}th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;font-size:14px}"
-           "th{background:#f3f3f3}img{max-width:100%}code{background:#f3f3f3;padding:1px 4px}")
+    from .report_extras import CSS as css
+    from .report_extras import extra_sections
+
     world = runs[0]["world_size"] if runs else 1
     parts = [
         "<!DOCTYPE html>",
@@ -210,29 +216,37 @@ def render_html(config: CompareConfig, task, records: list[dict], runs: list[dic
         "is not normalized, so its value is not a weight share). <b>hybrid u</b>: final share of DNAS per layer "
         "(rows, separated by ;) and head.</p>",
     ]
+    inline = {image.stem: _img(image) for image in images}
     for image in images:
-        parts.append(f"<h2>{html.escape(image.stem.replace('_', ' '))}</h2>{_img(image)}")
+        if image.stem != "confusion_matrices":
+            parts.append(f"<h2>{html.escape(image.stem.replace('_', ' '))}</h2>{inline[image.stem]}")
+    if extras:
+        parts += extra_sections(extras, inline)
     parts += ["<h2>Runs</h2>", _html_table(run_header, run_rows, "runs")]
-    if sample_blocks:
+    if sample_blocks and not (extras and extras.get("samples", {}).get("rows")):
         parts += ["<h2>Sample predictions</h2>", *sample_blocks]
     parts += ["<h2>Configuration</h2>", _html_table(["key", "value"], config_rows, "config"), "</body></html>"]
     return "\n".join(parts)
 
 
-def write_report(config: CompareConfig, task, records: list[dict], runs: list[dict], out: Path) -> dict:
-    """Write every output into ``out``; return ``{kind: path}``."""
+def write_report(config: CompareConfig, task, records: list[dict], runs: list[dict], out: Path,
+                 extras: Optional[dict] = None) -> dict:
+    """Write every output into ``out``; return ``{kind: path}``. ``extras``: ``runner.summary.summarize``'s dict."""
     out = Path(out)
     files = {"json": out / "results.json", "csv": out / "results.csv"}
-    write_results_json(files["json"], config, task, records, runs)
+    write_results_json(files["json"], config, task, records, runs, extras)
     write_results_csv(files["csv"], records, task.metric_names)
     images = []
     if config.plots:
         files["learning_curves"] = out / "learning_curves.png"
-        plot_learning_curves(files["learning_curves"], runs, config.mechanisms, task.metric_names[0])
+        plot_learning_curves_band(files["learning_curves"], runs, config.mechanisms, task.metric_names[0])
         images.append(files["learning_curves"])
+        if extras and plot_confusions(out / "confusion_matrices.png", extras.get("per_class") or {}):
+            files["confusion_matrices"] = out / "confusion_matrices.png"
+            images.append(files["confusion_matrices"])
         if plot_hybrid(out / "hybrid_weights.png", runs):
             files["hybrid_weights"] = out / "hybrid_weights.png"
             images.append(files["hybrid_weights"])
     files["html"] = out / "report.html"
-    files["html"].write_text(render_html(config, task, records, runs, images), encoding="utf-8")
+    files["html"].write_text(render_html(config, task, records, runs, images, extras), encoding="utf-8")
     return files

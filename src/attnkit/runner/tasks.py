@@ -138,6 +138,7 @@ class EncodedClassification:
     label_names: list[str]
     vocab_size: int
     pad_id: int
+    tokenizer: Any = None  # the WordTokenizer fitted on the training texts (to encode new text)
 
 
 class ClassificationTask:
@@ -152,9 +153,15 @@ class ClassificationTask:
     def load(self, config: CompareConfig):
         if self.source is not None:
             return load_file_dataset(self.source)
-        from ..data import get_info, load_dataset
+        import sys
 
-        return load_dataset(self.name, download=get_info(self.name).offline)
+        from ..data import get_info, is_cached, load_dataset
+
+        info = get_info(self.name)
+        if info.offline and not is_cached(info.name):
+            print(f"{info.name} is not in the cache yet: downloading it once from {info.source} "
+                  "(tens of MB; later runs read the cache)", file=sys.stderr, flush=True)
+        return load_dataset(self.name, download=info.offline)
 
     def prepare(self, config: CompareConfig) -> EncodedClassification:
         from ..data import WordTokenizer
@@ -174,7 +181,7 @@ class ClassificationTask:
             test_ids=test_ids, test_mask=test_mask,
             test_labels=torch.tensor(raw.test_labels, dtype=torch.long)[te],
             test_texts=test_texts, label_names=list(raw.label_names),
-            vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
+            vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, tokenizer=tokenizer,
         )
 
     def build_model(
@@ -221,6 +228,22 @@ class ClassificationTask:
         accuracy = sum(int(p == y) for p, y in zip(preds, labels)) / max(1, len(labels))
         return {"accuracy": accuracy, "macro_f1": macro_f1(labels, preds)}
 
+    def correct(self, data: EncodedClassification, preds: list[int]) -> list[bool]:
+        return [p == y for p, y in zip(preds, data.test_labels.tolist())]
+
+    def details(self, data: EncodedClassification, preds: list[int]) -> dict:
+        """Per-class precision/recall/F1 and the confusion matrix (``runner.stats.per_class``)."""
+        from .stats import per_class
+
+        return per_class(data.test_labels.tolist(), preds, data.label_names)
+
+    def example(self, data: EncodedClassification, i: int) -> dict:
+        text = data.test_texts[i]
+        return {"text": text[:240] + ("…" if len(text) > 240 else ""), "label": data.label_names[data.test_labels[i]]}
+
+    def show_prediction(self, data: EncodedClassification, pred: int) -> str:
+        return data.label_names[pred]
+
     def samples(self, data: EncodedClassification, preds: list[int], limit: int = 8) -> list[dict]:
         names = data.label_names
         return [
@@ -250,10 +273,12 @@ class EncodedSeq2Seq:
 
 
 class Seq2SeqTask:
-    """Character-level transduction with a ``Seq2SeqTransformer``; metric sequence accuracy (exact match)."""
+    """Character-level transduction with a ``Seq2SeqTransformer``; metrics sequence accuracy (exact match) and
+    token accuracy (characters right at their position, ``runner.stats.token_accuracy``), which still moves when
+    a small budget gets no whole sequence right."""
 
     kind = "seq2seq"
-    metric_names = ("sequence_accuracy",)
+    metric_names = ("sequence_accuracy", "token_accuracy")
 
     def __init__(self, name: str, source: Optional[str] = None) -> None:
         self.name, self.source = name, source
@@ -344,8 +369,25 @@ class Seq2SeqTask:
         model(src, src_mask, tgt[:, :-1], tgt_mask[:, :-1])
 
     def metrics(self, data: EncodedSeq2Seq, preds: list[str]) -> dict:
+        from .stats import token_accuracy
+
         gold = self._targets(data)
-        return {"sequence_accuracy": sum(int(p == t) for p, t in zip(preds, gold)) / max(1, len(gold))}
+        return {
+            "sequence_accuracy": sum(int(p == t) for p, t in zip(preds, gold)) / max(1, len(gold)),
+            "token_accuracy": token_accuracy(preds, gold),
+        }
+
+    def correct(self, data: EncodedSeq2Seq, preds: list[str]) -> list[bool]:
+        return [p == t for p, t in zip(preds, self._targets(data))]
+
+    def details(self, data: EncodedSeq2Seq, preds: list[str]) -> dict:
+        return {}
+
+    def example(self, data: EncodedSeq2Seq, i: int) -> dict:
+        return {"source": data.test_src_texts[i], "target": self._targets(data)[i]}
+
+    def show_prediction(self, data: EncodedSeq2Seq, pred: str) -> str:
+        return pred
 
     @staticmethod
     def _targets(data: EncodedSeq2Seq) -> list[str]:

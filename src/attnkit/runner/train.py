@@ -208,6 +208,14 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler) -> di
     return trainer
 
 
+def _spread(times: list) -> Optional[dict]:
+    """``{"min", "median", "max"}`` seconds per optimizer step within one run."""
+    if not times:
+        return None
+    ordered = sorted(times)
+    return {"min": ordered[0], "median": ordered[len(ordered) // 2], "max": ordered[-1]}
+
+
 def _schedule(warmup: int, total: int) -> Callable[[int], float]:
     def factor(step: int) -> float:  # linear warmup, then linear decay to 0 at ``total``
         if step < warmup:
@@ -347,8 +355,14 @@ def train_run(
                 f"{mechanism} seed {seed}: the training loss became {loss_value} at step {step + 1}; "
                 "lower lr or raise warmup_steps"
             )
-        trainer["time_sum"] += time.perf_counter() - start
+        step_seconds = time.perf_counter() - start
+        trainer["time_sum"] += step_seconds
         trainer["time_count"] += 1
+        trainer.setdefault("step_times", []).append(step_seconds)
+        trainer.setdefault("step_losses", []).append(loss_value)
+        trainer["load_max"] = max(trainer.get("load_max", 0.0), os.getloadavg()[0])
+        accelerator.log({f"{mechanism}-seed{seed}/train_loss": loss_value,
+                         f"{mechanism}-seed{seed}/step_seconds": step_seconds}, step=step + 1)
         trainer["loss_sum"] += loss_value
         trainer["loss_count"] += 1
         trainer["step"] = step = step + 1
@@ -365,6 +379,8 @@ def train_run(
                 "hybrid_u": hybrid_u(accelerator.unwrap_model(model)),
             })
             trainer["loss_sum"], trainer["loss_count"] = 0.0, 0
+            accelerator.log({f"{mechanism}-seed{seed}/eval_{k}": v for k, v in metrics.items()
+                             if isinstance(v, (int, float))}, step=step)
         if step % config.checkpoint_every == 0 and step < total:
             _save_checkpoint(accelerator, run_dir, step, model, optimizer, scheduler, trainer)
         if on_step is not None:
@@ -387,6 +403,11 @@ def train_run(
         "eval_examples": task.num_eval(data),
         "world_size": world,
         "samples": task.samples(data, preds, limit=8),
+        "predictions": preds,
+        "step_times_s": _spread(trainer.get("step_times", [])),
+        "step_losses": trainer.get("step_losses", []),
+        "load_average_max": trainer.get("load_max"),
+        **task.details(data, preds),
     }
     if accelerator.is_main_process:
         torch.save(net.state_dict(), run_dir / "model.pt")

@@ -1,0 +1,326 @@
+r"""Look at attention: per layer and head, the weights over one text's tokens for each mechanism side by side.
+
+``attnkit show`` builds on this module. A view holds, for one text, the ``(H, L, L)`` weights of every attention
+layer for each mechanism (recorded with ``attnkit.functional.observe_weights``, so every ``ak.attention`` call
+is seen: attnkit models and converted Hugging Face models alike) and the hybrid weights ``u`` of HNAS.
+
+The page shows, per layer, the heatmaps (queries down, keys across) and the per-key column sums
+
+.. math::
+    s_j = \sum_i \pi_{ij}, \qquad \text{Lemma 1 (DNAS): } s_j \ge 1 / n
+
+(the explain-away picture of "Attention that does not explain away", Fig. 1): softmax may leave a key with
+almost no weight from any query; DNAS never gives a key less than ``1/n``.
+
+The weights are also exported in the layout the ``bertviz`` package expects (``head_view(attention, tokens)``
+with ``attention`` a tuple over layers of ``(batch, heads, L, L)`` tensors): ``attention.safetensors`` (one
+tensor ``"<mechanism>.<layer>"`` per layer, tokens in the metadata) and ``attention.json``; read them back
+with :func:`load_bertviz`.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import html
+import io
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+__all__ = ["AttentionView", "record_attention", "view_from_run", "view_from_hf", "render_view_html",
+           "write_bertviz", "load_bertviz"]
+
+
+@dataclass
+class AttentionView:
+    """``weights[mechanism]``: one ``(H, L, L)`` tensor per attention layer; ``hybrid_u[mechanism]``: ``(layers, H)``
+    for HNAS (else absent); ``tokens``: the ``L`` token strings; ``source``: what was loaded."""
+
+    text: str
+    tokens: list[str]
+    weights: dict[str, list[Tensor]] = field(default_factory=dict)
+    hybrid_u: dict[str, list[list[float]]] = field(default_factory=dict)
+    source: str = ""
+
+    @property
+    def mechanisms(self) -> list[str]:
+        return list(self.weights)
+
+    @property
+    def num_layers(self) -> int:
+        return min((len(w) for w in self.weights.values()), default=0)
+
+
+def record_attention(forward) -> list[Tensor]:
+    """Run ``forward()`` and return the ``(H, Lq, Lk)`` weights of each non-causal attention call (batch item 0)."""
+    from ..functional import observe_weights
+
+    calls: list[Tensor] = []
+
+    def observer(weights, mask_info, config) -> None:
+        if not mask_info.causal:
+            calls.append(weights[0].detach().float().cpu())  # (H, Lq, Lk)
+
+    with torch.no_grad(), observe_weights(observer):
+        forward()
+    if not calls:
+        raise ValueError("the model made no attnkit attention call; convert it first (attnkit convert) or pass "
+                         "a run directory of attnkit compare")
+    return calls
+
+
+def _check_text(text: str) -> str:
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("--text is empty; pass a sentence to look at, e.g. --text 'the bank raised its rates'")
+    return text
+
+
+def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[int] = None,
+                  mechanisms: Optional[Sequence[str]] = None) -> AttentionView:
+    """Rebuild each mechanism's model of an ``attnkit compare`` run directory (classification tasks) and look at
+    ``text`` with it. ``seed`` defaults to the first seed of the run."""
+    from ..nn import hybrid_weights
+    from ..runner.compare import saved_config
+    from ..runner.config import build_config
+    from ..runner.tasks import get_task
+
+    text = _check_text(text)
+    run_dir = Path(run_dir)
+    saved = saved_config(run_dir)
+    if saved is None:
+        raise FileNotFoundError(f"{str(run_dir)!r} is not an attnkit compare run directory (no config.json of ours)")
+    config = build_config({**saved, "out": str(run_dir), "progress": "none"})
+    task = get_task(config.task)
+    if task.kind != "classification":
+        raise ValueError(f"attnkit show reads classification runs; {config.task!r} is a {task.kind} task")
+    seed = config.seed if seed is None else seed
+    wanted = list(mechanisms) if mechanisms else list(config.mechanisms)
+    missing = [m for m in wanted if not (run_dir / "runs" / f"{m}-seed{seed}" / "model.pt").is_file()]
+    if missing:
+        raise FileNotFoundError(f"no finished run for {missing} with seed {seed} in {str(run_dir)!r}; "
+                                f"pick from mechanisms {list(config.mechanisms)} and seeds {list(config.seed_list)}")
+    data = task.prepare(config)
+    tokenizer = data.tokenizer
+    ids, mask = tokenizer.encode([text], max_length=config.max_len)  # (1, L)
+    tokens = tokenizer.tokenize(text)[: ids.shape[1]]
+    view = AttentionView(text=text, tokens=tokens, source=f"{run_dir} (seed {seed})")
+    for mech in wanted:
+        model = task.build_model(config, mech, data)
+        state = torch.load(run_dir / "runs" / f"{mech}-seed{seed}" / "model.pt", map_location="cpu", weights_only=True)
+        model.load_state_dict(state)
+        model.eval()
+        view.weights[mech] = [w[:, : len(tokens), : len(tokens)] for w in record_attention(lambda: model(ids, mask))]
+        if mech == "hnas":
+            view.hybrid_u[mech] = hybrid_weights(model).tolist()
+    return view
+
+
+def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
+                 mechanisms: Sequence[str] = ("softmax", "dnas", "hnas")) -> AttentionView:
+    """A (converted) Hugging Face encoder: a converted model shows its own mechanism (with its trained ``u``); a
+    stock model is converted, copy by copy, to each of ``mechanisms`` (same weights, other normalization)."""
+    from transformers import AutoTokenizer
+
+    import attnkit.hf as akhf
+
+    text = _check_text(text)
+    for m in mechanisms:
+        from ..config import resolve_mechanism
+
+        resolve_mechanism(m)  # an unknown name fails before the model loads
+    base = akhf.load(model_dir)
+    base.eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    enc = tokenizer(text, return_tensors="pt", truncation=True, max_length=128)
+    tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][0].tolist())
+    view = AttentionView(text=text, tokens=tokens, source=str(model_dir))
+    own = akhf.conversion(base)
+    models = {own.name: base} if own is not None else {}
+    if own is None:
+        for m in mechanisms:
+            models[m] = akhf.convert(copy.deepcopy(base), m)
+    for name, model in models.items():
+        view.weights[name] = record_attention(lambda: model(**enc))
+        if name == "hnas":
+            view.hybrid_u[name] = akhf.hybrid_weights(model).tolist()
+    return view
+
+
+# --------------------------------------------------------------------------- the page
+
+
+def _png(fig) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=80)
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return f'<img alt="figure" src="data:image/png;base64,{data}">'
+
+
+def _layer_figure(view: AttentionView, layer: int, heads: Sequence[int]) -> str:
+    """Heatmaps: rows = the chosen heads and the mean over heads, columns = mechanisms; then the column sums."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .plots import MECHANISM_COLORS
+
+    mechs = view.mechanisms
+    L = len(view.tokens)
+    labels = [t if len(t) <= 12 else t[:11] + "…" for t in view.tokens]
+    rows = [*[f"head {h}" for h in heads], "mean over heads"]
+    size = 1.2 + 0.16 * L
+    fig, axes = plt.subplots(len(rows) + 1, len(mechs), figsize=(size * len(mechs), size * len(rows) + 2.2),
+                             squeeze=False)
+    for c, mech in enumerate(mechs):
+        w = view.weights[mech][layer]  # (H, L, L)
+        panels = [w[h] for h in heads] + [w.mean(0)]
+        for r, (name, panel) in enumerate(zip(rows, panels)):
+            ax = axes[r][c]
+            signed = bool((panel < 0).any())
+            ax.imshow(panel.numpy(), cmap="RdBu_r" if signed else "viridis", vmin=-1 if signed else 0,
+                      vmax=1 if signed else max(float(panel.max()), 1e-6))
+            ax.set_title(f"{mech}: {name}", fontsize=8)
+            ax.set_xticks(range(L), labels, rotation=90, fontsize=6)
+            ax.set_yticks(range(L), labels if c == 0 else [""] * L, fontsize=6)
+        ax = axes[-1][c]
+        sums = w.sum(dim=1)  # (H, L): column sums s_j per head
+        ax.bar(range(L), sums.min(0).values.numpy(), color=MECHANISM_COLORS.get(mech, "#777"), alpha=0.8,
+               label="min over heads")
+        ax.plot(range(L), sums.mean(0).numpy(), "k.", ms=4, label="mean over heads")
+        ax.axhline(1.0 / L, color="red", ls="--", lw=1, label=f"1/n = {1.0 / L:.3f} (Lemma 1)")
+        if bool((sums > 0).all()):
+            ax.set_yscale("log")
+        ax.set_title(f"{mech}: column sums Σ_i π_ij per key", fontsize=8)
+        ax.set_xticks(range(L), labels, rotation=90, fontsize=6)
+        ax.legend(fontsize=6)
+    fig.suptitle(f"layer {layer}", fontsize=10)
+    fig.tight_layout()
+    image = _png(fig)
+    plt.close(fig)
+    return image
+
+
+def _u_table(view: AttentionView) -> str:
+    parts = []
+    for mech, u in view.hybrid_u.items():
+        heads = len(u[0]) if u else 0
+        head = "".join(f"<th>head {h}</th>" for h in range(heads))
+        body = "".join(f"<tr><td>layer {i}</td>" + "".join(f"<td>{x:.3f}</td>" for x in row) + "</tr>"
+                       for i, row in enumerate(u))
+        parts.append(f"<h2>{html.escape(mech)}: hybrid weight u per layer and head</h2><p>u = share of DNAS in "
+                     "π = u·π<sup>D</sup> + (1 − u)·π<sup>L</sup> (0: softmax, 1: DNAS).</p>"
+                     f'<div class="wide"><table id="hybrid-u"><thead><tr><th></th>{head}</tr></thead>'
+                     f"<tbody>{body}</tbody></table></div>")
+    return "".join(parts)
+
+
+def render_view_html(view: AttentionView, heads: Optional[Sequence[int]] = None,
+                     layers: Optional[Sequence[int]] = None) -> str:
+    """One self-contained HTML page (PNG figures inlined as base64; every text escaped)."""
+    H = min(w[0].shape[0] for w in view.weights.values())
+    heads = list(range(min(H, 4))) if heads is None else list(heads)
+    bad = [h for h in heads if not 0 <= h < H]
+    if bad:
+        raise ValueError(f"heads {bad} out of range; the models have {H} heads (0..{H - 1})")
+    layers = list(range(view.num_layers)) if layers is None else list(layers)
+    bad = [i for i in layers if not 0 <= i < view.num_layers]
+    if bad:
+        raise ValueError(f"layers {bad} out of range; the models have {view.num_layers} attention layers")
+    css = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1180px;padding:0 1em}"
+           "img{max-width:100%;height:auto}table{border-collapse:collapse}th,td{border:1px solid #ccc;"
+           "padding:3px 6px;font-size:13px}.wide{overflow-x:auto;max-width:100%}code{background:#f3f3f3}")
+    tokens = " ".join(f"<code>{html.escape(t)}</code>" for t in view.tokens)
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>attnkit show: {html.escape(view.text[:60])}</title><style>{css}</style></head><body>",
+        "<h1>attnkit show</h1>",
+        f"<p>Text: “{html.escape(view.text)}” ({len(view.tokens)} tokens: {tokens})<br>Model: "
+        f"<code>{html.escape(view.source)}</code>; mechanisms: {html.escape(', '.join(view.mechanisms))}.</p>",
+        "<p>Per layer: the attention weights π (queries down, keys across) of the heads shown and their mean, one "
+        "column per mechanism; below, each key's column sum Σ<sub>i</sub> π<sub>ij</sub> (bars: smallest over heads, "
+        "dots: mean) against the bound 1/n that DNAS guarantees (Lemma 1). A key far below the line is explained "
+        "away: almost no query attends to it. CoDA's weights are signed (red/blue) and not normalized.</p>",
+        _u_table(view),
+    ]
+    for layer in layers:
+        parts.append(f"<h2>Layer {layer}</h2>{_layer_figure(view, layer, heads)}")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------- bertviz layout
+
+
+def write_bertviz(view: AttentionView, out: Union[str, os.PathLike]) -> dict:
+    """Write ``attention.safetensors`` and ``attention.json`` into ``out``; return ``{kind: path}``.
+
+    For each mechanism, layer ``l`` is stored as a ``(1, H, L, L)`` tensor (bertviz's ``(batch, heads, L, L)``).
+    """
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {f"{m}.{l}": w.unsqueeze(0).contiguous() for m in view.mechanisms
+               for l, w in enumerate(view.weights[m])}  # (1, H, L, L)
+    meta = {"tokens": json.dumps(view.tokens), "mechanisms": json.dumps(view.mechanisms), "text": view.text}
+    files = {"safetensors": out / "attention.safetensors", "json": out / "attention.json"}
+    save_file(tensors, str(files["safetensors"]), metadata=meta)
+    payload = {
+        "layout": "bertviz head_view: attention[mechanism] is a list over layers of [batch=1][heads][L][L]",
+        "tokens": view.tokens, "text": view.text, "mechanisms": view.mechanisms,
+        "attention": {m: [w.unsqueeze(0).tolist() for w in view.weights[m]] for m in view.mechanisms},
+    }
+    files["json"].write_text(json.dumps(payload))
+    return files
+
+
+def load_bertviz(path: Union[str, os.PathLike], mechanism: Optional[str] = None) -> tuple[tuple[Tensor, ...], list[str]]:
+    """``(attention, tokens)`` for ``bertviz.head_view(attention, tokens)`` from a file of :func:`write_bertviz`.
+
+    ``attention`` is a tuple over layers of ``(1, H, L, L)`` tensors; ``mechanism`` defaults to the first stored.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(path)!r} does not exist; write it with `attnkit show ... --out DIR`")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                tokens, mechanisms = json.loads(meta["tokens"]), json.loads(meta["mechanisms"])
+                mechanism = _pick(mechanism, mechanisms)
+                layers = sorted((int(k.rsplit(".", 1)[1]), k) for k in f.keys() if k.rsplit(".", 1)[0] == mechanism)
+                attention = tuple(f.get_tensor(k) for _, k in layers)
+        else:
+            payload = json.loads(path.read_text())
+            tokens, mechanisms = payload["tokens"], payload["mechanisms"]
+            mechanism = _pick(mechanism, mechanisms)
+            attention = tuple(torch.tensor(layer) for layer in payload["attention"][mechanism])
+    except _PickError:
+        raise
+    except Exception as exc:  # a corrupt or foreign file (safetensors raises its own error type)
+        raise ValueError(
+            f"{str(path)!r} is not an attention file of attnkit show ({type(exc).__name__}: {exc}); "
+            "write one with `attnkit show SOURCE --text ... --out DIR`"
+        ) from None
+    return attention, tokens
+
+
+class _PickError(ValueError):
+    pass
+
+
+def _pick(mechanism: Optional[str], mechanisms: list[str]) -> str:
+    if mechanism is None:
+        return mechanisms[0]
+    if mechanism not in mechanisms:
+        raise _PickError(f"mechanism {mechanism!r} is not in the file; it holds {mechanisms}")
+    return mechanism

@@ -1,0 +1,43 @@
+"""How the command line writes to the screen: help without flag types, tables that fit their content.
+
+- Help screens: typer prints a type column for every option, which for a flag reads ``<bool>``
+  (``--help <bool>``); a flag takes no value, so its type cell is left empty.
+- Tables: rich cuts a table to 80 columns when the output is not a terminal (piped into a file or
+  ``less``); :func:`console` gives such output the width the content needs.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional, TextIO
+
+__all__ = ["console", "hide_flag_types", "PIPE_WIDTH"]
+
+PIPE_WIDTH = 400  # wide enough for every table attnkit prints; rich tables take only the width they need
+
+
+def console(file: Optional[TextIO] = None, stderr: bool = False):
+    """A rich ``Console``: the terminal's width on a terminal, ``PIPE_WIDTH`` and no colour codes otherwise."""
+    from rich.console import Console
+
+    stream = file if file is not None else (sys.stderr if stderr else sys.stdout)
+    if hasattr(stream, "isatty") and stream.isatty():
+        return Console(file=stream)
+    return Console(file=stream, width=PIPE_WIDTH, no_color=True, highlight=False, soft_wrap=False)
+
+
+def hide_flag_types() -> None:
+    """Leave the type cell of flags (``--overwrite``, ``--help``) empty in typer's help screens."""
+    from typer.core import TyperOption
+
+    if getattr(TyperOption.display_type_rich, "_attnkit_flags_hidden", False):
+        return
+    original = TyperOption.display_type_rich
+
+    def display_type_rich(self, ctx):
+        if getattr(self, "is_flag", False) and self.metavar is None:
+            return None
+        return original(self, ctx)
+
+    display_type_rich._attnkit_flags_hidden = True
+    TyperOption.display_type_rich = display_type_rich

@@ -1,0 +1,127 @@
+"""What ``attnkit finetune`` tells the user while it works: the load report, labelled progress, a time estimate.
+
+- ``load_classifier`` loads a sequence-classification model without transformers' coloured load report and
+  returns plain lines instead: a new classification head is expected (it is what fine-tuning trains), so it
+  gets one line that says so; any other missing, unexpected or resized weight is listed.
+- ``progress_callbacks`` gives the ``Trainer`` progress bars labelled "train" and "evaluate" and, after the
+  first steps, one line with the estimated time of the whole run, evaluation included (evaluating a few
+  thousand documents can take as long as a short training run).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable, Optional
+
+__all__ = ["load_classifier", "describe_loading", "progress_callbacks", "estimate_line", "HEAD_PREFIXES"]
+
+HEAD_PREFIXES = ("classifier.", "score.", "pre_classifier.", "qa_outputs.")
+
+
+def describe_loading(info: dict) -> list[str]:
+    """Plain-text lines for ``from_pretrained(..., output_loading_info=True)``'s info dict."""
+    missing = sorted(info.get("missing_keys") or [])
+    head = [k for k in missing if k.startswith(HEAD_PREFIXES)]
+    other = [k for k in missing if not k.startswith(HEAD_PREFIXES)]
+    lines = []
+    if head:
+        lines.append(
+            f"new classification head ({', '.join(head)}): randomly initialized, as expected; this run trains it"
+        )
+    if other:
+        lines.append(f"warning: weights missing from the checkpoint, randomly initialized: {', '.join(other)}")
+    unexpected = sorted(info.get("unexpected_keys") or [])
+    if unexpected:
+        lines.append(f"unused weights of the checkpoint (another head or pooler): {', '.join(unexpected)}")
+    mismatched = info.get("mismatched_keys") or []
+    if mismatched:
+        names = ", ".join(str(m[0] if isinstance(m, (tuple, list)) else m) for m in mismatched)
+        lines.append(f"warning: weights with another shape in the checkpoint, re-initialized: {names}")
+    return lines
+
+
+def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None, **kwargs):
+    """``AutoModelForSequenceClassification.from_pretrained`` with the load report as plain lines on ``log``."""
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    from .checks import from_pretrained
+
+    log = log or (lambda line: print(line, file=sys.stderr))
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        model, info = from_pretrained(
+            AutoModelForSequenceClassification, model_dir, "--model", output_loading_info=True, **kwargs
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+    for line in describe_loading(info):
+        log(line)
+    return model
+
+
+def estimate_line(steps_done: int, seconds: float, total_steps: int, batch_size: int, n_eval: int) -> str:
+    """One line: time per step so far and the estimated total, training plus evaluation.
+
+    Evaluation is a forward pass only, about a third of a training step's work per example.
+    """
+    per_step = seconds / max(1, steps_done)
+    train_total = per_step * total_steps
+    eval_total = per_step / max(1, batch_size) / 3 * n_eval
+    return (
+        f"after {steps_done} steps: {per_step:.2f} s/step; estimated total ~{_minutes(train_total + eval_total)} "
+        f"(training {total_steps} steps ~{_minutes(train_total)}, evaluating {n_eval} documents "
+        f"~{_minutes(eval_total)}; --max-eval-samples N evaluates fewer)"
+    )
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def progress_callbacks(n_eval: int, batch_size: int, log: Optional[Callable[[str], None]] = None,
+                       after_steps: int = 3) -> list:
+    """``[LabelledProgress, Estimate]`` callbacks for a ``Trainer`` (replace its ``ProgressCallback``)."""
+    from transformers.trainer_callback import ProgressCallback, TrainerCallback
+
+    log = log or (lambda line: print(line, file=sys.stderr))
+
+    class LabelledProgress(ProgressCallback):
+        """transformers' progress bars, labelled "train" and "evaluate"."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            super().on_train_begin(args, state, control, **kwargs)
+            if self.training_bar is not None:
+                self.training_bar.set_description("train")
+
+        def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+            new = self.prediction_bar is None
+            super().on_prediction_step(args, state, control, eval_dataloader=eval_dataloader, **kwargs)
+            if new and self.prediction_bar is not None:
+                self.prediction_bar.set_description("evaluate")
+
+    class Estimate(TrainerCallback):
+        """After ``after_steps`` optimizer steps, one line with the estimated total time."""
+
+        def __init__(self) -> None:
+            self.start = 0.0
+            self.line: Optional[str] = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.line is None and state.global_step >= min(after_steps, state.max_steps):
+                self.line = estimate_line(
+                    state.global_step, time.perf_counter() - self.start, state.max_steps, batch_size, n_eval
+                )
+                if state.is_world_process_zero:
+                    log(self.line)
+
+    return [LabelledProgress(), Estimate()]

