@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import tempfile
 import time
 from dataclasses import asdict, dataclass
