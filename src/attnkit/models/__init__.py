@@ -7,5 +7,11 @@ would leak future positions there).
 
 from .classifier import POOLINGS, TransformerClassifier
 from .seq2seq import Seq2SeqTransformer
+from .draw import DRAW
+from .draw_classifier import DRAWClassifier
+from .memn2n import MemN2N
+from .ram import RecurrentAttentionModel
+from .show_attend_tell import ShowAttendTell
 
 __all__ = ["TransformerClassifier", "Seq2SeqTransformer", "POOLINGS"]
+__all__ += ["ShowAttendTell", "RecurrentAttentionModel", "MemN2N", "DRAW", "DRAWClassifier"]
