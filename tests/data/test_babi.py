@@ -61,7 +61,7 @@ def test_encoding_pads_and_masks():
     assert data.stories.shape == (20, 8, 8)
     for n, s in enumerate(samples):
         assert int(data.story_mask[n].sum()) == len(s.story)
-        assert data.stories[n, len(s.story):].eq(0).all()
+        assert data.stories[n, len(s.story) :].eq(0).all()
         assert data.vocab[int(data.answers[n])] == s.answer
     with pytest.raises(ValueError, match="task="):
         generate_babi("three-supporting-facts", 1)

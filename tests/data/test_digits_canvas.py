@@ -1,5 +1,7 @@
 """Digits canvases: captions match the placed digits; splits are disjoint; clutter keeps the digit."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -22,7 +24,7 @@ def test_each_cell_with_a_digit_has_ink_and_the_others_are_empty():
         used = {(r, c) for _, r, c in placed}
         for r in range(2):
             for c in range(3):
-                ink = img[0, r * 12:(r + 1) * 12, c * 12:(c + 1) * 12].sum()
+                ink = img[0, r * 12 : (r + 1) * 12, c * 12 : (c + 1) * 12].sum()
                 assert (ink > 0) == ((r, c) in used)
 
 
@@ -31,7 +33,7 @@ def test_relations_join_words():
     for caption, placed in zip(data.captions, data.digits):
         words = caption.split()
         expected = [DIGIT_WORDS[placed[0][0]]]
-        for prev, cur in zip(placed, placed[1:]):
+        for prev, cur in itertools.pairwise(placed):
             expected += (["left", "of"] if cur[1] == prev[1] else ["above"]) + [DIGIT_WORDS[cur[0]]]
         assert words == expected
 
@@ -50,5 +52,5 @@ def test_cluttered_canvas_holds_the_digit_at_its_centre():
     images, labels, centres = cluttered_canvases(10, size=20, clutter=0, seed=0)
     for img, centre in zip(images, centres):
         y, x = int(centre[0] - 3.5), int(centre[1] - 3.5)
-        assert img[0, y:y + 8, x:x + 8].sum() == img.sum() > 0
+        assert img[0, y : y + 8, x : x + 8].sum() == img.sum() > 0
     assert labels.dtype == torch.long and images.shape == (10, 1, 20, 20)

@@ -8,11 +8,13 @@ from attnkit.nn.draw import DRAWWindow, draw_read, draw_write, filterbank, windo
 
 
 def _window(gx, gy, stride, sigma2, gamma=1.0, B=1):
-    t = lambda v: torch.full((B,), float(v), dtype=torch.float64)  # noqa: E731
+    t = lambda v: torch.full((B,), float(v), dtype=torch.float64)
     return DRAWWindow(t(gx), t(gy), t(stride), t(sigma2), t(gamma))
 
 
-@pytest.mark.parametrize("gx,stride,sigma2", [(5.5, 1.0, 1.0), (1.0, 3.0, 0.2), (-4.0, 2.0, 4.0), (20.0, 0.5, 9.0)])
+@pytest.mark.parametrize(
+    "gx,stride,sigma2", [(5.5, 1.0, 1.0), (1.0, 3.0, 0.2), (-4.0, 2.0, 4.0), (20.0, 0.5, 9.0)]
+)
 def test_filterbank_rows_sum_to_one(gx, stride, sigma2):
     fx, fy = filterbank(_window(gx, 3.0, stride, sigma2), width=10, height=7, N=5)
     assert fx.shape == (1, 5, 10) and fy.shape == (1, 5, 7)

@@ -23,11 +23,17 @@ def test_reinforce_estimator_is_unbiased_on_known_gradient():
     exact = (p * (r - (p * r).sum())).detach()
     N = 400_000
     scores = theta.expand(N, -1)
-    out = hard_attention(scores, torch.zeros(N, 5, 1, dtype=torch.float64), mode="reinforce",
-                         generator=torch.Generator().manual_seed(1))
+    out = hard_attention(
+        scores,
+        torch.zeros(N, 5, 1, dtype=torch.float64),
+        mode="reinforce",
+        generator=torch.Generator().manual_seed(1),
+    )
     reward = r[out.index]
     for baseline in (0.0, 1.7):  # any constant baseline leaves the estimate unbiased
-        (grad,) = torch.autograd.grad(reinforce_loss(out.log_prob, reward, baseline), theta, retain_graph=True)
+        (grad,) = torch.autograd.grad(
+            reinforce_loss(out.log_prob, reward, baseline), theta, retain_graph=True
+        )
         torch.testing.assert_close(-grad, exact, atol=0.01, rtol=0)
     # the samples follow alpha
     freq = torch.bincount(out.index, minlength=5).double() / N
@@ -56,8 +62,12 @@ def test_soft_mode_is_expectation_of_hard_samples():
     soft = hard_attention(scores, values, mode="soft")
     torch.testing.assert_close(soft.context, torch.einsum("bl,bld->bd", torch.softmax(scores, -1), values))
     N = 100_000
-    hard = hard_attention(scores.repeat(N, 1), values.repeat(N, 1, 1), mode="reinforce",
-                          generator=torch.Generator().manual_seed(0))
+    hard = hard_attention(
+        scores.repeat(N, 1),
+        values.repeat(N, 1, 1),
+        mode="reinforce",
+        generator=torch.Generator().manual_seed(0),
+    )
     torch.testing.assert_close(hard.context.view(N, 3, 4).mean(0), soft.context, atol=0.03, rtol=0)
 
 

@@ -15,14 +15,14 @@ indices of the supporting sentences. :func:`encode_babi` turns samples into padd
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["BABI_TASKS", "BabiSample", "BabiData", "generate_babi", "encode_babi"]
+__all__ = ["BABI_TASKS", "BabiData", "BabiSample", "encode_babi", "generate_babi"]
 
 BABI_TASKS = ("single-supporting-fact", "two-supporting-facts", "counting")
 PEOPLE = ("mary", "john", "sandra", "daniel")
@@ -55,8 +55,8 @@ class BabiData:
 
 def _sample(task: str, rng: np.random.Generator, max_sentences: int) -> BabiSample:
     where: dict[str, str] = {}
-    holder: dict[str, Optional[str]] = {o: None for o in OBJECTS}
-    obj_place: dict[str, Optional[str]] = {o: None for o in OBJECTS}
+    holder: dict[str, str | None] = {o: None for o in OBJECTS}
+    obj_place: dict[str, str | None] = {o: None for o in OBJECTS}
     last_move: dict[str, int] = {}
     last_take: dict[str, int] = {}  # object -> sentence of its last pick-up or drop
     drop_support: dict[str, tuple[int, int]] = {}  # object -> (holder's last move, the drop)
@@ -109,9 +109,16 @@ def _sample(task: str, rng: np.random.Generator, max_sentences: int) -> BabiSamp
         pool = handlers if handlers and rng.random() < 0.7 else list(where)  # fewer "none" answers
         person = pool[int(rng.integers(len(pool)))]
         carried = [o for o in OBJECTS if holder[o] == person]
-        facts = tuple(sorted(i for i, s in enumerate(story) if s.startswith(person + " ") and
-                             any(s.endswith(" " + o) for o in OBJECTS)))
-        return BabiSample(tuple(story), f"how many objects is {person} carrying", COUNT_WORDS[len(carried)], facts)
+        facts = tuple(
+            sorted(
+                i
+                for i, s in enumerate(story)
+                if s.startswith(person + " ") and any(s.endswith(" " + o) for o in OBJECTS)
+            )
+        )
+        return BabiSample(
+            tuple(story), f"how many objects is {person} carrying", COUNT_WORDS[len(carried)], facts
+        )
     raise ValueError(f"task={task!r}; expected one of {BABI_TASKS}")
 
 
@@ -127,14 +134,23 @@ def generate_babi(task: str, num: int, *, max_sentences: int = 10, seed: int = 0
 
 def _words() -> list[str]:
     words = set(PEOPLE) | set(PLACES) | set(OBJECTS) | set(COUNT_WORDS)
-    for phrase in (*MOVES, "picked up", "got", "took", "dropped", "discarded", "put down",
-                   "the where is how many objects carrying"):
+    for phrase in (
+        *MOVES,
+        "picked up",
+        "got",
+        "took",
+        "dropped",
+        "discarded",
+        "put down",
+        "the where is how many objects carrying",
+    ):
         words |= set(phrase.split())
     return ["<pad>", *sorted(words)]
 
 
-def encode_babi(samples: Sequence[BabiSample], *, memory_size: Optional[int] = None,
-                sentence_len: int = 8) -> BabiData:
+def encode_babi(
+    samples: Sequence[BabiSample], *, memory_size: int | None = None, sentence_len: int = 8
+) -> BabiData:
     """Pad to ``memory_size`` sentences (default: the longest story; longer stories keep their last
     sentences) of ``sentence_len`` words."""
     vocab = _words()

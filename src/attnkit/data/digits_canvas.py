@@ -1,4 +1,4 @@
-"""Canvases of scikit-learn's bundled 8x8 digits: captioned multi-digit scenes and cluttered/translated digits.
+"""Canvases of scikit-learn's bundled 8x8 digits: captioned multi-digit scenes, cluttered/translated digits.
 
 The images are sklearn's ``load_digits`` (1797 handwritten digits, 8x8, intensities 0-16, scaled here to
 [0, 1]); nothing is downloaded. Digits are split by index into train/test pools before any canvas is made,
@@ -24,11 +24,11 @@ from torch import Tensor
 
 __all__ = [
     "DIGIT_WORDS",
-    "CaptionVocab",
     "CaptionCanvases",
-    "load_digit_images",
+    "CaptionVocab",
     "caption_canvases",
     "cluttered_canvases",
+    "load_digit_images",
 ]
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -53,7 +53,7 @@ def load_digit_images(split: str = "train", test_fraction: float = 0.3) -> tuple
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction={test_fraction!r}; expected a fraction in (0, 1)")
     images, labels = _digits()
-    cut = int(round(len(images) * (1 - test_fraction)))
+    cut = round(len(images) * (1 - test_fraction))
     return (images[:cut], labels[:cut]) if split == "train" else (images[cut:], labels[cut:])
 
 
@@ -123,7 +123,8 @@ def caption_canvases(
     """``num`` canvases of ``rows*cell x cols*cell`` pixels, each with ``min_digits..max_digits`` digits."""
     if not 1 <= min_digits <= max_digits <= rows * cols:
         raise ValueError(
-            f"min_digits={min_digits}, max_digits={max_digits}; expected 1 <= min <= max <= rows*cols = {rows * cols}"
+            f"min_digits={min_digits}, max_digits={max_digits}; "
+            f"expected 1 <= min <= max <= rows*cols = {rows * cols}"
         )
     if cell < 8:
         raise ValueError(f"cell={cell}; expected >= 8 (the digits are 8x8)")
@@ -141,7 +142,7 @@ def caption_canvases(
             i = int(rng.integers(len(images)))
             dy, dx = rng.integers(0, cell - 8 + 1, size=2)
             y, x = r * cell + int(dy), c * cell + int(dx)
-            canvases[n, 0, y:y + 8, x:x + 8] = np.maximum(canvases[n, 0, y:y + 8, x:x + 8], images[i])
+            canvases[n, 0, y : y + 8, x : x + 8] = np.maximum(canvases[n, 0, y : y + 8, x : x + 8], images[i])
             placed.append((int(labels[i]), r, c))
         captions.append(_caption(placed, relations))
         digits.append(placed)
@@ -175,11 +176,11 @@ def cluttered_canvases(
             j = int(rng.integers(len(images)))
             fy, fx = rng.integers(0, 5, size=2)
             py, px = rng.integers(0, size - 4 + 1, size=2)
-            patch = images[j, fy:fy + 4, fx:fx + 4]
-            out[n, 0, py:py + 4, px:px + 4] = np.maximum(out[n, 0, py:py + 4, px:px + 4], patch)
+            patch = images[j, fy : fy + 4, fx : fx + 4]
+            out[n, 0, py : py + 4, px : px + 4] = np.maximum(out[n, 0, py : py + 4, px : px + 4], patch)
         i = int(rng.integers(len(images)))
         y, x = rng.integers(0, size - 8 + 1, size=2)
-        out[n, 0, y:y + 8, x:x + 8] = np.maximum(out[n, 0, y:y + 8, x:x + 8], images[i])
+        out[n, 0, y : y + 8, x : x + 8] = np.maximum(out[n, 0, y : y + 8, x : x + 8], images[i])
         ys[n] = labels[i]
         centres[n] = (y + 3.5, x + 3.5)
     return torch.from_numpy(out), torch.from_numpy(ys), torch.from_numpy(centres)

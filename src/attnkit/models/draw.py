@@ -8,8 +8,10 @@ section 3.2 (eqs. 27 and 29, :mod:`attnkit.nn.draw`).
     \hat x_t = x - \sigma(c_{t-1}), \quad r_t = \text{read}(x, \hat x_t, h^{dec}_{t-1}) \quad (3\text{-}4) \\
     h^{enc}_t = \text{RNN}^{enc}(h^{enc}_{t-1}, [r_t, h^{dec}_{t-1}]), \quad
     z_t \sim Q(Z_t | h^{enc}_t) = \mathcal N(\mu_t, \sigma_t) \quad (5\text{-}6) \\
-    h^{dec}_t = \text{RNN}^{dec}(h^{dec}_{t-1}, z_t), \quad c_t = c_{t-1} + \text{write}(h^{dec}_t) \quad (7\text{-}8) \\
-    \mathcal L = -\log D(x | c_T) + \sum_t \tfrac12 (\mu_t^2 + \sigma_t^2 - \log \sigma_t^2) - T/2 \quad (9\text{-}11)
+    h^{dec}_t = \text{RNN}^{dec}(h^{dec}_{t-1}, z_t), \\
+    c_t = c_{t-1} + \text{write}(h^{dec}_t) \quad (7\text{-}8) \\
+    \mathcal L = -\log D(x | c_T)
+    + \sum_t \tfrac12 (\mu_t^2 + \sigma_t^2 - \log \sigma_t^2) - T/2 \quad (9\text{-}11)
 
 ``D`` is a Bernoulli on ``sigma(c_T)`` (binary cross-entropy with the [0, 1] intensities). Shapes: ``x (B, 1,
 H, W)`` -> canvases ``(B, T, 1, H, W)`` (``sigma(c_t)``), read and write windows per step.
@@ -40,11 +42,26 @@ class DRAWOutput:
 class DRAW(nn.Module):
     """DRAW with attention: ``steps`` glimpses, ``read_n x read_n`` read, ``write_n x write_n`` write."""
 
-    def __init__(self, height: int, width: int, steps: int = 8, read_n: int = 4, write_n: int = 4,
-                 hidden_dim: int = 64, latent_dim: int = 8) -> None:
+    def __init__(
+        self,
+        height: int,
+        width: int,
+        steps: int = 8,
+        read_n: int = 4,
+        write_n: int = 4,
+        hidden_dim: int = 64,
+        latent_dim: int = 8,
+    ) -> None:
         super().__init__()
-        for name, value in (("height", height), ("width", width), ("steps", steps), ("read_n", read_n),
-                            ("write_n", write_n), ("hidden_dim", hidden_dim), ("latent_dim", latent_dim)):
+        for name, value in (
+            ("height", height),
+            ("width", width),
+            ("steps", steps),
+            ("read_n", read_n),
+            ("write_n", write_n),
+            ("hidden_dim", hidden_dim),
+            ("latent_dim", latent_dim),
+        ):
             check_positive_int(name, value)
         self.height, self.width, self.steps = height, width, steps
         self.write_n, self.hidden_dim, self.latent_dim = write_n, hidden_dim, latent_dim

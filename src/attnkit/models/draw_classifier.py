@@ -25,12 +25,26 @@ __all__ = ["DRAWClassifier"]
 
 
 class DRAWClassifier(nn.Module):
-    def __init__(self, height: int, width: int, num_classes: int = 10, in_channels: int = 1, read_n: int = 6,
-                 steps: int = 4, hidden_dim: int = 128) -> None:
+    def __init__(
+        self,
+        height: int,
+        width: int,
+        num_classes: int = 10,
+        in_channels: int = 1,
+        read_n: int = 6,
+        steps: int = 4,
+        hidden_dim: int = 128,
+    ) -> None:
         super().__init__()
-        for name, value in (("height", height), ("width", width), ("num_classes", num_classes),
-                            ("in_channels", in_channels), ("read_n", read_n), ("steps", steps),
-                            ("hidden_dim", hidden_dim)):
+        for name, value in (
+            ("height", height),
+            ("width", width),
+            ("num_classes", num_classes),
+            ("in_channels", in_channels),
+            ("read_n", read_n),
+            ("steps", steps),
+            ("hidden_dim", hidden_dim),
+        ):
             check_positive_int(name, value)
         self.steps, self.hidden_dim = steps, hidden_dim
         self.read = DRAWRead(hidden_dim, read_n, width, height)

@@ -29,7 +29,7 @@ __all__ = ["MemN2N", "position_encoding_matrix"]
 
 
 def position_encoding_matrix(sentence_len: int, dim: int) -> Tensor:
-    """``l (S, d)`` with ``l_kj = (1 - j/J) - (k/d)(1 - 2j/J)``, 1-based ``j`` (word) and ``k`` (dimension)."""
+    """``l (S, d)`` with ``l_kj = (1 - j/J) - (k/d)(1 - 2j/J)``, 1-based ``j`` (word), ``k`` (dim)."""
     J, d = sentence_len, dim
     j = torch.arange(1, J + 1, dtype=torch.float32)[:, None]  # (S, 1)
     k = torch.arange(1, d + 1, dtype=torch.float32)[None, :]  # (1, d)
@@ -37,7 +37,7 @@ def position_encoding_matrix(sentence_len: int, dim: int) -> Tensor:
 
 
 class MemN2N(nn.Module):
-    """Memory network with ``hops`` hops, ``position_encoding`` (else bag of words) and ``temporal_encoding``."""
+    """Memory network: ``hops`` hops, ``position_encoding`` (else bag of words), ``temporal_encoding``."""
 
     def __init__(
         self,
@@ -50,14 +50,23 @@ class MemN2N(nn.Module):
         temporal_encoding: bool = True,
     ) -> None:
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("dim", dim), ("hops", hops),
-                            ("memory_size", memory_size), ("sentence_len", sentence_len)):
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("dim", dim),
+            ("hops", hops),
+            ("memory_size", memory_size),
+            ("sentence_len", sentence_len),
+        ):
             check_positive_int(name, value)
         self.hops, self.memory_size, self.sentence_len = hops, memory_size, sentence_len
         self.use_position, self.use_temporal = position_encoding, temporal_encoding
         self.embed = nn.ModuleList(nn.Embedding(vocab_size, dim, padding_idx=0) for _ in range(hops + 1))
         self.temporal = nn.ParameterList(nn.Parameter(torch.empty(memory_size, dim)) for _ in range(hops + 1))
-        pe = position_encoding_matrix(sentence_len, dim) if position_encoding else torch.ones(sentence_len, dim)
+        pe = (
+            position_encoding_matrix(sentence_len, dim)
+            if position_encoding
+            else torch.ones(sentence_len, dim)
+        )
         self.register_buffer("pe", pe, persistent=False)
         self.reset_parameters()
 
@@ -76,11 +85,13 @@ class MemN2N(nn.Module):
         B, M, S = stories.shape
         if S != self.sentence_len or M > self.memory_size:
             raise ValueError(
-                f"stories have shape {tuple(stories.shape)}; expected (B, M <= {self.memory_size}, {self.sentence_len})"
+                f"stories have shape {tuple(stories.shape)}; "
+                f"expected (B, M <= {self.memory_size}, {self.sentence_len})"
             )
         if questions.shape != (B, S) or story_mask.shape != (B, M) or story_mask.dtype != torch.bool:
             raise ValueError(
-                f"questions {tuple(questions.shape)}, story_mask {tuple(story_mask.shape)} {story_mask.dtype}; "
+                f"questions {tuple(questions.shape)}, "
+                f"story_mask {tuple(story_mask.shape)} {story_mask.dtype}; "
                 f"expected ({B}, {S}) and bool ({B}, {M})"
             )
         # temporal index: 0 for the most recent real sentence
@@ -90,7 +101,9 @@ class MemN2N(nn.Module):
         attention = []
         for k in range(self.hops):
             m = self._encode(k, stories) + (self.temporal[k][age] if self.use_temporal else 0)  # (B, M, d)
-            c = self._encode(k + 1, stories) + (self.temporal[k + 1][age] if self.use_temporal else 0)  # (B, M, d)
+            c = self._encode(k + 1, stories) + (
+                self.temporal[k + 1][age] if self.use_temporal else 0
+            )  # (B, M, d)
             scores = torch.einsum("bmd,bd->bm", m, u).masked_fill(~story_mask, float("-inf"))  # (B, M)
             p = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # an empty story attends to nothing
             attention.append(p)
@@ -99,5 +112,7 @@ class MemN2N(nn.Module):
         return logits, torch.stack(attention, dim=1)  # (B, V), (B, K, M)
 
     def extra_repr(self) -> str:
-        return (f"hops={self.hops}, memory_size={self.memory_size}, position_encoding={self.use_position}, "
-                f"temporal_encoding={self.use_temporal}")
+        return (
+            f"hops={self.hops}, memory_size={self.memory_size}, position_encoding={self.use_position}, "
+            f"temporal_encoding={self.use_temporal}"
+        )

@@ -21,7 +21,8 @@ Locations are ``(y, x)`` in ``[-1, 1]^2`` (-1 = top/left pixel centre, +1 = bott
 padding**: patches are cut from the image zero-padded by half the largest patch on every side, so the
 part of a glimpse outside the image reads 0 (never wraps or clamps to the border pixels).
 
-Shapes: ``images (B, C, H, W)`` -> ``logits (B, classes)``, ``locations (B, T, 2)``, ``glimpses (B, T, k, C, g, g)``.
+Shapes: ``images (B, C, H, W)`` -> ``logits (B, classes)``, ``locations (B, T, 2)``,
+``glimpses (B, T, k, C, g, g)``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from torch import Tensor, nn
 from ..nn.hard import reinforce_loss
 from ._common import check_positive_int
 
-__all__ = ["glimpse_sensor", "location_to_pixels", "RecurrentAttentionModel", "RAMOutput"]
+__all__ = ["RAMOutput", "RecurrentAttentionModel", "glimpse_sensor", "location_to_pixels"]
 
 
 def location_to_pixels(loc: Tensor, height: int, width: int) -> Tensor:
@@ -51,10 +52,12 @@ def glimpse_sensor(images: Tensor, loc: Tensor, size: int, scales: int) -> Tenso
     ``centre - side // 2``) and average-pools it by ``2**i``. Outside the image the patch reads 0.
     """
     if images.dim() != 4 or loc.shape != (images.shape[0], 2):
-        raise ValueError(f"images {tuple(images.shape)}, loc {tuple(loc.shape)}; expected (B, C, H, W) and (B, 2)")
+        raise ValueError(
+            f"images {tuple(images.shape)}, loc {tuple(loc.shape)}; expected (B, C, H, W) and (B, 2)"
+        )
     check_positive_int("size", size)
     check_positive_int("scales", scales)
-    B, C, H, W = images.shape
+    B, _, H, W = images.shape
     largest = size * 2 ** (scales - 1)
     pad = largest // 2 + 1
     padded = F.pad(images, (pad, pad, pad, pad))  # (B, C, H + 2p, W + 2p), zeros outside
@@ -97,9 +100,16 @@ class RecurrentAttentionModel(nn.Module):
         location_std: float = 0.15,
     ) -> None:
         super().__init__()
-        for name, value in (("num_classes", num_classes), ("in_channels", in_channels),
-                            ("glimpse_size", glimpse_size), ("scales", scales), ("glimpses", glimpses),
-                            ("hidden_dim", hidden_dim), ("glimpse_dim", glimpse_dim), ("location_dim", location_dim)):
+        for name, value in (
+            ("num_classes", num_classes),
+            ("in_channels", in_channels),
+            ("glimpse_size", glimpse_size),
+            ("scales", scales),
+            ("glimpses", glimpses),
+            ("hidden_dim", hidden_dim),
+            ("glimpse_dim", glimpse_dim),
+            ("location_dim", location_dim),
+        ):
             check_positive_int(name, value)
         if not location_std > 0:
             raise ValueError(f"location_std={location_std!r}; expected a standard deviation > 0")
@@ -139,8 +149,13 @@ class RecurrentAttentionModel(nn.Module):
             h = F.relu(self.core_h(h) + self.core_g(g))  # (B, hidden)
             locs.append(loc)
             glimpses.append(rho)
-        return RAMOutput(self.classify(h), torch.stack(locs, 1), torch.stack(log_probs, 1),
-                         torch.stack(baselines, 1), torch.stack(glimpses, 1))
+        return RAMOutput(
+            self.classify(h),
+            torch.stack(locs, 1),
+            torch.stack(log_probs, 1),
+            torch.stack(baselines, 1),
+            torch.stack(glimpses, 1),
+        )
 
     def loss(self, images: Tensor, labels: Tensor) -> tuple[Tensor, RAMOutput]:
         """Cross-entropy + REINFORCE (eq. 2, reward = correct class) + baseline regression."""
@@ -148,10 +163,17 @@ class RecurrentAttentionModel(nn.Module):
         ce = F.cross_entropy(out.logits, labels)
         reward = (out.logits.argmax(-1) == labels).float()  # (B,)
         T = out.log_probs.shape[1]
-        reinforce = reinforce_loss(out.log_probs.flatten(), reward[:, None].expand(-1, T).flatten(),
-                                   out.baselines.flatten()) * T  # sum over steps, mean over images
+        reinforce = (
+            reinforce_loss(
+                out.log_probs.flatten(), reward[:, None].expand(-1, T).flatten(), out.baselines.flatten()
+            )
+            * T
+        )  # sum over steps, mean over images
         baseline_mse = F.mse_loss(out.baselines, reward[:, None].expand(-1, T))
         return ce + reinforce + baseline_mse, out
 
     def extra_repr(self) -> str:
-        return f"glimpse_size={self.size}, scales={self.scales}, glimpses={self.steps}, location_std={self.std:g}"
+        return (
+            f"glimpse_size={self.size}, scales={self.scales}, glimpses={self.steps}, "
+            f"location_std={self.std:g}"
+        )

@@ -4,12 +4,14 @@ r"""Show, Attend and Tell: a CNN feature grid, an LSTM decoder, soft or stochast
 arXiv:1502.03044), section 3 (eqs. 1-7) and 4 (eqs. 8-14).
 
 The encoder (two conv + max-pool stages over the image and two channels of pixel coordinates, so that
-features know where they are) gives from its last feature map ``L = H_f * W_f`` annotation vectors ``a_i`` of size ``D``. Per word t:
+features know where they are) gives from its last feature map ``L = H_f * W_f`` annotation vectors
+``a_i`` of size ``D``. Per word t:
 
 .. math::
     e_{ti} = f_{att}(a_i, h_{t-1}), \quad \alpha_t = \text{softmax}(e_t) \quad (4\text{-}5), \qquad
-    \hat z_t = \beta_t\, \phi(\{a_i\}, \{\alpha_{ti}\}), \quad \beta_t = \sigma(f_\beta(h_{t-1})) \quad (\text{sec. } 4.2.1) \\
-    (i, f, o, g)_t = (\sigma, \sigma, \sigma, \tanh)\, T(E y_{t-1}, h_{t-1}, \hat z_t) \quad (1\text{-}3), \qquad
+    \hat z_t = \beta_t\, \phi(\{a_i\}, \{\alpha_{ti}\}), \\
+    \beta_t = \sigma(f_\beta(h_{t-1})) \quad (\text{sec. } 4.2.1) \\
+    (i, f, o, g)_t = (\sigma, \sigma, \sigma, \tanh)\, T(E y_{t-1}, h_{t-1}, \hat z_t) \quad (1\text{-}3), \\
     h_0, c_0 = f_{init}(\tfrac{1}{L}\textstyle\sum_i a_i) \\
     p(y_t | a, y_{<t}) \propto \exp(L_o(E y_{t-1} + L_h h_t + L_z \hat z_t)) \quad (7)
 
@@ -26,16 +28,17 @@ Shapes: ``images (B, C, H, W)``, ``tokens (B, T)`` word ids ending in ``<eos>`` 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..nn.hard import HardAttention, MovingAverageBaseline, reinforce_loss
+from ..nn.hard import HardAttention, MovingAverageBaseline, hard_attention, reinforce_loss
 from ._common import check_positive_int
 
-__all__ = ["ShowAttendTell", "CaptionLoss"]
+__all__ = ["ATTENTIONS", "CaptionLoss", "ShowAttendTell"]
+
+ATTENTIONS = ("soft", "reinforce", "gumbel", "none")
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -54,7 +57,9 @@ class CaptionLoss:
 
 
 class ShowAttendTell(nn.Module):
-    """Captioner with ``attention`` in ``("soft", "reinforce", "gumbel")``."""
+    """Captioner with ``attention`` in ``ATTENTIONS``: ``"soft"``, ``"reinforce"`` (stochastic hard),
+    ``"gumbel"`` (straight-through hard) or ``"none"`` (the mean annotation at every step, i.e. uniform
+    alpha: a "Show and Tell"-like baseline without attention)."""
 
     def __init__(
         self,
@@ -73,10 +78,16 @@ class ShowAttendTell(nn.Module):
         tau: float = 1.0,
     ) -> None:
         super().__init__()
-        if attention not in ("soft", "reinforce", "gumbel"):
-            raise ValueError(f"attention={attention!r}; expected 'soft', 'reinforce' or 'gumbel'")
-        for name, value in (("vocab_size", vocab_size), ("in_channels", in_channels), ("feature_dim", feature_dim),
-                            ("embed_dim", embed_dim), ("hidden_dim", hidden_dim), ("attention_dim", attention_dim)):
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention={attention!r}; expected one of {ATTENTIONS}")
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("in_channels", in_channels),
+            ("feature_dim", feature_dim),
+            ("embed_dim", embed_dim),
+            ("hidden_dim", hidden_dim),
+            ("attention_dim", attention_dim),
+        ):
             check_positive_int(name, value)
         if penalty_weight < 0 or entropy_weight < 0 or reward_weight < 0:
             raise ValueError("penalty_weight, reward_weight and entropy_weight must be >= 0")
@@ -86,12 +97,17 @@ class ShowAttendTell(nn.Module):
         self.penalty_weight, self.reward_weight = penalty_weight, reward_weight
         self.entropy_weight, self.expectation_prob = entropy_weight, expectation_prob
         self.encoder = nn.Sequential(  # +2 input channels: the (y, x) coordinates of each pixel in [-1, 1]
-            nn.Conv2d(in_channels + 2, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, feature_dim, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(in_channels + 2, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, feature_dim, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
         self.init_h = nn.Linear(feature_dim, hidden_dim)
         self.init_c = nn.Linear(feature_dim, hidden_dim)
-        self.attend = HardAttention(hidden_dim, feature_dim, attention_dim, mode=attention, tau=tau)
+        mode = "soft" if attention == "none" else attention
+        self.attend = HardAttention(hidden_dim, feature_dim, attention_dim, mode=mode, tau=tau)
         self.gate = nn.Linear(hidden_dim, 1)
         self.embed = nn.Embedding(vocab_size, embed_dim)
         self.lstm = nn.LSTMCell(embed_dim + feature_dim, hidden_dim)
@@ -126,9 +142,12 @@ class ShowAttendTell(nn.Module):
         mean = a.mean(1)  # (B, D)
         return torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))
 
-    def _step(self, a: Tensor, prev: Tensor, state, mode: Optional[str] = None, use_mean: Optional[Tensor] = None):
+    def _step(self, a: Tensor, prev: Tensor, state, mode: str | None = None, use_mean: Tensor | None = None):
         h, c = state
-        att = self.attend(h, a, mode=mode)
+        if self.attention_mode == "none":  # no attention: the mean annotation at every step
+            att = hard_attention(a.new_zeros(a.shape[:2]), a, mode="soft")
+        else:
+            att = self.attend(h, a, mode=mode)
         selection, log_prob = att.selection, att.log_prob
         if use_mean is not None:  # sec. 4.1: with probability 0.5 an image uses the expected location
             selection = torch.where(use_mean[:, None], att.weights, selection)
@@ -170,11 +189,19 @@ class ShowAttendTell(nn.Module):
         if self.attention_mode == "reinforce" and self.training:
             reward = -nll.detach()  # log p(y | s, a)
             b = self.baseline.update(reward)
-            reinforce = reinforce_loss((log_probs * valid).sum(1), reward, b, (entropies * valid).sum(1),
-                                       reward_weight=self.reward_weight, entropy_weight=self.entropy_weight)
+            reinforce = reinforce_loss(
+                (log_probs * valid).sum(1),
+                reward,
+                b,
+                (entropies * valid).sum(1),
+                reward_weight=self.reward_weight,
+                entropy_weight=self.entropy_weight,
+            )
             total = total + reinforce
             reward_mean, baseline = float(reward.mean()), float(b)
-        return CaptionLoss(total, float(nll.mean()), float(penalty.mean()), float(reinforce.detach()), reward_mean, baseline)
+        return CaptionLoss(
+            total, float(nll.mean()), float(penalty.mean()), float(reinforce.detach()), reward_mean, baseline
+        )
 
     # -- decoding ------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -196,7 +223,7 @@ class ShowAttendTell(nn.Module):
 
     @torch.no_grad()
     def beam_search(self, image: Tensor, beam: int = 3, max_len: int = 10) -> tuple[list[int], Tensor]:
-        """One image ``(C, H, W)`` -> best word ids (up to and including ``<eos>``) and its alphas ``(T, L)``."""
+        """One image ``(C, H, W)`` -> best word ids (through ``<eos>``) and its alphas ``(T, L)``."""
         check_positive_int("beam", beam)
         a = self.annotations(image[None])  # (1, L, D)
         state = self._init_state(a)
@@ -209,14 +236,15 @@ class ShowAttendTell(nn.Module):
             prev = torch.tensor([b[1][-1] if b[1] else BOS for b in live])
             h = torch.cat([b[3][0] for b in live])
             c = torch.cat([b[3][1] for b in live])
-            logits, (h, c), alpha, _, _ = self._step(a.expand(len(live), -1, -1), prev, (h, c),
-                                                     mode=self._eval_mode())
+            logits, (h, c), alpha, _, _ = self._step(
+                a.expand(len(live), -1, -1), prev, (h, c), mode=self._eval_mode()
+            )
             logp = torch.log_softmax(logits, -1)  # (k, V)
             candidates = []
             for i, (score, ids, al, _) in enumerate(live):
                 top = logp[i].topk(beam)
                 for lp, w in zip(top.values.tolist(), top.indices.tolist()):
-                    candidates.append((score + lp, ids + [w], al + [alpha[i]], (h[i:i + 1], c[i:i + 1])))
+                    candidates.append((score + lp, ids + [w], al + [alpha[i]], (h[i : i + 1], c[i : i + 1])))
             candidates.sort(key=lambda x: -x[0])
             beams = []
             for cand in candidates[:beam]:
@@ -227,7 +255,7 @@ class ShowAttendTell(nn.Module):
         return best[1], torch.stack(best[2])
 
     def _eval_mode(self) -> str:
-        return "soft" if self.attention_mode == "soft" else "argmax"
+        return "soft" if self.attention_mode in ("soft", "none") else "argmax"
 
     def extra_repr(self) -> str:
         return f"attention={self.attention_mode}, penalty_weight={self.penalty_weight:g}"

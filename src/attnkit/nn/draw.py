@@ -7,7 +7,8 @@ section 3.2, eqs. (19)-(29). Pixel coordinates are 1-based as in the paper (``a 
     (\tilde g_X, \tilde g_Y, \log\sigma^2, \log\tilde\delta, \log\gamma) = W(h) \quad (21) \\
     g_X = \tfrac{A+1}{2}(\tilde g_X + 1), \quad g_Y = \tfrac{B+1}{2}(\tilde g_Y + 1), \quad
     \delta = \tfrac{\max(A, B) - 1}{N - 1}\,\tilde\delta \quad (22\text{-}24) \\
-    \mu_X^i = g_X + (i - N/2 - 0.5)\,\delta, \quad \mu_Y^j = g_Y + (j - N/2 - 0.5)\,\delta \quad (19\text{-}20) \\
+    \mu_X^i = g_X + (i - N/2 - 0.5)\,\delta, \\
+    \mu_Y^j = g_Y + (j - N/2 - 0.5)\,\delta \quad (19\text{-}20) \\
     F_X[i, a] = \tfrac{1}{Z_X} \exp\!\Big(-\tfrac{(a - \mu_X^i)^2}{2\sigma^2}\Big), \quad
     F_Y[j, b] = \tfrac{1}{Z_Y} \exp\!\Big(-\tfrac{(b - \mu_Y^j)^2}{2\sigma^2}\Big) \quad (25\text{-}26) \\
     \text{read}(x) = \gamma\, F_Y\, x\, F_X^T \quad (27), \qquad
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-__all__ = ["DRAWWindow", "window_from_params", "filterbank", "draw_read", "draw_write", "DRAWRead"]
+__all__ = ["DRAWRead", "DRAWWindow", "draw_read", "draw_write", "filterbank", "window_from_params"]
 
 
 @dataclass
@@ -44,7 +45,7 @@ class DRAWWindow:
 
 
 def window_from_params(params: Tensor, width: int, height: int, N: int) -> DRAWWindow:
-    """``params (B, 5)`` = ``(g~X, g~Y, log sigma^2, log delta~, log gamma)`` (eq. 21) -> window (eqs. 22-24)."""
+    """``params (B, 5)`` = ``(g~X, g~Y, log sigma^2, log delta~, log gamma)`` (eq. 21) -> window (22-24)."""
     if params.dim() != 2 or params.shape[-1] != 5:
         raise ValueError(f"params has shape {tuple(params.shape)}; expected (B, 5)")
     gx_t, gy_t, log_s2, log_d, log_g = params.unbind(-1)
@@ -55,7 +56,7 @@ def window_from_params(params: Tensor, width: int, height: int, N: int) -> DRAWW
 
 
 def filterbank(window: DRAWWindow, width: int, height: int, N: int) -> tuple[Tensor, Tensor]:
-    """Gaussian filterbanks ``F_X (B, N, width)`` and ``F_Y (B, N, height)`` (eqs. 19-20, 25-26); rows sum to 1."""
+    """Filterbanks ``F_X (B, N, width)``, ``F_Y (B, N, height)`` (eqs. 19-20, 25-26); rows sum to 1."""
     if N < 1:
         raise ValueError(f"N={N!r}; expected a grid size >= 1")
     device, dtype = window.gx.device, window.gx.dtype
@@ -96,7 +97,8 @@ class DRAWRead(nn.Module):
     """Read an ``N x N`` glimpse at a window computed from a state ``h`` by a linear layer (eq. 21).
 
     ``forward(x (B, C, H, W), h (B, state_dim)) -> (glimpse (B, C, N, N), DRAWWindow)``. The linear layer
-    starts at zero weights and zero bias: a centred grid covering the whole image, ``sigma = 1``, ``gamma = 1``.
+    starts at zero weights and zero bias: a centred grid covering the whole image, ``sigma = 1``,
+    ``gamma = 1``.
     """
 
     def __init__(self, state_dim: int, N: int, width: int, height: int) -> None:
@@ -119,7 +121,8 @@ class DRAWRead(nn.Module):
         _check_image(x)
         if x.shape[-2:] != (self.height, self.width):
             raise ValueError(
-                f"image is {tuple(x.shape[-2:])} (H, W); this DRAWRead was built for ({self.height}, {self.width})"
+                f"image is {tuple(x.shape[-2:])} (H, W); "
+                f"this DRAWRead was built for ({self.height}, {self.width})"
             )
         window = self.window(h)
         return draw_read(x, window, self.N), window

@@ -1,4 +1,4 @@
-r"""Stochastic hard attention over a set of locations, its REINFORCE estimator, and soft attention as its mean.
+r"""Stochastic hard attention over locations, its REINFORCE estimator, and soft attention as its mean.
 
 "Show, Attend and Tell: Neural Image Caption Generation with Visual Attention" (Xu et al., ICML 2015,
 arXiv:1502.03044), section 4.1 (eqs. 8-12) and 4.2 (eq. 13); "Categorical Reparameterization with
@@ -29,7 +29,6 @@ with no real location returns a zero context and zero log-probability (never NaN
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -38,12 +37,12 @@ from ..scores import AdditiveScore
 
 __all__ = [
     "HARD_MODES",
-    "HardAttentionOutput",
-    "hard_attention",
-    "gumbel_straight_through",
-    "reinforce_loss",
-    "MovingAverageBaseline",
     "HardAttention",
+    "HardAttentionOutput",
+    "MovingAverageBaseline",
+    "gumbel_straight_through",
+    "hard_attention",
+    "reinforce_loss",
 ]
 
 HARD_MODES = ("soft", "reinforce", "gumbel", "argmax")
@@ -58,7 +57,7 @@ class HardAttentionOutput:
     context: Tensor
     weights: Tensor
     selection: Tensor
-    index: Optional[Tensor]
+    index: Tensor | None
     log_prob: Tensor
     entropy: Tensor
 
@@ -68,7 +67,9 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"mode={mode!r}; expected one of {HARD_MODES}")
 
 
-def gumbel_straight_through(logits: Tensor, tau: float = 1.0, generator: Optional[torch.Generator] = None) -> Tensor:
+def gumbel_straight_through(
+    logits: Tensor, tau: float = 1.0, generator: torch.Generator | None = None
+) -> Tensor:
     """One-hot sample of ``softmax(logits)`` with the gradient of ``softmax((logits + g) / tau)``.
 
     ``logits (..., L)`` (masked entries ``-inf``) -> ``(..., L)`` whose forward values are exactly 0 or 1
@@ -89,9 +90,9 @@ def hard_attention(
     values: Tensor,
     *,
     mode: str = "reinforce",
-    key_mask: Optional[Tensor] = None,
+    key_mask: Tensor | None = None,
     tau: float = 1.0,
-    generator: Optional[torch.Generator] = None,
+    generator: torch.Generator | None = None,
 ) -> HardAttentionOutput:
     """Attend to one of ``L`` locations (or their mean for ``mode="soft"``).
 
@@ -105,7 +106,10 @@ def hard_attention(
     B, L = scores.shape
     if key_mask is not None:
         if key_mask.shape != (B, L) or key_mask.dtype != torch.bool:
-            raise ValueError(f"key_mask has shape {tuple(key_mask.shape)} dtype {key_mask.dtype}; expected bool (B, L) = ({B}, {L})")
+            raise ValueError(
+                f"key_mask has shape {tuple(key_mask.shape)} dtype {key_mask.dtype}; "
+                f"expected bool (B, L) = ({B}, {L})"
+            )
         scores = scores.masked_fill(~key_mask, float("-inf"))
         any_real = key_mask.any(dim=-1, keepdim=True)  # (B, 1)
         scores = torch.where(any_real, scores, torch.zeros_like(scores))  # empty rows: finite, zeroed below
@@ -140,17 +144,20 @@ def reinforce_loss(
     log_prob: Tensor,
     reward: Tensor,
     baseline=0.0,
-    entropy: Optional[Tensor] = None,
+    entropy: Tensor | None = None,
     reward_weight: float = 1.0,
     entropy_weight: float = 0.0,
 ) -> Tensor:
     r"""Surrogate loss whose gradient is minus the REINFORCE estimate (Show-Attend-Tell eq. 12):
 
     ``-mean(lambda_r (R - b) log p(s) + lambda_e H)``; ``R - b`` is detached. ``log_prob (N,)`` is the sum
-    of the log-probabilities of the choices made for sample n, ``reward (N,)``, ``baseline`` a float or ``(N,)``.
+    of the log-probabilities of the choices made for sample n, ``reward (N,)``, ``baseline`` a float or
+    ``(N,)``.
     """
     if log_prob.shape != reward.shape:
-        raise ValueError(f"log_prob {tuple(log_prob.shape)} and reward {tuple(reward.shape)} differ; expected (N,) each")
+        raise ValueError(
+            f"log_prob {tuple(log_prob.shape)} and reward {tuple(reward.shape)} differ; expected (N,) each"
+        )
     advantage = (reward - baseline).detach()
     surrogate = reward_weight * advantage * log_prob
     if entropy is not None:
@@ -223,17 +230,22 @@ class HardAttention(nn.Module):
         self,
         query: Tensor,
         keys: Tensor,
-        values: Optional[Tensor] = None,
-        key_mask: Optional[Tensor] = None,
-        mode: Optional[str] = None,
-        generator: Optional[torch.Generator] = None,
+        values: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        mode: str | None = None,
+        generator: torch.Generator | None = None,
     ) -> HardAttentionOutput:
         mode = self.mode if mode is None else mode
         if not self.training and mode in ("reinforce", "gumbel") and not self.sample_in_eval:
             mode = "argmax"
-        return hard_attention(self.scores(query, keys), keys if values is None else values, mode=mode,
-                              key_mask=key_mask, tau=self.tau, generator=generator)
+        return hard_attention(
+            self.scores(query, keys),
+            keys if values is None else values,
+            mode=mode,
+            key_mask=key_mask,
+            tau=self.tau,
+            generator=generator,
+        )
 
     def extra_repr(self) -> str:
         return f"mode={self.mode}, tau={self.tau:g}"
-
