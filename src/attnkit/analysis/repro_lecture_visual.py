@@ -54,6 +54,11 @@ def exact_match(hypotheses: list[str], references: list[str]) -> float:
     return float(np.mean([h == r for h, r in zip(hypotheses, references)]))
 
 
+def _beats(a: float, b: float, n: int) -> bool:
+    """``a`` exceeds ``b`` by more than two standard errors of the difference (``n`` test items each)."""
+    return a - b > 2 * ((a * (1 - a) + b * (1 - b)) / n) ** 0.5
+
+
 def _budget(quick: bool) -> dict:
     if quick:
         return {
@@ -368,8 +373,8 @@ def lecture_visual(result: ReproduceResult, quick: bool = False, seed: int = 0) 
         ),
         Claim(
             "Mnih et al. 2014",
-            "RAM beats a no-attention CNN on cluttered translated digits at equal budget",
-            cls["ram"] > cls["cnn"],
+            "RAM beats a no-attention CNN on cluttered translated digits at equal budget (by > 2 s.e.)",
+            _beats(cls["ram"], cls["cnn"], 1000),
             f"accuracy RAM {cls['ram']:.3f}, CNN {cls['cnn']:.3f}, "
             f"DRAW-read {cls['draw']:.3f} ({b['cls_steps']} steps of batch {b['batch']} each)",
         ),
@@ -382,8 +387,8 @@ def lecture_visual(result: ReproduceResult, quick: bool = False, seed: int = 0) 
         ),
         Claim(
             "Sukhbaatar et al. 2015, Table 1",
-            "3 hops beat 1 hop on two supporting facts",
-            mem[("two-supporting-facts", 3)] > mem[("two-supporting-facts", 1)],
+            "3 hops beat 1 hop on two supporting facts (by > 2 s.e.)",
+            _beats(mem[("two-supporting-facts", 3)], mem[("two-supporting-facts", 1)], b["mem_test"]),
             "; ".join(f"{t}: 1 hop {mem[(t, 1)]:.3f}, 3 hops {mem[(t, 3)]:.3f}" for t in BABI_TASKS),
         ),
     ]
