@@ -39,4 +39,5 @@ def test_every_target_is_registered():
         "explain-away",
         "lemma1",
         "coda-matrices",
+        "lecture-visual",
     }

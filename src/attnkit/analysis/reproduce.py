@@ -7,6 +7,8 @@ Targets (``TARGETS``):
 - ``explain-away``: Fig. 1 of both versions, a trained multi-view model under LNAS, DNAS, HNAS.
 - ``lemma1``: "Doubly-Normalized Attention" Lemma 1 on random inputs across shapes and masks.
 - ``coda-matrices``: CoDA Fig. 2, histograms of the gate, ``tanh(E)`` and ``M`` of a trained model.
+- ``lecture-visual``: visual, hard and memory attention (Show-Attend-Tell, RAM, DRAW, MemN2N) on digits
+  canvases and generated bAbI-style tasks (several minutes; ``quick`` about two).
 
 Each runs on CPU in well under a few minutes (on one thread: the models are tiny); ``quick=True``
 shrinks the sizes (for tests).
@@ -22,6 +24,7 @@ import torch
 
 from .repro_coda import coda_matrices
 from .repro_explain_away import explain_away_training, lemma1
+from .repro_lecture_visual import lecture_visual
 from .repro_mode_collapse import mode_collapse_2d, mode_collapse_curves
 from .report import ReproduceResult, prepare_output_dir
 
@@ -35,6 +38,7 @@ TARGETS: dict[str, TargetFn] = {
     "explain-away": explain_away_training,
     "lemma1": lemma1,
     "coda-matrices": coda_matrices,
+    "lecture-visual": lecture_visual,
 }
 TARGET_HELP: dict[str, str] = {
     "mode-collapse-curves": "'Doubly-Normalized Attention' Fig. 2: center distance after one step vs r, LNAS vs DNAS, closed form + simulation",
@@ -42,6 +46,7 @@ TARGET_HELP: dict[str, str] = {
     "explain-away": "Fig. 1: trained multi-view model, log weight sums and min weight sum vs the 1/n_k bound",
     "lemma1": "'Doubly-Normalized Attention' Lemma 1: min of n_k * sum_i pi_ij over random inputs, shapes and masks",
     "coda-matrices": "CoDA Fig. 2: histograms of sigmoid(N), tanh(E) and M of a trained CoDA model",
+    "lecture-visual": "lecture: Show-Attend-Tell soft vs hard, RAM vs CNN, DRAW, memory networks 1 vs 3 hops",
 }
 
 

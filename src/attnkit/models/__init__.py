@@ -6,6 +6,18 @@ would leak future positions there).
 """
 
 from .classifier import POOLINGS, TransformerClassifier
+from .draw import DRAW
+from .draw_classifier import DRAWClassifier
+from .memn2n import MemN2N
+from .ram import RecurrentAttentionModel
 from .seq2seq import Seq2SeqTransformer
+from .show_attend_tell import ShowAttendTell
+from .draw import DRAW
+from .draw_classifier import DRAWClassifier
+from .memn2n import MemN2N
+from .ram import RecurrentAttentionModel
+from .show_attend_tell import ShowAttendTell
 
 __all__ = ["TransformerClassifier", "Seq2SeqTransformer", "POOLINGS"]
+__all__ += ["DRAW", "DRAWClassifier", "MemN2N", "RecurrentAttentionModel", "ShowAttendTell"]
+__all__ += ["ShowAttendTell", "RecurrentAttentionModel", "MemN2N", "DRAW", "DRAWClassifier"]

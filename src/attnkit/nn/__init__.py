@@ -3,6 +3,8 @@
 The modules hold parameters; the math goes through ``attnkit.functional.attention``.
 """
 
+from .draw import DRAWRead
+from .hard import HardAttention
 from .hybrid import hybrid_weights
 from .multihead import MultiheadAttention
 from .multiview import MultiViewAttention
@@ -21,4 +23,6 @@ __all__ = [
     "LearnedPositionalEncoding",
     "MultiViewAttention",
     "hybrid_weights",
+    "HardAttention",
+    "DRAWRead",
 ]

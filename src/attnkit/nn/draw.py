@@ -1,0 +1,131 @@
+r"""DRAW's selective attention: an ``N x N`` grid of Gaussian filters read from (or written to) an image.
+
+"DRAW: A Recurrent Neural Network For Image Generation" (Gregor et al., ICML 2015, arXiv:1502.04623),
+section 3.2, eqs. (19)-(29). Pixel coordinates are 1-based as in the paper (``a = 1..A``, ``b = 1..B``).
+
+.. math::
+    (\tilde g_X, \tilde g_Y, \log\sigma^2, \log\tilde\delta, \log\gamma) = W(h) \quad (21) \\
+    g_X = \tfrac{A+1}{2}(\tilde g_X + 1), \quad g_Y = \tfrac{B+1}{2}(\tilde g_Y + 1), \quad
+    \delta = \tfrac{\max(A, B) - 1}{N - 1}\,\tilde\delta \quad (22\text{-}24) \\
+    \mu_X^i = g_X + (i - N/2 - 0.5)\,\delta, \\
+    \mu_Y^j = g_Y + (j - N/2 - 0.5)\,\delta \quad (19\text{-}20) \\
+    F_X[i, a] = \tfrac{1}{Z_X} \exp\!\Big(-\tfrac{(a - \mu_X^i)^2}{2\sigma^2}\Big), \quad
+    F_Y[j, b] = \tfrac{1}{Z_Y} \exp\!\Big(-\tfrac{(b - \mu_Y^j)^2}{2\sigma^2}\Big) \quad (25\text{-}26) \\
+    \text{read}(x) = \gamma\, F_Y\, x\, F_X^T \quad (27), \qquad
+    \text{write}(w) = \tfrac{1}{\hat\gamma}\, \hat F_Y^T\, w\, \hat F_X \quad (29)
+
+Invariant: every filter row sums to 1 (``Z`` is the row sum, computed as a softmax over pixels, so a filter
+whose centre lies outside the image still sums to 1 and then weighs the nearest border pixels). With
+``N = A``, unit stride, centred grid and ``sigma -> 0`` the read returns the image itself.
+
+Shapes: images ``x (B, C, Bh, Aw)`` (height ``B``, width ``A`` in the paper's letters), parameters ``(B,)``,
+filterbanks ``F_X (B, N, A)``, ``F_Y (B, N, Bh)``, glimpses ``(B, C, N, N)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["DRAWRead", "DRAWWindow", "draw_read", "draw_write", "filterbank", "window_from_params"]
+
+
+@dataclass
+class DRAWWindow:
+    """The attention window in pixel units: centre ``gx, gy`` (1-based), ``stride``, ``sigma2`` (variance),
+    ``gamma`` (intensity); each ``(B,)``."""
+
+    gx: Tensor
+    gy: Tensor
+    stride: Tensor
+    sigma2: Tensor
+    gamma: Tensor
+
+
+def window_from_params(params: Tensor, width: int, height: int, N: int) -> DRAWWindow:
+    """``params (B, 5)`` = ``(g~X, g~Y, log sigma^2, log delta~, log gamma)`` (eq. 21) -> window (22-24)."""
+    if params.dim() != 2 or params.shape[-1] != 5:
+        raise ValueError(f"params has shape {tuple(params.shape)}; expected (B, 5)")
+    gx_t, gy_t, log_s2, log_d, log_g = params.unbind(-1)
+    gx = (width + 1) / 2 * (gx_t + 1)
+    gy = (height + 1) / 2 * (gy_t + 1)
+    stride = (max(width, height) - 1) / max(N - 1, 1) * torch.exp(log_d)
+    return DRAWWindow(gx, gy, stride, torch.exp(log_s2), torch.exp(log_g))
+
+
+def filterbank(window: DRAWWindow, width: int, height: int, N: int) -> tuple[Tensor, Tensor]:
+    """Filterbanks ``F_X (B, N, width)``, ``F_Y (B, N, height)`` (eqs. 19-20, 25-26); rows sum to 1."""
+    if N < 1:
+        raise ValueError(f"N={N!r}; expected a grid size >= 1")
+    device, dtype = window.gx.device, window.gx.dtype
+    offsets = torch.arange(1, N + 1, device=device, dtype=dtype) - N / 2 - 0.5  # (N,)
+    mu_x = window.gx[:, None] + offsets * window.stride[:, None]  # (B, N)
+    mu_y = window.gy[:, None] + offsets * window.stride[:, None]  # (B, N)
+    a = torch.arange(1, width + 1, device=device, dtype=dtype)  # (A,)
+    b = torch.arange(1, height + 1, device=device, dtype=dtype)  # (Bh,)
+    s2 = window.sigma2[:, None, None]
+    fx = torch.softmax(-((a - mu_x[..., None]) ** 2) / (2 * s2), dim=-1)  # (B, N, A)
+    fy = torch.softmax(-((b - mu_y[..., None]) ** 2) / (2 * s2), dim=-1)  # (B, N, Bh)
+    return fx, fy
+
+
+def _check_image(x: Tensor) -> None:
+    if x.dim() != 4:
+        raise ValueError(f"image has shape {tuple(x.shape)}; expected (B, C, H, W)")
+
+
+def draw_read(x: Tensor, window: DRAWWindow, N: int) -> Tensor:
+    """``gamma F_Y x F_X^T`` (eq. 27): ``x (B, C, H, W)`` -> glimpse ``(B, C, N, N)``."""
+    _check_image(x)
+    fx, fy = filterbank(window, x.shape[-1], x.shape[-2], N)
+    glimpse = torch.einsum("bjh,bchw,biw->bcji", fy, x, fx)  # (B, C, N, N)
+    return window.gamma[:, None, None, None] * glimpse
+
+
+def draw_write(w: Tensor, window: DRAWWindow, width: int, height: int) -> Tensor:
+    """``(1 / gamma) F_Y^T w F_X`` (eq. 29): patch ``w (B, C, N, N)`` -> image ``(B, C, height, width)``."""
+    _check_image(w)
+    N = w.shape[-1]
+    fx, fy = filterbank(window, width, height, N)
+    image = torch.einsum("bjh,bcji,biw->bchw", fy, w, fx)  # (B, C, H, W)
+    return image / window.gamma[:, None, None, None]
+
+
+class DRAWRead(nn.Module):
+    """Read an ``N x N`` glimpse at a window computed from a state ``h`` by a linear layer (eq. 21).
+
+    ``forward(x (B, C, H, W), h (B, state_dim)) -> (glimpse (B, C, N, N), DRAWWindow)``. The linear layer
+    starts at zero weights and zero bias: a centred grid covering the whole image, ``sigma = 1``,
+    ``gamma = 1``.
+    """
+
+    def __init__(self, state_dim: int, N: int, width: int, height: int) -> None:
+        super().__init__()
+        for name, value in (("state_dim", state_dim), ("N", N), ("width", width), ("height", height)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}={value!r}; expected a positive integer")
+        self.N, self.width, self.height = N, width, height
+        self.params = nn.Linear(state_dim, 5)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.params.weight)
+        nn.init.zeros_(self.params.bias)
+
+    def window(self, h: Tensor) -> DRAWWindow:
+        return window_from_params(self.params(h), self.width, self.height, self.N)
+
+    def forward(self, x: Tensor, h: Tensor) -> tuple[Tensor, DRAWWindow]:
+        _check_image(x)
+        if x.shape[-2:] != (self.height, self.width):
+            raise ValueError(
+                f"image is {tuple(x.shape[-2:])} (H, W); "
+                f"this DRAWRead was built for ({self.height}, {self.width})"
+            )
+        window = self.window(h)
+        return draw_read(x, window, self.N), window
+
+    def extra_repr(self) -> str:
+        return f"N={self.N}, width={self.width}, height={self.height}"

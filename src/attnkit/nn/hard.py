@@ -1,0 +1,251 @@
+r"""Stochastic hard attention over locations, its REINFORCE estimator, and soft attention as its mean.
+
+"Show, Attend and Tell: Neural Image Caption Generation with Visual Attention" (Xu et al., ICML 2015,
+arXiv:1502.03044), section 4.1 (eqs. 8-12) and 4.2 (eq. 13); "Categorical Reparameterization with
+Gumbel-Softmax" (Jang, Gu and Poole, ICLR 2017, arXiv:1611.01144) for the straight-through alternative.
+
+Scores ``e_i`` over ``L`` locations give ``alpha = softmax(e)`` (eq. 5). The attention picks one location:
+
+.. math::
+    s \sim \text{Multinoulli}_L(\alpha), \qquad \hat z = \sum_i s_i a_i \quad \text{(eqs. 8-9)}
+
+Its gradient is estimated with REINFORCE (eqs. 11-12), a moving-average baseline
+``b_k = 0.9 b_{k-1} + 0.1 R_k`` and an entropy bonus:
+
+.. math::
+    \nabla \approx \frac{1}{N} \sum_n \big[\nabla \log p(y | \tilde s^n)
+    + \lambda_r (R^n - b) \nabla \log p(\tilde s^n) + \lambda_e \nabla H[\tilde s^n]\big]
+
+Modes: ``"soft"`` is the expectation ``E[\hat z] = \sum_i \alpha_i a_i`` (eq. 13, deterministic, exact
+gradient); ``"reinforce"`` samples ``s`` (no gradient through the choice; train the scores with
+:func:`reinforce_loss`); ``"gumbel"`` takes the argmax of ``(e + g) / tau``, ``g ~ Gumbel(0, 1)``,
+forward exactly one-hot, backward through ``softmax((e + g) / tau)`` (straight-through). ``"argmax"``
+picks the most likely location (deterministic hard attention, for evaluation).
+
+Masks are boolean, True = real location. Masked locations get ``alpha = 0`` and are never sampled; a row
+with no real location returns a zero context and zero log-probability (never NaN).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..scores import AdditiveScore
+
+__all__ = [
+    "HARD_MODES",
+    "HardAttention",
+    "HardAttentionOutput",
+    "MovingAverageBaseline",
+    "gumbel_straight_through",
+    "hard_attention",
+    "reinforce_loss",
+]
+
+HARD_MODES = ("soft", "reinforce", "gumbel", "argmax")
+
+
+@dataclass
+class HardAttentionOutput:
+    """``context (B, D)``; ``weights`` = alpha ``(B, L)``; ``selection (B, L)`` (one-hot, or alpha for
+    ``"soft"``); ``index (B,)`` of the chosen location (None for ``"soft"``); ``log_prob (B,)`` of the choice
+    (zeros for ``"soft"``); ``entropy (B,)`` of alpha."""
+
+    context: Tensor
+    weights: Tensor
+    selection: Tensor
+    index: Tensor | None
+    log_prob: Tensor
+    entropy: Tensor
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in HARD_MODES:
+        raise ValueError(f"mode={mode!r}; expected one of {HARD_MODES}")
+
+
+def gumbel_straight_through(
+    logits: Tensor, tau: float = 1.0, generator: torch.Generator | None = None
+) -> Tensor:
+    """One-hot sample of ``softmax(logits)`` with the gradient of ``softmax((logits + g) / tau)``.
+
+    ``logits (..., L)`` (masked entries ``-inf``) -> ``(..., L)`` whose forward values are exactly 0 or 1
+    (``y_hard + (y_soft - y_soft.detach())`` adds an exact zero).
+    """
+    if not tau > 0:
+        raise ValueError(f"tau={tau!r}; expected a temperature > 0")
+    u = torch.rand(logits.shape, generator=generator, dtype=logits.dtype, device=logits.device)
+    g = -torch.log(-torch.log(u.clamp_min(torch.finfo(logits.dtype).tiny)))  # Gumbel(0, 1)
+    y_soft = torch.softmax((logits + g) / tau, dim=-1)
+    index = y_soft.argmax(dim=-1, keepdim=True)
+    y_hard = torch.zeros_like(y_soft).scatter_(-1, index, 1.0)
+    return y_hard + (y_soft - y_soft.detach())
+
+
+def hard_attention(
+    scores: Tensor,
+    values: Tensor,
+    *,
+    mode: str = "reinforce",
+    key_mask: Tensor | None = None,
+    tau: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> HardAttentionOutput:
+    """Attend to one of ``L`` locations (or their mean for ``mode="soft"``).
+
+    Shapes: ``scores (B, L)``, ``values (B, L, D)``, ``key_mask (B, L)`` bool True = real.
+    """
+    _check_mode(mode)
+    if scores.dim() != 2 or values.dim() != 3 or values.shape[:2] != scores.shape:
+        raise ValueError(
+            f"scores {tuple(scores.shape)} and values {tuple(values.shape)}; expected (B, L) and (B, L, D)"
+        )
+    B, L = scores.shape
+    if key_mask is not None:
+        if key_mask.shape != (B, L) or key_mask.dtype != torch.bool:
+            raise ValueError(
+                f"key_mask has shape {tuple(key_mask.shape)} dtype {key_mask.dtype}; "
+                f"expected bool (B, L) = ({B}, {L})"
+            )
+        scores = scores.masked_fill(~key_mask, float("-inf"))
+        any_real = key_mask.any(dim=-1, keepdim=True)  # (B, 1)
+        scores = torch.where(any_real, scores, torch.zeros_like(scores))  # empty rows: finite, zeroed below
+    log_alpha = torch.log_softmax(scores, dim=-1)  # (B, L)
+    alpha = log_alpha.exp()
+    if key_mask is not None:
+        alpha = alpha * any_real
+    entropy = -(alpha * log_alpha.masked_fill(alpha == 0, 0.0)).sum(-1)  # (B,)
+    if mode == "soft":
+        selection, index, log_prob = alpha, None, torch.zeros_like(entropy)
+    else:
+        if mode == "gumbel":
+            selection = gumbel_straight_through(scores, tau=tau, generator=generator)
+            index = selection.detach().argmax(-1)
+        else:
+            if mode == "argmax":
+                index = alpha.detach().argmax(-1)
+            else:
+                probs = alpha.detach().clone()
+                probs[probs.sum(-1) == 0] = 1.0  # empty rows: any index, zeroed below
+                index = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+            selection = torch.zeros_like(alpha).scatter_(-1, index[:, None], 1.0)
+        log_prob = log_alpha.gather(-1, index[:, None]).squeeze(-1)  # (B,)
+        if key_mask is not None:
+            selection = selection * any_real
+            log_prob = log_prob * any_real.squeeze(-1)
+    context = torch.einsum("bl,bld->bd", selection, values)  # (B, D)
+    return HardAttentionOutput(context, alpha, selection, index, log_prob, entropy)
+
+
+def reinforce_loss(
+    log_prob: Tensor,
+    reward: Tensor,
+    baseline=0.0,
+    entropy: Tensor | None = None,
+    reward_weight: float = 1.0,
+    entropy_weight: float = 0.0,
+) -> Tensor:
+    r"""Surrogate loss whose gradient is minus the REINFORCE estimate (Show-Attend-Tell eq. 12):
+
+    ``-mean(lambda_r (R - b) log p(s) + lambda_e H)``; ``R - b`` is detached. ``log_prob (N,)`` is the sum
+    of the log-probabilities of the choices made for sample n, ``reward (N,)``, ``baseline`` a float or
+    ``(N,)``.
+    """
+    if log_prob.shape != reward.shape:
+        raise ValueError(
+            f"log_prob {tuple(log_prob.shape)} and reward {tuple(reward.shape)} differ; expected (N,) each"
+        )
+    advantage = (reward - baseline).detach()
+    surrogate = reward_weight * advantage * log_prob
+    if entropy is not None:
+        surrogate = surrogate + entropy_weight * entropy
+    return -surrogate.mean()
+
+
+class MovingAverageBaseline(nn.Module):
+    """``b_k = decay * b_{k-1} + (1 - decay) * mean(R_k)`` (Show-Attend-Tell sec. 4.1, decay 0.9).
+
+    ``update(reward)`` returns the baseline to subtract from this batch (the estimate before the batch,
+    or the batch mean on the first call), then folds the batch in. The value is a buffer (saved with
+    ``state_dict``)."""
+
+    def __init__(self, decay: float = 0.9) -> None:
+        super().__init__()
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay={decay!r}; expected 0 <= decay < 1 (0.9 in Show-Attend-Tell)")
+        self.decay = decay
+        self.register_buffer("value", torch.zeros(()))
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def update(self, reward: Tensor) -> Tensor:
+        mean = reward.detach().float().mean()
+        if not torch.isfinite(mean):
+            raise ValueError(f"reward has non-finite mean {mean.item()}; check the reward computation")
+        current = mean.clone() if self.count == 0 else self.value.clone()
+        self.value.copy_(mean if self.count == 0 else self.decay * self.value + (1 - self.decay) * mean)
+        self.count += 1
+        return current
+
+    def extra_repr(self) -> str:
+        return f"decay={self.decay}"
+
+
+class HardAttention(nn.Module):
+    """Show-Attend-Tell attention ``e_i = f_att(a_i, h)`` (additive MLP, eq. 4) with a hard or soft choice.
+
+    ``mode`` is used in training; in ``eval()`` a ``"reinforce"`` or ``"gumbel"`` module picks the argmax
+    location unless ``sample_in_eval``. ``forward(query (B, Dq), keys (B, L, Dk), values=None (keys),
+    key_mask=None, mode=None, generator=None) -> HardAttentionOutput``.
+    """
+
+    def __init__(
+        self,
+        query_dim: int,
+        key_dim: int,
+        hidden_dim: int = 64,
+        mode: str = "reinforce",
+        tau: float = 1.0,
+        sample_in_eval: bool = False,
+    ) -> None:
+        super().__init__()
+        _check_mode(mode)
+        if not tau > 0:
+            raise ValueError(f"tau={tau!r}; expected a temperature > 0")
+        self.mode, self.tau, self.sample_in_eval = mode, float(tau), sample_in_eval
+        self.score = AdditiveScore(query_dim, key_dim, hidden_dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        self.score.reset_parameters()
+
+    def scores(self, query: Tensor, keys: Tensor) -> Tensor:
+        """``query (B, Dq)``, ``keys (B, L, Dk)`` -> ``(B, L)``."""
+        return self.score(query[:, None, None, :], keys[:, None, :, :])[:, 0, 0, :]  # (B, 1, 1, L) -> (B, L)
+
+    def forward(
+        self,
+        query: Tensor,
+        keys: Tensor,
+        values: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        mode: str | None = None,
+        generator: torch.Generator | None = None,
+    ) -> HardAttentionOutput:
+        mode = self.mode if mode is None else mode
+        if not self.training and mode in ("reinforce", "gumbel") and not self.sample_in_eval:
+            mode = "argmax"
+        return hard_attention(
+            self.scores(query, keys),
+            keys if values is None else values,
+            mode=mode,
+            key_mask=key_mask,
+            tau=self.tau,
+            generator=generator,
+        )
+
+    def extra_repr(self) -> str:
+        return f"mode={self.mode}, tau={self.tau:g}"

@@ -1,0 +1,56 @@
+"""Digits canvases: captions match the placed digits; splits are disjoint; clutter keeps the digit."""
+
+import itertools
+
+import pytest
+import torch
+
+from attnkit.data.digits_canvas import DIGIT_WORDS, caption_canvases, cluttered_canvases, load_digit_images
+
+
+def test_caption_is_digit_words_in_reading_order():
+    data = caption_canvases(50, rows=2, cols=3, min_digits=2, max_digits=4, seed=3)
+    for caption, placed, tokens in zip(data.captions, data.digits, data.tokens):
+        slots = [r * 3 + c for _, r, c in placed]
+        assert slots == sorted(slots)  # row by row, left to right
+        assert caption == " ".join(DIGIT_WORDS[label] for label, _, _ in placed)
+        assert data.vocab.decode(tokens) == caption
+    assert data.images.shape == (50, 1, 24, 36) and 0 <= data.images.min() and data.images.max() <= 1
+
+
+def test_each_cell_with_a_digit_has_ink_and_the_others_are_empty():
+    data = caption_canvases(20, rows=2, cols=3, cell=12, seed=0)
+    for img, placed in zip(data.images, data.digits):
+        used = {(r, c) for _, r, c in placed}
+        for r in range(2):
+            for c in range(3):
+                ink = img[0, r * 12 : (r + 1) * 12, c * 12 : (c + 1) * 12].sum()
+                assert (ink > 0) == ((r, c) in used)
+
+
+def test_relations_join_words():
+    data = caption_canvases(30, rows=2, cols=2, min_digits=3, max_digits=3, relations=True, seed=1)
+    for caption, placed in zip(data.captions, data.digits):
+        words = caption.split()
+        expected = [DIGIT_WORDS[placed[0][0]]]
+        for prev, cur in itertools.pairwise(placed):
+            expected += (["left", "of"] if cur[1] == prev[1] else ["above"]) + [DIGIT_WORDS[cur[0]]]
+        assert words == expected
+
+
+def test_splits_are_disjoint_and_bad_arguments_raise():
+    tr, _ = load_digit_images("train")
+    te, _ = load_digit_images("test")
+    assert len(tr) + len(te) == 1797
+    with pytest.raises(ValueError, match="split"):
+        load_digit_images("val")
+    with pytest.raises(ValueError, match="max_digits"):
+        caption_canvases(2, rows=1, cols=2, max_digits=3)
+
+
+def test_cluttered_canvas_holds_the_digit_at_its_centre():
+    images, labels, centres = cluttered_canvases(10, size=20, clutter=0, seed=0)
+    for img, centre in zip(images, centres):
+        y, x = int(centre[0] - 3.5), int(centre[1] - 3.5)
+        assert img[0, y : y + 8, x : x + 8].sum() == img.sum() > 0
+    assert labels.dtype == torch.long and images.shape == (10, 1, 20, 20)
