@@ -6,6 +6,8 @@ would leak future positions there).
 """
 
 from .classifier import POOLINGS, TransformerClassifier
+from .ctc import CTCModel
+from .rnn_seq2seq import RNNSeq2Seq
 from .seq2seq import Seq2SeqTransformer
 
-__all__ = ["TransformerClassifier", "Seq2SeqTransformer", "POOLINGS"]
+__all__ = ["TransformerClassifier", "Seq2SeqTransformer", "POOLINGS", "RNNSeq2Seq", "CTCModel"]

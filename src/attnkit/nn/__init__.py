@@ -3,7 +3,12 @@
 The modules hold parameters; the math goes through ``attnkit.functional.attention``.
 """
 
+from .additive import AdditiveAttention
+from .bilinear import BilinearAttention
+from .dot import DotAttention
 from .hybrid import hybrid_weights
+from .location import GMMLocationAttention
+from .mixed import MixedAttention
 from .multihead import MultiheadAttention
 from .multiview import MultiViewAttention
 from .layers import TransformerDecoderLayer, TransformerEncoderLayer
@@ -21,4 +26,9 @@ __all__ = [
     "LearnedPositionalEncoding",
     "MultiViewAttention",
     "hybrid_weights",
+    "AdditiveAttention",
+    "BilinearAttention",
+    "DotAttention",
+    "GMMLocationAttention",
+    "MixedAttention",
 ]
