@@ -61,3 +61,21 @@ def test_explain_away_target_quick(tmp_path):
 
 def test_every_target_is_registered():
     assert set(TARGETS) == {"mode-collapse-curves", "mode-collapse-2d", "explain-away", "lemma1", "coda-matrices"}
+
+
+@pytest.mark.slow
+def test_lecture_seq_writes_table_plots_and_claims(tmp_path, monkeypatch):
+    from attnkit.analysis import repro_lecture_seq as lecture
+
+    tiny = lecture.LectureSeqBudget(steps=2, d_model=16, g2p_train=128, g2p_test=16, numbers_train=128,
+                                    numbers_test=16, eval_batch=16)
+    monkeypatch.setattr(lecture, "QUICK", tiny)
+    result = reproduce("lecture-seq", tmp_path / "seq", quick=True)
+    names = {p.name for p in result.files}
+    assert {"results.csv", "accuracy_by_length.csv", "accuracy_by_length_g2p.png", "accuracy_by_length_numbers.png",
+            "alignments_g2p.png", "alignments_numbers.png", "summary.json"} <= names
+    assert {(r["task"], r["model"]) for r in result.rows} == {
+        (t, m) for t in ("g2p", "numbers") for m in lecture.MODELS
+    }
+    assert all(0.0 <= r["sequence_error"] <= 1.0 for r in result.rows)
+    assert len(result.claims) == 4

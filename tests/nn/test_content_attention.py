@@ -1,4 +1,5 @@
-"""Content attention modules (``AdditiveAttention``, ``BilinearAttention``, ``DotAttention``): the lecture's score
+"""Content attention modules (``AdditiveAttention``, ``BilinearAttention``, ``DotAttention``): the
+lecture's score
 formulas in float64, masks (padding = truncation, fully masked rows) and normalizations."""
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def test_padding_equals_truncation(name, mechanism):
     mask = torch.arange(7)[None, :] < torch.tensor(lengths)[:, None]  # (B, Lk)
     context, weights = module(q, keys, key_mask=mask)
     for b, n in enumerate(lengths):
-        c_alone, w_alone = module(q[b:b + 1], keys[b:b + 1, :n])
+        c_alone, w_alone = module(q[b : b + 1], keys[b : b + 1, :n])
         torch.testing.assert_close(context[b], c_alone[0], **F64)
         torch.testing.assert_close(weights[b, :, :n], w_alone[0], **F64)
         assert torch.all(weights[b, :, n:] == 0)
@@ -81,7 +82,10 @@ def test_fully_masked_row_gives_zero_context(name):
 def test_dnas_normalizes_over_the_given_queries():
     module = ak.nn.DotAttention(6, mechanism="dnas").double()
     g = torch.Generator().manual_seed(3)
-    q, keys = torch.randn(1, 4, 6, generator=g, dtype=torch.float64), torch.randn(1, 5, 6, generator=g, dtype=torch.float64)
+    q, keys = (
+        torch.randn(1, 4, 6, generator=g, dtype=torch.float64),
+        torch.randn(1, 5, 6, generator=g, dtype=torch.float64),
+    )
     _, weights = module(q, keys)
     scores = q[0] @ keys[0].T  # (Lq, Lk)
     xi = torch.softmax(scores, dim=0)  # over queries, per key
@@ -91,7 +95,10 @@ def test_dnas_normalizes_over_the_given_queries():
 def test_dot_attention_with_coda_uses_the_l1_gate():
     module = ak.nn.DotAttention(6, mechanism="coda").double()
     g = torch.Generator().manual_seed(4)
-    q, keys = torch.randn(1, 6, generator=g, dtype=torch.float64), torch.randn(1, 3, 6, generator=g, dtype=torch.float64)
+    q, keys = (
+        torch.randn(1, 6, generator=g, dtype=torch.float64),
+        torch.randn(1, 3, 6, generator=g, dtype=torch.float64),
+    )
     _, weights = module(q, keys)
     e = keys[0] @ q[0]  # scaled=False: the plain dot product is CoDA's E
     n = -(keys[0] - q[0]).abs().sum(dim=1) / math.sqrt(6)

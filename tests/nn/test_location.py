@@ -1,4 +1,5 @@
-"""Graves' Gaussian-mixture location attention: the window of the lecture's formula, monotonic kappa, masks."""
+"""Graves' Gaussian-mixture location attention: the window of the lecture's formula, monotonic kappa,
+masks."""
 
 from __future__ import annotations
 
@@ -32,15 +33,18 @@ def test_window_matches_the_lecture_formula_float64(parameterization):
     values = torch.randn(2, 7, 3, dtype=torch.float64)
     prev = torch.tensor([[0.5, 1.0], [2.0, 0.0]], dtype=torch.float64)
     window, phi, kappa = attn(q, values, prev)
-    raw = q @ attn.proj.weight.T + attn.proj.bias  # (B, 3K): alpha_hat, beta_hat, kappa_hat
+    raw = (q @ attn.proj.weight.T + attn.proj.bias).detach()  # (B, 3K): alpha_hat, beta_hat, kappa_hat
     for b in range(2):
         a, be, kh = f(raw[b, :2]), f(raw[b, 2:4]), raw[b, 4:]
         kap = prev[b] + f(kh)
         torch.testing.assert_close(kappa[b], kap, atol=1e-12, rtol=1e-10)
-        expected = torch.tensor([
-            sum(float(a[k]) * math.exp(-float(be[k]) * (float(kap[k]) - u) ** 2) for k in range(2))
-            for u in range(7)
-        ], dtype=torch.float64)
+        expected = torch.tensor(
+            [
+                sum(float(a[k]) * math.exp(-float(be[k]) * (float(kap[k]) - u) ** 2) for k in range(2))
+                for u in range(7)
+            ],
+            dtype=torch.float64,
+        )
         torch.testing.assert_close(phi[b], expected, atol=1e-12, rtol=1e-10)
         torch.testing.assert_close(window[b], expected @ values[b], atol=1e-12, rtol=1e-10)
 

@@ -19,10 +19,15 @@ def test_matches_the_formula_float64():
     w_conv = attn.conv.weight[:, 0]  # (F, 3)
     padded = torch.nn.functional.pad(prev, (1, 1))  # (B, L + 2)
     for b in range(2):
-        f = torch.stack([torch.stack([w_conv[c] @ padded[b, j:j + 3] for c in range(3)]) for j in range(7)])  # (L, F)
-        e = torch.stack([
-            attn.w @ torch.tanh(attn.w_q @ q[b] + attn.w_k @ keys[b, j] + attn.w_f @ f[j] + attn.bias) for j in range(7)
-        ])
+        f = torch.stack(
+            [torch.stack([w_conv[c] @ padded[b, j : j + 3] for c in range(3)]) for j in range(7)]
+        )  # (L, F)
+        e = torch.stack(
+            [
+                attn.w @ torch.tanh(attn.w_q @ q[b] + attn.w_k @ keys[b, j] + attn.w_f @ f[j] + attn.bias)
+                for j in range(7)
+            ]
+        )
         torch.testing.assert_close(weights[b], torch.softmax(e, dim=0), atol=1e-12, rtol=1e-10)
         torch.testing.assert_close(context[b], torch.softmax(e, dim=0) @ keys[b], atol=1e-12, rtol=1e-10)
 

@@ -1,9 +1,11 @@
 """Numbers to English words, with test inputs longer than any training input (``num2words`` from PyPI; install
 with ``pip install 'attnkit[seq]'``).
 
-A source is a list of ``k`` numbers in ``[0, max_value]`` written with digits (``"12 305"``); its target is their
+A source is a list of ``k`` numbers in ``[0, max_value]`` written with digits (``"12 305"``); its target is
+their
 words (``"twelve three hundred and five"``; hyphens and commas become spaces). Training draws ``k`` in
-``[1, train_max_count]``; the test set draws ``k`` evenly in ``[1, test_max_count]``, so most test inputs are longer
+``[1, train_max_count]``; the test set draws ``k`` evenly in ``[1, test_max_count]``, so most test inputs are
+longer
 than every training input. The alignment is monotonic with local reorderings (``"15"`` -> ``fifteen``,
 ``"305"`` -> ``three hundred and five``): the lecture's bottleneck and long-input claims can be checked by
 input length. No test source occurs in the training set.
@@ -42,13 +44,19 @@ def generate_numbers(
     seed: int = 0,
 ) -> Seq2SeqData:
     """Seeded train/test pairs (sources ``"n1 n2 ..."``, targets their words); see the module docstring."""
-    for name, value in (("num_train", num_train), ("num_test", num_test), ("train_max_count", train_max_count),
-                        ("test_max_count", test_max_count), ("max_value", max_value)):
+    for name, value in (
+        ("num_train", num_train),
+        ("num_test", num_test),
+        ("train_max_count", train_max_count),
+        ("test_max_count", test_max_count),
+        ("max_value", max_value),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r}: expected a positive integer")
     if test_max_count < train_max_count:
         raise ValueError(
-            f"test_max_count={test_max_count} < train_max_count={train_max_count}; the test must reach at least "
+            f"test_max_count={test_max_count} < train_max_count={train_max_count}; the test must reach at "
+            f"least "
             "the training lengths"
         )
     rng = random.Random(seed)
@@ -77,6 +85,8 @@ def generate_numbers(
             seen.add(source)
     return Seq2SeqData(
         name="numbers",
-        train_src=[s for s, _ in train], train_tgt=[t for _, t in train],
-        test_src=[s for s, _ in test], test_tgt=[t for _, t in test],
+        train_src=[s for s, _ in train],
+        train_tgt=[t for _, t in train],
+        test_src=[s for s, _ in test],
+        test_tgt=[t for _, t in test],
     )

@@ -1,16 +1,17 @@
-"""Token vocabularies and metrics for the transduction tasks (grapheme-to-phoneme, number words, copy/reverse/sort).
+"""Token vocabularies and metrics for the transduction tasks (grapheme-to-phoneme, number words,
+copy/reverse/sort).
 
 Sources are split into characters, targets into whitespace-separated tokens (phonemes, words, or characters
-written with spaces), so one ``Seq2SeqData`` of strings serves every task. Metrics: sequence error rate (share of
+written with spaces), so one ``Seq2SeqData`` of strings serves every task. Metrics: sequence error rate (share
+of
 outputs that are not exactly right) and token error rate (Levenshtein distance over the reference length, the
 phoneme error rate of G2P).
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Sequence
 
-import torch
 from torch import Tensor
 
 from .tokenizers import pad_batch
@@ -36,7 +37,7 @@ class TokenVocab:
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = 0, 1, 2, 3
 
     @classmethod
-    def fit(cls, texts: Iterable[str], split: str) -> "TokenVocab":
+    def fit(cls, texts: Iterable[str], split: str) -> TokenVocab:
         tokens = set()
         for text in texts:
             tokens.update(cls.tokenize_with(text, split))
@@ -57,7 +58,9 @@ class TokenVocab:
         ids = [self.index.get(t, self.unk_id) for t in self.tokenize(text)]
         return ([self.bos_id] if add_bos else []) + ids + ([self.eos_id] if add_eos else [])
 
-    def encode(self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = False) -> tuple[Tensor, Tensor]:
+    def encode(
+        self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = False
+    ) -> tuple[Tensor, Tensor]:
         """``ids (N, L)`` and ``mask (N, L)`` (True = real)."""
         return pad_batch([self.encode_ids(t, add_bos, add_eos) for t in texts], self.pad_id)
 
@@ -90,7 +93,9 @@ def edit_distance(a: Sequence, b: Sequence) -> int:
 def token_error_rate(refs: Sequence[Sequence], hyps: Sequence[Sequence]) -> float:
     """Total edit distance over total reference length (the phoneme / word error rate)."""
     if len(refs) != len(hyps):
-        raise ValueError(f"{len(refs)} references but {len(hyps)} hypotheses; pass one hypothesis per reference")
+        raise ValueError(
+            f"{len(refs)} references but {len(hyps)} hypotheses; pass one hypothesis per reference"
+        )
     total = sum(len(r) for r in refs)
     return sum(edit_distance(r, h) for r, h in zip(refs, hyps)) / max(1, total)
 
@@ -98,5 +103,7 @@ def token_error_rate(refs: Sequence[Sequence], hyps: Sequence[Sequence]) -> floa
 def sequence_error_rate(refs: Sequence[Sequence], hyps: Sequence[Sequence]) -> float:
     """Share of hypotheses that differ from their reference."""
     if len(refs) != len(hyps):
-        raise ValueError(f"{len(refs)} references but {len(hyps)} hypotheses; pass one hypothesis per reference")
+        raise ValueError(
+            f"{len(refs)} references but {len(hyps)} hypotheses; pass one hypothesis per reference"
+        )
     return sum(list(r) != list(h) for r, h in zip(refs, hyps)) / max(1, len(refs))

@@ -1,4 +1,5 @@
-r"""A recurrent encoder-decoder with a choice of attention: the models of the lecture "Attention and Transformers".
+r"""A recurrent encoder-decoder with a choice of attention: the models of the lecture "Attention and
+Transformers".
 
 - ``attention="none"``: the vanilla encoder-decoder of Cho et al., "Learning Phrase Representations using RNN
   Encoder-Decoder for Statistical Machine Translation" (arXiv:1406.1078), eqs. (3)-(4): the encoder's final
@@ -56,7 +57,8 @@ class RNNSeq2Seq(nn.Module):
     parameterization="softplus", pad_id=0, bos_id=1, eos_id=2)``.
 
     Shapes: ``src_ids (B, Ls)``, ``src_mask (B, Ls)`` bool True = real (default ``src_ids != pad_id``),
-    ``tgt_in_ids (B, Lt)`` = ``<bos> y_1 .. y_{T-1}`` -> ``logits (B, Lt, V)``, ``weights (B, Lt, Ls)`` or None.
+    ``tgt_in_ids (B, Lt)`` = ``<bos> y_1 .. y_{T-1}`` -> ``logits (B, Lt, V)``, ``weights (B, Lt, Ls)`` or
+    None.
     ``mechanism`` normalizes the content scores; it must be row-normalized (softmax-like): a decoder step sees
     one query, and query-normalized mechanisms (dnas, hnas, sinkhorn) would be uniform there.
     """
@@ -78,8 +80,13 @@ class RNNSeq2Seq(nn.Module):
         eos_id: int = 2,
     ) -> None:
         super().__init__()
-        for name, value in (("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size),
-                            ("embed_dim", embed_dim), ("hidden_dim", hidden_dim), ("num_components", num_components)):
+        for name, value in (
+            ("src_vocab_size", src_vocab_size),
+            ("tgt_vocab_size", tgt_vocab_size),
+            ("embed_dim", embed_dim),
+            ("hidden_dim", hidden_dim),
+            ("num_components", num_components),
+        ):
             check_positive_int(name, value)
         if cell not in CELLS:
             raise ValueError(f"cell={cell!r}: expected one of {CELLS}")
@@ -88,13 +95,16 @@ class RNNSeq2Seq(nn.Module):
         if not isinstance(bidirectional, bool):
             raise ValueError(f"bidirectional={bidirectional!r}: expected True or False")
         if bidirectional and hidden_dim % 2:
-            raise ValueError(f"hidden_dim={hidden_dim} must be even with bidirectional=True (hidden_dim/2 per direction)")
+            raise ValueError(
+                f"hidden_dim={hidden_dim} must be even with bidirectional=True (hidden_dim/2 per direction)"
+            )
         if parameterization not in PARAMETERIZATIONS:
             raise ValueError(f"parameterization={parameterization!r}: expected one of {PARAMETERIZATIONS}")
         config = resolve_mechanism(mechanism)
         if config.query_normalized:
             raise ValueError(
-                f"mechanism={config.name!r} normalizes over queries, but a decoder step has one query (its weights "
+                f"mechanism={config.name!r} normalizes over queries, but a decoder step has one query (its "
+                f"weights "
                 "would be uniform); use a row-normalized mechanism such as 'softmax'"
             )
         for name, value in (("pad_id", pad_id), ("bos_id", bos_id), ("eos_id", eos_id)):
@@ -108,8 +118,12 @@ class RNNSeq2Seq(nn.Module):
         rnn = nn.GRU if cell == "gru" else nn.LSTM
         self.src_embed = nn.Embedding(src_vocab_size, embed_dim, padding_idx=pad_id)
         self.tgt_embed = nn.Embedding(tgt_vocab_size, embed_dim, padding_idx=pad_id)
-        self.encoder = rnn(embed_dim, hidden_dim // 2 if bidirectional else hidden_dim, batch_first=True,
-                           bidirectional=bidirectional)
+        self.encoder = rnn(
+            embed_dim,
+            hidden_dim // 2 if bidirectional else hidden_dim,
+            batch_first=True,
+            bidirectional=bidirectional,
+        )
         self.init_state = nn.Linear(hidden_dim, hidden_dim)
         self.decoder = (nn.GRUCell if cell == "gru" else nn.LSTMCell)(embed_dim + hidden_dim, hidden_dim)
         if attention == "additive":
@@ -131,13 +145,16 @@ class RNNSeq2Seq(nn.Module):
 
     def encode(self, src_ids: Tensor, src_mask: Optional[Tensor] = None) -> dict:
         """``{"memory": H (B, Ls, hidden), "mask": (B, Ls), "summary": v (B, hidden)}``."""
-        src_mask = check_ids_and_mask(src_ids, src_mask, self.src_vocab_size, _MAX_LEN, self.pad_id,
-                                      "src_ids", "src_mask")
+        src_mask = check_ids_and_mask(
+            src_ids, src_mask, self.src_vocab_size, _MAX_LEN, self.pad_id, "src_ids", "src_mask"
+        )
         lengths = src_mask.sum(dim=1)  # (B,)
         if int(lengths.min()) < 1:
             raise ValueError("src_mask has a row with no real token; every source needs at least one token")
         B, Ls = src_ids.shape
-        packed = pack_padded_sequence(self.src_embed(src_ids), lengths.cpu(), batch_first=True, enforce_sorted=False)
+        packed = pack_padded_sequence(
+            self.src_embed(src_ids), lengths.cpu(), batch_first=True, enforce_sorted=False
+        )
         out, final = self.encoder(packed)
         memory, _ = pad_packed_sequence(out, batch_first=True, total_length=Ls)  # (B, Ls, hidden)
         h_n = final[0] if self.cell_type == "lstm" else final  # (directions, B, hidden / directions)
@@ -158,7 +175,8 @@ class RNNSeq2Seq(nn.Module):
     # ------------------------------------------------------------------ one decoder step
 
     def step(self, enc: dict, state: dict, y_prev: Tensor) -> tuple[Tensor, dict, Optional[Tensor]]:
-        """``y_prev (B,)`` -> ``logits (B, V)``, the new state, the alignment ``(B, Ls)`` (None without attention)."""
+        """``y_prev (B,)`` -> ``logits (B, V)``, the new state, the alignment ``(B, Ls)`` (None without
+        attention)."""
         memory, mask, query = enc["memory"], enc["mask"], state["h"]
         new: dict = {}
         weights = None
@@ -191,9 +209,12 @@ class RNNSeq2Seq(nn.Module):
     ) -> tuple[Tensor, Optional[Tensor]]:
         """Teacher forcing: ``logits (B, Lt, V)`` and the alignment ``(B, Lt, Ls)`` (None for ``"none"``)."""
         if tgt_in_ids is None:
-            raise ValueError("tgt_in_ids is required (teacher forcing); use greedy_decode or beam_search to generate")
-        check_ids_and_mask(tgt_in_ids, tgt_mask, self.tgt_vocab_size, _MAX_LEN, self.pad_id,
-                           "tgt_in_ids", "tgt_mask")
+            raise ValueError(
+                "tgt_in_ids is required (teacher forcing); use greedy_decode or beam_search to generate"
+            )
+        check_ids_and_mask(
+            tgt_in_ids, tgt_mask, self.tgt_vocab_size, _MAX_LEN, self.pad_id, "tgt_in_ids", "tgt_mask"
+        )
         enc = self.encode(src_ids, src_mask)
         state = self.initial_state(enc)
         logits, weights = [], []
@@ -232,21 +253,25 @@ class RNNSeq2Seq(nn.Module):
     def beam_search(
         self, src_ids: Tensor, src_mask: Optional[Tensor] = None, beam_width: int = 4, max_len: int = 64
     ) -> tuple[list[list[int]], list[Optional[Tensor]]]:
-        """Per example: the most probable hypothesis found with ``beam_width`` beams (sum of log-probabilities,
+        """Per example: the most probable hypothesis found with ``beam_width`` beams (sum of
+        log-probabilities,
         no length normalization), as a token list ending with ``<eos>`` (unless ``max_len`` cut it), and its
         alignment ``(T, Ls_b)`` (None for ``"none"``). Width 1 gives exactly ``greedy_decode``."""
         check_positive_int("beam_width", beam_width)
         check_positive_int("max_len", max_len)
-        src_mask = check_ids_and_mask(src_ids, src_mask, self.src_vocab_size, _MAX_LEN, self.pad_id,
-                                      "src_ids", "src_mask")
+        src_mask = check_ids_and_mask(
+            src_ids, src_mask, self.src_vocab_size, _MAX_LEN, self.pad_id, "src_ids", "src_mask"
+        )
         results, aligns = [], []
         for b in range(src_ids.shape[0]):
-            tokens, align = self._beam_one(src_ids[b:b + 1], src_mask[b:b + 1], beam_width, max_len)
+            tokens, align = self._beam_one(src_ids[b : b + 1], src_mask[b : b + 1], beam_width, max_len)
             results.append(tokens)
             aligns.append(align)
         return results, aligns
 
-    def _beam_one(self, src: Tensor, mask: Tensor, width: int, max_len: int) -> tuple[list[int], Optional[Tensor]]:
+    def _beam_one(
+        self, src: Tensor, mask: Tensor, width: int, max_len: int
+    ) -> tuple[list[int], Optional[Tensor]]:
         length = int(mask.sum())
         enc = self.encode(src[:, :length], mask[:, :length])
         state = self.initial_state(enc)
@@ -282,5 +307,7 @@ class RNNSeq2Seq(nn.Module):
         return tokens, (torch.stack(rows) if rows else None)
 
     def extra_repr(self) -> str:
-        return (f"cell={self.cell_type}, attention={self.attention_type}, hidden_dim={self.hidden_dim}, "
-                f"mechanism={self.mechanism.name}")
+        return (
+            f"cell={self.cell_type}, attention={self.attention_type}, hidden_dim={self.hidden_dim}, "
+            f"mechanism={self.mechanism.name}"
+        )

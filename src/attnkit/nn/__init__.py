@@ -6,7 +6,12 @@ The modules hold parameters; the math goes through ``attnkit.functional.attentio
 from .additive import AdditiveAttention
 from .bilinear import BilinearAttention
 from .dot import DotAttention
+from .additive import AdditiveAttention
+from .bilinear import BilinearAttention
+from .dot import DotAttention
 from .hybrid import hybrid_weights
+from .location import GMMLocationAttention
+from .mixed import MixedAttention
 from .location import GMMLocationAttention
 from .mixed import MixedAttention
 from .multihead import MultiheadAttention

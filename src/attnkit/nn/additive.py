@@ -1,4 +1,5 @@
-r"""Additive (MLP) content attention of Bahdanau et al., "Neural Machine Translation by Jointly Learning to Align
+r"""Additive (MLP) content attention of Bahdanau et al., "Neural Machine Translation by Jointly Learning to
+Align
 and Translate" (arXiv:1409.0473), eq. (6) and Appendix A.1.2; lecture "Soft attention - math 2":
 
 .. math::
@@ -19,10 +20,13 @@ __all__ = ["AdditiveAttention"]
 
 
 class AdditiveAttention(ContentAttention):
-    """``AdditiveAttention(query_dim, key_dim, hidden_dim=None, mechanism="softmax")``; ``hidden_dim`` defaults to
+    """``AdditiveAttention(query_dim, key_dim, hidden_dim=None, mechanism="softmax")``; ``hidden_dim``
+    defaults to
     ``key_dim``. ``forward(query, keys, values=None, key_mask=None) -> (context, weights)``."""
 
-    def __init__(self, query_dim: int, key_dim: int, hidden_dim: int | None = None, mechanism="softmax") -> None:
+    def __init__(
+        self, query_dim: int, key_dim: int, hidden_dim: int | None = None, mechanism="softmax"
+    ) -> None:
         super().__init__(mechanism)
         self.scorer = AdditiveScore(query_dim, key_dim, key_dim if hidden_dim is None else hidden_dim)
         self.reset_parameters()

@@ -17,8 +17,10 @@ Shapes: ``query (B, Dq)`` (one decoder step) or ``(B, Lq, Dq)``; ``keys (B, Lk, 
 keys, the result of each sequence alone; a query with no valid key gets a zero context.
 
 Query-normalized mechanisms (``dnas``, ``hnas``, ``sinkhorn``) normalize over the queries passed in one call:
-with one query per call (a decoder step) they see a single query, and a decoder that passes all its steps at once
-would let step ``i`` see later steps. ``attnkit.models.RNNSeq2Seq`` therefore accepts row-normalized mechanisms
+with one query per call (a decoder step) they see a single query, and a decoder that passes all its steps at
+once
+would let step ``i`` see later steps. ``attnkit.models.RNNSeq2Seq`` therefore accepts row-normalized
+mechanisms
 only.
 """
 
@@ -43,7 +45,8 @@ class ContentAttention(nn.Module):
         self.mechanism = resolve_mechanism(mechanism)
         if self.mechanism.name == "coda" and not self._supports_coda:
             raise ValueError(
-                f"{type(self).__name__} cannot use mechanism 'coda' (its gate needs queries and keys of one size); "
+                f"{type(self).__name__} cannot use mechanism 'coda' (its gate needs queries and keys of one "
+                f"size); "
                 "use DotAttention for coda or pick another mechanism"
             )
 
@@ -97,5 +100,11 @@ def check_key_mask(key_mask: Optional[Tensor], B: int, Lk: int) -> None:
     if key_mask is None:
         return
     if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool or tuple(key_mask.shape) != (B, Lk):
-        got = (tuple(key_mask.shape), key_mask.dtype) if isinstance(key_mask, Tensor) else type(key_mask).__name__
-        raise ValueError(f"key_mask is {got}; expected a bool tensor of shape (B, Lk) = ({B}, {Lk}), True = real")
+        got = (
+            (tuple(key_mask.shape), key_mask.dtype)
+            if isinstance(key_mask, Tensor)
+            else type(key_mask).__name__
+        )
+        raise ValueError(
+            f"key_mask is {got}; expected a bool tensor of shape (B, Lk) = ({B}, {Lk}), True = real"
+        )

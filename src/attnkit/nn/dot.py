@@ -1,12 +1,14 @@
 r"""Dot-product content attention: Luong et al., "Effective Approaches to Attention-based Neural Machine
-Translation" (arXiv:1508.04025), section 3.1 ("dot"), and the scaled dot product of Vaswani et al., "Attention Is
+Translation" (arXiv:1508.04025), section 3.1 ("dot"), and the scaled dot product of Vaswani et al., "Attention
+Is
 All You Need" (arXiv:1706.03762), eq. (1); lecture "Various Attention Score Functions":
 
 .. math::
     e_{ij} = s_i^\top h_j \quad\text{or}\quad e_{ij} = \frac{s_i^\top h_j}{\sqrt{d}}, \qquad
     \alpha = \mathrm{normalize}(e), \qquad c_i = \sum_j \alpha_{ij} h_j
 
-No parameters; queries and keys must have the same size ``d``. With ``mechanism="coda"`` the gate scores are the
+No parameters; queries and keys must have the same size ``d``. With ``mechanism="coda"`` the gate scores are
+the
 negative L1 distances of CoDA (``attnkit.scores.neg_l1_distance``). Shapes and masks as in
 :mod:`attnkit.nn.content`.
 """

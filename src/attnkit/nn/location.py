@@ -3,15 +3,18 @@ r"""Gaussian-mixture location-based attention of Graves, "Generating Sequences W
 
 .. math::
     (\hat\alpha_t, \hat\beta_t, \hat\kappa_t) = W q_t + b, \qquad
-    \alpha_t = f(\hat\alpha_t), \quad \beta_t = f(\hat\beta_t), \quad \kappa_t = \kappa_{t-1} + f(\hat\kappa_t)
+    \alpha_t = f(\hat\alpha_t), \quad \beta_t = f(\hat\beta_t), \quad \kappa_t = \kappa_{t-1} +
+    f(\hat\kappa_t)
 
 .. math::
     \phi(t, u) = \sum_{k=1}^K \alpha_t^k \exp\left(-\beta_t^k (\kappa_t^k - u)^2\right), \qquad
     w_t = \sum_{u} \phi(t, u)\, c_u
 
 with ``f = exp`` (the paper) or ``f = softplus`` (the stable option: no overflow for large pre-activations).
-Positions are ``u = 0, 1, ..., U - 1`` and ``kappa_0 = 0``. The window weights ``phi`` are *not* normalized (as in
-the paper). Because every offset ``f(kappa_hat) > 0``, each ``kappa^k`` increases at every step: the window only
+Positions are ``u = 0, 1, ..., U - 1`` and ``kappa_0 = 0``. The window weights ``phi`` are *not* normalized
+(as in
+the paper). Because every offset ``f(kappa_hat) > 0``, each ``kappa^k`` increases at every step: the window
+only
 moves forward, which suits monotonic alignments and cannot express reordering.
 
 Shapes: ``query (B, Dq)``; ``values (B, U, Dv)``; ``kappa (B, K)`` from the previous step
@@ -80,12 +83,16 @@ class GMMLocationAttention(nn.Module):
         nn.init.xavier_uniform_(self.proj.weight, gain=0.1)  # start near the bias: a steady, smooth window
         with torch.no_grad():
             self.proj.bias[:K].fill_(self._inverse(1.0))  # alpha = 1
-            self.proj.bias[K:2 * K].fill_(self._inverse(0.5))  # beta = 0.5: a window about two positions wide
-            self.proj.bias[2 * K:].fill_(self._inverse(self.init_offset))
+            self.proj.bias[K : 2 * K].fill_(
+                self._inverse(0.5)
+            )  # beta = 0.5: a window about two positions wide
+            self.proj.bias[2 * K :].fill_(self._inverse(self.init_offset))
 
     def initial_kappa(self, batch_size: int, device=None, dtype=None) -> Tensor:
         """``kappa_0 = 0``: ``(B, K)``."""
-        return torch.zeros(batch_size, self.num_components, device=device, dtype=dtype or self.proj.weight.dtype)
+        return torch.zeros(
+            batch_size, self.num_components, device=device, dtype=dtype or self.proj.weight.dtype
+        )
 
     def _f(self, x: Tensor) -> Tensor:
         return torch.exp(x) if self.parameterization == "exp" else F.softplus(x)
@@ -108,7 +115,8 @@ class GMMLocationAttention(nn.Module):
         if not isinstance(kappa, Tensor) or tuple(kappa.shape) != (B, self.num_components):
             got = tuple(kappa.shape) if isinstance(kappa, Tensor) else type(kappa).__name__
             raise ValueError(
-                f"kappa has shape {got}; expected (B, K) = ({B}, {self.num_components}); start from initial_kappa(B)"
+                f"kappa has shape {got}; expected (B, K) = ({B}, {self.num_components}); start from "
+                f"initial_kappa(B)"
             )
         U = values.shape[1]
         check_key_mask(key_mask, B, U)

@@ -1,4 +1,5 @@
-r"""Mixed content + location attention ("location-aware attention") of Chorowski et al., "Attention-Based Models
+r"""Mixed content + location attention ("location-aware attention") of Chorowski et al., "Attention-Based
+Models
 for Speech Recognition" (arXiv:1506.07503), section 2.2, eqs. (8)-(9); lecture "Various Soft-Attentions: mix
 content-based and location-based attentions":
 
@@ -34,7 +35,8 @@ __all__ = ["MixedAttention"]
 
 
 class MixedAttention(nn.Module):
-    """``MixedAttention(query_dim, key_dim, hidden_dim=None, num_filters=8, kernel_size=15, mechanism="softmax")``.
+    """``MixedAttention(query_dim, key_dim, hidden_dim=None, num_filters=8, kernel_size=15,
+    mechanism="softmax")``.
 
     ``forward(query, keys, prev_weights, values=None, key_mask=None) -> (context, weights)``.
     """
@@ -50,15 +52,24 @@ class MixedAttention(nn.Module):
     ) -> None:
         super().__init__()
         hidden_dim = key_dim if hidden_dim is None else hidden_dim
-        for name, value in (("query_dim", query_dim), ("key_dim", key_dim), ("hidden_dim", hidden_dim),
-                            ("num_filters", num_filters), ("kernel_size", kernel_size)):
+        for name, value in (
+            ("query_dim", query_dim),
+            ("key_dim", key_dim),
+            ("hidden_dim", hidden_dim),
+            ("num_filters", num_filters),
+            ("kernel_size", kernel_size),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}: expected a positive integer")
         if kernel_size % 2 == 0:
-            raise ValueError(f"kernel_size={kernel_size}: expected an odd width (the features keep the length)")
+            raise ValueError(
+                f"kernel_size={kernel_size}: expected an odd width (the features keep the length)"
+            )
         self.mechanism = resolve_mechanism(mechanism)
         if self.mechanism.name == "coda":
-            raise ValueError("MixedAttention cannot use mechanism 'coda'; pick softmax or another normalization")
+            raise ValueError(
+                "MixedAttention cannot use mechanism 'coda'; pick softmax or another normalization"
+            )
         self.conv = nn.Conv1d(1, num_filters, kernel_size, padding=kernel_size // 2, bias=False)
         self.w_q = nn.Parameter(torch.empty(hidden_dim, query_dim))
         self.w_k = nn.Parameter(torch.empty(hidden_dim, key_dim))
@@ -101,21 +112,31 @@ class MixedAttention(nn.Module):
             raise ValueError(f"keys has shape {got}; expected (B, Lk, Dk) with B = {query.shape[0]}")
         B, Lk, _ = keys.shape
         if not isinstance(prev_weights, Tensor) or tuple(prev_weights.shape) != (B, Lk):
-            got = tuple(prev_weights.shape) if isinstance(prev_weights, Tensor) else type(prev_weights).__name__
-            raise ValueError(f"prev_weights has shape {got}; expected (B, Lk) = ({B}, {Lk}); see initial_weights")
+            got = (
+                tuple(prev_weights.shape) if isinstance(prev_weights, Tensor) else type(prev_weights).__name__
+            )
+            raise ValueError(
+                f"prev_weights has shape {got}; expected (B, Lk) = ({B}, {Lk}); see initial_weights"
+            )
         if values.dim() != 3 or tuple(values.shape[:2]) != (B, Lk):
-            raise ValueError(f"values has shape {tuple(values.shape)}; expected (B, Lk, Dv) = ({B}, {Lk}, Dv)")
+            raise ValueError(
+                f"values has shape {tuple(values.shape)}; expected (B, Lk, Dv) = ({B}, {Lk}, Dv)"
+            )
         check_key_mask(key_mask, B, Lk)
         if key_mask is not None:
             prev_weights = prev_weights.masked_fill(~key_mask, 0.0)
         features = self.conv(prev_weights[:, None, :].to(keys.dtype)).transpose(1, 2)  # (B, Lk, F)
         extended = torch.cat([keys, features], dim=-1)[:, None]  # (B, 1, Lk, Dk + F)
         w_kf = torch.cat([self.w_k, self.w_f], dim=1)  # (A, Dk + F)
-        scores = additive(query[:, None, None, :], extended, self.w_q, w_kf, self.w, self.bias)  # (B, 1, 1, Lk)
+        scores = additive(
+            query[:, None, None, :], extended, self.w_q, w_kf, self.w, self.bias
+        )  # (B, 1, 1, Lk)
         weights = normalize(scores, self.mechanism, key_mask=key_mask)[:, 0, 0]  # (B, Lk)
         context = (weights[:, None, :] @ values)[:, 0]  # (B, Dv)
         return context, weights
 
     def extra_repr(self) -> str:
-        return (f"num_filters={self.conv.out_channels}, kernel_size={self.conv.kernel_size[0]}, "
-                f"mechanism={self.mechanism.name}")
+        return (
+            f"num_filters={self.conv.out_channels}, kernel_size={self.conv.kernel_size[0]}, "
+            f"mechanism={self.mechanism.name}"
+        )

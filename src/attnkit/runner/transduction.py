@@ -1,4 +1,5 @@
-"""Transduction tasks of ``attnkit compare`` and ``attnkit reproduce lecture-seq``: the recurrent models of the
+"""Transduction tasks of ``attnkit compare`` and ``attnkit reproduce lecture-seq``: the recurrent models of
+the
 lecture "Attention and Transformers" on grapheme-to-phoneme, number words and synthetic copy/reverse/sort.
 
 For these tasks the compared "mechanisms" are models (``MODELS``):
@@ -9,7 +10,8 @@ For these tasks the compared "mechanisms" are models (``MODELS``):
 - ``ctc``: ``CTCModel``, the monotonic baseline.
 
 Metrics: ``sequence_error_rate`` (share of test outputs not exactly right) and ``token_error_rate``
-(Levenshtein distance / reference length: the phoneme error rate on ``g2p``, the word error rate on ``numbers``).
+(Levenshtein distance / reference length: the phoneme error rate on ``g2p``, the word error rate on
+``numbers``).
 Decoding is greedy (best path for CTC).
 """
 
@@ -22,18 +24,35 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["TRANSDUCTION_TASKS", "MODELS", "DEFAULT_MODELS", "TransductionTask", "EncodedTransduction",
-           "check_model_names", "load_transduction"]
+__all__ = [
+    "TRANSDUCTION_TASKS",
+    "MODELS",
+    "DEFAULT_MODELS",
+    "TransductionTask",
+    "EncodedTransduction",
+    "check_model_names",
+    "load_transduction",
+]
 
 # task -> (how targets split into tokens, CTC frames per source token)
 TRANSDUCTION_TASKS: dict[str, tuple[str, int]] = {
-    "g2p": ("words", 3), "numbers": ("words", 3), "copy": ("chars", 2), "reverse": ("chars", 2),
+    "g2p": ("words", 3),
+    "numbers": ("words", 3),
+    "copy": ("chars", 2),
+    "reverse": ("chars", 2),
     "sort": ("chars", 2),
 }
 MODELS = ("vanilla", "additive", "bilinear", "dot", "scaled_dot", "gmm", "mixed", "ctc")
 DEFAULT_MODELS = ("vanilla", "additive", "dot", "gmm", "mixed", "ctc")
-_ATTENTION = {"vanilla": "none", "additive": "additive", "bilinear": "bilinear", "dot": "dot",
-              "scaled_dot": "scaled_dot", "gmm": "gmm", "mixed": "mixed"}
+_ATTENTION = {
+    "vanilla": "none",
+    "additive": "additive",
+    "bilinear": "bilinear",
+    "dot": "dot",
+    "scaled_dot": "scaled_dot",
+    "gmm": "gmm",
+    "mixed": "mixed",
+}
 _DATA_SEED = 0  # the data do not depend on the run seed
 
 
@@ -97,7 +116,9 @@ class TransductionTask:
 
     def __init__(self, name: str) -> None:
         if name not in TRANSDUCTION_TASKS:
-            raise ValueError(f"unknown transduction task {name!r}; expected one of {tuple(TRANSDUCTION_TASKS)}")
+            raise ValueError(
+                f"unknown transduction task {name!r}; expected one of {tuple(TRANSDUCTION_TASKS)}"
+            )
         self.name = name
         self.target_split, self.upsample = TRANSDUCTION_TASKS[name]
 
@@ -113,8 +134,13 @@ class TransductionTask:
             enc[f"{split}_tgt"], enc[f"{split}_tgt_mask"] = tgt_vocab.encode(
                 getattr(raw, f"{split}_tgt"), add_bos=True, add_eos=True
             )
-        return EncodedTransduction(**enc, test_src_texts=list(raw.test_src), test_tgt_texts=list(raw.test_tgt),
-                                   src_vocab=src_vocab, tgt_vocab=tgt_vocab)
+        return EncodedTransduction(
+            **enc,
+            test_src_texts=list(raw.test_src),
+            test_tgt_texts=list(raw.test_tgt),
+            src_vocab=src_vocab,
+            tgt_vocab=tgt_vocab,
+        )
 
     def build_model(self, config, model: str, data: EncodedTransduction) -> torch.nn.Module:
         from ..models import CTCModel, RNNSeq2Seq
@@ -122,10 +148,26 @@ class TransductionTask:
         check_model_names([model])
         hidden = config.d_model
         if model == "ctc":
-            return CTCModel(data.src_vocab.vocab_size, data.tgt_vocab.vocab_size, embed_dim=hidden // 2,
-                            hidden_dim=hidden, num_layers=2, upsample=self.upsample, pad_id=0, blank_id=0)
-        return RNNSeq2Seq(data.src_vocab.vocab_size, data.tgt_vocab.vocab_size, embed_dim=hidden // 2,
-                          hidden_dim=hidden, attention=_ATTENTION[model], pad_id=0, bos_id=1, eos_id=2)
+            return CTCModel(
+                data.src_vocab.vocab_size,
+                data.tgt_vocab.vocab_size,
+                embed_dim=hidden // 2,
+                hidden_dim=hidden,
+                num_layers=2,
+                upsample=self.upsample,
+                pad_id=0,
+                blank_id=0,
+            )
+        return RNNSeq2Seq(
+            data.src_vocab.vocab_size,
+            data.tgt_vocab.vocab_size,
+            embed_dim=hidden // 2,
+            hidden_dim=hidden,
+            attention=_ATTENTION[model],
+            pad_id=0,
+            bos_id=1,
+            eos_id=2,
+        )
 
     def num_train(self, data: EncodedTransduction) -> int:
         return len(data.train_src)
@@ -155,13 +197,17 @@ class TransductionTask:
             return self._unwrap(model).loss(src, src_mask, labels, lengths) * src.shape[0]
         logits, _ = model(src, src_mask, tgt[:, :-1], tgt_mask[:, :-1])  # (b, Lt - 1, V)
         gold = tgt[:, 1:].masked_fill(~tgt_mask[:, 1:], -100)  # (b, Lt - 1)
-        return F.cross_entropy(logits.float().flatten(0, 1), gold.flatten(), ignore_index=-100, reduction="sum")
+        return F.cross_entropy(
+            logits.float().flatten(0, 1), gold.flatten(), ignore_index=-100, reduction="sum"
+        )
 
     def max_decode_len(self, src_mask: Tensor) -> int:
         """Generation cap: four target tokens per source token plus slack (targets are at most ~2x longer)."""
         return 4 * int(src_mask.sum(dim=1).max()) + 8
 
-    def predict_tokens(self, model, data: EncodedTransduction, idx: Tensor, device) -> tuple[list[list[str]], Any]:
+    def predict_tokens(
+        self, model, data: EncodedTransduction, idx: Tensor, device
+    ) -> tuple[list[list[str]], Any]:
         """Greedy outputs as token lists and the alignments ``(b, T, Ls)`` (None for vanilla and CTC)."""
         from ..models import CTCModel
 
@@ -179,7 +225,6 @@ class TransductionTask:
 
     def forward_for_diagnostics(self, model, data: EncodedTransduction, idx: Tensor, config, device) -> None:
         """Nothing: a decoder step has a single query, so the explain-away diagnostic does not apply."""
-        return None
 
     def references(self, data: EncodedTransduction) -> list[list[str]]:
         return [data.tgt_vocab.tokenize(t) for t in data.test_tgt_texts]
@@ -189,8 +234,13 @@ class TransductionTask:
 
         refs = self.references(data)
         hyps = [data.tgt_vocab.tokenize(p) for p in preds]
-        return {"sequence_error_rate": sequence_error_rate(refs, hyps), "token_error_rate": token_error_rate(refs, hyps)}
+        return {
+            "sequence_error_rate": sequence_error_rate(refs, hyps),
+            "token_error_rate": token_error_rate(refs, hyps),
+        }
 
     def samples(self, data: EncodedTransduction, preds: list[str], limit: int = 8) -> list[dict]:
-        return [{"source": s, "target": t, "predicted": p}
-                for s, t, p in zip(data.test_src_texts[:limit], data.test_tgt_texts[:limit], preds)]
+        return [
+            {"source": s, "target": t, "predicted": p}
+            for s, t, p in zip(data.test_src_texts[:limit], data.test_tgt_texts[:limit], preds)
+        ]
