@@ -83,3 +83,9 @@ def test_token_vocab_round_trip():
     ids, mask = vocab.encode(["K AE T"], add_bos=True, add_eos=True)
     assert vocab.decode_ids(ids[0].tolist()) == ["K", "AE", "T"]
     assert mask.sum() == 5
+
+
+def test_numbers_large_training_set_still_has_unseen_single_number_test_inputs():
+    data = generate_numbers(num_train=20000, num_test=800, train_max_count=3, test_max_count=8, seed=0)
+    singles = [s for s in data.test_src if len(s.split()) == 1]
+    assert len(singles) == 100 and not set(singles) & set(data.train_src)

@@ -69,20 +69,32 @@ def generate_numbers(
                 words[v] = number_words(v)
         return " ".join(map(str, values)), " ".join(words[v] for v in values)
 
-    train = [pair(rng.randint(1, train_max_count)) for _ in range(num_train)]
-    seen = {s for s, _ in train}
-    test = []
+    # the test set first (distinct sources), then training inputs that avoid every test source
+    test, held_out = [], set()
     attempts = 0
     while len(test) < num_test:
         attempts += 1
         if attempts > 100 * num_test:
             raise ValueError(
-                f"could not draw {num_test} test inputs unseen in training; lower num_test or raise max_value"
+                f"could not draw {num_test} distinct test inputs with numbers up to {max_value}; "
+                "lower num_test or raise max_value"
             )
         source, target = pair(1 + len(test) % test_max_count)  # counts 1..test_max_count in turn
-        if source not in seen:
+        if source not in held_out:
             test.append((source, target))
-            seen.add(source)
+            held_out.add(source)
+    train = []
+    attempts = 0
+    while len(train) < num_train:
+        attempts += 1
+        if attempts > 100 * num_train:
+            raise ValueError(
+                f"the test set holds nearly every input of up to {train_max_count} numbers; "
+                "lower num_test or raise max_value"
+            )
+        source, target = pair(rng.randint(1, train_max_count))
+        if source not in held_out:
+            train.append((source, target))
     return Seq2SeqData(
         name="numbers",
         train_src=[s for s, _ in train],
