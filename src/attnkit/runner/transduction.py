@@ -155,8 +155,8 @@ class TransductionTask:
                 hidden_dim=hidden,
                 num_layers=2,
                 upsample=self.upsample,
-                pad_id=0,
-                blank_id=0,
+                pad_id=data.src_vocab.pad_id,
+                blank_id=data.tgt_vocab.pad_id,  # the padding id never occurs in a target
             )
         return RNNSeq2Seq(
             data.src_vocab.vocab_size,
@@ -164,9 +164,9 @@ class TransductionTask:
             embed_dim=hidden // 2,
             hidden_dim=hidden,
             attention=_ATTENTION[model],
-            pad_id=0,
-            bos_id=1,
-            eos_id=2,
+            pad_id=data.tgt_vocab.pad_id,
+            bos_id=data.tgt_vocab.bos_id,
+            eos_id=data.tgt_vocab.eos_id,
         )
 
     def num_train(self, data: EncodedTransduction) -> int:
@@ -192,7 +192,8 @@ class TransductionTask:
 
         src, src_mask, tgt, tgt_mask = self._batch("train", data, idx, device)
         if isinstance(self._unwrap(model), CTCModel):
-            labels = tgt[:, 1:].masked_fill(tgt[:, 1:] == 2, 0)  # drop <eos>: (b, Lt - 1), 0 = blank/pad
+            eos, blank = data.tgt_vocab.eos_id, data.tgt_vocab.pad_id
+            labels = tgt[:, 1:].masked_fill(tgt[:, 1:] == eos, blank)  # drop <eos>: (b, Lt - 1)
             lengths = tgt_mask[:, 1:].sum(dim=1) - 1  # (b,)
             return self._unwrap(model).loss(src, src_mask, labels, lengths) * src.shape[0]
         logits, _ = model(src, src_mask, tgt[:, :-1], tgt_mask[:, :-1])  # (b, Lt - 1, V)
