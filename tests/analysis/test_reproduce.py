@@ -40,4 +40,51 @@ def test_every_target_is_registered():
         "lemma1",
         "coda-matrices",
         "lecture-visual",
+        "lecture-seq",
     }
+
+
+@pytest.mark.slow
+def test_lecture_seq_writes_table_plots_and_claims(tmp_path, monkeypatch):
+    from attnkit.analysis import repro_lecture_seq as lecture
+
+    tiny = lecture.LectureSeqBudget(steps=2, d_model=16, g2p_train=128, g2p_test=16, numbers_train=128,
+                                    numbers_test=16, eval_batch=16)
+    monkeypatch.setattr(lecture, "QUICK", tiny)
+    result = reproduce("lecture-seq", tmp_path / "seq", quick=True)
+    names = {p.name for p in result.files}
+    assert {"results.csv", "accuracy_by_length.csv", "accuracy_by_length_g2p.png", "summary.json",
+            "accuracy_by_length_numbers.png", "alignments_g2p.png", "alignments_numbers.png"} <= names
+    assert {(r["task"], r["model"]) for r in result.rows} == {
+        (t, m) for t in ("g2p", "numbers") for m in lecture.MODELS
+    }
+    assert all(0.0 <= r["sequence_error"] <= 1.0 for r in result.rows)
+    assert len(result.claims) == 4
+
+
+def test_lecture_seq_claims_follow_their_criteria():
+    from attnkit.analysis import repro_lecture_seq as lecture
+
+    def summary(seq_err: dict, longer: dict, per: dict, curves: dict) -> dict:
+        out = {}
+        for task in ("g2p", "numbers"):
+            out[task] = {
+                m: {
+                    "row": {"sequence_error": seq_err[m], "seq_error_longer": 1 - longer.get(m, 0.0),
+                            "token_error": per.get(m, 0.5)},
+                    "curve": curves.get(m, {}),
+                }
+                for m in lecture.MODELS
+            }
+        return out
+
+    seq_err = {"vanilla": 0.9, "additive": 0.2, "dot": 0.3, "gmm": 0.1, "mixed": 0.2, "ctc": 0.2}
+    longer = {"additive": 0.1, "dot": 0.0, "gmm": 0.6, "mixed": 0.2}
+    per = {"additive": 0.10, "dot": 0.12, "gmm": 0.08, "mixed": 0.09, "ctc": 0.085}
+    curves = {"additive": {1: 0.9, 3: 0.88}, "vanilla": {1: 0.5, 3: 0.1}}
+    held = [c.held for c in lecture._claims(summary(seq_err, longer, per, curves))]
+    assert held == [True, True, True, True]
+    worse = dict(seq_err, additive=0.95)
+    flat = {"additive": {1: 0.9, 3: 0.7}, "vanilla": {1: 0.5, 3: 0.1}}
+    held = [c.held for c in lecture._claims(summary(worse, {"additive": 0.7}, dict(per, ctc=0.2), flat))]
+    assert held == [False, False, False, False]

@@ -9,6 +9,8 @@ Targets (``TARGETS``):
 - ``coda-matrices``: CoDA Fig. 2, histograms of the gate, ``tanh(E)`` and ``M`` of a trained model.
 - ``lecture-visual``: visual, hard and memory attention (Show-Attend-Tell, RAM, DRAW, MemN2N) on digits
   canvases and generated bAbI-style tasks (several minutes; ``quick`` about two).
+- ``lecture-seq``: RNN encoder-decoders (vanilla, content, location, mixed attention) and CTC on
+  grapheme-to-phoneme and number words: error rates, accuracy vs input length, alignments.
 
 Each runs on CPU in well under a few minutes (on one thread: the models are tiny); ``quick=True``
 shrinks the sizes (for tests).
@@ -25,6 +27,7 @@ import torch
 from .repro_coda import coda_matrices
 from .repro_explain_away import explain_away_training, lemma1
 from .repro_lecture_visual import lecture_visual
+from .repro_lecture_seq import lecture_seq
 from .repro_mode_collapse import mode_collapse_2d, mode_collapse_curves
 from .report import ReproduceResult, prepare_output_dir
 
@@ -39,6 +42,7 @@ TARGETS: dict[str, TargetFn] = {
     "lemma1": lemma1,
     "coda-matrices": coda_matrices,
     "lecture-visual": lecture_visual,
+    "lecture-seq": lecture_seq,
 }
 TARGET_HELP: dict[str, str] = {
     "mode-collapse-curves": "'Doubly-Normalized Attention' Fig. 2: center distance after one step vs r, LNAS vs DNAS, closed form + simulation",
@@ -47,6 +51,7 @@ TARGET_HELP: dict[str, str] = {
     "lemma1": "'Doubly-Normalized Attention' Lemma 1: min of n_k * sum_i pi_ij over random inputs, shapes and masks",
     "coda-matrices": "CoDA Fig. 2: histograms of sigmoid(N), tanh(E) and M of a trained CoDA model",
     "lecture-visual": "lecture: Show-Attend-Tell soft vs hard, RAM vs CNN, DRAW, memory networks 1 vs 3 hops",
+    "lecture-seq": "lecture seq2seq: vanilla / content / GMM / mixed attention and CTC on g2p and number words",
 }
 
 

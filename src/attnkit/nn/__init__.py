@@ -1,14 +1,20 @@
-"""Attention modules: a drop-in ``MultiheadAttention``, Transformer layers, multi-view fusion.
+"""Attention modules: a drop-in ``MultiheadAttention``, Transformer layers, multi-view fusion, and the
+lecture's content, location, hard and DRAW attention.
 
-The modules hold parameters; the math goes through ``attnkit.functional.attention``.
+The modules hold parameters; the math goes through ``attnkit.functional``.
 """
 
+from .additive import AdditiveAttention
+from .bilinear import BilinearAttention
+from .dot import DotAttention
 from .draw import DRAWRead
 from .hard import HardAttention
 from .hybrid import hybrid_weights
+from .layers import TransformerDecoderLayer, TransformerEncoderLayer
+from .location import GMMLocationAttention
+from .mixed import MixedAttention
 from .multihead import MultiheadAttention
 from .multiview import MultiViewAttention
-from .layers import TransformerDecoderLayer, TransformerEncoderLayer
 from .positional import LearnedPositionalEncoding, SinusoidalPositionalEncoding
 from .transformer import Transformer, TransformerDecoder, TransformerEncoder
 
@@ -23,6 +29,11 @@ __all__ = [
     "LearnedPositionalEncoding",
     "MultiViewAttention",
     "hybrid_weights",
+    "AdditiveAttention",
+    "BilinearAttention",
+    "DotAttention",
+    "GMMLocationAttention",
+    "MixedAttention",
     "HardAttention",
     "DRAWRead",
 ]

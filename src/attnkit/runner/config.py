@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from ..registry import MECHANISMS, resolve_mechanism
+from .transduction import DEFAULT_MODELS, TRANSDUCTION_TASKS, check_model_names
 
 __all__ = [
     "CompareConfig",
@@ -125,10 +126,24 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             explain_away_samples=128,
         ),
     },
+    # the recurrent models of the lecture (``mechanisms`` names models here: runner/transduction.py)
+    "transduction": {
+        "quick": dict(
+            mechanisms=DEFAULT_MODELS, seeds=1, steps=300, batch_size=64, lr=3e-3, warmup_steps=20,
+            eval_every=100, checkpoint_every=100, max_train=20000, max_eval=500, d_model=128, dropout=0.0,
+            weight_decay=0.0, threads=1,
+        ),
+        "paper": dict(
+            mechanisms=DEFAULT_MODELS, seeds=2, steps=3000, batch_size=64, lr=2e-3, warmup_steps=100,
+            eval_every=500, checkpoint_every=500, max_train=None, max_eval=2000, d_model=256, dropout=0.0,
+            weight_decay=0.0,
+        ),
+    },
 }
 
 # Which preset family a built-in task uses; a dataset file (``--task data.json``) says its own kind.
-TASK_KINDS: dict[str, str] = {"reuters8": "classification", "mlu": "seq2seq"}
+TASK_KINDS: dict[str, str] = {"reuters8": "classification", "mlu": "seq2seq",
+                              **{name: "transduction" for name in TRANSDUCTION_TASKS}}
 
 
 def _positive_int(name: str, value: Any, *, allow_none: bool = False, minimum: int = 1) -> None:
@@ -201,8 +216,8 @@ class CompareConfig:
             mechanisms = tuple(m.strip() for m in mechanisms.split(",") if m.strip())
         if not isinstance(mechanisms, (tuple, list)) or not mechanisms:
             raise ValueError(f"mechanisms={self.mechanisms!r}: expected a non-empty list of {MECHANISMS}")
-        names = []
-        for m in mechanisms:
+        names = list(check_model_names(mechanisms)) if self.task in TRANSDUCTION_TASKS else []
+        for m in mechanisms if self.task not in TRANSDUCTION_TASKS else ():
             if not isinstance(m, str):
                 raise ValueError(f"mechanisms contains {m!r}; expected names from {MECHANISMS}")
             try:

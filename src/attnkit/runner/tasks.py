@@ -409,8 +409,11 @@ def get_task(name: str):
         cls = ClassificationTask if kind == "classification" else Seq2SeqTask
         return cls(Path(name).stem, source=str(name))
     from ..data import DATASETS
+    from .transduction import TRANSDUCTION_TASKS, TransductionTask
 
     key = str(name).lower()
+    if key in TRANSDUCTION_TASKS:
+        return TransductionTask(key)
     if key not in DATASETS:
         raise ValueError(
             f"unknown task {name!r}; expected one of {', '.join(DATASETS)} or a dataset file ending in "

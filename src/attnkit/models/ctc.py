@@ -1,0 +1,216 @@
+r"""Connectionist Temporal Classification (CTC) baseline: Graves et al., "Connectionist Temporal
+Classification:
+Labelling Unsegmented Sequence Data with Recurrent Neural Networks" (ICML 2006), eqs. (2)-(3); lecture "Going
+back in time: CTC":
+
+.. math::
+    p(l \mid x) = \sum_{\pi \in \mathcal{B}^{-1}(l)} \prod_t y^t_{\pi_t}
+
+where ``B`` removes repeated labels and then blanks. The lecture reads CTC as hard monotonic attention whose
+marginal over alignments is computed exactly by dynamic programming (``torch.nn.CTCLoss``).
+
+The model: a bidirectional GRU/LSTM encoder over the source tokens; each encoder state emits ``upsample``
+frames
+(a linear map to ``upsample * V`` logits), so targets longer than the source (``"305"`` -> ``three hundred and
+five``) stay representable: a target of ``n`` labels with ``r`` adjacent repeats needs ``n + r <= upsample *
+Ls``
+frames. The blank is ``blank_id`` (default 0, the padding id, which never occurs in a target).
+
+Decoding: ``ctc_greedy_decode`` (best path: arg-max per frame, collapse repeats, drop blanks) and
+``ctc_prefix_beam_search`` (Hannun et al., "First-Pass Large Vocabulary Continuous Speech Recognition using
+Bi-Directional Recurrent DNNs", arXiv:1408.2873, Algorithm 1, without a language model).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from ._common import check_ids_and_mask, check_positive_int
+
+__all__ = ["CTCModel", "ctc_greedy_decode", "ctc_prefix_beam_search", "ctc_frames_needed"]
+
+_MAX_LEN = 1 << 20
+
+
+def ctc_frames_needed(target: list[int]) -> int:
+    """The fewest frames that can emit ``target``: its length plus one blank between equal neighbours."""
+    return len(target) + sum(1 for a, b in itertools.pairwise(target) if a == b)
+
+
+def ctc_greedy_decode(
+    log_probs: Tensor, lengths: Optional[Tensor] = None, blank_id: int = 0
+) -> list[list[int]]:
+    """Best-path decoding. ``log_probs (B, T, V)`` (or probabilities), ``lengths (B,)`` valid frames ->
+    labels."""
+    if not isinstance(log_probs, Tensor) or log_probs.dim() != 3:
+        raise ValueError(
+            f"log_probs must be a (B, T, V) tensor, got {getattr(log_probs, 'shape', type(log_probs))}"
+        )
+    B, T, _ = log_probs.shape
+    lengths = torch.full((B,), T) if lengths is None else lengths
+    best = log_probs.argmax(dim=-1).tolist()  # (B, T)
+    out = []
+    for row, n in zip(best, lengths.tolist()):
+        labels, prev = [], None
+        for token in row[:n]:
+            if token != prev and token != blank_id:
+                labels.append(token)
+            prev = token
+        out.append(labels)
+    return out
+
+
+def _logaddexp(a: float, b: float) -> float:
+    if a == -math.inf:
+        return b
+    if b == -math.inf:
+        return a
+    m = max(a, b)
+    return m + math.log1p(math.exp(-abs(a - b)))
+
+
+def ctc_prefix_beam_search(log_probs: Tensor, beam_width: int = 8, blank_id: int = 0) -> list[int]:
+    """The most probable labelling found by prefix beam search over ``log_probs (T, V)`` of one sequence.
+
+    Each prefix keeps two log-probabilities, ending in a blank (``p_b``) or in its last label (``p_nb``); a
+    repeat
+    of the last label extends the prefix only after a blank. Unlike best-path decoding, this sums over the
+    alignments of a labelling.
+    """
+    check_positive_int("beam_width", beam_width)
+    if not isinstance(log_probs, Tensor) or log_probs.dim() != 2:
+        raise ValueError(
+            f"log_probs must be a (T, V) tensor, got {getattr(log_probs, 'shape', type(log_probs))}"
+        )
+    lp = log_probs.double().tolist()
+    beams: dict[tuple, tuple[float, float]] = {(): (0.0, -math.inf)}  # prefix -> (p_b, p_nb)
+    for frame in lp:
+        nxt: dict[tuple, list[float]] = {}
+
+        def add(prefix: tuple, pb: float, pnb: float, nxt: dict = nxt) -> None:
+            old = nxt.setdefault(prefix, [-math.inf, -math.inf])
+            old[0], old[1] = _logaddexp(old[0], pb), _logaddexp(old[1], pnb)
+
+        for prefix, (pb, pnb) in beams.items():
+            total = _logaddexp(pb, pnb)
+            add(prefix, total + frame[blank_id], -math.inf)  # a blank keeps the prefix
+            last = prefix[-1] if prefix else None
+            for c, lc in enumerate(frame):
+                if c == blank_id or lc == -math.inf:
+                    continue
+                if c == last:
+                    add(prefix, -math.inf, pnb + lc)  # repeat without blank: collapses into the prefix
+                    add(prefix + (c,), -math.inf, pb + lc)  # repeat after a blank: a new label
+                else:
+                    add(prefix + (c,), -math.inf, total + lc)
+        ranked = sorted(nxt.items(), key=lambda item: _logaddexp(*item[1]), reverse=True)[:beam_width]
+        beams = {prefix: (p[0], p[1]) for prefix, p in ranked}
+    best = max(beams.items(), key=lambda item: _logaddexp(*item[1]))
+    return list(best[0])
+
+
+class CTCModel(nn.Module):
+    """``CTCModel(src_vocab_size, tgt_vocab_size, embed_dim=64, hidden_dim=128, cell="gru", num_layers=2,
+    upsample=2, pad_id=0, blank_id=0)``.
+
+    ``forward(src_ids, src_mask=None) -> (log_probs (B, T, V), frame_lengths (B,))`` with ``T = upsample *
+    Ls``;
+    ``loss(src_ids, src_mask, targets, target_lengths)`` is the mean CTC loss (``torch.nn.CTCLoss``, ``sum``
+    over each sequence, averaged over the batch) and raises a ``ValueError`` for a target that no alignment
+    can
+    emit (instead of an infinite loss).
+    """
+
+    def __init__(
+        self,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        embed_dim: int = 64,
+        hidden_dim: int = 128,
+        cell: str = "gru",
+        num_layers: int = 2,
+        upsample: int = 2,
+        pad_id: int = 0,
+        blank_id: int = 0,
+    ) -> None:
+        super().__init__()
+        for name, value in (
+            ("src_vocab_size", src_vocab_size),
+            ("tgt_vocab_size", tgt_vocab_size),
+            ("embed_dim", embed_dim),
+            ("hidden_dim", hidden_dim),
+            ("num_layers", num_layers),
+            ("upsample", upsample),
+        ):
+            check_positive_int(name, value)
+        if cell not in ("gru", "lstm"):
+            raise ValueError(f"cell={cell!r}: expected 'gru' or 'lstm'")
+        if hidden_dim % 2:
+            raise ValueError(f"hidden_dim={hidden_dim} must be even (hidden_dim/2 per direction)")
+        if isinstance(blank_id, bool) or not isinstance(blank_id, int) or not 0 <= blank_id < tgt_vocab_size:
+            raise ValueError(f"blank_id={blank_id!r}: expected an id in [0, {tgt_vocab_size})")
+        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
+        self.cell_type, self.upsample, self.pad_id, self.blank_id = cell, upsample, pad_id, blank_id
+        self.embed = nn.Embedding(src_vocab_size, embed_dim, padding_idx=pad_id)
+        rnn = nn.GRU if cell == "gru" else nn.LSTM
+        self.encoder = rnn(
+            embed_dim, hidden_dim // 2, num_layers=num_layers, batch_first=True, bidirectional=True
+        )
+        self.output = nn.Linear(hidden_dim, upsample * tgt_vocab_size)
+        self.ctc = nn.CTCLoss(blank=blank_id, reduction="sum", zero_infinity=False)
+
+    def forward(self, src_ids: Tensor, src_mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        src_mask = check_ids_and_mask(
+            src_ids, src_mask, self.src_vocab_size, _MAX_LEN, self.pad_id, "src_ids", "src_mask"
+        )
+        lengths = src_mask.sum(dim=1)  # (B,)
+        if int(lengths.min()) < 1:
+            raise ValueError("src_mask has a row with no real token; every source needs at least one token")
+        B, Ls = src_ids.shape
+        packed = pack_padded_sequence(
+            self.embed(src_ids), lengths.cpu(), batch_first=True, enforce_sorted=False
+        )
+        out, _ = self.encoder(packed)
+        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=Ls)  # (B, Ls, hidden)
+        logits = self.output(memory).reshape(B, Ls * self.upsample, self.tgt_vocab_size)  # (B, T, V)
+        return F.log_softmax(logits.float(), dim=-1), lengths * self.upsample
+
+    def loss(
+        self, src_ids: Tensor, src_mask: Optional[Tensor], targets: Tensor, target_lengths: Tensor
+    ) -> Tensor:
+        """Mean over the batch of ``-log p(target | source)``; ``targets (B, S)`` padded, ``target_lengths
+        (B,)``."""
+        log_probs, frames = self(src_ids, src_mask)
+        for b, (n, t) in enumerate(zip(target_lengths.tolist(), frames.tolist())):
+            need = ctc_frames_needed(targets[b, :n].tolist())
+            if need > t:
+                raise ValueError(
+                    f"target {b} needs {need} CTC frames but its source gives {t} ({t // self.upsample} "
+                    f"tokens x "
+                    f"upsample={self.upsample}); raise upsample"
+                )
+        loss = self.ctc(log_probs.transpose(0, 1), targets, frames, target_lengths)  # (T, B, V) input
+        return loss / src_ids.shape[0]
+
+    @torch.no_grad()
+    def decode(
+        self, src_ids: Tensor, src_mask: Optional[Tensor] = None, beam_width: int = 1
+    ) -> list[list[int]]:
+        """Labels per example: best path for ``beam_width=1``, prefix beam search otherwise."""
+        log_probs, frames = self(src_ids, src_mask)
+        if beam_width == 1:
+            return ctc_greedy_decode(log_probs, frames, self.blank_id)
+        return [
+            ctc_prefix_beam_search(log_probs[b, :n], beam_width, self.blank_id)
+            for b, n in enumerate(frames.tolist())
+        ]
+
+    def extra_repr(self) -> str:
+        return f"cell={self.cell_type}, upsample={self.upsample}, blank_id={self.blank_id}"

@@ -1,0 +1,313 @@
+r"""A recurrent encoder-decoder with a choice of attention: the models of the lecture "Attention and
+Transformers".
+
+- ``attention="none"``: the vanilla encoder-decoder of Cho et al., "Learning Phrase Representations using RNN
+  Encoder-Decoder for Statistical Machine Translation" (arXiv:1406.1078), eqs. (3)-(4): the encoder's final
+  states are squeezed into one fixed-size vector ``v``, fed to the decoder at every step (the bottleneck):
+  ``p(y_t | v, y_{<t})``.
+- ``"additive"``, ``"bilinear"``, ``"dot"``, ``"scaled_dot"``: content attention (RNNsearch, Bahdanau et al.,
+  "Neural Machine Translation by Jointly Learning to Align and Translate", arXiv:1409.0473, eqs. (4)-(6)):
+  ``c_i = sum_j alpha_ij h_j``, ``alpha_i = normalize(a(s_{i-1}, h_j))`` (``ak.nn.AdditiveAttention`` etc.).
+- ``"gmm"``: Graves' Gaussian-mixture window (arXiv:1308.0850, eqs. 46-51; ``ak.nn.GMMLocationAttention``).
+- ``"mixed"``: content + location (Chorowski et al., arXiv:1506.07503, eqs. 8-9; ``ak.nn.MixedAttention``).
+
+Decoder step (the same for all attentions), with ``q = s_{i-1}`` the previous decoder state:
+
+.. math::
+    c_i = \mathrm{attend}(s_{i-1}, H), \qquad s_i = \mathrm{RNNCell}([E y_{i-1}; c_i], s_{i-1}), \qquad
+    p(y_i \mid y_{<i}, x) = \mathrm{softmax}(W_o \tanh(W_h [s_i; c_i; E y_{i-1}]))
+
+The encoder is a (bidirectional) GRU or LSTM over packed sequences, so padding never enters it; with
+``bidirectional=True`` each direction has ``hidden_dim / 2`` units and ``H`` has ``hidden_dim`` features, the
+size of the decoder state (dot attention needs equal sizes). ``s_0 = tanh(W_0 v)`` with ``v`` the concatenated
+final encoder states.
+
+Training: teacher forcing (``forward``). Inference: ``greedy_decode`` (batched) and ``beam_search`` (per
+example, no length normalization, so width 1 is exactly greedy). Both return the alignment matrix
+``(B, Lt, Ls)`` (``phi`` for ``gmm``, which is not normalized; ``None`` for ``"none"``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from ..config import resolve_mechanism
+from ..nn.additive import AdditiveAttention
+from ..nn.bilinear import BilinearAttention
+from ..nn.dot import DotAttention
+from ..nn.location import PARAMETERIZATIONS, GMMLocationAttention
+from ..nn.mixed import MixedAttention
+from ._common import check_ids_and_mask, check_positive_int
+
+__all__ = ["RNNSeq2Seq", "ATTENTIONS", "CELLS"]
+
+ATTENTIONS = ("none", "additive", "bilinear", "dot", "scaled_dot", "gmm", "mixed")
+CELLS = ("gru", "lstm")
+_MAX_LEN = 1 << 20
+
+
+class RNNSeq2Seq(nn.Module):
+    """``RNNSeq2Seq(src_vocab_size, tgt_vocab_size, embed_dim=64, hidden_dim=128, cell="gru",
+    bidirectional=True, attention="additive", mechanism="softmax", num_components=3,
+    parameterization="softplus", pad_id=0, bos_id=1, eos_id=2)``.
+
+    Shapes: ``src_ids (B, Ls)``, ``src_mask (B, Ls)`` bool True = real (default ``src_ids != pad_id``),
+    ``tgt_in_ids (B, Lt)`` = ``<bos> y_1 .. y_{T-1}`` -> ``logits (B, Lt, V)``, ``weights (B, Lt, Ls)`` or
+    None.
+    ``mechanism`` normalizes the content scores; it must be row-normalized (softmax-like): a decoder step sees
+    one query, and query-normalized mechanisms (dnas, hnas, sinkhorn) would be uniform there.
+    """
+
+    def __init__(
+        self,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        embed_dim: int = 64,
+        hidden_dim: int = 128,
+        cell: str = "gru",
+        bidirectional: bool = True,
+        attention: str = "additive",
+        mechanism="softmax",
+        num_components: int = 3,
+        parameterization: str = "softplus",
+        pad_id: int = 0,
+        bos_id: int = 1,
+        eos_id: int = 2,
+    ) -> None:
+        super().__init__()
+        for name, value in (
+            ("src_vocab_size", src_vocab_size),
+            ("tgt_vocab_size", tgt_vocab_size),
+            ("embed_dim", embed_dim),
+            ("hidden_dim", hidden_dim),
+            ("num_components", num_components),
+        ):
+            check_positive_int(name, value)
+        if cell not in CELLS:
+            raise ValueError(f"cell={cell!r}: expected one of {CELLS}")
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention={attention!r}: expected one of {ATTENTIONS}")
+        if not isinstance(bidirectional, bool):
+            raise ValueError(f"bidirectional={bidirectional!r}: expected True or False")
+        if bidirectional and hidden_dim % 2:
+            raise ValueError(
+                f"hidden_dim={hidden_dim} must be even with bidirectional=True (hidden_dim/2 per direction)"
+            )
+        if parameterization not in PARAMETERIZATIONS:
+            raise ValueError(f"parameterization={parameterization!r}: expected one of {PARAMETERIZATIONS}")
+        config = resolve_mechanism(mechanism)
+        if config.query_normalized:
+            raise ValueError(
+                f"mechanism={config.name!r} normalizes over queries, but a decoder step has one query (its "
+                f"weights "
+                "would be uniform); use a row-normalized mechanism such as 'softmax'"
+            )
+        for name, value in (("pad_id", pad_id), ("bos_id", bos_id), ("eos_id", eos_id)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < tgt_vocab_size:
+                raise ValueError(f"{name}={value!r}: expected an id in [0, {tgt_vocab_size})")
+        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
+        self.hidden_dim, self.cell_type, self.attention_type = hidden_dim, cell, attention
+        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        self.mechanism = config
+
+        rnn = nn.GRU if cell == "gru" else nn.LSTM
+        self.src_embed = nn.Embedding(src_vocab_size, embed_dim, padding_idx=pad_id)
+        self.tgt_embed = nn.Embedding(tgt_vocab_size, embed_dim, padding_idx=pad_id)
+        self.encoder = rnn(
+            embed_dim,
+            hidden_dim // 2 if bidirectional else hidden_dim,
+            batch_first=True,
+            bidirectional=bidirectional,
+        )
+        self.init_state = nn.Linear(hidden_dim, hidden_dim)
+        self.decoder = (nn.GRUCell if cell == "gru" else nn.LSTMCell)(embed_dim + hidden_dim, hidden_dim)
+        if attention == "additive":
+            self.attention = AdditiveAttention(hidden_dim, hidden_dim, mechanism=config)
+        elif attention == "bilinear":
+            self.attention = BilinearAttention(hidden_dim, hidden_dim, mechanism=config)
+        elif attention in ("dot", "scaled_dot"):
+            self.attention = DotAttention(hidden_dim, scaled=attention == "scaled_dot", mechanism=config)
+        elif attention == "gmm":
+            self.attention = GMMLocationAttention(hidden_dim, num_components, parameterization)
+        elif attention == "mixed":
+            self.attention = MixedAttention(hidden_dim, hidden_dim, mechanism=config)
+        else:
+            self.attention = None
+        self.pre_output = nn.Linear(2 * hidden_dim + embed_dim, hidden_dim)
+        self.output = nn.Linear(hidden_dim, tgt_vocab_size)
+
+    # ------------------------------------------------------------------ encoder
+
+    def encode(self, src_ids: Tensor, src_mask: Optional[Tensor] = None) -> dict:
+        """``{"memory": H (B, Ls, hidden), "mask": (B, Ls), "summary": v (B, hidden)}``."""
+        src_mask = check_ids_and_mask(
+            src_ids, src_mask, self.src_vocab_size, _MAX_LEN, self.pad_id, "src_ids", "src_mask"
+        )
+        lengths = src_mask.sum(dim=1)  # (B,)
+        if int(lengths.min()) < 1:
+            raise ValueError("src_mask has a row with no real token; every source needs at least one token")
+        B, Ls = src_ids.shape
+        packed = pack_padded_sequence(
+            self.src_embed(src_ids), lengths.cpu(), batch_first=True, enforce_sorted=False
+        )
+        out, final = self.encoder(packed)
+        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=Ls)  # (B, Ls, hidden)
+        h_n = final[0] if self.cell_type == "lstm" else final  # (directions, B, hidden / directions)
+        summary = h_n.transpose(0, 1).reshape(B, -1)  # (B, hidden)
+        return {"memory": memory, "mask": src_mask, "summary": summary}
+
+    def initial_state(self, enc: dict) -> dict:
+        h = torch.tanh(self.init_state(enc["summary"]))  # (B, hidden)
+        state = {"h": h}
+        if self.cell_type == "lstm":
+            state["c"] = torch.zeros_like(h)
+        if self.attention_type == "gmm":
+            state["kappa"] = self.attention.initial_kappa(h.shape[0], device=h.device, dtype=h.dtype)
+        if self.attention_type == "mixed":
+            state["prev"] = MixedAttention.initial_weights(enc["mask"]).to(h.dtype)  # (B, Ls)
+        return state
+
+    # ------------------------------------------------------------------ one decoder step
+
+    def step(self, enc: dict, state: dict, y_prev: Tensor) -> tuple[Tensor, dict, Optional[Tensor]]:
+        """``y_prev (B,)`` -> ``logits (B, V)``, the new state, the alignment ``(B, Ls)`` (None without
+        attention)."""
+        memory, mask, query = enc["memory"], enc["mask"], state["h"]
+        new: dict = {}
+        weights = None
+        if self.attention_type == "none":
+            context = enc["summary"]  # (B, hidden): the fixed-size bottleneck
+        elif self.attention_type == "gmm":
+            context, weights, new["kappa"] = self.attention(query, memory, state["kappa"], key_mask=mask)
+        elif self.attention_type == "mixed":
+            context, weights = self.attention(query, memory, state["prev"], key_mask=mask)
+            new["prev"] = weights
+        else:
+            context, weights = self.attention(query, memory, key_mask=mask)  # (B, hidden), (B, Ls)
+        emb = self.tgt_embed(y_prev)  # (B, E)
+        rnn_in = torch.cat([emb, context], dim=-1)  # (B, E + hidden)
+        if self.cell_type == "lstm":
+            new["h"], new["c"] = self.decoder(rnn_in, (state["h"], state["c"]))
+        else:
+            new["h"] = self.decoder(rnn_in, state["h"])
+        hidden = torch.tanh(self.pre_output(torch.cat([new["h"], context, emb], dim=-1)))  # (B, hidden)
+        return self.output(hidden), new, weights
+
+    # ------------------------------------------------------------------ training and decoding
+
+    def forward(
+        self,
+        src_ids: Tensor,
+        src_mask: Optional[Tensor] = None,
+        tgt_in_ids: Optional[Tensor] = None,
+        tgt_mask: Optional[Tensor] = None,
+    ) -> tuple[Tensor, Optional[Tensor]]:
+        """Teacher forcing: ``logits (B, Lt, V)`` and the alignment ``(B, Lt, Ls)`` (None for ``"none"``)."""
+        if tgt_in_ids is None:
+            raise ValueError(
+                "tgt_in_ids is required (teacher forcing); use greedy_decode or beam_search to generate"
+            )
+        check_ids_and_mask(
+            tgt_in_ids, tgt_mask, self.tgt_vocab_size, _MAX_LEN, self.pad_id, "tgt_in_ids", "tgt_mask"
+        )
+        enc = self.encode(src_ids, src_mask)
+        state = self.initial_state(enc)
+        logits, weights = [], []
+        for t in range(tgt_in_ids.shape[1]):
+            step_logits, state, w = self.step(enc, state, tgt_in_ids[:, t])
+            logits.append(step_logits)
+            weights.append(w)
+        out = torch.stack(logits, dim=1)  # (B, Lt, V)
+        return out, (None if weights[0] is None else torch.stack(weights, dim=1))  # (B, Lt, Ls)
+
+    @torch.no_grad()
+    def greedy_decode(
+        self, src_ids: Tensor, src_mask: Optional[Tensor] = None, max_len: int = 64
+    ) -> tuple[Tensor, Optional[Tensor]]:
+        """Arg-max tokens ``(B, T)`` (``<eos>`` included, ``pad_id`` after it; no ``<bos>``) and alignments
+        ``(B, T, Ls)``; stops when every row has produced ``<eos>`` or after ``max_len`` tokens."""
+        check_positive_int("max_len", max_len)
+        enc = self.encode(src_ids, src_mask)
+        state = self.initial_state(enc)
+        B = src_ids.shape[0]
+        y = torch.full((B,), self.bos_id, dtype=torch.long, device=src_ids.device)
+        done = torch.zeros(B, dtype=torch.bool, device=src_ids.device)
+        tokens, weights = [], []
+        for _ in range(max_len):
+            logits, state, w = self.step(enc, state, y)
+            y = logits.argmax(dim=-1).masked_fill(done, self.pad_id)  # (B,)
+            tokens.append(y)
+            weights.append(w)
+            done = done | (y == self.eos_id)
+            if bool(done.all()):
+                break
+        align = None if weights[0] is None else torch.stack(weights, dim=1)  # (B, T, Ls)
+        return torch.stack(tokens, dim=1), align
+
+    @torch.no_grad()
+    def beam_search(
+        self, src_ids: Tensor, src_mask: Optional[Tensor] = None, beam_width: int = 4, max_len: int = 64
+    ) -> tuple[list[list[int]], list[Optional[Tensor]]]:
+        """Per example: the most probable hypothesis found with ``beam_width`` beams (sum of
+        log-probabilities,
+        no length normalization), as a token list ending with ``<eos>`` (unless ``max_len`` cut it), and its
+        alignment ``(T, Ls_b)`` (None for ``"none"``). Width 1 gives exactly ``greedy_decode``."""
+        check_positive_int("beam_width", beam_width)
+        check_positive_int("max_len", max_len)
+        src_mask = check_ids_and_mask(
+            src_ids, src_mask, self.src_vocab_size, _MAX_LEN, self.pad_id, "src_ids", "src_mask"
+        )
+        results, aligns = [], []
+        for b in range(src_ids.shape[0]):
+            tokens, align = self._beam_one(src_ids[b : b + 1], src_mask[b : b + 1], beam_width, max_len)
+            results.append(tokens)
+            aligns.append(align)
+        return results, aligns
+
+    def _beam_one(
+        self, src: Tensor, mask: Tensor, width: int, max_len: int
+    ) -> tuple[list[int], Optional[Tensor]]:
+        length = int(mask.sum())
+        enc = self.encode(src[:, :length], mask[:, :length])
+        state = self.initial_state(enc)
+        alive = [([], 0.0, [])]  # (tokens, log-probability, alignment rows)
+        finished: list[tuple[list[int], float, list]] = []
+        y = torch.tensor([self.bos_id], device=src.device)
+        for _ in range(max_len):
+            k = len(alive)
+            enc_k = {key: value.expand(k, *value.shape[1:]) for key, value in enc.items()}
+            logits, new_state, w = self.step(enc_k, state, y)
+            logp = F.log_softmax(logits.float(), dim=-1)  # (k, V)
+            total = torch.tensor([s for _, s, _ in alive], device=logp.device)[:, None] + logp  # (k, V)
+            top = total.flatten().topk(min(width, total.numel()))
+            keep_rows, next_alive = [], []
+            for score, flat in zip(top.values.tolist(), top.indices.tolist()):
+                row, token = divmod(flat, logp.shape[1])
+                tokens, _, rows = alive[row]
+                rows = rows + ([] if w is None else [w[row]])
+                if token == self.eos_id:
+                    finished.append((tokens + [token], score, rows))
+                else:
+                    next_alive.append((tokens + [token], score, rows))
+                    keep_rows.append(row)
+            best_done = max((s for _, s, _ in finished), default=-float("inf"))
+            if not next_alive or best_done >= next_alive[0][1]:  # scores only fall: nothing alive can win
+                break
+            index = torch.tensor(keep_rows, device=src.device)
+            state = {key: value.index_select(0, index) for key, value in new_state.items()}
+            alive = next_alive
+            y = torch.tensor([t[-1] for t, _, _ in alive], device=src.device)
+        pool = finished if finished else next_alive
+        tokens, _, rows = max(pool, key=lambda item: item[1])
+        return tokens, (torch.stack(rows) if rows else None)
+
+    def extra_repr(self) -> str:
+        return (
+            f"cell={self.cell_type}, attention={self.attention_type}, hidden_dim={self.hidden_dim}, "
+            f"mechanism={self.mechanism.name}"
+        )

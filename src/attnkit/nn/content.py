@@ -1,0 +1,110 @@
+r"""Content-based attention for recurrent encoder-decoders: a score function, then any attnkit normalization.
+
+Lecture "Attention and Transformers", soft attention math; Bahdanau et al., "Neural Machine Translation by
+Jointly Learning to Align and Translate" (arXiv:1409.0473), eqs. (5)-(6):
+
+.. math::
+    e_{ij} = a(s_{i-1}, h_j), \qquad \alpha_{i\cdot} = \mathrm{normalize}(e_{i\cdot}), \qquad
+    c_i = \sum_j \alpha_{ij} h_j
+
+The score ``a`` is one of ``attnkit.scores`` (additive, bilinear, dot, scaled dot; see the subclasses in
+``additive.py``, ``bilinear.py`` and ``dot.py``); the normalization is ``attnkit.normalize`` with any
+mechanism (``"softmax"`` by default, which makes every row sum to 1 over the valid keys).
+
+Shapes: ``query (B, Dq)`` (one decoder step) or ``(B, Lq, Dq)``; ``keys (B, Lk, Dk)``; ``values (B, Lk, Dv)``
+(default: the keys); ``key_mask (B, Lk)`` bool, True = real. Returns ``context (B, Dv)`` / ``(B, Lq, Dv)`` and
+``weights (B, Lk)`` / ``(B, Lq, Lk)``. Padded keys get weight exactly 0, so a padded batch gives, on its real
+keys, the result of each sequence alone; a query with no valid key gets a zero context.
+
+Query-normalized mechanisms (``dnas``, ``hnas``, ``sinkhorn``) normalize over the queries passed in one call:
+with one query per call (a decoder step) they see a single query, and a decoder that passes all its steps at
+once
+would let step ``i`` see later steps. ``attnkit.models.RNNSeq2Seq`` therefore accepts row-normalized
+mechanisms
+only.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..registry import resolve_mechanism
+from ..functional import normalize
+
+__all__ = ["ContentAttention"]
+
+
+class ContentAttention(nn.Module):
+    """Base class: ``score(q (B, 1, Lq, Dq), k (B, 1, Lk, Dk)) -> (B, 1, Lq, Lk)`` is given by subclasses."""
+
+    def __init__(self, mechanism="softmax") -> None:
+        super().__init__()
+        self.mechanism = resolve_mechanism(mechanism)
+        if self.mechanism.name == "coda" and not self._supports_coda:
+            raise ValueError(
+                f"{type(self).__name__} cannot use mechanism 'coda' (its gate needs queries and keys of one "
+                f"size); "
+                "use DotAttention for coda or pick another mechanism"
+            )
+
+    _supports_coda = False
+
+    def score(self, q: Tensor, k: Tensor) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def gate_scores(self, q: Tensor, k: Tensor) -> Optional[Tensor]:
+        return None
+
+    def forward(
+        self, query: Tensor, keys: Tensor, values: Optional[Tensor] = None, key_mask: Optional[Tensor] = None
+    ) -> tuple[Tensor, Tensor]:
+        values = keys if values is None else values
+        single = _check_inputs(query, keys, values, key_mask)
+        q = (query[:, None] if single else query)[:, None]  # (B, 1, Lq, Dq)
+        k = keys[:, None]  # (B, 1, Lk, Dk)
+        scores = self.score(q, k)  # (B, 1, Lq, Lk)
+        weights = normalize(
+            scores, self.mechanism, key_mask=key_mask, gate_scores=self.gate_scores(q, k)
+        )  # (B, 1, Lq, Lk)
+        weights = weights[:, 0]  # (B, Lq, Lk)
+        context = weights @ values  # (B, Lq, Dv)
+        if single:
+            return context[:, 0], weights[:, 0]  # (B, Dv), (B, Lk)
+        return context, weights
+
+    def extra_repr(self) -> str:
+        return f"mechanism={self.mechanism.name}"
+
+
+def _check_inputs(query: Tensor, keys: Tensor, values: Tensor, key_mask: Optional[Tensor]) -> bool:
+    """Validate shapes; return whether ``query`` is a single step ``(B, Dq)``."""
+    if not isinstance(query, Tensor) or query.dim() not in (2, 3):
+        got = tuple(query.shape) if isinstance(query, Tensor) else type(query).__name__
+        raise ValueError(f"query has shape {got}; expected (B, Dq) or (B, Lq, Dq)")
+    if not isinstance(keys, Tensor) or keys.dim() != 3 or keys.shape[0] != query.shape[0]:
+        got = tuple(keys.shape) if isinstance(keys, Tensor) else type(keys).__name__
+        raise ValueError(f"keys has shape {got}; expected (B, Lk, Dk) with B = {query.shape[0]}")
+    B, Lk = keys.shape[:2]
+    if not isinstance(values, Tensor) or values.dim() != 3 or tuple(values.shape[:2]) != (B, Lk):
+        got = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
+        raise ValueError(f"values has shape {got}; expected (B, Lk, Dv) = ({B}, {Lk}, Dv)")
+    check_key_mask(key_mask, B, Lk)
+    return query.dim() == 2
+
+
+def check_key_mask(key_mask: Optional[Tensor], B: int, Lk: int) -> None:
+    """``key_mask`` must be a bool ``(B, Lk)`` tensor (True = real) or ``None``."""
+    if key_mask is None:
+        return
+    if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool or tuple(key_mask.shape) != (B, Lk):
+        got = (
+            (tuple(key_mask.shape), key_mask.dtype)
+            if isinstance(key_mask, Tensor)
+            else type(key_mask).__name__
+        )
+        raise ValueError(
+            f"key_mask is {got}; expected a bool tensor of shape (B, Lk) = ({B}, {Lk}), True = real"
+        )

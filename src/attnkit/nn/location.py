@@ -1,0 +1,131 @@
+r"""Gaussian-mixture location-based attention of Graves, "Generating Sequences With Recurrent Neural Networks"
+(arXiv:1308.0850), section 5.1, eqs. (46)-(51); lecture "Gaussian mixture location-based attention":
+
+.. math::
+    (\hat\alpha_t, \hat\beta_t, \hat\kappa_t) = W q_t + b, \qquad
+    \alpha_t = f(\hat\alpha_t), \quad \beta_t = f(\hat\beta_t), \quad \kappa_t = \kappa_{t-1} +
+    f(\hat\kappa_t)
+
+.. math::
+    \phi(t, u) = \sum_{k=1}^K \alpha_t^k \exp\left(-\beta_t^k (\kappa_t^k - u)^2\right), \qquad
+    w_t = \sum_{u} \phi(t, u)\, c_u
+
+with ``f = exp`` (the paper) or ``f = softplus`` (the stable option: no overflow for large pre-activations).
+Positions are ``u = 0, 1, ..., U - 1`` and ``kappa_0 = 0``. The window weights ``phi`` are *not* normalized
+(as in
+the paper). Because every offset ``f(kappa_hat) > 0``, each ``kappa^k`` increases at every step: the window
+only
+moves forward, which suits monotonic alignments and cannot express reordering.
+
+Shapes: ``query (B, Dq)``; ``values (B, U, Dv)``; ``kappa (B, K)`` from the previous step
+(``initial_kappa(B)`` for the first); ``key_mask (B, U)`` bool, True = real. Returns ``window (B, Dv)``,
+``phi (B, U)`` (exactly 0 on padded positions, so padding = truncation) and the new ``kappa (B, K)``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .content import check_key_mask
+
+__all__ = ["GMMLocationAttention", "gmm_window_weights", "PARAMETERIZATIONS"]
+
+PARAMETERIZATIONS = ("exp", "softplus")
+
+
+def gmm_window_weights(alpha: Tensor, beta: Tensor, kappa: Tensor, length: int) -> Tensor:
+    """``phi(u) = sum_k alpha_k exp(-beta_k (kappa_k - u)^2)`` for ``u = 0 .. length-1``.
+
+    ``alpha, beta, kappa (B, K)`` -> ``phi (B, length)``.
+    """
+    u = torch.arange(length, device=kappa.device, dtype=kappa.dtype)  # (U,)
+    dist2 = (kappa[:, :, None] - u) ** 2  # (B, K, U)
+    return (alpha[:, :, None] * torch.exp(-beta[:, :, None] * dist2)).sum(dim=1)  # (B, U)
+
+
+class GMMLocationAttention(nn.Module):
+    """``GMMLocationAttention(query_dim, num_components, parameterization="exp", init_offset=1.0)``.
+
+    ``init_offset``: the step size ``f(kappa_hat)`` of the initial bias (1 = one position per step).
+    ``forward(query, values, kappa, key_mask=None) -> (window, phi, kappa)``.
+    """
+
+    def __init__(
+        self, query_dim: int, num_components: int, parameterization: str = "exp", init_offset: float = 1.0
+    ) -> None:
+        super().__init__()
+        for name, value in (("query_dim", query_dim), ("num_components", num_components)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}: expected a positive integer")
+        if parameterization not in PARAMETERIZATIONS:
+            raise ValueError(f"parameterization={parameterization!r}: expected one of {PARAMETERIZATIONS}")
+        if not isinstance(init_offset, (int, float)) or not init_offset > 0:
+            raise ValueError(f"init_offset={init_offset!r}: expected a positive number (positions per step)")
+        self.num_components = num_components
+        self.parameterization = parameterization
+        self.init_offset = float(init_offset)
+        self.proj = nn.Linear(query_dim, 3 * num_components)
+        self.reset_parameters()
+
+    def _inverse(self, y: float) -> float:
+        """``f^{-1}(y)`` for the chosen parameterization (used to set the initial bias)."""
+        y_t = torch.tensor(y, dtype=torch.float64)
+        if self.parameterization == "exp":
+            return float(torch.log(y_t))
+        return float(y_t + torch.log(-torch.expm1(-y_t)))  # inverse softplus
+
+    def reset_parameters(self) -> None:
+        K = self.num_components
+        nn.init.xavier_uniform_(self.proj.weight, gain=0.1)  # start near the bias: a steady, smooth window
+        with torch.no_grad():
+            self.proj.bias[:K].fill_(self._inverse(1.0))  # alpha = 1
+            self.proj.bias[K : 2 * K].fill_(
+                self._inverse(0.5)
+            )  # beta = 0.5: a window about two positions wide
+            self.proj.bias[2 * K :].fill_(self._inverse(self.init_offset))
+
+    def initial_kappa(self, batch_size: int, device=None, dtype=None) -> Tensor:
+        """``kappa_0 = 0``: ``(B, K)``."""
+        return torch.zeros(
+            batch_size, self.num_components, device=device, dtype=dtype or self.proj.weight.dtype
+        )
+
+    def _f(self, x: Tensor) -> Tensor:
+        return torch.exp(x) if self.parameterization == "exp" else F.softplus(x)
+
+    def parameters_from(self, query: Tensor, kappa: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(alpha, beta, kappa_t)``, each ``(B, K)``, from ``query (B, Dq)`` and ``kappa_{t-1} (B, K)``."""
+        a_hat, b_hat, k_hat = self.proj(query).chunk(3, dim=-1)  # 3 x (B, K)
+        return self._f(a_hat), self._f(b_hat), kappa + self._f(k_hat)
+
+    def forward(
+        self, query: Tensor, values: Tensor, kappa: Tensor, key_mask: Optional[Tensor] = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        if not isinstance(query, Tensor) or query.dim() != 2:
+            got = tuple(query.shape) if isinstance(query, Tensor) else type(query).__name__
+            raise ValueError(f"query has shape {got}; expected (B, Dq) (one step)")
+        B = query.shape[0]
+        if not isinstance(values, Tensor) or values.dim() != 3 or values.shape[0] != B:
+            got = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
+            raise ValueError(f"values has shape {got}; expected (B, U, Dv) with B = {B}")
+        if not isinstance(kappa, Tensor) or tuple(kappa.shape) != (B, self.num_components):
+            got = tuple(kappa.shape) if isinstance(kappa, Tensor) else type(kappa).__name__
+            raise ValueError(
+                f"kappa has shape {got}; expected (B, K) = ({B}, {self.num_components}); start from "
+                f"initial_kappa(B)"
+            )
+        U = values.shape[1]
+        check_key_mask(key_mask, B, U)
+        alpha, beta, kappa = self.parameters_from(query, kappa)  # (B, K) each
+        phi = gmm_window_weights(alpha, beta, kappa, U)  # (B, U)
+        if key_mask is not None:
+            phi = phi.masked_fill(~key_mask, 0.0)
+        window = (phi[:, None, :] @ values)[:, 0]  # (B, 1, U) @ (B, U, Dv) -> (B, Dv)
+        return window, phi, kappa
+
+    def extra_repr(self) -> str:
+        return f"num_components={self.num_components}, parameterization={self.parameterization}"

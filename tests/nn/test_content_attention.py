@@ -1,0 +1,116 @@
+"""Content attention modules (``AdditiveAttention``, ``BilinearAttention``, ``DotAttention``): the
+lecture's score
+formulas in float64, masks (padding = truncation, fully masked rows) and normalizations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import attnkit as ak
+
+F64 = dict(atol=1e-12, rtol=1e-10)
+
+
+def _modules(D: int = 6):
+    torch.manual_seed(0)
+    return {
+        "additive": ak.nn.AdditiveAttention(D, D, hidden_dim=5).double(),
+        "bilinear": ak.nn.BilinearAttention(D, D).double(),
+        "dot": ak.nn.DotAttention(D).double(),
+        "scaled_dot": ak.nn.DotAttention(D, scaled=True).double(),
+    }
+
+
+def _formula(name: str, module, q, k):
+    """``e_j`` for one query ``q (D,)`` and keys ``k (L, D)`` written from the lecture's score functions."""
+    if name == "additive":
+        s = module.scorer
+        return torch.stack([s.w @ torch.tanh(s.w_q @ q + s.w_k @ kj + s.bias) for kj in k])
+    if name == "bilinear":
+        return torch.stack([q @ module.scorer.weight @ kj for kj in k])
+    if name == "dot":
+        return torch.stack([q @ kj for kj in k])
+    return torch.stack([q @ kj / math.sqrt(q.numel()) for kj in k])
+
+
+@pytest.mark.parametrize("name", ["additive", "bilinear", "dot", "scaled_dot"])
+def test_matches_softmax_of_the_lecture_score_float64(name):
+    module = _modules()[name]
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(3, 6, generator=g, dtype=torch.float64)
+    keys = torch.randn(3, 5, 6, generator=g, dtype=torch.float64)
+    values = torch.randn(3, 5, 4, generator=g, dtype=torch.float64)
+    context, weights = module(q, keys, values)
+    for b in range(3):
+        alpha = torch.softmax(_formula(name, module, q[b], keys[b]), dim=0)  # (L,)
+        torch.testing.assert_close(weights[b], alpha, **F64)
+        torch.testing.assert_close(context[b], alpha @ values[b], **F64)
+
+
+@pytest.mark.parametrize("name", ["additive", "bilinear", "dot", "scaled_dot"])
+@pytest.mark.parametrize("mechanism", ["softmax", "sinkhorn"])
+def test_padding_equals_truncation(name, mechanism):
+    module = _modules()[name]
+    module.mechanism = ak.resolve_mechanism(mechanism)
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 3, 6, generator=g, dtype=torch.float64)  # (B, Lq, D): several queries
+    keys = torch.randn(2, 7, 6, generator=g, dtype=torch.float64)
+    lengths = [7, 4]
+    mask = torch.arange(7)[None, :] < torch.tensor(lengths)[:, None]  # (B, Lk)
+    context, weights = module(q, keys, key_mask=mask)
+    for b, n in enumerate(lengths):
+        c_alone, w_alone = module(q[b : b + 1], keys[b : b + 1, :n])
+        torch.testing.assert_close(context[b], c_alone[0], **F64)
+        torch.testing.assert_close(weights[b, :, :n], w_alone[0], **F64)
+        assert torch.all(weights[b, :, n:] == 0)
+
+
+@pytest.mark.parametrize("name", ["additive", "bilinear", "dot"])
+def test_fully_masked_row_gives_zero_context(name):
+    module = _modules()[name]
+    keys = torch.randn(2, 4, 6, dtype=torch.float64)
+    mask = torch.tensor([[True, True, False, False], [False, False, False, False]])
+    context, weights = module(torch.randn(2, 6, dtype=torch.float64), keys, key_mask=mask)
+    assert torch.all(context[1] == 0) and torch.all(weights[1] == 0)
+    assert torch.isfinite(context).all()
+    torch.testing.assert_close(weights[0].sum(), torch.tensor(1.0, dtype=torch.float64), **F64)
+
+
+def test_dnas_normalizes_over_the_given_queries():
+    module = ak.nn.DotAttention(6, mechanism="dnas").double()
+    g = torch.Generator().manual_seed(3)
+    q, keys = (
+        torch.randn(1, 4, 6, generator=g, dtype=torch.float64),
+        torch.randn(1, 5, 6, generator=g, dtype=torch.float64),
+    )
+    _, weights = module(q, keys)
+    scores = q[0] @ keys[0].T  # (Lq, Lk)
+    xi = torch.softmax(scores, dim=0)  # over queries, per key
+    torch.testing.assert_close(weights[0], xi / xi.sum(dim=1, keepdim=True), **F64)
+
+
+def test_dot_attention_with_coda_uses_the_l1_gate():
+    module = ak.nn.DotAttention(6, mechanism="coda").double()
+    g = torch.Generator().manual_seed(4)
+    q, keys = (
+        torch.randn(1, 6, generator=g, dtype=torch.float64),
+        torch.randn(1, 3, 6, generator=g, dtype=torch.float64),
+    )
+    _, weights = module(q, keys)
+    e = keys[0] @ q[0]  # scaled=False: the plain dot product is CoDA's E
+    n = -(keys[0] - q[0]).abs().sum(dim=1) / math.sqrt(6)
+    torch.testing.assert_close(weights[0], torch.tanh(e) * 2 * torch.sigmoid(n), **F64)
+
+
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match="DotAttention for coda"):
+        ak.nn.AdditiveAttention(4, 4, mechanism="coda")
+    with pytest.raises(ValueError, match="same size|one size"):
+        ak.nn.DotAttention()(torch.randn(2, 4), torch.randn(2, 3, 5))
+    with pytest.raises(ValueError, match="key_mask"):
+        ak.nn.DotAttention()(torch.randn(2, 4), torch.randn(2, 3, 4), key_mask=torch.ones(2, 3))
+    with pytest.raises(ValueError, match="query has shape"):
+        ak.nn.DotAttention()(torch.randn(4), torch.randn(2, 3, 4))

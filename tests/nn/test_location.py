@@ -1,0 +1,74 @@
+"""Graves' Gaussian-mixture location attention: the window of the lecture's formula, monotonic kappa,
+masks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import attnkit as ak
+
+
+@pytest.mark.parametrize("parameterization", ["exp", "softplus"])
+def test_kappa_is_non_decreasing_over_steps(parameterization):
+    torch.manual_seed(0)
+    attn = ak.nn.GMMLocationAttention(8, 3, parameterization=parameterization).double()
+    torch.nn.init.normal_(attn.proj.weight, std=2.0)  # large, varied pre-activations
+    values = torch.randn(4, 10, 5, dtype=torch.float64)
+    kappa = attn.initial_kappa(4)
+    for _ in range(12):
+        _, _, new = attn(torch.randn(4, 8, dtype=torch.float64), values, kappa)
+        assert torch.all(new > kappa)
+        kappa = new
+
+
+@pytest.mark.parametrize("parameterization", ["exp", "softplus"])
+def test_window_matches_the_lecture_formula_float64(parameterization):
+    torch.manual_seed(1)
+    attn = ak.nn.GMMLocationAttention(6, 2, parameterization=parameterization).double()
+    f = torch.exp if parameterization == "exp" else torch.nn.functional.softplus
+    q = torch.randn(2, 6, dtype=torch.float64)
+    values = torch.randn(2, 7, 3, dtype=torch.float64)
+    prev = torch.tensor([[0.5, 1.0], [2.0, 0.0]], dtype=torch.float64)
+    window, phi, kappa = attn(q, values, prev)
+    raw = (q @ attn.proj.weight.T + attn.proj.bias).detach()  # (B, 3K): alpha_hat, beta_hat, kappa_hat
+    for b in range(2):
+        a, be, kh = f(raw[b, :2]), f(raw[b, 2:4]), raw[b, 4:]
+        kap = prev[b] + f(kh)
+        torch.testing.assert_close(kappa[b], kap, atol=1e-12, rtol=1e-10)
+        expected = torch.tensor(
+            [
+                sum(float(a[k]) * math.exp(-float(be[k]) * (float(kap[k]) - u) ** 2) for k in range(2))
+                for u in range(7)
+            ],
+            dtype=torch.float64,
+        )
+        torch.testing.assert_close(phi[b], expected, atol=1e-12, rtol=1e-10)
+        torch.testing.assert_close(window[b], expected @ values[b], atol=1e-12, rtol=1e-10)
+
+
+def test_padding_equals_truncation():
+    torch.manual_seed(2)
+    attn = ak.nn.GMMLocationAttention(6, 3).double()
+    q = torch.randn(2, 6, dtype=torch.float64)
+    values = torch.randn(2, 9, 4, dtype=torch.float64)
+    mask = torch.arange(9)[None, :] < torch.tensor([9, 5])[:, None]
+    kappa = torch.tensor([[1.0, 2.0, 3.0], [3.0, 4.0, 4.5]], dtype=torch.float64)
+    window, phi, new = attn(q, values, kappa, key_mask=mask)
+    w1, p1, k1 = attn(q[1:], values[1:, :5], kappa[1:])
+    torch.testing.assert_close(window[1], w1[0], atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(phi[1, :5], p1[0], atol=1e-12, rtol=1e-10)
+    assert torch.all(phi[1, 5:] == 0)
+    torch.testing.assert_close(new[1], k1[0])
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="parameterization"):
+        ak.nn.GMMLocationAttention(4, 2, parameterization="relu")
+    with pytest.raises(ValueError, match="num_components"):
+        ak.nn.GMMLocationAttention(4, 0)
+    attn = ak.nn.GMMLocationAttention(4, 2)
+    with pytest.raises(ValueError, match="initial_kappa"):
+        attn(torch.randn(3, 4), torch.randn(3, 5, 2), torch.zeros(3, 3))
