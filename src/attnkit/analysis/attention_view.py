@@ -131,7 +131,7 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
 
     text = _check_text(text)
     for m in mechanisms:
-        from ..config import resolve_mechanism
+        from ..registry import resolve_mechanism
 
         resolve_mechanism(m)  # an unknown name fails before the model loads
     base = akhf.load(model_dir)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ._common import check_ids_and_mask, check_positive_int
+from .building_blocks import check_ids_and_mask, check_positive_int
 
 __all__ = ["CTCModel", "ctc_greedy_decode", "ctc_prefix_beam_search", "ctc_frames_needed"]
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn.draw import DRAWRead, DRAWWindow, draw_write, window_from_params
-from ._common import check_positive_int
+from .building_blocks import check_positive_int
 
 __all__ = ["DRAW", "DRAWOutput"]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..nn.draw import DRAWRead, DRAWWindow
-from ._common import check_positive_int
+from .building_blocks import check_positive_int
 
 __all__ = ["DRAWClassifier"]
 

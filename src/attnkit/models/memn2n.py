@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._common import check_positive_int
+from .building_blocks import check_positive_int
 
 __all__ = ["MemN2N", "position_encoding_matrix"]
 

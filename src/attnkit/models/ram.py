@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn.hard import reinforce_loss
-from ._common import check_positive_int
+from .building_blocks import check_positive_int
 
 __all__ = ["RAMOutput", "RecurrentAttentionModel", "glimpse_sensor", "location_to_pixels"]
 

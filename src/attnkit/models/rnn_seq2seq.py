@@ -36,13 +36,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..config import resolve_mechanism
+from ..registry import resolve_mechanism
 from ..nn.additive import AdditiveAttention
 from ..nn.bilinear import BilinearAttention
 from ..nn.dot import DotAttention
 from ..nn.location import PARAMETERIZATIONS, GMMLocationAttention
 from ..nn.mixed import MixedAttention
-from ._common import check_ids_and_mask, check_positive_int
+from .building_blocks import check_ids_and_mask, check_positive_int
 
 __all__ = ["RNNSeq2Seq", "ATTENTIONS", "CELLS"]
 

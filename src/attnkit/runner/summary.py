@@ -9,7 +9,7 @@ import statistics
 import time
 from typing import Optional
 
-from ..config import MECHANISMS, resolve_mechanism
+from ..registry import MECHANISMS, resolve_mechanism
 from .config import CompareConfig
 from .stats import environment, load_note, mcnemar, paired_seed_interval, verdict
 
