@@ -10,7 +10,7 @@ from attnkit.metrics import ece, reliability
 
 def test_ece_known_answer():
     # confidences 0.9, 0.9, 0.6, 0.6 (two bins with n_bins=2: (0, .5], (.5, 1]... all in bin 2)
-    probs = torch.tensor([[0.9, 0.1], [0.9, 0.1], [0.4, 0.6], [0.6, 0.4]])
+    probs = torch.tensor([[0.9, 0.1], [0.9, 0.1], [0.4, 0.6], [0.6, 0.4]], dtype=torch.float64)
     labels = torch.tensor([0, 1, 1, 1])
     # one bin: accuracy 2/4, mean confidence 0.75 -> |0.5 - 0.75| = 0.25
     assert ece(probs, labels, n_bins=1) == pytest.approx(0.25)
