@@ -92,6 +92,8 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, help="Replace the files of a non-empty --out."),
         cache_dir: Optional[str] = typer.Option(None, help="Dataset cache (default $ATTNKIT_CACHE or ~/.cache/attnkit)."),
         download: bool = typer.Option(False, help="Fetch the dataset into the cache when it is not there."),
+        align: Optional[str] = typer.Option(None, help="Alignment attention: gan, ot, ct or mmd (docs/alignment.md)."),
+        align_weight: float = typer.Option(0.01, help="Weight of the alignment loss (lambda)."),
     ) -> None:
         """Fine-tune a (converted) encoder for sequence classification; prints accuracy and macro-F1."""
         from attnkit.hf.finetune import FinetuneConfig
@@ -100,7 +102,7 @@ def register(app: typer.Typer) -> None:
         config = FinetuneConfig(
             out=out, model=model, mechanism=mechanism, u0=u0, dataset=dataset, max_steps=max_steps, epochs=epochs,
             batch_size=batch_size, lr=lr, max_length=max_length, seed=seed, overwrite=overwrite,
-            cache_dir=cache_dir, download=download,
+            cache_dir=cache_dir, download=download, align=align, align_weight=align_weight,
         )
         metrics = run(config)
         if int(os.environ.get("RANK", "0")) != 0:
