@@ -60,4 +60,5 @@ def test_explain_away_target_quick(tmp_path):
 
 
 def test_every_target_is_registered():
-    assert set(TARGETS) == {"mode-collapse-curves", "mode-collapse-2d", "explain-away", "lemma1", "coda-matrices"}
+    assert set(TARGETS) == {"mode-collapse-curves", "mode-collapse-2d", "explain-away", "lemma1", "coda-matrices",
+                            "alignment"}

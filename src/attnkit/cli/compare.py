@@ -55,6 +55,7 @@ def register(app: typer.Typer) -> None:
         config_file: Optional[Path] = typer.Option(None, "--config", help="YAML/TOML/JSON file of configuration keys."),
         set_: list[str] = typer.Option([], "--set", help="Any other configuration key: --set lr=1e-3 (repeatable)."),
         progress: Optional[str] = typer.Option(None, "--progress", help="auto, rich, tqdm or none."),
+        align: Optional[str] = typer.Option(None, "--align", help="Alignment attention per mechanism, e.g. none,gan,ot,ct (weight: --set align_weight=0.01)."),
     ) -> None:
         """Train the same model with several attention mechanisms under the same seeds and budget.
 
@@ -67,7 +68,7 @@ def register(app: typer.Typer) -> None:
         given = {
             "task": task, "mechanisms": mechanisms, "seeds": seeds, "preset": preset, "max_steps": max_steps,
             "out": None if out is None else str(out), "progress": progress,
-            "resume": resume or None, "overwrite": overwrite or None,
+            "resume": resume or None, "overwrite": overwrite or None, "align": align,
         }
         clash = sorted(k for k, v in given.items() if v is not None and k in overrides)
         if clash:

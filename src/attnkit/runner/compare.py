@@ -212,7 +212,7 @@ def _run_compare(config: CompareConfig, accelerator, task, on_step) -> CompareRe
     progress = make_progress(config.progress, accelerator.is_main_process)
     runs = []
     try:
-        for mech in config.mechanisms:
+        for mech in config.variants:
             for seed in config.seed_list:
                 hook = None if on_step is None else (lambda step, m=mech, s=seed: on_step(m, s, step))
                 result = train_run(task, data, config, mech, seed, out / "runs" / f"{mech}-seed{seed}",
@@ -221,7 +221,7 @@ def _run_compare(config: CompareConfig, accelerator, task, on_step) -> CompareRe
     finally:
         if progress is not None:
             progress.close()
-    records = aggregate(runs, config.mechanisms)
+    records = aggregate(runs, config.variants)
     files: dict = {}
     if accelerator.is_main_process:
         files = write_report(config, task, records, runs, out)
