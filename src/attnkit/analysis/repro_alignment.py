@@ -77,6 +77,14 @@ class Budget:
 
     @classmethod
     def quick(cls) -> "Budget":
+        """``attnkit reproduce alignment --quick``: one seed, every method, minutes on one thread."""
+        return cls(seeds=(0,), steps=30, train_size=400, test_size=200, cross_steps=20, cross_train_size=300,
+                   cross_test_size=200, gat_seeds=(0, 1), gat_nodes_per_class=150, gat_classes=4, gat_epochs=100,
+                   gat_max_tokens=256, timing_rounds=2, timing_steps=2)
+
+    @classmethod
+    def smoke(cls) -> "Budget":
+        """A seconds-sized run for the tests: every code path, no meaningful numbers."""
         return cls(seeds=(0,), methods=("none", "ct"), cross_methods=("none", "ct"), gat_methods=("none", "ct"),
                    steps=6, batch_size=8, max_length=32, train_size=64, test_size=48, cross_steps=4,
                    cross_train_size=32, cross_test_size=32, gat_seeds=(0,), gat_nodes_per_class=40, gat_classes=3,
