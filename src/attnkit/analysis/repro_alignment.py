@@ -74,6 +74,7 @@ class Budget:
     gat_max_tokens: int = 512
     timing_rounds: int = 4
     timing_steps: int = 3
+    verbose: bool = False  # one line per finished run on stderr
 
     @classmethod
     def quick(cls) -> "Budget":
@@ -178,6 +179,13 @@ def _finetune(method: str, seed: int, train, num_labels: int, steps: int, budget
     return model, tokenizer, times
 
 
+def _say(budget: Budget, message: str) -> None:
+    if budget.verbose:
+        import sys
+
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
@@ -206,6 +214,8 @@ def in_domain(result: ReproduceResult, budget: Budget) -> dict:
             ev = _evaluate(model, tok, *test, budget)
             steady = times[1:] if len(times) > 1 else times
             runs[method].append({**ev, "step_s": statistics.fmean(steady)})
+            _say(budget, f"in-domain {method} seed {seed}: acc {ev['accuracy']:.4f} ece {ev['ece']:.4f} "
+                         f"mmd {ev['mmd']:.3f} step {statistics.fmean(steady):.3f}s")
             result.rows_raw.append({"experiment": "in-domain R8", "method": method, "seed": seed,
                                     "accuracy": ev["accuracy"], "ece": ev["ece"], "mmd": ev["mmd"],
                                     "step_s": statistics.fmean(steady)})
@@ -253,6 +263,7 @@ def cross_domain(result: ReproduceResult, budget: Budget) -> dict:
             a, b = _evaluate(model, tok, *test_id, budget, 0), _evaluate(model, tok, *test_od, budget, 0)
             runs[method].append({"acc_id": a["accuracy"], "acc_od": b["accuracy"], "ece_id": a["ece"],
                                  "ece_od": b["ece"]})
+            _say(budget, f"cross-domain {method} seed {seed}: {runs[method][-1]}")
             result.rows_raw.append({"experiment": "cross-domain 20NG", "method": method, "seed": seed,
                                     **runs[method][-1]})
     for method in budget.cross_methods:
@@ -352,6 +363,7 @@ def gat(result: ReproduceResult, budget: Budget) -> dict:
                 if v > best_val:
                     best_val, best_test = v, float((pred[test] == y[test]).float().mean())
             runs[method].append(best_test)
+            _say(budget, f"gat {method} seed {seed}: test {best_test:.4f} (val {best_val:.4f})")
             result.rows_raw.append({"experiment": "GAT", "method": method, "seed": seed, "accuracy": best_test})
     for method in budget.gat_methods:
         result.rows.append({
