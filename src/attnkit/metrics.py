@@ -37,7 +37,9 @@ def _check(probs, labels, n_bins: int) -> tuple[Tensor, Tensor]:
     if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
         raise ValueError(f"n_bins={n_bins!r}; expected an integer >= 1 (15 by default)")
     if probs.dim() != 2 or probs.shape[0] == 0:
-        raise ValueError(f"probs has shape {tuple(probs.shape)}, expected (N, C) class probabilities with N >= 1")
+        raise ValueError(
+            f"probs has shape {tuple(probs.shape)}, expected (N, C) class probabilities with N >= 1"
+        )
     if labels.shape != (probs.shape[0],):
         raise ValueError(f"labels has shape {tuple(labels.shape)}, expected (N,) = ({probs.shape[0]},)")
     if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):

@@ -12,8 +12,18 @@ from tests.runner._fixtures import tiny_overrides, write_classification_file
 
 def test_compare_runs_each_mechanism_with_each_alignment(tmp_path):
     data = write_classification_file(tmp_path / "topics.json")
-    config = build_config(tiny_overrides(data, tmp_path / "out", mechanisms="softmax,dnas", align="none,ct",
-                                         steps=4, eval_every=4, checkpoint_every=4, plots=False))
+    config = build_config(
+        tiny_overrides(
+            data,
+            tmp_path / "out",
+            mechanisms="softmax,dnas",
+            align="none,ct",
+            steps=4,
+            eval_every=4,
+            checkpoint_every=4,
+            plots=False,
+        )
+    )
     assert config.variants == ("softmax", "softmax+ct", "dnas", "dnas+ct")
     result = run_compare(config)
     assert [r["mechanism"] for r in result.records] == list(config.variants)
@@ -27,4 +37,6 @@ def test_compare_runs_each_mechanism_with_each_alignment(tmp_path):
 @pytest.mark.parametrize("align, match", [("none,wgan", "'wgan'"), ("ct,ct", "twice"), ("", "non-empty")])
 def test_bad_align_axis_raises(tmp_path, align, match):
     with pytest.raises(ValueError, match=match):
-        build_config(tiny_overrides(write_classification_file(tmp_path / "x.json"), tmp_path / "o", align=align))
+        build_config(
+            tiny_overrides(write_classification_file(tmp_path / "x.json"), tmp_path / "o", align=align)
+        )

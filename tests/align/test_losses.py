@@ -162,7 +162,10 @@ def test_ct_critic_gradient_is_reversed_and_inputs_are_not():
     fq, fk = critic(q), critic(k)
     cost = torch.cdist(fq, fk)
     logits = navigator(q) @ navigator(k).transpose(-1, -2)
-    plain = (0.5 * (cost * logits.softmax(-1)).sum((-1, -2)) / 6 + 0.5 * (cost * logits.softmax(-2)).sum((-1, -2)) / 6)
+    plain = (
+        0.5 * (cost * logits.softmax(-1)).sum((-1, -2)) / 6
+        + 0.5 * (cost * logits.softmax(-2)).sum((-1, -2)) / 6
+    )
     plain = plain.sum()
     torch.testing.assert_close(value, plain)
     torch.testing.assert_close(g_critic, -torch.autograd.grad(plain, critic.fc1.weight, retain_graph=True)[0])

@@ -107,7 +107,9 @@ def test_gradients_reach_the_projections_and_own_parameters():
 def test_torch_multihead_attention_and_layer_selection():
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
-    model = torch.nn.Sequential(layer, torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True))
+    model = torch.nn.Sequential(
+        layer, torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    )
     x, _ = _batch()
     before = model(x)
     reg = AlignmentRegularizer(model, method="gan", layers=[1])

@@ -34,8 +34,8 @@ def test_document_graph_is_symmetric_with_a_cora_like_split():
 def test_smoke_budget_writes_table_claims_and_files(tmp_path):
     import torch
 
-    from attnkit.analysis.repro_alignment import Budget, run_alignment
     from attnkit.analysis.report import ReproduceResult
+    from attnkit.analysis.repro_alignment import Budget, run_alignment
     from attnkit.data import DatasetUnavailableError
 
     result = ReproduceResult(name="alignment", out=tmp_path)
@@ -51,6 +51,11 @@ def test_smoke_budget_writes_table_claims_and_files(tmp_path):
     assert experiments == {"in-domain", "20NG", "GAT,"}
     assert len({tuple(row) for row in result.rows}) == 1  # one set of columns
     names = {p.name for p in result.files}
-    assert {"alignment_mmd_heads.png", "alignment_reliability_r8.png", "alignment_runs.csv",
-            "alignment_table.csv", "alignment_overhead.csv"} <= names
+    assert {
+        "alignment_mmd_heads.png",
+        "alignment_reliability_r8.png",
+        "alignment_runs.csv",
+        "alignment_table.csv",
+        "alignment_overhead.csv",
+    } <= names
     assert all(c.evidence for c in result.claims) and len(result.claims) == 5

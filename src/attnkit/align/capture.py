@@ -161,7 +161,9 @@ def _hf_heads(module: nn.Module, config) -> int:
         value = getattr(config, attr, None)
         if isinstance(value, int) and value > 0:
             return value
-    raise ValueError(f"cannot tell the number of heads of {type(module).__name__}; it has no num_attention_heads")
+    raise ValueError(
+        f"cannot tell the number of heads of {type(module).__name__}; it has no num_attention_heads"
+    )
 
 
 def _hf_sites(model) -> list[Site]:
@@ -170,7 +172,9 @@ def _hf_sites(model) -> list[Site]:
     sites = []
     for name, module in attention_modules(model):
         children = dict(module.named_children())
-        pair = next(((children[a], children[b]) for a, b in _HF_PAIRS if a in children and b in children), None)
+        pair = next(
+            ((children[a], children[b]) for a, b in _HF_PAIRS if a in children and b in children), None
+        )
         if pair is None or not all(isinstance(p, nn.Linear) for p in pair):
             raise ValueError(
                 f"{type(module).__name__} at {name!r} has no query/key nn.Linear "

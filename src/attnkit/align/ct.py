@@ -120,7 +120,9 @@ def ct_loss(
     pair = qm[:, None, :, None] & km[:, None, None, :]  # (B, 1, Lq, Lk)
     # |logits| <= 1 (unit vectors): -1e4 gives an exact 0 weight, and a row with no real key stays finite
     logits = logits.masked_fill(~pair, -1e4)
-    forward_plan = torch.softmax(logits, dim=-1)  # (B, H, Lq, Lk), rows of real queries sum to 1 over real keys
+    forward_plan = torch.softmax(
+        logits, dim=-1
+    )  # (B, H, Lq, Lk), rows of real queries sum to 1 over real keys
     backward_plan = torch.softmax(logits, dim=-2)  # columns of real keys sum to 1 over real queries
     cost = cost.masked_fill(~pair, 0.0)
     to_keys = (cost * forward_plan).sum((-1, -2)) / qm.sum(-1).clamp_min(1)[:, None]  # (B, H)

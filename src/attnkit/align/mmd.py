@@ -61,9 +61,15 @@ def mmd(
     n = m.sum(-1)[:, None]  # (B, 1)
     s = (sq.detach() * pair).sum((-1, -2)) / (n * n - n).clamp_min(1)  # (B, H) mean over distinct pairs
     s = s.clamp_min(torch.finfo(x.dtype).tiny) / KERNEL_MUL ** (KERNEL_NUM // 2)
-    kernel = sum(torch.exp(-sq / (s * KERNEL_MUL**i)[..., None, None]) for i in range(KERNEL_NUM))  # (B, H, L, L)
-    wq = torch.cat([qm, torch.zeros_like(km)], 1).to(x.dtype) / qm.sum(-1, keepdim=True).clamp_min(1)  # (B, L)
-    wk = torch.cat([torch.zeros_like(qm), km], 1).to(x.dtype) / km.sum(-1, keepdim=True).clamp_min(1)  # (B, L)
+    kernel = sum(
+        torch.exp(-sq / (s * KERNEL_MUL**i)[..., None, None]) for i in range(KERNEL_NUM)
+    )  # (B, H, L, L)
+    wq = torch.cat([qm, torch.zeros_like(km)], 1).to(x.dtype) / qm.sum(-1, keepdim=True).clamp_min(
+        1
+    )  # (B, L)
+    wk = torch.cat([torch.zeros_like(qm), km], 1).to(x.dtype) / km.sum(-1, keepdim=True).clamp_min(
+        1
+    )  # (B, L)
     w = (wq - wk)[:, None, :]  # (B, 1, L): +1/nq on queries, -1/nk on keys
     value = torch.einsum("bhi,bhij,bhj->bh", w.expand(B, H, -1), kernel, w.expand(B, H, -1))  # (B, H)
     real = (qm.any(-1) & km.any(-1))[:, None]  # (B, 1)

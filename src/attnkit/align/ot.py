@@ -37,7 +37,9 @@ def _samples_loss(blur: float, diameter: float, scaling: float):
     try:
         from geomloss import SamplesLoss
     except ImportError as exc:
-        raise ImportError("method 'ot' needs geomloss; install it with `pip install 'attnkit[align]'`") from exc
+        raise ImportError(
+            "method 'ot' needs geomloss; install it with `pip install 'attnkit[align]'`"
+        ) from exc
     return SamplesLoss("sinkhorn", p=P, blur=blur, scaling=scaling, diameter=diameter, backend="tensorized")
 
 

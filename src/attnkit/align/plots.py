@@ -37,10 +37,26 @@ def plot_reliability(diagrams: Mapping[str, Reliability], path: PathLike, title:
         edges = r.edges.numpy()
         width = edges[1] - edges[0]
         filled = (r.counts > 0).numpy()
-        ax.bar(edges[:-1][filled], r.accuracy.numpy()[filled], width=width, align="edge", color="#4c72b0",
-               edgecolor="black", linewidth=0.5, label="accuracy")
-        ax.bar(edges[:-1][filled], (r.confidence - r.accuracy).numpy()[filled], bottom=r.accuracy.numpy()[filled],
-               width=width, align="edge", color="#dd8452", alpha=0.5, label="gap to confidence")
+        ax.bar(
+            edges[:-1][filled],
+            r.accuracy.numpy()[filled],
+            width=width,
+            align="edge",
+            color="#4c72b0",
+            edgecolor="black",
+            linewidth=0.5,
+            label="accuracy",
+        )
+        ax.bar(
+            edges[:-1][filled],
+            (r.confidence - r.accuracy).numpy()[filled],
+            bottom=r.accuracy.numpy()[filled],
+            width=width,
+            align="edge",
+            color="#dd8452",
+            alpha=0.5,
+            label="gap to confidence",
+        )
         ax.plot([0, 1], [0, 1], "k--", linewidth=0.8)
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
@@ -55,7 +71,9 @@ def plot_reliability(diagrams: Mapping[str, Reliability], path: PathLike, title:
     return path
 
 
-def plot_mmd_heads(panels: Mapping[str, Sequence[torch.Tensor]], path: PathLike, title: str = "MMD(q, k)") -> Path:
+def plot_mmd_heads(
+    panels: Mapping[str, Sequence[torch.Tensor]], path: PathLike, title: str = "MMD(q, k)"
+) -> Path:
     """Heat maps (layers x heads) of MMD(q, k), one panel per entry (e.g. before / after), on one color scale."""
     plt = _pyplot()
     grids = {name: torch.stack([v.float().cpu() for v in values]) for name, values in panels.items()}

@@ -211,7 +211,14 @@ class AlignmentRegularizer(nn.Module):
             return gan_loss(q, k, self.discriminators[index], c.q_mask, c.k_mask, gamma=cfg.gamma)
         if cfg.method == "ct":
             return ct_loss(
-                q, k, self.critics[index], self.navigators[index], c.q_mask, c.k_mask, rho=cfg.rho, gamma=cfg.gamma
+                q,
+                k,
+                self.critics[index],
+                self.navigators[index],
+                c.q_mask,
+                c.k_mask,
+                rho=cfg.rho,
+                gamma=cfg.gamma,
             )
         if cfg.method == "ot":
             return ot_loss(q, k, c.q_mask, c.k_mask, blur=cfg.blur)

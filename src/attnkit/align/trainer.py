@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-__all__ = ["alignment_trainer_class", "AlignmentTrainer"]
+__all__ = ["alignment_trainer_class"]  # AlignmentTrainer (the Trainer subclass) is built on first access
 
 
 @lru_cache(maxsize=None)

@@ -19,7 +19,6 @@ beside ours as the direction to compare, not as values to match.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -35,17 +34,26 @@ __all__ = ["Budget", "alignment", "run_alignment", "PAPER"]
 # Paper values (arXiv:2110.12567): Table 1 MRPC accuracy (ALBERT-base), App. B.1.2 total MMD on MRPC,
 # Table 2 SNLI -> MNLI accuracy/ECE (BERT-base), Table 4 Cora accuracy.
 PAPER = {
-    "in-domain": {"none": {"accuracy": 86.5, "mmd": 0.057}, "gan": {"accuracy": 87.5}, "ot": {"accuracy": 87.9},
-                  "ct": {"accuracy": 88.6, "mmd": 0.0038}},
-    "cross-domain": {"none": {"acc_id": 90.04, "acc_od": 73.52, "ece_id": 2.54, "ece_od": 7.03},
-                     "gan": {"acc_id": 90.59, "acc_od": 74.15, "ece_id": 2.02, "ece_od": 5.82},
-                     "ct": {"acc_id": 90.65, "acc_od": 74.23, "ece_id": 1.89, "ece_od": 5.65}},
+    "in-domain": {
+        "none": {"accuracy": 86.5, "mmd": 0.057},
+        "gan": {"accuracy": 87.5},
+        "ot": {"accuracy": 87.9},
+        "ct": {"accuracy": 88.6, "mmd": 0.0038},
+    },
+    "cross-domain": {
+        "none": {"acc_id": 90.04, "acc_od": 73.52, "ece_id": 2.54, "ece_od": 7.03},
+        "gan": {"acc_id": 90.59, "acc_od": 74.15, "ece_id": 2.02, "ece_od": 5.82},
+        "ct": {"acc_id": 90.65, "acc_od": 74.23, "ece_id": 1.89, "ece_od": 5.65},
+    },
     "gat": {"none": {"accuracy": 83.00}, "gan": {"accuracy": 83.78}, "ct": {"accuracy": 83.80}},
 }
 
 DOMAINS = {  # label 0 = comp, label 1 = rec
     "train": (("comp.graphics", "comp.os.ms-windows.misc"), ("rec.autos", "rec.motorcycles")),
-    "shift": (("comp.sys.ibm.pc.hardware", "comp.sys.mac.hardware"), ("rec.sport.baseball", "rec.sport.hockey")),
+    "shift": (
+        ("comp.sys.ibm.pc.hardware", "comp.sys.mac.hardware"),
+        ("rec.sport.baseball", "rec.sport.hockey"),
+    ),
 }
 
 
@@ -79,17 +87,47 @@ class Budget:
     @classmethod
     def quick(cls) -> "Budget":
         """``attnkit reproduce alignment --quick``: one seed, every method, minutes on one thread."""
-        return cls(seeds=(0,), steps=30, train_size=400, test_size=200, cross_steps=20, cross_train_size=300,
-                   cross_test_size=200, gat_seeds=(0, 1), gat_nodes_per_class=150, gat_classes=4, gat_epochs=100,
-                   gat_max_tokens=256, timing_rounds=2, timing_steps=2)
+        return cls(
+            seeds=(0,),
+            steps=30,
+            train_size=400,
+            test_size=200,
+            cross_steps=20,
+            cross_train_size=300,
+            cross_test_size=200,
+            gat_seeds=(0, 1),
+            gat_nodes_per_class=150,
+            gat_classes=4,
+            gat_epochs=100,
+            gat_max_tokens=256,
+            timing_rounds=2,
+            timing_steps=2,
+        )
 
     @classmethod
     def smoke(cls) -> "Budget":
         """A seconds-sized run for the tests: every code path, no meaningful numbers."""
-        return cls(seeds=(0,), methods=("none", "ct"), cross_methods=("none", "ct"), gat_methods=("none", "ct"),
-                   steps=6, batch_size=8, max_length=32, train_size=64, test_size=48, cross_steps=4,
-                   cross_train_size=32, cross_test_size=32, gat_seeds=(0,), gat_nodes_per_class=40, gat_classes=3,
-                   gat_epochs=20, gat_max_tokens=64, timing_rounds=1, timing_steps=1)
+        return cls(
+            seeds=(0,),
+            methods=("none", "ct"),
+            cross_methods=("none", "ct"),
+            gat_methods=("none", "ct"),
+            steps=6,
+            batch_size=8,
+            max_length=32,
+            train_size=64,
+            test_size=48,
+            cross_steps=4,
+            cross_train_size=32,
+            cross_test_size=32,
+            gat_seeds=(0,),
+            gat_nodes_per_class=40,
+            gat_classes=3,
+            gat_epochs=20,
+            gat_max_tokens=64,
+            timing_rounds=1,
+            timing_steps=1,
+        )
 
 
 # -- text classification with MiniLM ------------------------------------------------------------------------
@@ -105,7 +143,9 @@ def _encoder(num_labels: int, seed: int):
 
     path = default_model_path()
     torch.manual_seed(seed)
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels, use_safetensors=True)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=num_labels, use_safetensors=True
+    )
     return model, AutoTokenizer.from_pretrained(path)
 
 
@@ -119,8 +159,13 @@ def _batches(tokenizer, texts, labels, batch_size: int, max_length: int, order: 
     order = list(range(len(texts))) if order is None else order
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        enc = tokenizer([texts[i] for i in chunk], truncation=True, max_length=max_length, padding=True,
-                        return_tensors="pt")
+        enc = tokenizer(
+            [texts[i] for i in chunk],
+            truncation=True,
+            max_length=max_length,
+            padding=True,
+            return_tensors="pt",
+        )
         yield enc, torch.tensor([labels[i] for i in chunk])
 
 
@@ -140,8 +185,13 @@ def _evaluate(model, tokenizer, texts, labels, budget: Budget, mmd_batches: int 
     p = torch.cat(probs)
     y = torch.tensor(labels)
     per_head = torch.stack(heads).mean(0) if heads else torch.zeros(0)  # (layers, H)
-    return {"accuracy": float((p.argmax(-1) == y).float().mean()), "ece": ece(p, y), "mmd": float(per_head.sum()),
-            "mmd_heads": per_head, "reliability": reliability(p, y)}
+    return {
+        "accuracy": float((p.argmax(-1) == y).float().mean()),
+        "ece": ece(p, y),
+        "mmd": float(per_head.sum()),
+        "mmd_heads": per_head,
+        "reliability": reliability(p, y),
+    }
 
 
 def _finetune(method: str, seed: int, train, num_labels: int, steps: int, budget: Budget):
@@ -153,7 +203,9 @@ def _finetune(method: str, seed: int, train, num_labels: int, steps: int, budget
     params = [*model.parameters(), *(reg.parameters() if reg is not None else [])]
     opt = torch.optim.AdamW(params, lr=budget.lr, weight_decay=0.01)
     warmup = max(1, steps // 10)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, 1 - s / steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, 1 - s / steps)
+    )
     texts, labels = train
     g = torch.Generator().manual_seed(seed)
     order: list[int] = []
@@ -196,9 +248,9 @@ def _fmt(values: Sequence[float], scale: float = 1.0, digits: int = 2) -> str:
 
 
 def in_domain(result: ReproduceResult, budget: Budget) -> dict:
+    from ..align.plots import plot_mmd_heads, plot_reliability
     from ..data import load_dataset
     from .plots import _pyplot  # noqa: F401  (fail early without matplotlib)
-    from ..align.plots import plot_mmd_heads, plot_reliability
 
     data = load_dataset("reuters8")
     runs: dict[str, list[dict]] = {m: [] for m in budget.methods}
@@ -214,27 +266,56 @@ def in_domain(result: ReproduceResult, budget: Budget) -> dict:
             ev = _evaluate(model, tok, *test, budget)
             steady = times[1:] if len(times) > 1 else times
             runs[method].append({**ev, "step_s": statistics.fmean(steady)})
-            _say(budget, f"in-domain {method} seed {seed}: acc {ev['accuracy']:.4f} ece {ev['ece']:.4f} "
-                         f"mmd {ev['mmd']:.3f} step {statistics.fmean(steady):.3f}s")
-            result.rows_raw.append({"experiment": "in-domain R8", "method": method, "seed": seed,
-                                    "accuracy": ev["accuracy"], "ece": ev["ece"], "mmd": ev["mmd"],
-                                    "step_s": statistics.fmean(steady)})
+            _say(
+                budget,
+                f"in-domain {method} seed {seed}: acc {ev['accuracy']:.4f} ece {ev['ece']:.4f} "
+                f"mmd {ev['mmd']:.3f} step {statistics.fmean(steady):.3f}s",
+            )
+            result.rows_raw.append(
+                {
+                    "experiment": "in-domain R8",
+                    "method": method,
+                    "seed": seed,
+                    "accuracy": ev["accuracy"],
+                    "ece": ev["ece"],
+                    "mmd": ev["mmd"],
+                    "step_s": statistics.fmean(steady),
+                }
+            )
     out = result.out
-    result.add_file(plot_mmd_heads({"pretrained": list(before["mmd_heads"]),
-                                    **{m: list(runs[m][0]["mmd_heads"]) for m in budget.methods}},
-                                   out / "alignment_mmd_heads.png",
-                                   title=f"MiniLM-L6 on R8: MMD(q, k) per layer and head (seed {budget.seeds[0]})"))
-    result.add_file(plot_reliability({m: runs[m][0]["reliability"] for m in budget.methods},
-                                     out / "alignment_reliability_r8.png", title="R8 test reliability"))
+    result.add_file(
+        plot_mmd_heads(
+            {
+                "pretrained": list(before["mmd_heads"]),
+                **{m: list(runs[m][0]["mmd_heads"]) for m in budget.methods},
+            },
+            out / "alignment_mmd_heads.png",
+            title=f"MiniLM-L6 on R8: MMD(q, k) per layer and head (seed {budget.seeds[0]})",
+        )
+    )
+    result.add_file(
+        plot_reliability(
+            {m: runs[m][0]["reliability"] for m in budget.methods},
+            out / "alignment_reliability_r8.png",
+            title="R8 test reliability",
+        )
+    )
     for method in budget.methods:
         r = runs[method]
         paper = PAPER["in-domain"].get(method, {})
-        result.rows.append({
-            "experiment": "in-domain R8 (MiniLM-L6)", "method": method, "seeds": len(r),
-            "accuracy %": _fmt([x["accuracy"] for x in r], 100), "paper acc % (MRPC, ALBERT)": paper.get("accuracy", ""),
-            "ECE %": _fmt([x["ece"] for x in r], 100), "total MMD": _fmt([x["mmd"] for x in r], 1, 4),
-            "paper MMD": paper.get("mmd", ""), "step s": _fmt([x["step_s"] for x in r], 1, 3),
-        })
+        result.rows.append(
+            {
+                "experiment": "in-domain R8 (MiniLM-L6)",
+                "method": method,
+                "seeds": len(r),
+                "accuracy %": _fmt([x["accuracy"] for x in r], 100),
+                "paper acc % (MRPC, ALBERT)": paper.get("accuracy", ""),
+                "ECE %": _fmt([x["ece"] for x in r], 100),
+                "total MMD": _fmt([x["mmd"] for x in r], 1, 4),
+                "paper MMD": paper.get("mmd", ""),
+                "step s": _fmt([x["step_s"] for x in r], 1, 3),
+            }
+        )
     result.extra["pretrained_mmd"] = before["mmd"]
     return runs
 
@@ -261,23 +342,34 @@ def cross_domain(result: ReproduceResult, budget: Budget) -> dict:
         for method in budget.cross_methods:
             model, tok, _ = _finetune(method, seed, sub, 2, budget.cross_steps, budget)
             a, b = _evaluate(model, tok, *test_id, budget, 0), _evaluate(model, tok, *test_od, budget, 0)
-            runs[method].append({"acc_id": a["accuracy"], "acc_od": b["accuracy"], "ece_id": a["ece"],
-                                 "ece_od": b["ece"]})
+            runs[method].append(
+                {"acc_id": a["accuracy"], "acc_od": b["accuracy"], "ece_id": a["ece"], "ece_od": b["ece"]}
+            )
             _say(budget, f"cross-domain {method} seed {seed}: {runs[method][-1]}")
-            result.rows_raw.append({"experiment": "cross-domain 20NG", "method": method, "seed": seed,
-                                    **runs[method][-1]})
+            result.rows_raw.append(
+                {"experiment": "cross-domain 20NG", "method": method, "seed": seed, **runs[method][-1]}
+            )
     for method in budget.cross_methods:
         r = runs[method]
         paper = PAPER["cross-domain"].get(method, {})
-        result.rows.append({
-            "experiment": "20NG comp/rec shift (MiniLM-L6)", "method": method, "seeds": len(r),
-            "accuracy %": f"ID {_fmt([x['acc_id'] for x in r], 100)} / OD {_fmt([x['acc_od'] for x in r], 100)}",
-            "paper acc % (MRPC, ALBERT)": "",
-            "ECE %": f"ID {_fmt([x['ece_id'] for x in r], 100)} / OD {_fmt([x['ece_od'] for x in r], 100)}",
-            "total MMD": "", "paper MMD": "", "step s": "",
-            "paper (SNLI->MNLI, BERT)": (f"acc {paper['acc_id']}/{paper['acc_od']}, ECE {paper['ece_id']}/"
-                                        f"{paper['ece_od']}" if paper else ""),
-        })
+        result.rows.append(
+            {
+                "experiment": "20NG comp/rec shift (MiniLM-L6)",
+                "method": method,
+                "seeds": len(r),
+                "accuracy %": f"ID {_fmt([x['acc_id'] for x in r], 100)} / OD {_fmt([x['acc_od'] for x in r], 100)}",
+                "paper acc % (MRPC, ALBERT)": "",
+                "ECE %": f"ID {_fmt([x['ece_id'] for x in r], 100)} / OD {_fmt([x['ece_od'] for x in r], 100)}",
+                "total MMD": "",
+                "paper MMD": "",
+                "step s": "",
+                "paper (SNLI->MNLI, BERT)": (
+                    f"acc {paper['acc_id']}/{paper['acc_od']}, ECE {paper['ece_id']}/{paper['ece_od']}"
+                    if paper
+                    else ""
+                ),
+            }
+        )
     return runs
 
 
@@ -317,7 +409,9 @@ def build_document_graph(budget: Budget, seed: int = 0, k: int = 5):
 
 
 class _GAT(torch.nn.Module):
-    def __init__(self, d_in: int, classes: int, heads: int = 8, hidden: int = 8, dropout: float = 0.6) -> None:
+    def __init__(
+        self, d_in: int, classes: int, heads: int = 8, hidden: int = 8, dropout: float = 0.6
+    ) -> None:
         super().__init__()
         from torch_geometric.nn import GATConv
 
@@ -343,8 +437,9 @@ def gat(result: ReproduceResult, budget: Budget) -> dict:
             model = _GAT(x.shape[1], int(y.max()) + 1)
             reg = None
             if method != "none":
-                reg = AlignmentRegularizer(model, method=method, weight=budget.weight,
-                                           max_tokens=budget.gat_max_tokens, seed=seed)
+                reg = AlignmentRegularizer(
+                    model, method=method, weight=budget.weight, max_tokens=budget.gat_max_tokens, seed=seed
+                )
             params = [*model.parameters(), *(reg.parameters() if reg is not None else [])]
             opt = torch.optim.Adam(params, lr=5e-3, weight_decay=5e-4)
             best_val, best_test = -1.0, 0.0
@@ -364,14 +459,23 @@ def gat(result: ReproduceResult, budget: Budget) -> dict:
                     best_val, best_test = v, float((pred[test] == y[test]).float().mean())
             runs[method].append(best_test)
             _say(budget, f"gat {method} seed {seed}: test {best_test:.4f} (val {best_val:.4f})")
-            result.rows_raw.append({"experiment": "GAT", "method": method, "seed": seed, "accuracy": best_test})
+            result.rows_raw.append(
+                {"experiment": "GAT", "method": method, "seed": seed, "accuracy": best_test}
+            )
     for method in budget.gat_methods:
-        result.rows.append({
-            "experiment": f"GAT, 20NG TF-IDF kNN graph ({len(y)} nodes)", "method": method,
-            "seeds": len(runs[method]), "accuracy %": _fmt(runs[method], 100),
-            "paper acc % (MRPC, ALBERT)": f"Cora {PAPER['gat'].get(method, {}).get('accuracy', '')}",
-            "ECE %": "", "total MMD": "", "paper MMD": "", "step s": "",
-        })
+        result.rows.append(
+            {
+                "experiment": f"GAT, 20NG TF-IDF kNN graph ({len(y)} nodes)",
+                "method": method,
+                "seeds": len(runs[method]),
+                "accuracy %": _fmt(runs[method], 100),
+                "paper acc % (MRPC, ALBERT)": f"Cora {PAPER['gat'].get(method, {}).get('accuracy', '')}",
+                "ECE %": "",
+                "total MMD": "",
+                "paper MMD": "",
+                "step s": "",
+            }
+        )
     return runs
 
 
@@ -410,7 +514,9 @@ def step_overhead(result: ReproduceResult, budget: Budget) -> dict:
             if reg is not None:
                 reg.remove()
     base = statistics.median(times["none"])
-    return {m: {"median_s": statistics.median(t), "ratio": statistics.median(t) / base} for m, t in times.items()}
+    return {
+        m: {"median_s": statistics.median(t), "ratio": statistics.median(t) / base} for m, t in times.items()
+    }
 
 
 # -- the target ---------------------------------------------------------------------------------------------
@@ -428,14 +534,16 @@ def run_alignment(result: ReproduceResult, budget: Budget) -> None:
         if row["experiment"].startswith("in-domain") and row["method"] in overhead:
             row["step time / none (interleaved)"] = f"{overhead[row['method']]['ratio']:.2f}"
     result.add_file(write_csv(result.out / "alignment_runs.csv", result.rows_raw))
-    result.add_file(write_csv(result.out / "alignment_overhead.csv",
-                              [{"method": m, **v} for m, v in overhead.items()]))
+    result.add_file(
+        write_csv(result.out / "alignment_overhead.csv", [{"method": m, **v} for m, v in overhead.items()])
+    )
     keys = list(dict.fromkeys(k for row in result.rows for k in row))
     result.rows[:] = [{k: row.get(k, "") for k in keys} for row in result.rows]  # one set of columns
     result.add_file(write_csv(result.out / "alignment_table.csv", result.rows))
     (result.out / "alignment_budget.txt").write_text(
         f"{asdict(budget)}\nload average at start: {load}\nload average at end: {_load_average()}\n"
-        f"threads: {torch.get_num_threads()}\n")
+        f"threads: {torch.get_num_threads()}\n"
+    )
     result.add_file(result.out / "alignment_budget.txt")
     _claims(result, budget, rid, cross, graph)
 
@@ -456,40 +564,70 @@ def _claims(result, budget, rid, cross, graph) -> None:
         if m == "none":
             continue
         gain = acc[m][0] - acc["none"][0]
-        result.claims.append(Claim(
-            "Table 1", f"{m} alignment raises in-domain accuracy over soft attention (paper: +1.0 to +2.1 on MRPC)",
-            gain > 0, f"R8 accuracy {100 * acc[m][0]:.2f} vs none {100 * acc['none'][0]:.2f} (gain {100 * gain:+.2f}, "
-            f"seed sd {100 * acc[m][1]:.2f} / {100 * acc['none'][1]:.2f}, {len(budget.seeds)} seeds, "
-            f"{budget.steps} steps)"))
+        result.claims.append(
+            Claim(
+                "Table 1",
+                f"{m} alignment raises in-domain accuracy over soft attention (paper: +1.0 to +2.1 on MRPC)",
+                gain > 0,
+                f"R8 accuracy {100 * acc[m][0]:.2f} vs none {100 * acc['none'][0]:.2f} (gain {100 * gain:+.2f}, "
+                f"seed sd {100 * acc[m][1]:.2f} / {100 * acc['none'][1]:.2f}, {len(budget.seeds)} seeds, "
+                f"{budget.steps} steps)",
+            )
+        )
         ratio = mmd["none"][0] / max(mmd[m][0], 1e-12)
-        result.claims.append(Claim(
-            "App. B.1.2", f"{m} alignment lowers the total MMD(q, k) (paper: 0.057 -> 0.0038, 15x)",
-            ratio > 1, f"total MMD {mmd[m][0]:.4f} vs none {mmd['none'][0]:.4f} ({ratio:.2f}x lower)"))
+        result.claims.append(
+            Claim(
+                "App. B.1.2",
+                f"{m} alignment lowers the total MMD(q, k) (paper: 0.057 -> 0.0038, 15x)",
+                ratio > 1,
+                f"total MMD {mmd[m][0]:.4f} vs none {mmd['none'][0]:.4f} ({ratio:.2f}x lower)",
+            )
+        )
     for m in budget.cross_methods:
         if m == "none":
             continue
         od = _mean_sd([r["acc_od"] for r in cross[m]])[0] - _mean_sd([r["acc_od"] for r in cross["none"]])[0]
         ece = _mean_sd([r["ece_od"] for r in cross[m]])[0] - _mean_sd([r["ece_od"] for r in cross["none"]])[0]
-        result.claims.append(Claim(
-            "Table 2", f"{m} alignment raises out-of-domain accuracy", od > 0,
-            f"20NG shifted sub-groups: accuracy change {100 * od:+.2f} points"))
-        result.claims.append(Claim(
-            "Table 2", f"{m} alignment lowers out-of-domain ECE", ece < 0,
-            f"20NG shifted sub-groups: ECE change {100 * ece:+.2f} points"))
+        result.claims.append(
+            Claim(
+                "Table 2",
+                f"{m} alignment raises out-of-domain accuracy",
+                od > 0,
+                f"20NG shifted sub-groups: accuracy change {100 * od:+.2f} points",
+            )
+        )
+        result.claims.append(
+            Claim(
+                "Table 2",
+                f"{m} alignment lowers out-of-domain ECE",
+                ece < 0,
+                f"20NG shifted sub-groups: ECE change {100 * ece:+.2f} points",
+            )
+        )
     for m in budget.gat_methods:
         if m == "none":
             continue
         gain = _mean_sd(graph[m])[0] - _mean_sd(graph["none"])[0]
-        result.claims.append(Claim(
-            "Table 4", f"GAT with {m} alignment beats GAT (paper: +0.8 on Cora)", gain > 0,
-            f"accuracy change {100 * gain:+.2f} points over {len(budget.gat_seeds)} seeds "
-            f"(sd none {100 * _mean_sd(graph['none'])[1]:.2f}, {m} {100 * _mean_sd(graph[m])[1]:.2f})"))
+        result.claims.append(
+            Claim(
+                "Table 4",
+                f"GAT with {m} alignment beats GAT (paper: +0.8 on Cora)",
+                gain > 0,
+                f"accuracy change {100 * gain:+.2f} points over {len(budget.gat_seeds)} seeds "
+                f"(sd none {100 * _mean_sd(graph['none'])[1]:.2f}, {m} {100 * _mean_sd(graph[m])[1]:.2f})",
+            )
+        )
 
 
 def alignment(result: ReproduceResult, quick: bool = False, seed: int = 0) -> None:
     """The ``alignment`` target of ``attnkit reproduce`` (``seed`` offsets every seed of the budget)."""
     budget = Budget.quick() if quick else Budget()
     if seed:
-        budget = Budget(**{**asdict(budget), "seeds": tuple(s + seed for s in budget.seeds),
-                           "gat_seeds": tuple(s + seed for s in budget.gat_seeds)})
+        budget = Budget(
+            **{
+                **asdict(budget),
+                "seeds": tuple(s + seed for s in budget.seeds),
+                "gat_seeds": tuple(s + seed for s in budget.gat_seeds),
+            }
+        )
     run_alignment(result, budget)
