@@ -10,6 +10,7 @@ from attnkit.runner import build_config, run_compare
 from tests.runner._fixtures import tiny_overrides, write_classification_file
 
 
+@pytest.mark.slow  # four short training runs with evaluation and the report: over 20 s on a shared machine
 def test_compare_runs_each_mechanism_with_each_alignment(tmp_path):
     data = write_classification_file(tmp_path / "topics.json")
     config = build_config(
