@@ -41,6 +41,7 @@ def test_every_target_is_registered():
         "coda-matrices",
         "lecture-visual",
         "lecture-seq",
+        "alignment",
     }
 
 

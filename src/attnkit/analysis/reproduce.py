@@ -11,6 +11,7 @@ Targets (``TARGETS``):
   canvases and generated bAbI-style tasks (several minutes; ``quick`` about two).
 - ``lecture-seq``: RNN encoder-decoders (vanilla, content, location, mixed attention) and CTC on
   grapheme-to-phoneme and number words: error rates, accuracy vs input length, alignments.
+- ``alignment``: alignment attention (Tables 1, 2, 4 at CPU scale); the full budget takes far longer than the others.
 
 Each runs on CPU in well under a few minutes (on one thread: the models are tiny); ``quick=True``
 shrinks the sizes (for tests).
@@ -24,6 +25,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from .repro_alignment import alignment
 from .repro_coda import coda_matrices
 from .repro_explain_away import explain_away_training, lemma1
 from .repro_lecture_visual import lecture_visual
@@ -43,6 +45,7 @@ TARGETS: dict[str, TargetFn] = {
     "coda-matrices": coda_matrices,
     "lecture-visual": lecture_visual,
     "lecture-seq": lecture_seq,
+    "alignment": alignment,
 }
 TARGET_HELP: dict[str, str] = {
     "mode-collapse-curves": "'Doubly-Normalized Attention' Fig. 2: center distance after one step vs r, LNAS vs DNAS, closed form + simulation",
@@ -52,6 +55,7 @@ TARGET_HELP: dict[str, str] = {
     "coda-matrices": "CoDA Fig. 2: histograms of sigmoid(N), tanh(E) and M of a trained CoDA model",
     "lecture-visual": "lecture: Show-Attend-Tell soft vs hard, RAM vs CNN, DRAW, memory networks 1 vs 3 hops",
     "lecture-seq": "lecture seq2seq: vanilla / content / GMM / mixed attention and CTC on g2p and number words",
+    "alignment": "alignment attention: MiniLM on R8, 20NG domain shift, GAT on a kNN document graph (minutes-hours)",
 }
 
 

@@ -58,6 +58,10 @@ def register(app: typer.Typer) -> None:
         log_with: Optional[str] = typer.Option(
             None, "--log-with", help="Also log to an Accelerate tracker: tensorboard (into OUT/tensorboard)."
         ),
+        align: Optional[str] = typer.Option(
+            None, "--align",
+            help="Alignment attention per mechanism, e.g. none,gan,ot,ct (weight: --set align_weight=0.01).",
+        ),
     ) -> None:
         """Train the same model with several attention mechanisms under the same seeds and budget.
 
@@ -70,7 +74,7 @@ def register(app: typer.Typer) -> None:
         given = {
             "task": task, "mechanisms": mechanisms, "seeds": seeds, "preset": preset, "max_steps": max_steps,
             "out": None if out is None else str(out), "progress": progress, "log_with": log_with,
-            "resume": resume or None, "overwrite": overwrite or None,
+            "resume": resume or None, "overwrite": overwrite or None, "align": align,
         }
         clash = sorted(k for k, v in given.items() if v is not None and k in overrides)
         if clash:

@@ -118,6 +118,8 @@ def register(app: typer.Typer) -> None:
         max_eval_samples: Optional[int] = typer.Option(
             None, help="Evaluate on the first N test documents only (default: all)."
         ),
+        align: Optional[str] = typer.Option(None, help="Alignment attention: gan, ot, ct or mmd (docs/alignment.md)."),
+        align_weight: float = typer.Option(0.01, help="Weight of the alignment loss (lambda)."),
     ) -> None:
         """Fine-tune a (converted) encoder for sequence classification; prints accuracy and macro-F1."""
         from attnkit.hf.finetune import FinetuneConfig
@@ -130,6 +132,7 @@ def register(app: typer.Typer) -> None:
             out=out, model=model, mechanism=mechanism, u0=u0, dataset=dataset, max_steps=max_steps, epochs=epochs,
             batch_size=batch_size, lr=lr, max_length=max_length, seed=seed, overwrite=overwrite,
             cache_dir=cache_dir, download=download, max_eval_samples=max_eval_samples,
+            align=align, align_weight=align_weight,
         )
         metrics = run(config)
         if int(os.environ.get("RANK", "0")) != 0:

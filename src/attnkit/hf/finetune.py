@@ -76,8 +76,14 @@ class FinetuneConfig:
     cache_dir: Optional[str] = None
     download: bool = False
     max_eval_samples: Optional[int] = None
+    align: Optional[str] = None  # alignment attention: gan | ot | ct | mmd (attnkit.align)
+    align_weight: float = 0.01
 
     def __post_init__(self) -> None:
+        if self.align is not None:
+            from ..align import AlignConfig
+
+            AlignConfig(method=self.align, weight=self.align_weight)  # validates both
         if self.mechanism is not None and self.mechanism not in MECHANISMS:
             raise ValueError(f"mechanism={self.mechanism!r}; expected one of {MECHANISMS}")
         if self.u0 is not None and self.mechanism != "hnas":
@@ -317,7 +323,15 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
             disable_tqdm=False,
         )
         timer = _step_timer()
+        extra = {}
+        if config.align is not None:  # alignment attention: the regularizer's loss joins the task loss
+            from ..align import AlignmentRegularizer
+            from ..align.trainer import alignment_trainer_class
+
+            Trainer = alignment_trainer_class(Trainer)
+            extra["regularizer"] = AlignmentRegularizer(model, method=config.align, weight=config.align_weight)
         trainer = Trainer(
+            **extra,
             model=model,
             args=args,
             train_dataset=train,
@@ -334,6 +348,7 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
     metrics = {
         **classification_metrics(prediction.label_ids.tolist(), predictions),
         "mechanism": mechanism,
+        "align": config.align,
         "mean_step_seconds": sum(steps) / max(1, len(steps)),
         "train_steps": int(result.global_step),
         "train_loss": float(result.training_loss),

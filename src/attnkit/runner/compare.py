@@ -287,7 +287,7 @@ def _train_all(config: CompareConfig, accelerator, task, data, out: Path, on_ste
     progress = make_progress(config.progress, accelerator.is_main_process)
     say = _say if accelerator.is_main_process else (lambda line: None)
     runs = []
-    plan = [(mech, seed) for mech in config.mechanisms for seed in config.seed_list]
+    plan = [(mech, seed) for mech in config.variants for seed in config.seed_list]
     clock = RunClock(len(plan))
     try:
         for k, (mech, seed) in enumerate(plan, start=1):
@@ -303,7 +303,7 @@ def _train_all(config: CompareConfig, accelerator, task, data, out: Path, on_ste
     finally:
         if progress is not None:
             progress.close()
-    records = aggregate(runs, config.mechanisms)
+    records = aggregate(runs, config.variants)
     files: dict = {}
     extras: dict = {}
     if accelerator.is_main_process:

@@ -202,8 +202,11 @@ class CompareConfig:
     progress: str = "auto"
     plots: bool = True
     log_with: Optional[str] = None
+    align: tuple[str, ...] = ("none",)  # alignment attention per mechanism: none, gan, ot, ct, mmd
+    align_weight: float = 0.01
 
     def __post_init__(self) -> None:
+        _check_align(self)
         if not isinstance(self.task, str) or not self.task:
             raise ValueError(
                 f"task={self.task!r}: expected a task name ({sorted(TASK_KINDS)}) or a dataset "
@@ -271,12 +274,18 @@ class CompareConfig:
         return min(self.steps, self.max_steps) if self.max_steps is not None else self.steps
 
     @property
+    def variants(self) -> tuple[str, ...]:
+        """The run labels: each mechanism with each alignment method (``dnas+ct``; ``none`` keeps ``dnas``)."""
+        return tuple(m if a == "none" else f"{m}+{a}" for m in self.mechanisms for a in self.align)
+
+    @property
     def seed_list(self) -> tuple[int, ...]:
         return tuple(range(self.seed, self.seed + self.seeds))
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data["mechanisms"] = list(self.mechanisms)
+        data["align"] = list(self.align)
         return data
 
     def result_dict(self) -> dict:
@@ -285,6 +294,26 @@ class CompareConfig:
         for key in ("out", "resume", "overwrite", "progress", "plots", "log_with"):
             data.pop(key)
         return data
+
+
+def _check_align(config) -> None:
+    """``align``: a comma-separated string or list of ``none`` and alignment methods, each once."""
+    from ..align.regularizer import METHODS as ALIGN_METHODS
+
+    align = config.align
+    if isinstance(align, str):
+        align = tuple(a.strip() for a in align.split(",") if a.strip())
+    if not isinstance(align, (tuple, list)) or not align:
+        raise ValueError(f"align={config.align!r}: expected a non-empty list of none, {', '.join(ALIGN_METHODS)}")
+    for a in align:
+        if a != "none" and a not in ALIGN_METHODS:
+            raise ValueError(f"align contains {a!r}; expected none or one of {ALIGN_METHODS}")
+    if len(set(align)) != len(align):
+        raise ValueError(f"align={list(align)} names a method twice; list each once")
+    object.__setattr__(config, "align", tuple(align))
+    w = config.align_weight
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+        raise ValueError(f"align_weight={w!r}: expected a finite number >= 0 (0.01 in the paper)")
 
 
 def config_keys() -> list[str]:

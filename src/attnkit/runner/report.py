@@ -188,7 +188,7 @@ def render_html(config: CompareConfig, task, records: list[dict], runs: list[dic
     run_header = ["mechanism", "seed", *[f"{m} (%)" for m in task.metric_names], "ms / step",
                   "min n_k·Σπ", "min Σπ (raw)"]
     sample_blocks = []
-    for mech in config.mechanisms:
+    for mech in config.variants:
         run = next(r for r in runs if r["mechanism"] == mech)
         if run["samples"]:
             keys = list(run["samples"][0])
@@ -204,7 +204,7 @@ def render_html(config: CompareConfig, task, records: list[dict], runs: list[dic
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>attnkit compare: {html.escape(config.task)}</title><style>{css}</style></head><body>",
         f"<h1>attnkit compare: {html.escape(config.task)} ({html.escape(config.preset)} preset)</h1>",
-        f"<p>{len(config.mechanisms)} mechanisms × {config.seeds} seed(s), {config.total_steps} optimizer steps each, "
+        f"<p>{len(config.variants)} mechanisms × {config.seeds} seed(s), {config.total_steps} optimizer steps each, "
         f"global batch {config.batch_size}, {world} process(es). Metrics are mean ± std over seeds on "
         f"{runs[0]['eval_examples'] if runs else 0} evaluation examples.</p>",
         "<h2>Results</h2>",
@@ -239,7 +239,7 @@ def write_report(config: CompareConfig, task, records: list[dict], runs: list[di
     images = []
     if config.plots:
         files["learning_curves"] = out / "learning_curves.png"
-        plot_learning_curves_band(files["learning_curves"], runs, config.mechanisms, task.metric_names[0])
+        plot_learning_curves_band(files["learning_curves"], runs, config.variants, task.metric_names[0])
         images.append(files["learning_curves"])
         if extras and plot_confusions(out / "confusion_matrices.png", extras.get("per_class") or {}):
             files["confusion_matrices"] = out / "confusion_matrices.png"

@@ -133,7 +133,7 @@ def _comparisons(task, data, runs: list[dict], config: CompareConfig, baseline: 
     metric = task.metric_names[0]
     by = {(r["mechanism"], r["seed"]): r for r in runs}
     out = []
-    for mech in config.mechanisms:
+    for mech in config.variants:
         if mech == baseline:
             continue
         seeds = [s for s in config.seed_list if (mech, s) in by and (baseline, s) in by]
@@ -172,16 +172,16 @@ def summarize(task, data, config: CompareConfig, runs: list[dict], records: list
     """Everything ``results.json`` and ``report.html`` say besides the aggregated records."""
     import os
 
-    baseline = records[0]["step_time_baseline"] if records else config.mechanisms[0]
+    baseline = records[0]["step_time_baseline"] if records else config.variants[0]
     loads = [r["load_average_max"] for r in runs if r.get("load_average_max") is not None]
     load_max = max(loads) if loads else None
     return {
         # started/finished/wall time are those of this invocation (a --resume run counts only its own part)
         "environment": {**environment(started or time.time(), time.time(), load_max), "resumed": config.resume},
-        "per_class": _per_class(runs, config.mechanisms),
+        "per_class": _per_class(runs, config.variants),
         "comparisons": _comparisons(task, data, runs, config, baseline),
-        "timing": _timing(runs, config.mechanisms, baseline),
+        "timing": _timing(runs, config.variants, baseline),
         "load_note": load_note(load_max, os.cpu_count()),
         "skipped_mechanisms": skipped_mechanisms(config, task),
-        "samples": diverse_samples(task, data, runs, config.mechanisms),
+        "samples": diverse_samples(task, data, runs, config.variants),
     }

@@ -311,10 +311,18 @@ def train_run(
     batch_indices(0, n_train, config.batch_size, seed)  # validates batch_size against the training set
 
     set_seed(seed)
-    model = task.build_model(config, mechanism, data)
+    base_mechanism, _, align = mechanism.partition("+")  # "dnas+ct": dnas with alignment attention (ct)
+    model = task.build_model(config, base_mechanism, data)
     n_params = sum(p.numel() for p in model.parameters())
     model.to(accelerator.device)
+    reg = None
+    if align:
+        from ..align import AlignmentRegularizer
+
+        reg = AlignmentRegularizer(model, method=align, weight=getattr(config, "align_weight", 0.01))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    if reg is not None and any(True for _ in reg.parameters()):
+        optimizer.add_param_group({"params": list(reg.parameters()), "weight_decay": 0.0})
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config.warmup_steps, total))
     accelerator.free_memory()
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -340,7 +348,11 @@ def train_run(
         loss_sum = task.loss_sum(model, data, local_idx, config, accelerator.device)
         denominator = task.count(data, global_idx)
         loss = loss_sum * (world / denominator)  # DDP averages over processes: the mean over the global batch
+        if reg is not None:
+            loss = loss + reg.loss()
         accelerator.backward(loss)
+        if reg is not None:
+            reg.sync_gradients()  # DDP averages the model's gradients, not the regularizer's
         if config.grad_clip:
             accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
@@ -386,6 +398,8 @@ def train_run(
         if on_step is not None:
             on_step(step)
 
+    if reg is not None:
+        reg.remove()
     metrics, preds = _evaluate(accelerator, task, data, model, config)
     explain = _explain_away(accelerator, task, data, model, config)
     net = accelerator.unwrap_model(model)

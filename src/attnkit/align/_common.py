@@ -1,0 +1,89 @@
+r"""Pieces shared by the alignment losses: gradient reversal, the highway layer, masks and reductions.
+
+Gradient reversal (Ganin & Lempitsky, "Unsupervised Domain Adaptation by Backpropagation", arXiv:1409.7495):
+the identity forward, ``-gamma *`` the gradient backward, so one optimizer step trains a discriminator to
+minimize a loss and the layers before it to maximize it.
+
+Highway layer (Srivastava et al., "Highway Networks", arXiv:1505.00387), in the form the alignment-attention
+discriminator and critic use ("Alignment Attention by Matching Key and Query Distributions",
+arXiv:2110.12567, sec. 2.3.1):
+
+.. math::
+    g = W x + b, \qquad h = \sigma(g) \odot \mathrm{relu}(g) + (1 - \sigma(g)) \odot x
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["grad_reverse", "Highway", "valid_mask", "reduce_heads", "check_pair"]
+
+
+class _GradReverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, gamma: float) -> Tensor:
+        ctx.gamma = gamma
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return -ctx.gamma * grad, None
+
+
+def grad_reverse(x: Tensor, gamma: float = 1.0) -> Tensor:
+    """Identity in the forward pass; multiplies the incoming gradient by ``-gamma`` in the backward pass."""
+    return _GradReverse.apply(x, float(gamma))
+
+
+class Highway(nn.Module):
+    r"""One highway layer :math:`h = \sigma(g) \odot \mathrm{relu}(g) + (1 - \sigma(g)) \odot x`, ``g = W x + b``.
+
+    Shapes: ``x (..., d) -> (..., d)``.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+        self.linear = nn.Linear(dim, dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        self.linear.reset_parameters()
+
+    def forward(self, x: Tensor) -> Tensor:
+        g = self.linear(x)
+        gate = torch.sigmoid(g)
+        return gate * torch.relu(g) + (1 - gate) * x
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+def valid_mask(mask: Optional[Tensor], B: int, L: int, device) -> Tensor:
+    """A boolean ``(B, L)`` mask, True = real token (all True when ``mask`` is None)."""
+    if mask is None:
+        return torch.ones(B, L, dtype=torch.bool, device=device)
+    if mask.shape != (B, L):
+        raise ValueError(f"mask has shape {tuple(mask.shape)}, expected (B, L) = ({B}, {L})")
+    return mask.to(device=device, dtype=torch.bool)
+
+
+def check_pair(q: Tensor, k: Tensor) -> None:
+    """``q (B, H, Lq, d)`` and ``k (B, H, Lk, d)`` with equal ``B, H, d``."""
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"q and k must be (B, H, L, d), got shapes {tuple(q.shape)} and {tuple(k.shape)}")
+    if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, heads and head dim (B, H, ., d)"
+        )
+
+
+def reduce_heads(values: Tensor, q_mask: Tensor, k_mask: Tensor) -> Tensor:
+    """Mean of per-sample, per-head values ``(B, H)`` over the samples that have real queries and keys."""
+    has = q_mask.any(-1) & k_mask.any(-1)  # (B,)
+    if not bool(has.any()):
+        return values.sum() * 0.0
+    return values[has].mean()

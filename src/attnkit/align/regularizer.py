@@ -1,0 +1,275 @@
+r"""``AlignmentRegularizer``: alignment attention as a plug-in regularizer for a model one already has
+("Alignment Attention by Matching Key and Query Distributions", arXiv:2110.12567, eq. 1):
+
+.. math::
+    \mathcal{L} = \mathcal{L}_{\text{task}} + \lambda\, \frac{1}{|\text{layers}|} \sum_{\ell}
+        \frac{1}{B H} \sum_{b, h} \mathcal{L}_{\text{align}}\big(q^{(\ell)}_{b h}, k^{(\ell)}_{b h}\big),
+    \qquad \lambda = 0.01
+
+where each :math:`\mathcal{L}_{\text{align}}` compares the queries and keys of the real tokens of one sample
+in one head (``gan``, ``ot``, ``ct`` or ``mmd``; see the modules of the same names). The regularizer hooks the
+model (``attnkit.align.capture``), so the model's outputs do not change; ``remove()`` takes the hooks away.
+
+    reg = AlignmentRegularizer(model, method="ct", weight=0.01)
+    opt = torch.optim.AdamW([*model.parameters(), *reg.parameters()])
+    loss = task_loss(model(**batch)) + reg.loss()
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ._common import reduce_heads
+from .capture import Captured, find_sites
+from .ct import RHO, Critic, Navigator, ct_loss
+from .gan import Discriminator, gan_loss
+from .mmd import mmd as mmd_values
+from .ot import BLUR, ot_loss
+
+__all__ = ["AlignmentRegularizer", "AlignConfig", "METHODS"]
+
+METHODS = ("gan", "ot", "ct", "mmd")
+
+
+@dataclass(frozen=True)
+class AlignConfig:
+    """Settings of the alignment regularizer (defaults as in the paper and its code).
+
+    ``method``: ``gan | ot | ct | mmd``; ``weight``: lambda >= 0; ``layers``: indices into the model's
+    self-attention layers (None = all); ``hidden``: width of the discriminator / critic / navigator;
+    ``rho``: CT's forward-direction weight; ``blur``: OT's blur (eps = blur^2); ``gamma``: gradient-reversal
+    factor; ``max_tokens``: when set, each call is matched on a random subset of at most this many
+    positions (for graphs with thousands of nodes), drawn from the regularizer's own generator.
+    """
+
+    method: str = "ct"
+    weight: float = 0.01
+    layers: Optional[tuple[int, ...]] = None
+    hidden: int = 16
+    rho: float = RHO
+    blur: float = BLUR
+    gamma: float = 1.0
+    max_tokens: Optional[int] = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r}; expected one of {METHODS}")
+        for name in ("weight", "rho", "blur", "gamma"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name}={value!r}; expected a finite number")
+        if self.weight < 0:
+            raise ValueError(f"weight={self.weight}; expected a number >= 0 (0.01 in the paper)")
+        if not 0 <= self.rho <= 1:
+            raise ValueError(f"rho={self.rho}; expected a number in [0, 1] (0.5 in the paper)")
+        if self.blur <= 0 or self.gamma <= 0:
+            raise ValueError(f"blur={self.blur}, gamma={self.gamma}; both must be > 0")
+        for name in ("hidden", "max_tokens"):
+            value = getattr(self, name)
+            if value is None and name == "max_tokens":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}; expected an integer >= 1")
+        if self.layers is not None:
+            if isinstance(self.layers, (str, bytes)) or not isinstance(self.layers, (tuple, list)):
+                raise ValueError(f"layers={self.layers!r}; expected None or a sequence of layer indices")
+            if not self.layers:
+                raise ValueError("layers=(); pass None for every layer or at least one index")
+            for i in self.layers:
+                if isinstance(i, bool) or not isinstance(i, int):
+                    raise ValueError(f"layers={self.layers!r}: {i!r} is not an integer index")
+            if len(set(self.layers)) != len(self.layers):
+                raise ValueError(f"layers={self.layers!r} repeats an index")
+            object.__setattr__(self, "layers", tuple(self.layers))
+
+
+class AlignmentRegularizer(nn.Module):
+    """Matches the query and key distributions of every (selected) self-attention layer of ``model``.
+
+    ``model``: an attnkit model (``attnkit.nn.MultiheadAttention`` anywhere inside, any mechanism), a torch
+    model with ``nn.MultiheadAttention``, a Hugging Face encoder (BERT, RoBERTa, ALBERT, DistilBERT, MiniLM) or
+    a model with PyTorch Geometric ``GATConv`` layers. Attaching registers hooks; the model's outputs stay
+    bit-identical. The regularizer's own parameters (one discriminator, or one critic and navigator, per layer,
+    shared by its heads) are on the device of the model's first parameter; move both together with ``.to()``.
+
+    After each forward pass of ``model``:
+
+    - ``loss()``: ``weight *`` the alignment loss (a scalar tensor to add to the task loss);
+    - ``mmd()``: the total MMD(q, k) (summed over layers and heads, mean over samples), a float;
+    - ``mmd_per_head()``: a list with one ``(H,)`` tensor per captured layer call.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        method: str = "ct",
+        weight: float = 0.01,
+        layers: Optional[Sequence[int]] = None,
+        **options,
+    ) -> None:
+        super().__init__()
+        layers = tuple(layers) if isinstance(layers, (list, range)) else layers
+        self.config = AlignConfig(method=method, weight=weight, layers=layers, **options)
+        sites, is_hf = find_sites(model)
+        if not sites:
+            raise ValueError(
+                f"{type(model).__name__} has no self-attention layer the regularizer knows (attnkit or torch "
+                "MultiheadAttention, a Hugging Face encoder's self-attention, torch_geometric GATConv)"
+            )
+        chosen = self.config.layers if self.config.layers is not None else tuple(range(len(sites)))
+        for i in chosen:
+            if not 0 <= i < len(sites):
+                raise ValueError(
+                    f"layers={self.config.layers!r}: index {i} is out of range; the model has {len(sites)} "
+                    f"self-attention layers (0..{len(sites) - 1})"
+                )
+        self.sites = [sites[i] for i in chosen]
+        self.layer_indices = chosen
+        like = next(model.parameters(), None)
+        factory = {"device": like.device} if like is not None else {}
+        self.discriminators = nn.ModuleList()
+        self.critics = nn.ModuleList()
+        self.navigators = nn.ModuleList()
+        for site in self.sites:
+            if method == "gan":
+                self.discriminators.append(Discriminator(site.head_dim, self.config.hidden).to(**factory))
+            elif method == "ct":
+                self.critics.append(Critic(site.head_dim, self.config.hidden).to(**factory))
+                self.navigators.append(Navigator(site.head_dim, self.config.hidden).to(**factory))
+        self._model = [model]  # a list, so that the model is not a submodule (its parameters are not ours)
+        self._captured: list[tuple[int, Captured]] = []
+        self._context: dict = {}
+        self._generator = torch.Generator().manual_seed(self.config.seed)
+        self._handles = [self._context_hook(model, is_hf)]
+        for index, site in enumerate(self.sites):
+            self._handles += site.attach(self._recorder(index), self._context)
+
+    # -- hooks -------------------------------------------------------------------------------------------
+
+    def _context_hook(self, model: nn.Module, is_hf: bool):
+        from .capture import context_hook
+
+        return context_hook(model, is_hf, self._context, self.clear)
+
+    def _recorder(self, index: int):
+        def record(captured: Captured) -> None:
+            self._captured.append((index, captured))
+
+        return record
+
+    def clear(self) -> None:
+        """Forget the captured queries and keys (done at the start of every forward pass of the model)."""
+        self._captured.clear()
+
+    def remove(self) -> None:
+        """Take every hook away; the model is as before attaching. The regularizer cannot be used after."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.clear()
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._handles)
+
+    # -- losses ------------------------------------------------------------------------------------------
+
+    def _calls(self) -> list[tuple[int, Captured]]:
+        if not self.attached:
+            raise ValueError("the regularizer was removed; build a new AlignmentRegularizer to use it again")
+        if not self._captured:
+            raise ValueError(
+                "no queries and keys captured yet; run a forward pass of the model (with self-attention) "
+                "before calling loss() or mmd()"
+            )
+        return [(i, self._subsample(c)) for i, c in self._captured]
+
+    def _subsample(self, c: Captured) -> Captured:
+        limit = self.config.max_tokens
+        if limit is None:
+            return c
+        out = []
+        for x, m in ((c.q, c.q_mask), (c.k, c.k_mask)):
+            L = x.shape[2]
+            if L > limit:
+                idx = torch.randperm(L, generator=self._generator)[:limit].sort().values.to(x.device)
+                x, m = x.index_select(2, idx), m.index_select(1, idx)
+            out += [x, m]
+        return Captured(out[0], out[2], out[1], out[3])
+
+    def _values(self, index: int, c: Captured) -> Tensor:
+        cfg = self.config
+        dtype = next(self.parameters()).dtype if cfg.method in ("gan", "ct") else torch.float32
+        q, k = c.q.to(dtype), c.k.to(dtype)
+        if cfg.method == "gan":
+            return gan_loss(q, k, self.discriminators[index], c.q_mask, c.k_mask, gamma=cfg.gamma)
+        if cfg.method == "ct":
+            return ct_loss(
+                q,
+                k,
+                self.critics[index],
+                self.navigators[index],
+                c.q_mask,
+                c.k_mask,
+                rho=cfg.rho,
+                gamma=cfg.gamma,
+            )
+        if cfg.method == "ot":
+            return ot_loss(q, k, c.q_mask, c.k_mask, blur=cfg.blur)
+        return mmd_values(q, k, key_mask=c.k_mask, query_mask=c.q_mask)
+
+    def unweighted_loss(self) -> Tensor:
+        """The alignment loss of the last forward pass, mean over captured layer calls, samples and heads."""
+        terms = [reduce_heads(self._values(i, c), c.q_mask, c.k_mask) for i, c in self._calls()]
+        return torch.stack(terms).mean()
+
+    def loss(self) -> Tensor:
+        """``weight *`` the alignment loss of the last forward pass (a scalar tensor to add to the task loss)."""
+        if self.config.weight == 0:
+            return self.unweighted_loss() * 0.0
+        return self.config.weight * self.unweighted_loss()
+
+    forward = loss
+
+    @torch.no_grad()
+    def mmd_per_head(self) -> list[Tensor]:
+        """MMD(q, k) of the last forward pass: one ``(H,)`` tensor (mean over samples) per captured layer call."""
+        out = []
+        for _, c in self._calls():
+            values = mmd_values(c.q.float(), c.k.float(), key_mask=c.k_mask, query_mask=c.q_mask)  # (B, H)
+            has = c.q_mask.any(-1) & c.k_mask.any(-1)
+            out.append(values[has].mean(0) if bool(has.any()) else values.new_zeros(values.shape[1]))
+        return out
+
+    def mmd(self) -> float:
+        """Total MMD(q, k) of the last forward pass: summed over layers and heads, mean over samples."""
+        return float(sum(v.sum() for v in self.mmd_per_head()))
+
+    # -- distributed training ----------------------------------------------------------------------------
+
+    def sync_gradients(self) -> None:
+        """Average the gradients of the regularizer's parameters over the processes of ``torch.distributed``.
+
+        The model's gradients are averaged by DDP; the discriminator/critic/navigator are not part of the
+        wrapped model, so call this after ``backward()`` and before ``optimizer.step()`` when training with
+        several processes (``attnkit.align.trainer`` does it for the ``Trainer``). A no-op in one process.
+        """
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return
+        world = dist.get_world_size()
+        for p in self.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad.div_(world)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return f"method={c.method}, weight={c.weight}, layers={list(self.layer_indices)}"

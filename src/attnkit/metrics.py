@@ -1,0 +1,73 @@
+r"""Calibration metrics: expected calibration error and the data of a reliability diagram.
+
+ECE with equal-width confidence bins (Guo et al., "On Calibration of Modern Neural Networks", arXiv:1706.04599;
+as reported in "Alignment Attention by Matching Key and Query Distributions", arXiv:2110.12567, sec. 4.1.2):
+
+.. math::
+    \mathrm{ECE} = \sum_{m=1}^{M} \frac{|B_m|}{n} \, \big|\mathrm{acc}(B_m) - \mathrm{conf}(B_m)\big|
+
+where ``B_m`` holds the samples whose confidence (largest class probability) falls in
+``((m - 1)/M, m/M]`` (the first bin also holds confidence 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["ece", "reliability", "Reliability"]
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """Per-bin counts, accuracies and mean confidences (``(n_bins,)`` tensors; empty bins hold 0) and the ECE."""
+
+    edges: Tensor
+    counts: Tensor
+    accuracy: Tensor
+    confidence: Tensor
+    ece: float
+
+
+def _check(probs, labels, n_bins: int) -> tuple[Tensor, Tensor]:
+    probs = torch.as_tensor(probs, dtype=torch.float64)
+    labels = torch.as_tensor(labels)
+    if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
+        raise ValueError(f"n_bins={n_bins!r}; expected an integer >= 1 (15 by default)")
+    if probs.dim() != 2 or probs.shape[0] == 0:
+        raise ValueError(
+            f"probs has shape {tuple(probs.shape)}, expected (N, C) class probabilities with N >= 1"
+        )
+    if labels.shape != (probs.shape[0],):
+        raise ValueError(f"labels has shape {tuple(labels.shape)}, expected (N,) = ({probs.shape[0]},)")
+    if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
+        raise ValueError("probs must be finite and >= 0; pass softmax(logits), not logits")
+    if not torch.allclose(probs.sum(-1), torch.ones(probs.shape[0], dtype=probs.dtype), atol=1e-4):
+        raise ValueError("probs rows must sum to 1; pass softmax(logits, dim=-1), not logits")
+    labels = labels.long()
+    if bool((labels < 0).any()) or bool((labels >= probs.shape[1]).any()):
+        raise ValueError(f"labels must lie in [0, {probs.shape[1] - 1}]")
+    return probs, labels
+
+
+def reliability(probs, labels, n_bins: int = 15) -> Reliability:
+    """Reliability-diagram data of class probabilities ``probs (N, C)`` against ``labels (N,)``."""
+    probs, labels = _check(probs, labels, n_bins)
+    confidence, prediction = probs.max(-1)  # (N,)
+    correct = (prediction == labels).double()
+    edges = torch.linspace(0, 1, n_bins + 1, dtype=torch.float64)
+    index = (torch.ceil(confidence * n_bins).long() - 1).clamp(0, n_bins - 1)  # bin ((m-1)/M, m/M]
+    counts = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, index, torch.ones_like(confidence))
+    acc_sum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, index, correct)
+    conf_sum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, index, confidence)
+    safe = counts.clamp_min(1)
+    accuracy, mean_conf = acc_sum / safe, conf_sum / safe
+    value = float((counts / counts.sum() * (accuracy - mean_conf).abs()).sum())
+    return Reliability(edges, counts, accuracy, mean_conf, value)
+
+
+def ece(probs, labels, n_bins: int = 15) -> float:
+    """Expected calibration error of ``probs (N, C)`` (rows sum to 1) against ``labels (N,)``, in [0, 1]."""
+    return reliability(probs, labels, n_bins).ece

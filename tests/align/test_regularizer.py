@@ -1,0 +1,216 @@
+"""AlignmentRegularizer: attaches to attnkit, torch, Hugging Face and PyG models without changing outputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit.align import AlignmentRegularizer, mmd
+from attnkit.align.regularizer import METHODS
+
+
+def _encoder(mechanism="softmax", layers=2):
+    torch.manual_seed(0)
+    layer = ak.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True, mechanism=mechanism)
+    return ak.nn.TransformerEncoder(layer, layers).eval()
+
+
+def _batch():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 6, 16, generator=g)
+    pad = torch.zeros(3, 6, dtype=torch.bool)
+    pad[1, 4:] = True
+    pad[2, 2:] = True
+    return x, pad
+
+
+def _hook_count(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+@pytest.mark.parametrize("mechanism", ak.MECHANISMS)
+@pytest.mark.parametrize("method", METHODS)
+def test_attach_leaves_outputs_bit_identical(mechanism, method):
+    model = _encoder(mechanism)
+    x, pad = _batch()
+    before = model(x, src_key_padding_mask=pad)
+    hooks = _hook_count(model)
+    reg = AlignmentRegularizer(model, method=method)
+    during = model(x, src_key_padding_mask=pad)
+    value = reg.loss()
+    assert torch.equal(before, during)
+    assert value.dim() == 0 and torch.isfinite(value)
+    reg.remove()
+    assert _hook_count(model) == hooks
+    assert torch.equal(model(x, src_key_padding_mask=pad), before)
+
+
+def test_captured_queries_are_the_modules_projections():
+    model = _encoder()
+    x, pad = _batch()
+    reg = AlignmentRegularizer(model, method="mmd")
+    model(x, src_key_padding_mask=pad)
+    attn = model.layers[0].self_attn
+    w_q, w_k, _ = attn.in_proj_weight.chunk(3)
+    b_q, b_k, _ = attn.in_proj_bias.chunk(3)
+    _, captured = reg._captured[0]
+    torch.testing.assert_close(captured.q, (x @ w_q.T + b_q).view(3, 6, 4, 4).transpose(1, 2))
+    torch.testing.assert_close(captured.k, (x @ w_k.T + b_k).view(3, 6, 4, 4).transpose(1, 2))
+    assert torch.equal(captured.k_mask, ~pad)
+
+
+def test_loss_is_weight_times_mean_over_layers_and_mmd_sums_heads():
+    model = _encoder()
+    x, pad = _batch()
+    reg = AlignmentRegularizer(model, method="mmd", weight=0.5)
+    model(x, src_key_padding_mask=pad)
+    per_layer = []
+    total = 0.0
+    for _, c in reg._captured:
+        values = mmd(c.q, c.k, key_mask=c.k_mask)  # (B, H)
+        per_layer.append(values.mean())
+        total += float(values.detach().mean(0).sum())
+    torch.testing.assert_close(reg.loss(), 0.5 * torch.stack(per_layer).mean())
+    assert reg.mmd() == pytest.approx(total, rel=1e-5)
+    assert [tuple(v.shape) for v in reg.mmd_per_head()] == [(4,), (4,)]
+
+
+def test_padding_changes_nothing():
+    """The loss of a padded batch = the mean of each sample's loss computed alone (layer-wise, mmd)."""
+    model = _encoder()
+    x, pad = _batch()
+    x_garbage = x.masked_fill(pad[..., None], 7.0)
+    reg = AlignmentRegularizer(model, method="mmd")
+    model(x_garbage, src_key_padding_mask=pad)
+    batched = [mmd(c.q, c.k, key_mask=c.k_mask) for _, c in reg._captured]  # (B, H) per layer
+    for b in range(3):
+        n = int((~pad[b]).sum())
+        model(x[b : b + 1, :n])
+        alone = [mmd(c.q, c.k) for _, c in reg._captured]
+        for layer in range(2):
+            torch.testing.assert_close(batched[layer][b : b + 1], alone[layer], rtol=1e-4, atol=1e-5)
+
+
+def test_gradients_reach_the_projections_and_own_parameters():
+    model = _encoder().train()
+    x, pad = _batch()
+    reg = AlignmentRegularizer(model, method="ct")
+    model(x, src_key_padding_mask=pad)
+    reg.loss().backward()
+    assert model.layers[0].self_attn.in_proj_weight.grad.abs().sum() > 0
+    assert all(p.grad is not None for p in reg.parameters())
+    names = {n.split(".")[0] for n, _ in reg.named_parameters()}
+    assert names == {"critics", "navigators"}
+
+
+def test_torch_multihead_attention_and_layer_selection():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+    model = torch.nn.Sequential(
+        layer, torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    )
+    x, _ = _batch()
+    before = model(x)
+    reg = AlignmentRegularizer(model, method="gan", layers=[1])
+    assert torch.equal(model(x), before)
+    assert len(reg._captured) == 1 and reg._captured[0][1].q.shape == (3, 2, 6, 8)
+    assert len(reg.discriminators) == 1
+
+
+@pytest.mark.parametrize("family", ("bert", "roberta", "albert", "distilbert"))
+@pytest.mark.parametrize("method", ("ct", "ot"))
+def test_hugging_face_encoders(family, method):
+    from tests.hf._models import tiny_model
+
+    model = tiny_model(family)
+    ids = torch.randint(5, 100, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, 4:] = 0
+    before = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    reg = AlignmentRegularizer(model, method=method)
+    after = model(ids, mask).last_hidden_state  # positional attention_mask is found too
+    assert torch.equal(before, after)
+    assert len(reg._captured) == 2  # two layers (ALBERT: two calls of its shared layer)
+    c = reg._captured[0][1]
+    assert c.q.shape == (2, 4, 7, 8)
+    assert torch.equal(c.k_mask, mask > 0)
+    reg.loss().backward()
+    reg.remove()
+    assert torch.equal(model(input_ids=ids, attention_mask=mask).last_hidden_state, before)
+
+
+def test_converted_hf_model_with_dnas():
+    import attnkit.hf as akhf
+    from tests.hf._models import tiny_model
+
+    model = tiny_model("bert", attn_implementation="eager")
+    akhf.convert(model, "dnas")
+    ids = torch.randint(5, 100, (2, 5), generator=torch.Generator().manual_seed(1))
+    before = model(input_ids=ids).last_hidden_state
+    reg = AlignmentRegularizer(model, method="gan")
+    assert torch.equal(model(input_ids=ids).last_hidden_state, before)
+    assert torch.isfinite(reg.loss())
+
+
+def test_gatconv_queries_and_keys():
+    pytest.importorskip("torch_geometric")
+    from torch_geometric.nn import GATConv
+
+    torch.manual_seed(0)
+    conv = GATConv(10, 8, heads=4, dropout=0.0)
+    x = torch.randn(20, 10)
+    edges = torch.randint(0, 20, (2, 60))
+    before = conv(x, edges)
+    reg = AlignmentRegularizer(conv, method="ot")
+    assert torch.equal(conv(x, edges), before)
+    c = reg._captured[0][1]
+    wx = conv.lin(x).view(20, 4, 8)
+    torch.testing.assert_close(c.q[0], (wx * conv.att_dst).transpose(0, 1))
+    torch.testing.assert_close(c.k[0], (wx * conv.att_src).transpose(0, 1))
+    # the coordinate sums are GAT's two halves of the attention logit
+    torch.testing.assert_close(c.q[0].sum(-1), (wx * conv.att_dst).sum(-1).T)
+    reg.loss().backward()
+    assert conv.att_src.grad is not None
+
+
+def test_max_tokens_subsamples_and_keeps_outputs():
+    model = _encoder()
+    x, pad = _batch()
+    reg = AlignmentRegularizer(model, method="ot", max_tokens=3)
+    model(x, src_key_padding_mask=pad)
+    assert torch.isfinite(reg.loss())
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"method": "wgan"}, "method='wgan'"),
+        ({"weight": -0.1}, "weight=-0.1"),
+        ({"weight": float("nan")}, "weight=nan"),
+        ({"layers": [2]}, "index 2 is out of range"),
+        ({"layers": [-1]}, "index -1 is out of range"),
+        ({"layers": []}, "layers=()"),
+        ({"layers": [0, 0]}, "repeats"),
+        ({"layers": ["0"]}, "not an integer"),
+        ({"hidden": 0}, "hidden=0"),
+        ({"rho": 1.5}, "rho=1.5"),
+        ({"unknown": 1}, "unexpected keyword"),
+    ],
+)
+def test_bad_arguments_raise_value_error(kwargs, match):
+    model = _encoder()
+    error = TypeError if "unknown" in kwargs else ValueError
+    with pytest.raises(error, match=match.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        AlignmentRegularizer(model, **kwargs)
+
+
+def test_model_without_attention_and_loss_before_forward_raise():
+    with pytest.raises(ValueError, match="no self-attention layer"):
+        AlignmentRegularizer(torch.nn.Linear(3, 3))
+    reg = AlignmentRegularizer(_encoder())
+    with pytest.raises(ValueError, match="run a forward pass"):
+        reg.loss()
+    reg.remove()
+    with pytest.raises(ValueError, match="was removed"):
+        reg.mmd()

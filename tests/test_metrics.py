@@ -1,0 +1,42 @@
+"""attnkit.metrics: ECE against a hand-computed value, perfect calibration, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit.metrics import ece, reliability
+
+
+def test_ece_known_answer():
+    # confidences 0.9, 0.9, 0.6, 0.6 (two bins with n_bins=2: (0, .5], (.5, 1]... all in bin 2)
+    probs = torch.tensor([[0.9, 0.1], [0.9, 0.1], [0.4, 0.6], [0.6, 0.4]], dtype=torch.float64)
+    labels = torch.tensor([0, 1, 1, 1])
+    # one bin: accuracy 2/4, mean confidence 0.75 -> |0.5 - 0.75| = 0.25
+    assert ece(probs, labels, n_bins=1) == pytest.approx(0.25)
+    # ten bins: bin (0.8, 0.9]: acc 1/2, conf 0.9 -> 0.4 * 2/4; bin (0.5, 0.6]: acc 1/2, conf 0.6 -> 0.1 * 2/4
+    assert ece(probs, labels, n_bins=10) == pytest.approx(0.25)
+    r = reliability(probs, labels, n_bins=10)
+    assert r.counts.sum() == 4 and r.counts[8] == 2 and r.counts[5] == 2
+
+
+def test_ece_is_zero_when_calibrated():
+    probs = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+    assert ece(probs, torch.tensor([0, 1, 0])) == 0.0
+    assert ece(probs, torch.tensor([1, 0, 1])) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "probs, labels, n_bins, match",
+    [
+        (torch.tensor([[2.0, -1.0]]), torch.tensor([0]), 15, "finite and >= 0"),
+        (torch.tensor([[0.3, 0.3]]), torch.tensor([0]), 15, "sum to 1"),
+        (torch.tensor([[0.5, 0.5]]), torch.tensor([2]), 15, r"labels must lie"),
+        (torch.tensor([[0.5, 0.5]]), torch.tensor([0, 1]), 15, "labels has shape"),
+        (torch.tensor([[0.5, 0.5]]), torch.tensor([0]), 0, "n_bins=0"),
+        (torch.zeros(0, 2), torch.zeros(0), 15, "N >= 1"),
+    ],
+)
+def test_bad_input_raises(probs, labels, n_bins, match):
+    with pytest.raises(ValueError, match=match):
+        ece(probs, labels, n_bins=n_bins)
