@@ -8,7 +8,9 @@
   kernels of ``csrc/potentials_cpu.cpp`` (built on first use; see ``cpu_ext``);
 - where those cannot be built: dnas / hnas with padding masks through PyTorch's fused CPU attention op
   (``fused_dnas.fused_dnas_attention``);
-- dnas / hnas / sinkhorn otherwise (``attn_mask``, CUDA): ``potentials.potential_attention`` (block sweeps with
+- dnas / hnas / sinkhorn on CUDA (float32/bfloat16/float16) with or without padding masks, where Triton is
+  installed: ``triton_potentials.triton_attention`` (FlashAttention-2-style Triton kernels);
+- dnas / hnas / sinkhorn otherwise (``attn_mask``, causal, CUDA without Triton): ``potentials.potential_attention`` (block sweeps with
   recomputation; plain tensor operations, so the same code runs on CPU and CUDA);
 - coda: ``coda.coda_attention`` (query blocks, L1 distances by ``l1.l1_distance``, recomputation).
 
@@ -90,6 +92,11 @@ def efficient_attention(
         )
     hybrid_u = u if isinstance(config, Hybrid) else None
     padding_only = mask.attn_mask is None and not mask.causal
+    triton_route = _triton_route(q) if padding_only else None
+    if triton_route is not None:
+        return triton_route.triton_attention(
+            q, k, v, key_mask=mask.key_mask, query_mask=mask.query_mask, scale=scale, iters=iters, u=hybrid_u
+        )
     if padding_only and fused_cpu_available(q):
         return fused_cpu_attention(
             q, k, v, key_mask=mask.key_mask, query_mask=mask.query_mask, scale=scale, iters=iters, u=hybrid_u
@@ -141,6 +148,20 @@ def prefers_efficient(
     if isinstance(config, CoDA):
         B, H = max(q.shape[0], k.shape[0]), max(q.shape[1], k.shape[1])
         return B * H * Lq * Lk >= CODA_MIN_TOTAL_PAIRS
+    if _iters(config) >= 1 and mask.attn_mask is None and not mask.causal and _triton_route(q) is not None:
+        return True  # CUDA with Triton: the fused kernels never materialize the weights
     if _iters(config) >= 1 and mask.attn_mask is None and not mask.causal and fused_cpu_available(q):
         return True  # the C++ kernels beat the materialized path at every size (0.3-0.6x its time at L <= 128)
     return Lq * Lk >= MIN_PAIRS
+
+
+# --- CUDA route (Triton): kept apart from the CPU routes above -----------------------------------------
+
+
+def _triton_route(q: Tensor):
+    """``triton_potentials`` for CUDA tensors it supports, else None; Triton is imported on first use only."""
+    if not q.is_cuda:
+        return None
+    from . import triton_potentials
+
+    return triton_potentials if triton_potentials.triton_available(q) else None
