@@ -26,7 +26,9 @@ def register(app: typer.Typer) -> None:
         quick: bool = typer.Option(False, "--quick", help="Only L in {256, 1024}: a smoke run."),
         lengths: Optional[str] = typer.Option(None, help="Comma-separated sequence lengths (default 256,1024,4096,8192)."),
         mechanisms: Optional[str] = typer.Option(None, help="Comma-separated mechanisms (default: all)."),
-        backends: Optional[str] = typer.Option(None, help="Comma-separated backends: reference,efficient."),
+        backends: Optional[str] = typer.Option(
+            None, help="Comma-separated backends: reference,efficient (and flex on cuda; default on cuda)."
+        ),
         repeats: int = typer.Option(3, help="Timed repeats per configuration (the median is reported)."),
         sinkhorn_iters: int = typer.Option(3, help="Iterations k of the Sinkhorn mechanism."),
         memory: bool = typer.Option(True, "--memory/--no-memory", help="Measure peak memory in subprocesses."),
@@ -53,7 +55,8 @@ def register(app: typer.Typer) -> None:
         cfg = BenchConfig(
             lengths=parse_list(lengths, "lengths", int) or (QUICK_LENGTHS if quick else DEFAULT_LENGTHS),
             mechanisms=parse_list(mechanisms, "mechanisms") or DEFAULT_MECHANISMS,
-            backends=parse_list(backends, "backends") or ("reference", "efficient"),
+            backends=parse_list(backends, "backends")
+            or (("reference", "efficient", "flex") if device == "cuda" else ("reference", "efficient")),
             repeats=repeats,
             sinkhorn_iters=sinkhorn_iters,
             memory=memory,

@@ -31,6 +31,8 @@ DEFAULT_LENGTHS = (256, 1024, 4096, 8192)
 QUICK_LENGTHS = (256, 1024)
 DEFAULT_MECHANISMS = ("softmax", "dnas", "hnas", "sinkhorn", "coda")
 BACKENDS = ("reference", "efficient")
+# Peers: FlexAttention (compiled; ``flex_peer``) on CUDA, where it has a backward pass.
+PEER_BACKENDS = ("flex",)
 B, H, D = 1, 8, 64
 
 
@@ -53,9 +55,11 @@ class BenchConfig:
         unknown = sorted(set(self.mechanisms) - set(DEFAULT_MECHANISMS))
         if unknown:
             raise ValueError(f"unknown mechanism(s) {unknown}; expected some of {DEFAULT_MECHANISMS}")
-        unknown = sorted(set(self.backends) - set(BACKENDS))
+        unknown = sorted(set(self.backends) - set(BACKENDS) - set(PEER_BACKENDS))
         if unknown:
-            raise ValueError(f"unknown backend(s) {unknown}; expected some of {BACKENDS}")
+            raise ValueError(f"unknown backend(s) {unknown}; expected some of {BACKENDS + PEER_BACKENDS}")
+        if "flex" in self.backends and self.device != "cuda":
+            raise ValueError("backend 'flex' (FlexAttention) is timed on CUDA only; pass --device cuda or drop it")
         if self.repeats < 1:
             raise ValueError(f"repeats={self.repeats}; expected >= 1")
         if self.device not in ("cpu", "cuda"):
@@ -80,6 +84,10 @@ def _call(mechanism: str, backend: str, sinkhorn_iters: int) -> Callable:
     """``f(q, k, v) -> out`` for one configuration; ``backend="sdpa"`` is PyTorch's fused softmax."""
     if backend == "sdpa":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v)
+    if backend == "flex":
+        from .flex_peer import flex_call
+
+        return flex_call(mechanism, sinkhorn_iters)
     import attnkit as ak
 
     mech = ak.Sinkhorn(iters=sinkhorn_iters) if mechanism == "sinkhorn" else mechanism
@@ -198,6 +206,9 @@ def run_bench(cfg: BenchConfig, log: Optional[Callable[[str], None]] = None) -> 
         log(f"L={L} sdpa fwd {sdpa_fwd:.4f}s fwd+bwd {sdpa_fb:.4f}s")
         for mechanism in cfg.mechanisms:
             for backend in cfg.backends:
+                if backend == "flex" and mechanism == "coda":
+                    rows.append(_skipped(L, mechanism, backend, "CoDA has no FlexAttention form (not a softmax)"))
+                    continue
                 if backend == "reference" and L > cfg.max_reference_length:
                     rows.append(_skipped(L, mechanism, backend, f"L > max_reference_length={cfg.max_reference_length}"))
                     continue
