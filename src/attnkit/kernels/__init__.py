@@ -68,12 +68,13 @@ def efficient_attention(
 
     Same contract as the reference backend of ``attnkit.functional`` (inputs already validated):
     invalid pairs weigh 0, queries without a valid key return zeros, padded queries never enter a
-    column normalization. Dropout is supported for softmax only (by the fused kernel); the other
-    mechanisms recompute their weights in the backward pass and raise a ``ValueError`` for
-    ``dropout_p > 0``.
+    column normalization. Dropout is supported for softmax (by the fused kernel) and, on the CPU with
+    padding masks only, for DNAS/HNAS/Sinkhorn (the C++ kernels replay a hashed mask in the backward
+    pass); elsewhere the mechanisms recompute their weights in the backward pass and raise a
+    ``ValueError`` for ``dropout_p > 0``.
     """
     Lq, Lk = q.shape[2], k.shape[2]
-    if dropout_p > 0 and config.name != "softmax":
+    if dropout_p > 0 and config.name != "softmax" and not _cpu_dropout_ok(q, config, mask):
         raise ValueError(
             f"dropout_p={dropout_p} is not supported by backend='efficient' for mechanism {config.name!r} "
             "(its backward pass recomputes the weights and cannot replay the dropout mask); "
@@ -85,7 +86,7 @@ def efficient_attention(
     iters = _iters(config)
     if iters == 0 and _sdpa_ok(masks, dropout_p):
         return _sdpa_softmax(q, k, v, masks, scale=scale, dropout_p=dropout_p)
-    if dropout_p > 0:
+    if dropout_p > 0 and not _cpu_dropout_ok(q, config, mask):
         raise ValueError(
             f"dropout_p={dropout_p} with causal=True and another mask is not supported by backend='efficient'; "
             "use backend='reference'"
@@ -99,7 +100,8 @@ def efficient_attention(
         )
     if padding_only and fused_cpu_available(q):
         return fused_cpu_attention(
-            q, k, v, key_mask=mask.key_mask, query_mask=mask.query_mask, scale=scale, iters=iters, u=hybrid_u
+            q, k, v, key_mask=mask.key_mask, query_mask=mask.query_mask, scale=scale, iters=iters, u=hybrid_u,
+            dropout_p=dropout_p,
         )
     if iters == 1 and padding_only and fused_available(q, v):
         return fused_dnas_attention(
@@ -142,7 +144,7 @@ def prefers_efficient(
     Lq, Lk = q.shape[2], k.shape[2]
     if dropout_p > 0:
         if config.name != "softmax":
-            return False
+            return _cpu_dropout_ok(q, config, mask)
         if mask.causal and (mask.key_mask is not None or mask.attn_mask is not None):
             return False
     if isinstance(config, CoDA):
@@ -153,6 +155,14 @@ def prefers_efficient(
     if _iters(config) >= 1 and mask.attn_mask is None and not mask.causal and fused_cpu_available(q):
         return True  # the C++ kernels beat the materialized path at every size (0.3-0.6x its time at L <= 128)
     return Lq * Lk >= MIN_PAIRS
+
+
+def _cpu_dropout_ok(q: Tensor, config: MechanismConfig, mask: MaskInfo) -> bool:
+    """DNAS/HNAS/Sinkhorn with padding masks only on the CPU: the C++ kernels support attention dropout."""
+    return (
+        not isinstance(config, CoDA) and _iters(config) >= 1 and mask.attn_mask is None and not mask.causal
+        and fused_cpu_available(q)
+    )
 
 
 # --- CUDA route (Triton): kept apart from the CPU routes above -----------------------------------------
