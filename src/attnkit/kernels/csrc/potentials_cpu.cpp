@@ -34,7 +34,7 @@
 // column step use the weights before dropout.
 //
 // The extra memory is two strips of (Lq, kBc) per thread and O(L) vectors per (batch, head).
-// Parallel over (batch, head).
+// Parallel over (batch, head) problems, balanced by their valid pairs (run_balanced).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -630,6 +630,54 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(q.size(1) < (1LL << 31) / kBc && k.size(1) < (1LL << 31), "sequence too long for 32-bit BLAS");
 }
 
+// Work-balanced schedule of the (batch, head) problems over the threads: a problem costs its valid
+// (query, key) pairs; the largest go first, each to the least-loaded thread (the longest-processing-time
+// rule), so that a padded batch is split by work and not by index (with lengths 1024/700/400/100 in that
+// order, contiguous index ranges gave one of two threads 90% of the pairs). Every problem is computed
+// independently of the schedule, so the results do not depend on it.
+std::vector<std::vector<int64_t>> balanced_schedule(const at::Tensor& km, const at::Tensor& qm, int64_t BH,
+                                                    int64_t heads, int64_t Lq, int64_t Lk, int64_t threads) {
+  const int64_t B = BH / heads;
+  std::vector<int64_t> cost(B);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t n = Lq, m = Lk;
+    if (qm.defined()) n = std::count(qm.data_ptr<bool>() + b * Lq, qm.data_ptr<bool>() + (b + 1) * Lq, true);
+    if (km.defined()) m = std::count(km.data_ptr<bool>() + b * Lk, km.data_ptr<bool>() + (b + 1) * Lk, true);
+    cost[b] = n * m + 1;  // + 1: an empty problem still costs its bookkeeping
+  }
+  std::vector<int64_t> order(BH);
+  for (int64_t bh = 0; bh < BH; ++bh) order[bh] = bh;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return cost[x / heads] > cost[y / heads]; });
+  std::vector<std::vector<int64_t>> lists(threads);
+  std::vector<int64_t> load(threads, 0);
+  for (const int64_t bh : order) {
+    const int64_t t = std::min_element(load.begin(), load.end()) - load.begin();
+    lists[t].push_back(bh);
+    load[t] += cost[bh / heads];
+  }
+  for (auto& l : lists) std::sort(l.begin(), l.end());  // index order within a thread
+  return lists;
+}
+
+// body(problems) for every (batch, head) problem: on this thread when `inner` (the problems' query chunks
+// are spread over the threads instead), else one balanced list per thread.
+template <typename F>
+void run_balanced(const at::Tensor& km, const at::Tensor& qm, int64_t BH, int64_t heads, int64_t Lq, int64_t Lk,
+                  bool inner, const F& body) {
+  const int64_t threads = at::get_num_threads();
+  if (inner || threads == 1) {
+    std::vector<int64_t> all(BH);
+    for (int64_t bh = 0; bh < BH; ++bh) all[bh] = bh;
+    body(all);
+    return;
+  }
+  const auto lists = balanced_schedule(km, qm, BH, heads, Lq, Lk, threads);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) body(lists[t]);
+  });
+}
+
 void check_dropout(double p, const at::Tensor& q, const at::Tensor& k) {
   TORCH_CHECK(p >= 0.0 && p < 1.0, "dropout_p must be in [0, 1)");
   TORCH_CHECK(p == 0.0 || (q.size(0) < (1LL << 31) && q.size(1) < (1LL << 32) && k.size(1) < (1LL << 34)),
@@ -652,10 +700,10 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   // Spread the (batch, head) problems over the threads, or, when there are fewer of them than threads,
   // each problem's query chunks.
   const bool inner = BH < at::get_num_threads();
-  auto body = [&](int64_t begin, int64_t end) {
+  auto body = [&](const std::vector<int64_t>& problems) {
     Scratch<T> w;
     std::vector<T> gq, gk, gv, o, aa, bb, ol, al;
-    for (int64_t bh = begin; bh < end; ++bh) {
+    for (const int64_t bh : problems) {
       const int64_t bi = bh / heads;
       const auto iq = valid_index(qm, bi, Lq);
       const auto ik = valid_index(km, bi, Lk);
@@ -684,11 +732,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       }
     }
   };
-  if (inner) {
-    body(0, BH);
-  } else {
-    at::parallel_for(0, BH, 1, body);
-  }
+  run_balanced(km, qm, BH, heads, Lq, Lk, inner, body);
 }
 
 std::vector<at::Tensor> potentials_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -739,10 +783,10 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
   // Spread the (batch, head) problems over the threads, or, when there are fewer of them than threads,
   // each problem's query chunks.
   const bool inner = BH < at::get_num_threads();
-  auto body = [&](int64_t begin, int64_t end) {
+  auto body = [&](const std::vector<int64_t>& problems) {
     Scratch<T> w;
     std::vector<T> gq, gk, gv, gdo, go, gol, gal, aa, bb, dqb, dkb, dvb, tmp;
-    for (int64_t bh = begin; bh < end; ++bh) {
+    for (const int64_t bh : problems) {
       const int64_t bi = bh / heads;
       const auto iq = valid_index(qm, bi, Lq);
       const auto ik = valid_index(km, bi, Lk);
@@ -785,11 +829,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
       }
     }
   };
-  if (inner) {
-    body(0, BH);
-  } else {
-    at::parallel_for(0, BH, 1, body);
-  }
+  run_balanced(km, qm, BH, heads, Lq, Lk, inner, body);
 }
 
 std::vector<at::Tensor> potentials_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
