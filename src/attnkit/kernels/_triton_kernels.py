@@ -64,7 +64,7 @@ def _col_forward(
 
 @triton.jit
 def _row_forward(
-    Q, K, V, Bp, Aout, O, ALout, OL, KM, QM, scale, H, Lq, Lk, D, Dv,
+    Q, K, V, Bp, Aout, Out, ALout, OL, KM, QM, scale, H, Lq, Lk, D, Dv,
     OUT: tl.constexpr, HYBRID: tl.constexpr, HAS_KM: tl.constexpr, HAS_QM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     PREC: tl.constexpr, IN_T: tl.constexpr, DOT_T: tl.constexpr,
@@ -84,7 +84,7 @@ def _row_forward(
     qb = tl.load(Q + bh * Lq * D + offs_m[:, None] * D + offs_d[None, :],
                  mask=row_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (M, Dp)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
+    lsum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     m2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l2 = tl.zeros([BLOCK_M], tl.float32)
@@ -105,7 +105,7 @@ def _row_forward(
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m - shift)
         p = tl.exp(s - shift[:, None])  # (M, N)
-        l = l * alpha + tl.sum(p, axis=1)
+        lsum = lsum * alpha + tl.sum(p, axis=1)
         m = m_new
         if OUT:
             vb = tl.load(V + bh * Lk * Dv + offs_n[:, None] * Dv + offs_dv[None, :],
@@ -120,12 +120,12 @@ def _row_forward(
                 l2 = l2 * alpha2 + tl.sum(p2, axis=1)
                 acc2 = acc2 * alpha2[:, None] + tl.dot(p2.to(IN_T).to(DOT_T), vb, input_precision=PREC)
                 m2 = m2_new
-    has = l > 0
-    l_safe = tl.where(has, l, 1.0)
+    has = lsum > 0
+    l_safe = tl.where(has, lsum, 1.0)
     tl.store(Aout + bh * Lq + offs_m, tl.where(has, -(m + tl.log(l_safe)), 0.0), mask=row_in)
     if OUT:
         o_mask = row_in[:, None] & (offs_dv[None, :] < Dv)
-        tl.store(O + bh * Lq * Dv + offs_m[:, None] * Dv + offs_dv[None, :], acc / l_safe[:, None], mask=o_mask)
+        tl.store(Out + bh * Lq * Dv + offs_m[:, None] * Dv + offs_dv[None, :], acc / l_safe[:, None], mask=o_mask)
         if HYBRID:
             has2 = l2 > 0
             l2_safe = tl.where(has2, l2, 1.0)
