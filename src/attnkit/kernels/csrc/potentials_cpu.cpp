@@ -18,8 +18,9 @@
 //
 // forward, round t:  chunk: X = s + a^{t-1}; per-chunk column max m_c and sums of exp(X - m_c)
 //                    strip: merge the chunks -> b^t_j
-//                    chunk: w = exp(X - m_c) * exp(m_c - M) / z  (column-normalized, in [0, 1]);
-//                           l_i += sum_j w_ij; last round: acc_i += w_i V
+//                    chunk: w = exp(X - m_c) * f_c, f_c = exp(m_c - M) / z  (column-normalized, in [0, 1]);
+//                           l_i += sum_j w_ij; last round: acc_i += w_i V  (without dropout w is not
+//                           formed: l += E f_c and acc += E (diag(f_c) V), E = exp(X - m_c))
 //                    a^t_i = a^{t-1}_i - log(l_i), out_i = acc_i / l_i  (rows whose l underflowed are
 //                    recomputed with a running maximum)
 // backward:          chunk: P = exp(s + b^k + a^k), dP = dO V^T, dV += P^T dO, dS = P (dP - delta),
@@ -396,6 +397,18 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
         const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
         T* Xc = X + i0 * bc;
         const T* f = w.cmax.data() + c * kBc;
+        if (!(last && drop.on) && Dv <= kBq) {
+          // w = X diag(f) is never written: l += X f, and the last round's output takes X (diag(f) V)
+          for (int64_t r = 0; r < rows; ++r) l[i0 + r] += dot(Xc + r * bc, f, bc);
+          if (last) {
+            T* Vf = tl.tile2.data();  // (bc, Dv)
+            const T* vj = h.v + j0 * Dv;
+            for (int64_t j = 0; j < bc; ++j)
+              for (int64_t d = 0; d < Dv; ++d) Vf[j * Dv + d] = f[j] * vj[j * Dv + d];
+            mm<T>(false, false, rows, Dv, bc, T(1), Xc, bc, Vf, Dv, T(1), out + i0 * Dv, Dv);
+          }
+          return;
+        }
         for (int64_t r = 0; r < rows; ++r) {
           T* x = Xc + r * bc;
           for (int64_t j = 0; j < bc; ++j) x[j] *= f[j];
