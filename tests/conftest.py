@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 import attnkit as ak
 from tests._reference import random_qkv, ref_attention
+
+# Triton kernels run in Triton's interpreter on the CPU; it must be chosen before triton is first imported
+# (neither torch nor attnkit imports it).
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 BACKENDS_UNDER_TEST = ("reference", "efficient")
 

@@ -42,6 +42,8 @@ DEFAULT_LENGTHS = (256, 1024, 4096, 8192)
 QUICK_LENGTHS = (256, 1024)
 DEFAULT_MECHANISMS = MECHANISMS
 BACKENDS = ("reference", "efficient")
+# Peers: FlexAttention (compiled; ``flex_peer``) on CUDA, where it has a backward pass.
+PEER_BACKENDS = ("flex",)
 B, H, D = 1, 8, 64
 
 
@@ -64,9 +66,11 @@ class BenchConfig:
         unknown = sorted(set(self.mechanisms) - set(DEFAULT_MECHANISMS))
         if unknown:
             raise ValueError(f"unknown mechanism(s) {unknown}; expected some of {DEFAULT_MECHANISMS}")
-        unknown = sorted(set(self.backends) - set(BACKENDS))
+        unknown = sorted(set(self.backends) - set(BACKENDS) - set(PEER_BACKENDS))
         if unknown:
-            raise ValueError(f"unknown backend(s) {unknown}; expected some of {BACKENDS}")
+            raise ValueError(f"unknown backend(s) {unknown}; expected some of {BACKENDS + PEER_BACKENDS}")
+        if "flex" in self.backends and self.device != "cuda":
+            raise ValueError("backend 'flex' (FlexAttention) is timed on CUDA only; pass --device cuda or drop it")
         if self.repeats < 1:
             raise ValueError(f"repeats={self.repeats}; expected >= 1")
         if self.device not in ("cpu", "cuda"):
@@ -91,6 +95,10 @@ def _call(mechanism: str, backend: str, sinkhorn_iters: int) -> Callable:
     """``f(q, k, v) -> out`` for one configuration; ``backend="sdpa"`` is PyTorch's fused softmax."""
     if backend == "sdpa":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v)
+    if backend == "flex":
+        from .kernels.flex_peer import flex_call
+
+        return flex_call(mechanism, sinkhorn_iters)
     from .functional import attention
 
     mech = resolve_options(mechanism, sinkhorn_iters=sinkhorn_iters if mechanism == "sinkhorn" else None)
@@ -240,6 +248,11 @@ def run_bench(cfg: BenchConfig, log: Optional[Callable[[str], None]] = None) -> 
         log(f"L={L} sdpa fwd {sdpa_fwd:.4f}s fwd+bwd {sdpa_fb:.4f}s")
         for mechanism in cfg.mechanisms:
             for backend in cfg.backends:
+                if backend == "flex" and mechanism == "coda":
+                    rows.append(
+                        _skipped(L, mechanism, backend, "CoDA has no FlexAttention form (not a softmax)")
+                    )
+                    continue
                 if backend == "reference" and L > cfg.max_reference_length:
                     rows.append(
                         _skipped(
@@ -283,6 +296,8 @@ def run_bench(cfg: BenchConfig, log: Optional[Callable[[str], None]] = None) -> 
 
 def _route(mechanism: str, backend: str, q, k, v, sinkhorn_iters: int) -> str:
     """The route ``ak.attention`` takes for this configuration (``attnkit.kernels.plan``)."""
+    if backend == "flex":
+        return "flex"
     from .functional import explain_dispatch
 
     mech = resolve_options(mechanism, sinkhorn_iters=sinkhorn_iters if mechanism == "sinkhorn" else None)

@@ -97,7 +97,7 @@ SPECS: dict[str, MechanismSpec] = {
             query_normalized=True,
             weights=lambda s, valid, c, u, n: dnas_weights(s, valid),
             potential_iters=lambda c: 1,
-            routes=("cpp", "aten", "blockwise"),
+            routes=("triton", "cpp", "aten", "blockwise"),
             summary="every key receives at least 1/n_k (Lemma 1)",
         ),
         MechanismSpec(
@@ -109,7 +109,7 @@ SPECS: dict[str, MechanismSpec] = {
             query_normalized=True,
             weights=lambda s, valid, c, u, n: hnas_weights(s, valid, u.to(s.dtype)),
             potential_iters=lambda c: 1,
-            routes=("cpp", "aten", "blockwise"),
+            routes=("triton", "cpp", "aten", "blockwise"),
             summary="u * DNAS + (1 - u) * softmax",
         ),
         MechanismSpec(
@@ -121,7 +121,7 @@ SPECS: dict[str, MechanismSpec] = {
             query_normalized=True,
             weights=lambda s, valid, c, u, n: sinkhorn_weights(s, valid, c.iters),
             potential_iters=lambda c: c.iters,
-            routes=("sdpa", "cpp", "blockwise"),
+            routes=("sdpa", "triton", "cpp", "blockwise"),
             summary="k column+row normalizations",
         ),
         MechanismSpec(

@@ -30,7 +30,7 @@ def test_bench_quick_writes_json_with_ratios_and_memory(tmp_path, capsys):
 
 
 def test_load_warning_only_when_load_exceeds_cores():
-    from attnkit.kernels.bench import load_warning, spread
+    from attnkit.benchmark import load_warning, spread
 
     assert load_warning(load=1.5, cores=2) is None
     assert "load average 9.0 > 2 cores" in load_warning(load=9.0, cores=2)

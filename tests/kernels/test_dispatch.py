@@ -62,11 +62,15 @@ def test_routes_follow_the_spec_order_and_say_why_one_was_skipped(monkeypatch):
     assert plan.route == "blockwise" and "not cpp" in plan.reason  # the ATen fallback runs one round only
 
 
-def test_efficient_backend_refuses_dropout_outside_sdpa():
+def test_efficient_backend_refuses_dropout_where_the_route_cannot_replay_it():
     q, k, v = random_qkv(1, 2, 4, 4, seed=0)
+    pair = torch.rand(4, 4, generator=torch.Generator().manual_seed(0)) < 0.8  # a general mask: block sweeps
+    pair[:, 0] = True
     with pytest.raises(ValueError, match="dropout_p=0.1 is not supported by backend='efficient'"):
-        ak.explain_dispatch(q, k, v, "dnas", dropout_p=0.1, backend="efficient")
-    assert ak.explain_dispatch(q, k, v, "dnas", dropout_p=0.1).route == "reference"  # auto falls back
+        ak.explain_dispatch(q, k, v, "dnas", attn_mask=pair, dropout_p=0.1, backend="efficient")
+    plan = ak.explain_dispatch(q, k, v, "dnas", attn_mask=pair, dropout_p=0.1)
+    assert plan.route == "reference"  # auto falls back
+    assert ak.explain_dispatch(q, k, v, "dnas", dropout_p=0.1).route == "cpp"  # the C++ kernels replay it
 
 
 def test_every_route_is_reachable_from_some_spec():

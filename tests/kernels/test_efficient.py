@@ -218,7 +218,10 @@ def test_low_precision_error_within_flex_rule(mech_name, dtype, factor):
         )
 
 
-def test_dropout_raises_for_query_normalized_and_auto_falls_back():
+def test_dropout_raises_for_query_normalized_and_auto_falls_back(monkeypatch):
+    """Without the C++ kernels (the block sweeps cannot replay a dropout mask); with them, see
+    test_fused_cpu_dropout.py."""
+    monkeypatch.setattr("attnkit.kernels.dispatch.fused_cpu_available", lambda q: False)
     q, k, v = _qkv(dtype=torch.float32, lq=200, lk=200)
     with pytest.raises(ValueError, match="dropout_p"):
         ak.attention(q, k, v, "dnas", dropout_p=0.1, backend="efficient")
@@ -257,10 +260,9 @@ def test_auto_takes_the_cpp_kernels_at_every_size_for_padding_masks():
     for name in ("dnas", "hnas", "sinkhorn"):
         config = ak.resolve_mechanism(name)
         assert prefers_efficient(*small, config, padded)
-        assert not prefers_efficient(
-            *small, config, pair
-        )  # a general mask: the block sweeps, only when large
-        assert not prefers_efficient(*small, config, padded, dropout_p=0.1)
+        assert not prefers_efficient(*small, config, pair)  # a general mask: the block sweeps, only when large
+        assert prefers_efficient(*small, config, padded, dropout_p=0.1)  # the kernels replay the dropout mask
+        assert not prefers_efficient(*small, config, pair, dropout_p=0.1)
     assert not prefers_efficient(*small, ak.resolve_mechanism("softmax"), padded)
 
 

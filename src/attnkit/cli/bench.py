@@ -40,7 +40,9 @@ def register(app: typer.Typer) -> None:
         ),
         lengths: Optional[str] = typer.Option(None, help="Comma-separated sequence lengths (default 256,1024,4096,8192)."),
         mechanisms: Optional[str] = typer.Option(None, help="Comma-separated mechanisms (default: all)."),
-        backends: Optional[str] = typer.Option(None, help="Comma-separated backends: reference,efficient."),
+        backends: Optional[str] = typer.Option(
+            None, help="Comma-separated backends: reference,efficient (and flex on cuda; default on cuda)."
+        ),
         repeats: Optional[int] = typer.Option(
             None, help="Timed rounds per configuration (default 3, 2 with --quick): median, min and max reported."
         ),
@@ -69,7 +71,8 @@ def register(app: typer.Typer) -> None:
         cfg = BenchConfig(  # every argument is checked here, before any file is looked at
             lengths=parse_list(lengths, "lengths", int) or (QUICK_LENGTHS if quick else DEFAULT_LENGTHS),
             mechanisms=parse_list(mechanisms, "mechanisms") or DEFAULT_MECHANISMS,
-            backends=parse_list(backends, "backends") or ("reference", "efficient"),
+            backends=parse_list(backends, "backends")
+            or (("reference", "efficient", "flex") if device == "cuda" else ("reference", "efficient")),
             repeats=repeats if repeats is not None else (2 if quick else 3),
             sinkhorn_iters=sinkhorn_iters,
             memory=memory if memory is not None else not quick,

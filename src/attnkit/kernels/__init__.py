@@ -44,9 +44,10 @@ def efficient_attention(
 
     Same contract as the reference backend of ``attnkit.functional`` (inputs already validated):
     invalid pairs weigh 0, queries without a valid key return zeros, padded queries never enter a
-    column normalization. Dropout is supported for softmax only (by the fused kernel); the other
-    mechanisms recompute their weights in the backward pass and raise a ``ValueError`` for
-    ``dropout_p > 0``.
+    column normalization. Dropout is supported for softmax (by the fused kernel) and, on the CPU with
+    padding masks only, for DNAS/HNAS/Sinkhorn (the C++ kernels replay a hashed mask in the backward
+    pass); elsewhere the mechanisms recompute their weights in the backward pass and raise a
+    ``ValueError`` for ``dropout_p > 0``.
     """
     route = plan(q, k, v, config, mask, dropout_p=dropout_p, backend="efficient").route
     return run_route(route, q, k, v, config, mask, scale=scale, dropout_p=dropout_p, u=u)

@@ -11,7 +11,9 @@ eqs. (6)-(8); docs/design.md section 2. The kernel computes ``k`` rounds of log-
 log-sum-exp is complete within its strip and nothing ``(Lq, Lk)``-shaped is stored; the backward pass
 recomputes the strips and is exact. HNAS (``u * out_D + (1 - u) * out_L``) computes its softmax half in
 the same sweeps, sharing the scores and ``dO V^T``. Padding masks (``key_mask``, ``query_mask``) are
-handled by compaction inside the kernel; ``attn_mask`` and causal calls use ``blockwise.py``.
+handled by compaction inside the kernel; ``attn_mask`` and causal calls use ``blockwise.py``. Attention
+dropout drops the final weights with a hash of (seed, head, query, key) that the backward pass replays, so
+nothing mask-sized is stored (the seed is drawn from PyTorch's default generator).
 """
 
 from __future__ import annotations
@@ -46,13 +48,16 @@ def fused_cpu_attention(
     scale: float,
     iters: int,
     u: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
 ) -> Tensor:
     """Output ``(B, H, Lq, Dv)`` of DNAS (``iters=1``), Sinkhorn (``iters=k``) or, with ``u``
     (broadcastable to ``(B, H, 1, 1)``), the hybrid ``u * out(iters) + (1 - u) * out(softmax)``.
 
     ``key_mask (B, Lk)`` / ``query_mask (B, Lq)``: True = real. Padded queries and queries without a
     valid key return zeros; padded queries never enter a column normalization. Half-precision inputs
-    are computed in float32 and the result is cast back.
+    are computed in float32 and the result is cast back. ``dropout_p > 0`` drops the final weights
+    ``pi_ij`` (kept ones scaled by ``1 / (1 - p)``, ``p`` rounded to a multiple of ``2**-16``), as
+    ``F.dropout`` on the materialized weights would.
     """
     if iters < 1:
         raise ValueError(f"iters={iters}; the fused CPU kernel needs iters >= 1 (softmax is SDPA)")
@@ -67,13 +72,14 @@ def fused_cpu_attention(
     v = v.to(work).expand(B, H, -1, -1)
     km = None if key_mask is None else key_mask.to(torch.bool).expand(B, -1).contiguous()
     qm = None if query_mask is None else query_mask.to(torch.bool).expand(B, -1).contiguous()
-    out = _Potentials.apply(q, k, v, u, km, qm, scale, iters)
+    seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
+    out = _Potentials.apply(q, k, v, u, km, qm, scale, iters, float(dropout_p), seed)
     return out.to(dtype)
 
 
 class _Potentials(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, u, km, qm, scale, iters):
+    def forward(ctx, q, k, v, u, km, qm, scale, iters, dropout_p, seed):
         B, H, Lq, D = q.shape
         Lk, Dv = k.shape[2], v.shape[3]
         q3 = q.reshape(B * H, Lq, D).contiguous()  # (B*H, Lq, D)
@@ -81,12 +87,13 @@ class _Potentials(torch.autograd.Function):
         v3 = v.reshape(B * H, Lk, Dv).contiguous()  # (B*H, Lk, Dv)
         hybrid = u is not None
         out, a_all, b_all, out_l, a_l = torch.ops.attnkit_cpu.potentials_forward(
-            q3, k3, v3, km, qm, H, float(scale), int(iters), hybrid
+            q3, k3, v3, km, qm, H, float(scale), int(iters), hybrid, dropout_p, seed
         )  # (B*H, Lq, Dv), (k+1, B*H, Lq), (k, B*H, Lk), [(B*H, Lq, Dv), (B*H, Lq)]
-        ctx.save_for_backward(q3, k3, v3, u, km, qm, out, a_all, b_all, out_l if hybrid else None,
-                              a_l if hybrid else None)
+        if any(ctx.needs_input_grad[:4]):  # inference (no input requires grad): nothing is saved
+            ctx.save_for_backward(q3, k3, v3, u, km, qm, out, a_all, b_all, out_l if hybrid else None,
+                                  a_l if hybrid else None)
         ctx.shape = (B, H, Lq, Lk, D, Dv)
-        ctx.scale, ctx.iters = float(scale), int(iters)
+        ctx.scale, ctx.iters, ctx.dropout = float(scale), int(iters), (dropout_p, seed)
         out = out.view(B, H, Lq, Dv)
         if hybrid:  # u * out + (1 - u) * out_l, without temporaries of the output's size
             return torch.lerp(out_l.view(B, H, Lq, Dv), out, u.to(out.dtype).expand(B, H, 1, 1))
@@ -101,7 +108,7 @@ class _Potentials(torch.autograd.Function):
         if u is not None:
             u_bh = u.to(q3.dtype).expand(B, H, 1, 1).reshape(B * H).contiguous()  # (B*H,)
         dq, dk, dv = torch.ops.attnkit_cpu.potentials_backward(
-            dO, q3, k3, v3, out, out_l, a_all, b_all, a_l, u_bh, km, qm, H, ctx.scale, ctx.iters
+            dO, q3, k3, v3, out, out_l, a_all, b_all, a_l, u_bh, km, qm, H, ctx.scale, ctx.iters, *ctx.dropout
         )
         du = None
         if u is not None and ctx.needs_input_grad[3]:
@@ -110,4 +117,5 @@ class _Potentials(torch.autograd.Function):
             du = du.view(B, H, 1, 1)  # sum over (Lq, Dv) of dO * (out - out_l)
             du = reduce_to(du, (1,) * (4 - u.dim()) + tuple(u.shape)).reshape(u.shape).to(u.dtype)
         # q, k, v were expanded to (B, H, ...) before the call: autograd sums broadcast gradients
-        return dq.view(B, H, Lq, D), dk.view(B, H, Lk, D), dv.view(B, H, Lk, Dv), du, None, None, None, None
+        return (dq.view(B, H, Lq, D), dk.view(B, H, Lk, D), dv.view(B, H, Lk, Dv), du,
+                None, None, None, None, None, None)

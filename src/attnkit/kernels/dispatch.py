@@ -11,7 +11,10 @@ Routes (docs/design.md section 5):
 
 - ``reference``: the materialized ``(Lq, Lk)`` weights (``attnkit.functional``), every mechanism and mask;
 - ``sdpa``: softmax through ``F.scaled_dot_product_attention`` (fused), when the masks fit its one mask;
-- ``cpp``: dnas / hnas / sinkhorn on the CPU with padding masks, the C++ kernels (``cpp_potentials.py``);
+- ``triton``: dnas / hnas / sinkhorn on CUDA with padding masks, the Triton kernels (``triton_potentials.py``,
+  the ``[triton]`` extra);
+- ``cpp``: dnas / hnas / sinkhorn on the CPU with padding masks, the C++ kernels (``cpp_potentials.py``),
+  attention dropout included (a hashed keep mask that the backward pass replays);
 - ``aten``: dnas / hnas with padding masks through PyTorch's fused CPU attention op where the C++ kernels
   cannot be built (``aten_fallback.py``);
 - ``blockwise``: the potential loop in block sweeps with recomputation, any mask, CPU or CUDA
@@ -142,6 +145,41 @@ def _cpp_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
         scale=scale,
         iters=call.iters,
         u=u,
+        dropout_p=call.dropout_p,
+    )
+
+
+def _triton_module(q: Tensor):
+    """``triton_potentials`` when it can run ``q`` (a CUDA tensor, Triton installed), else ``None``.
+
+    Triton is imported here, for CUDA tensors only (a CPU-only install never imports it)."""
+    if not q.is_cuda:
+        return None
+    from . import triton_potentials
+
+    return triton_potentials if triton_potentials.triton_available(q) else None
+
+
+def _triton_supports(call: Call) -> Optional[str]:
+    if call.iters < 1:
+        return "the Triton kernels run at least one column normalization (softmax goes to SDPA)"
+    if not call.mask.padding_only:
+        return "the Triton kernels take padding masks only (no attn_mask, not causal)"
+    if _triton_module(call.q) is None:
+        return "the Triton kernels need a CUDA tensor (float32/bfloat16/float16) and the [triton] extra"
+    return None
+
+
+def _triton_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
+    return _triton_module(call.q).triton_attention(
+        call.q,
+        call.k,
+        call.v,
+        key_mask=call.mask.key_mask,
+        query_mask=call.mask.query_mask,
+        scale=scale,
+        iters=call.iters,
+        u=u,
     )
 
 
@@ -179,7 +217,8 @@ ROUTES: dict[str, Route] = {
         Route(
             "sdpa", "F.scaled_dot_product_attention (fused softmax)", _sdpa_supports, _sdpa_run, dropout=True
         ),
-        Route("cpp", "C++ potential kernels (CPU, padding masks)", _cpp_supports, _cpp_run),
+        Route("triton", "Triton potential kernels (CUDA, padding masks)", _triton_supports, _triton_run),
+        Route("cpp", "C++ potential kernels (CPU, padding masks)", _cpp_supports, _cpp_run, dropout=True),
         Route("aten", "ATen fused CPU attention op, two passes (fallback)", _aten_supports, _aten_run),
         Route("blockwise", "block sweeps of the potential loop with recomputation", _always, _blockwise_run),
         Route("coda_blockwise", "CoDA in query blocks with recomputation", _always, _coda_run),
@@ -255,6 +294,8 @@ def plan(
         return Plan(route, f"B*H*Lq*Lk = {total} >= {CODA_MIN_TOTAL_PAIRS}; {reason}")
     if route == "cpp":
         return Plan(route, f"the C++ kernels beat the materialized path at every size; {reason}")
+    if route == "triton":
+        return Plan(route, f"the Triton kernels never materialize the weights; {reason}")
     if Lq * Lk < MIN_PAIRS:
         return Plan(
             "reference", f"Lq*Lk = {Lq * Lk} < {MIN_PAIRS}: the materialized path is as fast at this size"

@@ -18,8 +18,9 @@
 //
 // forward, round t:  chunk: X = s + a^{t-1}; per-chunk column max m_c and sums of exp(X - m_c)
 //                    strip: merge the chunks -> b^t_j
-//                    chunk: w = exp(X - m_c) * exp(m_c - M) / z  (column-normalized, in [0, 1]);
-//                           l_i += sum_j w_ij; last round: acc_i += w_i V
+//                    chunk: w = exp(X - m_c) * f_c, f_c = exp(m_c - M) / z  (column-normalized, in [0, 1]);
+//                           l_i += sum_j w_ij; last round: acc_i += w_i V  (without dropout w is not
+//                           formed: l += E f_c and acc += E (diag(f_c) V), E = exp(X - m_c))
 //                    a^t_i = a^{t-1}_i - log(l_i), out_i = acc_i / l_i  (rows whose l underflowed are
 //                    recomputed with a running maximum)
 // backward:          chunk: P = exp(s + b^k + a^k), dP = dO V^T, dV += P^T dO, dS = P (dP - delta),
@@ -28,8 +29,13 @@
 //                           dQ += dS K, dK += dS^T Q, gradient of a^{k-1} -= Q_col g
 //                    earlier rounds: the same with dS = -Q_row * grad(a^t)
 //
+// Attention dropout (training) drops the final weights pi_ij with a counter-based hash of (seed, head, i, j),
+// so that the backward pass replays the same mask without storing it (as FlashAttention does on the GPU):
+// out_i = sum_j pi_ij z_ij v_j with z_ij in {0, 1 / (1 - p)}; the row sums, the potentials and every
+// column step use the weights before dropout.
+//
 // The extra memory is two strips of (Lq, kBc) per thread and O(L) vectors per (batch, head).
-// Parallel over (batch, head).
+// Parallel over (batch, head) problems, balanced by their valid pairs (run_balanced).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -157,6 +163,48 @@ inline T tiny() {
 }
 
 // ---------------------------------------------------------------------------------------------------
+// Replayable attention dropout: pair (i, j) of head bh (compacted indices) is kept iff the 16-bit lane
+// j % 4 of splitmix64(seed, bh, i, j / 4) is >= thr (p is rounded to a multiple of 2^-16); kept weights
+// are scaled by 1 / (1 - thr / 2^16), so that the expected output is unchanged.
+struct Dropout {
+  bool on = false;
+  uint64_t seed = 0;
+  uint32_t thr = 0;
+  double keep_scale = 1.0;
+  int64_t bh = 0;
+
+  Dropout(double p, int64_t seed_) {
+    if (p <= 0.0) return;
+    on = true;
+    seed = (uint64_t)seed_;
+    thr = (uint32_t)std::llround(p * 65536.0);
+    keep_scale = thr >= 65536 ? 0.0 : 65536.0 / (65536.0 - thr);
+  }
+  static uint64_t mix(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+  }
+  // z[j] = scale if pair (i, j0 + j) is kept, else 0, for j < bc.
+  template <typename T>
+  void row(int64_t i, int64_t j0, int64_t bc, T* z) const {
+    const uint64_t base = seed ^ mix(((uint64_t)bh << 32) ^ (uint64_t)i);
+    const T keep = (T)keep_scale;
+    int64_t group = -1;
+    uint64_t bits = 0;
+    for (int64_t j = 0; j < bc; ++j) {
+      const int64_t jj = j0 + j;
+      if ((jj >> 2) != group) {
+        group = jj >> 2;
+        bits = mix(base + (uint64_t)group);
+      }
+      const uint32_t lane = (uint32_t)(bits >> (16 * (jj & 3))) & 0xFFFFu;
+      z[j] = lane >= thr ? keep : T(0);
+    }
+  }
+};
+
 // One (batch, head) problem in dense, compacted form: n valid queries, m valid keys.
 
 template <typename T>
@@ -171,7 +219,7 @@ struct Head {
 // Buffers of one worker thread: two (kBq, kBc) tiles, a kBc vector and its partial dK / dV of a strip.
 template <typename T>
 struct Tiles {
-  std::vector<T> tile, tile2, vec, dk, dv, row;
+  std::vector<T> tile, tile2, vec, dk, dv, row, z;
 };
 
 // Buffers of one (batch, head) problem: two (n, kBc) strips, per-chunk column statistics, and the tiles
@@ -195,6 +243,7 @@ struct Scratch {
       t.tile.resize(kBq * kBc);
       t.tile2.resize(kBq * kBc);
       t.vec.resize(kBc);
+      t.z.resize(kBc);
       t.dk.resize(kBc * D);
       t.dv.resize(kBc * Dv);
     }
@@ -241,13 +290,18 @@ void score_row(const Head<T>& h, int64_t i, const T* b, T* y) {
 
 // Robust row step for row i: a_i = -LSE_j y_ij (y = s + b) and, if out != null, out_i = softmax(y) V.
 template <typename T>
-T robust_row(const Head<T>& h, int64_t i, const T* b, T* out, std::vector<T>& row) {
+T robust_row(const Head<T>& h, int64_t i, const T* b, T* out, std::vector<T>& row, const Dropout& drop) {
   row.resize(h.m);
   score_row(h, i, b, row.data());
   const T mx = vmax(row.data(), h.m);
   exp_shift(row.data(), (const T*)nullptr, -mx, h.m);
   const T l = sum(row.data(), h.m);
   if (out) {
+    if (drop.on) {
+      std::vector<T> z(h.m);
+      drop.row(i, 0, h.m, z.data());
+      for (int64_t j = 0; j < h.m; ++j) row[j] *= z[j];
+    }
     mm<T>(false, false, 1, h.Dv, h.m, T(1) / l, row.data(), h.m, h.v, h.Dv, T(0), out, h.Dv);
   }
   return -(mx + std::log(l));
@@ -255,7 +309,8 @@ T robust_row(const Head<T>& h, int64_t i, const T* b, T* out, std::vector<T>& ro
 
 // Forward: a (iters + 1, n), b (iters, m), out (n, Dv); with soft: out_l (n, Dv), a_l (n).
 template <typename T>
-void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l, T* a_l, Scratch<T>& w) {
+void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l, T* a_l, Scratch<T>& w,
+                  const Dropout& drop) {
   const int64_t n = h.n, m = h.m, Dv = h.Dv;
   const T NEG = -std::numeric_limits<T>::infinity();
   const int64_t chunks = (n + kBq - 1) / kBq;
@@ -291,6 +346,10 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
             const T resc = std::exp(ml[i] - m_new);
             exp_to(p, x, (const T*)nullptr, -m_new, bc);
             ll[i] = ll[i] * resc + sum(p, bc);
+            if (drop.on) {  // the softmax half's weights, dropped with the same mask as the other half
+              drop.row(i, j0, bc, tl.z.data());
+              for (int64_t j = 0; j < bc; ++j) p[j] *= tl.z[j];
+            }
             if (resc != T(1)) {
               T* o = out_l + i * Dv;
               for (int64_t d = 0; d < Dv; ++d) o[d] *= resc;
@@ -334,14 +393,30 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
         for (int64_t c = 0; c < chunks; ++c) w.cmax[c * kBc + j] /= z;
       }
       // pass 2: column-normalized weights, row sums, output
-      for_chunks(chunks, w, [&](int64_t c, Tiles<T>&) {
+      for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
         const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
         T* Xc = X + i0 * bc;
         const T* f = w.cmax.data() + c * kBc;
+        if (!(last && drop.on) && Dv <= kBq) {
+          // w = X diag(f) is never written: l += X f, and the last round's output takes X (diag(f) V)
+          for (int64_t r = 0; r < rows; ++r) l[i0 + r] += dot(Xc + r * bc, f, bc);
+          if (last) {
+            T* Vf = tl.tile2.data();  // (bc, Dv)
+            const T* vj = h.v + j0 * Dv;
+            for (int64_t j = 0; j < bc; ++j)
+              for (int64_t d = 0; d < Dv; ++d) Vf[j * Dv + d] = f[j] * vj[j * Dv + d];
+            mm<T>(false, false, rows, Dv, bc, T(1), Xc, bc, Vf, Dv, T(1), out + i0 * Dv, Dv);
+          }
+          return;
+        }
         for (int64_t r = 0; r < rows; ++r) {
           T* x = Xc + r * bc;
           for (int64_t j = 0; j < bc; ++j) x[j] *= f[j];
           l[i0 + r] += sum(x, bc);
+          if (last && drop.on) {  // the row sums above are taken before dropout
+            drop.row(i0 + r, j0, bc, tl.z.data());
+            for (int64_t j = 0; j < bc; ++j) x[j] *= tl.z[j];
+          }
         }
         if (last) mm<T>(false, false, rows, Dv, bc, T(1), Xc, bc, h.v + j0 * Dv, Dv, T(1), out + i0 * Dv, Dv);
       });
@@ -357,7 +432,7 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
           for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
         }
       } else {
-        a_t[i] = robust_row(h, i, b_t, last ? out + i * Dv : (T*)nullptr, w.tiles[0].row);
+        a_t[i] = robust_row(h, i, b_t, last ? out + i * Dv : (T*)nullptr, w.tiles[0].row, drop);
       }
     }
   }
@@ -407,7 +482,7 @@ void finish_strip(const Head<T>& h, int64_t j0, int64_t bc, T* grad_a, T* dq, T*
 // the softmax half (null without hybrid). Writes dq (n, D), dk (m, D), dv (m, Dv).
 template <typename T>
 void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out, const T* a, const T* b,
-                   const T* out_l, const T* a_l, T u, T* dq, T* dk, T* dv, Scratch<T>& w) {
+                   const T* out_l, const T* a_l, T u, T* dq, T* dk, T* dv, Scratch<T>& w, const Dropout& drop) {
   const int64_t n = h.n, m = h.m, D = h.D, Dv = h.Dv;
   const int64_t chunks = (n + kBq - 1) / kBq;
   std::fill(dq, dq + n * D, T(0));
@@ -444,6 +519,11 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
         T* ds = dS + r * bc;
         if (out_l) exp_to(PL + r * bc, p, (const T*)nullptr, a_l[i], bc);
         exp_shift(p, b_k + j0, a_k[i], bc);
+        T* z = tl.z.data();
+        if (drop.on) {  // d out / d pi_ij = z_ij v_j
+          drop.row(i, j0, bc, z);
+          for (int64_t j = 0; j < bc; ++j) dp[j] *= z[j];
+        }
         const T di = delta[i];
         for (int64_t j = 0; j < bc; ++j) {
           ds[j] = u * p[j] * (dp[j] - di);
@@ -456,9 +536,13 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
             ds[j] += ul * pl[j] * (dp[j] - dl);
             dp[j] = u * p[j] + ul * pl[j];  // the hybrid weights, for dV
           }
+          if (drop.on)
+            for (int64_t j = 0; j < bc; ++j) dp[j] *= z[j];
+        } else if (drop.on) {
+          for (int64_t j = 0; j < bc; ++j) dp[j] = p[j] * z[j];  // the dropped weights, for dV
         }
       }
-      const T* W = out_l ? dP : P;
+      const T* W = (out_l || drop.on) ? dP : P;
       mm<T>(true, false, bc, Dv, rows, out_l ? T(1) : u, W, bc, dout + i0 * Dv, Dv, T(1), tl.dv.data(), Dv);
       for (int64_t r = 0; r < rows; ++r) {  // P -> column weights of the last column step
         T* p = P + r * bc;
@@ -559,10 +643,64 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(q.size(1) < (1LL << 31) / kBc && k.size(1) < (1LL << 31), "sequence too long for 32-bit BLAS");
 }
 
+// Work-balanced schedule of the (batch, head) problems over the threads: a problem costs its valid
+// (query, key) pairs; the largest go first, each to the least-loaded thread (the longest-processing-time
+// rule), so that a padded batch is split by work and not by index (with lengths 1024/700/400/100 in that
+// order, contiguous index ranges gave one of two threads 90% of the pairs). Every problem is computed
+// independently of the schedule, so the results do not depend on it.
+std::vector<std::vector<int64_t>> balanced_schedule(const at::Tensor& km, const at::Tensor& qm, int64_t BH,
+                                                    int64_t heads, int64_t Lq, int64_t Lk, int64_t threads) {
+  const int64_t B = BH / heads;
+  std::vector<int64_t> cost(B);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t n = Lq, m = Lk;
+    if (qm.defined()) n = std::count(qm.data_ptr<bool>() + b * Lq, qm.data_ptr<bool>() + (b + 1) * Lq, true);
+    if (km.defined()) m = std::count(km.data_ptr<bool>() + b * Lk, km.data_ptr<bool>() + (b + 1) * Lk, true);
+    cost[b] = n * m + 1;  // + 1: an empty problem still costs its bookkeeping
+  }
+  std::vector<int64_t> order(BH);
+  for (int64_t bh = 0; bh < BH; ++bh) order[bh] = bh;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return cost[x / heads] > cost[y / heads]; });
+  std::vector<std::vector<int64_t>> lists(threads);
+  std::vector<int64_t> load(threads, 0);
+  for (const int64_t bh : order) {
+    const int64_t t = std::min_element(load.begin(), load.end()) - load.begin();
+    lists[t].push_back(bh);
+    load[t] += cost[bh / heads];
+  }
+  for (auto& l : lists) std::sort(l.begin(), l.end());  // index order within a thread
+  return lists;
+}
+
+// body(problems) for every (batch, head) problem: on this thread when `inner` (the problems' query chunks
+// are spread over the threads instead), else one balanced list per thread.
+template <typename F>
+void run_balanced(const at::Tensor& km, const at::Tensor& qm, int64_t BH, int64_t heads, int64_t Lq, int64_t Lk,
+                  bool inner, const F& body) {
+  const int64_t threads = at::get_num_threads();
+  if (inner || threads == 1) {
+    std::vector<int64_t> all(BH);
+    for (int64_t bh = 0; bh < BH; ++bh) all[bh] = bh;
+    body(all);
+    return;
+  }
+  const auto lists = balanced_schedule(km, qm, BH, heads, Lq, Lk, threads);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) body(lists[t]);
+  });
+}
+
+void check_dropout(double p, const at::Tensor& q, const at::Tensor& k) {
+  TORCH_CHECK(p >= 0.0 && p < 1.0, "dropout_p must be in [0, 1)");
+  TORCH_CHECK(p == 0.0 || (q.size(0) < (1LL << 31) && q.size(1) < (1LL << 32) && k.size(1) < (1LL << 34)),
+              "too many heads or positions for the dropout hash");
+}
+
 template <typename T>
 void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& km,
-                  const at::Tensor& qm, int64_t heads, double scale, int64_t iters, bool soft, at::Tensor& out,
-                  at::Tensor& a_all, at::Tensor& b_all, at::Tensor& out_l, at::Tensor& a_l) {
+                  const at::Tensor& qm, int64_t heads, double scale, int64_t iters, bool soft, const Dropout& dropout,
+                  at::Tensor& out, at::Tensor& a_all, at::Tensor& b_all, at::Tensor& out_l, at::Tensor& a_l) {
   const int64_t BH = q.size(0), Lq = q.size(1), Lk = k.size(1), D = q.size(2), Dv = v.size(2);
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
@@ -575,10 +713,10 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   // Spread the (batch, head) problems over the threads, or, when there are fewer of them than threads,
   // each problem's query chunks.
   const bool inner = BH < at::get_num_threads();
-  auto body = [&](int64_t begin, int64_t end) {
+  auto body = [&](const std::vector<int64_t>& problems) {
     Scratch<T> w;
     std::vector<T> gq, gk, gv, o, aa, bb, ol, al;
-    for (int64_t bh = begin; bh < end; ++bh) {
+    for (const int64_t bh : problems) {
       const int64_t bi = bh / heads;
       const auto iq = valid_index(qm, bi, Lq);
       const auto ik = valid_index(km, bi, Lk);
@@ -594,8 +732,10 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         ol.resize(n * Dv);
         al.resize(n);
       }
+      Dropout drop = dropout;
+      drop.bh = bh;
       forward_head<T>(h, iters, aa.data(), bb.data(), o.data(), soft ? ol.data() : nullptr,
-                      soft ? al.data() : nullptr, w);
+                      soft ? al.data() : nullptr, w, drop);
       scatter(o.data(), iq, Dv, op + bh * Lq * Dv);
       for (int64_t t = 0; t <= iters; ++t) scatter(aa.data() + t * n, iq, 1, ap + (t * BH + bh) * Lq);
       for (int64_t t = 0; t < iters; ++t) scatter(bb.data() + t * m, ik, 1, bp + (t * BH + bh) * Lk);
@@ -605,19 +745,18 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       }
     }
   };
-  if (inner) {
-    body(0, BH);
-  } else {
-    at::parallel_for(0, BH, 1, body);
-  }
+  run_balanced(km, qm, BH, heads, Lq, Lk, inner, body);
 }
 
 std::vector<at::Tensor> potentials_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            const c10::optional<at::Tensor>& key_valid,
                                            const c10::optional<at::Tensor>& query_valid, int64_t heads,
-                                           double scale, int64_t iters, bool softmax_too) {
+                                           double scale, int64_t iters, bool softmax_too, double dropout_p,
+                                           int64_t seed) {
   check_inputs(q, k, v, key_valid, query_valid, heads);
   TORCH_CHECK(iters >= 1, "iters must be >= 1");
+  check_dropout(dropout_p, q, k);
+  const Dropout dropout(dropout_p, seed);
   const int64_t BH = q.size(0), Lq = q.size(1), Lk = k.size(1), Dv = v.size(2);
   auto out = at::zeros({BH, Lq, Dv}, q.options());
   auto a_all = at::zeros({iters + 1, BH, Lq}, q.options());
@@ -627,7 +766,8 @@ std::vector<at::Tensor> potentials_forward(const at::Tensor& q, const at::Tensor
   const at::Tensor km = key_valid.has_value() ? *key_valid : at::Tensor();
   const at::Tensor qm = query_valid.has_value() ? *query_valid : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "potentials_forward", [&] {
-    forward_impl<scalar_t>(q, k, v, km, qm, heads, scale, iters, softmax_too, out, a_all, b_all, out_l, a_l);
+    forward_impl<scalar_t>(q, k, v, km, qm, heads, scale, iters, softmax_too, dropout, out, a_all, b_all, out_l,
+                           a_l);
   });
   return {out, a_all, b_all, out_l, a_l};
 }
@@ -636,7 +776,8 @@ template <typename T>
 void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                    const at::Tensor& out, const at::Tensor& out_l, const at::Tensor& a_all, const at::Tensor& b_all,
                    const at::Tensor& a_l, const at::Tensor& u, const at::Tensor& km, const at::Tensor& qm,
-                   int64_t heads, double scale, int64_t iters, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
+                   int64_t heads, double scale, int64_t iters, const Dropout& dropout, at::Tensor& dq,
+                   at::Tensor& dk, at::Tensor& dv) {
   const int64_t BH = q.size(0), Lq = q.size(1), Lk = k.size(1), D = q.size(2), Dv = v.size(2);
   const bool soft = out_l.defined();
   const T* qp = q.data_ptr<T>();
@@ -655,10 +796,10 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
   // Spread the (batch, head) problems over the threads, or, when there are fewer of them than threads,
   // each problem's query chunks.
   const bool inner = BH < at::get_num_threads();
-  auto body = [&](int64_t begin, int64_t end) {
+  auto body = [&](const std::vector<int64_t>& problems) {
     Scratch<T> w;
     std::vector<T> gq, gk, gv, gdo, go, gol, gal, aa, bb, dqb, dkb, dvb, tmp;
-    for (int64_t bh = begin; bh < end; ++bh) {
+    for (const int64_t bh : problems) {
       const int64_t bi = bh / heads;
       const auto iq = valid_index(qm, bi, Lq);
       const auto ik = valid_index(km, bi, Lk);
@@ -690,8 +831,10 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
         dkb.resize(m * D);
         dvb.resize(m * Dv);
       }
+      Dropout drop = dropout;
+      drop.bh = bh;
       backward_head<T>(h, iters, dO, o, aa.data(), bb.data(), ol, al, up ? up[bh] : T(1), dense ? dqh : dqb.data(),
-                       dense ? dkh : dkb.data(), dense ? dvh : dvb.data(), w);
+                       dense ? dkh : dkb.data(), dense ? dvh : dvb.data(), w, drop);
       if (!dense) {
         scatter(dqb.data(), iq, D, dqh);
         scatter(dkb.data(), ik, D, dkh);
@@ -699,11 +842,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
       }
     }
   };
-  if (inner) {
-    body(0, BH);
-  } else {
-    at::parallel_for(0, BH, 1, body);
-  }
+  run_balanced(km, qm, BH, heads, Lq, Lk, inner, body);
 }
 
 std::vector<at::Tensor> potentials_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
@@ -713,9 +852,11 @@ std::vector<at::Tensor> potentials_backward(const at::Tensor& dout, const at::Te
                                             const c10::optional<at::Tensor>& u,
                                             const c10::optional<at::Tensor>& key_valid,
                                             const c10::optional<at::Tensor>& query_valid, int64_t heads,
-                                            double scale, int64_t iters) {
+                                            double scale, int64_t iters, double dropout_p, int64_t seed) {
   check_inputs(q, k, v, key_valid, query_valid, heads);
   TORCH_CHECK(iters >= 1, "iters must be >= 1");
+  check_dropout(dropout_p, q, k);
+  const Dropout dropout(dropout_p, seed);
   TORCH_CHECK(out_l.has_value() == a_l.has_value(), "out_l and a_l go together");
   for (const at::Tensor* t : {&dout, &out, &a_all, &b_all}) {
     TORCH_CHECK(t->is_contiguous() && t->scalar_type() == q.scalar_type(), "contiguous tensors of q's dtype expected");
@@ -746,7 +887,7 @@ std::vector<at::Tensor> potentials_backward(const at::Tensor& dout, const at::Te
     backward_impl<scalar_t>(dout, q, k, v, out, out_l.has_value() ? *out_l : none, a_all, b_all,
                             a_l.has_value() ? *a_l : none, u.has_value() ? *u : none,
                             key_valid.has_value() ? *key_valid : none, query_valid.has_value() ? *query_valid : none,
-                            heads, scale, iters, dq, dk, dv);
+                            heads, scale, iters, dropout, dq, dk, dv);
   });
   return {dq, dk, dv};
 }

@@ -1,0 +1,299 @@
+"""Triton kernels of ``triton_potentials`` (DNAS, HNAS, Sinkhorn-k): two forward and two backward passes.
+
+The equations and the conventions are in ``triton_potentials``' docstring. This module imports Triton at
+the top, so only import it where Triton is installed. With ``TRITON_INTERPRET=1`` in the environment when
+Triton is first imported, the kernels run in Triton's interpreter on CPU tensors (how the tests run them).
+"""
+
+import triton
+import triton.language as tl
+
+__all__ = ["KERNELS", "INTERPRETED"]
+
+# Triton decides at import time whether ``@triton.jit`` compiles or interprets
+INTERPRETED = bool(triton.knobs.runtime.interpret)
+
+# Tiles are loaded in the inputs' dtype ``IN_T``; products that feed a second ``tl.dot`` (weights, score
+# gradients) are rounded to ``IN_T`` first, as FlashAttention does. ``DOT_T`` is the operand type of
+# ``tl.dot``: ``IN_T``, except float32 for bfloat16 in the interpreter, whose bfloat16 dot is wrong (operands
+# already rounded to bfloat16, so the products are the same up to summation order).
+# Layout: q (BH, Lq, D), k (BH, Lk, D), v (BH, Lk, Dv) contiguous; potentials (BH, L) float32;
+# masks (B, L) int8, head bh belongs to batch element bh // H. Program ids: (bh, block).
+
+
+@triton.jit
+def _col_forward(
+    Q, K, A, Bout, KM, QM, scale, H, Lq, Lk, D,
+    HAS_A: tl.constexpr, HAS_KM: tl.constexpr, HAS_QM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr, IN_T: tl.constexpr, DOT_T: tl.constexpr,
+):
+    """``b_j = -LSE_i (s_ij + a_i)`` over valid queries for one block of keys."""
+    bh = tl.program_id(0).to(tl.int64)
+    jb = tl.program_id(1)
+    batch = bh // H
+    offs_n = jb * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    col_in = offs_n < Lk
+    col_ok = col_in
+    if HAS_KM:
+        col_ok = col_ok & (tl.load(KM + batch * Lk + offs_n, mask=col_in, other=0) != 0)
+    kb = tl.load(K + bh * Lk * D + offs_n[:, None] * D + offs_d[None, :],
+                 mask=col_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (N, Dp)
+    m = tl.full([BLOCK_N], float("-inf"), tl.float32)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for i0 in range(0, Lq, BLOCK_M):
+        offs_m = i0 + tl.arange(0, BLOCK_M)
+        row_in = offs_m < Lq
+        row_ok = row_in
+        if HAS_QM:
+            row_ok = row_ok & (tl.load(QM + batch * Lq + offs_m, mask=row_in, other=0) != 0)
+        qb = tl.load(Q + bh * Lq * D + offs_m[:, None] * D + offs_d[None, :],
+                     mask=row_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (M, Dp)
+        s = tl.dot(qb, tl.trans(kb), input_precision=PREC) * scale  # (M, N)
+        if HAS_A:
+            s += tl.load(A + bh * Lq + offs_m, mask=row_in, other=0.0)[:, None]
+        s = tl.where(row_ok[:, None] & col_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        acc = acc * tl.exp(m - shift) + tl.sum(tl.exp(s - shift[None, :]), axis=0)
+        m = m_new
+    has = acc > 0
+    b = tl.where(has, -(m + tl.log(tl.where(has, acc, 1.0))), 0.0)
+    tl.store(Bout + bh * Lk + offs_n, b, mask=col_in)
+
+
+@triton.jit
+def _row_forward(
+    Q, K, V, Bp, Aout, Out, ALout, OL, KM, QM, scale, H, Lq, Lk, D, Dv,
+    OUT: tl.constexpr, HYBRID: tl.constexpr, HAS_KM: tl.constexpr, HAS_QM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PREC: tl.constexpr, IN_T: tl.constexpr, DOT_T: tl.constexpr,
+):
+    """``a_i = -LSE_j (s_ij + b_j)`` over valid keys for one block of queries; with ``OUT`` also
+    ``out_i = sum_j exp(s_ij + b_j + a_i) v_j``, and with ``HYBRID`` the softmax ``a^L``, ``out_L``."""
+    bh = tl.program_id(0).to(tl.int64)
+    ib = tl.program_id(1)
+    batch = bh // H
+    offs_m = ib * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_in = offs_m < Lq
+    row_ok = row_in
+    if HAS_QM:
+        row_ok = row_ok & (tl.load(QM + batch * Lq + offs_m, mask=row_in, other=0) != 0)
+    qb = tl.load(Q + bh * Lq * D + offs_m[:, None] * D + offs_d[None, :],
+                 mask=row_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (M, Dp)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    lsum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    m2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l2 = tl.zeros([BLOCK_M], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    for j0 in range(0, Lk, BLOCK_N):
+        offs_n = j0 + tl.arange(0, BLOCK_N)
+        col_in = offs_n < Lk
+        col_ok = col_in
+        if HAS_KM:
+            col_ok = col_ok & (tl.load(KM + batch * Lk + offs_n, mask=col_in, other=0) != 0)
+        valid = row_ok[:, None] & col_ok[None, :]
+        kb = tl.load(K + bh * Lk * D + offs_n[:, None] * D + offs_d[None, :],
+                     mask=col_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (N, Dp)
+        s0 = tl.dot(qb, tl.trans(kb), input_precision=PREC) * scale  # (M, N)
+        bj = tl.load(Bp + bh * Lk + offs_n, mask=col_in, other=0.0)
+        s = tl.where(valid, s0 + bj[None, :], float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - shift)
+        p = tl.exp(s - shift[:, None])  # (M, N)
+        lsum = lsum * alpha + tl.sum(p, axis=1)
+        m = m_new
+        if OUT:
+            vb = tl.load(V + bh * Lk * Dv + offs_n[:, None] * Dv + offs_dv[None, :],
+                         mask=col_in[:, None] & (offs_dv[None, :] < Dv), other=0.0).to(DOT_T)  # (N, Dvp)
+            acc = acc * alpha[:, None] + tl.dot(p.to(IN_T).to(DOT_T), vb, input_precision=PREC)
+            if HYBRID:
+                s2 = tl.where(valid, s0, float("-inf"))
+                m2_new = tl.maximum(m2, tl.max(s2, axis=1))
+                shift2 = tl.where(m2_new == float("-inf"), 0.0, m2_new)
+                alpha2 = tl.exp(m2 - shift2)
+                p2 = tl.exp(s2 - shift2[:, None])
+                l2 = l2 * alpha2 + tl.sum(p2, axis=1)
+                acc2 = acc2 * alpha2[:, None] + tl.dot(p2.to(IN_T).to(DOT_T), vb, input_precision=PREC)
+                m2 = m2_new
+    has = lsum > 0
+    l_safe = tl.where(has, lsum, 1.0)
+    tl.store(Aout + bh * Lq + offs_m, tl.where(has, -(m + tl.log(l_safe)), 0.0), mask=row_in)
+    if OUT:
+        o_mask = row_in[:, None] & (offs_dv[None, :] < Dv)
+        tl.store(Out + bh * Lq * Dv + offs_m[:, None] * Dv + offs_dv[None, :], acc / l_safe[:, None], mask=o_mask)
+        if HYBRID:
+            has2 = l2 > 0
+            l2_safe = tl.where(has2, l2, 1.0)
+            tl.store(ALout + bh * Lq + offs_m, tl.where(has2, -(m2 + tl.log(l2_safe)), 0.0), mask=row_in)
+            tl.store(OL + bh * Lq * Dv + offs_m[:, None] * Dv + offs_dv[None, :], acc2 / l2_safe[:, None],
+                     mask=o_mask)
+
+
+@triton.jit
+def _col_backward(
+    Q, K, V, DO, Bt, Arow, Aprev, Delta, GA, AL, DeltaL, U, GBout, DK, DV, KM, QM, scale, H, Lq, Lk, D, Dv,
+    OUTPUT: tl.constexpr, HAS_PREV: tl.constexpr, HYBRID: tl.constexpr, ACCUM: tl.constexpr,
+    HAS_KM: tl.constexpr, HAS_QM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PREC: tl.constexpr, IN_T: tl.constexpr, DOT_T: tl.constexpr,
+):
+    """One block of keys of one backward round: ``g_b``, ``dK`` (added to ``DK`` with ``ACCUM``) and, in
+    the output round (``OUTPUT``), ``dV``."""
+    bh = tl.program_id(0).to(tl.int64)
+    jb = tl.program_id(1)
+    batch = bh // H
+    offs_n = jb * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    col_in = offs_n < Lk
+    col_ok = col_in
+    if HAS_KM:
+        col_ok = col_ok & (tl.load(KM + batch * Lk + offs_n, mask=col_in, other=0) != 0)
+    k_mask = col_in[:, None] & (offs_d[None, :] < D)
+    v_mask = col_in[:, None] & (offs_dv[None, :] < Dv)
+    kb = tl.load(K + bh * Lk * D + offs_n[:, None] * D + offs_d[None, :], mask=k_mask, other=0.0)
+    kb = kb.to(DOT_T)  # (N, Dp)
+    bj = tl.load(Bt + bh * Lk + offs_n, mask=col_in, other=0.0)
+    u = 1.0
+    if HYBRID:
+        u = tl.load(U + bh)
+    if OUTPUT:
+        vb = tl.load(V + bh * Lk * Dv + offs_n[:, None] * Dv + offs_dv[None, :], mask=v_mask, other=0.0)
+        vb = vb.to(DOT_T)  # (N, Dvp)
+    gb = tl.zeros([BLOCK_N], tl.float32)
+    a1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i dy_ij q_i
+    a2 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i Qc_ij q_i
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    for i0 in range(0, Lq, BLOCK_M):
+        offs_m = i0 + tl.arange(0, BLOCK_M)
+        row_in = offs_m < Lq
+        row_ok = row_in
+        if HAS_QM:
+            row_ok = row_ok & (tl.load(QM + batch * Lq + offs_m, mask=row_in, other=0) != 0)
+        valid = row_ok[:, None] & col_ok[None, :]
+        qb = tl.load(Q + bh * Lq * D + offs_m[:, None] * D + offs_d[None, :],
+                     mask=row_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (M, Dp)
+        s = tl.dot(qb, tl.trans(kb), input_precision=PREC) * scale  # (M, N)
+        ar = tl.load(Arow + bh * Lq + offs_m, mask=row_in, other=0.0)
+        p = tl.exp(tl.where(valid, s + bj[None, :] + ar[:, None], float("-inf")))  # row-normalized weights
+        if OUTPUT:
+            dob = tl.load(DO + bh * Lq * Dv + offs_m[:, None] * Dv + offs_dv[None, :],
+                          mask=row_in[:, None] & (offs_dv[None, :] < Dv), other=0.0).to(DOT_T)  # (M, Dvp)
+            dov = tl.dot(dob, tl.trans(vb), input_precision=PREC)  # (M, N)
+            delta = tl.load(Delta + bh * Lq + offs_m, mask=row_in, other=0.0)
+            dy = p * (u * dov - delta[:, None])
+            pmix = u * p
+            dyq = dy
+            if HYBRID:
+                al = tl.load(AL + bh * Lq + offs_m, mask=row_in, other=0.0)
+                dl = tl.load(DeltaL + bh * Lq + offs_m, mask=row_in, other=0.0)
+                pl = tl.exp(tl.where(valid, s + al[:, None], float("-inf")))
+                dyq = dy + pl * ((1.0 - u) * dov - dl[:, None])
+                pmix += (1.0 - u) * pl
+            dv += tl.dot(tl.trans(pmix).to(IN_T).to(DOT_T), dob, input_precision=PREC)
+        else:
+            ga = tl.load(GA + bh * Lq + offs_m, mask=row_in, other=0.0)
+            dy = -ga[:, None] * p
+            dyq = dy
+        gb += tl.sum(dy, axis=0)
+        if HAS_PREV:
+            ap = tl.load(Aprev + bh * Lq + offs_m, mask=row_in, other=0.0)
+            qc = tl.exp(tl.where(valid, s + ap[:, None] + bj[None, :], float("-inf")))  # column-normalized
+        else:
+            qc = tl.exp(tl.where(valid, s + bj[None, :], float("-inf")))
+        a1 += tl.dot(tl.trans(dyq).to(IN_T).to(DOT_T), qb, input_precision=PREC)
+        a2 += tl.dot(tl.trans(qc).to(IN_T).to(DOT_T), qb, input_precision=PREC)
+    dk = (a1 - gb[:, None] * a2) * scale
+    dk_ptr = DK + bh * Lk * D + offs_n[:, None] * D + offs_d[None, :]
+    if ACCUM:
+        dk += tl.load(dk_ptr, mask=k_mask, other=0.0)
+    tl.store(dk_ptr, dk, mask=k_mask)
+    tl.store(GBout + bh * Lk + offs_n, gb, mask=col_in)
+    if OUTPUT:
+        tl.store(DV + bh * Lk * Dv + offs_n[:, None] * Dv + offs_dv[None, :], dv, mask=v_mask)
+
+
+@triton.jit
+def _row_backward(
+    Q, K, V, DO, Bt, GB, Arow, Aprev, Delta, GA, AL, DeltaL, U, DQ, GAout, KM, QM, scale, H, Lq, Lk, D, Dv,
+    OUTPUT: tl.constexpr, HAS_PREV: tl.constexpr, HYBRID: tl.constexpr, ACCUM: tl.constexpr,
+    WANT_GA: tl.constexpr, HAS_KM: tl.constexpr, HAS_QM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PREC: tl.constexpr, IN_T: tl.constexpr, DOT_T: tl.constexpr,
+):
+    """One block of queries of one backward round: ``dQ`` (added to ``DQ`` with ``ACCUM``) and, with
+    ``WANT_GA``, the gradient of the previous row potential ``g_a^{t-1}_i = -sum_j Qc_ij g_b_j``."""
+    bh = tl.program_id(0).to(tl.int64)
+    ib = tl.program_id(1)
+    batch = bh // H
+    offs_m = ib * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_in = offs_m < Lq
+    row_ok = row_in
+    if HAS_QM:
+        row_ok = row_ok & (tl.load(QM + batch * Lq + offs_m, mask=row_in, other=0) != 0)
+    q_mask = row_in[:, None] & (offs_d[None, :] < D)
+    qb = tl.load(Q + bh * Lq * D + offs_m[:, None] * D + offs_d[None, :], mask=q_mask, other=0.0)
+    qb = qb.to(DOT_T)  # (M, Dp)
+    ar = tl.load(Arow + bh * Lq + offs_m, mask=row_in, other=0.0)
+    ap = tl.zeros([BLOCK_M], tl.float32)
+    if HAS_PREV:
+        ap = tl.load(Aprev + bh * Lq + offs_m, mask=row_in, other=0.0)
+    u = 1.0
+    if HYBRID:
+        u = tl.load(U + bh)
+    if OUTPUT:
+        dob = tl.load(DO + bh * Lq * Dv + offs_m[:, None] * Dv + offs_dv[None, :],
+                      mask=row_in[:, None] & (offs_dv[None, :] < Dv), other=0.0).to(DOT_T)  # (M, Dvp)
+        delta = tl.load(Delta + bh * Lq + offs_m, mask=row_in, other=0.0)
+        if HYBRID:
+            al = tl.load(AL + bh * Lq + offs_m, mask=row_in, other=0.0)
+            dl = tl.load(DeltaL + bh * Lq + offs_m, mask=row_in, other=0.0)
+    else:
+        ga = tl.load(GA + bh * Lq + offs_m, mask=row_in, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    ga_out = tl.zeros([BLOCK_M], tl.float32)
+    for j0 in range(0, Lk, BLOCK_N):
+        offs_n = j0 + tl.arange(0, BLOCK_N)
+        col_in = offs_n < Lk
+        col_ok = col_in
+        if HAS_KM:
+            col_ok = col_ok & (tl.load(KM + batch * Lk + offs_n, mask=col_in, other=0) != 0)
+        valid = row_ok[:, None] & col_ok[None, :]
+        kb = tl.load(K + bh * Lk * D + offs_n[:, None] * D + offs_d[None, :],
+                     mask=col_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (N, Dp)
+        s = tl.dot(qb, tl.trans(kb), input_precision=PREC) * scale  # (M, N)
+        bj = tl.load(Bt + bh * Lk + offs_n, mask=col_in, other=0.0)
+        gb = tl.load(GB + bh * Lk + offs_n, mask=col_in, other=0.0)
+        p = tl.exp(tl.where(valid, s + bj[None, :] + ar[:, None], float("-inf")))  # (M, N)
+        if OUTPUT:
+            vb = tl.load(V + bh * Lk * Dv + offs_n[:, None] * Dv + offs_dv[None, :],
+                         mask=col_in[:, None] & (offs_dv[None, :] < Dv), other=0.0).to(DOT_T)  # (N, Dvp)
+            dov = tl.dot(dob, tl.trans(vb), input_precision=PREC)  # (M, N)
+            ds = p * (u * dov - delta[:, None])
+            if HYBRID:
+                pl = tl.exp(tl.where(valid, s + al[:, None], float("-inf")))
+                ds += pl * ((1.0 - u) * dov - dl[:, None])
+        else:
+            ds = -ga[:, None] * p
+        qcg = tl.exp(tl.where(valid, s + ap[:, None] + bj[None, :], float("-inf"))) * gb[None, :]  # Qc_ij g_b_j
+        ds -= qcg
+        dq += tl.dot(ds.to(IN_T).to(DOT_T), kb, input_precision=PREC)
+        if WANT_GA:
+            ga_out -= tl.sum(qcg, axis=1)
+    dq = dq * scale
+    dq_ptr = DQ + bh * Lq * D + offs_m[:, None] * D + offs_d[None, :]
+    if ACCUM:
+        dq += tl.load(dq_ptr, mask=q_mask, other=0.0)
+    tl.store(dq_ptr, dq, mask=q_mask)
+    if WANT_GA:
+        tl.store(GAout + bh * Lq + offs_m, ga_out, mask=row_in)
+
+
+KERNELS = {"col_fwd": _col_forward, "row_fwd": _row_forward, "col_bwd": _col_backward, "row_bwd": _row_backward}

@@ -1,0 +1,231 @@
+"""DNAS, HNAS and Sinkhorn-k on CUDA: Triton kernels in the FlashAttention-2 style.
+
+"Attention that does not explain away", sections 3.1-3.2 and 5; doubly-normalized attention draft,
+eqs. (6)-(8) and section 6; the tiling and recomputation follow "FlashAttention-2: Faster Attention with
+Better Parallelism and Work Partitioning" (arXiv:2307.08691). With ``a^0 = 0``, ``k`` rounds of
+
+    b^t_j = -LSE_i (s_ij + a^{t-1}_i)     (column pass: one program per block of keys, all queries)
+    a^t_i = -LSE_j (s_ij + b^t_j)         (row pass: one program per block of queries, all keys)
+
+then ``out_i = sum_j exp(s_ij + b^k_j + a^k_i) v_j``, accumulated online in the last row pass
+(``k = 1`` DNAS, ``k > 1`` Sinkhorn). HNAS computes the softmax half (``a^L_i = -LSE_j s_ij``, its
+output) in the same last row pass and returns ``u * out_D + (1 - u) * out_L``.
+
+Backward, one column pass and one row pass per round (the scores are recomputed block by block).
+With ``P_ij = exp(s_ij + b^k_j + a^k_i)`` (row-normalized) and ``Qc_ij = exp(s_ij + a^{k-1}_i + b^k_j)``
+(column-normalized), the last round has
+
+    dy_ij = P_ij (dO_i . v_j - delta_i),  g_b_j = sum_i dy_ij,  ds_ij = dy_ij - Qc_ij g_b_j,
+    g_a^{k-1}_i = -sum_j Qc_ij g_b_j,
+
+and round ``t < k`` the same with ``dy_ij = -g_a^t_i Qr_ij`` (``Qr`` the row-normalized weights of round
+``t``). ``g_b`` is a column sum and ``g_a`` a row sum, so the column pass computes ``g_b``, ``dV`` and
+``dK_j = scale * (sum_i dy_ij q_i - g_b_j sum_i Qc_ij q_i)`` (two accumulators, one sweep) and the row pass
+``dQ`` and ``g_a``. The saved state is ``q, k, v``, the output(s) and ``2k + 1`` potential vectors.
+
+Masks: ``key_mask (B, Lk)`` and ``query_mask (B, Lq)`` (True = real). Invalid pairs weigh 0, padded queries
+never enter a column normalization, potentials of empty rows/columns are 0 and queries without a valid key
+return zeros, as in the other backends. Scores, potentials and accumulators are float32; ``tl.dot`` takes
+the inputs' dtype (float32 dots in IEEE precision, no TF32). ``attn_mask`` and causal calls use
+``potentials.py``.
+
+On CUDA tensors the kernels are compiled by Triton. With ``TRITON_INTERPRET=1`` set before Triton is first
+imported, they run in Triton's interpreter (numpy) on CPU tensors instead, which is how the test suite
+checks them without a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+
+    from . import _triton_kernels
+
+    _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+except ImportError:  # pragma: no cover - exercised where triton is not installed
+    triton = None
+
+from ._blocks import reduce_to
+
+__all__ = ["triton_available", "triton_attention", "TRITON_DTYPES"]
+
+TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def triton_available(q: Tensor) -> bool:
+    """True for CUDA tensors of a supported dtype when Triton is importable."""
+    return triton is not None and q.is_cuda and q.dtype in TRITON_DTYPES
+
+
+def triton_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    key_mask: Optional[Tensor],
+    query_mask: Optional[Tensor],
+    scale: float,
+    iters: int,
+    u: Optional[Tensor] = None,
+    block: Optional[int] = None,
+) -> Tensor:
+    """Output ``(B, H, Lq, Dv)`` of DNAS (``iters=1``), Sinkhorn (``iters=k``) or, with ``u``
+    (broadcastable to ``(B, H, 1, 1)``), the hybrid ``u * out(iters) + (1 - u) * out(softmax)``.
+
+    Shapes: q ``(B|1, H|1, Lq, D)``, k ``(B|1, H|1, Lk, D)``, v ``(B|1, H|1, Lk, Dv)``; ``key_mask (B, Lk)``,
+    ``query_mask (B, Lq)``. CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1`` (the interpreter).
+    ``block`` fixes the tile size (a power of two >= 16; default 64 compiled, 16 interpreted).
+    """
+    if triton is None:
+        raise RuntimeError("Triton is not installed; install attnkit[gpu] (pip install 'triton==3.9.*')")
+    if iters < 1:
+        raise ValueError(f"iters={iters}; the Triton kernels need iters >= 1 (softmax is SDPA)")
+    if q.dtype not in TRITON_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(
+            f"q, k, v have dtypes {q.dtype}, {k.dtype}, {v.dtype}; the Triton kernels take one of "
+            f"{[str(d) for d in TRITON_DTYPES]} for all three (use backend='reference' for float64)"
+        )
+    if not q.is_cuda and not _triton_kernels.INTERPRETED:
+        raise ValueError(
+            f"the Triton kernels got {q.device.type} tensors; they run on CUDA tensors, or on CPU tensors in "
+            "Triton's interpreter (set TRITON_INTERPRET=1 before triton is imported)"
+        )
+    if block is not None and (block < 16 or block & (block - 1)):
+        raise ValueError(f"block={block}; expected a power of two >= 16")
+    B = max(q.shape[0], k.shape[0], v.shape[0])
+    H = max(q.shape[1], k.shape[1], v.shape[1])
+    q = q.expand(B, H, -1, -1)
+    k = k.expand(B, H, -1, -1)
+    v = v.expand(B, H, -1, -1)
+    km = None if key_mask is None else key_mask.to(torch.int8).expand(B, -1).contiguous()  # (B, Lk)
+    qm = None if query_mask is None else query_mask.to(torch.int8).expand(B, -1).contiguous()  # (B, Lq)
+    if block is None:
+        block = 64 if q.is_cuda else 16
+    return _TritonPotentials.apply(q, k, v, u, km, qm, float(scale), int(iters), int(block))
+
+
+# ------------------------------------------------------------------------------------ autograd
+
+
+# Layout: q (BH, Lq, D), k (BH, Lk, D), v (BH, Lk, Dv) contiguous; potentials (BH, L) float32;
+# masks (B, L) int8, head bh belongs to batch element bh // H. Program ids: (bh, block).
+
+
+class _Launch:
+    """Shapes, tiles and mask pointers shared by every launch of one call."""
+
+    def __init__(self, q3: Tensor, k3: Tensor, v3: Tensor, km, qm, H: int, scale: float, block: int):
+        self.BH, self.Lq, self.D = q3.shape
+        self.Lk, self.Dv = k3.shape[1], v3.shape[2]
+        self.H, self.scale = H, scale
+        self.km, self.qm = km, qm
+        dummy = q3.new_empty(1, dtype=torch.float32)
+        self.dummy = dummy
+        self.consts = dict(
+            HAS_KM=km is not None, HAS_QM=qm is not None, BLOCK_M=block, BLOCK_N=block,
+            BLOCK_D=max(16, triton.next_power_of_2(self.D)), PREC="ieee" if q3.dtype == torch.float32 else "tf32",
+            IN_T=_TL_DTYPES[q3.dtype],
+            DOT_T=tl.float32 if (q3.dtype == torch.bfloat16 and not q3.is_cuda) else _TL_DTYPES[q3.dtype],
+        )
+        self.dv_const = max(16, triton.next_power_of_2(self.Dv))
+        self.grid_cols = (self.BH, triton.cdiv(self.Lk, block))
+        self.grid_rows = (self.BH, triton.cdiv(self.Lq, block))
+
+    def masks(self):
+        return (self.dummy if self.km is None else self.km), (self.dummy if self.qm is None else self.qm)
+
+    def run(self, name: str, grid, *args, **consts):
+        _triton_kernels.KERNELS[name][grid](*args, **consts, **self.consts)
+
+
+def _forward(L: _Launch, q3, k3, v3, iters: int, hybrid: bool):
+    BH, Lq, Lk, Dv = L.BH, L.Lq, L.Lk, L.Dv
+    f32 = dict(dtype=torch.float32, device=q3.device)
+    a_all = torch.zeros(iters + 1, BH, Lq, **f32)  # a^0 = 0, ..., a^k
+    b_all = torch.empty(iters, BH, Lk, **f32)
+    out = torch.empty(BH, Lq, Dv, **f32)
+    out_l = torch.empty(BH, Lq, Dv, **f32) if hybrid else L.dummy
+    a_l = torch.empty(BH, Lq, **f32) if hybrid else L.dummy
+    km, qm = L.masks()
+    for t in range(1, iters + 1):
+        L.run("col_fwd", L.grid_cols, q3, k3, a_all[t - 1], b_all[t - 1], km, qm, L.scale, L.H, Lq, Lk, L.D,
+              HAS_A=t > 1)
+        last = t == iters
+        L.run("row_fwd", L.grid_rows, q3, k3, v3, b_all[t - 1], a_all[t], out, a_l, out_l, km, qm, L.scale,
+              L.H, Lq, Lk, L.D, Dv, OUT=last, HYBRID=last and hybrid, BLOCK_DV=L.dv_const)
+    return out, a_all, b_all, (out_l if hybrid else None), (a_l if hybrid else None)
+
+
+def _backward(L: _Launch, q3, k3, v3, dO, out, a_all, b_all, out_l, a_l, u_bh, iters: int):
+    BH, Lq, Lk, Dv = L.BH, L.Lq, L.Lk, L.Dv
+    f32 = dict(dtype=torch.float32, device=q3.device)
+    hybrid = u_bh is not None
+    dOf = dO.float()
+    if hybrid:
+        delta = u_bh[:, None] * (dOf * out).sum(-1)  # (BH, Lq): dO_D . O_D with dO_D = u dO
+        delta_l = (1 - u_bh[:, None]) * (dOf * out_l).sum(-1)
+    else:
+        delta = (dOf * out).sum(-1)  # (BH, Lq)
+        delta_l = L.dummy
+    dq = torch.empty(BH, Lq, L.D, **f32)
+    dk = torch.empty(BH, Lk, L.D, **f32)
+    dv = torch.empty(BH, Lk, Dv, **f32)
+    gb = torch.empty(BH, Lk, **f32)
+    ga = torch.empty(BH, Lq, **f32)
+    ga_next = torch.empty(BH, Lq, **f32) if iters > 1 else L.dummy
+    km, qm = L.masks()
+    u_arg = L.dummy if u_bh is None else u_bh
+    a_l = L.dummy if a_l is None else a_l
+    for t in range(iters, 0, -1):
+        output = t == iters
+        shared = dict(OUTPUT=output, HAS_PREV=t > 1, HYBRID=output and hybrid, ACCUM=not output,
+                      BLOCK_DV=L.dv_const)
+        L.run("col_bwd", L.grid_cols, q3, k3, v3, dO, b_all[t - 1], a_all[t], a_all[t - 1], delta, ga, a_l,
+              delta_l, u_arg, gb, dk, dv, km, qm, L.scale, L.H, Lq, Lk, L.D, Dv, **shared)
+        L.run("row_bwd", L.grid_rows, q3, k3, v3, dO, b_all[t - 1], gb, a_all[t], a_all[t - 1], delta, ga,
+              a_l, delta_l, u_arg, dq, ga_next, km, qm, L.scale, L.H, Lq, Lk, L.D, Dv, WANT_GA=t > 1, **shared)
+        if t > 1:
+            ga, ga_next = ga_next, ga
+    return dq, dk, dv
+
+
+class _TritonPotentials(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, u, km, qm, scale, iters, block):
+        B, H, Lq, D = q.shape
+        Lk, Dv = k.shape[2], v.shape[3]
+        q3 = q.reshape(B * H, Lq, D).contiguous()  # (B*H, Lq, D)
+        k3 = k.reshape(B * H, Lk, D).contiguous()  # (B*H, Lk, D)
+        v3 = v.reshape(B * H, Lk, Dv).contiguous()  # (B*H, Lk, Dv)
+        hybrid = u is not None
+        L = _Launch(q3, k3, v3, km, qm, H, scale, block)
+        out, a_all, b_all, out_l, a_l = _forward(L, q3, k3, v3, iters, hybrid)
+        if any(ctx.needs_input_grad[:4]):  # inference (no input requires grad): nothing is saved
+            ctx.save_for_backward(q3, k3, v3, u, km, qm, out, a_all, b_all, out_l, a_l)
+        ctx.meta = (B, H, Lq, Lk, D, Dv, scale, iters, block)
+        out = out.view(B, H, Lq, Dv)
+        if hybrid:  # u * out_D + (1 - u) * out_L
+            out = torch.lerp(out_l.view(B, H, Lq, Dv), out, u.float().expand(B, H, 1, 1))
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q3, k3, v3, u, km, qm, out, a_all, b_all, out_l, a_l = ctx.saved_tensors
+        B, H, Lq, Lk, D, Dv, scale, iters, block = ctx.meta
+        dO = grad_out.to(q3.dtype).reshape(B * H, Lq, Dv).contiguous()  # (B*H, Lq, Dv)
+        u_bh = None if u is None else u.float().expand(B, H, 1, 1).reshape(B * H).contiguous()  # (B*H,)
+        L = _Launch(q3, k3, v3, km, qm, H, scale, block)
+        dq, dk, dv = _backward(L, q3, k3, v3, dO, out, a_all, b_all, out_l, a_l, u_bh, iters)
+        du = None
+        if u is not None and ctx.needs_input_grad[3]:
+            du = (dO.float() * (out - out_l)).sum(dim=(-2, -1)).view(B, H, 1, 1)  # sum of dO * (out_D - out_L)
+            du = reduce_to(du, (1,) * (4 - u.dim()) + tuple(u.shape)).reshape(u.shape).to(u.dtype)
+        dt = q3.dtype
+        return (dq.view(B, H, Lq, D).to(dt), dk.view(B, H, Lk, D).to(dt), dv.view(B, H, Lk, Dv).to(dt), du,
+                None, None, None, None, None)

@@ -1,0 +1,43 @@
+"""The FlexAttention peer of ``attnkit bench`` (kernels/flex_peer.py) against the float64 reference, and the
+bench's CUDA options failing clearly without CUDA."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit.cli import main
+from attnkit.benchmark import BenchConfig
+from attnkit.kernels.flex_peer import flex_potentials
+
+
+@pytest.mark.parametrize("mechanism,iters,u", [("dnas", 1, None), ("hnas", 1, 0.5), ("sinkhorn", 3, None)])
+def test_flex_form_matches_reference_forward(mechanism, iters, u):
+    """FlexAttention has no backward on the CPU: the forward of the same formulas is checked here."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 16, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    mech = ak.Sinkhorn(iters=iters) if mechanism == "sinkhorn" else mechanism
+    kw = {"hybrid_weight": u} if u is not None else {}
+    ref = ak.attention(q, k, v, mech, backend="reference", **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager flex_attention warns that it is not compiled
+        out = flex_potentials(q.float(), k.float(), v.float(), iters=iters, u=u)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+
+
+def test_flex_backend_needs_cuda():
+    with pytest.raises(ValueError, match="--device cuda"):
+        BenchConfig(backends=("efficient", "flex"), device="cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
+def test_bench_device_cuda_without_cuda_is_one_line_exit_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--device", "cuda", "--quick", "--out", str(tmp_path / "x.json")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "CUDA is not available" in err and "Traceback" not in err
+    assert not (tmp_path / "x.json").exists()

@@ -1,0 +1,84 @@
+"""Attention dropout in the C++ CPU kernels (kernels/cpp_potentials.py): the dropped weights are the reference
+weights times a {0, 1/(1-p)} mask, the backward pass replays that mask exactly (gradcheck with a fixed seed),
+and backend='auto' takes the kernels for DNAS/HNAS/Sinkhorn under dropout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit.kernels import cpu_ext
+from attnkit.kernels.cpp_potentials import fused_cpu_attention
+
+pytestmark = pytest.mark.skipif(not cpu_ext.load(warn=False), reason="C++ CPU kernels not built")
+
+MECHS = {"dnas": ("dnas", 1, {}), "hnas": ("hnas", 1, {"hybrid_weight": 0.3}),
+         "sinkhorn3": (ak.Sinkhorn(iters=3), 3, {})}
+
+
+def _qk(B, H, Lq, Lk, D, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, H, Lq, D, generator=g, dtype=torch.float64), torch.randn(
+        B, H, Lk, D, generator=g, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name", list(MECHS))
+def test_dropped_weights_are_reference_weights_times_a_keep_mask(name):
+    """With ``v = I`` the output rows are the (dropped) weight rows themselves."""
+    mech, iters, kw = MECHS[name]
+    B, H, Lq, Lk, p = 2, 3, 40, 48, 0.25
+    q, k = _qk(B, H, Lq, Lk, 8)
+    v = torch.eye(Lk, dtype=torch.float64).expand(B, H, Lk, Lk)
+    km = torch.arange(Lk)[None, :] < torch.tensor([[Lk], [30]])
+    qm = torch.arange(Lq)[None, :] < torch.tensor([[35], [Lq]])
+    _, w = ak.attention(q, k, v, mech, key_mask=km, query_mask=qm, return_weights=True, **kw)
+    u = torch.tensor(0.3, dtype=torch.float64) if name == "hnas" else None
+    out = fused_cpu_attention(q, k, v, key_mask=km, query_mask=qm, scale=8**-0.5, iters=iters, u=u, dropout_p=p)
+    positive = w > 1e-12
+    ratio = out[positive] / w[positive]
+    keep = 1 / (1 - round(p * 65536) / 65536)
+    assert torch.all((ratio.abs() < 1e-9) | ((ratio - keep).abs() < 1e-9))
+    assert torch.all(out[~positive].abs() < 1e-12)
+    dropped = (ratio.abs() < 1e-9).double().mean().item()
+    assert abs(dropped - p) < 0.03, dropped  # 2 * 3 * ~1500 pairs: the dropped share is close to p
+    torch.manual_seed(0)
+    again = fused_cpu_attention(q, k, v, key_mask=km, query_mask=qm, scale=8**-0.5, iters=iters, u=u, dropout_p=p)
+    assert not torch.equal(out, again)  # a new mask per call
+
+
+@pytest.mark.parametrize("name", list(MECHS))
+def test_gradients_replay_the_forward_mask(name):
+    mech, iters, kw = MECHS[name]
+    q, k = _qk(2, 2, 9, 11, 4, seed=3)
+    v = torch.randn(2, 2, 11, 5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    km = torch.ones(2, 11, dtype=torch.bool)
+    km[1, 7:] = False
+    qm = torch.ones(2, 9, dtype=torch.bool)
+    qm[0, 6:] = False
+    u = torch.tensor([0.2, 0.7], dtype=torch.float64).view(1, 2, 1, 1).requires_grad_() if name == "hnas" else None
+
+    def f(q_, k_, v_, *rest):
+        torch.manual_seed(11)  # the same mask in every evaluation
+        return fused_cpu_attention(q_, k_, v_, key_mask=km, query_mask=qm, scale=0.5, iters=iters,
+                                   u=rest[0] if rest else None, dropout_p=0.3)
+
+    inputs = [t.clone().requires_grad_() for t in (q, k, v)] + ([u] if u is not None else [])
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["dnas", "hnas"])
+def test_auto_backend_takes_the_kernels_under_dropout(name, monkeypatch):
+    from attnkit import kernels
+
+    calls = []
+    real = kernels.fused_cpu_attention
+    monkeypatch.setattr(kernels, "fused_cpu_attention", lambda *a, **kw: calls.append(kw["dropout_p"]) or real(*a, **kw))
+    q, k = _qk(2, 2, 6, 6, 4)
+    v = torch.randn(2, 2, 6, 4, dtype=torch.float64)
+    km = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    out = ak.attention(q, k, v, MECHS[name][0], key_mask=km, dropout_p=0.1, **MECHS[name][2])
+    assert calls == [0.1] and torch.isfinite(out).all()
+    calls.clear()
+    ak.attention(q, k, v, MECHS[name][0], key_mask=km, causal=False, dropout_p=0.0, **MECHS[name][2])
+    assert calls == [0.0]
