@@ -51,7 +51,7 @@ try:
 except ImportError:  # pragma: no cover - exercised where triton is not installed
     triton = None
 
-from ._blocks import reduce_to
+from .blocking import reduce_to
 
 __all__ = ["triton_available", "triton_attention", "TRITON_DTYPES"]
 
