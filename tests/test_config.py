@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 import attnkit as ak
-from attnkit.config import ACTIVATIONS, GATES, resolve_mechanism
+from attnkit.config import ACTIVATIONS, GATES
+from attnkit.registry import resolve_mechanism
 
 
 def test_mechanism_names():
