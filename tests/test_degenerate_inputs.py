@@ -58,7 +58,7 @@ def _bench_error(capsys, argv) -> str:
 
 
 def test_bench_out_directory_is_refused_before_running(tmp_path, capsys, monkeypatch):
-    from attnkit.kernels import bench as bench_module
+    from attnkit import benchmark as bench_module
 
     def no_run(*args, **kwargs):
         raise AssertionError("the benchmark ran before --out was checked")

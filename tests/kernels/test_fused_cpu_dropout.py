@@ -69,11 +69,11 @@ def test_gradients_replay_the_forward_mask(name):
 
 @pytest.mark.parametrize("name", ["dnas", "hnas"])
 def test_auto_backend_takes_the_kernels_under_dropout(name, monkeypatch):
-    from attnkit import kernels
+    from attnkit.kernels import dispatch
 
     calls = []
-    real = kernels.fused_cpu_attention
-    monkeypatch.setattr(kernels, "fused_cpu_attention", lambda *a, **kw: calls.append(kw["dropout_p"]) or real(*a, **kw))
+    real = dispatch.fused_cpu_attention
+    monkeypatch.setattr(dispatch, "fused_cpu_attention", lambda *a, **kw: calls.append(kw["dropout_p"]) or real(*a, **kw))
     q, k = _qk(2, 2, 6, 6, 4)
     v = torch.randn(2, 2, 6, 4, dtype=torch.float64)
     km = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])

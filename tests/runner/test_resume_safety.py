@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pickle
+import re
 import subprocess
 import sys
 
@@ -59,7 +60,8 @@ def _resume_cli(out, capsys) -> tuple[int, str]:
 
 
 def _assert_one_line(err: str, *needles: str) -> None:
-    lines = err.strip().splitlines()
+    """The error is one ``error: ...`` line; the progress line "run k of N: ..." may come before it."""
+    lines = [line for line in err.strip().splitlines() if not re.match(r"run \d+ of \d+: ", line)]
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert "Traceback" not in err
     for needle in needles:

@@ -240,6 +240,20 @@ class TransductionTask:
             "token_error_rate": token_error_rate(refs, hyps),
         }
 
+    def correct(self, data: EncodedTransduction, preds: list[str]) -> list[bool]:
+        """Per test example: the whole output sequence equals the target."""
+        refs = self.references(data)
+        return [data.tgt_vocab.tokenize(p) == r for p, r in zip(preds, refs)]
+
+    def details(self, data: EncodedTransduction, preds: list[str]) -> dict:
+        return {}
+
+    def example(self, data: EncodedTransduction, i: int) -> dict:
+        return {"source": data.test_src_texts[i], "target": data.test_tgt_texts[i]}
+
+    def show_prediction(self, data: EncodedTransduction, pred: str) -> str:
+        return pred
+
     def samples(self, data: EncodedTransduction, preds: list[str], limit: int = 8) -> list[dict]:
         return [
             {"source": s, "target": t, "predicted": p}
