@@ -200,7 +200,12 @@ class ShowAttendTell(nn.Module):
             total = total + reinforce
             reward_mean, baseline = float(reward.mean()), float(b)
         return CaptionLoss(
-            total, float(nll.mean()), float(penalty.mean()), float(reinforce.detach()), reward_mean, baseline
+            total,
+            float(nll.detach().mean()),
+            float(penalty.detach().mean()),
+            float(reinforce.detach()),
+            reward_mean,
+            baseline,
         )
 
     # -- decoding ------------------------------------------------------------------------------------------
