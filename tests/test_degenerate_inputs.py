@@ -1,5 +1,6 @@
-"""Degenerate shapes get one clear ``ValueError`` on every backend: a ``hybrid_weight`` with more batch elements than
-the input, zero heads, zero head dimension; and ``attnkit bench --out`` is checked before the benchmark runs."""
+"""Degenerate shapes get one clear ``ValueError`` on every backend: a ``hybrid_weight`` with more batch
+elements than the input, zero heads, zero head dimension; and ``attnkit bench --out`` is checked before the
+benchmark runs."""
 
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ def test_hybrid_weight_per_batch_element_still_works(backend):
     u = torch.tensor([0.2, 0.7]).view(2, 1, 1, 1)  # (B, 1, 1, 1)
     out = ak.attention(q, k, v, "hnas", hybrid_weight=u, backend=backend)
     for b in range(2):
-        one = ak.attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], "hnas", hybrid_weight=float(u[b]), backend="reference")
+        one = ak.attention(
+            q[b:b + 1], k[b:b + 1], v[b:b + 1], "hnas", hybrid_weight=float(u[b]), backend="reference"
+        )
         torch.testing.assert_close(out[b:b + 1], one)
 
 

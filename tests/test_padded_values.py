@@ -10,10 +10,10 @@ import attnkit as ak
 from attnkit.kernels import cpu_ext
 
 MECHANISMS = ("softmax", "dnas", "hnas", "sinkhorn", "coda")
-# route -> (backend, C++ kernels on?, extra boolean attn_mask?): the reference backend; the efficient backend's
-# padding-only routes (SDPA, C++ potentials, CoDA blocks with the C++ L1 kernel); the same with the C++ kernels
-# off (the ATen fused op for DNAS/HNAS, block potentials for Sinkhorn, torch.cdist for CoDA); with an attn_mask
-# (SDPA with a pair mask, block potentials); and backend="auto".
+# route -> (backend, C++ kernels on?, extra boolean attn_mask?): the reference backend; the efficient
+# backend's padding-only routes (SDPA, C++ potentials, CoDA blocks with the C++ L1 kernel); the same with the
+# C++ kernels off (the ATen fused op for DNAS/HNAS, block potentials for Sinkhorn, torch.cdist for CoDA);
+# with an attn_mask (SDPA with a pair mask, block potentials); and backend="auto".
 ROUTES = {
     "reference": ("reference", True, False),
     "efficient": ("efficient", True, False),

@@ -72,7 +72,9 @@ def test_matches_float64_reference_on_random_inputs(case, route):
         d = _draw(rng, case.causal_ok)
         g = torch.Generator().manual_seed(d["seed"])
         B, Lq, Lk, D, Dv = d["B"], d["Lq"], d["Lk"], d["D"], d["Dv"]
-        base = [torch.randn(B, H, L, n, generator=g, dtype=torch.float64) for L, n in ((Lq, D), (Lk, D), (Lk, Dv))]
+        base = [
+            torch.randn(B, H, L, n, generator=g, dtype=torch.float64) for L, n in ((Lq, D), (Lk, D), (Lk, Dv))
+        ]
         q, k, v = (_lay_out(t, d["layout"], rng).requires_grad_() for t in base)
         call, ref = dict(case.call), dict(case.ref)
         inputs = [q, k, v]
@@ -85,9 +87,13 @@ def test_matches_float64_reference_on_random_inputs(case, route):
         out = ak.attention(q, k, v, case.attnkit_mechanism(ak), backend=route, scale=d["scale"], **call,
                            **d["masks"])
         expected, _ = ref_attention(q, k, v, case.ref_mechanism, scale=d["scale"], **ref, **d["masks"])
-        torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-8, msg=lambda m, where=where: f"{where}: out: {m}")
+        torch.testing.assert_close(
+            out, expected, atol=1e-10, rtol=1e-8, msg=lambda m, where=where: f"{where}: out: {m}"
+        )
         grad = torch.randn(out.shape, generator=g, dtype=out.dtype)
         mine = torch.autograd.grad((out * grad).sum(), inputs)
         theirs = torch.autograd.grad((expected * grad).sum(), inputs)
         for name, a, b in zip("qkvu", mine, theirs):
-            torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-7, msg=lambda m, name=name, where=where: f"{where}: d{name}: {m}")
+            torch.testing.assert_close(
+                a, b, atol=1e-9, rtol=1e-7, msg=lambda m, name=name, where=where: f"{where}: d{name}: {m}"
+            )

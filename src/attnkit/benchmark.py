@@ -70,7 +70,9 @@ class BenchConfig:
         if unknown:
             raise ValueError(f"unknown backend(s) {unknown}; expected some of {BACKENDS + PEER_BACKENDS}")
         if "flex" in self.backends and self.device != "cuda":
-            raise ValueError("backend 'flex' (FlexAttention) is timed on CUDA only; pass --device cuda or drop it")
+            raise ValueError(
+                "backend 'flex' (FlexAttention) is timed on CUDA only; pass --device cuda or drop it"
+            )
         if self.repeats < 1:
             raise ValueError(f"repeats={self.repeats}; expected >= 1")
         if self.device not in ("cpu", "cuda"):
@@ -136,8 +138,9 @@ def load_warning(load: Optional[float] = None, cores: Optional[int] = None) -> O
     if load <= cores:
         return None
     return (
-        f"warning: load average {load:.1f} > {cores} cores: other processes share the CPU, so times are inflated "
-        "and ratios move between runs; compare rows of one run and rerun on an idle machine for absolute numbers"
+        f"warning: load average {load:.1f} > {cores} cores: other processes share the CPU, "
+        "so times are inflated and ratios move between runs; compare rows of one run "
+        "and rerun on an idle machine for absolute numbers"
     )
 
 

@@ -1,7 +1,8 @@
 r"""Calibration metrics: expected calibration error and the data of a reliability diagram.
 
-ECE with equal-width confidence bins (Guo et al., "On Calibration of Modern Neural Networks", arXiv:1706.04599;
-as reported in "Alignment Attention by Matching Key and Query Distributions", arXiv:2110.12567, sec. 4.1.2):
+ECE with equal-width confidence bins (Guo et al., "On Calibration of Modern Neural Networks",
+arXiv:1706.04599; as reported in "Alignment Attention by Matching Key and Query Distributions",
+arXiv:2110.12567, sec. 4.1.2):
 
 .. math::
     \mathrm{ECE} = \sum_{m=1}^{M} \frac{|B_m|}{n} \, \big|\mathrm{acc}(B_m) - \mathrm{conf}(B_m)\big|
@@ -22,7 +23,8 @@ __all__ = ["ece", "reliability", "Reliability"]
 
 @dataclass(frozen=True)
 class Reliability:
-    """Per-bin counts, accuracies and mean confidences (``(n_bins,)`` tensors; empty bins hold 0) and the ECE."""
+    """Per-bin counts, accuracies and mean confidences (``(n_bins,)`` tensors; empty bins hold 0) and the
+    ECE."""
 
     edges: Tensor
     counts: Tensor

@@ -1,4 +1,5 @@
-"""The four alignment losses: minimum at equal sets, growth with a shift, padding, gradient reversal, OT = geomloss."""
+"""The four alignment losses: minimum at equal sets, growth with a shift, padding, gradient reversal,
+OT = geomloss."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def test_minimum_at_equal_sets_and_grows_with_shift(method):
 
 
 def test_gan_generator_objective_minimal_at_equal_sets():
-    """The generator minimizes -BCE; a trained discriminator's BCE is largest (log 4) when q and k coincide."""
+    """The generator minimizes -BCE; a trained discriminator's BCE is largest (log 4) when q and k
+    coincide."""
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 1, 32, 4, generator=g, dtype=torch.float64)
     bce = []

@@ -1,4 +1,5 @@
-"""Alignment attention with the ``Trainer``, ``attnkit finetune --align`` and ``accelerate launch`` (2 CPU processes)."""
+"""Alignment attention with the ``Trainer``, ``attnkit finetune --align`` and ``accelerate launch``
+(2 CPU processes)."""
 
 from __future__ import annotations
 
@@ -151,7 +152,8 @@ def test_alignment_trainer_trains_the_regularizer(tiny_bert, dataset, tmp_path):
 
 SCRIPT = """
 import json, os, sys, torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, TrainingArguments
+from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding,
+                          TrainingArguments)
 from attnkit.align import AlignmentRegularizer
 from attnkit.align.trainer import alignment_trainer_class
 
@@ -205,5 +207,6 @@ def test_accelerate_launch_two_processes_keeps_the_regularizer_in_sync(tiny_bert
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["world"] == ranks[1]["world"] == 2
-    # the two processes saw different batches: without the gradient averaging their discriminators would differ
+    # the two processes saw different batches: without the gradient averaging their discriminators would
+    # differ
     assert ranks[0]["reg"] == pytest.approx(ranks[1]["reg"], rel=1e-6, abs=1e-9)

@@ -62,4 +62,7 @@ def test_tables_are_not_cut_when_piped():
 def test_data_list_piped_keeps_whole_rows(capsys):
     main(["data", "list"])
     out = capsys.readouterr().out
-    assert any("MLU arithmetic (CoDA paper sec. 3.6)" in line and "seeded 9:1 split" in line for line in out.splitlines())
+    assert any(
+        "MLU arithmetic (CoDA paper sec. 3.6)" in line and "seeded 9:1 split" in line
+        for line in out.splitlines()
+    )

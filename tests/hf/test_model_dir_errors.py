@@ -1,5 +1,5 @@
-"""Broken or hostile model directories: ``attnkit convert`` / ``finetune`` and ``attnkit.hf.load`` answer with one
-line naming the file and the problem (exit code 2 on the command line), and never unpickle weights."""
+"""Broken or hostile model directories: ``attnkit convert`` / ``finetune`` and ``attnkit.hf.load`` answer with
+one line naming the file and the problem (exit code 2 on the command line), and never unpickle weights."""
 
 from __future__ import annotations
 
@@ -89,11 +89,16 @@ def _break(model_dir, case, marker):
         config.write_text(json.dumps({**json.loads(config.read_text()), "num_attention_heads": 3}))
         return "config.json"
     if case == "weights of another shape":
-        config.write_text(json.dumps({**json.loads(config.read_text()), "hidden_size": 8, "intermediate_size": 8}))
+        config.write_text(
+            json.dumps({**json.loads(config.read_text()), "hidden_size": 8, "intermediate_size": 8})
+        )
         return "model.safetensors holds tensors whose shapes differ"
     if case == "index names a missing shard":
         weights.rename(model_dir / "model-00001-of-00002.safetensors")
-        index = {"metadata": {}, "weight_map": {"embeddings.word_embeddings.weight": "model-00002-of-00002.safetensors"}}
+        index = {
+            "metadata": {},
+            "weight_map": {"embeddings.word_embeddings.weight": "model-00002-of-00002.safetensors"},
+        }
         (model_dir / "model.safetensors.index.json").write_text(json.dumps(index))
         return "model-00002-of-00002.safetensors"
     raise AssertionError(case)
@@ -122,22 +127,25 @@ def _cli_error(capsys, argv) -> str:
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    lines = [line for line in err.strip().splitlines() if line.strip() and "it/s]" not in line]  # no progress bars
+    # no progress bars
+    lines = [line for line in err.strip().splitlines() if line.strip() and "it/s]" not in line]
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     return lines[0]
 
 
 def test_convert_names_the_broken_file(broken, tmp_path, capsys):
     model_dir, needle = broken
-    line = _cli_error(capsys, ["convert", str(model_dir), "--mechanism", "dnas", "--out", str(tmp_path / "o")])
+    line = _cli_error(
+        capsys, ["convert", str(model_dir), "--mechanism", "dnas", "--out", str(tmp_path / "o")]
+    )
     assert needle in line
     assert not (tmp_path / "o").exists()
 
 
 def test_finetune_names_the_broken_file_before_training(broken, dataset, tmp_path, capsys):
     model_dir, needle = broken
-    line = _cli_error(capsys, ["finetune", "--model", str(model_dir), "--dataset", str(dataset), "--max-steps", "1",
-                               "--batch-size", "2", "--out", str(tmp_path / "o")])
+    line = _cli_error(capsys, ["finetune", "--model", str(model_dir), "--dataset", str(dataset),
+                               "--max-steps", "1", "--batch-size", "2", "--out", str(tmp_path / "o")])
     assert needle in line
     assert not (tmp_path / "o" / "metrics.json").exists()
 

@@ -16,7 +16,11 @@ from attnkit.hf.progress import describe_loading, estimate_line
 
 pytestmark = pytest.mark.hf
 
-ROWS = [("earn", "net profit rose per share"), ("acq", "agreed to acquire the firm"), ("trade", "trade deficit")]
+ROWS = [
+    ("earn", "net profit rose per share"),
+    ("acq", "agreed to acquire the firm"),
+    ("trade", "trade deficit"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +37,9 @@ def tiny_bert(tmp_path_factory):
 
 
 def test_new_classifier_is_explained_in_one_line_without_ansi_codes():
-    lines = describe_loading({"missing_keys": ["classifier.weight", "classifier.bias"], "unexpected_keys": []})
+    lines = describe_loading(
+        {"missing_keys": ["classifier.weight", "classifier.bias"], "unexpected_keys": []}
+    )
     assert len(lines) == 1 and "classifier.bias, classifier.weight" in lines[0] and "as expected" in lines[0]
     lines = describe_loading({"missing_keys": ["bert.encoder.layer.0.attention.self.query.weight"],
                               "unexpected_keys": ["cls.predictions.bias"]})
@@ -44,7 +50,10 @@ def test_new_classifier_is_explained_in_one_line_without_ansi_codes():
 def test_estimate_includes_evaluation():
     line = estimate_line(steps_done=3, seconds=3.0, total_steps=20, batch_size=16, n_eval=2400)
     # 1 s/step: training 20 s; evaluation 2400 docs at 1/16/3 s each = 50 s
-    assert "1.00 s/step" in line and "~70 s" in line and "~20 s" in line and "evaluating 2400 documents ~50 s" in line
+    assert (
+        "1.00 s/step" in line and "~70 s" in line and "~20 s" in line
+        and "evaluating 2400 documents ~50 s" in line
+    )
 
 
 def test_finetune_max_eval_samples_labelled_bars_and_plain_report(tiny_bert, tmp_path, capsys):
@@ -53,8 +62,8 @@ def test_finetune_max_eval_samples_labelled_bars_and_plain_report(tiny_bert, tmp
     (data / "train.tsv").write_text("".join(f"{a}\t{b}\n" for a, b in ROWS * 4))
     (data / "test.tsv").write_text("".join(f"{a}\t{b}\n" for a, b in ROWS * 3))
     out = tmp_path / "run"
-    main(["finetune", "--model", str(tiny_bert), "--dataset", str(data), "--max-steps", "4", "--batch-size", "4",
-          "--max-length", "12", "--max-eval-samples", "5", "--out", str(out)])
+    main(["finetune", "--model", str(tiny_bert), "--dataset", str(data), "--max-steps", "4",
+          "--batch-size", "4", "--max-length", "12", "--max-eval-samples", "5", "--out", str(out)])
     err = capsys.readouterr().err
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["num_test"] == 5 and metrics["config"]["max_eval_samples"] == 5
@@ -79,8 +88,12 @@ def test_arguments_are_checked_before_the_model_loads(tmp_path, capsys, monkeypa
     missing_model = str(tmp_path / "no-model")
     err = _error(capsys, ["convert", missing_model, "--mechanism", "dnsa", "--out", str(tmp_path / "o")])
     assert "dnsa" in err and "config.json" not in err
-    err = _error(capsys, ["finetune", "--model", missing_model, "--dataset", "sst2", "--out", str(tmp_path / "o")])
+    err = _error(
+        capsys, ["finetune", "--model", missing_model, "--dataset", "sst2", "--out", str(tmp_path / "o")]
+    )
     assert "--download" in err and "download=True" not in err and "config.json" not in err
-    err = _error(capsys, ["finetune", "--model", missing_model, "--mechanism", "dnsa", "--out", str(tmp_path / "o")])
+    err = _error(
+        capsys, ["finetune", "--model", missing_model, "--mechanism", "dnsa", "--out", str(tmp_path / "o")]
+    )
     assert "dnsa" in err
     assert not (tmp_path / "o").exists()

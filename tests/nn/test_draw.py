@@ -8,7 +8,9 @@ from attnkit.nn.draw import DRAWWindow, draw_read, draw_write, filterbank, windo
 
 
 def _window(gx, gy, stride, sigma2, gamma=1.0, B=1):
-    t = lambda v: torch.full((B,), float(v), dtype=torch.float64)
+    def t(v):
+        return torch.full((B,), float(v), dtype=torch.float64)
+
     return DRAWWindow(t(gx), t(gy), t(stride), t(sigma2), t(gamma))
 
 

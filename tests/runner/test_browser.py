@@ -14,7 +14,8 @@ from tests.runner._fixtures import tiny_overrides, write_classification_file
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None,
-    reason="no Chromium on PATH: scripts/test.sh installs the Debian package `chromium` (apt-get) when it can",
+    reason="no Chromium on PATH: scripts/test.sh installs the Debian package `chromium` (apt-get) "
+    "when it can",
 )
 
 
@@ -31,7 +32,8 @@ def test_report_renders_in_chromium_and_the_screenshot_is_kept(tmp_path):
     shot = result.out / "report-screenshot.png"
     check = check_page(report, screenshot=shot)
     assert check.ok, check.problems()
-    assert check.images == report.read_text().count("<img ") >= 3  # curves, confusion matrices, hybrid weights
+    # curves, confusion matrices, hybrid weights
+    assert check.images == report.read_text().count("<img ") >= 3
     assert check.viewport_width == 1280 and check.title.startswith("attnkit compare")
     width, height = _png_size(shot)
     assert width == 1280 and height > 900

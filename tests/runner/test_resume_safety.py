@@ -1,5 +1,6 @@
-"""``compare --resume`` on hostile or broken run directories: nothing is unpickled, a bad checkpoint file is one
-line and exit 2, two processes never continue one run at once, a rejected configuration leaves nothing behind."""
+"""``compare --resume`` on hostile or broken run directories: nothing is unpickled, a bad checkpoint file is
+one line and exit 2, two processes never continue one run at once, a rejected configuration leaves nothing
+behind."""
 
 from __future__ import annotations
 
@@ -49,7 +50,9 @@ def _copy_run(interrupted, tmp_path):
 
     root, data = interrupted
     shutil.copytree(root / "cut", tmp_path / "cut")
-    return tmp_path / "cut", data, tmp_path / "cut" / "runs" / "softmax-seed0" / "checkpoints" / "step-0000004"
+    return (
+        tmp_path / "cut", data, tmp_path / "cut" / "runs" / "softmax-seed0" / "checkpoints" / "step-0000004"
+    )
 
 
 def _resume_cli(out, capsys) -> tuple[int, str]:
@@ -127,7 +130,9 @@ def test_corrupt_checkpoint_is_one_line_exit_2(interrupted, tmp_path, capsys, ca
         (checkpoint / "trainer.json").write_text("[1, 2]")
         needle = "trainer.json"
     else:
-        torch.save({"model": {"nope": torch.zeros(2)}, "optimizer": {}, "scheduler": {}}, checkpoint / "state.pt")
+        torch.save(
+            {"model": {"nope": torch.zeros(2)}, "optimizer": {}, "scheduler": {}}, checkpoint / "state.pt"
+        )
         needle = "state.pt"
     code, err = _resume_cli(out, capsys)
     assert code == 2
@@ -148,7 +153,9 @@ def test_second_resume_of_a_running_compare_is_refused(interrupted, tmp_path, ca
     """While another process holds the run directory, --resume is one line and exit 2; once that process is
     SIGKILLed its lock is gone and the run continues to the end."""
     out, _, checkpoint = _copy_run(interrupted, tmp_path)
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD_RUN_DIR, str(out)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_RUN_DIR, str(out)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         code, err = _resume_cli(out, capsys)

@@ -34,7 +34,9 @@ def test_paired_interval_and_verdict():
     assert "larger than the spread over seeds" in verdict("dnas", "softmax", "accuracy", interval, None)
     wide = paired_seed_interval([0.80, 0.70], [0.75, 0.74])
     assert wide["low"] < 0 < wide["high"]
-    assert "within the spread over seeds" in verdict("dnas", "softmax", "accuracy", wide, mcnemar([True], [False]))
+    assert "within the spread over seeds" in verdict(
+        "dnas", "softmax", "accuracy", wide, mcnemar([True], [False])
+    )
     assert paired_seed_interval([0.8], [0.7])["low"] is None
 
 
@@ -52,7 +54,9 @@ def test_load_note_only_when_loaded():
 def two_seeds(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("summary")
     data = write_classification_file(tmp / "topics.json")
-    config = build_config(tiny_overrides(data, tmp / "out", seeds=2, mechanisms="softmax,dnas", log_with="tensorboard"))
+    config = build_config(
+        tiny_overrides(data, tmp / "out", seeds=2, mechanisms="softmax,dnas", log_with="tensorboard")
+    )
     return run_compare(config)
 
 
@@ -103,8 +107,8 @@ def test_progress_lines_count_runs_and_estimate_time(tmp_path, capsys):
 
 def test_seq2seq_reports_token_accuracy_and_why_mechanisms_were_skipped(tmp_path):
     data = write_seq2seq_jsonl(tmp_path / "rev.jsonl")
-    result = run_compare(build_config(tiny_overrides(data, tmp_path / "out", mechanisms="softmax,coda", steps=4,
-                                                     eval_every=2, max_target_len=8)))
+    result = run_compare(build_config(tiny_overrides(data, tmp_path / "out", mechanisms="softmax,coda",
+                                                     steps=4, eval_every=2, max_target_len=8)))
     payload = json.loads((result.out / "results.json").read_text())
     assert payload["metrics"] == ["sequence_accuracy", "token_accuracy"]
     for record in payload["results"]:

@@ -39,7 +39,8 @@ def grad_reverse(x: Tensor, gamma: float = 1.0) -> Tensor:
 
 
 class Highway(nn.Module):
-    r"""One highway layer :math:`h = \sigma(g) \odot \mathrm{relu}(g) + (1 - \sigma(g)) \odot x`, ``g = W x + b``.
+    r"""One highway layer :math:`h = \sigma(g) \odot \mathrm{relu}(g) + (1 - \sigma(g)) \odot x`,
+    ``g = W x + b``.
 
     Shapes: ``x (..., d) -> (..., d)``.
     """

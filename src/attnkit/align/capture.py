@@ -1,20 +1,23 @@
-r"""Find the self-attention layers of a model and capture their per-head queries and keys during the forward pass.
+r"""Find the self-attention layers of a model and capture their per-head queries and keys during the forward
+pass.
 
 Hooks only read: the forward computes exactly what it computes without them (outputs are bit-identical).
 Three families of layers ("sites"):
 
-- **attnkit / torch multi-head attention** (``attnkit.nn.MultiheadAttention``, ``torch.nn.MultiheadAttention``,
-  hence attnkit's and torch's Transformer layers, any mechanism): a forward pre-hook reads ``query``,
-  ``key`` and ``key_padding_mask`` of self-attention calls (``query is key``) and projects them with the
-  module's own ``W_Q, b_Q, W_K, b_K`` (the projection is computed a second time, outside the module).
+- **attnkit / torch multi-head attention** (``attnkit.nn.MultiheadAttention``,
+  ``torch.nn.MultiheadAttention``, hence attnkit's and torch's Transformer layers, any mechanism): a forward
+  pre-hook reads ``query``, ``key`` and ``key_padding_mask`` of self-attention calls (``query is key``) and
+  projects them with the module's own ``W_Q, b_Q, W_K, b_K`` (the projection is computed a second time,
+  outside the module).
   Cross-attention calls and modules named ``multihead_attn`` (decoder cross-attention) are not captured.
-- **Hugging Face encoders** (BERT, RoBERTa, ALBERT, DistilBERT, MiniLM, ... converted by ``attnkit.hf`` or not):
-  forward hooks on the query and key ``nn.Linear`` of each self-attention module (``query``/``key``,
+- **Hugging Face encoders** (BERT, RoBERTa, ALBERT, DistilBERT, MiniLM, ... converted by ``attnkit.hf`` or
+  not): forward hooks on the query and key ``nn.Linear`` of each self-attention module (``query``/``key``,
   ``q_lin``/``k_lin`` or ``q_proj``/``k_proj``); the padding comes from the ``attention_mask`` passed to the
   model. ALBERT shares one attention module across its layers: each call is captured.
-- **PyTorch Geometric ``GATConv``**: GAT's logit is :math:`e_{ij} = a_{dst}^\top W x_i + a_{src}^\top W x_j` for
-  an edge from source ``j`` to destination ``i``; per head we take the query of node ``i`` as
-  :math:`q_i = a_{dst} \odot W x_i` and the key of node ``j`` as :math:`k_j = a_{src} \odot W x_j`
+- **PyTorch Geometric ``GATConv``**: GAT's logit is
+  :math:`e_{ij} = a_{dst}^\top W x_i + a_{src}^\top W x_j` for an edge from source ``j`` to destination
+  ``i``; per head we take the query of node ``i`` as :math:`q_i = a_{dst} \odot W x_i` and the key of node
+  ``j`` as :math:`k_j = a_{src} \odot W x_j`
   (``(C,)`` vectors whose coordinate sums are the two halves of the logit, so aligning them aligns the
   destination and source roles of the nodes; the projected features ``W x`` alone are shared by both
   roles). The whole graph is one sample: ``q (1, H, N_dst, C)``, ``k (1, H, N_src, C)``.
@@ -184,7 +187,9 @@ def _hf_sites(model) -> list[Site]:
         q_lin, k_lin = pair
         if q_lin.out_features != k_lin.out_features or q_lin.out_features % H:
             raise ValueError(
-                f"{name!r}: query width {q_lin.out_features} and key width {k_lin.out_features} must be equal and "
+                f"{name!r}: query width {q_lin.out_features} and key width {k_lin.out_features} "
+                "must be equal and "
+
                 f"divisible by the {H} heads (grouped-query attention is not supported)"
             )
         sites.append(HFSite(name, module, H, q_lin.out_features // H, q_lin, k_lin))

@@ -1,6 +1,6 @@
 r"""Bidirectional conditional-transport alignment ("Alignment Attention by Matching Key and Query
-Distributions", arXiv:2110.12567, sec. 2.3.3, eq. 4; Zheng & Zhou, "Exploiting Chain Rule and Bayes' Theorem to
-Compare Probability Distributions", arXiv:2012.14100).
+Distributions", arXiv:2110.12567, sec. 2.3.3, eq. 4; Zheng & Zhou, "Exploiting Chain Rule and Bayes' Theorem
+to Compare Probability Distributions", arXiv:2012.14100).
 
 A navigator ``g`` (two-layer MLP, L2-normalized output) defines the forward and backward transport plans, a
 critic ``f`` (highway + two-layer MLP, L2-normalized output) the point-to-point cost. For one sample and head
@@ -36,7 +36,8 @@ RHO = 0.5
 
 
 class Critic(nn.Module):
-    """Highway + ``Linear(d, hidden) -> ReLU -> Linear(hidden, hidden)``, L2-normalized: ``(..., d) -> (..., hidden)``."""
+    """Highway + ``Linear(d, hidden) -> ReLU -> Linear(hidden, hidden)``, L2-normalized:
+    ``(..., d) -> (..., hidden)``."""
 
     def __init__(self, dim: int, hidden: int = 16) -> None:
         super().__init__()
@@ -59,7 +60,8 @@ class Critic(nn.Module):
 
 
 class Navigator(nn.Module):
-    """``Linear(d, hidden) -> ReLU -> Linear(hidden, hidden)``, L2-normalized: ``(..., d) -> (..., hidden)``."""
+    """``Linear(d, hidden) -> ReLU -> Linear(hidden, hidden)``, L2-normalized:
+    ``(..., d) -> (..., hidden)``."""
 
     def __init__(self, dim: int, hidden: int = 16) -> None:
         super().__init__()

@@ -11,8 +11,9 @@ sample and head with real tokens :math:`i = 1..n`,
 
 the binary cross-entropy of the discriminator ``D``, which minimizes it. ``GRL`` (gradient reversal, factor
 ``-gamma``) hands the projections the gradient of ``-L``: they maximize the discriminator's error, so the
-value the model minimizes is ``-L`` and its minimum ``-2 log 2`` (at the optimal ``D``, ``L = 2 log 2 - 2 JS``)
-is reached when queries and keys have the same distribution. One optimizer step trains both sides.
+value the model minimizes is ``-L`` and its minimum ``-2 log 2`` (at the optimal ``D``,
+``L = 2 log 2 - 2 JS``) is reached when queries and keys have the same distribution. One optimizer step trains
+both sides.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 r"""Maximum mean discrepancy between the queries and keys of each sample and head (the diagnostic of
-"Alignment Attention by Matching Key and Query Distributions", arXiv:2110.12567, App. B.1.2, also usable as a loss).
+"Alignment Attention by Matching Key and Query Distributions", arXiv:2110.12567, App. B.1.2, also usable as a
+loss).
 
 Gaussian kernel mixture with 5 bandwidths spaced by a factor 2 around the mean pairwise squared distance
 ``s`` of the pooled real points (Long et al., "Learning Transferable Features with Deep Adaptation Networks",

@@ -1,5 +1,6 @@
 r"""Optimal-transport alignment: the debiased Sinkhorn divergence between the real queries and keys of each
-sample and head ("Alignment Attention by Matching Key and Query Distributions", arXiv:2110.12567, sec. 2.3.2, eq. 3).
+sample and head ("Alignment Attention by Matching Key and Query Distributions", arXiv:2110.12567, sec. 2.3.2,
+eq. 3).
 
 With the empirical measures :math:`\alpha = \frac{1}{n_q}\sum_i \delta_{q_i}`,
 :math:`\beta = \frac{1}{n_k}\sum_j \delta_{k_j}` over the real tokens and the cost
@@ -70,7 +71,8 @@ def ot_loss(
         q: ``(B, H, Lq, d)``; k: ``(B, H, Lk, d)``.
         q_mask: ``(B, Lq)`` bool True = real; k_mask: ``(B, Lk)`` (default: all real).
         blur: ``eps = blur ** 2``.
-        diameter: start of geomloss's epsilon-scaling schedule (default: the real points' bounding-box diagonal).
+        diameter: start of geomloss's epsilon-scaling schedule (default: the real points' bounding-box
+            diagonal).
         scaling: geomloss's annealing ratio.
 
     Returns:
@@ -88,7 +90,8 @@ def ot_loss(
         diameter = max(real_diameter(q, k, qm, km), 1e-3)
     x = q.masked_fill(~qm[:, None, :, None], 0.0)  # (B, H, Lq, d)
     y = k.masked_fill(~km[:, None, :, None], 0.0)  # (B, H, Lk, d)
-    # Samples without real points get one dummy point of weight 1 on each side (a zero divergence, masked out).
+    # Samples without real points get one dummy point of weight 1 on each side (a zero divergence, masked
+    # out).
     qm_fix = qm.clone()
     km_fix = km.clone()
     qm_fix[~real, 0] = True

@@ -29,7 +29,8 @@ def _pyplot():
 
 
 def plot_reliability(diagrams: Mapping[str, Reliability], path: PathLike, title: str = "Reliability") -> Path:
-    """One panel per entry: accuracy per confidence bin (bars) against the diagonal, with the ECE in the title."""
+    """One panel per entry: accuracy per confidence bin (bars) against the diagonal, with the ECE in the
+    title."""
     plt = _pyplot()
     n = len(diagrams)
     fig, axes = plt.subplots(1, n, figsize=(3.4 * n, 3.4), squeeze=False)
@@ -74,7 +75,8 @@ def plot_reliability(diagrams: Mapping[str, Reliability], path: PathLike, title:
 def plot_mmd_heads(
     panels: Mapping[str, Sequence[torch.Tensor]], path: PathLike, title: str = "MMD(q, k)"
 ) -> Path:
-    """Heat maps (layers x heads) of MMD(q, k), one panel per entry (e.g. before / after), on one color scale."""
+    """Heat maps (layers x heads) of MMD(q, k), one panel per entry (e.g. before / after), on one color
+    scale."""
     plt = _pyplot()
     grids = {name: torch.stack([v.float().cpu() for v in values]) for name, values in panels.items()}
     vmax = max(float(g.max()) for g in grids.values()) or 1.0

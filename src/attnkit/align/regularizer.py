@@ -93,10 +93,11 @@ class AlignmentRegularizer(nn.Module):
     """Matches the query and key distributions of every (selected) self-attention layer of ``model``.
 
     ``model``: an attnkit model (``attnkit.nn.MultiheadAttention`` anywhere inside, any mechanism), a torch
-    model with ``nn.MultiheadAttention``, a Hugging Face encoder (BERT, RoBERTa, ALBERT, DistilBERT, MiniLM) or
-    a model with PyTorch Geometric ``GATConv`` layers. Attaching registers hooks; the model's outputs stay
-    bit-identical. The regularizer's own parameters (one discriminator, or one critic and navigator, per layer,
-    shared by its heads) are on the device of the model's first parameter; move both together with ``.to()``.
+    model with ``nn.MultiheadAttention``, a Hugging Face encoder (BERT, RoBERTa, ALBERT, DistilBERT, MiniLM)
+    or a model with PyTorch Geometric ``GATConv`` layers. Attaching registers hooks; the model's outputs stay
+    bit-identical. The regularizer's own parameters (one discriminator, or one critic and navigator, per
+    layer, shared by its heads) are on the device of the model's first parameter; move both together with
+    ``.to()``.
 
     After each forward pass of ``model``:
 
@@ -230,7 +231,8 @@ class AlignmentRegularizer(nn.Module):
         return torch.stack(terms).mean()
 
     def loss(self) -> Tensor:
-        """``weight *`` the alignment loss of the last forward pass (a scalar tensor to add to the task loss)."""
+        """``weight *`` the alignment loss of the last forward pass (a scalar tensor to add to the task
+        loss)."""
         if self.config.weight == 0:
             return self.unweighted_loss() * 0.0
         return self.config.weight * self.unweighted_loss()
@@ -239,7 +241,8 @@ class AlignmentRegularizer(nn.Module):
 
     @torch.no_grad()
     def mmd_per_head(self) -> list[Tensor]:
-        """MMD(q, k) of the last forward pass: one ``(H,)`` tensor (mean over samples) per captured layer call."""
+        """MMD(q, k) of the last forward pass: one ``(H,)`` tensor (mean over samples) per captured layer
+        call."""
         out = []
         for _, c in self._calls():
             values = mmd_values(c.q.float(), c.k.float(), key_mask=c.k_mask, query_mask=c.q_mask)  # (B, H)

@@ -22,7 +22,8 @@ __all__ = ["alignment_trainer_class"]  # AlignmentTrainer (the Trainer subclass)
 
 @lru_cache(maxsize=None)
 def alignment_trainer_class(base=None):
-    """A subclass of ``base`` (default ``transformers.Trainer``) taking ``regularizer=`` in its constructor."""
+    """A subclass of ``base`` (default ``transformers.Trainer``) taking ``regularizer=`` in its
+    constructor."""
     from transformers import Trainer, TrainerCallback
 
     base = Trainer if base is None else base

@@ -17,7 +17,8 @@ PIPE_WIDTH = 400  # wide enough for every table attnkit prints; rich tables take
 
 
 def console(file: Optional[TextIO] = None, stderr: bool = False):
-    """A rich ``Console``: the terminal's width on a terminal, ``PIPE_WIDTH`` and no colour codes otherwise."""
+    """A rich ``Console``: the terminal's width on a terminal, ``PIPE_WIDTH`` and no colour codes
+    otherwise."""
     from rich.console import Console
 
     stream = file if file is not None else (sys.stderr if stderr else sys.stdout)

@@ -36,19 +36,26 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def bench(
         quick: bool = typer.Option(
-            False, "--quick", help="A smoke run under a minute: L in {256, 1024}, 2 rounds, no memory subprocesses."
+            False,
+            "--quick",
+            help="A smoke run under a minute: L in {256, 1024}, 2 rounds, no memory subprocesses.",
         ),
-        lengths: Optional[str] = typer.Option(None, help="Comma-separated sequence lengths (default 256,1024,4096,8192)."),
+        lengths: Optional[str] = typer.Option(
+            None, help="Comma-separated sequence lengths (default 256,1024,4096,8192)."
+        ),
         mechanisms: Optional[str] = typer.Option(None, help="Comma-separated mechanisms (default: all)."),
         backends: Optional[str] = typer.Option(
             None, help="Comma-separated backends: reference,efficient (and flex on cuda; default on cuda)."
         ),
         repeats: Optional[int] = typer.Option(
-            None, help="Timed rounds per configuration (default 3, 2 with --quick): median, min and max reported."
+            None,
+            help="Timed rounds per configuration (default 3, 2 with --quick): median, min and max reported.",
         ),
         sinkhorn_iters: int = typer.Option(3, help="Iterations k of the Sinkhorn mechanism."),
         memory: Optional[bool] = typer.Option(
-            None, "--memory/--no-memory", help="Measure peak memory in subprocesses (default: on, off with --quick)."
+            None,
+            "--memory/--no-memory",
+            help="Measure peak memory in subprocesses (default: on, off with --quick).",
         ),
         max_reference_length: int = typer.Option(2048, help="Skip the materialized backend above this L."),
         device: str = typer.Option("cpu", help="cpu or cuda (bfloat16 on cuda)."),

@@ -20,7 +20,8 @@ __all__ = ["register", "parse_set"]
 
 
 def parse_set(items: list[str]) -> dict:
-    """``["lr=1e-3", "max_train=null"]`` -> ``{"lr": 0.001, "max_train": None}`` (values read as YAML scalars)."""
+    """``["lr=1e-3", "max_train=null"]`` -> ``{"lr": 0.001, "max_train": None}`` (values read as YAML
+    scalars)."""
     import yaml
 
     values = {}
@@ -44,16 +45,36 @@ def parse_set(items: list[str]) -> dict:
 def register(app: typer.Typer) -> None:
     @app.command()
     def compare(
-        task: Optional[str] = typer.Option(None, "--task", help="reuters8 (default), mlu, another catalog dataset, or a .json/.jsonl dataset file."),
-        mechanisms: Optional[str] = typer.Option(None, "--mechanisms", help="Comma-separated, e.g. softmax,dnas,hnas,sinkhorn,coda."),
-        seeds: Optional[int] = typer.Option(None, "--seeds", help="Seeds per mechanism (mean ± std over them)."),
-        preset: Optional[str] = typer.Option(None, "--preset", help="quick (default, minutes on a CPU) or paper."),
-        max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Hard cap on optimizer steps per run."),
-        out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/compare-<task>-<preset>)."),
-        resume: bool = typer.Option(False, "--resume", help="Continue the run in --out (finished runs are skipped)."),
+        task: Optional[str] = typer.Option(
+            None,
+            "--task",
+            help="reuters8 (default), mlu, another catalog dataset, or a .json/.jsonl dataset file.",
+        ),
+        mechanisms: Optional[str] = typer.Option(
+            None, "--mechanisms", help="Comma-separated, e.g. softmax,dnas,hnas,sinkhorn,coda."
+        ),
+        seeds: Optional[int] = typer.Option(
+            None, "--seeds", help="Seeds per mechanism (mean ± std over them)."
+        ),
+        preset: Optional[str] = typer.Option(
+            None, "--preset", help="quick (default, minutes on a CPU) or paper."
+        ),
+        max_steps: Optional[int] = typer.Option(
+            None, "--max-steps", help="Hard cap on optimizer steps per run."
+        ),
+        out: Optional[Path] = typer.Option(
+            None, "--out", help="Run directory (default runs/compare-<task>-<preset>)."
+        ),
+        resume: bool = typer.Option(
+            False, "--resume", help="Continue the run in --out (finished runs are skipped)."
+        ),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier run directory --out."),
-        config_file: Optional[Path] = typer.Option(None, "--config", help="YAML/TOML/JSON file of configuration keys."),
-        set_: list[str] = typer.Option([], "--set", help="Any other configuration key: --set lr=1e-3 (repeatable)."),
+        config_file: Optional[Path] = typer.Option(
+            None, "--config", help="YAML/TOML/JSON file of configuration keys."
+        ),
+        set_: list[str] = typer.Option(
+            [], "--set", help="Any other configuration key: --set lr=1e-3 (repeatable)."
+        ),
         progress: Optional[str] = typer.Option(None, "--progress", help="auto, rich, tqdm or none."),
         log_with: Optional[str] = typer.Option(
             None, "--log-with", help="Also log to an Accelerate tracker: tensorboard (into OUT/tensorboard)."

@@ -21,7 +21,9 @@ def register(app: typer.Typer) -> None:
 
         summaries = side_by_side(seed=seed, eps=eps)
         console = make_console()
-        table = Table(title="Mechanisms on one padded batch (lengths 8 and 5, 2 heads; key 0 matches every query)")
+        table = Table(
+            title="Mechanisms on one padded batch (lengths 8 and 5, 2 heads; key 0 matches every query)"
+        )
         for col in ("mechanism", "row sums", "min key sum", "n_k * min", f"keys < {eps:g}"):
             table.add_column(col, justify="right" if col != "mechanism" else "left")
         for s in summaries:
@@ -36,7 +38,9 @@ def register(app: typer.Typer) -> None:
         console.print("Lemma 1: DNAS gives n_k * min >= 1 (no key explained away); softmax need not.\n")
         for s in summaries:
             w = s.weights
-            grid = Table(title=f"{s.mechanism}: weights of sequence 2 (5 real tokens), head 1", show_header=True)
+            grid = Table(
+                title=f"{s.mechanism}: weights of sequence 2 (5 real tokens), head 1", show_header=True
+            )
             grid.add_column("query")
             for j in range(w.shape[1]):
                 grid.add_column(f"k{j}", justify="right")

@@ -18,7 +18,9 @@ def _check_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file; pass a directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(f"--out {out} exists and is not empty; pass --overwrite to replace its files or pick another")
+        raise FileExistsError(
+            f"--out {out} exists and is not empty; pass --overwrite to replace its files or pick another"
+        )
 
 
 def check_mechanism(mechanism: Optional[str]) -> None:
@@ -52,7 +54,8 @@ def convert_directory(
     sinkhorn_iters: Optional[int] = None,
     overwrite: bool = False,
 ):
-    """Load ``model_dir``, convert it with ``attnkit.hf.convert``, save it (safetensors) and its tokenizer to ``out``."""
+    """Load ``model_dir``, convert it with ``attnkit.hf.convert``, save it (safetensors) and its tokenizer to
+    ``out``."""
     import transformers
 
     import attnkit.hf as akhf
@@ -68,7 +71,8 @@ def convert_directory(
     model.save_pretrained(out_path)
     try:
         transformers.AutoTokenizer.from_pretrained(model_dir).save_pretrained(out_path)
-    except (OSError, ValueError):  # a model directory without tokenizer files: the weights alone are the output
+    except (OSError, ValueError):
+        # a model directory without tokenizer files: the weights alone are the output
         pass
     return model
 
@@ -76,10 +80,14 @@ def convert_directory(
 def register(app: typer.Typer) -> None:
     @app.command()
     def convert(
-        model_dir: str = typer.Argument(..., help="A model directory written by save_pretrained (e.g. MiniLM-L6)."),
+        model_dir: str = typer.Argument(
+            ..., help="A model directory written by save_pretrained (e.g. MiniLM-L6)."
+        ),
         mechanism: str = typer.Option("hnas", help="softmax, dnas, hnas, sinkhorn or coda."),
         u0: Optional[float] = typer.Option(None, help="Initial hybrid weight for hnas (default 0.5)."),
-        layers: Optional[str] = typer.Option(None, help="Comma-separated attention-layer indices (default: all)."),
+        layers: Optional[str] = typer.Option(
+            None, help="Comma-separated attention-layer indices (default: all)."
+        ),
         sinkhorn_iters: Optional[int] = typer.Option(None, help="Iterations for sinkhorn (default 3)."),
         out: str = typer.Option(..., help="Output directory (safetensors + config + tokenizer)."),
         overwrite: bool = typer.Option(False, help="Replace the files of a non-empty --out."),
@@ -90,35 +98,49 @@ def register(app: typer.Typer) -> None:
             try:
                 chosen = [int(x) for x in layers.split(",") if x.strip()]
             except ValueError:
-                raise ValueError(f"--layers {layers!r}; expected comma-separated integers such as 0,1,5") from None
+                raise ValueError(
+                    f"--layers {layers!r}; expected comma-separated integers such as 0,1,5"
+                ) from None
         model = convert_directory(model_dir, out, mechanism, u0, chosen, sinkhorn_iters, overwrite)
         import attnkit.hf as akhf
 
         n = len(akhf.converted_modules(model))
-        typer.echo(f"converted {n} attention module(s) of {type(model).__name__} to {mechanism}; saved to {out}")
+        typer.echo(
+            f"converted {n} attention module(s) of {type(model).__name__} to {mechanism}; saved to {out}"
+        )
 
     @app.command()
     def finetune(
         model: Optional[str] = typer.Option(None, help="Model directory (default: the packaged MiniLM-L6)."),
         mechanism: Optional[str] = typer.Option(
-            None, help="softmax, dnas, hnas, sinkhorn or coda (default: the model's own, softmax for a stock model)."
+            None,
+            help="softmax, dnas, hnas, sinkhorn or coda "
+            "(default: the model's own, softmax for a stock model).",
         ),
         u0: Optional[float] = typer.Option(None, help="Initial hybrid weight for hnas (default 0.5)."),
-        dataset: str = typer.Option("reuters8", help="Catalog name, or a folder with train.tsv/test.tsv (label<TAB>text)."),
+        dataset: str = typer.Option(
+            "reuters8", help="Catalog name, or a folder with train.tsv/test.tsv (label<TAB>text)."
+        ),
         max_steps: Optional[int] = typer.Option(None, help="Stop after this many optimizer steps."),
-        epochs: float = typer.Option(3.0, help="Passes over the training set (when --max-steps is not given)."),
+        epochs: float = typer.Option(
+            3.0, help="Passes over the training set (when --max-steps is not given)."
+        ),
         batch_size: int = typer.Option(16, help="Batch size per process."),
         lr: float = typer.Option(5e-5, help="Peak learning rate (linear decay, 6% warmup)."),
         max_length: int = typer.Option(128, help="Truncate texts to this many tokens."),
         seed: int = typer.Option(0, help="Random seed (initialisation and data order)."),
         out: str = typer.Option(..., help="Output directory: model (safetensors), tokenizer, metrics.json."),
         overwrite: bool = typer.Option(False, help="Replace the files of a non-empty --out."),
-        cache_dir: Optional[str] = typer.Option(None, help="Dataset cache (default $ATTNKIT_CACHE or ~/.cache/attnkit)."),
+        cache_dir: Optional[str] = typer.Option(
+            None, help="Dataset cache (default $ATTNKIT_CACHE or ~/.cache/attnkit)."
+        ),
         download: bool = typer.Option(False, help="Fetch the dataset into the cache when it is not there."),
         max_eval_samples: Optional[int] = typer.Option(
             None, help="Evaluate on the first N test documents only (default: all)."
         ),
-        align: Optional[str] = typer.Option(None, help="Alignment attention: gan, ot, ct or mmd (docs/alignment.md)."),
+        align: Optional[str] = typer.Option(
+            None, help="Alignment attention: gan, ot, ct or mmd (docs/alignment.md)."
+        ),
         align_weight: float = typer.Option(0.01, help="Weight of the alignment loss (lambda)."),
     ) -> None:
         """Fine-tune a (converted) encoder for sequence classification; prints accuracy and macro-F1."""
@@ -129,9 +151,9 @@ def register(app: typer.Typer) -> None:
         check_dataset(dataset, cache_dir, download)
 
         config = FinetuneConfig(
-            out=out, model=model, mechanism=mechanism, u0=u0, dataset=dataset, max_steps=max_steps, epochs=epochs,
-            batch_size=batch_size, lr=lr, max_length=max_length, seed=seed, overwrite=overwrite,
-            cache_dir=cache_dir, download=download, max_eval_samples=max_eval_samples,
+            out=out, model=model, mechanism=mechanism, u0=u0, dataset=dataset, max_steps=max_steps,
+            epochs=epochs, batch_size=batch_size, lr=lr, max_length=max_length, seed=seed,
+            overwrite=overwrite, cache_dir=cache_dir, download=download, max_eval_samples=max_eval_samples,
             align=align, align_weight=align_weight,
         )
         metrics = run(config)
@@ -145,7 +167,8 @@ def register(app: typer.Typer) -> None:
             table.add_column(column)
         table.add_row(
             metrics["mechanism"], f"{metrics['accuracy']:.4f}", f"{metrics['macro_f1']:.4f}",
-            str(metrics["train_steps"]), f"{metrics['mean_step_seconds']:.3f}", f"{metrics['train_loss']:.4f}",
+            str(metrics["train_steps"]), f"{metrics['mean_step_seconds']:.3f}",
+            f"{metrics['train_loss']:.4f}",
         )
         make_console().print(table)
         typer.echo(f"saved model and metrics.json to {out}")

@@ -13,7 +13,8 @@ EXAMPLES = (("L=128, key padding", 4, 8, 128, 64, True), ("L=2048, no mask", 1, 
 
 
 def dispatch_examples() -> dict:
-    """``{example: {mechanism: "route: reason"}}``: what ``backend="auto"`` picks (``ak.explain_dispatch``)."""
+    """``{example: {mechanism: "route: reason"}}``: what ``backend="auto"`` picks
+    (``ak.explain_dispatch``)."""
     import torch
 
     import attnkit as ak
@@ -21,7 +22,9 @@ def dispatch_examples() -> dict:
     out = {}
     for label, B, H, L, D, padded in EXAMPLES:
         q = torch.zeros(B, H, L, D)
-        mask = (torch.arange(L)[None, :] < torch.arange(L // 2, L, L // (2 * B))[:B, None]) if padded else None
+        mask = (
+            (torch.arange(L)[None, :] < torch.arange(L // 2, L, L // (2 * B))[:B, None]) if padded else None
+        )
         out[label] = {m: str(ak.explain_dispatch(q, q, q, m, key_mask=mask)) for m in ak.MECHANISMS}
     return out
 

@@ -46,11 +46,17 @@ def register(app: typer.Typer) -> None:
 
     targets = "\n\n".join(f"{name}: {text}" for name, text in TARGET_HELP.items())
 
-    @app.command(help=f"Reproduce a figure or claim of the papers (PNG + CSV + table).\n\nTargets:\n\n{targets}")
+    @app.command(
+        help=f"Reproduce a figure or claim of the papers (PNG + CSV + table).\n\nTargets:\n\n{targets}"
+    )
     def reproduce(
         name: str = typer.Argument(..., help=f"One of: {', '.join(TARGET_HELP)}."),
-        out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default runs/reproduce/NAME)."),
-        overwrite: bool = typer.Option(False, "--overwrite", help="Replace files in a non-empty output directory."),
+        out: Optional[Path] = typer.Option(
+            None, "--out", help="Output directory (default runs/reproduce/NAME)."
+        ),
+        overwrite: bool = typer.Option(
+            False, "--overwrite", help="Replace files in a non-empty output directory."
+        ),
         quick: bool = typer.Option(False, "--quick", help="Smaller sizes and shorter training (smoke test)."),
         seed: int = typer.Option(0, "--seed", help="Random seed."),
     ) -> None:

@@ -1,5 +1,5 @@
-"""``attnkit show``: one self-contained HTML page of attention heatmaps per layer, head and mechanism, plus the
-weights in bertviz's layout. A thin layer over ``attnkit.analysis.attention_view``."""
+"""``attnkit show``: one self-contained HTML page of attention heatmaps per layer, head and mechanism, plus
+the weights in bertviz's layout. A thin layer over ``attnkit.analysis.attention_view``."""
 
 from __future__ import annotations
 
@@ -23,19 +23,32 @@ def _ints(text: Optional[str], name: str) -> Optional[list[int]]:
 def register(app: typer.Typer) -> None:
     @app.command()
     def show(
-        source: str = typer.Argument(..., help="A run directory of attnkit compare, or a (converted) model directory."),
+        source: str = typer.Argument(
+            ..., help="A run directory of attnkit compare, or a (converted) model directory."
+        ),
         text: str = typer.Option(..., "--text", help="The text to look at."),
-        out: Path = typer.Option(Path("attention-view"), "--out", help="Output directory (HTML + bertviz files)."),
+        out: Path = typer.Option(
+            Path("attention-view"), "--out", help="Output directory (HTML + bertviz files)."
+        ),
         mechanisms: Optional[str] = typer.Option(
             None, help="Comma-separated mechanisms (run: those of the run; stock model: softmax,dnas,hnas)."
         ),
-        seed: Optional[int] = typer.Option(None, help="Which seed's models of a run directory (default: the first)."),
-        heads: Optional[str] = typer.Option(None, help="Comma-separated heads to draw (default: the first 4)."),
+        seed: Optional[int] = typer.Option(
+            None, help="Which seed's models of a run directory (default: the first)."
+        ),
+        heads: Optional[str] = typer.Option(
+            None, help="Comma-separated heads to draw (default: the first 4)."
+        ),
         layers: Optional[str] = typer.Option(None, help="Comma-separated layers to draw (default: all)."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace the files of an existing --out."),
     ) -> None:
         """Draw attention over a text per layer, head and mechanism (HTML), and export it for bertviz."""
-        from attnkit.analysis.attention_view import render_view_html, view_from_hf, view_from_run, write_bertviz
+        from attnkit.analysis.attention_view import (
+            render_view_html,
+            view_from_hf,
+            view_from_run,
+            write_bertviz,
+        )
 
         head_list, layer_list = _ints(heads, "heads"), _ints(layers, "layers")
         names = [m.strip() for m in mechanisms.split(",") if m.strip()] if mechanisms else None
@@ -53,8 +66,10 @@ def register(app: typer.Typer) -> None:
             raise FileExistsError(f"{page} exists; pass --overwrite to replace it or choose another --out")
         src = Path(source)
         if not src.is_dir():
-            raise FileNotFoundError(f"{source} is not a directory; pass a run directory of attnkit compare or a "
-                                    "model directory written by save_pretrained")
+            raise FileNotFoundError(
+                f"{source} is not a directory; pass a run directory of attnkit compare or a "
+                "model directory written by save_pretrained"
+            )
         if (src / "config.json").is_file() and (src / "runs").is_dir():
             view = view_from_run(src, text, seed=seed, mechanisms=names)
         else:
@@ -63,6 +78,10 @@ def register(app: typer.Typer) -> None:
         out.mkdir(parents=True, exist_ok=True)
         page.write_text(document, encoding="utf-8")
         files = write_bertviz(view, out)
-        typer.echo(f"{len(view.mechanisms)} mechanism(s) x {view.num_layers} layer(s) over {len(view.tokens)} tokens")
+        typer.echo(
+            f"{len(view.mechanisms)} mechanism(s) x {view.num_layers} layer(s) over {len(view.tokens)} tokens"
+        )
         typer.echo(f"       page: {page}")
-        typer.echo(f"    bertviz: {files['safetensors']} (load with attnkit.analysis.attention_view.load_bertviz)")
+        typer.echo(
+            f"    bertviz: {files['safetensors']} (load with attnkit.analysis.attention_view.load_bertviz)"
+        )

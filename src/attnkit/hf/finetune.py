@@ -299,7 +299,10 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
     test = _encode(tokenizer, data.test_texts, data.test_text_pairs, data.test_labels, config.max_length)
     if config.max_eval_samples is not None and config.max_eval_samples < len(test):
         test = _first(test, config.max_eval_samples)
-        log(f"evaluating the first {len(test)} of {len(data.test_labels)} test documents (--max-eval-samples)")
+        log(
+            f"evaluating the first {len(test)} of {len(data.test_labels)} test documents "
+            "(--max-eval-samples)"
+        )
     # The Trainer wants an output_dir; nothing is saved there (save_strategy="no") and it is removed after.
     with tempfile.TemporaryDirectory(prefix="attnkit-finetune-") as scratch:
         args = TrainingArguments(
@@ -329,7 +332,9 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
             from ..align.trainer import alignment_trainer_class
 
             Trainer = alignment_trainer_class(Trainer)
-            extra["regularizer"] = AlignmentRegularizer(model, method=config.align, weight=config.align_weight)
+            extra["regularizer"] = AlignmentRegularizer(
+                model, method=config.align, weight=config.align_weight
+            )
         trainer = Trainer(
             **extra,
             model=model,

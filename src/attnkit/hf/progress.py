@@ -1,4 +1,5 @@
-"""What ``attnkit finetune`` tells the user while it works: the load report, labelled progress, a time estimate.
+"""What ``attnkit finetune`` tells the user while it works: the load report, labelled progress, a time
+estimate.
 
 - ``load_classifier`` loads a sequence-classification model without transformers' coloured load report and
   returns plain lines instead: a new classification head is expected (it is what fine-tuning trains), so it
@@ -27,10 +28,13 @@ def describe_loading(info: dict) -> list[str]:
     lines = []
     if head:
         lines.append(
-            f"new classification head ({', '.join(head)}): randomly initialized, as expected; this run trains it"
+            f"new classification head ({', '.join(head)}): randomly initialized, as expected; "
+            "this run trains it"
         )
     if other:
-        lines.append(f"warning: weights missing from the checkpoint, randomly initialized: {', '.join(other)}")
+        lines.append(
+            f"warning: weights missing from the checkpoint, randomly initialized: {', '.join(other)}"
+        )
     unexpected = sorted(info.get("unexpected_keys") or [])
     if unexpected:
         lines.append(f"unused weights of the checkpoint (another head or pooler): {', '.join(unexpected)}")
@@ -42,7 +46,8 @@ def describe_loading(info: dict) -> list[str]:
 
 
 def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None, **kwargs):
-    """``AutoModelForSequenceClassification.from_pretrained`` with the load report as plain lines on ``log``."""
+    """``AutoModelForSequenceClassification.from_pretrained`` with the load report as plain lines on
+    ``log``."""
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
@@ -75,7 +80,8 @@ def estimate_line(steps_done: int, seconds: float, total_steps: int, batch_size:
     train_total = per_step * total_steps
     eval_total = per_step / max(1, batch_size) / 3 * n_eval
     return (
-        f"after {steps_done} steps: {per_step:.2f} s/step; estimated total ~{_minutes(train_total + eval_total)} "
+        f"after {steps_done} steps: {per_step:.2f} s/step; "
+        f"estimated total ~{_minutes(train_total + eval_total)} "
         f"(training {total_steps} steps ~{_minutes(train_total)}, evaluating {n_eval} documents "
         f"~{_minutes(eval_total)}; --max-eval-samples N evaluates fewer)"
     )

@@ -1,9 +1,9 @@
 """Models: the comparison runner's Transformer classifier and encoder-decoder (MLU), and the lecture's
 recurrent encoder-decoder, CTC, Show-Attend-Tell, RAM, DRAW and memory networks.
 
-The Transformer models take an attention mechanism per block (``"softmax"``, ``"dnas"``, ``"hnas"``, ``"sinkhorn"``,
-``"coda"`` or a config object); decoders take ``"softmax"`` or ``"coda"`` (query-normalized mechanisms
-would leak future positions there).
+The Transformer models take an attention mechanism per block (``"softmax"``, ``"dnas"``, ``"hnas"``,
+``"sinkhorn"``, ``"coda"`` or a config object); decoders take ``"softmax"`` or ``"coda"`` (query-normalized
+mechanisms would leak future positions there).
 """
 
 from .classifier import POOLINGS, TransformerClassifier

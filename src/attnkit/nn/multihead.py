@@ -1,9 +1,10 @@
 r"""A drop-in ``torch.nn.MultiheadAttention`` with a choice of normalization.
 
 Vaswani et al. multi-head attention ("Attention Is All You Need", arXiv:1706.03762, "multi-head");
-the normalizations of docs/design.md section 2: softmax (LNAS, "Doubly-Normalized Attention" eq. 3), DNAS ("Doubly-Normalized Attention" eqs. 6-8),
-HNAS ("Doubly-Normalized Attention" section 6; "Attention that does not Explain Away" (arXiv:2009.14308) section 5, one ``u`` per layer and
-head), Sinkhorn ("Attention that does not Explain Away" section 3.2) and CoDA ("Compositional De-Attention Networks" eqs. 1-10).
+the normalizations of docs/design.md section 2: softmax (LNAS, "Doubly-Normalized Attention" eq. 3), DNAS
+("Doubly-Normalized Attention" eqs. 6-8), HNAS ("Doubly-Normalized Attention" section 6; "Attention that does
+not Explain Away" (arXiv:2009.14308) section 5, one ``u`` per layer and head), Sinkhorn ("Attention that does
+not Explain Away" section 3.2) and CoDA ("Compositional De-Attention Networks" eqs. 1-10).
 
 .. math::
     q = x_q W_Q^T + b_Q,\quad k = x_k W_K^T + b_K,\quad v = x_v W_V^T + b_V \quad\text{(split into H heads)}
@@ -165,7 +166,11 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         self._reset_hybrid_weight()
 
     def extra_repr(self) -> str:
-        parts = [f"embed_dim={self.embed_dim}", f"num_heads={self.num_heads}", f"mechanism={mechanism_label(self.config)}"]
+        parts = [
+            f"embed_dim={self.embed_dim}",
+            f"num_heads={self.num_heads}",
+            f"mechanism={mechanism_label(self.config)}",
+        ]
         if self.dropout:
             parts.append(f"dropout={self.dropout}")
         if not self._qkv_same_embed_dim:
@@ -201,7 +206,8 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         self_attention = query is key
         if need_weights and self.backend == "efficient":
             raise ValueError(
-                "need_weights=True asks for the (Lq, Lk) weights, which backend='efficient' never materializes; "
+                "need_weights=True asks for the (Lq, Lk) weights, which backend='efficient' "
+                "never materializes; "
                 "pass need_weights=False, or build the module with backend='auto'"
             )
         batched = self._check_inputs(query, key, value)
@@ -230,7 +236,8 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
             # mask to the Lk real keys here, and let the core reject mechanisms that leak under it.
             attention(query.new_zeros(1, 1, 1, 1), query.new_zeros(1, 1, 1, 1), query.new_zeros(1, 1, 1, 1),
                       self.config, causal=True)
-            future = torch.ones(Lq, Lk, dtype=torch.bool, device=query.device).triu(1)  # (Lq, Lk) True = later
+            # (Lq, Lk) True = later
+            future = torch.ones(Lq, Lk, dtype=torch.bool, device=query.device).triu(1)
             if attn_mask is None:
                 attn_mask = future
             elif attn_mask.dtype == torch.bool:
@@ -298,7 +305,8 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         if query_padding_mask is not None:
             if query_padding_mask.dtype != torch.bool:
                 raise ValueError(
-                    "query_padding_mask must be boolean (True = padded query) or a float mask of only 0 and -inf; "
+                    "query_padding_mask must be boolean (True = padded query) "
+                    "or a float mask of only 0 and -inf; "
                     "finite additive biases have no meaning for queries"
                 )
             return query_padding_mask
@@ -319,11 +327,16 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
                 raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
             raise ValueError(
-                f"query, key, value have shapes {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}; "
+                f"query, key, value have shapes {tuple(query.shape)}, {tuple(key.shape)}, "
+                f"{tuple(value.shape)}; "
                 "expected all 3-D (batched) or all 2-D (unbatched, (L, E))"
             )
         layout = "(B, L, E)" if self.batch_first else "(L, B, E)"
-        for name, t, dim in (("query", query, self.embed_dim), ("key", key, self.kdim), ("value", value, self.vdim)):
+        for name, t, dim in (
+            ("query", query, self.embed_dim),
+            ("key", key, self.kdim),
+            ("value", value, self.vdim),
+        ):
             if t.shape[-1] != dim:
                 raise ValueError(
                     f"{name} has shape {tuple(t.shape)}, expected last dimension {dim} (layout {layout}, "
@@ -331,7 +344,8 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
                 )
         if key.shape[:-1] != value.shape[:-1]:
             raise ValueError(
-                f"key {tuple(key.shape)} and value {tuple(value.shape)} must agree in every dimension but the last"
+                f"key {tuple(key.shape)} and value {tuple(value.shape)} "
+                "must agree in every dimension but the last"
             )
         batched = query.dim() == 3
         if batched:
@@ -352,9 +366,14 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         Lq: int,
         Lk: int,
     ) -> None:
-        for name, m, L in (("key_padding_mask", key_padding_mask, Lk), ("query_padding_mask", query_padding_mask, Lq)):
+        for name, m, L in (
+            ("key_padding_mask", key_padding_mask, Lk),
+            ("query_padding_mask", query_padding_mask, Lq),
+        ):
             if m is not None and tuple(m.shape) != (B, L):
-                raise ValueError(f"{name} has shape {tuple(m.shape)}, expected (B, L) = ({B}, {L}) (True = ignore)")
+                raise ValueError(
+                    f"{name} has shape {tuple(m.shape)}, expected (B, L) = ({B}, {L}) (True = ignore)"
+                )
         if attn_mask is not None:
             shapes = ((Lq, Lk), (B * self.num_heads, Lq, Lk))
             if tuple(attn_mask.shape) not in shapes:
@@ -376,7 +395,8 @@ def _unsqueeze_1d(mask: Optional[Tensor], name: str) -> Optional[Tensor]:
 def _functional_masks(
     key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], dtype: torch.dtype
 ) -> tuple[Optional[Tensor], Optional[Tensor]]:
-    """Torch-style masks -> ``(key_mask, attn_mask)`` of the functional core (True = may attend, or additive)."""
+    """Torch-style masks -> ``(key_mask, attn_mask)`` of the functional core (True = may attend, or
+    additive)."""
     any_float = any(m is not None and m.dtype != torch.bool for m in (key_padding_mask, attn_mask))
     if not any_float:
         key_mask = None if key_padding_mask is None else ~key_padding_mask  # (B, Lk)

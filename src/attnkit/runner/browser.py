@@ -26,18 +26,21 @@ _MARK = "attnkit-browser-check"
 
 # Runs in the page after it loaded: decode every image, then report broken images and elements wider than the
 # viewport (the page scrolls sideways, or an element sticks out of the body), as JSON in a <pre>.
-_SCRIPT = """
+_SCRIPT = (
+    """
 <script>
 (async () => {
   const images = Array.from(document.images);
   const broken = [];
   await Promise.all(images.map(async (img, i) => {
     try { await img.decode(); } catch (e) { }
-    if (!(img.complete && img.naturalWidth > 0 && img.naturalHeight > 0)) broken.push(img.alt || ('image ' + i));
+    if (!(img.complete && img.naturalWidth > 0 && img.naturalHeight > 0)) """
+    """broken.push(img.alt || ('image ' + i));
   }));
   const width = window.innerWidth;
   const scrollers = (el) => { for (let p = el.parentElement; p; p = p.parentElement) {
-    const s = getComputedStyle(p).overflowX; if (s === 'auto' || s === 'scroll' || s === 'hidden') return true; }
+    const s = getComputedStyle(p).overflowX; """
+    """if (s === 'auto' || s === 'scroll' || s === 'hidden') return true; }
     return false; };
   const wide = [];
   for (const el of document.body.querySelectorAll('*')) {
@@ -55,6 +58,7 @@ _SCRIPT = """
 })();
 </script>
 """ % _MARK
+)
 
 
 @dataclass
@@ -110,14 +114,16 @@ def _run(chromium: str, args: list[str], timeout: float) -> subprocess.Completed
 
 def check_page(page: Union[str, os.PathLike], screenshot: Optional[Union[str, os.PathLike]] = None,
                width: int = 1280, timeout: float = 120.0) -> BrowserCheck:
-    """Load ``page`` in headless Chromium at ``width`` px and return what it saw; with ``screenshot``, also save a
-    full-page PNG of it there. Raises ``FileNotFoundError`` when no Chromium is installed."""
+    """Load ``page`` in headless Chromium at ``width`` px and return what it saw; with ``screenshot``, also
+    save a full-page PNG of it there. Raises ``FileNotFoundError`` when no Chromium is installed."""
     page = Path(page).resolve()
     if not page.is_file():
         raise FileNotFoundError(f"{str(page)!r} does not exist")
     chromium = find_chromium()
     if chromium is None:
-        raise FileNotFoundError("no Chromium found (install the Debian package `chromium`, or set ATTNKIT_CHROMIUM)")
+        raise FileNotFoundError(
+            "no Chromium found (install the Debian package `chromium`, or set ATTNKIT_CHROMIUM)"
+        )
     text = page.read_text(encoding="utf-8")
     probe = text.replace("</body>", _SCRIPT + "</body>") if "</body>" in text else text + _SCRIPT
     with tempfile.TemporaryDirectory(prefix="attnkit-page-") as scratch:
@@ -131,8 +137,8 @@ def check_page(page: Union[str, os.PathLike], screenshot: Optional[Union[str, os
         raise RuntimeError(f"Chromium did not report on {page} (exit {proc.returncode}): {tail}")
     seen = json.loads(html.unescape(match.group(1)))
     result = BrowserCheck(page=page, viewport_width=seen["viewport_width"], scroll_width=seen["scroll_width"],
-                          height=seen["height"], images=seen["images"], broken=seen["broken"], wide=seen["wide"],
-                          title=seen["title"])
+                          height=seen["height"], images=seen["images"], broken=seen["broken"],
+                          wide=seen["wide"], title=seen["title"])
     if screenshot is not None:
         target = Path(screenshot).resolve()
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -217,7 +217,8 @@ def run_compare(
         # On a machine without a GPU, processes started by ``accelerate launch --multi_gpu`` or ``torchrun``
         # train together on the CPU (gloo); Accelerate only forms that group when told to use the CPU.
         tracking = {}
-        if config.log_with is not None:  # Accelerate's trackers, e.g. TensorBoard event files in OUT/tensorboard
+        # Accelerate's trackers, e.g. TensorBoard event files in OUT/tensorboard
+        if config.log_with is not None:
             tracking = {"log_with": config.log_with, "project_dir": str(Path(config.out) / config.log_with)}
         accelerator = Accelerator(cpu=not torch.cuda.is_available(), **tracking)
     threads_before = torch.get_num_threads()
@@ -313,4 +314,6 @@ def _train_all(config: CompareConfig, accelerator, task, data, out: Path, on_ste
     if config.log_with is not None:
         accelerator.end_training()
     accelerator.wait_for_everyone()
-    return CompareResult(config=config, task=task, records=records, runs=runs, out=out, files=files, extras=extras)
+    return CompareResult(
+        config=config, task=task, records=records, runs=runs, out=out, files=files, extras=extras
+    )

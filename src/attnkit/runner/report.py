@@ -1,4 +1,5 @@
-"""Outputs of ``attnkit compare``: ``results.json``, ``results.csv``, plots, and a self-contained ``report.html``.
+"""Outputs of ``attnkit compare``: ``results.json``, ``results.csv``, plots, and a self-contained
+``report.html``.
 
 The HTML report embeds its plots as base64 PNGs (it opens in a browser from anywhere, with no other file)
 and passes every piece of dataset text it shows through ``html.escape``.
@@ -16,10 +17,12 @@ from typing import Optional
 from .config import CompareConfig
 from .report_extras import plot_confusions, plot_learning_curves_band
 
-__all__ = ["write_report", "write_results_json", "write_results_csv", "format_value", "table_rows", "table_legend",
-           "render_html"]
+__all__ = ["write_report", "write_results_json", "write_results_csv", "format_value", "table_rows",
+           "table_legend", "render_html"]
 
-def format_value(mean: Optional[float], std: Optional[float] = None, scale: float = 1.0, digits: int = 1) -> str:
+def format_value(
+    mean: Optional[float], std: Optional[float] = None, scale: float = 1.0, digits: int = 1
+) -> str:
     """``"84.3 +- 0.5"`` (``std`` omitted when there is one seed), ``"-"`` when missing."""
     if mean is None:
         return "-"
@@ -39,8 +42,9 @@ def table_rows(
     explained by ``table_legend``.
     """
     if detail:
-        header = ["mechanism", "seeds", *[f"{m} (%)" for m in metric_names], "step time (× baseline, range over seeds)",
-                  "explain-away min n_k·Σπ", "final hybrid u (mean)"]
+        header = ["mechanism", "seeds", *[f"{m} (%)" for m in metric_names],
+                  "step time (× baseline, range over seeds)", "explain-away min n_k·Σπ",
+                  "final hybrid u (mean)"]
     else:
         header = ["mechanism", "seeds", *[f"{m} %" for m in metric_names], "step ×", "min n_k·Σπ", "u"]
     rows = []
@@ -75,7 +79,9 @@ def table_legend(records: list[dict]) -> str:
         "u: final hybrid weight, mean over layers and heads",
     ]
     if any(r["mechanism"] == "coda" and r["explain_away_min_normalized"] is not None for r in records):
-        lines.append("*: CoDA weights are not normalized (they lie in [-1, 1]); the statistic is not comparable")
+        lines.append(
+            "*: CoDA weights are not normalized (they lie in [-1, 1]); the statistic is not comparable"
+        )
     return "\n".join(lines)
 
 
@@ -90,8 +96,10 @@ def write_results_json(path: Path, config: CompareConfig, task, records: list[di
         "runs": runs,
         "notes": {
             "step_time_rel": "mean time per optimizer step (evaluation excluded) / the baseline mechanism's",
-            "explain_away_min_normalized": "min over non-causal attention layers, eval samples and seeds of n_k * min_j sum_i pi_ij "
-                                           "(Lemma 1: >= 1 for DNAS); explain_away_min_raw is min_j sum_i pi_ij",
+            "explain_away_min_normalized": (
+                "min over non-causal attention layers, eval samples and seeds of n_k * min_j sum_i pi_ij "
+                "(Lemma 1: >= 1 for DNAS); explain_away_min_raw is min_j sum_i pi_ij"
+            ),
             "hybrid_u": "final u = sigmoid(theta) per layer (rows) and head (columns), mean over seeds",
         },
         **(extras or {}),
@@ -109,7 +117,9 @@ def write_results_csv(path: Path, records: list[dict], metric_names: tuple[str, 
         writer = csv.writer(f)
         writer.writerow(columns)
         for r in records:
-            writer.writerow(["" if r.get(c) is None else (json.dumps(r[c]) if c == "hybrid_u" else r[c]) for c in columns])
+            writer.writerow(
+                ["" if r.get(c) is None else (json.dumps(r[c]) if c == "hybrid_u" else r[c]) for c in columns]
+            )
 
 
 def _history_mean(runs: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -150,7 +160,9 @@ def plot_learning_curves(path: Path, runs: list[dict], mechanisms: tuple[str, ..
 
 def plot_hybrid(path: Path, runs: list[dict]) -> bool:
     """Hybrid-weight trajectories ``u`` (one line per layer and head) of the first hnas seed."""
-    run = next((r for r in runs if r["mechanism"] == "hnas" and r["history"] and r["history"][0]["hybrid_u"]), None)
+    run = next(
+        (r for r in runs if r["mechanism"] == "hnas" and r["history"] and r["history"][0]["hybrid_u"]), None
+    )
     if run is None:
         return False
     import numpy as np
@@ -159,7 +171,9 @@ def plot_hybrid(path: Path, runs: list[dict]) -> bool:
 
     steps = [h["step"] for h in run["history"]]
     u = np.array([h["hybrid_u"] for h in run["history"]])  # (T, layers, heads)
-    plot_hybrid_trajectories(steps, u, path, title=f"hnas: hybrid weight u per layer and head (seed {run['seed']})")
+    plot_hybrid_trajectories(
+        steps, u, path, title=f"hnas: hybrid weight u per layer and head (seed {run['seed']})"
+    )
     return True
 
 
@@ -172,7 +186,10 @@ def _html_table(header: list[str], rows: list[list[str]], table_id: str = "") ->
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
     id_attr = f' id="{table_id}"' if table_id else ""
-    return f'<div class="wide"><table{id_attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+    return (
+        f'<div class="wide"><table{id_attr}><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table></div>"
+    )
 
 
 def render_html(config: CompareConfig, task, records: list[dict], runs: list[dict], images: list[Path],
@@ -180,7 +197,8 @@ def render_html(config: CompareConfig, task, records: list[dict], runs: list[dic
     """The report as one HTML string (plots inlined; dataset text escaped)."""
     header, rows = table_rows(records, task.metric_names)
     run_rows = [
-        [r["mechanism"], str(r["seed"]), *[format_value(r["metrics"].get(m), None, 100.0) for m in task.metric_names],
+        [r["mechanism"], str(r["seed"]),
+         *[format_value(r["metrics"].get(m), None, 100.0) for m in task.metric_names],
          f"{r['step_time_s'] * 1000:.1f}", format_value(r["explain_away"]["min_normalized"], None, 1.0, 3),
          format_value(r["explain_away"]["min"], None, 1.0, 4)]
         for r in runs
@@ -204,16 +222,19 @@ def render_html(config: CompareConfig, task, records: list[dict], runs: list[dic
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>attnkit compare: {html.escape(config.task)}</title><style>{css}</style></head><body>",
         f"<h1>attnkit compare: {html.escape(config.task)} ({html.escape(config.preset)} preset)</h1>",
-        f"<p>{len(config.variants)} mechanisms × {config.seeds} seed(s), {config.total_steps} optimizer steps each, "
+        f"<p>{len(config.variants)} mechanisms × {config.seeds} seed(s), "
+        f"{config.total_steps} optimizer steps each, "
         f"global batch {config.batch_size}, {world} process(es). Metrics are mean ± std over seeds on "
         f"{runs[0]['eval_examples'] if runs else 0} evaluation examples.</p>",
         "<h2>Results</h2>",
         _html_table(header, rows, "results"),
-        "<p><b>step time</b>: mean time per optimizer step, evaluation excluded (noisy on a shared CPU), relative to "
+        "<p><b>step time</b>: mean time per optimizer step, evaluation excluded (noisy on a shared CPU), "
+        "relative to "
         f"<code>{html.escape(records[0]['step_time_baseline'] if records else '')}</code>. "
-        "<b>explain-away min</b>: the smallest <code>n_k · min_j Σ_i π_ij</code> over the non-causal attention layers, evaluation "
-        "samples and seeds (Lemma 1: ≥ 1 for DNAS; near 0 means some key is explained away; CoDA's quasi-attention "
-        "is not normalized, so its value is not a weight share). <b>hybrid u</b>: final share of DNAS per layer "
+        "<b>explain-away min</b>: the smallest <code>n_k · min_j Σ_i π_ij</code> over the non-causal "
+        "attention layers, evaluation samples and seeds (Lemma 1: ≥ 1 for DNAS; near 0 means some key is "
+        "explained away; CoDA's quasi-attention is not normalized, so its value is not a weight share). "
+        "<b>hybrid u</b>: final share of DNAS per layer "
         "(rows, separated by ;) and head.</p>",
     ]
     inline = {image.stem: _img(image) for image in images}
@@ -225,13 +246,16 @@ def render_html(config: CompareConfig, task, records: list[dict], runs: list[dic
     parts += ["<h2>Runs</h2>", _html_table(run_header, run_rows, "runs")]
     if sample_blocks and not (extras and extras.get("samples", {}).get("rows")):
         parts += ["<h2>Sample predictions</h2>", *sample_blocks]
-    parts += ["<h2>Configuration</h2>", _html_table(["key", "value"], config_rows, "config"), "</body></html>"]
+    parts += [
+        "<h2>Configuration</h2>", _html_table(["key", "value"], config_rows, "config"), "</body></html>"
+    ]
     return "\n".join(parts)
 
 
 def write_report(config: CompareConfig, task, records: list[dict], runs: list[dict], out: Path,
                  extras: Optional[dict] = None) -> dict:
-    """Write every output into ``out``; return ``{kind: path}``. ``extras``: ``runner.summary.summarize``'s dict."""
+    """Write every output into ``out``; return ``{kind: path}``. ``extras``: ``runner.summary.summarize``'s
+    dict."""
     out = Path(out)
     files = {"json": out / "results.json", "csv": out / "results.csv"}
     write_results_json(files["json"], config, task, records, runs, extras)

@@ -1,6 +1,7 @@
 """Sections of ``report.html`` built from ``runner.summary.summarize``: what the differences mean, timing and
-load, per-class scores and confusion matrices, sample predictions that differ, mechanisms not run, environment.
-Also the learning-curve figure with a band over seeds. Every piece of text goes through ``html.escape``.
+load, per-class scores and confusion matrices, sample predictions that differ, mechanisms not run,
+environment. Also the learning-curve figure with a band over seeds. Every piece of text goes through
+``html.escape``.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from pathlib import Path
 __all__ = ["extra_sections", "plot_learning_curves_band", "plot_confusions", "CSS"]
 
 CSS = (
-    "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1180px;padding:0 1em;box-sizing:border-box}"
+    "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1180px;padding:0 1em;"
+    "box-sizing:border-box}"
     "table{border-collapse:collapse;margin:1em 0;max-width:100%}"
     "th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;font-size:14px;overflow-wrap:break-word}"
     "td{max-width:44em}"
     "th{background:#f3f3f3}img{max-width:100%;height:auto}code{background:#f3f3f3;padding:1px 4px}"
-    ".wide{overflow-x:auto;max-width:100%}.note{background:#fff6dd;border-left:4px solid #e0a800;padding:6px 10px}"
+    ".wide{overflow-x:auto;max-width:100%}"
+    ".note{background:#fff6dd;border-left:4px solid #e0a800;padding:6px 10px}"
     "ul.verdicts li{margin:4px 0}"
 )
 
@@ -26,7 +29,10 @@ def _table(header: list, rows: list, table_id: str = "") -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
     id_attr = f' id="{table_id}"' if table_id else ""
-    return f'<div class="wide"><table{id_attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+    return (
+        f'<div class="wide"><table{id_attr}><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table></div>"
+    )
 
 
 def _moving_average(values: list[float], window: int) -> list[float]:
@@ -126,10 +132,11 @@ def extra_sections(extras: dict, images: dict) -> list[str]:
     comparisons = extras.get("comparisons") or []
     if comparisons:
         parts.append("<h2>Are the differences real?</h2>")
-        parts.append("<p>Each mechanism against the baseline on the first metric: the mean difference over the seeds "
-                     "both ran (same data order), with a 95% Student-t interval over those paired seeds, and an exact "
-                     "McNemar test on the evaluation examples (pooled over seeds).</p>")
-        parts.append('<ul class="verdicts">' + "".join(f"<li>{html.escape(c['text'])}</li>" for c in comparisons)
+        parts.append("<p>Each mechanism against the baseline on the first metric: the mean difference over "
+                     "the seeds both ran (same data order), with a 95% Student-t interval over those paired "
+                     "seeds, and an exact McNemar test on the evaluation examples (pooled over seeds).</p>")
+        parts.append('<ul class="verdicts">'
+                     + "".join(f"<li>{html.escape(c['text'])}</li>" for c in comparisons)
                      + "</ul>")
     timing = extras.get("timing") or {}
     if timing:
@@ -152,22 +159,25 @@ def extra_sections(extras: dict, images: dict) -> list[str]:
                 cells.append(f"{100 * x['f1']:.1f} ({100 * x['precision']:.0f} / {100 * x['recall']:.0f})")
             rows.append(cells)
         parts.append("<h2>Per class</h2>")
-        parts.append("<p>F1 (precision / recall) in %, mean over seeds. Macro-F1 is the unweighted mean of the F1 "
-                     "column, so rare classes that a short run never predicts pull it far below accuracy.</p>")
+        parts.append("<p>F1 (precision / recall) in %, mean over seeds. Macro-F1 is the unweighted mean of "
+                     "the F1 column, so rare classes that a short run never predicts pull it far below "
+                     "accuracy.</p>")
         parts.append(_table(["class", "support", *mechs], rows, "per-class"))
         if "confusion_matrices" in images:
             parts.append(images["confusion_matrices"])
     samples = extras.get("samples") or {}
     if samples.get("rows"):
         parts.append("<h2>Sample predictions</h2>")
-        parts.append(f"<p>Evaluation examples on which the mechanisms disagree ({samples['differing']} of them in all; "
-                     "each example once; ✓ right, ✗ wrong); then, if space is left, examples every mechanism got "
-                     "wrong.</p>")
+        parts.append("<p>Evaluation examples on which the mechanisms disagree "
+                     f"({samples['differing']} of them "
+                     "in all; each example once; ✓ right, ✗ wrong); then, if space is left, examples every "
+                     "mechanism got wrong.</p>")
         parts.append(_table(samples["header"], samples["rows"], "samples"))
     skipped = extras.get("skipped_mechanisms") or {}
     if skipped:
         parts.append("<h2>Mechanisms not run</h2><ul>" + "".join(
-            f"<li><code>{html.escape(m)}</code>: {html.escape(why)}</li>" for m, why in skipped.items()) + "</ul>")
+            f"<li><code>{html.escape(m)}</code>: {html.escape(why)}</li>" for m, why in skipped.items()
+        ) + "</ul>")
     env = extras.get("environment") or {}
     if env:
         parts.append("<h2>Environment</h2>")

@@ -38,7 +38,8 @@ T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
 
 
 def per_class(labels: Sequence[int], preds: Sequence[int], names: Sequence[str]) -> dict:
-    """``{"classes": [{name, precision, recall, f1, support}], "confusion": [[...]]}`` (rows: true, cols: predicted).
+    """``{"classes": [{name, precision, recall, f1, support}], "confusion": [[...]]}``
+    (rows: true, cols: predicted).
 
     A class never predicted has precision 0 (and F1 0); a class absent from ``labels`` has support 0.
     """
@@ -84,7 +85,8 @@ def paired_seed_interval(values: Sequence[float], baseline: Sequence[float]) -> 
 
 
 def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> dict:
-    """Exact two-sided McNemar test: ``b`` = only A right, ``c`` = only B right, ``p`` = P(as extreme | p=1/2)."""
+    """Exact two-sided McNemar test: ``b`` = only A right, ``c`` = only B right,
+    ``p`` = P(as extreme | p=1/2)."""
     b = sum(1 for x, y in zip(correct_a, correct_b) if x and not y)
     c = sum(1 for x, y in zip(correct_a, correct_b) if y and not x)
     n = b + c
@@ -120,9 +122,9 @@ def load_note(load: Optional[float], cores: Optional[int]) -> Optional[str]:
     """A sentence when the 1-minute load average exceeded the cores during the runs, else ``None``."""
     if load is None or cores is None or load <= cores:
         return None
-    return (f"The machine was loaded during these runs (load average up to {load:.1f} on {cores} cores): step "
-            "times are inflated by other processes and their ratios are unreliable; compare them only within one run "
-            "and rerun on an idle machine for timings.")
+    return (f"The machine was loaded during these runs (load average up to {load:.1f} on {cores} cores): "
+            "step times are inflated by other processes and their ratios are unreliable; compare them only "
+            "within one run and rerun on an idle machine for timings.")
 
 
 def _git_commit() -> Optional[str]:

@@ -62,9 +62,9 @@ def skipped_mechanisms(config: CompareConfig, task) -> dict:
             continue
         why = "not in mechanisms (add it with --mechanisms)"
         if task.kind == "seq2seq" and resolve_mechanism(name).query_normalized:
-            why = ("normalizes over queries, so it could replace only the encoder attention (the decoder would leak "
-                   "future tokens and stays softmax); the seq2seq presets compare the CoDA Transformer with softmax "
-                   "everywhere. Add it with --mechanisms to compare encoders")
+            why = ("normalizes over queries, so it could replace only the encoder attention (the decoder "
+                   "would leak future tokens and stays softmax); the seq2seq presets compare the CoDA "
+                   "Transformer with softmax everywhere. Add it with --mechanisms to compare encoders")
         reasons[name] = why
     return reasons
 
@@ -111,7 +111,8 @@ def diverse_samples(task, data, runs: list[dict], mechanisms: tuple[str, ...], l
 
 
 def _per_class(runs: list[dict], mechanisms: tuple[str, ...]) -> dict:
-    """Per mechanism: precision/recall/F1 per class (mean over seeds) and the confusion matrix summed over seeds."""
+    """Per mechanism: precision/recall/F1 per class (mean over seeds) and the confusion matrix summed over
+    seeds."""
     out = {}
     for mech in mechanisms:
         group = [r for r in runs if r["mechanism"] == mech and r.get("classes")]
@@ -177,7 +178,9 @@ def summarize(task, data, config: CompareConfig, runs: list[dict], records: list
     load_max = max(loads) if loads else None
     return {
         # started/finished/wall time are those of this invocation (a --resume run counts only its own part)
-        "environment": {**environment(started or time.time(), time.time(), load_max), "resumed": config.resume},
+        "environment": {
+            **environment(started or time.time(), time.time(), load_max), "resumed": config.resume
+        },
         "per_class": _per_class(runs, config.variants),
         "comparisons": _comparisons(task, data, runs, config, baseline),
         "timing": _timing(runs, config.variants, baseline),

@@ -239,7 +239,10 @@ class ClassificationTask:
 
     def example(self, data: EncodedClassification, i: int) -> dict:
         text = data.test_texts[i]
-        return {"text": text[:240] + ("…" if len(text) > 240 else ""), "label": data.label_names[data.test_labels[i]]}
+        return {
+            "text": text[:240] + ("…" if len(text) > 240 else ""),
+            "label": data.label_names[data.test_labels[i]],
+        }
 
     def show_prediction(self, data: EncodedClassification, pred: int) -> str:
         return data.label_names[pred]
@@ -274,8 +277,8 @@ class EncodedSeq2Seq:
 
 class Seq2SeqTask:
     """Character-level transduction with a ``Seq2SeqTransformer``; metrics sequence accuracy (exact match) and
-    token accuracy (characters right at their position, ``runner.stats.token_accuracy``), which still moves when
-    a small budget gets no whole sequence right."""
+    token accuracy (characters right at their position, ``runner.stats.token_accuracy``), which still moves
+    when a small budget gets no whole sequence right."""
 
     kind = "seq2seq"
     metric_names = ("sequence_accuracy", "token_accuracy")

@@ -49,7 +49,8 @@ class RunResult:
 
 
 def batch_indices(step: int, n_train: int, batch_size: int, seed: int) -> Tensor:
-    """The training-set indices of global batch ``step`` (0-based): epoch permutations, last partial batch dropped."""
+    """The training-set indices of global batch ``step`` (0-based): epoch permutations, last partial batch
+    dropped."""
     per_epoch = n_train // batch_size
     if per_epoch < 1:
         raise ValueError(
@@ -68,7 +69,10 @@ def hybrid_u(model: torch.nn.Module) -> Optional[list[list[float]]]:
     """
     from ..nn import MultiheadAttention, MultiViewAttention, hybrid_weights
 
-    if not any(isinstance(m, (MultiheadAttention, MultiViewAttention)) and m.theta is not None for m in model.modules()):
+    if not any(
+        isinstance(m, (MultiheadAttention, MultiViewAttention)) and m.theta is not None
+        for m in model.modules()
+    ):
         return None
     return hybrid_weights(model).double().cpu().tolist()  # (layers, heads)
 
@@ -154,7 +158,9 @@ def latest_checkpoint(run_dir: Path) -> Optional[Path]:
     return done[-1] if done else None
 
 
-def _save_checkpoint(accelerator, run_dir: Path, step: int, model, optimizer, scheduler, trainer: dict) -> None:
+def _save_checkpoint(
+    accelerator, run_dir: Path, step: int, model, optimizer, scheduler, trainer: dict
+) -> None:
     path = Path(run_dir) / "checkpoints" / f"step-{step:07d}"
     if accelerator.is_main_process:
         if path.exists():
@@ -190,7 +196,8 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler) -> di
         raise _checkpoint_error(path / _TRAINER_FILE, "is not an attnkit trainer state")
     if trainer["world_size"] != accelerator.num_processes:
         raise ValueError(
-            f"checkpoint {str(path)!r} was written by {trainer['world_size']} process(es); resume it with the same "
+            f"checkpoint {str(path)!r} was written by {trainer['world_size']} process(es); "
+            "resume it with the same "
             f"number (this run has {accelerator.num_processes}) or start over with --overwrite"
         )
     state_file = path / "state.pt"
@@ -248,7 +255,8 @@ def _evaluate(accelerator, task, data, model, config: CompareConfig) -> tuple[di
 def _explain_away(accelerator, task, data, model, config: CompareConfig) -> dict:
     """Smallest key weight sums over the non-causal attention calls on a sample of the evaluation set.
 
-    ``min_normalized`` is ``n_k * min_j sum_i pi_ij`` (Lemma 1: >= 1 for DNAS); ``min`` is the raw smallest sum.
+    ``min_normalized`` is ``n_k * min_j sum_i pi_ij`` (Lemma 1: >= 1 for DNAS); ``min`` is the raw smallest
+    sum.
     """
     from ..analysis import explain_away
     from ..functional import observe_weights
@@ -289,7 +297,8 @@ def train_run(
     progress=None,
     on_step: Optional[Callable[[int], None]] = None,
 ) -> RunResult:
-    """Train and evaluate ``mechanism`` with ``seed`` on ``task``; continue from ``run_dir``'s checkpoint if any.
+    """Train and evaluate ``mechanism`` with ``seed`` on ``task``; continue from ``run_dir``'s checkpoint if
+    any.
 
     Writes ``run_dir/result.json`` when done and returns its record. ``on_step(step)`` is called after each
     optimizer step (and its checkpoint); ``progress`` is a ``runner.progress`` bar or ``None``.
@@ -379,7 +388,9 @@ def train_run(
         trainer["loss_count"] += 1
         trainer["step"] = step = step + 1
         if progress is not None:
-            progress.update(step, loss_value, len(global_idx) / max(1e-9, trainer["time_sum"] / trainer["time_count"]))
+            progress.update(
+                step, loss_value, len(global_idx) / max(1e-9, trainer["time_sum"] / trainer["time_count"])
+            )
 
         if step % config.eval_every == 0 or step == total:
             metrics, _ = _evaluate(accelerator, task, data, model, config)
