@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def compare(
         task: Optional[str] = typer.Option(None, "--task", help="reuters8 (default), mlu, another catalog dataset, or a .json/.jsonl dataset file."),
-        mechanisms: Optional[str] = typer.Option(None, "--mechanisms", help="Comma-separated, e.g. softmax,dnas,hnas,sinkhorn,coda."),
+        mechanisms: Optional[str] = typer.Option(None, "--mechanisms", help="Comma-separated, e.g. softmax,dnas,hnas,sinkhorn,coda,none (none: the no-attention baseline, mean pooling)."),
         seeds: Optional[int] = typer.Option(None, "--seeds", help="Seeds per mechanism (mean ± std over them)."),
         preset: Optional[str] = typer.Option(None, "--preset", help="quick (default, minutes on a CPU) or paper."),
         max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Hard cap on optimizer steps per run."),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from ..config import MECHANISMS, resolve_mechanism
+from .baseline import NO_ATTENTION
 
 __all__ = [
     "CompareConfig",
@@ -38,13 +39,13 @@ PRESET_NAMES: tuple[str, ...] = ("quick", "paper")
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "classification": {
         "quick": dict(
-            mechanisms=DEFAULT_MECHANISMS, seeds=2, steps=150, batch_size=32, lr=2e-3, warmup_steps=15,
+            mechanisms=(*DEFAULT_MECHANISMS, NO_ATTENTION), seeds=2, steps=150, batch_size=32, lr=2e-3, warmup_steps=15,
             eval_every=50, checkpoint_every=50, max_train=2400, max_eval=600, max_len=64, vocab_size=6000,
             d_model=64, nhead=4, num_layers=2, dim_feedforward=128, dropout=0.1, explain_away_samples=64,
             threads=1,
         ),
         "paper": dict(
-            mechanisms=DEFAULT_MECHANISMS, seeds=3, steps=1500, batch_size=32, lr=1e-3, warmup_steps=100,
+            mechanisms=(*DEFAULT_MECHANISMS, NO_ATTENTION), seeds=3, steps=1500, batch_size=32, lr=1e-3, warmup_steps=100,
             eval_every=250, checkpoint_every=250, max_train=None, max_eval=None, max_len=256, vocab_size=20000,
             d_model=128, nhead=4, num_layers=2, dim_feedforward=256, dropout=0.1, explain_away_samples=128,
         ),
@@ -137,12 +138,18 @@ class CompareConfig:
         for m in mechanisms:
             if not isinstance(m, str):
                 raise ValueError(f"mechanisms contains {m!r}; expected names from {MECHANISMS}")
+            if m == NO_ATTENTION:  # the no-attention baseline row (runner/baseline.py)
+                names.append(m)
+                continue
             try:
                 names.append(resolve_mechanism(m).name)
             except ValueError:
                 raise ValueError(f"unknown mechanism {m!r} in mechanisms; expected names from {MECHANISMS}") from None
         if len(set(names)) != len(names):
             raise ValueError(f"mechanisms={list(mechanisms)} names a mechanism twice; list each once")
+        if NO_ATTENTION in names and TASK_KINDS.get(self.task) == "seq2seq":
+            raise ValueError(f"mechanism {NO_ATTENTION!r} (the no-attention baseline) is for classification tasks; "
+                             f"drop it from mechanisms for task {self.task!r}")
         object.__setattr__(self, "mechanisms", tuple(names))
         _positive_int("seeds", self.seeds)
         _positive_int("seed", self.seed, minimum=0)
