@@ -143,6 +143,7 @@ class ExplainAwayTraining:
     log_sums: np.ndarray
     accuracy: float
     max_keys: int
+    loss: float = float("nan")
 
 
 def train_multiview(
@@ -155,16 +156,23 @@ def train_multiview(
     num_boxes: int = 50,
     min_boxes: int = 40,
     seed: int = 0,
+    num_classes: int = 4,
+    informative: int = 3,
 ) -> ExplainAwayTraining:
-    """Train :class:`MultiViewFusion` with Adam and record explain-away statistics every ``eval_every`` steps."""
+    """Train :class:`MultiViewFusion` with Adam and record explain-away statistics every ``eval_every`` steps.
+
+    ``num_classes`` and ``informative`` (label-carrying boxes per view) set the difficulty of the task.
+    """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r}; expected an integer >= 1")
     if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 1:
         raise ValueError(f"eval_every={eval_every!r}; expected an integer >= 1")
     torch.manual_seed(seed)
-    features, classes = 16, 4
-    train = make_multiview_task(2048, num_boxes=num_boxes, min_boxes=min_boxes, features=features, seed=seed)
-    evals = make_multiview_task(256, num_boxes=num_boxes, min_boxes=min_boxes, features=features, seed=seed + 1)
+    features, classes = 16, num_classes
+    task = dict(num_boxes=num_boxes, min_boxes=min_boxes, features=features, num_classes=classes,
+                informative=informative)
+    train = make_multiview_task(2048, seed=seed, **task)
+    evals = make_multiview_task(256, seed=seed + 1, **task)
     model = MultiViewFusion(features, head_dim=16, num_classes=classes, mechanism=mechanism)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed)
@@ -201,6 +209,7 @@ def train_multiview(
         opt.step()
     logits, stats = evaluate(steps)
     accuracy = (logits.argmax(-1) == evals[3]).double().mean().item()
+    eval_loss = nn.functional.cross_entropy(logits, evals[3]).item()
     return ExplainAwayTraining(
         mechanism=model.mechanism_name,
         steps=np.asarray(record_steps),
@@ -211,6 +220,7 @@ def train_multiview(
         log_sums=np.zeros(0) if stats is None else stats.log_sums[stats.valid_keys].double().numpy(),
         accuracy=accuracy,
         max_keys=num_boxes,
+        loss=eval_loss,
     )
 
 
