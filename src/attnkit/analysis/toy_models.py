@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from ..config import CoDA, Hybrid, MechanismLike, resolve_mechanism
 from ..functional import attention, normalize
-from ..mechanisms import ACTIVATION_FNS
+from ..mechanisms import ACTIVATION_FNS, GATE_FNS
 from ..mechanisms._common import masked_mean
 from ..scores import neg_l1_distance, scaled_dot
 from .collect import collect_explain_away
@@ -269,7 +269,7 @@ class CoDAClassifier(nn.Module):
             e = e - masked_mean(e, valid)
         if self.config.gate == "centered":
             n = n - masked_mean(n, valid)
-        gate = ACTIVATION_FNS[self.config.n_activation](n) * (2.0 if self.config.gate == "scaled" else 1.0)
+        gate = GATE_FNS[self.config.n_activation](n) * (2.0 if self.config.gate == "scaled" else 1.0)
         f_e = ACTIVATION_FNS[self.config.e_activation](e)
         gate_name = {"sigmoid": "sigmoid(N)", "scaled": "2 sigmoid(N)", "centered": "sigmoid(N - mean N)"}
         return {

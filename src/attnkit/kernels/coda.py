@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from ..config import CoDA
-from ..mechanisms import ACTIVATION_FNS
+from ..mechanisms import ACTIVATION_FNS, GATE_FNS
 from ._blocks import BlockMasks, chunk_size
 from .l1 import l1_distance
 
@@ -102,7 +102,7 @@ def _block_out(qb, k, v, mean_e, mean_n, masks: BlockMasks, i0, i1, scale, confi
         e = e - mean_e  # eq. (6)
     if mean_n is not None:
         n = n - mean_n  # eq. (4)
-    m = ACTIVATION_FNS[config.e_activation](e) * ACTIVATION_FNS[config.n_activation](n)  # (B, H, C, Lk)
+    m = ACTIVATION_FNS[config.e_activation](e) * GATE_FNS[config.n_activation](n)  # (B, H, C, Lk)
     if config.gate == "scaled":
         m = 2 * m  # eq. (5)
     valid = masks.valid(i0, i1, 0, masks.Lk)
