@@ -62,7 +62,7 @@ def reproduce_all(
     for name in names:
         try:
             results.append(reproduce(name, root / name, overwrite=overwrite, quick=quick, seed=seed))
-        except (ImportError, RuntimeError, ValueError) as exc:
+        except (ImportError, RuntimeError, ValueError, OSError) as exc:
             from .report import Claim
 
             failed = ReproduceResult(name=name, out=root / name)
