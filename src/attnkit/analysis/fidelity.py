@@ -17,7 +17,7 @@ from typing import Optional, Sequence, Union
 
 from .report import ReproduceResult, format_value, prepare_output_dir, verdict
 
-__all__ = ["reproduce_all", "write_fidelity_html", "paper_of", "PAPERS"]
+__all__ = ["reproduce_all", "write_fidelity_html", "write_fidelity_markdown", "paper_of", "PAPERS"]
 
 PAPERS: dict[str, str] = {
     "doubly-normalized": "Attention that does not Explain Away (arXiv:2009.14308) and its draft, "
@@ -70,10 +70,36 @@ def reproduce_all(
             results.append(failed)
     page = write_fidelity_html(results, root / "fidelity.html", quick=quick, seed=seed,
                                seconds=time.perf_counter() - start)
+    write_fidelity_markdown(results, root / "fidelity.md", quick=quick, seed=seed)
     summary = [{"name": r.name, "seconds": round(r.seconds, 1), "budget": r.budget,
                 "claims": [{**c.__dict__, "verdict": c.verdict} for c in r.claims]} for r in results]
     (root / "fidelity.json").write_text(json.dumps(summary, indent=2) + "\n")
     return results, page
+
+
+def _md(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def write_fidelity_markdown(results: Sequence[ReproduceResult], path: Union[str, Path], *, quick: bool,
+                            seed: int) -> Path:
+    """The claims table of the fidelity page as Markdown (for the README and docs): one row per claim."""
+    path = Path(path)
+    claims = [(r, c) for r in results for c in r.claims]
+    lines = [
+        f"{'Quick' if quick else 'Full'} budgets, first seed {seed}: {sum(c.held for _, c in claims)} of "
+        f"{len(claims)} claims held.",
+        "",
+        "| target | source | claim | paper | ours | criterion | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r, c in claims:
+        lines.append(f"| {r.name} | {_md(c.source)} | {_md(c.statement)} | {_md(c.paper or '-')} | "
+                     f"{_md(c.ours or '-')} | {c.criterion} | **{verdict(c.held)}** |")
+    lines += ["", "| target | budget | seconds |", "|---|---|---|"]
+    lines += [f"| {r.name} | {_md(r.budget or '-')} | {r.seconds:.0f} |" for r in results]
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def _png_data_uri(path: Path) -> str:
