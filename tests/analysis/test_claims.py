@@ -57,7 +57,7 @@ def test_fidelity_page_lists_every_claim_with_its_verdict(tmp_path, constructed_
     assert [r.name for r in results] == ["constructed-fail", "constructed-pass"]
     assert json.loads((tmp_path / "all" / "fidelity.json").read_text())[0]["claims"][0]["verdict"] == "not held"
     markdown = (tmp_path / "all" / "fidelity.md").read_text()
-    assert "1 of 4 claims held" in markdown and markdown.count("**not held**") == 1
+    assert "3 of 4 claims held" in markdown and markdown.count("**not held**") == 1
 
 
 def test_fidelity_rejects_unknown_targets(tmp_path):
