@@ -79,7 +79,7 @@ def train_mlu(mechanism, steps: int, seed: int, value_range: int = 16, num_train
     model.eval()
     test_src = encode(data.test_src, False, False)
     out = model.greedy_decode(test_src, test_src != 0, max_len=8, bos_id=tok.bos_id, eos_id=tok.eos_id)
-    preds = [tok.decode([int(t) for t in row if int(t) not in (0, tok.bos_id, tok.eos_id)]) for row in out]
+    preds = tok.decode(out)  # (B,) strings: stops at <eos>, skips padding
     return sequence_accuracy(preds, data.test_tgt)
 
 
