@@ -6,7 +6,8 @@ model learns that task at all (about 1%), so the comparison would say nothing. `
 task, a stated deviation: operands in ``[-RANGE, RANGE)`` (default 16: results up to three digits;
 2400 training expressions), the same operators and the same random assignment order, a small encoder-decoder (2 + 2
 layers, d 64) and a budget at which the softmax Transformer first reaches >= 50% sequence accuracy on
-held-out expressions. Then softmax vs CoDA and the paper's ablations: gate variants (plain sigmoid, 2 sigmoid
+held-out expressions: 600 Adam steps (batch 64, one-cycle schedule, peak lr 3e-3) gave 63% on seed 0 in 22 s
+of CPU time (one thread); 1500 steps at lr 1e-3 had given 0%. Then softmax vs CoDA and the paper's ablations: gate variants (plain sigmoid, 2 sigmoid
 = eq. 5, centered = eq. 4), centering E (Table 8) and the Table 9 activations (with the gate mapped onto
 [0, 1], see ``attnkit.mechanisms.coda``), over seeds.
 """
@@ -39,7 +40,7 @@ MLU_VARIANTS = {
 
 
 def train_mlu(mechanism, steps: int, seed: int, value_range: int = 16, num_train: int = 2400, num_test: int = 400,
-              batch_size: int = 64, lr: float = 1e-3, d_model: int = 64) -> float:
+              batch_size: int = 64, lr: float = 3e-3, d_model: int = 64) -> float:
     """Train the encoder-decoder on MLU with operands in ``[-value_range, value_range)``; test sequence accuracy.
 
     Encoder self-attention and decoder cross-attention use ``mechanism``; decoder self-attention (causal) is
@@ -84,10 +85,10 @@ def train_mlu(mechanism, steps: int, seed: int, value_range: int = 16, num_train
 
 
 def mlu_ablations(result: ReproduceResult, quick: bool = False, seed: int = 0) -> None:
-    n_seeds, steps = (2, 600) if quick else (3, 2000)
+    n_seeds, steps = (2, 400) if quick else (3, 600)
     variants = dict(list(MLU_VARIANTS.items())[:2]) if quick else MLU_VARIANTS
     seeds = list(range(seed, seed + n_seeds))
-    result.budget = (f"{n_seeds} seeds x {steps} Adam steps (batch 64, one-cycle lr 1e-3), 2+2 layers d 64; "
+    result.budget = (f"{n_seeds} seeds x {steps} Adam steps (batch 64, one-cycle lr 3e-3), 2+2 layers d 64; "
                      "MLU with operands in [-16, 16), 2400 train / 400 test expressions (paper: [-1000, 1000), "
                      "100k steps)")
     acc = {name: [train_mlu(mech, steps, s) for s in seeds] for name, mech in variants.items()}

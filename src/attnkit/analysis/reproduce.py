@@ -11,6 +11,7 @@ Targets (``TARGETS``):
 - ``coda-cross``: CoDA Tables 2-3, bidirectional CoDA cross-attention on a sentence-pair task.
 - ``hnas-pretraining``: later version Fig. 4 / Table 2, HNAS u over MLM pretraining, fine-tuned versions.
 - ``hnas-headlines``: later version Fig. 5 / Table 3, headline generation with an LNAS/DNAS/HNAS encoder.
+- ``mlu``: CoDA Table 6 and the Table 8/9 ablations on a reduced MLU that a CPU model learns.
 
 ``attnkit.analysis.fidelity.reproduce_all`` runs every target into one HTML page. A new target is one
 entry in ``TARGETS`` and one in ``TARGET_HELP``: a function ``(result, quick, seed)`` that appends rows,
@@ -33,6 +34,7 @@ from .repro_coda_cross import coda_cross
 from .repro_explain_away import explain_away_training, lemma1
 from .repro_mode_collapse import mode_collapse_2d, mode_collapse_curves
 from .repro_headlines import headline_generation
+from .repro_mlu import mlu_ablations
 from .repro_pretraining import hnas_pretraining
 from .repro_sinkhorn import sinkhorn_iterations
 from .report import ReproduceResult, prepare_output_dir
@@ -51,6 +53,7 @@ TARGETS: dict[str, TargetFn] = {
     "coda-cross": coda_cross,
     "hnas-pretraining": hnas_pretraining,
     "hnas-headlines": headline_generation,
+    "mlu": mlu_ablations,
 }
 TARGET_HELP: dict[str, str] = {
     "mode-collapse-curves": "draft Fig. 2: center distance after one step vs r, LNAS vs DNAS, closed form + simulation",
@@ -62,6 +65,7 @@ TARGET_HELP: dict[str, str] = {
     "coda-cross": "CoDA Tables 2-3: CoDA cross-attention vs decomposable attention vs none on Reuters topic pairs",
     "hnas-pretraining": "later Fig. 4 / Table 2: MLM pretraining, HNAS u per layer, LNAS/DNAS/HNAS fine-tuned",
     "hnas-headlines": "later Fig. 5 / Table 3: Reuters headline generation, LNAS/DNAS/HNAS encoder, ROUGE, u",
+    "mlu": "CoDA Table 6 + Tables 8/9: MLU with operands in [-16, 16), softmax vs CoDA and its ablations",
 }
 
 
