@@ -1,4 +1,4 @@
-"""Claims: the verdict words, the spread over seeds, ``--strict`` and the fidelity page, on constructed cases."""
+"""Claims: verdict words, spread over seeds, ``--strict`` and the fidelity page, on constructed cases."""
 
 from __future__ import annotations
 
@@ -16,8 +16,16 @@ def _constructed_target(held: bool):
     def target(result: ReproduceResult, quick: bool, seed: int) -> None:
         result.budget = "constructed"
         result.rows.append({"mechanism": "softmax", "share below -20": 0.1})
-        result.claims.append(Claim("constructed Fig. 1", "most keys are explained away", held,
-                                   "share 0.1 (constructed)", paper="> 0.5", ours="0.1"))
+        result.claims.append(
+            Claim(
+                "constructed Fig. 1",
+                "most keys are explained away",
+                held,
+                "share 0.1 (constructed)",
+                paper="> 0.5",
+                ours="0.1",
+            )
+        )
         result.claims.append(Claim("constructed Fig. 2", "a claim that holds", True, "always"))
 
     return target
@@ -55,7 +63,9 @@ def test_fidelity_page_lists_every_claim_with_its_verdict(tmp_path, constructed_
     assert text.startswith("<!DOCTYPE html>") and text.count("<b>not held</b>") == 1
     assert text.count("<b>held</b>") == 3 and "most keys are explained away" in text and "&gt; 0.5" in text
     assert [r.name for r in results] == ["constructed-fail", "constructed-pass"]
-    assert json.loads((tmp_path / "all" / "fidelity.json").read_text())[0]["claims"][0]["verdict"] == "not held"
+    assert (
+        json.loads((tmp_path / "all" / "fidelity.json").read_text())[0]["claims"][0]["verdict"] == "not held"
+    )
     markdown = (tmp_path / "all" / "fidelity.md").read_text()
     assert "3 of 4 claims held" in markdown and markdown.count("**not held**") == 1
 

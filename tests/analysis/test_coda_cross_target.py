@@ -6,11 +6,15 @@ from attnkit.analysis.repro_coda_cross import _vocab, make_topic_pairs, train_pa
 
 
 def _texts():
-    topics = {0: "oil crude barrel opec price", 1: "shares stock split dividend board", 2: "wheat grain crop tonnes"}
+    topics = {
+        0: "oil crude barrel opec price",
+        1: "shares stock split dividend board",
+        2: "wheat grain crop tonnes",
+    }
     texts, labels = [], []
     for i in range(60):
         label = i % 3
-        texts.append(" ".join((topics[label].split() * 5)[i % 4: i % 4 + 12]))
+        texts.append(" ".join((topics[label].split() * 5)[i % 4 : i % 4 + 12]))
         labels.append(label)
     return texts, labels
 
@@ -23,8 +27,11 @@ def test_pairs_are_half_same_topic_and_labels_are_right():
     topic_word = {vocab["oil"]: 0, vocab["shares"]: 1, vocab["wheat"]: 2}
 
     def topic(row):
-        return next(topic_word[int(t)] for t in row if int(t) in topic_word) if any(
-            int(t) in topic_word for t in row) else None
+        return (
+            next(topic_word[int(t)] for t in row if int(t) in topic_word)
+            if any(int(t) in topic_word for t in row)
+            else None
+        )
 
     checked = 0
     for ra, rb, s in zip(a, b, same):

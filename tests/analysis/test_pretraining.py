@@ -6,10 +6,28 @@ import pytest
 import torch
 
 import attnkit as ak
-from attnkit.analysis.repro_pretraining import MASK, PAD, PretrainConfig, build_corpus, finetune, mask_tokens, pretrain
+from attnkit.analysis.repro_pretraining import (
+    MASK,
+    PAD,
+    PretrainConfig,
+    build_corpus,
+    finetune,
+    mask_tokens,
+    pretrain,
+)
 
-TINY = PretrainConfig(d_model=16, nhead=2, num_layers=2, dim_feedforward=32, seq_len=8, vocab_size=40,
-                      batch_size=8, pretrain_steps=4, finetune_steps=2, record_every=2)
+TINY = PretrainConfig(
+    d_model=16,
+    nhead=2,
+    num_layers=2,
+    dim_feedforward=32,
+    seq_len=8,
+    vocab_size=40,
+    batch_size=8,
+    pretrain_steps=4,
+    finetune_steps=2,
+    record_every=2,
+)
 
 
 def _texts(n=300):

@@ -26,8 +26,11 @@ def test_gate_never_flips_the_sign_of_tanh_e(name):
     torch.manual_seed(0)
     q, k = (torch.randn(2, 2, 5, 8, dtype=torch.float64) for _ in range(2))
     e = torch.tanh(q @ k.transpose(-1, -2) / math.sqrt(8))  # (B, H, Lq, Lk)
-    m = normalize(q @ k.transpose(-1, -2) / math.sqrt(8), ak.CoDA(gate="sigmoid", n_activation=name),
-                  gate_scores=neg_l1_distance(q, k))  # (B, H, Lq, Lk)
+    m = normalize(
+        q @ k.transpose(-1, -2) / math.sqrt(8),
+        ak.CoDA(gate="sigmoid", n_activation=name),
+        gate_scores=neg_l1_distance(q, k),
+    )  # (B, H, Lq, Lk)
     nonzero = m.abs() > 1e-12
     assert bool((torch.sign(m[nonzero]) == torch.sign(e[nonzero])).all())
 

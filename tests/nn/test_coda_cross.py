@@ -13,8 +13,9 @@ from attnkit.nn.coda_cross import AlignCompose, CoDACrossAttention
 
 def _pair(B=2, La=4, Lb=6, d=8):
     g = torch.Generator().manual_seed(0)
-    return torch.randn(B, La, d, generator=g, dtype=torch.float64), torch.randn(B, Lb, d, generator=g,
-                                                                                  dtype=torch.float64)
+    return torch.randn(B, La, d, generator=g, dtype=torch.float64), torch.randn(
+        B, Lb, d, generator=g, dtype=torch.float64
+    )
 
 
 def test_forward_matches_eqs_7_by_hand_in_float64():

@@ -11,7 +11,9 @@ from attnkit.runner.config import CompareConfig
 
 def test_baseline_logits_ignore_padding_and_token_order():
     torch.manual_seed(0)
-    model = MeanPoolClassifier(vocab_size=20, num_classes=3, d_model=8, dim_feedforward=16, dropout=0.0).eval()
+    model = MeanPoolClassifier(
+        vocab_size=20, num_classes=3, d_model=8, dim_feedforward=16, dropout=0.0
+    ).eval()
     ids = torch.tensor([[3, 5, 7, 0, 0], [7, 3, 5, 9, 9]])
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 0, 0]], dtype=torch.bool)
     logits = model(ids, mask)  # padded positions hold different ids in the two rows

@@ -21,7 +21,7 @@ __all__ = ["reproduce_all", "write_fidelity_html", "write_fidelity_markdown", "p
 
 PAPERS: dict[str, str] = {
     "doubly-normalized": "Attention that does not Explain Away (arXiv:2009.14308) and its draft, "
-                         "Doubly-Normalized Attention",
+    "Doubly-Normalized Attention",
     "coda": "Compositional De-Attention Networks (NeurIPS 2019)",
     "other": "Other papers",
 }
@@ -68,11 +68,19 @@ def reproduce_all(
             failed = ReproduceResult(name=name, out=root / name)
             failed.claims.append(Claim(name, "the target ran", False, f"{type(exc).__name__}: {exc}"))
             results.append(failed)
-    page = write_fidelity_html(results, root / "fidelity.html", quick=quick, seed=seed,
-                               seconds=time.perf_counter() - start)
+    page = write_fidelity_html(
+        results, root / "fidelity.html", quick=quick, seed=seed, seconds=time.perf_counter() - start
+    )
     write_fidelity_markdown(results, root / "fidelity.md", quick=quick, seed=seed)
-    summary = [{"name": r.name, "seconds": round(r.seconds, 1), "budget": r.budget,
-                "claims": [{**c.__dict__, "verdict": c.verdict} for c in r.claims]} for r in results]
+    summary = [
+        {
+            "name": r.name,
+            "seconds": round(r.seconds, 1),
+            "budget": r.budget,
+            "claims": [{**c.__dict__, "verdict": c.verdict} for c in r.claims],
+        }
+        for r in results
+    ]
     (root / "fidelity.json").write_text(json.dumps(summary, indent=2) + "\n")
     return results, page
 
@@ -81,8 +89,9 @@ def _md(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def write_fidelity_markdown(results: Sequence[ReproduceResult], path: Union[str, Path], *, quick: bool,
-                            seed: int) -> Path:
+def write_fidelity_markdown(
+    results: Sequence[ReproduceResult], path: Union[str, Path], *, quick: bool, seed: int
+) -> Path:
     """The claims table of the fidelity page as Markdown (for the README and docs): one row per claim."""
     path = Path(path)
     claims = [(r, c) for r in results for c in r.claims]
@@ -94,8 +103,10 @@ def write_fidelity_markdown(results: Sequence[ReproduceResult], path: Union[str,
         "|---|---|---|---|---|---|---|",
     ]
     for r, c in claims:
-        lines.append(f"| {r.name} | {_md(c.source)} | {_md(c.statement)} | {_md(c.paper or '-')} | "
-                     f"{_md(c.ours or '-')} | {c.criterion} | **{verdict(c.held)}** |")
+        lines.append(
+            f"| {r.name} | {_md(c.source)} | {_md(c.statement)} | {_md(c.paper or '-')} | "
+            f"{_md(c.ours or '-')} | {c.criterion} | **{verdict(c.held)}** |"
+        )
     lines += ["", "| target | budget | seconds |", "|---|---|---|"]
     lines += [f"| {r.name} | {_md(r.budget or '-')} | {r.seconds:.0f} |" for r in results]
     path.write_text("\n".join(lines) + "\n")
@@ -132,29 +143,36 @@ def write_fidelity_html(
     n_held = sum(c.held for _, c in claims)
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-        "<title>attnkit fidelity report</title>", f"<style>{_STYLE}</style></head><body>",
+        "<title>attnkit fidelity report</title>",
+        f"<style>{_STYLE}</style></head><body>",
         "<h1>attnkit: the papers' claims, reproduced at CPU scale</h1>",
-        f"<p class='meta'>{'quick' if quick else 'full'} budgets, first seed {seed}; {len(results)} targets in "
-        f"{seconds:.0f} s; {n_held} of {len(claims)} claims held. Python {html.escape(platform.python_version())}, "
+        f"<p class='meta'>{'quick' if quick else 'full'} budgets, first seed {seed}; {len(results)} targets "
+        f"in {seconds:.0f} s; {n_held} of {len(claims)} claims held. "
+        f"Python {html.escape(platform.python_version())}, "
         f"torch {html.escape(torch.__version__)}, {html.escape(platform.platform())}, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.</p>",
         "<p>Criterion <b>paper</b>: the paper's own test; <b>weaker</b>: a looser reading, shown next to the "
-        "paper's; <b>different</b>: the same statement measured on another task or scale than the paper's.</p>",
+        "paper's; <b>different</b>: the same statement measured on another task or scale than the "
+        "paper's.</p>",
     ]
     by_paper: dict[str, list[ReproduceResult]] = {}
     for r in results:
         by_paper.setdefault(paper_of(r.name), []).append(r)
     for key, group in by_paper.items():
         parts.append(f"<h2>{html.escape(PAPERS[key])}</h2>")
-        parts.append("<table><tr><th>target</th><th>source</th><th>claim</th><th>paper</th><th>ours</th>"
-                     "<th>criterion</th><th>verdict</th><th>evidence</th></tr>")
+        parts.append(
+            "<table><tr><th>target</th><th>source</th><th>claim</th><th>paper</th><th>ours</th>"
+            "<th>criterion</th><th>verdict</th><th>evidence</th></tr>"
+        )
         for r in group:
             for c in r.claims:
                 cls = "held" if c.held else "not-held"
                 parts.append(
-                    f"<tr class='{cls}'><td><a href='#{_esc(r.name)}'>{_esc(r.name)}</a></td><td>{_esc(c.source)}"
-                    f"</td><td>{_esc(c.statement)}</td><td>{_esc(c.paper or '-')}</td><td>{_esc(c.ours or '-')}</td>"
-                    f"<td>{_esc(c.criterion)}</td><td><b>{verdict(c.held)}</b></td><td>{_esc(c.evidence)}</td></tr>")
+                    f"<tr class='{cls}'><td><a href='#{_esc(r.name)}'>{_esc(r.name)}</a></td>"
+                    f"<td>{_esc(c.source)}</td><td>{_esc(c.statement)}</td><td>{_esc(c.paper or '-')}</td>"
+                    f"<td>{_esc(c.ours or '-')}</td>"
+                    f"<td>{_esc(c.criterion)}</td><td><b>{verdict(c.held)}</b></td><td>{_esc(c.evidence)}</td></tr>"
+                )
         parts.append("</table>")
     for r in results:
         parts.append(f"<h2 id='{_esc(r.name)}'>{_esc(r.name)}</h2>")
@@ -167,8 +185,10 @@ def write_fidelity_html(
             parts.append("</table>")
         for f in r.files:
             if f.suffix == ".png" and f.is_file():
-                parts.append(f"<figure><img alt='{_esc(f.name)}' src='{_png_data_uri(f)}'>"
-                             f"<figcaption>{_esc(f.name)}</figcaption></figure>")
+                parts.append(
+                    f"<figure><img alt='{_esc(f.name)}' src='{_png_data_uri(f)}'>"
+                    f"<figcaption>{_esc(f.name)}</figcaption></figure>"
+                )
     parts.append("</body></html>")
     path.write_text("\n".join(parts) + "\n")
     return path

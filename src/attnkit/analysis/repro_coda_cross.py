@@ -52,8 +52,9 @@ def _encode(texts: list[str], vocab: dict[str, int], words: int) -> Tensor:
     return ids
 
 
-def make_topic_pairs(texts: list[str], labels: list[int], n: int, vocab: dict[str, int], seed: int,
-                     words: int = PAIR_WORDS) -> tuple[Tensor, Tensor, Tensor]:
+def make_topic_pairs(
+    texts: list[str], labels: list[int], n: int, vocab: dict[str, int], seed: int, words: int = PAIR_WORDS
+) -> tuple[Tensor, Tensor, Tensor]:
     """``(a_ids (n, words), b_ids (n, words), same_topic (n,))``, half the pairs of the same topic."""
     rng = np.random.default_rng(seed)
     labels_arr = np.asarray(labels)
@@ -79,8 +80,16 @@ def _vocab(texts: list[str], size: int = 8000) -> dict[str, int]:
     return {w: i + 2 for i, (w, _) in enumerate(counts.most_common(size - 2))}
 
 
-def train_pairs(mechanism: str, train, test, vocab_size: int, steps: int, seed: int, lr: float = 2e-3,
-                batch_size: int = 64) -> float:
+def train_pairs(
+    mechanism: str,
+    train,
+    test,
+    vocab_size: int,
+    steps: int,
+    seed: int,
+    lr: float = 2e-3,
+    batch_size: int = 64,
+) -> float:
     """Train :class:`PairClassifier` with Adam; held-out accuracy."""
     torch.manual_seed(seed)
     model = PairClassifier(vocab_size, d_model=64, hidden=64, mechanism=mechanism)
@@ -102,18 +111,29 @@ def coda_cross(result: ReproduceResult, quick: bool = False, seed: int = 0) -> N
 
     data = load_dataset("reuters8")
     n_seeds, steps, n_train, n_test = (2, 200, 4000, 800) if quick else (3, 800, 20000, 2000)
-    result.budget = (f"{n_seeds} seeds x {steps} Adam steps (batch 64), d 64; Reuters-R8 same-topic pairs of "
-                     f"{PAIR_WORDS}-word openings, {n_train} train / {n_test} test pairs")
+    result.budget = (
+        f"{n_seeds} seeds x {steps} Adam steps (batch 64), d 64; Reuters-R8 same-topic pairs of "
+        f"{PAIR_WORDS}-word openings, {n_train} train / {n_test} test pairs"
+    )
     vocab = _vocab(data.train_texts)
     train = make_topic_pairs(data.train_texts, data.train_labels, n_train, vocab, seed=10_000 + seed)
     test = make_topic_pairs(data.test_texts, data.test_labels, n_test, vocab, seed=20_000 + seed)
     seeds = list(range(seed, seed + n_seeds))
-    acc = {m: [train_pairs(m, train, test, len(vocab) + 2, steps, s) for s in seeds]
-           for m in ("coda", "softmax", "none")}
-    result.add_file(write_csv(result.out / "coda_cross.csv",
-                              [{"aligner": m, "seed": s, "accuracy": a} for m, v in acc.items() for s, a in zip(seeds, v)]))
-    names = {"coda": "CoDA cross-attention (eqs. 7-9)", "softmax": "decomposable attention (softmax)",
-             "none": "no attention (uniform)"}
+    acc = {
+        m: [train_pairs(m, train, test, len(vocab) + 2, steps, s) for s in seeds]
+        for m in ("coda", "softmax", "none")
+    }
+    result.add_file(
+        write_csv(
+            result.out / "coda_cross.csv",
+            [{"aligner": m, "seed": s, "accuracy": a} for m, v in acc.items() for s, a in zip(seeds, v)],
+        )
+    )
+    names = {
+        "coda": "CoDA cross-attention (eqs. 7-9)",
+        "softmax": "decomposable attention (softmax)",
+        "none": "no attention (uniform)",
+    }
     for m, v in acc.items():
         result.rows.append({"aligner": names[m], "seeds": n_seeds, "accuracy": spread(v)})
     mean = {m: float(np.mean(v)) for m, v in acc.items()}
@@ -121,9 +141,15 @@ def coda_cross(result: ReproduceResult, quick: bool = False, seed: int = 0) -> N
     noise = 2 * float(np.hypot(se["coda"], se["softmax"]))
     gap = mean["coda"] - mean["softmax"]
     result.claims += [
-        Claim("CoDA Tables 2-3", "D-ATT + CoDA outperforms vanilla D-ATT (pair tasks)", mean["coda"] > mean["softmax"],
-              f"mean accuracy CoDA {mean['coda']:.4f} vs softmax {mean['softmax']:.4f}, gap {gap:+.4f} "
-              f"({'beyond' if abs(gap) > noise else 'within'} 2 s.e. = {noise:.4f}); no attention "
-              f"{mean['none']:.4f} (Reuters-R8 topic pairs, not WikiQA/NLI)", paper=PAPER_PAIRS, ours=f"{spread(acc['coda'])} vs {spread(acc['softmax'])}",
-              criterion="different"),
+        Claim(
+            "CoDA Tables 2-3",
+            "D-ATT + CoDA outperforms vanilla D-ATT (pair tasks)",
+            mean["coda"] > mean["softmax"],
+            f"mean accuracy CoDA {mean['coda']:.4f} vs softmax {mean['softmax']:.4f}, gap {gap:+.4f} "
+            f"({'beyond' if abs(gap) > noise else 'within'} 2 s.e. = {noise:.4f}); no attention "
+            f"{mean['none']:.4f} (Reuters-R8 topic pairs, not WikiQA/NLI)",
+            paper=PAPER_PAIRS,
+            ours=f"{spread(acc['coda'])} vs {spread(acc['softmax'])}",
+            criterion="different",
+        ),
     ]

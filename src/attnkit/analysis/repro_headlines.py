@@ -27,8 +27,13 @@ __all__ = ["split_headline", "headline_pairs", "rouge_f1", "train_headlines", "h
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 SRC_WORDS, TGT_WORDS = 40, 14
-# Table 3 (Gigaword, ROUGE-1/2/L F1): LNAS encoder 38.02/18.93/35.25, DNAS 38.19/19.09/35.52, HNAS 38.27/19.30/35.56.
-PAPER_TABLE3 = {"softmax": (38.02, 18.93, 35.25), "dnas": (38.19, 19.09, 35.52), "hnas": (38.27, 19.30, 35.56)}
+# Table 3 (Gigaword, ROUGE-1/2/L F1): LNAS encoder 38.02/18.93/35.25, DNAS 38.19/19.09/35.52,
+# HNAS 38.27/19.30/35.56.
+PAPER_TABLE3 = {
+    "softmax": (38.02, 18.93, 35.25),
+    "dnas": (38.19, 19.09, 35.52),
+    "hnas": (38.27, 19.30, 35.56),
+}
 
 
 def split_headline(text: str, min_words: int = 3, max_words: int = 14) -> Optional[tuple[str, str]]:
@@ -56,9 +61,11 @@ def headline_pairs(texts: list[str]) -> list[tuple[str, str]]:
 
 
 def rouge_f1(predictions: list[str], references: list[str]) -> dict[str, float]:
-    """Mean ROUGE-1/2/L F1 (x100) of ``predictions`` against ``references`` with the ``rouge-score`` package."""
+    """Mean ROUGE-1/2/L F1 (x100) of ``predictions`` against ``references`` (the ``rouge-score`` package)."""
     if len(predictions) != len(references) or not predictions:
-        raise ValueError(f"need as many predictions ({len(predictions)}) as references ({len(references)}), >= 1")
+        raise ValueError(
+            f"need as many predictions ({len(predictions)}) as references ({len(references)}), >= 1"
+        )
     try:
         from rouge_score import rouge_scorer
     except ImportError as exc:
@@ -85,17 +92,37 @@ def _encode(texts: list[str], vocab: dict[str, int], words: int, eos: bool) -> T
     return ids
 
 
-def train_headlines(encoder_mechanism, train_pairs, test_pairs, vocab: dict[str, int], steps: int, seed: int,
-                    batch_size: int = 32, lr: float = 2e-3, record_every: int = 50):
+def train_headlines(
+    encoder_mechanism,
+    train_pairs,
+    test_pairs,
+    vocab: dict[str, int],
+    steps: int,
+    seed: int,
+    batch_size: int = 32,
+    lr: float = 2e-3,
+    record_every: int = 50,
+):
     """Train; returns ``(rouge dict, predictions, recorded steps, u per record (layers, heads) or [])``."""
     torch.manual_seed(seed)
     inv = {i: w for w, i in vocab.items()}
     V = len(vocab) + 4
     src = _encode([b for b, _ in train_pairs], vocab, SRC_WORDS, eos=False)
     tgt = _encode([h for _, h in train_pairs], vocab, TGT_WORDS, eos=True)  # (N, T + 1)
-    model = Seq2SeqTransformer(V, V, d_model=64, nhead=4, num_encoder_layers=3, num_decoder_layers=1,
-                               dim_feedforward=128, dropout=0.1, encoder_mechanism=encoder_mechanism,
-                               decoder_mechanism="softmax", cross_mechanism="softmax", max_len=SRC_WORDS + 2)
+    model = Seq2SeqTransformer(
+        V,
+        V,
+        d_model=64,
+        nhead=4,
+        num_encoder_layers=3,
+        num_decoder_layers=1,
+        dim_feedforward=128,
+        dropout=0.1,
+        encoder_mechanism=encoder_mechanism,
+        decoder_mechanism="softmax",
+        cross_mechanism="softmax",
+        max_len=SRC_WORDS + 2,
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     g = torch.Generator().manual_seed(seed)
     hybrid = isinstance(encoder_mechanism, Hybrid)
@@ -130,8 +157,10 @@ def headline_generation(result: ReproduceResult, quick: bool = False, seed: int 
     n_seeds, steps, n_test = (2, 300, 300) if quick else (3, 1500, 1000)
     test_pairs = test_pairs[:n_test]
     vocab = _vocab(train_pairs, 6000)
-    result.budget = (f"{n_seeds} seeds x {steps} AdamW steps (batch 32); 3 encoder + 1 decoder layers, d 64; "
-                     f"{len(train_pairs)} Reuters-R52 headline pairs, {len(test_pairs)} test; greedy decoding")
+    result.budget = (
+        f"{n_seeds} seeds x {steps} AdamW steps (batch 32); 3 encoder + 1 decoder layers, d 64; "
+        f"{len(train_pairs)} Reuters-R52 headline pairs, {len(test_pairs)} test; greedy decoding"
+    )
     mechanisms = {"softmax": "softmax", "dnas": "dnas", "hnas": Hybrid(u0=0.1)}
     seeds = list(range(seed, seed + n_seeds))
     scores, u_runs, steps_seen, samples = {}, [], [], []
@@ -144,16 +173,28 @@ def headline_generation(result: ReproduceResult, quick: bool = False, seed: int 
                 u_runs.append(np.stack(us))
                 steps_seen = st
             if s == seed:
-                samples += [{"encoder": name, "reference": h, "generated": p}
-                            for (_, h), p in zip(test_pairs[:20], preds[:20])]
-    result.add_file(write_csv(result.out / "rouge.csv", [
-        {"encoder": m, "seed": s, **r} for m, v in scores.items() for s, r in zip(seeds, v)]))
+                samples += [
+                    {"encoder": name, "reference": h, "generated": p}
+                    for (_, h), p in zip(test_pairs[:20], preds[:20])
+                ]
+    result.add_file(
+        write_csv(
+            result.out / "rouge.csv",
+            [{"encoder": m, "seed": s, **r} for m, v in scores.items() for s, r in zip(seeds, v)],
+        )
+    )
     result.add_file(write_csv(result.out / "samples.csv", samples))
     u = np.mean(u_runs, axis=0)  # (T, layers, heads), mean over seeds
     from .plots import plot_hybrid_trajectories
 
-    result.add_file(plot_hybrid_trajectories(np.asarray(steps_seen), u, result.out / "hybrid_weight_encoder.png",
-                                             title="HNAS encoder u per layer and head (u0 = 0.1; paper Fig. 5)"))
+    result.add_file(
+        plot_hybrid_trajectories(
+            np.asarray(steps_seen),
+            u,
+            result.out / "hybrid_weight_encoder.png",
+            title="HNAS encoder u per layer and head (u0 = 0.1; paper Fig. 5)",
+        )
+    )
     for name in mechanisms:
         row = {"encoder": name, "seeds": n_seeds}
         for key, paper in zip(("rouge1", "rouge2", "rougeL"), PAPER_TABLE3[name]):
@@ -163,16 +204,32 @@ def headline_generation(result: ReproduceResult, quick: bool = False, seed: int 
     layer_u = u[-1].mean(axis=1)  # (layers,)
     mean_l = {m: float(np.mean([r["rougeL"] for r in v])) for m, v in scores.items()}
     result.claims += [
-        Claim("later version Fig. 5 / sec. 6.3", "the hybrid weights favor LNAS in the encoder (u < 0.5)",
-              bool(np.all(layer_u < 0.5)), f"final u per encoder layer (bottom to top) {np.round(layer_u, 3).tolist()}",
-              paper="u < 0.5 in every layer", ours=f"max layer u {layer_u.max():.3f}"),
-        Claim("later version Fig. 5 / sec. 6.3", "DNAS contributes most in the middle layers (u highest there)",
-              bool(layer_u[1:-1].max() > max(layer_u[0], layer_u[-1])),
-              f"middle-layer u {np.round(layer_u[1:-1], 3).tolist()} vs bottom {layer_u[0]:.3f}, top {layer_u[-1]:.3f}",
-              paper="middle > top, bottom", ours=f"{np.round(layer_u, 3).tolist()}"),
-        Claim("later version Table 3", "HNAS and DNAS encoders beat the LNAS encoder (ROUGE-L)",
-              mean_l["hnas"] > mean_l["softmax"] and mean_l["dnas"] > mean_l["softmax"],
-              f"mean ROUGE-L F1: LNAS {mean_l['softmax']:.2f}, DNAS {mean_l['dnas']:.2f}, HNAS {mean_l['hnas']:.2f} "
-              "(Reuters headlines, not Gigaword)", paper="35.25 < 35.52, 35.56",
-              ours=f"{mean_l['softmax']:.2f} / {mean_l['dnas']:.2f} / {mean_l['hnas']:.2f}", criterion="different"),
+        Claim(
+            "later version Fig. 5 / sec. 6.3",
+            "the hybrid weights favor LNAS in the encoder (u < 0.5)",
+            bool(np.all(layer_u < 0.5)),
+            f"final u per encoder layer (bottom to top) {np.round(layer_u, 3).tolist()}",
+            paper="u < 0.5 in every layer",
+            ours=f"max layer u {layer_u.max():.3f}",
+        ),
+        Claim(
+            "later version Fig. 5 / sec. 6.3",
+            "DNAS contributes most in the middle layers (u highest there)",
+            bool(layer_u[1:-1].max() > max(layer_u[0], layer_u[-1])),
+            f"middle-layer u {np.round(layer_u[1:-1], 3).tolist()} vs bottom {layer_u[0]:.3f}, "
+            f"top {layer_u[-1]:.3f}",
+            paper="middle > top, bottom",
+            ours=f"{np.round(layer_u, 3).tolist()}",
+        ),
+        Claim(
+            "later version Table 3",
+            "HNAS and DNAS encoders beat the LNAS encoder (ROUGE-L)",
+            mean_l["hnas"] > mean_l["softmax"] and mean_l["dnas"] > mean_l["softmax"],
+            f"mean ROUGE-L F1: LNAS {mean_l['softmax']:.2f}, DNAS {mean_l['dnas']:.2f}, "
+            f"HNAS {mean_l['hnas']:.2f} "
+            "(Reuters headlines, not Gigaword)",
+            paper="35.25 < 35.52, 35.56",
+            ours=f"{mean_l['softmax']:.2f} / {mean_l['dnas']:.2f} / {mean_l['hnas']:.2f}",
+            criterion="different",
+        ),
     ]

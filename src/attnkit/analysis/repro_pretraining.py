@@ -26,10 +26,19 @@ from ..config import Hybrid, MechanismLike, resolve_mechanism
 from ..nn import SinusoidalPositionalEncoding, TransformerEncoder, TransformerEncoderLayer, hybrid_weights
 from .report import Claim, ReproduceResult, spread, write_csv
 
-__all__ = ["TinyBert", "PretrainConfig", "build_corpus", "mask_tokens", "pretrain", "finetune", "hnas_pretraining"]
+__all__ = [
+    "TinyBert",
+    "PretrainConfig",
+    "build_corpus",
+    "mask_tokens",
+    "pretrain",
+    "finetune",
+    "hnas_pretraining",
+]
 
 PAD, UNK, MASK = 0, 1, 2
-# Table 2 of the later version (SQuAD 1.1 F1 / SQuAD 2.0 F1 / RACE / GLUE avg): LNAS 92.2 / 83.6 / 74.2 / 84.5,
+# Table 2 of the later version (SQuAD 1.1 F1 / SQuAD 2.0 F1 / RACE / GLUE avg):
+# LNAS 92.2 / 83.6 / 74.2 / 84.5,
 # DNAS 92.4 / 84.2 / 74.3 / 85.2, HNAS 92.2 / 84.8 / 74.3 / 84.7.
 PAPER_TABLE2 = "GLUE avg: LNAS 84.5, DNAS 85.2, HNAS 84.7"
 
@@ -51,8 +60,16 @@ class PretrainConfig:
     record_every: int = 20
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "nhead", "num_layers", "dim_feedforward", "seq_len", "vocab_size", "batch_size",
-                     "record_every"):
+        for name in (
+            "d_model",
+            "nhead",
+            "num_layers",
+            "dim_feedforward",
+            "seq_len",
+            "vocab_size",
+            "batch_size",
+            "record_every",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"PretrainConfig({name}={value!r}): expected an integer >= 1")
@@ -61,7 +78,9 @@ class PretrainConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"PretrainConfig({name}={value!r}): expected an integer >= 0")
         if self.d_model % self.nhead:
-            raise ValueError(f"PretrainConfig: d_model={self.d_model} must be divisible by nhead={self.nhead}")
+            raise ValueError(
+                f"PretrainConfig: d_model={self.d_model} must be divisible by nhead={self.nhead}"
+            )
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"PretrainConfig(lr={self.lr!r}): expected a finite number > 0")
 
@@ -75,10 +94,18 @@ class TinyBert(nn.Module):
         d = config.d_model
         self.embed = nn.Embedding(config.vocab_size, d, padding_idx=PAD)
         self.position = SinusoidalPositionalEncoding(d, max_len=config.seq_len, dropout=0.1)
-        layer = TransformerEncoderLayer(d, config.nhead, dim_feedforward=config.dim_feedforward, dropout=0.1,
-                                        batch_first=True, norm_first=True, mechanism=resolve_mechanism(mechanism))
-        self.encoder = TransformerEncoder(layer, config.num_layers, norm=nn.LayerNorm(d),
-                                          mechanism=resolve_mechanism(mechanism))
+        layer = TransformerEncoderLayer(
+            d,
+            config.nhead,
+            dim_feedforward=config.dim_feedforward,
+            dropout=0.1,
+            batch_first=True,
+            norm_first=True,
+            mechanism=resolve_mechanism(mechanism),
+        )
+        self.encoder = TransformerEncoder(
+            layer, config.num_layers, norm=nn.LayerNorm(d), mechanism=resolve_mechanism(mechanism)
+        )
         self.mlm_head = nn.Linear(d, config.vocab_size)
         self.cls_head = nn.Linear(d, num_classes)
 
@@ -97,9 +124,10 @@ class TinyBert(nn.Module):
         return self.cls_head(pooled)
 
 
-def build_corpus(texts: list[str], vocab_size: int, seq_len: int, vocab: dict[str, int] | None = None
-                 ) -> tuple[Tensor, dict[str, int]]:
-    """Ids ``(N, seq_len)`` of the first ``seq_len`` words of each text (0 = padding, 1 = unknown, 2 = mask)."""
+def build_corpus(
+    texts: list[str], vocab_size: int, seq_len: int, vocab: dict[str, int] | None = None
+) -> tuple[Tensor, dict[str, int]]:
+    """Ids ``(N, seq_len)``: the first ``seq_len`` words of each text (0 = padding, 1 = unknown, 2 = mask)."""
     if vocab is None:
         counts = Counter(w for t in texts for w in t.split()[:seq_len])
         vocab = {w: i + 3 for i, (w, _) in enumerate(counts.most_common(vocab_size - 3))}
@@ -112,8 +140,9 @@ def build_corpus(texts: list[str], vocab_size: int, seq_len: int, vocab: dict[st
     return ids[keep], vocab
 
 
-def mask_tokens(ids: Tensor, vocab_size: int, g: torch.Generator, rate: float = 0.15
-                ) -> tuple[Tensor, Tensor, Tensor]:
+def mask_tokens(
+    ids: Tensor, vocab_size: int, g: torch.Generator, rate: float = 0.15
+) -> tuple[Tensor, Tensor, Tensor]:
     """BERT masking: ``(inputs, positions (B, L) bool, targets (n,))``; at least one position per row."""
     real = ids != PAD
     pick = (torch.rand(ids.shape, generator=g) < rate) & real
@@ -128,8 +157,9 @@ def mask_tokens(ids: Tensor, vocab_size: int, g: torch.Generator, rate: float = 
     return inputs, pick, ids[pick]
 
 
-def pretrain(corpus: Tensor, config: PretrainConfig, mechanism: MechanismLike, seed: int
-             ) -> tuple[TinyBert, list[int], list[np.ndarray], float]:
+def pretrain(
+    corpus: Tensor, config: PretrainConfig, mechanism: MechanismLike, seed: int
+) -> tuple[TinyBert, list[int], list[np.ndarray], float]:
     """MLM pretraining; returns the model, the recorded steps, ``u (layers, heads)`` at each (HNAS only)
     and the final MLM loss on a held-out slice of the corpus."""
     torch.manual_seed(seed)
@@ -161,8 +191,13 @@ def pretrain(corpus: Tensor, config: PretrainConfig, mechanism: MechanismLike, s
     return model, steps, us, held_loss
 
 
-def finetune(pretrained: TinyBert, train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor], num_classes: int,
-             seed: int) -> float:
+def finetune(
+    pretrained: TinyBert,
+    train: tuple[Tensor, Tensor],
+    test: tuple[Tensor, Tensor],
+    num_classes: int,
+    seed: int,
+) -> float:
     """Copy the pretrained encoder, train a new classification head and the encoder; held-out accuracy."""
     config = pretrained.config
     torch.manual_seed(seed)
@@ -192,17 +227,23 @@ def _plot_u(steps, us: np.ndarray, path, title: str) -> None:
 def hnas_pretraining(result: ReproduceResult, quick: bool = False, seed: int = 0) -> None:
     from ..data import load_dataset
 
-    config = PretrainConfig() if quick else PretrainConfig(pretrain_steps=1000, finetune_steps=400, record_every=50)
+    config = (
+        PretrainConfig()
+        if quick
+        else PretrainConfig(pretrain_steps=1000, finetune_steps=400, record_every=50)
+    )
     n_seeds = 2 if quick else 3
     news, reuters = load_dataset("20newsgroups"), load_dataset("reuters8")
     corpus, vocab = build_corpus(news.train_texts + reuters.train_texts, config.vocab_size, config.seq_len)
     corpus = corpus[torch.randperm(len(corpus), generator=torch.Generator().manual_seed(seed))]
     ft_train = _aligned(reuters.train_texts, reuters.train_labels, config, vocab)
     ft_test = _aligned(reuters.test_texts, reuters.test_labels, config, vocab)
-    result.budget = (f"pretrain {config.pretrain_steps} AdamW steps x batch {config.batch_size} (MLM, {len(corpus)} "
-                     f"sequences of {config.seq_len} words, 20NG + Reuters-R8), {config.num_layers} layers x "
-                     f"{config.nhead} heads, d {config.d_model}; fine-tune {config.finetune_steps} steps x "
-                     f"{n_seeds} seeds on Reuters-R8")
+    result.budget = (
+        f"pretrain {config.pretrain_steps} AdamW steps x batch {config.batch_size} (MLM, {len(corpus)} "
+        f"sequences of {config.seq_len} words, 20NG + Reuters-R8), {config.num_layers} layers x "
+        f"{config.nhead} heads, d {config.d_model}; fine-tune {config.finetune_steps} steps x "
+        f"{n_seeds} seeds on Reuters-R8"
+    )
     mechanisms = {"softmax": "softmax", "dnas": "dnas", "hnas": Hybrid(u0=0.5)}
     models, held = {}, {}
     steps, us = [], []
@@ -211,37 +252,81 @@ def hnas_pretraining(result: ReproduceResult, quick: bool = False, seed: int = 0
         models[name], held[name] = model, loss
         if name == "hnas":
             steps, us = s, np.stack(u)  # (T, layers, heads)
-    _plot_u(steps, us, result.out / "hybrid_weight_pretraining.png",
-            title="HNAS u per layer and head during MLM pretraining (u0 = 0.5; paper Fig. 4: u > 0.5)")
+    _plot_u(
+        steps,
+        us,
+        result.out / "hybrid_weight_pretraining.png",
+        title="HNAS u per layer and head during MLM pretraining (u0 = 0.5; paper Fig. 4: u > 0.5)",
+    )
     result.add_file(result.out / "hybrid_weight_pretraining.png")
-    result.add_file(write_csv(result.out / "hybrid_u.csv", [
-        {"step": int(t), "layer": layer, "head": head, "u": float(us[i, layer, head])}
-        for i, t in enumerate(steps) for layer in range(us.shape[1]) for head in range(us.shape[2])]))
+    result.add_file(
+        write_csv(
+            result.out / "hybrid_u.csv",
+            [
+                {"step": int(t), "layer": layer, "head": head, "u": float(us[i, layer, head])}
+                for i, t in enumerate(steps)
+                for layer in range(us.shape[1])
+                for head in range(us.shape[2])
+            ],
+        )
+    )
     num_classes = len(reuters.label_names)
-    acc = {name: [finetune(models[name], ft_train, ft_test, num_classes, s) for s in range(seed, seed + n_seeds)]
-           for name in mechanisms}
-    result.add_file(write_csv(result.out / "finetune.csv", [
-        {"mechanism": m, "seed": seed + i, "accuracy": a} for m, v in acc.items() for i, a in enumerate(v)]))
+    acc = {
+        name: [finetune(models[name], ft_train, ft_test, num_classes, s) for s in range(seed, seed + n_seeds)]
+        for name in mechanisms
+    }
+    result.add_file(
+        write_csv(
+            result.out / "finetune.csv",
+            [
+                {"mechanism": m, "seed": seed + i, "accuracy": a}
+                for m, v in acc.items()
+                for i, a in enumerate(v)
+            ],
+        )
+    )
     for name in mechanisms:
-        result.rows.append({"mechanism": name, "MLM held-out loss": held[name], "fine-tuned accuracy": spread(acc[name]),
-                            "paper GLUE avg": {"softmax": 84.5, "dnas": 85.2, "hnas": 84.7}[name]})
+        result.rows.append(
+            {
+                "mechanism": name,
+                "MLM held-out loss": held[name],
+                "fine-tuned accuracy": spread(acc[name]),
+                "paper GLUE avg": {"softmax": 84.5, "dnas": 85.2, "hnas": 84.7}[name],
+            }
+        )
     layer_u = us[-1].mean(axis=1)  # (layers,) final u averaged over heads, as in Fig. 4
     slope = float(np.polyfit(np.arange(len(layer_u)), layer_u, 1)[0]) if len(layer_u) > 1 else 0.0
     mean = {m: float(np.mean(v)) for m, v in acc.items()}
     result.claims += [
-        Claim("later version Fig. 4 / sec. 6.2", "the hybrid weights (averaged over the heads of each layer) are "
-              "always larger than 0.5: DNAS is preferred for pretraining", bool(np.all(layer_u > 0.5)),
-              f"final u per layer (bottom to top) {np.round(layer_u, 3).tolist()} after {config.pretrain_steps} steps",
-              paper="u > 0.5 in all 24 layers", ours=f"min layer u {layer_u.min():.3f}"),
-        Claim("later version Fig. 4 / sec. 6.2", "LNAS has more weight for higher layers (u decreases with depth)",
-              slope < 0, f"slope of u over the layers {slope:+.4f} per layer", paper="u lower near the output",
-              ours=f"slope {slope:+.4f}"),
-        Claim("later version Table 2", "DNAS- and HNAS-pretrained models fine-tune better than LNAS ones",
-              mean["dnas"] > mean["softmax"] and mean["hnas"] > mean["softmax"],
-              f"mean fine-tuned accuracy LNAS {mean['softmax']:.4f}, DNAS {mean['dnas']:.4f}, HNAS {mean['hnas']:.4f} "
-              "(Reuters-R8, not SQuAD/RACE/GLUE)", paper=PAPER_TABLE2,
-              ours=f"LNAS {spread(acc['softmax'])}, DNAS {spread(acc['dnas'])}, HNAS {spread(acc['hnas'])}",
-              criterion="different"),
+        Claim(
+            "later version Fig. 4 / sec. 6.2",
+            "the hybrid weights (averaged over the heads of each layer) are "
+            "always larger than 0.5: DNAS is preferred for pretraining",
+            bool(np.all(layer_u > 0.5)),
+            f"final u per layer (bottom to top) {np.round(layer_u, 3).tolist()} "
+            f"after {config.pretrain_steps} steps",
+            paper="u > 0.5 in all 24 layers",
+            ours=f"min layer u {layer_u.min():.3f}",
+        ),
+        Claim(
+            "later version Fig. 4 / sec. 6.2",
+            "LNAS has more weight for higher layers (u decreases with depth)",
+            slope < 0,
+            f"slope of u over the layers {slope:+.4f} per layer",
+            paper="u lower near the output",
+            ours=f"slope {slope:+.4f}",
+        ),
+        Claim(
+            "later version Table 2",
+            "DNAS- and HNAS-pretrained models fine-tune better than LNAS ones",
+            mean["dnas"] > mean["softmax"] and mean["hnas"] > mean["softmax"],
+            f"mean fine-tuned accuracy LNAS {mean['softmax']:.4f}, DNAS {mean['dnas']:.4f}, "
+            f"HNAS {mean['hnas']:.4f} "
+            "(Reuters-R8, not SQuAD/RACE/GLUE)",
+            paper=PAPER_TABLE2,
+            ours=f"LNAS {spread(acc['softmax'])}, DNAS {spread(acc['dnas'])}, HNAS {spread(acc['hnas'])}",
+            criterion="different",
+        ),
     ]
 
 

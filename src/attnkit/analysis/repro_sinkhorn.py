@@ -44,20 +44,38 @@ def sinkhorn_iterations(result: ReproduceResult, quick: bool = False, seed: int 
     out = result.out
     n_seeds, steps = (2, 100) if quick else (3, 250)
     seeds = list(range(seed, seed + n_seeds))
-    result.budget = (f"{n_seeds} seeds x {steps} Adam steps per k, multi-view model, 8 classes, 1 informative box "
-                     "of 40-50; timing: fastest of 15 interleaved rounds, (64, 1, 20, 50) scores")
-    runs = {k: [train_multiview(Sinkhorn(iters=k), steps=steps, eval_every=steps, seed=s, num_classes=8,
-                                informative=1) for s in seeds] for k in SINKHORN_ITERS}
+    result.budget = (
+        f"{n_seeds} seeds x {steps} Adam steps per k, multi-view model, 8 classes, 1 informative box "
+        "of 40-50; timing: fastest of 15 interleaved rounds, (64, 1, 20, 50) scores"
+    )
+    runs = {
+        k: [
+            train_multiview(
+                Sinkhorn(iters=k), steps=steps, eval_every=steps, seed=s, num_classes=8, informative=1
+            )
+            for s in seeds
+        ]
+        for k in SINKHORN_ITERS
+    }
     times = normalization_times()
     acc = {k: [r.accuracy for r in v] for k, v in runs.items()}
     loss = {k: [r.loss for r in v] for k, v in runs.items()}
-    rows = [{"k": k, "seed": s, "accuracy": r.accuracy, "eval_loss": r.loss}
-            for k, v in runs.items() for s, r in zip(seeds, v)]
+    rows = [
+        {"k": k, "seed": s, "accuracy": r.accuracy, "eval_loss": r.loss}
+        for k, v in runs.items()
+        for s, r in zip(seeds, v)
+    ]
     result.add_file(write_csv(out / "sinkhorn_iters.csv", rows))
     for k in SINKHORN_ITERS:
-        result.rows.append({"k": k, "mechanism": {0: "softmax", 1: "dnas"}.get(k, f"sinkhorn-{k}"),
-                            "accuracy": spread(acc[k]), "eval loss": spread(loss[k]),
-                            "norm. time (x k=1)": times[k] / times[1]})
+        result.rows.append(
+            {
+                "k": k,
+                "mechanism": {0: "softmax", 1: "dnas"}.get(k, f"sinkhorn-{k}"),
+                "accuracy": spread(acc[k]),
+                "eval loss": spread(loss[k]),
+                "norm. time (x k=1)": times[k] / times[1],
+            }
+        )
     _plot(acc, loss, times, out / "sinkhorn_iters.png", result)
 
     mean = {k: float(np.mean(v)) for k, v in acc.items()}
@@ -68,15 +86,25 @@ def sinkhorn_iterations(result: ReproduceResult, quick: bool = False, seed: int 
     improved = [k for k in more if gains[k] > noise[k]]
     ratios = {k: times[k] / times[1] for k in SINKHORN_ITERS}
     result.claims += [
-        Claim("later version sec. 3", "more Sinkhorn iterations (k > 1) do not improve performance over DNAS (k = 1)",
-              not improved, "accuracy gain over k = 1 (mean, 2 s.e.): " + ", ".join(
-                  f"k={k}: {gains[k]:+.3f} ({noise[k]:.3f})" for k in more)
-              + (f"; improved beyond noise at k = {improved}" if improved else ""),
-              paper="no improvement", ours=f"k=1 {spread(acc[1])}, best k>1 {max(mean[k] for k in more):.3f}"),
-        Claim("later version sec. 3", "more iterations increase computational time",
-              bool(all(ratios[k] > 1 for k in range(2, 6)) and ratios[5] > ratios[2]),
-              "normalization forward+backward time / k=1: " + ", ".join(f"k={k}: {r:.2f}" for k, r in ratios.items()),
-              paper="time grows with k", ours=f"k=5 / k=1 = {ratios[5]:.2f}; load {_load()}"),
+        Claim(
+            "later version sec. 3",
+            "more Sinkhorn iterations (k > 1) do not improve performance over DNAS (k = 1)",
+            not improved,
+            "accuracy gain over k = 1 (mean, 2 s.e.): "
+            + ", ".join(f"k={k}: {gains[k]:+.3f} ({noise[k]:.3f})" for k in more)
+            + (f"; improved beyond noise at k = {improved}" if improved else ""),
+            paper="no improvement",
+            ours=f"k=1 {spread(acc[1])}, best k>1 {max(mean[k] for k in more):.3f}",
+        ),
+        Claim(
+            "later version sec. 3",
+            "more iterations increase computational time",
+            bool(all(ratios[k] > 1 for k in range(2, 6)) and ratios[5] > ratios[2]),
+            "normalization forward+backward time / k=1: "
+            + ", ".join(f"k={k}: {r:.2f}" for k, r in ratios.items()),
+            paper="time grows with k",
+            ours=f"k=5 / k=1 = {ratios[5]:.2f}; load {_load()}",
+        ),
     ]
 
 
@@ -104,7 +132,9 @@ def _plot(acc, loss, times, path, result: ReproduceResult) -> None:
     axes[2].plot(ks, [times[k] / times[1] for k in ks], marker="o")
     axes[2].set_xlabel("k")
     axes[2].set_ylabel("normalization time / k = 1")
-    fig.suptitle("Sinkhorn iterations: 'more iterations increase time but do not improve performance'", fontsize=10)
+    fig.suptitle(
+        "Sinkhorn iterations: 'more iterations increase time but do not improve performance'", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

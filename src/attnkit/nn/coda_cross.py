@@ -43,8 +43,15 @@ def _check_pair(a: Tensor, b: Tensor, a_mask: Optional[Tensor], b_mask: Optional
     B, La, Lb = a.shape[0], a.shape[1], b.shape[1]
     a_mask = torch.ones(B, La, dtype=torch.bool, device=a.device) if a_mask is None else a_mask
     b_mask = torch.ones(B, Lb, dtype=torch.bool, device=b.device) if b_mask is None else b_mask
-    if a_mask.shape != (B, La) or b_mask.shape != (B, Lb) or a_mask.dtype != torch.bool or b_mask.dtype != torch.bool:
-        raise ValueError(f"a_mask and b_mask must be bool (B, La) = {(B, La)} and (B, Lb) = {(B, Lb)}; True = real")
+    if (
+        a_mask.shape != (B, La)
+        or b_mask.shape != (B, Lb)
+        or a_mask.dtype != torch.bool
+        or b_mask.dtype != torch.bool
+    ):
+        raise ValueError(
+            f"a_mask and b_mask must be bool (B, La) = {(B, La)} and (B, Lb) = {(B, Lb)}; True = real"
+        )
     return a_mask, b_mask
 
 
@@ -54,8 +61,13 @@ class CoDACrossAttention(nn.Module):
     Returns ``(a_prime (B, La, d), b_prime (B, Lb, d), m (B, La, Lb))``; rows and columns of padding are 0.
     """
 
-    def __init__(self, d_model: int, proj_dim: Optional[int] = None, mechanism: str = "coda",
-                 config: Optional[CoDA] = None) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        proj_dim: Optional[int] = None,
+        mechanism: str = "coda",
+        config: Optional[CoDA] = None,
+    ) -> None:
         super().__init__()
         if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
             raise ValueError(f"d_model={d_model!r}; expected an integer >= 1")
@@ -79,7 +91,9 @@ class CoDACrossAttention(nn.Module):
         e = (ea @ eb.transpose(-1, -2) / math.sqrt(ea.shape[-1]))[:, None]  # (B, 1, La, Lb)
         if self.mechanism == "softmax":  # decomposable attention: rows for A', columns for B'
             rows = normalize(e, "softmax", key_mask=b_mask, query_mask=a_mask)[:, 0]  # (B, La, Lb)
-            cols = normalize(e.transpose(-1, -2), "softmax", key_mask=a_mask, query_mask=b_mask)[:, 0]  # (B, Lb, La)
+            cols = normalize(e.transpose(-1, -2), "softmax", key_mask=a_mask, query_mask=b_mask)[
+                :, 0
+            ]  # (B, Lb, La)
             return rows, cols.transpose(-1, -2)
         n = neg_l1_distance(self.f_n(a)[:, None], self.f_n(b)[:, None])  # (B, 1, La, Lb)
         m = normalize(e, self.config, key_mask=b_mask, query_mask=a_mask, gate_scores=n)[:, 0]  # (B, La, Lb)
@@ -99,7 +113,9 @@ class AlignCompose(nn.Module):
 
     def __init__(self, d_model: int, hidden: int) -> None:
         super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(2 * d_model, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
+        self.mlp = nn.Sequential(
+            nn.Linear(2 * d_model, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()
+        )
 
     def forward(self, x_prime: Tensor, x: Tensor, mask: Tensor) -> Tensor:
         h = self.mlp(torch.cat([x_prime, x], dim=-1))  # (B, L, hidden)

@@ -9,7 +9,6 @@ Any gain of a mechanism over this row is what attention adds at the same budget.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 __all__ = ["NO_ATTENTION", "MeanPoolClassifier"]
@@ -24,18 +23,33 @@ class MeanPoolClassifier(nn.Module):
     A row without real tokens pools to zeros.
     """
 
-    def __init__(self, vocab_size: int, num_classes: int, d_model: int, dim_feedforward: int, dropout: float,
-                 pad_id: int = 0) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        num_classes: int,
+        d_model: int,
+        dim_feedforward: int,
+        dropout: float,
+        pad_id: int = 0,
+    ) -> None:
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("num_classes", num_classes), ("d_model", d_model),
-                            ("dim_feedforward", dim_feedforward)):
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("num_classes", num_classes),
+            ("d_model", d_model),
+            ("dim_feedforward", dim_feedforward),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}; expected an integer >= 1")
         self.pad_id = pad_id
         self.embed = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
         self.norm = nn.LayerNorm(d_model)
-        self.ff = nn.Sequential(nn.Linear(d_model, dim_feedforward), nn.ReLU(), nn.Dropout(dropout),
-                                nn.Linear(dim_feedforward, num_classes))
+        self.ff = nn.Sequential(
+            nn.Linear(d_model, dim_feedforward),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(dim_feedforward, num_classes),
+        )
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         mask = (input_ids != self.pad_id) if attention_mask is None else attention_mask.bool()  # (B, L)
