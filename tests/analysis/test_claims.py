@@ -85,3 +85,19 @@ def test_spread_reports_mean_std_and_count():
 def test_claim_rejects_unknown_criterion():
     with pytest.raises(ValueError, match="criterion"):
         Claim("s", "t", True, "e", criterion="lenient")
+
+
+def test_rebuild_reads_the_summaries_back(tmp_path, constructed_targets):
+    from attnkit.analysis.fidelity import rebuild_fidelity
+
+    reproduce_all(tmp_path / "all", targets=["constructed-fail", "constructed-pass"])
+    (tmp_path / "all" / "fidelity.html").unlink()
+    page = rebuild_fidelity(tmp_path / "all", quick=True)
+    assert page.read_text().count("<b>not held</b>") == 1
+
+
+def test_rebuild_without_results_is_a_clear_error(tmp_path):
+    from attnkit.analysis.fidelity import rebuild_fidelity
+
+    with pytest.raises(FileNotFoundError, match="reproduce all"):
+        rebuild_fidelity(tmp_path, quick=True)

@@ -17,7 +17,15 @@ from typing import Optional, Sequence, Union
 
 from .report import ReproduceResult, format_value, prepare_output_dir, verdict
 
-__all__ = ["reproduce_all", "write_fidelity_html", "write_fidelity_markdown", "paper_of", "PAPERS"]
+__all__ = [
+    "reproduce_all",
+    "load_result",
+    "rebuild_fidelity",
+    "write_fidelity_html",
+    "write_fidelity_markdown",
+    "paper_of",
+    "PAPERS",
+]
 
 PAPERS: dict[str, str] = {
     "doubly-normalized": "Attention that does not Explain Away (arXiv:2009.14308) and its draft, "
@@ -83,6 +91,36 @@ def reproduce_all(
     ]
     (root / "fidelity.json").write_text(json.dumps(summary, indent=2) + "\n")
     return results, page
+
+
+def load_result(folder: Union[str, Path]) -> ReproduceResult:
+    """A target's result read back from its ``summary.json`` (rows, claims, files, seconds, budget)."""
+    from .report import Claim
+
+    folder = Path(folder)
+    path = folder / "summary.json"
+    try:
+        data = json.loads(path.read_text())
+        claims = [Claim(**{k: c[k] for k in ("source", "statement", "held", "evidence", "paper", "ours", "criterion")
+                           if k in c}) for c in data["claims"]]
+        result = ReproduceResult(name=data["name"], out=folder, rows=list(data["rows"]), claims=claims,
+                                 files=[folder / f for f in data["files"]], seconds=float(data["seconds"]),
+                                 budget=str(data.get("budget", "")))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"cannot read a reproduction summary from {str(path)!r}: {exc}") from exc
+    return result
+
+
+def rebuild_fidelity(root: Union[str, Path], *, quick: bool, seed: int = 0) -> Path:
+    """Rewrite ``fidelity.html`` / ``.md`` of ``root`` from the targets' ``summary.json`` (no rerun)."""
+    root = Path(root)
+    folders = sorted(p.parent for p in root.glob("*/summary.json"))
+    if not folders:
+        raise FileNotFoundError(f"no */summary.json under {str(root)!r}; run 'attnkit reproduce all' first")
+    results = [load_result(f) for f in folders]
+    write_fidelity_markdown(results, root / "fidelity.md", quick=quick, seed=seed)
+    return write_fidelity_html(results, root / "fidelity.html", quick=quick, seed=seed,
+                               seconds=sum(r.seconds for r in results))
 
 
 def _md(text: str) -> str:
