@@ -8,7 +8,12 @@ import attnkit as ak
 from attnkit.analysis.repro_mlu import MLU_VARIANTS, train_mlu
 
 
-@pytest.mark.parametrize("mechanism", ["softmax", ak.CoDA(gate="scaled", n_activation="tanh")])
+@pytest.mark.parametrize(
+    "mechanism",
+    acc = train_mlu(
+        mechanism, steps=2, seed=0, value_range=10, num_train=100, num_test=20, batch_size=8, d_model=16
+    )
+)
 def test_a_few_steps_give_an_accuracy(mechanism):
     acc = train_mlu(
         mechanism, steps=2, seed=0, value_range=10, num_train=100, num_test=20, batch_size=8, d_model=16

@@ -53,7 +53,8 @@ def train_mlu(
     """Train the encoder-decoder on MLU, operands in ``[-value_range, value_range)``; test sequence accuracy.
 
     Encoder self-attention and decoder cross-attention use ``mechanism``; decoder self-attention (causal) is
-    softmax for query-normalized mechanisms and CoDA for CoDA (the CoDA Transformer replaces every attention).
+    softmax for query-normalized mechanisms and CoDA for CoDA (the CoDA Transformer replaces every attention;
+    a centered CoDA variant uses the uncentered eq. 5 gate there, since centering would see future tokens).
     """
     data = generate_mlu(
         MLUConfig(
@@ -75,6 +76,12 @@ def train_mlu(
         encode(data.train_tgt, True, True),
     )  # (N, Ls), (N, Lt + 2)
     is_coda = isinstance(mechanism, CoDA)
+    # The centered variants (eqs. 4, 6) average over all pairs, which would leak future tokens in the causal
+    # decoder self-attention: there they use the uncentered gate of eq. 5 with the same activations.
+    causal = mechanism
+    if is_coda and (mechanism.gate == "centered" or mechanism.center_e):
+        causal = CoDA(gate="scaled", alpha=mechanism.alpha, beta=mechanism.beta,
+                      e_activation=mechanism.e_activation, n_activation=mechanism.n_activation)
     model = Seq2SeqTransformer(
         tok.vocab_size,
         tok.vocab_size,
@@ -85,7 +92,7 @@ def train_mlu(
         dim_feedforward=4 * d_model,
         dropout=0.0,
         encoder_mechanism=mechanism,
-        decoder_mechanism=mechanism if is_coda else "softmax",
+        decoder_mechanism=causal if is_coda else "softmax",
         cross_mechanism=mechanism if is_coda else "softmax",
         max_len=32,
     )
