@@ -10,9 +10,12 @@ from attnkit.analysis.repro_mlu import MLU_VARIANTS, train_mlu
 
 @pytest.mark.parametrize(
     "mechanism",
-    acc = train_mlu(
-        mechanism, steps=2, seed=0, value_range=10, num_train=100, num_test=20, batch_size=8, d_model=16
-    )
+    [
+        "softmax",
+        ak.CoDA(gate="scaled", n_activation="tanh"),
+        ak.CoDA(gate="centered"),
+        ak.CoDA(center_e=True),
+    ],
 )
 def test_a_few_steps_give_an_accuracy(mechanism):
     acc = train_mlu(
