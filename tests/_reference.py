@@ -161,6 +161,10 @@ _ACTS = {
 }
 
 
+_ACT_RANGES = {"tanh": (-1.0, 1.0), "sigmoid": (0.0, 1.0), "arctan": (-math.pi / 2, math.pi / 2),
+               "algebraic": (-1.0, 1.0)}
+
+
 def _valid_mean(x: Tensor, valid: Tensor) -> Tensor:
     count = valid.sum(dim=(-2, -1), keepdim=True)
     total = torch.where(valid, x, torch.zeros_like(x)).sum(dim=(-2, -1), keepdim=True)
@@ -210,7 +214,8 @@ def ref_coda_from_scores(
         e = e - _valid_mean(e, valid)  # eq. (6)
     if gate == "centered":
         n = n - _valid_mean(n, valid)  # eq. (4)
-    g = _ACTS[n_activation](n)
+    lo, hi = _ACT_RANGES[n_activation]
+    g = (_ACTS[n_activation](n) - lo) / (hi - lo)  # the gate mapped onto [0, 1]
     if gate == "scaled":
         g = 2.0 * g  # eq. (5)
     m = _ACTS[e_activation](e) * g

@@ -94,7 +94,9 @@ class CoDA:
 
     ``gate``: ``"sigmoid"`` (plain ``f_N(N)``), ``"scaled"`` (``2 * f_N(N)``, eq. 5, default) or
     ``"centered"`` (``f_N(N - mean N)``, eq. 4). ``center_e`` subtracts the mean of ``E`` (eq. 6).
-    ``e_activation`` / ``n_activation`` pick ``f_E`` / ``f_N`` from the Table 9 ablation.
+    ``e_activation`` / ``n_activation`` pick ``f_E`` / ``f_N`` from the Table 9 ablation; the gate
+    ``f_N`` is mapped onto [0, 1] (``(f - inf f) / (sup f - inf f)``: tanh gives ``sigmoid(2x)``) so that
+    every variant gates instead of flipping signs.
     """
 
     gate: str = "scaled"

@@ -119,3 +119,25 @@ def test_unbalanced_2d_lnas_collapses_dnas_keeps_two_clusters():
 def test_balanced_2d_both_keep_two_clusters():
     assert _final_counts(225, 225, "softmax") == 2
     assert _final_counts(225, 225, "dnas") == 2
+
+
+def test_sweep_covers_every_case_mechanism_std_and_scale():
+    from attnkit.analysis.repro_mode_collapse import mode_collapse_sweep
+
+    rows = mode_collapse_sweep([0], stds=(0.3,), scales=(0.5, 2.0), steps=1)
+    assert len(rows) == 2 * 2 * 4  # cases x scales x mechanisms
+    assert {r["scale"] for r in rows} == {0.5, 2.0} and all(r["initial_clusters"] >= 1 for r in rows)
+
+
+def test_std_range_reports_runs_and_none():
+    from attnkit.analysis.repro_mode_collapse import _std_range
+
+    assert _std_range(np.array([1.0, 1.0, 0.5, 1.0]), (0.1, 0.2, 0.3, 0.4)) == "0.1-0.2, 0.4"
+    assert _std_range(np.zeros(3), (0.1, 0.2, 0.3)) == "none"
+
+
+def test_simulate_rejects_a_non_positive_scale():
+    from attnkit.analysis.mode_collapse import simulate_self_attention
+
+    with pytest.raises(ValueError, match="scale"):
+        simulate_self_attention(torch.zeros(3, 2), "softmax", scale=0.0)

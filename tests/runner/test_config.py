@@ -10,7 +10,7 @@ from attnkit.runner.config import CompareConfig, build_config, config_keys, load
 def test_defaults_are_the_quick_reuters8_comparison():
     config = build_config()
     assert config.task == "reuters8" and config.preset == "quick"
-    assert config.mechanisms == ("softmax", "dnas", "hnas", "sinkhorn", "coda")
+    assert config.mechanisms == ("softmax", "dnas", "hnas", "sinkhorn", "coda", "none")
     assert config.seeds >= 2
 
 

@@ -16,6 +16,7 @@ self-attention (values = keys = queries = the points) under any attnkit mechanis
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -103,6 +104,7 @@ def simulate_self_attention(
     *,
     scores: str = "gaussian",
     hybrid_weight: Optional[float] = None,
+    scale: float = 1.0,
 ) -> Tensor:
     """Apply ``steps`` rounds of ``x <- pi(x) x`` with values = keys = queries = the points.
 
@@ -110,8 +112,9 @@ def simulate_self_attention(
         points ``(N,)`` or ``(N, d)`` -> trajectory ``(steps + 1, N, d)`` in float64 (step 0 = the input).
 
     ``scores``: ``"gaussian"`` (``-||x_i - x_j||^2 / 2``, Appendix C) or ``"dot"`` (``x_i . x_j``). No
-    scaling and no residual connection, as in the papers' analysis. CoDA is not a normalization and is
-    rejected.
+    scaling and no residual connection, as in the papers' analysis. ``scale`` multiplies the scores (the
+    key/query scale of a learned projection; ``1`` is the papers' setting). CoDA is not a normalization and
+    is rejected.
     """
     config = resolve_mechanism(mechanism)
     if config.name == "coda":
@@ -123,10 +126,12 @@ def simulate_self_attention(
         raise ValueError(f"steps={steps!r}; expected an integer >= 0")
     if scores not in SCORE_KINDS:
         raise ValueError(f"unknown scores {scores!r}; expected one of {SCORE_KINDS}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale={scale!r}; expected a finite number > 0 (1 is the papers' setting)")
     x = _check_points(points).to(torch.float64)  # (N, d)
     trajectory = [x]
     for _ in range(steps):
-        s = self_attention_scores(x, scores)[None, None]  # (1, 1, N, N)
+        s = scale * self_attention_scores(x, scores)[None, None]  # (1, 1, N, N)
         w = normalize(s, config, hybrid_weight=hybrid_weight)[0, 0]  # (N, N)
         x = w @ x  # (N, d)
         trajectory.append(x)

@@ -13,17 +13,62 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, Union
 
-__all__ = ["Claim", "ReproduceResult", "prepare_output_dir", "write_csv", "format_value"]
+__all__ = [
+    "Claim",
+    "CRITERIA",
+    "ReproduceResult",
+    "prepare_output_dir",
+    "write_csv",
+    "format_value",
+    "spread",
+    "verdict",
+]
+
+CRITERIA: tuple[str, ...] = ("paper", "weaker", "different")
 
 
 @dataclass(frozen=True)
 class Claim:
-    """A paper's claim, whether the reproduction supports it, and the numbers behind the verdict."""
+    """A paper's claim, whether the reproduction supports it, and the numbers behind the verdict.
+
+    ``source`` quotes where the paper states it (figure, table, section), ``statement`` the claim in the
+    paper's words; ``paper`` is the paper's value or criterion and ``ours`` our measurement (with its
+    spread over seeds). ``criterion`` says how the check relates to the paper's: ``"paper"`` (the paper's
+    own criterion), ``"weaker"`` (a looser criterion, always reported next to the paper's) or
+    ``"different"`` (another measurement of the same statement, e.g. at a scale the paper did not use).
+    """
 
     source: str
     statement: str
     held: bool
     evidence: str
+    paper: str = ""
+    ours: str = ""
+    criterion: str = "paper"
+
+    def __post_init__(self) -> None:
+        if self.criterion not in CRITERIA:
+            raise ValueError(f"Claim criterion={self.criterion!r}; expected one of {CRITERIA}")
+        object.__setattr__(self, "held", bool(self.held))
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.held)
+
+
+def verdict(held: bool) -> str:
+    """``"held"`` or ``"not held"``: the words every report uses for a claim's outcome."""
+    return "held" if held else "not held"
+
+
+def spread(values: Sequence[float], digits: int = 3) -> str:
+    """``"mean +- std (n=K)"`` of per-seed values (sample std; ``+- 0`` for one seed)."""
+    v = [float(x) for x in values]
+    if not v:
+        raise ValueError("spread() needs at least one value")
+    mean = sum(v) / len(v)
+    std = math.sqrt(sum((x - mean) ** 2 for x in v) / (len(v) - 1)) if len(v) > 1 else 0.0
+    return f"{mean:.{digits}g} +- {std:.2g} (n={len(v)})"
 
 
 @dataclass
@@ -37,6 +82,16 @@ class ReproduceResult:
     claims: list[Claim] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
     seconds: float = 0.0
+    budget: str = ""
+
+    @property
+    def all_held(self) -> bool:
+        """True when every claim held (and there is at least one claim)."""
+        return bool(self.claims) and all(c.held for c in self.claims)
+
+    @property
+    def failed(self) -> list[Claim]:
+        return [c for c in self.claims if not c.held]
 
     def add_file(self, path: Union[str, Path]) -> Path:
         path = Path(path)
@@ -48,8 +103,9 @@ class ReproduceResult:
         data = {
             "name": self.name,
             "seconds": round(self.seconds, 2),
+            "budget": self.budget,
             "rows": [{k: _jsonable(v) for k, v in row.items()} for row in self.rows],
-            "claims": [c.__dict__ for c in self.claims],
+            "claims": [{**c.__dict__, "verdict": c.verdict} for c in self.claims],
             "files": [p.name for p in self.files],
         }
         path = self.out / "summary.json"

@@ -30,6 +30,7 @@ from ..scores import neg_l1_distance, scaled_dot
 from .collect import collect_explain_away
 
 __all__ = [
+    "NO_ATTENTION",
     "MultiViewFusion",
     "make_multiview_task",
     "ExplainAwayTraining",
@@ -41,16 +42,21 @@ __all__ = [
 ]
 
 
+NO_ATTENTION = "uniform"
+
+
 class MultiViewFusion(nn.Module):
     """One attention layer fusing a primary view ``P (B, Lq, F)`` with a secondary view ``S (B, Lk, F)``.
 
     ``out = LayerNorm(P + attention(W_q P, W_k S, S))``, mean-pooled over the primary boxes and
     classified. For ``"hnas"`` the hybrid weight is ``u = sigmoid(theta)``, one per head (here one head).
+    ``mechanism="uniform"`` is the no-attention baseline of the later version's Table 1: every real
+    secondary box gets the same weight (mean pooling over the view), the projections are unused.
     """
 
     def __init__(self, features: int, head_dim: int, num_classes: int, mechanism: MechanismLike = "softmax"):
         super().__init__()
-        self.config = resolve_options(mechanism, learnable_u=True)
+        self.config = None if mechanism == NO_ATTENTION else resolve_options(mechanism, learnable_u=True)
         self.q_proj = nn.Linear(features, head_dim)
         self.k_proj = nn.Linear(features, head_dim)
         self.norm = nn.LayerNorm(features)
@@ -68,7 +74,16 @@ class MultiViewFusion(nn.Module):
     def hybrid_weight(self) -> Optional[Tensor]:
         return None if self.theta is None else sigmoid_weight(self.theta)
 
+    @property
+    def mechanism_name(self) -> str:
+        return NO_ATTENTION if self.config is None else self.config.name
+
     def forward(self, primary: Tensor, secondary: Tensor, key_mask: Optional[Tensor] = None) -> Tensor:
+        if self.config is None:  # no attention: the mean of the real secondary boxes
+            keep = torch.ones(secondary.shape[:2], dtype=torch.bool) if key_mask is None else key_mask  # (B, Lk)
+            pooled = (secondary * keep[..., None]).sum(1) / keep.sum(1, keepdim=True).clamp_min(1)  # (B, F)
+            h = self.norm(primary + pooled[:, None])  # (B, Lq, F)
+            return self.classifier(h.mean(dim=1))  # (B, C)
         q = self.q_proj(primary)[:, None]  # (B, 1, Lq, D)
         k = self.k_proj(secondary)[:, None]  # (B, 1, Lk, D)
         v = secondary[:, None]  # (B, 1, Lk, F)
@@ -134,6 +149,7 @@ class ExplainAwayTraining:
     log_sums: np.ndarray
     accuracy: float
     max_keys: int
+    loss: float = float("nan")
 
 
 def train_multiview(
@@ -146,19 +162,23 @@ def train_multiview(
     num_boxes: int = 50,
     min_boxes: int = 40,
     seed: int = 0,
+    num_classes: int = 4,
+    informative: int = 3,
 ) -> ExplainAwayTraining:
-    """Train :class:`MultiViewFusion` with Adam and record explain-away statistics every ``eval_every``
-    steps."""
+    """Train :class:`MultiViewFusion` with Adam and record explain-away statistics every ``eval_every`` steps.
+
+    ``num_classes`` and ``informative`` (label-carrying boxes per view) set the difficulty of the task.
+    """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r}; expected an integer >= 1")
     if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 1:
         raise ValueError(f"eval_every={eval_every!r}; expected an integer >= 1")
     torch.manual_seed(seed)
-    features, classes = 16, 4
-    train = make_multiview_task(2048, num_boxes=num_boxes, min_boxes=min_boxes, features=features, seed=seed)
-    evals = make_multiview_task(
-        256, num_boxes=num_boxes, min_boxes=min_boxes, features=features, seed=seed + 1
-    )
+    features, classes = 16, num_classes
+    task = dict(num_boxes=num_boxes, min_boxes=min_boxes, features=features, num_classes=classes,
+                informative=informative)
+    train = make_multiview_task(2048, seed=seed, **task)
+    evals = make_multiview_task(256, seed=seed + 1, **task)
     model = MultiViewFusion(features, head_dim=16, num_classes=classes, mechanism=mechanism)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed)
@@ -168,6 +188,12 @@ def train_multiview(
         model.eval()
         with torch.no_grad(), collect_explain_away(model, eps=eps) as log:
             logits = model(evals[0], evals[1], evals[2])
+        if model.config is None:  # no attention weights to measure
+            record_steps.append(step)
+            for series in (minima, normalized, fractions, us):
+                series.append(float("nan"))
+            model.train()
+            return [logits, None]
         stats = log.records[0].stats
         record_steps.append(step)
         minima.append(stats.min)
@@ -189,16 +215,18 @@ def train_multiview(
         opt.step()
     logits, stats = evaluate(steps)
     accuracy = (logits.argmax(-1) == evals[3]).double().mean().item()
+    eval_loss = nn.functional.cross_entropy(logits, evals[3]).item()
     return ExplainAwayTraining(
-        mechanism=model.config.name,
+        mechanism=model.mechanism_name,
         steps=np.asarray(record_steps),
         min_sums=np.asarray(minima),
         min_normalized=np.asarray(normalized),
         fraction_below_eps=np.asarray(fractions),
         hybrid_u=np.asarray(us),
-        log_sums=stats.log_sums[stats.valid_keys].double().numpy(),
+        log_sums=np.zeros(0) if stats is None else stats.log_sums[stats.valid_keys].double().numpy(),
         accuracy=accuracy,
         max_keys=num_boxes,
+        loss=eval_loss,
     )
 
 

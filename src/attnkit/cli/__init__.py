@@ -66,7 +66,7 @@ def _one_line(message: str) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Entry point of the ``attnkit`` script."""
     try:
-        app(args=list(argv) if argv is not None else None, standalone_mode=False)
+        code = app(args=list(argv) if argv is not None else None, standalone_mode=False)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
@@ -83,3 +83,5 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    if isinstance(code, int) and not isinstance(code, bool) and code:  # typer.Exit(code) in a command
+        sys.exit(code)

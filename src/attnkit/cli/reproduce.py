@@ -1,6 +1,7 @@
 """``attnkit reproduce NAME``: rerun a figure or claim of the papers (a thin layer over
 ``attnkit.analysis.reproduce``). Writes PNG plots, CSV data and ``summary.json``; prints a table and
-whether each paper claim held."""
+whether each paper claim held. ``NAME=all`` runs every target and writes one HTML fidelity page;
+``--strict`` exits with code 1 when a claim is not held."""
 
 from __future__ import annotations
 
@@ -33,11 +34,16 @@ def _print_result(result) -> None:
             table.add_row(*cells)
         console.print(table)
     claims = Table(title="paper claims")
-    for column in ("held", "source", "claim", "evidence"):
+    for column in ("#", "verdict", "claim (source)", "paper", "ours", "criterion"):
         claims.add_column(column, overflow="fold")
-    for claim in result.claims:
-        claims.add_row("yes" if claim.held else "NO", claim.source, claim.statement, claim.evidence)
+    for i, claim in enumerate(result.claims, 1):
+        claims.add_row(str(i), claim.verdict, f"{claim.statement} ({claim.source})", claim.paper or "-",
+                       claim.ours or "-", claim.criterion)
     console.print(claims)
+    for i, claim in enumerate(result.claims, 1):
+        console.print(f"{i}. {claim.verdict}: {claim.evidence}", highlight=False)
+    if result.budget:
+        console.print(f"budget: {result.budget}")
     console.print(f"{len(result.files)} files written to {result.out} in {result.seconds:.1f} s")
 
 
@@ -50,7 +56,7 @@ def register(app: typer.Typer) -> None:
         help=f"Reproduce a figure or claim of the papers (PNG + CSV + table).\n\nTargets:\n\n{targets}"
     )
     def reproduce(
-        name: str = typer.Argument(..., help=f"One of: {', '.join(TARGET_HELP)}."),
+        name: str = typer.Argument(..., help=f"One of: {', '.join(TARGET_HELP)}, or all (HTML fidelity page)."),
         out: Optional[Path] = typer.Option(
             None, "--out", help="Output directory (default runs/reproduce/NAME)."
         ),
@@ -58,12 +64,25 @@ def register(app: typer.Typer) -> None:
             False, "--overwrite", help="Replace files in a non-empty output directory."
         ),
         quick: bool = typer.Option(False, "--quick", help="Smaller sizes and shorter training (smoke test)."),
-        seed: int = typer.Option(0, "--seed", help="Random seed."),
+        seed: int = typer.Option(0, "--seed", help="Random seed (the first of a target's seeds)."),
+        strict: bool = typer.Option(False, "--strict", help="Exit with code 1 when any claim is not held."),
     ) -> None:
+        from attnkit.analysis.fidelity import reproduce_all
         from attnkit.analysis.reproduce import reproduce as run
 
         try:
-            result = run(name, out, overwrite=overwrite, quick=quick, seed=seed)
+            if name == "all":
+                results, page = reproduce_all(out, overwrite=overwrite, quick=quick, seed=seed)
+            else:
+                results, page = [run(name, out, overwrite=overwrite, quick=quick, seed=seed)], None
         except ImportError as exc:  # matplotlib missing: a user-fixable environment problem
             raise ValueError(str(exc)) from exc
-        _print_result(result)
+        for result in results:
+            _print_result(result)
+        failed = [(r.name, c) for r in results for c in r.failed]
+        total = sum(len(r.claims) for r in results)
+        if page is not None:
+            print(f"fidelity page: {page}")
+        print(f"{total - len(failed)} of {total} claims held")
+        if strict and failed:
+            raise typer.Exit(1)

@@ -1,6 +1,6 @@
 """The normalizations ("mechanisms") as pure functions of scores and a validity mask."""
 
-from .coda import ACTIVATION_FNS, coda_affinity, coda_gate, coda_weights
+from .coda import ACTIVATION_FNS, GATE_FNS, coda_affinity, coda_gate, coda_weights
 from .dnas import dnas_weights, key_log_normalizer
 from .hybrid import check_hybrid_weight, hnas_weights, sigmoid_weight
 from .sinkhorn import sinkhorn_column_potential, sinkhorn_weights
@@ -8,6 +8,7 @@ from .softmax import softmax_weights
 
 __all__ = [
     "ACTIVATION_FNS",
+    "GATE_FNS",
     "coda_weights",
     "coda_affinity",
     "coda_gate",

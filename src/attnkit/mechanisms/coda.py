@@ -10,6 +10,14 @@ with ``f_E = tanh`` and the gate ``g`` one of: plain ``f_N(N)`` (``"sigmoid"``),
 (``"scaled"``, eq. 5, default) or ``f_N(N - mean N)`` (``"centered"``, eq. 4); ``center_e``
 uses ``E - mean E`` (eq. 6). Means run over the valid entries of each (batch, head) matrix.
 
+The gate ``f_N`` is the activation mapped onto [0, 1] (``GATE_FNS``): ``(f(x) - inf f) / (sup f - inf f)``.
+Section 2.3 calls ``sigmoid(N)`` a gate that "erases" dissimilar pairs, and Table 9 swaps tanh, arctan
+and the algebraic sigmoid in for it; taken literally on ``N <= 0`` those give values in ``(-1, 0]`` (or
+``(-pi/2, 0]``) that flip the sign of ``tanh(E)`` (a negation, not a gate). Mapped onto [0, 1] they keep
+the gate's meaning: sigmoid is unchanged, tanh becomes ``(1 + tanh x) / 2 = sigmoid(2x)``, arctan
+``1/2 + arctan(x) / pi``, algebraic ``(1 + x / sqrt(1 + x^2)) / 2``. ``f_E`` is used as is (the add /
+subtract / delete factor may be negative).
+
 Masks are multiplicative: ``M_ij = 0`` on invalid pairs (an additive ``-inf`` would give
 ``tanh(-inf) = -1``). Invariant with the default activations: ``M in [-1, 1]``.
 
@@ -19,6 +27,7 @@ would let later positions shift earlier outputs; ``ak.attention`` refuses that c
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 import torch
@@ -27,7 +36,7 @@ from torch import Tensor
 from ..config import CoDA
 from .masked import masked_mean
 
-__all__ = ["coda_weights", "coda_affinity", "coda_gate", "ACTIVATION_FNS"]
+__all__ = ["coda_weights", "coda_affinity", "coda_gate", "ACTIVATION_FNS", "ACTIVATION_RANGES", "GATE_FNS"]
 
 
 def _algebraic(x: Tensor) -> Tensor:
@@ -42,6 +51,26 @@ ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
+ACTIVATION_RANGES: dict[str, tuple[float, float]] = {
+    "tanh": (-1.0, 1.0),
+    "sigmoid": (0.0, 1.0),
+    "arctan": (-math.pi / 2, math.pi / 2),
+    "algebraic": (-1.0, 1.0),
+}
+
+
+def _unit_gate(name: str) -> Callable[[Tensor], Tensor]:
+    fn = ACTIVATION_FNS[name]
+    lo, hi = ACTIVATION_RANGES[name]
+    if (lo, hi) == (0.0, 1.0):
+        return fn
+    return lambda x: (fn(x) - lo) * (1.0 / (hi - lo))
+
+
+# The gate activations, each mapped onto [0, 1] (see the module docstring).
+GATE_FNS: dict[str, Callable[[Tensor], Tensor]] = {name: _unit_gate(name) for name in ACTIVATION_FNS}
+
+
 def coda_affinity(e: Tensor, config: CoDA) -> Tensor:
     """``f_E(E)`` of ``E`` already scaled by alpha (and centered for ``center_e``, eq. 6)."""
     return ACTIVATION_FNS[config.e_activation](e)
@@ -50,7 +79,7 @@ def coda_affinity(e: Tensor, config: CoDA) -> Tensor:
 def coda_gate(n: Tensor, config: CoDA) -> Tensor:
     """The gate of ``N`` already scaled by beta (and centered for ``gate="centered"``, eq. 4):
     ``f_N(N)``, or ``2 f_N(N)`` for ``gate="scaled"`` (eq. 5)."""
-    gate = ACTIVATION_FNS[config.n_activation](n)
+    gate = GATE_FNS[config.n_activation](n)  # mapped onto [0, 1]
     return 2 * gate if config.gate == "scaled" else gate
 
 

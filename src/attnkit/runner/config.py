@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional
 
 from ..registry import MECHANISMS, resolve_mechanism
 from .transduction import DEFAULT_MODELS, TRANSDUCTION_TASKS, check_model_names
+from .baseline import NO_ATTENTION
 
 __all__ = [
     "CompareConfig",
@@ -40,7 +41,7 @@ TRACKERS: tuple[str, ...] = ("tensorboard",)  # Accelerate trackers that ``log_w
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "classification": {
         "quick": dict(
-            mechanisms=DEFAULT_MECHANISMS,
+            mechanisms=(*DEFAULT_MECHANISMS, NO_ATTENTION),
             seeds=2,
             steps=150,
             batch_size=32,
@@ -61,7 +62,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             threads=1,
         ),
         "paper": dict(
-            mechanisms=DEFAULT_MECHANISMS,
+            mechanisms=(*DEFAULT_MECHANISMS, NO_ATTENTION),
             seeds=3,
             steps=1500,
             batch_size=32,
@@ -223,6 +224,9 @@ class CompareConfig:
         for m in mechanisms if self.task not in TRANSDUCTION_TASKS else ():
             if not isinstance(m, str):
                 raise ValueError(f"mechanisms contains {m!r}; expected names from {MECHANISMS}")
+            if m == NO_ATTENTION:  # the no-attention baseline row (runner/baseline.py)
+                names.append(m)
+                continue
             try:
                 names.append(resolve_mechanism(m).name)
             except ValueError:
@@ -232,6 +236,11 @@ class CompareConfig:
                 ) from None
         if len(set(names)) != len(names):
             raise ValueError(f"mechanisms={list(mechanisms)} names a mechanism twice; list each once")
+        if NO_ATTENTION in names and TASK_KINDS.get(self.task) == "seq2seq":
+            raise ValueError(
+                f"mechanism {NO_ATTENTION!r} (the no-attention baseline) is for classification tasks; "
+                f"drop it from mechanisms for task {self.task!r}"
+            )
         object.__setattr__(self, "mechanisms", tuple(names))
         _positive_int("seeds", self.seeds)
         _positive_int("seed", self.seed, minimum=0)

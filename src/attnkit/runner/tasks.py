@@ -188,6 +188,11 @@ class ClassificationTask:
         self, config: CompareConfig, mechanism: str, data: EncodedClassification
     ) -> torch.nn.Module:
         from ..models import TransformerClassifier
+        from .baseline import NO_ATTENTION, MeanPoolClassifier
+
+        if mechanism == NO_ATTENTION:
+            return MeanPoolClassifier(data.vocab_size, len(data.label_names), config.d_model,
+                                      config.dim_feedforward, config.dropout, pad_id=data.pad_id)
 
         return TransformerClassifier(
             vocab_size=data.vocab_size, num_classes=len(data.label_names), d_model=config.d_model,
@@ -326,6 +331,11 @@ class Seq2SeqTask:
         return {"encoder_mechanism": mechanism, "decoder_mechanism": decoder, "cross_mechanism": decoder}
 
     def build_model(self, config: CompareConfig, mechanism: str, data: EncodedSeq2Seq) -> torch.nn.Module:
+        from .baseline import NO_ATTENTION
+
+        if mechanism == NO_ATTENTION:
+            raise ValueError("mechanism 'none' (the no-attention baseline) is for classification tasks; "
+                             "drop it from --mechanisms for a sequence-to-sequence task")
         from ..models import Seq2SeqTransformer
 
         return Seq2SeqTransformer(
