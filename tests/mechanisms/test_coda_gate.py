@@ -9,7 +9,8 @@ import torch
 
 import attnkit as ak
 from attnkit.functional import normalize
-from attnkit.mechanisms import ACTIVATION_FNS, GATE_FNS, neg_l1_distance
+from attnkit.mechanisms import ACTIVATION_FNS, GATE_FNS
+from attnkit.scores import neg_l1_distance
 
 
 @pytest.mark.parametrize("name", sorted(ACTIVATION_FNS))
