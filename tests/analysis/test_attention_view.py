@@ -1,5 +1,6 @@
-"""``attnkit show`` / ``attnkit.analysis.attention_view``: weights per layer, head and mechanism from a converted
-Hugging Face model and from a compare run directory, one self-contained page, and bertviz's layout."""
+"""``attnkit show`` / ``attnkit.analysis.attention_view``: weights per layer, head and mechanism from a
+converted Hugging Face model and from a compare run directory, one self-contained page, and bertviz's
+layout."""
 
 from __future__ import annotations
 
@@ -111,5 +112,6 @@ def test_show_on_a_compare_run_directory(tmp_path, capsys):
         main(["show", str(tmp_path / "run"), "--text", "goal", "--out", str(out)])
     assert exc.value.code == 2 and "--overwrite" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["show", str(tmp_path / "run"), "--text", "goal", "--mechanisms", "dnsa", "--out", str(tmp_path / "x")])
+        main(["show", str(tmp_path / "run"), "--text", "goal", "--mechanisms", "dnsa",
+              "--out", str(tmp_path / "x")])
     assert "dnsa" in capsys.readouterr().err and not (tmp_path / "x").exists()

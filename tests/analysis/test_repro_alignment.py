@@ -1,4 +1,5 @@
-"""The ``alignment`` reproduction on a smoke budget: every experiment runs, the table and files are written."""
+"""The ``alignment`` reproduction on a smoke budget: every experiment runs, the table and files are
+written."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 r"""Look at attention: per layer and head, the weights over one text's tokens for each mechanism side by side.
 
-``attnkit show`` builds on this module. A view holds, for one text, the ``(H, L, L)`` weights of every attention
-layer for each mechanism (recorded with ``attnkit.functional.observe_weights``, so every ``ak.attention`` call
-is seen: attnkit models and converted Hugging Face models alike) and the hybrid weights ``u`` of HNAS.
+``attnkit show`` builds on this module. A view holds, for one text, the ``(H, L, L)`` weights of every
+attention layer for each mechanism (recorded with ``attnkit.functional.observe_weights``, so every
+``ak.attention`` call is seen: attnkit models and converted Hugging Face models alike) and the hybrid weights
+``u`` of HNAS.
 
 The page shows, per layer, the heatmaps (queries down, keys across) and the per-key column sums
 
@@ -39,8 +40,9 @@ __all__ = ["AttentionView", "record_attention", "view_from_run", "view_from_hf",
 
 @dataclass
 class AttentionView:
-    """``weights[mechanism]``: one ``(H, L, L)`` tensor per attention layer; ``hybrid_u[mechanism]``: ``(layers, H)``
-    for HNAS (else absent); ``tokens``: the ``L`` token strings; ``source``: what was loaded."""
+    """``weights[mechanism]``: one ``(H, L, L)`` tensor per attention layer; ``hybrid_u[mechanism]``:
+    ``(layers, H)`` for HNAS (else absent); ``tokens``: the ``L`` token strings; ``source``: what was
+    loaded."""
 
     text: str
     tokens: list[str]
@@ -58,7 +60,8 @@ class AttentionView:
 
 
 def record_attention(forward) -> list[Tensor]:
-    """Run ``forward()`` and return the ``(H, Lq, Lk)`` weights of each non-causal attention call (batch item 0)."""
+    """Run ``forward()`` and return the ``(H, Lq, Lk)`` weights of each non-causal attention call
+    (batch item 0)."""
     from ..functional import observe_weights
 
     calls: list[Tensor] = []
@@ -70,21 +73,22 @@ def record_attention(forward) -> list[Tensor]:
     with torch.no_grad(), observe_weights(observer):
         forward()
     if not calls:
-        raise ValueError("the model made no attnkit attention call; convert it first (attnkit convert) or pass "
-                         "a run directory of attnkit compare")
+        raise ValueError("the model made no attnkit attention call; convert it first (attnkit convert) "
+                         "or pass a run directory of attnkit compare")
     return calls
 
 
 def _check_text(text: str) -> str:
     if not isinstance(text, str) or not text.strip():
-        raise ValueError("--text is empty; pass a sentence to look at, e.g. --text 'the bank raised its rates'")
+        raise ValueError("--text is empty; pass a sentence to look at, "
+                         "e.g. --text 'the bank raised its rates'")
     return text
 
 
 def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[int] = None,
                   mechanisms: Optional[Sequence[str]] = None) -> AttentionView:
-    """Rebuild each mechanism's model of an ``attnkit compare`` run directory (classification tasks) and look at
-    ``text`` with it. ``seed`` defaults to the first seed of the run."""
+    """Rebuild each mechanism's model of an ``attnkit compare`` run directory (classification tasks) and look
+    at ``text`` with it. ``seed`` defaults to the first seed of the run."""
     from ..nn import hybrid_weights
     from ..runner.compare import saved_config
     from ..runner.config import build_config
@@ -94,7 +98,8 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
     run_dir = Path(run_dir)
     saved = saved_config(run_dir)
     if saved is None:
-        raise FileNotFoundError(f"{str(run_dir)!r} is not an attnkit compare run directory (no config.json of ours)")
+        raise FileNotFoundError(f"{str(run_dir)!r} is not an attnkit compare run directory "
+                                "(no config.json of ours)")
     config = build_config({**saved, "out": str(run_dir), "progress": "none"})
     task = get_task(config.task)
     if task.kind != "classification":
@@ -104,7 +109,8 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
     missing = [m for m in wanted if not (run_dir / "runs" / f"{m}-seed{seed}" / "model.pt").is_file()]
     if missing:
         raise FileNotFoundError(f"no finished run for {missing} with seed {seed} in {str(run_dir)!r}; "
-                                f"pick from mechanisms {list(config.mechanisms)} and seeds {list(config.seed_list)}")
+                                f"pick from mechanisms {list(config.mechanisms)} "
+                                f"and seeds {list(config.seed_list)}")
     data = task.prepare(config)
     tokenizer = data.tokenizer
     ids, mask = tokenizer.encode([text], max_length=config.max_len)  # (1, L)
@@ -112,10 +118,12 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
     view = AttentionView(text=text, tokens=tokens, source=f"{run_dir} (seed {seed})")
     for mech in wanted:
         model = task.build_model(config, mech, data)
-        state = torch.load(run_dir / "runs" / f"{mech}-seed{seed}" / "model.pt", map_location="cpu", weights_only=True)
+        state = torch.load(run_dir / "runs" / f"{mech}-seed{seed}" / "model.pt", map_location="cpu",
+                           weights_only=True)
         model.load_state_dict(state)
         model.eval()
-        view.weights[mech] = [w[:, : len(tokens), : len(tokens)] for w in record_attention(lambda: model(ids, mask))]
+        view.weights[mech] = [w[:, : len(tokens), : len(tokens)]
+                              for w in record_attention(lambda: model(ids, mask))]
         if mech == "hnas":
             view.hybrid_u[mech] = hybrid_weights(model).tolist()
     return view
@@ -123,8 +131,9 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
 
 def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
                  mechanisms: Sequence[str] = ("softmax", "dnas", "hnas")) -> AttentionView:
-    """A (converted) Hugging Face encoder: a converted model shows its own mechanism (with its trained ``u``); a
-    stock model is converted, copy by copy, to each of ``mechanisms`` (same weights, other normalization)."""
+    """A (converted) Hugging Face encoder: a converted model shows its own mechanism (with its trained ``u``);
+    a stock model is converted, copy by copy, to each of ``mechanisms`` (same weights, other
+    normalization)."""
     from transformers import AutoTokenizer
 
     import attnkit.hf as akhf
@@ -163,7 +172,8 @@ def _png(fig) -> str:
 
 
 def _layer_figure(view: AttentionView, layer: int, heads: Sequence[int]) -> str:
-    """Heatmaps: rows = the chosen heads and the mean over heads, columns = mechanisms; then the column sums."""
+    """Heatmaps: rows = the chosen heads and the mean over heads, columns = mechanisms; then the column
+    sums."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -214,7 +224,8 @@ def _u_table(view: AttentionView) -> str:
         head = "".join(f"<th>head {h}</th>" for h in range(heads))
         body = "".join(f"<tr><td>layer {i}</td>" + "".join(f"<td>{x:.3f}</td>" for x in row) + "</tr>"
                        for i, row in enumerate(u))
-        parts.append(f"<h2>{html.escape(mech)}: hybrid weight u per layer and head</h2><p>u = share of DNAS in "
+        parts.append(f"<h2>{html.escape(mech)}: hybrid weight u per layer and head</h2>"
+                     "<p>u = share of DNAS in "
                      "π = u·π<sup>D</sup> + (1 − u)·π<sup>L</sup> (0: softmax, 1: DNAS).</p>"
                      f'<div class="wide"><table id="hybrid-u"><thead><tr><th></th>{head}</tr></thead>'
                      f"<tbody>{body}</tbody></table></div>")
@@ -241,12 +252,14 @@ def render_view_html(view: AttentionView, heads: Optional[Sequence[int]] = None,
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f"<title>attnkit show: {html.escape(view.text[:60])}</title><style>{css}</style></head><body>",
         "<h1>attnkit show</h1>",
-        f"<p>Text: “{html.escape(view.text)}” ({len(view.tokens)} tokens: {tokens})<br>Model: "
-        f"<code>{html.escape(view.source)}</code>; mechanisms: {html.escape(', '.join(view.mechanisms))}.</p>",
-        "<p>Per layer: the attention weights π (queries down, keys across) of the heads shown and their mean, one "
-        "column per mechanism; below, each key's column sum Σ<sub>i</sub> π<sub>ij</sub> (bars: smallest over heads, "
-        "dots: mean) against the bound 1/n that DNAS guarantees (Lemma 1). A key far below the line is explained "
-        "away: almost no query attends to it. CoDA's weights are signed (red/blue) and not normalized.</p>",
+        f"<p>Text: “{html.escape(view.text)}” ({len(view.tokens)} tokens: {tokens})<br>"
+        f"Model: <code>{html.escape(view.source)}</code>; "
+        f"mechanisms: {html.escape(', '.join(view.mechanisms))}.</p>",
+        "<p>Per layer: the attention weights π (queries down, keys across) of the heads shown and their "
+        "mean, one column per mechanism; below, each key's column sum Σ<sub>i</sub> π<sub>ij</sub> "
+        "(bars: smallest over heads, dots: mean) against the bound 1/n that DNAS guarantees (Lemma 1). "
+        "A key far below the line is explained away: almost no query attends to it. "
+        "CoDA's weights are signed (red/blue) and not normalized.</p>",
         _u_table(view),
     ]
     for layer in layers:
@@ -261,7 +274,8 @@ def render_view_html(view: AttentionView, heads: Optional[Sequence[int]] = None,
 def write_bertviz(view: AttentionView, out: Union[str, os.PathLike]) -> dict:
     """Write ``attention.safetensors`` and ``attention.json`` into ``out``; return ``{kind: path}``.
 
-    For each mechanism, layer ``l`` is stored as a ``(1, H, L, L)`` tensor (bertviz's ``(batch, heads, L, L)``).
+    For each mechanism, layer ``l`` is stored as a ``(1, H, L, L)`` tensor
+    (bertviz's ``(batch, heads, L, L)``).
     """
     from safetensors.torch import save_file
 
@@ -281,10 +295,13 @@ def write_bertviz(view: AttentionView, out: Union[str, os.PathLike]) -> dict:
     return files
 
 
-def load_bertviz(path: Union[str, os.PathLike], mechanism: Optional[str] = None) -> tuple[tuple[Tensor, ...], list[str]]:
-    """``(attention, tokens)`` for ``bertviz.head_view(attention, tokens)`` from a file of :func:`write_bertviz`.
+def load_bertviz(path: Union[str, os.PathLike],
+                 mechanism: Optional[str] = None) -> tuple[tuple[Tensor, ...], list[str]]:
+    """``(attention, tokens)`` for ``bertviz.head_view(attention, tokens)`` from a file of
+    :func:`write_bertviz`.
 
-    ``attention`` is a tuple over layers of ``(1, H, L, L)`` tensors; ``mechanism`` defaults to the first stored.
+    ``attention`` is a tuple over layers of ``(1, H, L, L)`` tensors; ``mechanism`` defaults to the first
+    stored.
     """
     path = Path(path)
     if not path.is_file():
@@ -297,7 +314,8 @@ def load_bertviz(path: Union[str, os.PathLike], mechanism: Optional[str] = None)
                 meta = f.metadata() or {}
                 tokens, mechanisms = json.loads(meta["tokens"]), json.loads(meta["mechanisms"])
                 mechanism = _pick(mechanism, mechanisms)
-                layers = sorted((int(k.rsplit(".", 1)[1]), k) for k in f.keys() if k.rsplit(".", 1)[0] == mechanism)
+                layers = sorted((int(k.rsplit(".", 1)[1]), k) for k in f.keys()
+                                if k.rsplit(".", 1)[0] == mechanism)
                 attention = tuple(f.get_tensor(k) for _, k in layers)
         else:
             payload = json.loads(path.read_text())

@@ -67,7 +67,8 @@ class ExplainAwayLog:
         return len(self.records)
 
     def __getitem__(self, index):
-        """``log[i]``: the ``i``-th record (negative indices count from the end); ``log[a:b]``: a list of them."""
+        """``log[i]``: the ``i``-th record (negative indices count from the end); ``log[a:b]``: a list of
+        them."""
         return self.records[index]
 
     def __iter__(self) -> Iterator[ExplainAwayRecord]:
@@ -103,9 +104,9 @@ class ExplainAwayLog:
 
         Keys: ``layer``; ``mechanism``; ``calls`` (how many calls were recorded at this layer);
         ``min_sum``: the smallest column sum ``sum_i pi_ij`` over valid keys and calls (near 0: some key is
-        explained away); ``min_normalized``: the smallest ``n_k * sum_i pi_ij`` (Lemma 1: >= 1 for DNAS; 1 means
-        the key gets exactly the uniform share ``1/n_k``); ``fraction_below_eps``: the mean share of valid keys
-        whose sum is below ``eps``.
+        explained away); ``min_normalized``: the smallest ``n_k * sum_i pi_ij`` (Lemma 1: >= 1 for DNAS;
+        1 means the key gets exactly the uniform share ``1/n_k``); ``fraction_below_eps``: the mean share of
+        valid keys whose sum is below ``eps``.
         """
         rows = []
         for layer in self.layers():

@@ -1,15 +1,17 @@
-"""Reproduction of "Alignment Attention by Matching Key and Query Distributions" (arXiv:2110.12567) at CPU scale.
+"""Reproduction of "Alignment Attention by Matching Key and Query Distributions" (arXiv:2110.12567) at CPU
+scale.
 
 Three experiments on offline data, each without alignment (``none``) and with the methods of the paper, on the
 same seeds, data and budget:
 
 - **in-domain** (paper Table 1, App. B.1.2): the packaged MiniLM-L6 fine-tuned on Reuters-R8: test accuracy,
   ECE (15 bins), total MMD(q, k) over layers and heads on test batches, and the mean step time;
-- **across domains** (paper Table 2): 20 Newsgroups, the classic shift: train "comp" vs "rec" on two sub-groups
-  each, test in domain on the same sub-groups and out of domain on the other sub-groups: accuracy and ECE;
-- **graph attention** (paper Table 4): GAT (8 heads x 8 features, ELU, then one head; dropout 0.6, weight decay
-  5e-4, lr 5e-3, as GAT's Cora setting) on a citation-like graph built offline: 20 Newsgroups documents as
-  nodes, TF-IDF node features, k-nearest-neighbour edges (cosine over TF-IDF), 20 labels per class, a
+- **across domains** (paper Table 2): 20 Newsgroups, the classic shift: train "comp" vs "rec" on two
+  sub-groups each, test in domain on the same sub-groups and out of domain on the other sub-groups: accuracy
+  and ECE;
+- **graph attention** (paper Table 4): GAT (8 heads x 8 features, ELU, then one head; dropout 0.6, weight
+  decay 5e-4, lr 5e-3, as GAT's Cora setting) on a citation-like graph built offline: 20 Newsgroups documents
+  as nodes, TF-IDF node features, k-nearest-neighbour edges (cosine over TF-IDF), 20 labels per class, a
   transductive split; test accuracy at the best validation accuracy.
 
 The budget (steps, examples, seeds) is in ``Budget``; ``quick`` shrinks it for tests. The paper's numbers come
@@ -195,7 +197,8 @@ def _evaluate(model, tokenizer, texts, labels, budget: Budget, mmd_batches: int 
 
 
 def _finetune(method: str, seed: int, train, num_labels: int, steps: int, budget: Budget):
-    """Train MiniLM for ``steps`` steps with alignment ``method`` (or none); returns the model and step times."""
+    """Train MiniLM for ``steps`` steps with alignment ``method`` (or none); returns the model and step
+    times."""
     from ..align import AlignmentRegularizer
 
     model, tokenizer = _encoder(num_labels, seed)
@@ -357,9 +360,11 @@ def cross_domain(result: ReproduceResult, budget: Budget) -> dict:
                 "experiment": "20NG comp/rec shift (MiniLM-L6)",
                 "method": method,
                 "seeds": len(r),
-                "accuracy %": f"ID {_fmt([x['acc_id'] for x in r], 100)} / OD {_fmt([x['acc_od'] for x in r], 100)}",
+                "accuracy %": f"ID {_fmt([x['acc_id'] for x in r], 100)} "
+                              f"/ OD {_fmt([x['acc_od'] for x in r], 100)}",
                 "paper acc % (MRPC, ALBERT)": "",
-                "ECE %": f"ID {_fmt([x['ece_id'] for x in r], 100)} / OD {_fmt([x['ece_od'] for x in r], 100)}",
+                "ECE %": f"ID {_fmt([x['ece_id'] for x in r], 100)} "
+                         f"/ OD {_fmt([x['ece_od'] for x in r], 100)}",
                 "total MMD": "",
                 "paper MMD": "",
                 "step s": "",
@@ -483,7 +488,8 @@ def gat(result: ReproduceResult, budget: Budget) -> dict:
 
 
 def step_overhead(result: ReproduceResult, budget: Budget) -> dict:
-    """Mean step time of each method / none on MiniLM-L6, measured in one process with the rounds interleaved."""
+    """Mean step time of each method / none on MiniLM-L6, measured in one process with the rounds
+    interleaved."""
     from ..align import AlignmentRegularizer
     from ..data import load_dataset
 
@@ -579,7 +585,8 @@ def _claims(result, budget, rid, cross, graph) -> None:
                 "Table 1",
                 f"{m} alignment raises in-domain accuracy over soft attention (paper: +1.0 to +2.1 on MRPC)",
                 _clear(gain, acc[m][1], acc["none"][1]),
-                f"R8 accuracy {100 * acc[m][0]:.2f} vs none {100 * acc['none'][0]:.2f} (gain {100 * gain:+.2f}, "
+                f"R8 accuracy {100 * acc[m][0]:.2f} vs none {100 * acc['none'][0]:.2f} "
+                f"(gain {100 * gain:+.2f}, "
                 f"seed sd {100 * acc[m][1]:.2f} / {100 * acc['none'][1]:.2f}, {len(budget.seeds)} seeds, "
                 f"{budget.steps} steps)",
             )
@@ -590,7 +597,8 @@ def _claims(result, budget, rid, cross, graph) -> None:
                 "App. B.1.2",
                 f"{m} alignment lowers the total MMD(q, k) (paper: 0.057 -> 0.0038, 15x)",
                 _clear(mmd["none"][0] - mmd[m][0], mmd[m][1], mmd["none"][1]),
-                f"total MMD {mmd[m][0]:.4f} ± {mmd[m][1]:.4f} vs none {mmd['none'][0]:.4f} ± {mmd['none'][1]:.4f} "
+                f"total MMD {mmd[m][0]:.4f} ± {mmd[m][1]:.4f} "
+                f"vs none {mmd['none'][0]:.4f} ± {mmd['none'][1]:.4f} "
                 f"({ratio:.2f}x lower)",
             )
         )
@@ -605,7 +613,8 @@ def _claims(result, budget, rid, cross, graph) -> None:
                 "Table 2",
                 f"{m} alignment raises out-of-domain accuracy",
                 _clear(od, a_m[1], a_n[1]),
-                f"20NG shifted sub-groups: accuracy change {100 * od:+.2f} points (seed sd {100 * a_m[1]:.2f} / "
+                f"20NG shifted sub-groups: accuracy change {100 * od:+.2f} points "
+                f"(seed sd {100 * a_m[1]:.2f} / "
                 f"{100 * a_n[1]:.2f})",
             )
         )

@@ -194,16 +194,27 @@ def _classification(result: ReproduceResult, b: dict, seed: int, size: int = 28)
         gen = torch.Generator().manual_seed(seed)
         if name.startswith("RAM"):
             model = RecurrentAttentionModel(glimpse_size=6, scales=3, glimpses=6)
-            loss_fn = lambda x, y, m=model: m.loss(x, y)[0]
-            predict = lambda x, m=model: m(x).logits
+
+            def loss_fn(x, y, m=model):
+                return m.loss(x, y)[0]
+
+            def predict(x, m=model):
+                return m(x).logits
         elif name.startswith("CNN"):
             model = _SmallCNN(size)
-            loss_fn = lambda x, y, m=model: F.cross_entropy(m(x), y)
+
+            def loss_fn(x, y, m=model):
+                return F.cross_entropy(m(x), y)
+
             predict = model
         else:
             model = DRAWClassifier(size, size, read_n=6, steps=4)
-            loss_fn = lambda x, y, m=model: F.cross_entropy(m(x)[0], y)
-            predict = lambda x, m=model: m(x)[0]
+
+            def loss_fn(x, y, m=model):
+                return F.cross_entropy(m(x)[0], y)
+
+            def predict(x, m=model):
+                return m(x)[0]
 
         def step(_, loss_fn=loss_fn, gen=gen):
             idx = torch.randint(0, len(xs), (b["batch"],), generator=gen)
@@ -259,7 +270,9 @@ def _classification(result: ReproduceResult, b: dict, seed: int, size: int = 28)
 
 # -- 3. DRAW ---------------------------------------------------------------------------------------------
 def _draw(result: ReproduceResult, b: dict, seed: int) -> float:
-    up = lambda a: F.interpolate(torch.from_numpy(a)[:, None], scale_factor=2, mode="bilinear")
+    def up(a):
+        return F.interpolate(torch.from_numpy(a)[:, None], scale_factor=2, mode="bilinear")
+
     x, xt = up(load_digit_images("train")[0]).clamp(0, 1), up(load_digit_images("test")[0]).clamp(0, 1)
     torch.manual_seed(seed)
     model = DRAW(16, 16, steps=8, read_n=4, write_n=4, hidden_dim=128, latent_dim=8)
