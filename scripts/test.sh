@@ -13,5 +13,8 @@ fi
 # The [triton] extra: its kernels are tested on the CPU in Triton's interpreter (tests/kernels/test_triton_*).
 .venv/bin/python -m pip install -q -e ".[triton]" 2>&1 | grep -v '^WARNING: Location' || true
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+# One thread per test process: pytest -n 2 runs two processes on two cores, and more threads than cores
+# slow small tensor operations by several times (tests of threaded kernels set their thread counts).
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 .venv/bin/ruff check src tests benchmarks
 exec .venv/bin/python -m pytest -n 2 -q "$@"
