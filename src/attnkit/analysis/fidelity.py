@@ -101,7 +101,8 @@ def load_result(folder: Union[str, Path]) -> ReproduceResult:
     path = folder / "summary.json"
     try:
         data = json.loads(path.read_text())
-        claims = [Claim(**{k: c[k] for k in ("source", "statement", "held", "evidence", "paper", "ours", "criterion")
+        claims = [Claim(**{k: c[k]
+                           for k in ("source", "statement", "held", "evidence", "paper", "ours", "criterion")
                            if k in c}) for c in data["claims"]]
         result = ReproduceResult(name=data["name"], out=folder, rows=list(data["rows"]), claims=claims,
                                  files=[folder / f for f in data["files"]], seconds=float(data["seconds"]),

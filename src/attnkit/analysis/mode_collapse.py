@@ -126,7 +126,8 @@ def simulate_self_attention(
         raise ValueError(f"steps={steps!r}; expected an integer >= 0")
     if scores not in SCORE_KINDS:
         raise ValueError(f"unknown scores {scores!r}; expected one of {SCORE_KINDS}")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+    if (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)
+            or scale <= 0):
         raise ValueError(f"scale={scale!r}; expected a finite number > 0 (1 is the papers' setting)")
     x = _check_points(points).to(torch.float64)  # (N, d)
     trajectory = [x]

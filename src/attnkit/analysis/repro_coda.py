@@ -59,7 +59,8 @@ def coda_matrices(result: ReproduceResult, quick: bool = False, seed: int = 0) -
     e1, m1 = by[("trained", "tanh(E)")], by[("trained", "M")]
     corr = float(np.corrcoef(run.after["tanh(E)"], run.after["M"])[0, 1])
     note = "; Fig. 2 is a histogram, the thresholds are ours"
-    result.budget = f"{steps} Adam steps (batch 64), one CoDA layer (d 32, 2 heads), signed-sum task, seed {seed}"
+    result.budget = (f"{steps} Adam steps (batch 64), one CoDA layer (d 32, 2 heads), signed-sum task, "
+                     f"seed {seed}")
     result.claims += [
         Claim("CoDA sec. 5", f"the gate {gate_name} saturates towards {{0, 1}}",
               g1["frac gate saturated"] > g0["frac gate saturated"] and g1["frac gate saturated"] > 0.25,
@@ -73,7 +74,8 @@ def coda_matrices(result: ReproduceResult, quick: bool = False, seed: int = 0) -
               f"{e1['frac |x| < 0.1']:.3f}" + note, paper="peak at 0, both signs",
               ours=f"median {e1['median']:.3f}, {e1['frac < 0']:.2f} negative", criterion="different"),
         Claim("CoDA sec. 5", "at convergence tanh(E) is biased towards negative values",
-              e1["mean"] < 0, f"mean tanh(E) {e1['mean']:.3f}", paper="mean < 0", ours=f"mean {e1['mean']:.3f}"),
+              e1["mean"] < 0, f"mean tanh(E) {e1['mean']:.3f}", paper="mean < 0",
+              ours=f"mean {e1['mean']:.3f}"),
         Claim("CoDA sec. 5", "M follows tanh(E), with more values close to 0",
               corr > 0.7 and m1["frac |x| < 0.1"] > e1["frac |x| < 0.1"],
               f"corr(M, tanh E) {corr:.3f}; share |x| < 0.1: M {m1['frac |x| < 0.1']:.3f}, "

@@ -70,7 +70,8 @@ def explain_away_training(result: ReproduceResult, quick: bool = False, seed: in
                 for name in attn for s, run in zip(seeds, runs[name]) for v in run.log_sums]
     result.add_file(write_csv(out / "final_log_sums.csv", log_rows))
     result.add_file(plot_log_sum_histograms(
-        {name: np.concatenate([r.log_sums for r in runs[name]]) for name in attn}, out / "log_sum_histogram.png",
+        {name: np.concatenate([r.log_sums for r in runs[name]]) for name in attn},
+        out / "log_sum_histogram.png",
         eps=EPS, bound=bound,
         title=f"log key weight sums after {steps} steps ({n_seeds} seeds; paper Fig. 1: most LNAS < -20)",
     ))
@@ -113,20 +114,23 @@ def explain_away_training(result: ReproduceResult, quick: bool = False, seed: in
     u = np.asarray(final_u)
     result.claims += [
         Claim("later version Fig. 1 (caption)",
-              "Majority of the neurons in LNAS are eps-explained away, as the logarithm of their weights-sum is "
-              "less than -20", bool(np.all(soft_b20 > 0.5)),
-              f"share of LNAS keys with log sum < -20 per seed: {np.round(soft_b20, 3).tolist()}; lowest log sum "
+              "Majority of the neurons in LNAS are eps-explained away, as the logarithm of their "
+              "weights-sum is less than -20", bool(np.all(soft_b20 > 0.5)),
+              f"share of LNAS keys with log sum < -20 per seed: {np.round(soft_b20, 3).tolist()}; "
+              "lowest log sum "
               f"{min(r.log_sums.min() for r in runs['softmax']):.1f}",
               paper="> 50% of keys below -20", ours=spread(soft_b20)),
         Claim("later version sec. 4 (eps = 1e-3)",
               "a large share of LNAS keys is eps-explained-away (sum < 1e-3), none under DNAS",
               bool(np.all(soft_eps > 0.1) and np.all(dnas_eps == 0)),
-              f"share below eps: LNAS {spread(soft_eps)}, DNAS {spread(dnas_eps)}; looser than the paper's -20 "
+              f"share below eps: LNAS {spread(soft_eps)}, DNAS {spread(dnas_eps)}; "
+              "looser than the paper's -20 "
               "(log 1e-3 = -6.9) and 'large share' read as > 10%",
               paper="majority below -20", ours=f"LNAS {spread(soft_eps)} below 1e-3", criterion="weaker"),
         Claim("draft Fig. 1 / Lemma 1", "DNAS keeps every key's weight sum >= 1/n_k throughout training",
               bool(dnas_min >= 1 - 1e-6),
-              f"min over {n_seeds} seeds x {len(first['dnas'].steps)} evaluations of n_k * sum = {dnas_min:.4f}",
+              f"min over {n_seeds} seeds x {len(first['dnas'].steps)} evaluations of n_k * sum = "
+              f"{dnas_min:.4f}",
               paper=">= 1/n_k (proof)", ours=f"min n_k * sum {dnas_min:.4f}"),
         Claim("later version Fig. 3 / sec. 6.1",
               "the hybrid weight rapidly converges to 1.0: the model heavily favors DNAS over LNAS",
@@ -138,8 +142,9 @@ def explain_away_training(result: ReproduceResult, quick: bool = False, seed: in
               paper="u -> 1.0", ours=spread(u), criterion="weaker"),
         Claim("later version Table 1", "attention (LNAS) improves over the no-attn baseline",
               mean_acc["softmax"] > mean_acc["uniform"],
-              f"mean accuracy LNAS {mean_acc['softmax']:.4f} vs no-attn {mean_acc['uniform']:.4f} (synthetic task, "
-              "not VQA)", paper="69.14 vs 68.79", ours=f"{spread(accuracy['softmax'])} vs {spread(accuracy['uniform'])}",
+              f"mean accuracy LNAS {mean_acc['softmax']:.4f} vs no-attn {mean_acc['uniform']:.4f} "
+              "(synthetic task, not VQA)", paper="69.14 vs 68.79",
+              ours=f"{spread(accuracy['softmax'])} vs {spread(accuracy['uniform'])}",
               criterion="different"),
         Claim("later version Table 1", "DNAS achieves better accuracy than LNAS",
               mean_acc["dnas"] > mean_acc["softmax"],
@@ -230,7 +235,8 @@ def lemma1(result: ReproduceResult, quick: bool = False, seed: int = 0) -> None:
               overall["dnas"] >= 1 - 1e-9, f"observed min {overall['dnas']:.6f} over "
               f"{len(LEMMA1_CASES) * trials} inputs", paper=">= 1 (proof)", ours=f"{overall['dnas']:.6f}"),
         Claim("Lemma 1 proof applied to Sinkhorn", "Sinkhorn (3 iterations) also keeps n_k * sum >= 1",
-              overall["sinkhorn"] >= 1 - 1e-9, f"observed min {overall['sinkhorn']:.6f}", paper=">= 1 (proof)",
+              overall["sinkhorn"] >= 1 - 1e-9, f"observed min {overall['sinkhorn']:.6f}",
+              paper=">= 1 (proof)",
               ours=f"{overall['sinkhorn']:.6f}"),
         Claim("draft sec. 5.1", "softmax has no such bound (keys can be explained away)",
               overall["softmax"] < 1, f"observed min {overall['softmax']:.3e}", paper="no bound",

@@ -65,7 +65,8 @@ def mode_collapse_curves(result: ReproduceResult, quick: bool = False, seed: int
     """Draft Fig. 2: closed forms against simulation, DNAS >= LNAS, equality at r = 1."""
     out = result.out
     r = np.logspace(-2, 2, 81 if quick else 201)
-    result.budget = f"closed forms on {len(r)} ratios r, simulation at {len(SIMULATED_SIZES)} sizes x 3 values of a"
+    result.budget = (f"closed forms on {len(r)} ratios r, simulation at {len(SIMULATED_SIZES)} sizes "
+                     "x 3 values of a")
     curves, simulated = {}, {}
     curve_rows, sim_rows = [], []
     for a in CURVE_A_VALUES:
@@ -107,7 +108,8 @@ def mode_collapse_curves(result: ReproduceResult, quick: bool = False, seed: int
     at_one = max(abs(center_distance_dnas(1.0, a) - center_distance_lnas(1.0, a)) for a in CURVE_A_VALUES)
     decays = all(np.all(curves[a][m] < 2 * a) for a in CURVE_A_VALUES for m in ("softmax", "dnas"))
     result.claims += [
-        Claim("draft eqs. (11)-(14)", "the closed forms match simulated self-attention on exactly separated clusters",
+        Claim("draft eqs. (11)-(14)",
+              "the closed forms match simulated self-attention on exactly separated clusters",
               max_err < 1e-6, f"max |closed form - simulated| = {max_err:.2e} over {len(sim_rows)} points",
               paper="eqs. (11)-(14)", ours=f"max error {max_err:.1e}"),
         Claim("draft sec. 5.2", "the center distance decays after one step under both schemes",
@@ -200,7 +202,8 @@ def mode_collapse_2d(result: ReproduceResult, quick: bool = False, seed: int = 0
     lnas_b, ev_lb = share("balanced", "softmax", 2)
     dnas_b, ev_db = share("balanced", "dnas", 2)
     result.claims += [
-        Claim("later version App. E, Figs. 6/9", "unbalanced 500/50: LNAS collapses to one cluster after 4 steps",
+        Claim("later version App. E, Figs. 6/9",
+              "unbalanced 500/50: LNAS collapses to one cluster after 4 steps",
               lnas_u, f"1 cluster in {ev_lu}; {rule}", paper="1 cluster", ours=f"1 cluster in {ev_lu}"),
         Claim("later version App. E, Figs. 6/9", "unbalanced 500/50: DNAS keeps two clusters after 4 steps",
               dnas_u, f"2 clusters in {ev_du}", paper="2 clusters", ours=f"2 clusters in {ev_du}"),
@@ -215,7 +218,10 @@ def mode_collapse_2d(result: ReproduceResult, quick: bool = False, seed: int = 0
 
 
 def mode_collapse_sweep(
-    seeds: Sequence[int], stds: Sequence[float] = SWEEP_STDS, scales: Sequence[float] = SWEEP_SCALES, steps: int = 4
+    seeds: Sequence[int],
+    stds: Sequence[float] = SWEEP_STDS,
+    scales: Sequence[float] = SWEEP_SCALES,
+    steps: int = 4,
 ) -> list[dict]:
     """Final cluster counts for every case, mechanism, std, score scale and seed: one dict per run."""
     rows = []
@@ -230,7 +236,9 @@ def mode_collapse_sweep(
     return rows
 
 
-def _two_cluster_share(rows: list[dict], case: str, name: str, scale: float, stds: Sequence[float]) -> np.ndarray:
+def _two_cluster_share(
+    rows: list[dict], case: str, name: str, scale: float, stds: Sequence[float]
+) -> np.ndarray:
     return np.asarray([np.mean([r["final_clusters"] == 2 for r in rows if r["case"] == case and
                                 r["mechanism"] == name and r["scale"] == scale and r["std"] == std])
                        for std in stds])
@@ -257,7 +265,8 @@ def _plot_sweep(rows: list[dict], stds, scales, path, title: str):
                              squeeze=False, sharex=True, sharey=True)
     for i, case in enumerate(_CASES_2D):
         for j, name in enumerate(names):
-            grid = np.stack([_two_cluster_share(rows, case, name, sc, stds) for sc in scales])  # (scales, stds)
+            # (scales, stds)
+            grid = np.stack([_two_cluster_share(rows, case, name, sc, stds) for sc in scales])
             ax = axes[i][j]
             im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="lower")
             ax.set_xticks(range(len(stds)), [f"{v:g}" for v in stds], rotation=90, fontsize=7)
@@ -291,20 +300,25 @@ def _sweep_into(result: ReproduceResult, seeds: Sequence[int]) -> None:
                    and r["scale"] == scale and r["std"] == std)
 
     def pattern_at(scale: float) -> list[bool]:
-        return [all_seeds("unbalanced", "softmax", 1, std, scale) and all_seeds("unbalanced", "dnas", 2, std, scale)
-                and all_seeds("balanced", "softmax", 2, std, scale) and all_seeds("balanced", "dnas", 2, std, scale)
+        return [all_seeds("unbalanced", "softmax", 1, std, scale)
+                and all_seeds("unbalanced", "dnas", 2, std, scale)
+                and all_seeds("balanced", "softmax", 2, std, scale)
+                and all_seeds("balanced", "dnas", 2, std, scale)
                 for std in SWEEP_STDS]
 
     pattern = pattern_at(1.0)
     where = _std_range(np.asarray(pattern, dtype=float), SWEEP_STDS)
-    other_scales = "; ".join(f"scale {sc:g}: std {_std_range(np.asarray(pattern_at(sc), dtype=float), SWEEP_STDS)}"
-                             for sc in SWEEP_SCALES if sc != 1.0)
+    other_scales = "; ".join(
+        f"scale {sc:g}: std {_std_range(np.asarray(pattern_at(sc), dtype=float), SWEEP_STDS)}"
+        for sc in SWEEP_SCALES if sc != 1.0)
     dnas_u = _std_range(_two_cluster_share(rows, "unbalanced", "dnas", 1.0, SWEEP_STDS), SWEEP_STDS)
     soft_u = _std_range(_two_cluster_share(rows, "unbalanced", "softmax", 1.0, SWEEP_STDS), SWEEP_STDS)
     result.claims += [
         Claim("later version App. E, Figs. 6/8/9 (sensitivity)",
-              "the full pattern (500/50: LNAS one cluster, DNAS two; 225/225: both two) holds across the spreads",
-              bool(all(pattern)), f"pattern holds in every seed at std {where} of {SWEEP_STDS} (score scale 1; {other_scales}); "
+              "the full pattern (500/50: LNAS one cluster, DNAS two; 225/225: both two) holds across the "
+              "spreads",
+              bool(all(pattern)),
+              f"pattern holds in every seed at std {where} of {SWEEP_STDS} (score scale 1; {other_scales}); "
               f"unbalanced two clusters: DNAS at std {dnas_u}, LNAS at std {soft_u}",
               paper="one unstated covariance", ours=f"std {where}", criterion="different"),
     ]

@@ -3,7 +3,8 @@
 Targets (``TARGETS``):
 
 - ``mode-collapse-curves``: "Doubly-Normalized Attention" Fig. 2, eqs. (11)-(14), closed forms and simulation.
-- ``mode-collapse-2d``: "Attention that does not Explain Away" (arXiv:2009.14308) Appendix E, cluster counts after 4 steps (500/50 and 225/225).
+- ``mode-collapse-2d``: "Attention that does not Explain Away" (arXiv:2009.14308) Appendix E, cluster counts
+  after 4 steps (500/50 and 225/225).
 - ``explain-away``: Fig. 1 of both versions, a trained multi-view model under LNAS, DNAS, HNAS.
 - ``lemma1``: "Doubly-Normalized Attention" Lemma 1 on random inputs across shapes and masks.
 - ``coda-matrices``: CoDA Fig. 2, histograms of the gate, ``tanh(E)`` and ``M`` of a trained model.
@@ -11,7 +12,8 @@ Targets (``TARGETS``):
   canvases and generated bAbI-style tasks (several minutes; ``quick`` about two).
 - ``lecture-seq``: RNN encoder-decoders (vanilla, content, location, mixed attention) and CTC on
   grapheme-to-phoneme and number words: error rates, accuracy vs input length, alignments.
-- ``alignment``: alignment attention (Tables 1, 2, 4 at CPU scale); the full budget takes far longer than the others.
+- ``alignment``: alignment attention (Tables 1, 2, 4 at CPU scale); the full budget takes far longer than the
+  others.
 - ``sinkhorn-iters``: later version sec. 3, more Sinkhorn iterations cost time and do not help.
 - ``coda-cross``: CoDA Tables 2-3, bidirectional CoDA cross-attention on a sentence-pair task.
 - ``hnas-pretraining``: later version Fig. 4 / Table 2, HNAS u over MLM pretraining, fine-tuned versions.
@@ -67,17 +69,23 @@ TARGETS: dict[str, TargetFn] = {
     "mlu": mlu_ablations,
 }
 TARGET_HELP: dict[str, str] = {
-    "mode-collapse-curves": "'Doubly-Normalized Attention' Fig. 2: center distance after one step vs r, LNAS vs DNAS, closed form + simulation",
+    "mode-collapse-curves": "'Doubly-Normalized Attention' Fig. 2: center distance after one step vs r, "
+    "LNAS vs DNAS, closed form + simulation",
     "mode-collapse-2d": "later App. E: 2-D clusters (500/50, 225/225), 4 steps, clusters left per mechanism",
     "explain-away": "Fig. 1: trained multi-view model, log weight sums and min weight sum vs the 1/n_k bound",
-    "lemma1": "'Doubly-Normalized Attention' Lemma 1: min of n_k * sum_i pi_ij over random inputs, shapes and masks",
+    "lemma1": "'Doubly-Normalized Attention' Lemma 1: min of n_k * sum_i pi_ij over random inputs, "
+    "shapes and masks",
     "coda-matrices": "CoDA Fig. 2: histograms of sigmoid(N), tanh(E) and M of a trained CoDA model",
     "lecture-visual": "lecture: Show-Attend-Tell soft vs hard, RAM vs CNN, DRAW, memory networks 1 vs 3 hops",
-    "lecture-seq": "lecture seq2seq: vanilla / content / GMM / mixed attention and CTC on g2p and number words",
-    "alignment": "alignment attention: MiniLM on R8, 20NG domain shift, GAT on a kNN document graph (minutes-hours)",
+    "lecture-seq": "lecture seq2seq: vanilla / content / GMM / mixed attention and CTC on g2p "
+    "and number words",
+    "alignment": "alignment attention: MiniLM on R8, 20NG domain shift, GAT on a kNN document graph "
+    "(minutes-hours)",
     "sinkhorn-iters": "later sec. 3: Sinkhorn k = 0..5 on the multi-view task, accuracy and time per k",
-    "coda-cross": "CoDA Tables 2-3: CoDA cross-attention vs decomposable attention vs none on Reuters topic pairs",
-    "hnas-pretraining": "later Fig. 4 / Table 2: MLM pretraining, HNAS u per layer, LNAS/DNAS/HNAS fine-tuned",
+    "coda-cross": "CoDA Tables 2-3: CoDA cross-attention vs decomposable attention vs none "
+    "on Reuters topic pairs",
+    "hnas-pretraining": "later Fig. 4 / Table 2: MLM pretraining, HNAS u per layer, "
+    "LNAS/DNAS/HNAS fine-tuned",
     "hnas-headlines": "later Fig. 5 / Table 3: Reuters headline generation, LNAS/DNAS/HNAS encoder, ROUGE, u",
     "mlu": "CoDA Table 6 + Tables 8/9: MLU with operands in [-16, 16), softmax vs CoDA and its ablations",
 }

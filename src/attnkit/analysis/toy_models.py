@@ -80,7 +80,8 @@ class MultiViewFusion(nn.Module):
 
     def forward(self, primary: Tensor, secondary: Tensor, key_mask: Optional[Tensor] = None) -> Tensor:
         if self.config is None:  # no attention: the mean of the real secondary boxes
-            keep = torch.ones(secondary.shape[:2], dtype=torch.bool) if key_mask is None else key_mask  # (B, Lk)
+            # (B, Lk)
+            keep = torch.ones(secondary.shape[:2], dtype=torch.bool) if key_mask is None else key_mask
             pooled = (secondary * keep[..., None]).sum(1) / keep.sum(1, keepdim=True).clamp_min(1)  # (B, F)
             h = self.norm(primary + pooled[:, None])  # (B, Lq, F)
             return self.classifier(h.mean(dim=1))  # (B, C)

@@ -51,8 +51,10 @@ def register(app: typer.Typer) -> None:
             help="reuters8 (default), mlu, another catalog dataset, or a .json/.jsonl dataset file.",
         ),
         mechanisms: Optional[str] = typer.Option(
-            None, "--mechanisms", help="Comma-separated, e.g. softmax,dnas,hnas,sinkhorn,coda,none (none: the no-attention baseline, "
-            "mean pooling).",
+            None,
+            "--mechanisms",
+            help="Comma-separated, e.g. softmax,dnas,hnas,sinkhorn,coda,none (none: the no-attention "
+            "baseline, mean pooling).",
         ),
         seeds: Optional[int] = typer.Option(
             None, "--seeds", help="Seeds per mechanism (mean ± std over them)."

@@ -56,7 +56,9 @@ def register(app: typer.Typer) -> None:
         help=f"Reproduce a figure or claim of the papers (PNG + CSV + table).\n\nTargets:\n\n{targets}"
     )
     def reproduce(
-        name: str = typer.Argument(..., help=f"One of: {', '.join(TARGET_HELP)}, or all (HTML fidelity page)."),
+        name: str = typer.Argument(
+            ..., help=f"One of: {', '.join(TARGET_HELP)}, or all (HTML fidelity page)."
+        ),
         out: Optional[Path] = typer.Option(
             None, "--out", help="Output directory (default runs/reproduce/NAME)."
         ),

@@ -284,7 +284,8 @@ class CompareConfig:
 
     @property
     def variants(self) -> tuple[str, ...]:
-        """The run labels: each mechanism with each alignment method (``dnas+ct``; ``none`` keeps ``dnas``)."""
+        """The run labels: each mechanism with each alignment method (``dnas+ct``; ``none`` keeps
+        ``dnas``)."""
         return tuple(m if a == "none" else f"{m}+{a}" for m in self.mechanisms for a in self.align)
 
     @property
@@ -313,7 +314,9 @@ def _check_align(config) -> None:
     if isinstance(align, str):
         align = tuple(a.strip() for a in align.split(",") if a.strip())
     if not isinstance(align, (tuple, list)) or not align:
-        raise ValueError(f"align={config.align!r}: expected a non-empty list of none, {', '.join(ALIGN_METHODS)}")
+        raise ValueError(
+            f"align={config.align!r}: expected a non-empty list of none, {', '.join(ALIGN_METHODS)}"
+        )
     for a in align:
         if a != "none" and a not in ALIGN_METHODS:
             raise ValueError(f"align contains {a!r}; expected none or one of {ALIGN_METHODS}")
