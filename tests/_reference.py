@@ -126,7 +126,7 @@ def ref_softmax(s: Tensor, valid: Tensor) -> Tensor:
 
 
 def ref_dnas(s: Tensor, valid: Tensor) -> Tensor:
-    """Draft eqs. (7)-(8): normalize over queries i for each key j, then over keys j for each query i."""
+    """DNA eqs. (7)-(8): normalize over queries i for each key j, then over keys j for each query i."""
     shift = torch.where(valid, s, torch.full_like(s, -1e300)).amax(dim=-2, keepdim=True)
     shift = torch.where(shift < -1e299, torch.zeros_like(shift), shift).detach()
     safe = torch.where(valid, s - shift, torch.zeros_like(s))
@@ -136,14 +136,14 @@ def ref_dnas(s: Tensor, valid: Tensor) -> Tensor:
 
 
 def ref_hybrid(s: Tensor, valid: Tensor, u) -> Tensor:
-    """Draft section 6: ``u * pi^D + (1 - u) * pi^L``; ``u`` a number or a per-head tensor ``(H,)``."""
+    """DNA section 6: ``u * pi^D + (1 - u) * pi^L``; ``u`` a number or a per-head tensor ``(H,)``."""
     if isinstance(u, Tensor) and u.dim() == 1:
         u = u.double().view(1, -1, 1, 1)
     return u * ref_dnas(s, valid) + (1 - u) * ref_softmax(s, valid)
 
 
 def ref_sinkhorn(s: Tensor, valid: Tensor, iters: int) -> Tensor:
-    """Draft section 4: ``pi^0 = exp(s)``, then ``iters`` rounds of column then row normalization."""
+    """DNA section 4: ``pi^0 = exp(s)``, then ``iters`` rounds of column then row normalization."""
     p = _exp_valid(s, valid)
     for _ in range(iters):
         p = _normalize(p, dim=-2)

@@ -25,8 +25,8 @@ def test_explain_away_target_quick(tmp_path):
     assert rows["dnas"]["min n_k*sum"] >= 1 - 1e-6
     assert set(rows) == {"uniform", "softmax", "dnas", "hnas"}
     sources = [c.source for c in result.claims]
-    assert "later version Fig. 1 (caption)" in sources and "later version Fig. 3 / sec. 6.1" in sources
-    paper_fig1 = next(c for c in result.claims if c.source == "later version Fig. 1 (caption)")
+    assert "AEA Fig. 1 (caption)" in sources and "AEA Fig. 3 / sec. 6.1" in sources
+    paper_fig1 = next(c for c in result.claims if c.source == "AEA Fig. 1 (caption)")
     assert paper_fig1.criterion == "paper" and "-20" in paper_fig1.paper
     assert {p.name for p in result.files} >= {"log_sum_histogram.png", "min_weight_sum.png",
                                              "hybrid_weight.png", "training_curves.csv"}

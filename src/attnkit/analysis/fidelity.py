@@ -31,17 +31,24 @@ PAPERS: dict[str, str] = {
     "doubly-normalized": "Attention that does not Explain Away (arXiv:2009.14308) and its draft, "
     "Doubly-Normalized Attention",
     "coda": "Compositional De-Attention Networks (NeurIPS 2019)",
+    "alignment": "Alignment Attention by Matching Key and Query Distributions (arXiv:2110.12567)",
+    "lecture": "The attention lecture: content, location, hard, visual and memory attention, CTC",
     "other": "Other papers",
 }
 
 
 def paper_of(target: str) -> str:
     """The paper key of a target (``PAPERS``): CoDA targets start with ``coda``; the doubly-normalized
-    papers' targets are the mode-collapse, explain-away, Lemma 1 and Sinkhorn ones."""
+    papers' targets are the mode-collapse, explain-away, Lemma 1, Sinkhorn and HNAS ones; ``alignment``
+    and the ``lecture-*`` targets have their own sections."""
     if target.startswith("coda") or target.startswith("mlu"):
         return "coda"
     if target.startswith(("mode-collapse", "explain-away", "lemma1", "sinkhorn", "hnas")):
         return "doubly-normalized"
+    if target == "alignment":
+        return "alignment"
+    if target.startswith("lecture"):
+        return "lecture"
     return "other"
 
 

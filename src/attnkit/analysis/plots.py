@@ -131,7 +131,7 @@ def plot_center_distance_curves(
     simulated: Optional[Mapping[float, Mapping[str, tuple[np.ndarray, np.ndarray]]]] = None,
     title: str = "Center distance after one self-attention step",
 ) -> Path:
-    """Draft Fig. 2: ``curves[a][mechanism]`` against ``r`` (log x axis); ``simulated[a][mechanism] = (r, d)``
+    """DNA Fig. 2: ``curves[a][mechanism]`` against ``r`` (log x axis); ``simulated[a][mechanism] = (r, d)``
     drawn as markers on the same axes. One panel per ``a``; LNAS solid, DNAS dashed."""
     plt = _pyplot()
     values = list(curves)
@@ -216,7 +216,7 @@ def plot_log_sum_histograms(
     floor: float = -50.0,
     title: str = "Distribution of log key weight sums",
 ) -> Path:
-    """Later version Fig. 1: histograms of ``log sum_i pi_ij`` per mechanism, with ``log eps`` and
+    """AEA Fig. 1: histograms of ``log sum_i pi_ij`` per mechanism, with ``log eps`` and
     ``log(1/n_k)`` marked. Sums of exactly 0 are drawn at ``floor``."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
@@ -243,7 +243,7 @@ def plot_min_weight_sum(
     bound: Optional[float] = None,
     title: str = "Minimum key weight sum during training",
 ) -> Path:
-    """Draft Fig. 1: ``min_j sum_i pi_ij`` per mechanism against training steps (log y), with ``1/n_k``."""
+    """DNA Fig. 1: ``min_j sum_i pi_ij`` per mechanism against training steps (log y), with ``1/n_k``."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     for name, values in minima.items():

@@ -28,8 +28,8 @@ __all__ = ["explain_away_training", "explain_away_budget", "lemma1", "LEMMA1_CAS
 EPS = 1e-3
 
 
-PAPER_LOG_SUM = -20.0  # later version, Fig. 1 caption: "the logarithm of their weights-sum is less than -20"
-# Later version, Table 1 (VQA v2 test-dev): no-attn 68.79, LNAS 69.14, DNAS 69.70.
+PAPER_LOG_SUM = -20.0  # AEA Fig. 1 caption: "the logarithm of their weights-sum is less than -20"
+# AEA Table 1 (VQA v2 test-dev): no-attn 68.79, LNAS 69.14, DNAS 69.70.
 PAPER_VQA_TEST_DEV = {"uniform": 68.79, "softmax": 69.14, "dnas": 69.70}
 EXPLAIN_AWAY_MECHANISMS = ("uniform", "softmax", "dnas", "hnas")
 
@@ -42,9 +42,9 @@ def explain_away_budget(quick: bool) -> tuple[int, int, int]:
 def explain_away_training(result: ReproduceResult, quick: bool = False, seed: int = 0) -> None:
     """Train the multi-view model with no attention, softmax, dnas and hnas over several seeds.
 
-    Checks the later version's Fig. 1 (most LNAS keys have log weight sums below -20), Fig. 3 (the HNAS
+    Checks AEA's Fig. 1 (most LNAS keys have log weight sums below -20), Fig. 3 (the HNAS
     weight u moves to 1, i.e. towards DNAS) and Table 1 (no-attn < LNAS < DNAS accuracy), each with the
-    paper's criterion, plus the draft's Fig. 1 / Lemma 1 bound and the looser eps = 1e-3 reading.
+    paper's criterion, plus DNA's Fig. 1 / Lemma 1 bound and the looser eps = 1e-3 reading.
     """
     out = result.out
     n_seeds, steps, every = explain_away_budget(quick)
@@ -113,40 +113,40 @@ def explain_away_training(result: ReproduceResult, quick: bool = False, seed: in
     mean_acc = {n: float(np.mean(v)) for n, v in accuracy.items()}
     u = np.asarray(final_u)
     result.claims += [
-        Claim("later version Fig. 1 (caption)",
+        Claim("AEA Fig. 1 (caption)",
               "Majority of the neurons in LNAS are eps-explained away, as the logarithm of their "
               "weights-sum is less than -20", bool(np.all(soft_b20 > 0.5)),
               f"share of LNAS keys with log sum < -20 per seed: {np.round(soft_b20, 3).tolist()}; "
               "lowest log sum "
               f"{min(r.log_sums.min() for r in runs['softmax']):.1f}",
               paper="> 50% of keys below -20", ours=spread(soft_b20)),
-        Claim("later version sec. 4 (eps = 1e-3)",
+        Claim("AEA sec. 4 (eps = 1e-3)",
               "a large share of LNAS keys is eps-explained-away (sum < 1e-3), none under DNAS",
               bool(np.all(soft_eps > 0.1) and np.all(dnas_eps == 0)),
               f"share below eps: LNAS {spread(soft_eps)}, DNAS {spread(dnas_eps)}; "
               "looser than the paper's -20 "
               "(log 1e-3 = -6.9) and 'large share' read as > 10%",
               paper="majority below -20", ours=f"LNAS {spread(soft_eps)} below 1e-3", criterion="weaker"),
-        Claim("draft Fig. 1 / Lemma 1", "DNAS keeps every key's weight sum >= 1/n_k throughout training",
+        Claim("DNA Fig. 1 / Lemma 1", "DNAS keeps every key's weight sum >= 1/n_k throughout training",
               bool(dnas_min >= 1 - 1e-6),
               f"min over {n_seeds} seeds x {len(first['dnas'].steps)} evaluations of n_k * sum = "
               f"{dnas_min:.4f}",
               paper=">= 1/n_k (proof)", ours=f"min n_k * sum {dnas_min:.4f}"),
-        Claim("later version Fig. 3 / sec. 6.1",
+        Claim("AEA Fig. 3 / sec. 6.1",
               "the hybrid weight rapidly converges to 1.0: the model heavily favors DNAS over LNAS",
               bool(np.all(u > 0.9)), f"final u per seed {np.round(u, 3).tolist()} from u0 = 0.5 "
               f"(direction: {'towards DNAS' if u.mean() > 0.5 else 'towards LNAS (softmax)'})",
               paper="u -> 1.0", ours=spread(u)),
-        Claim("later version Fig. 3 (direction only)", "u moves from u0 = 0.5 towards DNAS (u > 0.5)",
+        Claim("AEA Fig. 3 (direction only)", "u moves from u0 = 0.5 towards DNAS (u > 0.5)",
               bool(np.all(u > 0.5)), f"final u per seed {np.round(u, 3).tolist()}",
               paper="u -> 1.0", ours=spread(u), criterion="weaker"),
-        Claim("later version Table 1", "attention (LNAS) improves over the no-attn baseline",
+        Claim("AEA Table 1", "attention (LNAS) improves over the no-attn baseline",
               mean_acc["softmax"] > mean_acc["uniform"],
               f"mean accuracy LNAS {mean_acc['softmax']:.4f} vs no-attn {mean_acc['uniform']:.4f} "
               "(synthetic task, not VQA)", paper="69.14 vs 68.79",
               ours=f"{spread(accuracy['softmax'])} vs {spread(accuracy['uniform'])}",
               criterion="different"),
-        Claim("later version Table 1", "DNAS achieves better accuracy than LNAS",
+        Claim("AEA Table 1", "DNAS achieves better accuracy than LNAS",
               mean_acc["dnas"] > mean_acc["softmax"],
               f"mean accuracy DNAS {mean_acc['dnas']:.4f} vs LNAS {mean_acc['softmax']:.4f} (synthetic task)",
               paper="69.70 vs 69.14", ours=f"{spread(accuracy['dnas'])} vs {spread(accuracy['softmax'])}",
@@ -231,14 +231,14 @@ def lemma1(result: ReproduceResult, quick: bool = False, seed: int = 0) -> None:
             }
         )
     result.claims += [
-        Claim("draft Lemma 1 (App. B)", "DNAS: every key with a valid query gets n_k * sum_i pi_ij >= 1",
+        Claim("DNA Lemma 1 (App. B)", "DNAS: every key with a valid query gets n_k * sum_i pi_ij >= 1",
               overall["dnas"] >= 1 - 1e-9, f"observed min {overall['dnas']:.6f} over "
               f"{len(LEMMA1_CASES) * trials} inputs", paper=">= 1 (proof)", ours=f"{overall['dnas']:.6f}"),
         Claim("Lemma 1 proof applied to Sinkhorn", "Sinkhorn (3 iterations) also keeps n_k * sum >= 1",
               overall["sinkhorn"] >= 1 - 1e-9, f"observed min {overall['sinkhorn']:.6f}",
               paper=">= 1 (proof)",
               ours=f"{overall['sinkhorn']:.6f}"),
-        Claim("draft sec. 5.1", "softmax has no such bound (keys can be explained away)",
+        Claim("DNA sec. 5.1", "softmax has no such bound (keys can be explained away)",
               overall["softmax"] < 1, f"observed min {overall['softmax']:.3e}", paper="no bound",
               ours=f"{overall['softmax']:.3e}"),
     ]

@@ -205,7 +205,7 @@ def headline_generation(result: ReproduceResult, quick: bool = False, seed: int 
     mean_l = {m: float(np.mean([r["rougeL"] for r in v])) for m, v in scores.items()}
     result.claims += [
         Claim(
-            "later version Fig. 5 / sec. 6.3",
+            "AEA Fig. 5 / sec. 6.3",
             "the hybrid weights favor LNAS in the encoder (u < 0.5)",
             bool(np.all(layer_u < 0.5)),
             f"final u per encoder layer (bottom to top) {np.round(layer_u, 3).tolist()}; largest move from "
@@ -214,7 +214,7 @@ def headline_generation(result: ReproduceResult, quick: bool = False, seed: int 
             ours=f"max layer u {layer_u.max():.3f}",
         ),
         Claim(
-            "later version Fig. 5 / sec. 6.3",
+            "AEA Fig. 5 / sec. 6.3",
             "DNAS contributes most in the middle layers (u highest there)",
             bool(layer_u[1:-1].max() > max(layer_u[0], layer_u[-1])),
             f"middle-layer u {np.round(layer_u[1:-1], 3).tolist()} vs bottom {layer_u[0]:.3f}, "
@@ -223,7 +223,7 @@ def headline_generation(result: ReproduceResult, quick: bool = False, seed: int 
             ours=f"{np.round(layer_u, 3).tolist()}",
         ),
         Claim(
-            "later version Table 3",
+            "AEA Table 3",
             "HNAS and DNAS encoders beat the LNAS encoder (ROUGE-L)",
             mean_l["hnas"] > mean_l["softmax"] and mean_l["dnas"] > mean_l["softmax"],
             f"mean ROUGE-L F1: LNAS {mean_l['softmax']:.2f}, DNAS {mean_l['dnas']:.2f}, "

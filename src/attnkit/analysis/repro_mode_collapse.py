@@ -62,7 +62,7 @@ SIMULATED_SIZES = (
 
 
 def mode_collapse_curves(result: ReproduceResult, quick: bool = False, seed: int = 0) -> None:
-    """Draft Fig. 2: closed forms against simulation, DNAS >= LNAS, equality at r = 1."""
+    """DNA Fig. 2: closed forms against simulation, DNAS >= LNAS, equality at r = 1."""
     out = result.out
     r = np.logspace(-2, 2, 81 if quick else 201)
     result.budget = (f"closed forms on {len(r)} ratios r, simulation at {len(SIMULATED_SIZES)} sizes "
@@ -108,17 +108,17 @@ def mode_collapse_curves(result: ReproduceResult, quick: bool = False, seed: int
     at_one = max(abs(center_distance_dnas(1.0, a) - center_distance_lnas(1.0, a)) for a in CURVE_A_VALUES)
     decays = all(np.all(curves[a][m] < 2 * a) for a in CURVE_A_VALUES for m in ("softmax", "dnas"))
     result.claims += [
-        Claim("draft eqs. (11)-(14)",
+        Claim("DNA eqs. (11)-(14)",
               "the closed forms match simulated self-attention on exactly separated clusters",
               max_err < 1e-6, f"max |closed form - simulated| = {max_err:.2e} over {len(sim_rows)} points",
               paper="eqs. (11)-(14)", ours=f"max error {max_err:.1e}"),
-        Claim("draft sec. 5.2", "the center distance decays after one step under both schemes",
+        Claim("DNA sec. 5.2", "the center distance decays after one step under both schemes",
               decays, f"all distances < 2a for a in {CURVE_A_VALUES}", paper="distance < 2a",
               ours="all < 2a" if decays else "not all < 2a"),
-        Claim("draft sec. 5.2 / App. C", "the DNAS distance upper-bounds LNAS for r != 1",
+        Claim("DNA sec. 5.2 / App. C", "the DNAS distance upper-bounds LNAS for r != 1",
               bool(np.all(gaps[off_one] > 0)), f"min (DNAS - LNAS) over r != 1: {gaps[off_one].min():.3e}",
               paper="DNAS > LNAS", ours=f"min gap {gaps[off_one].min():.2e}"),
-        Claim("draft App. C", "at r = 1 both schemes give the same distance",
+        Claim("DNA App. C", "at r = 1 both schemes give the same distance",
               at_one < 1e-12, f"max |DNAS - LNAS| at r = 1: {at_one:.1e}", paper="equal",
               ours=f"max difference {at_one:.1e}"),
     ]
@@ -202,12 +202,12 @@ def mode_collapse_2d(result: ReproduceResult, quick: bool = False, seed: int = 0
     lnas_b, ev_lb = share("balanced", "softmax", 2)
     dnas_b, ev_db = share("balanced", "dnas", 2)
     result.claims += [
-        Claim("later version App. E, Figs. 6/9",
+        Claim("AEA App. E, Figs. 6/9",
               "unbalanced 500/50: LNAS collapses to one cluster after 4 steps",
               lnas_u, f"1 cluster in {ev_lu}; {rule}", paper="1 cluster", ours=f"1 cluster in {ev_lu}"),
-        Claim("later version App. E, Figs. 6/9", "unbalanced 500/50: DNAS keeps two clusters after 4 steps",
+        Claim("AEA App. E, Figs. 6/9", "unbalanced 500/50: DNAS keeps two clusters after 4 steps",
               dnas_u, f"2 clusters in {ev_du}", paper="2 clusters", ours=f"2 clusters in {ev_du}"),
-        Claim("later version App. E, Fig. 8", "balanced 225/225: both LNAS and DNAS keep two clusters",
+        Claim("AEA App. E, Fig. 8", "balanced 225/225: both LNAS and DNAS keep two clusters",
               lnas_b and dnas_b, f"LNAS 2 clusters in {ev_lb}, DNAS in {ev_db}", paper="2 and 2",
               ours=f"LNAS {ev_lb}, DNAS {ev_db}"),
     ]
@@ -314,7 +314,7 @@ def _sweep_into(result: ReproduceResult, seeds: Sequence[int]) -> None:
     dnas_u = _std_range(_two_cluster_share(rows, "unbalanced", "dnas", 1.0, SWEEP_STDS), SWEEP_STDS)
     soft_u = _std_range(_two_cluster_share(rows, "unbalanced", "softmax", 1.0, SWEEP_STDS), SWEEP_STDS)
     result.claims += [
-        Claim("later version App. E, Figs. 6/8/9 (sensitivity)",
+        Claim("AEA App. E, Figs. 6/8/9 (sensitivity)",
               "the full pattern (500/50: LNAS one cluster, DNAS two; 225/225: both two) holds across the "
               "spreads",
               bool(all(pattern)),

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 PAD, UNK, MASK = 0, 1, 2
-# Table 2 of the later version (SQuAD 1.1 F1 / SQuAD 2.0 F1 / RACE / GLUE avg):
+# Table 2 of the AEA (SQuAD 1.1 F1 / SQuAD 2.0 F1 / RACE / GLUE avg):
 # LNAS 92.2 / 83.6 / 74.2 / 84.5,
 # DNAS 92.4 / 84.2 / 74.3 / 85.2, HNAS 92.2 / 84.8 / 74.3 / 84.7.
 PAPER_TABLE2 = "GLUE avg: LNAS 84.5, DNAS 85.2, HNAS 84.7"
@@ -300,7 +300,7 @@ def hnas_pretraining(result: ReproduceResult, quick: bool = False, seed: int = 0
     mean = {m: float(np.mean(v)) for m, v in acc.items()}
     result.claims += [
         Claim(
-            "later version Fig. 4 / sec. 6.2",
+            "AEA Fig. 4 / sec. 6.2",
             "the hybrid weights (averaged over the heads of each layer) are "
             "always larger than 0.5: DNAS is preferred for pretraining",
             bool(np.all(layer_u > 0.5)),
@@ -310,7 +310,7 @@ def hnas_pretraining(result: ReproduceResult, quick: bool = False, seed: int = 0
             ours=f"min layer u {layer_u.min():.3f}",
         ),
         Claim(
-            "later version Fig. 4 / sec. 6.2",
+            "AEA Fig. 4 / sec. 6.2",
             "LNAS has more weight for higher layers (u decreases with depth)",
             slope < 0,
             f"slope of u over the layers {slope:+.4f} per layer",
@@ -318,7 +318,7 @@ def hnas_pretraining(result: ReproduceResult, quick: bool = False, seed: int = 0
             ours=f"slope {slope:+.4f}",
         ),
         Claim(
-            "later version Table 2",
+            "AEA Table 2",
             "DNAS- and HNAS-pretrained models fine-tune better than LNAS ones",
             mean["dnas"] > mean["softmax"] and mean["hnas"] > mean["softmax"],
             f"mean fine-tuned accuracy LNAS {mean['softmax']:.4f}, DNAS {mean['dnas']:.4f}, "

@@ -87,7 +87,7 @@ def sinkhorn_iterations(result: ReproduceResult, quick: bool = False, seed: int 
     ratios = {k: times[k] / times[1] for k in SINKHORN_ITERS}
     result.claims += [
         Claim(
-            "later version sec. 3",
+            "AEA sec. 3",
             "more Sinkhorn iterations (k > 1) do not improve performance over DNAS (k = 1)",
             not improved,
             "accuracy gain over k = 1 (mean, 2 s.e.): "
@@ -97,7 +97,7 @@ def sinkhorn_iterations(result: ReproduceResult, quick: bool = False, seed: int 
             ours=f"k=1 {spread(acc[1])}, best k>1 {max(mean[k] for k in more):.3f}",
         ),
         Claim(
-            "later version sec. 3",
+            "AEA sec. 3",
             "more iterations increase computational time",
             bool(all(ratios[k] > 1 for k in range(2, 6)) and ratios[5] > ratios[2]),
             "normalization forward+backward time / k=1: "

@@ -14,10 +14,10 @@ Targets (``TARGETS``):
   grapheme-to-phoneme and number words: error rates, accuracy vs input length, alignments.
 - ``alignment``: alignment attention (Tables 1, 2, 4 at CPU scale); the full budget takes far longer than the
   others.
-- ``sinkhorn-iters``: later version sec. 3, more Sinkhorn iterations cost time and do not help.
+- ``sinkhorn-iters``: AEA sec. 3, more Sinkhorn iterations cost time and do not help.
 - ``coda-cross``: CoDA Tables 2-3, bidirectional CoDA cross-attention on a sentence-pair task.
-- ``hnas-pretraining``: later version Fig. 4 / Table 2, HNAS u over MLM pretraining, fine-tuned versions.
-- ``hnas-headlines``: later version Fig. 5 / Table 3, headline generation with an LNAS/DNAS/HNAS encoder.
+- ``hnas-pretraining``: AEA Fig. 4 / Table 2, HNAS u over MLM pretraining, fine-tuned versions.
+- ``hnas-headlines``: AEA Fig. 5 / Table 3, headline generation with an LNAS/DNAS/HNAS encoder.
 - ``mlu``: CoDA Table 6 and the Table 8/9 ablations on a reduced MLU that a CPU model learns.
 
 ``attnkit.analysis.fidelity.reproduce_all`` runs every target into one HTML page. A new target is one
@@ -71,7 +71,7 @@ TARGETS: dict[str, TargetFn] = {
 TARGET_HELP: dict[str, str] = {
     "mode-collapse-curves": "'Doubly-Normalized Attention' Fig. 2: center distance after one step vs r, "
     "LNAS vs DNAS, closed form + simulation",
-    "mode-collapse-2d": "later App. E: 2-D clusters (500/50, 225/225), 4 steps, clusters left per mechanism",
+    "mode-collapse-2d": "AEA App. E: 2-D clusters (500/50, 225/225), 4 steps, clusters left per mechanism",
     "explain-away": "Fig. 1: trained multi-view model, log weight sums and min weight sum vs the 1/n_k bound",
     "lemma1": "'Doubly-Normalized Attention' Lemma 1: min of n_k * sum_i pi_ij over random inputs, "
     "shapes and masks",
@@ -81,12 +81,12 @@ TARGET_HELP: dict[str, str] = {
     "and number words",
     "alignment": "alignment attention: MiniLM on R8, 20NG domain shift, GAT on a kNN document graph "
     "(minutes-hours)",
-    "sinkhorn-iters": "later sec. 3: Sinkhorn k = 0..5 on the multi-view task, accuracy and time per k",
+    "sinkhorn-iters": "AEA sec. 3: Sinkhorn k = 0..5 on the multi-view task, accuracy and time per k",
     "coda-cross": "CoDA Tables 2-3: CoDA cross-attention vs decomposable attention vs none "
     "on Reuters topic pairs",
-    "hnas-pretraining": "later Fig. 4 / Table 2: MLM pretraining, HNAS u per layer, "
+    "hnas-pretraining": "AEA Fig. 4 / Table 2: MLM pretraining, HNAS u per layer, "
     "LNAS/DNAS/HNAS fine-tuned",
-    "hnas-headlines": "later Fig. 5 / Table 3: Reuters headline generation, LNAS/DNAS/HNAS encoder, ROUGE, u",
+    "hnas-headlines": "AEA Fig. 5 / Table 3: Reuters headline generation, LNAS/DNAS/HNAS encoder, ROUGE, u",
     "mlu": "CoDA Table 6 + Tables 8/9: MLU with operands in [-16, 16), softmax vs CoDA and its ablations",
 }
 

@@ -50,7 +50,7 @@ class MultiViewFusion(nn.Module):
 
     ``out = LayerNorm(P + attention(W_q P, W_k S, S))``, mean-pooled over the primary boxes and
     classified. For ``"hnas"`` the hybrid weight is ``u = sigmoid(theta)``, one per head (here one head).
-    ``mechanism="uniform"`` is the no-attention baseline of the later version's Table 1: every real
+    ``mechanism="uniform"`` is the no-attention baseline of AEA's Table 1: every real
     secondary box gets the same weight (mean pooling over the view), the projections are unused.
     """
 
