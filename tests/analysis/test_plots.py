@@ -51,3 +51,13 @@ def test_explain_away_plots_write_png(tmp_path):
     curve = plot_min_weight_sum([0, 10, 20], {"softmax": [0.3, 1e-4, 0.0], "dnas": [0.3, 0.05, 0.04]},
                                 tmp_path / "m.png", bound=1 / 50)
     assert hist.read_bytes()[:8] == PNG_MAGIC and curve.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_series_colors_are_distinct_with_baseline_and_alignment_runs():
+    from attnkit.analysis.plots import BASELINE_COLOR, MECHANISM_COLORS, series_colors
+
+    names = ["softmax", "dnas", "hnas", "sinkhorn", "coda", "none", "dnas+ct", "softmax+ot"]
+    colors = series_colors(names)
+    assert set(colors) == set(names)
+    assert len(set(colors.values())) == len(names)  # no two series share a colour
+    assert colors["none"] == BASELINE_COLOR and colors["softmax"] == MECHANISM_COLORS["softmax"]

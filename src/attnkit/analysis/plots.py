@@ -21,6 +21,7 @@ __all__ = [
     "MECHANISM_COLORS",
     "MECHANISM_LABELS",
     "mechanism_color",
+    "series_colors",
     "mechanism_label",
     "plot_hybrid_trajectories",
     "plot_center_distance_curves",
@@ -33,6 +34,23 @@ __all__ = [
 
 MECHANISM_COLORS: dict[str, str] = {name: spec.color for name, spec in SPECS.items()}  # from the registry
 MECHANISM_LABELS: dict[str, str] = {name: spec.label for name, spec in SPECS.items()}
+BASELINE_COLOR = "#7f7f7f"  # the no-attention baseline rows ("none", "uniform")
+_EXTRA_COLORS = ("#17becf", "#bcbd22", "#8c564b", "#e377c2", "#9edae5", "#c5b0d5", "#ff9896", "#98df8a")
+
+
+def series_colors(names: Sequence[str]) -> dict[str, str]:
+    """One distinct colour per series: a mechanism's registry colour, grey for the no-attention baseline,
+    and unused colours for anything else (e.g. ``dnas+ct`` runs with alignment attention)."""
+    colors: dict[str, str] = {}
+    for name in names:
+        if name in MECHANISM_COLORS:
+            colors[name] = MECHANISM_COLORS[name]
+        elif name in ("none", "uniform"):
+            colors[name] = BASELINE_COLOR
+    free = [c for c in _EXTRA_COLORS if c not in colors.values()]
+    for i, name in enumerate(n for n in names if n not in colors):
+        colors[name] = free[i % len(free)]
+    return colors
 
 PathLike = Union[str, Path]
 

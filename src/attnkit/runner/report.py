@@ -139,9 +139,10 @@ def plot_learning_curves(path: Path, runs: list[dict], mechanisms: tuple[str, ..
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..analysis.plots import MECHANISM_COLORS as colors
+    from ..analysis.plots import series_colors
 
     fig, (ax_loss, ax_metric) = plt.subplots(1, 2, figsize=(10, 3.8))
+    colors = series_colors(list(mechanisms))
     for mech in mechanisms:
         group = [r for r in runs if r["mechanism"] == mech]
         for ax, key in ((ax_loss, "train_loss"), (ax_metric, metric)):

@@ -54,9 +54,10 @@ def plot_learning_curves_band(path: Path, runs: list[dict], mechanisms: tuple[st
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from ..analysis.plots import MECHANISM_COLORS as colors
+    from ..analysis.plots import series_colors
 
     fig, (ax_loss, ax_metric) = plt.subplots(1, 2, figsize=(11, 4))
+    colors = series_colors(list(mechanisms))
     for mech in mechanisms:
         group = [r for r in runs if r["mechanism"] == mech]
         color = colors.get(mech)
