@@ -29,6 +29,7 @@ from torch import Tensor
 from .config import CompareConfig
 from .dataset_file import _FILE_SUFFIXES, file_task_kind
 from .dataset_file import read_dataset_file as _read_file
+from .sequence_batches import SourceTargetBatches, trim_padding
 
 __all__ = [
     "ClassificationTask",
@@ -62,12 +63,6 @@ def _subset(n: int, cap: Optional[int]) -> Tensor:
         return torch.arange(n)
     generator = torch.Generator().manual_seed(_DATA_SEED)
     return torch.randperm(n, generator=generator)[:cap].sort().values
-
-
-def _trim(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Drop the padding columns that no row of the batch uses (keeps at least one column)."""
-    length = max(1, int(mask.sum(dim=1).max()))
-    return ids[:, :length], mask[:, :length]
 
 
 # --------------------------------------------------------------------------- dataset files
@@ -210,7 +205,7 @@ class ClassificationTask:
         return len(idx)
 
     def _batch(self, ids: Tensor, mask: Tensor, idx: Tensor, device) -> tuple[Tensor, Tensor]:
-        ids, mask = _trim(ids[idx], mask[idx])  # (b, L)
+        ids, mask = trim_padding(ids[idx], mask[idx])  # (b, L)
         return ids.to(device), mask.to(device)
 
     def loss_sum(self, model, data: EncodedClassification, idx: Tensor, config, device) -> Tensor:
@@ -280,7 +275,7 @@ class EncodedSeq2Seq:
     tokenizer: Any
 
 
-class Seq2SeqTask:
+class Seq2SeqTask(SourceTargetBatches):
     """Character-level transduction with a ``Seq2SeqTransformer``; metrics sequence accuracy (exact match) and
     token accuracy (characters right at their position, ``runner.stats.token_accuracy``), which still moves
     when a small budget gets no whole sequence right."""
@@ -346,20 +341,6 @@ class Seq2SeqTask:
             max_len=max(config.max_len, config.max_target_len + 2), pad_id=data.tokenizer.pad_id,
             **self.mechanisms_for(mechanism),
         )
-
-    def num_train(self, data: EncodedSeq2Seq) -> int:
-        return len(data.train_src)
-
-    def num_eval(self, data: EncodedSeq2Seq) -> int:
-        return len(data.test_src)
-
-    def count(self, data: EncodedSeq2Seq, idx: Tensor) -> int:
-        return int(data.train_tgt_mask[idx, 1:].sum())  # predicted target tokens, <eos> included
-
-    def _batch(self, split: str, data: EncodedSeq2Seq, idx: Tensor, device):
-        src, src_mask = _trim(getattr(data, f"{split}_src")[idx], getattr(data, f"{split}_src_mask")[idx])
-        tgt, tgt_mask = _trim(getattr(data, f"{split}_tgt")[idx], getattr(data, f"{split}_tgt_mask")[idx])
-        return src.to(device), src_mask.to(device), tgt.to(device), tgt_mask.to(device)
 
     def loss_sum(self, model, data: EncodedSeq2Seq, idx: Tensor, config, device) -> Tensor:
         src, src_mask, tgt, tgt_mask = self._batch("train", data, idx, device)

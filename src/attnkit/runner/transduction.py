@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .sequence_batches import SourceTargetBatches
+
 __all__ = [
     "TRANSDUCTION_TASKS",
     "MODELS",
@@ -103,12 +105,7 @@ class EncodedTransduction:
     tgt_vocab: Any
 
 
-def _trim(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    length = max(1, int(mask.sum(dim=1).max()))
-    return ids[:, :length], mask[:, :length]
-
-
-class TransductionTask:
+class TransductionTask(SourceTargetBatches):
     """A transduction task (``g2p``, ``numbers``, ``copy``, ``reverse``, ``sort``) for the runner's loop."""
 
     kind = "transduction"
@@ -168,20 +165,6 @@ class TransductionTask:
             bos_id=data.tgt_vocab.bos_id,
             eos_id=data.tgt_vocab.eos_id,
         )
-
-    def num_train(self, data: EncodedTransduction) -> int:
-        return len(data.train_src)
-
-    def num_eval(self, data: EncodedTransduction) -> int:
-        return len(data.test_src)
-
-    def count(self, data: EncodedTransduction, idx: Tensor) -> int:
-        return int(data.train_tgt_mask[idx, 1:].sum())  # predicted target tokens, <eos> included
-
-    def _batch(self, split: str, data: EncodedTransduction, idx: Tensor, device):
-        src, src_mask = _trim(getattr(data, f"{split}_src")[idx], getattr(data, f"{split}_src_mask")[idx])
-        tgt, tgt_mask = _trim(getattr(data, f"{split}_tgt")[idx], getattr(data, f"{split}_tgt_mask")[idx])
-        return src.to(device), src_mask.to(device), tgt.to(device), tgt_mask.to(device)
 
     @staticmethod
     def _unwrap(model):
