@@ -129,9 +129,12 @@ def check_page(page: Union[str, os.PathLike], screenshot: Optional[Union[str, os
     with tempfile.TemporaryDirectory(prefix="attnkit-page-") as scratch:
         copy = Path(scratch) / page.name
         copy.write_text(probe, encoding="utf-8")
-        proc = _run(chromium, [f"--window-size={width},900", "--virtual-time-budget=10000", "--dump-dom",
-                               copy.as_uri()], timeout)
-    match = re.search(rf'<pre id="{_MARK}">(.*?)</pre>', proc.stdout, re.S)
+        for _attempt in range(3):  # a loaded machine sometimes gets the DOM dumped before the probe ran
+            proc = _run(chromium, [f"--window-size={width},900", "--virtual-time-budget=10000", "--dump-dom",
+                                   copy.as_uri()], timeout)
+            match = re.search(rf'<pre id="{_MARK}">(.*?)</pre>', proc.stdout, re.S)
+            if match is not None:
+                break
     if match is None:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"Chromium did not report on {page} (exit {proc.returncode}): {tail}")
