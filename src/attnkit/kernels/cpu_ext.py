@@ -195,6 +195,7 @@ def load(verbose: bool = False, *, warn: bool = True) -> bool:
             if not built_here:
                 torch.ops.load_library(str(library))
             torch.ops.attnkit_cpu.potentials_forward  # noqa: B018  (raises if the library did not register)
+            torch.ops.attnkit_cpu.potentials_inference  # noqa: B018
             torch.ops.attnkit_cpu.l1_distance  # noqa: B018
             _state.update(loaded=True, ok=True, error=None)
         except Exception as exc:  # no compiler, ninja or BLAS symbol, a lock wait: fall back, say why once
