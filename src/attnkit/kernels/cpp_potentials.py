@@ -88,7 +88,8 @@ def _inference(q, k, v, u, km, qm, scale, iters, dropout_p, seed) -> Tensor:
     Lk, Dv = k.shape[2], v.shape[3]
     out, out_l = torch.ops.attnkit_cpu.potentials_inference(
         q.reshape(B * H, Lq, D).contiguous(), k.reshape(B * H, Lk, D).contiguous(),
-        v.reshape(B * H, Lk, Dv).contiguous(), km, qm, H, float(scale), int(iters), u is not None, dropout_p, seed
+        v.reshape(B * H, Lk, Dv).contiguous(), km, qm, H, float(scale), int(iters), u is not None,
+        dropout_p, seed,
     )  # (B*H, Lq, Dv), [(B*H, Lq, Dv)]
     out = out.view(B, H, Lq, Dv)
     if u is not None:  # as in _Potentials.forward
