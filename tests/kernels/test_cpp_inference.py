@@ -49,9 +49,9 @@ def _call(name, q, k, v, km, qm, dropout_p=0.0):
 @pytest.mark.parametrize("masks", ["none", "padding", "empty_rows"])
 @pytest.mark.parametrize("dropout_p", [0.0, 0.25])
 def test_inference_output_is_bit_identical_to_the_training_forward(name, dtype, masks, dropout_p):
-    """300 queries (three chunks) x 150 keys (three strips), rectangular; same dropout seed in both calls."""
-    q, k, v = _inputs(2, 2, 300, 150, 16, 8, dtype)
-    km, qm = _masks(masks, 2, 300, 150)
+    """600 queries (three chunks of 256) x 300 keys (three strips of 128), rectangular; same dropout seed."""
+    q, k, v = _inputs(2, 2, 600, 300, 16, 8, dtype)
+    km, qm = _masks(masks, 2, 600, 300)
     torch.manual_seed(11)
     with torch.no_grad():
         inference = _call(name, q, k, v, km, qm, dropout_p)
@@ -79,8 +79,8 @@ def test_no_grad_calls_take_the_forward_only_entry(monkeypatch):
 @pytest.mark.parametrize("name", list(ITERS))
 @pytest.mark.parametrize("masks", ["none", "padding", "empty_rows"])
 def test_inference_matches_float64_reference_with_masks(name, masks):
-    q, k, v = _inputs(2, 3, 140, 90, 8, 5, torch.float64, seed=5)
-    km, qm = _masks(masks, 2, 140, 90)
+    q, k, v = _inputs(2, 3, 600, 300, 8, 5, torch.float64, seed=5)  # several chunks and strips
+    km, qm = _masks(masks, 2, 600, 300)
     with torch.no_grad():
         out = _call(name, q, k, v, km, qm)
     mech, kw = REF[name]

@@ -34,11 +34,15 @@
 // out_i = sum_j pi_ij z_ij v_j with z_ij in {0, 1 / (1 - p)}; the row sums, the potentials and every
 // column step use the weights before dropout.
 //
+// potentials_inference runs the same forward without returning the potentials that only the backward pass
+// reads (no input needs a gradient), so its outputs are bit-identical to potentials_forward's.
+//
 // The extra memory is two strips of (Lq, kBc) per thread and O(L) vectors per (batch, head).
 // Parallel over (batch, head) problems, balanced by their valid pairs (run_balanced).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
@@ -56,8 +60,8 @@ void dgemm_(const char*, const char*, const int*, const int*, const int*, const 
 
 namespace {
 
-constexpr int64_t kBc = 64;   // keys per strip
-constexpr int64_t kBq = 128;  // queries per chunk
+constexpr int64_t kBc = 128;  // keys per strip
+constexpr int64_t kBq = 256;  // queries per chunk
 
 // ---------------------------------------------------------------------------------------------------
 // BLAS and vector helpers
@@ -118,7 +122,7 @@ inline float vmax<float>(const float* x, int64_t n) {
   V acc(-std::numeric_limits<float>::infinity());
   int64_t j = 0;
   for (; j + V::size() <= n; j += V::size()) acc = at::vec::maximum(acc, V::loadu(x + j));
-  float m = at::vec::vec_reduce_all<float>([](V& a, V& b) { return at::vec::maximum(a, b); }, acc);
+  float m = at::vec::vec_reduce_all<float>([](const V& a, const V& b) { return at::vec::maximum(a, b); }, acc);
   for (; j < n; ++j) m = std::max(m, x[j]);
   return m;
 }
@@ -135,7 +139,7 @@ inline float dot<float>(const float* a, const float* b, int64_t n) {
   V acc(0.f);
   int64_t j = 0;
   for (; j + V::size() <= n; j += V::size()) acc = at::vec::fmadd(V::loadu(a + j), V::loadu(b + j), acc);
-  float s = at::vec::vec_reduce_all<float>([](V& x, V& y) { return x + y; }, acc);
+  float s = at::vec::vec_reduce_all<float>([](const V& x, const V& y) { return x + y; }, acc);
   for (; j < n; ++j) s += a[j] * b[j];
   return s;
 }
@@ -152,7 +156,7 @@ inline float sum<float>(const float* a, int64_t n) {
   V acc(0.f);
   int64_t j = 0;
   for (; j + V::size() <= n; j += V::size()) acc = acc + V::loadu(a + j);
-  float s = at::vec::vec_reduce_all<float>([](V& x, V& y) { return x + y; }, acc);
+  float s = at::vec::vec_reduce_all<float>([](const V& x, const V& y) { return x + y; }, acc);
   for (; j < n; ++j) s += a[j];
   return s;
 }
