@@ -110,6 +110,27 @@ inline void exp_shift(T* x, const T* shift, T c, int64_t n) {
   exp_to(x, x, shift, c, n);
 }
 
+// x[j] = exp(x[j] + shift[j]) and acc[j] += x[j], for j < n, in one pass.
+inline void exp_acc(float* x, const float* shift, float* acc, int64_t n) {
+  using V = at::vec::Vectorized<float>;
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V y = (V::loadu(x + j) + V::loadu(shift + j)).exp_u20();
+    y.store(x + j);
+    (V::loadu(acc + j) + y).store(acc + j);
+  }
+  for (; j < n; ++j) {
+    x[j] = std::exp(x[j] + shift[j]);
+    acc[j] += x[j];
+  }
+}
+inline void exp_acc(double* x, const double* shift, double* acc, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    x[j] = std::exp(x[j] + shift[j]);
+    acc[j] += x[j];
+  }
+}
+
 template <typename T>
 inline T vmax(const T* x, int64_t n) {
   T m = -std::numeric_limits<T>::infinity();
@@ -380,11 +401,7 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
         }
         T* neg = tl.vec.data();  // -cm, as the shift of the exponent
         for (int64_t j = 0; j < bc; ++j) neg[j] = -cm[j];
-        for (int64_t r = 0; r < rows; ++r) {
-          T* x = Xc + r * bc;
-          exp_shift(x, neg, T(0), bc);
-          for (int64_t j = 0; j < bc; ++j) cs[j] += x[j];
-        }
+        for (int64_t r = 0; r < rows; ++r) exp_acc(Xc + r * bc, neg, cs, bc);
       });
       // merge the chunks: b_j = -LSE_i x_ij; cmax becomes the factor exp(m_c - M_j) / z_j
       T* bj = b_t + j0;
