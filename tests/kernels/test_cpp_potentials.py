@@ -66,9 +66,9 @@ def test_matches_reference_outputs_and_gradients(name, shape, masked):
 
 @pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn2"])
 def test_several_strips_and_chunks_match_reference(name):
-    """Lk = 150 keys span three strips of 64, Lq = 300 queries three chunks of 128 (rectangular, padded)."""
-    km, qm = _masks(2, 300, 150)
-    _check(name, 2, 2, 300, 150, 8, 5, km, qm)
+    """Lk = 300 keys span three strips of 128, Lq = 600 queries three chunks of 256 (rectangular, padded)."""
+    km, qm = _masks(2, 600, 300)
+    _check(name, 2, 2, 600, 300, 8, 5, km, qm)
 
 
 @pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn4"])
@@ -197,8 +197,8 @@ def test_fewer_heads_than_threads_spreads_query_chunks_and_matches_reference(nam
     threads = torch.get_num_threads()
     torch.set_num_threads(max(threads, 3))
     try:
-        km, qm = _masks(1, 520, 150, seed=4)
-        _check(name, 1, 1, 520, 150, 8, 5, km, qm)  # 520 queries: five chunks of 128
+        km, qm = _masks(1, 1040, 150, seed=4)
+        _check(name, 1, 1, 1040, 150, 8, 5, km, qm)  # 1040 queries: five chunks of 256
         _check(name, 1, 2, 300, 200, 8, 8, None, None)  # H = 2 < 3 threads, unpadded
     finally:
         torch.set_num_threads(threads)

@@ -73,8 +73,28 @@ def fused_cpu_attention(
     km = None if key_mask is None else key_mask.to(torch.bool).expand(B, -1).contiguous()
     qm = None if query_mask is None else query_mask.to(torch.bool).expand(B, -1).contiguous()
     seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
-    out = _Potentials.apply(q, k, v, u, km, qm, scale, iters, float(dropout_p), seed)
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, u))
+    if needs_grad:
+        out = _Potentials.apply(q, k, v, u, km, qm, scale, iters, float(dropout_p), seed)
+    else:
+        out = _inference(q, k, v, u, km, qm, scale, iters, float(dropout_p), seed)
     return out.to(dtype)
+
+
+def _inference(q, k, v, u, km, qm, scale, iters, dropout_p, seed) -> Tensor:
+    """The forward pass alone (``potentials_inference``): the same arithmetic as the training forward, so
+    the output is bit-identical, without the potentials and row statistics that only the backward reads."""
+    B, H, Lq, D = q.shape
+    Lk, Dv = k.shape[2], v.shape[3]
+    out, out_l = torch.ops.attnkit_cpu.potentials_inference(
+        q.reshape(B * H, Lq, D).contiguous(), k.reshape(B * H, Lk, D).contiguous(),
+        v.reshape(B * H, Lk, Dv).contiguous(), km, qm, H, float(scale), int(iters), u is not None,
+        dropout_p, seed,
+    )  # (B*H, Lq, Dv), [(B*H, Lq, Dv)]
+    out = out.view(B, H, Lq, Dv)
+    if u is not None:  # as in _Potentials.forward
+        return torch.lerp(out_l.view(B, H, Lq, Dv), out, u.to(out.dtype).expand(B, H, 1, 1))
+    return out
 
 
 class _Potentials(torch.autograd.Function):

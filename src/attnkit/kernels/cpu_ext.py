@@ -57,7 +57,10 @@ def _capability() -> str:
 
 def _flags() -> list[str]:
     flags = ["-O3", "-fopenmp", "-DNDEBUG"]
-    if _capability() in ("AVX2", "AVX512"):
+    if _capability() == "AVX512":  # 16-wide vectors for the elementwise steps (exp, maxima, sums)
+        flags += ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c",
+                  "-mprefer-vector-width=512", "-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"]
+    elif _capability() == "AVX2":
         flags += ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
     return flags
 
@@ -195,6 +198,7 @@ def load(verbose: bool = False, *, warn: bool = True) -> bool:
             if not built_here:
                 torch.ops.load_library(str(library))
             torch.ops.attnkit_cpu.potentials_forward  # noqa: B018  (raises if the library did not register)
+            torch.ops.attnkit_cpu.potentials_inference  # noqa: B018
             torch.ops.attnkit_cpu.l1_distance  # noqa: B018
             _state.update(loaded=True, ok=True, error=None)
         except Exception as exc:  # no compiler, ninja or BLAS symbol, a lock wait: fall back, say why once

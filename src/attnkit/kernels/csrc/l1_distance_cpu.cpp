@@ -12,6 +12,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
@@ -121,7 +122,8 @@ void backward_rows(const T* g, const T* x, int64_t rows, int64_t D, const T* yT,
     }
     for (int64_t r = 0; r < nr; ++r)
       for (int64_t d = 0; d < D; ++d)
-        dx[(r0 + r) * D + d] = at::vec::vec_reduce_all<T>([](Vec<T>& a, Vec<T>& b) { return a + b; }, dxv[r * D + d]);
+        dx[(r0 + r) * D + d] =
+            at::vec::vec_reduce_all<T>([](const Vec<T>& a, const Vec<T>& b) { return a + b; }, dxv[r * D + d]);
   }
 }
 

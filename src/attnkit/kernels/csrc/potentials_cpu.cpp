@@ -34,11 +34,15 @@
 // out_i = sum_j pi_ij z_ij v_j with z_ij in {0, 1 / (1 - p)}; the row sums, the potentials and every
 // column step use the weights before dropout.
 //
+// potentials_inference runs the same forward without returning the potentials that only the backward pass
+// reads (no input needs a gradient), so its outputs are bit-identical to potentials_forward's.
+//
 // The extra memory is two strips of (Lq, kBc) per thread and O(L) vectors per (batch, head).
 // Parallel over (batch, head) problems, balanced by their valid pairs (run_balanced).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
@@ -56,8 +60,8 @@ void dgemm_(const char*, const char*, const int*, const int*, const int*, const 
 
 namespace {
 
-constexpr int64_t kBc = 64;   // keys per strip
-constexpr int64_t kBq = 128;  // queries per chunk
+constexpr int64_t kBc = 128;  // keys per strip
+constexpr int64_t kBq = 256;  // queries per chunk
 
 // ---------------------------------------------------------------------------------------------------
 // BLAS and vector helpers
@@ -106,6 +110,27 @@ inline void exp_shift(T* x, const T* shift, T c, int64_t n) {
   exp_to(x, x, shift, c, n);
 }
 
+// x[j] = exp(x[j] + shift[j]) and acc[j] += x[j], for j < n, in one pass.
+inline void exp_acc(float* x, const float* shift, float* acc, int64_t n) {
+  using V = at::vec::Vectorized<float>;
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V y = (V::loadu(x + j) + V::loadu(shift + j)).exp_u20();
+    y.store(x + j);
+    (V::loadu(acc + j) + y).store(acc + j);
+  }
+  for (; j < n; ++j) {
+    x[j] = std::exp(x[j] + shift[j]);
+    acc[j] += x[j];
+  }
+}
+inline void exp_acc(double* x, const double* shift, double* acc, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    x[j] = std::exp(x[j] + shift[j]);
+    acc[j] += x[j];
+  }
+}
+
 template <typename T>
 inline T vmax(const T* x, int64_t n) {
   T m = -std::numeric_limits<T>::infinity();
@@ -118,7 +143,7 @@ inline float vmax<float>(const float* x, int64_t n) {
   V acc(-std::numeric_limits<float>::infinity());
   int64_t j = 0;
   for (; j + V::size() <= n; j += V::size()) acc = at::vec::maximum(acc, V::loadu(x + j));
-  float m = at::vec::vec_reduce_all<float>([](V& a, V& b) { return at::vec::maximum(a, b); }, acc);
+  float m = at::vec::vec_reduce_all<float>([](const V& a, const V& b) { return at::vec::maximum(a, b); }, acc);
   for (; j < n; ++j) m = std::max(m, x[j]);
   return m;
 }
@@ -135,7 +160,7 @@ inline float dot<float>(const float* a, const float* b, int64_t n) {
   V acc(0.f);
   int64_t j = 0;
   for (; j + V::size() <= n; j += V::size()) acc = at::vec::fmadd(V::loadu(a + j), V::loadu(b + j), acc);
-  float s = at::vec::vec_reduce_all<float>([](V& x, V& y) { return x + y; }, acc);
+  float s = at::vec::vec_reduce_all<float>([](const V& x, const V& y) { return x + y; }, acc);
   for (; j < n; ++j) s += a[j] * b[j];
   return s;
 }
@@ -152,7 +177,7 @@ inline float sum<float>(const float* a, int64_t n) {
   V acc(0.f);
   int64_t j = 0;
   for (; j + V::size() <= n; j += V::size()) acc = acc + V::loadu(a + j);
-  float s = at::vec::vec_reduce_all<float>([](V& x, V& y) { return x + y; }, acc);
+  float s = at::vec::vec_reduce_all<float>([](const V& x, const V& y) { return x + y; }, acc);
   for (; j < n; ++j) s += a[j];
   return s;
 }
@@ -219,7 +244,7 @@ struct Head {
 // Buffers of one worker thread: two (kBq, kBc) tiles, a kBc vector and its partial dK / dV of a strip.
 template <typename T>
 struct Tiles {
-  std::vector<T> tile, tile2, vec, dk, dv, row, z;
+  std::vector<T> tile, tile2, vec, dk, dv, row, z, vcat;
 };
 
 // Buffers of one (batch, head) problem: two (n, kBc) strips, per-chunk column statistics, and the tiles
@@ -227,7 +252,7 @@ struct Tiles {
 // when one head at a time is spread over its query chunks).
 template <typename T>
 struct Scratch {
-  std::vector<T> strip1, strip2, cmax, csum, gb;
+  std::vector<T> strip1, strip2, cmax, csum, gb, cg, cref;
   std::vector<Tiles<T>> tiles;
   bool parallel = false;
   void reserve(int64_t n, int64_t D, int64_t Dv, bool par) {
@@ -237,6 +262,8 @@ struct Scratch {
     const int64_t chunks = (n + kBq - 1) / kBq;
     cmax.resize(chunks * kBc);
     csum.resize(chunks * kBc);
+    cg.resize(chunks * kBc);
+    cref.resize(chunks);
     gb.resize(kBc);
     tiles.resize(par ? at::get_num_threads() : 1);
     for (auto& t : tiles) {
@@ -246,6 +273,7 @@ struct Scratch {
       t.z.resize(kBc);
       t.dk.resize(kBc * D);
       t.dv.resize(kBc * Dv);
+      t.vcat.resize(kBc * 2 * Dv);
     }
   }
 };
@@ -308,21 +336,30 @@ T robust_row(const Head<T>& h, int64_t i, const T* b, T* out, std::vector<T>& ro
 }
 
 // Forward: a (iters + 1, n), b (iters, m), out (n, Dv); with soft: out_l (n, Dv), a_l (n).
+//
+// The softmax half (soft) shares the last round's exponentials E_ij = exp(x_ij - m_cj) (x = s + a^{k-1},
+// m_cj: the column maximum of x over query chunk c): with R_c the running maximum of x over the chunk,
+// exp(x_ij - R_c) = E_ij g_j, g_j = exp(m_cj - R_c) in (0, 1], so one GEMM E [diag(f) V | diag(g) V]
+// gives both numerators (a^{k-1}_i is constant along a row and cancels in the softmax). When R_c rises,
+// the chunk's softmax sums are rescaled; rows whose softmax sum underflowed (their maximum far below the
+// chunk's) are recomputed with their own maximum.
 template <typename T>
 void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l, T* a_l, Scratch<T>& w,
                   const Dropout& drop) {
   const int64_t n = h.n, m = h.m, Dv = h.Dv;
   const T NEG = -std::numeric_limits<T>::infinity();
   const int64_t chunks = (n + kBq - 1) / kBq;
+  const bool soft = out_l != nullptr;
   std::fill(a, a + n, T(0));  // a^0
-  std::vector<T> l(n), ml, ll;
-  if (out_l) {
-    ml.assign(n, NEG);
+  std::vector<T> l(n), ll, acc;
+  if (soft) {
     ll.assign(n, T(0));
-    std::fill(out_l, out_l + n * Dv, T(0));
+    acc.assign(n * 2 * Dv, T(0));  // (n, 2 Dv): [numerator of out | numerator of out_l]
+    std::fill(w.cref.begin(), w.cref.end(), NEG);
   }
   for (int64_t t = 1; t <= iters; ++t) {
     const bool last = t == iters;
+    const bool both = last && soft;
     const T* a_prev = a + (t - 1) * n;
     T* a_t = a + t * n;
     T* b_t = b + (t - 1) * m;
@@ -331,33 +368,11 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
     for (int64_t j0 = 0; j0 < m; j0 += kBc) {
       const int64_t bc = std::min(kBc, m - j0);
       T* X = w.strip1.data();  // (n, bc)
-      // pass 1: scores, softmax half, per-chunk column statistics
+      // pass 1: scores, per-chunk column statistics (and, for the softmax half, g)
       for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
         const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
         T* Xc = X + i0 * bc;
         mm<T>(false, true, rows, bc, h.D, h.scale, h.q + i0 * h.D, h.D, h.k + j0 * h.D, h.D, T(0), Xc, bc);
-        if (last && out_l) {
-          T* P = tl.tile.data();  // (rows, bc): online row softmax of the scores
-          for (int64_t r = 0; r < rows; ++r) {
-            const T* x = Xc + r * bc;
-            T* p = P + r * bc;
-            const int64_t i = i0 + r;
-            const T m_new = std::max(ml[i], vmax(x, bc));
-            const T resc = std::exp(ml[i] - m_new);
-            exp_to(p, x, (const T*)nullptr, -m_new, bc);
-            ll[i] = ll[i] * resc + sum(p, bc);
-            if (drop.on) {  // the softmax half's weights, dropped with the same mask as the other half
-              drop.row(i, j0, bc, tl.z.data());
-              for (int64_t j = 0; j < bc; ++j) p[j] *= tl.z[j];
-            }
-            if (resc != T(1)) {
-              T* o = out_l + i * Dv;
-              for (int64_t d = 0; d < Dv; ++d) o[d] *= resc;
-            }
-            ml[i] = m_new;
-          }
-          mm<T>(false, false, rows, Dv, bc, T(1), P, bc, h.v + j0 * Dv, Dv, T(1), out_l + i0 * Dv, Dv);
-        }
         T* cm = w.cmax.data() + c * kBc;
         T* cs = w.csum.data() + c * kBc;
         std::fill(cm, cm + bc, NEG);
@@ -370,13 +385,23 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
           }
           for (int64_t j = 0; j < bc; ++j) cm[j] = std::max(cm[j], x[j]);
         }
+        if (both) {  // g_j = exp(m_cj - R_c); rescale the chunk's softmax numerators when R_c rises
+          const T r_old = w.cref[c], r_new = std::max(r_old, vmax(cm, bc));
+          if (r_new > r_old && r_old != NEG) {
+            const T resc = std::exp(r_old - r_new);
+            for (int64_t r = 0; r < rows; ++r) {
+              ll[i0 + r] *= resc;
+              T* o = acc.data() + (i0 + r) * 2 * Dv + Dv;
+              for (int64_t d = 0; d < Dv; ++d) o[d] *= resc;
+            }
+          }
+          w.cref[c] = r_new;
+          T* g = w.cg.data() + c * kBc;
+          for (int64_t j = 0; j < bc; ++j) g[j] = cm[j] == NEG ? T(0) : std::exp(cm[j] - r_new);
+        }
         T* neg = tl.vec.data();  // -cm, as the shift of the exponent
         for (int64_t j = 0; j < bc; ++j) neg[j] = -cm[j];
-        for (int64_t r = 0; r < rows; ++r) {
-          T* x = Xc + r * bc;
-          exp_shift(x, neg, T(0), bc);
-          for (int64_t j = 0; j < bc; ++j) cs[j] += x[j];
-        }
+        for (int64_t r = 0; r < rows; ++r) exp_acc(Xc + r * bc, neg, cs, bc);
       });
       // merge the chunks: b_j = -LSE_i x_ij; cmax becomes the factor exp(m_c - M_j) / z_j
       T* bj = b_t + j0;
@@ -397,6 +422,28 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
         const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
         T* Xc = X + i0 * bc;
         const T* f = w.cmax.data() + c * kBc;
+        if (both) {
+          // row sums of E diag(f) and E diag(g) before dropout; then acc += (E * Z) [diag(f) V | diag(g) V]
+          const T* g = w.cg.data() + c * kBc;
+          for (int64_t r = 0; r < rows; ++r) {
+            T* x = Xc + r * bc;
+            l[i0 + r] += dot(x, f, bc);
+            ll[i0 + r] += dot(x, g, bc);
+            if (drop.on) {
+              drop.row(i0 + r, j0, bc, tl.z.data());
+              for (int64_t j = 0; j < bc; ++j) x[j] *= tl.z[j];
+            }
+          }
+          T* Vc = tl.vcat.data();  // (bc, 2 Dv)
+          const T* vj = h.v + j0 * Dv;
+          for (int64_t j = 0; j < bc; ++j)
+            for (int64_t d = 0; d < Dv; ++d) {
+              Vc[j * 2 * Dv + d] = f[j] * vj[j * Dv + d];
+              Vc[j * 2 * Dv + Dv + d] = g[j] * vj[j * Dv + d];
+            }
+          mm<T>(false, false, rows, 2 * Dv, bc, T(1), Xc, bc, Vc, 2 * Dv, T(1), acc.data() + i0 * 2 * Dv, 2 * Dv);
+          return;
+        }
         if (!(last && drop.on) && Dv <= kBq) {
           // w = X diag(f) is never written: l += X f, and the last round's output takes X (diag(f) V)
           for (int64_t r = 0; r < rows; ++r) l[i0 + r] += dot(Xc + r * bc, f, bc);
@@ -421,6 +468,12 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
         if (last) mm<T>(false, false, rows, Dv, bc, T(1), Xc, bc, h.v + j0 * Dv, Dv, T(1), out + i0 * Dv, Dv);
       });
     }
+    if (both) {  // the numerators of out and out_l (the robust rows below overwrite theirs)
+      for (int64_t i = 0; i < n; ++i) {
+        std::copy(acc.data() + i * 2 * Dv, acc.data() + i * 2 * Dv + Dv, out + i * Dv);
+        std::copy(acc.data() + i * 2 * Dv + Dv, acc.data() + (i + 1) * 2 * Dv, out_l + i * Dv);
+      }
+    }
     // row step: a^t = a^{t-1} - log(sum_j w_ij); rows whose weights underflowed get a running maximum
     const T small = tiny<T>();
     for (int64_t i = 0; i < n; ++i) {
@@ -436,12 +489,18 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
       }
     }
   }
-  if (out_l) {
+  if (soft) {  // softmax half: a_l_i = -LSE_j s_ij = a^{k-1}_i - R_c - log(ll_i)
+    const T small = tiny<T>();
+    const T* a_prev = a + (iters - 1) * n;
     for (int64_t i = 0; i < n; ++i) {
       T* o = out_l + i * Dv;
-      const T inv = T(1) / ll[i];
-      for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
-      a_l[i] = -(ml[i] + std::log(ll[i]));
+      if (ll[i] >= small) {
+        const T inv = T(1) / ll[i];
+        for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
+        a_l[i] = a_prev[i] - w.cref[i / kBq] - std::log(ll[i]);
+      } else {
+        a_l[i] = robust_row(h, i, (const T*)nullptr, o, w.tiles[0].row, drop);
+      }
     }
   }
 }
@@ -706,10 +765,11 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const T* kp = k.data_ptr<T>();
   const T* vp = v.data_ptr<T>();
   T* op = out.data_ptr<T>();
-  T* ap = a_all.data_ptr<T>();
-  T* bp = b_all.data_ptr<T>();
+  // a_all / b_all / a_l undefined: inference, where nothing is kept for a backward pass
+  T* ap = a_all.defined() ? a_all.data_ptr<T>() : nullptr;
+  T* bp = b_all.defined() ? b_all.data_ptr<T>() : nullptr;
   T* olp = soft ? out_l.data_ptr<T>() : nullptr;
-  T* alp = soft ? a_l.data_ptr<T>() : nullptr;
+  T* alp = soft && a_l.defined() ? a_l.data_ptr<T>() : nullptr;
   // Spread the (batch, head) problems over the threads, or, when there are fewer of them than threads,
   // each problem's query chunks.
   const bool inner = BH < at::get_num_threads();
@@ -737,12 +797,12 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       forward_head<T>(h, iters, aa.data(), bb.data(), o.data(), soft ? ol.data() : nullptr,
                       soft ? al.data() : nullptr, w, drop);
       scatter(o.data(), iq, Dv, op + bh * Lq * Dv);
-      for (int64_t t = 0; t <= iters; ++t) scatter(aa.data() + t * n, iq, 1, ap + (t * BH + bh) * Lq);
-      for (int64_t t = 0; t < iters; ++t) scatter(bb.data() + t * m, ik, 1, bp + (t * BH + bh) * Lk);
-      if (soft) {
-        scatter(ol.data(), iq, Dv, olp + bh * Lq * Dv);
-        scatter(al.data(), iq, 1, alp + bh * Lq);
-      }
+      if (ap)
+        for (int64_t t = 0; t <= iters; ++t) scatter(aa.data() + t * n, iq, 1, ap + (t * BH + bh) * Lq);
+      if (bp)
+        for (int64_t t = 0; t < iters; ++t) scatter(bb.data() + t * m, ik, 1, bp + (t * BH + bh) * Lk);
+      if (soft) scatter(ol.data(), iq, Dv, olp + bh * Lq * Dv);
+      if (alp) scatter(al.data(), iq, 1, alp + bh * Lq);
     }
   };
   run_balanced(km, qm, BH, heads, Lq, Lk, inner, body);
@@ -770,6 +830,30 @@ std::vector<at::Tensor> potentials_forward(const at::Tensor& q, const at::Tensor
                            a_l);
   });
   return {out, a_all, b_all, out_l, a_l};
+}
+
+// Forward only (no input needs a gradient): the same computation as potentials_forward, so the outputs are
+// bit-identical to it, without keeping the potentials that only the backward pass reads.
+std::vector<at::Tensor> potentials_inference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             const c10::optional<at::Tensor>& key_valid,
+                                             const c10::optional<at::Tensor>& query_valid, int64_t heads,
+                                             double scale, int64_t iters, bool softmax_too, double dropout_p,
+                                             int64_t seed) {
+  check_inputs(q, k, v, key_valid, query_valid, heads);
+  TORCH_CHECK(iters >= 1, "iters must be >= 1");
+  check_dropout(dropout_p, q, k);
+  const Dropout dropout(dropout_p, seed);
+  const int64_t BH = q.size(0), Lq = q.size(1), Dv = v.size(2);
+  auto out = at::zeros({BH, Lq, Dv}, q.options());
+  auto out_l = softmax_too ? at::zeros({BH, Lq, Dv}, q.options()) : at::empty({0}, q.options());
+  const at::Tensor km = key_valid.has_value() ? *key_valid : at::Tensor();
+  const at::Tensor qm = query_valid.has_value() ? *query_valid : at::Tensor();
+  at::Tensor none_a, none_b, none_al;
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "potentials_inference", [&] {
+    forward_impl<scalar_t>(q, k, v, km, qm, heads, scale, iters, softmax_too, dropout, out, none_a, none_b, out_l,
+                           none_al);
+  });
+  return {out, out_l};
 }
 
 template <typename T>
@@ -897,4 +981,5 @@ std::vector<at::Tensor> potentials_backward(const at::Tensor& dout, const at::Te
 TORCH_LIBRARY(attnkit_cpu, m) {
   m.def("potentials_forward", &potentials_forward);
   m.def("potentials_backward", &potentials_backward);
+  m.def("potentials_inference", &potentials_inference);
 }
