@@ -117,7 +117,9 @@ def test_stale_lock_files_do_not_block_loading_a_built_extension():
     env = dict(os.environ, ATTNKIT_EXT_LOCK_TIMEOUT="30")
     holder = _spawn_lock_holder(final.parent / (final.name + ".lock"))  # even a live builder elsewhere
     try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+        )
     finally:
         holder.kill()
         holder.wait(timeout=30)

@@ -261,7 +261,8 @@ def test_auto_takes_the_cpp_kernels_at_every_size_for_padding_masks():
     for name in ("dnas", "hnas", "sinkhorn"):
         config = ak.resolve_mechanism(name)
         assert prefers_efficient(*small, config, padded)
-        assert not prefers_efficient(*small, config, pair)  # a general mask: the block sweeps, only when large
+        # a general mask: the block sweeps, only when large
+        assert not prefers_efficient(*small, config, pair)
         assert prefers_efficient(*small, config, padded, dropout_p=0.1)  # the kernels replay the dropout mask
         assert not prefers_efficient(*small, config, pair, dropout_p=0.1)
     assert not prefers_efficient(*small, ak.resolve_mechanism("softmax"), padded)

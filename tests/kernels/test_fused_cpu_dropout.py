@@ -34,7 +34,9 @@ def test_dropped_weights_are_reference_weights_times_a_keep_mask(name):
     qm = torch.arange(Lq)[None, :] < torch.tensor([[35], [Lq]])
     _, w = ak.attention(q, k, v, mech, key_mask=km, query_mask=qm, return_weights=True, **kw)
     u = torch.tensor(0.3, dtype=torch.float64) if name == "hnas" else None
-    out = fused_cpu_attention(q, k, v, key_mask=km, query_mask=qm, scale=8**-0.5, iters=iters, u=u, dropout_p=p)
+    out = fused_cpu_attention(
+        q, k, v, key_mask=km, query_mask=qm, scale=8**-0.5, iters=iters, u=u, dropout_p=p
+    )
     positive = w > 1e-12
     ratio = out[positive] / w[positive]
     keep = 1 / (1 - round(p * 65536) / 65536)
@@ -43,7 +45,9 @@ def test_dropped_weights_are_reference_weights_times_a_keep_mask(name):
     dropped = (ratio.abs() < 1e-9).double().mean().item()
     assert abs(dropped - p) < 0.03, dropped  # 2 * 3 * ~1500 pairs: the dropped share is close to p
     torch.manual_seed(0)
-    again = fused_cpu_attention(q, k, v, key_mask=km, query_mask=qm, scale=8**-0.5, iters=iters, u=u, dropout_p=p)
+    again = fused_cpu_attention(
+        q, k, v, key_mask=km, query_mask=qm, scale=8**-0.5, iters=iters, u=u, dropout_p=p
+    )
     assert not torch.equal(out, again)  # a new mask per call
 
 
@@ -56,7 +60,10 @@ def test_gradients_replay_the_forward_mask(name):
     km[1, 7:] = False
     qm = torch.ones(2, 9, dtype=torch.bool)
     qm[0, 6:] = False
-    u = torch.tensor([0.2, 0.7], dtype=torch.float64).view(1, 2, 1, 1).requires_grad_() if name == "hnas" else None
+    u = (
+        torch.tensor([0.2, 0.7], dtype=torch.float64).view(1, 2, 1, 1).requires_grad_()
+        if name == "hnas" else None
+    )
 
     def f(q_, k_, v_, *rest):
         torch.manual_seed(11)  # the same mask in every evaluation
@@ -73,7 +80,9 @@ def test_auto_backend_takes_the_kernels_under_dropout(name, monkeypatch):
 
     calls = []
     real = dispatch.fused_cpu_attention
-    monkeypatch.setattr(dispatch, "fused_cpu_attention", lambda *a, **kw: calls.append(kw["dropout_p"]) or real(*a, **kw))
+    monkeypatch.setattr(
+        dispatch, "fused_cpu_attention", lambda *a, **kw: calls.append(kw["dropout_p"]) or real(*a, **kw)
+    )
     q, k = _qk(2, 2, 6, 6, 4)
     v = torch.randn(2, 2, 6, 4, dtype=torch.float64)
     km = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])

@@ -11,7 +11,10 @@ from attnkit.kernels import cpu_ext
 
 pytestmark = pytest.mark.skipif(not cpu_ext.load(warn=False), reason="C++ CPU kernels not built")
 
-MECHS = {"dnas": ("dnas", {}), "hnas": ("hnas", {"hybrid_weight": 0.4}), "sinkhorn3": ("sinkhorn", {"sinkhorn_iters": 3})}
+MECHS = {
+    "dnas": ("dnas", {}), "hnas": ("hnas", {"hybrid_weight": 0.4}),
+    "sinkhorn3": ("sinkhorn", {"sinkhorn_iters": 3}),
+}
 
 
 def _padded(lengths, H=3, D=8, seed=0):
@@ -26,7 +29,9 @@ def _padded(lengths, H=3, D=8, seed=0):
 def test_inference_output_is_bit_identical_to_training(name):
     mech, kw = MECHS[name]
     q, k, v, mask = _padded([37, 20, 5, 37])
-    train = ak.attention(*(t.clone().requires_grad_() for t in (q, k, v)), mech, key_mask=mask, query_mask=mask, **kw)
+    train = ak.attention(
+        *(t.clone().requires_grad_() for t in (q, k, v)), mech, key_mask=mask, query_mask=mask, **kw
+    )
     assert train.grad_fn is not None
     with torch.no_grad():
         infer = ak.attention(q, k, v, mech, key_mask=mask, query_mask=mask, **kw)

@@ -23,8 +23,10 @@ pytestmark = pytest.mark.skipif(
     not _triton_kernels.INTERPRETED, reason="triton was imported before TRITON_INTERPRET=1 was set"
 )
 
-MECHANISMS = {"dnas": ("dnas", 1, {}), "hnas": ("hnas", 1, {}), "sinkhorn1": ("sinkhorn", 1, {"sinkhorn_iters": 1}),
-              "sinkhorn2": ("sinkhorn", 2, {"sinkhorn_iters": 2}), "sinkhorn3": ("sinkhorn", 3, {"sinkhorn_iters": 3})}
+MECHANISMS = {
+    "dnas": ("dnas", 1, {}), "hnas": ("hnas", 1, {}), "sinkhorn1": ("sinkhorn", 1, {"sinkhorn_iters": 1}),
+    "sinkhorn2": ("sinkhorn", 2, {"sinkhorn_iters": 2}), "sinkhorn3": ("sinkhorn", 3, {"sinkhorn_iters": 3}),
+}
 
 
 def _inputs(B, H, Lq, Lk, D, Dv, seed=0):

@@ -25,7 +25,8 @@ INTERPRETED = bool(triton.knobs.runtime.interpret)
 def _col_forward(
     Q, K, A, Bout, KM, QM, scale, H, Lq, Lk, D,
     HAS_A: tl.constexpr, HAS_KM: tl.constexpr, HAS_QM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr, IN_T: tl.constexpr, DOT_T: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr,
+    IN_T: tl.constexpr, DOT_T: tl.constexpr,
 ):
     """``b_j = -LSE_i (s_ij + a_i)`` over valid queries for one block of keys."""
     bh = tl.program_id(0).to(tl.int64)
@@ -125,7 +126,9 @@ def _row_forward(
     tl.store(Aout + bh * Lq + offs_m, tl.where(has, -(m + tl.log(l_safe)), 0.0), mask=row_in)
     if OUT:
         o_mask = row_in[:, None] & (offs_dv[None, :] < Dv)
-        tl.store(Out + bh * Lq * Dv + offs_m[:, None] * Dv + offs_dv[None, :], acc / l_safe[:, None], mask=o_mask)
+        tl.store(
+            Out + bh * Lq * Dv + offs_m[:, None] * Dv + offs_dv[None, :], acc / l_safe[:, None], mask=o_mask
+        )
         if HYBRID:
             has2 = l2 > 0
             l2_safe = tl.where(has2, l2, 1.0)
@@ -282,7 +285,8 @@ def _row_backward(
                 ds += pl * ((1.0 - u) * dov - dl[:, None])
         else:
             ds = -ga[:, None] * p
-        qcg = tl.exp(tl.where(valid, s + ap[:, None] + bj[None, :], float("-inf"))) * gb[None, :]  # Qc_ij g_b_j
+        # Qc_ij g_b_j
+        qcg = tl.exp(tl.where(valid, s + ap[:, None] + bj[None, :], float("-inf"))) * gb[None, :]
         ds -= qcg
         dq += tl.dot(ds.to(IN_T).to(DOT_T), kb, input_precision=PREC)
         if WANT_GA:
@@ -296,4 +300,6 @@ def _row_backward(
         tl.store(GAout + bh * Lq + offs_m, ga_out, mask=row_in)
 
 
-KERNELS = {"col_fwd": _col_forward, "row_fwd": _row_forward, "col_bwd": _col_backward, "row_bwd": _row_backward}
+KERNELS = {
+    "col_fwd": _col_forward, "row_fwd": _row_forward, "col_bwd": _col_backward, "row_bwd": _row_backward
+}

@@ -66,7 +66,8 @@ def _flags() -> list[str]:
 
 
 def _ninja_on_path() -> None:
-    """``cpp_extension`` runs ``ninja`` from PATH: add the interpreter's bin folder and the ``ninja`` wheel's."""
+    """``cpp_extension`` runs ``ninja`` from PATH: add the interpreter's bin folder and the ``ninja``
+    wheel's."""
     dirs = [str(Path(sys.executable).parent)]
     try:
         import ninja
@@ -207,7 +208,8 @@ def load(verbose: bool = False, *, warn: bool = True) -> bool:
             if warn:
                 warnings.warn(
                     "attnkit: the C++ CPU kernels could not be built "
-                    f"({_state['error']}); the efficient backend uses its pure-PyTorch kernels (same results, "
+                    f"({_state['error']}); the efficient backend uses its pure-PyTorch kernels "
+                    "(same results, "
                     "slower). Install a C++ compiler (g++) and ninja, then run `attnkit info` to build them.",
                     RuntimeWarning,
                     stacklevel=2,

@@ -81,7 +81,9 @@ def flex_call(mechanism: str, sinkhorn_iters: int, compiled: bool = True) -> Cal
     if mechanism == "softmax":
         return lambda q, k, v: flex(q, k, v)
     if mechanism not in ("dnas", "hnas", "sinkhorn"):
-        raise ValueError(f"mechanism {mechanism!r} has no FlexAttention form here; expected softmax/dnas/hnas/sinkhorn")
+        raise ValueError(
+            f"mechanism {mechanism!r} has no FlexAttention form here; expected softmax/dnas/hnas/sinkhorn"
+        )
     iters = sinkhorn_iters if mechanism == "sinkhorn" else 1
     u = 0.5 if mechanism == "hnas" else None
     return lambda q, k, v: flex_potentials(q, k, v, iters=iters, u=u, flex=flex)

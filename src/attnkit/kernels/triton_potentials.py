@@ -129,7 +129,8 @@ class _Launch:
         self.dummy = dummy
         self.consts = dict(
             HAS_KM=km is not None, HAS_QM=qm is not None, BLOCK_M=block, BLOCK_N=block,
-            BLOCK_D=max(16, triton.next_power_of_2(self.D)), PREC="ieee" if q3.dtype == torch.float32 else "tf32",
+            BLOCK_D=max(16, triton.next_power_of_2(self.D)),
+            PREC="ieee" if q3.dtype == torch.float32 else "tf32",
             IN_T=_TL_DTYPES[q3.dtype],
             DOT_T=tl.float32 if (q3.dtype == torch.bfloat16 and not q3.is_cuda) else _TL_DTYPES[q3.dtype],
         )
@@ -189,7 +190,8 @@ def _backward(L: _Launch, q3, k3, v3, dO, out, a_all, b_all, out_l, a_l, u_bh, i
         L.run("col_bwd", L.grid_cols, q3, k3, v3, dO, b_all[t - 1], a_all[t], a_all[t - 1], delta, ga, a_l,
               delta_l, u_arg, gb, dk, dv, km, qm, L.scale, L.H, Lq, Lk, L.D, Dv, **shared)
         L.run("row_bwd", L.grid_rows, q3, k3, v3, dO, b_all[t - 1], gb, a_all[t], a_all[t - 1], delta, ga,
-              a_l, delta_l, u_arg, dq, ga_next, km, qm, L.scale, L.H, Lq, Lk, L.D, Dv, WANT_GA=t > 1, **shared)
+              a_l, delta_l, u_arg, dq, ga_next, km, qm, L.scale, L.H, Lq, Lk, L.D, Dv, WANT_GA=t > 1,
+              **shared)
         if t > 1:
             ga, ga_next = ga_next, ga
     return dq, dk, dv
@@ -224,7 +226,8 @@ class _TritonPotentials(torch.autograd.Function):
         dq, dk, dv = _backward(L, q3, k3, v3, dO, out, a_all, b_all, out_l, a_l, u_bh, iters)
         du = None
         if u is not None and ctx.needs_input_grad[3]:
-            du = (dO.float() * (out - out_l)).sum(dim=(-2, -1)).view(B, H, 1, 1)  # sum of dO * (out_D - out_L)
+            # sum of dO * (out_D - out_L)
+            du = (dO.float() * (out - out_l)).sum(dim=(-2, -1)).view(B, H, 1, 1)
             du = reduce_to(du, (1,) * (4 - u.dim()) + tuple(u.shape)).reshape(u.shape).to(u.dtype)
         dt = q3.dtype
         return (dq.view(B, H, Lq, D).to(dt), dk.view(B, H, Lk, D).to(dt), dv.view(B, H, Lk, Dv).to(dt), du,
