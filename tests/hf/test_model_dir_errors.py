@@ -169,6 +169,6 @@ def test_finetune_to_an_unwritable_out_fails_before_training(good_model, dataset
         raise AssertionError("the model was loaded before --out was checked")
 
     monkeypatch.setattr(finetune_module, "load_text_classification", no_training)
-    line = _cli_error(capsys, ["finetune", "--model", str(good_model), "--out", "/proc/attnkit-out",
-                               "--max-steps", "1"])
+    line = _cli_error(capsys, ["finetune", "--model", str(good_model), "--dataset", str(dataset),
+                               "--out", "/proc/attnkit-out", "--max-steps", "1"])
     assert "/proc/attnkit-out" in line and "cannot be written" in line
