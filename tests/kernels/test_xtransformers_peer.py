@@ -12,7 +12,8 @@ from attnkit.kernels.xtransformers_peer import xtransformers_available, xtransfo
 @pytest.mark.skipif(not xtransformers_available(), reason="x-transformers is not installed ([bench] extra)")
 def test_inverted_attention_matches_dnas_reference():
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64).requires_grad_() for n in (9, 11, 11))
+    q, k, v = (torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64) for n in (9, 11, 11))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = xtransformers_call("dnas")(q, k, v)
     ref = ak.attention(q, k, v, "dnas", backend="reference")
     # its softmax runs in float32 (dtype=torch.float32), hence the float32-sized tolerance
