@@ -203,12 +203,15 @@ dtype, tl_dtype = sys.argv[1], getattr(tl, {"bf16": "bfloat16", "fp32": "float32
 consts = dict(CENTER_E=True, CENTER_N=True, E_ACT=2, N_ACT=3, HAS_KM=True, HAS_QM=True, HAS_PM=True,
               CAUSAL=True, BLOCK_M=32, BLOCK_N=32, BLOCK_D=64, BLOCK_DV=64, BLOCK_DC=4,
               PREC="ieee" if dtype == "fp32" else "tf32", IN_T=tl_dtype, DOT_T=tl_dtype)
-for name, extra in (("row_fwd", dict(SUMS=False)), ("row_bwd", dict(SUMS=True)), ("col_bwd", {})):
+kernels = (("row_fwd", dict(SUMS=False)), ("row_fwd", dict(SUMS=True)), ("row_bwd", dict(SUMS=False)),
+           ("col_bwd", {}))
+for name, extra in kernels:
     fn, kc = K.KERNELS[name], {**consts, **extra}
     sig = {n: "constexpr" if n in kc else "fp32" if n in FLOATS else "i32" if n in INTS
            else "*" + dtype if n in ("Q", "K", "V", "DO") else "*i8" if n in ("KM", "QM", "PM") else "*fp32"
            for n in fn.arg_names}
-    compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=kc), target=GPUTarget("cuda", 90, 32))
+    source = ASTSource(fn=fn, signature=sig, constexprs=kc)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
     assert compiled.asm["cubin"], name
 print("compiled")
 """
