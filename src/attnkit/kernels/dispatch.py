@@ -297,7 +297,8 @@ def plan(
     ``"auto"`` takes the efficient path when it pays and supports the call: DNAS/HNAS/Sinkhorn with padding
     masks only, on the CPU with the C++ kernels built, always (measured, fwd+bwd, B=4, H=8, D=32: 0.45-0.6x
     the reference's time at L=8..32, 0.3-0.5x at L=128). Otherwise from ``Lq * Lk >= MIN_PAIRS``; CoDA from
-    ``B * H * Lq * Lk >= CODA_MIN_TOTAL_PAIRS``.
+    ``B * H * Lq * Lk >= CODA_MIN_TOTAL_PAIRS``, or always on CUDA with the Triton kernel (like the Triton
+    potential kernels: one launch that never materializes the weights).
     """
     call = Call(q, k, v, config, mask, dropout_p)
     route, reason = _efficient_route(call)
