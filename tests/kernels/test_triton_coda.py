@@ -184,10 +184,11 @@ def test_efficient_backend_routes_cuda_tensors_to_triton_coda(monkeypatch):
 def test_plan_says_why_cpu_tensors_do_not_take_triton_coda():
     q, k, v = (t.detach().float() for t in _inputs(1, 1, 4, 4, 4, 4))
     plan = ak.explain_dispatch(q, k, v, "coda", backend="efficient")
-    assert plan.route != "coda_triton"
-    assert "not coda_triton" in plan.reason and "CUDA" in plan.reason
+    assert plan.route != "coda_triton" and plan.route in ak.kernels.ROUTES
+    info = build_mask(1, 1, 4, 4, device=q.device, allow_bias=False)
+    why_not = dispatch.ROUTES["coda_triton"].supports(dispatch.Call(q, k, v, ak.CoDA(), info, 0.0))
+    assert why_not is not None and "CUDA" in why_not and "[triton]" in why_not
     with pytest.raises(ValueError, match="float64|backend='reference'"):
-        info = build_mask(1, 1, 4, 4, device=q.device, allow_bias=False)
         triton_coda_attention(q.double(), k.double(), v.double(), info, ak.CoDA(), scale=0.5)
 
 
