@@ -83,6 +83,7 @@ def test_matches_reference_with_padding_on_both_sides(name):
 def test_matches_reference_without_masks_rectangular_odd_dims(name):
     q, k, v = _inputs(1, 3, 9, 37, 6, 3, seed=3)  # Lq < Lk, D and Dv not powers of two
     _close(*_run(CONFIGS[name], q, k, v))
+    _close(*_run(CONFIGS[name], q, k, v, block=32, d_chunk=4))  # the compiled float32 defaults
 
 
 def test_l1_distance_in_chunks_of_d_matches_one_step():
