@@ -7,6 +7,12 @@ forward+backward, measured in a fresh subprocess per configuration (CPU: peak RS
 creating the inputs, with a fixed glibc mmap threshold so that freed blocks leave the RSS; CUDA:
 ``torch.cuda.max_memory_allocated``). The reference backend (materialized weights) is the in-house
 baseline.
+
+Peers, as extra rows timed the same way when installed: ``naive`` (``kernels/naive_peer.py``: DNAS in
+three lines, Sinkformers' alternating normalizations, the HNAS mix, all on the materialized matrix with
+autograd), ``xtransformers`` (x-transformers' ``Attend(inverted_attention=True)``, which is DNAS; the
+``[bench]`` extra) and, on CUDA, ``flex`` (FlexAttention, ``kernels/flex_peer.py``). A peer has rows only
+for the mechanisms it implements.
 """
 
 from __future__ import annotations
@@ -36,14 +42,27 @@ __all__ = [
     "DEFAULT_LENGTHS",
     "QUICK_LENGTHS",
     "DEFAULT_MECHANISMS",
+    "PEER_BACKENDS",
+    "default_backends",
 ]
 
 DEFAULT_LENGTHS = (256, 1024, 4096, 8192)
 QUICK_LENGTHS = (256, 1024)
 DEFAULT_MECHANISMS = MECHANISMS
 BACKENDS = ("reference", "efficient")
-# Peers: FlexAttention (compiled; ``flex_peer``) on CUDA, where it has a backward pass.
-PEER_BACKENDS = ("flex",)
+# Peers: FlexAttention (compiled; ``flex_peer``) on CUDA, where it has a backward pass; the naive versions
+# (``naive_peer``); x-transformers' DNAS option (``xtransformers_peer``).
+PEER_BACKENDS = ("flex", "naive", "xtransformers")
+# The mechanisms each peer implements (no row for the others); flex rows say why CoDA has none.
+PEER_MECHANISMS = {"naive": ("dnas", "hnas", "sinkhorn"), "xtransformers": ("dnas",)}
+# Peers that materialize the (Lq, Lk) weights: skipped above ``max_reference_length`` like the reference.
+MATERIALIZING = ("reference", "naive", "xtransformers")
+# Why the bench has no FlexAttention row for CoDA.
+FLEX_CODA = (
+    "no FlexAttention form: CoDA is not normalized and M may be negative, while FlexAttention "
+    "row-normalizes exp(score); it would take two calls (log of the positive and negative parts of M, "
+    "rescaled by their log-sum-exps) and an L1 reduction over D inside score_mod"
+)
 B, H, D = 1, 8, 64
 
 
@@ -69,6 +88,10 @@ class BenchConfig:
         unknown = sorted(set(self.backends) - set(BACKENDS) - set(PEER_BACKENDS))
         if unknown:
             raise ValueError(f"unknown backend(s) {unknown}; expected some of {BACKENDS + PEER_BACKENDS}")
+        if "xtransformers" in self.backends and not _xtransformers_available():
+            raise ValueError(
+                "backend 'xtransformers' needs x-transformers; pip install 'attnkit[bench]' or drop it"
+            )
         if "flex" in self.backends and self.device != "cuda":
             raise ValueError(
                 "backend 'flex' (FlexAttention) is timed on CUDA only; pass --device cuda or drop it"
@@ -79,6 +102,19 @@ class BenchConfig:
             raise ValueError(f"device={self.device!r}; expected 'cpu' or 'cuda'")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' but CUDA is not available; use --device cpu")
+
+
+def _xtransformers_available() -> bool:
+    from .kernels.xtransformers_peer import xtransformers_available
+
+    return xtransformers_available()
+
+
+def default_backends(device: str) -> tuple[str, ...]:
+    """The backends ``attnkit bench`` times by default: attnkit's two, and every peer installed."""
+    peers = ("flex",) if device == "cuda" else ()
+    peers += ("naive",) + (("xtransformers",) if _xtransformers_available() else ())
+    return BACKENDS + peers
 
 
 def _dtype(device: str) -> torch.dtype:
@@ -101,6 +137,14 @@ def _call(mechanism: str, backend: str, sinkhorn_iters: int) -> Callable:
         from .kernels.flex_peer import flex_call
 
         return flex_call(mechanism, sinkhorn_iters)
+    if backend == "naive":
+        from .kernels.naive_peer import naive_call
+
+        return naive_call(mechanism, sinkhorn_iters)
+    if backend == "xtransformers":
+        from .kernels.xtransformers_peer import xtransformers_call
+
+        return xtransformers_call(mechanism)
     from .functional import attention
 
     mech = resolve_options(mechanism, sinkhorn_iters=sinkhorn_iters if mechanism == "sinkhorn" else None)
@@ -251,12 +295,12 @@ def run_bench(cfg: BenchConfig, log: Optional[Callable[[str], None]] = None) -> 
         log(f"L={L} sdpa fwd {sdpa_fwd:.4f}s fwd+bwd {sdpa_fb:.4f}s")
         for mechanism in cfg.mechanisms:
             for backend in cfg.backends:
+                if mechanism not in PEER_MECHANISMS.get(backend, (mechanism,)):
+                    continue  # this peer does not implement the mechanism
                 if backend == "flex" and mechanism == "coda":
-                    rows.append(
-                        _skipped(L, mechanism, backend, "CoDA has no FlexAttention form (not a softmax)")
-                    )
+                    rows.append(_skipped(L, mechanism, backend, FLEX_CODA))
                     continue
-                if backend == "reference" and L > cfg.max_reference_length:
+                if backend in MATERIALIZING and L > cfg.max_reference_length:
                     rows.append(
                         _skipped(
                             L, mechanism, backend, f"L > max_reference_length={cfg.max_reference_length}"
@@ -298,9 +342,9 @@ def run_bench(cfg: BenchConfig, log: Optional[Callable[[str], None]] = None) -> 
 
 
 def _route(mechanism: str, backend: str, q, k, v, sinkhorn_iters: int) -> str:
-    """The route ``ak.attention`` takes for this configuration (``attnkit.kernels.plan``)."""
-    if backend == "flex":
-        return "flex"
+    """The route ``ak.attention`` takes for this configuration (``attnkit.kernels.plan``); a peer's name."""
+    if backend in PEER_BACKENDS:
+        return backend
     from .functional import explain_dispatch
 
     mech = resolve_options(mechanism, sinkhorn_iters=sinkhorn_iters if mechanism == "sinkhorn" else None)
@@ -329,7 +373,7 @@ def _skipped(L, mechanism, backend, reason) -> dict:
 def format_table(result: dict) -> str:
     """A plain-text table of the rows: times, ratios to SDPA softmax and peak memory (MiB)."""
     head = (
-        f"{'L':>6} {'mechanism':<9} {'backend':<9} {'route':<14} {'fwd s':>9} {'x sdpa':>7} "
+        f"{'L':>6} {'mechanism':<9} {'backend':<13} {'route':<14} {'fwd s':>9} {'x sdpa':>7} "
         f"{'f+b s':>9} {'x sdpa':>7} {'f+b min / max s':>19} {'peak MiB':>9}"
     )
     lines = [head, "-" * len(head)]
@@ -338,7 +382,7 @@ def format_table(result: dict) -> str:
         fb = r.get("fwd_bwd_spread_s")
         minmax = "-" if fb is None else f"{fb['min']:.4f} / {fb['max']:.4f}"
         lines.append(
-            f"{r['L']:>6} {r['mechanism']:<9} {r['backend']:<9} {r.get('route', 'sdpa'):<14} "
+            f"{r['L']:>6} {r['mechanism']:<9} {r['backend']:<13} {r.get('route', 'sdpa'):<14} "
             f"{fmt(r['fwd_s'], '9.4f')} "
             f"{fmt(r['fwd_ratio'], '7.2f')} {fmt(r['fwd_bwd_s'], '9.4f')} {fmt(r['fwd_bwd_ratio'], '7.2f')} "
             f"{minmax:>19} {fmt(r['peak_extra_mb'], '9.0f')}"

@@ -45,7 +45,9 @@ def register(app: typer.Typer) -> None:
         ),
         mechanisms: Optional[str] = typer.Option(None, help="Comma-separated mechanisms (default: all)."),
         backends: Optional[str] = typer.Option(
-            None, help="Comma-separated backends: reference,efficient (and flex on cuda; default on cuda)."
+            None,
+            help="Comma-separated backends: reference, efficient and the peers naive, xtransformers (the "
+            "[bench] extra) and flex (cuda). Default: all of them that are installed for --device.",
         ),
         repeats: Optional[int] = typer.Option(
             None,
@@ -68,6 +70,7 @@ def register(app: typer.Typer) -> None:
             DEFAULT_MECHANISMS,
             QUICK_LENGTHS,
             BenchConfig,
+            default_backends,
             format_table,
             run_bench,
             write_json,
@@ -78,8 +81,7 @@ def register(app: typer.Typer) -> None:
         cfg = BenchConfig(  # every argument is checked here, before any file is looked at
             lengths=parse_list(lengths, "lengths", int) or (QUICK_LENGTHS if quick else DEFAULT_LENGTHS),
             mechanisms=parse_list(mechanisms, "mechanisms") or DEFAULT_MECHANISMS,
-            backends=parse_list(backends, "backends")
-            or (("reference", "efficient", "flex") if device == "cuda" else ("reference", "efficient")),
+            backends=parse_list(backends, "backends") or default_backends(device),
             repeats=repeats if repeats is not None else (2 if quick else 3),
             sinkhorn_iters=sinkhorn_iters,
             memory=memory if memory is not None else not quick,

@@ -19,6 +19,8 @@ Routes (docs/design.md section 5):
   cannot be built (``aten_fallback.py``);
 - ``blockwise``: the potential loop in block sweeps with recomputation, any mask, CPU or CUDA
   (``blockwise.py``);
+- ``coda_triton``: CoDA on CUDA, any mask, the fused Triton kernel (``triton_coda.py``, the ``[triton]``
+  extra);
 - ``coda_blockwise``: CoDA in query blocks with recomputation (``coda_blockwise.py``).
 
 A new route (e.g. a CUDA kernel) is one ``Route`` entry here plus its name in the specs of the mechanisms
@@ -207,6 +209,27 @@ def _blockwise_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
     return potential_attention(call.q, call.k, call.v, call.mask, scale=scale, iters=call.iters, u=u)
 
 
+def _triton_coda_module(q: Tensor):
+    """``triton_coda`` when it can run ``q`` (a CUDA tensor, Triton installed), else ``None``."""
+    if not q.is_cuda:
+        return None
+    from . import triton_coda
+
+    return triton_coda if triton_coda.triton_coda_available(q) else None
+
+
+def _coda_triton_supports(call: Call) -> Optional[str]:
+    if _triton_coda_module(call.q) is None:
+        return "the Triton CoDA kernel needs a CUDA tensor (float32/bfloat16/float16) and the [triton] extra"
+    return None
+
+
+def _coda_triton_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
+    return _triton_coda_module(call.q).triton_coda_attention(
+        call.q, call.k, call.v, call.mask, call.config, scale=scale
+    )
+
+
 def _coda_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
     return coda_attention(call.q, call.k, call.v, call.mask, call.config, scale=scale)
 
@@ -221,6 +244,10 @@ ROUTES: dict[str, Route] = {
         Route("cpp", "C++ potential kernels (CPU, padding masks)", _cpp_supports, _cpp_run, dropout=True),
         Route("aten", "ATen fused CPU attention op, two passes (fallback)", _aten_supports, _aten_run),
         Route("blockwise", "block sweeps of the potential loop with recomputation", _always, _blockwise_run),
+        Route(
+            "coda_triton", "fused Triton CoDA kernel (CUDA, any mask)", _coda_triton_supports,
+            _coda_triton_run,
+        ),
         Route("coda_blockwise", "CoDA in query blocks with recomputation", _always, _coda_run),
     )
 }
@@ -270,7 +297,8 @@ def plan(
     ``"auto"`` takes the efficient path when it pays and supports the call: DNAS/HNAS/Sinkhorn with padding
     masks only, on the CPU with the C++ kernels built, always (measured, fwd+bwd, B=4, H=8, D=32: 0.45-0.6x
     the reference's time at L=8..32, 0.3-0.5x at L=128). Otherwise from ``Lq * Lk >= MIN_PAIRS``; CoDA from
-    ``B * H * Lq * Lk >= CODA_MIN_TOTAL_PAIRS``.
+    ``B * H * Lq * Lk >= CODA_MIN_TOTAL_PAIRS``, or always on CUDA with the Triton kernel (like the Triton
+    potential kernels: one launch that never materializes the weights).
     """
     call = Call(q, k, v, config, mask, dropout_p)
     route, reason = _efficient_route(call)
@@ -296,6 +324,8 @@ def plan(
         return Plan(route, f"the C++ kernels beat the materialized path at every size; {reason}")
     if route == "triton":
         return Plan(route, f"the Triton kernels never materialize the weights; {reason}")
+    if route == "coda_triton":
+        return Plan(route, f"the Triton CoDA kernel never materializes M; {reason}")
     if Lq * Lk < MIN_PAIRS:
         return Plan(
             "reference", f"Lq*Lk = {Lq * Lk} < {MIN_PAIRS}: the materialized path is as fast at this size"

@@ -1,0 +1,43 @@
+"""``attnkit.benchmark``: the peers appear as extra rows, each a ratio to SDPA in the same process."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnkit import benchmark
+from attnkit.benchmark import BenchConfig, default_backends, format_table, run_bench
+from attnkit.kernels.xtransformers_peer import xtransformers_available
+
+
+def test_peer_rows_for_the_mechanisms_they_implement():
+    backends = default_backends("cpu")
+    assert backends[:3] == ("reference", "efficient", "naive")
+    assert ("xtransformers" in backends) == xtransformers_available()
+    cfg = BenchConfig(lengths=(8,), mechanisms=("dnas", "hnas", "sinkhorn", "coda"), backends=backends,
+                      repeats=1, memory=False)
+    result = run_bench(cfg)
+    pairs = {(r["mechanism"], r["backend"]) for r in result["rows"]}
+    assert {("dnas", "naive"), ("hnas", "naive"), ("sinkhorn", "naive")} <= pairs
+    assert ("coda", "naive") not in pairs and ("coda", "efficient") in pairs
+    if xtransformers_available():
+        assert {p for p in pairs if p[1] == "xtransformers"} == {("dnas", "xtransformers")}
+    for r in result["rows"]:
+        if r["backend"] in ("naive", "xtransformers"):
+            assert r["route"] == r["backend"]
+            assert r["fwd_ratio"] > 0 and r["fwd_bwd_ratio"] > 0
+    table = format_table(result)
+    assert "naive" in table and ("xtransformers" in table) == xtransformers_available()
+
+
+def test_materializing_peers_skip_above_max_reference_length():
+    cfg = BenchConfig(lengths=(16,), mechanisms=("dnas",), backends=("efficient", "naive"), repeats=1,
+                      memory=False, max_reference_length=8)
+    rows = {r["backend"]: r for r in run_bench(cfg)["rows"]}
+    assert "max_reference_length" in rows["naive"]["skipped"] and "skipped" not in rows["efficient"]
+
+
+def test_xtransformers_backend_needs_the_package(monkeypatch):
+    monkeypatch.setattr(benchmark, "_xtransformers_available", lambda: False)
+    assert "xtransformers" not in default_backends("cpu")
+    with pytest.raises(ValueError, match=r"attnkit\[bench\]"):
+        BenchConfig(backends=("xtransformers",))
