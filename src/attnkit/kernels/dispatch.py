@@ -19,7 +19,9 @@ Routes (docs/design.md section 5):
   cannot be built (``aten_fallback.py``);
 - ``blockwise``: the potential loop in block sweeps with recomputation, any mask, CPU or CUDA
   (``blockwise.py``);
-- ``coda_blockwise``: CoDA in query blocks with recomputation (``coda_blockwise.py``).
+- ``coda_cpp``: CoDA on the CPU, the fused C++ kernel (``coda_cpp.py``), every mask and variant, attention
+  dropout included (a hashed keep mask that the backward pass replays);
+- ``coda_blockwise``: CoDA in query blocks with recomputation (``coda_blockwise.py``), any device.
 
 A new route (e.g. a CUDA kernel) is one ``Route`` entry here plus its name in the specs of the mechanisms
 it runs.
@@ -39,6 +41,7 @@ from ..registry import spec_of
 from .aten_fallback import fused_available, fused_dnas_attention
 from .blockwise import potential_attention
 from .coda_blockwise import coda_attention
+from .coda_cpp import coda_cpp_attention, coda_cpp_available
 from .cpp_potentials import fused_cpu_attention, fused_cpu_available
 
 __all__ = ["Plan", "Route", "ROUTES", "plan", "run_route", "MIN_PAIRS", "CODA_MIN_TOTAL_PAIRS"]
@@ -211,6 +214,18 @@ def _coda_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
     return coda_attention(call.q, call.k, call.v, call.mask, call.config, scale=scale)
 
 
+def _coda_cpp_supports(call: Call) -> Optional[str]:
+    if not coda_cpp_available(call.q):
+        return "the fused CoDA kernel is not available (not a CPU tensor, or the extension did not build)"
+    return None
+
+
+def _coda_cpp_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
+    return coda_cpp_attention(
+        call.q, call.k, call.v, call.mask, call.config, scale=scale, dropout_p=call.dropout_p
+    )
+
+
 ROUTES: dict[str, Route] = {
     route.name: route
     for route in (
@@ -221,6 +236,9 @@ ROUTES: dict[str, Route] = {
         Route("cpp", "C++ potential kernels (CPU, padding masks)", _cpp_supports, _cpp_run, dropout=True),
         Route("aten", "ATen fused CPU attention op, two passes (fallback)", _aten_supports, _aten_run),
         Route("blockwise", "block sweeps of the potential loop with recomputation", _always, _blockwise_run),
+        Route(
+            "coda_cpp", "fused C++ CoDA kernel (CPU, every mask)", _coda_cpp_supports, _coda_cpp_run, dropout=True
+        ),
         Route("coda_blockwise", "CoDA in query blocks with recomputation", _always, _coda_run),
     )
 }
@@ -282,7 +300,7 @@ def plan(
     if _dropout_error(call, route) is not None:
         return Plan("reference", f"dropout_p={dropout_p} > 0 and the {route} route cannot apply dropout")
     Lq, Lk = q.shape[2], k.shape[2]
-    if route == "coda_blockwise":
+    if route in ("coda_cpp", "coda_blockwise"):
         B, H = max(q.shape[0], k.shape[0]), max(q.shape[1], k.shape[1])
         total = B * H * Lq * Lk
         if total < CODA_MIN_TOTAL_PAIRS:
