@@ -86,7 +86,7 @@ void mm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, T alpha, cons
 }
 
 // ---------------------------------------------------------------------------------------------------
-// The two vector operations of the L1 passes: add(acc, min(x, y)) and "g where x < y, else 0".
+// The vector operations of the L1 passes: add(acc, min(x, y)) and "acc + g where x < y".
 // AVX-512 intrinsics where built for it (at::vec's minimum propagates NaN with extra instructions and
 // its comparisons return vectors, not mask registers); at::vec elsewhere.
 
@@ -103,7 +103,9 @@ struct Simd<float> {
   static void store(float* p, R x) { _mm512_storeu_ps(p, x); }
   static R add(R a, R b) { return _mm512_add_ps(a, b); }
   static R min(R a, R b) { return _mm512_min_ps(a, b); }
-  static R lt_select(R x, R y, R g) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, y, _CMP_LT_OQ), g); }
+  using Mask = __mmask16;
+  static Mask lt(R x, R y) { return _mm512_cmp_ps_mask(x, y, _CMP_LT_OQ); }
+  static R mask_add(R acc, Mask m, R g) { return _mm512_mask_add_ps(acc, m, acc, g); }
   static float hsum(R x) { return _mm512_reduce_add_ps(x); }
 };
 template <>
@@ -116,7 +118,9 @@ struct Simd<double> {
   static void store(double* p, R x) { _mm512_storeu_pd(p, x); }
   static R add(R a, R b) { return _mm512_add_pd(a, b); }
   static R min(R a, R b) { return _mm512_min_pd(a, b); }
-  static R lt_select(R x, R y, R g) { return _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(x, y, _CMP_LT_OQ), g); }
+  using Mask = __mmask8;
+  static Mask lt(R x, R y) { return _mm512_cmp_pd_mask(x, y, _CMP_LT_OQ); }
+  static R mask_add(R acc, Mask m, R g) { return _mm512_mask_add_pd(acc, m, acc, g); }
   static double hsum(R x) { return _mm512_reduce_add_pd(x); }
 };
 #else
@@ -130,7 +134,9 @@ struct Simd {
   static void store(T* p, R x) { x.store(p); }
   static R add(R a, R b) { return a + b; }
   static R min(R a, R b) { return at::vec::minimum(a, b); }
-  static R lt_select(R x, R y, R g) { return g & (x < y); }
+  using Mask = R;  // all bits set where true
+  static Mask lt(R x, R y) { return x < y; }
+  static R mask_add(R acc, Mask m, R g) { return acc + (g & m); }
   static T hsum(R x) {
     return at::vec::vec_reduce_all<T>([](const R& a, const R& b) { return a + b; }, x);
   }
@@ -188,11 +194,11 @@ void lt_tile(const T* g, int64_t ldg, const T* x, int64_t rows, int64_t D, const
         auto p0 = S::zero(), p1 = S::zero();
         for (int64_t r = 0; r < kRows; ++r) {
           const auto xb = S::set1(xr[r * D + d]);
-          const auto t0 = S::lt_select(xb, y0, gv[r][0]);
-          const auto t1 = S::lt_select(xb, y1, gv[r][1]);
-          xv[r * D + d] = S::add(xv[r * D + d], S::add(t0, t1));
-          p0 = S::add(p0, t0);
-          p1 = S::add(p1, t1);
+          const auto m0 = S::lt(xb, y0);
+          const auto m1 = S::lt(xb, y1);
+          xv[r * D + d] = S::mask_add(S::mask_add(xv[r * D + d], m0, gv[r][0]), m1, gv[r][1]);
+          p0 = S::mask_add(p0, m0, gv[r][0]);
+          p1 = S::mask_add(p1, m1, gv[r][1]);
         }
         T* py = pyT + d * ldy + j0;
         S::store(py, S::add(S::load(py), p0));
@@ -210,14 +216,21 @@ void lt_tile(const T* g, int64_t ldg, const T* x, int64_t rows, int64_t D, const
 template <typename T>
 using Vec = at::vec::Vectorized<T>;
 
+// sigmoid and tanh through one exponential (float: at::vec's exp_u20, as potentials_cpu.cpp uses);
+// tanh(x) = 2 sigmoid(2x) - 1.
+inline Vec<float> sigmoid_v(const Vec<float>& x) { return Vec<float>(1.f) / (Vec<float>(1.f) + x.neg().exp_u20()); }
+inline Vec<double> sigmoid_v(const Vec<double>& x) { return Vec<double>(1.0) / (Vec<double>(1.0) + x.neg().exp()); }
+inline Vec<float> tanh_v(const Vec<float>& x) { return Vec<float>(2.f) * sigmoid_v(x + x) - Vec<float>(1.f); }
+inline Vec<double> tanh_v(const Vec<double>& x) { return x.tanh(); }
+
 template <typename T>
 inline Vec<T> act(int kind, const Vec<T>& x) {
   const Vec<T> one(T(1));
   switch (kind) {
     case 0:
-      return x.tanh();
+      return tanh_v(x);
     case 1:
-      return one / (one + x.neg().exp());
+      return sigmoid_v(x);
     case 2:
       return x.atan();
     default:
@@ -376,18 +389,58 @@ int64_t score_tiles(const Head<T>& h, const Params<T>& P, int64_t i0, int64_t ro
   return cp;
 }
 
-// Forward elementwise step of one row: e <- E - mu_E, dist <- N - mu_N, m <- M (over cols, padded).
+// Forward elementwise step of one row over cp columns (a multiple of the vector width): from the raw
+// tiles e = a q.k and n = sum_d min(q, k), e <- E (centred), n <- N (centred), m <- M.
 template <typename T>
 inline void row_forward(const Head<T>& h, const Params<T>& P, T sq, const T* sk, T* e, T* n, T* m, int64_t cp) {
-  const Vec<T> a_mu(h.me), n_mu(h.mn), vb(P.b), vsq(sq), two(T(2)), glo(P.glo), gs(P.gscale);
+  const Vec<T> me(h.me), mn(h.mn), b(P.b), vsq(sq), two(T(2)), glo(P.glo), gs(P.gscale), zero(T(0));
   for (int64_t j = 0; j < cp; j += Vec<T>::size()) {
-    const Vec<T> ev = Vec<T>::loadu(e + j) - a_mu;
-    const Vec<T> dist = vsq + Vec<T>::loadu(sk + j) - two * Vec<T>::loadu(n + j);
-    const Vec<T> nv = Vec<T>(T(0)) - vb * dist - n_mu;
+    const Vec<T> ev = Vec<T>::loadu(e + j) - me;
+    const Vec<T> nv = zero - b * (vsq + Vec<T>::loadu(sk + j) - two * Vec<T>::loadu(n + j)) - mn;
     ev.store(e + j);
     nv.store(n + j);
     (act<T>(P.fe, ev) * (gs * (act<T>(P.fn, nv) - glo))).store(m + j);
   }
+}
+
+// Backward elementwise step of one row over cp columns, from the raw tiles and dm (dO V^T, times the
+// keep mask and 0 on invalid pairs and padded columns): m <- M, e <- dE, n <- G = -b dN; adds the sums
+// of dE and dN to se, sn.
+template <typename T>
+inline void row_backward(const Head<T>& h, const Params<T>& P, T sq, const T* sk, T* e, T* n, T* m, const T* dm,
+                         int64_t cp, Vec<T>& se, Vec<T>& sn) {
+  const Vec<T> me(h.me), mn(h.mn), b(P.b), vsq(sq), two(T(2)), glo(P.glo), gs(P.gscale), zero(T(0));
+  for (int64_t j = 0; j < cp; j += Vec<T>::size()) {
+    const Vec<T> ev = Vec<T>::loadu(e + j) - me;
+    const Vec<T> nv = zero - b * (vsq + Vec<T>::loadu(sk + j) - two * Vec<T>::loadu(n + j)) - mn;
+    const Vec<T> fe = act<T>(P.fe, ev), fn = act<T>(P.fn, nv);
+    const Vec<T> gate = gs * (fn - glo);
+    const Vec<T> dmv = Vec<T>::loadu(dm + j);
+    (fe * gate).store(m + j);
+    const Vec<T> de = dmv * act_grad<T>(P.fe, ev, fe) * gate;
+    const Vec<T> dn = dmv * fe * gs * act_grad<T>(P.fn, nv, fn);
+    de.store(e + j);
+    (zero - b * dn).store(n + j);
+    se = se + de;
+    sn = sn + dn;
+  }
+}
+
+// z[c] for c < cols: the dropout keep mask times the validity of the pair, for row i (compacted) of the tile
+// at column j0; false (z untouched) when every pair is kept and valid.
+template <typename T>
+bool row_weights(const Head<T>& h, const Dropout& drop, bool all, int64_t i, int64_t j0, int64_t cols, T* z) {
+  if (all && !drop.on) return false;
+  if (drop.on)
+    drop.row(i, j0, cols, z);
+  else
+    std::fill(z, z + cols, T(1));
+  if (!all) {
+    const int64_t oi = (*h.iq)[i];
+    for (int64_t c = 0; c < cols; ++c)
+      if (!h.pm.ok(oi, (*h.ik)[j0 + c])) z[c] = T(0);
+  }
+  return true;
 }
 
 template <typename T>
@@ -404,13 +457,8 @@ void forward_head(const Head<T>& h, const Params<T>& P, const Dropout& drop, T* 
       for (int64_t r = 0; r < rows; ++r) {
         T* mr = w.m.data() + r * kBc;
         row_forward(h, P, h.sq[i0 + r], h.sk + j0, w.e.data() + r * kBc, w.dist.data() + r * kBc, mr, cp);
-        if (!all)
-          for (int64_t c = 0; c < cols; ++c)
-            if (!h.pm.ok((*h.iq)[i0 + r], (*h.ik)[j0 + c])) mr[c] = T(0);
-        if (drop.on) {
-          drop.row(i0 + r, j0, cols, w.z.data());
+        if (row_weights(h, drop, all, i0 + r, j0, cols, w.z.data()))
           for (int64_t c = 0; c < cols; ++c) mr[c] *= w.z[c];
-        }
       }
       mm<T>(false, false, rows, h.Dv, cols, T(1), w.m.data(), kBc, h.v + j0 * h.Dv, h.Dv, T(1), out + i0 * h.Dv,
             h.Dv);
@@ -423,13 +471,14 @@ template <typename T>
 void backward_head(const Head<T>& h, const Params<T>& P, const Dropout& drop, const T* dO, T* dq, T* dk, T* dv,
                    T& sum_de, T& sum_dn, Tiles<T>& w) {
   const int64_t n = h.n, m = h.m, D = h.D, Dv = h.Dv;
+  constexpr int64_t V = Vec<T>::size();
   std::fill(dq, dq + n * D, T(0));
   std::fill(dk, dk + m * D, T(0));
   std::fill(dv, dv + m * Dv, T(0));
+  // px: sum_j G [q < k] (n, D); pyT: sum_i G [q < k] (D, mp); rowg / colg: the row and column sums of G
   std::vector<T> px(((n + kRows - 1) / kRows * kRows) * D, T(0)), pyT(D * h.mp, T(0)), rowg(n, T(0)),
       colg(h.mp, T(0));
-  double se = 0.0, sn = 0.0;
-  const Vec<T> zero(T(0)), glo(P.glo), gs(P.gscale), nb(-P.b);
+  Vec<T> se(T(0)), sn(T(0));
   for (int64_t i0 = 0; i0 < n; i0 += kBq) {
     const int64_t rows = std::min(kBq, n - i0);
     const int64_t rp = (rows + kRows - 1) / kRows * kRows;
@@ -439,75 +488,29 @@ void backward_head(const Head<T>& h, const Params<T>& P, const Dropout& drop, co
       tile_validity(h, i0, rows, j0, cols, some, all);
       if (!some) continue;
       const int64_t cp = score_tiles(h, P, i0, rows, j0, cols, w);
-      // dM = dO V^T
-      mm<T>(false, true, rows, cols, Dv, T(1), dO + i0 * Dv, Dv, h.v + j0 * Dv, Dv, T(0), w.dm.data(), kBc);
+      mm<T>(false, true, rows, cols, Dv, T(1), dO + i0 * Dv, Dv, h.v + j0 * Dv, Dv, T(0), w.dm.data(), kBc);  // dO V^T
       for (int64_t r = 0; r < rows; ++r) {
         T* e = w.e.data() + r * kBc;     // -> dE
         T* g = w.dist.data() + r * kBc;  // -> G = -b dN
         T* mr = w.m.data() + r * kBc;    // -> M z
         T* dm = w.dm.data() + r * kBc;
-        row_forward(h, P, h.sq[i0 + r], h.sk + j0, e, g, mr, cp);
-        if (drop.on) {
-          drop.row(i0 + r, j0, cols, w.z.data());
-          for (int64_t c = 0; c < cols; ++c) {
-            mr[c] *= w.z[c];
-            dm[c] *= w.z[c];
-          }
+        std::fill(dm + cols, dm + cp, T(0));
+        const bool weighted = row_weights(h, drop, all, i0 + r, j0, cols, w.z.data());
+        if (weighted)
+          for (int64_t c = 0; c < cols; ++c) dm[c] *= w.z[c];
+        row_backward(h, P, h.sq[i0 + r], h.sk + j0, e, g, mr, dm, cp, se, sn);
+        if (weighted)
+          for (int64_t c = 0; c < cols; ++c) mr[c] *= w.z[c];
+        Vec<T> rs(T(0));
+        for (int64_t c = 0; c < cp; c += V) {
+          const Vec<T> gv = Vec<T>::loadu(g + c);
+          rs = rs + gv;
+          (Vec<T>::loadu(colg.data() + j0 + c) + gv).store(colg.data() + j0 + c);
         }
-        Vec<T> vse(T(0)), vsn(T(0)), vg(T(0));
-        int64_t c = 0;
-        for (; c + Vec<T>::size() <= cols; c += Vec<T>::size()) {
-          const Vec<T> ev = Vec<T>::loadu(e + c), nv = Vec<T>::loadu(g + c), dmv = Vec<T>::loadu(dm + c);
-          const Vec<T> fe = act<T>(P.fe, ev), fn = act<T>(P.fn, nv);
-          const Vec<T> gate = gs * (fn - glo);
-          const Vec<T> de = dmv * act_grad<T>(P.fe, ev, fe) * gate;
-          const Vec<T> dn = dmv * fe * gs * act_grad<T>(P.fn, nv, fn);
-          de.store(e + c);
-          (nb * dn).store(g + c);
-          vse = vse + de;
-          vsn = vsn + dn;
-        }
-        T tse = at::vec::vec_reduce_all<T>([](const Vec<T>& x, const Vec<T>& y) { return x + y; }, vse);
-        T tsn = at::vec::vec_reduce_all<T>([](const Vec<T>& x, const Vec<T>& y) { return x + y; }, vsn);
-        if (c < cols) {  // the tail, through the same vector code on a padded copy
-          T eb[Vec<T>::size()] = {}, nbuf[Vec<T>::size()] = {}, db[Vec<T>::size()] = {};
-          const int64_t t = cols - c;
-          std::copy(e + c, e + cols, eb);
-          std::copy(g + c, g + cols, nbuf);
-          std::copy(dm + c, dm + cols, db);
-          const Vec<T> ev = Vec<T>::loadu(eb), nv = Vec<T>::loadu(nbuf), dmv = Vec<T>::loadu(db);
-          const Vec<T> fe = act<T>(P.fe, ev), fn = act<T>(P.fn, nv);
-          const Vec<T> de = dmv * act_grad<T>(P.fe, ev, fe) * (gs * (fn - glo));
-          const Vec<T> dn = dmv * fe * gs * act_grad<T>(P.fn, nv, fn);
-          de.store(eb);
-          dn.store(nbuf);
-          for (int64_t x = 0; x < t; ++x) {
-            e[c + x] = eb[x];
-            g[c + x] = -P.b * nbuf[x];
-            tse += eb[x];
-            tsn += nbuf[x];
-          }
-        }
-        if (!all) {
-          for (int64_t x = 0; x < cols; ++x)
-            if (!h.pm.ok((*h.iq)[i0 + r], (*h.ik)[j0 + x])) {
-              tse -= e[x];
-              tsn -= g[x] / -P.b;
-              e[x] = g[x] = mr[x] = T(0);
-            }
-        }
-        std::fill(g + cols, g + cp, T(0));
-        se += tse;
-        sn += tsn;
-        T rs = 0;
-        for (int64_t x = 0; x < cols; ++x) {
-          rs += g[x];
-          colg[j0 + x] += g[x];
-        }
-        rowg[i0 + r] += rs;
+        rowg[i0 + r] += at::vec::vec_reduce_all<T>([](const Vec<T>& x, const Vec<T>& y) { return x + y; }, rs);
       }
       for (int64_t r = rows; r < rp; ++r) std::fill(w.dist.begin() + r * kBc, w.dist.begin() + r * kBc + cp, T(0));
-      // dV += (M z)^T dO, dQ += a dE K, dK += a dE^T Q
+      // dV += (M z)^T dO, dQ += a dE K, dK += a dE^T Q, and the L1 backward of G
       mm<T>(true, false, cols, Dv, rows, T(1), w.m.data(), kBc, dO + i0 * Dv, Dv, T(1), dv + j0 * Dv, Dv);
       mm<T>(false, false, rows, D, cols, P.a, w.e.data(), kBc, h.k + j0 * D, D, T(1), dq + i0 * D, D);
       mm<T>(true, false, cols, D, rows, P.a, w.e.data(), kBc, h.q + i0 * D, D, T(1), dk + j0 * D, D);
@@ -519,8 +522,9 @@ void backward_head(const Head<T>& h, const Params<T>& P, const Dropout& drop, co
     for (int64_t d = 0; d < D; ++d) dq[i * D + d] += rowg[i] - T(2) * px[i * D + d];
   for (int64_t j = 0; j < m; ++j)
     for (int64_t d = 0; d < D; ++d) dk[j * D + d] += T(2) * pyT[d * h.mp + j] - colg[j];
-  sum_de = (T)se;
-  sum_dn = (T)sn;
+  const auto add = [](const Vec<T>& x, const Vec<T>& y) { return x + y; };
+  sum_de = at::vec::vec_reduce_all<T>(add, se);
+  sum_dn = at::vec::vec_reduce_all<T>(add, sn);
 }
 
 // ---------------------------------------------------------------------------------------------------
