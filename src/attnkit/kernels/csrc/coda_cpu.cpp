@@ -57,7 +57,7 @@ void dgemm_(const char*, const char*, const int*, const int*, const int*, const 
 namespace {
 
 constexpr int64_t kBq = 64;   // queries per chunk (a multiple of kRows)
-constexpr int64_t kBc = 128;  // keys per strip (a multiple of 2 vectors)
+constexpr int64_t kBc = 256;  // keys per strip (a multiple of 2 vectors)
 constexpr int64_t kRows = 8;  // queries per register tile of the L1 passes
 
 // ---------------------------------------------------------------------------------------------------
@@ -172,41 +172,42 @@ void min_tile(const T* x, int64_t rows, int64_t D, const T* yT, int64_t ldy, int
 }
 
 // px (rows, D) += sum_j G_rj [x_rd < yT[d][j]] and pyT (D, ldy) += sum_r G_rj [x_rd < yT[d][j]], over the
-// columns j < cols of G (rows, ld ldg; zero on padded rows and columns). xv: kRows * D vectors of scratch.
+// columns j < cols of G (rows, ld ldg; zero on padded rows and columns). For each block of kRows rows and
+// each d, the row sums stay in registers across the strip (one horizontal sum per row and d).
 template <typename T>
 void lt_tile(const T* g, int64_t ldg, const T* x, int64_t rows, int64_t D, const T* yT, int64_t ldy, int64_t cols,
-             T* px, T* pyT, std::vector<typename Simd<T>::R>& xv) {
+             T* px, T* pyT) {
   using S = Simd<T>;
   constexpr int64_t W = S::W;
-  xv.resize(kRows * D);
   for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
     const T* xr = x + r0 * D;
-    std::fill(xv.begin(), xv.end(), S::zero());
-    for (int64_t j0 = 0; j0 < cols; j0 += 2 * W) {
-      typename S::R gv[kRows][2];
+    const T* gr = g + r0 * ldg;
+    for (int64_t d = 0; d < D; ++d) {
+      typename S::R xb[kRows], xa[kRows];
       for (int64_t r = 0; r < kRows; ++r) {
-        gv[r][0] = S::load(g + (r0 + r) * ldg + j0);
-        gv[r][1] = S::load(g + (r0 + r) * ldg + j0 + W);
+        xb[r] = S::set1(xr[r * D + d]);
+        xa[r] = S::zero();
       }
-      for (int64_t d = 0; d < D; ++d) {
-        const auto y0 = S::load(yT + d * ldy + j0);
-        const auto y1 = S::load(yT + d * ldy + j0 + W);
+      const T* yd = yT + d * ldy;
+      T* py = pyT + d * ldy;
+      for (int64_t j0 = 0; j0 < cols; j0 += 2 * W) {
+        const auto y0 = S::load(yd + j0);
+        const auto y1 = S::load(yd + j0 + W);
         auto p0 = S::zero(), p1 = S::zero();
         for (int64_t r = 0; r < kRows; ++r) {
-          const auto xb = S::set1(xr[r * D + d]);
-          const auto m0 = S::lt(xb, y0);
-          const auto m1 = S::lt(xb, y1);
-          xv[r * D + d] = S::mask_add(S::mask_add(xv[r * D + d], m0, gv[r][0]), m1, gv[r][1]);
-          p0 = S::mask_add(p0, m0, gv[r][0]);
-          p1 = S::mask_add(p1, m1, gv[r][1]);
+          const auto g0 = S::load(gr + r * ldg + j0);
+          const auto g1 = S::load(gr + r * ldg + j0 + W);
+          const auto m0 = S::lt(xb[r], y0);
+          const auto m1 = S::lt(xb[r], y1);
+          xa[r] = S::mask_add(S::mask_add(xa[r], m0, g0), m1, g1);
+          p0 = S::mask_add(p0, m0, g0);
+          p1 = S::mask_add(p1, m1, g1);
         }
-        T* py = pyT + d * ldy + j0;
-        S::store(py, S::add(S::load(py), p0));
-        S::store(py + W, S::add(S::load(py + W), p1));
+        S::store(py + j0, S::add(S::load(py + j0), p0));
+        S::store(py + j0 + W, S::add(S::load(py + j0 + W), p1));
       }
+      for (int64_t r = 0; r < kRows; ++r) px[(r0 + r) * D + d] += S::hsum(xa[r]);
     }
-    for (int64_t r = 0; r < kRows; ++r)
-      for (int64_t d = 0; d < D; ++d) px[(r0 + r) * D + d] += S::hsum(xv[r * D + d]);
   }
 }
 
@@ -351,7 +352,6 @@ struct Head {
 template <typename T>
 struct Tiles {
   std::vector<T> e, dist, m, dm, z;
-  std::vector<typename Simd<T>::R> xv;
   Tiles() : e(kBq * kBc), dist(kBq * kBc), m(kBq * kBc), dm(kBq * kBc), z(kBc) {}
 };
 
@@ -514,8 +514,7 @@ void backward_head(const Head<T>& h, const Params<T>& P, const Dropout& drop, co
       mm<T>(true, false, cols, Dv, rows, T(1), w.m.data(), kBc, dO + i0 * Dv, Dv, T(1), dv + j0 * Dv, Dv);
       mm<T>(false, false, rows, D, cols, P.a, w.e.data(), kBc, h.k + j0 * D, D, T(1), dq + i0 * D, D);
       mm<T>(true, false, cols, D, rows, P.a, w.e.data(), kBc, h.q + i0 * D, D, T(1), dk + j0 * D, D);
-      lt_tile<T>(w.dist.data(), kBc, h.q + i0 * D, rp, D, h.kT + j0, h.mp, cp, px.data() + i0 * D, pyT.data() + j0,
-                 w.xv);
+      lt_tile<T>(w.dist.data(), kBc, h.q + i0 * D, rp, D, h.kT + j0, h.mp, cp, px.data() + i0 * D, pyT.data() + j0);
     }
   }
   for (int64_t i = 0; i < n; ++i)
