@@ -193,18 +193,18 @@ void lt_tile(const T* g, int64_t ldg, const T* x, int64_t rows, int64_t D, const
       for (int64_t j0 = 0; j0 < cols; j0 += 2 * W) {
         const auto y0 = S::load(yd + j0);
         const auto y1 = S::load(yd + j0 + W);
-        auto p0 = S::zero(), p1 = S::zero();
+        typename S::R p[2][2] = {{S::zero(), S::zero()}, {S::zero(), S::zero()}};  // two chains of sums
         for (int64_t r = 0; r < kRows; ++r) {
           const auto g0 = S::load(gr + r * ldg + j0);
           const auto g1 = S::load(gr + r * ldg + j0 + W);
           const auto m0 = S::lt(xb[r], y0);
           const auto m1 = S::lt(xb[r], y1);
           xa[r] = S::mask_add(S::mask_add(xa[r], m0, g0), m1, g1);
-          p0 = S::mask_add(p0, m0, g0);
-          p1 = S::mask_add(p1, m1, g1);
+          p[r & 1][0] = S::mask_add(p[r & 1][0], m0, g0);
+          p[r & 1][1] = S::mask_add(p[r & 1][1], m1, g1);
         }
-        S::store(py + j0, S::add(S::load(py + j0), p0));
-        S::store(py + j0 + W, S::add(S::load(py + j0 + W), p1));
+        S::store(py + j0, S::add(S::load(py + j0), S::add(p[0][0], p[1][0])));
+        S::store(py + j0 + W, S::add(S::load(py + j0 + W), S::add(p[0][1], p[1][1])));
       }
       for (int64_t r = 0; r < kRows; ++r) px[(r0 + r) * D + d] += S::hsum(xa[r]);
     }
