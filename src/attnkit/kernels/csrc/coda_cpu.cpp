@@ -45,6 +45,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <vector>
 
 extern "C" {
@@ -219,7 +220,20 @@ using Vec = at::vec::Vectorized<T>;
 
 // sigmoid and tanh through one exponential (float: at::vec's exp_u20, as potentials_cpu.cpp uses);
 // tanh(x) = 2 sigmoid(2x) - 1.
-inline Vec<float> sigmoid_v(const Vec<float>& x) { return Vec<float>(1.f) / (Vec<float>(1.f) + x.neg().exp_u20()); }
+// 1 / x for x >= 1 (float: rcp14 and one Newton step, relative error about 2^-28).
+inline Vec<float> recip(const Vec<float>& x) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m512 v = x;
+  const __m512 r = _mm512_rcp14_ps(v);
+  return Vec<float>(_mm512_mul_ps(r, _mm512_fnmadd_ps(v, r, _mm512_set1_ps(2.f))));
+#else
+  return Vec<float>(1.f) / x;
+#endif
+}
+// exp(-x) is capped at exp(80) so that the reciprocal stays finite (sigmoid(x) < 2e-35 there).
+inline Vec<float> sigmoid_v(const Vec<float>& x) {
+  return recip(Vec<float>(1.f) + at::vec::minimum(x.neg(), Vec<float>(80.f)).exp_u20());
+}
 inline Vec<double> sigmoid_v(const Vec<double>& x) { return Vec<double>(1.0) / (Vec<double>(1.0) + x.neg().exp()); }
 inline Vec<float> tanh_v(const Vec<float>& x) { return Vec<float>(2.f) * sigmoid_v(x + x) - Vec<float>(1.f); }
 inline Vec<double> tanh_v(const Vec<double>& x) { return x.tanh(); }
@@ -389,16 +403,15 @@ int64_t score_tiles(const Head<T>& h, const Params<T>& P, int64_t i0, int64_t ro
   return cp;
 }
 
-// Forward elementwise step of one row over cp columns (a multiple of the vector width): from the raw
-// tiles e = a q.k and n = sum_d min(q, k), e <- E (centred), n <- N (centred), m <- M.
+// Forward elementwise step of one row over cp columns (a multiple of the vector width): m <- M from the
+// raw tiles e = a q.k and n = sum_d min(q, k).
 template <typename T>
-inline void row_forward(const Head<T>& h, const Params<T>& P, T sq, const T* sk, T* e, T* n, T* m, int64_t cp) {
+inline void row_forward(const Head<T>& h, const Params<T>& P, T sq, const T* sk, const T* e, const T* n, T* m,
+                        int64_t cp) {
   const Vec<T> me(h.me), mn(h.mn), b(P.b), vsq(sq), two(T(2)), glo(P.glo), gs(P.gscale), zero(T(0));
   for (int64_t j = 0; j < cp; j += Vec<T>::size()) {
     const Vec<T> ev = Vec<T>::loadu(e + j) - me;
     const Vec<T> nv = zero - b * (vsq + Vec<T>::loadu(sk + j) - two * Vec<T>::loadu(n + j)) - mn;
-    ev.store(e + j);
-    nv.store(n + j);
     (act<T>(P.fe, ev) * (gs * (act<T>(P.fn, nv) - glo))).store(m + j);
   }
 }
@@ -542,9 +555,12 @@ std::vector<int64_t> valid_index(const at::Tensor& mask, int64_t b, int64_t L) {
   return idx;
 }
 
-// The rows idx of src (L, width) into buf, padded with zero rows to `rows_to` rows.
+// The rows idx of src (L rows, width) into buf, padded with zero rows to `rows_to` rows; src itself when
+// that is the same.
 template <typename T>
-const T* gather(const T* src, const std::vector<int64_t>& idx, int64_t width, int64_t rows_to, std::vector<T>& buf) {
+const T* gather(const T* src, const std::vector<int64_t>& idx, int64_t L, int64_t width, int64_t rows_to,
+                std::vector<T>& buf) {
+  if ((int64_t)idx.size() == L && rows_to <= L) return src;
   buf.assign(std::max<int64_t>(rows_to, idx.size()) * width, T(0));
   for (size_t r = 0; r < idx.size(); ++r) std::copy(src + idx[r] * width, src + (idx[r] + 1) * width, &buf[r * width]);
   return buf.data();
@@ -674,19 +690,17 @@ struct Problem {
     if (n == 0 || m == 0) return false;
     constexpr int64_t W2 = 2 * Simd<T>::W;
     const int64_t np = (n + kRows - 1) / kRows * kRows, mp = (m + W2 - 1) / W2 * W2;
-    gather(c.q.data_ptr<T>() + bh * Lq * D, iq, D, np, q);
-    gather(c.k.data_ptr<T>() + bh * Lk * D, ik, D, m, k);
-    gather(c.v.data_ptr<T>() + bh * Lk * Dv, ik, Dv, m, v);
+    const T* qp = gather(c.q.data_ptr<T>() + bh * Lq * D, iq, Lq, D, np, q);
+    const T* kp = gather(c.k.data_ptr<T>() + bh * Lk * D, ik, Lk, D, m, k);
+    const T* vp = gather(c.v.data_ptr<T>() + bh * Lk * Dv, ik, Lk, Dv, m, v);
     kT.assign(D * mp, T(0));
     sk.assign(mp, T(0));
-    for (int64_t j = 0; j < m; ++j)
-      for (int64_t d = 0; d < D; ++d) {
-        kT[d * mp + j] = k[j * D + d];
-        sk[j] += k[j * D + d];
-      }
+    for (int64_t j0 = 0; j0 < m; j0 += 16)  // blocks of 16 keys: contiguous writes, cached reads
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t j = j0; j < std::min(m, j0 + 16); ++j) kT[d * mp + j] = kp[j * D + d];
+    for (int64_t j = 0; j < m; ++j) sk[j] = std::accumulate(kp + j * D, kp + (j + 1) * D, T(0));
     sq.assign(np, T(0));
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t d = 0; d < D; ++d) sq[i] += q[i * D + d];
+    for (int64_t i = 0; i < n; ++i) sq[i] = std::accumulate(qp + i * D, qp + (i + 1) * D, T(0));
     PairMask pm;
     pm.causal = c.causal;
     if (c.pair.defined()) {
@@ -696,7 +710,7 @@ struct Problem {
     }
     const T me = c.mean_e.defined() ? c.mean_e.data_ptr<T>()[bh] : T(0);
     const T mn = c.mean_n.defined() ? c.mean_n.data_ptr<T>()[bh] : T(0);
-    head = Head<T>{n, m, mp, D, Dv, q.data(), k.data(), v.data(), kT.data(), sq.data(), sk.data(), me, mn, &iq, &ik,
+    head = Head<T>{n, m, mp, D, Dv, qp, kp, vp, kT.data(), sq.data(), sk.data(), me, mn, &iq, &ik,
                    pm};
     return true;
   }
@@ -777,7 +791,7 @@ std::vector<at::Tensor> coda_backward(const at::Tensor& dout, const at::Tensor& 
         const Head<T>& h = pr.head;
         Dropout drop = dropout;
         drop.bh = bh;
-        const T* dO = gather(dop + bh * Lq * Dv, pr.iq, Dv, h.n, gdo);
+        const T* dO = gather(dop + bh * Lq * Dv, pr.iq, Lq, Dv, h.n, gdo);
         bq.resize(h.n * D);
         bk.resize(h.m * D);
         bv.resize(h.m * Dv);
