@@ -57,7 +57,7 @@ void dgemm_(const char*, const char*, const int*, const int*, const int*, const 
 
 namespace {
 
-constexpr int64_t kBq = 64;   // queries per chunk (a multiple of kRows)
+constexpr int64_t kBq = 128;  // queries per chunk (a multiple of kRows)
 constexpr int64_t kBc = 256;  // keys per strip (a multiple of 2 vectors)
 constexpr int64_t kRows = 8;  // queries per register tile of the L1 passes
 
