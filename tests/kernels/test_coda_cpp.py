@@ -27,7 +27,8 @@ VARIANTS = {
 
 def _inputs(B, H, Lq, Lk, D, Dv, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=g, dtype=torch.float64) for s in ((B, H, Lq, D), (B, H, Lk, D), (B, H, Lk, Dv))]
+    shapes = ((B, H, Lq, D), (B, H, Lk, D), (B, H, Lk, Dv))
+    return [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
 
 
 def _masks(kind, B, H, Lq, Lk):
@@ -170,15 +171,18 @@ def test_dropout_backward_replays_the_mask():
 
     def fn(q, k, v):
         torch.manual_seed(4)
-        return ak.attention(q, k, v, ak.CoDA(gate="centered"), key_mask=km, dropout_p=0.4, backend="efficient")
+        config = ak.CoDA(gate="centered")
+        return ak.attention(q, k, v, config, key_mask=km, dropout_p=0.4, backend="efficient")
 
     assert torch.autograd.gradcheck(fn, (q, k, v))
 
 
-def test_auto_takes_the_fused_kernel_for_dropout_in_training():
-    q, k, v = (t.float() for t in _inputs(2, 2, 16, 16, 8, 8))
-    plan = ak.explain_dispatch(q, k, v, "coda", dropout_p=0.1, backend="efficient")
-    assert plan.route == "coda_cpp"
+@pytest.mark.parametrize("dropout_p", [0.0, 0.1])
+def test_auto_takes_the_fused_kernel_at_every_size(dropout_p):
+    for L in (4, 128):
+        q, k, v = (t.float() for t in _inputs(2, 2, L, L, 8, 8))
+        plan = ak.explain_dispatch(q, k, v, "coda", dropout_p=dropout_p, causal=True)
+        assert plan.route == "coda_cpp", plan
 
 
 def test_plan_falls_back_to_blockwise_when_the_kernel_is_unavailable(monkeypatch):

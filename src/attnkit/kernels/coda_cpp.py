@@ -22,8 +22,6 @@ takes 0); elsewhere the gradients are exact.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
@@ -78,7 +76,8 @@ def coda_cpp_attention(
     seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
     options = (
         km, qm, pair, bool(masks.causal), H, float(scale), float(config.alpha), float(config.beta),
-        _ACTIVATION_CODES[config.e_activation], _ACTIVATION_CODES[config.n_activation], _GATE_CODES[config.gate],
+        _ACTIVATION_CODES[config.e_activation], _ACTIVATION_CODES[config.n_activation],
+        _GATE_CODES[config.gate],
     )
     inputs = (q, k, v, mean_e, mean_n)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):

@@ -49,13 +49,16 @@ __all__ = ["Plan", "Route", "ROUTES", "plan", "run_route", "MIN_PAIRS", "CODA_MI
 # backend="auto" takes the efficient path from this many (query, key) pairs on: below it the
 # materialized path is as fast and the memory it saves is small.
 MIN_PAIRS = 128 * 128
-# CoDA's cost is the L1 distance (``torch.cdist(p=1)``, no BLAS path), which the efficient path
-# computes twice (forward, and again in the backward pass); the materialized path is faster until its
-# memory traffic dominates. Measured (2 threads, fp32, B=1, H=8, D=64, forward+backward, efficient /
-# reference): L=256 1.45, 1024 1.15, 1536 1.10, 2048 0.91, 4096 0.76. So CoDA goes efficient from this
-# many pairs over the whole batch (B * H * Lq * Lk), where the reference holds about 0.6 GiB. With the C++
-# L1 kernel (both paths ~3.4x faster) the crossover moved down but is noisy: 4.2M pairs 0.73, 8.4M
-# 0.82 (B=1) / 1.28 (B=2), 16.8M 0.72; the threshold stays where the efficient path wins.
+# CoDA through the fused C++ kernel (``coda_cpp``, the CPU) beats the materialized path at every size:
+# measured (1 thread, fp32, CPU time, interleaved, with key padding; efficient / reference) fwd+bwd B=1 H=1
+# L=8 D=16 0.70, B=2 H=8 L=16 D=64 0.77, L=128 D=64 0.45, B=16 H=12 L=128 D=32 0.36, L=512 0.26,
+# L=1024 0.16, L=2048 0.14; with dropout 0.1 and forward-only alike. So ``"auto"`` always takes it.
+# The threshold below is for ``coda_blockwise`` (CUDA tensors, or no C++ extension), whose cost is the
+# L1 distance (``torch.cdist(p=1)``, no BLAS path), computed twice (forward, and again in the backward
+# pass): the materialized path is faster until its memory traffic dominates. Measured (2 threads, fp32,
+# B=1, H=8, D=64, forward+backward, efficient / reference): L=256 1.45, 1024 1.15, 1536 1.10, 2048 0.91,
+# 4096 0.76. So ``coda_blockwise`` goes efficient from this many pairs over the whole batch (B * H * Lq * Lk),
+# where the reference holds about 0.6 GiB.
 CODA_MIN_TOTAL_PAIRS = 1 << 24
 
 
@@ -237,7 +240,8 @@ ROUTES: dict[str, Route] = {
         Route("aten", "ATen fused CPU attention op, two passes (fallback)", _aten_supports, _aten_run),
         Route("blockwise", "block sweeps of the potential loop with recomputation", _always, _blockwise_run),
         Route(
-            "coda_cpp", "fused C++ CoDA kernel (CPU, every mask)", _coda_cpp_supports, _coda_cpp_run, dropout=True
+            "coda_cpp", "fused C++ CoDA kernel (CPU, every mask)", _coda_cpp_supports, _coda_cpp_run,
+            dropout=True,
         ),
         Route("coda_blockwise", "CoDA in query blocks with recomputation", _always, _coda_run),
     )
@@ -300,7 +304,9 @@ def plan(
     if _dropout_error(call, route) is not None:
         return Plan("reference", f"dropout_p={dropout_p} > 0 and the {route} route cannot apply dropout")
     Lq, Lk = q.shape[2], k.shape[2]
-    if route in ("coda_cpp", "coda_blockwise"):
+    if route == "coda_cpp":
+        return Plan(route, f"the fused CoDA kernel beats the materialized path at every size; {reason}")
+    if route == "coda_blockwise":
         B, H = max(q.shape[0], k.shape[0]), max(q.shape[1], k.shape[1])
         total = B * H * Lq * Lk
         if total < CODA_MIN_TOTAL_PAIRS:
