@@ -15,6 +15,7 @@
 //
 //     ||x - y||_1 = sum_d x_d + sum_d y_d - 2 sum_d min(x_d, y_d)       (|x - y| = x + y - 2 min(x, y))
 //
+// on queries and keys shifted by the mean key (the distance is unchanged and the sums stay small)
 // (one min and one add per element instead of a subtraction, an absolute value and an add). The
 // activations, the gate, the mask and the dropout are applied to the tile while it is in cache, and
 // M_tile V_strip is added to the chunk's output. Nothing (Lq, Lk)-shaped is stored.
@@ -23,7 +24,7 @@
 //     dE = dM f_E'(E) g(N),  dN = dM f_E(E) g'(N)  (0 on invalid pairs),
 //     dQ += a dE K,  dK += a dE^T Q                                   (two GEMMs per tile)
 //     G = -b dN (the gradient of the distances), with P_x(i, d) = sum_j G_ij [x_id < y_jd] and
-//     P_y(j, d) = sum_i G_ij [x_id < y_jd] (one compare and one masked move per element):
+//     P_y(j, d) = sum_i G_ij [x_id < y_jd] (one compare and two masked adds per element):
 //     dQ_id += sum_j G_ij - 2 P_x(i, d),   dK_jd += 2 P_y(j, d) - sum_i G_ij,
 // i.e. G sign(x - y) away from ties (at a tie x_id == y_jd the subgradient +1 is used where torch.cdist
 // uses 0; the two differ only on exactly equal coordinates). The gradients of the means are returned as
@@ -45,7 +46,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <vector>
 
 extern "C" {
@@ -345,14 +345,17 @@ struct PairMask {
   bool ok(int64_t i, int64_t j) const { return (!causal || j <= i) && (!p || p[i * si + j * sj]); }
 };
 
-// One (batch, head) problem in compacted form: n valid queries (rows padded to a multiple of kRows with
-// zeros), m valid keys; kT (D, mp) the keys transposed, zero beyond m; sq (n), sk (mp): sums of the rows.
+// One (batch, head) problem in compacted form: n valid queries, m valid keys. The L1 passes read the
+// queries and keys shifted by the mean key c (||x - y||_1 is unchanged; the sums in the min form stay
+// small when the vectors share a large offset): qc (n, D) with rows padded to a multiple of kRows, kT (D,
+// mp) the shifted keys transposed, zero beyond m; sq (n), sk (mp): the sums of their rows.
 template <typename T>
 struct Head {
   int64_t n, m, mp, D, Dv;
   const T* q;
   const T* k;
   const T* v;
+  const T* qc;
   const T* kT;
   const T* sq;
   const T* sk;
@@ -399,7 +402,7 @@ int64_t score_tiles(const Head<T>& h, const Params<T>& P, int64_t i0, int64_t ro
   const int64_t cp = (cols + W2 - 1) / W2 * W2;
   mm<T>(false, true, rows, cols, h.D, P.a, h.q + i0 * h.D, h.D, h.k + j0 * h.D, h.D, T(0), w.e.data(), kBc);
   const int64_t rp = (rows + kRows - 1) / kRows * kRows;
-  min_tile<T>(h.q + i0 * h.D, rp, h.D, h.kT + j0, h.mp, cp, w.dist.data(), kBc);
+  min_tile<T>(h.qc + i0 * h.D, rp, h.D, h.kT + j0, h.mp, cp, w.dist.data(), kBc);
   return cp;
 }
 
@@ -527,7 +530,8 @@ void backward_head(const Head<T>& h, const Params<T>& P, const Dropout& drop, co
       mm<T>(true, false, cols, Dv, rows, T(1), w.m.data(), kBc, dO + i0 * Dv, Dv, T(1), dv + j0 * Dv, Dv);
       mm<T>(false, false, rows, D, cols, P.a, w.e.data(), kBc, h.k + j0 * D, D, T(1), dq + i0 * D, D);
       mm<T>(true, false, cols, D, rows, P.a, w.e.data(), kBc, h.q + i0 * D, D, T(1), dk + j0 * D, D);
-      lt_tile<T>(w.dist.data(), kBc, h.q + i0 * D, rp, D, h.kT + j0, h.mp, cp, px.data() + i0 * D, pyT.data() + j0);
+      lt_tile<T>(w.dist.data(), kBc, h.qc + i0 * D, rp, D, h.kT + j0, h.mp, cp, px.data() + i0 * D,
+                 pyT.data() + j0);
     }
   }
   for (int64_t i = 0; i < n; ++i)
@@ -678,7 +682,7 @@ Params<T> make_params(double scale, double alpha, double beta, int64_t fe, int64
 template <typename T>
 struct Problem {
   std::vector<int64_t> iq, ik;
-  std::vector<T> q, k, v, kT, sq, sk;
+  std::vector<T> q, k, v, qc, kT, sq, sk;
   Head<T> head;
 
   bool build(const Call& c, int64_t bh) {
@@ -690,17 +694,28 @@ struct Problem {
     if (n == 0 || m == 0) return false;
     constexpr int64_t W2 = 2 * Simd<T>::W;
     const int64_t np = (n + kRows - 1) / kRows * kRows, mp = (m + W2 - 1) / W2 * W2;
-    const T* qp = gather(c.q.data_ptr<T>() + bh * Lq * D, iq, Lq, D, np, q);
+    const T* qp = gather(c.q.data_ptr<T>() + bh * Lq * D, iq, Lq, D, n, q);
     const T* kp = gather(c.k.data_ptr<T>() + bh * Lk * D, ik, Lk, D, m, k);
     const T* vp = gather(c.v.data_ptr<T>() + bh * Lk * Dv, ik, Lk, Dv, m, v);
+    std::vector<double> mean(D, 0.0);
+    for (int64_t j = 0; j < m; ++j)
+      for (int64_t d = 0; d < D; ++d) mean[d] += kp[j * D + d];
+    std::vector<T> cm(D);
+    for (int64_t d = 0; d < D; ++d) cm[d] = (T)(mean[d] / m);
+    qc.assign(np * D, T(0));
+    sq.assign(np, T(0));
+    for (int64_t i = 0; i < n; ++i) {
+      T acc = 0;
+      for (int64_t d = 0; d < D; ++d) acc += (qc[i * D + d] = qp[i * D + d] - cm[d]);
+      sq[i] = acc;
+    }
     kT.assign(D * mp, T(0));
     sk.assign(mp, T(0));
     for (int64_t j0 = 0; j0 < m; j0 += 16)  // blocks of 16 keys: contiguous writes, cached reads
       for (int64_t d = 0; d < D; ++d)
-        for (int64_t j = j0; j < std::min(m, j0 + 16); ++j) kT[d * mp + j] = kp[j * D + d];
-    for (int64_t j = 0; j < m; ++j) sk[j] = std::accumulate(kp + j * D, kp + (j + 1) * D, T(0));
-    sq.assign(np, T(0));
-    for (int64_t i = 0; i < n; ++i) sq[i] = std::accumulate(qp + i * D, qp + (i + 1) * D, T(0));
+        for (int64_t j = j0; j < std::min(m, j0 + 16); ++j) kT[d * mp + j] = kp[j * D + d] - cm[d];
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t j = 0; j < m; ++j) sk[j] += kT[d * mp + j];
     PairMask pm;
     pm.causal = c.causal;
     if (c.pair.defined()) {
@@ -710,7 +725,7 @@ struct Problem {
     }
     const T me = c.mean_e.defined() ? c.mean_e.data_ptr<T>()[bh] : T(0);
     const T mn = c.mean_n.defined() ? c.mean_n.data_ptr<T>()[bh] : T(0);
-    head = Head<T>{n, m, mp, D, Dv, qp, kp, vp, kT.data(), sq.data(), sk.data(), me, mn, &iq, &ik,
+    head = Head<T>{n, m, mp, D, Dv, qp, kp, vp, qc.data(), kT.data(), sq.data(), sk.data(), me, mn, &iq, &ik,
                    pm};
     return true;
   }
