@@ -243,8 +243,8 @@ def explain_dispatch(
     """Which route ``ak.attention`` takes for these arguments, and why, without running it.
 
     Returns a ``Plan(route, reason)``: ``route`` is ``"reference"`` (materialized weights) or one of
-    ``attnkit.kernels.ROUTES`` (``"sdpa"``, ``"cpp"``, ``"aten"``, ``"blockwise"``, ``"coda_blockwise"``).
-    Takes the arguments of ``ak.attention`` and validates them the same way.
+    ``attnkit.kernels.ROUTES`` (``"sdpa"``, ``"cpp"``, ``"aten"``, ``"blockwise"``, ``"coda_cpp"``,
+    ``"coda_blockwise"``). Takes the arguments of ``ak.attention`` and validates them the same way.
 
         >>> ak.explain_dispatch(q, k, v, "dnas", key_mask=mask)
         Plan(route='cpp', reason='the C++ kernels beat the materialized path at every size; ...')

@@ -133,7 +133,7 @@ SPECS: dict[str, MechanismSpec] = {
             query_normalized=False,
             weights=lambda s, valid, c, u, n: coda_weights(s, n, valid, c),
             potential_iters=None,
-            routes=("coda_triton", "coda_blockwise"),
+            routes=("coda_triton", "coda_cpp", "coda_blockwise"),
             summary="M = tanh(E) * gate(N) in [-1, 1], no normalization",
         ),
     )

@@ -279,9 +279,12 @@ def test_coda_block_memory_path_matches_reference_with_blocks():
     torch.testing.assert_close(eff, ref, rtol=1e-10, atol=1e-12)
 
 
-def test_auto_sends_coda_to_the_efficient_path_only_for_large_batches():
-    # CoDA's efficient path recomputes the L1 distance; it pays from B * H * Lq * Lk >= 2**24 pairs
-    from attnkit.kernels import CODA_MIN_TOTAL_PAIRS
+def test_auto_sends_coda_blockwise_to_the_efficient_path_only_for_large_batches(monkeypatch):
+    # coda_blockwise (no fused kernel: CUDA, or no C++ extension) recomputes the L1 distance; it pays from
+    # B * H * Lq * Lk >= 2**24 pairs
+    from attnkit.kernels import CODA_MIN_TOTAL_PAIRS, dispatch
+
+    monkeypatch.setattr(dispatch, "coda_cpp_available", lambda q: False)
 
     coda, dnas = ak.resolve_mechanism("coda"), ak.resolve_mechanism("dnas")
 

@@ -29,7 +29,7 @@ from ..masks import MaskInfo
 from .blocking import chunk_size
 from .l1_distance import l1_distance
 
-__all__ = ["coda_attention"]
+__all__ = ["coda_attention", "coda_means"]
 
 
 def coda_attention(
@@ -51,19 +51,7 @@ def coda_attention(
     width = block if block is not None else chunk_size(B * H, Lk, Lq)
     ranges = [(i0, min(Lq, i0 + width)) for i0 in range(0, Lq, width)]
 
-    mean_e: Optional[Tensor] = None
-    mean_n: Optional[Tensor] = None
-    if config.center_e or config.gate == "centered":
-        sum_e = sum_n = count = 0
-        for i0, i1 in ranges:
-            se, sn, cnt = checkpoint(
-                _block_sums, q[:, :, i0:i1], k, masks, i0, i1, scale, config, use_reentrant=False
-            )
-            sum_e, sum_n, count = sum_e + se, sum_n + sn, count + cnt
-        count = count.clamp_min(1)
-        mean_e = sum_e / count if config.center_e else None  # (B, H, 1, 1)
-        mean_n = sum_n / count if config.gate == "centered" else None  # (B, H, 1, 1)
-
+    mean_e, mean_n = coda_means(q, k, masks, config, scale=scale, width=width)
     outs = [
         checkpoint(
             _block_out,
@@ -82,6 +70,32 @@ def coda_attention(
         for i0, i1 in ranges
     ]
     return torch.cat(outs, dim=2).to(dtype)  # (B, H, Lq, Dv)
+
+
+def coda_means(
+    q: Tensor, k: Tensor, masks: MaskInfo, config: CoDA, *, scale: float, width: Optional[int] = None
+) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """The means of ``alpha E`` (for ``center_e``, eq. 6) and ``beta N`` (for ``gate="centered"``, eq. 4)
+    over the valid pairs of each (batch, head) matrix, ``(B, H, 1, 1)`` each or ``None`` when not used.
+
+    A chunked sweep over query blocks with recomputation (differentiable: the backward pass recomputes each
+    block); ``q`` and ``k`` in the compute dtype.
+    """
+    if not config.uses_global_means:
+        return None, None
+    B, H, Lq, _ = q.shape
+    width = width if width is not None else chunk_size(B * H, k.shape[2], Lq)
+    sum_e = sum_n = count = 0
+    for i0 in range(0, Lq, width):
+        i1 = min(Lq, i0 + width)
+        se, sn, cnt = checkpoint(
+            _block_sums, q[:, :, i0:i1], k, masks, i0, i1, scale, config, use_reentrant=False
+        )
+        sum_e, sum_n, count = sum_e + se, sum_n + sn, count + cnt
+    count = count.clamp_min(1)
+    mean_e = sum_e / count if config.center_e else None  # (B, H, 1, 1)
+    mean_n = sum_n / count if config.gate == "centered" else None  # (B, H, 1, 1)
+    return mean_e, mean_n
 
 
 def _affinity_distance(qb: Tensor, k: Tensor, scale: float, config: CoDA) -> tuple[Tensor, Tensor]:

@@ -1,4 +1,4 @@
-"""Build and load the C++ CPU kernels (``csrc/*.cpp``: potentials, L1 distances) on first use.
+"""Build and load the C++ CPU kernels (``csrc/*.cpp``: potentials, L1 distances, CoDA) on first use.
 
 The extension is compiled once per machine with ``torch.utils.cpp_extension`` (a C++ compiler and
 ``ninja`` are needed; ``scripts/setup.sh`` builds it) into ``$ATTNKIT_CACHE/ext`` (default
@@ -36,7 +36,7 @@ import torch
 __all__ = ["available", "load", "build_dir", "disabled", "load_error", "build_lock"]
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / name for name in ("potentials_cpu.cpp", "l1_distance_cpu.cpp")]
+_SOURCES = [_CSRC / name for name in ("potentials_cpu.cpp", "l1_distance_cpu.cpp", "coda_cpu.cpp")]
 _LDFLAGS = ["-fopenmp"]
 _LIBRARY = "attnkit_cpu.so"
 _lock = threading.Lock()
@@ -201,6 +201,7 @@ def load(verbose: bool = False, *, warn: bool = True) -> bool:
             torch.ops.attnkit_cpu.potentials_forward  # noqa: B018  (raises if the library did not register)
             torch.ops.attnkit_cpu.potentials_inference  # noqa: B018
             torch.ops.attnkit_cpu.l1_distance  # noqa: B018
+            torch.ops.attnkit_cpu.coda_forward  # noqa: B018
             _state.update(loaded=True, ok=True, error=None)
         except Exception as exc:  # no compiler, ninja or BLAS symbol, a lock wait: fall back, say why once
             lines = str(exc).strip().splitlines()

@@ -21,7 +21,9 @@ Routes (docs/design.md section 5):
   (``blockwise.py``);
 - ``coda_triton``: CoDA on CUDA, any mask, the fused Triton kernel (``triton_coda.py``, the ``[triton]``
   extra);
-- ``coda_blockwise``: CoDA in query blocks with recomputation (``coda_blockwise.py``).
+- ``coda_cpp``: CoDA on the CPU, the fused C++ kernel (``coda_cpp.py``), every mask and variant, attention
+  dropout included (a hashed keep mask that the backward pass replays);
+- ``coda_blockwise``: CoDA in query blocks with recomputation (``coda_blockwise.py``), any device.
 
 A new route (e.g. a CUDA kernel) is one ``Route`` entry here plus its name in the specs of the mechanisms
 it runs.
@@ -41,6 +43,7 @@ from ..registry import spec_of
 from .aten_fallback import fused_available, fused_dnas_attention
 from .blockwise import potential_attention
 from .coda_blockwise import coda_attention
+from .coda_cpp import coda_cpp_attention, coda_cpp_available
 from .cpp_potentials import fused_cpu_attention, fused_cpu_available
 
 __all__ = ["Plan", "Route", "ROUTES", "plan", "run_route", "MIN_PAIRS", "CODA_MIN_TOTAL_PAIRS"]
@@ -48,13 +51,16 @@ __all__ = ["Plan", "Route", "ROUTES", "plan", "run_route", "MIN_PAIRS", "CODA_MI
 # backend="auto" takes the efficient path from this many (query, key) pairs on: below it the
 # materialized path is as fast and the memory it saves is small.
 MIN_PAIRS = 128 * 128
-# CoDA's cost is the L1 distance (``torch.cdist(p=1)``, no BLAS path), which the efficient path
-# computes twice (forward, and again in the backward pass); the materialized path is faster until its
-# memory traffic dominates. Measured (2 threads, fp32, B=1, H=8, D=64, forward+backward, efficient /
-# reference): L=256 1.45, 1024 1.15, 1536 1.10, 2048 0.91, 4096 0.76. So CoDA goes efficient from this
-# many pairs over the whole batch (B * H * Lq * Lk), where the reference holds about 0.6 GiB. With the C++
-# L1 kernel (both paths ~3.4x faster) the crossover moved down but is noisy: 4.2M pairs 0.73, 8.4M
-# 0.82 (B=1) / 1.28 (B=2), 16.8M 0.72; the threshold stays where the efficient path wins.
+# CoDA through the fused C++ kernel (``coda_cpp``, the CPU) beats the materialized path at every size:
+# measured (1 thread, fp32, CPU time, interleaved, with key padding; efficient / reference) fwd+bwd B=1 H=1
+# L=8 D=16 0.70, B=2 H=8 L=16 D=64 0.77, L=128 D=64 0.45, B=16 H=12 L=128 D=32 0.36, L=512 0.26,
+# L=1024 0.16, L=2048 0.14; with dropout 0.1 and forward-only alike. So ``"auto"`` always takes it.
+# The threshold below is for ``coda_blockwise`` (CUDA tensors, or no C++ extension), whose cost is the
+# L1 distance (``torch.cdist(p=1)``, no BLAS path), computed twice (forward, and again in the backward
+# pass): the materialized path is faster until its memory traffic dominates. Measured (2 threads, fp32,
+# B=1, H=8, D=64, forward+backward, efficient / reference): L=256 1.45, 1024 1.15, 1536 1.10, 2048 0.91,
+# 4096 0.76. So ``coda_blockwise`` goes efficient from this many pairs over the whole batch (B * H * Lq * Lk),
+# where the reference holds about 0.6 GiB.
 CODA_MIN_TOTAL_PAIRS = 1 << 24
 
 
@@ -234,6 +240,18 @@ def _coda_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
     return coda_attention(call.q, call.k, call.v, call.mask, call.config, scale=scale)
 
 
+def _coda_cpp_supports(call: Call) -> Optional[str]:
+    if not coda_cpp_available(call.q):
+        return "the fused CoDA kernel is not available (not a CPU tensor, or the extension did not build)"
+    return None
+
+
+def _coda_cpp_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
+    return coda_cpp_attention(
+        call.q, call.k, call.v, call.mask, call.config, scale=scale, dropout_p=call.dropout_p
+    )
+
+
 ROUTES: dict[str, Route] = {
     route.name: route
     for route in (
@@ -247,6 +265,10 @@ ROUTES: dict[str, Route] = {
         Route(
             "coda_triton", "fused Triton CoDA kernel (CUDA, any mask)", _coda_triton_supports,
             _coda_triton_run,
+        ),
+        Route(
+            "coda_cpp", "fused C++ CoDA kernel (CPU, every mask)", _coda_cpp_supports, _coda_cpp_run,
+            dropout=True,
         ),
         Route("coda_blockwise", "CoDA in query blocks with recomputation", _always, _coda_run),
     )
@@ -297,8 +319,9 @@ def plan(
     ``"auto"`` takes the efficient path when it pays and supports the call: DNAS/HNAS/Sinkhorn with padding
     masks only, on the CPU with the C++ kernels built, always (measured, fwd+bwd, B=4, H=8, D=32: 0.45-0.6x
     the reference's time at L=8..32, 0.3-0.5x at L=128). Otherwise from ``Lq * Lk >= MIN_PAIRS``; CoDA from
-    ``B * H * Lq * Lk >= CODA_MIN_TOTAL_PAIRS``, or always on CUDA with the Triton kernel (like the Triton
-    potential kernels: one launch that never materializes the weights).
+    ``B * H * Lq * Lk >= CODA_MIN_TOTAL_PAIRS`` in query blocks, but always with the fused kernels: the C++
+    one on the CPU (measured faster than the materialized path at every size) and the Triton one on CUDA
+    (like the Triton potential kernels: one launch that never materializes the weights).
     """
     call = Call(q, k, v, config, mask, dropout_p)
     route, reason = _efficient_route(call)
@@ -310,6 +333,8 @@ def plan(
     if _dropout_error(call, route) is not None:
         return Plan("reference", f"dropout_p={dropout_p} > 0 and the {route} route cannot apply dropout")
     Lq, Lk = q.shape[2], k.shape[2]
+    if route == "coda_cpp":
+        return Plan(route, f"the fused CoDA kernel beats the materialized path at every size; {reason}")
     if route == "coda_blockwise":
         B, H = max(q.shape[0], k.shape[0]), max(q.shape[1], k.shape[1])
         total = B * H * Lq * Lk
