@@ -2,8 +2,8 @@
 
 ``efficient_attention`` is what ``ak.attention(..., backend="efficient")`` calls; ``prefers_efficient``
 decides for ``backend="auto"``. Both follow ``dispatch.plan``, the one chooser over the route table
-``dispatch.ROUTES`` (SDPA, the C++ potential kernels, the ATen fallback, the block sweeps, CoDA's query
-blocks); ``ak.explain_dispatch`` prints its choice for a call.
+``dispatch.ROUTES`` (SDPA, the C++ potential kernels, the ATen fallback, the block sweeps, the fused C++
+CoDA kernel, CoDA's query blocks); ``ak.explain_dispatch`` prints its choice for a call.
 
 The (Lq, Lk) weights are never materialized; use ``backend="reference"`` to get them.
 """
@@ -45,9 +45,9 @@ def efficient_attention(
     Same contract as the reference backend of ``attnkit.functional`` (inputs already validated):
     invalid pairs weigh 0, queries without a valid key return zeros, padded queries never enter a
     column normalization. Dropout is supported for softmax (by the fused kernel) and, on the CPU with
-    padding masks only, for DNAS/HNAS/Sinkhorn (the C++ kernels replay a hashed mask in the backward
-    pass); elsewhere the mechanisms recompute their weights in the backward pass and raise a
-    ``ValueError`` for ``dropout_p > 0``.
+    padding masks only, for DNAS/HNAS/Sinkhorn, and on the CPU for CoDA with any mask (the C++ kernels
+    replay a hashed mask in the backward pass); elsewhere the mechanisms recompute their weights in the
+    backward pass and raise a ``ValueError`` for ``dropout_p > 0``.
     """
     route = plan(q, k, v, config, mask, dropout_p=dropout_p, backend="efficient").route
     return run_route(route, q, k, v, config, mask, scale=scale, dropout_p=dropout_p, u=u)
