@@ -37,7 +37,13 @@
 // potentials_inference runs the same forward without returning the potentials that only the backward pass
 // reads (no input needs a gradient), so its outputs are bit-identical to potentials_forward's.
 //
-// The extra memory is two strips of (Lq, kBc) per thread and O(L) vectors per (batch, head).
+// Sinkhorn (k > 1) reads the same scores in every round: the first sweep that computes a strip's scores keeps
+// them (Scratch::scores, up to `score_cache_bytes` shared by the threads) and the later sweeps of the forward,
+// and the earlier rounds of the backward, read them back instead of recomputing Q K^T; the kept values are
+// those the product gives, so the results are the same for every budget.
+//
+// The extra memory is two strips of (Lq, kBc) per thread, the kept scores (at most score_cache_bytes), and
+// O(L) vectors per (batch, head).
 // Parallel over (batch, head) problems, balanced by their valid pairs (run_balanced).
 
 #include <ATen/ATen.h>
@@ -128,6 +134,28 @@ inline void exp_acc(double* x, const double* shift, double* acc, int64_t n) {
   for (int64_t j = 0; j < n; ++j) {
     x[j] = std::exp(x[j] + shift[j]);
     acc[j] += x[j];
+  }
+}
+
+// dst[j] = exp(src[j] + c + shift[j]) and acc[j] += dst[j], for j < n: exp_acc on x = src + c, rounded alike.
+inline void exp_acc_from(float* dst, const float* src, float c, const float* shift, float* acc, int64_t n) {
+  using V = at::vec::Vectorized<float>;
+  const V vc(c);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V y = ((V::loadu(src + j) + vc) + V::loadu(shift + j)).exp_u20();
+    y.store(dst + j);
+    (V::loadu(acc + j) + y).store(acc + j);
+  }
+  for (; j < n; ++j) {
+    dst[j] = std::exp((src[j] + c) + shift[j]);
+    acc[j] += dst[j];
+  }
+}
+inline void exp_acc_from(double* dst, const double* src, double c, const double* shift, double* acc, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    dst[j] = std::exp((src[j] + c) + shift[j]);
+    acc[j] += dst[j];
   }
 }
 
@@ -250,11 +278,29 @@ struct Tiles {
 // Buffers of one (batch, head) problem: two (n, kBc) strips, per-chunk column statistics, and the tiles
 // of each thread that works on its chunks (one when the heads are spread over the threads; all of them
 // when one head at a time is spread over its query chunks).
+//
+// Sinkhorn's rounds (iters > 1) all read the same scores s = scale * Q K^T: the scores of the first
+// `cached` strips are kept (`scores`, strip s at s * n * kBc, laid out (n, bc)) by the first sweep that
+// computes them and read back by the later ones instead of being recomputed, within a byte budget; the values
+// are those the product would give again, so the results do not depend on the budget.
 template <typename T>
 struct Scratch {
-  std::vector<T> strip1, strip2, cmax, csum, gb, cg, cref;
+  std::vector<T> strip1, strip2, cmax, csum, gb, cg, cref, scores;
   std::vector<Tiles<T>> tiles;
   bool parallel = false;
+  int64_t cached = 0, n_rows = 0;
+  // Keep the scores of as many of the m / kBc strips of (n, kBc) as fit in `budget` bytes.
+  void cache_scores(int64_t n, int64_t m, int64_t budget) {
+    const int64_t strips = (m + kBc - 1) / kBc, per_strip = n * kBc * (int64_t)sizeof(T);
+    cached = budget > 0 ? std::min(strips, budget / per_strip) : 0;
+    n_rows = n;
+    if ((int64_t)scores.size() < cached * n * kBc) scores.resize(cached * n * kBc);
+  }
+  // Rows i0.. of strip j0's cached scores, or null when the strip is not kept.
+  T* cached_scores(int64_t j0, int64_t i0, int64_t bc) {
+    const int64_t s = j0 / kBc;
+    return s < cached ? scores.data() + s * n_rows * kBc + i0 * bc : nullptr;
+  }
   void reserve(int64_t n, int64_t D, int64_t Dv, bool par) {
     parallel = par;
     strip1.resize(n * kBc);
@@ -345,8 +391,9 @@ T robust_row(const Head<T>& h, int64_t i, const T* b, T* out, std::vector<T>& ro
 // chunk's) are recomputed with their own maximum.
 template <typename T>
 void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l, T* a_l, Scratch<T>& w,
-                  const Dropout& drop) {
+                  const Dropout& drop, int64_t cache_bytes) {
   const int64_t n = h.n, m = h.m, Dv = h.Dv;
+  w.cache_scores(n, m, iters > 1 ? cache_bytes : 0);
   const T NEG = -std::numeric_limits<T>::infinity();
   const int64_t chunks = (n + kBq - 1) / kBq;
   const bool soft = out_l != nullptr;
@@ -372,17 +419,24 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
       for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
         const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
         T* Xc = X + i0 * bc;
-        mm<T>(false, true, rows, bc, h.D, h.scale, h.q + i0 * h.D, h.D, h.k + j0 * h.D, h.D, T(0), Xc, bc);
+        T* Sc = w.cached_scores(j0, i0, bc);  // kept scores (computed in round 1), or null: X = s + a^{t-1}
+        if (!Sc || t == 1)
+          mm<T>(false, true, rows, bc, h.D, h.scale, h.q + i0 * h.D, h.D, h.k + j0 * h.D, h.D, T(0), Sc ? Sc : Xc,
+                bc);
         T* cm = w.cmax.data() + c * kBc;
         T* cs = w.csum.data() + c * kBc;
         std::fill(cm, cm + bc, NEG);
         std::fill(cs, cs + bc, T(0));
         for (int64_t r = 0; r < rows; ++r) {
-          T* x = Xc + r * bc;
-          if (t > 1) {
-            const T ai = a_prev[i0 + r];
-            for (int64_t j = 0; j < bc; ++j) x[j] += ai;
+          const T ai = t > 1 ? a_prev[i0 + r] : T(0);
+          if (Sc) {  // X is formed by the exponential below
+            const T* sr = Sc + r * bc;
+            for (int64_t j = 0; j < bc; ++j) cm[j] = std::max(cm[j], sr[j] + ai);
+            continue;
           }
+          T* x = Xc + r * bc;
+          if (t > 1)
+            for (int64_t j = 0; j < bc; ++j) x[j] += ai;
           for (int64_t j = 0; j < bc; ++j) cm[j] = std::max(cm[j], x[j]);
         }
         if (both) {  // g_j = exp(m_cj - R_c); rescale the chunk's softmax numerators when R_c rises
@@ -401,7 +455,12 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
         }
         T* neg = tl.vec.data();  // -cm, as the shift of the exponent
         for (int64_t j = 0; j < bc; ++j) neg[j] = -cm[j];
-        for (int64_t r = 0; r < rows; ++r) exp_acc(Xc + r * bc, neg, cs, bc);
+        for (int64_t r = 0; r < rows; ++r) {
+          if (Sc)
+            exp_acc_from(Xc + r * bc, Sc + r * bc, t > 1 ? a_prev[i0 + r] : T(0), neg, cs, bc);
+          else
+            exp_acc(Xc + r * bc, neg, cs, bc);
+        }
       });
       // merge the chunks: b_j = -LSE_i x_ij; cmax becomes the factor exp(m_c - M_j) / z_j
       T* bj = b_t + j0;
@@ -541,9 +600,11 @@ void finish_strip(const Head<T>& h, int64_t j0, int64_t bc, T* grad_a, T* dq, T*
 // the softmax half (null without hybrid). Writes dq (n, D), dk (m, D), dv (m, Dv).
 template <typename T>
 void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out, const T* a, const T* b,
-                   const T* out_l, const T* a_l, T u, T* dq, T* dk, T* dv, Scratch<T>& w, const Dropout& drop) {
+                   const T* out_l, const T* a_l, T u, T* dq, T* dk, T* dv, Scratch<T>& w, const Dropout& drop,
+                   int64_t cache_bytes) {
   const int64_t n = h.n, m = h.m, D = h.D, Dv = h.Dv;
   const int64_t chunks = (n + kBq - 1) / kBq;
+  w.cache_scores(n, m, iters > 1 ? cache_bytes : 0);  // the last round keeps them for the earlier ones
   std::fill(dq, dq + n * D, T(0));
   std::fill(dk, dk + m * D, T(0));
   std::fill(dv, dv + m * Dv, T(0));
@@ -569,15 +630,17 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
       T* dS = w.strip1.data() + i0 * bc;
       T* dP = tl.tile.data();
       T* PL = tl.tile2.data();
-      mm<T>(false, true, rows, bc, D, h.scale, h.q + i0 * D, D, h.k + j0 * D, D, T(0), P, bc);
+      T* S = w.cached_scores(j0, i0, bc);  // the scores, kept for the earlier rounds, or in P
+      if (!S) S = P;
+      mm<T>(false, true, rows, bc, D, h.scale, h.q + i0 * D, D, h.k + j0 * D, D, T(0), S, bc);
       mm<T>(false, true, rows, bc, Dv, T(1), dout + i0 * Dv, Dv, h.v + j0 * Dv, Dv, T(0), dP, bc);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r;
         T* p = P + r * bc;
         T* dp = dP + r * bc;
         T* ds = dS + r * bc;
-        if (out_l) exp_to(PL + r * bc, p, (const T*)nullptr, a_l[i], bc);
-        exp_shift(p, b_k + j0, a_k[i], bc);
+        if (out_l) exp_to(PL + r * bc, S + r * bc, (const T*)nullptr, a_l[i], bc);
+        exp_to(p, S + r * bc, b_k + j0, a_k[i], bc);
         T* z = tl.z.data();
         if (drop.on) {  // d out / d pi_ij = z_ij v_j
           drop.row(i, j0, bc, z);
@@ -629,12 +692,16 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
         std::fill(g, g + bc, T(0));
         T* P = w.strip2.data() + i0 * bc;
         T* dS = w.strip1.data() + i0 * bc;
-        mm<T>(false, true, rows, bc, D, h.scale, h.q + i0 * D, D, h.k + j0 * D, D, T(0), P, bc);
+        const T* S = w.cached_scores(j0, i0, bc);
+        if (!S) {
+          mm<T>(false, true, rows, bc, D, h.scale, h.q + i0 * D, D, h.k + j0 * D, D, T(0), P, bc);
+          S = P;
+        }
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = i0 + r;
           T* p = P + r * bc;
           T* ds = dS + r * bc;
-          exp_shift(p, b_t + j0, a_t[i], bc);  // row-normalized weights of the row step a^t
+          exp_to(p, S + r * bc, b_t + j0, a_t[i], bc);  // row-normalized weights of the row step a^t
           const T gr = grad_row[i], rc = r_col[i];
           for (int64_t j = 0; j < bc; ++j) {
             ds[j] = -p[j] * gr;
@@ -759,7 +826,8 @@ void check_dropout(double p, const at::Tensor& q, const at::Tensor& k) {
 template <typename T>
 void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& km,
                   const at::Tensor& qm, int64_t heads, double scale, int64_t iters, bool soft, const Dropout& dropout,
-                  at::Tensor& out, at::Tensor& a_all, at::Tensor& b_all, at::Tensor& out_l, at::Tensor& a_l) {
+                  int64_t cache_bytes, at::Tensor& out, at::Tensor& a_all, at::Tensor& b_all, at::Tensor& out_l,
+                  at::Tensor& a_l) {
   const int64_t BH = q.size(0), Lq = q.size(1), Lk = k.size(1), D = q.size(2), Dv = v.size(2);
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
@@ -773,6 +841,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   // Spread the (batch, head) problems over the threads, or, when there are fewer of them than threads,
   // each problem's query chunks.
   const bool inner = BH < at::get_num_threads();
+  const int64_t budget = inner ? cache_bytes : cache_bytes / at::get_num_threads();  // per worker
   auto body = [&](const std::vector<int64_t>& problems) {
     Scratch<T> w;
     std::vector<T> gq, gk, gv, o, aa, bb, ol, al;
@@ -795,7 +864,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       Dropout drop = dropout;
       drop.bh = bh;
       forward_head<T>(h, iters, aa.data(), bb.data(), o.data(), soft ? ol.data() : nullptr,
-                      soft ? al.data() : nullptr, w, drop);
+                      soft ? al.data() : nullptr, w, drop, budget);
       scatter(o.data(), iq, Dv, op + bh * Lq * Dv);
       if (ap)
         for (int64_t t = 0; t <= iters; ++t) scatter(aa.data() + t * n, iq, 1, ap + (t * BH + bh) * Lq);
@@ -812,9 +881,10 @@ std::vector<at::Tensor> potentials_forward(const at::Tensor& q, const at::Tensor
                                            const c10::optional<at::Tensor>& key_valid,
                                            const c10::optional<at::Tensor>& query_valid, int64_t heads,
                                            double scale, int64_t iters, bool softmax_too, double dropout_p,
-                                           int64_t seed) {
+                                           int64_t seed, int64_t score_cache_bytes) {
   check_inputs(q, k, v, key_valid, query_valid, heads);
   TORCH_CHECK(iters >= 1, "iters must be >= 1");
+  TORCH_CHECK(score_cache_bytes >= 0, "score_cache_bytes must be >= 0");
   check_dropout(dropout_p, q, k);
   const Dropout dropout(dropout_p, seed);
   const int64_t BH = q.size(0), Lq = q.size(1), Lk = k.size(1), Dv = v.size(2);
@@ -826,8 +896,8 @@ std::vector<at::Tensor> potentials_forward(const at::Tensor& q, const at::Tensor
   const at::Tensor km = key_valid.has_value() ? *key_valid : at::Tensor();
   const at::Tensor qm = query_valid.has_value() ? *query_valid : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "potentials_forward", [&] {
-    forward_impl<scalar_t>(q, k, v, km, qm, heads, scale, iters, softmax_too, dropout, out, a_all, b_all, out_l,
-                           a_l);
+    forward_impl<scalar_t>(q, k, v, km, qm, heads, scale, iters, softmax_too, dropout, score_cache_bytes, out, a_all,
+                           b_all, out_l, a_l);
   });
   return {out, a_all, b_all, out_l, a_l};
 }
@@ -838,9 +908,10 @@ std::vector<at::Tensor> potentials_inference(const at::Tensor& q, const at::Tens
                                              const c10::optional<at::Tensor>& key_valid,
                                              const c10::optional<at::Tensor>& query_valid, int64_t heads,
                                              double scale, int64_t iters, bool softmax_too, double dropout_p,
-                                             int64_t seed) {
+                                             int64_t seed, int64_t score_cache_bytes) {
   check_inputs(q, k, v, key_valid, query_valid, heads);
   TORCH_CHECK(iters >= 1, "iters must be >= 1");
+  TORCH_CHECK(score_cache_bytes >= 0, "score_cache_bytes must be >= 0");
   check_dropout(dropout_p, q, k);
   const Dropout dropout(dropout_p, seed);
   const int64_t BH = q.size(0), Lq = q.size(1), Dv = v.size(2);
@@ -850,8 +921,8 @@ std::vector<at::Tensor> potentials_inference(const at::Tensor& q, const at::Tens
   const at::Tensor qm = query_valid.has_value() ? *query_valid : at::Tensor();
   at::Tensor none_a, none_b, none_al;
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "potentials_inference", [&] {
-    forward_impl<scalar_t>(q, k, v, km, qm, heads, scale, iters, softmax_too, dropout, out, none_a, none_b, out_l,
-                           none_al);
+    forward_impl<scalar_t>(q, k, v, km, qm, heads, scale, iters, softmax_too, dropout, score_cache_bytes, out,
+                           none_a, none_b, out_l, none_al);
   });
   return {out, out_l};
 }
@@ -860,8 +931,8 @@ template <typename T>
 void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                    const at::Tensor& out, const at::Tensor& out_l, const at::Tensor& a_all, const at::Tensor& b_all,
                    const at::Tensor& a_l, const at::Tensor& u, const at::Tensor& km, const at::Tensor& qm,
-                   int64_t heads, double scale, int64_t iters, const Dropout& dropout, at::Tensor& dq,
-                   at::Tensor& dk, at::Tensor& dv) {
+                   int64_t heads, double scale, int64_t iters, const Dropout& dropout, int64_t cache_bytes,
+                   at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
   const int64_t BH = q.size(0), Lq = q.size(1), Lk = k.size(1), D = q.size(2), Dv = v.size(2);
   const bool soft = out_l.defined();
   const T* qp = q.data_ptr<T>();
@@ -880,6 +951,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
   // Spread the (batch, head) problems over the threads, or, when there are fewer of them than threads,
   // each problem's query chunks.
   const bool inner = BH < at::get_num_threads();
+  const int64_t budget = inner ? cache_bytes : cache_bytes / at::get_num_threads();  // per worker
   auto body = [&](const std::vector<int64_t>& problems) {
     Scratch<T> w;
     std::vector<T> gq, gk, gv, gdo, go, gol, gal, aa, bb, dqb, dkb, dvb, tmp;
@@ -918,7 +990,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
       Dropout drop = dropout;
       drop.bh = bh;
       backward_head<T>(h, iters, dO, o, aa.data(), bb.data(), ol, al, up ? up[bh] : T(1), dense ? dqh : dqb.data(),
-                       dense ? dkh : dkb.data(), dense ? dvh : dvb.data(), w, drop);
+                       dense ? dkh : dkb.data(), dense ? dvh : dvb.data(), w, drop, budget);
       if (!dense) {
         scatter(dqb.data(), iq, D, dqh);
         scatter(dkb.data(), ik, D, dkh);
@@ -936,9 +1008,11 @@ std::vector<at::Tensor> potentials_backward(const at::Tensor& dout, const at::Te
                                             const c10::optional<at::Tensor>& u,
                                             const c10::optional<at::Tensor>& key_valid,
                                             const c10::optional<at::Tensor>& query_valid, int64_t heads,
-                                            double scale, int64_t iters, double dropout_p, int64_t seed) {
+                                            double scale, int64_t iters, double dropout_p, int64_t seed,
+                                            int64_t score_cache_bytes) {
   check_inputs(q, k, v, key_valid, query_valid, heads);
   TORCH_CHECK(iters >= 1, "iters must be >= 1");
+  TORCH_CHECK(score_cache_bytes >= 0, "score_cache_bytes must be >= 0");
   check_dropout(dropout_p, q, k);
   const Dropout dropout(dropout_p, seed);
   TORCH_CHECK(out_l.has_value() == a_l.has_value(), "out_l and a_l go together");
@@ -971,7 +1045,7 @@ std::vector<at::Tensor> potentials_backward(const at::Tensor& dout, const at::Te
     backward_impl<scalar_t>(dout, q, k, v, out, out_l.has_value() ? *out_l : none, a_all, b_all,
                             a_l.has_value() ? *a_l : none, u.has_value() ? *u : none,
                             key_valid.has_value() ? *key_valid : none, query_valid.has_value() ? *query_valid : none,
-                            heads, scale, iters, dropout, dq, dk, dv);
+                            heads, scale, iters, dropout, score_cache_bytes, dq, dk, dv);
   });
   return {dq, dk, dv};
 }
