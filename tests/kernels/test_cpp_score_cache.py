@@ -40,10 +40,12 @@ def _run(q, k, v, km, qm, iters, dropout_p, budget, monkeypatch, grad):
     torch.manual_seed(5)  # the dropout seed
     if not grad:
         with torch.no_grad():
-            return fused_cpu_attention(q, k, v, key_mask=km, query_mask=qm, scale=0.3, iters=iters,
-                                       dropout_p=dropout_p), None
+            out = fused_cpu_attention(q, k, v, key_mask=km, query_mask=qm, scale=0.3, iters=iters,
+                                      dropout_p=dropout_p)
+            return out, None
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    out = fused_cpu_attention(q, k, v, key_mask=km, query_mask=qm, scale=0.3, iters=iters, dropout_p=dropout_p)
+    out = fused_cpu_attention(q, k, v, key_mask=km, query_mask=qm, scale=0.3, iters=iters,
+                              dropout_p=dropout_p)
     do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
     return out.detach(), torch.autograd.grad(out, (q, k, v), do)
 
@@ -57,7 +59,8 @@ def test_outputs_and_gradients_do_not_depend_on_the_score_budget(dtype, iters, d
     if not masks:
         km = qm = None
     runs = [_run(q, k, v, km, qm, iters, dropout_p, b, monkeypatch, grad=True) for b in _budgets(dtype)]
-    forward_only = [_run(q, k, v, km, qm, iters, dropout_p, b, monkeypatch, grad=False)[0] for b in _budgets(dtype)]
+    forward_only = [_run(q, k, v, km, qm, iters, dropout_p, b, monkeypatch, grad=False)[0]
+                    for b in _budgets(dtype)]
     out0, grads0 = runs[0]
     for out, grads in runs[1:]:
         assert torch.equal(out, out0)

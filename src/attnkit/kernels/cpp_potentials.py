@@ -33,7 +33,8 @@ from .blocking import reduce_to
 
 __all__ = ["fused_cpu_available", "fused_cpu_attention", "SCORE_CACHE_BYTES"]
 
-SCORE_CACHE_BYTES = 64 * 2**20  # scores kept between Sinkhorn rounds (all of a 4096 x 4096 head on one thread)
+# scores kept between Sinkhorn rounds: all of a 4096 x 4096 float32 head on one thread
+SCORE_CACHE_BYTES = 64 * 2**20
 
 
 def fused_cpu_available(q: Tensor) -> bool:
@@ -135,8 +136,8 @@ class _Potentials(torch.autograd.Function):
         if u is not None:
             u_bh = u.to(q3.dtype).expand(B, H, 1, 1).reshape(B * H).contiguous()  # (B*H,)
         dq, dk, dv = torch.ops.attnkit_cpu.potentials_backward(
-            dO, q3, k3, v3, out, out_l, a_all, b_all, a_l, u_bh, km, qm, H, ctx.scale, ctx.iters, *ctx.dropout,
-            SCORE_CACHE_BYTES,
+            dO, q3, k3, v3, out, out_l, a_all, b_all, a_l, u_bh, km, qm, H, ctx.scale, ctx.iters,
+            *ctx.dropout, SCORE_CACHE_BYTES,
         )
         du = None
         if u is not None and ctx.needs_input_grad[3]:
