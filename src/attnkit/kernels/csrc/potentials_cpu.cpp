@@ -272,7 +272,7 @@ struct Head {
 // Buffers of one worker thread: two (kBq, kBc) tiles, a kBc vector and its partial dK / dV of a strip.
 template <typename T>
 struct Tiles {
-  std::vector<T> tile, tile2, vec, dk, dv, row, z, vcat;
+  std::vector<T> tile, tile2, tile3, vec, dk, dv, row, z, vcat;
 };
 
 // Buffers of one (batch, head) problem: two (n, kBc) strips, per-chunk column statistics, and the tiles
@@ -315,6 +315,8 @@ struct Scratch {
     for (auto& t : tiles) {
       t.tile.resize(kBq * kBc);
       t.tile2.resize(kBq * kBc);
+      t.tile3.resize(kBq * kBc);
+      t.row.resize(kBc);
       t.vec.resize(kBc);
       t.z.resize(kBc);
       t.dk.resize(kBc * D);
@@ -598,120 +600,190 @@ void finish_strip(const Head<T>& h, int64_t j0, int64_t bc, T* grad_a, T* dq, T*
 
 // Backward of one head. dout (n, Dv); u: weight of the mechanism's half (1 without hybrid); out_l/a_l:
 // the softmax half (null without hybrid). Writes dq (n, D), dk (m, D), dv (m, Dv).
+//
+// With S the scores, P^t_ij = exp(s_ij + b^t_j + a^t_i) the row-normalized weights of round t and
+// C^t_ij = P^t_ij exp(a^{t-1}_i - a^t_i) its column-normalized ones, the gradient of the scores is
+//
+//     dS = u P^k (dP - delta) [+ (1 - u) softmax half] - sum_{t<k} P^t gr^t_i - sum_t C^t gb^t_j,
+//
+// where gb^t (m) and gr^t (n) are the gradients of b^t and a^t: gb^t_j = sum_i (round t's row term)_ij,
+// a column sum complete within a strip, and gr^{t-1}_i = -sum_j C^t_ij gb^t_j, a row sum complete after a
+// sweep. With k > 1 rounds, sweeps of rounds k .. 2 first find these vectors (no dQ, dK, dV), and one
+// last sweep forms dS of all rounds together, so that dQ += dS K and dK += dS^T Q are computed once.
 template <typename T>
 void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out, const T* a, const T* b,
                    const T* out_l, const T* a_l, T u, T* dq, T* dk, T* dv, Scratch<T>& w, const Dropout& drop,
                    int64_t cache_bytes) {
   const int64_t n = h.n, m = h.m, D = h.D, Dv = h.Dv;
   const int64_t chunks = (n + kBq - 1) / kBq;
-  w.cache_scores(n, m, iters > 1 ? cache_bytes : 0);  // the last round keeps them for the earlier ones
+  w.cache_scores(n, m, iters > 1 ? cache_bytes : 0);  // kept by the first sweep for the later ones
   std::fill(dq, dq + n * D, T(0));
   std::fill(dk, dk + m * D, T(0));
   std::fill(dv, dv + m * Dv, T(0));
-  std::vector<T> delta(n), delta_l(out_l ? n : 0), r_col(n), grad_a(n, T(0)), grad_row(n);
+  std::vector<T> delta(n), delta_l(out_l ? n : 0);
   for (int64_t i = 0; i < n; ++i) {
     delta[i] = dot(dout + i * Dv, out + i * Dv, Dv);
     if (out_l) delta_l[i] = dot(dout + i * Dv, out_l + i * Dv, Dv);
   }
+  // r_col^t_i = exp(a^{t-1}_i - a^t_i): row sum of round t's column weights (C^t = P^t r_col^t)
+  std::vector<T> r_col(iters * n);
+  for (int64_t t = 1; t <= iters; ++t)
+    for (int64_t i = 0; i < n; ++i) r_col[(t - 1) * n + i] = std::exp(a[(t - 1) * n + i] - a[t * n + i]);
+  std::vector<T> gb(iters > 1 ? iters * m : 0), gr(iters > 1 ? iters * n : 0);  // gb^t at (t-1) m, gr^t at t n
   const T* a_k = a + iters * n;
-  const T* a_km1 = a + (iters - 1) * n;
   const T* b_k = b + (iters - 1) * m;
-  for (int64_t i = 0; i < n; ++i) r_col[i] = std::exp(a_km1[i] - a_k[i]);  // row sum of the column weights
-  T* ga = iters > 1 ? grad_a.data() : nullptr;
-  // the last round: the output's own softmax over s + b^k, and the column step b^k
-  for (int64_t j0 = 0; j0 < m; j0 += kBc) {
-    const int64_t bc = std::min(kBc, m - j0);
-    zero_partials(w);
-    for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
-      const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
-      T* g = w.csum.data() + c * kBc;  // this chunk's part of the column gradient
-      std::fill(g, g + bc, T(0));
-      T* P = w.strip2.data() + i0 * bc;  // (rows, bc): scores, then weights
-      T* dS = w.strip1.data() + i0 * bc;
-      T* dP = tl.tile.data();
-      T* PL = tl.tile2.data();
-      T* S = w.cached_scores(j0, i0, bc);  // the scores, kept for the earlier rounds, or in P
-      if (!S) S = P;
-      mm<T>(false, true, rows, bc, D, h.scale, h.q + i0 * D, D, h.k + j0 * D, D, T(0), S, bc);
-      mm<T>(false, true, rows, bc, Dv, T(1), dout + i0 * Dv, Dv, h.v + j0 * Dv, Dv, T(0), dP, bc);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = i0 + r;
-        T* p = P + r * bc;
-        T* dp = dP + r * bc;
-        T* ds = dS + r * bc;
-        if (out_l) exp_to(PL + r * bc, S + r * bc, (const T*)nullptr, a_l[i], bc);
-        exp_to(p, S + r * bc, b_k + j0, a_k[i], bc);
-        T* z = tl.z.data();
-        if (drop.on) {  // d out / d pi_ij = z_ij v_j
-          drop.row(i, j0, bc, z);
-          for (int64_t j = 0; j < bc; ++j) dp[j] *= z[j];
-        }
-        const T di = delta[i];
-        for (int64_t j = 0; j < bc; ++j) {
-          ds[j] = u * p[j] * (dp[j] - di);
-          g[j] += ds[j];
-        }
-        if (out_l) {
-          const T* pl = PL + r * bc;
-          const T dl = delta_l[i], ul = T(1) - u;
-          for (int64_t j = 0; j < bc; ++j) {
-            ds[j] += ul * pl[j] * (dp[j] - dl);
-            dp[j] = u * p[j] + ul * pl[j];  // the hybrid weights, for dV
-          }
-          if (drop.on)
-            for (int64_t j = 0; j < bc; ++j) dp[j] *= z[j];
-        } else if (drop.on) {
-          for (int64_t j = 0; j < bc; ++j) dp[j] = p[j] * z[j];  // the dropped weights, for dV
-        }
+  const T* rc_k = r_col.data() + (iters - 1) * n;
+
+  // The scores of rows i0.. of strip j0: kept ones (computed here when `fresh`), else computed into `into`.
+  auto scores = [&](int64_t j0, int64_t i0, int64_t rows, int64_t bc, bool fresh, T* into) -> const T* {
+    T* S = w.cached_scores(j0, i0, bc);
+    if (S && !fresh) return S;
+    if (!S) S = into;
+    mm<T>(false, true, rows, bc, D, h.scale, h.q + i0 * D, D, h.k + j0 * D, D, T(0), S, bc);
+    return S;
+  };
+  // The output's own step for chunk c of strip j0: P = P^k (in strip2), dS = the output's part of the score
+  // gradient (in strip1) and its column sums (csum of c); with dv_too, dV += W^T dO. P becomes C^k.
+  auto output_step = [&](int64_t c, Tiles<T>& tl, int64_t j0, int64_t bc, bool fresh, bool dv_too) {
+    const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+    T* g = w.csum.data() + c * kBc;  // this chunk's part of the column gradient
+    std::fill(g, g + bc, T(0));
+    T* P = w.strip2.data() + i0 * bc;  // (rows, bc)
+    T* dS = w.strip1.data() + i0 * bc;
+    T* dP = tl.tile.data();
+    T* PL = tl.tile2.data();
+    const T* S = scores(j0, i0, rows, bc, fresh, iters > 1 ? tl.tile3.data() : P);
+    mm<T>(false, true, rows, bc, Dv, T(1), dout + i0 * Dv, Dv, h.v + j0 * Dv, Dv, T(0), dP, bc);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = i0 + r;
+      T* p = P + r * bc;
+      T* dp = dP + r * bc;
+      T* ds = dS + r * bc;
+      if (out_l) exp_to(PL + r * bc, S + r * bc, (const T*)nullptr, a_l[i], bc);
+      exp_to(p, S + r * bc, b_k + j0, a_k[i], bc);
+      T* z = tl.z.data();
+      if (drop.on) {  // d out / d pi_ij = z_ij v_j
+        drop.row(i, j0, bc, z);
+        for (int64_t j = 0; j < bc; ++j) dp[j] *= z[j];
       }
+      const T di = delta[i];
+      for (int64_t j = 0; j < bc; ++j) {
+        ds[j] = u * p[j] * (dp[j] - di);
+        g[j] += ds[j];
+      }
+      if (out_l) {
+        const T* pl = PL + r * bc;
+        const T dl = delta_l[i], ul = T(1) - u;
+        for (int64_t j = 0; j < bc; ++j) {
+          ds[j] += ul * pl[j] * (dp[j] - dl);
+          dp[j] = u * p[j] + ul * pl[j];  // the hybrid weights, for dV
+        }
+        if (drop.on)
+          for (int64_t j = 0; j < bc; ++j) dp[j] *= z[j];
+      } else if (drop.on) {
+        for (int64_t j = 0; j < bc; ++j) dp[j] = p[j] * z[j];  // the dropped weights, for dV
+      }
+    }
+    if (dv_too) {
       const T* W = (out_l || drop.on) ? dP : P;
       mm<T>(true, false, bc, Dv, rows, out_l ? T(1) : u, W, bc, dout + i0 * Dv, Dv, T(1), tl.dv.data(), Dv);
-      for (int64_t r = 0; r < rows; ++r) {  // P -> column weights of the last column step
-        T* p = P + r * bc;
-        const T rc = r_col[i0 + r];
-        for (int64_t j = 0; j < bc; ++j) p[j] *= rc;
-      }
-    });
-    finish_strip(h, j0, bc, ga, dq, dk, dv, w);
-  }
-  // earlier rounds t = k-1 .. 1: the row step a^t, then the column step b^t
-  for (int64_t t = iters - 1; t >= 1; --t) {
-    std::copy(grad_a.begin(), grad_a.end(), grad_row.begin());
-    std::fill(grad_a.begin(), grad_a.end(), T(0));
-    T* ga_next = t > 1 ? grad_a.data() : nullptr;
-    const T* a_t = a + t * n;
-    const T* a_tm1 = a + (t - 1) * n;
-    const T* b_t = b + (t - 1) * m;
-    for (int64_t i = 0; i < n; ++i) r_col[i] = std::exp(a_tm1[i] - a_t[i]);
+    }
+    for (int64_t r = 0; r < rows; ++r) {  // P -> column weights of the last column step
+      T* p = P + r * bc;
+      const T rc = rc_k[i0 + r];
+      for (int64_t j = 0; j < bc; ++j) p[j] *= rc;
+    }
+  };
+
+  if (iters == 1) {  // DNAS, HNAS: one sweep
     for (int64_t j0 = 0; j0 < m; j0 += kBc) {
       const int64_t bc = std::min(kBc, m - j0);
       zero_partials(w);
-      for_chunks(chunks, w, [&](int64_t c, Tiles<T>&) {
+      for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) { output_step(c, tl, j0, bc, true, true); });
+      finish_strip(h, j0, bc, (T*)nullptr, dq, dk, dv, w);
+    }
+    return;
+  }
+
+  // Sweeps of rounds k .. 2: gb^t (complete per strip), then gr^{t-1} -= C^t gb^t. C^t is kept in strip2.
+  for (int64_t t = iters; t >= 2; --t) {
+    const T* a_t = a + t * n;
+    const T* b_t = b + (t - 1) * m;
+    const T* rc = r_col.data() + (t - 1) * n;
+    const T* gr_t = gr.data() + t * n;
+    T* gb_t = gb.data() + (t - 1) * m;
+    T* gr_prev = gr.data() + (t - 1) * n;
+    for (int64_t j0 = 0; j0 < m; j0 += kBc) {
+      const int64_t bc = std::min(kBc, m - j0);
+      for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
+        if (t == iters) {
+          output_step(c, tl, j0, bc, true, false);
+          return;
+        }
         const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
         T* g = w.csum.data() + c * kBc;
         std::fill(g, g + bc, T(0));
         T* P = w.strip2.data() + i0 * bc;
-        T* dS = w.strip1.data() + i0 * bc;
-        const T* S = w.cached_scores(j0, i0, bc);
-        if (!S) {
-          mm<T>(false, true, rows, bc, D, h.scale, h.q + i0 * D, D, h.k + j0 * D, D, T(0), P, bc);
-          S = P;
-        }
+        const T* S = scores(j0, i0, rows, bc, false, P);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = i0 + r;
           T* p = P + r * bc;
-          T* ds = dS + r * bc;
-          exp_to(p, S + r * bc, b_t + j0, a_t[i], bc);  // row-normalized weights of the row step a^t
-          const T gr = grad_row[i], rc = r_col[i];
+          exp_to(p, S + r * bc, b_t + j0, a_t[i], bc);  // P^t
+          const T gri = gr_t[i], rci = rc[i];
           for (int64_t j = 0; j < bc; ++j) {
-            ds[j] = -p[j] * gr;
-            g[j] += ds[j];
-            p[j] *= rc;
+            g[j] -= p[j] * gri;
+            p[j] *= rci;
           }
         }
       });
-      finish_strip(h, j0, bc, ga_next, dq, dk, (T*)nullptr, w);
+      const T* g = strip_gradient(w, chunks, bc);
+      std::copy(g, g + bc, gb_t + j0);
+      for_chunks(chunks, w, [&](int64_t c, Tiles<T>&) {
+        const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+        const T* C = w.strip2.data() + i0 * bc;
+        for (int64_t r = 0; r < rows; ++r) gr_prev[i0 + r] -= dot(C + r * bc, g, bc);
+      });
     }
+  }
+
+  // The last sweep: dS of every round, with round 1's column term (gb^1, complete per strip) in finish_strip.
+  for (int64_t j0 = 0; j0 < m; j0 += kBc) {
+    const int64_t bc = std::min(kBc, m - j0);
+    zero_partials(w);
+    for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
+      output_step(c, tl, j0, bc, false, true);  // dS = the output's part, P = C^k
+      const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+      T* g = w.csum.data() + c * kBc;  // now: round 1's column gradient
+      std::fill(g, g + bc, T(0));
+      T* P = w.strip2.data() + i0 * bc;
+      T* dS = w.strip1.data() + i0 * bc;
+      const T* S = w.cached_scores(j0, i0, bc);
+      if (!S) S = tl.tile3.data();  // where output_step computed them
+      T* q = tl.row.data();
+      const T* gbk = gb.data() + (iters - 1) * m + j0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r;
+        T* ds = dS + r * bc;
+        T* p = P + r * bc;
+        for (int64_t j = 0; j < bc; ++j) ds[j] -= p[j] * gbk[j];
+        for (int64_t t = iters - 1; t >= 1; --t) {
+          exp_to(q, S + r * bc, b + (t - 1) * m + j0, a[t * n + i], bc);  // P^t
+          const T gri = gr[t * n + i], rci = r_col[(t - 1) * n + i];
+          if (t > 1) {
+            const T* gbt = gb.data() + (t - 1) * m + j0;
+            for (int64_t j = 0; j < bc; ++j) ds[j] -= q[j] * (gri + rci * gbt[j]);
+          } else {
+            for (int64_t j = 0; j < bc; ++j) {
+              const T d = -q[j] * gri;
+              ds[j] += d;
+              g[j] += d;
+              p[j] = q[j] * rci;  // C^1, for finish_strip
+            }
+          }
+        }
+      }
+    });
+    finish_strip(h, j0, bc, (T*)nullptr, dq, dk, dv, w);
   }
 }
 
