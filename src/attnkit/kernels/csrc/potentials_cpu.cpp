@@ -705,8 +705,57 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
     return;
   }
 
+  // Round k without the softmax half: dV = u (P^k * Z)^T dO is complete per strip, and so is
+  // gb^k_j = u sum_i P^k_ij (dP_ij - delta_i) = v_j . dV_j - u sum_i P^k_ij delta_i, without dP = dO V^T.
+  const bool dv_first = out_l == nullptr;
+  if (dv_first) {
+    T* gb_k = gb.data() + (iters - 1) * m;
+    T* gr_prev = gr.data() + (iters - 1) * n;
+    for (int64_t j0 = 0; j0 < m; j0 += kBc) {
+      const int64_t bc = std::min(kBc, m - j0);
+      zero_partials(w);
+      for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
+        const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+        T* g = w.csum.data() + c * kBc;  // sum_i P_ij delta_i over the chunk
+        std::fill(g, g + bc, T(0));
+        T* P = w.strip2.data() + i0 * bc;
+        T* W = drop.on ? tl.tile.data() : P;  // the weights that multiply dO
+        const T* S = scores(j0, i0, rows, bc, true, tl.tile3.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r;
+          T* p = P + r * bc;
+          exp_to(p, S + r * bc, b_k + j0, a_k[i], bc);
+          const T di = delta[i];
+          for (int64_t j = 0; j < bc; ++j) g[j] += p[j] * di;
+          if (drop.on) {
+            T* z = tl.z.data();
+            drop.row(i, j0, bc, z);
+            T* wr = W + r * bc;
+            for (int64_t j = 0; j < bc; ++j) wr[j] = p[j] * z[j];
+          }
+        }
+        mm<T>(true, false, bc, Dv, rows, u, W, bc, dout + i0 * Dv, Dv, T(1), tl.dv.data(), Dv);
+        for (int64_t r = 0; r < rows; ++r) {  // P -> C^k
+          T* p = P + r * bc;
+          const T rc = rc_k[i0 + r];
+          for (int64_t j = 0; j < bc; ++j) p[j] *= rc;
+        }
+      });
+      add_partials(w, bc, D, Dv, dk + j0 * D, dv + j0 * Dv);  // dK's partials are zero here
+      const T* pd = strip_gradient(w, chunks, bc);
+      for (int64_t j = 0; j < bc; ++j)
+        gb_k[j0 + j] = dot(h.v + (j0 + j) * Dv, dv + (j0 + j) * Dv, Dv) - u * pd[j];
+      const T* g = gb_k + j0;
+      for_chunks(chunks, w, [&](int64_t c, Tiles<T>&) {
+        const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+        const T* C = w.strip2.data() + i0 * bc;
+        for (int64_t r = 0; r < rows; ++r) gr_prev[i0 + r] -= dot(C + r * bc, g, bc);
+      });
+    }
+  }
+
   // Sweeps of rounds k .. 2: gb^t (complete per strip), then gr^{t-1} -= C^t gb^t. C^t is kept in strip2.
-  for (int64_t t = iters; t >= 2; --t) {
+  for (int64_t t = dv_first ? iters - 1 : iters; t >= 2; --t) {
     const T* a_t = a + t * n;
     const T* b_t = b + (t - 1) * m;
     const T* rc = r_col.data() + (t - 1) * n;
@@ -751,7 +800,7 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
     const int64_t bc = std::min(kBc, m - j0);
     zero_partials(w);
     for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
-      output_step(c, tl, j0, bc, false, true);  // dS = the output's part, P = C^k
+      output_step(c, tl, j0, bc, false, !dv_first);  // dS = the output's part, P = C^k
       const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
       T* g = w.csum.data() + c * kBc;  // now: round 1's column gradient
       std::fill(g, g + bc, T(0));
