@@ -23,11 +23,13 @@
 //                           formed: l += E f_c and acc += E (diag(f_c) V), E = exp(X - m_c))
 //                    a^t_i = a^{t-1}_i - log(l_i), out_i = acc_i / l_i  (rows whose l underflowed are
 //                    recomputed with a running maximum)
-// backward:          chunk: P = exp(s + b^k + a^k), dP = dO V^T, dV += P^T dO, dS = P (dP - delta),
+// backward, k = 1:   chunk: P = exp(s + b^k + a^k), dP = dO V^T, dV += P^T dO, dS = P (dP - delta),
 //                           g_j += sum_i dS_ij  (gradient of b^k_j, complete after the strip)
 //                    chunk: dS -= Q_col g (Q_col: column-normalized weights of the last column step),
-//                           dQ += dS K, dK += dS^T Q, gradient of a^{k-1} -= Q_col g
-//                    earlier rounds: the same with dS = -Q_row * grad(a^t)
+//                           dQ += dS K, dK += dS^T Q
+// backward, k > 1:   sweeps of rounds k .. 2 find the gradients of the potentials b^t, a^{t-1} alone (the
+//                    last one from dV: g_j = v_j . dV_j - sum_i P_ij delta_i, no dP), then one sweep forms
+//                    dS of every round and computes dP, dQ and dK once (see backward_head)
 //
 // Attention dropout (training) drops the final weights pi_ij with a counter-based hash of (seed, head, i, j),
 // so that the backward pass replays the same mask without storing it (as FlashAttention does on the GPU):
@@ -39,8 +41,8 @@
 //
 // Sinkhorn (k > 1) reads the same scores in every round: the first sweep that computes a strip's scores keeps
 // them (Scratch::scores, up to `score_cache_bytes` shared by the threads) and the later sweeps of the forward,
-// and the earlier rounds of the backward, read them back instead of recomputing Q K^T; the kept values are
-// those the product gives, so the results are the same for every budget.
+// and of the backward, read them back instead of recomputing Q K^T; the kept values are those the product
+// gives, so the results are the same for every budget.
 //
 // The extra memory is two strips of (Lq, kBc) per thread, the kept scores (at most score_cache_bytes), and
 // O(L) vectors per (batch, head).
