@@ -93,3 +93,32 @@ def test_negative_budget_is_refused(monkeypatch):
     with pytest.raises(RuntimeError, match="score_cache_bytes"):
         with torch.no_grad():
             fused_cpu_attention(q, k, v, key_mask=None, query_mask=None, scale=0.3, iters=3)
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+def test_sinkhorn_with_a_softmax_half_matches_reference_gradients(dropout_p, monkeypatch):
+    """u * Sinkhorn-3 + (1 - u) * softmax in one call (the backward path that keeps the dO V^T product for the
+    softmax half); without dropout against the float64 reference, with dropout budget-independent."""
+    (q, k, v), km, qm = _inputs(torch.float64, seed=4)
+    u = torch.tensor(0.7, dtype=torch.float64)
+    do = torch.randn(2, 2, LQ, 7, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    grads = []
+    for budget in _budgets(torch.float64):
+        monkeypatch.setattr(cpp_potentials, "SCORE_CACHE_BYTES", budget)
+        qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
+        torch.manual_seed(5)
+        out = fused_cpu_attention(qr, kr, vr, key_mask=km, query_mask=qm, scale=0.3, iters=3, u=u,
+                                  dropout_p=dropout_p)
+        grads.append(torch.autograd.grad(out, (qr, kr, vr), do))
+    for got in grads[1:]:
+        for a, b in zip(got, grads[0]):
+            assert torch.equal(a, b)
+    if dropout_p > 0:
+        return
+    qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
+    sink, _ = ref_attention(qr, kr, vr, "sinkhorn", key_mask=km, query_mask=qm, iters=3, scale=0.3)
+    soft, _ = ref_attention(qr, kr, vr, "softmax", key_mask=km, query_mask=qm, scale=0.3)
+    ref = (0.7 * sink + 0.3 * soft) * qm[:, None, :, None]
+    want = torch.autograd.grad(ref, (qr, kr, vr), do)
+    for a, b in zip(grads[0], want):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
