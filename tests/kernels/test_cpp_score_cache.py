@@ -122,3 +122,37 @@ def test_sinkhorn_with_a_softmax_half_matches_reference_gradients(dropout_p, mon
     want = torch.autograd.grad(ref, (qr, kr, vr), do)
     for a, b in zip(grads[0], want):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+
+def _dominated(big):
+    """Query 0 outscores every other query on every key by ~big / sqrt(8): the first row step's potentials
+    a^1 spread over ~big, so the bound on round 2's column maxima is that far above them."""
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(1, 2, 150, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(1, 2, 300, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(1, 2, 300, 8, generator=g, dtype=torch.float64)
+    k[..., 0] = k[..., 0].abs() + 1.0
+    q[..., 0, :] = 0.0
+    q[..., 0, 0] = big
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("big", [0.0, 80.0, 400.0])
+def test_column_bounds_of_later_rounds_match_reference(dtype, big):
+    """From round 2 on the forward takes its exponentials against a bound on the column maxima
+    (-b^{t-1} + max_i (a^{t-1} - a^{t-2})) when it is within 25 (float32) / 300 (float64) of them, else
+    against the maxima: both give the float64 reference, including rows far below the others."""
+    q, k, v = _dominated(big)
+    ref, _ = ref_attention(q, k, v, "sinkhorn", iters=3, scale=8**-0.5)
+    x = [t.to(dtype).reshape(2, -1, 8) for t in (q, k, v)]
+    out, a_all, _, _, _ = torch.ops.attnkit_cpu.potentials_forward(
+        *x, None, None, 2, 8**-0.5, 3, False, 0.0, 0, 2**30
+    )  # (B*H, Lq, Dv), (k + 1, B*H, Lq)
+    d = (a_all[1] - a_all[0]).double()  # round 2's gap above the column maxima: log(n) + max d - min d
+    gap = (torch.log(torch.tensor(150.0)) + d.amax(-1) - d.amin(-1)).max().item()
+    if big == 80.0:
+        assert gap > 25  # float32 takes the maxima in round 2, float64 the bound
+    # float32 scores of a few hundred (big=400) carry rounding errors of ~1e-5 into the exponents
+    tol = {"atol": 2e-5, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 1e-12, "rtol": 1e-10}
+    torch.testing.assert_close(out.double().view(1, 2, 150, 8), ref, **tol)

@@ -57,6 +57,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 extern "C" {
@@ -210,6 +211,13 @@ inline float sum<float>(const float* a, int64_t n) {
   float s = at::vec::vec_reduce_all<float>([](const V& x, const V& y) { return x + y; }, acc);
   for (; j < n; ++j) s += a[j];
   return s;
+}
+
+// Largest gap between the column bound and the column maximum for which the forward takes exponentials against
+// the bound: terms within ~60 (float) of the maximum stay normal numbers, and smaller ones are below rounding.
+template <typename T>
+inline T bound_gap() {
+  return std::is_same<T, float>::value ? T(25) : T(300);
 }
 
 template <typename T>
@@ -402,7 +410,7 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
   const int64_t chunks = (n + kBq - 1) / kBq;
   const bool soft = out_l != nullptr;
   std::fill(a, a + n, T(0));  // a^0
-  std::vector<T> l(n), ll, acc;
+  std::vector<T> l(n), ll, acc, bnd;
   if (soft) {
     ll.assign(n, T(0));
     acc.assign(n * 2 * Dv, T(0));  // (n, 2 Dv): [numerator of out | numerator of out_l]
@@ -416,6 +424,26 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
     T* b_t = b + (t - 1) * m;
     std::fill(l.begin(), l.end(), T(0));
     if (last) std::fill(out, out + n * Dv, T(0));
+    // From round 2 on, the column maxima need not be found: with d_i = a^{t-1}_i - a^{t-2}_i,
+    // max_i (s_ij + a^{t-1}_i) <= LSE_i (s_ij + a^{t-2}_i) + max d = -b^{t-1}_j + max d, at most
+    // log(n) + max d - min d above it; the exponentials are taken against this bound when that gap is small
+    // (every term that matters stays far from underflow), else against the maxima.
+    const T* bound = nullptr;
+    if (t > 1 && !soft) {
+      const T* a_pp = a + (t - 2) * n;
+      T dmax = -std::numeric_limits<T>::infinity(), dmin = std::numeric_limits<T>::infinity();
+      for (int64_t i = 0; i < n; ++i) {
+        dmax = std::max(dmax, a_prev[i] - a_pp[i]);
+        dmin = std::min(dmin, a_prev[i] - a_pp[i]);
+      }
+      const T gap = std::log(T(n)) + dmax - dmin;
+      if (gap <= bound_gap<T>()) {
+        const T* b_pp = b + (t - 2) * m;
+        bnd.resize(m);
+        for (int64_t j = 0; j < m; ++j) bnd[j] = dmax - b_pp[j];
+        bound = bnd.data();
+      }
+    }
     for (int64_t j0 = 0; j0 < m; j0 += kBc) {
       const int64_t bc = std::min(kBc, m - j0);
       T* X = w.strip1.data();  // (n, bc)
@@ -429,9 +457,12 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
                 bc);
         T* cm = w.cmax.data() + c * kBc;
         T* cs = w.csum.data() + c * kBc;
-        std::fill(cm, cm + bc, NEG);
+        if (bound)
+          std::copy(bound + j0, bound + j0 + bc, cm);
+        else
+          std::fill(cm, cm + bc, NEG);
         std::fill(cs, cs + bc, T(0));
-        for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t r = 0; r < rows && !(Sc && bound); ++r) {
           const T ai = t > 1 ? a_prev[i0 + r] : T(0);
           if (Sc) {  // X is formed by the exponential below
             const T* sr = Sc + r * bc;
@@ -441,7 +472,8 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
           T* x = Xc + r * bc;
           if (t > 1)
             for (int64_t j = 0; j < bc; ++j) x[j] += ai;
-          for (int64_t j = 0; j < bc; ++j) cm[j] = std::max(cm[j], x[j]);
+          if (!bound)
+            for (int64_t j = 0; j < bc; ++j) cm[j] = std::max(cm[j], x[j]);
         }
         if (both) {  // g_j = exp(m_cj - R_c); rescale the chunk's softmax numerators when R_c rises
           const T r_old = w.cref[c], r_new = std::max(r_old, vmax(cm, bc));
