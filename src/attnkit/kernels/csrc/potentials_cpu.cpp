@@ -16,7 +16,8 @@
 // so its column log-sum-exp is complete within the strip. Each strip is built in row chunks of `kBq`
 // (one small GEMM per chunk), and every elementwise step of a chunk runs while it is in cache:
 //
-// forward, round t:  chunk: X = s + a^{t-1}; per-chunk column max m_c and sums of exp(X - m_c)
+// forward, round t:  chunk: X = s + a^{t-1}; per-chunk column max m_c and sums of exp(X - m_c)  (from round 2
+//                           on m_c is a bound on the column maximum known from round t - 1, when it is close)
 //                    strip: merge the chunks -> b^t_j
 //                    chunk: w = exp(X - m_c) * f_c, f_c = exp(m_c - M) / z  (column-normalized, in [0, 1]);
 //                           l_i += sum_j w_ij; last round: acc_i += w_i V  (without dropout w is not
