@@ -58,6 +58,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -296,21 +297,25 @@ struct Tiles {
 // are those the product would give again, so the results do not depend on the budget.
 template <typename T>
 struct Scratch {
-  std::vector<T> strip1, strip2, cmax, csum, gb, cg, cref, scores;
+  std::vector<T> strip1, strip2, cmax, csum, gb, cg, cref;
+  std::unique_ptr<T[]> scores;  // not zero-filled: every kept strip is written before it is read
   std::vector<Tiles<T>> tiles;
   bool parallel = false;
-  int64_t cached = 0, n_rows = 0;
+  int64_t cached = 0, n_rows = 0, capacity = 0;
   // Keep the scores of as many of the m / kBc strips of (n, kBc) as fit in `budget` bytes.
   void cache_scores(int64_t n, int64_t m, int64_t budget) {
     const int64_t strips = (m + kBc - 1) / kBc, per_strip = n * kBc * (int64_t)sizeof(T);
     cached = budget > 0 ? std::min(strips, budget / per_strip) : 0;
     n_rows = n;
-    if ((int64_t)scores.size() < cached * n * kBc) scores.resize(cached * n * kBc);
+    if (capacity < cached * n * kBc) {
+      capacity = cached * n * kBc;
+      scores.reset(new T[capacity]);
+    }
   }
   // Rows i0.. of strip j0's cached scores, or null when the strip is not kept.
   T* cached_scores(int64_t j0, int64_t i0, int64_t bc) {
     const int64_t s = j0 / kBc;
-    return s < cached ? scores.data() + s * n_rows * kBc + i0 * bc : nullptr;
+    return s < cached ? scores.get() + s * n_rows * kBc + i0 * bc : nullptr;
   }
   void reserve(int64_t n, int64_t D, int64_t Dv, bool par) {
     parallel = par;
