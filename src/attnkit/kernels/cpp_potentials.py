@@ -14,6 +14,11 @@ the same sweeps, sharing the scores and ``dO V^T``. Padding masks (``key_mask``,
 handled by compaction inside the kernel; ``attn_mask`` and causal calls use ``blockwise.py``. Attention
 dropout drops the final weights with a hash of (seed, head, query, key) that the backward pass replays, so
 nothing mask-sized is stored (the seed is drawn from PyTorch's default generator).
+
+Sinkhorn's rounds all read the same scores: the kernel keeps the scores of as many key strips as fit in
+``SCORE_CACHE_BYTES`` (shared by the worker threads) from the first sweep that computes them, and the later
+sweeps of the forward and of the backward read them back instead of recomputing ``Q K^T``; the results do
+not depend on the budget (``0`` turns it off). DNAS and HNAS (one round) keep nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +31,10 @@ from torch import Tensor
 from . import cpu_ext
 from .blocking import reduce_to
 
-__all__ = ["fused_cpu_available", "fused_cpu_attention"]
+__all__ = ["fused_cpu_available", "fused_cpu_attention", "SCORE_CACHE_BYTES"]
+
+# scores kept between Sinkhorn rounds: all of a 4096 x 4096 float32 head on one thread
+SCORE_CACHE_BYTES = 64 * 2**20
 
 
 def fused_cpu_available(q: Tensor) -> bool:
@@ -89,7 +97,7 @@ def _inference(q, k, v, u, km, qm, scale, iters, dropout_p, seed) -> Tensor:
     out, out_l = torch.ops.attnkit_cpu.potentials_inference(
         q.reshape(B * H, Lq, D).contiguous(), k.reshape(B * H, Lk, D).contiguous(),
         v.reshape(B * H, Lk, Dv).contiguous(), km, qm, H, float(scale), int(iters), u is not None,
-        dropout_p, seed,
+        dropout_p, seed, SCORE_CACHE_BYTES,
     )  # (B*H, Lq, Dv), [(B*H, Lq, Dv)]
     out = out.view(B, H, Lq, Dv)
     if u is not None:  # as in _Potentials.forward
@@ -107,7 +115,7 @@ class _Potentials(torch.autograd.Function):
         v3 = v.reshape(B * H, Lk, Dv).contiguous()  # (B*H, Lk, Dv)
         hybrid = u is not None
         out, a_all, b_all, out_l, a_l = torch.ops.attnkit_cpu.potentials_forward(
-            q3, k3, v3, km, qm, H, float(scale), int(iters), hybrid, dropout_p, seed
+            q3, k3, v3, km, qm, H, float(scale), int(iters), hybrid, dropout_p, seed, SCORE_CACHE_BYTES
         )  # (B*H, Lq, Dv), (k+1, B*H, Lq), (k, B*H, Lk), [(B*H, Lq, Dv), (B*H, Lq)]
         if any(ctx.needs_input_grad[:4]):  # inference (no input requires grad): nothing is saved
             ctx.save_for_backward(q3, k3, v3, u, km, qm, out, a_all, b_all, out_l if hybrid else None,
@@ -128,7 +136,8 @@ class _Potentials(torch.autograd.Function):
         if u is not None:
             u_bh = u.to(q3.dtype).expand(B, H, 1, 1).reshape(B * H).contiguous()  # (B*H,)
         dq, dk, dv = torch.ops.attnkit_cpu.potentials_backward(
-            dO, q3, k3, v3, out, out_l, a_all, b_all, a_l, u_bh, km, qm, H, ctx.scale, ctx.iters, *ctx.dropout
+            dO, q3, k3, v3, out, out_l, a_all, b_all, a_l, u_bh, km, qm, H, ctx.scale, ctx.iters,
+            *ctx.dropout, SCORE_CACHE_BYTES,
         )
         du = None
         if u is not None and ctx.needs_input_grad[3]:

@@ -16,18 +16,21 @@
 // so its column log-sum-exp is complete within the strip. Each strip is built in row chunks of `kBq`
 // (one small GEMM per chunk), and every elementwise step of a chunk runs while it is in cache:
 //
-// forward, round t:  chunk: X = s + a^{t-1}; per-chunk column max m_c and sums of exp(X - m_c)
+// forward, round t:  chunk: X = s + a^{t-1}; per-chunk column max m_c and sums of exp(X - m_c)  (from round 2
+//                           on m_c is a bound on the column maximum known from round t - 1, when it is close)
 //                    strip: merge the chunks -> b^t_j
 //                    chunk: w = exp(X - m_c) * f_c, f_c = exp(m_c - M) / z  (column-normalized, in [0, 1]);
 //                           l_i += sum_j w_ij; last round: acc_i += w_i V  (without dropout w is not
 //                           formed: l += E f_c and acc += E (diag(f_c) V), E = exp(X - m_c))
 //                    a^t_i = a^{t-1}_i - log(l_i), out_i = acc_i / l_i  (rows whose l underflowed are
 //                    recomputed with a running maximum)
-// backward:          chunk: P = exp(s + b^k + a^k), dP = dO V^T, dV += P^T dO, dS = P (dP - delta),
+// backward, k = 1:   chunk: P = exp(s + b^k + a^k), dP = dO V^T, dV += P^T dO, dS = P (dP - delta),
 //                           g_j += sum_i dS_ij  (gradient of b^k_j, complete after the strip)
 //                    chunk: dS -= Q_col g (Q_col: column-normalized weights of the last column step),
-//                           dQ += dS K, dK += dS^T Q, gradient of a^{k-1} -= Q_col g
-//                    earlier rounds: the same with dS = -Q_row * grad(a^t)
+//                           dQ += dS K, dK += dS^T Q
+// backward, k > 1:   sweeps of rounds k .. 2 find the gradients of the potentials b^t, a^{t-1} alone (the
+//                    last one from dV: g_j = v_j . dV_j - sum_i P_ij delta_i, no dP), then one sweep forms
+//                    dS of every round and computes dP, dQ and dK once (see backward_head)
 //
 // Attention dropout (training) drops the final weights pi_ij with a counter-based hash of (seed, head, i, j),
 // so that the backward pass replays the same mask without storing it (as FlashAttention does on the GPU):
@@ -37,7 +40,13 @@
 // potentials_inference runs the same forward without returning the potentials that only the backward pass
 // reads (no input needs a gradient), so its outputs are bit-identical to potentials_forward's.
 //
-// The extra memory is two strips of (Lq, kBc) per thread and O(L) vectors per (batch, head).
+// Sinkhorn (k > 1) reads the same scores in every round: the first sweep that computes a strip's scores keeps
+// them (Scratch::scores, up to `score_cache_bytes` shared by the threads) and the later sweeps of the forward,
+// and of the backward, read them back instead of recomputing Q K^T; the kept values are those the product
+// gives, so the results are the same for every budget.
+//
+// The extra memory is two strips of (Lq, kBc) per thread, the kept scores (at most score_cache_bytes), and
+// O(L) vectors per (batch, head).
 // Parallel over (batch, head) problems, balanced by their valid pairs (run_balanced).
 
 #include <ATen/ATen.h>
@@ -49,6 +58,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <type_traits>
 #include <vector>
 
 extern "C" {
@@ -131,6 +142,28 @@ inline void exp_acc(double* x, const double* shift, double* acc, int64_t n) {
   }
 }
 
+// dst[j] = exp(src[j] + c + shift[j]) and acc[j] += dst[j], for j < n: exp_acc on x = src + c, rounded alike.
+inline void exp_acc_from(float* dst, const float* src, float c, const float* shift, float* acc, int64_t n) {
+  using V = at::vec::Vectorized<float>;
+  const V vc(c);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V y = ((V::loadu(src + j) + vc) + V::loadu(shift + j)).exp_u20();
+    y.store(dst + j);
+    (V::loadu(acc + j) + y).store(acc + j);
+  }
+  for (; j < n; ++j) {
+    dst[j] = std::exp((src[j] + c) + shift[j]);
+    acc[j] += dst[j];
+  }
+}
+inline void exp_acc_from(double* dst, const double* src, double c, const double* shift, double* acc, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    dst[j] = std::exp((src[j] + c) + shift[j]);
+    acc[j] += dst[j];
+  }
+}
+
 template <typename T>
 inline T vmax(const T* x, int64_t n) {
   T m = -std::numeric_limits<T>::infinity();
@@ -180,6 +213,13 @@ inline float sum<float>(const float* a, int64_t n) {
   float s = at::vec::vec_reduce_all<float>([](const V& x, const V& y) { return x + y; }, acc);
   for (; j < n; ++j) s += a[j];
   return s;
+}
+
+// Largest gap between the column bound and the column maximum for which the forward takes exponentials against
+// the bound: terms within ~60 (float) of the maximum stay normal numbers, and smaller ones are below rounding.
+template <typename T>
+inline T bound_gap() {
+  return std::is_same<T, float>::value ? T(25) : T(300);
 }
 
 template <typename T>
@@ -244,17 +284,39 @@ struct Head {
 // Buffers of one worker thread: two (kBq, kBc) tiles, a kBc vector and its partial dK / dV of a strip.
 template <typename T>
 struct Tiles {
-  std::vector<T> tile, tile2, vec, dk, dv, row, z, vcat;
+  std::vector<T> tile, tile2, tile3, vec, dk, dv, row, z, vcat;
 };
 
 // Buffers of one (batch, head) problem: two (n, kBc) strips, per-chunk column statistics, and the tiles
 // of each thread that works on its chunks (one when the heads are spread over the threads; all of them
 // when one head at a time is spread over its query chunks).
+//
+// Sinkhorn's rounds (iters > 1) all read the same scores s = scale * Q K^T: the scores of the first
+// `cached` strips are kept (`scores`, strip s at s * n * kBc, laid out (n, bc)) by the first sweep that
+// computes them and read back by the later ones instead of being recomputed, within a byte budget; the values
+// are those the product would give again, so the results do not depend on the budget.
 template <typename T>
 struct Scratch {
   std::vector<T> strip1, strip2, cmax, csum, gb, cg, cref;
+  std::unique_ptr<T[]> scores;  // not zero-filled: every kept strip is written before it is read
   std::vector<Tiles<T>> tiles;
   bool parallel = false;
+  int64_t cached = 0, n_rows = 0, capacity = 0;
+  // Keep the scores of as many of the m / kBc strips of (n, kBc) as fit in `budget` bytes.
+  void cache_scores(int64_t n, int64_t m, int64_t budget) {
+    const int64_t strips = (m + kBc - 1) / kBc, per_strip = n * kBc * (int64_t)sizeof(T);
+    cached = budget > 0 ? std::min(strips, budget / per_strip) : 0;
+    n_rows = n;
+    if (capacity < cached * n * kBc) {
+      capacity = cached * n * kBc;
+      scores.reset(new T[capacity]);
+    }
+  }
+  // Rows i0.. of strip j0's cached scores, or null when the strip is not kept.
+  T* cached_scores(int64_t j0, int64_t i0, int64_t bc) {
+    const int64_t s = j0 / kBc;
+    return s < cached ? scores.get() + s * n_rows * kBc + i0 * bc : nullptr;
+  }
   void reserve(int64_t n, int64_t D, int64_t Dv, bool par) {
     parallel = par;
     strip1.resize(n * kBc);
@@ -269,6 +331,8 @@ struct Scratch {
     for (auto& t : tiles) {
       t.tile.resize(kBq * kBc);
       t.tile2.resize(kBq * kBc);
+      t.tile3.resize(kBq * kBc);
+      t.row.resize(kBc);
       t.vec.resize(kBc);
       t.z.resize(kBc);
       t.dk.resize(kBc * D);
@@ -345,13 +409,14 @@ T robust_row(const Head<T>& h, int64_t i, const T* b, T* out, std::vector<T>& ro
 // chunk's) are recomputed with their own maximum.
 template <typename T>
 void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l, T* a_l, Scratch<T>& w,
-                  const Dropout& drop) {
+                  const Dropout& drop, int64_t cache_bytes) {
   const int64_t n = h.n, m = h.m, Dv = h.Dv;
+  w.cache_scores(n, m, iters > 1 ? cache_bytes : 0);
   const T NEG = -std::numeric_limits<T>::infinity();
   const int64_t chunks = (n + kBq - 1) / kBq;
   const bool soft = out_l != nullptr;
   std::fill(a, a + n, T(0));  // a^0
-  std::vector<T> l(n), ll, acc;
+  std::vector<T> l(n), ll, acc, bnd;
   if (soft) {
     ll.assign(n, T(0));
     acc.assign(n * 2 * Dv, T(0));  // (n, 2 Dv): [numerator of out | numerator of out_l]
@@ -365,6 +430,26 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
     T* b_t = b + (t - 1) * m;
     std::fill(l.begin(), l.end(), T(0));
     if (last) std::fill(out, out + n * Dv, T(0));
+    // From round 2 on, the column maxima need not be found: with d_i = a^{t-1}_i - a^{t-2}_i,
+    // max_i (s_ij + a^{t-1}_i) <= LSE_i (s_ij + a^{t-2}_i) + max d = -b^{t-1}_j + max d, at most
+    // log(n) + max d - min d above it; the exponentials are taken against this bound when that gap is small
+    // (every term that matters stays far from underflow), else against the maxima.
+    const T* bound = nullptr;
+    if (t > 1 && !soft) {
+      const T* a_pp = a + (t - 2) * n;
+      T dmax = -std::numeric_limits<T>::infinity(), dmin = std::numeric_limits<T>::infinity();
+      for (int64_t i = 0; i < n; ++i) {
+        dmax = std::max(dmax, a_prev[i] - a_pp[i]);
+        dmin = std::min(dmin, a_prev[i] - a_pp[i]);
+      }
+      const T gap = std::log(T(n)) + dmax - dmin;
+      if (gap <= bound_gap<T>()) {
+        const T* b_pp = b + (t - 2) * m;
+        bnd.resize(m);
+        for (int64_t j = 0; j < m; ++j) bnd[j] = dmax - b_pp[j];
+        bound = bnd.data();
+      }
+    }
     for (int64_t j0 = 0; j0 < m; j0 += kBc) {
       const int64_t bc = std::min(kBc, m - j0);
       T* X = w.strip1.data();  // (n, bc)
@@ -372,18 +457,29 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
       for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
         const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
         T* Xc = X + i0 * bc;
-        mm<T>(false, true, rows, bc, h.D, h.scale, h.q + i0 * h.D, h.D, h.k + j0 * h.D, h.D, T(0), Xc, bc);
+        T* Sc = w.cached_scores(j0, i0, bc);  // kept scores (computed in round 1), or null: X = s + a^{t-1}
+        if (!Sc || t == 1)
+          mm<T>(false, true, rows, bc, h.D, h.scale, h.q + i0 * h.D, h.D, h.k + j0 * h.D, h.D, T(0), Sc ? Sc : Xc,
+                bc);
         T* cm = w.cmax.data() + c * kBc;
         T* cs = w.csum.data() + c * kBc;
-        std::fill(cm, cm + bc, NEG);
+        if (bound)
+          std::copy(bound + j0, bound + j0 + bc, cm);
+        else
+          std::fill(cm, cm + bc, NEG);
         std::fill(cs, cs + bc, T(0));
-        for (int64_t r = 0; r < rows; ++r) {
-          T* x = Xc + r * bc;
-          if (t > 1) {
-            const T ai = a_prev[i0 + r];
-            for (int64_t j = 0; j < bc; ++j) x[j] += ai;
+        for (int64_t r = 0; r < rows && !(Sc && bound); ++r) {
+          const T ai = t > 1 ? a_prev[i0 + r] : T(0);
+          if (Sc) {  // X is formed by the exponential below
+            const T* sr = Sc + r * bc;
+            for (int64_t j = 0; j < bc; ++j) cm[j] = std::max(cm[j], sr[j] + ai);
+            continue;
           }
-          for (int64_t j = 0; j < bc; ++j) cm[j] = std::max(cm[j], x[j]);
+          T* x = Xc + r * bc;
+          if (t > 1)
+            for (int64_t j = 0; j < bc; ++j) x[j] += ai;
+          if (!bound)
+            for (int64_t j = 0; j < bc; ++j) cm[j] = std::max(cm[j], x[j]);
         }
         if (both) {  // g_j = exp(m_cj - R_c); rescale the chunk's softmax numerators when R_c rises
           const T r_old = w.cref[c], r_new = std::max(r_old, vmax(cm, bc));
@@ -401,7 +497,12 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
         }
         T* neg = tl.vec.data();  // -cm, as the shift of the exponent
         for (int64_t j = 0; j < bc; ++j) neg[j] = -cm[j];
-        for (int64_t r = 0; r < rows; ++r) exp_acc(Xc + r * bc, neg, cs, bc);
+        for (int64_t r = 0; r < rows; ++r) {
+          if (Sc)
+            exp_acc_from(Xc + r * bc, Sc + r * bc, t > 1 ? a_prev[i0 + r] : T(0), neg, cs, bc);
+          else
+            exp_acc(Xc + r * bc, neg, cs, bc);
+        }
       });
       // merge the chunks: b_j = -LSE_i x_ij; cmax becomes the factor exp(m_c - M_j) / z_j
       T* bj = b_t + j0;
@@ -539,112 +640,239 @@ void finish_strip(const Head<T>& h, int64_t j0, int64_t bc, T* grad_a, T* dq, T*
 
 // Backward of one head. dout (n, Dv); u: weight of the mechanism's half (1 without hybrid); out_l/a_l:
 // the softmax half (null without hybrid). Writes dq (n, D), dk (m, D), dv (m, Dv).
+//
+// With S the scores, P^t_ij = exp(s_ij + b^t_j + a^t_i) the row-normalized weights of round t and
+// C^t_ij = P^t_ij exp(a^{t-1}_i - a^t_i) its column-normalized ones, the gradient of the scores is
+//
+//     dS = u P^k (dP - delta) [+ (1 - u) softmax half] - sum_{t<k} P^t gr^t_i - sum_t C^t gb^t_j,
+//
+// where gb^t (m) and gr^t (n) are the gradients of b^t and a^t: gb^t_j = sum_i (round t's row term)_ij,
+// a column sum complete within a strip, and gr^{t-1}_i = -sum_j C^t_ij gb^t_j, a row sum complete after a
+// sweep. With k > 1 rounds, sweeps of rounds k .. 2 first find these vectors (no dQ, dK, dV), and one
+// last sweep forms dS of all rounds together, so that dQ += dS K and dK += dS^T Q are computed once.
 template <typename T>
 void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out, const T* a, const T* b,
-                   const T* out_l, const T* a_l, T u, T* dq, T* dk, T* dv, Scratch<T>& w, const Dropout& drop) {
+                   const T* out_l, const T* a_l, T u, T* dq, T* dk, T* dv, Scratch<T>& w, const Dropout& drop,
+                   int64_t cache_bytes) {
   const int64_t n = h.n, m = h.m, D = h.D, Dv = h.Dv;
   const int64_t chunks = (n + kBq - 1) / kBq;
+  w.cache_scores(n, m, iters > 1 ? cache_bytes : 0);  // kept by the first sweep for the later ones
   std::fill(dq, dq + n * D, T(0));
   std::fill(dk, dk + m * D, T(0));
   std::fill(dv, dv + m * Dv, T(0));
-  std::vector<T> delta(n), delta_l(out_l ? n : 0), r_col(n), grad_a(n, T(0)), grad_row(n);
+  std::vector<T> delta(n), delta_l(out_l ? n : 0);
   for (int64_t i = 0; i < n; ++i) {
     delta[i] = dot(dout + i * Dv, out + i * Dv, Dv);
     if (out_l) delta_l[i] = dot(dout + i * Dv, out_l + i * Dv, Dv);
   }
+  // r_col^t_i = exp(a^{t-1}_i - a^t_i): row sum of round t's column weights (C^t = P^t r_col^t)
+  std::vector<T> r_col(iters * n);
+  for (int64_t t = 1; t <= iters; ++t)
+    for (int64_t i = 0; i < n; ++i) r_col[(t - 1) * n + i] = std::exp(a[(t - 1) * n + i] - a[t * n + i]);
+  std::vector<T> gb(iters > 1 ? iters * m : 0), gr(iters > 1 ? iters * n : 0);  // gb^t at (t-1) m, gr^t at t n
   const T* a_k = a + iters * n;
-  const T* a_km1 = a + (iters - 1) * n;
   const T* b_k = b + (iters - 1) * m;
-  for (int64_t i = 0; i < n; ++i) r_col[i] = std::exp(a_km1[i] - a_k[i]);  // row sum of the column weights
-  T* ga = iters > 1 ? grad_a.data() : nullptr;
-  // the last round: the output's own softmax over s + b^k, and the column step b^k
-  for (int64_t j0 = 0; j0 < m; j0 += kBc) {
-    const int64_t bc = std::min(kBc, m - j0);
-    zero_partials(w);
-    for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
-      const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
-      T* g = w.csum.data() + c * kBc;  // this chunk's part of the column gradient
-      std::fill(g, g + bc, T(0));
-      T* P = w.strip2.data() + i0 * bc;  // (rows, bc): scores, then weights
-      T* dS = w.strip1.data() + i0 * bc;
-      T* dP = tl.tile.data();
-      T* PL = tl.tile2.data();
-      mm<T>(false, true, rows, bc, D, h.scale, h.q + i0 * D, D, h.k + j0 * D, D, T(0), P, bc);
-      mm<T>(false, true, rows, bc, Dv, T(1), dout + i0 * Dv, Dv, h.v + j0 * Dv, Dv, T(0), dP, bc);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = i0 + r;
-        T* p = P + r * bc;
-        T* dp = dP + r * bc;
-        T* ds = dS + r * bc;
-        if (out_l) exp_to(PL + r * bc, p, (const T*)nullptr, a_l[i], bc);
-        exp_shift(p, b_k + j0, a_k[i], bc);
-        T* z = tl.z.data();
-        if (drop.on) {  // d out / d pi_ij = z_ij v_j
-          drop.row(i, j0, bc, z);
-          for (int64_t j = 0; j < bc; ++j) dp[j] *= z[j];
-        }
-        const T di = delta[i];
-        for (int64_t j = 0; j < bc; ++j) {
-          ds[j] = u * p[j] * (dp[j] - di);
-          g[j] += ds[j];
-        }
-        if (out_l) {
-          const T* pl = PL + r * bc;
-          const T dl = delta_l[i], ul = T(1) - u;
-          for (int64_t j = 0; j < bc; ++j) {
-            ds[j] += ul * pl[j] * (dp[j] - dl);
-            dp[j] = u * p[j] + ul * pl[j];  // the hybrid weights, for dV
-          }
-          if (drop.on)
-            for (int64_t j = 0; j < bc; ++j) dp[j] *= z[j];
-        } else if (drop.on) {
-          for (int64_t j = 0; j < bc; ++j) dp[j] = p[j] * z[j];  // the dropped weights, for dV
-        }
+  const T* rc_k = r_col.data() + (iters - 1) * n;
+
+  // The scores of rows i0.. of strip j0: kept ones (computed here when `fresh`), else computed into `into`.
+  auto scores = [&](int64_t j0, int64_t i0, int64_t rows, int64_t bc, bool fresh, T* into) -> const T* {
+    T* S = w.cached_scores(j0, i0, bc);
+    if (S && !fresh) return S;
+    if (!S) S = into;
+    mm<T>(false, true, rows, bc, D, h.scale, h.q + i0 * D, D, h.k + j0 * D, D, T(0), S, bc);
+    return S;
+  };
+  // The output's own step for chunk c of strip j0: P = P^k (in strip2), dS = the output's part of the score
+  // gradient (in strip1) and its column sums (csum of c); with dv_too, dV += W^T dO. P becomes C^k.
+  auto output_step = [&](int64_t c, Tiles<T>& tl, int64_t j0, int64_t bc, bool fresh, bool dv_too) {
+    const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+    T* g = w.csum.data() + c * kBc;  // this chunk's part of the column gradient
+    std::fill(g, g + bc, T(0));
+    T* P = w.strip2.data() + i0 * bc;  // (rows, bc)
+    T* dS = w.strip1.data() + i0 * bc;
+    T* dP = tl.tile.data();
+    T* PL = tl.tile2.data();
+    const T* S = scores(j0, i0, rows, bc, fresh, iters > 1 ? tl.tile3.data() : P);
+    mm<T>(false, true, rows, bc, Dv, T(1), dout + i0 * Dv, Dv, h.v + j0 * Dv, Dv, T(0), dP, bc);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = i0 + r;
+      T* p = P + r * bc;
+      T* dp = dP + r * bc;
+      T* ds = dS + r * bc;
+      if (out_l) exp_to(PL + r * bc, S + r * bc, (const T*)nullptr, a_l[i], bc);
+      exp_to(p, S + r * bc, b_k + j0, a_k[i], bc);
+      T* z = tl.z.data();
+      if (drop.on) {  // d out / d pi_ij = z_ij v_j
+        drop.row(i, j0, bc, z);
+        for (int64_t j = 0; j < bc; ++j) dp[j] *= z[j];
       }
+      const T di = delta[i];
+      for (int64_t j = 0; j < bc; ++j) {
+        ds[j] = u * p[j] * (dp[j] - di);
+        g[j] += ds[j];
+      }
+      if (out_l) {
+        const T* pl = PL + r * bc;
+        const T dl = delta_l[i], ul = T(1) - u;
+        for (int64_t j = 0; j < bc; ++j) {
+          ds[j] += ul * pl[j] * (dp[j] - dl);
+          dp[j] = u * p[j] + ul * pl[j];  // the hybrid weights, for dV
+        }
+        if (drop.on)
+          for (int64_t j = 0; j < bc; ++j) dp[j] *= z[j];
+      } else if (drop.on) {
+        for (int64_t j = 0; j < bc; ++j) dp[j] = p[j] * z[j];  // the dropped weights, for dV
+      }
+    }
+    if (dv_too) {
       const T* W = (out_l || drop.on) ? dP : P;
       mm<T>(true, false, bc, Dv, rows, out_l ? T(1) : u, W, bc, dout + i0 * Dv, Dv, T(1), tl.dv.data(), Dv);
-      for (int64_t r = 0; r < rows; ++r) {  // P -> column weights of the last column step
-        T* p = P + r * bc;
-        const T rc = r_col[i0 + r];
-        for (int64_t j = 0; j < bc; ++j) p[j] *= rc;
-      }
-    });
-    finish_strip(h, j0, bc, ga, dq, dk, dv, w);
-  }
-  // earlier rounds t = k-1 .. 1: the row step a^t, then the column step b^t
-  for (int64_t t = iters - 1; t >= 1; --t) {
-    std::copy(grad_a.begin(), grad_a.end(), grad_row.begin());
-    std::fill(grad_a.begin(), grad_a.end(), T(0));
-    T* ga_next = t > 1 ? grad_a.data() : nullptr;
-    const T* a_t = a + t * n;
-    const T* a_tm1 = a + (t - 1) * n;
-    const T* b_t = b + (t - 1) * m;
-    for (int64_t i = 0; i < n; ++i) r_col[i] = std::exp(a_tm1[i] - a_t[i]);
+    }
+    for (int64_t r = 0; r < rows; ++r) {  // P -> column weights of the last column step
+      T* p = P + r * bc;
+      const T rc = rc_k[i0 + r];
+      for (int64_t j = 0; j < bc; ++j) p[j] *= rc;
+    }
+  };
+
+  if (iters == 1) {  // DNAS, HNAS: one sweep
     for (int64_t j0 = 0; j0 < m; j0 += kBc) {
       const int64_t bc = std::min(kBc, m - j0);
       zero_partials(w);
+      for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) { output_step(c, tl, j0, bc, true, true); });
+      finish_strip(h, j0, bc, (T*)nullptr, dq, dk, dv, w);
+    }
+    return;
+  }
+
+  // Round k without the softmax half: dV = u (P^k * Z)^T dO is complete per strip, and so is
+  // gb^k_j = u sum_i P^k_ij (dP_ij - delta_i) = v_j . dV_j - u sum_i P^k_ij delta_i, without dP = dO V^T.
+  const bool dv_first = out_l == nullptr;
+  if (dv_first) {
+    T* gb_k = gb.data() + (iters - 1) * m;
+    T* gr_prev = gr.data() + (iters - 1) * n;
+    for (int64_t j0 = 0; j0 < m; j0 += kBc) {
+      const int64_t bc = std::min(kBc, m - j0);
+      zero_partials(w);
+      for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
+        const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+        T* g = w.csum.data() + c * kBc;  // sum_i P_ij delta_i over the chunk
+        std::fill(g, g + bc, T(0));
+        T* P = w.strip2.data() + i0 * bc;
+        T* W = drop.on ? tl.tile.data() : P;  // the weights that multiply dO
+        const T* S = scores(j0, i0, rows, bc, true, tl.tile3.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r;
+          T* p = P + r * bc;
+          exp_to(p, S + r * bc, b_k + j0, a_k[i], bc);
+          const T di = delta[i];
+          for (int64_t j = 0; j < bc; ++j) g[j] += p[j] * di;
+          if (drop.on) {
+            T* z = tl.z.data();
+            drop.row(i, j0, bc, z);
+            T* wr = W + r * bc;
+            for (int64_t j = 0; j < bc; ++j) wr[j] = p[j] * z[j];
+          }
+        }
+        mm<T>(true, false, bc, Dv, rows, u, W, bc, dout + i0 * Dv, Dv, T(1), tl.dv.data(), Dv);
+        for (int64_t r = 0; r < rows; ++r) {  // P -> C^k
+          T* p = P + r * bc;
+          const T rc = rc_k[i0 + r];
+          for (int64_t j = 0; j < bc; ++j) p[j] *= rc;
+        }
+      });
+      add_partials(w, bc, D, Dv, dk + j0 * D, dv + j0 * Dv);  // dK's partials are zero here
+      const T* pd = strip_gradient(w, chunks, bc);
+      for (int64_t j = 0; j < bc; ++j)
+        gb_k[j0 + j] = dot(h.v + (j0 + j) * Dv, dv + (j0 + j) * Dv, Dv) - u * pd[j];
+      const T* g = gb_k + j0;
       for_chunks(chunks, w, [&](int64_t c, Tiles<T>&) {
+        const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+        const T* C = w.strip2.data() + i0 * bc;
+        for (int64_t r = 0; r < rows; ++r) gr_prev[i0 + r] -= dot(C + r * bc, g, bc);
+      });
+    }
+  }
+
+  // Sweeps of rounds k .. 2: gb^t (complete per strip), then gr^{t-1} -= C^t gb^t. C^t is kept in strip2.
+  for (int64_t t = dv_first ? iters - 1 : iters; t >= 2; --t) {
+    const T* a_t = a + t * n;
+    const T* b_t = b + (t - 1) * m;
+    const T* rc = r_col.data() + (t - 1) * n;
+    const T* gr_t = gr.data() + t * n;
+    T* gb_t = gb.data() + (t - 1) * m;
+    T* gr_prev = gr.data() + (t - 1) * n;
+    for (int64_t j0 = 0; j0 < m; j0 += kBc) {
+      const int64_t bc = std::min(kBc, m - j0);
+      for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
+        if (t == iters) {
+          output_step(c, tl, j0, bc, true, false);
+          return;
+        }
         const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
         T* g = w.csum.data() + c * kBc;
         std::fill(g, g + bc, T(0));
         T* P = w.strip2.data() + i0 * bc;
-        T* dS = w.strip1.data() + i0 * bc;
-        mm<T>(false, true, rows, bc, D, h.scale, h.q + i0 * D, D, h.k + j0 * D, D, T(0), P, bc);
+        const T* S = scores(j0, i0, rows, bc, false, P);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = i0 + r;
           T* p = P + r * bc;
-          T* ds = dS + r * bc;
-          exp_shift(p, b_t + j0, a_t[i], bc);  // row-normalized weights of the row step a^t
-          const T gr = grad_row[i], rc = r_col[i];
+          exp_to(p, S + r * bc, b_t + j0, a_t[i], bc);  // P^t
+          const T gri = gr_t[i], rci = rc[i];
           for (int64_t j = 0; j < bc; ++j) {
-            ds[j] = -p[j] * gr;
-            g[j] += ds[j];
-            p[j] *= rc;
+            g[j] -= p[j] * gri;
+            p[j] *= rci;
           }
         }
       });
-      finish_strip(h, j0, bc, ga_next, dq, dk, (T*)nullptr, w);
+      const T* g = strip_gradient(w, chunks, bc);
+      std::copy(g, g + bc, gb_t + j0);
+      for_chunks(chunks, w, [&](int64_t c, Tiles<T>&) {
+        const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+        const T* C = w.strip2.data() + i0 * bc;
+        for (int64_t r = 0; r < rows; ++r) gr_prev[i0 + r] -= dot(C + r * bc, g, bc);
+      });
     }
+  }
+
+  // The last sweep: dS of every round, with round 1's column term (gb^1, complete per strip) in finish_strip.
+  for (int64_t j0 = 0; j0 < m; j0 += kBc) {
+    const int64_t bc = std::min(kBc, m - j0);
+    zero_partials(w);
+    for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
+      output_step(c, tl, j0, bc, false, !dv_first);  // dS = the output's part, P = C^k
+      const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+      T* g = w.csum.data() + c * kBc;  // now: round 1's column gradient
+      std::fill(g, g + bc, T(0));
+      T* P = w.strip2.data() + i0 * bc;
+      T* dS = w.strip1.data() + i0 * bc;
+      const T* S = w.cached_scores(j0, i0, bc);
+      if (!S) S = tl.tile3.data();  // where output_step computed them
+      T* q = tl.row.data();
+      const T* gbk = gb.data() + (iters - 1) * m + j0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r;
+        T* ds = dS + r * bc;
+        T* p = P + r * bc;
+        for (int64_t j = 0; j < bc; ++j) ds[j] -= p[j] * gbk[j];
+        for (int64_t t = iters - 1; t >= 1; --t) {
+          exp_to(q, S + r * bc, b + (t - 1) * m + j0, a[t * n + i], bc);  // P^t
+          const T gri = gr[t * n + i], rci = r_col[(t - 1) * n + i];
+          if (t > 1) {
+            const T* gbt = gb.data() + (t - 1) * m + j0;
+            for (int64_t j = 0; j < bc; ++j) ds[j] -= q[j] * (gri + rci * gbt[j]);
+          } else {
+            for (int64_t j = 0; j < bc; ++j) {
+              const T d = -q[j] * gri;
+              ds[j] += d;
+              g[j] += d;
+              p[j] = q[j] * rci;  // C^1, for finish_strip
+            }
+          }
+        }
+      }
+    });
+    finish_strip(h, j0, bc, (T*)nullptr, dq, dk, dv, w);
   }
 }
 
@@ -759,7 +987,8 @@ void check_dropout(double p, const at::Tensor& q, const at::Tensor& k) {
 template <typename T>
 void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& km,
                   const at::Tensor& qm, int64_t heads, double scale, int64_t iters, bool soft, const Dropout& dropout,
-                  at::Tensor& out, at::Tensor& a_all, at::Tensor& b_all, at::Tensor& out_l, at::Tensor& a_l) {
+                  int64_t cache_bytes, at::Tensor& out, at::Tensor& a_all, at::Tensor& b_all, at::Tensor& out_l,
+                  at::Tensor& a_l) {
   const int64_t BH = q.size(0), Lq = q.size(1), Lk = k.size(1), D = q.size(2), Dv = v.size(2);
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
@@ -773,6 +1002,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   // Spread the (batch, head) problems over the threads, or, when there are fewer of them than threads,
   // each problem's query chunks.
   const bool inner = BH < at::get_num_threads();
+  const int64_t budget = inner ? cache_bytes : cache_bytes / at::get_num_threads();  // per worker
   auto body = [&](const std::vector<int64_t>& problems) {
     Scratch<T> w;
     std::vector<T> gq, gk, gv, o, aa, bb, ol, al;
@@ -795,7 +1025,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       Dropout drop = dropout;
       drop.bh = bh;
       forward_head<T>(h, iters, aa.data(), bb.data(), o.data(), soft ? ol.data() : nullptr,
-                      soft ? al.data() : nullptr, w, drop);
+                      soft ? al.data() : nullptr, w, drop, budget);
       scatter(o.data(), iq, Dv, op + bh * Lq * Dv);
       if (ap)
         for (int64_t t = 0; t <= iters; ++t) scatter(aa.data() + t * n, iq, 1, ap + (t * BH + bh) * Lq);
@@ -812,9 +1042,10 @@ std::vector<at::Tensor> potentials_forward(const at::Tensor& q, const at::Tensor
                                            const c10::optional<at::Tensor>& key_valid,
                                            const c10::optional<at::Tensor>& query_valid, int64_t heads,
                                            double scale, int64_t iters, bool softmax_too, double dropout_p,
-                                           int64_t seed) {
+                                           int64_t seed, int64_t score_cache_bytes) {
   check_inputs(q, k, v, key_valid, query_valid, heads);
   TORCH_CHECK(iters >= 1, "iters must be >= 1");
+  TORCH_CHECK(score_cache_bytes >= 0, "score_cache_bytes must be >= 0");
   check_dropout(dropout_p, q, k);
   const Dropout dropout(dropout_p, seed);
   const int64_t BH = q.size(0), Lq = q.size(1), Lk = k.size(1), Dv = v.size(2);
@@ -826,8 +1057,8 @@ std::vector<at::Tensor> potentials_forward(const at::Tensor& q, const at::Tensor
   const at::Tensor km = key_valid.has_value() ? *key_valid : at::Tensor();
   const at::Tensor qm = query_valid.has_value() ? *query_valid : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "potentials_forward", [&] {
-    forward_impl<scalar_t>(q, k, v, km, qm, heads, scale, iters, softmax_too, dropout, out, a_all, b_all, out_l,
-                           a_l);
+    forward_impl<scalar_t>(q, k, v, km, qm, heads, scale, iters, softmax_too, dropout, score_cache_bytes, out, a_all,
+                           b_all, out_l, a_l);
   });
   return {out, a_all, b_all, out_l, a_l};
 }
@@ -838,9 +1069,10 @@ std::vector<at::Tensor> potentials_inference(const at::Tensor& q, const at::Tens
                                              const c10::optional<at::Tensor>& key_valid,
                                              const c10::optional<at::Tensor>& query_valid, int64_t heads,
                                              double scale, int64_t iters, bool softmax_too, double dropout_p,
-                                             int64_t seed) {
+                                             int64_t seed, int64_t score_cache_bytes) {
   check_inputs(q, k, v, key_valid, query_valid, heads);
   TORCH_CHECK(iters >= 1, "iters must be >= 1");
+  TORCH_CHECK(score_cache_bytes >= 0, "score_cache_bytes must be >= 0");
   check_dropout(dropout_p, q, k);
   const Dropout dropout(dropout_p, seed);
   const int64_t BH = q.size(0), Lq = q.size(1), Dv = v.size(2);
@@ -850,8 +1082,8 @@ std::vector<at::Tensor> potentials_inference(const at::Tensor& q, const at::Tens
   const at::Tensor qm = query_valid.has_value() ? *query_valid : at::Tensor();
   at::Tensor none_a, none_b, none_al;
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "potentials_inference", [&] {
-    forward_impl<scalar_t>(q, k, v, km, qm, heads, scale, iters, softmax_too, dropout, out, none_a, none_b, out_l,
-                           none_al);
+    forward_impl<scalar_t>(q, k, v, km, qm, heads, scale, iters, softmax_too, dropout, score_cache_bytes, out,
+                           none_a, none_b, out_l, none_al);
   });
   return {out, out_l};
 }
@@ -860,8 +1092,8 @@ template <typename T>
 void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                    const at::Tensor& out, const at::Tensor& out_l, const at::Tensor& a_all, const at::Tensor& b_all,
                    const at::Tensor& a_l, const at::Tensor& u, const at::Tensor& km, const at::Tensor& qm,
-                   int64_t heads, double scale, int64_t iters, const Dropout& dropout, at::Tensor& dq,
-                   at::Tensor& dk, at::Tensor& dv) {
+                   int64_t heads, double scale, int64_t iters, const Dropout& dropout, int64_t cache_bytes,
+                   at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
   const int64_t BH = q.size(0), Lq = q.size(1), Lk = k.size(1), D = q.size(2), Dv = v.size(2);
   const bool soft = out_l.defined();
   const T* qp = q.data_ptr<T>();
@@ -880,6 +1112,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
   // Spread the (batch, head) problems over the threads, or, when there are fewer of them than threads,
   // each problem's query chunks.
   const bool inner = BH < at::get_num_threads();
+  const int64_t budget = inner ? cache_bytes : cache_bytes / at::get_num_threads();  // per worker
   auto body = [&](const std::vector<int64_t>& problems) {
     Scratch<T> w;
     std::vector<T> gq, gk, gv, gdo, go, gol, gal, aa, bb, dqb, dkb, dvb, tmp;
@@ -918,7 +1151,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
       Dropout drop = dropout;
       drop.bh = bh;
       backward_head<T>(h, iters, dO, o, aa.data(), bb.data(), ol, al, up ? up[bh] : T(1), dense ? dqh : dqb.data(),
-                       dense ? dkh : dkb.data(), dense ? dvh : dvb.data(), w, drop);
+                       dense ? dkh : dkb.data(), dense ? dvh : dvb.data(), w, drop, budget);
       if (!dense) {
         scatter(dqb.data(), iq, D, dqh);
         scatter(dkb.data(), ik, D, dkh);
@@ -936,9 +1169,11 @@ std::vector<at::Tensor> potentials_backward(const at::Tensor& dout, const at::Te
                                             const c10::optional<at::Tensor>& u,
                                             const c10::optional<at::Tensor>& key_valid,
                                             const c10::optional<at::Tensor>& query_valid, int64_t heads,
-                                            double scale, int64_t iters, double dropout_p, int64_t seed) {
+                                            double scale, int64_t iters, double dropout_p, int64_t seed,
+                                            int64_t score_cache_bytes) {
   check_inputs(q, k, v, key_valid, query_valid, heads);
   TORCH_CHECK(iters >= 1, "iters must be >= 1");
+  TORCH_CHECK(score_cache_bytes >= 0, "score_cache_bytes must be >= 0");
   check_dropout(dropout_p, q, k);
   const Dropout dropout(dropout_p, seed);
   TORCH_CHECK(out_l.has_value() == a_l.has_value(), "out_l and a_l go together");
@@ -971,7 +1206,7 @@ std::vector<at::Tensor> potentials_backward(const at::Tensor& dout, const at::Te
     backward_impl<scalar_t>(dout, q, k, v, out, out_l.has_value() ? *out_l : none, a_all, b_all,
                             a_l.has_value() ? *a_l : none, u.has_value() ? *u : none,
                             key_valid.has_value() ? *key_valid : none, query_valid.has_value() ? *query_valid : none,
-                            heads, scale, iters, dropout, dq, dk, dv);
+                            heads, scale, iters, dropout, score_cache_bytes, dq, dk, dv);
   });
   return {dq, dk, dv};
 }

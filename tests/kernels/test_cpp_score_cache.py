@@ -1,0 +1,158 @@
+"""Scores kept between Sinkhorn rounds in the C++ kernels (``SCORE_CACHE_BYTES``, csrc/potentials_cpu.cpp):
+the forward, the forward-only entry and the gradients do not depend on how many key strips are kept (none,
+some, all), with padding, fully masked rows, odd sizes and dropout, and agree with the float64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit.kernels import cpp_potentials, cpu_ext
+from attnkit.kernels.cpp_potentials import fused_cpu_attention
+from tests._reference import ref_attention
+
+pytestmark = pytest.mark.skipif(not cpu_ext.load(warn=False), reason="C++ CPU kernels not built")
+
+LQ, LK = 300, 389  # two query chunks, four key strips (the last one of 5 keys)
+
+
+def _budgets(dtype):
+    """Bytes that keep no strip, one strip and a half (one is kept), and every strip of a (LQ, 128) head."""
+    strip = LQ * 128 * torch.finfo(dtype).bits // 8
+    return [0, strip * 3 // 2, 8 * strip]
+
+
+def _inputs(dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 2, LQ, 12, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 2, LK, 12, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 2, LK, 7, generator=g, dtype=torch.float64)
+    km = torch.rand(2, LK, generator=g) > 0.3
+    qm = torch.rand(2, LQ, generator=g) > 0.2
+    km[0], qm[0] = True, True
+    qm[1, :40] = False
+    km[1, -100:] = False  # the last key strips of the second element are padding
+    return [t.to(dtype) for t in (q, k, v)], km, qm
+
+
+def _run(q, k, v, km, qm, iters, dropout_p, budget, monkeypatch, grad):
+    monkeypatch.setattr(cpp_potentials, "SCORE_CACHE_BYTES", budget)
+    torch.manual_seed(5)  # the dropout seed
+    if not grad:
+        with torch.no_grad():
+            out = fused_cpu_attention(q, k, v, key_mask=km, query_mask=qm, scale=0.3, iters=iters,
+                                      dropout_p=dropout_p)
+            return out, None
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = fused_cpu_attention(q, k, v, key_mask=km, query_mask=qm, scale=0.3, iters=iters,
+                              dropout_p=dropout_p)
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    return out.detach(), torch.autograd.grad(out, (q, k, v), do)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("iters", [2, 3])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+@pytest.mark.parametrize("masks", [True, False])
+def test_outputs_and_gradients_do_not_depend_on_the_score_budget(dtype, iters, dropout_p, masks, monkeypatch):
+    (q, k, v), km, qm = _inputs(dtype)
+    if not masks:
+        km = qm = None
+    runs = [_run(q, k, v, km, qm, iters, dropout_p, b, monkeypatch, grad=True) for b in _budgets(dtype)]
+    forward_only = [_run(q, k, v, km, qm, iters, dropout_p, b, monkeypatch, grad=False)[0]
+                    for b in _budgets(dtype)]
+    out0, grads0 = runs[0]
+    for out, grads in runs[1:]:
+        assert torch.equal(out, out0)
+        for a, b in zip(grads, grads0):
+            assert torch.equal(a, b)
+    for out in forward_only:
+        assert torch.equal(out, out0)
+    if masks:
+        assert (out0[1, :, :40] == 0).all()  # fully masked query rows stay zero
+
+
+@pytest.mark.parametrize("budget_index", [1, 2])
+def test_cached_rounds_match_float64_reference(budget_index, monkeypatch):
+    (q, k, v), km, qm = _inputs(torch.float64, seed=3)
+    budget = _budgets(torch.float64)[budget_index]
+    out, grads = _run(q, k, v, km, qm, 3, 0.0, budget, monkeypatch, grad=True)
+    qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
+    ref, _ = ref_attention(qr, kr, vr, "sinkhorn", key_mask=km, query_mask=qm, iters=3, scale=0.3)
+    ref = ref * qm[:, None, :, None]
+    torch.testing.assert_close(out, ref.detach(), atol=1e-11, rtol=1e-9)
+    do = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=ref.dtype)
+    want = torch.autograd.grad(ref, (qr, kr, vr), do)
+    for a, b in zip(grads, want):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+
+def test_negative_budget_is_refused(monkeypatch):
+    (q, k, v), _, _ = _inputs(torch.float32)
+    monkeypatch.setattr(cpp_potentials, "SCORE_CACHE_BYTES", -1)
+    with pytest.raises(RuntimeError, match="score_cache_bytes"):
+        with torch.no_grad():
+            fused_cpu_attention(q, k, v, key_mask=None, query_mask=None, scale=0.3, iters=3)
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+def test_sinkhorn_with_a_softmax_half_matches_reference_gradients(dropout_p, monkeypatch):
+    """u * Sinkhorn-3 + (1 - u) * softmax in one call (the backward path that keeps the dO V^T product for the
+    softmax half); without dropout against the float64 reference, with dropout budget-independent."""
+    (q, k, v), km, qm = _inputs(torch.float64, seed=4)
+    u = torch.tensor(0.7, dtype=torch.float64)
+    do = torch.randn(2, 2, LQ, 7, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    grads = []
+    for budget in _budgets(torch.float64):
+        monkeypatch.setattr(cpp_potentials, "SCORE_CACHE_BYTES", budget)
+        qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
+        torch.manual_seed(5)
+        out = fused_cpu_attention(qr, kr, vr, key_mask=km, query_mask=qm, scale=0.3, iters=3, u=u,
+                                  dropout_p=dropout_p)
+        grads.append(torch.autograd.grad(out, (qr, kr, vr), do))
+    for got in grads[1:]:
+        for a, b in zip(got, grads[0]):
+            assert torch.equal(a, b)
+    if dropout_p > 0:
+        return
+    qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
+    sink, _ = ref_attention(qr, kr, vr, "sinkhorn", key_mask=km, query_mask=qm, iters=3, scale=0.3)
+    soft, _ = ref_attention(qr, kr, vr, "softmax", key_mask=km, query_mask=qm, scale=0.3)
+    ref = (0.7 * sink + 0.3 * soft) * qm[:, None, :, None]
+    want = torch.autograd.grad(ref, (qr, kr, vr), do)
+    for a, b in zip(grads[0], want):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+
+def _dominated(big):
+    """Query 0 outscores every other query on every key by ~big / sqrt(8): the first row step's potentials
+    a^1 spread over ~big, so the bound on round 2's column maxima is that far above them."""
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(1, 2, 150, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(1, 2, 300, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(1, 2, 300, 8, generator=g, dtype=torch.float64)
+    k[..., 0] = k[..., 0].abs() + 1.0
+    q[..., 0, :] = 0.0
+    q[..., 0, 0] = big
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("big", [0.0, 80.0, 400.0])
+def test_column_bounds_of_later_rounds_match_reference(dtype, big):
+    """From round 2 on the forward takes its exponentials against a bound on the column maxima
+    (-b^{t-1} + max_i (a^{t-1} - a^{t-2})) when it is within 25 (float32) / 300 (float64) of them, else
+    against the maxima: both give the float64 reference, including rows far below the others."""
+    q, k, v = _dominated(big)
+    ref, _ = ref_attention(q, k, v, "sinkhorn", iters=3, scale=8**-0.5)
+    x = [t.to(dtype).reshape(2, -1, 8) for t in (q, k, v)]
+    out, a_all, _, _, _ = torch.ops.attnkit_cpu.potentials_forward(
+        *x, None, None, 2, 8**-0.5, 3, False, 0.0, 0, 2**30
+    )  # (B*H, Lq, Dv), (k + 1, B*H, Lq)
+    d = (a_all[1] - a_all[0]).double()  # round 2's gap above the column maxima: log(n) + max d - min d
+    gap = (torch.log(torch.tensor(150.0)) + d.amax(-1) - d.amin(-1)).max().item()
+    if big == 80.0:
+        assert gap > 25  # float32 takes the maxima in round 2, float64 the bound
+    # float32 scores of a few hundred (big=400) carry rounding errors of ~1e-5 into the exponents
+    tol = {"atol": 2e-5, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 1e-12, "rtol": 1e-10}
+    torch.testing.assert_close(out.double().view(1, 2, 150, 8), ref, **tol)
