@@ -115,7 +115,7 @@ def reproduce(
         raise ValueError(f"seed={seed!r}; expected an integer >= 0")
     out_dir = prepare_output_dir(default_output_dir(name) if out is None else out, overwrite=overwrite)
     result = ReproduceResult(name=name, out=out_dir)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the models are tiny: one thread avoids the cost of idle synchronisation
     try:
@@ -123,5 +123,6 @@ def reproduce(
     finally:
         torch.set_num_threads(threads)
     result.seconds = time.perf_counter() - start
+    result.cpu_seconds = time.process_time() - cpu_start
     result.write_summary()
     return result
