@@ -152,7 +152,7 @@ def test_embedded_plots_are_scaled_down(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_worker_processes_return_every_target_in_order(tmp_path):
-    names = ["lemma1", "mode-collapse-curves"]  # deterministic: every claim holds (tests/analysis/test_reproduce)
+    names = ["lemma1", "mode-collapse-curves"]  # deterministic: every claim holds
     results, page = reproduce_all(tmp_path / "two", targets=names, quick=True, jobs=2)
     assert [r.name for r in results] == names
     assert all(r.all_held and r.cpu_seconds > 0 for r in results)
@@ -175,3 +175,22 @@ def test_default_jobs_leaves_busy_cores_alone(monkeypatch):
     assert fidelity.default_jobs(13) == 2 and fidelity.default_jobs(1) == 1
     monkeypatch.setattr(os, "getloadavg", lambda: (3.5, 0.0, 0.0))
     assert fidelity.default_jobs(13) == 1
+
+
+def test_quick_page_embeds_at_most_two_plots_per_target(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from attnkit.analysis.fidelity import QUICK_PLOTS_PER_TARGET
+
+    def plots(result: ReproduceResult, quick: bool, seed: int) -> None:
+        for i in range(QUICK_PLOTS_PER_TARGET + 2):
+            Image.new("RGB", (60, 40), (10 * i, 0, 0)).save(result.out / f"plot{i}.png")
+            result.add_file(result.out / f"plot{i}.png")
+        result.claims.append(Claim("s", "t", True, "e"))
+
+    monkeypatch.setitem(reproduce_module.TARGETS, "plots", plots)
+    _, quick = reproduce_all(tmp_path / "q", targets=["plots"], quick=True)
+    text = quick.read_text()
+    assert text.count("<img") == QUICK_PLOTS_PER_TARGET and "Not embedded in the quick page" in text
+    _, full = reproduce_all(tmp_path / "f", targets=["plots"], quick=False)
+    assert full.read_text().count("<img") == QUICK_PLOTS_PER_TARGET + 2

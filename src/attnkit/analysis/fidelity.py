@@ -77,22 +77,23 @@ def default_jobs(n_targets: int) -> int:
     return max(1, min(cores, free, max(n_targets, 1)))
 
 
-# CPU seconds of each target's quick mode on one thread (measured, see docs/fidelity.md); used only to start
-# the longest targets first when several worker processes share the run. Unknown targets count as long.
+# CPU seconds of each target's quick mode on one thread (measured in `attnkit reproduce all --quick`, see
+# docs/fidelity.md); used only to start the longest targets first when several worker processes share the
+# run. Unknown targets count as long.
 QUICK_CPU_SECONDS: dict[str, float] = {
-    "alignment": 120.0,
-    "hnas-headlines": 70.0,
-    "hnas-pretraining": 70.0,
-    "lecture-visual": 60.0,
-    "lecture-seq": 60.0,
-    "mlu": 60.0,
-    "coda-cross": 40.0,
-    "mode-collapse-2d": 30.0,
+    "alignment": 173.0,
+    "hnas-pretraining": 71.0,
+    "hnas-headlines": 62.0,
+    "lecture-seq": 49.0,
+    "mlu": 43.0,
+    "lecture-visual": 20.0,
+    "mode-collapse-2d": 16.0,
+    "coda-cross": 15.0,
     "explain-away": 10.0,
     "sinkhorn-iters": 10.0,
-    "coda-matrices": 5.0,
-    "mode-collapse-curves": 1.0,
-    "lemma1": 1.0,
+    "coda-matrices": 1.5,
+    "mode-collapse-curves": 0.7,
+    "lemma1": 0.6,
 }
 
 
@@ -189,14 +190,18 @@ def load_result(folder: Union[str, Path]) -> ReproduceResult:
     return result
 
 
-def rebuild_fidelity(root: Union[str, Path], *, quick: bool, seed: int = 0, jobs: int = 1) -> Path:
-    """Rewrite ``fidelity.html`` / ``.md`` of ``root`` from the targets' ``summary.json`` (no rerun)."""
+def rebuild_fidelity(
+    root: Union[str, Path], *, quick: bool, seed: int = 0, jobs: int = 1, seconds: Optional[float] = None
+) -> Path:
+    """Rewrite ``fidelity.html`` / ``.md`` of ``root`` from the targets' ``summary.json`` (no rerun).
+    ``seconds``: the wall time of the run that made them (default: the sum of the targets' times)."""
     root = Path(root)
     folders = sorted(p.parent for p in root.glob("*/summary.json"))
     if not folders:
         raise FileNotFoundError(f"no */summary.json under {str(root)!r}; run 'attnkit reproduce all' first")
     results = [load_result(f) for f in folders]
-    run = RunInfo(quick=quick, seed=seed, jobs=jobs, seconds=sum(r.seconds for r in results),
+    wall = sum(r.seconds for r in results) if seconds is None else seconds
+    run = RunInfo(quick=quick, seed=seed, jobs=jobs, seconds=wall,
                   cpu_seconds=sum(r.cpu_seconds for r in results))
     write_fidelity_markdown(results, root / "fidelity.md", run=run)
     return write_fidelity_html(results, root / "fidelity.html", run=run)
@@ -254,13 +259,16 @@ def write_fidelity_markdown(
     return path
 
 
-# Plots are embedded at most this wide, in 256 colours: the page stays a few hundred kB.
-EMBED_MAX_WIDTH = 900
+# Plots are embedded at most this wide, in 128 colours, and a quick page embeds at most
+# QUICK_PLOTS_PER_TARGET plots of each target (the others are listed by name): the page stays under 1 MB.
+EMBED_MAX_WIDTH = 800
+EMBED_COLOURS = 128
+QUICK_PLOTS_PER_TARGET = 2
 
 
 def _png_data_uri(path: Path) -> str:
-    """``path`` as a data URI, scaled down to ``EMBED_MAX_WIDTH`` pixels and stored with a 256-colour
-    palette (line plots and heat maps lose nothing visible)."""
+    """``path`` as a data URI, scaled down to ``EMBED_MAX_WIDTH`` pixels and stored with an
+    ``EMBED_COLOURS``-colour palette (line plots and heat maps lose nothing visible)."""
     import io
 
     from PIL import Image
@@ -271,7 +279,7 @@ def _png_data_uri(path: Path) -> str:
             height = round(image.height * EMBED_MAX_WIDTH / image.width)
             image = image.resize((EMBED_MAX_WIDTH, height), Image.LANCZOS)
         buffer = io.BytesIO()
-        image.quantize(256).save(buffer, format="PNG", optimize=True)
+        image.quantize(EMBED_COLOURS).save(buffer, format="PNG", optimize=True)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
@@ -360,12 +368,18 @@ def write_fidelity_html(
             for row in r.rows:
                 parts.append("<tr>" + "".join(f"<td>{_esc(row.get(c, ''))}</td>" for c in columns) + "</tr>")
             parts.append("</table>")
-        for f in r.files:
-            if f.suffix == ".png" and f.is_file():
-                parts.append(
-                    f"<figure><img alt='{_esc(f.name)}' src='{_png_data_uri(f)}'>"
-                    f"<figcaption>{_esc(f.name)}</figcaption></figure>"
-                )
+        plots = [f for f in r.files if f.suffix == ".png" and f.is_file()]
+        shown = plots[:QUICK_PLOTS_PER_TARGET] if run.quick else plots
+        for f in shown:
+            parts.append(
+                f"<figure><img alt='{_esc(f.name)}' src='{_png_data_uri(f)}'>"
+                f"<figcaption>{_esc(f.name)}</figcaption></figure>"
+            )
+        if len(shown) < len(plots):
+            parts.append(
+                f"<p class='meta'>Not embedded in the quick page: "
+                f"{_esc(', '.join(f.name for f in plots[len(shown):]))} (in the target's output folder).</p>"
+            )
     parts.append("</body></html>")
     path.write_text("\n".join(parts) + "\n")
     return path
