@@ -199,7 +199,10 @@ def rebuild_fidelity(
     folders = sorted(p.parent for p in root.glob("*/summary.json"))
     if not folders:
         raise FileNotFoundError(f"no */summary.json under {str(root)!r}; run 'attnkit reproduce all' first")
-    results = [load_result(f) for f in folders]
+    from .reproduce import TARGETS
+
+    order = {name: i for i, name in enumerate(TARGETS)}  # the order of a run; unknown folders last
+    results = sorted((load_result(f) for f in folders), key=lambda r: (order.get(r.name, len(order)), r.name))
     wall = sum(r.seconds for r in results) if seconds is None else seconds
     run = RunInfo(quick=quick, seed=seed, jobs=jobs, seconds=wall,
                   cpu_seconds=sum(r.cpu_seconds for r in results))

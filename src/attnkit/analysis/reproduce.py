@@ -24,8 +24,9 @@ Targets (``TARGETS``):
 entry in ``TARGETS`` and one in ``TARGET_HELP``: a function ``(result, quick, seed)`` that appends rows,
 files and :class:`Claim` objects (paper value, ours with the spread over seeds, the criterion).
 
-Each runs on CPU in well under a few minutes (on one thread: the models are tiny); ``quick=True``
-shrinks the sizes (for tests).
+Each runs on CPU on one thread (the models are tiny); ``quick=True`` is a smoke test at budgets far below
+the full ones (all thirteen targets together take about eight minutes of CPU), and a target whose quick
+budget is too small for its claims to mean much says so in ``result.note``.
 """
 
 from __future__ import annotations
