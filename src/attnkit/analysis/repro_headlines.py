@@ -163,7 +163,8 @@ def headline_generation(result: ReproduceResult, quick: bool = False, seed: int 
     test_pairs = test_pairs[:n_test]
     vocab = _vocab(train_pairs, 6000)
     result.budget = (
-        f"{n_seeds} seeds x {steps} AdamW steps (batch 32); 3 encoder + 1 decoder layers, d 64; "
+        f"{n_seeds} seed{'s' if n_seeds > 1 else ''} x {steps} AdamW steps (batch 32); "
+        "3 encoder + 1 decoder layers, d 64; "
         f"{len(train_pairs)} Reuters-R52 headline pairs, {len(test_pairs)} test; greedy decoding"
     )
     mechanisms = {"softmax": "softmax", "dnas": "dnas", "hnas": Hybrid(u0=0.1)}

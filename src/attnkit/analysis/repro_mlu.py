@@ -130,7 +130,8 @@ def mlu_ablations(result: ReproduceResult, quick: bool = False, seed: int = 0) -
             "no spread over seeds, and the Table 8/9 ablations run only in full mode"
         )
     result.budget = (
-        f"{n_seeds} seeds x {steps} Adam steps (batch 64, one-cycle lr 3e-3), 2+2 layers d 64; "
+        f"{n_seeds} seed{'s' if n_seeds > 1 else ''} x {steps} Adam steps (batch 64, one-cycle lr 3e-3), "
+        "2+2 layers d 64; "
         "MLU with operands in [-16, 16), 2400 train / 400 test expressions (paper: [-1000, 1000), "
         "100k steps)"
     )
