@@ -101,3 +101,96 @@ def test_rebuild_without_results_is_a_clear_error(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="reproduce all"):
         rebuild_fidelity(tmp_path, quick=True)
+
+
+def test_quick_page_says_quick_and_lists_budgets_and_cpu_time(tmp_path, constructed_targets):
+    from attnkit.analysis.fidelity import QUICK_NOTICE
+
+    _, page = reproduce_all(tmp_path / "q", targets=["constructed-fail"], quick=True)
+    text = page.read_text()
+    assert "a smoke test at budgets far below the full" in text and "Budgets and time" in text
+    assert "s CPU" in text and "constructed" in text
+    markdown = (tmp_path / "q" / "fidelity.md").read_text()
+    assert markdown.startswith("Quick budgets") and QUICK_NOTICE in markdown
+    assert "| target | budget | wall s | CPU s | claims held |" in markdown and "| 1 of 2 |" in markdown
+    _, full = reproduce_all(tmp_path / "f", targets=["constructed-pass"], quick=False)
+    assert "smoke test" not in full.read_text()
+    assert (tmp_path / "f" / "fidelity.md").read_text().startswith("Full budgets")
+
+
+def test_a_target_note_reaches_the_page(tmp_path, monkeypatch):
+    def noted(result: ReproduceResult, quick: bool, seed: int) -> None:
+        result.note = "below the smallest meaningful budget"
+        result.claims.append(Claim("s", "t", False, "e"))
+
+    monkeypatch.setitem(reproduce_module.TARGETS, "noted", noted)
+    _, page = reproduce_all(tmp_path / "n", targets=["noted"], quick=True)
+    assert "<b>below the smallest meaningful budget</b>" in page.read_text()
+    assert json.loads((tmp_path / "n" / "noted" / "summary.json").read_text())["note"].startswith("below")
+
+
+def test_embedded_plots_are_scaled_down(tmp_path, monkeypatch):
+    import base64
+    import io
+    import re
+
+    from PIL import Image
+
+    from attnkit.analysis.fidelity import EMBED_MAX_WIDTH
+
+    def wide_plot(result: ReproduceResult, quick: bool, seed: int) -> None:
+        Image.new("RGB", (2 * EMBED_MAX_WIDTH, 300), (200, 30, 30)).save(result.out / "wide.png")
+        result.add_file(result.out / "wide.png")
+        result.claims.append(Claim("s", "t", True, "e"))
+
+    monkeypatch.setitem(reproduce_module.TARGETS, "wide", wide_plot)
+    _, page = reproduce_all(tmp_path / "w", targets=["wide"])
+    data = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", page.read_text()).group(1)
+    with Image.open(io.BytesIO(base64.b64decode(data))) as image:
+        assert image.size == (EMBED_MAX_WIDTH, 150)
+
+
+@pytest.mark.slow
+def test_worker_processes_return_every_target_in_order(tmp_path):
+    names = ["lemma1", "mode-collapse-curves"]  # deterministic: every claim holds
+    results, page = reproduce_all(tmp_path / "two", targets=names, quick=True, jobs=2)
+    assert [r.name for r in results] == names
+    assert all(r.all_held and r.cpu_seconds > 0 for r in results)
+    assert (tmp_path / "two" / "lemma1" / "summary.json").is_file()
+    assert "2 worker processes" in page.read_text()
+
+
+def test_jobs_must_be_a_non_negative_integer(tmp_path):
+    with pytest.raises(ValueError, match="jobs=-1"):
+        reproduce_all(tmp_path / "all", targets=["lemma1"], jobs=-1)
+
+
+def test_default_jobs_leaves_busy_cores_alone(monkeypatch):
+    import os
+
+    from attnkit.analysis import fidelity
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.0, 0.0))
+    assert fidelity.default_jobs(13) == 2 and fidelity.default_jobs(1) == 1
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.5, 0.0, 0.0))
+    assert fidelity.default_jobs(13) == 1
+
+
+def test_quick_page_embeds_at_most_two_plots_per_target(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from attnkit.analysis.fidelity import QUICK_PLOTS_PER_TARGET
+
+    def plots(result: ReproduceResult, quick: bool, seed: int) -> None:
+        for i in range(QUICK_PLOTS_PER_TARGET + 2):
+            Image.new("RGB", (60, 40), (10 * i, 0, 0)).save(result.out / f"plot{i}.png")
+            result.add_file(result.out / f"plot{i}.png")
+        result.claims.append(Claim("s", "t", True, "e"))
+
+    monkeypatch.setitem(reproduce_module.TARGETS, "plots", plots)
+    _, quick = reproduce_all(tmp_path / "q", targets=["plots"], quick=True)
+    text = quick.read_text()
+    assert text.count("<img") == QUICK_PLOTS_PER_TARGET and "Not embedded in the quick page" in text
+    _, full = reproduce_all(tmp_path / "f", targets=["plots"], quick=False)
+    assert full.read_text().count("<img") == QUICK_PLOTS_PER_TARGET + 2

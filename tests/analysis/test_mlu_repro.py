@@ -29,3 +29,25 @@ def test_variants_cover_the_gate_centering_and_activation_ablations():
     assert {c.gate for c in configs} == {"scaled", "sigmoid", "centered"}
     assert any(c.center_e for c in configs) and {c.n_activation for c in configs} >= {"sigmoid", "tanh"}
     assert any(c.e_activation == "sigmoid" for c in configs)
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_claims_fail_when_softmax_does_not_learn(tmp_path, monkeypatch, quick):
+    from attnkit.analysis import repro_mlu
+    from attnkit.analysis.report import ReproduceResult
+
+    calls = []
+
+    def fake_train(mechanism, steps, seed):  # softmax 0.3, CoDA 0.2: neither precondition nor order holds
+        calls.append((mechanism, steps, seed))
+        return 0.3 if mechanism == "softmax" else 0.2
+
+    monkeypatch.setattr(repro_mlu, "train_mlu", fake_train)
+    result = ReproduceResult(name="mlu", out=tmp_path)
+    repro_mlu.mlu_ablations(result, quick=quick, seed=0)
+    assert [c.held for c in result.claims[:2]] == [False, False]
+    assert {steps for _, steps, _ in calls} == {600}  # quick keeps the budget at which softmax learns
+    if quick:
+        assert len(calls) == 2 and "quick" in result.note and "ablations run only in full mode" in result.note
+    else:
+        assert len(calls) == 3 * len(MLU_VARIANTS) and result.note == ""

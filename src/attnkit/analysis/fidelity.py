@@ -10,8 +10,10 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -19,6 +21,9 @@ from .report import ReproduceResult, format_value, prepare_output_dir, verdict
 
 __all__ = [
     "reproduce_all",
+    "default_jobs",
+    "RunInfo",
+    "run_summary",
     "load_result",
     "rebuild_fidelity",
     "write_fidelity_html",
@@ -52,6 +57,60 @@ def paper_of(target: str) -> str:
     return "other"
 
 
+@dataclass(frozen=True)
+class RunInfo:
+    """How a fidelity page was made: ``quick`` budgets or full, the first seed, worker processes, the wall
+    time of the whole run and the CPU time summed over its targets."""
+
+    quick: bool
+    seed: int = 0
+    jobs: int = 1
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+
+
+def default_jobs(n_targets: int) -> int:
+    """Worker processes for :func:`reproduce_all` when none is given: the cores this process may use minus
+    the one-minute load average (other work on the machine), at least 1 and at most ``n_targets``."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    free = int(cores - os.getloadavg()[0] + 0.5) if hasattr(os, "getloadavg") else cores
+    return max(1, min(cores, free, max(n_targets, 1)))
+
+
+# CPU seconds of each target's quick mode on one thread (measured in `attnkit reproduce all --quick`, see
+# docs/fidelity.md); used only to start the longest targets first when several worker processes share the
+# run. Unknown targets count as long.
+QUICK_CPU_SECONDS: dict[str, float] = {
+    "alignment": 173.0,
+    "hnas-pretraining": 71.0,
+    "hnas-headlines": 62.0,
+    "lecture-seq": 49.0,
+    "mlu": 43.0,
+    "lecture-visual": 20.0,
+    "mode-collapse-2d": 16.0,
+    "coda-cross": 15.0,
+    "explain-away": 10.0,
+    "sinkhorn-iters": 10.0,
+    "coda-matrices": 1.5,
+    "mode-collapse-curves": 0.7,
+    "lemma1": 0.6,
+}
+
+
+def _run_target(name: str, out: Path, overwrite: bool, quick: bool, seed: int) -> ReproduceResult:
+    """One target; an error becomes one failed claim ("the target ran"), so it never hides the others."""
+    from .reproduce import reproduce
+
+    try:
+        return reproduce(name, out, overwrite=overwrite, quick=quick, seed=seed)
+    except (ImportError, RuntimeError, ValueError, OSError) as exc:
+        from .report import Claim
+
+        failed = ReproduceResult(name=name, out=out)
+        failed.claims.append(Claim(name, "the target ran", False, f"{type(exc).__name__}: {exc}"))
+        return failed
+
+
 def reproduce_all(
     out: Optional[Union[str, Path]] = None,
     *,
@@ -59,39 +118,49 @@ def reproduce_all(
     quick: bool = False,
     seed: int = 0,
     targets: Optional[Sequence[str]] = None,
+    jobs: int = 1,
 ) -> tuple[list[ReproduceResult], Path]:
     """Run ``targets`` (default: all registered) into ``out/<name>`` and write ``out/fidelity.html``.
 
-    Returns the results and the page's path. A target that raises is recorded as one failed claim
-    ("the target ran") with the error, so one broken target never hides the others.
+    ``jobs`` > 1 runs that many targets at once in worker processes (each on one thread; the targets are
+    independent), longest first; ``jobs=0`` picks :func:`default_jobs`. Returns the results, in the order of
+    ``targets``, and the page's path. A target that raises is recorded as one failed claim ("the target
+    ran") with the error, so one broken target never hides the others.
     """
-    from .reproduce import TARGETS, reproduce
+    from .reproduce import TARGETS
 
     names = list(TARGETS) if targets is None else list(targets)
     unknown = [n for n in names if n not in TARGETS]
     if unknown:
         raise ValueError(f"unknown reproduction targets {unknown}; expected names from {tuple(TARGETS)}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
+        raise ValueError(f"jobs={jobs!r}; expected an integer >= 1 (or 0 for one per free core)")
+    jobs = default_jobs(len(names)) if jobs == 0 else min(jobs, max(len(names), 1))
     root = prepare_output_dir(Path("runs") / "reproduce" / "all" if out is None else out, overwrite=overwrite)
-    results = []
     start = time.perf_counter()
-    for name in names:
-        try:
-            results.append(reproduce(name, root / name, overwrite=overwrite, quick=quick, seed=seed))
-        except (ImportError, RuntimeError, ValueError, OSError) as exc:
-            from .report import Claim
+    if jobs == 1:
+        results = [_run_target(name, root / name, overwrite, quick, seed) for name in names]
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
 
-            failed = ReproduceResult(name=name, out=root / name)
-            failed.claims.append(Claim(name, "the target ran", False, f"{type(exc).__name__}: {exc}"))
-            results.append(failed)
-    page = write_fidelity_html(
-        results, root / "fidelity.html", quick=quick, seed=seed, seconds=time.perf_counter() - start
-    )
-    write_fidelity_markdown(results, root / "fidelity.md", quick=quick, seed=seed)
+        # spawn, not fork: a forked child of a process that already ran OpenMP threads can hang
+        order = sorted(names, key=lambda n: -QUICK_CPU_SECONDS.get(n, float("inf")))
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {n: pool.submit(_run_target, n, root / n, overwrite, quick, seed) for n in order}
+            by_name = {n: f.result() for n, f in futures.items()}
+        results = [by_name[n] for n in names]
+    run = RunInfo(quick=quick, seed=seed, jobs=jobs, seconds=time.perf_counter() - start,
+                  cpu_seconds=sum(r.cpu_seconds for r in results))
+    page = write_fidelity_html(results, root / "fidelity.html", run=run)
+    write_fidelity_markdown(results, root / "fidelity.md", run=run)
     summary = [
         {
             "name": r.name,
             "seconds": round(r.seconds, 1),
+            "cpu_seconds": round(r.cpu_seconds, 1),
             "budget": r.budget,
+            "note": r.note,
             "claims": [{**c.__dict__, "verdict": c.verdict} for c in r.claims],
         }
         for r in results
@@ -113,38 +182,69 @@ def load_result(folder: Union[str, Path]) -> ReproduceResult:
                            if k in c}) for c in data["claims"]]
         result = ReproduceResult(name=data["name"], out=folder, rows=list(data["rows"]), claims=claims,
                                  files=[folder / f for f in data["files"]], seconds=float(data["seconds"]),
-                                 budget=str(data.get("budget", "")))
+                                 budget=str(data.get("budget", "")),
+                                 cpu_seconds=float(data.get("cpu_seconds", 0.0)),
+                                 note=str(data.get("note", "")))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"cannot read a reproduction summary from {str(path)!r}: {exc}") from exc
     return result
 
 
-def rebuild_fidelity(root: Union[str, Path], *, quick: bool, seed: int = 0) -> Path:
-    """Rewrite ``fidelity.html`` / ``.md`` of ``root`` from the targets' ``summary.json`` (no rerun)."""
+def rebuild_fidelity(
+    root: Union[str, Path], *, quick: bool, seed: int = 0, jobs: int = 1, seconds: Optional[float] = None
+) -> Path:
+    """Rewrite ``fidelity.html`` / ``.md`` of ``root`` from the targets' ``summary.json`` (no rerun).
+    ``seconds``: the wall time of the run that made them (default: the sum of the targets' times)."""
     root = Path(root)
     folders = sorted(p.parent for p in root.glob("*/summary.json"))
     if not folders:
         raise FileNotFoundError(f"no */summary.json under {str(root)!r}; run 'attnkit reproduce all' first")
-    results = [load_result(f) for f in folders]
-    write_fidelity_markdown(results, root / "fidelity.md", quick=quick, seed=seed)
-    return write_fidelity_html(results, root / "fidelity.html", quick=quick, seed=seed,
-                               seconds=sum(r.seconds for r in results))
+    from .reproduce import TARGETS
+
+    order = {name: i for i, name in enumerate(TARGETS)}  # the order of a run; unknown folders last
+    results = sorted((load_result(f) for f in folders), key=lambda r: (order.get(r.name, len(order)), r.name))
+    wall = sum(r.seconds for r in results) if seconds is None else seconds
+    run = RunInfo(quick=quick, seed=seed, jobs=jobs, seconds=wall,
+                  cpu_seconds=sum(r.cpu_seconds for r in results))
+    write_fidelity_markdown(results, root / "fidelity.md", run=run)
+    return write_fidelity_html(results, root / "fidelity.html", run=run)
 
 
 def _md(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def run_summary(results: Sequence[ReproduceResult], run: RunInfo) -> str:
+    """One sentence: budgets (quick or full), claims held, targets, wall and CPU time, worker processes."""
+    claims = [c for r in results for c in r.claims]
+    return (
+        f"{'Quick' if run.quick else 'Full'} budgets, first seed {run.seed}: "
+        f"{sum(c.held for c in claims)} of {len(claims)} claims held; {len(results)} targets in "
+        f"{run.seconds:.0f} s wall "
+        f"({run.cpu_seconds:.0f} s CPU, {run.jobs} worker process{'es' if run.jobs > 1 else ''}, one thread "
+        "each)."
+    )
+
+
+QUICK_NOTICE = (
+    "This is a quick run (`attnkit reproduce all --quick`): a smoke test at budgets far below the full "
+    "mode's (the budget of every target is listed below), meant to show that every experiment runs end to "
+    "end. Its verdicts are those of these budgets; a claim about accuracy or training dynamics needs the "
+    "full mode (`attnkit reproduce all`, or `attnkit reproduce NAME` for one target)."
+)
+
+
 def write_fidelity_markdown(
-    results: Sequence[ReproduceResult], path: Union[str, Path], *, quick: bool, seed: int
+    results: Sequence[ReproduceResult], path: Union[str, Path], *, run: RunInfo
 ) -> Path:
-    """The claims table of the fidelity page as Markdown (for the README and docs): one row per claim."""
+    """The claims table of the fidelity page as Markdown (for the README and docs): one row per claim, then
+    each target's budget, note, wall and CPU seconds."""
     path = Path(path)
     claims = [(r, c) for r in results for c in r.claims]
-    lines = [
-        f"{'Quick' if quick else 'Full'} budgets, first seed {seed}: {sum(c.held for _, c in claims)} of "
-        f"{len(claims)} claims held.",
-        "",
+    lines = [run_summary(results, run), ""]
+    if run.quick:
+        lines += [QUICK_NOTICE, ""]
+    lines += [
         "| target | source | claim | paper | ours | criterion | verdict |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -153,14 +253,37 @@ def write_fidelity_markdown(
             f"| {r.name} | {_md(c.source)} | {_md(c.statement)} | {_md(c.paper or '-')} | "
             f"{_md(c.ours or '-')} | {c.criterion} | **{verdict(c.held)}** |"
         )
-    lines += ["", "| target | budget | seconds |", "|---|---|---|"]
-    lines += [f"| {r.name} | {_md(r.budget or '-')} | {r.seconds:.0f} |" for r in results]
+    lines += ["", "| target | budget | wall s | CPU s | claims held |", "|---|---|---|---|---|"]
+    for r in results:
+        budget = _md(r.budget or "-") + (f" **{_md(r.note)}**" if r.note else "")
+        lines.append(f"| {r.name} | {budget} | {r.seconds:.0f} | {r.cpu_seconds:.0f} | "
+                     f"{sum(c.held for c in r.claims)} of {len(r.claims)} |")
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
+# Plots are embedded at most this wide, in 128 colours, and a quick page embeds at most
+# QUICK_PLOTS_PER_TARGET plots of each target (the others are listed by name): the page stays under 1 MB.
+EMBED_MAX_WIDTH = 800
+EMBED_COLOURS = 128
+QUICK_PLOTS_PER_TARGET = 2
+
+
 def _png_data_uri(path: Path) -> str:
-    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+    """``path`` as a data URI, scaled down to ``EMBED_MAX_WIDTH`` pixels and stored with an
+    ``EMBED_COLOURS``-colour palette (line plots and heat maps lose nothing visible)."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(path) as image:
+        image = image.convert("RGB")
+        if image.width > EMBED_MAX_WIDTH:
+            height = round(image.height * EMBED_MAX_WIDTH / image.width)
+            image = image.resize((EMBED_MAX_WIDTH, height), Image.LANCZOS)
+        buffer = io.BytesIO()
+        image.quantize(EMBED_COLOURS).save(buffer, format="PNG", optimize=True)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def _esc(value) -> str:
@@ -175,32 +298,34 @@ th { background: #eee; }
 .held { background: #d8f5d8; } .not-held { background: #f8d0d0; }
 img { max-width: 100%; border: 1px solid #ddd; margin: 0.3em 0; }
 .meta { color: #555; font-size: 0.9em; }
+.quick { background: #fff3cd; border: 1px solid #e0c060; padding: 0.5em; }
 """
 
 
 def write_fidelity_html(
-    results: Sequence[ReproduceResult], path: Union[str, Path], *, quick: bool, seed: int, seconds: float
+    results: Sequence[ReproduceResult], path: Union[str, Path], *, run: RunInfo
 ) -> Path:
     """Write the self-contained fidelity page for ``results`` to ``path`` and return it."""
     import torch
 
     path = Path(path)
-    claims = [(r, c) for r in results for c in r.claims]
-    n_held = sum(c.held for _, c in claims)
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         "<title>attnkit fidelity report</title>",
         f"<style>{_STYLE}</style></head><body>",
         "<h1>attnkit: the papers' claims, reproduced at CPU scale</h1>",
-        f"<p class='meta'>{'quick' if quick else 'full'} budgets, first seed {seed}; {len(results)} targets "
-        f"in {seconds:.0f} s; {n_held} of {len(claims)} claims held. "
+        f"<p class='meta'>{html.escape(run_summary(results, run))} "
         f"Python {html.escape(platform.python_version())}, "
         f"torch {html.escape(torch.__version__)}, {html.escape(platform.platform())}, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.</p>",
+    ]
+    if run.quick:
+        parts.append(f"<p class='quick'>{html.escape(QUICK_NOTICE).replace('`', '')}</p>")
+    parts.append(
         "<p>Criterion <b>paper</b>: the paper's own test; <b>weaker</b>: a looser reading, shown next to the "
         "paper's; <b>different</b>: the same statement measured on another task or scale than the "
-        "paper's.</p>",
-    ]
+        "paper's.</p>"
+    )
     by_paper: dict[str, list[ReproduceResult]] = {}
     for r in results:
         by_paper.setdefault(paper_of(r.name), []).append(r)
@@ -220,21 +345,44 @@ def write_fidelity_html(
                     f"<td>{_esc(c.criterion)}</td><td><b>{verdict(c.held)}</b></td><td>{_esc(c.evidence)}</td></tr>"
                 )
         parts.append("</table>")
+    parts.append("<h2>Budgets and time</h2>")
+    parts.append(
+        "<table><tr><th>target</th><th>budget</th><th>wall s</th><th>CPU s</th><th>claims held</th></tr>"
+    )
+    for r in results:
+        note = f"<br><b>{_esc(r.note)}</b>" if r.note else ""
+        parts.append(
+            f"<tr><td><a href='#{_esc(r.name)}'>{_esc(r.name)}</a></td><td>{_esc(r.budget or '-')}{note}</td>"
+            f"<td>{r.seconds:.0f}</td><td>{r.cpu_seconds:.0f}</td>"
+            f"<td>{sum(c.held for c in r.claims)} of {len(r.claims)}</td></tr>"
+        )
+    parts.append("</table>")
     for r in results:
         parts.append(f"<h2 id='{_esc(r.name)}'>{_esc(r.name)}</h2>")
-        parts.append(f"<p class='meta'>budget: {_esc(r.budget or '-')}; {r.seconds:.1f} s</p>")
+        parts.append(
+            f"<p class='meta'>budget: {_esc(r.budget or '-')}; {r.seconds:.1f} s wall, "
+            f"{r.cpu_seconds:.1f} s CPU</p>"
+        )
+        if r.note:
+            parts.append(f"<p class='quick'>{_esc(r.note)}</p>")
         if r.rows:
             columns = list(r.rows[0])
             parts.append("<table><tr>" + "".join(f"<th>{_esc(c)}</th>" for c in columns) + "</tr>")
             for row in r.rows:
                 parts.append("<tr>" + "".join(f"<td>{_esc(row.get(c, ''))}</td>" for c in columns) + "</tr>")
             parts.append("</table>")
-        for f in r.files:
-            if f.suffix == ".png" and f.is_file():
-                parts.append(
-                    f"<figure><img alt='{_esc(f.name)}' src='{_png_data_uri(f)}'>"
-                    f"<figcaption>{_esc(f.name)}</figcaption></figure>"
-                )
+        plots = [f for f in r.files if f.suffix == ".png" and f.is_file()]
+        shown = plots[:QUICK_PLOTS_PER_TARGET] if run.quick else plots
+        for f in shown:
+            parts.append(
+                f"<figure><img alt='{_esc(f.name)}' src='{_png_data_uri(f)}'>"
+                f"<figcaption>{_esc(f.name)}</figcaption></figure>"
+            )
+        if len(shown) < len(plots):
+            parts.append(
+                f"<p class='meta'>Not embedded in the quick page: "
+                f"{_esc(', '.join(f.name for f in plots[len(shown):]))} (in the target's output folder).</p>"
+            )
     parts.append("</body></html>")
     path.write_text("\n".join(parts) + "\n")
     return path

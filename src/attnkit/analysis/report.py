@@ -74,7 +74,9 @@ def spread(values: Sequence[float], digits: int = 3) -> str:
 @dataclass
 class ReproduceResult:
     """``rows``: the printed table (one dict per row, same keys); ``claims``; ``files`` written, in order;
-    ``seconds``: the wall time of the run."""
+    ``seconds``: the wall time of the run; ``cpu_seconds``: the CPU time of its process (all threads), which
+    a loaded machine does not inflate; ``note``: what a reader must know about the budget (e.g. that a quick
+    run is below the smallest budget at which the claim means something)."""
 
     name: str
     out: Path
@@ -83,6 +85,8 @@ class ReproduceResult:
     files: list[Path] = field(default_factory=list)
     seconds: float = 0.0
     budget: str = ""
+    cpu_seconds: float = 0.0
+    note: str = ""
 
     @property
     def all_held(self) -> bool:
@@ -103,7 +107,9 @@ class ReproduceResult:
         data = {
             "name": self.name,
             "seconds": round(self.seconds, 2),
+            "cpu_seconds": round(self.cpu_seconds, 2),
             "budget": self.budget,
+            "note": self.note,
             "rows": [{k: _jsonable(v) for k, v in row.items()} for row in self.rows],
             "claims": [{**c.__dict__, "verdict": c.verdict} for c in self.claims],
             "files": [p.name for p in self.files],

@@ -222,6 +222,11 @@ def lecture_seq(result: ReproduceResult, quick: bool = False, seed: int = 0) -> 
     from ..data.transduction import sequence_error_rate, token_error_rate
 
     budget = QUICK if quick else FULL
+    result.budget = (
+        f"{len(MODELS)} models x {budget.steps} Adam steps (batch {budget.batch_size}, d {budget.d_model}, "
+        f"lr {budget.lr:g}) per task; g2p: {budget.g2p_train or 'all'} train / {budget.g2p_test} test "
+        f"words; numbers: {budget.numbers_train} train / {budget.numbers_test} test"
+    )
     out = result.out
     table, length_rows = [], []
     summary: dict[str, dict[str, dict]] = {}

@@ -346,6 +346,12 @@ def _memory(result: ReproduceResult, b: dict, seed: int) -> dict:
 
 def lecture_visual(result: ReproduceResult, quick: bool = False, seed: int = 0) -> None:
     b = _budget(quick)
+    result.budget = (
+        f"captioning: {b['cap_train']} train / {b['cap_test']} test canvases, {b['pre_steps']} encoder + "
+        f"{b['cap_steps']} caption steps; RAM vs CNN: {b['cls_steps']} steps; DRAW: {b['draw_steps']} steps; "
+        f"memory networks: {b['mem_train']} train / {b['mem_test']} test stories, {b['mem_steps']} steps; "
+        f"batch {b['batch']}"
+    )
     cap = _captioning(result, b, seed)
     cls = _classification(result, b, seed)
     _draw(result, b, seed)

@@ -68,13 +68,16 @@ def register(app: typer.Typer) -> None:
         quick: bool = typer.Option(False, "--quick", help="Smaller sizes and shorter training (smoke test)."),
         seed: int = typer.Option(0, "--seed", help="Random seed (the first of a target's seeds)."),
         strict: bool = typer.Option(False, "--strict", help="Exit with code 1 when any claim is not held."),
+        jobs: int = typer.Option(
+            0, "--jobs", help="With 'all': targets run at once in worker processes (0: one per free core)."
+        ),
     ) -> None:
         from attnkit.analysis.fidelity import reproduce_all
         from attnkit.analysis.reproduce import reproduce as run
 
         try:
             if name == "all":
-                results, page = reproduce_all(out, overwrite=overwrite, quick=quick, seed=seed)
+                results, page = reproduce_all(out, overwrite=overwrite, quick=quick, seed=seed, jobs=jobs)
             else:
                 results, page = [run(name, out, overwrite=overwrite, quick=quick, seed=seed)], None
         except ImportError as exc:  # matplotlib missing: a user-fixable environment problem
