@@ -32,8 +32,15 @@ def test_peer_rows_for_the_mechanisms_they_implement():
 def test_materializing_peers_skip_above_max_reference_length():
     cfg = BenchConfig(lengths=(16,), mechanisms=("dnas",), backends=("efficient", "naive"), repeats=1,
                       memory=False, max_reference_length=8)
-    rows = {r["backend"]: r for r in run_bench(cfg)["rows"]}
+    result = run_bench(cfg)
+    rows = {r["backend"]: r for r in result["rows"]}
     assert "max_reference_length" in rows["naive"]["skipped"] and "skipped" not in rows["efficient"]
+    lines = format_table(result).splitlines()
+    naive = next(line for line in lines if " naive " in line)
+    assert "skipped (1)" in naive and "sdpa" not in naive  # the reason, not a route that never ran
+    assert "(1) L > max_reference_length=8" in lines
+    widths = {len(line) for line in lines[:2]} | {len(naive)}
+    assert len(widths) == 1  # a skipped row keeps the columns aligned
 
 
 def test_xtransformers_backend_needs_the_package(monkeypatch):

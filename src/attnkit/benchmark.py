@@ -377,16 +377,25 @@ def format_table(result: dict) -> str:
         f"{'f+b s':>9} {'x sdpa':>7} {'f+b min / max s':>19} {'peak MiB':>9}"
     )
     lines = [head, "-" * len(head)]
-    fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
+    def fmt(x, spec: str) -> str:
+        width = int(spec.split(".")[0])
+        return f"{'-':>{width}}" if x is None else format(x, spec)
+
+    skipped: dict[str, int] = {}
     for r in result["rows"]:
         fb = r.get("fwd_bwd_spread_s")
         minmax = "-" if fb is None else f"{fb['min']:.4f} / {fb['max']:.4f}"
+        route = r.get("route", "sdpa")
+        if r.get("skipped"):
+            number = skipped.setdefault(r["skipped"], len(skipped) + 1)
+            route = f"skipped ({number})"
         lines.append(
-            f"{r['L']:>6} {r['mechanism']:<9} {r['backend']:<13} {r.get('route', 'sdpa'):<14} "
+            f"{r['L']:>6} {r['mechanism']:<9} {r['backend']:<13} {route:<14} "
             f"{fmt(r['fwd_s'], '9.4f')} "
             f"{fmt(r['fwd_ratio'], '7.2f')} {fmt(r['fwd_bwd_s'], '9.4f')} {fmt(r['fwd_bwd_ratio'], '7.2f')} "
             f"{minmax:>19} {fmt(r['peak_extra_mb'], '9.0f')}"
         )
+    lines += [f"({number}) {reason}" for reason, number in skipped.items()]
     meta = result.get("meta", {})
     lines.append(f"times: median of {meta.get('repeats', '?')} rounds (min / max beside it); "
                  f"load average {', '.join(f'{x:.2f}' for x in meta.get('load_average_before', []))} "
