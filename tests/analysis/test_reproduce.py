@@ -94,6 +94,7 @@ def test_lecture_seq_claims_follow_their_criteria():
     assert all(c.paper and c.ours and c.criterion == "different" for c in claims)
     assert "17.82" in claims[0].paper and "26.75" in claims[0].paper  # the lecture's RNNsearch table
     assert "g2p 20.0% vs 90.0%" in claims[0].ours and claims[3].ours.endswith("1 seed")
+    assert "MLP 2.0 points, vanilla 40.0 points" in claims[1].ours
     worse = dict(seq_err, additive=0.95)
     flat = {"additive": {1: 0.9, 3: 0.7}, "vanilla": {1: 0.5, 3: 0.1}}
     held = [c.held for c in lecture._claims(summary(worse, {"additive": 0.7}, dict(per, ctc=0.2), flat))]
