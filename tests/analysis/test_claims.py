@@ -77,7 +77,7 @@ def test_fidelity_rejects_unknown_targets(tmp_path):
 
 def test_spread_reports_mean_std_and_count():
     assert spread([1.0, 2.0, 3.0]) == "2 +- 1 (n=3)"
-    assert spread([0.5]) == "0.5 +- 0 (n=1)"
+    assert spread([0.5]) == "0.5 (1 seed)"
     with pytest.raises(ValueError):
         spread([])
 

@@ -64,3 +64,38 @@ def test_smoke_budget_writes_table_claims_and_files(tmp_path, text_cache):
         "alignment_overhead.csv",
     } <= names
     assert all(c.evidence for c in result.claims) and len(result.claims) == 5
+    assert all(c.paper and c.ours for c in result.claims)
+
+
+def test_claims_quote_the_paper_beside_our_spread_over_seeds():
+    from attnkit.analysis.report import ReproduceResult
+    from attnkit.analysis.repro_alignment import Budget, _claims
+
+    budget = Budget(seeds=(0, 1), gat_seeds=(0, 1))
+    rid = {m: [{"accuracy": a, "mmd": d} for a, d in ((0.80, 0.05), (0.82, 0.07))] for m in budget.methods}
+    rid["ct"] = [{"accuracy": 0.90, "mmd": 0.004}, {"accuracy": 0.91, "mmd": 0.005}]
+    run = {"acc_od": 0.7, "ece_od": 0.1}
+    cross = {m: [run, run] for m in budget.cross_methods}
+    graph = {m: [0.80, 0.81] for m in budget.gat_methods}
+    result = ReproduceResult(name="alignment", out=None)
+    _claims(result, budget, rid, cross, graph)
+    assert len(result.claims) == 3 * 2 + 2 * 2 + 2
+    assert all(c.paper and c.ours and c.criterion == "different" for c in result.claims)
+    by = {c.statement.split(" (")[0]: c for c in result.claims}
+    table1 = by["ct alignment raises in-domain accuracy over soft attention"]
+    assert table1.held and not by["gan alignment raises in-domain accuracy over soft attention"].held
+    assert table1.paper.startswith("MRPC accuracy 86.5 -> 88.6 (+2.1)")
+    assert table1.ours == "R8 accuracy % 90.5 +- 0.71 (n=2) vs none 81 +- 1.4 (n=2)"
+    mmd = by["ct alignment lowers the total MMD(q, k)"]
+    assert "0.057" in mmd.paper and "0.0038" in mmd.paper
+    assert mmd.ours == "total MMD 0.0045 +- 0.00071 (n=2) vs none 0.06 +- 0.014 (n=2) (13.33x lower)"
+    od_acc = by["gan alignment raises out-of-domain accuracy"]
+    od_ece = by["gan alignment lowers out-of-domain ECE"]
+    assert od_acc.paper.startswith("MNLI (OD) accuracy 73.52 -> 74.15")
+    assert od_ece.paper.startswith("MNLI (OD) ECE % 7.03 -> 5.82 (-1.21)")
+    assert by["GAT with ct alignment beats GAT"].paper == "Cora accuracy 83.0 -> 83.8 (+0.80)"
+    one = Budget(seeds=(0,), gat_seeds=(0,))
+    result = ReproduceResult(name="alignment", out=None)
+    _claims(result, one, {m: v[:1] for m, v in rid.items()}, {m: v[:1] for m, v in cross.items()},
+            {m: v[:1] for m, v in graph.items()})
+    assert all(c.ours.count("(1 seed)") == 2 for c in result.claims)

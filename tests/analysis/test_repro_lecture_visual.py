@@ -22,6 +22,32 @@ def test_exact_match_counts_whole_captions():
     assert exact_match(["one two", "three"], ["one two", "three four"]) == 0.5
 
 
+def _scores(soft: float, hard: float, ram: float, hops3: float) -> tuple[dict, dict, dict, dict]:
+    from attnkit.data.babi import BABI_TASKS
+
+    cap = {m: {"BLEU-4 (greedy)": v, "exact (greedy)": v / 100}
+           for m, v in (("none", 20.0), ("soft", soft), ("reinforce", hard), ("gumbel", 21.0))}
+    cap["pretrain accuracy"] = 0.9
+    cls = {"ram": ram, "cnn": 0.5, "draw": 0.4, "glimpse distance": 3.0, "random distance": 10.0}
+    mem = {(t, h): (hops3 if h == 3 else 0.5) for t in BABI_TASKS for h in (1, 3)}
+    return cap, cls, mem, {"cls_steps": 60, "batch": 32, "mem_test": 1000}
+
+
+def test_claims_state_paper_value_ours_and_criterion():
+    from attnkit.analysis.repro_lecture_visual import _claims
+
+    claims = _claims(*_scores(soft=24.0, hard=26.0, ram=0.9, hops3=0.9))
+    assert [c.held for c in claims] == [True, True, True, True, True]
+    assert all(c.paper and c.ours for c in claims)
+    assert all(c.criterion == "different" for c in claims)  # digits and generated stories, not MNIST/bAbI
+    assert "+2 BLEU" in claims[0].paper and "+4 BLEU" in claims[1].paper
+    assert all(c.ours.endswith("1 seed") for c in claims)
+    assert "soft 24.0 (+4.0)" in claims[0].ours
+    failing = _claims(*_scores(soft=19.0, hard=18.0, ram=0.5, hops3=0.5))
+    assert [c.held for c in failing] == [False, False, False, True, False]
+    assert all(c.paper and c.ours for c in failing)
+
+
 @pytest.mark.slow
 def test_quick_reproduction_writes_table_claims_and_pictures(tmp_path):
     from attnkit.analysis.reproduce import reproduce
@@ -40,5 +66,6 @@ def test_quick_reproduction_writes_table_claims_and_pictures(tmp_path):
         assert picture in names
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert len(summary["rows"]) == 4 + 3 + 1 + 6 and len(summary["claims"]) == 5
+    assert all(c["paper"] and c["ours"] for c in summary["claims"])
     with pytest.raises(FileExistsError, match="--overwrite"):
         reproduce("lecture-visual", tmp_path / "out", quick=True)

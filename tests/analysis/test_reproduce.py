@@ -66,6 +66,7 @@ def test_lecture_seq_writes_table_plots_and_claims(tmp_path, monkeypatch):
     }
     assert all(0.0 <= r["sequence_error"] <= 1.0 for r in result.rows)
     assert len(result.claims) == 4
+    assert all(c.paper and c.ours for c in result.claims)
 
 
 def test_lecture_seq_claims_follow_their_criteria():
@@ -88,8 +89,12 @@ def test_lecture_seq_claims_follow_their_criteria():
     longer = {"additive": 0.1, "dot": 0.0, "gmm": 0.6, "mixed": 0.2}
     per = {"additive": 0.10, "dot": 0.12, "gmm": 0.08, "mixed": 0.09, "ctc": 0.085}
     curves = {"additive": {1: 0.9, 3: 0.88}, "vanilla": {1: 0.5, 3: 0.1}}
-    held = [c.held for c in lecture._claims(summary(seq_err, longer, per, curves))]
-    assert held == [True, True, True, True]
+    claims = lecture._claims(summary(seq_err, longer, per, curves))
+    assert [c.held for c in claims] == [True, True, True, True]
+    assert all(c.paper and c.ours and c.criterion == "different" for c in claims)
+    assert "17.82" in claims[0].paper and "26.75" in claims[0].paper  # the lecture's RNNsearch table
+    assert "g2p 20.0% vs 90.0%" in claims[0].ours and claims[3].ours.endswith("1 seed")
+    assert "MLP 2.0 points, vanilla 40.0 points" in claims[1].ours
     worse = dict(seq_err, additive=0.95)
     flat = {"additive": {1: 0.9, 3: 0.7}, "vanilla": {1: 0.5, 3: 0.1}}
     held = [c.held for c in lecture._claims(summary(worse, {"additive": 0.7}, dict(per, ctc=0.2), flat))]

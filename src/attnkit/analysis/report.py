@@ -62,12 +62,15 @@ def verdict(held: bool) -> str:
 
 
 def spread(values: Sequence[float], digits: int = 3) -> str:
-    """``"mean +- std (n=K)"`` of per-seed values (sample std; ``+- 0`` for one seed)."""
+    """``"mean +- std (n=K)"`` of per-seed values (sample std); ``"value (1 seed)"`` for one seed, which has
+    no spread to report."""
     v = [float(x) for x in values]
     if not v:
         raise ValueError("spread() needs at least one value")
+    if len(v) == 1:
+        return f"{v[0]:.{digits}g} (1 seed)"
     mean = sum(v) / len(v)
-    std = math.sqrt(sum((x - mean) ** 2 for x in v) / (len(v) - 1)) if len(v) > 1 else 0.0
+    std = math.sqrt(sum((x - mean) ** 2 for x in v) / (len(v) - 1))
     return f"{mean:.{digits}g} +- {std:.2g} (n={len(v)})"
 
 
