@@ -48,14 +48,15 @@
 #include <cmath>
 #include <vector>
 
-extern "C" {
-void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
-            const float*, const int*, const float*, float*, const int*);
-void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*, const double*,
-            const int*, const double*, const int*, const double*, double*, const int*);
-}
+
+#include "cpu_common.h"
 
 namespace {
+
+using attnkit_cpu_common::balanced_schedule;
+using attnkit_cpu_common::blas;
+using attnkit_cpu_common::Dropout;
+using attnkit_cpu_common::mm;
 
 constexpr int64_t kBq = 128;  // queries per chunk (a multiple of kRows)
 constexpr int64_t kBc = 256;  // keys per strip (a multiple of 2 vectors)
@@ -64,27 +65,6 @@ constexpr int64_t kRows = 8;  // queries per register tile of the L1 passes
 // ---------------------------------------------------------------------------------------------------
 // BLAS: row-major C (M x N) = alpha op(A) op(B) + beta C.
 
-void blas(char ta, char tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
-          float beta, float* c, int ldc) {
-  sgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
-}
-void blas(char ta, char tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b,
-          int ldb, double beta, double* c, int ldc) {
-  dgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
-}
-
-template <typename T>
-void mm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
-        int64_t ldb, T beta, T* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  if (K == 0) {
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
-    return;
-  }
-  blas(transB ? 'T' : 'N', transA ? 'T' : 'N', (int)N, (int)M, (int)K, alpha, B, (int)ldb, A, (int)lda, beta, C,
-       (int)ldc);
-}
 
 // ---------------------------------------------------------------------------------------------------
 // The vector operations of the L1 passes: add(acc, min(x, y)) and "acc + g where x < y".
@@ -293,46 +273,6 @@ struct Params {
 };
 
 // ---------------------------------------------------------------------------------------------------
-// Replayable attention dropout (the scheme of potentials_cpu.cpp): pair (i, j) of head bh is kept iff the
-// 16-bit lane j % 4 of splitmix64(seed, bh, i, j / 4) is >= thr (p rounded to a multiple of 2^-16);
-// kept weights are scaled by 1 / (1 - thr / 2^16).
-struct Dropout {
-  bool on = false;
-  uint64_t seed = 0;
-  uint32_t thr = 0;
-  double keep_scale = 1.0;
-  int64_t bh = 0;
-
-  Dropout(double p, int64_t seed_) {
-    if (p <= 0.0) return;
-    on = true;
-    seed = (uint64_t)seed_;
-    thr = (uint32_t)std::llround(p * 65536.0);
-    keep_scale = thr >= 65536 ? 0.0 : 65536.0 / (65536.0 - thr);
-  }
-  static uint64_t mix(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ULL;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-    return x ^ (x >> 31);
-  }
-  template <typename T>
-  void row(int64_t i, int64_t j0, int64_t bc, T* z) const {
-    const uint64_t base = seed ^ mix(((uint64_t)bh << 32) ^ (uint64_t)i);
-    const T keep = (T)keep_scale;
-    int64_t group = -1;
-    uint64_t bits = 0;
-    for (int64_t j = 0; j < bc; ++j) {
-      const int64_t jj = j0 + j;
-      if ((jj >> 2) != group) {
-        group = jj >> 2;
-        bits = mix(base + (uint64_t)group);
-      }
-      const uint32_t lane = (uint32_t)(bits >> (16 * (jj & 3))) & 0xFFFFu;
-      z[j] = lane >= thr ? keep : T(0);
-    }
-  }
-};
 
 // ---------------------------------------------------------------------------------------------------
 // Validity of pairs beyond padding: causal (key index <= query index) and a boolean pair mask read with
@@ -575,31 +515,6 @@ void scatter(const T* src, const std::vector<int64_t>& idx, int64_t width, T* ds
   for (size_t r = 0; r < idx.size(); ++r) std::copy(src + r * width, src + (r + 1) * width, dst + idx[r] * width);
 }
 
-// Longest-processing-time schedule of the (batch, head) problems by their valid pairs (potentials_cpu.cpp).
-std::vector<std::vector<int64_t>> balanced_schedule(const at::Tensor& km, const at::Tensor& qm, int64_t BH,
-                                                    int64_t heads, int64_t Lq, int64_t Lk, int64_t threads) {
-  const int64_t B = BH / heads;
-  std::vector<int64_t> cost(B);
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t n = Lq, m = Lk;
-    if (qm.defined()) n = std::count(qm.data_ptr<bool>() + b * Lq, qm.data_ptr<bool>() + (b + 1) * Lq, true);
-    if (km.defined()) m = std::count(km.data_ptr<bool>() + b * Lk, km.data_ptr<bool>() + (b + 1) * Lk, true);
-    cost[b] = n * m + 1;
-  }
-  std::vector<int64_t> order(BH);
-  for (int64_t bh = 0; bh < BH; ++bh) order[bh] = bh;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t x, int64_t y) { return cost[x / heads] > cost[y / heads]; });
-  std::vector<std::vector<int64_t>> lists(threads);
-  std::vector<int64_t> load(threads, 0);
-  for (const int64_t bh : order) {
-    const int64_t t = std::min_element(load.begin(), load.end()) - load.begin();
-    lists[t].push_back(bh);
-    load[t] += cost[bh / heads];
-  }
-  for (auto& l : lists) std::sort(l.begin(), l.end());
-  return lists;
-}
 
 template <typename F>
 void run_balanced(const at::Tensor& km, const at::Tensor& qm, int64_t BH, int64_t heads, int64_t Lq, int64_t Lk,

@@ -62,14 +62,15 @@
 #include <type_traits>
 #include <vector>
 
-extern "C" {
-void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
-            const float*, const int*, const float*, float*, const int*);
-void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*, const double*,
-            const int*, const double*, const int*, const double*, double*, const int*);
-}
+
+#include "cpu_common.h"
 
 namespace {
+
+using attnkit_cpu_common::balanced_schedule;
+using attnkit_cpu_common::blas;
+using attnkit_cpu_common::Dropout;
+using attnkit_cpu_common::mm;
 
 constexpr int64_t kBc = 128;  // keys per strip
 constexpr int64_t kBq = 256;  // queries per chunk
@@ -77,29 +78,6 @@ constexpr int64_t kBq = 256;  // queries per chunk
 // ---------------------------------------------------------------------------------------------------
 // BLAS and vector helpers
 
-void blas(char ta, char tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
-          float beta, float* c, int ldc) {
-  sgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
-}
-void blas(char ta, char tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b,
-          int ldb, double beta, double* c, int ldc) {
-  dgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
-}
-
-// Row-major C (M x N) = alpha * op(A) op(B) + beta * C, where op(A) is M x K and op(B) is K x N.
-// (Column-major BLAS computes C^T = op(B)^T op(A)^T on the same memory.)
-template <typename T>
-void mm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
-        int64_t ldb, T beta, T* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  if (K == 0) {
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
-    return;
-  }
-  blas(transB ? 'T' : 'N', transA ? 'T' : 'N', (int)N, (int)M, (int)K, alpha, B, (int)ldb, A, (int)lda, beta, C,
-       (int)ldc);
-}
 
 // dst[j] = exp(src[j] + shift[j] + c) for j < n (shift may be null; dst may be src).
 inline void exp_to(float* dst, const float* src, const float* shift, float c, int64_t n) {
@@ -228,47 +206,6 @@ inline T tiny() {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Replayable attention dropout: pair (i, j) of head bh (compacted indices) is kept iff the 16-bit lane
-// j % 4 of splitmix64(seed, bh, i, j / 4) is >= thr (p is rounded to a multiple of 2^-16); kept weights
-// are scaled by 1 / (1 - thr / 2^16), so that the expected output is unchanged.
-struct Dropout {
-  bool on = false;
-  uint64_t seed = 0;
-  uint32_t thr = 0;
-  double keep_scale = 1.0;
-  int64_t bh = 0;
-
-  Dropout(double p, int64_t seed_) {
-    if (p <= 0.0) return;
-    on = true;
-    seed = (uint64_t)seed_;
-    thr = (uint32_t)std::llround(p * 65536.0);
-    keep_scale = thr >= 65536 ? 0.0 : 65536.0 / (65536.0 - thr);
-  }
-  static uint64_t mix(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ULL;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-    return x ^ (x >> 31);
-  }
-  // z[j] = scale if pair (i, j0 + j) is kept, else 0, for j < bc.
-  template <typename T>
-  void row(int64_t i, int64_t j0, int64_t bc, T* z) const {
-    const uint64_t base = seed ^ mix(((uint64_t)bh << 32) ^ (uint64_t)i);
-    const T keep = (T)keep_scale;
-    int64_t group = -1;
-    uint64_t bits = 0;
-    for (int64_t j = 0; j < bc; ++j) {
-      const int64_t jj = j0 + j;
-      if ((jj >> 2) != group) {
-        group = jj >> 2;
-        bits = mix(base + (uint64_t)group);
-      }
-      const uint32_t lane = (uint32_t)(bits >> (16 * (jj & 3))) & 0xFFFFu;
-      z[j] = lane >= thr ? keep : T(0);
-    }
-  }
-};
 
 // One (batch, head) problem in dense, compacted form: n valid queries, m valid keys.
 
@@ -930,35 +867,6 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(q.size(1) < (1LL << 31) / kBc && k.size(1) < (1LL << 31), "sequence too long for 32-bit BLAS");
 }
 
-// Work-balanced schedule of the (batch, head) problems over the threads: a problem costs its valid
-// (query, key) pairs; the largest go first, each to the least-loaded thread (the longest-processing-time
-// rule), so that a padded batch is split by work and not by index (with lengths 1024/700/400/100 in that
-// order, contiguous index ranges gave one of two threads 90% of the pairs). Every problem is computed
-// independently of the schedule, so the results do not depend on it.
-std::vector<std::vector<int64_t>> balanced_schedule(const at::Tensor& km, const at::Tensor& qm, int64_t BH,
-                                                    int64_t heads, int64_t Lq, int64_t Lk, int64_t threads) {
-  const int64_t B = BH / heads;
-  std::vector<int64_t> cost(B);
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t n = Lq, m = Lk;
-    if (qm.defined()) n = std::count(qm.data_ptr<bool>() + b * Lq, qm.data_ptr<bool>() + (b + 1) * Lq, true);
-    if (km.defined()) m = std::count(km.data_ptr<bool>() + b * Lk, km.data_ptr<bool>() + (b + 1) * Lk, true);
-    cost[b] = n * m + 1;  // + 1: an empty problem still costs its bookkeeping
-  }
-  std::vector<int64_t> order(BH);
-  for (int64_t bh = 0; bh < BH; ++bh) order[bh] = bh;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t x, int64_t y) { return cost[x / heads] > cost[y / heads]; });
-  std::vector<std::vector<int64_t>> lists(threads);
-  std::vector<int64_t> load(threads, 0);
-  for (const int64_t bh : order) {
-    const int64_t t = std::min_element(load.begin(), load.end()) - load.begin();
-    lists[t].push_back(bh);
-    load[t] += cost[bh / heads];
-  }
-  for (auto& l : lists) std::sort(l.begin(), l.end());  // index order within a thread
-  return lists;
-}
 
 // body(problems) for every (batch, head) problem: on this thread when `inner` (the problems' query chunks
 // are spread over the threads instead), else one balanced list per thread.
