@@ -76,8 +76,7 @@ constexpr int64_t kBc = 128;  // keys per strip
 constexpr int64_t kBq = 256;  // queries per chunk
 
 // ---------------------------------------------------------------------------------------------------
-// BLAS and vector helpers
-
+// Vector helpers (the BLAS wrappers, the dropout and the schedule are in cpu_common.h)
 
 // dst[j] = exp(src[j] + shift[j] + c) for j < n (shift may be null; dst may be src).
 inline void exp_to(float* dst, const float* src, const float* shift, float c, int64_t n) {
