@@ -12,7 +12,10 @@ from attnkit.kernels import cpp_potentials
 from attnkit.kernels.cpp_potentials import fused_cpu_attention
 from tests._reference import ref_attention
 
-pytestmark = pytest.mark.skipif(not cpu_ext.load(warn=False), reason="C++ CPU kernels not built")
+pytestmark = [
+    pytest.mark.skipif(not cpu_ext.load(warn=False), reason="C++ CPU kernels not built"),
+    pytest.mark.usefixtures("query_chunks_of_256"),  # inputs of a few hundred queries span several chunks
+]
 
 ITERS = {"dnas": 1, "hnas": 1, "sinkhorn3": 3}
 REF = {"dnas": ("dnas", {}), "hnas": ("hnas", {"u": 0.3}), "sinkhorn3": ("sinkhorn", {"iters": 3})}

@@ -65,10 +65,16 @@ def test_matches_reference_outputs_and_gradients(name, shape, masked):
 
 
 @pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn2"])
-def test_several_strips_and_chunks_match_reference(name):
+def test_several_strips_and_chunks_match_reference(name, query_chunks_of_256):
     """Lk = 300 keys span three strips of 128, Lq = 600 queries three chunks of 256 (rectangular, padded)."""
     km, qm = _masks(2, 600, 300)
     _check(name, 2, 2, 600, 300, 8, 5, km, qm)
+
+
+@pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn2"])
+def test_default_query_chunks_match_reference(name):
+    """Lq = 1100 unpadded queries: a chunk of the default 1024 rows and one of 76."""
+    _check(name, 1, 2, 1100, 130, 8, 5, None, None)
 
 
 @pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn4"])
@@ -198,7 +204,7 @@ def test_fewer_heads_than_threads_spreads_query_chunks_and_matches_reference(nam
     torch.set_num_threads(max(threads, 3))
     try:
         km, qm = _masks(1, 1040, 150, seed=4)
-        _check(name, 1, 1, 1040, 150, 8, 5, km, qm)  # 1040 queries: five chunks of 256
+        _check(name, 1, 1, 1040, 150, 8, 5, km, qm)  # ~730 valid queries: chunks of 256, one per thread
         _check(name, 1, 2, 300, 200, 8, 8, None, None)  # H = 2 < 3 threads, unpadded
     finally:
         torch.set_num_threads(threads)

@@ -11,7 +11,10 @@ from attnkit.kernels import cpp_potentials, cpu_ext
 from attnkit.kernels.cpp_potentials import fused_cpu_attention
 from tests._reference import ref_attention
 
-pytestmark = pytest.mark.skipif(not cpu_ext.load(warn=False), reason="C++ CPU kernels not built")
+pytestmark = [
+    pytest.mark.skipif(not cpu_ext.load(warn=False), reason="C++ CPU kernels not built"),
+    pytest.mark.usefixtures("query_chunks_of_256"),  # inputs of a few hundred queries span several chunks
+]
 
 LQ, LK = 300, 389  # two query chunks, four key strips (the last one of 5 keys)
 
@@ -147,7 +150,7 @@ def test_column_bounds_of_later_rounds_match_reference(dtype, big):
     ref, _ = ref_attention(q, k, v, "sinkhorn", iters=3, scale=8**-0.5)
     x = [t.to(dtype).reshape(2, -1, 8) for t in (q, k, v)]
     out, a_all, _, _, _ = torch.ops.attnkit_cpu.potentials_forward(
-        *x, None, None, 2, 8**-0.5, 3, False, 0.0, 0, 2**30
+        *x, None, None, 2, 8**-0.5, 3, False, 0.0, 0, 2**30, 256
     )  # (B*H, Lq, Dv), (k + 1, B*H, Lq)
     d = (a_all[1] - a_all[0]).double()  # round 2's gap above the column maxima: log(n) + max d - min d
     gap = (torch.log(torch.tensor(150.0)) + d.amax(-1) - d.amin(-1)).max().item()

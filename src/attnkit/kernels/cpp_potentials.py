@@ -35,6 +35,9 @@ __all__ = ["fused_cpu_available", "fused_cpu_attention", "SCORE_CACHE_BYTES"]
 
 # scores kept between Sinkhorn rounds: all of a 4096 x 4096 float32 head on one thread
 SCORE_CACHE_BYTES = 64 * 2**20
+# queries per chunk of a key strip (fewer when one head is spread over the threads); large chunks amortize the
+# packing of the GEMMs' shared operand, small ones let the tests cover several chunks with small inputs
+QUERY_CHUNK_ROWS = 1024
 
 
 def fused_cpu_available(q: Tensor) -> bool:
@@ -97,7 +100,7 @@ def _inference(q, k, v, u, km, qm, scale, iters, dropout_p, seed) -> Tensor:
     out, out_l = torch.ops.attnkit_cpu.potentials_inference(
         q.reshape(B * H, Lq, D).contiguous(), k.reshape(B * H, Lk, D).contiguous(),
         v.reshape(B * H, Lk, Dv).contiguous(), km, qm, H, float(scale), int(iters), u is not None,
-        dropout_p, seed, SCORE_CACHE_BYTES,
+        dropout_p, seed, SCORE_CACHE_BYTES, QUERY_CHUNK_ROWS,
     )  # (B*H, Lq, Dv), [(B*H, Lq, Dv)]
     out = out.view(B, H, Lq, Dv)
     if u is not None:  # as in _Potentials.forward
@@ -115,7 +118,8 @@ class _Potentials(torch.autograd.Function):
         v3 = v.reshape(B * H, Lk, Dv).contiguous()  # (B*H, Lk, Dv)
         hybrid = u is not None
         out, a_all, b_all, out_l, a_l = torch.ops.attnkit_cpu.potentials_forward(
-            q3, k3, v3, km, qm, H, float(scale), int(iters), hybrid, dropout_p, seed, SCORE_CACHE_BYTES
+            q3, k3, v3, km, qm, H, float(scale), int(iters), hybrid, dropout_p, seed, SCORE_CACHE_BYTES,
+            QUERY_CHUNK_ROWS,
         )  # (B*H, Lq, Dv), (k+1, B*H, Lq), (k, B*H, Lk), [(B*H, Lq, Dv), (B*H, Lq)]
         if any(ctx.needs_input_grad[:4]):  # inference (no input requires grad): nothing is saved
             ctx.save_for_backward(q3, k3, v3, u, km, qm, out, a_all, b_all, out_l if hybrid else None,
@@ -137,7 +141,7 @@ class _Potentials(torch.autograd.Function):
             u_bh = u.to(q3.dtype).expand(B, H, 1, 1).reshape(B * H).contiguous()  # (B*H,)
         dq, dk, dv = torch.ops.attnkit_cpu.potentials_backward(
             dO, q3, k3, v3, out, out_l, a_all, b_all, a_l, u_bh, km, qm, H, ctx.scale, ctx.iters,
-            *ctx.dropout, SCORE_CACHE_BYTES,
+            *ctx.dropout, SCORE_CACHE_BYTES, QUERY_CHUNK_ROWS,
         )
         du = None
         if u is not None and ctx.needs_input_grad[3]:

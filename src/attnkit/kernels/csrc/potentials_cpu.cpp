@@ -73,7 +73,7 @@ using attnkit_cpu_common::Dropout;
 using attnkit_cpu_common::mm;
 
 constexpr int64_t kBc = 128;  // keys per strip
-constexpr int64_t kBq = 256;  // queries per chunk
+constexpr int64_t kBq = 1024;  // queries per chunk (at most; fewer when one head is spread over the threads)
 
 // ---------------------------------------------------------------------------------------------------
 // Vector helpers (the BLAS wrappers, the dropout and the schedule are in cpu_common.h)
@@ -217,7 +217,7 @@ struct Head {
   const T* v;  // (m, Dv)
 };
 
-// Buffers of one worker thread: two (kBq, kBc) tiles, a kBc vector and its partial dK / dV of a strip.
+// Buffers of one worker thread: three (bq, kBc) tiles, a kBc vector and its partial dK / dV of a strip.
 template <typename T>
 struct Tiles {
   std::vector<T> tile, tile2, tile3, vec, dk, dv, row, z, vcat;
@@ -237,7 +237,7 @@ struct Scratch {
   std::unique_ptr<T[]> scores;  // not zero-filled: every kept strip is written before it is read
   std::vector<Tiles<T>> tiles;
   bool parallel = false;
-  int64_t cached = 0, n_rows = 0, capacity = 0;
+  int64_t cached = 0, n_rows = 0, capacity = 0, bq = kBq;
   // Keep the scores of as many of the m / kBc strips of (n, kBc) as fit in `budget` bytes.
   void cache_scores(int64_t n, int64_t m, int64_t budget) {
     const int64_t strips = (m + kBc - 1) / kBc, per_strip = n * kBc * (int64_t)sizeof(T);
@@ -253,11 +253,16 @@ struct Scratch {
     const int64_t s = j0 / kBc;
     return s < cached ? scores.get() + s * n_rows * kBc + i0 * bc : nullptr;
   }
-  void reserve(int64_t n, int64_t D, int64_t Dv, bool par) {
+  // Query chunks of `bq` rows: chunk_rows (kBq unless a test asks for fewer), or, when one head's chunks are
+  // spread over the threads, small enough that every thread gets one (large chunks amortize the GEMMs' packing
+  // of their shared operand).
+  void reserve(int64_t n, int64_t D, int64_t Dv, bool par, int64_t chunk_rows) {
     parallel = par;
+    const int64_t threads = par ? at::get_num_threads() : 1;
+    bq = std::min(chunk_rows, std::max<int64_t>(128, ((n + threads - 1) / threads + 63) / 64 * 64));
     strip1.resize(n * kBc);
     strip2.resize(n * kBc);
-    const int64_t chunks = (n + kBq - 1) / kBq;
+    const int64_t chunks = (n + bq - 1) / bq;
     cmax.resize(chunks * kBc);
     csum.resize(chunks * kBc);
     cg.resize(chunks * kBc);
@@ -265,9 +270,9 @@ struct Scratch {
     gb.resize(kBc);
     tiles.resize(par ? at::get_num_threads() : 1);
     for (auto& t : tiles) {
-      t.tile.resize(kBq * kBc);
-      t.tile2.resize(kBq * kBc);
-      t.tile3.resize(kBq * kBc);
+      t.tile.resize(bq * kBc);
+      t.tile2.resize(std::max(bq, Dv) * kBc);
+      t.tile3.resize(bq * kBc);
       t.row.resize(kBc);
       t.vec.resize(kBc);
       t.z.resize(kBc);
@@ -335,6 +340,58 @@ T robust_row(const Head<T>& h, int64_t i, const T* b, T* out, std::vector<T>& ro
   return -(mx + std::log(l));
 }
 
+// Bounds on the scores of the first column step, so that its exponentials need no column maxima. With q_c the
+// mean query of chunk c and r_c = |scale| max_{i in c} |q_i - q_c|,
+//     s_ij = scale q_c . k_j + scale (q_i - q_c) . k_j <= scale q_c . k_j + r_c |k_j|  =: u_cj
+// (Cauchy-Schwarz); the centring keeps the bound tight when the queries share a large common component. The
+// rounding of the products may put a score a hair above its bound: harmless, the exponentials are normalized by
+// their sums.
+template <typename T>
+struct ChunkBounds {
+  std::vector<T> qbar, radius, knorm;  // (chunks, D), (chunks), (m)
+  void build(const Head<T>& h, int64_t bq) {
+    const int64_t chunks = (h.n + bq - 1) / bq, D = h.D;
+    qbar.assign(chunks * D, T(0));
+    radius.assign(chunks, T(0));
+    knorm.resize(h.m);
+    for (int64_t j = 0; j < h.m; ++j) knorm[j] = std::sqrt(dot(h.k + j * D, h.k + j * D, D));
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t i0 = c * bq, rows = std::min(bq, h.n - i0);
+      T* qb = qbar.data() + c * D;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t d = 0; d < D; ++d) qb[d] += h.q[(i0 + r) * D + d];
+      for (int64_t d = 0; d < D; ++d) qb[d] /= T(rows);
+      T rmax = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* qi = h.q + (i0 + r) * D;
+        T acc = 0;
+        for (int64_t d = 0; d < D; ++d) acc += (qi[d] - qb[d]) * (qi[d] - qb[d]);
+        rmax = std::max(rmax, acc);
+      }
+      radius[c] = std::abs(h.scale) * std::sqrt(rmax);
+    }
+  }
+  // u (bc) = the bounds u_cj for keys j0 .. j0 + bc of chunk c.
+  void fill(const Head<T>& h, int64_t c, int64_t j0, int64_t bc, T* u) const {
+    mm<T>(false, true, 1, bc, h.D, h.scale, qbar.data() + c * h.D, h.D, h.k + j0 * h.D, h.D, T(0), u, bc);
+    const T rc = radius[c];
+    for (int64_t j = 0; j < bc; ++j) u[j] += rc * knorm[j0 + j];
+  }
+};
+
+// Robust column step for column j of a strip (X: (n, bc), column jj): writes the column-normalized weights
+// exp(s_ij - c_j) into X and returns b_j = -c_j = -LSE_i s_ij (for when the bounds were too loose to trust).
+template <typename T>
+T robust_column(const Head<T>& h, int64_t j, T* X, int64_t bc, int64_t jj, std::vector<T>& col) {
+  col.resize(h.n);
+  mm<T>(false, true, h.n, 1, h.D, h.scale, h.q, h.D, h.k + j * h.D, h.D, T(0), col.data(), 1);
+  const T mx = vmax(col.data(), h.n);
+  exp_shift(col.data(), (const T*)nullptr, -mx, h.n);
+  const T z = sum(col.data(), h.n);
+  for (int64_t i = 0; i < h.n; ++i) X[i * bc + jj] = col[i] / z;
+  return -(mx + std::log(z));
+}
+
 // Forward: a (iters + 1, n), b (iters, m), out (n, Dv); with soft: out_l (n, Dv), a_l (n).
 //
 // The softmax half (soft) shares the last round's exponentials E_ij = exp(x_ij - m_cj) (x = s + a^{k-1},
@@ -349,10 +406,14 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
   const int64_t n = h.n, m = h.m, Dv = h.Dv;
   w.cache_scores(n, m, iters > 1 ? cache_bytes : 0);
   const T NEG = -std::numeric_limits<T>::infinity();
-  const int64_t chunks = (n + kBq - 1) / kBq;
+  const int64_t chunks = (n + w.bq - 1) / w.bq;
   const bool soft = out_l != nullptr;
   std::fill(a, a + n, T(0));  // a^0
-  std::vector<T> l(n), ll, acc, bnd;
+  std::vector<T> l(n), ll, acc, bnd, col;
+  // The first column step takes its exponentials against the chunk bounds u_cj instead of the column maxima
+  // (no pass over the scores to find them); the softmax half keeps the maxima, which its row sums need.
+  ChunkBounds<T> cb;
+  if (!soft) cb.build(h, w.bq);
   if (soft) {
     ll.assign(n, T(0));
     acc.assign(n * 2 * Dv, T(0));  // (n, 2 Dv): [numerator of out | numerator of out_l]
@@ -386,12 +447,13 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
         bound = bnd.data();
       }
     }
+    const bool chunk_bounds = t == 1 && !soft;
     for (int64_t j0 = 0; j0 < m; j0 += kBc) {
       const int64_t bc = std::min(kBc, m - j0);
       T* X = w.strip1.data();  // (n, bc)
       // pass 1: scores, per-chunk column statistics (and, for the softmax half, g)
       for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
-        const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+        const int64_t i0 = c * w.bq, rows = std::min(w.bq, n - i0);
         T* Xc = X + i0 * bc;
         T* Sc = w.cached_scores(j0, i0, bc);  // kept scores (computed in round 1), or null: X = s + a^{t-1}
         if (!Sc || t == 1)
@@ -401,10 +463,12 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
         T* cs = w.csum.data() + c * kBc;
         if (bound)
           std::copy(bound + j0, bound + j0 + bc, cm);
+        else if (chunk_bounds)
+          cb.fill(h, c, j0, bc, cm);
         else
           std::fill(cm, cm + bc, NEG);
         std::fill(cs, cs + bc, T(0));
-        for (int64_t r = 0; r < rows && !(Sc && bound); ++r) {
+        for (int64_t r = 0; r < rows && !(Sc && bound) && !chunk_bounds; ++r) {
           const T ai = t > 1 ? a_prev[i0 + r] : T(0);
           if (Sc) {  // X is formed by the exponential below
             const T* sr = Sc + r * bc;
@@ -442,7 +506,33 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
       });
       // merge the chunks: b_j = -LSE_i x_ij; cmax becomes the factor exp(m_c - M_j) / z_j
       T* bj = b_t + j0;
-      for (int64_t j = 0; j < bc; ++j) {
+      for (int64_t j = 0; j < bc && chunk_bounds; ++j) {
+        // Against bounds, M_j = max_c (u_cj + log csum_cj) is the log of the largest chunk sum, and every chunk
+        // whose bound is at most bound_gap above it has its terms that matter (within float rounding of the
+        // column sum) far from underflow; a chunk further above, or a column whose sums all underflowed, makes
+        // the column take the robust step (its scores recomputed, exponentials against the maximum).
+        T M = NEG;
+        for (int64_t c = 0; c < chunks; ++c) {
+          const T cs = w.csum[c * kBc + j];
+          if (cs > T(0)) M = std::max(M, w.cmax[c * kBc + j] + std::log(cs));
+        }
+        bool ok = M > NEG;
+        for (int64_t c = 0; c < chunks && ok; ++c) ok = w.cmax[c * kBc + j] - M <= bound_gap<T>();
+        if (!ok) {
+          bj[j] = robust_column(h, j0 + j, X, bc, j, col);
+          for (int64_t c = 0; c < chunks; ++c) w.cmax[c * kBc + j] = T(1);
+          continue;
+        }
+        T z = 0;
+        for (int64_t c = 0; c < chunks; ++c) {
+          const T f = std::exp(w.cmax[c * kBc + j] - M);
+          w.cmax[c * kBc + j] = f;
+          z += w.csum[c * kBc + j] * f;
+        }
+        bj[j] = -(M + std::log(z));
+        for (int64_t c = 0; c < chunks; ++c) w.cmax[c * kBc + j] /= z;
+      }
+      for (int64_t j = 0; j < bc && !chunk_bounds; ++j) {
         T M = NEG;
         for (int64_t c = 0; c < chunks; ++c) M = std::max(M, w.cmax[c * kBc + j]);
         T z = 0;
@@ -456,7 +546,7 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
       }
       // pass 2: column-normalized weights, row sums, output
       for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
-        const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+        const int64_t i0 = c * w.bq, rows = std::min(w.bq, n - i0);
         T* Xc = X + i0 * bc;
         const T* f = w.cmax.data() + c * kBc;
         if (both) {
@@ -481,7 +571,7 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
           mm<T>(false, false, rows, 2 * Dv, bc, T(1), Xc, bc, Vc, 2 * Dv, T(1), acc.data() + i0 * 2 * Dv, 2 * Dv);
           return;
         }
-        if (!(last && drop.on) && Dv <= kBq) {
+        if (!(last && drop.on) && Dv <= w.bq) {
           // w = X diag(f) is never written: l += X f, and the last round's output takes X (diag(f) V)
           for (int64_t r = 0; r < rows; ++r) l[i0 + r] += dot(Xc + r * bc, f, bc);
           if (last) {
@@ -534,7 +624,7 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
       if (ll[i] >= small) {
         const T inv = T(1) / ll[i];
         for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
-        a_l[i] = a_prev[i] - w.cref[i / kBq] - std::log(ll[i]);
+        a_l[i] = a_prev[i] - w.cref[i / w.bq] - std::log(ll[i]);
       } else {
         a_l[i] = robust_row(h, i, (const T*)nullptr, o, w.tiles[0].row, drop);
       }
@@ -556,10 +646,10 @@ const T* strip_gradient(Scratch<T>& w, int64_t chunks, int64_t bc) {
 // that the first pass left in the threads' partials) of the strip's keys.
 template <typename T>
 void finish_strip(const Head<T>& h, int64_t j0, int64_t bc, T* grad_a, T* dq, T* dk, T* dv, Scratch<T>& w) {
-  const int64_t n = h.n, chunks = (n + kBq - 1) / kBq;
+  const int64_t n = h.n, chunks = (n + w.bq - 1) / w.bq;
   const T* g = strip_gradient(w, chunks, bc);
   for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
-    const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+    const int64_t i0 = c * w.bq, rows = std::min(w.bq, n - i0);
     T* dS = w.strip1.data() + i0 * bc;
     const T* Qc = w.strip2.data() + i0 * bc;
     for (int64_t r = 0; r < rows; ++r) {
@@ -591,7 +681,7 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
                    const T* out_l, const T* a_l, T u, T* dq, T* dk, T* dv, Scratch<T>& w, const Dropout& drop,
                    int64_t cache_bytes) {
   const int64_t n = h.n, m = h.m, D = h.D, Dv = h.Dv;
-  const int64_t chunks = (n + kBq - 1) / kBq;
+  const int64_t chunks = (n + w.bq - 1) / w.bq;
   w.cache_scores(n, m, iters > 1 ? cache_bytes : 0);  // kept by the first sweep for the later ones
   std::fill(dq, dq + n * D, T(0));
   std::fill(dk, dk + m * D, T(0));
@@ -621,7 +711,7 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
   // The output's own step for chunk c of strip j0: P = P^k (in strip2), dS = the output's part of the score
   // gradient (in strip1) and its column sums (csum of c); with dv_too, dV += W^T dO. P becomes C^k.
   auto output_step = [&](int64_t c, Tiles<T>& tl, int64_t j0, int64_t bc, bool fresh, bool dv_too) {
-    const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+    const int64_t i0 = c * w.bq, rows = std::min(w.bq, n - i0);
     T* g = w.csum.data() + c * kBc;  // this chunk's part of the column gradient
     std::fill(g, g + bc, T(0));
     T* P = w.strip2.data() + i0 * bc;  // (rows, bc)
@@ -691,7 +781,7 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
       const int64_t bc = std::min(kBc, m - j0);
       zero_partials(w);
       for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
-        const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+        const int64_t i0 = c * w.bq, rows = std::min(w.bq, n - i0);
         T* g = w.csum.data() + c * kBc;  // sum_i P_ij delta_i over the chunk
         std::fill(g, g + bc, T(0));
         T* P = w.strip2.data() + i0 * bc;
@@ -723,7 +813,7 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
         gb_k[j0 + j] = dot(h.v + (j0 + j) * Dv, dv + (j0 + j) * Dv, Dv) - u * pd[j];
       const T* g = gb_k + j0;
       for_chunks(chunks, w, [&](int64_t c, Tiles<T>&) {
-        const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+        const int64_t i0 = c * w.bq, rows = std::min(w.bq, n - i0);
         const T* C = w.strip2.data() + i0 * bc;
         for (int64_t r = 0; r < rows; ++r) gr_prev[i0 + r] -= dot(C + r * bc, g, bc);
       });
@@ -745,7 +835,7 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
           output_step(c, tl, j0, bc, true, false);
           return;
         }
-        const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+        const int64_t i0 = c * w.bq, rows = std::min(w.bq, n - i0);
         T* g = w.csum.data() + c * kBc;
         std::fill(g, g + bc, T(0));
         T* P = w.strip2.data() + i0 * bc;
@@ -764,7 +854,7 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
       const T* g = strip_gradient(w, chunks, bc);
       std::copy(g, g + bc, gb_t + j0);
       for_chunks(chunks, w, [&](int64_t c, Tiles<T>&) {
-        const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+        const int64_t i0 = c * w.bq, rows = std::min(w.bq, n - i0);
         const T* C = w.strip2.data() + i0 * bc;
         for (int64_t r = 0; r < rows; ++r) gr_prev[i0 + r] -= dot(C + r * bc, g, bc);
       });
@@ -777,7 +867,7 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
     zero_partials(w);
     for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
       output_step(c, tl, j0, bc, false, !dv_first);  // dS = the output's part, P = C^k
-      const int64_t i0 = c * kBq, rows = std::min(kBq, n - i0);
+      const int64_t i0 = c * w.bq, rows = std::min(w.bq, n - i0);
       T* g = w.csum.data() + c * kBc;  // now: round 1's column gradient
       std::fill(g, g + bc, T(0));
       T* P = w.strip2.data() + i0 * bc;
@@ -894,8 +984,8 @@ void check_dropout(double p, const at::Tensor& q, const at::Tensor& k) {
 template <typename T>
 void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& km,
                   const at::Tensor& qm, int64_t heads, double scale, int64_t iters, bool soft, const Dropout& dropout,
-                  int64_t cache_bytes, at::Tensor& out, at::Tensor& a_all, at::Tensor& b_all, at::Tensor& out_l,
-                  at::Tensor& a_l) {
+                  int64_t cache_bytes, int64_t chunk_rows, at::Tensor& out, at::Tensor& a_all, at::Tensor& b_all,
+                  at::Tensor& out_l, at::Tensor& a_l) {
   const int64_t BH = q.size(0), Lq = q.size(1), Lk = k.size(1), D = q.size(2), Dv = v.size(2);
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
@@ -921,7 +1011,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       if (n == 0 || m == 0) continue;  // outputs and potentials stay 0
       Head<T> h{n, m, D, Dv, (T)scale, gather(qp + bh * Lq * D, iq, Lq, D, gq), gather(kp + bh * Lk * D, ik, Lk, D, gk),
                 gather(vp + bh * Lk * Dv, ik, Lk, Dv, gv)};
-      w.reserve(n, D, Dv, inner);
+      w.reserve(n, D, Dv, inner, chunk_rows);
       o.resize(n * Dv);
       aa.resize((iters + 1) * n);
       bb.resize(iters * m);
@@ -949,10 +1039,11 @@ std::vector<at::Tensor> potentials_forward(const at::Tensor& q, const at::Tensor
                                            const c10::optional<at::Tensor>& key_valid,
                                            const c10::optional<at::Tensor>& query_valid, int64_t heads,
                                            double scale, int64_t iters, bool softmax_too, double dropout_p,
-                                           int64_t seed, int64_t score_cache_bytes) {
+                                           int64_t seed, int64_t score_cache_bytes, int64_t chunk_rows) {
   check_inputs(q, k, v, key_valid, query_valid, heads);
   TORCH_CHECK(iters >= 1, "iters must be >= 1");
   TORCH_CHECK(score_cache_bytes >= 0, "score_cache_bytes must be >= 0");
+  TORCH_CHECK(chunk_rows >= 1, "chunk_rows must be >= 1");
   check_dropout(dropout_p, q, k);
   const Dropout dropout(dropout_p, seed);
   const int64_t BH = q.size(0), Lq = q.size(1), Lk = k.size(1), Dv = v.size(2);
@@ -964,8 +1055,8 @@ std::vector<at::Tensor> potentials_forward(const at::Tensor& q, const at::Tensor
   const at::Tensor km = key_valid.has_value() ? *key_valid : at::Tensor();
   const at::Tensor qm = query_valid.has_value() ? *query_valid : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "potentials_forward", [&] {
-    forward_impl<scalar_t>(q, k, v, km, qm, heads, scale, iters, softmax_too, dropout, score_cache_bytes, out, a_all,
-                           b_all, out_l, a_l);
+    forward_impl<scalar_t>(q, k, v, km, qm, heads, scale, iters, softmax_too, dropout, score_cache_bytes, chunk_rows,
+                           out, a_all, b_all, out_l, a_l);
   });
   return {out, a_all, b_all, out_l, a_l};
 }
@@ -976,10 +1067,11 @@ std::vector<at::Tensor> potentials_inference(const at::Tensor& q, const at::Tens
                                              const c10::optional<at::Tensor>& key_valid,
                                              const c10::optional<at::Tensor>& query_valid, int64_t heads,
                                              double scale, int64_t iters, bool softmax_too, double dropout_p,
-                                             int64_t seed, int64_t score_cache_bytes) {
+                                             int64_t seed, int64_t score_cache_bytes, int64_t chunk_rows) {
   check_inputs(q, k, v, key_valid, query_valid, heads);
   TORCH_CHECK(iters >= 1, "iters must be >= 1");
   TORCH_CHECK(score_cache_bytes >= 0, "score_cache_bytes must be >= 0");
+  TORCH_CHECK(chunk_rows >= 1, "chunk_rows must be >= 1");
   check_dropout(dropout_p, q, k);
   const Dropout dropout(dropout_p, seed);
   const int64_t BH = q.size(0), Lq = q.size(1), Dv = v.size(2);
@@ -989,8 +1081,8 @@ std::vector<at::Tensor> potentials_inference(const at::Tensor& q, const at::Tens
   const at::Tensor qm = query_valid.has_value() ? *query_valid : at::Tensor();
   at::Tensor none_a, none_b, none_al;
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "potentials_inference", [&] {
-    forward_impl<scalar_t>(q, k, v, km, qm, heads, scale, iters, softmax_too, dropout, score_cache_bytes, out,
-                           none_a, none_b, out_l, none_al);
+    forward_impl<scalar_t>(q, k, v, km, qm, heads, scale, iters, softmax_too, dropout, score_cache_bytes, chunk_rows,
+                           out, none_a, none_b, out_l, none_al);
   });
   return {out, out_l};
 }
@@ -1000,7 +1092,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
                    const at::Tensor& out, const at::Tensor& out_l, const at::Tensor& a_all, const at::Tensor& b_all,
                    const at::Tensor& a_l, const at::Tensor& u, const at::Tensor& km, const at::Tensor& qm,
                    int64_t heads, double scale, int64_t iters, const Dropout& dropout, int64_t cache_bytes,
-                   at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
+                   int64_t chunk_rows, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
   const int64_t BH = q.size(0), Lq = q.size(1), Lk = k.size(1), D = q.size(2), Dv = v.size(2);
   const bool soft = out_l.defined();
   const T* qp = q.data_ptr<T>();
@@ -1045,7 +1137,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
         const T* src = gather(bp + (t * BH + bh) * Lk, ik, Lk, 1, tmp);
         std::copy(src, src + m, bb.begin() + t * m);
       }
-      w.reserve(n, D, Dv, inner);
+      w.reserve(n, D, Dv, inner, chunk_rows);
       const bool dense = n == Lq && m == Lk;
       T* dqh = dqp + bh * Lq * D;
       T* dkh = dkp + bh * Lk * D;
@@ -1077,10 +1169,11 @@ std::vector<at::Tensor> potentials_backward(const at::Tensor& dout, const at::Te
                                             const c10::optional<at::Tensor>& key_valid,
                                             const c10::optional<at::Tensor>& query_valid, int64_t heads,
                                             double scale, int64_t iters, double dropout_p, int64_t seed,
-                                            int64_t score_cache_bytes) {
+                                            int64_t score_cache_bytes, int64_t chunk_rows) {
   check_inputs(q, k, v, key_valid, query_valid, heads);
   TORCH_CHECK(iters >= 1, "iters must be >= 1");
   TORCH_CHECK(score_cache_bytes >= 0, "score_cache_bytes must be >= 0");
+  TORCH_CHECK(chunk_rows >= 1, "chunk_rows must be >= 1");
   check_dropout(dropout_p, q, k);
   const Dropout dropout(dropout_p, seed);
   TORCH_CHECK(out_l.has_value() == a_l.has_value(), "out_l and a_l go together");
@@ -1113,7 +1206,7 @@ std::vector<at::Tensor> potentials_backward(const at::Tensor& dout, const at::Te
     backward_impl<scalar_t>(dout, q, k, v, out, out_l.has_value() ? *out_l : none, a_all, b_all,
                             a_l.has_value() ? *a_l : none, u.has_value() ? *u : none,
                             key_valid.has_value() ? *key_valid : none, query_valid.has_value() ? *query_valid : none,
-                            heads, scale, iters, dropout, score_cache_bytes, dq, dk, dv);
+                            heads, scale, iters, dropout, score_cache_bytes, chunk_rows, dq, dk, dv);
   });
   return {dq, dk, dv};
 }

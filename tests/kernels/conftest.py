@@ -1,0 +1,14 @@
+"""Fixtures of the kernel tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnkit.kernels import cpp_potentials
+
+
+@pytest.fixture
+def query_chunks_of_256(monkeypatch):
+    """The C++ kernels' strips built in query chunks of 256 rows (1024 by default), so that inputs of a few
+    hundred queries span several chunks and the merges of per-chunk column statistics are exercised."""
+    monkeypatch.setattr(cpp_potentials, "QUERY_CHUNK_ROWS", 256)
