@@ -1,7 +1,8 @@
-"""The first column step of the C++ kernels (csrc/potentials_cpu.cpp) takes its exponentials against the bounds
-u_cj = scale q_c . k_j + |scale| max_{i in c} |q_i - q_c| |k_j| (q_c: the mean query of chunk c) instead of the
-column maxima. A column whose bound is more than 25 (float32) / 300 (float64) above its largest chunk sum is
-recomputed against its maximum (the robust column step): either way the results match the float64 reference."""
+"""The first column step of the C++ kernels (csrc/potentials_cpu.cpp) takes its exponentials against the
+bounds u_cj = scale q_c . k_j + |scale| max_{i in c} |q_i - q_c| |k_j| (q_c: the mean query of chunk c)
+instead of the column maxima. A column whose bound is more than 25 (float32) / 300 (float64) above its largest
+chunk sum is recomputed against its maximum (the robust column step): either way the results match the
+float64 reference."""
 
 from __future__ import annotations
 
