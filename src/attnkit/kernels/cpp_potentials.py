@@ -15,10 +15,15 @@ handled by compaction inside the kernel; ``attn_mask`` and causal calls use ``bl
 dropout drops the final weights with a hash of (seed, head, query, key) that the backward pass replays, so
 nothing mask-sized is stored (the seed is drawn from PyTorch's default generator).
 
-Sinkhorn's rounds all read the same scores: the kernel keeps the scores of as many key strips as fit in
-``SCORE_CACHE_BYTES`` (shared by the worker threads) from the first sweep that computes them, and the later
-sweeps of the forward and of the backward read them back instead of recomputing ``Q K^T``; the results do
-not depend on the budget (``0`` turns it off). DNAS and HNAS (one round) keep nothing.
+Without the softmax half the forward runs in the scaling domain: round 1 takes ``E = exp(s - u)`` against
+Cauchy-Schwarz bounds ``u`` on the scores of each query chunk (no pass for the column maxima), and a later
+Sinkhorn round is a weighted sum of ``E`` over each column (no exponentials), as long as the potentials of a
+chunk spread over less than 25 (float32); otherwise, and for columns whose bound is too loose, the kernel
+falls back to exact log-domain steps. Sinkhorn's rounds all read the same scores: the kernel keeps ``E`` (or
+the scores) of as many key strips as fit in ``SCORE_CACHE_BYTES`` (shared by the worker threads) from the
+first sweep that computes them, and the later sweeps of the forward and of the backward read them back
+instead of recomputing them; the results do not depend on the budget (``0`` turns it off). DNAS and HNAS
+(one round) keep nothing.
 """
 
 from __future__ import annotations

@@ -13,10 +13,24 @@
 // valid queries and keys into dense buffers, so the kernel proper never meets an invalid pair.
 //
 // Layout of the work. The keys are visited in strips of `kBc` columns; a strip holds every valid query,
-// so its column log-sum-exp is complete within the strip. Each strip is built in row chunks of `kBq`
-// (one small GEMM per chunk), and every elementwise step of a chunk runs while it is in cache:
+// so its column log-sum-exp is complete within the strip. Each strip is built in row chunks of `bq` (up to
+// kBq; one GEMM per chunk), and every elementwise step of a chunk runs while it is in cache.
 //
-// forward, round t:  chunk: X = s + a^{t-1}; per-chunk column max m_c and sums of exp(X - m_c)  (from round 2
+// forward without the softmax half (DNAS, Sinkhorn), in the scaling domain (scaled_strip):
+//                    round 1, chunk c: E = exp(s - u_c), column sums cs_cj = sum_i E_ij, with the bounds
+//                           u_cj = scale q_c . k_j + |scale| max_{i in c} |q_i - q_c| |k_j| >= s_ij (q_c: the chunk's
+//                           mean query; Cauchy-Schwarz), so no pass finds the column maxima; E is kept within
+//                           the scores' budget
+//                    round t > 1, chunk c: cs_cj = sum_i A_i E_ij, A_i = exp(a^{t-1}_i - alpha_c), alpha_c the chunk's
+//                           largest a^{t-1} (no exponentials: E is read back, or recomputed alike)
+//                    strip: b^t_j = -(M_j + log z_j) from the chunk log-sums u_cj + alpha_c + log cs_cj; columns
+//                           whose bounds are too loose to trust take the robust column step (recomputed scores)
+//                    chunk: F_cj = exp(u_cj + alpha_c + b^t_j); l_i += sum_j E_ij F_cj (= sum_j w_ij / A_i);
+//                           last round: acc_i += E_i (diag(F) V)
+//                    a^t_i = alpha_c - log(l_i), out_i = acc_i / l_i; a round whose a^{t-1} spreads over more than
+//                    bound_gap within a chunk takes the log-domain sweep below instead
+// forward with the softmax half (HNAS), log domain, round t:
+//                    chunk: X = s + a^{t-1}; per-chunk column max m_c and sums of exp(X - m_c)  (from round 2
 //                           on m_c is a bound on the column maximum known from round t - 1, when it is close)
 //                    strip: merge the chunks -> b^t_j
 //                    chunk: w = exp(X - m_c) * f_c, f_c = exp(m_c - M) / z  (column-normalized, in [0, 1]);
@@ -40,13 +54,13 @@
 // potentials_inference runs the same forward without returning the potentials that only the backward pass
 // reads (no input needs a gradient), so its outputs are bit-identical to potentials_forward's.
 //
-// Sinkhorn (k > 1) reads the same scores in every round: the first sweep that computes a strip's scores keeps
-// them (Scratch::scores, up to `score_cache_bytes` shared by the threads) and the later sweeps of the forward,
-// and of the backward, read them back instead of recomputing Q K^T; the kept values are those the product
-// gives, so the results are the same for every budget.
-//
+// Sinkhorn (k > 1) reads the same scores in every round: the first sweep that computes a strip keeps them
+// (Scratch::scores, up to `score_cache_bytes` shared by the threads): the exponentials E of round 1 in the
+// scaling domain, the scores with the softmax half and in the backward. The later sweeps read them back instead
+// of recomputing Q K^T; a strip that is not kept is recomputed with the same arithmetic, so the results are the
+// same for every budget.
 // The extra memory is two strips of (Lq, kBc) per thread, the kept scores (at most score_cache_bytes), and
-// O(L) vectors per (batch, head).
+// O(L) vectors per (batch, head) (the chunk bounds: (Lq / bq, Lk)).
 // Parallel over (batch, head) problems, balanced by their valid pairs (run_balanced).
 
 #include <ATen/ATen.h>
@@ -220,7 +234,7 @@ struct Head {
 // Buffers of one worker thread: three (bq, kBc) tiles, a kBc vector and its partial dK / dV of a strip.
 template <typename T>
 struct Tiles {
-  std::vector<T> tile, tile2, tile3, vec, dk, dv, row, z, vcat;
+  std::vector<T> tile, tile2, tile3, vec, dk, dv, row, z, vcat, sink;
 };
 
 // Buffers of one (batch, head) problem: two (n, kBc) strips, per-chunk column statistics, and the tiles
@@ -276,6 +290,7 @@ struct Scratch {
       t.row.resize(kBc);
       t.vec.resize(kBc);
       t.z.resize(kBc);
+      t.sink.resize(kBc);
       t.dk.resize(kBc * D);
       t.dv.resize(kBc * Dv);
       t.vcat.resize(kBc * 2 * Dv);
@@ -348,7 +363,8 @@ T robust_row(const Head<T>& h, int64_t i, const T* b, T* out, std::vector<T>& ro
 // their sums.
 template <typename T>
 struct ChunkBounds {
-  std::vector<T> qbar, radius, knorm;  // (chunks, D), (chunks), (m)
+  std::vector<T> qbar, radius, knorm, u;  // (chunks, D), (chunks), (m), (chunks, m)
+  int64_t m = 0;
   void build(const Head<T>& h, int64_t bq) {
     const int64_t chunks = (h.n + bq - 1) / bq, D = h.D;
     qbar.assign(chunks * D, T(0));
@@ -370,26 +386,32 @@ struct ChunkBounds {
       }
       radius[c] = std::abs(h.scale) * std::sqrt(rmax);
     }
+    m = h.m;
+    u.resize(chunks * m);
+    mm<T>(false, true, chunks, m, D, h.scale, qbar.data(), D, h.k, D, T(0), u.data(), m);
+    for (int64_t c = 0; c < chunks; ++c)
+      for (int64_t j = 0; j < m; ++j) u[c * m + j] += radius[c] * knorm[j];
   }
-  // u (bc) = the bounds u_cj for keys j0 .. j0 + bc of chunk c.
-  void fill(const Head<T>& h, int64_t c, int64_t j0, int64_t bc, T* u) const {
-    mm<T>(false, true, 1, bc, h.D, h.scale, qbar.data() + c * h.D, h.D, h.k + j0 * h.D, h.D, T(0), u, bc);
-    const T rc = radius[c];
-    for (int64_t j = 0; j < bc; ++j) u[j] += rc * knorm[j0 + j];
-  }
+  // The bounds u_cj of chunk c (m).
+  const T* bounds(int64_t c) const { return u.data() + c * m; }
 };
 
-// Robust column step for column j of a strip (X: (n, bc), column jj): writes the column-normalized weights
-// exp(s_ij - c_j) into X and returns b_j = -c_j = -LSE_i s_ij (for when the bounds were too loose to trust).
+// Robust column step for column j (when the bounds were too loose to trust): returns b_j = -LSE_i (s_ij + a_i)
+// (a null: 0) from the column's recomputed scores, and writes side (n) = exp(s_ij + b_j + alpha_c(i)), the
+// column's weights w_ij = exp(s_ij + a_i + b_j) divided by A_i = exp(a_i - alpha_c(i)) (alpha null: 0).
 template <typename T>
-T robust_column(const Head<T>& h, int64_t j, T* X, int64_t bc, int64_t jj, std::vector<T>& col) {
-  col.resize(h.n);
-  mm<T>(false, true, h.n, 1, h.D, h.scale, h.q, h.D, h.k + j * h.D, h.D, T(0), col.data(), 1);
-  const T mx = vmax(col.data(), h.n);
-  exp_shift(col.data(), (const T*)nullptr, -mx, h.n);
-  const T z = sum(col.data(), h.n);
-  for (int64_t i = 0; i < h.n; ++i) X[i * bc + jj] = col[i] / z;
-  return -(mx + std::log(z));
+T robust_column(const Head<T>& h, int64_t j, const T* a, const T* alpha, int64_t bq, T* side,
+                std::vector<T>& col) {
+  col.resize(2 * h.n);
+  T* s = col.data();
+  T* y = s + h.n;
+  mm<T>(false, true, h.n, 1, h.D, h.scale, h.q, h.D, h.k + j * h.D, h.D, T(0), s, 1);
+  for (int64_t i = 0; i < h.n; ++i) y[i] = a ? s[i] + a[i] : s[i];
+  const T mx = vmax(y, h.n);
+  exp_shift(y, (const T*)nullptr, -mx, h.n);
+  const T bj = -(mx + std::log(sum(y, h.n)));
+  for (int64_t i = 0; i < h.n; ++i) side[i] = std::exp(s[i] + bj + (alpha ? alpha[i / bq] : T(0)));
+  return bj;
 }
 
 // Forward: a (iters + 1, n), b (iters, m), out (n, Dv); with soft: out_l (n, Dv), a_l (n).
@@ -409,16 +431,129 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
   const int64_t chunks = (n + w.bq - 1) / w.bq;
   const bool soft = out_l != nullptr;
   std::fill(a, a + n, T(0));  // a^0
-  std::vector<T> l(n), ll, acc, bnd, col;
-  // The first column step takes its exponentials against the chunk bounds u_cj instead of the column maxima
-  // (no pass over the scores to find them); the softmax half keeps the maxima, which its row sums need.
+  std::vector<T> l(n), ll, acc, bnd, col, side, alpha(chunks), A(n);
+  std::vector<int64_t> robust;  // the columns of a strip that took the robust column step
+  // Without the softmax half, the first column step takes its exponentials against the chunk bounds u_cj
+  // instead of the column maxima (no pass over the scores to find them), and the kept scores are these
+  // exponentials (see scaled_round); the softmax half keeps the maxima, which its row sums need.
   ChunkBounds<T> cb;
-  if (!soft) cb.build(h, w.bq);
+  const bool keep_exp = !soft;
+  if (keep_exp) cb.build(h, w.bq);
   if (soft) {
     ll.assign(n, T(0));
     acc.assign(n * 2 * Dv, T(0));  // (n, 2 Dv): [numerator of out | numerator of out_l]
     std::fill(w.cref.begin(), w.cref.end(), NEG);
   }
+  // One strip of a round in the scaling domain. Round 1 forms E_ij = exp(s_ij - u_cj) (u: the chunk bounds) and
+  // keeps it within the scores' budget; a later round t reads E back, or recomputes it with the same GEMM and
+  // exponential (so the results do not depend on the budget). With alpha_c = max_{i in c} a^{t-1}_i and
+  // A_i = exp(a^{t-1}_i - alpha_c) (round 1: 0 and 1),
+  //     sum_{i in c} exp(s_ij + a^{t-1}_i) = exp(u_cj + alpha_c) sum_{i in c} A_i E_ij,
+  // so a later column step is a weighted sum of kept values, without exponentials. The weights are
+  // w_ij = A_i E_ij F_cj with F_cj = exp(u_cj + alpha_c + b^t_j); l_i collects sum_j E_ij F_cj = sum_j w_ij / A_i
+  // and the output's numerator E (diag(F) V) (A_i cancels in out_i). A column with a chunk whose
+  // u_cj + alpha_c is more than bound_gap above the column's log-sum (terms that matter could have underflowed)
+  // takes the robust column step instead (F_cj = 0, its weights added on the side).
+  auto scaled_strip = [&](int64_t j0, int64_t bc, int64_t t, bool last) {
+    const T* a_prev = a + (t - 1) * n;
+    T* X = w.strip1.data();  // (n, bc): the exponentials of strips whose scores are not kept
+    for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
+      const int64_t i0 = c * w.bq, rows = std::min(w.bq, n - i0);
+      T* Sc = w.cached_scores(j0, i0, bc);
+      T* E = Sc ? Sc : X + i0 * bc;  // (rows, bc)
+      T* cs = w.csum.data() + c * kBc;
+      std::fill(cs, cs + bc, T(0));
+      if (t == 1 || !Sc) {
+        mm<T>(false, true, rows, bc, h.D, h.scale, h.q + i0 * h.D, h.D, h.k + j0 * h.D, h.D, T(0), E, bc);
+        const T* u = cb.bounds(c) + j0;
+        T* neg = tl.vec.data();
+        for (int64_t j = 0; j < bc; ++j) neg[j] = -u[j];
+        T* sums = t == 1 ? cs : tl.sink.data();  // round 1's column sums (A = 1) come with the exponentials
+        for (int64_t r = 0; r < rows; ++r) exp_acc(E + r * bc, neg, sums, bc);
+      }
+      if (t > 1)
+        for (int64_t r = 0; r < rows; ++r) {
+          const T Ai = A[i0 + r];
+          const T* e = E + r * bc;
+          for (int64_t j = 0; j < bc; ++j) cs[j] += Ai * e[j];
+        }
+    });
+    // merge the chunks: M_j = max_c (u_cj + alpha_c + log cs_cj), b_j = -(M_j + log z_j); cmax becomes F
+    T* bj = b + (t - 1) * m + j0;
+    robust.clear();
+    for (int64_t j = 0; j < bc; ++j) {
+      const T NEG = -std::numeric_limits<T>::infinity();
+      T M = NEG;
+      for (int64_t c = 0; c < chunks; ++c) {
+        const T cs = w.csum[c * kBc + j];
+        if (cs > T(0)) M = std::max(M, cb.bounds(c)[j0 + j] + alpha[c] + std::log(cs));
+      }
+      bool ok = M > NEG;
+      for (int64_t c = 0; c < chunks && ok; ++c) ok = cb.bounds(c)[j0 + j] + alpha[c] - M <= bound_gap<T>();
+      if (!ok) {
+        side.resize((robust.size() + 1) * n);
+        bj[j] = robust_column(h, j0 + j, t > 1 ? a_prev : (const T*)nullptr, alpha.data(), w.bq,
+                              side.data() + robust.size() * n, col);
+        robust.push_back(j);
+        for (int64_t c = 0; c < chunks; ++c) w.cmax[c * kBc + j] = T(0);
+        continue;
+      }
+      T z = 0;
+      for (int64_t c = 0; c < chunks; ++c) {
+        const T f = std::exp(cb.bounds(c)[j0 + j] + alpha[c] - M);
+        w.cmax[c * kBc + j] = f;
+        z += w.csum[c * kBc + j] * f;
+      }
+      bj[j] = -(M + std::log(z));
+      for (int64_t c = 0; c < chunks; ++c) w.cmax[c * kBc + j] /= z;
+    }
+    // pass 2: row sums and, in the last round, the output's numerator
+    for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
+      const int64_t i0 = c * w.bq, rows = std::min(w.bq, n - i0);
+      T* Sc = w.cached_scores(j0, i0, bc);
+      const T* E = Sc ? Sc : X + i0 * bc;
+      const T* F = w.cmax.data() + c * kBc;
+      const T* vj = h.v + j0 * Dv;
+      if (last && drop.on) {  // W = E diag(F) * Z (the row sums before dropout), then out += W V
+        T* W = X + i0 * bc;
+        for (int64_t r = 0; r < rows; ++r) {
+          T* x = W + r * bc;
+          const T* e = E + r * bc;
+          for (int64_t j = 0; j < bc; ++j) x[j] = e[j] * F[j];
+          l[i0 + r] += sum(x, bc);
+          drop.row(i0 + r, j0, bc, tl.z.data());
+          for (int64_t j = 0; j < bc; ++j) x[j] *= tl.z[j];
+        }
+        mm<T>(false, false, rows, Dv, bc, T(1), W, bc, vj, Dv, T(1), out + i0 * Dv, Dv);
+      } else {
+        for (int64_t r = 0; r < rows; ++r) l[i0 + r] += dot(E + r * bc, F, bc);
+        if (last) {
+          T* Vf = tl.tile2.data();  // (bc, Dv) = diag(F) V
+          for (int64_t j = 0; j < bc; ++j)
+            for (int64_t d = 0; d < Dv; ++d) Vf[j * Dv + d] = F[j] * vj[j * Dv + d];
+          mm<T>(false, false, rows, Dv, bc, T(1), E, bc, Vf, Dv, T(1), out + i0 * Dv, Dv);
+        }
+      }
+      for (size_t k = 0; k < robust.size(); ++k) {  // the robust columns' weights (divided by A_i)
+        const int64_t j = robust[k];
+        const T* sd = side.data() + k * n;
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = i0 + r;
+          l[i] += sd[i];
+          if (!last) continue;
+          T wt = sd[i];
+          if (drop.on) {
+            T zz;
+            drop.row(i, j0 + j, 1, &zz);
+            wt *= zz;
+          }
+          T* o = out + i * Dv;
+          for (int64_t d = 0; d < Dv; ++d) o[d] += wt * vj[j * Dv + d];
+        }
+      }
+    });
+  };
+
   for (int64_t t = 1; t <= iters; ++t) {
     const bool last = t == iters;
     const bool both = last && soft;
@@ -447,15 +582,34 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
         bound = bnd.data();
       }
     }
-    const bool chunk_bounds = t == 1 && !soft;
-    for (int64_t j0 = 0; j0 < m; j0 += kBc) {
+    // The scaling domain (below) needs every A_i far from underflow: the spread of a^{t-1} within each chunk
+    // at most bound_gap; else this round takes the log-domain sweep, its scores recomputed.
+    bool scaled = keep_exp;
+    for (int64_t c = 0; c < chunks && keep_exp; ++c) {
+      const int64_t i0 = c * w.bq, rows = std::min(w.bq, n - i0);
+      if (t == 1) {
+        alpha[c] = T(0);
+        std::fill(A.begin() + i0, A.begin() + i0 + rows, T(1));
+        continue;
+      }
+      const T hi = vmax(a_prev + i0, rows);
+      T lo = hi;
+      for (int64_t r = 0; r < rows; ++r) lo = std::min(lo, a_prev[i0 + r]);
+      scaled = scaled && hi - lo <= bound_gap<T>();
+      alpha[c] = hi;
+      for (int64_t r = 0; r < rows; ++r) A[i0 + r] = std::exp(a_prev[i0 + r] - hi);
+    }
+    for (int64_t j0 = 0; j0 < m && scaled; j0 += kBc)
+      scaled_strip(j0, std::min(kBc, m - j0), t, last);
+    for (int64_t j0 = 0; j0 < m && !scaled; j0 += kBc) {
       const int64_t bc = std::min(kBc, m - j0);
       T* X = w.strip1.data();  // (n, bc)
       // pass 1: scores, per-chunk column statistics (and, for the softmax half, g)
       for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
         const int64_t i0 = c * w.bq, rows = std::min(w.bq, n - i0);
         T* Xc = X + i0 * bc;
-        T* Sc = w.cached_scores(j0, i0, bc);  // kept scores (computed in round 1), or null: X = s + a^{t-1}
+        // kept scores (computed in round 1), or null: X = s + a^{t-1}
+        T* Sc = keep_exp ? nullptr : w.cached_scores(j0, i0, bc);
         if (!Sc || t == 1)
           mm<T>(false, true, rows, bc, h.D, h.scale, h.q + i0 * h.D, h.D, h.k + j0 * h.D, h.D, T(0), Sc ? Sc : Xc,
                 bc);
@@ -463,12 +617,10 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
         T* cs = w.csum.data() + c * kBc;
         if (bound)
           std::copy(bound + j0, bound + j0 + bc, cm);
-        else if (chunk_bounds)
-          cb.fill(h, c, j0, bc, cm);
         else
           std::fill(cm, cm + bc, NEG);
         std::fill(cs, cs + bc, T(0));
-        for (int64_t r = 0; r < rows && !(Sc && bound) && !chunk_bounds; ++r) {
+        for (int64_t r = 0; r < rows && !(Sc && bound); ++r) {
           const T ai = t > 1 ? a_prev[i0 + r] : T(0);
           if (Sc) {  // X is formed by the exponential below
             const T* sr = Sc + r * bc;
@@ -506,33 +658,7 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
       });
       // merge the chunks: b_j = -LSE_i x_ij; cmax becomes the factor exp(m_c - M_j) / z_j
       T* bj = b_t + j0;
-      for (int64_t j = 0; j < bc && chunk_bounds; ++j) {
-        // Against bounds, M_j = max_c (u_cj + log csum_cj) is the log of the largest chunk sum, and every chunk
-        // whose bound is at most bound_gap above it has its terms that matter (within float rounding of the
-        // column sum) far from underflow; a chunk further above, or a column whose sums all underflowed, makes
-        // the column take the robust step (its scores recomputed, exponentials against the maximum).
-        T M = NEG;
-        for (int64_t c = 0; c < chunks; ++c) {
-          const T cs = w.csum[c * kBc + j];
-          if (cs > T(0)) M = std::max(M, w.cmax[c * kBc + j] + std::log(cs));
-        }
-        bool ok = M > NEG;
-        for (int64_t c = 0; c < chunks && ok; ++c) ok = w.cmax[c * kBc + j] - M <= bound_gap<T>();
-        if (!ok) {
-          bj[j] = robust_column(h, j0 + j, X, bc, j, col);
-          for (int64_t c = 0; c < chunks; ++c) w.cmax[c * kBc + j] = T(1);
-          continue;
-        }
-        T z = 0;
-        for (int64_t c = 0; c < chunks; ++c) {
-          const T f = std::exp(w.cmax[c * kBc + j] - M);
-          w.cmax[c * kBc + j] = f;
-          z += w.csum[c * kBc + j] * f;
-        }
-        bj[j] = -(M + std::log(z));
-        for (int64_t c = 0; c < chunks; ++c) w.cmax[c * kBc + j] /= z;
-      }
-      for (int64_t j = 0; j < bc && !chunk_bounds; ++j) {
+      for (int64_t j = 0; j < bc; ++j) {
         T M = NEG;
         for (int64_t c = 0; c < chunks; ++c) M = std::max(M, w.cmax[c * kBc + j]);
         T z = 0;
@@ -601,11 +727,12 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
         std::copy(acc.data() + i * 2 * Dv + Dv, acc.data() + (i + 1) * 2 * Dv, out_l + i * Dv);
       }
     }
-    // row step: a^t = a^{t-1} - log(sum_j w_ij); rows whose weights underflowed get a running maximum
+    // row step: a^t = a^{t-1} - log(sum_j w_ij); rows whose weights underflowed get a running maximum. In the
+    // scaling domain l_i holds sum_j w_ij / A_i, and a^t_i = alpha_c - log(l_i).
     const T small = tiny<T>();
     for (int64_t i = 0; i < n; ++i) {
-      if (l[i] >= small) {
-        a_t[i] = a_prev[i] - std::log(l[i]);
+      if ((scaled ? A[i] * l[i] : l[i]) >= small) {
+        a_t[i] = scaled ? alpha[i / w.bq] - std::log(l[i]) : a_prev[i] - std::log(l[i]);
         if (last) {
           T* o = out + i * Dv;
           const T inv = T(1) / l[i];
