@@ -69,8 +69,11 @@
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <type_traits>
@@ -189,6 +192,47 @@ inline float dot<float>(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// y[r] += x_r . f for r < rows (rows of x of length n, leading dimension ld): four rows at a time, so that
+// the multiply-adds of different rows overlap instead of waiting on one accumulator.
+template <typename T>
+inline void rows_dot(const T* x, int64_t ld, const T* f, int64_t n, int64_t rows, T* y) {
+  for (int64_t r = 0; r < rows; ++r) y[r] += dot(x + r * ld, f, n);
+}
+template <>
+inline void rows_dot<float>(const float* x, int64_t ld, const float* f, int64_t n, int64_t rows, float* y) {
+  using V = at::vec::Vectorized<float>;
+  const auto add = [](const V& p, const V& q) { return p + q; };
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    const float* x0 = x + r * ld;
+    const float* x1 = x0 + ld;
+    const float* x2 = x1 + ld;
+    const float* x3 = x2 + ld;
+    V a0(0.f), a1(0.f), a2(0.f), a3(0.f);
+    int64_t j = 0;
+    for (; j + V::size() <= n; j += V::size()) {
+      const V fv = V::loadu(f + j);
+      a0 = at::vec::fmadd(V::loadu(x0 + j), fv, a0);
+      a1 = at::vec::fmadd(V::loadu(x1 + j), fv, a1);
+      a2 = at::vec::fmadd(V::loadu(x2 + j), fv, a2);
+      a3 = at::vec::fmadd(V::loadu(x3 + j), fv, a3);
+    }
+    float s0 = at::vec::vec_reduce_all<float>(add, a0), s1 = at::vec::vec_reduce_all<float>(add, a1);
+    float s2 = at::vec::vec_reduce_all<float>(add, a2), s3 = at::vec::vec_reduce_all<float>(add, a3);
+    for (; j < n; ++j) {
+      s0 += x0[j] * f[j];
+      s1 += x1[j] * f[j];
+      s2 += x2[j] * f[j];
+      s3 += x3[j] * f[j];
+    }
+    y[r] += s0;
+    y[r + 1] += s1;
+    y[r + 2] += s2;
+    y[r + 3] += s3;
+  }
+  for (; r < rows; ++r) y[r] += dot(x + r * ld, f, n);
+}
+
 template <typename T>
 inline T sum(const T* a, int64_t n) {
   T s = 0;
@@ -231,6 +275,36 @@ struct Head {
   const T* v;  // (m, Dv)
 };
 
+// A growable buffer in 2 MiB aligned memory advised as transparent huge pages (where the system allows them):
+// the large buffers of a call (strips, kept scores) are first touched once per call, and with 4 KiB pages that
+// costs a page fault every 4 KiB (a fifth of a Sinkhorn forward at L = 4096). Not zero-filled: every use
+// writes before it reads (the buffers are reused from one head to the next anyway).
+template <typename T>
+class HugeBuffer {
+ public:
+  T* data() { return p_.get(); }
+  const T* data() const { return p_.get(); }
+  void resize(int64_t n) {
+    if (n <= cap_) return;
+    constexpr size_t kHuge = size_t(2) << 20;
+    const size_t bytes = (size_t(n) * sizeof(T) + kHuge - 1) / kHuge * kHuge;
+    void* p = std::aligned_alloc(kHuge, bytes);
+    TORCH_CHECK(p != nullptr, "out of memory: the attention kernel's scratch needs ", bytes, " bytes");
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    p_.reset(static_cast<T*>(p));
+    cap_ = n;
+  }
+
+ private:
+  struct Free {
+    void operator()(T* p) const { std::free(p); }
+  };
+  std::unique_ptr<T, Free> p_;
+  int64_t cap_ = 0;
+};
+
 // Buffers of one worker thread: three (bq, kBc) tiles, a kBc vector and its partial dK / dV of a strip.
 template <typename T>
 struct Tiles {
@@ -247,8 +321,9 @@ struct Tiles {
 // are those the product would give again, so the results do not depend on the budget.
 template <typename T>
 struct Scratch {
-  std::vector<T> strip1, strip2, cmax, csum, gb, cg, cref;
-  std::unique_ptr<T[]> scores;  // not zero-filled: every kept strip is written before it is read
+  HugeBuffer<T> strip1, strip2;
+  std::vector<T> cmax, csum, gb, cg, cref;
+  HugeBuffer<T> scores;  // every kept strip is written before it is read
   std::vector<Tiles<T>> tiles;
   bool parallel = false;
   int64_t cached = 0, n_rows = 0, capacity = 0, bq = kBq;
@@ -259,13 +334,13 @@ struct Scratch {
     n_rows = n;
     if (capacity < cached * n * kBc) {
       capacity = cached * n * kBc;
-      scores.reset(new T[capacity]);
+      scores.resize(capacity);
     }
   }
   // Rows i0.. of strip j0's cached scores, or null when the strip is not kept.
   T* cached_scores(int64_t j0, int64_t i0, int64_t bc) {
     const int64_t s = j0 / kBc;
-    return s < cached ? scores.get() + s * n_rows * kBc + i0 * bc : nullptr;
+    return s < cached ? scores.data() + s * n_rows * kBc + i0 * bc : nullptr;
   }
   // Query chunks of `bq` rows: chunk_rows (kBq unless a test asks for fewer), or, when one head's chunks are
   // spread over the threads, small enough that every thread gets one (large chunks amortize the GEMMs' packing
@@ -526,7 +601,7 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
         }
         mm<T>(false, false, rows, Dv, bc, T(1), W, bc, vj, Dv, T(1), out + i0 * Dv, Dv);
       } else {
-        for (int64_t r = 0; r < rows; ++r) l[i0 + r] += dot(E + r * bc, F, bc);
+        rows_dot(E, bc, F, bc, rows, l.data() + i0);
         if (last) {
           T* Vf = tl.tile2.data();  // (bc, Dv) = diag(F) V
           for (int64_t j = 0; j < bc; ++j)
@@ -678,14 +753,12 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
         if (both) {
           // row sums of E diag(f) and E diag(g) before dropout; then acc += (E * Z) [diag(f) V | diag(g) V]
           const T* g = w.cg.data() + c * kBc;
-          for (int64_t r = 0; r < rows; ++r) {
+          rows_dot(Xc, bc, f, bc, rows, l.data() + i0);
+          rows_dot(Xc, bc, g, bc, rows, ll.data() + i0);
+          for (int64_t r = 0; r < rows && drop.on; ++r) {
             T* x = Xc + r * bc;
-            l[i0 + r] += dot(x, f, bc);
-            ll[i0 + r] += dot(x, g, bc);
-            if (drop.on) {
-              drop.row(i0 + r, j0, bc, tl.z.data());
-              for (int64_t j = 0; j < bc; ++j) x[j] *= tl.z[j];
-            }
+            drop.row(i0 + r, j0, bc, tl.z.data());
+            for (int64_t j = 0; j < bc; ++j) x[j] *= tl.z[j];
           }
           T* Vc = tl.vcat.data();  // (bc, 2 Dv)
           const T* vj = h.v + j0 * Dv;
@@ -699,7 +772,7 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
         }
         if (!(last && drop.on) && Dv <= w.bq) {
           // w = X diag(f) is never written: l += X f, and the last round's output takes X (diag(f) V)
-          for (int64_t r = 0; r < rows; ++r) l[i0 + r] += dot(Xc + r * bc, f, bc);
+          rows_dot(Xc, bc, f, bc, rows, l.data() + i0);
           if (last) {
             T* Vf = tl.tile2.data();  // (bc, Dv)
             const T* vj = h.v + j0 * Dv;
