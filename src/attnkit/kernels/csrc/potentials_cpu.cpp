@@ -899,6 +899,23 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
   const T* a_k = a + iters * n;
   const T* b_k = b + (iters - 1) * m;
   const T* rc_k = r_col.data() + (iters - 1) * n;
+  // The softmax half's weights from the mechanism's: PL_ij = exp(s_ij + a_l_i) = P_ij rho_i kappa_j with
+  // rho_i = exp(a_l_i - a^k_i - r), kappa_j = exp(r - b^k_j), r = max_i (a_l_i - a^k_i): a product instead of an
+  // exponential, taken when every rho_i kappa_j is at most e^bound_gap (then P_ij stays clear of underflow
+  // wherever PL_ij matters); else both are exponentials.
+  std::vector<T> rho, kappa;
+  if (out_l) {
+    T r = -std::numeric_limits<T>::infinity(), c = r;
+    for (int64_t i = 0; i < n; ++i) r = std::max(r, a_l[i] - a_k[i]);
+    for (int64_t j = 0; j < m; ++j) c = std::max(c, -b_k[j]);
+    if (r + c <= bound_gap<T>()) {
+      rho.resize(n);
+      kappa.resize(m);
+      for (int64_t i = 0; i < n; ++i) rho[i] = std::exp(a_l[i] - a_k[i] - r);
+      for (int64_t j = 0; j < m; ++j) kappa[j] = std::exp(r - b_k[j]);
+    }
+  }
+  const bool derive_pl = !rho.empty();
 
   // The scores of rows i0.. of strip j0: kept ones (computed here when `fresh`), else computed into `into`.
   auto scores = [&](int64_t j0, int64_t i0, int64_t rows, int64_t bc, bool fresh, T* into) -> const T* {
@@ -925,8 +942,14 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
       T* p = P + r * bc;
       T* dp = dP + r * bc;
       T* ds = dS + r * bc;
-      if (out_l) exp_to(PL + r * bc, S + r * bc, (const T*)nullptr, a_l[i], bc);
+      if (out_l && !derive_pl) exp_to(PL + r * bc, S + r * bc, (const T*)nullptr, a_l[i], bc);
       exp_to(p, S + r * bc, b_k + j0, a_k[i], bc);
+      if (derive_pl) {
+        T* pl = PL + r * bc;
+        const T* kp = kappa.data() + j0;
+        const T ri = rho[i];
+        for (int64_t j = 0; j < bc; ++j) pl[j] = p[j] * (ri * kp[j]);
+      }
       T* z = tl.z.data();
       if (drop.on) {  // d out / d pi_ij = z_ij v_j
         drop.row(i, j0, bc, z);
