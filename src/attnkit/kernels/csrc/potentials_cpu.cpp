@@ -44,7 +44,9 @@
 //                           dQ += dS K, dK += dS^T Q
 // backward, k > 1:   sweeps of rounds k .. 2 find the gradients of the potentials b^t, a^{t-1} alone (the
 //                    last one from dV: g_j = v_j . dV_j - sum_i P_ij delta_i, no dP), then one sweep forms
-//                    dS of every round and computes dP, dQ and dK once (see backward_head)
+//                    dS of every round and computes dP, dQ and dK once (see backward_head); without the
+//                    softmax half the weights of every round are products of kept exponentials E = exp(s - u)
+//                    and row and column factors (the scaling domain), when those factors are safe
 //
 // Attention dropout (training) drops the final weights pi_ij with a counter-based hash of (seed, head, i, j),
 // so that the backward pass replays the same mask without storing it (as FlashAttention does on the GPU):
@@ -55,8 +57,8 @@
 // reads (no input needs a gradient), so its outputs are bit-identical to potentials_forward's.
 //
 // Sinkhorn (k > 1) reads the same scores in every round: the first sweep that computes a strip keeps them
-// (Scratch::scores, up to `score_cache_bytes` shared by the threads): the exponentials E of round 1 in the
-// scaling domain, the scores with the softmax half and in the backward. The later sweeps read them back instead
+// (Scratch::scores, up to `score_cache_bytes` shared by the threads): the exponentials E in the scaling domain,
+// else the scores. The later sweeps read them back instead
 // of recomputing Q K^T; a strip that is not kept is recomputed with the same arithmetic, so the results are the
 // same for every budget.
 // The extra memory is two strips of (Lq, kBc) per thread, the kept scores (at most score_cache_bytes), and
@@ -916,14 +918,67 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
     }
   }
   const bool derive_pl = !rho.empty();
+  // Sinkhorn without the softmax half runs in the scaling domain, as its forward does: the sweeps keep (or
+  // recompute alike) E = exp(S - U) (U: the chunk bounds) instead of the scores, and round t's weights are the
+  // products P^t_ij = E_ij A^t_i F^t_cj, A^t_i = exp(a^t_i - alpha^t_c), F^t_cj = exp(u_cj + alpha^t_c + b^t_j)
+  // (alpha^t_c: the chunk's largest a^t), not new exponentials. Taken for the whole head when every round's a^t
+  // spreads over at most bound_gap within each chunk and every F^t is at most e^bound_gap (then no E_ij that
+  // underflowed could have mattered); else the sweeps take exponentials of the scores.
+  ChunkBounds<T> cb;
+  std::vector<T> A_t, F_t;  // (iters, n), (iters, chunks, m)
+  bool scaled = iters > 1 && !out_l;
+  if (scaled) {
+    cb.build(h, w.bq);
+    A_t.resize(iters * n);
+    F_t.resize(iters * chunks * m);
+    for (int64_t t = 1; t <= iters && scaled; ++t) {
+      const T* at = a + t * n;
+      const T* bt = b + (t - 1) * m;
+      for (int64_t c = 0; c < chunks && scaled; ++c) {
+        const int64_t i0 = c * w.bq, rows = std::min(w.bq, n - i0);
+        const T hi = vmax(at + i0, rows);
+        T lo = hi;
+        for (int64_t r = 0; r < rows; ++r) {
+          lo = std::min(lo, at[i0 + r]);
+          A_t[(t - 1) * n + i0 + r] = std::exp(at[i0 + r] - hi);
+        }
+        scaled = hi - lo <= bound_gap<T>();
+        const T* uc = cb.bounds(c);
+        T* F = F_t.data() + ((t - 1) * chunks + c) * m;
+        for (int64_t j = 0; j < m; ++j) {
+          const T x = uc[j] + hi + bt[j];
+          scaled = scaled && x <= bound_gap<T>();
+          F[j] = std::exp(x);
+        }
+      }
+    }
+  }
 
-  // The scores of rows i0.. of strip j0: kept ones (computed here when `fresh`), else computed into `into`.
-  auto scores = [&](int64_t j0, int64_t i0, int64_t rows, int64_t bc, bool fresh, T* into) -> const T* {
+  // The scores (scaled: E) of rows i0.. of strip j0: kept ones (computed here when `fresh`), else computed into
+  // `into`.
+  auto scores = [&](Tiles<T>& tl, int64_t j0, int64_t i0, int64_t rows, int64_t bc, bool fresh,
+                    T* into) -> const T* {
     T* S = w.cached_scores(j0, i0, bc);
     if (S && !fresh) return S;
     if (!S) S = into;
     mm<T>(false, true, rows, bc, D, h.scale, h.q + i0 * D, D, h.k + j0 * D, D, T(0), S, bc);
+    if (scaled) {
+      const T* uc = cb.bounds(i0 / w.bq) + j0;
+      T* neg = tl.vec.data();
+      for (int64_t j = 0; j < bc; ++j) neg[j] = -uc[j];
+      for (int64_t r = 0; r < rows; ++r) exp_acc(S + r * bc, neg, tl.sink.data(), bc);
+    }
     return S;
+  };
+  // p (bc) = round t's weights P^t of (compacted) row i on the keys of strip j0, from that row of `scores`.
+  auto weights = [&](T* p, const T* s, int64_t t, int64_t i, int64_t j0, int64_t bc) {
+    if (!scaled) {
+      exp_to(p, s, b + (t - 1) * m + j0, a[t * n + i], bc);
+      return;
+    }
+    const T ai = A_t[(t - 1) * n + i];
+    const T* F = F_t.data() + ((t - 1) * chunks + i / w.bq) * m + j0;
+    for (int64_t j = 0; j < bc; ++j) p[j] = s[j] * (ai * F[j]);
   };
   // The output's own step for chunk c of strip j0: P = P^k (in strip2), dS = the output's part of the score
   // gradient (in strip1) and its column sums (csum of c); with dv_too, dV += W^T dO. P becomes C^k.
@@ -935,7 +990,7 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
     T* dS = w.strip1.data() + i0 * bc;
     T* dP = tl.tile.data();
     T* PL = tl.tile2.data();
-    const T* S = scores(j0, i0, rows, bc, fresh, iters > 1 ? tl.tile3.data() : P);
+    const T* S = scores(tl, j0, i0, rows, bc, fresh, iters > 1 ? tl.tile3.data() : P);
     mm<T>(false, true, rows, bc, Dv, T(1), dout + i0 * Dv, Dv, h.v + j0 * Dv, Dv, T(0), dP, bc);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = i0 + r;
@@ -943,7 +998,7 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
       T* dp = dP + r * bc;
       T* ds = dS + r * bc;
       if (out_l && !derive_pl) exp_to(PL + r * bc, S + r * bc, (const T*)nullptr, a_l[i], bc);
-      exp_to(p, S + r * bc, b_k + j0, a_k[i], bc);
+      weights(p, S + r * bc, iters, i, j0, bc);
       if (derive_pl) {
         T* pl = PL + r * bc;
         const T* kp = kappa.data() + j0;
@@ -1009,11 +1064,11 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
         std::fill(g, g + bc, T(0));
         T* P = w.strip2.data() + i0 * bc;
         T* W = drop.on ? tl.tile.data() : P;  // the weights that multiply dO
-        const T* S = scores(j0, i0, rows, bc, true, tl.tile3.data());
+        const T* S = scores(tl, j0, i0, rows, bc, true, tl.tile3.data());
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = i0 + r;
           T* p = P + r * bc;
-          exp_to(p, S + r * bc, b_k + j0, a_k[i], bc);
+          weights(p, S + r * bc, iters, i, j0, bc);
           const T di = delta[i];
           for (int64_t j = 0; j < bc; ++j) g[j] += p[j] * di;
           if (drop.on) {
@@ -1045,8 +1100,6 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
 
   // Sweeps of rounds k .. 2: gb^t (complete per strip), then gr^{t-1} -= C^t gb^t. C^t is kept in strip2.
   for (int64_t t = dv_first ? iters - 1 : iters; t >= 2; --t) {
-    const T* a_t = a + t * n;
-    const T* b_t = b + (t - 1) * m;
     const T* rc = r_col.data() + (t - 1) * n;
     const T* gr_t = gr.data() + t * n;
     T* gb_t = gb.data() + (t - 1) * m;
@@ -1062,11 +1115,11 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
         T* g = w.csum.data() + c * kBc;
         std::fill(g, g + bc, T(0));
         T* P = w.strip2.data() + i0 * bc;
-        const T* S = scores(j0, i0, rows, bc, false, P);
+        const T* S = scores(tl, j0, i0, rows, bc, false, P);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = i0 + r;
           T* p = P + r * bc;
-          exp_to(p, S + r * bc, b_t + j0, a_t[i], bc);  // P^t
+          weights(p, S + r * bc, t, i, j0, bc);  // P^t
           const T gri = gr_t[i], rci = rc[i];
           for (int64_t j = 0; j < bc; ++j) {
             g[j] -= p[j] * gri;
@@ -1105,7 +1158,7 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
         T* p = P + r * bc;
         for (int64_t j = 0; j < bc; ++j) ds[j] -= p[j] * gbk[j];
         for (int64_t t = iters - 1; t >= 1; --t) {
-          exp_to(q, S + r * bc, b + (t - 1) * m + j0, a[t * n + i], bc);  // P^t
+          weights(q, S + r * bc, t, i, j0, bc);  // P^t
           const T gri = gr[t * n + i], rci = r_col[(t - 1) * n + i];
           if (t > 1) {
             const T* gbt = gb.data() + (t - 1) * m + j0;
