@@ -38,7 +38,7 @@ from .blocking import reduce_to
 
 __all__ = ["fused_cpu_available", "fused_cpu_attention", "SCORE_CACHE_BYTES"]
 
-# bytes of exponentials (or scores) kept between Sinkhorn rounds: all of a 4096 x 4096 float32 head on one thread
+# bytes of exponentials (or scores) kept between Sinkhorn rounds: a whole 4096 x 4096 float32 head, one thread
 SCORE_CACHE_BYTES = 64 * 2**20
 # queries per chunk of a key strip (fewer when one head is spread over the threads); large chunks amortize the
 # packing of the GEMMs' shared operand, small ones let the tests cover several chunks with small inputs
