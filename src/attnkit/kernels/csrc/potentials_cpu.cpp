@@ -375,6 +375,21 @@ struct Scratch {
   }
 };
 
+// The merge of column j over the query chunks: on entry cmax holds each chunk's exponent e_c (its csum is a sum of
+// exp(x_ij - e_c)) and M is the reference; returns b_j = -LSE_i x_ij = -(M + log z), z = sum_c csum_c exp(e_c - M),
+// and leaves in cmax the factors exp(e_c - M) / z that column-normalize each chunk's exponentials.
+template <typename T>
+T merge_column(Scratch<T>& w, int64_t chunks, int64_t j, T M) {
+  T z = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const T f = std::exp(w.cmax[c * kBc + j] - M);
+    w.cmax[c * kBc + j] = f;
+    z += w.csum[c * kBc + j] * f;
+  }
+  for (int64_t c = 0; c < chunks; ++c) w.cmax[c * kBc + j] /= z;
+  return -(M + std::log(z));
+}
+
 // fn(c, tiles) for every query chunk c, on the calling thread or spread over the threads.
 template <typename T, typename F>
 void for_chunks(int64_t chunks, Scratch<T>& w, const F& fn) {
@@ -575,14 +590,8 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
         for (int64_t c = 0; c < chunks; ++c) w.cmax[c * kBc + j] = T(0);
         continue;
       }
-      T z = 0;
-      for (int64_t c = 0; c < chunks; ++c) {
-        const T f = std::exp(cb.bounds(c)[j0 + j] + alpha[c] - M);
-        w.cmax[c * kBc + j] = f;
-        z += w.csum[c * kBc + j] * f;
-      }
-      bj[j] = -(M + std::log(z));
-      for (int64_t c = 0; c < chunks; ++c) w.cmax[c * kBc + j] /= z;
+      for (int64_t c = 0; c < chunks; ++c) w.cmax[c * kBc + j] = cb.bounds(c)[j0 + j] + alpha[c];
+      bj[j] = merge_column(w, chunks, j, M);
     }
     // pass 2: row sums and, in the last round, the output's numerator
     for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
@@ -738,14 +747,7 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
       for (int64_t j = 0; j < bc; ++j) {
         T M = NEG;
         for (int64_t c = 0; c < chunks; ++c) M = std::max(M, w.cmax[c * kBc + j]);
-        T z = 0;
-        for (int64_t c = 0; c < chunks; ++c) {
-          const T f = std::exp(w.cmax[c * kBc + j] - M);
-          w.cmax[c * kBc + j] = f;
-          z += w.csum[c * kBc + j] * f;
-        }
-        bj[j] = -(M + std::log(z));
-        for (int64_t c = 0; c < chunks; ++c) w.cmax[c * kBc + j] /= z;
+        bj[j] = merge_column(w, chunks, j, M);
       }
       // pass 2: column-normalized weights, row sums, output
       for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
