@@ -277,10 +277,10 @@ struct Head {
   const T* v;  // (m, Dv)
 };
 
-// A growable buffer in 2 MiB aligned memory advised as transparent huge pages (where the system allows them):
-// the large buffers of a call (strips, kept scores) are first touched once per call, and with 4 KiB pages that
-// costs a page fault every 4 KiB (a fifth of a Sinkhorn forward at L = 4096). Not zero-filled: every use
-// writes before it reads (the buffers are reused from one head to the next anyway).
+// A growable buffer, from 2 MiB on in 2 MiB aligned memory advised as transparent huge pages (where the system
+// allows them): the large buffers of a call (strips, kept scores) are first touched once per call, and with 4 KiB
+// pages that costs a page fault every 4 KiB (a fifth of a Sinkhorn forward at L = 4096). Not zero-filled: every
+// use writes before it reads (the buffers are reused from one head to the next anyway).
 template <typename T>
 class HugeBuffer {
  public:
@@ -288,12 +288,15 @@ class HugeBuffer {
   const T* data() const { return p_.get(); }
   void resize(int64_t n) {
     if (n <= cap_) return;
-    constexpr size_t kHuge = size_t(2) << 20;
-    const size_t bytes = (size_t(n) * sizeof(T) + kHuge - 1) / kHuge * kHuge;
-    void* p = std::aligned_alloc(kHuge, bytes);
+    constexpr size_t kHuge = size_t(2) << 20, kLine = 64;
+    const size_t need = size_t(n) * sizeof(T);
+    const bool huge = need >= kHuge;  // below a huge page, a huge page would only add zero-filling
+    const size_t align = huge ? kHuge : kLine;
+    const size_t bytes = (need + align - 1) / align * align;
+    void* p = std::aligned_alloc(align, bytes);
     TORCH_CHECK(p != nullptr, "out of memory: the attention kernel's scratch needs ", bytes, " bytes");
 #ifdef MADV_HUGEPAGE
-    madvise(p, bytes, MADV_HUGEPAGE);
+    if (huge) madvise(p, bytes, MADV_HUGEPAGE);
 #endif
     p_.reset(static_cast<T*>(p));
     cap_ = n;
