@@ -207,3 +207,51 @@ def test_float32_error_is_at_most_a_small_multiple_of_the_eager_error(offset):
     eager = ak.attention(*x, "coda", backend="reference")
     eager_err = (eager.double() - ref).abs().max().item()
     assert (fused.double() - ref).abs().max().item() <= 4 * eager_err + 1e-7
+
+
+@pytest.fixture
+def num_threads():
+    """Set torch's thread count for one test: ``num_threads(n)``; restored afterwards."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+# One head of 300 queries: three query chunks (128 + 128 + 44 rows) that the threads share, so the head is cut
+# between threads and its dK, dV and mean gradients are the sum of the threads' parts.
+# (The centred variants reject causal masks, so they take a pair mask instead.)
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize(
+    "variant, kind",
+    [("default", "none"), ("default", "key+query"), ("default", "causal+key+attn"),
+     ("algebraic-centered-both", "key+query"), ("algebraic-centered-both", "attn")],
+)
+def test_one_head_cut_between_threads_matches_reference(variant, kind, threads, num_threads):
+    num_threads(threads)
+    kwargs = VARIANTS[variant]
+    _compare(ak.CoDA(**kwargs), kwargs, (1, 1, 300, 170, 12, 5), kind)
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+def test_results_agree_over_thread_counts_and_repeat_bit_for_bit(dropout_p, num_threads):
+    """However the chunks are cut, the outputs and gradients agree to rounding (the BLAS may round differently
+    under another thread count), and a thread count repeats its own bits."""
+    q, k, v = (t.float() for t in _inputs(2, 3, 300, 170, 12, 5))
+    km, qm, am, causal = _masks("key+query", 2, 3, 300, 170)
+    config = ak.CoDA(gate="centered", center_e=True)
+
+    def run(threads):
+        num_threads(threads)
+        x = [t.clone().requires_grad_() for t in (q, k, v)]
+        torch.manual_seed(11)
+        out = ak.attention(*x, config, key_mask=km, query_mask=qm, dropout_p=dropout_p, backend="efficient")
+        out.backward(torch.ones_like(out))
+        return [out.detach()] + [t.grad for t in x]
+
+    one = run(1)
+    for threads in (2, 3, 4, 5):
+        results = run(threads)
+        for a, b in zip(results, one):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        for a, b in zip(run(threads), results):
+            assert torch.equal(a, b), threads

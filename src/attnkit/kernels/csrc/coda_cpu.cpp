@@ -31,8 +31,14 @@
 // -sum dE and -sum dN; the caller propagates them through its sum pass.
 //
 // Dropout drops M_ij with a counter-based hash of (seed, head, i, j) (compacted indices) that the
-// backward pass replays, as in potentials_cpu.cpp. Parallel over the (batch, head) problems, balanced by
-// their valid pairs.
+// backward pass replays, as in potentials_cpu.cpp.
+//
+// Threads. The query chunks of all (batch, head) problems, in order, are cut into one contiguous run per
+// thread of about equal work (valid pairs), so that a batch of one sequence, a head count that the thread
+// count does not divide or uneven lengths still keep every thread busy. The forward's rows are computed
+// alike however they are cut (its results do not depend on the thread count); in the backward, a problem cut
+// between threads adds the threads' partial dK, dV (and mean gradients) in thread order after the parallel
+// region, so their last bits depend on the thread count.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -53,9 +59,9 @@
 
 namespace {
 
-using attnkit_cpu_common::balanced_schedule;
 using attnkit_cpu_common::blas;
 using attnkit_cpu_common::Dropout;
+using attnkit_cpu_common::lvector;
 using attnkit_cpu_common::mm;
 
 constexpr int64_t kBq = 128;  // queries per chunk (a multiple of kRows)
@@ -308,7 +314,7 @@ struct Head {
 // Tiles of one worker.
 template <typename T>
 struct Tiles {
-  std::vector<T> e, dist, m, dm, z;
+  lvector<T> e, dist, m, dm, z;
   Tiles() : e(kBq * kBc), dist(kBq * kBc), m(kBq * kBc), dm(kBq * kBc), z(kBc) {}
 };
 
@@ -399,11 +405,14 @@ bool row_weights(const Head<T>& h, const Dropout& drop, bool all, int64_t i, int
   return true;
 }
 
+// Forward of the query rows [r0, r1) of one head (r0 a multiple of kBq): rows r0 .. r1 of out (n, Dv). (The
+// rows keep their offsets in out however the chunks are cut: BLAS results may depend on the alignment.)
 template <typename T>
-void forward_head(const Head<T>& h, const Params<T>& P, const Dropout& drop, T* out, Tiles<T>& w) {
-  std::fill(out, out + h.n * h.Dv, T(0));
-  for (int64_t i0 = 0; i0 < h.n; i0 += kBq) {
-    const int64_t rows = std::min(kBq, h.n - i0);
+void forward_head(const Head<T>& h, const Params<T>& P, const Dropout& drop, int64_t r0, int64_t r1, T* out,
+                  Tiles<T>& w) {
+  std::fill(out + r0 * h.Dv, out + r1 * h.Dv, T(0));
+  for (int64_t i0 = r0; i0 < r1; i0 += kBq) {
+    const int64_t rows = std::min(kBq, r1 - i0);
     for (int64_t j0 = 0; j0 < h.m; j0 += kBc) {
       const int64_t cols = std::min(kBc, h.m - j0);
       bool some, all;
@@ -422,21 +431,25 @@ void forward_head(const Head<T>& h, const Params<T>& P, const Dropout& drop, T* 
   }
 }
 
-// Backward of one head: dq (n, D), dk (m, D), dv (m, Dv) (zeroed here), and the sums of dE and dN.
+// Backward of the query rows [r0, r1) of one head (r0 a multiple of kBq): rows r0 .. r1 of dq (n, D), and
+// their parts of dk (m, D), dv (m, Dv) and of the sums of dE and dN (all zeroed here). The parts of the row
+// ranges of a head add up to its gradients.
 template <typename T>
-void backward_head(const Head<T>& h, const Params<T>& P, const Dropout& drop, const T* dO, T* dq, T* dk, T* dv,
-                   T& sum_de, T& sum_dn, Tiles<T>& w) {
-  const int64_t n = h.n, m = h.m, D = h.D, Dv = h.Dv;
+void backward_head(const Head<T>& h, const Params<T>& P, const Dropout& drop, const T* dO, int64_t r0, int64_t r1,
+                   T* dq, T* dk, T* dv, T& sum_de, T& sum_dn, Tiles<T>& w) {
+  const int64_t n = r1 - r0, m = h.m, D = h.D, Dv = h.Dv;
   constexpr int64_t V = Vec<T>::size();
+  dq += r0 * D;  // rows r0 ..
   std::fill(dq, dq + n * D, T(0));
   std::fill(dk, dk + m * D, T(0));
   std::fill(dv, dv + m * Dv, T(0));
   // px: sum_j G [q < k] (n, D); pyT: sum_i G [q < k] (D, mp); rowg / colg: the row and column sums of G
+  // (rows: those of the range)
   std::vector<T> px(((n + kRows - 1) / kRows * kRows) * D, T(0)), pyT(D * h.mp, T(0)), rowg(n, T(0)),
       colg(h.mp, T(0));
   Vec<T> se(T(0)), sn(T(0));
-  for (int64_t i0 = 0; i0 < n; i0 += kBq) {
-    const int64_t rows = std::min(kBq, n - i0);
+  for (int64_t i0 = r0; i0 < r1; i0 += kBq) {
+    const int64_t rows = std::min(kBq, r1 - i0);
     const int64_t rp = (rows + kRows - 1) / kRows * kRows;
     for (int64_t j0 = 0; j0 < m; j0 += kBc) {
       const int64_t cols = std::min(kBc, m - j0);
@@ -463,14 +476,14 @@ void backward_head(const Head<T>& h, const Params<T>& P, const Dropout& drop, co
           rs = rs + gv;
           (Vec<T>::loadu(colg.data() + j0 + c) + gv).store(colg.data() + j0 + c);
         }
-        rowg[i0 + r] += at::vec::vec_reduce_all<T>([](const Vec<T>& x, const Vec<T>& y) { return x + y; }, rs);
+        rowg[i0 - r0 + r] += at::vec::vec_reduce_all<T>([](const Vec<T>& x, const Vec<T>& y) { return x + y; }, rs);
       }
       for (int64_t r = rows; r < rp; ++r) std::fill(w.dist.begin() + r * kBc, w.dist.begin() + r * kBc + cp, T(0));
       // dV += (M z)^T dO, dQ += a dE K, dK += a dE^T Q, and the L1 backward of G
       mm<T>(true, false, cols, Dv, rows, T(1), w.m.data(), kBc, dO + i0 * Dv, Dv, T(1), dv + j0 * Dv, Dv);
-      mm<T>(false, false, rows, D, cols, P.a, w.e.data(), kBc, h.k + j0 * D, D, T(1), dq + i0 * D, D);
+      mm<T>(false, false, rows, D, cols, P.a, w.e.data(), kBc, h.k + j0 * D, D, T(1), dq + (i0 - r0) * D, D);
       mm<T>(true, false, cols, D, rows, P.a, w.e.data(), kBc, h.q + i0 * D, D, T(1), dk + j0 * D, D);
-      lt_tile<T>(w.dist.data(), kBc, h.qc + i0 * D, rp, D, h.kT + j0, h.mp, cp, px.data() + i0 * D,
+      lt_tile<T>(w.dist.data(), kBc, h.qc + i0 * D, rp, D, h.kT + j0, h.mp, cp, px.data() + (i0 - r0) * D,
                  pyT.data() + j0);
     }
   }
@@ -503,7 +516,7 @@ std::vector<int64_t> valid_index(const at::Tensor& mask, int64_t b, int64_t L) {
 // that is the same.
 template <typename T>
 const T* gather(const T* src, const std::vector<int64_t>& idx, int64_t L, int64_t width, int64_t rows_to,
-                std::vector<T>& buf) {
+                lvector<T>& buf) {
   if ((int64_t)idx.size() == L && rows_to <= L) return src;
   buf.assign(std::max<int64_t>(rows_to, idx.size()) * width, T(0));
   for (size_t r = 0; r < idx.size(); ++r) std::copy(src + idx[r] * width, src + (idx[r] + 1) * width, &buf[r * width]);
@@ -515,22 +528,6 @@ void scatter(const T* src, const std::vector<int64_t>& idx, int64_t width, T* ds
   for (size_t r = 0; r < idx.size(); ++r) std::copy(src + r * width, src + (r + 1) * width, dst + idx[r] * width);
 }
 
-
-template <typename F>
-void run_balanced(const at::Tensor& km, const at::Tensor& qm, int64_t BH, int64_t heads, int64_t Lq, int64_t Lk,
-                  const F& body) {
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), BH);
-  if (threads <= 1) {
-    std::vector<int64_t> all(BH);
-    for (int64_t bh = 0; bh < BH; ++bh) all[bh] = bh;
-    body(all);
-    return;
-  }
-  const auto lists = balanced_schedule(km, qm, BH, heads, Lq, Lk, threads);
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) body(lists[t]);
-  });
-}
 
 // The inputs of one call, checked.
 struct Call {
@@ -583,6 +580,69 @@ Call make_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   return c;
 }
 
+// One thread's share of a (batch, head) problem: its compacted query rows [r0, r1), whole chunks.
+struct Piece {
+  int64_t bh, r0, r1;
+};
+
+// The query chunks of every problem with a valid query and key, in (problem, chunk) order, cut into `threads`
+// contiguous runs of about equal work: a chunk costs its valid pairs (under the causal mask, those of its
+// last row) and goes to the thread whose share holds the chunk's midpoint. Fewer runs than threads when there
+// are fewer chunks.
+std::vector<std::vector<Piece>> chunk_schedule(const Call& c, int64_t threads) {
+  const int64_t BH = c.q.size(0), Lq = c.q.size(1), Lk = c.k.size(1), B = BH / c.heads;
+  struct Chunk {
+    int64_t bh, r0, r1;
+    double cost;
+  };
+  std::vector<Chunk> chunks;
+  std::vector<std::vector<Chunk>> per_batch(B);  // a batch's heads share their masks and costs
+  for (int64_t b = 0; b < B; ++b) {
+    const auto iq = valid_index(c.qm, b, Lq);
+    const auto ik = valid_index(c.km, b, Lk);
+    const int64_t n = iq.size(), m = ik.size();
+    if (n == 0 || m == 0) continue;
+    for (int64_t r0 = 0; r0 < n; r0 += kBq) {
+      const int64_t r1 = std::min(n, r0 + kBq);
+      int64_t keys = m;
+      if (c.causal) keys = std::upper_bound(ik.begin(), ik.end(), iq[r1 - 1]) - ik.begin();
+      per_batch[b].push_back({0, r0, r1, double(r1 - r0) * double(keys) + 1.0});
+    }
+  }
+  double total = 0;
+  for (int64_t bh = 0; bh < BH; ++bh)
+    for (Chunk ch : per_batch[bh / c.heads]) {
+      ch.bh = bh;
+      total += ch.cost;
+      chunks.push_back(ch);
+    }
+  threads = std::max<int64_t>(1, std::min<int64_t>(threads, chunks.size()));
+  std::vector<std::vector<Piece>> lists(threads);
+  double done = 0;
+  for (const Chunk& ch : chunks) {
+    const int64_t t = std::min<int64_t>(threads - 1, int64_t((done + ch.cost / 2) / total * threads));
+    done += ch.cost;
+    auto& l = lists[t];
+    if (!l.empty() && l.back().bh == ch.bh && l.back().r1 == ch.r0)
+      l.back().r1 = ch.r1;
+    else
+      l.push_back({ch.bh, ch.r0, ch.r1});
+  }
+  return lists;
+}
+
+// body(t, pieces) for every list of the schedule, one per thread.
+template <typename F>
+void run_pieces(const std::vector<std::vector<Piece>>& lists, const F& body) {
+  if (lists.size() == 1) {
+    body(0, lists[0]);
+    return;
+  }
+  at::parallel_for(0, lists.size(), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) body(t, lists[t]);
+  });
+}
+
 template <typename T>
 Params<T> make_params(double scale, double alpha, double beta, int64_t fe, int64_t fn, int64_t gate) {
   TORCH_CHECK(fe >= 0 && fe <= 3 && fn >= 0 && fn <= 3, "activation codes are 0..3");
@@ -597,7 +657,7 @@ Params<T> make_params(double scale, double alpha, double beta, int64_t fe, int64
 template <typename T>
 struct Problem {
   std::vector<int64_t> iq, ik;
-  std::vector<T> q, k, v, qc, kT, sq, sk;
+  lvector<T> q, k, v, qc, kT, sq, sk;
   Head<T> head;
 
   bool build(const Call& c, int64_t bh) {
@@ -667,17 +727,22 @@ at::Tensor coda_forward(const at::Tensor& q, const at::Tensor& k, const at::Tens
     using T = scalar_t;
     const Params<T> P = make_params<T>(scale, alpha, beta, e_act, n_act, gate);
     T* op = out.data_ptr<T>();
-    run_balanced(c.km, c.qm, BH, heads, Lq, Lk, [&](const std::vector<int64_t>& problems) {
+    run_pieces(chunk_schedule(c, at::get_num_threads()), [&](int64_t, const std::vector<Piece>& pieces) {
       Tiles<T> w;
       Problem<T> pr;
-      std::vector<T> o;
-      for (const int64_t bh : problems) {
-        if (!pr.build(c, bh)) continue;  // no valid query or key: zeros
+      lvector<T> o;
+      int64_t built = -1;
+      for (const Piece& p : pieces) {
+        if (p.bh != built) {
+          pr.build(c, p.bh);  // every scheduled problem has a valid query and key
+          built = p.bh;
+        }
         Dropout drop = dropout;
-        drop.bh = bh;
+        drop.bh = p.bh;
         o.resize(pr.head.n * Dv);
-        forward_head<T>(pr.head, P, drop, o.data(), w);
-        scatter(o.data(), pr.iq, Dv, op + bh * Lq * Dv);
+        forward_head<T>(pr.head, P, drop, p.r0, p.r1, o.data(), w);
+        T* dst = op + p.bh * Lq * Dv;
+        for (int64_t r = p.r0; r < p.r1; ++r) std::copy(o.data() + r * Dv, o.data() + (r + 1) * Dv, dst + pr.iq[r] * Dv);
       }
     });
   });
@@ -712,28 +777,60 @@ std::vector<at::Tensor> coda_backward(const at::Tensor& dout, const at::Tensor& 
     T* dvp = dv.data_ptr<T>();
     T* dmep = dme.data_ptr<T>();
     T* dmnp = dmn.data_ptr<T>();
-    run_balanced(c.km, c.qm, BH, heads, Lq, Lk, [&](const std::vector<int64_t>& problems) {
+    // A problem cut between threads: each thread's parts of dK, dV and the mean gradients, added afterwards.
+    struct Part {
+      int64_t bh;
+      lvector<T> dk, dv;
+      T se, sn;
+    };
+    const auto lists = chunk_schedule(c, at::get_num_threads());
+    std::vector<std::vector<Part>> parts(lists.size());
+    run_pieces(lists, [&](int64_t t, const std::vector<Piece>& pieces) {
       Tiles<T> w;
       Problem<T> pr;
-      std::vector<T> gdo, bq, bk, bv;
-      for (const int64_t bh : problems) {
-        if (!pr.build(c, bh)) continue;  // gradients stay 0
+      lvector<T> gdo, bq, bk, bv;
+      const T* dO = nullptr;
+      int64_t built = -1;
+      for (const Piece& p : pieces) {
+        if (p.bh != built) {
+          pr.build(c, p.bh);  // every scheduled problem has a valid query and key
+          dO = gather(dop + p.bh * Lq * Dv, pr.iq, Lq, Dv, pr.head.n, gdo);
+          built = p.bh;
+        }
         const Head<T>& h = pr.head;
         Dropout drop = dropout;
-        drop.bh = bh;
-        const T* dO = gather(dop + bh * Lq * Dv, pr.iq, Lq, Dv, h.n, gdo);
+        drop.bh = p.bh;
         bq.resize(h.n * D);
         bk.resize(h.m * D);
         bv.resize(h.m * Dv);
         T se, sn;
-        backward_head<T>(h, P, drop, dO, bq.data(), bk.data(), bv.data(), se, sn, w);
-        scatter(bq.data(), pr.iq, D, dqp + bh * Lq * D);
-        scatter(bk.data(), pr.ik, D, dkp + bh * Lk * D);
-        scatter(bv.data(), pr.ik, Dv, dvp + bh * Lk * Dv);
-        dmep[bh] = -se;
-        dmnp[bh] = -sn;
+        backward_head<T>(h, P, drop, dO, p.r0, p.r1, bq.data(), bk.data(), bv.data(), se, sn, w);
+        T* dq_bh = dqp + p.bh * Lq * D;
+        for (int64_t r = p.r0; r < p.r1; ++r)
+          std::copy(bq.data() + r * D, bq.data() + (r + 1) * D, dq_bh + pr.iq[r] * D);
+        if (p.r0 == 0 && p.r1 == h.n) {  // the whole problem
+          scatter(bk.data(), pr.ik, D, dkp + p.bh * Lk * D);
+          scatter(bv.data(), pr.ik, Dv, dvp + p.bh * Lk * Dv);
+          dmep[p.bh] = -se;
+          dmnp[p.bh] = -sn;
+        } else {
+          parts[t].push_back(Part{p.bh, bk, bv, se, sn});
+        }
       }
     });
+    // the cut problems, their parts added in thread order (dk, dv and the means are still zero there)
+    for (const auto& thread_parts : parts)
+      for (const Part& part : thread_parts) {
+        const auto ik = valid_index(c.km, part.bh / heads, Lk);
+        T* dk_bh = dkp + part.bh * Lk * D;
+        T* dv_bh = dvp + part.bh * Lk * Dv;
+        for (size_t j = 0; j < ik.size(); ++j) {
+          for (int64_t d = 0; d < D; ++d) dk_bh[ik[j] * D + d] += part.dk[j * D + d];
+          for (int64_t d = 0; d < Dv; ++d) dv_bh[ik[j] * Dv + d] += part.dv[j * Dv + d];
+        }
+        dmep[part.bh] -= part.se;
+        dmnp[part.bh] -= part.sn;
+      }
   });
   return {dq, dk, dv, dme, dmn};
 }

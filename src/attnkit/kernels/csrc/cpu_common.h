@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
 #include <vector>
 
 extern "C" {
@@ -18,6 +20,30 @@ void dgemm_(const char*, const char*, const int*, const int*, const int*, const 
 }
 
 namespace attnkit_cpu_common {
+
+// A std::vector whose data start on a cache line. The BLAS may take other code paths (and round differently)
+// for operands at other alignments, so buffers that a thread happens to allocate at another offset could change
+// the last bits of a result; on 64-byte boundaries they do not.
+template <typename T>
+struct LineAllocator {
+  using value_type = T;
+  LineAllocator() = default;
+  template <typename U>
+  LineAllocator(const LineAllocator<U>&) {}
+  T* allocate(std::size_t n) {
+    const std::size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, bytes ? bytes : 64);
+    if (!p) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, std::size_t) { std::free(p); }
+  template <typename U>
+  bool operator==(const LineAllocator<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const LineAllocator<U>&) const { return false; }
+};
+template <typename T>
+using lvector = std::vector<T, LineAllocator<T>>;
 
 inline void blas(char ta, char tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
           float beta, float* c, int ldc) {
