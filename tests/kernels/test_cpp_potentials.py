@@ -208,3 +208,21 @@ def test_fewer_heads_than_threads_spreads_query_chunks_and_matches_reference(nam
         _check(name, 1, 2, 300, 200, 8, 8, None, None)  # H = 2 < 3 threads, unpadded
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn2"])
+def test_heads_the_threads_do_not_divide_match_reference(name):
+    """3 heads on 2 threads: two are dealt to the threads, the third then has its query chunks spread over
+    both (it has the rows for it); with padding, the cheapest problem is the one left for last."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _check(name, 1, 3, 300, 170, 8, 5, None, None)
+        lengths = torch.tensor([300, 290, 270])  # B * H = 3: the 270-query problem goes last, split
+        qm = torch.arange(300)[None, :] < lengths[:, None]
+        _check(name, 3, 1, 300, 300, 8, 5, qm, qm)
+        _check(name, 3, 1, 300, 300, 8, 5, qm, None)
+        short = torch.arange(300)[None, :] < torch.tensor([300, 290, 100])[:, None]  # too short to split
+        _check(name, 3, 1, 300, 300, 8, 5, short, short)
+    finally:
+        torch.set_num_threads(threads)

@@ -111,31 +111,40 @@ struct Dropout {
   }
 };
 
+// The work of each of `problems` ((batch, head) indices): valid queries x valid keys, + 1 (an empty problem
+// still costs its bookkeeping).
+inline std::vector<int64_t> problem_costs(const at::Tensor& km, const at::Tensor& qm, int64_t heads, int64_t Lq,
+                                          int64_t Lk, const std::vector<int64_t>& problems) {
+  std::vector<int64_t> cost;
+  cost.reserve(problems.size());
+  for (const int64_t bh : problems) {
+    const int64_t b = bh / heads;
+    int64_t n = Lq, m = Lk;
+    if (qm.defined()) n = std::count(qm.data_ptr<bool>() + b * Lq, qm.data_ptr<bool>() + (b + 1) * Lq, true);
+    if (km.defined()) m = std::count(km.data_ptr<bool>() + b * Lk, km.data_ptr<bool>() + (b + 1) * Lk, true);
+    cost.push_back(n * m + 1);
+  }
+  return cost;
+}
+
 // Work-balanced schedule of the (batch, head) problems over the threads: a problem costs its valid
 // (query, key) pairs; the largest go first, each to the least-loaded thread (the longest-processing-time
 // rule), so that a padded batch is split by work and not by index (with lengths 1024/700/400/100 in that
 // order, contiguous index ranges gave one of two threads 90% of the pairs). Every problem is computed
 // independently of the schedule, so the results do not depend on it.
-inline std::vector<std::vector<int64_t>> balanced_schedule(const at::Tensor& km, const at::Tensor& qm, int64_t BH,
-                                                           int64_t heads, int64_t Lq, int64_t Lk, int64_t threads) {
-  const int64_t B = BH / heads;
-  std::vector<int64_t> cost(B);
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t n = Lq, m = Lk;
-    if (qm.defined()) n = std::count(qm.data_ptr<bool>() + b * Lq, qm.data_ptr<bool>() + (b + 1) * Lq, true);
-    if (km.defined()) m = std::count(km.data_ptr<bool>() + b * Lk, km.data_ptr<bool>() + (b + 1) * Lk, true);
-    cost[b] = n * m + 1;  // + 1: an empty problem still costs its bookkeeping
-  }
-  std::vector<int64_t> order(BH);
-  for (int64_t bh = 0; bh < BH; ++bh) order[bh] = bh;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t x, int64_t y) { return cost[x / heads] > cost[y / heads]; });
+inline std::vector<std::vector<int64_t>> balanced_schedule(const at::Tensor& km, const at::Tensor& qm,
+                                                           const std::vector<int64_t>& problems, int64_t heads,
+                                                           int64_t Lq, int64_t Lk, int64_t threads) {
+  const auto cost = problem_costs(km, qm, heads, Lq, Lk, problems);
+  std::vector<int64_t> order(problems.size());
+  for (size_t x = 0; x < order.size(); ++x) order[x] = x;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return cost[x] > cost[y]; });
   std::vector<std::vector<int64_t>> lists(threads);
   std::vector<int64_t> load(threads, 0);
-  for (const int64_t bh : order) {
+  for (const int64_t x : order) {
     const int64_t t = std::min_element(load.begin(), load.end()) - load.begin();
-    lists[t].push_back(bh);
-    load[t] += cost[bh / heads];
+    lists[t].push_back(problems[x]);
+    load[t] += cost[x];
   }
   for (auto& l : lists) std::sort(l.begin(), l.end());  // index order within a thread
   return lists;

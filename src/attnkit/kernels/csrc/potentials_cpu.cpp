@@ -87,6 +87,7 @@
 namespace {
 
 using attnkit_cpu_common::balanced_schedule;
+using attnkit_cpu_common::problem_costs;
 using attnkit_cpu_common::blas;
 using attnkit_cpu_common::Dropout;
 using attnkit_cpu_common::mm;
@@ -1238,22 +1239,45 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 }
 
 
-// body(problems) for every (batch, head) problem: on this thread when `inner` (the problems' query chunks
-// are spread over the threads instead), else one balanced list per thread.
+// body(problems, inner) for every (batch, head) problem. With fewer problems than threads, each problem's
+// query chunks are spread over the threads (inner). Else the problems are dealt to the threads by work
+// (balanced_schedule); when the thread count does not divide their number, the last ones would keep a few
+// threads busy while the rest wait (3 heads on 2 threads: 2 problems' time instead of 1.5), so the cheapest
+// `BH mod threads` are left out of the deal and run afterwards, one at a time with their chunks spread over the
+// threads, when each has the rows for a chunk of kMinSplitRows per thread.
+constexpr int64_t kMinSplitRows = 128;
+
 template <typename F>
 void run_balanced(const at::Tensor& km, const at::Tensor& qm, int64_t BH, int64_t heads, int64_t Lq, int64_t Lk,
-                  bool inner, const F& body) {
+                  const F& body) {
   const int64_t threads = at::get_num_threads();
-  if (inner || threads == 1) {
-    std::vector<int64_t> all(BH);
-    for (int64_t bh = 0; bh < BH; ++bh) all[bh] = bh;
-    body(all);
+  std::vector<int64_t> all(BH);
+  for (int64_t bh = 0; bh < BH; ++bh) all[bh] = bh;
+  if (threads == 1 || BH < threads) {
+    body(all, threads > 1);
     return;
   }
-  const auto lists = balanced_schedule(km, qm, BH, heads, Lq, Lk, threads);
+  std::vector<int64_t> dealt = all, tail;
+  if (const int64_t r = BH % threads) {
+    const auto cost = problem_costs(km, qm, heads, Lq, Lk, all);
+    std::vector<int64_t> order = all;  // cheapest first
+    std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return cost[x] < cost[y]; });
+    tail.assign(order.begin(), order.begin() + r);
+    const bool split = std::all_of(tail.begin(), tail.end(), [&](int64_t bh) {
+      const bool* p = qm.defined() ? qm.data_ptr<bool>() + bh / heads * Lq : nullptr;
+      return (p ? std::count(p, p + Lq, true) : Lq) >= kMinSplitRows * threads;
+    });
+    if (!split) tail.clear();
+    std::sort(tail.begin(), tail.end());
+    dealt.clear();
+    for (const int64_t bh : all)
+      if (!std::binary_search(tail.begin(), tail.end(), bh)) dealt.push_back(bh);
+  }
+  const auto lists = balanced_schedule(km, qm, dealt, heads, Lq, Lk, threads);
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) body(lists[t]);
+    for (int64_t t = begin; t < end; ++t) body(lists[t], false);
   });
+  if (!tail.empty()) body(tail, true);
 }
 
 void check_dropout(double p, const at::Tensor& q, const at::Tensor& k) {
@@ -1277,11 +1301,9 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   T* bp = b_all.defined() ? b_all.data_ptr<T>() : nullptr;
   T* olp = soft ? out_l.data_ptr<T>() : nullptr;
   T* alp = soft && a_l.defined() ? a_l.data_ptr<T>() : nullptr;
-  // Spread the (batch, head) problems over the threads, or, when there are fewer of them than threads,
-  // each problem's query chunks.
-  const bool inner = BH < at::get_num_threads();
-  const int64_t budget = inner ? cache_bytes : cache_bytes / at::get_num_threads();  // per worker
-  auto body = [&](const std::vector<int64_t>& problems) {
+  // The problems spread over the threads, or their query chunks (inner; see run_balanced).
+  auto body = [&](const std::vector<int64_t>& problems, bool inner) {
+    const int64_t budget = inner ? cache_bytes : cache_bytes / at::get_num_threads();  // per worker
     Scratch<T> w;
     std::vector<T> gq, gk, gv, o, aa, bb, ol, al;
     for (const int64_t bh : problems) {
@@ -1313,7 +1335,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       if (alp) scatter(al.data(), iq, 1, alp + bh * Lq);
     }
   };
-  run_balanced(km, qm, BH, heads, Lq, Lk, inner, body);
+  run_balanced(km, qm, BH, heads, Lq, Lk, body);
 }
 
 std::vector<at::Tensor> potentials_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -1389,11 +1411,9 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
   T* dqp = dq.data_ptr<T>();
   T* dkp = dk.data_ptr<T>();
   T* dvp = dv.data_ptr<T>();
-  // Spread the (batch, head) problems over the threads, or, when there are fewer of them than threads,
-  // each problem's query chunks.
-  const bool inner = BH < at::get_num_threads();
-  const int64_t budget = inner ? cache_bytes : cache_bytes / at::get_num_threads();  // per worker
-  auto body = [&](const std::vector<int64_t>& problems) {
+  // The problems spread over the threads, or their query chunks (inner; see run_balanced).
+  auto body = [&](const std::vector<int64_t>& problems, bool inner) {
+    const int64_t budget = inner ? cache_bytes : cache_bytes / at::get_num_threads();  // per worker
     Scratch<T> w;
     std::vector<T> gq, gk, gv, gdo, go, gol, gal, aa, bb, dqb, dkb, dvb, tmp;
     for (const int64_t bh : problems) {
@@ -1439,7 +1459,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
       }
     }
   };
-  run_balanced(km, qm, BH, heads, Lq, Lk, inner, body);
+  run_balanced(km, qm, BH, heads, Lq, Lk, body);
 }
 
 std::vector<at::Tensor> potentials_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
