@@ -48,3 +48,24 @@ def test_xtransformers_backend_needs_the_package(monkeypatch):
     assert "xtransformers" not in default_backends("cpu")
     with pytest.raises(ValueError, match=r"attnkit\[bench\]"):
         BenchConfig(backends=("xtransformers",))
+
+
+def test_shape_and_threads_are_configurable_and_reach_the_memory_subprocess():
+    import torch
+
+    threads = torch.get_num_threads()
+    cfg = BenchConfig(lengths=(16,), mechanisms=("dnas",), backends=("efficient",), repeats=1, memory=True,
+                      batch=2, heads=3, head_dim=8, threads=1)
+    result = run_bench(cfg)
+    assert torch.get_num_threads() == threads  # restored
+    meta = result["meta"]
+    assert (meta["B"], meta["H"], meta["D"], meta["threads"]) == (2, 3, 8, 1)
+    for row in result["rows"]:
+        assert "memory_error" not in row and row["peak_extra_mb"] is not None
+    assert "B=2 H=3 D=8 float32, 1 threads" in format_table(result)
+
+
+@pytest.mark.parametrize("field", ["batch", "heads", "head_dim", "threads"])
+def test_shape_and_threads_must_be_positive(field):
+    with pytest.raises(ValueError, match=f"{field}=0"):
+        BenchConfig(**{field: 0})

@@ -1,7 +1,7 @@
 """Benchmark of the attention backends against PyTorch's fused softmax (``attnkit bench``).
 
-For each sequence length ``L`` (``B=1, H=8, D=64``; float32 on CPU, bfloat16 on CUDA) and each
-mechanism x backend, the median time of the forward pass and of forward+backward, their ratio to
+For each sequence length ``L`` (``B=1, H=8, D=64`` unless configured; float32 on CPU, bfloat16 on CUDA)
+and each mechanism x backend, the median time of the forward pass and of forward+backward, their ratio to
 ``F.scaled_dot_product_attention`` softmax measured in the same process, and the peak memory of one
 forward+backward, measured in a fresh subprocess per configuration (CPU: peak RSS above the RSS after
 creating the inputs, with a fixed glibc mmap threshold so that freed blocks leave the RSS; CUDA:
@@ -63,7 +63,6 @@ FLEX_CODA = (
     "row-normalizes exp(score); it would take two calls (log of the positive and negative parts of M, "
     "rescaled by their log-sum-exps) and an L1 reduction over D inside score_mod"
 )
-B, H, D = 1, 8, 64
 
 
 @dataclass
@@ -77,6 +76,10 @@ class BenchConfig:
     max_reference_length: int = 2048
     device: str = "cpu"
     time_limit_s: float = 120.0  # per timed configuration: fewer repeats when one run is this slow
+    batch: int = 1  # B, H, D of q, k, v (B, H, L, D)
+    heads: int = 8
+    head_dim: int = 64
+    threads: Optional[int] = None  # torch's intra-op threads during the run (None: as set)
 
     def __post_init__(self) -> None:
         bad = [L for L in self.lengths if not isinstance(L, int) or L < 1]
@@ -98,6 +101,12 @@ class BenchConfig:
             )
         if self.repeats < 1:
             raise ValueError(f"repeats={self.repeats}; expected >= 1")
+        for name in ("batch", "heads", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}; expected a positive integer")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ValueError(f"threads={self.threads!r}; expected a positive integer (None: torch's own)")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device={self.device!r}; expected 'cpu' or 'cuda'")
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -121,7 +130,9 @@ def _dtype(device: str) -> torch.dtype:
     return torch.bfloat16 if device == "cuda" else torch.float32
 
 
-def _inputs(L: int, device: str, seed: int = 0):
+def _inputs(L: int, device: str, shape: tuple[int, int, int] = (1, 8, 64), seed: int = 0):
+    """q, k, v of ``(B, H, L, D)`` for ``shape = (B, H, D)``."""
+    B, H, D = shape
     g = torch.Generator(device="cpu").manual_seed(seed)
     return [
         torch.randn(B, H, L, D, generator=g).to(device=device, dtype=_dtype(device)).requires_grad_()
@@ -214,11 +225,14 @@ def _rss_mb() -> float:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def measure_peak(mechanism: str, backend: str, L: int, device: str, sinkhorn_iters: int) -> dict:
+def measure_peak(mechanism: str, backend: str, L: int, device: str, sinkhorn_iters: int,
+                 shape: tuple[int, int, int] = (1, 8, 64), threads: Optional[int] = None) -> dict:
     """Peak memory of one forward+backward in this process (call it in a fresh process)."""
     import attnkit  # noqa: F401  (imported before the baseline for every backend alike)
 
-    q, k, v = _inputs(L, device)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    q, k, v = _inputs(L, device, shape)
     f = _call(mechanism, backend, sinkhorn_iters)
     if device == "cuda":
         torch.cuda.synchronize()
@@ -264,6 +278,7 @@ def _peak_in_subprocess(mechanism: str, backend: str, L: int, cfg: BenchConfig) 
     cmd = [
         sys.executable, "-m", "attnkit.benchmark", "--peak",
         mechanism, backend, str(L), cfg.device, str(cfg.sinkhorn_iters),
+        str(cfg.batch), str(cfg.heads), str(cfg.head_dim), str(cfg.threads or torch.get_num_threads()),
     ]
     # A fixed mmap threshold: blocks of 128 KiB and more are mapped and returned to the system when
     # freed. With glibc's default (a threshold that rises after each free), freed blocks stay in the
@@ -281,13 +296,23 @@ def run_bench(cfg: BenchConfig, log: Optional[Callable[[str], None]] = None) -> 
     """Run the benchmark; returns ``{"meta": ..., "rows": [...]}`` (one row per length x mechanism x
     backend)."""
     log = log or (lambda msg: None)
+    threads_before = torch.get_num_threads()
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _run_bench(cfg, log)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
     load_before = os.getloadavg()
     warning = load_warning(load_before[0])
     if warning:
         log(warning)
     rows = []
     for L in cfg.lengths:
-        q, k, v = _inputs(L, cfg.device)
+        q, k, v = _inputs(L, cfg.device, (cfg.batch, cfg.heads, cfg.head_dim))
         sdpa = _call("softmax", "sdpa", cfg.sinkhorn_iters)
         sdpa_fwd, sdpa_fb = _time_config(sdpa, q, k, v, cfg)
         sdpa_mem = _peak_in_subprocess("softmax", "sdpa", L, cfg) if cfg.memory else {}
@@ -328,7 +353,8 @@ def run_bench(cfg: BenchConfig, log: Optional[Callable[[str], None]] = None) -> 
                     )
                 )
     meta = {
-        "B": B, "H": H, "D": D, "dtype": str(_dtype(cfg.device)).replace("torch.", ""),
+        "B": cfg.batch, "H": cfg.heads, "D": cfg.head_dim,
+        "dtype": str(_dtype(cfg.device)).replace("torch.", ""),
         "device": cfg.device, "threads": torch.get_num_threads(), "torch": torch.__version__,
         "repeats": cfg.repeats, "sinkhorn_iters": cfg.sinkhorn_iters, "cores": os.cpu_count(),
         "load_average_before": list(load_before), "load_average_after": list(os.getloadavg()),
@@ -397,7 +423,9 @@ def format_table(result: dict) -> str:
         )
     lines += [f"({number}) {reason}" for reason, number in skipped.items()]
     meta = result.get("meta", {})
-    lines.append(f"times: median of {meta.get('repeats', '?')} rounds (min / max beside it); "
+    shape = f"B={meta.get('B', '?')} H={meta.get('H', '?')} D={meta.get('D', '?')} {meta.get('dtype', '')}"
+    lines.append(f"{shape}, {meta.get('threads', '?')} threads; "
+                 f"times: median of {meta.get('repeats', '?')} rounds (min / max beside it); "
                  f"load average {', '.join(f'{x:.2f}' for x in meta.get('load_average_before', []))} "
                  f"on {meta.get('cores', '?')} cores")
     if meta.get("load_warning"):
@@ -411,12 +439,14 @@ def write_json(result: dict, path: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 7 and sys.argv[1] == "--peak":
-        _, _, mech, backend, length, device, iters = sys.argv
-        print(json.dumps(measure_peak(mech, backend, int(length), device, int(iters))))
+    if len(sys.argv) == 11 and sys.argv[1] == "--peak":
+        _, _, mech, backend, length, device, iters, batch, heads, head_dim, threads = sys.argv
+        shape = (int(batch), int(heads), int(head_dim))
+        print(json.dumps(measure_peak(mech, backend, int(length), device, int(iters), shape, int(threads))))
     else:
         print(
-            "usage: python -m attnkit.benchmark --peak MECHANISM BACKEND L DEVICE SINKHORN_ITERS",
+            "usage: python -m attnkit.benchmark --peak MECHANISM BACKEND L DEVICE SINKHORN_ITERS "
+            "B H D THREADS",
             file=sys.stderr,
         )
         sys.exit(2)

@@ -62,3 +62,11 @@ def test_bench_rejects_unknown_mechanism(tmp_path, capsys):
         main(["bench", "--mechanisms", "dnas,bogus", "--out", str(tmp_path / "x.json")])
     assert exc.value.code == 2
     assert "bogus" in capsys.readouterr().err
+
+
+def test_bench_rejects_zero_heads(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--heads", "0", "--out", str(tmp_path / "x.json")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "heads=0" in err and "Traceback" not in err

@@ -61,6 +61,12 @@ def register(app: typer.Typer) -> None:
         ),
         max_reference_length: int = typer.Option(2048, help="Skip the materialized backend above this L."),
         device: str = typer.Option("cpu", help="cpu or cuda (bfloat16 on cuda)."),
+        batch: int = typer.Option(1, help="Batch size B of q, k, v (B, H, L, D)."),
+        heads: int = typer.Option(8, help="Heads H."),
+        head_dim: int = typer.Option(64, help="Head size D."),
+        threads: Optional[int] = typer.Option(
+            None, help="CPU threads for the run (default: torch's setting, e.g. from OMP_NUM_THREADS)."
+        ),
         out: Path = typer.Option(Path("bench-results/kernels.json"), help="Where to write the JSON results."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
     ) -> None:
@@ -87,6 +93,10 @@ def register(app: typer.Typer) -> None:
             memory=memory if memory is not None else not quick,
             max_reference_length=max_reference_length,
             device=device,
+            batch=batch,
+            heads=heads,
+            head_dim=head_dim,
+            threads=threads,
         )
         if out.is_dir():
             raise ValueError(f"--out {out} is a directory; pass a file path such as {out / 'kernels.json'}")
