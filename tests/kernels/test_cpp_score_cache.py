@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import attnkit as ak
 from attnkit.kernels import cpp_potentials, cpu_ext
 from attnkit.kernels.cpp_potentials import fused_cpu_attention
 from tests._reference import ref_attention
@@ -159,3 +160,29 @@ def test_column_bounds_of_later_rounds_match_reference(dtype, big):
     # float32 scores of a few hundred (big=400) carry rounding errors of ~1e-5 into the exponents
     tol = {"atol": 2e-5, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 1e-12, "rtol": 1e-10}
     torch.testing.assert_close(out.double().view(1, 2, 150, 8), ref, **tol)
+
+
+def test_scratch_is_kept_between_calls_bounded_and_released(monkeypatch):
+    """Blocks of 2 MiB and more (here the kept exponentials of a 1024 x 1024 head, 4 MiB) stay allocated for
+    the next call, which reuses them without their old contents leaking into its results."""
+    from attnkit.kernels.cpp_potentials import release_scratch, scratch_bytes
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 1024, 16, generator=g) for _ in range(3))
+    other = [torch.randn(1, 2, 1024, 16, generator=g) * 3 for _ in range(3)]
+    sink = ak.Sinkhorn(iters=3)
+    release_scratch()
+    assert scratch_bytes() == 0
+    first = ak.attention(q, k, v, sink, backend="efficient")
+    kept = scratch_bytes()
+    assert 4 * 2**20 <= kept <= 128 * 2**20
+    ak.attention(*other, sink, backend="efficient")  # dirties the kept blocks
+    assert torch.equal(ak.attention(q, k, v, sink, backend="efficient"), first)
+    monkeypatch.setattr(cpp_potentials, "SCORE_CACHE_BYTES", 256 * 2**20)
+    for L in (2048, 4096, 6144):  # 16 + 64 + 144 MiB of kept values: the pool stays within its bound
+        x = torch.randn(1, 1, L, 16, generator=g)
+        ak.attention(x, x, x, sink, backend="efficient")
+        assert scratch_bytes() <= 128 * 2**20
+    release_scratch()
+    assert scratch_bytes() == 0
+    assert torch.equal(ak.attention(q, k, v, sink, backend="efficient"), first)

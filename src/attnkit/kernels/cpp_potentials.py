@@ -24,6 +24,11 @@ the scores) of as many key strips as fit in ``SCORE_CACHE_BYTES`` (shared by the
 first sweep that computes them, and the later sweeps of the forward and of the backward read them back
 instead of recomputing them; the results do not depend on the budget (``0`` turns it off). DNAS and HNAS
 (one round) keep nothing.
+
+Scratch blocks of 2 MiB and more (the strips, the kept exponentials) stay allocated between calls, up to
+128 MiB in all, so that a call does not pay for first touching fresh memory (page faults and zero-filling: a
+sixth of a Sinkhorn forward of one head at L=4096); ``scratch_bytes()`` says how much is kept and
+``release_scratch()`` frees it.
 """
 
 from __future__ import annotations
@@ -36,13 +41,26 @@ from torch import Tensor
 from . import cpu_ext
 from .blocking import reduce_to
 
-__all__ = ["fused_cpu_available", "fused_cpu_attention", "SCORE_CACHE_BYTES"]
+__all__ = [
+    "fused_cpu_available", "fused_cpu_attention", "SCORE_CACHE_BYTES", "scratch_bytes", "release_scratch",
+]
 
 # bytes of exponentials (or scores) kept between Sinkhorn rounds: a whole 4096 x 4096 float32 head, one thread
 SCORE_CACHE_BYTES = 64 * 2**20
 # queries per chunk of a key strip (fewer when one head is spread over the threads); large chunks amortize the
 # packing of the GEMMs' shared operand, small ones let the tests cover several chunks with small inputs
 QUERY_CHUNK_ROWS = 1024
+
+
+def scratch_bytes() -> int:
+    """Bytes of scratch memory the C++ kernels keep between calls (at most 128 MiB; 0 before any call)."""
+    return int(torch.ops.attnkit_cpu.scratch_pool_bytes()) if cpu_ext.load(warn=False) else 0
+
+
+def release_scratch() -> None:
+    """Free the scratch memory the C++ kernels keep between calls (the next call allocates it again)."""
+    if cpu_ext.load(warn=False):
+        torch.ops.attnkit_cpu.release_scratch()
 
 
 def fused_cpu_available(q: Tensor) -> bool:

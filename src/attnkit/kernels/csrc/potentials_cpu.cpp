@@ -78,6 +78,7 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -278,37 +279,114 @@ struct Head {
   const T* v;  // (m, Dv)
 };
 
-// A growable buffer, from 2 MiB on in 2 MiB aligned memory advised as transparent huge pages (where the system
-// allows them): the large buffers of a call (strips, kept scores) are first touched once per call, and with 4 KiB
-// pages that costs a page fault every 4 KiB (a fifth of a Sinkhorn forward at L = 4096). Not zero-filled: every
-// use writes before it reads (the buffers are reused from one head to the next anyway).
-template <typename T>
-class HugeBuffer {
+// Large scratch blocks (2 MiB and more, 2 MiB aligned) kept between calls, up to kPoolBytes in all. A fresh
+// block costs its first touch: a page fault and the zero-filling of every page (64 MiB of kept Sinkhorn
+// exponentials take about 10 ms, and the first calls of a process stall longer while the system assembles
+// huge pages), which for one head at L = 4096 was a sixth of a Sinkhorn forward. release_scratch() frees them.
+constexpr size_t kPoolBytes = size_t(128) << 20;
+constexpr size_t kHugePage = size_t(2) << 20;
+
+class BlockPool {
  public:
-  T* data() { return p_.get(); }
-  const T* data() const { return p_.get(); }
-  void resize(int64_t n) {
-    if (n <= cap_) return;
-    constexpr size_t kHuge = size_t(2) << 20, kLine = 64;
-    const size_t need = size_t(n) * sizeof(T);
-    const bool huge = need >= kHuge;  // below a huge page, a huge page would only add zero-filling
-    const size_t align = huge ? kHuge : kLine;
-    const size_t bytes = (need + align - 1) / align * align;
-    void* p = std::aligned_alloc(align, bytes);
-    TORCH_CHECK(p != nullptr, "out of memory: the attention kernel's scratch needs ", bytes, " bytes");
-#ifdef MADV_HUGEPAGE
-    if (huge) madvise(p, bytes, MADV_HUGEPAGE);
-#endif
-    p_.reset(static_cast<T*>(p));
-    cap_ = n;
+  static BlockPool& instance() {
+    static BlockPool pool;
+    return pool;
+  }
+  // A kept block of at least `bytes` and at most twice that (the smallest), or null.
+  void* take(size_t bytes, size_t& got) {
+    std::lock_guard<std::mutex> lock(m_);
+    size_t best = blocks_.size();
+    for (size_t x = 0; x < blocks_.size(); ++x) {
+      const size_t size = blocks_[x].first;
+      if (size >= bytes && size <= 2 * bytes && (best == blocks_.size() || size < blocks_[best].first)) best = x;
+    }
+    if (best == blocks_.size()) return nullptr;
+    void* p = blocks_[best].second;
+    got = blocks_[best].first;
+    held_ -= got;
+    blocks_.erase(blocks_.begin() + best);
+    return p;
+  }
+  // Keep the block if the pool has room, else free it.
+  void give(void* p, size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      if (held_ + bytes <= kPoolBytes) {
+        blocks_.emplace_back(bytes, p);
+        held_ += bytes;
+        return;
+      }
+    }
+    std::free(p);
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(m_);
+    for (auto& b : blocks_) std::free(b.second);
+    blocks_.clear();
+    held_ = 0;
+  }
+  size_t held() {
+    std::lock_guard<std::mutex> lock(m_);
+    return held_;
   }
 
  private:
-  struct Free {
-    void operator()(T* p) const { std::free(p); }
-  };
-  std::unique_ptr<T, Free> p_;
+  std::mutex m_;
+  std::vector<std::pair<size_t, void*>> blocks_;
+  size_t held_ = 0;
+};
+
+// A growable buffer. From 2 MiB on its memory is 2 MiB aligned, advised as transparent huge pages (where the
+// system allows them; with 4 KiB pages a first touch costs a page fault every 4 KiB, a fifth of a Sinkhorn
+// forward at L = 4096) and taken from / returned to the BlockPool. Not zero-filled: every use writes before it
+// reads (the buffers are reused from one head to the next anyway).
+template <typename T>
+class HugeBuffer {
+ public:
+  HugeBuffer() = default;
+  HugeBuffer(const HugeBuffer&) = delete;
+  HugeBuffer& operator=(const HugeBuffer&) = delete;
+  ~HugeBuffer() { release(); }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  void resize(int64_t n) {
+    if (n <= cap_) return;
+    release();
+    const size_t need = size_t(n) * sizeof(T);
+    if (need < kHugePage) {  // below a huge page, a huge page would only add zero-filling
+      bytes_ = (need + 63) / 64 * 64;
+      p_ = static_cast<T*>(std::aligned_alloc(64, bytes_));
+      pooled_ = false;
+    } else {
+      const size_t bytes = (need + kHugePage - 1) / kHugePage * kHugePage;
+      p_ = static_cast<T*>(BlockPool::instance().take(bytes, bytes_));
+      if (!p_) {
+        bytes_ = bytes;
+        p_ = static_cast<T*>(std::aligned_alloc(kHugePage, bytes_));
+#ifdef MADV_HUGEPAGE
+        if (p_) madvise(p_, bytes_, MADV_HUGEPAGE);
+#endif
+      }
+      pooled_ = true;
+    }
+    TORCH_CHECK(p_ != nullptr, "out of memory: the attention kernel's scratch needs ", bytes_, " bytes");
+    cap_ = int64_t(bytes_ / sizeof(T));
+  }
+
+ private:
+  void release() {
+    if (p_ && pooled_)
+      BlockPool::instance().give(p_, bytes_);
+    else
+      std::free(p_);
+    p_ = nullptr;
+    cap_ = 0;
+    bytes_ = 0;
+  }
+  T* p_ = nullptr;
   int64_t cap_ = 0;
+  size_t bytes_ = 0;
+  bool pooled_ = false;
 };
 
 // Buffers of one worker thread: three (bq, kBc) tiles, a kBc vector and its partial dK / dV of a strip.
@@ -1512,9 +1590,15 @@ std::vector<at::Tensor> potentials_backward(const at::Tensor& dout, const at::Te
   return {dq, dk, dv};
 }
 
+// The bytes of scratch kept between calls, and freeing them.
+int64_t scratch_pool_bytes() { return int64_t(BlockPool::instance().held()); }
+void release_scratch() { BlockPool::instance().clear(); }
+
 }  // namespace
 
 TORCH_LIBRARY(attnkit_cpu, m) {
+  m.def("scratch_pool_bytes", &scratch_pool_bytes);
+  m.def("release_scratch", &release_scratch);
   m.def("potentials_forward", &potentials_forward);
   m.def("potentials_backward", &potentials_backward);
   m.def("potentials_inference", &potentials_inference);
