@@ -209,14 +209,6 @@ def test_float32_error_is_at_most_a_small_multiple_of_the_eager_error(offset):
     assert (fused.double() - ref).abs().max().item() <= 4 * eager_err + 1e-7
 
 
-@pytest.fixture
-def num_threads():
-    """Set torch's thread count for one test: ``num_threads(n)``; restored afterwards."""
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
 # One head of 300 queries: three query chunks (128 + 128 + 44 rows) that the threads share, so the head is cut
 # between threads and its dK, dV and mean gradients are the sum of the threads' parts.
 # (The centred variants reject causal masks, so they take a pair mask instead.)

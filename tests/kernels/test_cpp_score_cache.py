@@ -91,6 +91,29 @@ def test_cached_rounds_match_float64_reference(budget_index, monkeypatch):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
 
 
+# Several threads: a head whose kept scores need more than one thread's share of the budget runs after the
+# others, alone, with its query chunks spread over the threads and the whole budget (csrc: run_balanced); the
+# others are dealt to the threads. In _inputs the first element's heads have 300 queries (they can be spread),
+# the second's about 200 (they cannot): with the middle budget the two kinds take the two routes.
+@pytest.mark.parametrize("threads", [2, 3])
+def test_heads_that_need_the_whole_budget_get_it_with_the_same_results(threads, num_threads, monkeypatch):
+    num_threads(threads)
+    (q, k, v), km, qm = _inputs(torch.float64, seed=4)
+    runs = [_run(q, k, v, km, qm, 3, 0.0, b, monkeypatch, grad=True) for b in _budgets(torch.float64)]
+    (out, grads), rest = runs[1], runs[:1] + runs[2:]
+    for other, other_grads in rest:  # the same bits with no strip kept, or every strip kept by every thread
+        assert torch.equal(out, other)
+        for a, b in zip(grads, other_grads):
+            assert torch.equal(a, b)
+    qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
+    ref, _ = ref_attention(qr, kr, vr, "sinkhorn", key_mask=km, query_mask=qm, iters=3, scale=0.3)
+    ref = ref * qm[:, None, :, None]
+    torch.testing.assert_close(out, ref.detach(), atol=1e-11, rtol=1e-9)
+    do = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=ref.dtype)
+    for a, b in zip(grads, torch.autograd.grad(ref, (qr, kr, vr), do)):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+
 def test_negative_budget_is_refused(monkeypatch):
     (q, k, v), _, _ = _inputs(torch.float32)
     monkeypatch.setattr(cpp_potentials, "SCORE_CACHE_BYTES", -1)

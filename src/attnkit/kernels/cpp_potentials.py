@@ -22,8 +22,10 @@ chunk spread over less than 25 (float32); otherwise, and for columns whose bound
 falls back to exact log-domain steps. Sinkhorn's rounds all read the same scores: the kernel keeps ``E`` (or
 the scores) of as many key strips as fit in ``SCORE_CACHE_BYTES`` (shared by the worker threads) from the
 first sweep that computes them, and the later sweeps of the forward and of the backward read them back
-instead of recomputing them; the results do not depend on the budget (``0`` turns it off). DNAS and HNAS
-(one round) keep nothing.
+instead of recomputing them; the results do not depend on the budget (``0`` turns it off). A head whose
+scores need more than one thread's share of the budget runs after the others with its query chunks spread
+over the threads and the whole budget (8 heads at L=4096 on 2 threads: all of each head's scores kept
+instead of half). DNAS and HNAS (one round) keep nothing.
 
 Scratch blocks of 2 MiB and more (the strips, the kept exponentials) stay allocated between calls, up to
 128 MiB in all, so that a call does not pay for first touching fresh memory (page faults and zero-filling: a
