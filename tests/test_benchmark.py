@@ -62,7 +62,7 @@ def test_shape_and_threads_are_configurable_and_reach_the_memory_subprocess():
     assert (meta["B"], meta["H"], meta["D"], meta["threads"]) == (2, 3, 8, 1)
     for row in result["rows"]:
         assert "memory_error" not in row and row["peak_extra_mb"] is not None
-    assert "B=2 H=3 D=8 float32, 1 threads" in format_table(result)
+    assert "B=2 H=3 D=8 float32, 1 thread;" in format_table(result)
 
 
 @pytest.mark.parametrize("field", ["batch", "heads", "head_dim", "threads"])

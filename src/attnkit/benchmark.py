@@ -424,7 +424,8 @@ def format_table(result: dict) -> str:
     lines += [f"({number}) {reason}" for reason, number in skipped.items()]
     meta = result.get("meta", {})
     shape = f"B={meta.get('B', '?')} H={meta.get('H', '?')} D={meta.get('D', '?')} {meta.get('dtype', '')}"
-    lines.append(f"{shape}, {meta.get('threads', '?')} threads; "
+    threads = meta.get('threads', '?')
+    lines.append(f"{shape}, {threads} thread{'' if threads == 1 else 's'}; "
                  f"times: median of {meta.get('repeats', '?')} rounds (min / max beside it); "
                  f"load average {', '.join(f'{x:.2f}' for x in meta.get('load_average_before', []))} "
                  f"on {meta.get('cores', '?')} cores")
