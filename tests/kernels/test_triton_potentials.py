@@ -171,3 +171,65 @@ def test_rejects_float64_and_cpu_route_is_off():
     with pytest.raises(ValueError, match="float64|backend='reference'"):
         triton_attention(q, k, v, key_mask=None, query_mask=None, scale=0.5, iters=1)
     assert dispatch._triton_module(q.float()) is None  # CPU tensors never take Triton outside the tests
+
+
+# The variants the launcher compiles (triton_potentials._forward / _backward: the rounds' flags), with masks
+# (their code contains the unmasked one); "all" also compiles the largest variants without masks and "hybrid"
+# only the variants of HNAS's last round. Run in a fresh process, where Triton compiles instead of
+# interpreting.
+_COMPILE = r"""
+import itertools, sys
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from attnkit.kernels import _triton_kernels as K
+
+dtype, which = sys.argv[1], sys.argv[2]
+tl_dtype = getattr(tl, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype])
+INTS = ("H", "Lq", "Lk", "D", "Dv")
+variants = [("col_fwd", dict(HAS_A=a)) for a in (False, True)]
+variants += [("row_fwd", dict(OUT=o, HYBRID=h)) for o, h in ((False, False), (True, False), (True, True))]
+for name in ("col_bwd", "row_bwd"):
+    for output, prev, hybrid in itertools.product((True, False), (False, True), (False, True)):
+        if hybrid and not output:
+            continue
+        flags = dict(OUTPUT=output, HAS_PREV=prev, HYBRID=hybrid, ACCUM=not output)
+        if name == "row_bwd":
+            flags["WANT_GA"] = prev
+        variants.append((name, flags))
+largest = [v for v in variants if v[1].get("HYBRID") and v[1].get("HAS_PREV", True)] + [variants[1]]
+if which == "hybrid":
+    variants = [v for v in variants if v[1].get("HYBRID")]
+runs = [(v, True) for v in variants] + ([(v, False) for v in largest] if which == "all" else [])
+for (name, flags), masks in runs:
+    fn = K.KERNELS[name]
+    kc = dict(flags, HAS_KM=masks, HAS_QM=masks, BLOCK_M=64, BLOCK_N=64, BLOCK_D=64, BLOCK_DV=64,
+              PREC="ieee" if dtype == "fp32" else "tf32", IN_T=tl_dtype, DOT_T=tl_dtype)
+    kc = {n: c for n, c in kc.items() if n in fn.arg_names}  # the column pass of the forward has no V
+    sig = {n: "constexpr" if n in kc else "fp32" if n == "scale" else "i32" if n in INTS
+           else "*" + dtype if n in ("Q", "K", "V", "DO") else "*i8" if n in ("KM", "QM") else "*fp32"
+           for n in fn.arg_names}
+    source = ASTSource(fn=fn, signature=sig, constexprs=kc)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+    assert compiled.asm["cubin"], (name, flags, masks)
+print("compiled", len(runs))
+"""
+
+
+# bfloat16 is the dtype of ``attnkit bench --device cuda``; float32 takes IEEE dots; float16 differs from
+# bfloat16 in its type alone.
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "dtype, which, count", [("bf16", "all", 21), ("fp32", "every", 17), ("fp16", "hybrid", 5)]
+)
+def test_kernels_compile_for_a_gpu_target(dtype, which, count):
+    """The interpreter runs Python semantics; Triton's compiler (sm_90 cubins, no GPU needed) must accept the
+    same kernels in the variants the launcher uses (rounds, the hybrid, masks) for each supported dtype."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    proc = subprocess.run([sys.executable, "-c", _COMPILE, dtype, which], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0 and f"compiled {count}\n" in proc.stdout, proc.stderr[-3000:]

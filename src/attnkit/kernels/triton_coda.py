@@ -85,7 +85,7 @@ def triton_coda_attention(
     warps (checked offline; the timings on a GPU are still to be taken).
     """
     if triton is None:
-        raise RuntimeError("Triton is not installed; install attnkit[gpu] (pip install 'triton==3.9.*')")
+        raise RuntimeError("Triton is not installed; install attnkit[triton] (pip install 'triton==3.9.*')")
     if q.dtype not in TRITON_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(
             f"q, k, v have dtypes {q.dtype}, {k.dtype}, {v.dtype}; the Triton CoDA kernel takes one of "

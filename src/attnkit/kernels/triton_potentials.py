@@ -83,7 +83,7 @@ def triton_attention(
     ``block`` fixes the tile size (a power of two >= 16; default 64 compiled, 16 interpreted).
     """
     if triton is None:
-        raise RuntimeError("Triton is not installed; install attnkit[gpu] (pip install 'triton==3.9.*')")
+        raise RuntimeError("Triton is not installed; install attnkit[triton] (pip install 'triton==3.9.*')")
     if iters < 1:
         raise ValueError(f"iters={iters}; the Triton kernels need iters >= 1 (softmax is SDPA)")
     if q.dtype not in TRITON_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
