@@ -88,6 +88,18 @@ def test_single_query_and_single_tile(name):
     _close(*_run(name, q, k, v, None, None, block=32), atol=2e-5)
 
 
+# The compiled path takes a tile per kernel (triton_potentials._TILES): the column and row passes of one call
+# cut the keys and queries differently, and BLOCK_M != BLOCK_N. The interpreter runs the same tiles here.
+@pytest.mark.parametrize("table", list(triton_potentials._TILES))
+@pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn3"])
+def test_compiled_tiles_per_kernel_match_reference(name, table, monkeypatch):
+    tiles = triton_potentials._TILES[table]
+    monkeypatch.setattr(triton_potentials, "_tiles", lambda block, width, dtype: tiles)
+    q, k, v = _inputs(2, 1, 70, 150, 8, 5, seed=5)  # partial tiles of every size in the table
+    km, qm = _masks(2, 70, 150, "both")
+    _close(*_run(name, q, k, v, km, qm), atol=2e-5)
+
+
 @pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn3"])
 def test_empty_rows_and_columns_are_zero_with_finite_gradients(name):
     q, k, v = _inputs(3, 2, 10, 12, 4, 4, seed=5)
@@ -173,45 +185,58 @@ def test_rejects_float64_and_cpu_route_is_off():
     assert dispatch._triton_module(q.float()) is None  # CPU tensors never take Triton outside the tests
 
 
-# The variants the launcher compiles (triton_potentials._forward / _backward: the rounds' flags), with masks
-# (their code contains the unmasked one); "all" also compiles the largest variants without masks and "hybrid"
-# only the variants of HNAS's last round. Run in a fresh process, where Triton compiles instead of
-# interpreting.
+# The variants the launcher compiles (triton_potentials._forward / _backward: the rounds' flags) with its
+# tiles (_TILES: a warp count and a pipeline depth per kernel) and masks (their code contains the unmasked
+# one); the sm_90 build of each must keep its tiles in registers (cuobjdump's STACK: 0 bytes spilled per
+# thread). "hybrid" compiles only the variants of HNAS's last round, "all" also the largest ones without
+# masks. Run in a fresh process, where Triton compiles instead of interpreting.
 _COMPILE = r"""
-import itertools, sys
+import itertools, os, subprocess, sys, tempfile
+import torch
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from attnkit.kernels import _triton_kernels as K
+from attnkit.kernels import _triton_kernels as K, triton_potentials as P
 
-dtype, which = sys.argv[1], sys.argv[2]
-tl_dtype = getattr(tl, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype])
+dtype, width, which = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+tl_dtype = P._TL_DTYPES[torch_dtype]
+tiles = P._tiles(None, width, torch_dtype)
 INTS = ("H", "Lq", "Lk", "D", "Dv")
-variants = [("col_fwd", dict(HAS_A=a)) for a in (False, True)]
+variants = [("col_fwd", dict(HAS_A=a, QBAR=b)) for a, b in itertools.product((False, True), (False, True))]
 variants += [("row_fwd", dict(OUT=o, HYBRID=h)) for o, h in ((False, False), (True, False), (True, True))]
-for name in ("col_bwd", "row_bwd"):
-    for output, prev, hybrid in itertools.product((True, False), (False, True), (False, True)):
-        if hybrid and not output:
-            continue
-        flags = dict(OUTPUT=output, HAS_PREV=prev, HYBRID=hybrid, ACCUM=not output)
-        if name == "row_bwd":
-            flags["WANT_GA"] = prev
-        variants.append((name, flags))
-largest = [v for v in variants if v[1].get("HYBRID") and v[1].get("HAS_PREV", True)] + [variants[1]]
+variants += [("col_bwd", dict(OUTPUT=o, HYBRID=h, ACCUM=not o))
+             for o, h in ((True, False), (True, True), (False, False))]
+for output, prev, hybrid in itertools.product((True, False), (False, True), (False, True)):
+    if not (hybrid and not output):
+        variants.append(("row_bwd", dict(OUTPUT=output, HAS_PREV=prev, HYBRID=hybrid, ACCUM=not output,
+                                         WANT_GA=prev)))
+largest = [v for v in variants if v[1].get("HYBRID") and v[1].get("HAS_PREV", True)] + [variants[3]]
 if which == "hybrid":
     variants = [v for v in variants if v[1].get("HYBRID")]
 runs = [(v, True) for v in variants] + ([(v, False) for v in largest] if which == "all" else [])
+cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+spilled = []
 for (name, flags), masks in runs:
     fn = K.KERNELS[name]
-    kc = dict(flags, HAS_KM=masks, HAS_QM=masks, BLOCK_M=64, BLOCK_N=64, BLOCK_D=64, BLOCK_DV=64,
+    bm, bn, warps, stages = tiles[name]
+    kc = dict(flags, HAS_KM=masks, HAS_QM=masks, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=width, BLOCK_DV=width,
               PREC="ieee" if dtype == "fp32" else "tf32", IN_T=tl_dtype, DOT_T=tl_dtype)
     kc = {n: c for n, c in kc.items() if n in fn.arg_names}  # the column pass of the forward has no V
     sig = {n: "constexpr" if n in kc else "fp32" if n == "scale" else "i32" if n in INTS
            else "*" + dtype if n in ("Q", "K", "V", "DO") else "*i8" if n in ("KM", "QM") else "*fp32"
            for n in fn.arg_names}
     source = ASTSource(fn=fn, signature=sig, constexprs=kc)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
-    assert compiled.asm["cubin"], (name, flags, masks)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=warps, num_stages=stages))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True)
+    stack = int(usage.stdout.split("STACK:")[1].split()[0])
+    if stack:
+        spilled.append((name, flags, masks, stack))
+assert not spilled, spilled
 print("compiled", len(runs))
 """
 
@@ -220,16 +245,18 @@ print("compiled", len(runs))
 # bfloat16 in its type alone.
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "dtype, which, count", [("bf16", "all", 21), ("fp32", "every", 17), ("fp16", "hybrid", 5)]
+    "dtype, width, which, count",
+    [("bf16", 64, "all", 20), ("bf16", 128, "every", 16), ("fp32", 64, "every", 16),
+     ("fp16", 64, "hybrid", 4)],
 )
-def test_kernels_compile_for_a_gpu_target(dtype, which, count):
+def test_kernels_compile_for_a_gpu_target_without_spills(dtype, width, which, count):
     """The interpreter runs Python semantics; Triton's compiler (sm_90 cubins, no GPU needed) must accept the
-    same kernels in the variants the launcher uses (rounds, the hybrid, masks) for each supported dtype."""
+    same kernels in the variants and tiles the launcher uses, for each supported dtype, without spilling."""
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    proc = subprocess.run([sys.executable, "-c", _COMPILE, dtype, which], capture_output=True, text=True,
-                          env=env, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", _COMPILE, dtype, str(width), which], capture_output=True,
+                          text=True, env=env, timeout=900)
     assert proc.returncode == 0 and f"compiled {count}\n" in proc.stdout, proc.stderr[-3000:]

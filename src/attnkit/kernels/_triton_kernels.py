@@ -23,12 +23,14 @@ INTERPRETED = bool(triton.knobs.runtime.interpret)
 
 @triton.jit
 def _col_forward(
-    Q, K, A, Bout, KM, QM, scale, H, Lq, Lk, D,
-    HAS_A: tl.constexpr, HAS_KM: tl.constexpr, HAS_QM: tl.constexpr,
+    Q, K, A, Bout, QBout, KM, QM, scale, H, Lq, Lk, D,
+    HAS_A: tl.constexpr, QBAR: tl.constexpr, HAS_KM: tl.constexpr, HAS_QM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr,
     IN_T: tl.constexpr, DOT_T: tl.constexpr,
 ):
-    """``b_j = -LSE_i (s_ij + a_i)`` over valid queries for one block of keys."""
+    """``b_j = -LSE_i (s_ij + a_i)`` over valid queries for one block of keys; with ``QBAR`` (training) also
+    the column-normalized mean query ``qbar_j = sum_i exp(s_ij + a_i + b_j) q_i``, which the backward's
+    ``dK`` needs (so that its column pass keeps two accumulators, as FlashAttention-2's does, not three)."""
     bh = tl.program_id(0).to(tl.int64)
     jb = tl.program_id(1)
     batch = bh // H
@@ -42,6 +44,7 @@ def _col_forward(
                  mask=col_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (N, Dp)
     m = tl.full([BLOCK_N], float("-inf"), tl.float32)
     acc = tl.zeros([BLOCK_N], tl.float32)
+    qacc = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     for i0 in range(0, Lq, BLOCK_M):
         offs_m = i0 + tl.arange(0, BLOCK_M)
         row_in = offs_m < Lq
@@ -50,17 +53,25 @@ def _col_forward(
             row_ok = row_ok & (tl.load(QM + batch * Lq + offs_m, mask=row_in, other=0) != 0)
         qb = tl.load(Q + bh * Lq * D + offs_m[:, None] * D + offs_d[None, :],
                      mask=row_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (M, Dp)
-        s = tl.dot(qb, tl.trans(kb), input_precision=PREC) * scale  # (M, N)
+        st = tl.dot(kb, tl.trans(qb), input_precision=PREC) * scale  # (N, M): keys by queries
         if HAS_A:
-            s += tl.load(A + bh * Lq + offs_m, mask=row_in, other=0.0)[:, None]
-        s = tl.where(row_ok[:, None] & col_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
+            st += tl.load(A + bh * Lq + offs_m, mask=row_in, other=0.0)[None, :]
+        st = tl.where(col_ok[:, None] & row_ok[None, :], st, float("-inf"))
+        m_new = tl.maximum(m, tl.max(st, axis=1))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        acc = acc * tl.exp(m - shift) + tl.sum(tl.exp(s - shift[None, :]), axis=0)
+        alpha = tl.exp(m - shift)
+        e = tl.exp(st - shift[:, None])  # (N, M)
+        acc = acc * alpha + tl.sum(e, axis=1)
+        if QBAR:
+            qacc = qacc * alpha[:, None] + tl.dot(e.to(IN_T).to(DOT_T), qb, input_precision=PREC)
         m = m_new
     has = acc > 0
-    b = tl.where(has, -(m + tl.log(tl.where(has, acc, 1.0))), 0.0)
+    acc_safe = tl.where(has, acc, 1.0)
+    b = tl.where(has, -(m + tl.log(acc_safe)), 0.0)
     tl.store(Bout + bh * Lk + offs_n, b, mask=col_in)
+    if QBAR:
+        tl.store(QBout + bh * Lk * D + offs_n[:, None] * D + offs_d[None, :], qacc / acc_safe[:, None],
+                 mask=col_in[:, None] & (offs_d[None, :] < D))
 
 
 @triton.jit
@@ -139,14 +150,15 @@ def _row_forward(
 
 @triton.jit
 def _col_backward(
-    Q, K, V, DO, Bt, Arow, Aprev, Delta, GA, AL, DeltaL, U, GBout, DK, DV, KM, QM, scale, H, Lq, Lk, D, Dv,
-    OUTPUT: tl.constexpr, HAS_PREV: tl.constexpr, HYBRID: tl.constexpr, ACCUM: tl.constexpr,
+    Q, K, V, DO, Bt, Arow, QB, Delta, GA, AL, DeltaL, U, GBout, DK, DV, KM, QM, scale, H, Lq, Lk, D, Dv,
+    OUTPUT: tl.constexpr, HYBRID: tl.constexpr, ACCUM: tl.constexpr,
     HAS_KM: tl.constexpr, HAS_QM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     PREC: tl.constexpr, IN_T: tl.constexpr, DOT_T: tl.constexpr,
 ):
     """One block of keys of one backward round: ``g_b``, ``dK`` (added to ``DK`` with ``ACCUM``) and, in
-    the output round (``OUTPUT``), ``dV``."""
+    the output round (``OUTPUT``), ``dV``. ``QB``: the round's column-normalized mean queries
+    (``_col_forward``), so that ``dK_j = scale * (sum_i dy_ij q_i - g_b_j qbar_j)``."""
     bh = tl.program_id(0).to(tl.int64)
     jb = tl.program_id(1)
     batch = bh // H
@@ -170,48 +182,43 @@ def _col_backward(
         vb = vb.to(DOT_T)  # (N, Dvp)
     gb = tl.zeros([BLOCK_N], tl.float32)
     a1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i dy_ij q_i
-    a2 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)  # sum_i Qc_ij q_i
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
-    for i0 in range(0, Lq, BLOCK_M):
+    for i0 in range(0, Lq, BLOCK_M):  # every tile is (N, M), keys by queries, as the accumulators' rows
         offs_m = i0 + tl.arange(0, BLOCK_M)
         row_in = offs_m < Lq
         row_ok = row_in
         if HAS_QM:
             row_ok = row_ok & (tl.load(QM + batch * Lq + offs_m, mask=row_in, other=0) != 0)
-        valid = row_ok[:, None] & col_ok[None, :]
+        valid = col_ok[:, None] & row_ok[None, :]
         qb = tl.load(Q + bh * Lq * D + offs_m[:, None] * D + offs_d[None, :],
                      mask=row_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (M, Dp)
-        s = tl.dot(qb, tl.trans(kb), input_precision=PREC) * scale  # (M, N)
+        st = tl.dot(kb, tl.trans(qb), input_precision=PREC) * scale  # (N, M)
         ar = tl.load(Arow + bh * Lq + offs_m, mask=row_in, other=0.0)
-        p = tl.exp(tl.where(valid, s + bj[None, :] + ar[:, None], float("-inf")))  # row-normalized weights
+        p = tl.exp(tl.where(valid, st + bj[:, None] + ar[None, :], float("-inf")))  # row-normalized weights
         if OUTPUT:
             dob = tl.load(DO + bh * Lq * Dv + offs_m[:, None] * Dv + offs_dv[None, :],
                           mask=row_in[:, None] & (offs_dv[None, :] < Dv), other=0.0).to(DOT_T)  # (M, Dvp)
-            dov = tl.dot(dob, tl.trans(vb), input_precision=PREC)  # (M, N)
-            delta = tl.load(Delta + bh * Lq + offs_m, mask=row_in, other=0.0)
-            dy = p * (u * dov - delta[:, None])
             pmix = u * p
-            dyq = dy
             if HYBRID:
                 al = tl.load(AL + bh * Lq + offs_m, mask=row_in, other=0.0)
-                dl = tl.load(DeltaL + bh * Lq + offs_m, mask=row_in, other=0.0)
-                pl = tl.exp(tl.where(valid, s + al[:, None], float("-inf")))
-                dyq = dy + pl * ((1.0 - u) * dov - dl[:, None])
+                pl = tl.exp(tl.where(valid, st + al[None, :], float("-inf")))
                 pmix += (1.0 - u) * pl
-            dv += tl.dot(tl.trans(pmix).to(IN_T).to(DOT_T), dob, input_precision=PREC)
+            dv += tl.dot(pmix.to(IN_T).to(DOT_T), dob, input_precision=PREC)
+            dov = tl.dot(vb, tl.trans(dob), input_precision=PREC)  # (N, M): v_j . dO_i
+            delta = tl.load(Delta + bh * Lq + offs_m, mask=row_in, other=0.0)
+            dy = p * (u * dov - delta[None, :])
+            dyq = dy
+            if HYBRID:
+                dl = tl.load(DeltaL + bh * Lq + offs_m, mask=row_in, other=0.0)
+                dyq = dy + pl * ((1.0 - u) * dov - dl[None, :])
         else:
             ga = tl.load(GA + bh * Lq + offs_m, mask=row_in, other=0.0)
-            dy = -ga[:, None] * p
+            dy = -ga[None, :] * p
             dyq = dy
-        gb += tl.sum(dy, axis=0)
-        if HAS_PREV:
-            ap = tl.load(Aprev + bh * Lq + offs_m, mask=row_in, other=0.0)
-            qc = tl.exp(tl.where(valid, s + ap[:, None] + bj[None, :], float("-inf")))  # column-normalized
-        else:
-            qc = tl.exp(tl.where(valid, s + bj[None, :], float("-inf")))
-        a1 += tl.dot(tl.trans(dyq).to(IN_T).to(DOT_T), qb, input_precision=PREC)
-        a2 += tl.dot(tl.trans(qc).to(IN_T).to(DOT_T), qb, input_precision=PREC)
-    dk = (a1 - gb[:, None] * a2) * scale
+        gb += tl.sum(dy, axis=1)
+        a1 += tl.dot(dyq.to(IN_T).to(DOT_T), qb, input_precision=PREC)
+    qbar = tl.load(QB + bh * Lk * D + offs_n[:, None] * D + offs_d[None, :], mask=k_mask, other=0.0)
+    dk = (a1 - gb[:, None] * qbar) * scale
     dk_ptr = DK + bh * Lk * D + offs_n[:, None] * D + offs_d[None, :]
     if ACCUM:
         dk += tl.load(dk_ptr, mask=k_mask, other=0.0)

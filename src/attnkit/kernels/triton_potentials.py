@@ -20,8 +20,12 @@ With ``P_ij = exp(s_ij + b^k_j + a^k_i)`` (row-normalized) and ``Qc_ij = exp(s_i
 
 and round ``t < k`` the same with ``dy_ij = -g_a^t_i Qr_ij`` (``Qr`` the row-normalized weights of round
 ``t``). ``g_b`` is a column sum and ``g_a`` a row sum, so the column pass computes ``g_b``, ``dV`` and
-``dK_j = scale * (sum_i dy_ij q_i - g_b_j sum_i Qc_ij q_i)`` (two accumulators, one sweep) and the row pass
-``dQ`` and ``g_a``. The saved state is ``q, k, v``, the output(s) and ``2k + 1`` potential vectors.
+``dK_j = scale * (sum_i dy_ij q_i - g_b_j qbar_j)`` and the row pass ``dQ`` and ``g_a``. The column-normalized
+mean queries ``qbar_j = sum_i Qc_ij q_i`` of each round do not depend on ``dO``: the forward's column pass
+computes them when an input needs a gradient (one more product there), so that the backward's column pass
+keeps two ``(N, D)`` accumulators, as FlashAttention-2's does, instead of three (which spilled registers: 768
+to 936 bytes per thread in the sm_90 build of 64 x 64 tiles). The saved state is ``q, k, v``, the output(s),
+``2k + 1`` potential vectors and the ``k`` mean-query arrays ``(B*H, Lk, D)``.
 
 Masks: ``key_mask (B, Lk)`` and ``query_mask (B, Lq)`` (True = real). Invalid pairs weigh 0, padded queries
 never enter a column normalization, potentials of empty rows/columns are 0 and queries without a valid key
@@ -80,7 +84,8 @@ def triton_attention(
 
     Shapes: q ``(B|1, H|1, Lq, D)``, k ``(B|1, H|1, Lk, D)``, v ``(B|1, H|1, Lk, Dv)``; ``key_mask (B, Lk)``,
     ``query_mask (B, Lq)``. CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1`` (the interpreter).
-    ``block`` fixes the tile size (a power of two >= 16; default 64 compiled, 16 interpreted).
+    ``block`` fixes the tile size (a power of two >= 16; by default 16 interpreted, and compiled a tile per
+    kernel and head size, ``_TILES``).
     """
     if triton is None:
         raise RuntimeError("Triton is not installed; install attnkit[triton] (pip install 'triton==3.9.*')")
@@ -105,9 +110,9 @@ def triton_attention(
     v = v.expand(B, H, -1, -1)
     km = None if key_mask is None else key_mask.to(torch.int8).expand(B, -1).contiguous()  # (B, Lk)
     qm = None if query_mask is None else query_mask.to(torch.int8).expand(B, -1).contiguous()  # (B, Lq)
-    if block is None:
-        block = 64 if q.is_cuda else 16
-    return _TritonPotentials.apply(q, k, v, u, km, qm, float(scale), int(iters), int(block))
+    if block is None and not q.is_cuda:
+        block = 16  # the interpreter: small tiles are fast
+    return _TritonPotentials.apply(q, k, v, u, km, qm, float(scale), int(iters), block)
 
 
 # ------------------------------------------------------------------------------------ autograd
@@ -117,53 +122,89 @@ def triton_attention(
 # masks (B, L) int8, head bh belongs to batch element bh // H. Program ids: (bh, block).
 
 
+# Tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) of each kernel when compiled, by operand kind and padded
+# head size: the largest of those tried whose sm_90 build keeps every variant's tiles in registers (no spills;
+# tests/kernels/test_triton_potentials.py checks it). The column kernels keep BLOCK_N keys resident and stream
+# the queries, the row kernels the reverse. (Uniform 64 x 64 tiles on 4 warps spilled 600-900 bytes per
+# thread in the backward's column pass in bfloat16, and float32's IEEE dots, which take no tensor cores,
+# spilled kilobytes.)
+_TILES = {
+    ("half", 64): dict(col_fwd=(64, 128, 8, 3), row_fwd=(128, 64, 8, 3), col_bwd=(64, 64, 8, 3),
+                       row_bwd=(64, 32, 4, 3)),
+    ("half", 128): dict(col_fwd=(64, 64, 8, 3), row_fwd=(64, 32, 8, 3), col_bwd=(32, 32, 8, 3),
+                        row_bwd=(64, 32, 8, 3)),
+    ("float32", 64): dict(col_fwd=(32, 32, 4, 2), row_fwd=(32, 32, 8, 2), col_bwd=(16, 32, 8, 2),
+                          row_bwd=(32, 32, 4, 2)),
+}
+_TILES_OTHER = (16, 16, 4, 2)  # larger heads (not checked for spills)
+
+
+def _tiles(block: Optional[int], width: int, dtype: torch.dtype) -> dict:
+    """The tile of each kernel: ``block`` x ``block`` on 4 warps when given, else from ``_TILES``."""
+    names = ("col_fwd", "row_fwd", "col_bwd", "row_bwd")
+    if block is not None:
+        return {name: (block, block, 4, 3) for name in names}
+    kind = "float32" if dtype == torch.float32 else "half"
+    for (k, limit), table in _TILES.items():
+        if k == kind and width <= limit:
+            return table
+    return {name: _TILES_OTHER for name in names}
+
+
 class _Launch:
     """Shapes, tiles and mask pointers shared by every launch of one call."""
 
-    def __init__(self, q3: Tensor, k3: Tensor, v3: Tensor, km, qm, H: int, scale: float, block: int):
+    def __init__(self, q3: Tensor, k3: Tensor, v3: Tensor, km, qm, H: int, scale: float,
+                 block: Optional[int]):
         self.BH, self.Lq, self.D = q3.shape
         self.Lk, self.Dv = k3.shape[1], v3.shape[2]
         self.H, self.scale = H, scale
         self.km, self.qm = km, qm
         dummy = q3.new_empty(1, dtype=torch.float32)
         self.dummy = dummy
+        block_d = max(16, triton.next_power_of_2(self.D))
+        self.dv_const = max(16, triton.next_power_of_2(self.Dv))
         self.consts = dict(
-            HAS_KM=km is not None, HAS_QM=qm is not None, BLOCK_M=block, BLOCK_N=block,
-            BLOCK_D=max(16, triton.next_power_of_2(self.D)),
+            HAS_KM=km is not None, HAS_QM=qm is not None, BLOCK_D=block_d,
             PREC="ieee" if q3.dtype == torch.float32 else "tf32",
             IN_T=_TL_DTYPES[q3.dtype],
             DOT_T=tl.float32 if (q3.dtype == torch.bfloat16 and not q3.is_cuda) else _TL_DTYPES[q3.dtype],
         )
-        self.dv_const = max(16, triton.next_power_of_2(self.Dv))
-        self.grid_cols = (self.BH, triton.cdiv(self.Lk, block))
-        self.grid_rows = (self.BH, triton.cdiv(self.Lq, block))
+        self.tiles = _tiles(block, max(block_d, self.dv_const), q3.dtype)
 
     def masks(self):
         return (self.dummy if self.km is None else self.km), (self.dummy if self.qm is None else self.qm)
 
-    def run(self, name: str, grid, *args, **consts):
-        _triton_kernels.KERNELS[name][grid](*args, **consts, **self.consts)
+    def run(self, name: str, *args, **consts):
+        """Launch kernel ``name``: a program per block of keys (column passes) or of queries (row passes)."""
+        bm, bn, warps, stages = self.tiles[name]
+        blocks = triton.cdiv(self.Lk, bn) if name.startswith("col") else triton.cdiv(self.Lq, bm)
+        _triton_kernels.KERNELS[name][(self.BH, blocks)](
+            *args, **consts, **self.consts, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages
+        )
 
 
-def _forward(L: _Launch, q3, k3, v3, iters: int, hybrid: bool):
+def _forward(L: _Launch, q3, k3, v3, iters: int, hybrid: bool, train: bool):
     BH, Lq, Lk, Dv = L.BH, L.Lq, L.Lk, L.Dv
     f32 = dict(dtype=torch.float32, device=q3.device)
     a_all = torch.zeros(iters + 1, BH, Lq, **f32)  # a^0 = 0, ..., a^k
     b_all = torch.empty(iters, BH, Lk, **f32)
+    # the column-normalized mean queries of each round, for the backward's dK (training only)
+    qbar = torch.empty(iters, BH, Lk, L.D, **f32) if train else None
     out = torch.empty(BH, Lq, Dv, **f32)
     out_l = torch.empty(BH, Lq, Dv, **f32) if hybrid else L.dummy
     a_l = torch.empty(BH, Lq, **f32) if hybrid else L.dummy
     km, qm = L.masks()
     for t in range(1, iters + 1):
-        L.run("col_fwd", L.grid_cols, q3, k3, a_all[t - 1], b_all[t - 1], km, qm, L.scale, L.H, Lq, Lk, L.D,
-              HAS_A=t > 1)
+        L.run("col_fwd", q3, k3, a_all[t - 1], b_all[t - 1], L.dummy if qbar is None else qbar[t - 1],
+              km, qm, L.scale, L.H, Lq, Lk, L.D, HAS_A=t > 1, QBAR=train)
         last = t == iters
-        L.run("row_fwd", L.grid_rows, q3, k3, v3, b_all[t - 1], a_all[t], out, a_l, out_l, km, qm, L.scale,
+        L.run("row_fwd", q3, k3, v3, b_all[t - 1], a_all[t], out, a_l, out_l, km, qm, L.scale,
               L.H, Lq, Lk, L.D, Dv, OUT=last, HYBRID=last and hybrid, BLOCK_DV=L.dv_const)
-    return out, a_all, b_all, (out_l if hybrid else None), (a_l if hybrid else None)
+    return out, a_all, b_all, qbar, (out_l if hybrid else None), (a_l if hybrid else None)
 
 
-def _backward(L: _Launch, q3, k3, v3, dO, out, a_all, b_all, out_l, a_l, u_bh, iters: int):
+def _backward(L: _Launch, q3, k3, v3, dO, out, a_all, b_all, qbar, out_l, a_l, u_bh, iters: int):
     BH, Lq, Lk, Dv = L.BH, L.Lq, L.Lk, L.Dv
     f32 = dict(dtype=torch.float32, device=q3.device)
     hybrid = u_bh is not None
@@ -185,13 +226,12 @@ def _backward(L: _Launch, q3, k3, v3, dO, out, a_all, b_all, out_l, a_l, u_bh, i
     a_l = L.dummy if a_l is None else a_l
     for t in range(iters, 0, -1):
         output = t == iters
-        shared = dict(OUTPUT=output, HAS_PREV=t > 1, HYBRID=output and hybrid, ACCUM=not output,
-                      BLOCK_DV=L.dv_const)
-        L.run("col_bwd", L.grid_cols, q3, k3, v3, dO, b_all[t - 1], a_all[t], a_all[t - 1], delta, ga, a_l,
+        shared = dict(OUTPUT=output, HYBRID=output and hybrid, ACCUM=not output, BLOCK_DV=L.dv_const)
+        L.run("col_bwd", q3, k3, v3, dO, b_all[t - 1], a_all[t], qbar[t - 1], delta, ga, a_l,
               delta_l, u_arg, gb, dk, dv, km, qm, L.scale, L.H, Lq, Lk, L.D, Dv, **shared)
-        L.run("row_bwd", L.grid_rows, q3, k3, v3, dO, b_all[t - 1], gb, a_all[t], a_all[t - 1], delta, ga,
-              a_l, delta_l, u_arg, dq, ga_next, km, qm, L.scale, L.H, Lq, Lk, L.D, Dv, WANT_GA=t > 1,
-              **shared)
+        L.run("row_bwd", q3, k3, v3, dO, b_all[t - 1], gb, a_all[t], a_all[t - 1], delta, ga,
+              a_l, delta_l, u_arg, dq, ga_next, km, qm, L.scale, L.H, Lq, Lk, L.D, Dv, HAS_PREV=t > 1,
+              WANT_GA=t > 1, **shared)
         if t > 1:
             ga, ga_next = ga_next, ga
     return dq, dk, dv
@@ -207,9 +247,10 @@ class _TritonPotentials(torch.autograd.Function):
         v3 = v.reshape(B * H, Lk, Dv).contiguous()  # (B*H, Lk, Dv)
         hybrid = u is not None
         L = _Launch(q3, k3, v3, km, qm, H, scale, block)
-        out, a_all, b_all, out_l, a_l = _forward(L, q3, k3, v3, iters, hybrid)
-        if any(ctx.needs_input_grad[:4]):  # inference (no input requires grad): nothing is saved
-            ctx.save_for_backward(q3, k3, v3, u, km, qm, out, a_all, b_all, out_l, a_l)
+        train = any(ctx.needs_input_grad[:4])  # inference (no input requires grad): nothing is saved
+        out, a_all, b_all, qbar, out_l, a_l = _forward(L, q3, k3, v3, iters, hybrid, train)
+        if train:
+            ctx.save_for_backward(q3, k3, v3, u, km, qm, out, a_all, b_all, qbar, out_l, a_l)
         ctx.meta = (B, H, Lq, Lk, D, Dv, scale, iters, block)
         out = out.view(B, H, Lq, Dv)
         if hybrid:  # u * out_D + (1 - u) * out_L
@@ -218,12 +259,12 @@ class _TritonPotentials(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        q3, k3, v3, u, km, qm, out, a_all, b_all, out_l, a_l = ctx.saved_tensors
+        q3, k3, v3, u, km, qm, out, a_all, b_all, qbar, out_l, a_l = ctx.saved_tensors
         B, H, Lq, Lk, D, Dv, scale, iters, block = ctx.meta
         dO = grad_out.to(q3.dtype).reshape(B * H, Lq, Dv).contiguous()  # (B*H, Lq, Dv)
         u_bh = None if u is None else u.float().expand(B, H, 1, 1).reshape(B * H).contiguous()  # (B*H,)
         L = _Launch(q3, k3, v3, km, qm, H, scale, block)
-        dq, dk, dv = _backward(L, q3, k3, v3, dO, out, a_all, b_all, out_l, a_l, u_bh, iters)
+        dq, dk, dv = _backward(L, q3, k3, v3, dO, out, a_all, b_all, qbar, out_l, a_l, u_bh, iters)
         du = None
         if u is not None and ctx.needs_input_grad[3]:
             # sum of dO * (out_D - out_L)
