@@ -224,8 +224,8 @@ for (name, flags), masks in runs:
               PREC="ieee" if dtype == "fp32" else "tf32", IN_T=tl_dtype, DOT_T=tl_dtype)
     kc = {n: c for n, c in kc.items() if n in fn.arg_names}  # the column pass of the forward has no V
     sig = {n: "constexpr" if n in kc else "fp32" if n == "scale" else "i32" if n in INTS
-           else "*" + dtype if n in ("Q", "K", "V", "DO") else "*i8" if n in ("KM", "QM") else "*fp32"
-           for n in fn.arg_names}
+           else "*" + dtype if n in ("Q", "K", "V", "DO", "QBout", "QB") else "*i8" if n in ("KM", "QM")
+           else "*fp32" for n in fn.arg_names}
     source = ASTSource(fn=fn, signature=sig, constexprs=kc)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=warps, num_stages=stages))

@@ -25,7 +25,7 @@ mean queries ``qbar_j = sum_i Qc_ij q_i`` of each round do not depend on ``dO``:
 computes them when an input needs a gradient (one more product there), so that the backward's column pass
 keeps two ``(N, D)`` accumulators, as FlashAttention-2's does, instead of three (which spilled registers: 768
 to 936 bytes per thread in the sm_90 build of 64 x 64 tiles). The saved state is ``q, k, v``, the output(s),
-``2k + 1`` potential vectors and the ``k`` mean-query arrays ``(B*H, Lk, D)``.
+``2k + 1`` potential vectors and the ``k`` mean-query arrays ``(B*H, Lk, D)`` (in the inputs' dtype).
 
 Masks: ``key_mask (B, Lk)`` and ``query_mask (B, Lq)`` (True = real). Invalid pairs weigh 0, padded queries
 never enter a column normalization, potentials of empty rows/columns are 0 and queries without a valid key
@@ -189,8 +189,9 @@ def _forward(L: _Launch, q3, k3, v3, iters: int, hybrid: bool, train: bool):
     f32 = dict(dtype=torch.float32, device=q3.device)
     a_all = torch.zeros(iters + 1, BH, Lq, **f32)  # a^0 = 0, ..., a^k
     b_all = torch.empty(iters, BH, Lk, **f32)
-    # the column-normalized mean queries of each round, for the backward's dK (training only)
-    qbar = torch.empty(iters, BH, Lk, L.D, **f32) if train else None
+    # the column-normalized mean queries of each round, for the backward's dK (training only), in the inputs'
+    # dtype (float32 made no difference to dK's error in bfloat16 / float16, and took twice the memory)
+    qbar = torch.empty(iters, BH, Lk, L.D, dtype=q3.dtype, device=q3.device) if train else None
     out = torch.empty(BH, Lq, Dv, **f32)
     out_l = torch.empty(BH, Lq, Dv, **f32) if hybrid else L.dummy
     a_l = torch.empty(BH, Lq, **f32) if hybrid else L.dummy
