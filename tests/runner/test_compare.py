@@ -175,3 +175,27 @@ def test_seq2seq_file_task_reports_sequence_accuracy(tmp_path):
         assert 0.0 <= record["sequence_accuracy_mean"] <= 1.0
     sample = result.runs[0]["samples"][0]
     assert sample["target"] == sample["source"][::-1]
+
+
+def test_cpu_kernels_are_built_before_the_first_timed_step(tmp_path, monkeypatch):
+    """A first build of the C++ kernels (tens of seconds) must not count as a training step's time."""
+    from attnkit.kernels import cpu_ext
+    from attnkit.runner import train
+
+    events = []
+    real_load = cpu_ext.load
+    monkeypatch.setattr(cpu_ext, "load", lambda *a, **k: events.append("load") or real_load(*a, **k))
+    real_clock = train.time.perf_counter
+
+    class Clock:  # records when a step's timer starts
+        @staticmethod
+        def perf_counter():
+            events.append("clock")
+            return real_clock()
+
+    monkeypatch.setattr(train, "time", Clock)
+    data = write_classification_file(tmp_path / "topics.json")
+    run_compare(build_config(tiny_overrides(data, tmp_path / "out", mechanisms="dnas", steps=2, eval_every=2,
+                                            checkpoint_every=2)))
+    assert "load" in events and "clock" in events
+    assert events.index("load") < events.index("clock")
