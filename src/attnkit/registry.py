@@ -85,7 +85,7 @@ SPECS: dict[str, MechanismSpec] = {
             query_normalized=False,
             weights=lambda s, valid, c, u, n: softmax_weights(s, valid),
             potential_iters=lambda c: 0,
-            routes=("sdpa", "blockwise"),
+            routes=("cpp_softmax", "sdpa", "blockwise"),
             summary="rows sum to 1",
         ),
         MechanismSpec(
@@ -121,7 +121,7 @@ SPECS: dict[str, MechanismSpec] = {
             query_normalized=True,
             weights=lambda s, valid, c, u, n: sinkhorn_weights(s, valid, c.iters),
             potential_iters=lambda c: c.iters,
-            routes=("sdpa", "triton", "cpp", "blockwise"),
+            routes=("cpp_softmax", "sdpa", "triton", "cpp", "blockwise"),
             summary="k column+row normalizations",
         ),
         MechanismSpec(

@@ -91,3 +91,48 @@ def test_auto_backend_takes_the_kernels_under_dropout(name, monkeypatch):
     calls.clear()
     ak.attention(q, k, v, MECHS[name][0], key_mask=km, causal=False, dropout_p=0.0, **MECHS[name][2])
     assert calls == [0.0]
+
+
+# Softmax with attention dropout on the CPU (dispatch route ``cpp_softmax``): SDPA's fused CPU kernel has no
+# dropout (it falls back to its materializing math path), so the C++ kernels' replayed dropout serves it.
+@pytest.mark.parametrize("mech", ["softmax", ak.Sinkhorn(iters=0)])
+def test_softmax_with_dropout_takes_the_cpp_route_and_matches_the_masked_reference(mech):
+    """With ``v = I`` the output rows are the dropped weight rows: softmax's weights times a keep mask, rows
+    of padded queries and of elements without keys zero; gradients replay the mask (gradcheck)."""
+    B, H, Lq, Lk, p = 2, 3, 40, 48, 0.25
+    q, k = _qk(B, H, Lq, Lk, 8, seed=5)
+    v = torch.eye(Lk, dtype=torch.float64).expand(B, H, Lk, Lk)
+    km = torch.arange(Lk)[None, :] < torch.tensor([[Lk], [30]])
+    qm = torch.arange(Lq)[None, :] < torch.tensor([[35], [Lq]])
+    plan = ak.explain_dispatch(q, k, v, mech, key_mask=km, query_mask=qm, dropout_p=p)
+    assert plan.route == "cpp_softmax", plan
+    _, w = ak.attention(q, k, v, "softmax", key_mask=km, query_mask=qm, return_weights=True)
+    out = ak.attention(q, k, v, mech, key_mask=km, query_mask=qm, dropout_p=p)
+    positive = w > 1e-12
+    ratio = out[positive] / w[positive]
+    keep = 1 / (1 - round(p * 65536) / 65536)
+    assert torch.all((ratio.abs() < 1e-9) | ((ratio - keep).abs() < 1e-9))
+    assert torch.all(out[~positive].abs() < 1e-12)
+    assert abs((ratio.abs() < 1e-9).double().mean().item() - p) < 0.03
+
+    v = torch.randn(B, H, Lk, 5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+
+    km_small = km[:, :20].clone()
+    km_small[1, 14:] = False
+
+    def f(q_, k_, v_):
+        torch.manual_seed(11)  # the same mask in every evaluation
+        return ak.attention(q_, k_, v_, mech, key_mask=km_small, query_mask=qm[:, :9], dropout_p=0.3,
+                            backend="efficient")
+
+    small = [t.clone().requires_grad_() for t in (q[:, :2, :9], k[:, :2, :20], v[:, :2, :20])]
+    assert torch.autograd.gradcheck(f, small, eps=1e-6, atol=1e-7)
+
+
+def test_softmax_route_keeps_sdpa_without_dropout_and_for_other_masks():
+    q, k = _qk(2, 2, 16, 16, 8)
+    v = torch.randn(2, 2, 16, 8, dtype=torch.float64)
+    km = torch.ones(2, 16, dtype=torch.bool)
+    assert ak.explain_dispatch(q, k, v, "softmax", key_mask=km, backend="efficient").route == "sdpa"
+    plan = ak.explain_dispatch(q, k, v, "softmax", causal=True, dropout_p=0.1, backend="efficient")
+    assert plan.route == "sdpa" and "padding masks only" in plan.reason

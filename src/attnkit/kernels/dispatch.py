@@ -11,6 +11,9 @@ Routes (docs/design.md section 5):
 
 - ``reference``: the materialized ``(Lq, Lk)`` weights (``attnkit.functional``), every mechanism and mask;
 - ``sdpa``: softmax through ``F.scaled_dot_product_attention`` (fused), when the masks fit its one mask;
+- ``cpp_softmax``: softmax with attention dropout on the CPU with padding masks, through the C++ kernels
+  (their hashed, replayed dropout), where SDPA's fused CPU kernel has no dropout and falls back to its
+  materializing math path;
 - ``triton``: dnas / hnas / sinkhorn on CUDA with padding masks, the Triton kernels (``triton_potentials.py``,
   the ``[triton]`` extra);
 - ``cpp``: dnas / hnas / sinkhorn on the CPU with padding masks, the C++ kernels (``cpp_potentials.py``),
@@ -131,6 +134,36 @@ def _sdpa_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
     if mask.query is not None:
         out = out.masked_fill(~mask.query, 0.0)
     return out
+
+
+def _cpp_softmax_supports(call: Call) -> Optional[str]:
+    if call.iters != 0:
+        return "softmax (0 normalization rounds) only"
+    if call.dropout_p <= 0:
+        return "only with attention dropout (without it SDPA's fused kernel is faster)"
+    if not call.mask.padding_only:
+        return "the C++ kernels take padding masks only (no attn_mask, not causal)"
+    if not fused_cpu_available(call.q):
+        return "the C++ kernels are not available (not a CPU tensor, or the extension did not build)"
+    return None
+
+
+def _cpp_softmax_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
+    # The kernels' hybrid with weight u = 0: its output is the softmax half exactly (u * out_D + (1 - u) *
+    # out_L with u = 0), and its gradients are softmax's (the DNAS half's terms are multiplied by 0). The
+    # DNAS half is computed and discarded: a softmax mode of the kernels would save that work.
+    zero = call.q.new_zeros((1, 1, 1, 1))
+    return fused_cpu_attention(
+        call.q,
+        call.k,
+        call.v,
+        key_mask=call.mask.key_mask,
+        query_mask=call.mask.query_mask,
+        scale=scale,
+        iters=1,
+        u=zero,
+        dropout_p=call.dropout_p,
+    )
 
 
 def _cpp_supports(call: Call) -> Optional[str]:
@@ -258,6 +291,10 @@ ROUTES: dict[str, Route] = {
         Route(
             "sdpa", "F.scaled_dot_product_attention (fused softmax)", _sdpa_supports, _sdpa_run, dropout=True
         ),
+        Route(
+            "cpp_softmax", "C++ kernels, softmax with replayed attention dropout (CPU, padding masks)",
+            _cpp_softmax_supports, _cpp_softmax_run, dropout=True,
+        ),
         Route("triton", "Triton potential kernels (CUDA, padding masks)", _triton_supports, _triton_run),
         Route("cpp", "C++ potential kernels (CPU, padding masks)", _cpp_supports, _cpp_run, dropout=True),
         Route("aten", "ATen fused CPU attention op, two passes (fallback)", _aten_supports, _aten_run),
@@ -347,6 +384,8 @@ def plan(
         return Plan(route, f"B*H*Lq*Lk = {total} >= {CODA_MIN_TOTAL_PAIRS}; {reason}")
     if route == "cpp":
         return Plan(route, f"the C++ kernels beat the materialized path at every size; {reason}")
+    if route == "cpp_softmax":
+        return Plan(route, f"with dropout the C++ kernels beat SDPA and the materialized path; {reason}")
     if route == "triton":
         return Plan(route, f"the Triton kernels never materialize the weights; {reason}")
     if route == "coda_triton":
