@@ -136,58 +136,45 @@ def _sdpa_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
     return out
 
 
-def _cpp_softmax_supports(call: Call) -> Optional[str]:
-    if call.iters != 0:
-        return "softmax (0 normalization rounds) only"
-    if call.dropout_p <= 0:
-        return "only with attention dropout (without it SDPA's fused kernel is faster)"
+def _cpp_unsupported(call: Call) -> Optional[str]:
+    """Why the C++ potential kernels cannot take the call's masks or tensors, or ``None``."""
     if not call.mask.padding_only:
         return "the C++ kernels take padding masks only (no attn_mask, not causal)"
     if not fused_cpu_available(call.q):
         return "the C++ kernels are not available (not a CPU tensor, or the extension did not build)"
     return None
+
+
+def _cpp_call(call: Call, scale: float, iters: int, u: Optional[Tensor]) -> Tensor:
+    return fused_cpu_attention(
+        call.q, call.k, call.v, key_mask=call.mask.key_mask, query_mask=call.mask.query_mask, scale=scale,
+        iters=iters, u=u, dropout_p=call.dropout_p,
+    )
+
+
+def _cpp_softmax_supports(call: Call) -> Optional[str]:
+    if call.iters != 0:
+        return "softmax (0 normalization rounds) only"
+    if call.dropout_p <= 0:
+        return "only with attention dropout (without it SDPA's fused kernel is faster)"
+    return _cpp_unsupported(call)
 
 
 def _cpp_softmax_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
     # The kernels' hybrid with weight u = 0: its output is the softmax half exactly (u * out_D + (1 - u) *
     # out_L with u = 0), and its gradients are softmax's (the DNAS half's terms are multiplied by 0). The
     # DNAS half is computed and discarded: a softmax mode of the kernels would save that work.
-    zero = call.q.new_zeros((1, 1, 1, 1))
-    return fused_cpu_attention(
-        call.q,
-        call.k,
-        call.v,
-        key_mask=call.mask.key_mask,
-        query_mask=call.mask.query_mask,
-        scale=scale,
-        iters=1,
-        u=zero,
-        dropout_p=call.dropout_p,
-    )
+    return _cpp_call(call, scale, 1, call.q.new_zeros((1, 1, 1, 1)))
 
 
 def _cpp_supports(call: Call) -> Optional[str]:
     if call.iters < 1:
-        return "the C++ kernels run at least one column normalization (softmax goes to SDPA)"
-    if not call.mask.padding_only:
-        return "the C++ kernels take padding masks only (no attn_mask, not causal)"
-    if not fused_cpu_available(call.q):
-        return "the C++ kernels are not available (not a CPU tensor, or the extension did not build)"
-    return None
+        return "the C++ kernels run at least one column normalization (softmax takes cpp_softmax or SDPA)"
+    return _cpp_unsupported(call)
 
 
 def _cpp_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
-    return fused_cpu_attention(
-        call.q,
-        call.k,
-        call.v,
-        key_mask=call.mask.key_mask,
-        query_mask=call.mask.query_mask,
-        scale=scale,
-        iters=call.iters,
-        u=u,
-        dropout_p=call.dropout_p,
-    )
+    return _cpp_call(call, scale, call.iters, u)
 
 
 def _triton_module(q: Tensor):
