@@ -42,6 +42,18 @@ def test_info_table_names_the_mechanisms(capsys):
     assert all(name in out for name in ak.MECHANISMS) and "route" in out
 
 
+def test_info_table_prints_the_reasons_verbatim(capsys):
+    """The reasons name extras in brackets ("the [triton] extra"), which the table must not read as markup."""
+    import re
+
+    from attnkit.cli.info import dispatch_examples
+
+    reasons = " ".join(r for by_mechanism in dispatch_examples().values() for r in by_mechanism.values())
+    main(["info"])
+    out = capsys.readouterr().out
+    assert all(token in out for token in re.findall(r"\[[^\]]+\]", reasons))
+
+
 def test_info_rejects_an_unknown_option(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["info", "--bogus"])
