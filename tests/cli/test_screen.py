@@ -66,3 +66,10 @@ def test_data_list_piped_keeps_whole_rows(capsys):
         "MLU arithmetic (CoDA paper sec. 3.6)" in line and "seeded 9:1 split" in line
         for line in out.splitlines()
     )
+
+
+def test_console_prints_brackets_verbatim():
+    """Messages name extras ("attnkit[align]"): not rich markup, so they must print as written."""
+    stream = io.StringIO()
+    console(file=stream).print("install attnkit[align] or attnkit[triton]; interval [-1.5, +2.0]")
+    assert "install attnkit[align] or attnkit[triton]; interval [-1.5, +2.0]" in stream.getvalue()

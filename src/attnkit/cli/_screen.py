@@ -18,13 +18,16 @@ PIPE_WIDTH = 400  # wide enough for every table attnkit prints; rich tables take
 
 def console(file: Optional[TextIO] = None, stderr: bool = False):
     """A rich ``Console``: the terminal's width on a terminal, ``PIPE_WIDTH`` and no colour codes
-    otherwise."""
+    otherwise. Strings print verbatim (no markup): reasons, claims and paths hold brackets such as
+    "the [triton] extra", which rich would take for style tags and drop."""
     from rich.console import Console
 
     stream = file if file is not None else (sys.stderr if stderr else sys.stdout)
     if hasattr(stream, "isatty") and stream.isatty():
-        return Console(file=stream)
-    return Console(file=stream, width=PIPE_WIDTH, no_color=True, highlight=False, soft_wrap=False)
+        return Console(file=stream, markup=False)
+    return Console(
+        file=stream, width=PIPE_WIDTH, no_color=True, highlight=False, soft_wrap=False, markup=False
+    )
 
 
 def hide_flag_types() -> None:

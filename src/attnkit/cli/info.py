@@ -67,13 +67,12 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(data, indent=2))
             return
         from attnkit.cli._screen import console as make_console
-        from rich.markup import escape  # the reasons name extras such as "[triton]", which are not markup
         from rich.table import Table
 
         routes = data.pop("dispatch (backend='auto')")
         table = Table(title="attnkit", show_header=False)
         for key, value in data.items():
-            table.add_row(key, escape(", ".join(map(str, value)) if isinstance(value, list) else str(value)))
+            table.add_row(key, ", ".join(map(str, value)) if isinstance(value, list) else str(value))
         console = make_console()
         console.print(table)
         for example, by_mechanism in routes.items():
@@ -81,5 +80,5 @@ def register(app: typer.Typer) -> None:
             grid.add_column("mechanism")
             grid.add_column("route: reason")
             for mechanism, plan in by_mechanism.items():
-                grid.add_row(mechanism, escape(plan))
+                grid.add_row(mechanism, plan)
             console.print(grid)
