@@ -136,7 +136,7 @@ _TILES = {
     ("float32", 64): dict(col_fwd=(32, 32, 4, 2), row_fwd=(32, 32, 8, 2), col_bwd=(16, 32, 8, 2),
                           row_bwd=(32, 32, 4, 2)),
 }
-_TILES_OTHER = (16, 16, 4, 2)  # larger heads (not checked for spills)
+_TILES_OTHER = (16, 16, 4, 2)  # the head sizes _TILES has no entry for (not checked for spills)
 
 
 def _tiles(block: Optional[int], width: int, dtype: torch.dtype) -> dict:
