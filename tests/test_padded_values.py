@@ -67,3 +67,28 @@ def test_padded_values_never_reach_real_outputs_or_gradients(mechanism, tensor, 
     torch.testing.assert_close(out, clean_out, atol=1e-12, rtol=1e-10)
     for name, a, b in zip("qkv", grads, clean_grads):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10, msg=lambda m, name=name: f"d{name}: {m}")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("tensor", ["q", "k", "v"])
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_padded_values_never_reach_real_outputs_or_gradients_under_dropout(mechanism, tensor, value):
+    """Attention dropout on the CPU (softmax: the cpp_softmax route; the others: their C++ kernels), the same
+    seed for the clean and the poisoned call, so the same keep mask."""
+    if not cpu_ext.load(warn=False):
+        pytest.skip("C++ CPU kernels not built")
+    masks = _masks(False)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64) for L in (Lq, Lk, Lk))
+    route = ak.explain_dispatch(q, k, v, mechanism, dropout_p=0.3, **masks).route
+    assert route in ("cpp_softmax", "cpp", "coda_cpp"), route
+    torch.manual_seed(5)
+    clean_out, clean_grads = _run(q, k, v, mechanism, "auto", {**masks, "dropout_p": 0.3})
+    poisoned = {"q": q.clone(), "k": k.clone(), "v": v.clone()}
+    padded = ~(masks["query_mask"] if tensor == "q" else masks["key_mask"])  # (B, L)
+    poisoned[tensor][padded[:, None, :, None].expand_as(poisoned[tensor])] = value
+    torch.manual_seed(5)
+    out, grads = _run(*(poisoned[t] for t in "qkv"), mechanism, "auto", {**masks, "dropout_p": 0.3})
+    torch.testing.assert_close(out, clean_out, atol=1e-12, rtol=1e-10)
+    for name, a, b in zip("qkv", grads, clean_grads):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10, msg=lambda m, name=name: f"d{name}: {m}")

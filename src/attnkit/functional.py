@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .config import CoDA, Hybrid, MechanismConfig, MechanismLike
-from .kernels import Plan, plan, run_route
+from .kernels import ROUTES, Plan, plan, run_route
 from .masks import MaskInfo, build_mask, check_qkv
 from .mechanisms import check_hybrid_weight
 from .registry import check_causal, resolve_options, spec_of
@@ -174,15 +174,17 @@ def attention(
         sinkhorn_iters, backend,
     )
     u = _hybrid_u(config, hybrid_weight, q.shape[1], q)
-    q, k, v = _zero_padding(q, k, v, mask)
 
     if _OBSERVERS:
+        q, k, v = _zero_padding(q, k, v, mask)
         out, w = _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights=True)
         for observer in list(_OBSERVERS):
             observer(w.detach(), mask, config)
         return (out, w) if return_weights else out
 
     route = _plan(q, k, v, config, mask, dropout_p, backend, return_weights).route
+    if route == "reference" or not ROUTES[route].compacts:  # the C++ kernels gather the valid rows themselves
+        q, k, v = _zero_padding(q, k, v, mask)
     if route == "reference":
         return _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights)
     return run_route(route, q, k, v, config, mask, scale=scale, dropout_p=dropout_p, u=u)

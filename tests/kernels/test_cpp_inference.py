@@ -17,8 +17,9 @@ pytestmark = [
     pytest.mark.usefixtures("query_chunks_of_256"),  # inputs of a few hundred queries span several chunks
 ]
 
-ITERS = {"dnas": 1, "hnas": 1, "sinkhorn3": 3}
-REF = {"dnas": ("dnas", {}), "hnas": ("hnas", {"u": 0.3}), "sinkhorn3": ("sinkhorn", {"iters": 3})}
+ITERS = {"softmax": 0, "dnas": 1, "hnas": 1, "sinkhorn3": 3}
+REF = {"softmax": ("softmax", {}), "dnas": ("dnas", {}), "hnas": ("hnas", {"u": 0.3}),
+       "sinkhorn3": ("sinkhorn", {"iters": 3})}
 
 
 def _inputs(B, H, Lq, Lk, D, Dv, dtype, seed=0, spread=1.0):

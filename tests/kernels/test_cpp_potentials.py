@@ -34,8 +34,9 @@ def _masks(B, Lq, Lk, seed=1):
 
 
 def _mechanism(name):
-    return {"dnas": ("dnas", 1), "hnas": ("hnas", 1), "sinkhorn1": (ak.Sinkhorn(iters=1), 1),
-            "sinkhorn2": (ak.Sinkhorn(iters=2), 2), "sinkhorn4": (ak.Sinkhorn(iters=4), 4)}[name]
+    return {"softmax": ("softmax", 0), "dnas": ("dnas", 1), "hnas": ("hnas", 1),
+            "sinkhorn1": (ak.Sinkhorn(iters=1), 1), "sinkhorn2": (ak.Sinkhorn(iters=2), 2),
+            "sinkhorn4": (ak.Sinkhorn(iters=4), 4)}[name]
 
 
 def _check(name, B, H, Lq, Lk, D, Dv, key_mask, query_mask, seed=0, spread=1.0, atol=1e-11):
@@ -54,7 +55,7 @@ def _check(name, B, H, Lq, Lk, D, Dv, key_mask, query_mask, seed=0, spread=1.0, 
     return out
 
 
-@pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn1", "sinkhorn2", "sinkhorn4"])
+@pytest.mark.parametrize("name", ["softmax", "dnas", "hnas", "sinkhorn1", "sinkhorn2", "sinkhorn4"])
 @pytest.mark.parametrize("shape", [(2, 3, 5, 7, 4, 3), (3, 2, 9, 6, 8, 8), (1, 1, 1, 3, 2, 5)])
 @pytest.mark.parametrize("masked", ["none", "keys", "queries", "both"])
 def test_matches_reference_outputs_and_gradients(name, shape, masked):
@@ -64,20 +65,20 @@ def test_matches_reference_outputs_and_gradients(name, shape, masked):
            qm if masked in ("queries", "both") else None)
 
 
-@pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn2"])
+@pytest.mark.parametrize("name", ["softmax", "dnas", "hnas", "sinkhorn2"])
 def test_several_strips_and_chunks_match_reference(name, query_chunks_of_256):
     """Lk = 300 keys span three strips of 128, Lq = 600 queries three chunks of 256 (rectangular, padded)."""
     km, qm = _masks(2, 600, 300)
     _check(name, 2, 2, 600, 300, 8, 5, km, qm)
 
 
-@pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn2"])
+@pytest.mark.parametrize("name", ["softmax", "dnas", "hnas", "sinkhorn2"])
 def test_default_query_chunks_match_reference(name):
     """Lq = 1100 unpadded queries: a chunk of the default 1024 rows and one of 76."""
     _check(name, 1, 2, 1100, 130, 8, 5, None, None)
 
 
-@pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn4"])
+@pytest.mark.parametrize("name", ["softmax", "dnas", "hnas", "sinkhorn4"])
 def test_large_logits_match_reference(name):
     """Scores of magnitude ~1e3: whole rows of column-normalized weights underflow and are recomputed."""
     km, qm = _masks(2, 40, 70)
@@ -104,6 +105,16 @@ def test_gradcheck_float64_with_padding(iters):
         lambda a, b, c, w: fused_cpu_attention(a, b, c, key_mask=km, query_mask=qm, scale=0.5, iters=iters,
                                                u=w.view(1, 2, 1, 1)),
         (q, k, v, u),
+    )
+
+
+def test_gradcheck_float64_with_padding_softmax_alone():
+    q, k, v = _inputs(2, 2, 4, 5, 3, 2)
+    km = torch.tensor([[1, 1, 1, 0, 0], [0, 1, 1, 1, 1]], dtype=torch.bool)
+    qm = torch.tensor([[1, 1, 0, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: fused_cpu_attention(a, b, c, key_mask=km, query_mask=qm, scale=0.5, iters=0),
+        (q, k, v),
     )
 
 
@@ -191,13 +202,43 @@ def test_efficient_backend_uses_the_cpp_kernels_for_padding_masks(monkeypatch):
     assert calls == [(1, True), (3, False)]
 
 
-def test_iters_zero_is_refused():
+def test_negative_iters_and_a_hybrid_weight_without_rounds_are_refused():
     q, k, v = _inputs(1, 1, 3, 3, 2)
-    with pytest.raises(ValueError, match="iters=0"):
-        fused_cpu_attention(q, k, v, key_mask=None, query_mask=None, scale=1.0, iters=0)
+    with pytest.raises(ValueError, match="iters=-1"):
+        fused_cpu_attention(q, k, v, key_mask=None, query_mask=None, scale=1.0, iters=-1)
+    with pytest.raises(ValueError, match="iters=0 is softmax alone"):
+        fused_cpu_attention(q, k, v, key_mask=None, query_mask=None, scale=1.0, iters=0, u=torch.tensor(0.5))
 
 
-@pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_softmax_rows_whose_maximum_rises_across_strips_match_reference(dtype, where, query_chunks_of_256):
+    """Softmax alone sweeps the key strips with a running maximum per row: scores ~300 above the rest in the
+    row's last strip (every earlier sum and numerator is rescaled to ~0) or in its first (the later strips'
+    exponentials underflow), 300 keys in three strips, padded."""
+    q, k, v = _inputs(2, 2, 300, 300, 8, 5)
+    with torch.no_grad():
+        hot = slice(290, 300) if where == "last" else slice(0, 10)
+        k[:, :, hot] *= 0.0
+        k[:, :, hot, 0] = 40.0
+        q[:, :, ::2, 0] = 20.0  # even queries: s ~ 40 * 20 / sqrt(8) ~ 283 on the hot keys
+    km, qm = _masks(2, 300, 300)
+    km[:, hot] = True
+    ref = ak.attention(q, k, v, "softmax", key_mask=km, query_mask=qm, backend="reference")
+    qx, kx, vx = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    out = fused_cpu_attention(qx, kx, vx, key_mask=km, query_mask=qm, scale=8**-0.5, iters=0)
+    tol = {"atol": 1e-11, "rtol": 1e-9} if dtype == torch.float64 else {"atol": 1e-4, "rtol": 1e-4}
+    torch.testing.assert_close(out.double(), ref, **tol)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    got = torch.autograd.grad(out, (qx, kx, vx), g.to(dtype))
+    want = torch.autograd.grad(ref, (q, k, v), g)
+    for name, a, b in zip("qkv", got, want):
+        scale = b.abs().max().item() + 1.0
+        torch.testing.assert_close(a.double(), b, atol=tol["atol"] * scale, rtol=tol["rtol"],
+                                   msg=lambda m, n=name: f"d{n}: {m}")
+
+
+@pytest.mark.parametrize("name", ["softmax", "dnas", "hnas", "sinkhorn2"])
 def test_fewer_heads_than_threads_spreads_query_chunks_and_matches_reference(name):
     """B * H = 1 < threads: the kernel splits each strip's query chunks over the threads."""
     threads = torch.get_num_threads()
@@ -210,7 +251,7 @@ def test_fewer_heads_than_threads_spreads_query_chunks_and_matches_reference(nam
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn2"])
+@pytest.mark.parametrize("name", ["softmax", "dnas", "hnas", "sinkhorn2"])
 def test_heads_the_threads_do_not_divide_match_reference(name):
     """3 heads on 2 threads: two are dealt to the threads, the third then has its query chunks spread over
     both (it has the rows for it); with padding, the cheapest problem is the one left for last."""

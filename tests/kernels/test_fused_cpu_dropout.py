@@ -136,3 +136,34 @@ def test_softmax_route_keeps_sdpa_without_dropout_and_for_other_masks():
     assert ak.explain_dispatch(q, k, v, "softmax", key_mask=km, backend="efficient").route == "sdpa"
     plan = ak.explain_dispatch(q, k, v, "softmax", causal=True, dropout_p=0.1, backend="efficient")
     assert plan.route == "sdpa" and "padding masks only" in plan.reason
+
+
+def _splitmix(x: int) -> int:
+    m = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & m
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
+    return x ^ (x >> 31)
+
+
+@pytest.mark.parametrize("iters", [0, 1, 3])
+def test_keep_mask_is_the_documented_hash(iters):
+    """Pair (i, j) of head bh is kept iff the 16-bit lane j % 4 of splitmix64(seed ^ splitmix64(bh << 32 ^ i)
+    + j // 4) is >= round(p * 2**16) (csrc/cpu_common.h): 301 keys (three strips, a partial group of four at
+    the end), queries in chunks of 16, three heads; with ``v = I`` the output rows are the dropped weights."""
+    BH, Lq, Lk, p, seed = 3, 37, 301, 0.3, 123456789
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(BH, Lq, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(BH, Lk, 8, generator=g, dtype=torch.float64)
+    v = torch.eye(Lk, dtype=torch.float64).expand(BH, Lk, Lk).contiguous()
+    out, *_ = torch.ops.attnkit_cpu.potentials_forward(
+        q, k, v, None, None, BH, 0.3, iters, False, p, seed, 0, 16)  # chunks of 16 queries
+    thr = round(p * 65536)
+    want = torch.zeros(BH, Lq, Lk, dtype=torch.bool)
+    for bh in range(BH):
+        for i in range(Lq):
+            base = seed ^ _splitmix((bh << 32) ^ i)
+            hashes = [_splitmix(base + group) for group in range((Lk + 3) // 4)]
+            lanes = [(hashes[j // 4] >> (16 * (j % 4))) & 0xFFFF for j in range(Lk)]
+            want[bh, i] = torch.tensor([lane >= thr for lane in lanes])
+    assert torch.equal(out > 0, want)

@@ -10,8 +10,10 @@ eqs. (6)-(8); docs/design.md section 2. The kernel computes ``k`` rounds of log-
 (``k = 1`` DNAS, ``k > 1`` Sinkhorn) in strips of keys that hold every query, so that each column
 log-sum-exp is complete within its strip and nothing ``(Lq, Lk)``-shaped is stored; the backward pass
 recomputes the strips and is exact. HNAS (``u * out_D + (1 - u) * out_L``) computes its softmax half in
-the same sweeps, sharing the scores and ``dO V^T``. Padding masks (``key_mask``, ``query_mask``) are
-handled by compaction inside the kernel; ``attn_mask`` and causal calls use ``blockwise.py``. Attention
+the same sweeps, sharing the scores and ``dO V^T``; ``k = 0`` is softmax alone (each query chunk sweeps the
+keys with a running maximum per row), for softmax with attention dropout (route ``cpp_softmax``). Padding
+masks (``key_mask``, ``query_mask``) are handled by compaction inside the kernel; ``attn_mask`` and causal
+calls use ``blockwise.py``. Attention
 dropout drops the final weights with a hash of (seed, head, query, key) that the backward pass replays, so
 nothing mask-sized is stored (the seed is drawn from PyTorch's default generator).
 
@@ -86,8 +88,8 @@ def fused_cpu_attention(
     u: Optional[Tensor] = None,
     dropout_p: float = 0.0,
 ) -> Tensor:
-    """Output ``(B, H, Lq, Dv)`` of DNAS (``iters=1``), Sinkhorn (``iters=k``) or, with ``u``
-    (broadcastable to ``(B, H, 1, 1)``), the hybrid ``u * out(iters) + (1 - u) * out(softmax)``.
+    """Output ``(B, H, Lq, Dv)`` of softmax (``iters=0``), DNAS (``iters=1``), Sinkhorn (``iters=k``) or,
+    with ``u`` (broadcastable to ``(B, H, 1, 1)``), the hybrid ``u * out(iters) + (1 - u) * out(softmax)``.
 
     ``key_mask (B, Lk)`` / ``query_mask (B, Lq)``: True = real. Padded queries and queries without a
     valid key return zeros; padded queries never enter a column normalization. Half-precision inputs
@@ -95,8 +97,10 @@ def fused_cpu_attention(
     ``pi_ij`` (kept ones scaled by ``1 / (1 - p)``, ``p`` rounded to a multiple of ``2**-16``), as
     ``F.dropout`` on the materialized weights would.
     """
-    if iters < 1:
-        raise ValueError(f"iters={iters}; the fused CPU kernel needs iters >= 1 (softmax is SDPA)")
+    if iters < 0:
+        raise ValueError(f"iters={iters}; expected 0 (softmax alone) or more normalization rounds")
+    if iters == 0 and u is not None:
+        raise ValueError("u (a hybrid weight) needs iters >= 1; iters=0 is softmax alone")
     if not cpu_ext.load():
         raise RuntimeError(f"the C++ CPU kernels are not available ({cpu_ext.load_error()})")
     dtype = q.dtype

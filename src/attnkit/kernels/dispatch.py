@@ -98,13 +98,16 @@ class Call:
 @dataclass(frozen=True)
 class Route:
     """One efficient route: ``supports(call)`` returns ``None`` when it can run the call, else why not;
-    ``run(call, scale, u)`` returns the output ``(B, H, Lq, Dv)``; ``dropout`` whether it applies dropout."""
+    ``run(call, scale, u)`` returns the output ``(B, H, Lq, Dv)``; ``dropout`` whether it applies dropout;
+    ``compacts`` whether it gathers the valid rows itself (the C++ potential kernels), so that what padded
+    rows hold never enters it and the caller need not zero them first."""
 
     name: str
     summary: str
     supports: Callable[[Call], Optional[str]]
     run: Callable[[Call, float, Optional[Tensor]], Tensor]
     dropout: bool = False
+    compacts: bool = False
 
 
 def _sdpa_supports(call: Call) -> Optional[str]:
@@ -161,10 +164,7 @@ def _cpp_softmax_supports(call: Call) -> Optional[str]:
 
 
 def _cpp_softmax_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
-    # The kernels' hybrid with weight u = 0: its output is the softmax half exactly (u * out_D + (1 - u) *
-    # out_L with u = 0), and its gradients are softmax's (the DNAS half's terms are multiplied by 0). The
-    # DNAS half is computed and discarded: a softmax mode of the kernels would save that work.
-    return _cpp_call(call, scale, 1, call.q.new_zeros((1, 1, 1, 1)))
+    return _cpp_call(call, scale, 0, None)  # 0 normalization rounds: the kernels' softmax alone
 
 
 def _cpp_supports(call: Call) -> Optional[str]:
@@ -280,10 +280,13 @@ ROUTES: dict[str, Route] = {
         ),
         Route(
             "cpp_softmax", "C++ kernels, softmax with replayed attention dropout (CPU, padding masks)",
-            _cpp_softmax_supports, _cpp_softmax_run, dropout=True,
+            _cpp_softmax_supports, _cpp_softmax_run, dropout=True, compacts=True,
         ),
         Route("triton", "Triton potential kernels (CUDA, padding masks)", _triton_supports, _triton_run),
-        Route("cpp", "C++ potential kernels (CPU, padding masks)", _cpp_supports, _cpp_run, dropout=True),
+        Route(
+            "cpp", "C++ potential kernels (CPU, padding masks)", _cpp_supports, _cpp_run, dropout=True,
+            compacts=True,
+        ),
         Route("aten", "ATen fused CPU attention op, two passes (fallback)", _aten_supports, _aten_run),
         Route("blockwise", "block sweeps of the potential loop with recomputation", _always, _blockwise_run),
         Route(

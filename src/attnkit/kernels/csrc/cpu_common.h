@@ -92,21 +92,24 @@ struct Dropout {
     x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
     return x ^ (x >> 31);
   }
-  // z[j] = scale if pair (i, j0 + j) is kept, else 0, for j < bc.
+  // z[j] = scale if pair (i, j0 + j) is kept, else 0, for j < bc. In pieces of kGroups hashes: one loop
+  // of hashes and one of lanes, both branch-free so that the compiler vectorizes them (the 16-bit lane
+  // k of a hash is the k-th uint16 of its little-endian bytes).
   template <typename T>
   void row(int64_t i, int64_t j0, int64_t bc, T* z) const {
+    static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the dropout lanes assume little-endian bytes");
+    constexpr int64_t kGroups = 64;
+    alignas(64) uint64_t bits[kGroups];
     const uint64_t base = seed ^ mix(((uint64_t)bh << 32) ^ (uint64_t)i);
     const T keep = (T)keep_scale;
-    int64_t group = -1;
-    uint64_t bits = 0;
-    for (int64_t j = 0; j < bc; ++j) {
-      const int64_t jj = j0 + j;
-      if ((jj >> 2) != group) {
-        group = jj >> 2;
-        bits = mix(base + (uint64_t)group);
-      }
-      const uint32_t lane = (uint32_t)(bits >> (16 * (jj & 3))) & 0xFFFFu;
-      z[j] = lane >= thr ? keep : T(0);
+    for (int64_t j = 0; j < bc;) {
+      const int64_t jj = j0 + j, first = jj >> 2, skip = jj & 3;
+      const int64_t span = std::min<int64_t>(bc - j, 4 * kGroups - skip);  // keys of this piece
+      const int64_t groups = (skip + span + 3) >> 2;
+      for (int64_t g = 0; g < groups; ++g) bits[g] = mix(base + (uint64_t)(first + g));
+      const uint16_t* lanes = reinterpret_cast<const uint16_t*>(bits) + skip;
+      for (int64_t x = 0; x < span; ++x) z[j + x] = lanes[x] >= thr ? keep : T(0);
+      j += span;
     }
   }
 };

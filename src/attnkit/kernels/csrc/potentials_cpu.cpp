@@ -9,7 +9,8 @@
 //     out_i = sum_j exp(s_ij + b^k_j + a^k_i) v_j
 //
 // k = 1 is DNAS, k > 1 Sinkhorn; with `softmax_too` the same sweeps also return the softmax output
-// (the other half of HNAS). Padding masks are handled by compaction: each (batch, head) gathers its
+// (the other half of HNAS). k = 0 is softmax alone (a^0 = -LSE_j s_ij; softmax_forward_head), for attention
+// dropout, which PyTorch's fused CPU attention does not have. Padding masks are handled by compaction: each (batch, head) gathers its
 // valid queries and keys into dense buffers, so the kernel proper never meets an invalid pair.
 //
 // Layout of the work. The keys are visited in strips of `kBc` columns; a strip holds every valid query,
@@ -160,6 +161,33 @@ inline void exp_acc_from(double* dst, const double* src, double c, const double*
     dst[j] = std::exp((src[j] + c) + shift[j]);
     acc[j] += dst[j];
   }
+}
+
+// x[j] = exp(x[j] + c) for j < n; returns their sum.
+inline float exp_sum(float* x, float c, int64_t n) {
+  using V = at::vec::Vectorized<float>;
+  const V vc(c);
+  V acc(0.f);
+  int64_t j = 0;
+  for (; j + V::size() <= n; j += V::size()) {
+    const V y = (V::loadu(x + j) + vc).exp_u20();
+    y.store(x + j);
+    acc = acc + y;
+  }
+  float s = at::vec::vec_reduce_all<float>([](const V& p, const V& q) { return p + q; }, acc);
+  for (; j < n; ++j) {
+    x[j] = std::exp(x[j] + c);
+    s += x[j];
+  }
+  return s;
+}
+inline double exp_sum(double* x, double c, int64_t n) {
+  double s = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    x[j] = std::exp(x[j] + c);
+    s += x[j];
+  }
+  return s;
 }
 
 template <typename T>
@@ -594,6 +622,93 @@ T robust_column(const Head<T>& h, int64_t j, const T* a, const T* alpha, int64_t
   return bj;
 }
 
+// Softmax alone (iters = 0): out_i = sum_j pi_ij z_ij v_j with pi_ij = exp(s_ij + a_i), a_i = -LSE_j s_ij, and
+// the dropout mask z (all ones without dropout). The cpp_softmax route takes it for attention dropout, which
+// PyTorch's fused CPU attention lacks. Each query chunk sweeps the key strips with a running maximum per row
+// (as FlashAttention does): when a row's maximum rises, its sum and numerator are rescaled. a (n), out (n, Dv).
+template <typename T>
+void softmax_forward_head(const Head<T>& h, T* a, T* out, Scratch<T>& w, const Dropout& drop) {
+  const int64_t n = h.n, m = h.m, D = h.D, Dv = h.Dv, chunks = (n + w.bq - 1) / w.bq;
+  std::fill(out, out + n * Dv, T(0));
+  for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
+    const int64_t i0 = c * w.bq, rows = std::min(w.bq, n - i0);
+    std::vector<T> mx(rows, -std::numeric_limits<T>::infinity()), l(rows, T(0));
+    T* S = tl.tile.data();  // (rows, bc)
+    for (int64_t j0 = 0; j0 < m; j0 += kBc) {
+      const int64_t bc = std::min(kBc, m - j0);
+      mm<T>(false, true, rows, bc, D, h.scale, h.q + i0 * D, D, h.k + j0 * D, D, T(0), S, bc);
+      for (int64_t r = 0; r < rows; ++r) {
+        T* s = S + r * bc;
+        const T top = std::max(mx[r], vmax(s, bc));
+        if (top > mx[r] && j0 > 0) {
+          const T resc = std::exp(mx[r] - top);
+          l[r] *= resc;
+          T* o = out + (i0 + r) * Dv;
+          for (int64_t d = 0; d < Dv; ++d) o[d] *= resc;
+        }
+        mx[r] = top;
+        l[r] += exp_sum(s, -top, bc);  // the row sums are taken before dropout
+        if (drop.on) {
+          drop.row(i0 + r, j0, bc, tl.z.data());
+          for (int64_t j = 0; j < bc; ++j) s[j] *= tl.z[j];
+        }
+      }
+      mm<T>(false, false, rows, Dv, bc, T(1), S, bc, h.v + j0 * Dv, Dv, T(1), out + i0 * Dv, Dv);
+    }
+    for (int64_t r = 0; r < rows; ++r) {  // l_r >= 1: the row's maximum contributes exp(0)
+      T* o = out + (i0 + r) * Dv;
+      const T inv = T(1) / l[r];
+      for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
+      a[i0 + r] = -(mx[r] + std::log(l[r]));
+    }
+  });
+}
+
+// Backward of softmax alone: with P = exp(S + a) and delta_i = dO_i . out_i (= sum_j pi_ij z_ij dP_ij),
+//     dV = (P * Z)^T dO,   dS = P * (Z * dP - delta),   dQ = scale dS K,   dK = scale dS^T Q,
+// per key strip (dK and dV of a strip summed over the threads' partials).
+template <typename T>
+void softmax_backward_head(const Head<T>& h, const T* dout, const T* out, const T* a, T* dq, T* dk, T* dv,
+                           Scratch<T>& w, const Dropout& drop) {
+  const int64_t n = h.n, m = h.m, D = h.D, Dv = h.Dv, chunks = (n + w.bq - 1) / w.bq;
+  std::fill(dq, dq + n * D, T(0));
+  std::fill(dk, dk + m * D, T(0));
+  std::fill(dv, dv + m * Dv, T(0));
+  std::vector<T> delta(n);
+  for (int64_t i = 0; i < n; ++i) delta[i] = dot(dout + i * Dv, out + i * Dv, Dv);
+  for (int64_t j0 = 0; j0 < m; j0 += kBc) {
+    const int64_t bc = std::min(kBc, m - j0);
+    zero_partials(w);
+    for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
+      const int64_t i0 = c * w.bq, rows = std::min(w.bq, n - i0);
+      T* P = tl.tile.data();    // (rows, bc): P, then P * Z
+      T* dS = tl.tile2.data();  // (rows, bc): dP, then dS
+      mm<T>(false, true, rows, bc, D, h.scale, h.q + i0 * D, D, h.k + j0 * D, D, T(0), P, bc);
+      mm<T>(false, true, rows, bc, Dv, T(1), dout + i0 * Dv, Dv, h.v + j0 * Dv, Dv, T(0), dS, bc);
+      for (int64_t r = 0; r < rows; ++r) {
+        T* p = P + r * bc;
+        T* ds = dS + r * bc;
+        exp_shift(p, (const T*)nullptr, a[i0 + r], bc);
+        const T di = delta[i0 + r];
+        if (drop.on) {
+          T* z = tl.z.data();
+          drop.row(i0 + r, j0, bc, z);
+          for (int64_t j = 0; j < bc; ++j) {
+            ds[j] = p[j] * (z[j] * ds[j] - di);
+            p[j] *= z[j];
+          }
+        } else {
+          for (int64_t j = 0; j < bc; ++j) ds[j] = p[j] * (ds[j] - di);
+        }
+      }
+      mm<T>(true, false, bc, Dv, rows, T(1), P, bc, dout + i0 * Dv, Dv, T(1), tl.dv.data(), Dv);
+      mm<T>(false, false, rows, D, bc, h.scale, dS, bc, h.k + j0 * D, D, T(1), dq + i0 * D, D);
+      mm<T>(true, false, bc, D, rows, h.scale, dS, bc, h.q + i0 * D, D, T(1), tl.dk.data(), D);
+    });
+    add_partials(w, bc, D, Dv, dk + j0 * D, dv + j0 * Dv);
+  }
+}
+
 // Forward: a (iters + 1, n), b (iters, m), out (n, Dv); with soft: out_l (n, Dv), a_l (n).
 //
 // The softmax half (soft) shares the last round's exponentials E_ij = exp(x_ij - m_cj) (x = s + a^{k-1},
@@ -605,6 +720,10 @@ T robust_column(const Head<T>& h, int64_t j, const T* a, const T* alpha, int64_t
 template <typename T>
 void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l, T* a_l, Scratch<T>& w,
                   const Dropout& drop, int64_t cache_bytes) {
+  if (iters == 0) {
+    softmax_forward_head(h, a, out, w, drop);
+    return;
+  }
   const int64_t n = h.n, m = h.m, Dv = h.Dv;
   w.cache_scores(n, m, iters > 1 ? cache_bytes : 0);
   const T NEG = -std::numeric_limits<T>::infinity();
@@ -972,6 +1091,10 @@ template <typename T>
 void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out, const T* a, const T* b,
                    const T* out_l, const T* a_l, T u, T* dq, T* dk, T* dv, Scratch<T>& w, const Dropout& drop,
                    int64_t cache_bytes) {
+  if (iters == 0) {
+    softmax_backward_head(h, dout, out, a, dq, dk, dv, w, drop);
+    return;
+  }
   const int64_t n = h.n, m = h.m, D = h.D, Dv = h.Dv;
   const int64_t chunks = (n + w.bq - 1) / w.bq;
   w.cache_scores(n, m, iters > 1 ? cache_bytes : 0);  // kept by the first sweep for the later ones
@@ -1457,7 +1580,8 @@ std::vector<at::Tensor> potentials_forward(const at::Tensor& q, const at::Tensor
                                            double scale, int64_t iters, bool softmax_too, double dropout_p,
                                            int64_t seed, int64_t score_cache_bytes, int64_t chunk_rows) {
   check_inputs(q, k, v, key_valid, query_valid, heads);
-  TORCH_CHECK(iters >= 1, "iters must be >= 1");
+  TORCH_CHECK(iters >= 0, "iters must be >= 0 (0: softmax alone)");
+  TORCH_CHECK(iters >= 1 || !softmax_too, "the softmax half goes with iters >= 1 (iters = 0 is softmax alone)");
   TORCH_CHECK(score_cache_bytes >= 0, "score_cache_bytes must be >= 0");
   TORCH_CHECK(chunk_rows >= 1, "chunk_rows must be >= 1");
   check_dropout(dropout_p, q, k);
@@ -1485,7 +1609,8 @@ std::vector<at::Tensor> potentials_inference(const at::Tensor& q, const at::Tens
                                              double scale, int64_t iters, bool softmax_too, double dropout_p,
                                              int64_t seed, int64_t score_cache_bytes, int64_t chunk_rows) {
   check_inputs(q, k, v, key_valid, query_valid, heads);
-  TORCH_CHECK(iters >= 1, "iters must be >= 1");
+  TORCH_CHECK(iters >= 0, "iters must be >= 0 (0: softmax alone)");
+  TORCH_CHECK(iters >= 1 || !softmax_too, "the softmax half goes with iters >= 1 (iters = 0 is softmax alone)");
   TORCH_CHECK(score_cache_bytes >= 0, "score_cache_bytes must be >= 0");
   TORCH_CHECK(chunk_rows >= 1, "chunk_rows must be >= 1");
   check_dropout(dropout_p, q, k);
@@ -1586,7 +1711,8 @@ std::vector<at::Tensor> potentials_backward(const at::Tensor& dout, const at::Te
                                             double scale, int64_t iters, double dropout_p, int64_t seed,
                                             int64_t score_cache_bytes, int64_t chunk_rows) {
   check_inputs(q, k, v, key_valid, query_valid, heads);
-  TORCH_CHECK(iters >= 1, "iters must be >= 1");
+  TORCH_CHECK(iters >= 0, "iters must be >= 0 (0: softmax alone)");
+  TORCH_CHECK(iters >= 1 || (!out_l.has_value() && !u.has_value()), "softmax alone (iters = 0) has no hybrid weight");
   TORCH_CHECK(score_cache_bytes >= 0, "score_cache_bytes must be >= 0");
   TORCH_CHECK(chunk_rows >= 1, "chunk_rows must be >= 1");
   check_dropout(dropout_p, q, k);
