@@ -148,6 +148,38 @@ def test_batch_element_without_keys_or_queries_gives_zeros_and_zero_gradients():
     torch.testing.assert_close(out[:1], ref)
 
 
+@pytest.mark.parametrize("name", ["softmax", "hnas", "sinkhorn2"])
+def test_outputs_and_gradients_are_written_in_full_over_recycled_memory(name):
+    """The kernels allocate their outputs uninitialised and write every row: padded queries and keys, and
+    batch elements without keys or queries, get zeros even where the allocator hands back memory full of NaN
+    (freed blocks of the outputs' sizes just before each call)."""
+    mech, iters = _mechanism(name)
+    B, H, Lq, Lk, D = 3, 2, 6, 5, 3
+    q, k, v = _inputs(B, H, Lq, Lk, D)
+    km = torch.ones(B, Lk, dtype=torch.bool)
+    qm = torch.ones(B, Lq, dtype=torch.bool)
+    km[1], qm[2] = False, False  # element 1: no key, element 2: no query
+    qm[0, 4:], km[0, 1] = False, False
+    u = torch.tensor(0.4, dtype=torch.float64) if name == "hnas" else None
+    ref = ak.attention(q, k, v, mech, key_mask=km, query_mask=qm, scale=0.5, backend="reference",
+                       **({"hybrid_weight": u} if u is not None else {}))
+    g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    want = torch.autograd.grad(ref, (q, k, v), g)
+    sizes = [(B * H, Lq, D), (B * H, Lk, D), (B * H, Lk, D), (iters + 1, B * H, Lq),
+             (max(iters, 1), B * H, Lk)]
+    for _ in range(5):
+        junk = [torch.full(size, float("nan"), dtype=torch.float64) for size in sizes]
+        del junk
+        out = fused_cpu_attention(q, k, v, key_mask=km, query_mask=qm, scale=0.5, iters=iters,
+                                  u=None if u is None else u.view(1, 1, 1, 1))
+        junk = [torch.full(size, float("nan"), dtype=torch.float64) for size in sizes[:3]]
+        del junk
+        got = torch.autograd.grad(out, (q, k, v), g)
+        torch.testing.assert_close(out, ref * qm[:, None, :, None], atol=1e-12, rtol=1e-10)
+        for name_, a, b in zip("qkv", got, want):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10, msg=lambda m, n=name_: f"d{n}: {m}")
+
+
 def test_broadcast_batch_and_heads_sum_gradients():
     q, _, _ = _inputs(2, 3, 6, 5, 4)
     k, v = (t.detach()[:1, :1].clone().requires_grad_() for t in _inputs(2, 3, 6, 5, 4, seed=1)[1:])

@@ -1415,10 +1415,17 @@ const T* gather(const T* src, const std::vector<int64_t>& idx, int64_t L, int64_
   return buf.data();
 }
 
-// dst rows idx[r] = src rows r; dst is zero elsewhere (already zero-initialised).
+// dst (L, width): rows idx[r] (ascending) = src rows r, the other rows 0. Every row is written, so the outputs
+// are allocated uninitialised (zero-filling them first cost a pass over each, plus its page faults).
 template <typename T>
-void scatter(const T* src, const std::vector<int64_t>& idx, int64_t width, T* dst) {
-  for (size_t r = 0; r < idx.size(); ++r) std::copy(src + r * width, src + (r + 1) * width, dst + idx[r] * width);
+void scatter(const T* src, const std::vector<int64_t>& idx, int64_t L, int64_t width, T* dst) {
+  int64_t next = 0;  // the first row not yet written
+  for (size_t r = 0; r < idx.size(); ++r) {
+    std::fill(dst + next * width, dst + idx[r] * width, T(0));
+    std::copy(src + r * width, src + (r + 1) * width, dst + idx[r] * width);
+    next = idx[r] + 1;
+  }
+  std::fill(dst + next * width, dst + L * width, T(0));
 }
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& km,
@@ -1547,7 +1554,17 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       const auto iq = valid_index(qm, bi, Lq);
       const auto ik = valid_index(km, bi, Lk);
       const int64_t n = iq.size(), m = ik.size();
-      if (n == 0 || m == 0) continue;  // outputs and potentials stay 0
+      if (n == 0 || m == 0) {  // outputs and potentials 0
+        const std::vector<int64_t> none;
+        scatter(o.data(), none, Lq, Dv, op + bh * Lq * Dv);
+        if (ap)
+          for (int64_t t = 0; t <= iters; ++t) scatter(aa.data(), none, Lq, 1, ap + (t * BH + bh) * Lq);
+        if (bp)
+          for (int64_t t = 0; t < iters; ++t) scatter(bb.data(), none, Lk, 1, bp + (t * BH + bh) * Lk);
+        if (soft) scatter(ol.data(), none, Lq, Dv, olp + bh * Lq * Dv);
+        if (alp) scatter(al.data(), none, Lq, 1, alp + bh * Lq);
+        continue;
+      }
       Head<T> h{n, m, D, Dv, (T)scale, gather(qp + bh * Lq * D, iq, Lq, D, gq), gather(kp + bh * Lk * D, ik, Lk, D, gk),
                 gather(vp + bh * Lk * Dv, ik, Lk, Dv, gv)};
       w.reserve(n, D, Dv, inner, threads, chunk_rows);
@@ -1562,13 +1579,13 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       drop.bh = bh;
       forward_head<T>(h, iters, aa.data(), bb.data(), o.data(), soft ? ol.data() : nullptr,
                       soft ? al.data() : nullptr, w, drop, budget);
-      scatter(o.data(), iq, Dv, op + bh * Lq * Dv);
+      scatter(o.data(), iq, Lq, Dv, op + bh * Lq * Dv);
       if (ap)
-        for (int64_t t = 0; t <= iters; ++t) scatter(aa.data() + t * n, iq, 1, ap + (t * BH + bh) * Lq);
+        for (int64_t t = 0; t <= iters; ++t) scatter(aa.data() + t * n, iq, Lq, 1, ap + (t * BH + bh) * Lq);
       if (bp)
-        for (int64_t t = 0; t < iters; ++t) scatter(bb.data() + t * m, ik, 1, bp + (t * BH + bh) * Lk);
-      if (soft) scatter(ol.data(), iq, Dv, olp + bh * Lq * Dv);
-      if (alp) scatter(al.data(), iq, 1, alp + bh * Lq);
+        for (int64_t t = 0; t < iters; ++t) scatter(bb.data() + t * m, ik, Lk, 1, bp + (t * BH + bh) * Lk);
+      if (soft) scatter(ol.data(), iq, Lq, Dv, olp + bh * Lq * Dv);
+      if (alp) scatter(al.data(), iq, Lq, 1, alp + bh * Lq);
     }
   };
   run_balanced(km, qm, BH, heads, Lq, Lk, needs_shared_budget<T>(iters, cache_bytes), body);
@@ -1587,11 +1604,11 @@ std::vector<at::Tensor> potentials_forward(const at::Tensor& q, const at::Tensor
   check_dropout(dropout_p, q, k);
   const Dropout dropout(dropout_p, seed);
   const int64_t BH = q.size(0), Lq = q.size(1), Lk = k.size(1), Dv = v.size(2);
-  auto out = at::zeros({BH, Lq, Dv}, q.options());
-  auto a_all = at::zeros({iters + 1, BH, Lq}, q.options());
-  auto b_all = at::zeros({iters, BH, Lk}, q.options());
-  auto out_l = softmax_too ? at::zeros({BH, Lq, Dv}, q.options()) : at::empty({0}, q.options());
-  auto a_l = softmax_too ? at::zeros({BH, Lq}, q.options()) : at::empty({0}, q.options());
+  auto out = at::empty({BH, Lq, Dv}, q.options());  // every row is written (scatter)
+  auto a_all = at::empty({iters + 1, BH, Lq}, q.options());
+  auto b_all = at::empty({iters, BH, Lk}, q.options());
+  auto out_l = softmax_too ? at::empty({BH, Lq, Dv}, q.options()) : at::empty({0}, q.options());
+  auto a_l = softmax_too ? at::empty({BH, Lq}, q.options()) : at::empty({0}, q.options());
   const at::Tensor km = key_valid.has_value() ? *key_valid : at::Tensor();
   const at::Tensor qm = query_valid.has_value() ? *query_valid : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "potentials_forward", [&] {
@@ -1616,8 +1633,8 @@ std::vector<at::Tensor> potentials_inference(const at::Tensor& q, const at::Tens
   check_dropout(dropout_p, q, k);
   const Dropout dropout(dropout_p, seed);
   const int64_t BH = q.size(0), Lq = q.size(1), Dv = v.size(2);
-  auto out = at::zeros({BH, Lq, Dv}, q.options());
-  auto out_l = softmax_too ? at::zeros({BH, Lq, Dv}, q.options()) : at::empty({0}, q.options());
+  auto out = at::empty({BH, Lq, Dv}, q.options());  // every row is written (scatter)
+  auto out_l = softmax_too ? at::empty({BH, Lq, Dv}, q.options()) : at::empty({0}, q.options());
   const at::Tensor km = key_valid.has_value() ? *key_valid : at::Tensor();
   const at::Tensor qm = query_valid.has_value() ? *query_valid : at::Tensor();
   at::Tensor none_a, none_b, none_al;
@@ -1660,7 +1677,15 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
       const auto iq = valid_index(qm, bi, Lq);
       const auto ik = valid_index(km, bi, Lk);
       const int64_t n = iq.size(), m = ik.size();
-      if (n == 0 || m == 0) continue;  // gradients stay 0
+      T* dqh = dqp + bh * Lq * D;
+      T* dkh = dkp + bh * Lk * D;
+      T* dvh = dvp + bh * Lk * Dv;
+      if (n == 0 || m == 0) {  // gradients 0
+        std::fill(dqh, dqh + Lq * D, T(0));
+        std::fill(dkh, dkh + Lk * D, T(0));
+        std::fill(dvh, dvh + Lk * Dv, T(0));
+        continue;
+      }
       Head<T> h{n, m, D, Dv, (T)scale, gather(qp + bh * Lq * D, iq, Lq, D, gq), gather(kp + bh * Lk * D, ik, Lk, D, gk),
                 gather(vp + bh * Lk * Dv, ik, Lk, Dv, gv)};
       const T* dO = gather(dop + bh * Lq * Dv, iq, Lq, Dv, gdo);
@@ -1678,10 +1703,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
         std::copy(src, src + m, bb.begin() + t * m);
       }
       w.reserve(n, D, Dv, inner, threads, chunk_rows);
-      const bool dense = n == Lq && m == Lk;
-      T* dqh = dqp + bh * Lq * D;
-      T* dkh = dkp + bh * Lk * D;
-      T* dvh = dvp + bh * Lk * Dv;
+      const bool dense = n == Lq && m == Lk;  // backward_head writes every row of dq, dk, dv
       if (!dense) {
         dqb.resize(n * D);
         dkb.resize(m * D);
@@ -1692,9 +1714,9 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
       backward_head<T>(h, iters, dO, o, aa.data(), bb.data(), ol, al, up ? up[bh] : T(1), dense ? dqh : dqb.data(),
                        dense ? dkh : dkb.data(), dense ? dvh : dvb.data(), w, drop, budget);
       if (!dense) {
-        scatter(dqb.data(), iq, D, dqh);
-        scatter(dkb.data(), ik, D, dkh);
-        scatter(dvb.data(), ik, Dv, dvh);
+        scatter(dqb.data(), iq, Lq, D, dqh);
+        scatter(dkb.data(), ik, Lk, D, dkh);
+        scatter(dvb.data(), ik, Lk, Dv, dvh);
       }
     }
   };
@@ -1739,9 +1761,9 @@ std::vector<at::Tensor> potentials_backward(const at::Tensor& dout, const at::Te
     TORCH_CHECK(u->dim() == 1 && u->size(0) == BH && u->is_contiguous() && u->scalar_type() == q.scalar_type(),
                 "u must be a contiguous (B*H,) tensor of q's dtype");
   }
-  auto dq = at::zeros_like(q);
-  auto dk = at::zeros_like(k);
-  auto dv = at::zeros_like(v);
+  auto dq = at::empty_like(q);  // every row is written
+  auto dk = at::empty_like(k);
+  auto dv = at::empty_like(v);
   const at::Tensor none;
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "potentials_backward", [&] {
     backward_impl<scalar_t>(dout, q, k, v, out, out_l.has_value() ? *out_l : none, a_all, b_all,
