@@ -69,3 +69,58 @@ def test_shape_and_threads_are_configurable_and_reach_the_memory_subprocess():
 def test_shape_and_threads_must_be_positive(field):
     with pytest.raises(ValueError, match=f"{field}=0"):
         BenchConfig(**{field: 0})
+
+
+def test_valid_lengths_fall_evenly_from_L_to_the_padded_length():
+    assert benchmark.valid_lengths(100, 1, 0.25) == [75]
+    assert benchmark.valid_lengths(100, 5, 0.5) == [100, 88, 75, 62, 50]
+    assert benchmark.valid_lengths(4, 3, 0.99) == [4, 2, 1]  # never below one token
+    assert benchmark.valid_lengths(64, 4, 0.0) == [64] * 4
+
+
+@pytest.mark.parametrize("field,value", [("dropout", 1.0), ("padding", -0.1), ("dropout", True)])
+def test_dropout_and_padding_must_be_in_zero_one(field, value):
+    with pytest.raises(ValueError, match=rf"{field}={value!r}; expected a number in \[0, 1\)"):
+        BenchConfig(**{field: value})
+
+
+def test_dropout_and_padding_reach_every_call_and_the_memory_subprocess(monkeypatch):
+    """SDPA gets the dropout and a key mask of the valid lengths, attnkit's calls the dropout and both masks
+    (so softmax takes cpp_softmax, DNAS the C++ kernels), the peers are skipped with the reason, and the
+    memory subprocess runs the same calls."""
+    import torch.nn.functional as F
+
+    from attnkit.kernels import cpu_ext
+
+    if not cpu_ext.load(warn=False):
+        pytest.skip("C++ CPU kernels not built")
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, **kw):
+        seen.append((None if attn_mask is None else attn_mask.sum(-1).flatten().tolist(), dropout_p))
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, **kw)
+
+    monkeypatch.setattr(benchmark.F, "scaled_dot_product_attention", sdpa)
+    cfg = BenchConfig(lengths=(16,), mechanisms=("softmax", "dnas"), backends=("efficient", "naive"),
+                      repeats=1, memory=True, batch=3, heads=2, head_dim=8, dropout=0.2, padding=0.5)
+    result = run_bench(cfg)
+    assert seen and all(s == ([16, 12, 8], 0.2) for s in seen)
+    rows = {(r["mechanism"], r["backend"]): r for r in result["rows"]}
+    assert rows[("softmax", "efficient")]["route"] == "cpp_softmax"
+    assert rows[("dnas", "efficient")]["route"] == "cpp"
+    assert rows[("dnas", "naive")]["skipped"] == "the peers take no dropout=0.2 or padding=0.5"
+    for key in (("softmax", "sdpa"), ("softmax", "efficient"), ("dnas", "efficient")):
+        assert "memory_error" not in rows[key] and rows[key]["peak_extra_mb"] is not None, rows[key]
+    assert result["meta"]["valid_lengths"] == {16: [16, 12, 8]}
+
+
+def test_a_backend_that_cannot_apply_the_dropout_gets_a_skipped_row(monkeypatch):
+    """Without the C++ kernels DNAS' efficient route (the ATen op) cannot replay dropout: the row says why."""
+    from attnkit.kernels import cpu_ext
+
+    monkeypatch.setattr(cpu_ext, "_state", {"loaded": True, "ok": False, "error": "off in this test"})
+    cfg = BenchConfig(lengths=(16,), mechanisms=("dnas",), backends=("efficient",), repeats=1, memory=False,
+                      dropout=0.1)
+    row = next(r for r in run_bench(cfg)["rows"] if r["backend"] == "efficient")
+    assert "dropout_p=0.1 is not supported by backend='efficient'" in row["skipped"]

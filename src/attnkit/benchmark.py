@@ -13,6 +13,12 @@ three lines, Sinkformers' alternating normalizations, the HNAS mix, all on the m
 autograd), ``xtransformers`` (x-transformers' ``Attend(inverted_attention=True)``, which is DNAS; the
 ``[bench]`` extra) and, on CUDA, ``flex`` (FlexAttention, ``kernels/flex_peer.py``). A peer has rows only
 for the mechanisms it implements.
+
+``dropout`` > 0 times every call with attention dropout, SDPA's included (on the CPU its fused kernel has no
+dropout and takes its materializing math path); ``padding`` > 0 pads the batch: the valid lengths fall
+evenly from ``L`` to ``(1 - padding) L`` over the batch (one element: ``(1 - padding) L``), passed as
+``key_mask`` and ``query_mask`` (SDPA: a boolean ``attn_mask`` over the keys). The peers take neither (their
+rows say so).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ __all__ = [
     "DEFAULT_MECHANISMS",
     "PEER_BACKENDS",
     "default_backends",
+    "valid_lengths",
 ]
 
 DEFAULT_LENGTHS = (256, 1024, 4096, 8192)
@@ -80,6 +87,8 @@ class BenchConfig:
     heads: int = 8
     head_dim: int = 64
     threads: Optional[int] = None  # torch's intra-op threads during the run (None: as set)
+    dropout: float = 0.0  # attention dropout of every call, SDPA's included
+    padding: float = 0.0  # the valid lengths fall evenly from L to (1 - padding) L over the batch
 
     def __post_init__(self) -> None:
         bad = [L for L in self.lengths if not isinstance(L, int) or L < 1]
@@ -107,6 +116,10 @@ class BenchConfig:
                 raise ValueError(f"{name}={value!r}; expected a positive integer")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ValueError(f"threads={self.threads!r}; expected a positive integer (None: torch's own)")
+        for name in ("dropout", "padding"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(f"{name}={value!r}; expected a number in [0, 1)")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device={self.device!r}; expected 'cpu' or 'cuda'")
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -140,10 +153,38 @@ def _inputs(L: int, device: str, shape: tuple[int, int, int] = (1, 8, 64), seed:
     ]
 
 
-def _call(mechanism: str, backend: str, sinkhorn_iters: int) -> Callable:
-    """``f(q, k, v) -> out`` for one configuration; ``backend="sdpa"`` is PyTorch's fused softmax."""
+def valid_lengths(L: int, batch: int, padding: float) -> list[int]:
+    """The valid length of each batch element: evenly from ``L`` down to ``(1 - padding) L`` (one element:
+    ``(1 - padding) L``), at least 1."""
+    if batch == 1:
+        return [max(1, round((1 - padding) * L))]
+    return [max(1, round(L - padding * L * b / (batch - 1))) for b in range(batch)]
+
+
+def _mask(L: int, batch: int, padding: float, device: str) -> Optional[torch.Tensor]:
+    """``(B, L)`` bool, True = real token, or None without padding."""
+    if padding == 0:
+        return None
+    lengths = torch.tensor(valid_lengths(L, batch, padding))
+    return (torch.arange(L)[None, :] < lengths[:, None]).to(device)
+
+
+def _peer_unsupported(cfg: "BenchConfig") -> Optional[str]:
+    """Why the peers have no row under this configuration, or None."""
+    what = [f"dropout={cfg.dropout}" if cfg.dropout else "", f"padding={cfg.padding}" if cfg.padding else ""]
+    what = [w for w in what if w]
+    return f"the peers take no {' or '.join(what)}" if what else None
+
+
+def _call(
+    mechanism: str, backend: str, sinkhorn_iters: int, dropout: float = 0.0,
+    mask: Optional[torch.Tensor] = None,
+) -> Callable:
+    """``f(q, k, v) -> out`` for one configuration; ``backend="sdpa"`` is PyTorch's fused softmax. ``mask``
+    ``(B, L)``: the valid tokens (keys and queries), None for none; the peers take neither it nor dropout."""
     if backend == "sdpa":
-        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v)
+        attn = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, L)
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=attn, dropout_p=dropout)
     if backend == "flex":
         from .kernels.flex_peer import flex_call
 
@@ -159,7 +200,8 @@ def _call(mechanism: str, backend: str, sinkhorn_iters: int) -> Callable:
     from .functional import attention
 
     mech = resolve_options(mechanism, sinkhorn_iters=sinkhorn_iters if mechanism == "sinkhorn" else None)
-    return lambda q, k, v: attention(q, k, v, mech, backend=backend)
+    return lambda q, k, v: attention(q, k, v, mech, key_mask=mask, query_mask=mask, dropout_p=dropout,
+                                     backend=backend)
 
 
 def _sync(device: str) -> None:
@@ -226,14 +268,17 @@ def _rss_mb() -> float:
 
 
 def measure_peak(mechanism: str, backend: str, L: int, device: str, sinkhorn_iters: int,
-                 shape: tuple[int, int, int] = (1, 8, 64), threads: Optional[int] = None) -> dict:
+                 shape: tuple[int, int, int] = (1, 8, 64), threads: Optional[int] = None,
+                 dropout: float = 0.0, padding: float = 0.0) -> dict:
     """Peak memory of one forward+backward in this process (call it in a fresh process)."""
     import attnkit  # noqa: F401  (imported before the baseline for every backend alike)
 
     if threads is not None:
         torch.set_num_threads(threads)
     q, k, v = _inputs(L, device, shape)
-    f = _call(mechanism, backend, sinkhorn_iters)
+    mask = _mask(L, shape[0], padding, device)
+    f = _call(mechanism, backend, sinkhorn_iters, dropout, mask)
+    small = _call(mechanism, backend, sinkhorn_iters, dropout, None if mask is None else mask[:, :8])
     if device == "cuda":
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
@@ -242,7 +287,7 @@ def measure_peak(mechanism: str, backend: str, L: int, device: str, sinkhorn_ite
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
         return {"peak_mb": peak / 2**20, "peak_extra_mb": (peak - base) / 2**20}
-    f(
+    small(
         q[..., :8, :], k[..., :8, :], v[..., :8, :]
     ).float().sum().backward()  # load kernels before the baseline
     q.grad = k.grad = v.grad = None
@@ -279,6 +324,7 @@ def _peak_in_subprocess(mechanism: str, backend: str, L: int, cfg: BenchConfig) 
         sys.executable, "-m", "attnkit.benchmark", "--peak",
         mechanism, backend, str(L), cfg.device, str(cfg.sinkhorn_iters),
         str(cfg.batch), str(cfg.heads), str(cfg.head_dim), str(cfg.threads or torch.get_num_threads()),
+        repr(float(cfg.dropout)), repr(float(cfg.padding)),
     ]
     # A fixed mmap threshold: blocks of 128 KiB and more are mapped and returned to the system when
     # freed. With glibc's default (a threshold that rises after each free), freed blocks stay in the
@@ -313,7 +359,8 @@ def _run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
     rows = []
     for L in cfg.lengths:
         q, k, v = _inputs(L, cfg.device, (cfg.batch, cfg.heads, cfg.head_dim))
-        sdpa = _call("softmax", "sdpa", cfg.sinkhorn_iters)
+        mask = _mask(L, cfg.batch, cfg.padding, cfg.device)
+        sdpa = _call("softmax", "sdpa", cfg.sinkhorn_iters, cfg.dropout, mask)
         sdpa_fwd, sdpa_fb = _time_config(sdpa, q, k, v, cfg)
         sdpa_mem = _peak_in_subprocess("softmax", "sdpa", L, cfg) if cfg.memory else {}
         rows.append(_row(L, "softmax", "sdpa", sdpa_fwd, sdpa_fb, sdpa_fwd, sdpa_fb, sdpa_mem))
@@ -325,6 +372,9 @@ def _run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
                 if backend == "flex" and mechanism == "coda":
                     rows.append(_skipped(L, mechanism, backend, FLEX_CODA))
                     continue
+                if backend in PEER_BACKENDS and _peer_unsupported(cfg):
+                    rows.append(_skipped(L, mechanism, backend, _peer_unsupported(cfg)))
+                    continue
                 if backend in MATERIALIZING and L > cfg.max_reference_length:
                     rows.append(
                         _skipped(
@@ -332,7 +382,12 @@ def _run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
                         )
                     )
                     continue
-                f = _call(mechanism, backend, cfg.sinkhorn_iters)
+                try:
+                    route = _route(mechanism, backend, q, k, v, cfg, mask)
+                except ValueError as err:  # e.g. dropout on a route that cannot replay it
+                    rows.append(_skipped(L, mechanism, backend, str(err)))
+                    continue
+                f = _call(mechanism, backend, cfg.sinkhorn_iters, cfg.dropout, mask)
                 fwd_spread, fb_spread = _spread_config(f, q, k, v, cfg)
                 t_fwd, t_fb = fwd_spread["median"], fb_spread["median"]
                 # SDPA again, right after: the ratio uses the mean of the two measurements (shared CPU)
@@ -340,7 +395,7 @@ def _run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
                 ref_fwd, ref_fb = (sdpa_fwd + s_fwd) / 2, (sdpa_fb + s_fb) / 2
                 mem = _peak_in_subprocess(mechanism, backend, L, cfg) if cfg.memory else {}
                 row = _row(L, mechanism, backend, t_fwd, t_fb, ref_fwd, ref_fb, mem)
-                row["route"] = _route(mechanism, backend, q, k, v, cfg.sinkhorn_iters)
+                row["route"] = route
                 row["fwd_spread_s"], row["fwd_bwd_spread_s"] = fwd_spread, fb_spread
                 rows.append(row)
                 log(
@@ -357,6 +412,10 @@ def _run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
         "dtype": str(_dtype(cfg.device)).replace("torch.", ""),
         "device": cfg.device, "threads": torch.get_num_threads(), "torch": torch.__version__,
         "repeats": cfg.repeats, "sinkhorn_iters": cfg.sinkhorn_iters, "cores": os.cpu_count(),
+        "dropout": cfg.dropout, "padding": cfg.padding,
+        "valid_lengths": (
+            {L: valid_lengths(L, cfg.batch, cfg.padding) for L in cfg.lengths} if cfg.padding else None
+        ),
         "load_average_before": list(load_before), "load_average_after": list(os.getloadavg()),
         "load_warning": load_warning(max(load_before[0], os.getloadavg()[0])),
         "memory": "peak RSS above the inputs, fresh process per row, "
@@ -367,14 +426,19 @@ def _run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
     return {"meta": meta, "rows": rows}
 
 
-def _route(mechanism: str, backend: str, q, k, v, sinkhorn_iters: int) -> str:
-    """The route ``ak.attention`` takes for this configuration (``attnkit.kernels.plan``); a peer's name."""
+def _route(mechanism: str, backend: str, q, k, v, cfg: BenchConfig, mask: Optional[torch.Tensor]) -> str:
+    """The route ``ak.attention`` takes for this configuration (``attnkit.kernels.plan``); a peer's name.
+    A ``ValueError`` when the backend cannot run it (``backend="efficient"`` with dropout its route cannot
+    replay)."""
     if backend in PEER_BACKENDS:
         return backend
     from .functional import explain_dispatch
 
-    mech = resolve_options(mechanism, sinkhorn_iters=sinkhorn_iters if mechanism == "sinkhorn" else None)
-    return explain_dispatch(q, k, v, mech, backend=backend).route
+    iters = cfg.sinkhorn_iters if mechanism == "sinkhorn" else None
+    mech = resolve_options(mechanism, sinkhorn_iters=iters)
+    return explain_dispatch(
+        q, k, v, mech, key_mask=mask, query_mask=mask, dropout_p=cfg.dropout, backend=backend
+    ).route
 
 
 def _row(L, mechanism, backend, t_fwd, t_fb, sdpa_fwd, sdpa_fb, mem) -> dict:
@@ -424,6 +488,10 @@ def format_table(result: dict) -> str:
     lines += [f"({number}) {reason}" for reason, number in skipped.items()]
     meta = result.get("meta", {})
     shape = f"B={meta.get('B', '?')} H={meta.get('H', '?')} D={meta.get('D', '?')} {meta.get('dtype', '')}"
+    if meta.get("dropout"):
+        shape += f", dropout {meta['dropout']}"
+    if meta.get("padding"):
+        shape += f", padded (valid lengths from L to {1 - meta['padding']:.2g} L)"
     threads = meta.get('threads', '?')
     lines.append(f"{shape}, {threads} thread{'' if threads == 1 else 's'}; "
                  f"times: median of {meta.get('repeats', '?')} rounds (min / max beside it); "
@@ -440,14 +508,16 @@ def write_json(result: dict, path: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 11 and sys.argv[1] == "--peak":
-        _, _, mech, backend, length, device, iters, batch, heads, head_dim, threads = sys.argv
+    if len(sys.argv) == 13 and sys.argv[1] == "--peak":
+        mech, backend, length, device, iters, batch, heads, head_dim, threads, dropout, padding = sys.argv[2:]
         shape = (int(batch), int(heads), int(head_dim))
-        print(json.dumps(measure_peak(mech, backend, int(length), device, int(iters), shape, int(threads))))
+        peak = measure_peak(mech, backend, int(length), device, int(iters), shape, int(threads),
+                            float(dropout), float(padding))
+        print(json.dumps(peak))
     else:
         print(
             "usage: python -m attnkit.benchmark --peak MECHANISM BACKEND L DEVICE SINKHORN_ITERS "
-            "B H D THREADS",
+            "B H D THREADS DROPOUT PADDING",
             file=sys.stderr,
         )
         sys.exit(2)

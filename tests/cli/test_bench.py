@@ -70,3 +70,21 @@ def test_bench_rejects_zero_heads(tmp_path, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "heads=0" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag,value", [("--dropout", "1.0"), ("--padding", "-0.1")])
+def test_bench_rejects_dropout_and_padding_outside_zero_one(tmp_path, capsys, flag, value):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", flag, value, "--out", str(tmp_path / "x.json")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{flag[2:]}={float(value)!r}" in err and "[0, 1)" in err and "Traceback" not in err
+
+
+def test_bench_passes_dropout_and_padding_to_the_run(tmp_path, capsys):
+    out = tmp_path / "kernels.json"
+    main(["bench", "--lengths", "16", "--mechanisms", "softmax", "--backends", "efficient", "--repeats", "1",
+          "--no-memory", "--batch", "2", "--dropout", "0.2", "--padding", "0.5", "--out", str(out)])
+    meta = json.loads(out.read_text())["meta"]
+    assert (meta["dropout"], meta["padding"], meta["valid_lengths"]) == (0.2, 0.5, {"16": [16, 8]})
+    assert "dropout 0.2, padded (valid lengths from L to 0.5 L)" in capsys.readouterr().out

@@ -67,6 +67,14 @@ def register(app: typer.Typer) -> None:
         threads: Optional[int] = typer.Option(
             None, help="CPU threads for the run (default: torch's setting, e.g. from OMP_NUM_THREADS)."
         ),
+        dropout: float = typer.Option(
+            0.0, help="Attention dropout p of every call, SDPA's included (on the CPU SDPA then takes its "
+            "math path).",
+        ),
+        padding: float = typer.Option(
+            0.0, help="Pad the batch: valid lengths fall evenly from L to (1 - padding) L over the batch "
+            "(key and query masks).",
+        ),
         out: Path = typer.Option(Path("bench-results/kernels.json"), help="Where to write the JSON results."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
     ) -> None:
@@ -97,6 +105,8 @@ def register(app: typer.Typer) -> None:
             heads=heads,
             head_dim=head_dim,
             threads=threads,
+            dropout=dropout,
+            padding=padding,
         )
         if out.is_dir():
             raise ValueError(f"--out {out} is a directory; pass a file path such as {out / 'kernels.json'}")
