@@ -167,3 +167,29 @@ def test_keep_mask_is_the_documented_hash(iters):
             lanes = [(hashes[j // 4] >> (16 * (j % 4))) & 0xFFFF for j in range(Lk)]
             want[bh, i] = torch.tensor([lane >= thr for lane in lanes])
     assert torch.equal(out > 0, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_softmax_with_padding_takes_the_cpp_route_and_matches_the_reference(dtype):
+    """Without dropout too, a padded CPU batch takes the C++ kernels (they compute the valid tokens only):
+    outputs and gradients equal the materialized reference, padded queries zero; unpadded masks keep SDPA."""
+    B, H, Lq, Lk = 3, 2, 150, 140  # two key strips
+    q, k = _qk(B, H, Lq, Lk, 16, seed=6)
+    v = torch.randn(B, H, Lk, 8, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    km = torch.arange(Lk)[None, :] < torch.tensor([[Lk], [100], [0]])  # the last element has no key
+    qm = torch.arange(Lq)[None, :] < torch.tensor([[120], [Lq], [Lq]])
+    q, k, v = (t.to(dtype).requires_grad_() for t in (q, k, v))
+    assert ak.explain_dispatch(q, k, v, "softmax", key_mask=km, query_mask=qm).route == "cpp_softmax"
+    full = torch.ones(B, Lk, dtype=torch.bool)
+    assert ak.explain_dispatch(q, k, v, "softmax", key_mask=full).route == "sdpa"
+    out = ak.attention(q, k, v, "softmax", key_mask=km, query_mask=qm)
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = ak.attention(*exact, "softmax", key_mask=km, query_mask=qm, backend="reference")
+    tol = {"atol": 1e-12, "rtol": 1e-10} if dtype == torch.float64 else {"atol": 2e-6, "rtol": 1e-5}
+    torch.testing.assert_close(out.double(), ref, **tol)
+    assert torch.equal(out[0, :, 120:], torch.zeros_like(out[0, :, 120:])) and not out[2].any()
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    got = torch.autograd.grad(out, (q, k, v), g.to(dtype))
+    want = torch.autograd.grad(ref, exact, g)
+    for name, a, b in zip("qkv", got, want):
+        torch.testing.assert_close(a.double(), b, **tol, msg=lambda m, n=name: f"d{n}: {m}")

@@ -11,9 +11,10 @@ Routes (docs/design.md section 5):
 
 - ``reference``: the materialized ``(Lq, Lk)`` weights (``attnkit.functional``), every mechanism and mask;
 - ``sdpa``: softmax through ``F.scaled_dot_product_attention`` (fused), when the masks fit its one mask;
-- ``cpp_softmax``: softmax with attention dropout on the CPU with padding masks, through the C++ kernels
-  (their hashed, replayed dropout), where SDPA's fused CPU kernel has no dropout and falls back to its
-  materializing math path;
+- ``cpp_softmax``: softmax on the CPU with padding masks, through the C++ kernels, when some token is padded
+  (they skip the padding that SDPA computes, and need no zeroed copies of q, k, v) or with attention dropout
+  (their hashed, replayed dropout, where SDPA's fused CPU kernel has no dropout and falls back to its
+  materializing math path);
 - ``triton``: dnas / hnas / sinkhorn on CUDA with padding masks, the Triton kernels (``triton_potentials.py``,
   the ``[triton]`` extra);
 - ``cpp``: dnas / hnas / sinkhorn on the CPU with padding masks, the C++ kernels (``cpp_potentials.py``),
@@ -155,11 +156,17 @@ def _cpp_call(call: Call, scale: float, iters: int, u: Optional[Tensor]) -> Tens
     )
 
 
+def _padded(call: Call) -> bool:
+    """Some key or query is padded (a CPU mask with a False entry)."""
+    masks = (call.mask.key_mask, call.mask.query_mask)
+    return any(m is not None and m.device.type == "cpu" and not bool(m.all()) for m in masks)
+
+
 def _cpp_softmax_supports(call: Call) -> Optional[str]:
     if call.iters != 0:
         return "softmax (0 normalization rounds) only"
-    if call.dropout_p <= 0:
-        return "only with attention dropout (without it SDPA's fused kernel is faster)"
+    if call.dropout_p <= 0 and not _padded(call):
+        return "only with attention dropout or padding (else SDPA's fused kernel is as fast)"
     return _cpp_unsupported(call)
 
 
@@ -279,7 +286,7 @@ ROUTES: dict[str, Route] = {
             "sdpa", "F.scaled_dot_product_attention (fused softmax)", _sdpa_supports, _sdpa_run, dropout=True
         ),
         Route(
-            "cpp_softmax", "C++ kernels, softmax with replayed attention dropout (CPU, padding masks)",
+            "cpp_softmax", "C++ kernels, softmax of the valid tokens, replayed dropout (CPU, padding masks)",
             _cpp_softmax_supports, _cpp_softmax_run, dropout=True, compacts=True,
         ),
         Route("triton", "Triton potential kernels (CUDA, padding masks)", _triton_supports, _triton_run),
@@ -375,7 +382,9 @@ def plan(
     if route == "cpp":
         return Plan(route, f"the C++ kernels beat the materialized path at every size; {reason}")
     if route == "cpp_softmax":
-        return Plan(route, f"with dropout the C++ kernels beat SDPA and the materialized path; {reason}")
+        return Plan(
+            route, f"with padding or dropout the C++ kernels beat SDPA and the materialized path; {reason}"
+        )
     if route == "triton":
         return Plan(route, f"the Triton kernels never materialize the weights; {reason}")
     if route == "coda_triton":
