@@ -41,6 +41,19 @@ def test_mean_std_over_seeds_and_time_relative_to_softmax():
     assert hnas["explain_away_min_normalized"] == 1.5 and soft["hybrid_u"] is None
 
 
+def test_step_time_ratio_uses_each_runs_median_step():
+    """One slow step (a pause) moves a run's mean but not the ratio; runs without recorded steps use the
+    mean."""
+    steps = {"min": 0.1, "median": 0.1, "max": 5.0}
+    slow = {**_run("softmax", 0, 0.8, (9 * 0.1 + 5.0) / 10), "step_times_s": steps}
+    dnas = {**_run("dnas", 0, 0.8, 0.12), "step_times_s": {"min": 0.11, "median": 0.12, "max": 0.13}}
+    soft, other = aggregate([slow, dnas], ("softmax", "dnas"))
+    assert other["step_time_rel"] == pytest.approx(1.2)  # 0.12 / 0.10, not 0.12 / 0.59
+    assert soft["step_time_s"] == pytest.approx(0.59) and soft["step_time_median_s"] == pytest.approx(0.1)
+    legacy = aggregate([_run("softmax", 0, 0.8, 0.2), dnas], ("softmax", "dnas"))
+    assert legacy[1]["step_time_rel"] == pytest.approx(0.6)
+
+
 def test_first_mechanism_is_the_baseline_without_softmax():
     records = aggregate([_run("dnas", 0, 0.5, 0.2), _run("coda", 0, 0.6, 0.1)], ("dnas", "coda"))
     assert [r["step_time_baseline"] for r in records] == ["dnas", "dnas"]

@@ -53,18 +53,26 @@ def _mean_std(values: list) -> tuple[Optional[float], Optional[float]]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
+def _median_step(run: dict) -> float:
+    """A run's median optimizer-step time in seconds (its mean where the steps were not recorded)."""
+    spread = run.get("step_times_s")
+    return spread["median"] if spread else run["step_time_s"]
+
+
 def aggregate(runs: list[dict], mechanisms: tuple[str, ...], baseline: str = "softmax") -> list[dict]:
     """One record per mechanism: mean and std over seeds of each metric, step time relative to ``baseline``.
 
-    ``step_time_rel`` divides the mean optimizer-step time (evaluation excluded) by the baseline's; when the
-    baseline was not run, the first mechanism is the baseline (``step_time_baseline`` says which).
+    ``step_time_rel`` divides the median optimizer-step time (evaluation excluded; a run's median step, then
+    the mean over seeds, so that one slow step such as a garbage-collector pause does not move it; the mean
+    step where a run did not record its steps) by the baseline's; when the baseline was not run, the first
+    mechanism is the baseline (``step_time_baseline`` says which). ``step_time_s`` is the mean step.
     ``explain_away_min_normalized`` is the smallest ``n_k * min_j sum_i pi_ij`` over layers and seeds
     (Lemma 1: >= 1 for DNAS); ``hybrid_u`` is the final ``u`` per layer and head, averaged over seeds.
     """
     if baseline not in mechanisms:
         baseline = mechanisms[0]
     by_mech = {m: [r for r in runs if r["mechanism"] == m] for m in mechanisms}
-    base_time = statistics.fmean(r["step_time_s"] for r in by_mech[baseline])
+    base_time = statistics.fmean(_median_step(r) for r in by_mech[baseline])
     records = []
     for mech in mechanisms:
         group = by_mech[mech]
@@ -72,10 +80,10 @@ def aggregate(runs: list[dict], mechanisms: tuple[str, ...], baseline: str = "so
         metric_names = [k for k, v in group[0]["metrics"].items() if isinstance(v, (int, float))]
         for name in metric_names:
             record[f"{name}_mean"], record[f"{name}_std"] = _mean_std([r["metrics"][name] for r in group])
-        time_mean, time_std = _mean_std([r["step_time_s"] for r in group])
-        record["step_time_s"] = time_mean
-        record["step_time_rel"] = time_mean / base_time if base_time else None
-        seed_times = [r["step_time_s"] for r in group]
+        record["step_time_s"], _ = _mean_std([r["step_time_s"] for r in group])
+        seed_times = [_median_step(r) for r in group]
+        record["step_time_median_s"] = statistics.fmean(seed_times)
+        record["step_time_rel"] = record["step_time_median_s"] / base_time if base_time else None
         record["step_time_rel_min"] = min(seed_times) / base_time if base_time else None
         record["step_time_rel_max"] = max(seed_times) / base_time if base_time else None
         record["step_time_baseline"] = baseline

@@ -74,7 +74,7 @@ def table_legend(records: list[dict]) -> str:
     """What the short columns of ``table_rows(..., detail=False)`` mean."""
     baseline = records[0]["step_time_baseline"] if records else "the baseline"
     lines = [
-        f"step ×: time per optimizer step / {baseline}'s;  "
+        f"step ×: median time per optimizer step / {baseline}'s;  "
         "min n_k·Σπ: explain-away statistic, min_j of n_k·Σ_i π_ij (Lemma 1: ≥ 1 for DNAS);  "
         "u: final hybrid weight, mean over layers and heads",
     ]
@@ -95,7 +95,10 @@ def write_results_json(path: Path, config: CompareConfig, task, records: list[di
         "results": records,
         "runs": runs,
         "notes": {
-            "step_time_rel": "mean time per optimizer step (evaluation excluded) / the baseline mechanism's",
+            "step_time_rel": (
+                "median time per optimizer step (evaluation excluded; mean over seeds of each run's "
+                "median) / the baseline mechanism's"
+            ),
             "explain_away_min_normalized": (
                 "min over non-causal attention layers, eval samples and seeds of n_k * min_j sum_i pi_ij "
                 "(Lemma 1: >= 1 for DNAS); explain_away_min_raw is min_j sum_i pi_ij"
@@ -229,7 +232,7 @@ def render_html(config: CompareConfig, task, records: list[dict], runs: list[dic
         f"{runs[0]['eval_examples'] if runs else 0} evaluation examples.</p>",
         "<h2>Results</h2>",
         _html_table(header, rows, "results"),
-        "<p><b>step time</b>: mean time per optimizer step, evaluation excluded (noisy on a shared CPU), "
+        "<p><b>step time</b>: median time per optimizer step, evaluation excluded (noisy on a shared CPU), "
         "relative to "
         f"<code>{html.escape(records[0]['step_time_baseline'] if records else '')}</code>. "
         "<b>explain-away min</b>: the smallest <code>n_k · min_j Σ_i π_ij</code> over the non-causal "
