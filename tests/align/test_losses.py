@@ -189,7 +189,7 @@ def test_training_two_linear_maps_lowers_mmd_tenfold(method):
     def qk():
         return w_q(x).unsqueeze(1), w_k(x).unsqueeze(1)  # (B, 1, L, d)
 
-    before = float(mmd(*qk()).mean())
+    before = mmd(*qk()).mean().item()
     params = [*w_q.parameters(), *w_k.parameters()] + [p for m in mods.values() for p in m.parameters()]
     opt = torch.optim.Adam(params, lr=1e-2)
     for _ in range(300):
@@ -197,5 +197,5 @@ def test_training_two_linear_maps_lowers_mmd_tenfold(method):
         q, k = qk()
         _loss(method, q, k, **mods).mean().backward()
         opt.step()
-    after = float(mmd(*qk()).mean())
+    after = mmd(*qk()).mean().item()
     assert after * 10 <= before, (before, after)
