@@ -9,7 +9,7 @@ import torch
 import attnkit as ak
 from attnkit.kernels import cpu_ext
 
-MECHANISMS = ("softmax", "dnas", "hnas", "sinkhorn", "coda")
+MECHANISMS = ("softmax", "dnas", "hnas", "sinkhorn", "coda", "coda-centered")
 # route -> (backend, C++ kernels on?, extra boolean attn_mask?): the reference backend; the efficient
 # backend's padding-only routes (SDPA, C++ potentials, CoDA blocks with the C++ L1 kernel); the same with the
 # C++ kernels off (the ATen fused op for DNAS/HNAS, block potentials for Sinkhorn, torch.cdist for CoDA);
@@ -35,9 +35,14 @@ def _masks(with_attn_mask: bool) -> dict:
     return masks
 
 
+def _mechanism(name):
+    """A name of ak.MECHANISMS, or "coda-centered": CoDA with both means over the valid pairs (eqs. 4, 6)."""
+    return ak.CoDA(gate="centered", center_e=True) if name == "coda-centered" else name
+
+
 def _run(q, k, v, mechanism, backend, masks):
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    out = ak.attention(q, k, v, mechanism, backend=backend, **masks)
+    out = ak.attention(q, k, v, _mechanism(mechanism), backend=backend, **masks)
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
     grads = torch.autograd.grad((out * g).sum(), (q, k, v))
     return out, grads
@@ -80,7 +85,7 @@ def test_padded_values_never_reach_real_outputs_or_gradients_under_dropout(mecha
     masks = _masks(False)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64) for L in (Lq, Lk, Lk))
-    route = ak.explain_dispatch(q, k, v, mechanism, dropout_p=0.3, **masks).route
+    route = ak.explain_dispatch(q, k, v, _mechanism(mechanism), dropout_p=0.3, **masks).route
     assert route in ("cpp_softmax", "cpp", "coda_cpp"), route
     torch.manual_seed(5)
     clean_out, clean_grads = _run(q, k, v, mechanism, "auto", {**masks, "dropout_p": 0.3})

@@ -183,7 +183,7 @@ def attention(
         return (out, w) if return_weights else out
 
     route = _plan(q, k, v, config, mask, dropout_p, backend, return_weights).route
-    if route == "reference" or not ROUTES[route].compacts:  # the C++ kernels gather the valid rows themselves
+    if route == "reference" or not ROUTES[route].compacts(config):  # the C++ kernels gather the valid rows
         q, k, v = _zero_padding(q, k, v, mask)
     if route == "reference":
         return _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights)

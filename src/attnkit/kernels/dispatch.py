@@ -100,15 +100,15 @@ class Call:
 class Route:
     """One efficient route: ``supports(call)`` returns ``None`` when it can run the call, else why not;
     ``run(call, scale, u)`` returns the output ``(B, H, Lq, Dv)``; ``dropout`` whether it applies dropout;
-    ``compacts`` whether it gathers the valid rows itself (the C++ potential kernels), so that what padded
-    rows hold never enters it and the caller need not zero them first."""
+    ``compacts(config)`` whether it gathers the valid rows itself (the C++ kernels), so that what padded
+    rows hold never enters it, nor its gradients, and the caller need not zero them first."""
 
     name: str
     summary: str
     supports: Callable[[Call], Optional[str]]
     run: Callable[[Call, float, Optional[Tensor]], Tensor]
     dropout: bool = False
-    compacts: bool = False
+    compacts: Callable[[MechanismConfig], bool] = lambda config: False
 
 
 def _sdpa_supports(call: Call) -> Optional[str]:
@@ -273,6 +273,12 @@ def _coda_cpp_supports(call: Call) -> Optional[str]:
     return None
 
 
+def _coda_cpp_compacts(config: MechanismConfig) -> bool:
+    # The kernel compacts the padding; the centred variants' means (coda_blockwise.coda_means, in PyTorch)
+    # read every row, and their gradient would carry a NaN of a padded row through a product with 0.
+    return not config.uses_global_means
+
+
 def _coda_cpp_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
     return coda_cpp_attention(
         call.q, call.k, call.v, call.mask, call.config, scale=scale, dropout_p=call.dropout_p
@@ -287,12 +293,12 @@ ROUTES: dict[str, Route] = {
         ),
         Route(
             "cpp_softmax", "C++ kernels, softmax of the valid tokens, replayed dropout (CPU, padding masks)",
-            _cpp_softmax_supports, _cpp_softmax_run, dropout=True, compacts=True,
+            _cpp_softmax_supports, _cpp_softmax_run, dropout=True, compacts=lambda config: True,
         ),
         Route("triton", "Triton potential kernels (CUDA, padding masks)", _triton_supports, _triton_run),
         Route(
             "cpp", "C++ potential kernels (CPU, padding masks)", _cpp_supports, _cpp_run, dropout=True,
-            compacts=True,
+            compacts=lambda config: True,
         ),
         Route("aten", "ATen fused CPU attention op, two passes (fallback)", _aten_supports, _aten_run),
         Route("blockwise", "block sweeps of the potential loop with recomputation", _always, _blockwise_run),
@@ -302,7 +308,7 @@ ROUTES: dict[str, Route] = {
         ),
         Route(
             "coda_cpp", "fused C++ CoDA kernel (CPU, every mask)", _coda_cpp_supports, _coda_cpp_run,
-            dropout=True,
+            dropout=True, compacts=_coda_cpp_compacts,
         ),
         Route("coda_blockwise", "CoDA in query blocks with recomputation", _always, _coda_run),
     )
