@@ -77,3 +77,24 @@ def test_every_route_is_reachable_from_some_spec():
     from attnkit.registry import SPECS
 
     assert {r for spec in SPECS.values() for r in spec.routes} == set(dispatch.ROUTES)
+
+
+def test_sdpa_gets_no_mask_for_masks_without_a_false(monkeypatch):
+    """All-True CPU key/query masks are no masks to SDPA: its unmasked kernel, no masked copy of the output
+    (the same values as the call without masks); a mask with a False still reaches it."""
+    seen = []
+    real = dispatch.F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, attn_mask=None, **kw):
+        seen.append(attn_mask)
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(dispatch.F, "scaled_dot_product_attention", sdpa)
+    q, k, v = random_qkv(2, 2, 160, 160, 8, dtype=torch.float64)
+    full = torch.ones(2, 160, dtype=torch.bool)
+    out = ak.attention(q, k, v, "softmax", key_mask=full, query_mask=full, backend="efficient")
+    assert seen == [None]
+    torch.testing.assert_close(out, ak.attention(q, k, v, "softmax", backend="efficient"), rtol=0, atol=0)
+    pair = torch.rand(160, 160, generator=torch.Generator().manual_seed(0)) < 0.9
+    ak.attention(q, k, v, "softmax", key_mask=full, attn_mask=pair, backend="efficient")
+    assert seen[-1] is not None and seen[-1].shape[-2:] == (160, 160)
