@@ -233,6 +233,20 @@ def test_float_attn_mask_with_neg_inf_matches_reference(case, backend):
         torch.testing.assert_close(mine, theirs, **F64)
 
 
+@pytest.mark.parametrize(
+    "blocked", [-1e9, torch.finfo(torch.float64).min, -1e4], ids=["-1e9", "finfo.min", "-1e4"]
+)
+@pytest.mark.parametrize("case", NOT_CODA)
+def test_a_very_negative_float_key_bias_masks_the_key_like_key_mask(case, backend, blocked):
+    # Column normalizations cancel a constant per-key bias: only as a mask does it keep padded keys out.
+    q, k, v = random_qkv(2, 2, 5, 5, seed=11)
+    km = random_lengths_masks([5, 3], 5)
+    bias = torch.zeros(2, 1, 1, 5, dtype=torch.float64).masked_fill(~km[:, None, None, :], blocked)
+    out = attend(case, q, k, v, backend, attn_mask=bias, query_mask=km)
+    torch.testing.assert_close(out, attend(case, q, k, v, backend, key_mask=km, query_mask=km), **F64)
+    torch.testing.assert_close(out, reference(case, q, k, v, key_mask=km, query_mask=km), **F64)
+
+
 @pytest.mark.parametrize("case", [c for c in CASE_PARAMS if c.values[0].ref_mechanism == "coda"][:2])
 def test_coda_rejects_float_attn_mask(case):
     q, k, v = random_qkv(1, 2, 3, 3)
@@ -305,6 +319,39 @@ def test_causal_raises_for_mechanisms_that_would_leak(case):
         )
 
 
+def _causal_masks(L: int) -> dict:
+    tril = torch.ones(L, L, dtype=torch.bool).tril()
+    return {
+        "bool": tril,
+        "float -inf": torch.zeros(L, L, dtype=torch.float64).masked_fill(~tril, float("-inf")),
+        "with padding": tril & random_lengths_masks([L, L - 1], L)[:, None, None, :],
+    }
+
+
+@pytest.mark.parametrize("case", CAUSAL_LEAKY)
+@pytest.mark.parametrize("kind", ["bool", "float -inf", "with padding"])
+def test_a_causal_attn_mask_raises_for_mechanisms_that_would_leak(case, kind):
+    q, k, v = random_qkv(2, 2, 4, 4)
+    mask = _causal_masks(4)[kind]
+    if case.ref_mechanism == "coda" and mask.dtype != torch.bool:
+        mask = mask == 0  # CoDA takes boolean masks only
+    with pytest.raises(ValueError, match="causal pattern.*leak"):
+        attend(case, q, k, v, attn_mask=mask)
+    with pytest.raises(ValueError, match="causal pattern.*leak"):
+        ak.normalize(
+            ak.scores.scaled_dot(q, k), case.attnkit_mechanism(ak), attn_mask=mask,
+            gate_scores=ak.scores.neg_l1_distance(q, k) if case.ref_mechanism == "coda" else None,
+            **case.call,
+        )
+
+
+@pytest.mark.parametrize("case", CAUSAL_OK)
+def test_a_causal_attn_mask_equals_causal_true_where_nothing_leaks(case, backend):
+    q, k, v = random_qkv(2, 2, 5, 5, seed=18)
+    out = attend(case, q, k, v, backend, attn_mask=_causal_masks(5)["bool"])
+    torch.testing.assert_close(out, attend(case, q, k, v, backend, causal=True), **F64)
+
+
 # ------------------------------------------------------------------------ weights, dropout
 
 
@@ -330,6 +377,30 @@ def test_normalize_matches_reference(case):
     gate = ak.scores.neg_l1_distance(q, k) if case.ref_mechanism == "coda" else None
     w = ak.normalize(s, case.attnkit_mechanism(ak), key_mask=km, gate_scores=gate, **case.call)
     torch.testing.assert_close(w, ref_weights(q, k, case.ref_mechanism, key_mask=km, **case.ref), **F64)
+
+
+@pytest.mark.parametrize("case", CASE_PARAMS)
+def test_normalize_treats_neg_inf_scores_as_masked_pairs(case):
+    q, k, _ = random_qkv(2, 2, 4, 5, seed=19)
+    s = ak.scores.scaled_dot(q, k)
+    allowed = torch.ones(2, 2, 4, 5, dtype=torch.bool)
+    allowed[0, 0, :, 2] = False  # a key column of -inf
+    allowed[0, 1, 3, :] = False  # a query row of -inf
+    allowed[1, :, 1, 0] = False
+    gate = ak.scores.neg_l1_distance(q, k) if case.ref_mechanism == "coda" else None
+    mech = case.attnkit_mechanism(ak)
+    w = ak.normalize(s.masked_fill(~allowed, float("-inf")), mech, gate_scores=gate, **case.call)
+    assert torch.isfinite(w).all() and torch.all(w[~allowed] == 0)
+    masked = ak.normalize(s, mech, attn_mask=allowed, gate_scores=gate, **case.call)
+    torch.testing.assert_close(w, masked, **F64)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "+inf"])
+def test_normalize_rejects_nan_or_positive_infinite_scores(bad):
+    s = torch.zeros(1, 1, 3, 3)
+    s[0, 0, 1, 2] = bad
+    with pytest.raises(ValueError, match="NaN or \\+inf"):
+        ak.normalize(s, "dnas")
 
 
 def test_normalize_coda_uses_the_given_gate_scores():

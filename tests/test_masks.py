@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnkit.masks import MaskInfo, build_mask, causal_leak_error, check_qkv
+from attnkit.masks import MASKED_BIAS, MaskInfo, build_mask, causal_leak_error, causal_pattern, check_qkv
 from tests._reference import full_valid
 
 B, H, Lq, Lk = 2, 3, 4, 5
@@ -129,3 +129,38 @@ def test_causal_leak_error_names_the_mechanism_and_the_fix():
     err = causal_leak_error("dnas")
     assert isinstance(err, ValueError)
     assert "'dnas'" in str(err) and "leak" in str(err) and "softmax" in str(err)
+
+
+@pytest.mark.parametrize("blocked", [float("-inf"), -1e9, -1e4, torch.finfo(torch.float32).min])
+def test_float_mask_entries_at_or_below_masked_bias_may_not_attend(blocked):
+    am = torch.tensor([[0.5, blocked, -2.0, -9999.0, 1.0]] * Lq)
+    info = build_mask(B, H, Lq, Lk, attn_mask=am, device=torch.device("cpu"))
+    assert blocked <= MASKED_BIAS < -9999.0
+    assert torch.equal(_expand(info.valid)[1, 2, 3], torch.tensor([True, False, True, True, True]))
+    assert torch.equal(info.bias.expand(B, H, Lq, Lk)[0, 0, 0], torch.tensor([0.5, 0.0, -2.0, -9999.0, 1.0]))
+
+
+def _pattern(pair, Lq_=4, Lk_=4):
+    return causal_pattern(build_mask(2, 1, Lq_, Lk_, attn_mask=pair, device=torch.device("cpu")))
+
+
+def test_causal_pattern_finds_causal_masks_with_padding_windows_and_bottom_right_alignment():
+    tril = torch.ones(4, 4, dtype=torch.bool).tril()
+    lengths = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    padded = tril & lengths[:, None, None, :]  # (2, 1, 4, 4)
+    window = tril & ~torch.ones(4, 4, dtype=torch.bool).tril(-2)  # sees itself and the key before
+    assert _pattern(tril) and _pattern(padded) and _pattern(window)
+    assert _pattern(torch.ones(2, 5, dtype=torch.bool).tril(3), 2, 5)  # the last 2 of 5 positions as queries
+    assert _pattern(torch.zeros(4, 4).masked_fill(~tril, float("-inf")))  # torch's float causal mask
+
+
+def test_causal_pattern_spares_masks_through_which_nothing_can_leak():
+    only_key_0 = torch.zeros(4, 4, dtype=torch.bool)
+    only_key_0[:, 0] = True
+    sees_a_later_key = torch.ones(4, 4, dtype=torch.bool).tril()
+    sees_a_later_key[1, 3] = True
+    assert not _pattern(torch.eye(4, dtype=torch.bool))  # each query sees only itself
+    assert not _pattern(only_key_0)  # no query sees itself and an earlier key
+    assert not _pattern(sees_a_later_key)
+    assert not _pattern(torch.ones(1, 4, dtype=torch.bool).tril(0)[:, :4])  # one row broadcast
+    assert not _pattern(torch.ones(1, 4, dtype=torch.bool), 1, 4)  # a single query

@@ -8,6 +8,7 @@ invalid pairs weigh exactly 0 and queries without a valid key get zeros (never N
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from typing import Callable, Iterator, Optional, Union
 
@@ -17,9 +18,9 @@ from torch import Tensor
 
 from .config import CoDA, Hybrid, MechanismConfig, MechanismLike
 from .kernels import ROUTES, Plan, plan, run_route
-from .masks import MaskInfo, build_mask, check_qkv
+from .masks import MaskInfo, build_mask, causal_pattern, check_qkv
 from .mechanisms import check_hybrid_weight
-from .registry import check_causal, resolve_options, spec_of
+from .registry import causal_problem, check_causal, resolve_options, spec_of
 from .scores import neg_l1_distance, scaled_dot
 from .validators import check_number
 
@@ -207,7 +208,19 @@ def _boundary(
         key_mask=key_mask, query_mask=query_mask, attn_mask=attn_mask, causal=causal,
         device=q.device, allow_bias=not isinstance(config, CoDA),
     )
+    _check_causal_pattern(config, mask)
     return config, mask, _check_scale(scale, D), _check_dropout(dropout_p)
+
+
+def _check_causal_pattern(config: MechanismConfig, mask: MaskInfo) -> None:
+    """Raise ``causal_problem`` when ``attn_mask`` is causal in all but name
+    (``attnkit.masks.causal_pattern``)."""
+    problem = causal_problem(config)
+    if problem is not None and not mask.causal and causal_pattern(mask):
+        raise ValueError(
+            f"attn_mask is a causal pattern (no query sees a later key): {problem} A bidirectional mask "
+            "lets some query see a later key."
+        )
 
 
 def _plan(q, k, v, config, mask, dropout_p: float, backend: str, return_weights: bool) -> Plan:
@@ -288,6 +301,22 @@ def _reference_attention(
     return (out, w) if return_weights else out
 
 
+def _fold_neg_inf(scores: Tensor, mask: MaskInfo) -> tuple[Tensor, MaskInfo]:
+    """``-inf`` scores are masked pairs (so a row or column of them gets zeros, not NaN); NaN and ``+inf``
+    are errors."""
+    if torch.isnan(scores).any() or torch.isposinf(scores).any():
+        raise ValueError(
+            "scores contain NaN or +inf, which have no weight; check the score function's inputs, and mark "
+            "pairs that may not attend with -inf or a mask"
+        )
+    allowed = ~torch.isneginf(scores)  # (B, H, Lq, Lk)
+    if bool(allowed.all()):
+        return scores, mask
+    pair = allowed if mask.pair is None else mask.pair & allowed
+    folded = dataclasses.replace(mask, pair=pair, _valid=None, _valid_built=False)
+    return scores.masked_fill(~allowed, 0.0), folded
+
+
 def normalize(
     scores: Tensor,
     mechanism: MechanismLike = "softmax",
@@ -305,6 +334,10 @@ def normalize(
     Use it with any score function of ``ak.scores`` (dot, scaled dot, bilinear, additive). For
     ``"coda"``, ``scores`` is the affinity ``E`` and ``gate_scores`` the negative distance ``N``
     (e.g. ``ak.scores.neg_l1_distance(q, k)``); alpha and beta of the config scale them.
+
+    A ``-inf`` score marks a pair that may not attend, as a mask does: it weighs 0, and a row (or, for
+    the column-normalizing mechanisms, a column) of them gets zeros, never NaN. NaN and ``+inf`` scores
+    raise a ``ValueError``.
     """
     config = resolve_call(mechanism, hybrid_weight, sinkhorn_iters)
     if not isinstance(scores, Tensor) or scores.dim() != 4 or not scores.dtype.is_floating_point:
@@ -341,6 +374,8 @@ def normalize(
         key_mask=key_mask, query_mask=query_mask, attn_mask=attn_mask, causal=causal,
         device=scores.device, allow_bias=not isinstance(config, CoDA),
     )
+    _check_causal_pattern(config, mask)
+    scores, mask = _fold_neg_inf(scores, mask)
     cdtype = _compute_dtype(scores.dtype)
     u = _hybrid_u(config, hybrid_weight, H, scores)
     n = gate_scores.to(cdtype) if gate_scores is not None else None

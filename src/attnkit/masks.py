@@ -7,6 +7,10 @@ Convention (docs/design.md section 1): boolean masks with **True = real / may at
   column normalizations).
 - ``attn_mask``  broadcastable to ``(B, H, Lq, Lk)``; boolean (True = may attend) or floating
   (an additive score bias, ``-inf`` = may not attend), as in ``F.scaled_dot_product_attention``.
+  A float entry at or below ``MASKED_BIAS`` (-1e4: BERT's ``-10000.0``, Hugging Face's ``finfo.min``,
+  the common ``-1e9``) counts as ``-inf``: softmax gives such a pair an exact 0 weight in every dtype
+  anyway, and the column-normalizing mechanisms (dnas, hnas, sinkhorn) would otherwise cancel a
+  constant per-key bias and give padded keys weight.
 - ``causal``     query ``i`` sees keys ``j <= i`` (top-left aligned, as SDPA's ``is_causal``).
 
 A pair ``(i, j)`` is valid when every mask allows it.
@@ -22,7 +26,10 @@ from torch import Tensor
 
 from .registry import causal_problem, resolve_mechanism
 
-__all__ = ["MaskInfo", "check_qkv", "build_mask", "causal_leak_error"]
+__all__ = ["MASKED_BIAS", "MaskInfo", "check_qkv", "build_mask", "causal_leak_error", "causal_pattern"]
+
+MASKED_BIAS = -1e4
+"""A float mask entry ``<= MASKED_BIAS`` means "may not attend", as ``-inf`` does."""
 
 
 @dataclass
@@ -35,8 +42,8 @@ class MaskInfo:
     to ``(B, H, Lq, Lk)``:
 
     ``key``: ``(B, 1, 1, Lk)`` bool; ``query``: ``(B, 1, Lq, 1)`` bool; ``pair``: ``(B|1, H|1, Lq|1, Lk|1)``
-    bool from ``attn_mask`` (a boolean mask, or the finite entries of a float mask with ``-inf``);
-    ``bias``: the additive float bias of a float ``attn_mask`` (finite, 0 where invalid); ``causal``: flag.
+    bool from ``attn_mask`` (a boolean mask, or the entries of a float mask above ``MASKED_BIAS``);
+    ``bias``: the additive float bias of a float ``attn_mask`` (0 where invalid); ``causal``: flag.
     ``key_mask`` / ``query_mask`` / ``attn_mask``: the validated user masks as given.
     """
 
@@ -201,6 +208,30 @@ def causal_leak_error(mechanism: str) -> ValueError:
     return ValueError(causal_problem(resolve_mechanism(mechanism)))
 
 
+def causal_pattern(mask: MaskInfo) -> bool:
+    """Whether ``attn_mask`` is an autoregressive pattern: no query sees a key after it, and some query sees
+    itself and an earlier key.
+
+    The causal mask, the causal mask combined with padding and sliding-window causal masks are; so is each
+    of them aligned bottom-right (``Lq < Lk``, the last ``Lq`` positions as queries). A mask under which
+    every query sees one key (the diagonal, or only key 0) is not: nothing can leak through it. Under such
+    a pattern a query-normalized mechanism leaks future tokens as it would with ``causal=True``.
+    """
+    pair = mask.pair
+    Lq, Lk = mask.Lq, mask.Lk
+    if pair is None or Lq < 2 or pair.shape[-2] != Lq or pair.shape[-1] != Lk:
+        return False
+    for offset in sorted({0, max(Lk - Lq, 0)}):  # top-left, then bottom-right alignment
+        if bool(pair.triu(offset + 1).any()):  # a key after its query
+            continue
+        n = min(Lq, Lk - offset)
+        sees_itself = pair.diagonal(offset, -2, -1)  # (B|1, H|1, n): query i sees key i + offset
+        sees_earlier = pair.tril(offset - 1).any(-1)[..., :n]  # (B|1, H|1, n)
+        if bool((sees_itself & sees_earlier).any()):
+            return True
+    return False
+
+
 def build_mask(
     B: int,
     H: int,
@@ -253,9 +284,9 @@ def build_mask(
                 raise ValueError(
                     "attn_mask contains NaN or +inf; use finite biases and -inf for pairs that may not attend"
                 )
-            finite = torch.isfinite(m)
-            pair = None if bool(finite.all()) else finite
-            bias = m.masked_fill(~finite, 0.0)
+            allowed = m > MASKED_BIAS  # -inf, finfo.min, -1e9, -10000.0: may not attend
+            pair = None if bool(allowed.all()) else allowed
+            bias = m.masked_fill(~allowed, 0.0)
         else:
             raise ValueError(
                 f"attn_mask has dtype {m.dtype}; expected torch.bool (True = may attend) or a float "

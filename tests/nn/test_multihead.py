@@ -424,3 +424,27 @@ def test_drop_in_equals_torch_outputs_and_weights(layout, option, mask_kind):
         else:
             assert w_o.shape == w_t.shape
             torch.testing.assert_close(w_o, w_t, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("mechanism", QUERY_NORMALIZED + ["coda"])
+@pytest.mark.parametrize("blocked", [-1e9, torch.finfo(torch.float64).min])
+def test_a_float_key_padding_mask_of_large_negatives_masks_like_a_boolean_one(mechanism, blocked):
+    torch.manual_seed(0)
+    module = aknn.MultiheadAttention(E, H, mechanism=mechanism, batch_first=True, dtype=torch.float64)
+    x, _, _ = _inputs(B=2, Lq=5, Lk=5)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])  # True = padding
+    as_bool, w_bool = module(x, x, x, key_padding_mask=pad)
+    additive = torch.zeros(2, 5, dtype=torch.float64).masked_fill(pad, blocked)
+    as_float, w_float = module(x, x, x, key_padding_mask=additive)
+    assert torch.all(w_float[1, :, 3:] == 0)
+    torch.testing.assert_close(as_float, as_bool, rtol=0, atol=0)
+    torch.testing.assert_close(w_float, w_bool, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
+def test_a_causal_attn_mask_raises_for_query_normalized(mechanism):
+    module = aknn.MultiheadAttention(E, H, mechanism=mechanism, batch_first=True)
+    x = torch.randn(2, 4, E)
+    future = torch.ones(4, 4, dtype=torch.bool).triu(1)  # torch: True = not allowed
+    with pytest.raises(ValueError, match="causal pattern.*future-token leak"):
+        module(x, x, x, attn_mask=future)

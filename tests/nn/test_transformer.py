@@ -142,6 +142,8 @@ def test_encoder_with_causal_mask_raises_for_dnas():
     with pytest.raises(ValueError, match="future-token leak"):
         hnas = aknn.TransformerEncoderLayer(D, NH, FF, mechanism="hnas", batch_first=True)
         hnas(torch.randn(1, 4, D), is_causal=True)
+    with pytest.raises(ValueError, match="causal pattern.*future-token leak"):
+        layer(torch.randn(1, 4, D), src_mask=causal)  # one layer, the mask's causality not declared
 
 
 def test_mechanism_per_layer_and_hybrid_weights():

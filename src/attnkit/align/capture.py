@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..masks import MASKED_BIAS
+
 __all__ = ["Captured", "Site", "find_sites"]
 
 _HF_PAIRS = (("query", "key"), ("q_lin", "k_lin"), ("q_proj", "k_proj"))
@@ -108,7 +110,7 @@ class MultiheadSite(Site):
         elif key_padding_mask.dtype == torch.bool:
             valid = ~key_padding_mask  # torch: True = ignore
         else:
-            valid = key_padding_mask > float("-inf")  # additive float mask: -inf = ignore
+            valid = key_padding_mask > MASKED_BIAS  # additive float mask: -inf (or <= -1e4) = ignore
         return Captured(q, k, valid, valid)
 
 

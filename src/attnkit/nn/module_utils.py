@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import Hybrid, MechanismConfig, MechanismLike
+from ..masks import MASKED_BIAS
 from ..mechanisms import sigmoid_weight
 from ..registry import config_label, initial_theta, resolve_options
 
@@ -47,8 +48,9 @@ def canonical_mask(mask: Optional[Tensor], name: str, dtype: torch.dtype) -> Opt
     """Validate a torch-style mask and simplify it.
 
     Returns ``None``, a boolean mask (True = ignore / not allowed), or a float additive mask in ``dtype``.
-    A float mask holding only 0 and -inf is turned into the equivalent boolean mask, so that it also
-    works where additive biases do not (CoDA) and can mark padded queries.
+    A float mask holding only 0 and "not allowed" entries (``-inf``, or anything at or below
+    ``attnkit.masks.MASKED_BIAS`` = -1e4, such as ``finfo.min`` or ``-1e9``) is turned into the equivalent
+    boolean mask, so that it also works where additive biases do not (CoDA) and can mark padded queries.
     """
     if mask is None:
         return None
@@ -64,9 +66,11 @@ def canonical_mask(mask: Optional[Tensor], name: str, dtype: torch.dtype) -> Opt
             f"{name} has dtype {mask.dtype}; expected torch.bool (True = ignore / not allowed) or a float "
             f"additive mask (-inf = not allowed); convert a 0/1 mask with {name}.bool()"
         )
-    neg_inf = mask == float("-inf")
-    if bool(((mask == 0) | neg_inf).all()):
-        return neg_inf
+    if bool(mask.isnan().any()) or bool(mask.isposinf().any()):
+        raise ValueError(f"{name} contains NaN or +inf; use finite biases and -inf for what is not allowed")
+    blocked = mask <= MASKED_BIAS
+    if bool(((mask == 0) | blocked).all()):
+        return blocked
     return mask.to(dtype)
 
 
