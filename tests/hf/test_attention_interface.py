@@ -73,6 +73,20 @@ def test_key_padding_and_its_4d_form_give_the_same_output():
         torch.testing.assert_close(out, out4)
 
 
+def test_a_float_mask_of_zeros_and_finfo_min_is_the_boolean_mask():
+    # transformers' eager masks: 0 = attend, finfo.min = padding; dnas then keeps padded queries out too.
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 4, 4, dtype=torch.float64) for _ in range(3))
+    mask, pad = _padding_mask((4, 2), 4)
+    additive = torch.zeros(2, 1, 4, 4, dtype=torch.float64).masked_fill(
+        ~pad[:, None, None, :], torch.finfo(torch.float64).min
+    )
+    for name in ("softmax", "dnas", "sinkhorn"):
+        out, _ = attention_forward(_module(name), q, k, v, mask, scaling=0.5)
+        out_float, _ = attention_forward(_module(name), q, k, v, additive, scaling=0.5)
+        torch.testing.assert_close(out_float, out, atol=1e-12, rtol=0)
+
+
 def test_causal_mask_is_always_materialized():
     from transformers.masking_utils import causal_mask_function
 

