@@ -107,3 +107,16 @@ def test_configs_are_frozen():
 def test_bad_config_raises_value_error_naming_the_value(build, match):
     with pytest.raises(ValueError, match=match):
         build()
+
+
+def test_numpy_scalars_are_accepted_and_stored_as_python_numbers():
+    np = pytest.importorskip("numpy")
+    sinkhorn = ak.Sinkhorn(iters=np.int64(4))
+    assert sinkhorn == ak.Sinkhorn(iters=4) and type(sinkhorn.iters) is int
+    assert type(ak.Hybrid(u0=np.float32(0.25)).u0) is float
+    coda = ak.CoDA(alpha=np.float64(2.0), beta=np.int32(3))
+    assert (coda.alpha, coda.beta) == (2.0, 3.0) and type(coda.beta) is float
+    with pytest.raises(ValueError, match="integer >= 0"):
+        ak.Sinkhorn(iters=np.float64(3.0))
+    with pytest.raises(ValueError, match="integer >= 0"):
+        ak.Sinkhorn(iters=np.bool_(True))

@@ -1,6 +1,6 @@
 """Degenerate shapes get one clear ``ValueError`` on every backend: a ``hybrid_weight`` with more batch
-elements than the input, zero heads, zero head dimension; and ``attnkit bench --out`` is checked before the
-benchmark runs."""
+elements than the input, zero heads, zero head dimension; an empty batch runs on every backend; and
+``attnkit bench --out`` is checked before the benchmark runs."""
 
 from __future__ import annotations
 
@@ -48,6 +48,29 @@ def test_zero_heads_or_head_dim_is_one_clear_error(backend, mechanism, dims, mes
     q, k, v = _qkv(**dims)
     with pytest.raises(ValueError, match=message):
         ak.attention(q, k, v, mechanism, backend=backend, key_mask=torch.ones(2, 6, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mechanism", [*ak.MECHANISMS, ak.CoDA(gate="centered", center_e=True)], ids=str)
+@pytest.mark.parametrize("masked", [False, True])
+def test_an_empty_batch_gives_empty_outputs_and_gradients(backend, mechanism, masked):
+    # B = 0 (the last, empty batch of a loader): every kernel must return at once, never divide by B
+    q, k, v = (t.requires_grad_() for t in _qkv(B=0))
+    masks = {"key_mask": torch.ones(0, 6, dtype=torch.bool), "query_mask": torch.ones(0, 5, dtype=torch.bool)}
+    out = ak.attention(q, k, v, mechanism, backend=backend, **(masks if masked else {}))
+    assert out.shape == (0, 2, 5, 4)
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
+@pytest.mark.parametrize("mechanism", [*ak.MECHANISMS, ak.CoDA(gate="centered", center_e=True)], ids=str)
+def test_multihead_attention_takes_an_empty_batch(mechanism):
+    module = ak.nn.MultiheadAttention(8, 2, batch_first=True, mechanism=mechanism)
+    x = torch.randn(0, 4, 8, requires_grad=True)
+    out, weights = module(x, x, x)
+    assert out.shape == (0, 4, 8) and weights.shape == (0, 4, 4)
+    out.sum().backward()
+    assert x.grad.shape == x.shape
 
 
 def _bench_error(capsys, argv) -> str:

@@ -482,6 +482,7 @@ BAD_ATTENTION_CALLS = [
     _bad("key-value-length-mismatch", lambda: ak.attention(Q, K, V[:, :, :2]), r"lengths differ.*Lk=4.*2"),
     _bad("empty-sequence", lambda: ak.attention(Q[:, :, :0], K, V), "empty sequence"),
     _bad("mixed-dtypes", lambda: ak.attention(Q, K.double(), V), "share one dtype"),
+    _bad("return-weights-string", lambda: ak.attention(Q, K, V, return_weights="no"), "return_weights='no'"),
     _bad(
         "key-mask-shape",
         lambda: ak.attention(Q, K, V, key_mask=torch.ones(2, 5, dtype=torch.bool)),
@@ -710,3 +711,17 @@ def test_bad_normalize_input_raises_value_error_naming_the_problem(call, match):
 def test_default_scale_is_inverse_sqrt_head_dim():
     q, k, v = random_qkv(1, 2, 3, 4, D=9, seed=20)
     torch.testing.assert_close(ak.attention(q, k, v), ak.attention(q, k, v, scale=1 / math.sqrt(9)), **F64)
+
+
+def test_numpy_scalars_are_numbers_for_scale_iterations_and_hybrid_weight():
+    np = pytest.importorskip("numpy")
+    q, k, v = random_qkv(1, 2, 3, 4, seed=20)
+    for mechanism, options in (
+        ("softmax", dict(scale=np.float32(0.5))),
+        ("sinkhorn", dict(sinkhorn_iters=np.int64(2), scale=np.float64(0.5))),
+        ("hnas", dict(hybrid_weight=np.float32(0.25), scale=0.5)),
+    ):
+        plain = {key: np.asarray(value).item() for key, value in options.items()}
+        torch.testing.assert_close(
+            ak.attention(q, k, v, mechanism, **options), ak.attention(q, k, v, mechanism, **plain), **F64
+        )

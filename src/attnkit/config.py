@@ -60,13 +60,14 @@ class Hybrid:
     query_normalized = True
 
     def __post_init__(self) -> None:
-        check_number(
+        u0 = check_number(
             self.u0,
             f"Hybrid(u0={self.u0!r})",
             "the hybrid weight must be a number in [0, 1]",
             low=0.0,
             high=1.0,
         )
+        object.__setattr__(self, "u0", u0)  # a NumPy scalar becomes a float
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,11 @@ class Sinkhorn:
     query_normalized = True
 
     def __post_init__(self) -> None:
-        check_int(
+        iters = check_int(
             self.iters, f"Sinkhorn(iters={self.iters!r})",
             "the number of iterations must be an integer >= 0 (0 = softmax, 1 = DNAS)", low=0,
         )
+        object.__setattr__(self, "iters", iters)  # a NumPy integer becomes an int
 
 
 @dataclass(frozen=True)
@@ -115,9 +117,10 @@ class CoDA:
             check_choice(value, f"CoDA({field_name}={value!r})", ACTIVATIONS)
         for field_name in ("alpha", "beta"):
             value = getattr(self, field_name)
-            check_number(
+            value = check_number(
                 value, f"CoDA({field_name}={value!r})", "expected a finite number > 0", low=0.0, low_open=True
             )
+            object.__setattr__(self, field_name, value)  # a NumPy scalar becomes a float
         check_bool(self.center_e, f"CoDA(center_e={self.center_e!r})")
 
     @property

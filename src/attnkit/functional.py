@@ -22,7 +22,7 @@ from .masks import MaskInfo, build_mask, causal_pattern, check_qkv
 from .mechanisms import check_hybrid_weight
 from .registry import causal_problem, check_causal, resolve_options, spec_of
 from .scores import neg_l1_distance, scaled_dot
-from .validators import check_number
+from .validators import check_bool, check_number
 
 __all__ = [
     "attention",
@@ -174,6 +174,7 @@ def attention(
         q, k, v, mechanism, key_mask, query_mask, attn_mask, causal, scale, dropout_p, hybrid_weight,
         sinkhorn_iters, backend,
     )
+    check_bool(return_weights, f"return_weights={return_weights!r}")
     u = _hybrid_u(config, hybrid_weight, q.shape[1], q)
 
     if _OBSERVERS:

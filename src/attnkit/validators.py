@@ -9,6 +9,7 @@ value (``"Sinkhorn(iters=-1)"``, ``"scale=0"``); ``expected`` says what would be
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Optional, Sequence
 
 import torch
@@ -25,8 +26,8 @@ __all__ = [
 
 
 def is_number(value: Any) -> bool:
-    """A real Python number (``bool`` excluded: ``True`` is not a weight or a length)."""
-    return not isinstance(value, bool) and isinstance(value, (int, float))
+    """A real number: Python's or NumPy's (``bool`` excluded: ``True`` is not a weight or a length)."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Real)
 
 
 def check_number(
@@ -54,11 +55,12 @@ def check_number(
 
 
 def check_int(value: Any, what: str, expected: str, *, low: Optional[int] = None) -> int:
-    """``value`` if it is an ``int`` (not ``bool``) ``>= low``, else a ``ValueError`` ``"{what}:
-    {expected}"``."""
-    if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low):
+    """``int(value)`` if it is an integer (Python's or NumPy's, not ``bool``) ``>= low``, else a
+    ``ValueError`` ``"{what}: {expected}"``."""
+    integer = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not integer or (low is not None and value < low):
         raise ValueError(f"{what}: {expected}")
-    return value
+    return int(value)
 
 
 def check_bool(value: Any, what: str) -> bool:

@@ -448,3 +448,23 @@ def test_a_causal_attn_mask_raises_for_query_normalized(mechanism):
     future = torch.ones(4, 4, dtype=torch.bool).triu(1)  # torch: True = not allowed
     with pytest.raises(ValueError, match="causal pattern.*future-token leak"):
         module(x, x, x, attn_mask=future)
+
+
+def test_an_input_of_another_dtype_than_the_parameters_is_one_clear_error():
+    module = aknn.MultiheadAttention(E, H, batch_first=True)  # float32
+    x = torch.randn(2, 3, E, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"query has dtype torch.float64 but the module's parameters are "
+                                         r"torch.float32; cast the input with .to\(torch.float32\)"):
+        module(x, x, x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast mixes dtypes on purpose
+        out, _ = module(x.bfloat16(), x.bfloat16(), x.bfloat16())
+    assert out.shape == (2, 3, E)
+
+
+def test_coda_names_the_additive_mask_it_cannot_take():
+    module = aknn.MultiheadAttention(E, H, batch_first=True, mechanism="coda")
+    x = torch.randn(1, 3, E)
+    with pytest.raises(ValueError, match="key_padding_mask is an additive float mask.*multiplicative"):
+        module(x, x, x, key_padding_mask=torch.tensor([[0.0, -1.0, 0.0]]))
+    with pytest.raises(ValueError, match="attn_mask is an additive float mask.*multiplicative"):
+        module(x, x, x, attn_mask=torch.full((3, 3), -0.5))

@@ -84,7 +84,7 @@ def coda_cpp_attention(
         out = _CoDA.apply(*inputs, options, float(dropout_p), seed)
     else:
         out = _forward(*_flat(q, k, v), mean_e, mean_n, options, float(dropout_p), seed)
-    return out.view(B, H, Lq, -1).to(dtype)  # (B, H, Lq, Dv)
+    return out.view(B, H, Lq, v.shape[3]).to(dtype)  # (B, H, Lq, Dv)
 
 
 def _flat(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:

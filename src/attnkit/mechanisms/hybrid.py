@@ -18,6 +18,7 @@ from torch import Tensor
 
 from .dnas import dnas_weights
 from .softmax import softmax_weights
+from ..validators import is_number
 
 __all__ = ["hnas_weights", "check_hybrid_weight", "sigmoid_weight"]
 
@@ -40,7 +41,7 @@ def check_hybrid_weight(
     (``like``'s dtype by default). The values of a user's tensor are checked to lie in [0, 1] (a host
     synchronization); those of ``sigmoid_weight`` cannot leave it and are not."""
     dtype = like.dtype if dtype is None else dtype
-    if isinstance(u, bool) or not isinstance(u, (int, float, Tensor)):
+    if not (is_number(u) or isinstance(u, Tensor)):
         raise ValueError(f"hybrid_weight must be a number or a tensor in [0, 1], got {type(u).__name__}")
     if not isinstance(u, Tensor):
         if not 0.0 <= float(u) <= 1.0:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import MechanismLike
+from ..config import CoDA, MechanismLike
 from ..functional import BACKENDS, attention
 from .module_utils import (
     HybridWeightMixin,
@@ -225,6 +225,14 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         key_padding_mask = canonical_mask(key_padding_mask, "key_padding_mask", dtype)
         query_padding_mask = canonical_mask(query_padding_mask, "query_padding_mask", dtype)
         attn_mask = canonical_mask(attn_mask, "attn_mask", dtype)
+        if isinstance(self.config, CoDA):
+            for name, m in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
+                if m is not None and m.dtype != torch.bool:
+                    raise ValueError(
+                        f"{name} is an additive float mask (values other than 0 and -inf); CoDA's masks are "
+                        "multiplicative: pass a boolean mask (True = not allowed, as torch) or a float mask "
+                        "of 0 and -inf only"
+                    )
         self._check_masks(key_padding_mask, query_padding_mask, attn_mask, B, Lq, Lk)
         if attn_mask is not None and attn_mask.dim() == 3:
             attn_mask = attn_mask.view(B, H, Lq, Lk)  # (B*H, Lq, Lk) -> (B, H, Lq, Lk), batch-major as torch
@@ -251,8 +259,8 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
             v = torch.cat([v, self.bias_v.expand(B, 1, E)], dim=1)  # (B, Lk + 1, E)
             attn_mask, key_padding_mask = append_columns(attn_mask, 1), append_columns(key_padding_mask, 1)
         q = q.view(B, Lq, H, D).transpose(1, 2)  # (B, H, Lq, D)
-        k = k.view(B, -1, H, D).transpose(1, 2)  # (B, H, Lk', D)
-        v = v.view(B, -1, H, D).transpose(1, 2)  # (B, H, Lk', D)
+        k = k.view(B, k.shape[1], H, D).transpose(1, 2)  # (B, H, Lk', D)
+        v = v.view(B, v.shape[1], H, D).transpose(1, 2)  # (B, H, Lk', D)
         if self.add_zero_attn:
             k = torch.cat([k, k.new_zeros(B, H, 1, D)], dim=2)  # (B, H, Lk' + 1, D)
             v = torch.cat([v, v.new_zeros(B, H, 1, D)], dim=2)  # (B, H, Lk' + 1, D)
@@ -331,6 +339,19 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
                 f"{tuple(value.shape)}; "
                 "expected all 3-D (batched) or all 2-D (unbatched, (L, E))"
             )
+        weight = self.out_proj.weight
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if t.device != weight.device:
+                raise ValueError(
+                    f"{name} is on {t.device} but the module's parameters are on {weight.device}; move one "
+                    f"with .to(device)"
+                )
+            if t.dtype != weight.dtype and not torch.is_autocast_enabled(t.device.type):
+                raise ValueError(
+                    f"{name} has dtype {t.dtype} but the module's parameters are {weight.dtype}; cast the "
+                    f"input with .to({weight.dtype}) or the module with .to({t.dtype}) (or run under "
+                    "torch.autocast)"
+                )
         layout = "(B, L, E)" if self.batch_first else "(L, B, E)"
         for name, t, dim in (
             ("query", query, self.embed_dim),

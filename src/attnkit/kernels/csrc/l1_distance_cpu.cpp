@@ -175,7 +175,7 @@ std::vector<at::Tensor> l1_distance_backward(const at::Tensor& grad, const at::T
   auto g = grad.contiguous();
   auto dx = at::zeros_like(x);
   auto dy = at::zeros_like(y);
-  if (n == 0 || m == 0 || D == 0) return {dx, dy};
+  if (N == 0 || n == 0 || m == 0 || D == 0) return {dx, dy};
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "l1_distance_backward", [&] {
     using T = scalar_t;
     constexpr int64_t W = Vec<T>::size();
