@@ -51,12 +51,17 @@ ENCODERS = ("bert", "roberta", "albert", "distilbert")
 FAMILIES = ENCODERS + ("llama",)
 
 
+def tiny_config(family: str):
+    """A fresh config object of the tiny ``family`` model."""
+    return _configs()[family]()
+
+
 def tiny_model(family: str, seed: int = 0, attn_implementation: str = "eager"):
     """A fresh tiny base model of ``family`` in eval mode (its own config object)."""
     from transformers import AutoModel
 
     torch.manual_seed(seed)
-    config = _configs()[family]()
+    config = tiny_config(family)
     return AutoModel.from_config(config, attn_implementation=attn_implementation).eval()
 
 

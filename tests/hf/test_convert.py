@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -11,7 +12,7 @@ pytest.importorskip("transformers")
 
 import attnkit as ak
 import attnkit.hf as akhf
-from tests.hf._models import ENCODERS, FAMILIES, H, hidden, padded_batch, tiny_model, twin
+from tests.hf._models import ENCODERS, FAMILIES, H, hidden, padded_batch, tiny_config, tiny_model, twin
 
 pytestmark = pytest.mark.hf
 
@@ -244,3 +245,119 @@ def test_non_model_and_unconverted_inputs_raise(tmp_path):
         akhf.hybrid_weights(akhf.convert(tiny_model("bert"), "dnas"))
     with pytest.raises(FileNotFoundError, match=os.path.basename(str(tmp_path / "missing"))):
         akhf.load(tmp_path / "missing")
+
+
+def _converted_names(model):
+    return list(model.config.attnkit["modules"])
+
+
+def test_negative_layers_count_from_the_end():
+    names = [n for n, _ in akhf.attention_modules(tiny_model("bert"))]
+    assert _converted_names(akhf.convert(tiny_model("bert"), "dnas", layers=[-1])) == names[-1:]
+    assert _converted_names(akhf.convert(tiny_model("bert"), "dnas", layers=[-2])) == names[:1]
+    assert _converted_names(akhf.convert(tiny_model("bert"), "dnas", layers=[-1, 0])) == names
+
+
+@pytest.mark.parametrize(
+    "layers",
+    [[1, 0], (0, 1), range(2), {1, 0}, iter([0, 1]), [np.int64(0), np.int64(1)], torch.tensor([0, 1])],
+    ids=["unsorted", "tuple", "range", "set", "iterator", "numpy", "tensor"],
+)
+def test_layers_accepts_any_iterable_of_integers_in_layer_order(layers):
+    model = akhf.convert(tiny_model("bert"), "dnas", layers=layers)
+    assert _converted_names(model) == [n for n, _ in akhf.attention_modules(model)]
+
+
+BAD_LAYERS = {
+    "out of range": ([2], "index 2 is out of range"),
+    "negative out of range": ([-3], "index -3 is out of range"),
+    "duplicate": ([0, 0], "layer 0 is named twice"),
+    "duplicate through a negative index": ([1, -1], "layer 1 is named twice (1 and -1)"),
+    "bool": ([True], "True is not an integer"),
+    "float": ([1.0], "1.0 is not an integer"),
+    "string element": (["1"], "'1' is not an integer"),
+    "None element": ([None], "None is not an integer"),
+    "bool tensor": ([torch.tensor(True)], "tensor(True) is not an integer"),
+    "empty": ([], "layers=[]"),
+    "bare int": (1, "for that one layer pass layers=[1]"),
+    "bare bool": (True, "layers=True"),
+    "string": ("01", "layers='01'"),
+    "mapping": ({0: 1}, "layers={0: 1}"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_LAYERS))
+def test_bad_layers_raise_naming_value_count_and_range(case):
+    layers, needle = BAD_LAYERS[case]
+    model = tiny_model("bert")
+    config = model.config.to_dict()
+    with pytest.raises(ValueError) as exc:
+        akhf.convert(model, "hnas", layers=layers)
+    message = str(exc.value)
+    assert needle in message, message
+    assert "BertModel has 2 convertible attention layer(s)" in message and "[-2, 1]" in message
+    assert "\n" not in message
+    # nothing changed: no record, no theta, the same attention implementation
+    assert model.config.to_dict() == config and model.config._attn_implementation == "eager"
+    assert not any(n.endswith("attnkit_theta") for n, _ in model.named_parameters())
+
+
+def test_layers_count_convertible_modules_not_hidden_layers():
+    """ALBERT shares one attention module across its layers: it has one convertible layer."""
+    with pytest.raises(ValueError, match=r"AlbertModel has 1 convertible attention layer\(s\)"):
+        akhf.convert(tiny_model("albert"), "dnas", layers=[1])
+    assert akhf.hybrid_weights(akhf.convert(tiny_model("albert"), "hnas", layers=[-1])).shape == (1, H)
+
+
+def _twins_sharing_one_config(family):
+    """Two models with the same weights built from one config object (transformers keeps it, not a copy)."""
+    from transformers import AutoModel
+
+    config = tiny_config(family)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(AutoModel.from_config(config, attn_implementation="eager").eval())
+    return config, *models
+
+
+def _encoded(model, ids, mask):
+    """The encoder's output (the converted part) of an encoder-decoder, else the last hidden state."""
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask)
+    return getattr(out, "encoder_last_hidden_state", None) if model.config.is_encoder_decoder else out[0]
+
+
+@pytest.mark.parametrize(
+    ("family", "mechanism"), [("bert", "hnas"), ("distilbert", "dnas"), ("llama", "coda"), ("bart", "hnas")]
+)
+def test_convert_leaves_a_model_sharing_its_config_unchanged(family, mechanism):
+    config, model, other = _twins_sharing_one_config(family)
+    assert model.config is other.config is config  # the situation under test
+    before = config.to_dict()
+    ids, mask = padded_batch()
+    expected = _encoded(other, ids, mask)
+
+    akhf.convert(model, mechanism)
+
+    assert other.config is config and config.to_dict() == before
+    assert config._attn_implementation == "eager" and not getattr(config, "attnkit", None)
+    assert akhf.conversion(other) is None
+    assert torch.equal(_encoded(other, ids, mask), expected)  # still eager softmax
+    # the converted model runs its own config everywhere
+    assert model.config is not config and model.config._attn_implementation == "attnkit"
+    held = [m.config for m in model.modules() if isinstance(getattr(m, "config", None), type(config))]
+    assert held and all(c is model.config for c in held)
+    assert (_encoded(model, ids, mask) - expected).abs().max() > 1e-3
+
+
+def test_convert_leaves_the_user_config_object_unchanged():
+    from transformers import BertModel
+
+    config = tiny_config("bert")
+    config._attn_implementation = "eager"
+    model = BertModel(config).eval()
+    before = config.to_dict()
+    akhf.convert(model, "dnas")
+    assert config.to_dict() == before and model.config.to_dict() != before
+    assert model.config.attnkit["mechanism"] == "dnas"

@@ -34,11 +34,26 @@ def good_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def converted_model(good_model, tmp_path_factory):
+    """``good_model`` converted to hnas (its config carries the attnkit record, its weights the thetas)."""
+    from transformers import AutoTokenizer
+
+    path = tmp_path_factory.mktemp("converted")
+    akhf.convert(akhf.load(good_model), "hnas").save_pretrained(path)
+    AutoTokenizer.from_pretrained(good_model).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     path = tmp_path_factory.mktemp("data")
     for name in ("train.tsv", "test.tsv"):
         (path / name).write_text("earn\tprofit rose\nacq\tmerger bid\n" * 4)
     return path
+
+
+_DELETE = object()
+_MODULE = "encoder.layer.0.attention.self"
 
 
 class _Payload:
@@ -50,49 +65,107 @@ class _Payload:
 
 
 def _break(model_dir, case, marker):
-    """Damage a copy of the good model as ``case`` says; returns the text the error must name."""
+    """Damage a copy of a good model as ``case`` says; returns the path to load and the text the error must
+    name."""
     weights = model_dir / "model.safetensors"
     config = model_dir / "config.json"
+
+    def edit_config(**changes):
+        settings = json.loads(config.read_text())
+        settings.update(changes)
+        config.write_text(json.dumps({k: v for k, v in settings.items() if v is not _DELETE}))
+
+    if case == "path missing":
+        return model_dir / "missing", "missing does not exist"
+    if case == "path is a file":
+        return config, f"config.json is a file, not a directory; pass the directory {model_dir} "
+    if case == "no config.json":
+        config.unlink()
+        return model_dir, "has no config.json"
+    if case == "config.json is a directory":
+        config.unlink()
+        config.mkdir()
+        return model_dir, "config.json is not a regular file"
+    if case == "empty config.json":
+        config.write_text("")
+        return model_dir, "config.json is not valid JSON"
+    if case == "weights are a directory":
+        weights.unlink()
+        weights.mkdir()
+        return model_dir, "model.safetensors is not a regular file"
+    if case == "weights cut short by a few bytes":
+        weights.write_bytes(weights.read_bytes()[:-10])
+        return model_dir, "model.safetensors is not a complete safetensors file"
+    if case == "record missing":
+        edit_config(attnkit=_DELETE)
+        return model_dir, "config.json has no attnkit conversion record ('attnkit') but"
+    if case == "record null":
+        edit_config(attnkit=None)
+        return model_dir, "config.json has no attnkit conversion record ('attnkit') but"
+    if case == "record not an object":
+        edit_config(attnkit="hnas")
+        return model_dir, "config.json: the attnkit conversion record 'attnkit' is 'hnas', expected an object"
+    if case == "record without modules":
+        edit_config(attnkit={"mechanism": "hnas", "options": {"u0": 0.5}})
+        return model_dir, "config.json: the attnkit conversion record 'attnkit' has no 'modules' field"
+    if case == "record with modules of the wrong type":
+        edit_config(attnkit={"mechanism": "hnas", "options": {}, "modules": "encoder"})
+        return model_dir, "config.json: the attnkit conversion record 'attnkit' has modules='encoder'"
+    if case == "record with invalid options":
+        edit_config(attnkit={"mechanism": "hnas", "options": {"u0": 7}, "modules": [_MODULE]})
+        return model_dir, "config.json: the attnkit conversion record 'attnkit' is invalid"
+    if case == "record of another mechanism than the weights":
+        edit_config(attnkit={"mechanism": "dnas", "options": {}, "modules": [_MODULE]})
+        return model_dir, f"model.safetensors holds {_MODULE}.attnkit_theta, which the 'dnas' conversion"
+    if case == "hnas record without its theta":
+        edit_config(attnkit={"mechanism": "hnas", "options": {}, "modules": [_MODULE]})
+        return model_dir, f"config.json records an hnas conversion of {_MODULE} but"
+    if case == "record naming a module the model lacks":
+        edit_config(attnkit={"mechanism": "dnas", "options": {}, "modules": [_MODULE.replace("0", "7")]})
+        return model_dir, "config.json: the attnkit conversion record names 'encoder.layer.7.attention.self'"
+    if case == "attnkit implementation without a record":
+        edit_config(attn_implementation="attnkit")
+        return model_dir, "config.json asks for attn_implementation='attnkit' but has no attnkit"
     if case == "truncated weights":
         blob = weights.read_bytes()
         weights.write_bytes(blob[: len(blob) // 2])
-        return "model.safetensors"
+        return model_dir, "model.safetensors"
     if case == "empty weights":
         weights.write_bytes(b"")
-        return "model.safetensors"
+        return model_dir, "model.safetensors"
     if case == "garbage weights":
         weights.write_bytes(os.urandom(4096))
-        return "model.safetensors"
+        return model_dir, "model.safetensors"
     if case == "no weights":
         weights.unlink()
-        return "has no model.safetensors"
+        return model_dir, "has no model.safetensors"
     if case == "only pytorch_model.bin":
         weights.unlink()
         torch.save({"payload": _Payload(marker)}, model_dir / "pytorch_model.bin")
-        return "pytorch_model.bin"
+        return model_dir, "pytorch_model.bin"
     if case == "invalid config.json":
         config.write_text('{"model_type": "bert", "hidden_size": 16,')
-        return "config.json is not valid JSON"
+        return model_dir, "config.json is not valid JSON"
     if case == "config.json not an object":
         config.write_text("[1, 2, 3]")
-        return "config.json"
+        return model_dir, "config.json"
     if case == "unknown model_type":
         config.write_text(json.dumps({**json.loads(config.read_text()), "model_type": "no-such-model"}))
-        return "config.json"
+        return model_dir, "config.json"
     if case == "wrong field type":
         config.write_text(json.dumps({**json.loads(config.read_text()), "hidden_size": "sixteen"}))
-        return "config.json"
+        return model_dir, "config.json"
     if case == "bad attnkit record":
         config.write_text(json.dumps({**json.loads(config.read_text()), "attnkit": {"mechanism": "flash"}}))
-        return "config.json"
+        return model_dir, "config.json"
     if case == "heads do not divide the width":
         config.write_text(json.dumps({**json.loads(config.read_text()), "num_attention_heads": 3}))
-        return "config.json"
+        return model_dir, "config.json"
     if case == "weights of another shape":
         config.write_text(
             json.dumps({**json.loads(config.read_text()), "hidden_size": 8, "intermediate_size": 8})
         )
-        return "model.safetensors holds tensors whose shapes differ"
+        return model_dir, "model.safetensors holds tensors whose shapes differ"
     if case == "index names a missing shard":
         weights.rename(model_dir / "model-00001-of-00002.safetensors")
         index = {
@@ -100,23 +173,35 @@ def _break(model_dir, case, marker):
             "weight_map": {"embeddings.word_embeddings.weight": "model-00002-of-00002.safetensors"},
         }
         (model_dir / "model.safetensors.index.json").write_text(json.dumps(index))
-        return "model-00002-of-00002.safetensors"
+        return model_dir, "model-00002-of-00002.safetensors"
     raise AssertionError(case)
 
 
 CASES = ["truncated weights", "empty weights", "garbage weights", "no weights", "only pytorch_model.bin",
          "invalid config.json", "config.json not an object", "unknown model_type", "wrong field type",
          "bad attnkit record", "heads do not divide the width",
-         "weights of another shape", "index names a missing shard"]
+         "weights of another shape", "index names a missing shard",
+         "path missing", "path is a file", "no config.json", "config.json is a directory",
+         "empty config.json", "weights are a directory", "weights cut short by a few bytes",
+         "hnas record without its theta", "record naming a module the model lacks",
+         "attnkit implementation without a record"]
+# cases that damage the hnas-converted model (its attnkit record against its thetas)
+CONVERTED_CASES = ["record missing", "record null", "record not an object", "record without modules",
+                   "record with modules of the wrong type", "record with invalid options",
+                   "record of another mechanism than the weights"]
+# a missing path or file is a FileNotFoundError, a damaged one a ValueError
+MISSING = {"no weights", "only pytorch_model.bin", "index names a missing shard", "path missing",
+           "path is a file", "no config.json", "config.json is a directory", "weights are a directory"}
 
 
-@pytest.fixture(params=CASES)
-def broken(request, good_model, tmp_path):
+@pytest.fixture(params=CASES + CONVERTED_CASES)
+def broken(request, tmp_path):
+    source = "converted_model" if request.param in CONVERTED_CASES else "good_model"
     model_dir = tmp_path / "model"
-    shutil.copytree(good_model, model_dir)
+    shutil.copytree(request.getfixturevalue(source), model_dir)
     marker = tmp_path / "PWNED"
-    needle = _break(model_dir, request.param, marker)
-    yield model_dir, needle
+    path, needle = _break(model_dir, request.param, marker)
+    yield path, needle
     assert not marker.exists(), "a pickled weights file was executed"
 
 
@@ -155,6 +240,41 @@ def test_load_raises_one_error_naming_the_file(broken):
     with pytest.raises((ValueError, FileNotFoundError)) as exc:
         akhf.load(model_dir)
     assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("case", CASES + CONVERTED_CASES)
+def test_load_error_is_file_not_found_for_a_missing_file_and_says_the_fix(case, request, tmp_path):
+    source = "converted_model" if case in CONVERTED_CASES else "good_model"
+    model_dir = tmp_path / "model"
+    shutil.copytree(request.getfixturevalue(source), model_dir)
+    path, _ = _break(model_dir, case, tmp_path / "PWNED")
+    with pytest.raises((ValueError, FileNotFoundError)) as exc:
+        akhf.load(path)
+    expected = FileNotFoundError if case in MISSING else ValueError
+    assert type(exc.value) is expected, f"{case}: {type(exc.value).__name__}: {exc.value}"
+    assert any(fix in str(exc.value) for fix in ("; restore", "; pass ", "; convert it")), str(exc.value)
+
+
+def test_an_edited_record_that_stays_consistent_still_loads(converted_model, tmp_path):
+    """A record converting only the first module, with only that module's theta, is a valid model."""
+    from safetensors.torch import load_file, save_file
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(converted_model, model_dir)
+    settings = json.loads((model_dir / "config.json").read_text())
+    settings["attnkit"]["modules"] = [_MODULE]
+    (model_dir / "config.json").write_text(json.dumps(settings))
+    tensors = load_file(model_dir / "model.safetensors")
+    tensors = {k: v for k, v in tensors.items() if not k.endswith("attnkit_theta") or k.startswith(_MODULE)}
+    save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
+    model = akhf.load(model_dir)
+    assert akhf.hybrid_weights(model).shape == (1, 2)
+
+
+def test_a_converted_model_dir_loads_with_its_record(converted_model):
+    model = akhf.load(converted_model)
+    assert akhf.conversion(model).name == "hnas"
+    assert len(akhf.converted_modules(model)) == 1
 
 
 def test_a_good_model_dir_still_loads(good_model):

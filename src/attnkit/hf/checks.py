@@ -4,12 +4,18 @@ Model directories are downloaded and shared, so they are read as hostile: weight
 (a ``pytorch_model.bin`` is a pickle, which can run code, and is refused), and a missing, empty, truncated or
 garbage file, invalid JSON or a field of the wrong type raises a ``ValueError`` / ``FileNotFoundError`` that
 names the file and the problem instead of a traceback from deep inside transformers.
+
+The attnkit conversion record (``"attnkit"`` in ``config.json``, written by ``attnkit.hf.convert``) is checked
+too: its fields, its mechanism and options, and that it matches the weights (the hnas ``attnkit_theta`` of
+each recorded module, and no other), so that a lost or edited record never loads silently as another
+mechanism.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import reprlib
 from typing import Any
 
 __all__ = ["check_model_dir", "from_pretrained", "WEIGHTS", "WEIGHTS_INDEX"]
@@ -17,11 +23,27 @@ __all__ = ["check_model_dir", "from_pretrained", "WEIGHTS", "WEIGHTS_INDEX"]
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 _PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+_RESTORE_RECORD = "restore config.json from the directory that save_pretrained wrote after attnkit.hf.convert"
+_MATCHING_PAIR = "the two files are not from one save_pretrained; restore the matching pair"
 
 
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+def _short(value: Any) -> str:
+    """``repr(value)`` cut to about 40 characters (a config field can be anything)."""
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 40
+    return short.repr(value)
+
+
+def _check_file(path: str) -> None:
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"{path} is not a regular file (a directory?); restore the file from the original model"
+        )
 
 
 def _read_json(path: str) -> Any:
@@ -37,22 +59,26 @@ def _read_json(path: str) -> Any:
         ) from None
 
 
-def _check_safetensors(path: str) -> None:
+def _check_safetensors(path: str) -> list[str]:
+    """The tensor names of the safetensors file ``path``, after checking that it is complete."""
     from safetensors import safe_open
 
     if os.path.getsize(path) == 0:
         raise ValueError(f"{path} is empty; restore it from the original model")
     try:
         with safe_open(path, framework="pt") as f:
-            f.keys()
+            return list(f.keys())
     except Exception as exc:  # SafetensorError: truncated, garbage, not safetensors
         raise ValueError(f"{path} is not a complete safetensors file ({_first_line(exc)}); "
                          "restore it from the original model") from None
 
 
-def _check_weights(path: str) -> None:
+def _check_weights(path: str) -> tuple[str, list[str]]:
+    """``(weights file, tensor names)`` of the model directory ``path`` (the index file when sharded)."""
     index = os.path.join(path, WEIGHTS_INDEX)
     single = os.path.join(path, WEIGHTS)
+    _check_file(index)
+    _check_file(single)
     if os.path.isfile(index):
         payload = _read_json(index)
         shards = payload.get("weight_map") if isinstance(payload, dict) else None
@@ -61,12 +87,14 @@ def _check_weights(path: str) -> None:
         for shard in sorted(set(shards.values())):
             file = os.path.join(path, shard)
             if os.path.basename(shard) != shard or not os.path.isfile(file):
-                raise FileNotFoundError(f"{index} names the weight file {shard!r}, which is not in {path}")
+                raise FileNotFoundError(
+                    f"{index} names the weight file {shard!r}, which is not in {path}; restore the shard (or "
+                    "the index) from the original model"
+                )
             _check_safetensors(file)
-        return
+        return index, list(shards)
     if os.path.isfile(single):
-        _check_safetensors(single)
-        return
+        return single, _check_safetensors(single)
     pickled = [n for n in _PICKLE_WEIGHTS if os.path.isfile(os.path.join(path, n))]
     if pickled:
         raise FileNotFoundError(
@@ -74,32 +102,160 @@ def _check_weights(path: str) -> None:
             f"(it can run code); convert it to {WEIGHTS} where you trust it "
             "(model.save_pretrained(dir) writes safetensors)"
         )
-    raise FileNotFoundError(f"{path} has no {WEIGHTS}; pass a directory written by save_pretrained")
+    raise FileNotFoundError(
+        f"{path} has no {WEIGHTS}; restore it from the original model or pass a directory written by "
+        "save_pretrained"
+    )
+
+
+def _check_record(config: dict, config_path: str, weights: str, tensors: list[str]) -> None:
+    """The attnkit conversion record of ``config`` (parsed ``config_path``) against the tensor names of
+    ``weights``: valid fields, a known mechanism with valid options, and ``attnkit_theta`` exactly for the
+    modules of an hnas record."""
+    from ..config import Hybrid
+    from ..registry import resolve_mechanism
+    from .attention_interface import _THETA_ATTR, IMPLEMENTATION
+    from .convert import CONFIG_KEY
+
+    suffix = "." + _THETA_ATTR
+    thetas = sorted(name[: -len(suffix)] for name in tensors if name.endswith(suffix))  # module paths
+    record = config.get(CONFIG_KEY)
+    if record is None or record == {}:  # read as "not converted" by attnkit.hf.conversion
+        if thetas:
+            raise ValueError(
+                f"{config_path} has no attnkit conversion record ({CONFIG_KEY!r}) but {weights} holds the "
+                f"{_THETA_ATTR} of {len(thetas)} converted module(s) ({thetas[0]}); {_RESTORE_RECORD}"
+            )
+        if config.get("attn_implementation") == IMPLEMENTATION:
+            raise ValueError(
+                f"{config_path} asks for attn_implementation={IMPLEMENTATION!r} but has no attnkit "
+                f"conversion record ({CONFIG_KEY!r}); {_RESTORE_RECORD}, or delete \"attn_implementation\" "
+                "from it to load the model with softmax attention"
+            )
+        return
+    where = f"{config_path}: the attnkit conversion record {CONFIG_KEY!r}"
+    if not isinstance(record, dict):
+        raise ValueError(
+            f"{where} is {_short(record)}, expected an object "
+            f"{{\"mechanism\": ..., \"options\": {{...}}, \"modules\": [...]}}; {_RESTORE_RECORD}"
+        )
+    for field in ("mechanism", "modules"):
+        if field not in record:
+            raise ValueError(f"{where} has no {field!r} field; {_RESTORE_RECORD}")
+    mechanism, options, modules = record["mechanism"], record.get("options", {}), record["modules"]
+    if not isinstance(mechanism, str):
+        raise ValueError(
+            f"{where} has mechanism={_short(mechanism)}, expected a mechanism name such as 'hnas'; "
+            f"{_RESTORE_RECORD}"
+        )
+    if not isinstance(options, dict):
+        raise ValueError(
+            f"{where} has options={_short(options)}, expected an object of the mechanism's options such as "
+            f"{{\"u0\": 0.5}}; {_RESTORE_RECORD}"
+        )
+    try:
+        resolved = resolve_mechanism(mechanism, **options)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{where} is invalid ({_first_line(exc)}); {_RESTORE_RECORD}") from None
+    if (
+        not isinstance(modules, list)
+        or not modules
+        or not all(isinstance(m, str) and m for m in modules)
+        or len(set(modules)) != len(modules)
+    ):
+        raise ValueError(
+            f"{where} has modules={_short(modules)}, expected a non-empty list of distinct attention module "
+            f"names such as 'encoder.layer.0.attention.self'; {_RESTORE_RECORD}"
+        )
+
+    def owner(path: str):  # weights of a head model prefix the base model's module names
+        return next((m for m in modules if path == m or path.endswith("." + m)), None)
+
+    if isinstance(resolved, Hybrid):
+        owners = {owner(t) for t in thetas}
+        missing = [m for m in modules if m not in owners]
+        if missing:
+            raise ValueError(
+                f"{config_path} records an hnas conversion of {missing[0]} but {weights} has no "
+                f"{_THETA_ATTR} for it; {_MATCHING_PAIR}"
+            )
+    stray = [t for t in thetas if not isinstance(resolved, Hybrid) or owner(t) is None]
+    if stray:
+        raise ValueError(
+            f"{weights} holds {stray[0]}{suffix}, which the {mechanism!r} conversion recorded in "
+            f"{config_path} does not have; {_MATCHING_PAIR}"
+        )
+
+
+def _check_restored(model, config_path: str) -> None:
+    """After the build: every module of the record is a convertible attention module of ``model`` and was
+    converted, and the mechanism may run on it (no query-normalized mechanism on causal attention)."""
+    from ..registry import causal_problem, config_label
+    from .attention_interface import _MECHANISM_ATTR
+    from .convert import CONFIG_KEY, attention_modules, conversion
+
+    mechanism = conversion(model)
+    if mechanism is None:
+        return
+    names = getattr(model.config, CONFIG_KEY)["modules"]
+    convertible = dict(attention_modules(model))
+    for name in names:
+        if name not in convertible or not hasattr(convertible[name], _MECHANISM_ATTR):
+            known = ", ".join(list(convertible)[:2]) + (", ..." if len(convertible) > 2 else "")
+            raise ValueError(
+                f"{config_path}: the attnkit conversion record names {name!r}, which is not a convertible "
+                f"attention module of {type(model).__name__} ({len(convertible)} such: {known or 'none'}); "
+                f"{_RESTORE_RECORD}"
+            )
+    problem = causal_problem(mechanism)
+    causal = [n for n in names if getattr(convertible[n], "is_causal", False)]
+    if problem is not None and causal:
+        raise ValueError(
+            f"{config_path}: the attnkit conversion record puts causal self-attention ({causal[0]}) under "
+            f"{config_label(mechanism)!r}: {problem.rstrip('.')}; {_RESTORE_RECORD}"
+        )
 
 
 def check_model_dir(path: str | os.PathLike, option: str = "model directory") -> dict:
-    """Validate ``path`` (``config.json`` and safetensors weights) and return the parsed ``config.json``.
+    """Validate ``path`` (``config.json``, safetensors weights, the attnkit conversion record) and return
+    the parsed ``config.json``.
 
     ``option`` names the argument in the messages (``"MODEL_DIR"``, ``"--model"``).
     """
     path = os.fspath(path)
+    if os.path.isfile(path):
+        parent = os.path.dirname(os.path.abspath(path))
+        hint = f" {parent}" if os.path.basename(path) in ("config.json", WEIGHTS, WEIGHTS_INDEX) else ""
+        raise FileNotFoundError(
+            f"{option} {path} is a file, not a directory; pass the directory{hint} that save_pretrained "
+            f"wrote (config.json and {WEIGHTS})"
+        )
     if not os.path.isdir(path):
         raise FileNotFoundError(
             f"{option} {path} does not exist; pass a directory written by save_pretrained "
             f"(config.json and {WEIGHTS})"
         )
     config_path = os.path.join(path, "config.json")
+    _check_file(config_path)
     if not os.path.isfile(config_path):
         raise FileNotFoundError(
-            f"{option} {path} has no config.json; pass a directory written by save_pretrained"
+            f"{option} {path} has no config.json; restore it from the original model or pass a directory "
+            "written by save_pretrained"
         )
     config = _read_json(config_path)
     if not isinstance(config, dict):
-        raise ValueError(f"{config_path} holds a {type(config).__name__}, expected a JSON object of settings")
+        raise ValueError(
+            f"{config_path} holds a {type(config).__name__}, expected a JSON object of settings; restore it "
+            "from the original model"
+        )
     model_type = config.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
-        raise ValueError(f"{config_path}: model_type={model_type!r}, expected a string such as 'bert'")
-    _check_weights(path)
+        raise ValueError(
+            f"{config_path}: model_type={model_type!r}, expected a string such as 'bert'; restore it from "
+            "the original model"
+        )
+    weights, tensors = _check_weights(path)
+    _check_record(config, config_path, weights, tensors)
     return config
 
 
@@ -111,13 +267,17 @@ def auto_config(path: str | os.PathLike, **kwargs):
     try:
         return transformers.AutoConfig.from_pretrained(os.fspath(path), **kwargs)
     except Exception as exc:  # transformers raises many types for one bad file (strict-dataclass errors too)
-        raise ValueError(f"{config_path} is not a valid model configuration ({_first_line(exc)})") from None
+        raise ValueError(
+            f"{config_path} is not a valid model configuration ({_first_line(exc)}); restore it from the "
+            "original model"
+        ) from None
 
 
 def from_pretrained(model_class, path: str | os.PathLike, option: str = "model directory", **kwargs):
     """``model_class.from_pretrained(path, use_safetensors=True, **kwargs)`` after ``check_model_dir``.
 
-    A failure while building the model or loading its weights is one ``ValueError`` naming the file.
+    A failure while building the model or loading its weights is one ``ValueError`` naming the file, and so
+    is an attnkit conversion record that names modules the built model does not have.
     """
     path = os.fspath(path)
     check_model_dir(path, option)
@@ -125,10 +285,11 @@ def from_pretrained(model_class, path: str | os.PathLike, option: str = "model d
     config_path = os.path.join(path, "config.json")
     weights = os.path.join(path, WEIGHTS)
     try:
-        return model_class.from_pretrained(path, use_safetensors=True, **kwargs)
+        result = model_class.from_pretrained(path, use_safetensors=True, **kwargs)
     except (TypeError, AttributeError) as exc:  # a setting of the wrong type reaches a layer constructor
         raise ValueError(
-            f"{config_path}: a setting has the wrong type or value ({_first_line(exc)})"
+            f"{config_path}: a setting has the wrong type or value ({_first_line(exc)}); restore it from the "
+            "original model"
         ) from None
     except Exception as exc:  # noqa: BLE001 - a hostile directory can fail anywhere in transformers
         if "mismatched_sizes" in str(exc) or "size mismatch" in str(exc):
@@ -137,5 +298,8 @@ def from_pretrained(model_class, path: str | os.PathLike, option: str = "model d
                 "restore the matching pair of files"
             ) from None
         raise ValueError(
-            f"cannot build the model of {config_path} and load {weights} ({_first_line(exc)})"
+            f"cannot build the model of {config_path} and load {weights} ({_first_line(exc)}); restore the "
+            "matching pair of files from the original model"
         ) from None
+    _check_restored(result[0] if isinstance(result, tuple) else result, config_path)  # output_loading_info
+    return result

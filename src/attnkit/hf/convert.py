@@ -17,10 +17,13 @@ future tokens under a causal mask: converting causal self-attention to them rais
 
 from __future__ import annotations
 
+import copy
 import inspect
+import operator
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict
-from typing import Optional, Sequence, Union
+from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -133,6 +136,60 @@ def _apply(module: nn.Module, config: MechanismConfig, H: int) -> None:
         module.register_parameter(_THETA_ATTR, nn.Parameter(theta))
 
 
+def _choose_layers(layers, n: int, model_name: str) -> list[int]:
+    """The sorted, distinct indices in ``[0, n)`` that ``layers`` names (Python-style negative indices)."""
+    if layers is None:
+        return list(range(n))
+    expected = (
+        f"expected None (all layers) or a non-empty list of distinct integer indices in [{-n}, {n - 1}] "
+        f"({model_name} has {n} convertible attention layer(s); -1 is the last)"
+    )
+    if isinstance(layers, (str, bytes, Mapping)) or not isinstance(layers, Iterable):
+        hint = ""
+        if isinstance(layers, int) and not isinstance(layers, bool):
+            hint = f"; for that one layer pass layers=[{layers}]"
+        raise ValueError(f"layers={layers!r}: {expected}{hint}")
+    values = list(layers)
+    shown = values if iter(layers) is layers else layers  # an iterator is spent: show what it held
+    if not values:
+        raise ValueError(f"layers={shown!r}: {expected}")
+    chosen: dict[int, object] = {}
+    for value in values:
+        try:
+            if isinstance(value, bool) or getattr(value, "dtype", None) is torch.bool:
+                raise TypeError
+            i = operator.index(value)
+        except TypeError:
+            raise ValueError(f"layers={shown!r}: {value!r} is not an integer; {expected}") from None
+        if not -n <= i < n:
+            raise ValueError(f"layers={shown!r}: index {i} is out of range; {expected}")
+        if i % n in chosen:
+            first = chosen[i % n]
+            raise ValueError(
+                f"layers={shown!r}: layer {i % n} is named twice ({first!r} and {value!r}); {expected}"
+            )
+        chosen[i % n] = value
+    return sorted(chosen)
+
+
+def _own_config(model) -> None:
+    """Give ``model`` (and every submodule that holds its config or a sub-config) copies of its config.
+
+    transformers models built from one config object share it (``AutoModel.from_config(cfg)`` twice, a model
+    and one built from ``model.config``); a conversion written into a shared config would switch the other
+    model to the attnkit implementation and claim a conversion it does not have.
+    """
+    from transformers import PretrainedConfig
+
+    memo: dict[int, object] = {}
+    new = copy.deepcopy(model.config, memo)  # memo: id(original) -> copy, for the config and its sub-configs
+    for module in model.modules():
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, PretrainedConfig) and id(value) in memo:
+                setattr(module, attr, memo[id(value)])
+    model.config = new
+
+
 def _set_implementation(model) -> None:
     # ``attn_implementation`` in config.json is read back by the config constructor, so a saved model
     # asks for the attnkit implementation (and fails loudly if attnkit is not registered).
@@ -144,7 +201,7 @@ def convert(
     model,
     mechanism: MechanismLike = "hnas",
     u0: Optional[float] = None,
-    layers: Optional[Sequence[int]] = None,
+    layers: Optional[Iterable[int]] = None,
     *,
     sinkhorn_iters: Optional[int] = None,
 ):
@@ -158,14 +215,22 @@ def convert(
         mechanism: a name in ``ak.MECHANISMS`` or a config object (``ak.Sinkhorn(iters=5)``,
         ``ak.CoDA(...)``).
         u0: initial hybrid weight for ``"hnas"`` (default 0.5); ``theta`` starts at ``logit(u0)``.
-        layers: indices into ``attention_modules(model)`` to convert (default: all); the others keep softmax.
+        layers: a list of distinct integer indices into ``attention_modules(model)`` to convert (default
+            ``None``: all); the others keep softmax. Negative indices count from the end as in Python
+            (``-1`` is the last convertible layer, ``[-2, -1]`` the last two); order does not matter.
+            A bare int, a string, bools, floats, an empty list, an index out of ``[-n, n - 1]`` or a layer
+            named twice (``[1, -1]`` with ``n = 2``) raise a ``ValueError``.
         sinkhorn_iters: iterations for ``"sinkhorn"`` (default 3).
 
     Adds one parameter ``attnkit_theta (H,)`` per converted layer for hnas and records the choice in
     ``model.config.attnkit``. Save with ``model.save_pretrained`` (safetensors).
 
+    The model gets its own copy of its config before anything is written to it, so the config object it was
+    built from, and every other model built from that object, keep their settings (their attention
+    implementation included). Nothing changes when a ``ValueError`` is raised.
+
     Raises a ``ValueError`` for a model that does not dispatch attention through ``AttentionInterface``, a
-    model converted already, layer indices out of range, or dnas/hnas/sinkhorn on causal self-attention.
+    model converted already, bad ``layers``, or dnas/hnas/sinkhorn on causal self-attention.
     """
     _check_model(model)
     register()
@@ -185,16 +250,7 @@ def convert(
     modules = attention_modules(model)
     if not modules:
         raise ValueError(f"{type(model).__name__} has no self-attention module that attnkit can convert")
-    if layers is None:
-        chosen = list(range(len(modules)))
-    else:
-        chosen = sorted(set(int(i) for i in layers))
-        bad = [i for i in chosen if not 0 <= i < len(modules)]
-        if bad or not chosen:
-            raise ValueError(
-                f"layers={list(layers)!r}; expected a non-empty list of indices in [0, {len(modules) - 1}] "
-                f"({len(modules)} attention modules)"
-            )
+    chosen = _choose_layers(layers, len(modules), type(model).__name__)
     problem = causal_problem(config)
     if problem is not None:
         causal = [modules[i][0] for i in chosen if getattr(modules[i][1], "is_causal", False)]
@@ -203,6 +259,7 @@ def convert(
                 f"cannot convert causal self-attention ({causal[0]}, {len(causal)} module(s)) to "
                 f"{config_label(config)!r}: {problem}"
             )
+    _own_config(model)
     for i in chosen:
         name, module = modules[i]
         _apply(module, config, _num_heads(module, model.config))
@@ -271,8 +328,11 @@ def load(path: Union[str, os.PathLike], model_class=None, **kwargs):
     """Load a model saved after ``convert`` (or a stock one) with its attnkit conversion restored.
 
     ``model_class`` defaults to the saved architecture (``config.architectures[0]``), else ``AutoModel``;
-    extra ``kwargs`` go to ``from_pretrained`` (e.g. ``num_labels``). Weights load from safetensors only; a
-    missing or broken ``config.json`` / ``model.safetensors`` raises one error naming the file
+    extra ``kwargs`` go to ``from_pretrained`` (e.g. ``num_labels``). Weights load from safetensors only.
+
+    Raises a one-line ``FileNotFoundError`` (``path`` missing or a file, no ``config.json`` or no weights) or
+    ``ValueError`` (a corrupt ``config.json`` or ``model.safetensors``, or an attnkit conversion record
+    that is missing, corrupt, or does not match the weights or the model) naming the file and the fix
     (``hf.checks``).
     """
     import transformers
