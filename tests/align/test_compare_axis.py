@@ -41,3 +41,12 @@ def test_bad_align_axis_raises(tmp_path, align, match):
         build_config(
             tiny_overrides(write_classification_file(tmp_path / "x.json"), tmp_path / "o", align=align)
         )
+
+
+def test_the_no_attention_baseline_runs_once_whatever_the_alignment_methods():
+    from attnkit.runner import build_config
+
+    config = build_config(dict(task="reuters8", mechanisms="softmax,none", align="ct,mmd", progress="none"))
+    assert config.variants == ("softmax+ct", "softmax+mmd", "none")
+    config = build_config(dict(task="reuters8", mechanisms="none,dnas", align="none,ct", progress="none"))
+    assert config.variants == ("none", "dnas", "dnas+ct")

@@ -115,3 +115,33 @@ def test_show_on_a_compare_run_directory(tmp_path, capsys):
         main(["show", str(tmp_path / "run"), "--text", "goal", "--mechanisms", "dnsa",
               "--out", str(tmp_path / "x")])
     assert "dnsa" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_show_skips_the_no_attention_baseline_and_reads_alignment_runs(tmp_path, capsys):
+    from attnkit.runner import build_config, run_compare
+    from tests.runner._fixtures import tiny_overrides, write_classification_file
+
+    data = write_classification_file(tmp_path / "topics.json")
+    run = tmp_path / "run"  # the default compare mechanisms end with the baseline "none"
+    run_compare(build_config(tiny_overrides(data, run, mechanisms="hnas,none", align="none,mmd",
+                                            steps=2, eval_every=2, checkpoint_every=2)))
+    view = view_from_run(run, "goal team bank")
+    assert view.mechanisms == ["hnas", "hnas+mmd"]
+    assert set(view.hybrid_u) == {"hnas", "hnas+mmd"}
+    for weights in view.weights.values():
+        assert weights[0].shape == (2, 3, 3) and torch.allclose(weights[0].sum(-1), torch.ones(2, 3))
+    main(["show", str(run), "--text", "goal team bank", "--out", str(tmp_path / "view")])
+    assert "2 mechanism(s) x 1 layer(s)" in capsys.readouterr().out
+    for picked in ("none", "none+mmd"):
+        with pytest.raises(SystemExit) as exc:
+            main(["show", str(run), "--text", "goal", "--mechanisms", picked, "--out", str(tmp_path / "x")])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and "no-attention baseline" in err and "hnas+mmd" in err
+        assert len(err.strip().splitlines()) == 1
+    main(["show", str(run), "--text", "goal", "--mechanisms", "hnas+mmd", "--out", str(tmp_path / "y")])
+    assert "1 mechanism(s)" in capsys.readouterr().out
+    only_baseline = tmp_path / "baseline"
+    run_compare(build_config(tiny_overrides(data, only_baseline, mechanisms="none", steps=2, eval_every=2,
+                                            checkpoint_every=2)))
+    with pytest.raises(ValueError, match="only the no-attention baseline"):
+        view_from_run(only_baseline, "goal")

@@ -181,3 +181,16 @@ def test_two_cpu_processes_agree_with_one(tmp_path, data):
             assert hb["train_loss"] == pytest.approx(ha["train_loss"], rel=1e-5)
         if a["hybrid_u"] is not None:
             assert b["hybrid_u"][0] == pytest.approx(a["hybrid_u"][0], abs=1e-5)
+
+
+@pytest.mark.parametrize("flags", [[], ["--resume"], ["--overwrite"]])
+def test_damaged_config_file_is_named_and_nothing_is_deleted(flags, tmp_path, data, capsys):
+    out = tmp_path / "out"
+    (out / "runs" / "softmax-seed0").mkdir(parents=True)
+    (out / "runs" / "softmax-seed0" / "result.json").write_text("{}")
+    (out / "config.json").write_bytes(b'{"created_by": "attnkit compare", "conf')  # cut short
+    code, err = _exit_code_and_stderr(["--task", str(data), *TINY, "--out", str(out), *flags], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "config.json" in lines[0] and "damaged" in lines[0]
+    assert "--resume" not in lines[0] and "--overwrite" not in lines[0]  # neither can help
+    assert (out / "runs" / "softmax-seed0" / "result.json").is_file()

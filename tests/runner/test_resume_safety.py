@@ -107,9 +107,12 @@ def test_planted_pickle_never_runs(interrupted, tmp_path, capsys, target, form):
     assert code == 2
     expected = "rng-rank0.safetensors" if target != "state.pt" else "state.pt"
     _assert_one_line(err, expected, "--overwrite")
+    if target == "state.pt" and form == "torch.save":  # a bare pickle is "not a valid checkpoint"
+        assert "pickled objects other than tensors" in err
 
 
-@pytest.mark.parametrize("case", ["empty state", "truncated state", "garbage rng", "bad trainer json",
+@pytest.mark.parametrize("case", ["empty state", "truncated state", "garbage state", "garbage rng",
+                                  "bad trainer json",
                                   "trainer not a dict", "wrong model state"])
 def test_corrupt_checkpoint_is_one_line_exit_2(interrupted, tmp_path, capsys, case):
     out, _, checkpoint = _copy_run(interrupted, tmp_path)
@@ -120,6 +123,9 @@ def test_corrupt_checkpoint_is_one_line_exit_2(interrupted, tmp_path, capsys, ca
         blob = (checkpoint / "state.pt").read_bytes()
         (checkpoint / "state.pt").write_bytes(blob[: len(blob) // 2])
         needle = "state.pt"
+    elif case == "garbage state":  # not a pickle of anything: named as no checkpoint, not as a payload
+        (checkpoint / "state.pt").write_bytes(b"garbage, not a checkpoint")
+        needle = "not a valid checkpoint"
     elif case == "garbage rng":
         (checkpoint / "rng-rank0.safetensors").write_bytes(os.urandom(300))
         needle = "rng-rank0.safetensors"

@@ -90,6 +90,7 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
     """Rebuild each mechanism's model of an ``attnkit compare`` run directory (classification tasks) and look
     at ``text`` with it. ``seed`` defaults to the first seed of the run."""
     from ..nn import hybrid_weights
+    from ..runner.baseline import NO_ATTENTION
     from ..runner.compare import saved_config
     from ..runner.config import build_config
     from ..runner.tasks import get_task
@@ -105,11 +106,23 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
     if task.kind != "classification":
         raise ValueError(f"attnkit show reads classification runs; {config.task!r} is a {task.kind} task")
     seed = config.seed if seed is None else seed
-    wanted = list(mechanisms) if mechanisms else list(config.mechanisms)
+    # The runs with attention: each mechanism with each alignment method ("dnas+ct"); the no-attention
+    # baseline ("none") has no weights to draw.
+    drawable = [v for v in config.variants if v.partition("+")[0] != NO_ATTENTION]
+    if mechanisms:
+        wanted = list(mechanisms)
+        if any(m.partition("+")[0] == NO_ATTENTION for m in wanted):
+            raise ValueError(f"mechanism {NO_ATTENTION!r} is the no-attention baseline and has no attention "
+                             f"to draw; pick from {drawable}")
+    else:
+        wanted = drawable
+        if not wanted:
+            raise ValueError(f"{str(run_dir)!r} holds only the no-attention baseline {NO_ATTENTION!r}; "
+                             "there is no attention to draw")
     missing = [m for m in wanted if not (run_dir / "runs" / f"{m}-seed{seed}" / "model.pt").is_file()]
     if missing:
         raise FileNotFoundError(f"no finished run for {missing} with seed {seed} in {str(run_dir)!r}; "
-                                f"pick from mechanisms {list(config.mechanisms)} "
+                                f"pick from mechanisms {drawable} "
                                 f"and seeds {list(config.seed_list)}")
     data = task.prepare(config)
     tokenizer = data.tokenizer
@@ -117,14 +130,14 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
     tokens = tokenizer.tokenize(text)[: ids.shape[1]]
     view = AttentionView(text=text, tokens=tokens, source=f"{run_dir} (seed {seed})")
     for mech in wanted:
-        model = task.build_model(config, mech, data)
+        model = task.build_model(config, mech.partition("+")[0], data)  # "dnas+ct" trained a dnas model
         state = torch.load(run_dir / "runs" / f"{mech}-seed{seed}" / "model.pt", map_location="cpu",
                            weights_only=True)
         model.load_state_dict(state)
         model.eval()
         view.weights[mech] = [w[:, : len(tokens), : len(tokens)]
                               for w in record_attention(lambda: model(ids, mask))]
-        if mech == "hnas":
+        if mech.partition("+")[0] == "hnas":
             view.hybrid_u[mech] = hybrid_weights(model).tolist()
     return view
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-from .report import ReproduceResult, format_value, prepare_output_dir, verdict
+from .report import ReproduceResult, format_value, is_unfinished, mark_finished, prepare_output_dir, verdict
 
 __all__ = [
     "reproduce_all",
@@ -136,7 +136,10 @@ def reproduce_all(
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
         raise ValueError(f"jobs={jobs!r}; expected an integer >= 1 (or 0 for one per free core)")
     jobs = default_jobs(len(names)) if jobs == 0 else min(jobs, max(len(names), 1))
-    root = prepare_output_dir(Path("runs") / "reproduce" / "all" if out is None else out, overwrite=overwrite)
+    root = Path("runs") / "reproduce" / "all" if out is None else Path(out)
+    # A run of all targets that did not finish (Ctrl-C) is replaced target by target, finished ones included.
+    overwrite = overwrite or is_unfinished(root)
+    root = prepare_output_dir(root, overwrite=overwrite)
     start = time.perf_counter()
     if jobs == 1:
         results = [_run_target(name, root / name, overwrite, quick, seed) for name in names]
@@ -166,6 +169,7 @@ def reproduce_all(
         for r in results
     ]
     (root / "fidelity.json").write_text(json.dumps(summary, indent=2) + "\n")
+    mark_finished(root)
     return results, page
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, Union
@@ -18,6 +19,8 @@ __all__ = [
     "CRITERIA",
     "ReproduceResult",
     "prepare_output_dir",
+    "is_unfinished",
+    "mark_finished",
     "write_csv",
     "format_value",
     "spread",
@@ -130,22 +133,43 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+# Written into an output directory when a run starts and removed when it finishes: a run that was killed
+# (Ctrl-C, out of memory) leaves it behind, and the next run may replace that directory's files without
+# --overwrite, since they are ours and incomplete.
+UNFINISHED_MARKER = ".attnkit-unfinished"
+
+
 def prepare_output_dir(out: Union[str, Path], overwrite: bool = False) -> Path:
-    """Create ``out``; refuse an existing non-empty directory unless ``overwrite`` (files are then
-    replaced)."""
+    """Create ``out`` and mark it unfinished (:func:`mark_finished` removes the mark); refuse an existing
+    non-empty directory unless ``overwrite`` (files are then replaced) or it holds a run of ours that did
+    not finish."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(
             f"output path {str(out)!r} exists and is not a directory; pass another "
             "--out"
         )
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
+    if is_unfinished(out):
+        print(f"{out} holds a run that did not finish; replacing its files", file=sys.stderr, flush=True)
+    elif out.is_dir() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(
             f"output directory {str(out)!r} is not empty; pass --overwrite to replace its files or choose "
             "another --out"
         )
     out.mkdir(parents=True, exist_ok=True)
+    note = "attnkit: this run did not finish; the next run replaces its files\n"
+    (out / UNFINISHED_MARKER).write_text(note)
     return out
+
+
+def is_unfinished(out: Union[str, Path]) -> bool:
+    """Whether ``out`` holds a run that started and did not finish (see :func:`prepare_output_dir`)."""
+    return (Path(out) / UNFINISHED_MARKER).is_file()
+
+
+def mark_finished(out: Union[str, Path]) -> None:
+    """Remove the unfinished mark of ``out``: the run that wrote it finished."""
+    (Path(out) / UNFINISHED_MARKER).unlink(missing_ok=True)
 
 
 def write_csv(path: Union[str, Path], rows: Sequence[Mapping[str, Any]], columns: Iterable[str] = ()) -> Path:

@@ -267,10 +267,10 @@ def _fmt(values: Sequence[float], scale: float = 1.0, digits: int = 2) -> str:
 
 def in_domain(result: ReproduceResult, budget: Budget) -> dict:
     from ..align.plots import plot_mmd_heads, plot_reliability
-    from ..data import load_dataset
+    from ..data import load_or_fetch
     from .plots import _pyplot  # noqa: F401  (fail early without matplotlib)
 
-    data = load_dataset("reuters8")
+    data = load_or_fetch("reuters8")
     runs: dict[str, list[dict]] = {m: [] for m in budget.methods}
     before = None
     for seed in budget.seeds:
@@ -346,9 +346,9 @@ def _newsgroups_split(data, groups, texts, labels):
 
 
 def cross_domain(result: ReproduceResult, budget: Budget) -> dict:
-    from ..data import load_dataset
+    from ..data import load_or_fetch
 
-    data = load_dataset("20newsgroups")
+    data = load_or_fetch("20newsgroups")
     train = _newsgroups_split(data, DOMAINS["train"], data.train_texts, data.train_labels)
     test_id = _newsgroups_split(data, DOMAINS["train"], data.test_texts, data.test_labels)
     test_od = _newsgroups_split(data, DOMAINS["shift"], data.test_texts, data.test_labels)
@@ -401,9 +401,9 @@ def build_document_graph(budget: Budget, seed: int = 0, k: int = 5):
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.neighbors import NearestNeighbors
 
-    from ..data import load_dataset
+    from ..data import load_or_fetch
 
-    data = load_dataset("20newsgroups")
+    data = load_or_fetch("20newsgroups")
     classes = list(range(0, 20, 20 // budget.gat_classes))[: budget.gat_classes]
     g = torch.Generator().manual_seed(seed)
     texts, labels = [], []
@@ -506,9 +506,9 @@ def step_overhead(result: ReproduceResult, budget: Budget) -> dict:
     """Mean step time of each method / none on MiniLM-L6, measured in one process with the rounds
     interleaved."""
     from ..align import AlignmentRegularizer
-    from ..data import load_dataset
+    from ..data import load_or_fetch
 
-    data = load_dataset("reuters8")
+    data = load_or_fetch("reuters8")
     texts, labels = _subset(data.train_texts, data.train_labels, budget.batch_size, 7)
     model, tok = _encoder(data.num_classes, 0)
     enc, y = next(_batches(tok, texts, labels, budget.batch_size, budget.max_length))

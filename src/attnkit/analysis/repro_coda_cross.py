@@ -107,9 +107,9 @@ def train_pairs(
 
 
 def coda_cross(result: ReproduceResult, quick: bool = False, seed: int = 0) -> None:
-    from ..data import load_dataset
+    from ..data import load_or_fetch
 
-    data = load_dataset("reuters8")
+    data = load_or_fetch("reuters8")
     n_seeds, steps, n_train, n_test = (2, 200, 4000, 800) if quick else (3, 800, 20000, 2000)
     result.budget = (
         f"{n_seeds} seeds x {steps} Adam steps (batch 64), d 64; Reuters-R8 same-topic pairs of "

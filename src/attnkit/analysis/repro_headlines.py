@@ -150,9 +150,9 @@ def train_headlines(
 
 
 def headline_generation(result: ReproduceResult, quick: bool = False, seed: int = 0) -> None:
-    from ..data import load_dataset
+    from ..data import load_or_fetch
 
-    data = load_dataset("reuters52")
+    data = load_or_fetch("reuters52")
     train_pairs, test_pairs = headline_pairs(data.train_texts), headline_pairs(data.test_texts)
     n_seeds, steps, n_test = (1, 200, 200) if quick else (3, 1500, 1000)
     if quick:

@@ -226,7 +226,7 @@ def _plot_u(steps, us: np.ndarray, path, title: str) -> None:
 
 
 def hnas_pretraining(result: ReproduceResult, quick: bool = False, seed: int = 0) -> None:
-    from ..data import load_dataset
+    from ..data import load_or_fetch
 
     config = (
         PretrainConfig(pretrain_steps=150, finetune_steps=100, record_every=15)
@@ -239,7 +239,7 @@ def hnas_pretraining(result: ReproduceResult, quick: bool = False, seed: int = 0
             "quick: 150 MLM steps and 100 fine-tuning steps (full: 1000 and 400), a smoke test of the "
             "pipeline; the Fig. 4 / Table 2 claims need the full mode"
         )
-    news, reuters = load_dataset("20newsgroups"), load_dataset("reuters8")
+    news, reuters = load_or_fetch("20newsgroups"), load_or_fetch("reuters8")
     corpus, vocab = build_corpus(news.train_texts + reuters.train_texts, config.vocab_size, config.seq_len)
     corpus = corpus[torch.randperm(len(corpus), generator=torch.Generator().manual_seed(seed))]
     ft_train = _aligned(reuters.train_texts, reuters.train_labels, config, vocab)

@@ -48,7 +48,7 @@ from .repro_headlines import headline_generation
 from .repro_mlu import mlu_ablations
 from .repro_pretraining import hnas_pretraining
 from .repro_sinkhorn import sinkhorn_iterations
-from .report import ReproduceResult, prepare_output_dir
+from .report import ReproduceResult, mark_finished, prepare_output_dir
 
 __all__ = ["TARGETS", "TARGET_HELP", "reproduce", "default_output_dir"]
 
@@ -126,4 +126,5 @@ def reproduce(
     result.seconds = time.perf_counter() - start
     result.cpu_seconds = time.process_time() - cpu_start
     result.write_summary()
+    mark_finished(out_dir)
     return result

@@ -56,6 +56,7 @@ for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if hasattr(_module, "register"):
             _module.register(app)
 
+INTERRUPTED = 130  # the exit code of a command stopped with Ctrl-C (128 + SIGINT), as shells report it
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError)
 
 
@@ -82,6 +83,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(INTERRUPTED)
+    if code == INTERRUPTED:  # typer turns Ctrl-C inside a command into this return code, without a word
+        print("interrupted", file=sys.stderr)
     if isinstance(code, int) and not isinstance(code, bool) and code:  # typer.Exit(code) in a command
         sys.exit(code)

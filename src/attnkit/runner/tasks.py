@@ -148,15 +148,9 @@ class ClassificationTask:
     def load(self, config: CompareConfig):
         if self.source is not None:
             return load_file_dataset(self.source)
-        import sys
+        from ..data import load_or_fetch
 
-        from ..data import get_info, is_cached, load_dataset
-
-        info = get_info(self.name)
-        if info.offline and not is_cached(info.name):
-            print(f"{info.name} is not in the cache yet: downloading it once from {info.source} "
-                  "(tens of MB; later runs read the cache)", file=sys.stderr, flush=True)
-        return load_dataset(self.name, download=info.offline)
+        return load_or_fetch(self.name)
 
     def prepare(self, config: CompareConfig) -> EncodedClassification:
         from ..data import WordTokenizer

@@ -127,10 +127,13 @@ def _read_checkpoint_file(file: Path, reader: Callable[[Path], Any]) -> Any:
         raise _checkpoint_error(file, "is missing (written by an older attnkit, or deleted)")
     try:
         return reader(file)
-    except pickle.UnpicklingError:
-        raise _checkpoint_error(
-            file, "holds pickled objects other than tensors (refused: loading them could run code)"
-        ) from None
+    except pickle.UnpicklingError as exc:
+        if "GLOBAL" in str(exc):  # weights_only refused a class or function the file names
+            raise _checkpoint_error(
+                file, "holds pickled objects other than tensors (refused: loading them could run code)"
+            ) from None
+        raise _checkpoint_error(file, "is not a valid checkpoint (not a PyTorch tensor file: damaged or "
+                                "replaced)") from None
     except Exception as exc:  # truncated, garbage, wrong format: one line, no traceback
         lines = str(exc).strip().splitlines()
         first = lines[0] if lines else ""
