@@ -91,7 +91,10 @@ class BenchConfig:
     padding: float = 0.0  # the valid lengths fall evenly from L to (1 - padding) L over the batch
 
     def __post_init__(self) -> None:
-        bad = [L for L in self.lengths if not isinstance(L, int) or L < 1]
+        for name in ("lengths", "mechanisms", "backends"):
+            if not list(getattr(self, name)):
+                raise ValueError(f"{name} is empty; name at least one (or leave it out for the default)")
+        bad = [L for L in self.lengths if isinstance(L, bool) or not isinstance(L, int) or L < 1]
         if bad:
             raise ValueError(f"lengths must be positive integers, got {bad}")
         unknown = sorted(set(self.mechanisms) - set(DEFAULT_MECHANISMS))
@@ -108,8 +111,17 @@ class BenchConfig:
             raise ValueError(
                 "backend 'flex' (FlexAttention) is timed on CUDA only; pass --device cuda or drop it"
             )
-        if self.repeats < 1:
-            raise ValueError(f"repeats={self.repeats}; expected >= 1")
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
+            raise ValueError(f"repeats={self.repeats!r}; expected an integer >= 1")
+        try:
+            resolve_options("sinkhorn", sinkhorn_iters=self.sinkhorn_iters)
+        except ValueError:
+            raise ValueError(f"sinkhorn_iters={self.sinkhorn_iters!r}; expected an integer >= 0 "
+                             "(0 = softmax, 1 = DNAS, 3 = the default)") from None
+        m = self.max_reference_length
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"max_reference_length={m!r}; expected a positive integer (the longest L the "
+                             "materializing backends run)")
         for name in ("batch", "heads", "head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -124,6 +136,37 @@ class BenchConfig:
             raise ValueError(f"device={self.device!r}; expected 'cpu' or 'cuda'")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' but CUDA is not available; use --device cpu")
+        plan = [(L, m, b) for L in self.lengths for m in self.mechanisms for b in self.backends]
+        if not any(_timed(L, m, b, self) for L, m, b in plan):
+            raise ValueError(
+                f"mechanisms {list(self.mechanisms)} x backends {list(self.backends)} x lengths "
+                f"{list(self.lengths)} time nothing but SDPA: {_why_nothing(self)}"
+            )
+
+
+def _timed(L: int, mechanism: str, backend: str, cfg: "BenchConfig") -> bool:
+    """Whether the bench times ``mechanism`` on ``backend`` at length ``L`` (rather than skipping it)."""
+    if mechanism not in PEER_MECHANISMS.get(backend, (mechanism,)):
+        return False
+    if backend == "flex" and mechanism == "coda":
+        return False
+    if backend in PEER_BACKENDS and _peer_unsupported(cfg):
+        return False
+    return not (backend in MATERIALIZING and L > cfg.max_reference_length)
+
+
+def _why_nothing(cfg: "BenchConfig") -> str:
+    """What to change when :func:`_timed` holds for no configuration of ``cfg``."""
+    reasons = [f"{b} implements only {', '.join(PEER_MECHANISMS[b])}" for b in cfg.backends
+               if b in PEER_MECHANISMS and not set(cfg.mechanisms) & set(PEER_MECHANISMS[b])]
+    if "flex" in cfg.backends and set(cfg.mechanisms) == {"coda"}:
+        reasons.append("flex has no CoDA form")
+    if _peer_unsupported(cfg) and any(b in PEER_BACKENDS for b in cfg.backends):
+        reasons.append(_peer_unsupported(cfg))
+    if any(b in MATERIALIZING for b in cfg.backends) and min(cfg.lengths) > cfg.max_reference_length:
+        reasons.append(f"{', '.join(b for b in cfg.backends if b in MATERIALIZING)} run only "
+                       f"L <= max_reference_length={cfg.max_reference_length}")
+    return "; ".join(reasons) + "; add the efficient backend or other mechanisms"
 
 
 def _xtransformers_available() -> bool:

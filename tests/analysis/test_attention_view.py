@@ -145,3 +145,12 @@ def test_show_skips_the_no_attention_baseline_and_reads_alignment_runs(tmp_path,
                                             checkpoint_every=2)))
     with pytest.raises(ValueError, match="only the no-attention baseline"):
         view_from_run(only_baseline, "goal")
+
+
+def test_show_refuses_an_empty_out_rather_than_writing_into_the_working_directory(tmp_path, capsys,
+                                                                                 monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(["show", str(tmp_path), "--text", "goal", "--out", ""])
+    assert exc.value.code == 2 and "--out is empty" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

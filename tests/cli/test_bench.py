@@ -88,3 +88,21 @@ def test_bench_passes_dropout_and_padding_to_the_run(tmp_path, capsys):
     meta = json.loads(out.read_text())["meta"]
     assert (meta["dropout"], meta["padding"], meta["valid_lengths"]) == (0.2, 0.5, {"16": [16, 8]})
     assert "dropout 0.2, padded (valid lengths from L to 0.5 L)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--sinkhorn-iters", "-1"], "sinkhorn_iters=-1"),
+    (["--max-reference-length", "-1"], "max_reference_length=-1"),
+    (["--mechanisms", ""], "--mechanisms '' names nothing"),
+    (["--lengths", ","], "--lengths ',' names nothing"),
+    (["--backends", "naive", "--mechanisms", "coda"], "naive implements only dnas, hnas, sinkhorn"),
+    (["--backends", "reference", "--lengths", "4096", "--max-reference-length", "2048"],
+     "reference run only L <= max_reference_length=2048"),
+])
+def test_bench_that_would_time_nothing_or_has_bad_values_fails_before_running(args, needle, tmp_path, capsys):
+    out = tmp_path / "x.json"
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", *args, "--repeats", "1", "--no-memory", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert "L=" not in err and not out.exists()  # nothing was timed

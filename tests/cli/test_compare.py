@@ -77,6 +77,7 @@ def _bad_cases(tmp_path, data):
         "unknown config key": (["--task", str(data), "--config", str(config)], "learning_rate"),
         "unknown --set key": (["--task", str(data), "--set", "epochs=3"], "epochs"),
         "bad preset": (["--task", str(data), "--preset", "huge"], "huge"),
+        "empty --out": (["--task", str(data), "--out", ""], "--out is empty"),  # not "." (the cwd)
     }
 
 
@@ -92,6 +93,7 @@ def _bad_cases(tmp_path, data):
         "unknown config key",
         "unknown --set key",
         "bad preset",
+        "empty --out",
     ],
 )
 def test_bad_configuration_exits_2_with_one_line(case, tmp_path, data, capsys):

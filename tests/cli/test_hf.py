@@ -186,3 +186,34 @@ def test_finetune_under_accelerate_launch_two_processes(tiny_bert, fixture_datas
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["processes"] == 2 and metrics["train_steps"] == 2 and metrics["num_test"] == len(TEST)
+
+
+@pytest.mark.parametrize("command,args,needle", [
+    ("convert", ["--u0", "1.5"], "u0=1.5"),
+    ("convert", ["--mechanism", "sinkhorn", "--sinkhorn-iters", "-2"], "iters=-2"),
+    ("convert", ["--mechanism", "dnas", "--sinkhorn-iters", "2"], "sinkhorn_iters is only used"),
+    ("finetune", ["--mechanism", "hnas", "--u0", "1.5"], "u0=1.5"),
+])
+def test_mechanism_options_are_refused_before_the_model_loads(command, args, needle, tiny_bert,
+                                                             fixture_dataset, tmp_path, capsys, monkeypatch):
+    from attnkit.hf import checks
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(checks, "from_pretrained", no_load)
+    where = ["--model", str(tiny_bert), "--dataset", str(fixture_dataset)] if command == "finetune" else [
+        str(tiny_bert)]
+    err = _error(capsys, [command, *where, *args, "--out", str(tmp_path / "o")])
+    assert needle in err and not (tmp_path / "o").exists()
+
+
+def test_convert_prints_only_the_error_line(tiny_bert, tmp_path, capsys):
+    """A layer index out of range needs the model, but the load's progress bar does not precede it."""
+    code = None
+    try:
+        main(["convert", str(tiny_bert), "--layers", "7", "--out", str(tmp_path / "o")])
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: layers=[7]"), err

@@ -73,3 +73,12 @@ def test_console_prints_brackets_verbatim():
     stream = io.StringIO()
     console(file=stream).print("install attnkit[align] or attnkit[triton]; interval [-1.5, +2.0]")
     assert "install attnkit[align] or attnkit[triton]; interval [-1.5, +2.0]" in stream.getvalue()
+
+
+def test_help_shows_bracketed_text_as_written(capsys):
+    """"the [bench] extra" in an option's help: rich would take [bench] for a style tag and drop it."""
+    code, out, _ = _run(["bench", "--help"], capsys)
+    assert code == 0 and "[bench]" in " ".join(out.replace("│", " ").split())
+    for command in [None, *_commands()]:
+        _, out, _ = _run(([command] if command else []) + ["--help"], capsys)
+        assert "\\[" not in out, command

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 import typer
 
-from ._screen import hide_flag_types
+from ._screen import escape_help_markup, hide_flag_types
 
 __all__ = ["app", "main"]
 
@@ -55,6 +55,7 @@ for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         _module = importlib.import_module(f"{__name__}.{_info.name}")
         if hasattr(_module, "register"):
             _module.register(app)
+escape_help_markup(app)
 
 INTERRUPTED = 130  # the exit code of a command stopped with Ctrl-C (128 + SIGINT), as shells report it
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError)

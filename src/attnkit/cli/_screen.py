@@ -2,6 +2,8 @@
 
 - Help screens: typer prints a type column for every option, which for a flag reads ``<bool>``
   (``--help <bool>``); a flag takes no value, so its type cell is left empty.
+- Help text is plain text: "the [bench] extra" would be read by rich as a style tag and vanish, so
+  :func:`escape_help_markup` escapes the brackets of every command's and option's help.
 - Tables: rich cuts a table to 80 columns when the output is not a terminal (piped into a file or
   ``less``); :func:`console` gives such output the width the content needs.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import Optional, TextIO
 
-__all__ = ["console", "hide_flag_types", "PIPE_WIDTH"]
+__all__ = ["console", "hide_flag_types", "escape_help_markup", "PIPE_WIDTH"]
 
 PIPE_WIDTH = 400  # wide enough for every table attnkit prints; rich tables take only the width they need
 
@@ -45,3 +47,30 @@ def hide_flag_types() -> None:
 
     display_type_rich._attnkit_flags_hidden = True
     TyperOption.display_type_rich = display_type_rich
+
+
+def escape_help_markup(app, _done: Optional[set] = None) -> None:
+    """Escape rich markup in the help of ``app``'s commands and their options and arguments, so that text
+    in square brackets ("pip install 'attnkit[bench]'") shows as written. Each help is escaped once, also
+    where one option object serves several commands."""
+    import inspect
+
+    from rich.markup import escape
+
+    done = set() if _done is None else _done
+    for info in app.registered_commands:
+        if info.help:
+            info.help = escape(info.help)
+        callback = info.callback
+        if callback is None:
+            continue
+        if callback.__doc__ and not info.help:
+            callback.__doc__ = escape(callback.__doc__)
+        for parameter in inspect.signature(callback).parameters.values():
+            default = parameter.default
+            if getattr(default, "help", None) and id(default) not in done:
+                done.add(id(default))
+                default.help = escape(default.help)
+    for group in app.registered_groups:  # sub-commands such as ``attnkit data fetch``
+        if group.typer_instance is not None:
+            escape_help_markup(group.typer_instance, done)

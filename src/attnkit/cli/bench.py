@@ -14,6 +14,9 @@ def parse_list(text: Optional[str], name: str, cast=str) -> Optional[list]:
     if text is None:
         return None
     items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"--{name} {text!r} names nothing; pass a comma-separated list or leave it out "
+                         "for the default")
     try:
         return [cast(t) for t in items]
     except ValueError:

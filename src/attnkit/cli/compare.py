@@ -65,8 +65,8 @@ def register(app: typer.Typer) -> None:
         max_steps: Optional[int] = typer.Option(
             None, "--max-steps", help="Hard cap on optimizer steps per run."
         ),
-        out: Optional[Path] = typer.Option(
-            None, "--out", help="Run directory (default runs/compare-<task>-<preset>)."
+        out: Optional[str] = typer.Option(  # a str: typer would read "" as Path("."), the working directory
+            None, "--out", help="Run directory (default runs/compare-<task>-<preset>).", metavar="<path>"
         ),
         resume: bool = typer.Option(
             False, "--resume", help="Continue the run in --out (finished runs are skipped)."
@@ -94,10 +94,12 @@ def register(app: typer.Typer) -> None:
         from attnkit.runner.compare import run_compare, saved_config
         from attnkit.runner.config import build_config, load_config_file
 
+        if out is not None and not out.strip():
+            raise ValueError("--out is empty; pass a run directory such as runs/my-compare")
         overrides = parse_set(set_)
         given = {
             "task": task, "mechanisms": mechanisms, "seeds": seeds, "preset": preset, "max_steps": max_steps,
-            "out": None if out is None else str(out), "progress": progress, "log_with": log_with,
+            "out": out, "progress": progress, "log_with": log_with,
             "resume": resume or None, "overwrite": overwrite or None, "align": align,
         }
         clash = sorted(k for k, v in given.items() if v is not None and k in overrides)

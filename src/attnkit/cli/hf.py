@@ -23,12 +23,15 @@ def _check_out(out: Path, overwrite: bool) -> None:
         )
 
 
-def check_mechanism(mechanism: Optional[str]) -> None:
-    """Reject an unknown ``--mechanism`` before any model is loaded (the error lists the valid names)."""
+def check_mechanism(
+    mechanism: Optional[str], u0: Optional[float] = None, sinkhorn_iters: Optional[int] = None
+) -> None:
+    """Reject an unknown ``--mechanism`` (the error lists the valid names) and a ``--u0`` or
+    ``--sinkhorn-iters`` it cannot take before any model is loaded."""
     if mechanism is not None:
-        from attnkit import resolve_mechanism
+        from attnkit.registry import resolve_options
 
-        resolve_mechanism(mechanism)
+        resolve_options(mechanism, u0=u0, sinkhorn_iters=sinkhorn_iters, learnable_u=True)
 
 
 def check_dataset(dataset: str, cache_dir: Optional[str], download: bool) -> None:
@@ -43,6 +46,22 @@ def check_dataset(dataset: str, cache_dir: Optional[str], download: bool) -> Non
             f"dataset {info.name!r} is not in the cache; pass --download to fetch it now, or run "
             f"`attnkit data fetch {info.name}` first"
         )
+
+
+def _quiet_load(model_dir: str):
+    """``attnkit.hf.load`` without transformers' "Loading weights" progress bar (an encoder loads in about a
+    second; the bar would stand on stderr above any error about the options)."""
+    from transformers.utils import logging as hf_logging
+
+    import attnkit.hf as akhf
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return akhf.load(model_dir)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def convert_directory(
@@ -61,11 +80,11 @@ def convert_directory(
     import attnkit.hf as akhf
     from attnkit.hf.checks import check_model_dir
 
-    check_mechanism(mechanism)
+    check_mechanism(mechanism, u0, sinkhorn_iters)
     check_model_dir(model_dir, "MODEL_DIR")
     out_path = Path(out)
     _check_out(out_path, overwrite)
-    model = akhf.load(model_dir)
+    model = _quiet_load(model_dir)
     akhf.convert(model, mechanism, u0=u0, layers=layers, sinkhorn_iters=sinkhorn_iters)
     out_path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_path)

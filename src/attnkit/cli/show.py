@@ -27,8 +27,8 @@ def register(app: typer.Typer) -> None:
             ..., help="A run directory of attnkit compare, or a (converted) model directory."
         ),
         text: str = typer.Option(..., "--text", help="The text to look at."),
-        out: Path = typer.Option(
-            Path("attention-view"), "--out", help="Output directory (HTML + bertviz files)."
+        out_text: str = typer.Option(  # a str: typer would read "" as Path("."), the working directory
+            "attention-view", "--out", help="Output directory (HTML + bertviz files).", metavar="<path>"
         ),
         mechanisms: Optional[str] = typer.Option(
             None, help="Comma-separated mechanisms (run: those of the run; stock model: softmax,dnas,hnas)."
@@ -50,6 +50,9 @@ def register(app: typer.Typer) -> None:
             write_bertviz,
         )
 
+        if not out_text.strip():
+            raise ValueError("--out is empty; pass a directory such as attention-view")
+        out = Path(out_text)
         head_list, layer_list = _ints(heads, "heads"), _ints(layers, "layers")
         names = [m.strip() for m in mechanisms.split(",") if m.strip()] if mechanisms else None
         src = Path(source)

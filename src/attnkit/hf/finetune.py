@@ -91,6 +91,10 @@ class FinetuneConfig:
                 f"u0={self.u0} is only used by mechanism 'hnas', got {self.mechanism!r}; drop "
                 "--u0"
             )
+        if self.u0 is not None:  # its range, before any model is loaded
+            from ..registry import resolve_options
+
+            resolve_options("hnas", u0=self.u0, learnable_u=True)
         positive = {"batch_size": self.batch_size, "max_length": self.max_length}
         if self.max_steps is not None:
             positive["max_steps"] = self.max_steps
