@@ -217,3 +217,14 @@ def test_convert_prints_only_the_error_line(tiny_bert, tmp_path, capsys):
         code = exc.code
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith("error: layers=[7]"), err
+
+
+def test_a_failed_finetune_leaves_no_empty_out(tiny_bert, tmp_path, capsys):
+    out = tmp_path / "run"
+    bad = tmp_path / "bad-data"  # a dataset folder without its files: fails after --out was created
+    bad.mkdir()
+    _error(capsys, ["finetune", "--model", str(tiny_bert), "--dataset", str(bad), "--out", str(out)])
+    assert not out.exists()
+    out.mkdir()  # a directory the user made stays
+    _error(capsys, ["finetune", "--model", str(tiny_bert), "--dataset", str(bad), "--out", str(out)])
+    assert out.is_dir()

