@@ -143,3 +143,21 @@ def test_tiny_model_overfits_tiny_dataset(mechanism):
         losses.append(loss.item())
     assert losses[-1] < losses[0] / 20, losses[::10]
     assert (model.eval()(ids, mask).argmax(-1) == labels).all()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(d_model=0), "d_model=0; expected a positive integer"),
+        (dict(d_model=8.0), "d_model=8.0; expected a positive integer"),
+        (dict(norm_first="yes"), "norm_first='yes': expected True or False"),
+    ],
+)
+def test_bad_sizes_and_flags_raise_clear_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TransformerClassifier(10, 2, **kwargs)
+
+
+def test_empty_sequence_is_refused_at_the_boundary():
+    with pytest.raises(ValueError, match=r"input_ids has shape \(2, 0\): length 0"):
+        _model()(torch.zeros(2, 0, dtype=torch.long))

@@ -86,3 +86,66 @@ def test_loss_matches_torch_and_refuses_infeasible_targets():
 def test_frames_needed_counts_blanks_between_repeats():
     assert ctc_frames_needed([1, 1, 2, 2, 2, 3]) == 9
     assert ctc_frames_needed([]) == 0
+
+
+def _ctc_model() -> CTCModel:
+    torch.manual_seed(0)
+    return CTCModel(12, 6, embed_dim=8, hidden_dim=8, num_layers=1).eval()
+
+
+def test_empty_batch_runs():
+    log_probs, frames = _ctc_model()(torch.zeros(0, 4, dtype=torch.long))
+    assert log_probs.shape == (0, 8, 6) and frames.shape == (0,)
+    assert _ctc_model().decode(torch.zeros(0, 4, dtype=torch.long)) == []
+
+
+def test_float64_model_gives_float64_log_probs():
+    log_probs, _ = _ctc_model().double()(torch.tensor([[3, 4]]))
+    assert log_probs.dtype == torch.float64
+
+
+@pytest.mark.parametrize(
+    "targets, lengths, message",
+    [
+        (
+            [[0, 2], [3, 0]],
+            [2, 1],
+            "target 0 holds label 0; labels are ids in \\[0, 6\\) other than blank_id=0",
+        ),
+        ([[6, 2], [3, 0]], [2, 1], "target 0 holds label 6"),
+        ([[-1, 2], [3, 0]], [2, 1], "target 0 holds label -1"),
+        ([[1, 2], [3, 0]], [3, 1], r"target_lengths\[0\]=3; expected a length in \[0, S=2\]"),
+        ([[1, 2], [3, 0]], [2], r"do not match the batch of 2 sources"),
+    ],
+)
+def test_loss_refuses_labels_and_lengths_it_cannot_score(targets, lengths, message):
+    src = torch.tensor([[3, 4, 5], [6, 7, 0]])
+    with pytest.raises(ValueError, match=message):
+        _ctc_model().loss(src, None, torch.tensor(targets), torch.tensor(lengths))
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m: m(torch.tensor([[3, 0, 5]])), "src_mask row 0 has padding before a real token"),
+        (
+            lambda m: m.loss(
+                torch.zeros(0, 2, dtype=torch.long),
+                None,
+                torch.zeros(0, 1, dtype=torch.long),
+                torch.zeros(0, dtype=torch.long),
+            ),
+            r"empty batch \(B=0\)",
+        ),
+        (lambda m: m.decode(torch.tensor([[3]]), beam_width=True), "beam_width=True"),
+        (lambda m: CTCModel(5, 5, pad_id=7), r"pad_id=7; expected an id in \[0, src_vocab_size\)"),
+        (lambda m: ctc_greedy_decode(torch.zeros(1, 3, 4), torch.tensor([5])), r"frame count in \[0, T=3\]"),
+        (
+            lambda m: ctc_prefix_beam_search(torch.zeros(3, 4), blank_id=9),
+            r"blank_id=9; expected an id in \[0, V\)",
+        ),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(_ctc_model())

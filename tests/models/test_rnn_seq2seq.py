@@ -117,3 +117,48 @@ def test_tiny_copy_model_reaches_exact_held_out_accuracy():
     out, _ = model.greedy_decode(test_src, test_mask, max_len=8)
     preds = ["".join(vocab.decode_ids(row)) for row in out.tolist()]
     assert preds == data.test_tgt
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_empty_batch_runs(attention):
+    model = _model(attention)
+    src, tgt = torch.zeros(0, 4, dtype=torch.long), torch.ones(0, 3, dtype=torch.long)
+    logits, weights = model(src, None, tgt)
+    assert logits.shape == (0, 3, 8) and (weights is None or weights.shape == (0, 3, 4))
+    tokens, align = model.greedy_decode(src, max_len=3)
+    assert tokens.shape[0] == 0 and (align is None or align.shape[0] == 0)
+
+
+@pytest.mark.parametrize(
+    "src, mask",
+    [
+        (torch.tensor([[4, 0, 5]]), None),  # a pad id inside the source
+        (torch.tensor([[0, 4, 5]]), torch.tensor([[False, True, True]])),  # left padding
+    ],
+)
+def test_padding_before_a_real_token_is_refused(src, mask):
+    """The packed encoder reads the first ``length`` tokens: any other mask would be read wrongly."""
+    model = _model("additive")
+    with pytest.raises(ValueError, match="src_mask row 0 has padding before a real token"):
+        model(src, mask, torch.tensor([[1, 4]]))
+    with pytest.raises(ValueError, match="src_mask row 0 has padding before a real token"):
+        model.beam_search(src, mask, beam_width=2, max_len=3)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m: m(torch.tensor([[4, 5]]), None, torch.ones(1, 0, dtype=torch.long)), "length 0"),
+        (
+            lambda m: m(torch.tensor([[4, 5]]), None, torch.ones(2, 2, dtype=torch.long)),
+            "batch 2 but src_ids has 1",
+        ),
+        (
+            lambda m: RNNSeq2Seq(3, 10, pad_id=5),
+            r"pad_id=5; expected an id in \[0, src_vocab_size\) = \[0, 3\)",
+        ),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(_model("dot"))

@@ -163,3 +163,8 @@ def test_tiny_model_overfits_tiny_mlu(mechanism):
     assert (out[torch.arange(16), lengths] == tok.eos_id).all()
     after = torch.arange(out.shape[1])[None, :] > lengths[:, None]
     assert (out[after] == tok.pad_id).all()
+
+
+def test_bad_d_model_raises_a_clear_error():
+    with pytest.raises(ValueError, match="d_model=0; expected a positive integer"):
+        Seq2SeqTransformer(10, 10, d_model=0)

@@ -11,7 +11,19 @@ from torch import Tensor, nn
 from ..config import MechanismLike
 from ..registry import config_label
 
-__all__ = ["PerLayer", "per_layer", "label", "check_positive_int", "check_ids_and_mask", "TokenEmbedding"]
+__all__ = [
+    "PerLayer",
+    "per_layer",
+    "label",
+    "check_positive_int",
+    "describe",
+    "check_id",
+    "check_token_ids",
+    "check_ids_and_mask",
+    "check_prefix_mask",
+    "check_loss_batch",
+    "TokenEmbedding",
+]
 
 PerLayer = Union[MechanismLike, Sequence[MechanismLike]]
 
@@ -36,6 +48,36 @@ def check_positive_int(name: str, value) -> None:
         raise ValueError(f"{name}={value!r}; expected a positive integer")
 
 
+def describe(value) -> str:
+    """``"(2, 3) torch.int64"`` for a tensor, the type name otherwise (for error messages)."""
+    return f"{tuple(value.shape)} {value.dtype}" if isinstance(value, Tensor) else type(value).__name__
+
+
+def check_id(name: str, value, vocab_size: int, vocab_name: str = "vocab_size") -> None:
+    """A special token id (``pad_id``, ``bos_id`` ...): an integer in ``[0, vocab_size)``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+        raise ValueError(f"{name}={value!r}; expected an id in [0, {vocab_name}) = [0, {vocab_size})")
+
+
+def check_token_ids(
+    ids, dim: int, vocab_size: int, name: str, shape: str, of: str = "the vocabulary has"
+) -> None:
+    """``ids`` is a LongTensor of ``dim`` dimensions (``shape`` names them) with ids in ``[0, vocab_size)``.
+
+    ``of`` precedes the count in the message (``"the vocabulary has"``, ``"num_classes is"``). The range
+    check is one fused ``aminmax`` and one host sync (an id out of range would otherwise be an opaque
+    ``IndexError``, or a device-side assert on CUDA).
+    """
+    if not isinstance(ids, Tensor) or ids.dim() != dim or ids.dtype != torch.long:
+        raise ValueError(f"{name} is {describe(ids)}; expected a LongTensor {shape} of ids")
+    if ids.numel():
+        low, high = torch.stack(torch.aminmax(ids)).tolist()
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"{name} holds ids in [{low}, {high}] but {of} {vocab_size} (ids 0 .. {vocab_size - 1})"
+            )
+
+
 def check_ids_and_mask(
     ids: Tensor,
     mask: Optional[Tensor],
@@ -50,16 +92,14 @@ def check_ids_and_mask(
         got = f"{tuple(ids.shape)} {ids.dtype}" if isinstance(ids, Tensor) else type(ids).__name__
         raise ValueError(f"{ids_name} is {got}; expected a LongTensor (B, L) of token ids")
     B, L = ids.shape
+    if L == 0:
+        raise ValueError(f"{ids_name} has shape {tuple(ids.shape)}: length 0; give at least one token")
     if L > max_len:
         raise ValueError(
             f"{ids_name} has length {L} > max_len={max_len}; truncate the input or build the model "
             f"with max_len >= {L}"
         )
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        raise ValueError(
-            f"{ids_name} holds ids in [{int(ids.min())}, {int(ids.max())}] but the vocabulary has "
-            f"{vocab_size} entries"
-        )
+    check_token_ids(ids, 2, vocab_size, ids_name, "(B, L)")
     if mask is None:
         return ids != pad_id
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != (B, L):
@@ -68,6 +108,34 @@ def check_ids_and_mask(
             f"{mask_name} is {got}; expected a BoolTensor (B, L) = ({B}, {L}) with True = real token"
         )
     return mask
+
+
+def check_prefix_mask(mask: Tensor, name: str) -> Tensor:
+    """Lengths ``(B,)`` of a mask ``(B, L)`` whose real tokens come first (what packed RNNs read).
+
+    One host sync checks both that every row has a real token and that no row has padding before a real
+    token (a ``pad_id`` inside a sentence counts as padding); either would otherwise be read wrongly.
+    """
+    B, L = mask.shape
+    lengths = mask.sum(dim=1)  # (B,)
+    prefix = torch.arange(L, device=mask.device) < lengths[:, None]  # (B, L)
+    if B:
+        empty, holes = torch.stack([(lengths < 1).any(), (mask != prefix).any()]).tolist()
+        if empty:
+            raise ValueError(f"{name} has a row with no real token; every source needs at least one token")
+        if holes:
+            row = int((mask != prefix).any(1).nonzero()[0])
+            raise ValueError(
+                f"{name} row {row} has padding before a real token; put the real tokens first and the "
+                "padding after them (a pad_id inside a sequence counts as padding)"
+            )
+    return lengths
+
+
+def check_loss_batch(batch: int, name: str) -> None:
+    """A loss is a mean over the batch: an empty batch has none (it would be NaN)."""
+    if batch == 0:
+        raise ValueError(f"{name} is an empty batch (B=0); the loss is a mean over examples: skip the batch")
 
 
 class TokenEmbedding(nn.Module):

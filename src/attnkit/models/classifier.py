@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..registry import resolve_mechanism
+from ..validators import check_bool
 from ..nn import SinusoidalPositionalEncoding, TransformerEncoder, TransformerEncoderLayer
 from .building_blocks import (
     PerLayer,
@@ -65,10 +66,12 @@ class TransformerClassifier(nn.Module):
         for name, value in (
             ("vocab_size", vocab_size),
             ("num_classes", num_classes),
+            ("d_model", d_model),
             ("num_layers", num_layers),
             ("max_len", max_len),
         ):
             check_positive_int(name, value)
+        check_bool(norm_first, f"norm_first={norm_first!r}")
         if pooling not in POOLINGS:
             raise ValueError(f"pooling={pooling!r}; expected one of {POOLINGS}")
         mechanisms = [resolve_mechanism(m) for m in per_layer(mechanism, num_layers, "mechanism")]

@@ -32,7 +32,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from .building_blocks import check_ids_and_mask, check_positive_int
+from .building_blocks import (
+    check_id,
+    check_ids_and_mask,
+    check_loss_batch,
+    check_positive_int,
+    check_prefix_mask,
+    describe,
+)
 
 __all__ = ["CTCModel", "ctc_greedy_decode", "ctc_prefix_beam_search", "ctc_frames_needed"]
 
@@ -54,10 +61,18 @@ def ctc_greedy_decode(
             f"log_probs must be a (B, T, V) tensor, got {getattr(log_probs, 'shape', type(log_probs))}"
         )
     B, T, _ = log_probs.shape
-    lengths = torch.full((B,), T) if lengths is None else lengths
+    if lengths is None:
+        lengths = torch.full((B,), T)
+    if not isinstance(lengths, Tensor) or tuple(lengths.shape) != (B,) or lengths.is_floating_point():
+        raise ValueError(
+            f"lengths is {describe(lengths)}; expected an integer tensor (B,) = ({B},) of frame counts"
+        )
+    counts = lengths.tolist()
+    if any(not 0 <= n <= T for n in counts):
+        raise ValueError(f"lengths holds {counts}; each is a frame count in [0, T={T}]")
     best = log_probs.argmax(dim=-1).tolist()  # (B, T)
     out = []
-    for row, n in zip(best, lengths.tolist()):
+    for row, n in zip(best, counts):
         labels, prev = [], None
         for token in row[:n]:
             if token != prev and token != blank_id:
@@ -89,6 +104,7 @@ def ctc_prefix_beam_search(log_probs: Tensor, beam_width: int = 8, blank_id: int
         raise ValueError(
             f"log_probs must be a (T, V) tensor, got {getattr(log_probs, 'shape', type(log_probs))}"
         )
+    check_id("blank_id", blank_id, log_probs.shape[1], "V")
     lp = log_probs.double().tolist()
     beams: dict[tuple, tuple[float, float]] = {(): (0.0, -math.inf)}  # prefix -> (p_b, p_nb)
     for frame in lp:
@@ -154,8 +170,8 @@ class CTCModel(nn.Module):
             raise ValueError(f"cell={cell!r}: expected 'gru' or 'lstm'")
         if hidden_dim % 2:
             raise ValueError(f"hidden_dim={hidden_dim} must be even (hidden_dim/2 per direction)")
-        if isinstance(blank_id, bool) or not isinstance(blank_id, int) or not 0 <= blank_id < tgt_vocab_size:
-            raise ValueError(f"blank_id={blank_id!r}: expected an id in [0, {tgt_vocab_size})")
+        check_id("blank_id", blank_id, tgt_vocab_size, "tgt_vocab_size")
+        check_id("pad_id", pad_id, src_vocab_size, "src_vocab_size")
         self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         self.cell_type, self.upsample, self.pad_id, self.blank_id = cell, upsample, pad_id, blank_id
         self.embed = nn.Embedding(src_vocab_size, embed_dim, padding_idx=pad_id)
@@ -170,17 +186,19 @@ class CTCModel(nn.Module):
         src_mask = check_ids_and_mask(
             src_ids, src_mask, self.src_vocab_size, _MAX_LEN, self.pad_id, "src_ids", "src_mask"
         )
-        lengths = src_mask.sum(dim=1)  # (B,)
-        if int(lengths.min()) < 1:
-            raise ValueError("src_mask has a row with no real token; every source needs at least one token")
+        lengths = check_prefix_mask(src_mask, "src_mask")  # (B,)
         B, Ls = src_ids.shape
-        packed = pack_padded_sequence(
-            self.embed(src_ids), lengths.cpu(), batch_first=True, enforce_sorted=False
-        )
-        out, _ = self.encoder(packed)
-        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=Ls)  # (B, Ls, hidden)
+        if B:
+            packed = pack_padded_sequence(
+                self.embed(src_ids), lengths.cpu(), batch_first=True, enforce_sorted=False
+            )
+            out, _ = self.encoder(packed)
+            memory, _ = pad_packed_sequence(out, batch_first=True, total_length=Ls)  # (B, Ls, hidden)
+        else:  # nothing to pack
+            memory = self.output.weight.new_zeros(0, Ls, self.output.in_features)
         logits = self.output(memory).reshape(B, Ls * self.upsample, self.tgt_vocab_size)  # (B, T, V)
-        return F.log_softmax(logits.float(), dim=-1), lengths * self.upsample
+        dtype = torch.promote_types(logits.dtype, torch.float32)  # half -> float32, float64 stays
+        return F.log_softmax(logits.to(dtype), dim=-1), lengths * self.upsample
 
     def loss(
         self, src_ids: Tensor, src_mask: Optional[Tensor], targets: Tensor, target_lengths: Tensor
@@ -188,8 +206,30 @@ class CTCModel(nn.Module):
         """Mean over the batch of ``-log p(target | source)``; ``targets (B, S)`` padded, ``target_lengths
         (B,)``."""
         log_probs, frames = self(src_ids, src_mask)
+        B = log_probs.shape[0]
+        check_loss_batch(B, "src_ids")
+        if not isinstance(targets, Tensor) or targets.dim() != 2 or targets.dtype != torch.long:
+            raise ValueError(f"targets is {describe(targets)}; expected a LongTensor (B, S) of padded labels")
+        if not isinstance(target_lengths, Tensor) or target_lengths.is_floating_point():
+            raise ValueError(f"target_lengths is {describe(target_lengths)}; expected an integer tensor (B,)")
+        S = targets.shape[1]
+        if targets.shape[0] != B or tuple(target_lengths.shape) != (B,):
+            raise ValueError(
+                f"targets {tuple(targets.shape)} and target_lengths {tuple(target_lengths.shape)} do not "
+                f"match the batch of {B} sources; expected (B, S) = ({B}, S) and (B,) = ({B},)"
+            )
+        rows = targets.tolist()
         for b, (n, t) in enumerate(zip(target_lengths.tolist(), frames.tolist())):
-            need = ctc_frames_needed(targets[b, :n].tolist())
+            if not 0 <= n <= S:
+                raise ValueError(f"target_lengths[{b}]={n}; expected a length in [0, S={S}]")
+            labels = rows[b][:n]
+            bad = [c for c in labels if c == self.blank_id or not 0 <= c < self.tgt_vocab_size]
+            if bad:
+                raise ValueError(
+                    f"target {b} holds label {bad[0]}; labels are ids in [0, {self.tgt_vocab_size}) other "
+                    f"than blank_id={self.blank_id}"
+                )
+            need = ctc_frames_needed(labels)
             if need > t:
                 raise ValueError(
                     f"target {b} needs {need} CTC frames but its source gives {t} ({t // self.upsample} "
@@ -204,6 +244,7 @@ class CTCModel(nn.Module):
         self, src_ids: Tensor, src_mask: Optional[Tensor] = None, beam_width: int = 1
     ) -> list[list[int]]:
         """Labels per example: best path for ``beam_width=1``, prefix beam search otherwise."""
+        check_positive_int("beam_width", beam_width)
         log_probs, frames = self(src_ids, src_mask)
         if beam_width == 1:
             return ctc_greedy_decode(log_probs, frames, self.blank_id)

@@ -17,10 +17,11 @@ Decoder step (the same for all attentions), with ``q = s_{i-1}`` the previous de
     c_i = \mathrm{attend}(s_{i-1}, H), \qquad s_i = \mathrm{RNNCell}([E y_{i-1}; c_i], s_{i-1}), \qquad
     p(y_i \mid y_{<i}, x) = \mathrm{softmax}(W_o \tanh(W_h [s_i; c_i; E y_{i-1}]))
 
-The encoder is a (bidirectional) GRU or LSTM over packed sequences, so padding never enters it; with
-``bidirectional=True`` each direction has ``hidden_dim / 2`` units and ``H`` has ``hidden_dim`` features, the
-size of the decoder state (dot attention needs equal sizes). ``s_0 = tanh(W_0 v)`` with ``v`` the concatenated
-final encoder states.
+The encoder is a (bidirectional) GRU or LSTM over packed sequences, so padding never enters it (a source
+puts its real tokens first and its padding after them; a ``src_mask`` with padding between real tokens is
+refused); with ``bidirectional=True`` each direction has ``hidden_dim / 2`` units and ``H`` has
+``hidden_dim`` features, the size of the decoder state (dot attention needs equal sizes).
+``s_0 = tanh(W_0 v)`` with ``v`` the concatenated final encoder states.
 
 Training: teacher forcing (``forward``). Inference: ``greedy_decode`` (batched) and ``beam_search`` (per
 example, no length normalization, so width 1 is exactly greedy). Both return the alignment matrix
@@ -42,7 +43,7 @@ from ..nn.bilinear import BilinearAttention
 from ..nn.dot import DotAttention
 from ..nn.location import PARAMETERIZATIONS, GMMLocationAttention
 from ..nn.mixed import MixedAttention
-from .building_blocks import check_ids_and_mask, check_positive_int
+from .building_blocks import check_id, check_ids_and_mask, check_positive_int, check_prefix_mask
 
 __all__ = ["RNNSeq2Seq", "ATTENTIONS", "CELLS"]
 
@@ -108,8 +109,8 @@ class RNNSeq2Seq(nn.Module):
                 "would be uniform); use a row-normalized mechanism such as 'softmax'"
             )
         for name, value in (("pad_id", pad_id), ("bos_id", bos_id), ("eos_id", eos_id)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < tgt_vocab_size:
-                raise ValueError(f"{name}={value!r}: expected an id in [0, {tgt_vocab_size})")
+            check_id(name, value, tgt_vocab_size, "tgt_vocab_size")
+        check_id("pad_id", pad_id, src_vocab_size, "src_vocab_size")
         self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         self.hidden_dim, self.cell_type, self.attention_type = hidden_dim, cell, attention
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
@@ -148,10 +149,11 @@ class RNNSeq2Seq(nn.Module):
         src_mask = check_ids_and_mask(
             src_ids, src_mask, self.src_vocab_size, _MAX_LEN, self.pad_id, "src_ids", "src_mask"
         )
-        lengths = src_mask.sum(dim=1)  # (B,)
-        if int(lengths.min()) < 1:
-            raise ValueError("src_mask has a row with no real token; every source needs at least one token")
+        lengths = check_prefix_mask(src_mask, "src_mask")  # (B,)
         B, Ls = src_ids.shape
+        if B == 0:  # nothing to pack
+            memory = self.src_embed.weight.new_zeros(0, Ls, self.hidden_dim)
+            return {"memory": memory, "mask": src_mask, "summary": memory.new_zeros(0, self.hidden_dim)}
         packed = pack_padded_sequence(
             self.src_embed(src_ids), lengths.cpu(), batch_first=True, enforce_sorted=False
         )
@@ -216,6 +218,8 @@ class RNNSeq2Seq(nn.Module):
             tgt_in_ids, tgt_mask, self.tgt_vocab_size, _MAX_LEN, self.pad_id, "tgt_in_ids", "tgt_mask"
         )
         enc = self.encode(src_ids, src_mask)
+        if tgt_in_ids.shape[0] != src_ids.shape[0]:
+            raise ValueError(f"tgt_in_ids has batch {tgt_in_ids.shape[0]} but src_ids has {src_ids.shape[0]}")
         state = self.initial_state(enc)
         logits, weights = [], []
         for t in range(tgt_in_ids.shape[1]):
@@ -262,6 +266,7 @@ class RNNSeq2Seq(nn.Module):
         src_mask = check_ids_and_mask(
             src_ids, src_mask, self.src_vocab_size, _MAX_LEN, self.pad_id, "src_ids", "src_mask"
         )
+        check_prefix_mask(src_mask, "src_mask")
         results, aligns = [], []
         for b in range(src_ids.shape[0]):
             tokens, align = self._beam_one(src_ids[b : b + 1], src_mask[b : b + 1], beam_width, max_len)

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..registry import resolve_mechanism
+from ..validators import check_bool
 from ..nn import Transformer
 from .building_blocks import (
     PerLayer,
@@ -64,11 +65,13 @@ class Seq2SeqTransformer(nn.Module):
         for name, value in (
             ("src_vocab_size", src_vocab_size),
             ("tgt_vocab_size", tgt_vocab_size),
+            ("d_model", d_model),
             ("num_encoder_layers", num_encoder_layers),
             ("num_decoder_layers", num_decoder_layers),
             ("max_len", max_len),
         ):
             check_positive_int(name, value)
+        check_bool(norm_first, f"norm_first={norm_first!r}")
         enc = [
             resolve_mechanism(m)
             for m in per_layer(encoder_mechanism, num_encoder_layers, "encoder_mechanism")
