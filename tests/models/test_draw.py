@@ -1,5 +1,6 @@
 """DRAW generative model and the DRAW-read classifier: shapes, KL, and training under fixed seeds."""
 
+import pytest
 import torch
 
 from attnkit.models import DRAW, DRAWClassifier
@@ -54,3 +55,25 @@ def test_tiny_draw_classifier_learns_where_the_square_is():
     x, y = batch(200)
     logits, windows = model(x)
     assert (logits.argmax(-1) == y).float().mean() > 0.9 and len(windows) == 2
+
+
+def test_generate_follows_the_model_dtype():
+    model = DRAW(height=8, width=8, steps=2, read_n=2, write_n=2, hidden_dim=8, latent_dim=2).double()
+    samples = model.generate(3)
+    assert samples.dtype == torch.float64 and samples.shape == (3, 2, 1, 8, 8)
+    assert model.generate(0).shape == (0, 2, 1, 8, 8)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda d, c: d.generate(-1), "num=-1: expected a number of samples >= 0"),
+        (lambda d, c: d.loss(torch.rand(0, 1, 8, 8)), r"empty batch \(B=0\)"),
+        (lambda d, c: c(torch.rand(2, 3, 8, 8)), r"expected \(B, C=1, H, W\)"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(call, message):
+    draw = DRAW(height=8, width=8, steps=2, read_n=2, write_n=2, hidden_dim=8, latent_dim=2)
+    classifier = DRAWClassifier(8, 8, num_classes=3, read_n=2, steps=2, hidden_dim=8)
+    with pytest.raises(ValueError, match=message):
+        call(draw, classifier)

@@ -1,5 +1,6 @@
 """End-to-end memory network: position encoding, masked memory slots, multi-hop training."""
 
+import pytest
 import torch
 
 from attnkit.data.babi import encode_babi, generate_babi
@@ -50,3 +51,42 @@ def test_tiny_memn2n_learns_single_supporting_fact():
         opt.step()
     logits, _ = model(test.stories, test.questions, test.story_mask)
     assert (logits.argmax(-1) == test.answers).float().mean() > 0.8
+
+
+def test_temporal_index_counts_the_real_sentences_after_each_slot():
+    """The newest real sentence gets temporal row 0 wherever the padding is: left-padded memory gives
+    the same answer as right-padded memory."""
+    torch.manual_seed(0)
+    model = MemN2N(vocab_size=12, dim=6, hops=2, memory_size=4, sentence_len=2)
+    sentences = torch.tensor([[3, 4], [5, 6], [7, 8]])
+    pad = torch.zeros(1, 2, dtype=torch.long)
+    right = torch.cat([sentences, pad])[None]  # (1, 4, 2)
+    left = torch.cat([pad, sentences])[None]
+    q = torch.tensor([[9, 10]])
+    logits_r, att_r = model(right, q, torch.tensor([[True, True, True, False]]))
+    logits_l, att_l = model(left, q, torch.tensor([[False, True, True, True]]))
+    torch.testing.assert_close(logits_l, logits_r)
+    torch.testing.assert_close(att_l[..., 1:], att_r[..., :3])
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda m, s, q, k: m(s + 20, q, k),
+            r"a story or question holds ids in \[1, 23\] but the vocabulary has 20",
+        ),
+        (lambda m, s, q, k: m(s, q - 2, k), r"holds ids in \[-1, "),
+        (lambda m, s, q, k: m(s.float(), q, k), r"stories is .* expected a LongTensor \(B, M, S\)"),
+        (lambda m, s, q, k: m(s[0], q, k), r"expected a LongTensor \(B, M, S\)"),
+        (
+            lambda m, s, q, k: MemN2N(10, position_encoding="no"),
+            "position_encoding='no': expected True or False",
+        ),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(call, message):
+    model = MemN2N(vocab_size=20, dim=4, hops=2, memory_size=3, sentence_len=2)
+    stories = torch.tensor([[[1, 2], [3, 0], [0, 0]]])
+    with pytest.raises(ValueError, match=message):
+        call(model, stories, torch.tensor([[1, 2]]), torch.tensor([[True, True, False]]))

@@ -73,3 +73,27 @@ def test_tiny_ram_learns_under_fixed_seed():
     model.eval()
     x, y = batch(200)
     assert (model(x).logits.argmax(-1) == y).float().mean() > 0.9
+
+
+def _small_ram():
+    torch.manual_seed(0)
+    return RecurrentAttentionModel(
+        num_classes=3, glimpse_size=2, scales=2, glimpses=2, hidden_dim=8, glimpse_dim=8, location_dim=4
+    )
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m: m.loss(torch.rand(2, 1, 8, 8), torch.tensor([0, 3])), r"labels holds ids in \[0, 3\]"),
+        (lambda m: m.loss(torch.rand(2, 1, 8, 8), torch.tensor([0.0, 1.0])), r"expected a LongTensor \(B,\)"),
+        (lambda m: m.loss(torch.rand(2, 1, 8, 8), torch.tensor([0])), r"labels \(1,\) for 2 images"),
+        (lambda m: m.loss(torch.rand(0, 1, 8, 8), torch.zeros(0, dtype=torch.long)), r"empty batch \(B=0\)"),
+        (lambda m: m(torch.rand(2, 3, 8, 8)), r"expected \(B, C=1, H, W\)"),
+        (lambda m: RecurrentAttentionModel(location_std=float("inf")), "location_std=inf"),
+        (lambda m: RecurrentAttentionModel(location_std=True), "location_std=True"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(_small_ram())

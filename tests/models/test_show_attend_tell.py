@@ -76,3 +76,40 @@ def test_beam_search_of_width_one_equals_greedy(data):
     assert 1 <= len(ids3) <= 4
     with pytest.raises(ValueError, match="attention="):
         ShowAttendTell(10, attention="hardest")
+
+
+def _small(attention="soft", vocab_size=10):
+    torch.manual_seed(0)
+    return ShowAttendTell(
+        vocab_size, attention=attention, feature_dim=8, embed_dim=8, hidden_dim=8, attention_dim=8
+    ).eval()
+
+
+IMAGES, TOKENS = torch.rand(2, 1, 8, 8), torch.tensor([[3, 4, 2], [5, 2, 0]])
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m: m(IMAGES, torch.tensor([[3, 10, 2], [5, 2, 0]])), r"tokens holds ids in \[0, 10\]"),
+        (lambda m: m(IMAGES, TOKENS.float()), r"expected a LongTensor \(B, T\)"),
+        (lambda m: m(IMAGES, TOKENS[:, :0]), r"tokens \(B, T >= 1\)"),
+        (lambda m: m(IMAGES, TOKENS[:1]), "with the same B"),
+        (lambda m: m(torch.rand(2, 3, 8, 8), TOKENS), r"expected \(B, C=1, H >= 4, W >= 4\)"),
+        (lambda m: m(torch.rand(2, 1, 3, 3), TOKENS), r"expected \(B, C=1, H >= 4, W >= 4\)"),
+        (lambda m: m.loss(IMAGES[:0], TOKENS[:0]), r"empty batch \(B=0\)"),
+        (lambda m: m.greedy(IMAGES, 0), "max_len=0; expected a positive integer"),
+        (lambda m: m.beam_search(IMAGES[0], 2, 0), "max_len=0; expected a positive integer"),
+        (lambda m: m.beam_search(IMAGES, 2, 3), r"expected one image \(C, H, W\)"),
+        (lambda m: ShowAttendTell(2), "vocab_size=2; expected at least 3"),
+        (lambda m: ShowAttendTell(10, penalty_weight=float("nan")), "penalty_weight=nan"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(_small())
+
+
+def test_beam_wider_than_the_vocabulary_keeps_every_word():
+    words, alphas = _small(vocab_size=3).beam_search(IMAGES[0], beam=5, max_len=3)
+    assert 1 <= len(words) <= 3 and alphas.shape == (len(words), 4)

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn.draw import DRAWRead, DRAWWindow, draw_write, window_from_params
-from .building_blocks import check_positive_int
+from ..validators import check_int
+from .building_blocks import check_loss_batch, check_positive_int
 
 __all__ = ["DRAW", "DRAWOutput"]
 
@@ -111,17 +112,22 @@ class DRAW(nn.Module):
     def loss(self, x: Tensor) -> tuple[Tensor, DRAWOutput]:
         """Mean over images of ``L^x + L^z`` (eqs. 9-12), in nats."""
         out = self(x)
+        check_loss_batch(x.shape[0], "x")
         recon = F.binary_cross_entropy(out.canvases[:, -1], x, reduction="none").flatten(1).sum(1)  # (B,)
         return (recon + out.kl).mean(), out
 
     @torch.no_grad()
     def generate(self, num: int) -> Tensor:
-        """Samples ``z_t ~ N(0, I)`` through the decoder: ``-> (num, T, 1, H, W)`` canvases."""
-        h = c = torch.zeros(num, self.hidden_dim)
-        canvas = torch.zeros(num, 1, self.height, self.width)
+        """Samples ``z_t ~ N(0, I)`` through the decoder: ``-> (num, T, 1, H, W)`` canvases (on the model's
+        device, in its dtype)."""
+        check_int(num, f"num={num!r}", "expected a number of samples >= 0", low=0)
+        weight = self.write_patch.weight  # the samples follow the model's device and dtype
+        h = c = weight.new_zeros(num, self.hidden_dim)
+        canvas = weight.new_zeros(num, 1, self.height, self.width)
         out = []
         for _ in range(self.steps):
-            h, c = self.decoder(torch.randn(num, self.latent_dim), (h, c))
+            z = torch.randn(num, self.latent_dim, device=weight.device, dtype=weight.dtype)
+            h, c = self.decoder(z, (h, c))
             canvas = canvas + self._write(h)[0]
             out.append(torch.sigmoid(canvas))
         return torch.stack(out, 1)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..nn.draw import DRAWRead, DRAWWindow
-from .building_blocks import check_positive_int
+from .building_blocks import check_positive_int, describe
 
 __all__ = ["DRAWClassifier"]
 
@@ -46,7 +46,7 @@ class DRAWClassifier(nn.Module):
             ("hidden_dim", hidden_dim),
         ):
             check_positive_int(name, value)
-        self.steps, self.hidden_dim = steps, hidden_dim
+        self.steps, self.hidden_dim, self.in_channels = steps, hidden_dim, in_channels
         self.read = DRAWRead(hidden_dim, read_n, width, height)
         self.core = nn.GRUCell(in_channels * read_n * read_n, hidden_dim)
         self.classify = nn.Linear(hidden_dim, num_classes)
@@ -58,6 +58,8 @@ class DRAWClassifier(nn.Module):
         self.classify.reset_parameters()
 
     def forward(self, images: Tensor) -> tuple[Tensor, list[DRAWWindow]]:
+        if not isinstance(images, Tensor) or images.dim() != 4 or images.shape[1] != self.in_channels:
+            raise ValueError(f"images are {describe(images)}; expected (B, C={self.in_channels}, H, W)")
         h = images.new_zeros(images.shape[0], self.hidden_dim)
         windows = []
         for _ in range(self.steps):

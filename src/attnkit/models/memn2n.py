@@ -11,7 +11,8 @@ section 2 (eqs. 1-3), 2.2 (adjacent weight tying) and 4.1 (position and temporal
     l_{kj} = (1 - j/J) - (k/d)(1 - 2j/J) \quad (\text{position encoding, sec. } 4.1)
 
 Adjacent tying: ``A^{k+1} = C^k``, ``B = A^1``, ``W^T = C^K`` (K + 1 embedding matrices for K hops).
-Temporal encoding indexes sentences from the most recent one (``i = 0`` is the last sentence).
+Temporal encoding indexes sentences from the most recent real one (``i = 0`` is the last real sentence,
+wherever the padded slots are).
 
 Masks: ``story_mask (B, M)`` True = real sentence; padded slots get attention exactly 0 (eq. 1 over real
 slots only); padded words (id 0) have a zero embedding. Shapes: ``stories (B, M, S)`` word ids, ``questions
@@ -23,7 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .building_blocks import check_positive_int
+from ..validators import check_bool
+from .building_blocks import check_positive_int, check_token_ids, describe
 
 __all__ = ["MemN2N", "position_encoding_matrix"]
 
@@ -58,6 +60,9 @@ class MemN2N(nn.Module):
             ("sentence_len", sentence_len),
         ):
             check_positive_int(name, value)
+        check_bool(position_encoding, f"position_encoding={position_encoding!r}")
+        check_bool(temporal_encoding, f"temporal_encoding={temporal_encoding!r}")
+        self.vocab_size = vocab_size
         self.hops, self.memory_size, self.sentence_len = hops, memory_size, sentence_len
         self.use_position, self.use_temporal = position_encoding, temporal_encoding
         self.embed = nn.ModuleList(nn.Embedding(vocab_size, dim, padding_idx=0) for _ in range(hops + 1))
@@ -82,21 +87,28 @@ class MemN2N(nn.Module):
         return (self.embed[k](ids) * self.pe).sum(-2)  # (..., S, d) -> (..., d)
 
     def forward(self, stories: Tensor, questions: Tensor, story_mask: Tensor) -> tuple[Tensor, Tensor]:
+        for name, ids, shape in (("stories", stories, "(B, M, S)"), ("questions", questions, "(B, S)")):
+            if not isinstance(ids, Tensor) or ids.dim() != len(shape.split(",")) or ids.dtype != torch.long:
+                raise ValueError(f"{name} is {describe(ids)}; expected a LongTensor {shape} of word ids")
         B, M, S = stories.shape
         if S != self.sentence_len or M > self.memory_size:
             raise ValueError(
                 f"stories have shape {tuple(stories.shape)}; "
                 f"expected (B, M <= {self.memory_size}, {self.sentence_len})"
             )
-        if questions.shape != (B, S) or story_mask.shape != (B, M) or story_mask.dtype != torch.bool:
+        mask_ok = (
+            isinstance(story_mask, Tensor) and story_mask.shape == (B, M) and story_mask.dtype == torch.bool
+        )
+        if questions.shape != (B, S) or not mask_ok:
             raise ValueError(
-                f"questions {tuple(questions.shape)}, "
-                f"story_mask {tuple(story_mask.shape)} {story_mask.dtype}; "
+                f"questions {tuple(questions.shape)}, story_mask {describe(story_mask)}; "
                 f"expected ({B}, {S}) and bool ({B}, {M})"
             )
-        # temporal index: 0 for the most recent real sentence
-        n_real = story_mask.sum(-1, keepdim=True)  # (B, 1)
-        age = (n_real - 1 - torch.arange(M, device=stories.device)).clamp(0, self.memory_size - 1)  # (B, M)
+        words = torch.cat([stories.flatten(), questions.flatten()])  # one fused range check, one host sync
+        check_token_ids(words, 1, self.vocab_size, "a story or question", "")
+        # temporal index: 0 for the most recent real sentence, i.e. the number of real sentences after slot i
+        after = story_mask.flip(-1).long().cumsum(-1).flip(-1) - story_mask.long()  # (B, M)
+        age = after.clamp(0, self.memory_size - 1)  # (B, M)
         u = self._encode(0, questions)  # (B, d)
         attention = []
         for k in range(self.hops):

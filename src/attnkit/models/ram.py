@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn.hard import reinforce_loss
-from .building_blocks import check_positive_int
+from ..validators import check_number
+from .building_blocks import check_loss_batch, check_positive_int, check_token_ids, describe
 
 __all__ = ["RAMOutput", "RecurrentAttentionModel", "glimpse_sensor", "location_to_pixels"]
 
@@ -111,10 +112,15 @@ class RecurrentAttentionModel(nn.Module):
             ("location_dim", location_dim),
         ):
             check_positive_int(name, value)
-        if not location_std > 0:
-            raise ValueError(f"location_std={location_std!r}; expected a standard deviation > 0")
-        self.size, self.scales, self.steps, self.std = glimpse_size, scales, glimpses, float(location_std)
-        self.hidden_dim = hidden_dim
+        std = check_number(
+            location_std,
+            f"location_std={location_std!r}",
+            "expected a standard deviation > 0",
+            low=0.0,
+            low_open=True,
+        )
+        self.size, self.scales, self.steps, self.std = glimpse_size, scales, glimpses, std
+        self.hidden_dim, self.num_classes, self.in_channels = hidden_dim, num_classes, in_channels
         self.theta_g = nn.Linear(scales * in_channels * glimpse_size**2, glimpse_dim)
         self.theta_l = nn.Linear(2, location_dim)
         self.glimpse_g = nn.Linear(glimpse_dim, hidden_dim)
@@ -131,6 +137,12 @@ class RecurrentAttentionModel(nn.Module):
             module.reset_parameters()
 
     def forward(self, images: Tensor) -> RAMOutput:
+        if not isinstance(images, Tensor) or images.dim() != 4 or not images.is_floating_point():
+            raise ValueError(f"images are {describe(images)}; expected a floating tensor (B, C, H, W)")
+        if images.shape[1] != self.in_channels:
+            raise ValueError(
+                f"images have shape {tuple(images.shape)}; expected (B, C={self.in_channels}, H, W)"
+            )
         B = images.shape[0]
         h = images.new_zeros(B, self.hidden_dim)
         locs, log_probs, baselines, glimpses = [], [], [], []
@@ -159,7 +171,11 @@ class RecurrentAttentionModel(nn.Module):
 
     def loss(self, images: Tensor, labels: Tensor) -> tuple[Tensor, RAMOutput]:
         """Cross-entropy + REINFORCE (eq. 2, reward = correct class) + baseline regression."""
+        check_token_ids(labels, 1, self.num_classes, "labels", "(B,)", "num_classes is")  # one fused sync
         out = self(images)
+        check_loss_batch(out.logits.shape[0], "images")
+        if labels.shape[0] != out.logits.shape[0]:
+            raise ValueError(f"labels {tuple(labels.shape)} for {out.logits.shape[0]} images; expected (B,)")
         ce = F.cross_entropy(out.logits, labels)
         reward = (out.logits.argmax(-1) == labels).float()  # (B,)
         T = out.log_probs.shape[1]

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn.hard import HardAttention, MovingAverageBaseline, hard_attention, reinforce_loss
-from .building_blocks import check_positive_int
+from ..validators import check_number
+from .building_blocks import check_loss_batch, check_positive_int, check_token_ids, describe
 
 __all__ = ["ATTENTIONS", "CaptionLoss", "ShowAttendTell"]
 
@@ -89,11 +90,20 @@ class ShowAttendTell(nn.Module):
             ("attention_dim", attention_dim),
         ):
             check_positive_int(name, value)
-        if penalty_weight < 0 or entropy_weight < 0 or reward_weight < 0:
-            raise ValueError("penalty_weight, reward_weight and entropy_weight must be >= 0")
+        if vocab_size <= EOS:
+            raise ValueError(
+                f"vocab_size={vocab_size}; expected at least {EOS + 1} "
+                f"(ids {PAD}, {BOS}, {EOS} are <pad>, <bos>, <eos>)"
+            )
+        for name, value in (
+            ("penalty_weight", penalty_weight),
+            ("reward_weight", reward_weight),
+            ("entropy_weight", entropy_weight),
+        ):
+            check_number(value, f"{name}={value!r}", "expected a number >= 0", low=0.0)
         if not 0.0 <= expectation_prob <= 1.0:
             raise ValueError(f"expectation_prob={expectation_prob!r}; expected a probability in [0, 1]")
-        self.attention_mode = attention
+        self.attention_mode, self.vocab_size, self.in_channels = attention, vocab_size, in_channels
         self.penalty_weight, self.reward_weight = penalty_weight, reward_weight
         self.entropy_weight, self.expectation_prob = entropy_weight, expectation_prob
         self.encoder = nn.Sequential(  # +2 input channels: the (y, x) coordinates of each pixel in [-1, 1]
@@ -126,9 +136,14 @@ class ShowAttendTell(nn.Module):
     # -- pieces ------------------------------------------------------------------------------------------
     def annotations(self, images: Tensor) -> Tensor:
         """``images (B, C, H, W)`` -> ``a (B, L, D)``."""
-        if images.dim() != 4:
-            raise ValueError(f"images have shape {tuple(images.shape)}; expected (B, C, H, W)")
-        B, _, H, W = images.shape
+        if not isinstance(images, Tensor) or images.dim() != 4 or not images.is_floating_point():
+            raise ValueError(f"images are {describe(images)}; expected a floating tensor (B, C, H, W)")
+        B, C, H, W = images.shape
+        if C != self.in_channels or H < 4 or W < 4:
+            raise ValueError(
+                f"images have shape {tuple(images.shape)}; "
+                f"expected (B, C={self.in_channels}, H >= 4, W >= 4) (two 2x2 poolings)"
+            )
         ys = torch.linspace(-1, 1, H, device=images.device, dtype=images.dtype)
         xs = torch.linspace(-1, 1, W, device=images.device, dtype=images.dtype)
         coords = torch.stack(torch.meshgrid(ys, xs, indexing="ij")).expand(B, -1, -1, -1)  # (B, 2, H, W)
@@ -161,7 +176,13 @@ class ShowAttendTell(nn.Module):
     # -- training ------------------------------------------------------------------------------------------
     def forward(self, images: Tensor, tokens: Tensor):
         """Teacher forcing: ``-> logits (B, T, V), alphas (B, T, L), log_probs (B, T), entropies (B, T)``."""
+        check_token_ids(tokens, 2, self.vocab_size, "tokens", "(B, T)")
         B, T = tokens.shape
+        if T == 0 or not isinstance(images, Tensor) or images.shape[:1] != (B,):
+            raise ValueError(
+                f"tokens {tuple(tokens.shape)} and images {describe(images)}; expected tokens (B, T >= 1) "
+                "and images (B, C, H, W) with the same B"
+            )
         a = self.annotations(images)
         state = self._init_state(a)
         prev = torch.full((B,), BOS, dtype=torch.long, device=tokens.device)
@@ -178,6 +199,7 @@ class ShowAttendTell(nn.Module):
 
     def loss(self, images: Tensor, tokens: Tensor) -> CaptionLoss:
         logits, alphas, log_probs, entropies = self(images, tokens)
+        check_loss_batch(tokens.shape[0], "images")
         valid = tokens != PAD  # (B, T)
         token_nll = F.cross_entropy(logits.transpose(1, 2), tokens, reduction="none") * valid  # (B, T)
         nll = token_nll.sum(1)  # (B,) = -log p(y | s, a)
@@ -212,6 +234,7 @@ class ShowAttendTell(nn.Module):
     @torch.no_grad()
     def greedy(self, images: Tensor, max_len: int) -> tuple[Tensor, Tensor]:
         """``-> tokens (B, max_len)`` (padded after ``<eos>``), ``alphas (B, max_len, L)``."""
+        check_positive_int("max_len", max_len)
         B = images.shape[0]
         a = self.annotations(images)
         state = self._init_state(a)
@@ -230,6 +253,9 @@ class ShowAttendTell(nn.Module):
     def beam_search(self, image: Tensor, beam: int = 3, max_len: int = 10) -> tuple[list[int], Tensor]:
         """One image ``(C, H, W)`` -> best word ids (through ``<eos>``) and its alphas ``(T, L)``."""
         check_positive_int("beam", beam)
+        check_positive_int("max_len", max_len)
+        if not isinstance(image, Tensor) or image.dim() != 3:
+            raise ValueError(f"image is {describe(image)}; expected one image (C, H, W)")
         a = self.annotations(image[None])  # (1, L, D)
         state = self._init_state(a)
         beams = [(0.0, [], [], state)]  # (log prob, ids, alphas, state)
@@ -238,7 +264,7 @@ class ShowAttendTell(nn.Module):
             live = [b for b in beams if not (b[1] and b[1][-1] == EOS)]
             if not live:
                 break
-            prev = torch.tensor([b[1][-1] if b[1] else BOS for b in live])
+            prev = torch.tensor([b[1][-1] if b[1] else BOS for b in live], device=image.device)
             h = torch.cat([b[3][0] for b in live])
             c = torch.cat([b[3][1] for b in live])
             logits, (h, c), alpha, _, _ = self._step(
@@ -247,7 +273,7 @@ class ShowAttendTell(nn.Module):
             logp = torch.log_softmax(logits, -1)  # (k, V)
             candidates = []
             for i, (score, ids, al, _) in enumerate(live):
-                top = logp[i].topk(beam)
+                top = logp[i].topk(min(beam, self.vocab_size))
                 for lp, w in zip(top.values.tolist(), top.indices.tolist()):
                     candidates.append((score + lp, ids + [w], al + [alpha[i]], (h[i : i + 1], c[i : i + 1])))
             candidates.sort(key=lambda x: -x[0])
