@@ -199,3 +199,38 @@ def test_training_two_linear_maps_lowers_mmd_tenfold(method):
         opt.step()
     after = mmd(*qk()).mean().item()
     assert after * 10 <= before, (before, after)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_float_and_non_binary_masks_are_refused_not_inverted(method):
+    """An additive mask (0 = keep, -inf = padding) cast to bool would swap real tokens and padding."""
+    q, k = torch.randn(2, 2, 5, 3, dtype=torch.float64), torch.randn(2, 2, 5, 3, dtype=torch.float64)
+    mods = _modules(method, 3)
+    additive = torch.zeros(2, 5, dtype=torch.float64)
+    additive[1, 3:] = float("-inf")
+    with pytest.raises(ValueError, match=r"dtype torch.float64; pass a bool mask.*m == 0"):
+        _loss(method, q, k, additive, additive, **mods)
+    with pytest.raises(ValueError, match="values other than 0 and 1"):
+        _loss(method, q, k, torch.full((2, 5), 2), None, **mods)
+    ints = (additive == 0).long()  # a Hugging Face attention_mask: 1 = real token
+    expected = _loss(method, q, k, ints > 0, ints > 0, **mods)
+    torch.testing.assert_close(_loss(method, q, k, ints, ints, **mods), expected)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_mismatched_inputs_are_named(method):
+    q = torch.randn(1, 2, 4, 3, dtype=torch.float64)
+    mods = _modules(method, 3)
+    with pytest.raises(ValueError, match="one dtype on one device"):
+        _loss(method, q, q.float(), **mods)
+    with pytest.raises(ValueError, match="must be floating"):
+        _loss(method, q.long(), q.long(), **mods)
+    with pytest.raises(ValueError, match="must be tensors, got list"):
+        _loss(method, q.tolist(), q, **mods)
+
+
+@pytest.mark.parametrize("method", ("gan", "ct"))
+def test_module_dtype_differing_from_queries_is_named(method):
+    q = torch.randn(1, 2, 4, 3)  # float32; the modules are float64
+    with pytest.raises(ValueError, match=r"parameters are torch.float64 on cpu, q and k torch.float32"):
+        _loss(method, q, q.clone(), **_modules(method, 3))

@@ -214,3 +214,51 @@ def test_model_without_attention_and_loss_before_forward_raise():
     reg.remove()
     with pytest.raises(ValueError, match="was removed"):
         reg.mmd()
+
+
+def test_torch_encoder_in_eval_without_grad_packs_padding_and_still_captures():
+    """torch's TransformerEncoder hands self_attn a nested tensor in eval mode under no_grad when padded."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, 2).eval()
+    x, pad = _batch()
+    with torch.no_grad():
+        before = model(x, src_key_padding_mask=pad)
+    reg = AlignmentRegularizer(model, method="mmd")
+    with torch.no_grad():
+        during = model(x, src_key_padding_mask=pad)
+    assert torch.equal(during, before)
+    packed = reg.mmd_per_head()
+    assert torch.equal(reg._captured[0][1].k_mask, ~pad)
+    model(x, src_key_padding_mask=pad)  # with grad: no nested tensor
+    for a, b in zip(packed, reg.mmd_per_head()):
+        torch.testing.assert_close(a, b)
+
+
+def test_numpy_numbers_are_accepted_and_a_bad_seed_is_named():
+    np = pytest.importorskip("numpy")
+    reg = AlignmentRegularizer(
+        _encoder(), method="gan", weight=np.float32(0.5), hidden=np.int64(4), layers=(np.int64(1),)
+    )
+    assert reg.config.weight == 0.5 and type(reg.config.weight) is float
+    assert reg.config.hidden == 4 and reg.config.layers == (1,)
+    with pytest.raises(ValueError, match="seed=1.5; expected an integer"):
+        AlignmentRegularizer(_encoder(), seed=1.5)
+
+
+@pytest.mark.parametrize("method", ("ot", "mmd"))
+def test_float64_model_keeps_float64_loss(method):
+    model = _encoder().double()
+    x, pad = _batch()
+    reg = AlignmentRegularizer(model, method=method)
+    model(x.double(), src_key_padding_mask=pad)
+    assert reg.loss().dtype == torch.float64
+
+
+def test_regularizer_left_behind_by_to_is_named():
+    model = _encoder()
+    x, pad = _batch()
+    reg = AlignmentRegularizer(model, method="gan").to("meta")  # stands for a model moved without it
+    model(x, src_key_padding_mask=pad)
+    with pytest.raises(ValueError, match=r"discriminator's parameters are torch.float32 on meta.*reg.to"):
+        reg.loss()

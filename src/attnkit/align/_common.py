@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-__all__ = ["grad_reverse", "Highway", "valid_mask", "reduce_heads", "check_pair"]
+__all__ = ["grad_reverse", "Highway", "valid_mask", "reduce_heads", "check_pair", "check_module"]
 
 
 class _GradReverse(torch.autograd.Function):
@@ -63,22 +63,53 @@ class Highway(nn.Module):
         return f"dim={self.dim}"
 
 
-def valid_mask(mask: Optional[Tensor], B: int, L: int, device) -> Tensor:
-    """A boolean ``(B, L)`` mask, True = real token (all True when ``mask`` is None)."""
+def valid_mask(mask: Optional[Tensor], B: int, L: int, device, name: str = "mask") -> Tensor:
+    """A boolean ``(B, L)`` mask, True = real token (all True when ``mask`` is None).
+
+    ``mask`` is bool, or integer with values 0/1 (a Hugging Face ``attention_mask``). Floating masks are
+    refused: an additive mask (0 = keep, -inf = padding) would read as its opposite.
+    """
     if mask is None:
         return torch.ones(B, L, dtype=torch.bool, device=device)
+    if not isinstance(mask, Tensor):
+        raise ValueError(f"{name} must be a bool tensor (B, L) = ({B}, {L}), got {type(mask).__name__}")
     if mask.shape != (B, L):
-        raise ValueError(f"mask has shape {tuple(mask.shape)}, expected (B, L) = ({B}, {L})")
+        raise ValueError(f"{name} has shape {tuple(mask.shape)}, expected (B, L) = ({B}, {L})")
+    if mask.dtype.is_floating_point or mask.dtype.is_complex:
+        raise ValueError(
+            f"{name} has dtype {mask.dtype}; pass a bool mask, True = real token "
+            "(from a 0/1 mask m: m.bool(); from an additive 0/-inf mask m: m == 0)"
+        )
+    if mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):
+        raise ValueError(f"{name} has values other than 0 and 1; pass a bool mask, True = real token")
     return mask.to(device=device, dtype=torch.bool)
 
 
 def check_pair(q: Tensor, k: Tensor) -> None:
-    """``q (B, H, Lq, d)`` and ``k (B, H, Lk, d)`` with equal ``B, H, d``."""
+    """``q (B, H, Lq, d)`` and ``k (B, H, Lk, d)`` with equal ``B, H, d``, floating, of one dtype and
+    device."""
+    if not isinstance(q, Tensor) or not isinstance(k, Tensor):
+        raise ValueError(f"q and k must be tensors, got {type(q).__name__} and {type(k).__name__}")
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(f"q and k must be (B, H, L, d), got shapes {tuple(q.shape)} and {tuple(k.shape)}")
     if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
         raise ValueError(
             f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, heads and head dim (B, H, ., d)"
+        )
+    if not q.dtype.is_floating_point or q.dtype != k.dtype or q.device != k.device:
+        raise ValueError(
+            f"q ({q.dtype}, {q.device}) and k ({k.dtype}, {k.device}) must be floating tensors of one dtype "
+            "on one device; convert both, e.g. k.to(q)"
+        )
+
+
+def check_module(module: nn.Module, x: Tensor, name: str) -> None:
+    """``module``'s parameters have the dtype and device of ``x`` (else matmul fails deep inside)."""
+    p = next(module.parameters(), None)
+    if p is not None and (p.dtype != x.dtype or p.device != x.device):
+        raise ValueError(
+            f"the {name}'s parameters are {p.dtype} on {p.device}, q and k {x.dtype} on {x.device}; move one "
+            f"to the other ({name}.to(q) or q.to(...); an AlignmentRegularizer moves with reg.to(...))"
         )
 
 

@@ -89,7 +89,11 @@ class MultiheadSite(Site):
 
     def _project(self, x: Tensor, key_padding_mask: Optional[Tensor]) -> Captured:
         m = self.module
-        if x.dim() == 2:  # unbatched (L, E)
+        if x.is_nested:  # torch's TransformerEncoder in eval mode packs a padded batch (B, L_b, E)
+            lengths = torch.tensor([t.shape[0] for t in x.unbind()], device=x.device)  # (B,)
+            x = torch.nested.to_padded_tensor(x, 0.0)  # (B, L, E)
+            key_padding_mask = torch.arange(x.shape[1], device=x.device)[None, :] >= lengths[:, None]
+        elif x.dim() == 2:  # unbatched (L, E)
             x = x.unsqueeze(0)
             key_padding_mask = None if key_padding_mask is None else key_padding_mask.reshape(1, -1)
         elif not m.batch_first:  # (L, B, E) -> (B, L, E)

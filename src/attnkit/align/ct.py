@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from ._common import Highway, check_pair, grad_reverse, valid_mask
+from ._common import Highway, check_module, check_pair, grad_reverse, valid_mask
 
 __all__ = ["Critic", "Navigator", "ct_loss", "RHO"]
 
@@ -110,10 +110,12 @@ def ct_loss(
         ``(B, H)`` costs (0 for a sample without real queries or keys).
     """
     check_pair(q, k)
+    check_module(critic, q, "critic")
+    check_module(navigator, q, "navigator")
     B, H, Lq, _ = q.shape
     Lk = k.shape[2]
-    qm = valid_mask(q_mask, B, Lq, q.device)
-    km = valid_mask(k_mask, B, Lk, q.device)
+    qm = valid_mask(q_mask, B, Lq, q.device, "q_mask")
+    km = valid_mask(k_mask, B, Lk, q.device, "k_mask")
     q = q.masked_fill(~qm[:, None, :, None], 0.0)
     k = k.masked_fill(~km[:, None, :, None], 0.0)
     fq, fk = _reversed(critic, q, gamma), _reversed(critic, k, gamma)  # (B, H, Lq, e), (B, H, Lk, e)

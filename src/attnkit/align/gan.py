@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._common import Highway, check_pair, grad_reverse, valid_mask
+from ._common import Highway, check_module, check_pair, grad_reverse, valid_mask
 
 __all__ = ["Discriminator", "gan_loss"]
 
@@ -72,10 +72,11 @@ def gan_loss(
         ``(B, H)`` cross-entropies (0 for a sample without real queries or keys).
     """
     check_pair(q, k)
+    check_module(discriminator, q, "discriminator")
     B, H, Lq, _ = q.shape
     Lk = k.shape[2]
-    qm = valid_mask(q_mask, B, Lq, q.device).to(q.dtype)[:, None, :]  # (B, 1, Lq)
-    km = valid_mask(k_mask, B, Lk, q.device).to(q.dtype)[:, None, :]  # (B, 1, Lk)
+    qm = valid_mask(q_mask, B, Lq, q.device, "q_mask").to(q.dtype)[:, None, :]  # (B, 1, Lq)
+    km = valid_mask(k_mask, B, Lk, q.device, "k_mask").to(q.dtype)[:, None, :]  # (B, 1, Lk)
     logit_q = discriminator(grad_reverse(q, gamma))  # (B, H, Lq)
     logit_k = discriminator(grad_reverse(k, gamma))  # (B, H, Lk)
     bce_q = F.binary_cross_entropy_with_logits(logit_q, torch.zeros_like(logit_q), reduction="none")

@@ -51,8 +51,8 @@ def mmd(
     Lk = k.shape[2]
     if query_mask is None and key_mask is not None and Lq == Lk:
         query_mask = key_mask
-    qm = valid_mask(query_mask, B, Lq, q.device)
-    km = valid_mask(key_mask, B, Lk, q.device)
+    qm = valid_mask(query_mask, B, Lq, q.device, "query_mask")
+    km = valid_mask(key_mask, B, Lk, q.device, "key_mask")
     q = q.masked_fill(~qm[:, None, :, None], 0.0)  # padding never reaches the distances
     k = k.masked_fill(~km[:, None, :, None], 0.0)
     x = torch.cat([q, k], dim=2)  # (B, H, Lq + Lk, d)

@@ -81,8 +81,8 @@ def ot_loss(
     check_pair(q, k)
     B, H, Lq, d = q.shape
     Lk = k.shape[2]
-    qm = valid_mask(q_mask, B, Lq, q.device)
-    km = valid_mask(k_mask, B, Lk, q.device)
+    qm = valid_mask(q_mask, B, Lq, q.device, "q_mask")
+    km = valid_mask(k_mask, B, Lk, q.device, "k_mask")
     real = qm.any(-1) & km.any(-1)  # (B,)
     if not bool(real.any()):
         return q.sum() * 0.0 + q.new_zeros(B, H)

@@ -18,6 +18,7 @@ model (``attnkit.align.capture``), so the model's outputs do not change; ``remov
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -62,31 +63,35 @@ class AlignConfig:
             raise ValueError(f"method={self.method!r}; expected one of {METHODS}")
         for name in ("weight", "rho", "blur", "gamma"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
                 raise ValueError(f"{name}={value!r}; expected a finite number")
+            object.__setattr__(self, name, float(value))  # NumPy scalars become Python floats
         if self.weight < 0:
             raise ValueError(f"weight={self.weight}; expected a number >= 0 (0.01 in the paper)")
         if not 0 <= self.rho <= 1:
             raise ValueError(f"rho={self.rho}; expected a number in [0, 1] (0.5 in the paper)")
         if self.blur <= 0 or self.gamma <= 0:
             raise ValueError(f"blur={self.blur}, gamma={self.gamma}; both must be > 0")
-        for name in ("hidden", "max_tokens"):
+        for name in ("hidden", "max_tokens", "seed"):
             value = getattr(self, name)
             if value is None and name == "max_tokens":
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"{name}={value!r}; expected an integer")
+            if name != "seed" and value < 1:
                 raise ValueError(f"{name}={value!r}; expected an integer >= 1")
+            object.__setattr__(self, name, int(value))  # NumPy integers become Python ints
         if self.layers is not None:
             if isinstance(self.layers, (str, bytes)) or not isinstance(self.layers, (tuple, list)):
                 raise ValueError(f"layers={self.layers!r}; expected None or a sequence of layer indices")
             if not self.layers:
                 raise ValueError("layers=(); pass None for every layer or at least one index")
             for i in self.layers:
-                if isinstance(i, bool) or not isinstance(i, int):
+                if isinstance(i, bool) or not isinstance(i, numbers.Integral):
                     raise ValueError(f"layers={self.layers!r}: {i!r} is not an integer index")
             if len(set(self.layers)) != len(self.layers):
                 raise ValueError(f"layers={self.layers!r} repeats an index")
-            object.__setattr__(self, "layers", tuple(self.layers))
+            object.__setattr__(self, "layers", tuple(int(i) for i in self.layers))
 
 
 class AlignmentRegularizer(nn.Module):
@@ -206,7 +211,10 @@ class AlignmentRegularizer(nn.Module):
 
     def _values(self, index: int, c: Captured) -> Tensor:
         cfg = self.config
-        dtype = next(self.parameters()).dtype if cfg.method in ("gan", "ct") else torch.float32
+        if cfg.method in ("gan", "ct"):
+            dtype = next(self.parameters()).dtype
+        else:  # at least float32 (bfloat16/half models), float64 stays float64
+            dtype = torch.promote_types(c.q.dtype, torch.float32)
         q, k = c.q.to(dtype), c.k.to(dtype)
         if cfg.method == "gan":
             return gan_loss(q, k, self.discriminators[index], c.q_mask, c.k_mask, gamma=cfg.gamma)
