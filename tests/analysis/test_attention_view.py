@@ -154,3 +154,19 @@ def test_show_refuses_an_empty_out_rather_than_writing_into_the_working_director
         main(["show", str(tmp_path), "--text", "goal", "--out", ""])
     assert exc.value.code == 2 and "--out is empty" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_record_attention_names_an_empty_batch_and_a_non_callable():
+    import attnkit as ak
+    from attnkit.analysis.attention_view import record_attention
+    from attnkit.functional import _OBSERVERS
+
+    mha = ak.nn.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(0, 3, 8)
+    with pytest.raises(ValueError, match=r"empty batch \(B = 0\)"):
+        record_attention(lambda: mha(x, x, x))
+    assert not _OBSERVERS
+    with pytest.raises(ValueError, match="forward must be a callable, got tuple"):
+        record_attention(mha(x, x, x))
+    y = torch.randn(2, 3, 8)
+    assert [tuple(w.shape) for w in record_attention(lambda: mha(y, y, y))] == [(2, 3, 3)]

@@ -136,3 +136,52 @@ def test_signed_coda_weights_give_no_nan():
     stats = explain_away(w)
     assert not torch.isnan(stats.log_sums).any()
     assert stats.log_sums[0, 0, 1] == -math.inf and stats.min == pytest.approx(-0.9)
+
+
+def test_nan_rows_of_fully_masked_queries_do_not_reach_the_sums():
+    """torch's softmax of a row with no valid key is NaN; the masks must keep it out (not multiply it)."""
+    s = torch.randn(1, 1, 3, 4, dtype=torch.float64)
+    valid = torch.tensor([[True, True, False, False], [True, True, True, False], [False] * 4])[None, None]
+    w = torch.softmax(s.masked_fill(~valid, float("-inf")), dim=-1)  # row 2 is NaN
+    stats = explain_away(w, query_mask=torch.tensor([[True, True, False]]), valid=valid)
+    expected = explain_away(w[:, :, :2], valid=valid[:, :, :2])
+    assert stats.min == pytest.approx(expected.min) and not math.isnan(stats.min)
+    torch.testing.assert_close(stats.key_sums, expected.key_sums)
+    with pytest.raises(ValueError, match="non-finite values"):
+        explain_away(w)  # unmasked, the NaN row counts
+
+
+def test_no_query_means_no_key_counts():
+    stats = explain_away(torch.zeros(2, 1, 0, 3))
+    assert not stats.valid_keys.any() and math.isnan(stats.min) and stats.fraction_below_eps == 0.0
+
+
+def test_bad_eps_and_integer_weights_raise():
+    w = _weights([[1.0, 0.0]])
+    for eps in (True, float("inf"), float("nan"), 0):
+        with pytest.raises(ValueError, match="eps="):
+            explain_away(w, eps=eps)
+    assert explain_away(w, eps=np.float32(0.5)).fraction_below_eps == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="dtype torch.int64; expected floating"):
+        explain_away(torch.ones(1, 1, 2, 2, dtype=torch.long))
+
+
+def test_log_minimum_ignores_calls_without_valid_keys_whatever_the_order():
+    model = _TwoLayers()
+    x = torch.randn(2, 1, 4, 3, dtype=torch.float64)
+    all_padding = torch.zeros(2, 4, dtype=torch.bool)
+    with collect_explain_away(model) as log:
+        model(x, key_mask=all_padding)  # no valid key: NaN minima
+        model(x)
+    with collect_explain_away(model) as reversed_log:
+        model(x)
+        model(x, key_mask=all_padding)
+    for each in (log, reversed_log):
+        assert each.min() == min(r.stats.min for r in each if r.stats.valid_keys.any())
+        assert not math.isnan(each.min_normalized())
+        rows = each.summary()
+        assert [r["calls"] for r in rows] == [2, 2]
+        assert rows[0]["fraction_below_eps"] == pytest.approx(
+            next(r.stats.fraction_below_eps for r in each if r.layer == 0 and r.stats.valid_keys.any())
+        )
+    assert log.summary()[0]["min_sum"] == reversed_log.summary()[0]["min_sum"]

@@ -66,9 +66,15 @@ def record_attention(forward) -> list[Tensor]:
     (batch item 0)."""
     from ..functional import observe_weights
 
+    if not callable(forward):
+        raise ValueError(f"forward must be a callable, got {type(forward).__name__}; pass e.g. "
+                         "record_attention(lambda: model(x))")
     calls: list[Tensor] = []
 
     def observer(weights, mask_info, config) -> None:
+        if weights.shape[0] == 0:
+            raise ValueError("the forward pass ran on an empty batch (B = 0); record_attention shows batch "
+                             "item 0, pass at least one sample")
         if not mask_info.causal:
             calls.append(weights[0].detach().float().cpu())  # (H, Lq, Lk)
 

@@ -24,6 +24,8 @@ not shares of a unit mass.
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
@@ -88,16 +90,16 @@ class ExplainAwayLog:
         return [r.stats for r in self.records if r.layer == layer]
 
     def min(self) -> float:
-        """Smallest key weight sum over every recorded call."""
+        """Smallest key weight sum over every recorded call (NaN when no call had a valid key)."""
         if not self.records:
             raise ValueError("no attention call was recorded; run the model inside the `with` block")
-        return min(r.stats.min for r in self.records)
+        return _nanmin(r.stats.min for r in self.records)
 
     def min_normalized(self) -> float:
         """Smallest ``n_k * sum_i pi_ij`` over every recorded call (Lemma 1: >= 1 for DNAS)."""
         if not self.records:
             raise ValueError("no attention call was recorded; run the model inside the `with` block")
-        return min(r.stats.min_normalized for r in self.records)
+        return _nanmin(r.stats.min_normalized for r in self.records)
 
     def summary(self) -> list[dict]:
         """One row per layer, reduced over the forward passes recorded.
@@ -106,19 +108,23 @@ class ExplainAwayLog:
         ``min_sum``: the smallest column sum ``sum_i pi_ij`` over valid keys and calls (near 0: some key is
         explained away); ``min_normalized``: the smallest ``n_k * sum_i pi_ij`` (Lemma 1: >= 1 for DNAS;
         1 means the key gets exactly the uniform share ``1/n_k``); ``fraction_below_eps``: the mean share of
-        valid keys whose sum is below ``eps``.
+        valid keys whose sum is below ``eps``. Calls without a valid key (an empty batch, all padding) count
+        in ``calls`` only; a layer that never had one reports NaN minima (as :class:`ExplainAway` does).
         """
         rows = []
         for layer in self.layers():
             recs = [r for r in self.records if r.layer == layer]
+            seen = [r.stats for r in recs if r.stats.valid_keys.any()]
             rows.append(
                 {
                     "layer": layer,
                     "mechanism": recs[0].mechanism,
                     "calls": len(recs),
-                    "min_sum": min(r.stats.min for r in recs),
-                    "min_normalized": min(r.stats.min_normalized for r in recs),
-                    "fraction_below_eps": sum(r.stats.fraction_below_eps for r in recs) / len(recs),
+                    "min_sum": _nanmin(s.min for s in seen),
+                    "min_normalized": _nanmin(s.min_normalized for s in seen),
+                    "fraction_below_eps": (
+                        sum(s.fraction_below_eps for s in seen) / len(seen) if seen else 0.0
+                    ),
                 }
             )
         return rows
@@ -147,6 +153,12 @@ class ExplainAwayLog:
         self._layer = 0
 
 
+def _nanmin(values) -> float:
+    """The smallest of ``values`` leaving NaN out (``min()`` would depend on the order); NaN if all are."""
+    finite = [v for v in values if not math.isnan(v)]
+    return min(finite) if finite else float("nan")
+
+
 @contextlib.contextmanager
 def collect_explain_away(
     model: Optional[torch.nn.Module] = None, eps: float = 1e-3
@@ -158,8 +170,8 @@ def collect_explain_away(
     Keys and queries are told apart from padding with the call's ``MaskInfo`` (key/query masks and the
     combined validity of all masks). Calls inside the block use the reference backend.
     """
-    if not (isinstance(eps, (int, float)) and eps > 0):
-        raise ValueError(f"eps={eps!r}; expected a number > 0")
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (0 < eps < math.inf):
+        raise ValueError(f"eps={eps!r}; expected a finite number > 0")
     if model is not None and not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module (or None), got {type(model).__name__}")
     log = ExplainAwayLog(eps=float(eps))

@@ -12,6 +12,8 @@ log).
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -31,7 +33,8 @@ class ExplainAway:
     M);
     ``valid_keys (B, H, Lk)``: which keys count; ``min``: smallest sum over valid keys;
     ``min_normalized``: smallest ``n_k * sum_i pi_ij`` (Lemma 1 says >= 1 for DNAS);
-    ``fraction_below_eps``: share of valid keys with a sum below ``eps``.
+    ``fraction_below_eps``: share of valid keys with a sum below ``eps``. With no valid key (an empty batch,
+    all padding) ``min`` and ``min_normalized`` are NaN and ``fraction_below_eps`` is 0.
     """
 
     key_sums: Tensor
@@ -55,13 +58,17 @@ def explain_away(
 
     ``valid`` (optional, bool, broadcastable to ``(B, H, Lq, Lk)``): the pairs that may attend, e.g.
     ``MaskInfo.valid``. With it, a key counts only when some valid query may attend to it (so keys
-    hidden by an ``attn_mask`` padding mask are left out) and ``n_k`` counts those keys.
+    hidden by an ``attn_mask`` padding mask are left out) and ``n_k`` counts those keys. Weights outside the
+    masks are ignored whatever they hold (NaN rows of fully masked queries included); a non-finite weight
+    that counts is a ``ValueError``.
     """
     if not isinstance(weights, Tensor) or weights.dim() != 4:
         got = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
         raise ValueError(f"weights must be a tensor of shape (B, H, Lq, Lk), got {got}")
-    if not (isinstance(eps, (int, float)) and eps > 0):
-        raise ValueError(f"eps={eps!r}; expected a number > 0")
+    if not weights.dtype.is_floating_point:
+        raise ValueError(f"weights have dtype {weights.dtype}; expected floating weights (weights.float())")
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (0 < eps < math.inf):
+        raise ValueError(f"eps={eps!r}; expected a finite number > 0")
     B, H, Lq, Lk = weights.shape
     for name, m, L in (("key_mask", key_mask, Lk), ("query_mask", query_mask, Lq)):
         if m is not None and (not isinstance(m, Tensor) or m.dtype != torch.bool or tuple(m.shape) != (B, L)):
@@ -79,12 +86,15 @@ def explain_away(
                 f"valid must be a bool tensor broadcastable to (B, H, Lq, Lk) = {(B, H, Lq, Lk)}, got {got}"
             )
     w = weights.detach().double()
+    counted = torch.ones(1, 1, Lq, 1, dtype=torch.bool, device=w.device)  # (B, H, Lq, Lk) after masks
     if valid is not None:
-        w = w * valid  # (B, H, Lq, Lk)
+        counted = counted & valid
     if query_mask is not None:
-        w = w * query_mask[:, None, :, None]  # (B, H, Lq, Lk)
+        counted = counted & query_mask[:, None, :, None]
+    # where(), not a product: a NaN row of a fully masked query (torch's softmax) must not reach the sums
+    w = torch.where(counted, w, torch.zeros_like(w))  # (B, H, Lq, Lk)
     key_sums = w.sum(dim=-2)  # (B, H, Lk)
-    valid_keys = torch.ones(B, H, Lk, dtype=torch.bool, device=w.device)
+    valid_keys = torch.full((B, H, Lk), Lq > 0, dtype=torch.bool, device=w.device)  # some query exists
     if key_mask is not None:
         valid_keys = valid_keys & key_mask[:, None, :]
     if query_mask is not None:
@@ -93,6 +103,12 @@ def explain_away(
         )  # keys of an all-padding row do not count
     if valid is not None:
         valid_keys = valid_keys & valid.any(dim=-2).expand(B, H, Lk)  # (B, H, Lk): some query may attend
+    bad = int((~torch.isfinite(w) & valid_keys[:, :, None, :]).sum())
+    if bad:
+        raise ValueError(
+            f"weights hold {bad} non-finite values (NaN/inf) at valid (query, key) pairs; mask padded "
+            "queries and keys with query_mask/key_mask/valid, or fix the weights"
+        )
     key_sums = key_sums.masked_fill(~valid_keys, 0.0)
     log_sums = torch.log(key_sums.clamp_min(0.0)).masked_fill(
         ~valid_keys, float("-inf")
