@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from tests._reference import (
 )
 
 F64 = dict(atol=1e-12, rtol=1e-10)
+F64D = dict(dtype=torch.float64)
 
 
 def _loop_scores(q, k, pair):
@@ -151,3 +153,138 @@ def test_every_score_function_feeds_every_mechanism(score, mechanism):
     valid = (key_mask[:, None, None, :] & query_mask[:, None, :, None]).expand(2, 2, 4, 5)
     torch.testing.assert_close(w, ref(s, valid, q, k), **F64)
     assert torch.all(w[~valid] == 0)
+
+
+def _all_scores(Dq=5, Dk=5, dtype=torch.float64, device="cpu"):
+    """Every score function, with weights of ``dtype`` on ``device`` for query size Dq and key size Dk."""
+    f = dict(dtype=dtype, device=device)
+    return {
+        "dot": lambda q, k: ak.scores.dot(q, k),
+        "scaled_dot": lambda q, k: ak.scores.scaled_dot(q, k),
+        "neg_l1_distance": lambda q, k: ak.scores.neg_l1_distance(q, k),
+        "bilinear": lambda q, k: ak.scores.bilinear(q, k, torch.ones(Dq, Dk, **f)),
+        "additive": lambda q, k: ak.scores.additive(
+            q, k, torch.ones(3, Dq, **f), torch.ones(3, Dk, **f), torch.ones(3, **f), torch.zeros(3, **f)
+        ),
+    }
+
+
+ALL_SCORES = list(_all_scores())
+
+
+@pytest.mark.parametrize("score", ["dot", "scaled_dot", "neg_l1_distance"])
+def test_unequal_feature_dims_raise_value_error(score):
+    q, k = torch.randn(2, 2, 3, 5), torch.randn(2, 2, 4, 6)
+    msg = rf"{score}: q has shape \(2, 2, 3, 5\) and k has shape \(2, 2, 4, 6\); their feature dims"
+    with pytest.raises(ValueError, match=msg):
+        _all_scores()[score](q, k)
+
+
+@pytest.mark.parametrize("score", ALL_SCORES)
+def test_zero_feature_dim_raises_value_error(score):
+    q, k = torch.randn(2, 2, 3, 0), torch.randn(2, 2, 4, 0)
+    with pytest.raises(ValueError, match=rf"{score}: .*need feature dims D >= 1"):
+        _all_scores(0, 0)[score](q, k)
+
+
+@pytest.mark.parametrize("score", ALL_SCORES)
+def test_mixed_dtypes_raise_value_error(score):
+    q, k = torch.randn(2, 2, 3, 5), torch.randn(2, 2, 4, 5, dtype=torch.float64)
+    msg = rf"{score}: q has dtype torch.float32 but k has dtype torch.float64; cast one"
+    with pytest.raises(ValueError, match=msg):
+        _all_scores(dtype=torch.float32)[score](q, k)
+
+
+@pytest.mark.parametrize("score", ["bilinear", "additive"])
+def test_weights_of_another_dtype_or_device_raise_value_error(score):
+    q, k = torch.randn(2, 2, 3, 5), torch.randn(2, 2, 4, 5)
+    msg = rf"{score}: \w+ has dtype torch.float64 but q has dtype torch.float32; cast one"
+    with pytest.raises(ValueError, match=msg):
+        _all_scores(dtype=torch.float64)[score](q, k)
+    with pytest.raises(ValueError, match=rf"{score}: \w+ is on meta but q is on cpu; move one"):
+        _all_scores(device="meta")[score](q, k)
+
+
+@pytest.mark.parametrize("score", ALL_SCORES)
+def test_inputs_on_two_devices_raise_value_error(score):
+    q, k = torch.randn(2, 2, 3, 5), torch.randn(2, 2, 4, 5, device="meta")
+    msg = rf"{score}: q is on cpu but k is on meta; move one with .to\(device\)"
+    with pytest.raises(ValueError, match=msg):
+        _all_scores()[score](q, k)
+
+
+@pytest.mark.parametrize("score", ALL_SCORES)
+def test_non_floating_or_one_dimensional_inputs_raise_value_error(score):
+    fn = _all_scores(dtype=torch.float32)[score]
+    with pytest.raises(ValueError, match=rf"{score}: k has dtype torch.int64; expected a floating dtype"):
+        fn(torch.randn(2, 2, 3, 5), torch.ones(2, 2, 4, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match=rf"{score}: q must be a floating torch.Tensor, got list"):
+        fn([[1.0] * 5], torch.randn(2, 2, 4, 5))
+    with pytest.raises(ValueError, match=rf"{score}: q has shape \(5,\); expected at least 2-D"):
+        fn(torch.randn(5), torch.randn(2, 2, 4, 5))
+
+
+@pytest.mark.parametrize("score", ALL_SCORES)
+def test_batch_dims_that_do_not_broadcast_raise_value_error(score):
+    q, k = torch.randn(2, 2, 3, 5), torch.randn(3, 2, 4, 5)
+    with pytest.raises(ValueError, match=rf"{score}: .*batch dims \(2, 2\) and \(3, 2\) do not broadcast"):
+        _all_scores(dtype=torch.float32)[score](q, k)
+
+
+@pytest.mark.parametrize("score", ALL_SCORES)
+def test_broadcast_batch_dims_equal_the_expanded_inputs(score):
+    q, k, _ = random_qkv(2, 3, 4, 5, D=5, seed=9)
+    q1 = q[:, :1]  # (B, 1, Lq, D): one query set shared by the heads
+    fn = _all_scores()[score]
+    expected = fn(q1.expand_as(q).contiguous(), k)
+    torch.testing.assert_close(fn(q1, k), expected, **F64)
+    torch.testing.assert_close(fn(k, q1), fn(k, q1.expand_as(q).contiguous()), **F64)
+
+
+@pytest.mark.parametrize("scale", [0, -0.5, float("nan"), float("inf"), True, "0.5"])
+@pytest.mark.parametrize("score", ["scaled_dot", "neg_l1_distance"])
+def test_bad_scale_raises_value_error(score, scale):
+    q, k, _ = random_qkv(1, 1, 2, 3, D=4, seed=10)
+    msg = r"scale=.*; expected a finite number > 0 \(default 1/sqrt\(D\) = 0.5\)"
+    with pytest.raises(ValueError, match=msg):
+        getattr(ak.scores, score)(q, k, scale)
+
+
+def test_additive_needs_a_hidden_size_and_a_matching_bias():
+    q, k, _ = random_qkv(1, 1, 2, 3, D=4, seed=11)
+    with pytest.raises(ValueError, match="hidden size A=0"):
+        ak.scores.additive(q, k, torch.ones(0, 4, **F64D), torch.ones(0, 4, **F64D), torch.ones(0, **F64D))
+    with pytest.raises(ValueError, match=r"bias=\(7,\); expected \(6, 4\), \(6, 4\), \(6,\), \(6,\)"):
+        ak.scores.additive(
+            q, k, torch.ones(6, 4, **F64D), torch.ones(6, 4, **F64D), torch.ones(6, **F64D),
+            torch.ones(7, **F64D),
+        )
+
+
+def test_per_head_bilinear_weight_must_match_the_head_count():
+    q, k, _ = random_qkv(2, 2, 3, 4, D=5, seed=12)
+    with pytest.raises(ValueError, match=r"bilinear weight has shape \(3, 5, 5\) \(3 heads\).*H = 2"):
+        ak.scores.bilinear(q, k, torch.ones(3, 5, 5, **F64D))
+
+
+@pytest.mark.parametrize(
+    "make, needle",
+    [
+        (lambda: ak.scores.AdditiveScore(0, 5, 3), "AdditiveScore(query_dim=0)"),
+        (lambda: ak.scores.AdditiveScore(5, -1, 3), "AdditiveScore(key_dim=-1)"),
+        (lambda: ak.scores.AdditiveScore(5, 5, 2.5), "AdditiveScore(hidden_dim=2.5)"),
+        (lambda: ak.scores.BilinearScore(True, 5), "BilinearScore(query_dim=True)"),
+        (lambda: ak.scores.BilinearScore(5, 5, num_heads=0), "BilinearScore(num_heads=0)"),
+    ],
+)
+def test_score_module_sizes_must_be_positive_integers(make, needle):
+    with pytest.raises(ValueError, match=re.escape(needle) + ": expected a positive integer"):
+        make()
+
+
+@pytest.mark.parametrize("score", ALL_SCORES)
+def test_autocast_allows_mixed_floating_dtypes(score):
+    q, k = torch.randn(2, 2, 3, 5), torch.randn(2, 2, 4, 5, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        s = _all_scores(dtype=torch.float32)[score](q, k)
+    assert s.shape == (2, 2, 3, 4) and torch.isfinite(s).all()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from typing import Callable, Iterator, Optional, Union
 
 import torch
@@ -22,6 +21,7 @@ from .masks import MaskInfo, build_mask, causal_pattern, check_qkv
 from .mechanisms import check_hybrid_weight
 from .registry import causal_problem, check_causal, resolve_options, spec_of
 from .scores import neg_l1_distance, scaled_dot
+from .scores._checks import check_scale
 from .validators import check_bool, check_number
 
 __all__ = [
@@ -62,13 +62,6 @@ def resolve_call(
 ) -> MechanismConfig:
     """Merge the per-call options with the mechanism's config, rejecting options that do not apply."""
     return resolve_options(mechanism, hybrid_weight=hybrid_weight, sinkhorn_iters=sinkhorn_iters)
-
-
-def _check_scale(scale: Optional[float], D: int) -> float:
-    if scale is None:
-        return 1.0 / math.sqrt(D)
-    expected = f"expected a finite number > 0 (default 1/sqrt(D) = {1 / math.sqrt(D):.4g})"
-    return check_number(scale, f"scale={scale!r}", expected, low=0.0, low_open=True, sep="; ")
 
 
 def _check_dropout(p: float) -> float:
@@ -210,7 +203,7 @@ def _boundary(
         device=q.device, allow_bias=not isinstance(config, CoDA),
     )
     _check_causal_pattern(config, mask)
-    return config, mask, _check_scale(scale, D), _check_dropout(dropout_p)
+    return config, mask, check_scale(scale, D), _check_dropout(dropout_p)
 
 
 def _check_causal_pattern(config: MechanismConfig, mask: MaskInfo) -> None:

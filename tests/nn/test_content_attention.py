@@ -5,6 +5,7 @@ formulas in float64, masks (padding = truncation, fully masked rows) and normali
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -114,3 +115,60 @@ def test_bad_inputs_raise_clear_errors():
         ak.nn.DotAttention()(torch.randn(2, 4), torch.randn(2, 3, 4), key_mask=torch.ones(2, 3))
     with pytest.raises(ValueError, match="query has shape"):
         ak.nn.DotAttention()(torch.randn(4), torch.randn(2, 3, 4))
+
+
+@pytest.mark.parametrize(
+    "cls, args, needle",
+    [
+        ("AdditiveAttention", (0, 4), "query_dim=0"),
+        ("AdditiveAttention", (4, 4.0), "key_dim=4.0"),
+        ("AdditiveAttention", (4, 4, -2), "hidden_dim=-2"),
+        ("AdditiveAttention", (4, 4, True), "hidden_dim=True"),
+        ("BilinearAttention", (True, 4), "query_dim=True"),
+        ("BilinearAttention", (4, "4"), "key_dim='4'"),
+    ],
+)
+def test_sizes_must_be_positive_integers(cls, args, needle):
+    with pytest.raises(ValueError, match=re.escape(f"{cls}({needle}): expected a positive integer")):
+        getattr(ak.nn, cls)(*args)
+
+
+@pytest.mark.parametrize("name", ["additive", "bilinear"])
+def test_inputs_must_have_the_configured_feature_sizes(name):
+    module = {"additive": ak.nn.AdditiveAttention(4, 6), "bilinear": ak.nn.BilinearAttention(4, 6)}[name]
+    cls = type(module).__name__
+    msg = rf"{cls}\(query_dim=4, key_dim=6\) got query \(2, 5\) and keys \(2, 3, 6\); pass query \(B, 4\)"
+    with pytest.raises(ValueError, match=msg):
+        module(torch.randn(2, 5), torch.randn(2, 3, 6))
+    with pytest.raises(ValueError, match=r"keys \(2, 3, 4\).*build the module with query_dim=4, key_dim=4"):
+        module(torch.randn(2, 3, 4), torch.randn(2, 3, 4))
+    assert module(torch.randn(2, 3, 4), torch.randn(2, 5, 6))[1].shape == (2, 3, 5)
+
+
+@pytest.mark.parametrize("name", ["additive", "bilinear"])
+def test_inputs_must_have_the_module_dtype_and_device(name):
+    module = {"additive": ak.nn.AdditiveAttention(4, 6), "bilinear": ak.nn.BilinearAttention(4, 6)}[name]
+    cls = type(module).__name__
+    q, keys = torch.randn(2, 4), torch.randn(2, 3, 6)
+    with pytest.raises(ValueError, match=rf"dtype torch.float64 but {cls}'s parameters are torch.float32"):
+        module(q.double(), keys.double())
+    with pytest.raises(ValueError, match=r"query, keys, values have dtypes .*float32, .*float32, .*float64"):
+        module(q, keys, torch.randn(2, 3, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"keys has dtype torch.int64; expected a floating dtype"):
+        module(q, keys.long())
+    with pytest.raises(ValueError, match="query is on cpu but keys is on meta"):
+        module(q, keys.to("meta"))
+    with pytest.raises(ValueError, match=rf"the inputs are on cpu but {cls}'s parameters are on meta"):
+        module.to("meta")(q, keys)
+
+
+@pytest.mark.parametrize("name", ["additive", "bilinear"])
+def test_key_mask_must_be_bool_b_lk_on_the_keys_device(name):
+    module = {"additive": ak.nn.AdditiveAttention(4, 6), "bilinear": ak.nn.BilinearAttention(4, 6)}[name]
+    q, keys = torch.randn(2, 4), torch.randn(2, 3, 6)
+    with pytest.raises(ValueError, match=r"key_mask is \(\(2, 3\), torch.float32\); expected a bool tensor"):
+        module(q, keys, key_mask=torch.ones(2, 3))
+    with pytest.raises(ValueError, match=r"expected a bool tensor of shape \(B, Lk\) = \(2, 3\)"):
+        module(q, keys, key_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="key_mask is on meta but keys are on cpu"):
+        module(q, keys, key_mask=torch.ones(2, 3, dtype=torch.bool, device="meta"))

@@ -3,6 +3,8 @@ the decoder's refusal of query-normalized mechanisms, per-layer mechanisms and a
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -216,3 +218,46 @@ def test_seq_first_layout():
     ours.load_state_dict(theirs.state_dict())
     x = _x(3, 4).transpose(0, 1)  # (L, B, D)
     torch.testing.assert_close(ours(x), theirs(x), rtol=1e-10, atol=1e-12)
+
+
+LAYERS = {
+    "encoder_layer": lambda **kw: aknn.TransformerEncoderLayer(D, NH, **{"dim_feedforward": FF, **kw}),
+    "decoder_layer": lambda **kw: aknn.TransformerDecoderLayer(D, NH, **{"dim_feedforward": FF, **kw}),
+    "transformer": lambda **kw: aknn.Transformer(
+        D, NH, num_encoder_layers=1, num_decoder_layers=1, **{"dim_feedforward": FF, **kw}
+    ),
+}
+
+
+@pytest.mark.parametrize("eps", [0.0, -1e-5, float("nan"), float("inf"), True, "1e-5"])
+@pytest.mark.parametrize("make", list(LAYERS))
+def test_layer_norm_eps_must_be_finite_and_positive(make, eps):
+    with pytest.raises(ValueError, match=re.escape(f"layer_norm_eps={eps!r}; expected a finite number > 0")):
+        LAYERS[make](layer_norm_eps=eps)
+
+
+@pytest.mark.parametrize("make", list(LAYERS))
+def test_small_positive_layer_norm_eps_gives_finite_outputs(make):
+    layer = LAYERS[make](layer_norm_eps=1e-12, batch_first=True, **F64).eval()
+    x = _x(2, 4)
+    out = layer(x) if make == "encoder_layer" else layer(x, x)
+    assert out.shape == (2, 4, D) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"dim_feedforward": 0}, "dim_feedforward=0; expected a positive integer"),
+        ({"dim_feedforward": -4}, "dim_feedforward=-4; expected a positive integer"),
+        ({"dim_feedforward": 16.0}, "dim_feedforward=16.0; expected a positive integer"),
+        ({"dim_feedforward": True}, "dim_feedforward=True; expected a positive integer"),
+        ({"dropout": -0.1}, "dropout=-0.1; expected a probability in [0, 1)"),
+        ({"dropout": 1.0}, "dropout=1.0; expected a probability in [0, 1)"),
+        ({"dropout": float("nan")}, "dropout=nan; expected a probability in [0, 1)"),
+        ({"dropout": "0.1"}, "dropout='0.1'; expected a probability in [0, 1)"),
+    ],
+)
+@pytest.mark.parametrize("make", list(LAYERS))
+def test_feedforward_size_and_dropout_are_checked(make, kwargs, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        LAYERS[make](**kwargs)

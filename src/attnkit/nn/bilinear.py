@@ -12,18 +12,23 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..scores import BilinearScore
-from .content import ContentAttention
+from .content import ContentAttention, check_size
 
 __all__ = ["BilinearAttention"]
 
 
 class BilinearAttention(ContentAttention):
     """``BilinearAttention(query_dim, key_dim, mechanism="softmax")``;
-    ``forward(query, keys, values=None, key_mask=None) -> (context, weights)``."""
+    ``forward(query, keys, values=None, key_mask=None) -> (context, weights)``.
+
+    Sizes must be positive integers; ``forward`` raises a ``ValueError`` for inputs whose feature sizes,
+    dtype or device differ from the module's."""
 
     def __init__(self, query_dim: int, key_dim: int, mechanism="softmax") -> None:
         super().__init__(mechanism)
-        self.scorer = BilinearScore(query_dim, key_dim)
+        self.query_dim = check_size(query_dim, f"BilinearAttention(query_dim={query_dim!r})")
+        self.key_dim = check_size(key_dim, f"BilinearAttention(key_dim={key_dim!r})")
+        self.scorer = BilinearScore(self.query_dim, self.key_dim)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from ..registry import resolve_mechanism
 from ..functional import normalize
+from ..validators import check_int
 
 __all__ = ["ContentAttention"]
 
@@ -51,6 +52,8 @@ class ContentAttention(nn.Module):
             )
 
     _supports_coda = False
+    query_dim: Optional[int] = None  # the feature sizes a subclass is built for (None: any)
+    key_dim: Optional[int] = None
 
     def score(self, q: Tensor, k: Tensor) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -63,6 +66,7 @@ class ContentAttention(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         values = keys if values is None else values
         single = _check_inputs(query, keys, values, key_mask)
+        self._check_against_module(query, keys)
         q = (query[:, None] if single else query)[:, None]  # (B, 1, Lq, Dq)
         k = keys[:, None]  # (B, 1, Lk, Dk)
         scores = self.score(q, k)  # (B, 1, Lq, Lk)
@@ -75,8 +79,40 @@ class ContentAttention(nn.Module):
             return context[:, 0], weights[:, 0]  # (B, Dv), (B, Lk)
         return context, weights
 
+    def _check_against_module(self, query: Tensor, keys: Tensor) -> None:
+        """The inputs' feature sizes, dtype and device must be those of the module."""
+        name = type(self).__name__
+        Dq, Dk, q_dim, k_dim = query.shape[-1], keys.shape[-1], self.query_dim, self.key_dim
+        if (q_dim is not None and Dq != q_dim) or (k_dim is not None and Dk != k_dim):
+            raise ValueError(
+                f"{name}(query_dim={q_dim}, key_dim={k_dim}) got query {tuple(query.shape)} and keys "
+                f"{tuple(keys.shape)}; pass query (B, {q_dim}) or (B, Lq, {q_dim}) and keys "
+                f"(B, Lk, {k_dim}), or build the module with query_dim={Dq}, key_dim={Dk}"
+            )
+        weight = next(self.parameters(), None)
+        if weight is None:
+            return
+        if query.device != weight.device:
+            raise ValueError(
+                f"the inputs are on {query.device} but {name}'s parameters are on {weight.device}; move one "
+                "with .to(device)"
+            )
+        if query.dtype != weight.dtype and not torch.is_autocast_enabled(query.device.type):
+            raise ValueError(
+                f"the inputs have dtype {query.dtype} but {name}'s parameters are {weight.dtype}; cast the "
+                f"inputs with .to({weight.dtype}) or the module with .to({query.dtype})"
+            )
+
     def extra_repr(self) -> str:
         return f"mechanism={self.mechanism.name}"
+
+
+def check_size(value, what: str, *, optional: bool = False) -> Optional[int]:
+    """``value`` if it is a positive integer (or ``None`` when ``optional``); ``what`` names it in the error,
+    e.g. ``"AdditiveAttention(hidden_dim=0)"``."""
+    if optional and value is None:
+        return None
+    return check_int(value, what, "expected a positive integer" + (" or None" if optional else ""), low=1)
 
 
 def _check_inputs(query: Tensor, keys: Tensor, values: Tensor, key_mask: Optional[Tensor]) -> bool:
@@ -91,7 +127,24 @@ def _check_inputs(query: Tensor, keys: Tensor, values: Tensor, key_mask: Optiona
     if not isinstance(values, Tensor) or values.dim() != 3 or tuple(values.shape[:2]) != (B, Lk):
         got = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
         raise ValueError(f"values has shape {got}; expected (B, Lk, Dv) = ({B}, {Lk}, Dv)")
+    for name, t in (("keys", keys), ("values", values)):
+        if t.device != query.device:
+            raise ValueError(
+                f"query is on {query.device} but {name} is on {t.device}; move one with .to(device)"
+            )
+    for name, t in (("query", query), ("keys", keys), ("values", values)):
+        if not t.dtype.is_floating_point:
+            raise ValueError(f"{name} has dtype {t.dtype}; expected a floating dtype (cast it with .float())")
+    if not (query.dtype == keys.dtype == values.dtype) and not torch.is_autocast_enabled(query.device.type):
+        raise ValueError(
+            f"query, keys, values have dtypes {query.dtype}, {keys.dtype}, {values.dtype}; expected one "
+            "dtype (cast them with .to(dtype))"
+        )
     check_key_mask(key_mask, B, Lk)
+    if key_mask is not None and key_mask.device != keys.device:
+        raise ValueError(
+            f"key_mask is on {key_mask.device} but keys are on {keys.device}; move it with .to(device)"
+        )
     return query.dim() == 2
 
 

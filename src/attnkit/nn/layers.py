@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from ..config import MechanismLike
 from ..registry import resolve_mechanism
+from ..validators import check_number
 from .module_utils import mechanism_label
 from .multihead import MultiheadAttention
 
@@ -71,6 +72,13 @@ def _check_decoder_mechanism(mechanism: MechanismLike, role: str) -> None:
         "in the decoder and keep dnas/hnas/sinkhorn for the encoder."
     )
 
+
+def _check_layer_norm_eps(eps: float) -> float:
+    """LayerNorm divides by ``sqrt(var + eps)``: ``eps <= 0`` or non-finite gives NaN or constant outputs."""
+    expected = "expected a finite number > 0 (torch's default is 1e-5)"
+    return check_number(eps, f"layer_norm_eps={eps!r}", expected, low=0.0, low_open=True, sep="; ")
+
+
 class _Sublayers(nn.Module):
     """The feed-forward block shared by both layer kinds."""
 
@@ -112,6 +120,7 @@ class TransformerEncoderLayer(_Sublayers):
         backend: str = "auto",
     ) -> None:
         super().__init__()
+        layer_norm_eps = _check_layer_norm_eps(layer_norm_eps)
         self._init_args = dict(
             d_model=d_model,
             nhead=nhead,
@@ -200,6 +209,7 @@ class TransformerDecoderLayer(_Sublayers):
         backend: str = "auto",
     ) -> None:
         super().__init__()
+        layer_norm_eps = _check_layer_norm_eps(layer_norm_eps)
         _check_decoder_mechanism(self_mechanism, "self")
         _check_decoder_mechanism(cross_mechanism, "cross")
         self._init_args = dict(

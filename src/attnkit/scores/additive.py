@@ -17,21 +17,40 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from ..validators import check_float_tensor, check_int
+from ._checks import check_query_key, check_weight
+
 __all__ = ["additive", "AdditiveScore"]
 
 
 def additive(
     q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, w: Tensor, bias: Optional[Tensor] = None
 ) -> Tensor:
-    """``q (B, H, Lq, Dq)``, ``k (B, H, Lk, Dk)``, ``w_q (A, Dq)``, ``w_k (A, Dk)``, ``w (A,)`` -> ``(B, H,
-    Lq, Lk)``."""
-    A = w.shape[-1]
-    if w_q.shape != (A, q.shape[-1]) or w_k.shape != (A, k.shape[-1]) or w.dim() != 1:
+    """``q (B, H, Lq, Dq)``, ``k (B, H, Lk, Dk)``, ``w_q (A, Dq)``, ``w_k (A, Dk)``, ``w (A,)``, ``bias (A,)``
+    -> ``(B, H, Lq, Lk)``.
+
+    Any leading dims that broadcast work in place of ``(B, H)``. A ``ValueError`` names weights of the wrong
+    shape, ``D = 0`` or ``A = 0``, mixed dtypes or devices, and non-floating inputs.
+    """
+    check_query_key("additive", q, k, same_dim=False)
+    got = {"w_q": w_q, "w_k": w_k, "w": w, **({"bias": bias} if bias is not None else {})}
+    for name, t in got.items():
+        check_float_tensor(t, f"additive: {name}")
+    A = w.shape[-1] if w.dim() >= 1 else w_q.shape[0]
+    want = {"w_q": (A, q.shape[-1]), "w_k": (A, k.shape[-1]), "w": (A,), "bias": (A,)}
+    if any(tuple(t.shape) != want[name] for name, t in got.items()):
         raise ValueError(
-            f"additive weights have shapes w_q={tuple(w_q.shape)}, w_k={tuple(w_k.shape)}, "
-            f"w={tuple(w.shape)}; "
-            f"expected ({A}, {q.shape[-1]}), ({A}, {k.shape[-1]}), ({A},)"
+            "additive weights have shapes "
+            + ", ".join(f"{name}={tuple(t.shape)}" for name, t in got.items())
+            + "; expected "
+            + ", ".join(f"{want[name]}" for name in got)
         )
+    if A == 0:
+        raise ValueError(
+            f"additive weights have hidden size A=0 (w has shape {tuple(w.shape)}); expected A >= 1"
+        )
+    for name, t in got.items():
+        check_weight("additive", name, t, q)
     hq = q @ w_q.T  # (B, H, Lq, A)
     hk = k @ w_k.T  # (B, H, Lk, A)
     if bias is not None:
@@ -44,6 +63,8 @@ class AdditiveScore(nn.Module):
 
     def __init__(self, query_dim: int, key_dim: int, hidden_dim: int) -> None:
         super().__init__()
+        for name, value in (("query_dim", query_dim), ("key_dim", key_dim), ("hidden_dim", hidden_dim)):
+            check_int(value, f"AdditiveScore({name}={value!r})", "expected a positive integer", low=1)
         self.w_q = nn.Parameter(torch.empty(hidden_dim, query_dim))
         self.w_k = nn.Parameter(torch.empty(hidden_dim, key_dim))
         self.bias = nn.Parameter(torch.empty(hidden_dim))
