@@ -209,3 +209,33 @@ def test_scratch_is_kept_between_calls_bounded_and_released(monkeypatch):
     release_scratch()
     assert scratch_bytes() == 0
     assert torch.equal(ak.attention(q, k, v, sink, backend="efficient"), first)
+
+
+# A head alone (B * H = 1 < 2 threads) has its query chunks spread over the threads; the same head
+# dealt to one thread (two heads, one per thread) runs every chunk itself. With chunks of 128 rows, 600
+# queries make 5 chunks, 3 on one thread and 2 on the other, the last one short. The bits agree: dK / dV are
+# added up per chunk in chunk order (not per thread), and the products a spread head makes outside the
+# parallel loop (the chunks' score bounds, robust rows and columns) are loops, not BLAS calls (MKL split the
+# bounds' few-row product over its own threads and rounded the short chunk's row differently on AMD EPYC).
+@pytest.mark.parametrize("iters,hybrid", [(0, False), (1, False), (1, True), (3, False)])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.2])
+def test_a_head_gives_the_same_bits_spread_over_the_threads_or_on_one(iters, hybrid, dropout_p, num_threads,
+                                                                       monkeypatch):
+    num_threads(2)
+    monkeypatch.setattr(cpp_potentials, "QUERY_CHUNK_ROWS", 128)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 1, L, 16, generator=g) for L in (600, 290, 290))
+    km = torch.arange(290)[None] < 270
+    u = torch.tensor(0.7) if hybrid else None
+
+    def run(copies):
+        x = [t.expand(1, copies, -1, -1).clone().requires_grad_() for t in (q, k, v)]
+        torch.manual_seed(5)  # the dropout seed; the hash covers (head, query, key): head 0 is the same
+        out = fused_cpu_attention(*x, key_mask=km, query_mask=None, scale=0.25, iters=iters, u=u,
+                                  dropout_p=dropout_p)
+        do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+        grads = torch.autograd.grad(out, x, do)
+        return [t[:, :1] for t in (out.detach(), *grads)]
+
+    for a, b in zip(run(1), run(2)):  # spread over the threads, then dealt to one
+        assert torch.equal(a, b)

@@ -417,10 +417,10 @@ class HugeBuffer {
   bool pooled_ = false;
 };
 
-// Buffers of one worker thread: three (bq, kBc) tiles, a kBc vector and its partial dK / dV of a strip.
+// Buffers of one worker thread: three (bq, kBc) tiles and kBc vectors.
 template <typename T>
 struct Tiles {
-  std::vector<T> tile, tile2, tile3, vec, dk, dv, row, z, vcat, sink;
+  std::vector<T> tile, tile2, tile3, vec, row, z, vcat, sink;
 };
 
 // Buffers of one (batch, head) problem: two (n, kBc) strips, per-chunk column statistics, and the tiles
@@ -437,6 +437,13 @@ struct Scratch {
   std::vector<T> cmax, csum, gb, cg, cref;
   HugeBuffer<T> scores;  // every kept strip is written before it is read
   std::vector<Tiles<T>> tiles;
+  // Each query chunk's share of a strip's dK (kBc, D) and dV (kBc, Dv), added up in chunk order (add_partials),
+  // so that the sum does not depend on which thread ran which chunk, nor on how the BLAS adds a product to a
+  // C it accumulates into (before or after the sum over k: machines differ).
+  std::vector<T> pdk, pdv;
+  int64_t sdk = 0, sdv = 0;
+  T* part_dk(int64_t c) { return pdk.data() + c * sdk; }
+  T* part_dv(int64_t c) { return pdv.data() + c * sdv; }
   bool parallel = false;
   int64_t cached = 0, n_rows = 0, capacity = 0, bq = kBq;
   // How many of the m / kBc strips of (n, kBc) scores fit in `budget` bytes.
@@ -474,6 +481,10 @@ struct Scratch {
     csum.resize(chunks * kBc);
     cg.resize(chunks * kBc);
     cref.resize(chunks);
+    sdk = kBc * D;
+    sdv = kBc * Dv;
+    pdk.resize(chunks * sdk);
+    pdv.resize(chunks * sdv);
     gb.resize(kBc);
     tiles.resize(par ? threads : 1);
     for (auto& t : tiles) {
@@ -484,8 +495,6 @@ struct Scratch {
       t.vec.resize(kBc);
       t.z.resize(kBc);
       t.sink.resize(kBc);
-      t.dk.resize(kBc * D);
-      t.dv.resize(kBc * Dv);
       t.vcat.resize(kBc * 2 * Dv);
     }
   }
@@ -519,29 +528,35 @@ void for_chunks(int64_t chunks, Scratch<T>& w, const F& fn) {
   });
 }
 
-// Zero every thread's partial dK / dV of a strip; afterwards add them to dk / dv (rows j0 .. j0 + bc).
+// Zero every chunk's partial dK / dV of a strip; afterwards add them, in chunk order, to dk / dv (rows
+// j0 .. j0 + bc).
 template <typename T>
 void zero_partials(Scratch<T>& w) {
-  for (auto& t : w.tiles) {
-    std::fill(t.dk.begin(), t.dk.end(), T(0));
-    std::fill(t.dv.begin(), t.dv.end(), T(0));
-  }
+  std::fill(w.pdk.begin(), w.pdk.end(), T(0));
+  std::fill(w.pdv.begin(), w.pdv.end(), T(0));
 }
 template <typename T>
-void add_partials(const Scratch<T>& w, int64_t bc, int64_t D, int64_t Dv, T* dk, T* dv) {
-  for (const auto& t : w.tiles) {
-    for (int64_t x = 0; x < bc * D; ++x) dk[x] += t.dk[x];
-    if (dv)
-      for (int64_t x = 0; x < bc * Dv; ++x) dv[x] += t.dv[x];
+void add_partials(Scratch<T>& w, int64_t chunks, int64_t bc, int64_t D, int64_t Dv, T* dk, T* dv) {
+  for (int64_t c = 0; c < chunks; ++c) {
+    const T* pk = w.part_dk(c);
+    for (int64_t x = 0; x < bc * D; ++x) dk[x] += pk[x];
+    if (dv) {
+      const T* pv = w.part_dv(c);
+      for (int64_t x = 0; x < bc * Dv; ++x) dv[x] += pv[x];
+    }
   }
 }
+
+// The products of a head's sequential steps (the robust rows and columns, the chunk bounds) are loops, not BLAS
+// calls: when one head is spread over the threads these steps run outside the parallel loops, where the BLAS
+// may split a product over threads of its own and round it otherwise than the same product run by one thread
+// (MKL did, on AMD EPYC), and a head must give the same bits wherever it runs.
 
 // s_i. for one query against all keys, plus bias b: y (m) = scale * K q_i + b.
 template <typename T>
 void score_row(const Head<T>& h, int64_t i, const T* b, T* y) {
-  mm<T>(false, true, 1, h.m, h.D, h.scale, h.q + i * h.D, h.D, h.k, h.D, T(0), y, h.m);
-  if (b)
-    for (int64_t j = 0; j < h.m; ++j) y[j] += b[j];
+  const T* qi = h.q + i * h.D;
+  for (int64_t j = 0; j < h.m; ++j) y[j] = h.scale * dot(qi, h.k + j * h.D, h.D) + (b ? b[j] : T(0));
 }
 
 // Robust row step for row i: a_i = -LSE_j y_ij (y = s + b) and, if out != null, out_i = softmax(y) V.
@@ -558,7 +573,14 @@ T robust_row(const Head<T>& h, int64_t i, const T* b, T* out, std::vector<T>& ro
       drop.row(i, 0, h.m, z.data());
       for (int64_t j = 0; j < h.m; ++j) row[j] *= z[j];
     }
-    mm<T>(false, false, 1, h.Dv, h.m, T(1) / l, row.data(), h.m, h.v, h.Dv, T(0), out, h.Dv);
+    std::fill(out, out + h.Dv, T(0));  // out = (row / l) V
+    for (int64_t j = 0; j < h.m; ++j) {
+      const T rj = row[j];
+      const T* vj = h.v + j * h.Dv;
+      for (int64_t d = 0; d < h.Dv; ++d) out[d] += rj * vj[d];
+    }
+    const T inv = T(1) / l;
+    for (int64_t d = 0; d < h.Dv; ++d) out[d] *= inv;
   }
   return -(mx + std::log(l));
 }
@@ -596,9 +618,9 @@ struct ChunkBounds {
     }
     m = h.m;
     u.resize(chunks * m);
-    mm<T>(false, true, chunks, m, D, h.scale, qbar.data(), D, h.k, D, T(0), u.data(), m);
     for (int64_t c = 0; c < chunks; ++c)
-      for (int64_t j = 0; j < m; ++j) u[c * m + j] += radius[c] * knorm[j];
+      for (int64_t j = 0; j < m; ++j)
+        u[c * m + j] = h.scale * dot(qbar.data() + c * D, h.k + j * D, D) + radius[c] * knorm[j];
   }
   // The bounds u_cj of chunk c (m).
   const T* bounds(int64_t c) const { return u.data() + c * m; }
@@ -613,7 +635,8 @@ T robust_column(const Head<T>& h, int64_t j, const T* a, const T* alpha, int64_t
   col.resize(2 * h.n);
   T* s = col.data();
   T* y = s + h.n;
-  mm<T>(false, true, h.n, 1, h.D, h.scale, h.q, h.D, h.k + j * h.D, h.D, T(0), s, 1);
+  const T* kj = h.k + j * h.D;
+  for (int64_t i = 0; i < h.n; ++i) s[i] = h.scale * dot(h.q + i * h.D, kj, h.D);
   for (int64_t i = 0; i < h.n; ++i) y[i] = a ? s[i] + a[i] : s[i];
   const T mx = vmax(y, h.n);
   exp_shift(y, (const T*)nullptr, -mx, h.n);
@@ -701,11 +724,11 @@ void softmax_backward_head(const Head<T>& h, const T* dout, const T* out, const 
           for (int64_t j = 0; j < bc; ++j) ds[j] = p[j] * (ds[j] - di);
         }
       }
-      mm<T>(true, false, bc, Dv, rows, T(1), P, bc, dout + i0 * Dv, Dv, T(1), tl.dv.data(), Dv);
+      mm<T>(true, false, bc, Dv, rows, T(1), P, bc, dout + i0 * Dv, Dv, T(1), w.part_dv(c), Dv);
       mm<T>(false, false, rows, D, bc, h.scale, dS, bc, h.k + j0 * D, D, T(1), dq + i0 * D, D);
-      mm<T>(true, false, bc, D, rows, h.scale, dS, bc, h.q + i0 * D, D, T(1), tl.dk.data(), D);
+      mm<T>(true, false, bc, D, rows, h.scale, dS, bc, h.q + i0 * D, D, T(1), w.part_dk(c), D);
     });
-    add_partials(w, bc, D, Dv, dk + j0 * D, dv + j0 * Dv);
+    add_partials(w, chunks, bc, D, Dv, dk + j0 * D, dv + j0 * Dv);
   }
 }
 
@@ -1070,9 +1093,9 @@ void finish_strip(const Head<T>& h, int64_t j0, int64_t bc, T* grad_a, T* dq, T*
       for (int64_t j = 0; j < bc; ++j) d[j] -= qc[j] * g[j];
     }
     mm<T>(false, false, rows, h.D, bc, h.scale, dS, bc, h.k + j0 * h.D, h.D, T(1), dq + i0 * h.D, h.D);
-    mm<T>(true, false, bc, h.D, rows, h.scale, dS, bc, h.q + i0 * h.D, h.D, T(1), tl.dk.data(), h.D);
+    mm<T>(true, false, bc, h.D, rows, h.scale, dS, bc, h.q + i0 * h.D, h.D, T(1), w.part_dk(c), h.D);
   });
-  add_partials(w, bc, h.D, h.Dv, dk + j0 * h.D, dv ? dv + j0 * h.Dv : (T*)nullptr);
+  add_partials(w, chunks, bc, h.D, h.Dv, dk + j0 * h.D, dv ? dv + j0 * h.Dv : (T*)nullptr);
 }
 
 // Backward of one head. dout (n, Dv); u: weight of the mechanism's half (1 without hybrid); out_l/a_l:
@@ -1243,7 +1266,7 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
     }
     if (dv_too) {
       const T* W = (out_l || drop.on) ? dP : P;
-      mm<T>(true, false, bc, Dv, rows, out_l ? T(1) : u, W, bc, dout + i0 * Dv, Dv, T(1), tl.dv.data(), Dv);
+      mm<T>(true, false, bc, Dv, rows, out_l ? T(1) : u, W, bc, dout + i0 * Dv, Dv, T(1), w.part_dv(c), Dv);
     }
     for (int64_t r = 0; r < rows; ++r) {  // P -> column weights of the last column step
       T* p = P + r * bc;
@@ -1291,14 +1314,14 @@ void backward_head(const Head<T>& h, int64_t iters, const T* dout, const T* out,
             for (int64_t j = 0; j < bc; ++j) wr[j] = p[j] * z[j];
           }
         }
-        mm<T>(true, false, bc, Dv, rows, u, W, bc, dout + i0 * Dv, Dv, T(1), tl.dv.data(), Dv);
+        mm<T>(true, false, bc, Dv, rows, u, W, bc, dout + i0 * Dv, Dv, T(1), w.part_dv(c), Dv);
         for (int64_t r = 0; r < rows; ++r) {  // P -> C^k
           T* p = P + r * bc;
           const T rc = rc_k[i0 + r];
           for (int64_t j = 0; j < bc; ++j) p[j] *= rc;
         }
       });
-      add_partials(w, bc, D, Dv, dk + j0 * D, dv + j0 * Dv);  // dK's partials are zero here
+      add_partials(w, chunks, bc, D, Dv, dk + j0 * D, dv + j0 * Dv);  // dK's partials are zero here
       const T* pd = strip_gradient(w, chunks, bc);
       for (int64_t j = 0; j < bc; ++j)
         gb_k[j0 + j] = dot(h.v + (j0 + j) * Dv, dv + (j0 + j) * Dv, Dv) - u * pd[j];
