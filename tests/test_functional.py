@@ -483,6 +483,8 @@ BAD_ATTENTION_CALLS = [
     _bad("empty-sequence", lambda: ak.attention(Q[:, :, :0], K, V), "empty sequence"),
     _bad("mixed-dtypes", lambda: ak.attention(Q, K.double(), V), "share one dtype"),
     _bad("return-weights-string", lambda: ak.attention(Q, K, V, return_weights="no"), "return_weights='no'"),
+    _bad("explain-return-weights-string", lambda: ak.explain_dispatch(Q, K, V, return_weights="no"),
+         "return_weights='no'"),
     _bad(
         "key-mask-shape",
         lambda: ak.attention(Q, K, V, key_mask=torch.ones(2, 5, dtype=torch.bool)),

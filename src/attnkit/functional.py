@@ -262,6 +262,7 @@ def explain_dispatch(
         q, k, v, mechanism, key_mask, query_mask, attn_mask, causal, None, dropout_p, hybrid_weight,
         sinkhorn_iters, backend,
     )
+    check_bool(return_weights, f"return_weights={return_weights!r}")
     if _OBSERVERS:
         return Plan("reference", "inside observe_weights(): the observers need the weights")
     return _plan(q, k, v, config, mask, dropout_p, backend, return_weights)
