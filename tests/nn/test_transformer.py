@@ -261,3 +261,66 @@ def test_small_positive_layer_norm_eps_gives_finite_outputs(make):
 def test_feedforward_size_and_dropout_are_checked(make, kwargs, needle):
     with pytest.raises(ValueError, match=re.escape(needle)):
         LAYERS[make](**kwargs)
+
+
+# -- drop-in signatures: torch's positional arguments, attnkit's additions keyword-only --------------------
+
+@pytest.mark.parametrize(
+    "name", ["TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder"]
+)
+@pytest.mark.parametrize("method", ["__init__", "forward"])
+def test_signature_and_defaults_match_torch(name, method):
+    import inspect
+
+    theirs = inspect.signature(getattr(getattr(torch.nn, name), method)).parameters
+    ours = inspect.signature(getattr(getattr(aknn, name), method)).parameters
+    assert list(ours)[: len(theirs)] == list(theirs)  # same names, same positions
+    for param_name, param in theirs.items():
+        expected = "relu" if param_name == "activation" else param.default  # torch's default is F.relu
+        assert ours[param_name].default == expected, param_name
+    extra = list(ours)[len(theirs):]
+    assert all(ours[n].kind is inspect.Parameter.KEYWORD_ONLY for n in extra), extra
+
+
+def test_layers_take_device_and_dtype_positionally_as_torch():
+    args = (D, NH, FF, 0.1, "relu", 1e-5, True, False, True, "cpu", torch.float64)
+    for make in (torch.nn.TransformerEncoderLayer, aknn.TransformerEncoderLayer,
+                 torch.nn.TransformerDecoderLayer, aknn.TransformerDecoderLayer):
+        layer = make(*args)
+        assert {p.dtype for p in layer.parameters()} == {torch.float64}, make
+    assert aknn.TransformerEncoderLayer(*args).self_attn.mechanism == "softmax"
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_encoder_stack_takes_torch_nested_tensor_arguments(training):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(D, NH, FF, dropout=0.0, batch_first=True, **F64)
+    theirs = torch.nn.TransformerEncoder(layer, 2, None, False, False).train(training)
+    ours = aknn.TransformerEncoder(
+        aknn.TransformerEncoderLayer(D, NH, FF, dropout=0.0, batch_first=True, **F64), 2, None, False, False
+    ).train(training)
+    ours.load_state_dict(theirs.state_dict())
+    assert ours.enable_nested_tensor is False and ours.mask_check is False and ours.use_nested_tensor is False
+    x, pad = _x(2, 5), _pad([5, 3], 5)
+    torch.testing.assert_close(
+        ours(x, src_key_padding_mask=pad), theirs(x, src_key_padding_mask=pad), rtol=1e-10, atol=1e-10
+    )
+    with pytest.raises(TypeError):  # mechanism is keyword-only: the 4th positional is enable_nested_tensor
+        aknn.TransformerEncoder(layer, 2, None, True, True, "dnas")
+
+
+def test_transformer_forward_takes_torch_causal_arguments():
+    torch.manual_seed(0)
+    theirs = torch.nn.Transformer(D, NH, 1, 1, FF, dropout=0.0, batch_first=True, **F64)
+    ours = aknn.Transformer(
+        D, NH, 1, 1, FF, dropout=0.0, encoder_mechanism="softmax", positional=None, batch_first=True, **F64
+    )
+    ours.load_state_dict(theirs.state_dict())
+    src, tgt = _x(2, 6, seed=3), _x(2, 4, seed=4)
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(4, dtype=torch.float64)
+    for call in (
+        {"src_is_causal": False, "tgt_is_causal": None, "memory_is_causal": False},
+        {"tgt_mask": causal, "src_is_causal": None, "tgt_is_causal": None},
+        {"tgt_mask": causal, "tgt_is_causal": True},
+    ):
+        torch.testing.assert_close(ours(src, tgt, **call), theirs(src, tgt, **call), rtol=1e-10, atol=1e-10)

@@ -101,6 +101,9 @@ class TransformerEncoderLayer(_Sublayers):
     Shapes: src ``(L, B, d_model)`` as in torch (``(B, L, d_model)`` with ``batch_first=True``);
     ``src_key_padding_mask`` ``(B, L)`` True = padding (also keeps padded queries out of dnas/hnas/sinkhorn
     column sums).
+
+    The positional arguments and defaults are torch's (through ``device, dtype``); ``mechanism`` and
+    ``backend`` are keyword-only additions.
     """
 
     def __init__(
@@ -114,9 +117,10 @@ class TransformerEncoderLayer(_Sublayers):
         batch_first: bool = False,
         norm_first: bool = False,
         bias: bool = True,
-        mechanism: MechanismLike = "softmax",
         device=None,
         dtype=None,
+        *,
+        mechanism: MechanismLike = "softmax",
         backend: str = "auto",
     ) -> None:
         super().__init__()
@@ -188,7 +192,9 @@ class TransformerDecoderLayer(_Sublayers):
     """``torch.nn.TransformerDecoderLayer`` with ``self_mechanism`` / ``cross_mechanism``.
 
     Both must be ``"softmax"`` or ``"coda"`` (a ``ValueError`` explains the leak otherwise). As in torch,
-    causality comes from ``tgt_mask`` or ``tgt_is_causal=True``.
+    causality comes from ``tgt_mask`` or ``tgt_is_causal=True``. The positional arguments and defaults are
+    torch's (through ``device, dtype``); ``self_mechanism``, ``cross_mechanism`` and ``backend`` are
+    keyword-only additions.
     """
 
     def __init__(
@@ -202,10 +208,11 @@ class TransformerDecoderLayer(_Sublayers):
         batch_first: bool = False,
         norm_first: bool = False,
         bias: bool = True,
-        self_mechanism: MechanismLike = "softmax",
-        cross_mechanism: MechanismLike = "softmax",
         device=None,
         dtype=None,
+        *,
+        self_mechanism: MechanismLike = "softmax",
+        cross_mechanism: MechanismLike = "softmax",
         backend: str = "auto",
     ) -> None:
         super().__init__()

@@ -60,8 +60,13 @@ class TransformerEncoder(nn.Module):
     """A stack of ``num_layers`` encoder layers and an optional final ``norm``.
 
     Without ``mechanism`` the layers are deep copies of ``encoder_layer`` (as in torch). With
-    ``mechanism`` (one value or a list of ``num_layers``), layer ``i`` is a freshly initialised copy of
-    ``encoder_layer``'s hyperparameters using mechanism ``i``.
+    ``mechanism`` (one value or a list of ``num_layers``, keyword-only), layer ``i`` is a freshly
+    initialised copy of ``encoder_layer``'s hyperparameters using mechanism ``i``.
+
+    ``enable_nested_tensor`` and ``mask_check`` are accepted for torch compatibility and change nothing:
+    the stack never converts padded batches to nested tensors (``use_nested_tensor`` is always False).
+    Real positions get torch's outputs; padded positions keep their computed values, where torch's
+    nested-tensor fast path (eval, no grad) returns zeros.
     """
 
     def __init__(
@@ -69,9 +74,15 @@ class TransformerEncoder(nn.Module):
         encoder_layer: TransformerEncoderLayer,
         num_layers: int,
         norm: Optional[nn.Module] = None,
+        enable_nested_tensor: bool = True,
+        mask_check: bool = True,
+        *,
         mechanism: Optional[PerLayer] = None,
     ) -> None:
         super().__init__()
+        self.enable_nested_tensor = enable_nested_tensor
+        self.use_nested_tensor = False
+        self.mask_check = mask_check
         _check_num_layers(num_layers)
         mechanisms = _per_layer(mechanism, num_layers, "mechanism")
         if mechanisms is not None and not isinstance(encoder_layer, TransformerEncoderLayer):
@@ -106,8 +117,8 @@ class TransformerEncoder(nn.Module):
 class TransformerDecoder(nn.Module):
     """A stack of ``num_layers`` decoder layers and an optional final ``norm``.
 
-    ``self_mechanism`` / ``cross_mechanism`` (one value or a list of ``num_layers``) rebuild the layers
-    as in ``TransformerEncoder``; without them the layers are deep copies of ``decoder_layer``.
+    ``self_mechanism`` / ``cross_mechanism`` (keyword-only; one value or a list of ``num_layers``) rebuild
+    the layers as in ``TransformerEncoder``; without them the layers are deep copies of ``decoder_layer``.
     """
 
     def __init__(
@@ -115,6 +126,7 @@ class TransformerDecoder(nn.Module):
         decoder_layer: TransformerDecoderLayer,
         num_layers: int,
         norm: Optional[nn.Module] = None,
+        *,
         self_mechanism: Optional[PerLayer] = None,
         cross_mechanism: Optional[PerLayer] = None,
     ) -> None:
@@ -174,7 +186,12 @@ class Transformer(nn.Module):
     ``positional``: ``"sinusoidal"``, ``"learned"`` or ``None`` (then inputs must carry positions).
     The decoder self-attention is causal by default (``tgt_is_causal=True``), and ``forward`` uses
     ``src_key_padding_mask`` as ``memory_key_padding_mask`` when the latter is not given (padded source
-    tokens are never attended to). Unlike ``torch.nn.Transformer`` it adds positions to ``src``/``tgt``.
+    tokens are never attended to). Unlike ``torch.nn.Transformer`` it adds positions to ``src``/``tgt``,
+    takes no ``custom_encoder`` / ``custom_decoder`` (pass the arguments after ``activation`` by keyword),
+    and its decoder is causal by default (``tgt_is_causal=None`` detects a causal ``tgt_mask`` as torch
+    does). With ``positional=None``, ``encoder_mechanism="softmax"``, ``tgt_is_causal=None`` and a
+    ``memory_key_padding_mask`` wherever there is a ``src_key_padding_mask`` it computes what
+    ``torch.nn.Transformer`` computes.
 
     Shapes: src ``(Ls, B, d_model)``, tgt ``(Lt, B, d_model)`` -> ``(Lt, B, d_model)`` (torch's default
     ``batch_first=False``); ``(B, L, d_model)`` everywhere with ``batch_first=True``.
@@ -268,12 +285,18 @@ class Transformer(nn.Module):
         return nn.Transformer.generate_square_subsequent_mask(sz, device=device, dtype=dtype)
 
     def encode(
-        self, src: Tensor, src_mask: Optional[Tensor] = None, src_key_padding_mask: Optional[Tensor] = None
+        self,
+        src: Tensor,
+        src_mask: Optional[Tensor] = None,
+        src_key_padding_mask: Optional[Tensor] = None,
+        src_is_causal: Optional[bool] = None,
     ) -> Tensor:
         """The memory ``(B, Ls, d_model)``."""
         if self.src_position is not None:
             src = self.src_position(src)
-        return self.encoder(src, mask=src_mask, src_key_padding_mask=src_key_padding_mask)
+        return self.encoder(
+            src, mask=src_mask, src_key_padding_mask=src_key_padding_mask, is_causal=src_is_causal
+        )
 
     def decode(
         self,
@@ -283,7 +306,8 @@ class Transformer(nn.Module):
         memory_mask: Optional[Tensor] = None,
         tgt_key_padding_mask: Optional[Tensor] = None,
         memory_key_padding_mask: Optional[Tensor] = None,
-        tgt_is_causal: bool = True,
+        tgt_is_causal: Optional[bool] = True,
+        memory_is_causal: bool = False,
     ) -> Tensor:
         """Decoder states ``(B, Lt, d_model)`` for target embeddings at positions ``0 .. Lt - 1``."""
         if self.tgt_position is not None:
@@ -296,6 +320,7 @@ class Transformer(nn.Module):
             tgt_key_padding_mask=tgt_key_padding_mask,
             memory_key_padding_mask=memory_key_padding_mask,
             tgt_is_causal=tgt_is_causal,
+            memory_is_causal=memory_is_causal,
         )
 
     def forward(
@@ -308,9 +333,14 @@ class Transformer(nn.Module):
         src_key_padding_mask: Optional[Tensor] = None,
         tgt_key_padding_mask: Optional[Tensor] = None,
         memory_key_padding_mask: Optional[Tensor] = None,
-        tgt_is_causal: bool = True,
+        src_is_causal: Optional[bool] = None,
+        tgt_is_causal: Optional[bool] = True,
+        memory_is_causal: bool = False,
     ) -> Tensor:
-        memory = self.encode(src, src_mask=src_mask, src_key_padding_mask=src_key_padding_mask)
+        """torch's ``Transformer.forward`` arguments; ``tgt_is_causal`` defaults to True (see the class)."""
+        memory = self.encode(
+            src, src_mask=src_mask, src_key_padding_mask=src_key_padding_mask, src_is_causal=src_is_causal
+        )
         if memory_key_padding_mask is None:
             memory_key_padding_mask = src_key_padding_mask
         return self.decode(
@@ -321,4 +351,5 @@ class Transformer(nn.Module):
             tgt_key_padding_mask=tgt_key_padding_mask,
             memory_key_padding_mask=memory_key_padding_mask,
             tgt_is_causal=tgt_is_causal,
+            memory_is_causal=memory_is_causal,
         )
