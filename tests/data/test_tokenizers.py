@@ -76,3 +76,71 @@ def test_char_fit_and_unknown_characters():
     assert tok.chars == [" ", "a", "b", "c"]
     assert tok.encode_ids("az") == [tok.index["a"], tok.unk_id]
     assert CharTokenizer.from_dict(tok.to_dict()).vocab == tok.vocab
+
+
+@pytest.mark.parametrize("ids", [[99], [-1], [2, 6]])
+def test_decode_rejects_ids_outside_the_vocabulary(ids):
+    word, char = WordTokenizer.fit(["a b c"]), CharTokenizer("ab")
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        word.decode(ids)
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        char.decode(ids)
+
+
+def test_decode_reads_numpy_arrays_and_rejects_non_integer_ids():
+    import numpy as np
+
+    tok = CharTokenizer("ab")
+    assert tok.decode(np.array([[4, 5, 2], [5, 0, 0]])) == ["ab", "b"]
+    assert WordTokenizer.fit(["a b"]).decode(np.array([2, 3, 0])) == "a b"
+    with pytest.raises(ValueError, match="4.0"):
+        tok.decode([4.0])
+    with pytest.raises(ValueError, match="expected a batch"):
+        tok.decode(torch.tensor(4))
+
+
+@pytest.mark.parametrize(
+    "sequences, pad_id, message",
+    [
+        ([[1.5]], 0, "sequence 0 holds 1.5"),
+        ([[1], "ab"], 0, "sequence 1 is 'ab'"),
+        ([[[1]]], 0, r"holds \[1\]"),
+        ([[1]], None, "pad_id=None"),
+        ([[1]], True, "pad_id=True"),
+    ],
+)
+def test_pad_batch_rejects_non_integer_ids(sequences, pad_id, message):
+    from attnkit.data import pad_batch
+
+    with pytest.raises(ValueError, match=message):
+        pad_batch(sequences, pad_id)
+
+
+def test_pad_batch_accepts_numpy_integers_and_tensors():
+    import numpy as np
+
+    from attnkit.data import pad_batch
+
+    ids, mask = pad_batch([torch.tensor([3, 4]), np.array([5])], np.int64(0), max_length=np.int64(2))
+    assert ids.tolist() == [[3, 4], [5, 0]] and mask.tolist() == [[True, True], [True, False]]
+
+
+@pytest.mark.parametrize(
+    "cls, state, message",
+    [
+        (WordTokenizer, {"type": "word"}, r"lacks \['vocab', 'lowercase'\]"),
+        (WordTokenizer, ["<pad>"], "type='list'"),
+        (CharTokenizer, {"type": "char"}, r"lacks \['alphabet'\]"),
+        (CharTokenizer, {"type": "char", "alphabet": 5}, "alphabet is 5"),
+    ],
+)
+def test_from_dict_names_a_broken_state(cls, state, message):
+    with pytest.raises(ValueError, match=message):
+        cls.from_dict(state)
+
+
+def test_vocab_and_alphabet_must_hold_strings():
+    with pytest.raises(ValueError, match="vocab holds 3"):
+        WordTokenizer(["<pad>", "<unk>", 3])
+    with pytest.raises(ValueError, match="single characters"):
+        CharTokenizer([1])

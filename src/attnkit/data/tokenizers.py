@@ -7,11 +7,14 @@ Both return ``(ids, mask)``: ``ids`` a ``LongTensor (B, L)`` padded with ``pad_i
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections import Counter
 from typing import Iterable, Optional, Sequence
 
 import torch
+
+from ..validators import check_int
 
 __all__ = ["WordTokenizer", "CharTokenizer", "pad_batch"]
 
@@ -22,12 +25,11 @@ def pad_batch(
     sequences: Sequence[Sequence[int]], pad_id: int, max_length: Optional[int] = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad id lists into ``ids (B, L)``, ``mask (B, L)`` (True = real); truncate at ``max_length``."""
-    if max_length is not None and (
-        isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
-    ):
-        raise ValueError(f"max_length={max_length!r}: expected an integer >= 1 or None")
     if max_length is not None:
-        sequences = [list(s)[:max_length] for s in sequences]
+        what = f"max_length={max_length!r}"
+        max_length = check_int(max_length, what, "expected an integer >= 1 or None", low=1)
+    pad_id = check_int(pad_id, f"pad_id={pad_id!r}", "expected an integer token id")
+    sequences = [_id_list(s, f"sequence {b}")[:max_length] for b, s in enumerate(sequences)]
     L = max([len(s) for s in sequences] + [1])
     B = len(sequences)
     ids = torch.full((B, L), pad_id, dtype=torch.long)
@@ -37,6 +39,24 @@ def pad_batch(
             ids[b, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
             mask[b, : len(seq)] = True
     return ids, mask
+
+
+def _id_list(ids, what: str) -> list[int]:
+    """``ids`` (a list, tuple, 1-D tensor or array of integers) as a list; else a ``ValueError``."""
+    values = ids.tolist() if hasattr(ids, "tolist") else ids
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ValueError(f"{what} is {ids!r}; expected a sequence of integer token ids")
+    values = list(values)
+    bad = [i for i in values if isinstance(i, bool) or not isinstance(i, numbers.Integral)]
+    if bad:
+        raise ValueError(f"{what} holds {bad[0]!r}; expected integer token ids")
+    return values
+
+
+def _check_decode_ids(ids: list[int], vocab_size: int) -> None:
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is not in the vocabulary [0, {vocab_size})")
 
 
 def _check_texts(texts) -> list[str]:
@@ -49,6 +69,16 @@ def _check_texts(texts) -> list[str]:
     return texts
 
 
+def _check_state(state, kind: str, keys: tuple[str, ...]) -> None:
+    cls = {"word": "WordTokenizer", "char": "CharTokenizer"}[kind]
+    if not isinstance(state, dict) or state.get("type") != kind:
+        found = state.get("type") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"not a {cls} state (type={found!r}); expected the dict of {cls}.to_dict()")
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise ValueError(f"{cls} state lacks {missing}; expected the dict of {cls}.to_dict()")
+
+
 class WordTokenizer:
     """Lower-cased words and punctuation marks; ``<pad>`` = 0, ``<unk>`` = 1, then words by frequency."""
 
@@ -58,6 +88,9 @@ class WordTokenizer:
         vocab = list(vocab)
         if vocab[:2] != [self.PAD, self.UNK]:
             raise ValueError(f"vocab must start with {[self.PAD, self.UNK]}, got {vocab[:2]}")
+        bad = [w for w in vocab if not isinstance(w, str)]
+        if bad:
+            raise ValueError(f"vocab holds {bad[0]!r}; expected strings")
         if len(set(vocab)) != len(vocab):
             raise ValueError("vocab has repeated entries")
         self.vocab = vocab
@@ -70,14 +103,12 @@ class WordTokenizer:
         cls, texts: Iterable[str], max_vocab: Optional[int] = 20000, min_freq: int = 1, lowercase: bool = True
     ) -> "WordTokenizer":
         """The ``max_vocab`` most frequent words seen at least ``min_freq`` times (ties: first seen)."""
-        if max_vocab is not None and (
-            isinstance(max_vocab, bool) or not isinstance(max_vocab, int) or max_vocab < 2
-        ):
-            raise ValueError(
-                f"max_vocab={max_vocab!r}: expected an integer >= 2 (it counts <pad> and <unk>) or None"
+        if max_vocab is not None:
+            max_vocab = check_int(
+                max_vocab, f"max_vocab={max_vocab!r}",
+                "expected an integer >= 2 (it counts <pad> and <unk>) or None", low=2,
             )
-        if isinstance(min_freq, bool) or not isinstance(min_freq, int) or min_freq < 1:
-            raise ValueError(f"min_freq={min_freq!r}: expected an integer >= 1")
+        min_freq = check_int(min_freq, f"min_freq={min_freq!r}", "expected an integer >= 1", low=1)
         counts: Counter = Counter()
         for text in _check_texts(texts):
             counts.update(cls._split(text, lowercase))
@@ -110,17 +141,17 @@ class WordTokenizer:
         return pad_batch([self.encode_ids(t) for t in _check_texts(texts)], self.pad_id, max_length)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return " ".join(
-            self.vocab[i] for i in (ids.tolist() if torch.is_tensor(ids) else ids) if i != self.pad_id
-        )
+        """The words of one sequence ``(L,)`` joined by spaces, padding skipped."""
+        ids = _id_list(ids, "ids")
+        _check_decode_ids(ids, len(self.vocab))
+        return " ".join(self.vocab[i] for i in ids if i != self.pad_id)
 
     def to_dict(self) -> dict:
         return {"type": "word", "vocab": self.vocab, "lowercase": self.lowercase}
 
     @classmethod
     def from_dict(cls, state: dict) -> "WordTokenizer":
-        if state.get("type") != "word":
-            raise ValueError(f"not a WordTokenizer state (type={state.get('type')!r})")
+        _check_state(state, "word", ("vocab", "lowercase"))
         return cls(state["vocab"], lowercase=state["lowercase"])
 
     def __repr__(self) -> str:
@@ -135,10 +166,9 @@ class CharTokenizer:
 
     def __init__(self, alphabet: Iterable[str] = MLU_ALPHABET) -> None:
         chars = list(dict.fromkeys(alphabet))
-        if any(len(c) != 1 for c in chars):
-            raise ValueError(
-                f"alphabet must be single characters, got {[c for c in chars if len(c) != 1][:3]}"
-            )
+        bad = [c for c in chars if not isinstance(c, str) or len(c) != 1]
+        if bad:
+            raise ValueError(f"alphabet must be single characters, got {bad[:3]}")
         self.chars = chars
         self.vocab = [*self.SPECIALS, *chars]
         self.index = {c: i + len(self.SPECIALS) for i, c in enumerate(chars)}
@@ -173,10 +203,15 @@ class CharTokenizer:
 
     def decode(self, ids) -> list[str]:
         """Strings of a batch ``(B, L)`` or one sequence ``(L,)``: stop at ``<eos>``, skip pad/bos."""
-        rows = ids.tolist() if torch.is_tensor(ids) else list(ids)
-        single = bool(rows) and not isinstance(rows[0], (list, tuple))
+        rows = ids.tolist() if hasattr(ids, "tolist") else ids
+        if isinstance(rows, (str, bytes)) or not isinstance(rows, Iterable):
+            raise ValueError(f"ids is {ids!r}; expected a batch (B, L) or one sequence (L,) of token ids")
+        rows = list(rows)
+        single = bool(rows) and not isinstance(rows[0], Iterable)
         out = []
-        for row in [rows] if single else rows:
+        for b, row in enumerate([rows] if single else rows):
+            row = _id_list(row, "ids" if single else f"ids row {b}")
+            _check_decode_ids(row, len(self.vocab))
             chars = []
             for i in row:
                 if i == self.eos_id:
@@ -192,8 +227,9 @@ class CharTokenizer:
 
     @classmethod
     def from_dict(cls, state: dict) -> "CharTokenizer":
-        if state.get("type") != "char":
-            raise ValueError(f"not a CharTokenizer state (type={state.get('type')!r})")
+        _check_state(state, "char", ("alphabet",))
+        if not isinstance(state["alphabet"], str):
+            raise ValueError(f"CharTokenizer state: alphabet is {state['alphabet']!r}; expected a string")
         return cls(state["alphabet"])
 
     def __repr__(self) -> str:
