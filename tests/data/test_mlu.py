@@ -112,3 +112,39 @@ def test_sequence_accuracy_counts_exact_matches_only():
     assert sequence_accuracy(["12", "-3", "40"], ["12", "-3", "4"]) == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="2 predictions for 3 targets"):
         sequence_accuracy(["1", "2"], ["1", "2", "3"])
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"seed": True}, "seed=True"),
+        ({"seed": 1.0}, "seed=1.0"),
+        ({"permute_assignments": "no"}, "permute_assignments='no'"),
+        ({"operators": None}, "operators=None"),
+        ({"operators": [["+"]]}, "operators"),
+        ({"variables": None}, "variables=None"),
+    ],
+)
+def test_config_rejects_values_of_the_wrong_type(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MLUConfig(**kwargs)
+
+
+def test_numpy_integers_are_accepted_as_sizes_and_seed():
+    import numpy as np
+
+    config = MLUConfig(num_train=np.int64(20), num_test=np.int32(5), seed=np.int64(3))
+    assert config == MLUConfig(num_train=20, num_test=5, seed=3) and type(config.seed) is int
+    expected = generate_mlu(MLUConfig(num_train=20, num_test=5, seed=3)).train_src
+    assert generate_mlu(config).train_src == expected
+
+
+@pytest.mark.parametrize("op", ["//", "%"])
+def test_space_size_leaves_out_division_by_zero(op):
+    # [0, 1) has only the divisor 0: no sample exists, so asking for one is an error, not an endless loop
+    with pytest.raises(ValueError, match="allow only 0 without a division by 0"):
+        MLUConfig(num_train=1, num_test=0, low=0, high=1, operators=(op,))
+    config = MLUConfig(num_train=3, num_test=0, low=-1, high=2, operators=(op,), permute_assignments=False)
+    assert config.num_valid_inputs == 3 * 2  # x in {-1, 0, 1}, y in {-1, 1}
+    inputs = generate_mlu(config).train_src
+    assert len(set(inputs)) == 3 and not any(s.endswith(f"y=0,x{op}y") for s in inputs)

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
+from ..validators import check_bool, check_int
 from .containers import Seq2SeqData
 
 __all__ = ["MLUConfig", "OPERATORS", "generate_mlu", "evaluate_expression", "sequence_accuracy"]
@@ -55,8 +56,10 @@ class MLUConfig:
     def __post_init__(self) -> None:
         for field_name in ("num_train", "num_test", "low", "high", "seed"):
             value = getattr(self, field_name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"MLUConfig({field_name}={value!r}): expected an integer")
+            what = f"MLUConfig({field_name}={value!r})"
+            object.__setattr__(self, field_name, check_int(value, what, "expected an integer"))
+        for field_name in ("permute_assignments", "permute_operands"):
+            check_bool(getattr(self, field_name), f"MLUConfig({field_name}={getattr(self, field_name)!r})")
         if self.num_train < 1 or self.num_test < 0:
             raise ValueError(
                 f"MLUConfig(num_train={self.num_train}, num_test={self.num_test}): "
@@ -66,14 +69,15 @@ class MLUConfig:
             raise ValueError(
                 f"MLUConfig(low={self.low}, high={self.high}): need low < high (high is exclusive)"
             )
-        ops = tuple(self.operators)
-        if not ops or any(op not in OPERATORS for op in ops) or len(set(ops)) != len(ops):
+        ops = tuple(self.operators) if isinstance(self.operators, Iterable) else ()
+        known = all(isinstance(op, str) and op in OPERATORS for op in ops)
+        if not ops or not known or len(set(ops)) != len(ops):
             raise ValueError(
                 f"MLUConfig(operators={self.operators!r}): "
                 f"expected distinct operators from {tuple(OPERATORS)}"
             )
         object.__setattr__(self, "operators", ops)
-        names = tuple(self.variables)
+        names = tuple(self.variables) if isinstance(self.variables, Iterable) else ()
         if (
             len(names) != 2
             or names[0] == names[1]
@@ -91,6 +95,12 @@ class MLUConfig:
                 "allow only "
                 f"{self.space_size}; ask for at most half of that, or widen [low, high) / add operators"
             )
+        if self.num_train + self.num_test > self.num_valid_inputs:  # e.g. x // y with y in [0, 1) only
+            raise ValueError(
+                f"MLUConfig: {self.num_train + self.num_test} unique samples requested but the settings "
+                f"allow only {self.num_valid_inputs} without a division by 0; "
+                "widen [low, high) or add operators"
+            )
 
     @property
     def space_size(self) -> int:
@@ -103,6 +113,14 @@ class MLUConfig:
             * (2 if self.permute_assignments else 1)
             * (2 if self.permute_operands else 1)
         )
+
+    @property
+    def num_valid_inputs(self) -> int:
+        """Number of distinct input strings without a division by 0 (exact; ``space_size`` counts those)."""
+        n = self.high - self.low
+        zero = 1 if self.low <= 0 < self.high else 0  # a right operand 0 is left out for // and %
+        pairs = sum(n * (n - zero) if op in ("//", "%") else n * n for op in self.operators)
+        return pairs * (2 if self.permute_assignments else 1) * (2 if self.permute_operands else 1)
 
 
 def evaluate_expression(a: int, op: str, b: int) -> int:
