@@ -129,3 +129,49 @@ def test_unreachable_hub_fails_fast(tmp_path, monkeypatch):
 def test_hub_dataset_not_cached_names_fetch(tmp_path):
     with pytest.raises(DatasetUnavailableError, match="attnkit data fetch snli"):
         load_dataset("snli", cache_dir=tmp_path)
+
+
+_GOOD = '{"sentence": "fine", "label": 1}\n{"sentence": "dull", "label": 0}\n'
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("train.jsonl", _GOOD + "{not json\n", r"train\.jsonl line 3 is not JSON"),
+        ("train.jsonl", _GOOD + "[1, 2]\n", r"train\.jsonl line 3 is not a JSON object"),
+        ("train.jsonl", "", r"train\.jsonl has no rows"),
+        ("train.csv", "sentence,label\nfine,1\nx,1,2,3\n", r"cannot read .*train\.csv .*line 3"),
+        ("train.parquet", "garbage", r"cannot read .*train\.parquet"),
+    ],
+)
+def test_unreadable_source_file_is_one_error_naming_file_and_line(tmp_path, name, text, message):
+    (tmp_path / name).write_text(text)
+    test_text = _GOOD if name.endswith(".jsonl") else "sentence,label\nfine,1\n"
+    if name.endswith(".parquet"):
+        (tmp_path / "test.parquet").write_text("garbage")
+    else:
+        (tmp_path / f"test{name[5:]}").write_text(test_text)
+    with pytest.raises(ValueError, match=message):
+        load_dataset("sst2", source=tmp_path)
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"sentence": "x", "label": True}, "label True is not an integer"),
+        ({"sentence": None, "label": 1}, "'sentence' holds None"),
+        ({"sentence": 5, "label": 1}, "'sentence' holds 5"),
+    ],
+)
+def test_labels_and_texts_of_the_wrong_type_are_not_converted(tmp_path, row, message):
+    _jsonl(tmp_path / "train.jsonl", [row])
+    (tmp_path / "test.jsonl").write_text(_GOOD)
+    with pytest.raises(ValueError, match=message):
+        load_dataset("sst2", source=tmp_path)
+
+
+def test_test_split_without_labels_is_an_error_not_an_empty_test_set(tmp_path):
+    (tmp_path / "train.jsonl").write_text(_GOOD)
+    _jsonl(tmp_path / "test.jsonl", [{"sentence": "hidden", "label": -1}])  # GLUE's test split
+    with pytest.raises(ValueError, match="test split has no labeled row"):
+        load_dataset("sst2", source=tmp_path)

@@ -112,14 +112,27 @@ def _to_data(spec: HubSpec, train: Any, test: Any) -> TextClassificationData:
         labels = list(table[spec.label_column])
         keep = [i for i, y in enumerate(labels) if y is not None and y != -1]
         bad = [
-            labels[i] for i in keep if not isinstance(labels[i], int) or not 0 <= labels[i] < len(label_names)
+            labels[i]
+            for i in keep
+            if isinstance(labels[i], bool)
+            or not isinstance(labels[i], int)
+            or not 0 <= labels[i] < len(label_names)
         ]
         if bad:
             raise ValueError(
                 f"{spec.name}: {split} label {bad[0]!r} is not an integer in [0, {len(label_names)}) "
                 f"(classes {label_names}) or -1 for unlabeled"
             )
+        if not keep:
+            raise ValueError(
+                f"{spec.name}: the {split} split has no labeled row ({len(labels)} rows, all labels -1 or "
+                "missing); a hub test split without labels cannot be the test set, use the validation split"
+            )
         texts = [list(table[c]) for c in spec.text_columns]
+        for column, values in zip(spec.text_columns, texts):
+            odd = next((values[i] for i in keep if not isinstance(values[i], str)), "")
+            if not isinstance(odd, str):
+                raise ValueError(f"{spec.name}: {split} {column!r} holds {odd!r}; expected text in every row")
         splits[split] = (
             [str(texts[0][i]) for i in keep],
             [str(texts[1][i]) for i in keep] if len(texts) > 1 else None,
@@ -167,13 +180,35 @@ def load_hub_source(spec: HubSpec, source: PathLike) -> TextClassificationData:
     with tempfile.TemporaryDirectory(
         prefix="attnkit-hf-"
     ) as scratch:  # nothing is written beside the user's files
-        loaded = datasets.load_dataset(
-            _EXTENSIONS[train.suffix],
-            data_files={"train": str(train), "test": str(test)},
-            cache_dir=scratch,
-            keep_in_memory=True,
+        tables = [_read_source_file(datasets, spec, path, scratch) for path in (train, test)]
+        return _to_data(spec, *tables)
+
+
+def _read_source_file(datasets, spec: HubSpec, path: Path, scratch: str):
+    """One local split file as a ``datasets.Dataset``; a file it cannot read is a ``ValueError`` naming it."""
+    if path.suffix == ".jsonl":  # name the line: the JSON reader's own error counts rows from 0 in a block
+        rows = 0
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for number, line in enumerate(f, start=1):
+                try:
+                    row = json.loads(line) if line.strip() else {}
+                except ValueError as exc:
+                    raise ValueError(f"{spec.name}: {path} line {number} is not JSON ({exc})") from None
+                if not isinstance(row, dict):
+                    raise ValueError(f"{spec.name}: {path} line {number} is not a JSON object")
+                rows += bool(row)
+        if not rows:
+            raise ValueError(f"{spec.name}: {path} has no rows")
+    try:
+        return datasets.load_dataset(
+            _EXTENSIONS[path.suffix], data_files={"train": str(path)}, split="train",
+            cache_dir=scratch, keep_in_memory=True,
         )
-        return _to_data(spec, loaded["train"], loaded["test"])
+    except Exception as exc:  # the readers' errors are many (pyarrow, pandas, empty file); report one line
+        while exc.__cause__ is not None or exc.__context__ is not None:
+            exc = exc.__cause__ or exc.__context__
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"{spec.name}: cannot read {path} ({type(exc).__name__}: {first})") from None
 
 
 def _load_from_hub(spec: HubSpec) -> TextClassificationData:
