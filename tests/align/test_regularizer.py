@@ -262,3 +262,111 @@ def test_regularizer_left_behind_by_to_is_named():
     model(x, src_key_padding_mask=pad)
     with pytest.raises(ValueError, match=r"discriminator's parameters are torch.float32 on meta.*reg.to"):
         reg.loss()
+
+
+def _hf_batch():
+    ids = torch.randint(5, 100, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, 4:] = 0
+    return ids, mask
+
+
+def _query_grad(model):
+    return model.encoder.layer[0].attention.self.query.weight.grad.clone()
+
+
+@pytest.mark.parametrize("method", ("mmd", "ct"))
+def test_gradient_checkpointing_captures_each_layer_once_and_trains_alike(method):
+    from tests.hf._models import tiny_model
+
+    ids, mask = _hf_batch()
+    results = []
+    for checkpointing in (False, True):
+        model = tiny_model("bert").train()
+        for module in model.modules():  # dropout off: the two runs must see the same forward
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        if checkpointing:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        reg = AlignmentRegularizer(model, method=method, weight=1.0)
+        model(input_ids=ids, attention_mask=mask)
+        loss = reg.loss()
+        before = reg.mmd()
+        loss.backward()  # checkpointing recomputes both layers here
+        assert len(reg._captured) == 2
+        assert reg.mmd() == before
+        results.append((float(loss), _query_grad(model)))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
+    torch.testing.assert_close(results[0][1], results[1][1])
+    assert results[0][1].abs().sum() > 0
+
+
+def test_reentrant_checkpointing_is_named_instead_of_an_untrained_loss():
+    from tests.hf._models import tiny_model
+
+    model = tiny_model("bert").train()
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
+    reg = AlignmentRegularizer(model, method="mmd")
+    ids, mask = _hf_batch()
+    model(input_ids=ids, attention_mask=mask)
+    with pytest.raises(ValueError, match="use_reentrant"):
+        reg.loss()
+    assert reg.mmd() > 0  # the diagnostics need no gradient
+    model.activation_checkpointing_disable()
+    model(input_ids=ids, attention_mask=mask)
+    assert reg.loss().requires_grad
+
+
+def test_torch_checkpoint_in_a_users_model_captures_once():
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self, reentrant):
+            super().__init__()
+            self.inner, self.reentrant = _encoder().train(), reentrant
+
+        def forward(self, x, pad):
+            return checkpoint(self.inner, x, None, pad, use_reentrant=self.reentrant)  # (src, mask, padding)
+
+    x, pad = _batch()
+    x.requires_grad_(True)
+    model = Checkpointed(reentrant=False)
+    reg = AlignmentRegularizer(model, method="ot")
+    (model(x, pad).sum() + reg.loss()).backward()
+    assert len(reg._captured) == 2
+    model = Checkpointed(reentrant=True)
+    reg = AlignmentRegularizer(model, method="ot")
+    model(x, pad)
+    with pytest.raises(ValueError, match="use_reentrant=False"):
+        reg.loss()
+
+
+def test_a_submodule_called_alone_is_not_captured():
+    from tests.hf._models import tiny_model
+
+    model = tiny_model("bert")
+    ids, mask = _hf_batch()
+    reg = AlignmentRegularizer(model, method="mmd")
+    model(input_ids=ids, attention_mask=mask)
+    value = reg.mmd()
+    for _ in range(3):  # neither piles up nor reads a mask the call was not given
+        model.encoder(model.embeddings(ids))
+    assert len(reg._captured) == 2 and reg.mmd() == value
+    fresh = AlignmentRegularizer(_encoder(), method="mmd")
+    fresh._model[0].layers[0](torch.randn(2, 3, 16))
+    with pytest.raises(ValueError, match="TransformerEncoder the regularizer is attached to"):
+        fresh.loss()
+
+
+def test_a_forward_that_raises_leaves_the_next_one_captured():
+    from tests.hf._models import tiny_model
+
+    model = tiny_model("bert")
+    reg = AlignmentRegularizer(model, method="mmd")
+    ids, mask = _hf_batch()
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        model(input_ids=ids, attention_mask=mask[:, :5].contiguous())  # refused by the capture
+    model(input_ids=ids, attention_mask=mask)
+    assert len(reg._captured) == 2
+    model.encoder(model.embeddings(ids))
+    assert len(reg._captured) == 2  # the failed forward did not leave the model marked as running

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from ..masks import MASKED_BIAS
 
-__all__ = ["Captured", "Site", "find_sites"]
+__all__ = ["Captured", "ForwardState", "Site", "find_sites"]
 
 _HF_PAIRS = (("query", "key"), ("q_lin", "k_lin"), ("q_proj", "k_proj"))
 
@@ -61,7 +61,7 @@ class Site:
     def __init__(self, name: str, module: nn.Module, num_heads: int, head_dim: int) -> None:
         self.name, self.module, self.num_heads, self.head_dim = name, module, num_heads, head_dim
 
-    def attach(self, record: Record, context: dict) -> list:  # returns hook handles
+    def attach(self, record: Record, context: ForwardState) -> list:  # returns hook handles
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -74,7 +74,7 @@ class Site:
 class MultiheadSite(Site):
     kind = "multihead"
 
-    def attach(self, record: Record, context: dict) -> list:
+    def attach(self, record: Record, context: ForwardState) -> list:
         signature = inspect.signature(self.module.forward)
 
         def hook(module, args, kwargs):
@@ -128,7 +128,7 @@ class HFSite(Site):
         super().__init__(name, module, num_heads, head_dim)
         self.q_lin, self.k_lin = q_lin, k_lin
 
-    def attach(self, record: Record, context: dict) -> list:
+    def attach(self, record: Record, context: ForwardState) -> list:
         pending: dict[str, Tensor] = {}
 
         def split(out: Tensor) -> Tensor:
@@ -142,7 +142,7 @@ class HFSite(Site):
                     q, k = split(pending.pop("q")), split(pending.pop("k"))
                     B, _, Lq, _ = q.shape
                     Lk = k.shape[2]
-                    mask = context.get("attention_mask")
+                    mask = context.attention_mask
                     record(Captured(q, k, _hf_valid(mask, B, Lq, q.device), _hf_valid(mask, B, Lk, q.device)))
 
             return hook
@@ -208,7 +208,7 @@ def _hf_sites(model) -> list[Site]:
 class GATSite(Site):
     kind = "gat"
 
-    def attach(self, record: Record, context: dict) -> list:
+    def attach(self, record: Record, context: ForwardState) -> list:
         conv = self.module
         outputs: list[tuple[str, Tensor]] = []
         H, C = self.num_heads, self.head_dim
@@ -285,18 +285,57 @@ def find_sites(model: nn.Module) -> tuple[list[Site], bool]:
     return sites, False
 
 
-def context_hook(model, is_hf: bool, context: dict, reset: Callable[[], None]):
-    """A pre-hook on the model: starts a new capture (and reads the HF ``attention_mask``) at each forward."""
+class ForwardState:
+    """Whether the model the regularizer is attached to is running its forward pass, and how.
+
+    Captures count only inside that forward: a submodule called on its own would pile its calls onto the last
+    forward's (and, for Hugging Face models, miss the ``attention_mask`` given to the model), and gradient
+    checkpointing recomputes the layers during ``backward()``, which would capture every layer a second time.
+    ``grad_enabled`` is the autograd mode at the start of the forward: a layer that runs with gradients off
+    inside a forward that started with them on (reentrant gradient checkpointing) gives queries and keys that
+    no loss can train.
+    """
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.grad_enabled = False
+        self.attention_mask: Optional[Tensor] = None
+
+    @property
+    def active(self) -> bool:
+        return self.depth > 0
+
+
+def start_hook(model, is_hf: bool, state: ForwardState, reset: Callable[[], None]):
+    """A pre-hook on the model: a new capture (and the HF ``attention_mask``) at each forward. Register it
+    before the sites' hooks."""
     signature = inspect.signature(model.forward) if is_hf else None
 
-    def hook(module, args, kwargs):
+    def start(module, args, kwargs):
+        state.depth += 1
+        if state.depth > 1:  # the model's forward calling itself: one capture
+            return None
         reset()
+        state.grad_enabled = torch.is_grad_enabled()
         if signature is not None:
             try:
                 bound = signature.bind_partial(*args, **kwargs)
-                context["attention_mask"] = bound.arguments.get("attention_mask")
+                state.attention_mask = bound.arguments.get("attention_mask")
             except TypeError:
-                context["attention_mask"] = kwargs.get("attention_mask")
+                state.attention_mask = kwargs.get("attention_mask")
         return None
 
-    return model.register_forward_pre_hook(hook, with_kwargs=True)
+    return model.register_forward_pre_hook(start, with_kwargs=True)
+
+
+def end_hook(model, state: ForwardState):
+    """A hook at the end of the model's forward (also when it raises). Register it after the sites' hooks:
+    when the model is itself a site (one GATConv), its capture comes from a forward hook."""
+
+    def end(module, args, kwargs, output):
+        state.depth = max(state.depth - 1, 0)
+        if not state.active:
+            state.attention_mask = None
+        return None
+
+    return model.register_forward_hook(end, with_kwargs=True, always_call=True)

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ._common import reduce_heads
-from .capture import Captured, find_sites
+from .capture import Captured, ForwardState, end_hook, find_sites, start_hook
 from .ct import RHO, Critic, Navigator, ct_loss
 from .gan import Discriminator, gan_loss
 from .mmd import mmd as mmd_values
@@ -150,21 +150,22 @@ class AlignmentRegularizer(nn.Module):
                 self.navigators.append(Navigator(site.head_dim, self.config.hidden).to(**factory))
         self._model = [model]  # a list, so that the model is not a submodule (its parameters are not ours)
         self._captured: list[tuple[int, Captured]] = []
-        self._context: dict = {}
+        self._untrainable: Optional[int] = None  # a layer captured with gradients off in this forward
+        self._state = ForwardState()
         self._generator = torch.Generator().manual_seed(self.config.seed)
-        self._handles = [self._context_hook(model, is_hf)]
+        self._handles = [start_hook(model, is_hf, self._state, self.clear)]
         for index, site in enumerate(self.sites):
-            self._handles += site.attach(self._recorder(index), self._context)
+            self._handles += site.attach(self._recorder(index), self._state)
+        self._handles.append(end_hook(model, self._state))
 
     # -- hooks -------------------------------------------------------------------------------------------
 
-    def _context_hook(self, model: nn.Module, is_hf: bool):
-        from .capture import context_hook
-
-        return context_hook(model, is_hf, self._context, self.clear)
-
     def _recorder(self, index: int):
         def record(captured: Captured) -> None:
+            if not self._state.active:  # a submodule called alone, or checkpointing's recompute in backward
+                return
+            if self._state.grad_enabled and not torch.is_grad_enabled() and self._untrainable is None:
+                self._untrainable = index
             self._captured.append((index, captured))
 
         return record
@@ -172,6 +173,7 @@ class AlignmentRegularizer(nn.Module):
     def clear(self) -> None:
         """Forget the captured queries and keys (done at the start of every forward pass of the model)."""
         self._captured.clear()
+        self._untrainable = None
 
     def remove(self) -> None:
         """Take every hook away; the model is as before attaching. The regularizer cannot be used after."""
@@ -190,9 +192,11 @@ class AlignmentRegularizer(nn.Module):
         if not self.attached:
             raise ValueError("the regularizer was removed; build a new AlignmentRegularizer to use it again")
         if not self._captured:
+            model = type(self._model[0]).__name__
             raise ValueError(
-                "no queries and keys captured yet; run a forward pass of the model (with self-attention) "
-                "before calling loss() or mmd()"
+                f"no queries and keys captured yet; run a forward pass of the {model} the regularizer is "
+                "attached to (with self-attention) before calling loss() or mmd(); a submodule called on "
+                "its own is not captured"
             )
         return [(i, self._subsample(c)) for i, c in self._captured]
 
@@ -235,7 +239,17 @@ class AlignmentRegularizer(nn.Module):
 
     def unweighted_loss(self) -> Tensor:
         """The alignment loss of the last forward pass, mean over captured layer calls, samples and heads."""
-        terms = [reduce_heads(self._values(i, c), c.q_mask, c.k_mask) for i, c in self._calls()]
+        calls = self._calls()
+        if self._untrainable is not None:
+            name = self.sites[self._untrainable].name
+            raise ValueError(
+                f"the queries and keys of layer {name!r} were computed with gradients off inside a forward "
+                "pass that had them on (gradient checkpointing with use_reentrant=True), so the alignment "
+                "loss cannot train the model; use non-reentrant checkpointing (Hugging Face: model."
+                "activation_checkpointing_enable(activation_checkpointing_kwargs={'use_reentrant': False}); "
+                "torch: checkpoint(..., use_reentrant=False))"
+            )
+        terms = [reduce_heads(self._values(i, c), c.q_mask, c.k_mask) for i, c in calls]
         return torch.stack(terms).mean()
 
     def loss(self) -> Tensor:
