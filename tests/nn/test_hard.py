@@ -104,3 +104,11 @@ def test_module_picks_argmax_in_eval_and_rejects_unknown_mode():
     with pytest.raises(ValueError, match="mode='hardest'"):
         HardAttention(8, 4, mode="hardest")
     assert "mode=reinforce" in repr(att)
+
+
+@pytest.mark.parametrize("tau", [0.0, -1.0, float("inf"), float("nan"), "1"])
+def test_a_temperature_that_is_not_finite_and_positive_is_named(tau):
+    with pytest.raises(ValueError, match="expected a finite temperature > 0"):
+        HardAttention(4, 4, mode="gumbel", tau=tau)
+    with pytest.raises(ValueError, match="expected a finite temperature > 0"):
+        gumbel_straight_through(torch.zeros(2, 3), tau=tau)

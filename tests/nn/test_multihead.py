@@ -320,6 +320,10 @@ def test_extra_repr_names_the_mechanism():
         ({"dropout": 1.0}, "dropout=1.0"),
         ({"backend": "fast"}, "fast"),
         ({"kdim": 0}, "kdim=0"),
+        ({"vdim": 2.0}, "vdim=2.0"),
+        ({"batch_first": "yes"}, "batch_first='yes'; expected True or False"),
+        ({"add_zero_attn": None}, "add_zero_attn=None"),
+        ({"dropout": float("nan")}, "dropout=nan"),
     ],
 )
 def test_bad_arguments_raise_value_error_naming_the_value(kwargs, needle):

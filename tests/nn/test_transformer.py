@@ -195,7 +195,7 @@ def test_transformer_adds_positions(positional):
         ({"encoder_mechanism": "nope"}, "nope"),
         ({"nhead": 3}, "embed_dim=8 is not divisible by num_heads=3"),
         ({"activation": "swish"}, "activation='swish'"),
-        ({"num_encoder_layers": 0}, "num_layers=0"),
+        ({"num_encoder_layers": 0}, "num_encoder_layers=0"),
     ],
 )
 def test_bad_arguments_raise_value_error_naming_the_value(kwargs, needle):
@@ -255,12 +255,32 @@ def test_small_positive_layer_norm_eps_gives_finite_outputs(make):
         ({"dropout": 1.0}, "dropout=1.0; expected a probability in [0, 1)"),
         ({"dropout": float("nan")}, "dropout=nan; expected a probability in [0, 1)"),
         ({"dropout": "0.1"}, "dropout='0.1'; expected a probability in [0, 1)"),
+        ({"batch_first": "no"}, "batch_first='no'; expected True or False"),
+        ({"norm_first": None}, "norm_first=None; expected True or False"),
+        ({"bias": 1}, "bias=1; expected True or False"),
     ],
 )
 @pytest.mark.parametrize("make", list(LAYERS))
-def test_feedforward_size_and_dropout_are_checked(make, kwargs, needle):
+def test_feedforward_size_dropout_and_flags_are_checked(make, kwargs, needle):
     with pytest.raises(ValueError, match=re.escape(needle)):
         LAYERS[make](**kwargs)
+
+
+@pytest.mark.parametrize("cls", [aknn.TransformerEncoderLayer, aknn.TransformerDecoderLayer])
+def test_numpy_sizes_and_flags_build_the_same_layer(cls):
+    import numpy as np
+
+    torch.manual_seed(0)
+    ours = cls(np.int64(D), np.int32(NH), np.int64(FF), np.float32(0.0), batch_first=np.bool_(True), **F64)
+    torch.manual_seed(0)
+    plain = cls(D, NH, FF, 0.0, batch_first=True, **F64)
+    assert ours.self_attn.embed_dim == D and type(ours.self_attn.embed_dim) is int
+    assert ours.self_attn.batch_first is True
+    x = _x(2, 4)
+    run = (lambda m: m.eval()(x)) if cls is aknn.TransformerEncoderLayer else (lambda m: m.eval()(x, x))
+    assert torch.equal(run(ours), run(plain))
+    stack = aknn.TransformerEncoder(aknn.TransformerEncoderLayer(D, NH, FF, batch_first=True), np.int64(2))
+    assert stack.num_layers == 2 and len(stack.layers) == 2
 
 
 # -- drop-in signatures: torch's positional arguments, attnkit's additions keyword-only --------------------

@@ -34,6 +34,8 @@ import torch
 from torch import Tensor, nn
 
 from ..scores import AdditiveScore
+from ..validators import check_number
+from .module_utils import flag
 
 __all__ = [
     "HARD_MODES",
@@ -67,6 +69,12 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"mode={mode!r}; expected one of {HARD_MODES}")
 
 
+def _check_tau(tau: float) -> float:
+    # tau = inf makes softmax((e + g) / tau) uniform: the straight-through gradient would be zero
+    expected = "expected a finite temperature > 0"
+    return check_number(tau, f"tau={tau!r}", expected, low=0.0, low_open=True, sep="; ")
+
+
 def gumbel_straight_through(
     logits: Tensor, tau: float = 1.0, generator: torch.Generator | None = None
 ) -> Tensor:
@@ -75,8 +83,7 @@ def gumbel_straight_through(
     ``logits (..., L)`` (masked entries ``-inf``) -> ``(..., L)`` whose forward values are exactly 0 or 1
     (``y_hard + (y_soft - y_soft.detach())`` adds an exact zero).
     """
-    if not tau > 0:
-        raise ValueError(f"tau={tau!r}; expected a temperature > 0")
+    tau = _check_tau(tau)
     u = torch.rand(logits.shape, generator=generator, dtype=logits.dtype, device=logits.device)
     g = -torch.log(-torch.log(u.clamp_min(torch.finfo(logits.dtype).tiny)))  # Gumbel(0, 1)
     y_soft = torch.softmax((logits + g) / tau, dim=-1)
@@ -213,9 +220,8 @@ class HardAttention(nn.Module):
     ) -> None:
         super().__init__()
         _check_mode(mode)
-        if not tau > 0:
-            raise ValueError(f"tau={tau!r}; expected a temperature > 0")
-        self.mode, self.tau, self.sample_in_eval = mode, float(tau), sample_in_eval
+        self.mode, self.tau = mode, _check_tau(tau)
+        self.sample_in_eval = flag(sample_in_eval, "sample_in_eval")
         self.score = AdditiveScore(query_dim, key_dim, hidden_dim)
         self.reset_parameters()
 

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from ..config import MechanismLike
 from ..registry import resolve_mechanism
 from ..validators import check_number
-from .module_utils import mechanism_label
+from .module_utils import flag, mechanism_label, positive_int
 from .multihead import MultiheadAttention
 
 __all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "Activation"]
@@ -83,9 +83,8 @@ class _Sublayers(nn.Module):
     """The feed-forward block shared by both layer kinds."""
 
     def _init_ff(self, d_model, dim_feedforward, dropout, activation, bias, factory) -> None:
-        for name, value in (("d_model", d_model), ("dim_feedforward", dim_feedforward)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}={value!r}; expected a positive integer")
+        d_model = positive_int(d_model, "d_model")
+        dim_feedforward = positive_int(dim_feedforward, "dim_feedforward")
         self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias, **factory)
         self.dropout = nn.Dropout(dropout)
         self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias, **factory)
@@ -125,6 +124,10 @@ class TransformerEncoderLayer(_Sublayers):
     ) -> None:
         super().__init__()
         layer_norm_eps = _check_layer_norm_eps(layer_norm_eps)
+        d_model = positive_int(d_model, "d_model")
+        batch_first, norm_first, bias = (
+            flag(batch_first, "batch_first"), flag(norm_first, "norm_first"), flag(bias, "bias")
+        )
         self._init_args = dict(
             d_model=d_model,
             nhead=nhead,
@@ -217,6 +220,10 @@ class TransformerDecoderLayer(_Sublayers):
     ) -> None:
         super().__init__()
         layer_norm_eps = _check_layer_norm_eps(layer_norm_eps)
+        d_model = positive_int(d_model, "d_model")
+        batch_first, norm_first, bias = (
+            flag(batch_first, "batch_first"), flag(norm_first, "norm_first"), flag(bias, "bias")
+        )
         _check_decoder_mechanism(self_mechanism, "self")
         _check_decoder_mechanism(cross_mechanism, "cross")
         self._init_args = dict(

@@ -12,8 +12,10 @@ functional core uses the opposite boolean convention (True = may attend); the he
 
 from __future__ import annotations
 
-from typing import Optional
+import numbers
+from typing import Any, Optional
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -29,6 +31,8 @@ __all__ = [
     "canonical_mask",
     "to_additive",
     "append_columns",
+    "positive_int",
+    "flag",
 ]
 
 
@@ -126,3 +130,18 @@ class HybridWeightMixin:
     def _hybrid_weight(self) -> Optional[Tensor]:
         """``sigmoid(theta)`` with its gradient, or ``None`` when the mechanism is not hnas."""
         return sigmoid_weight(self.theta) if self.theta is not None else None
+
+
+def positive_int(value: Any, name: str, extra: str = "") -> int:
+    """``int(value)`` for a Python or NumPy integer >= 1 (not ``bool``), else a ``ValueError`` naming it."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name}={value!r}; expected a positive integer{extra}")
+    return int(value)
+
+
+def flag(value: Any, name: str) -> bool:
+    """``bool(value)`` for ``True``/``False`` (NumPy's too): torch reads any truthy value, so ``"no"`` would
+    mean yes."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name}={value!r}; expected True or False")
+    return bool(value)

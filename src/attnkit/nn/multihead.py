@@ -27,11 +27,14 @@ from torch import Tensor, nn
 
 from ..config import CoDA, MechanismLike
 from ..functional import BACKENDS, attention
+from ..validators import check_number
 from .module_utils import (
     HybridWeightMixin,
     append_columns,
     canonical_mask,
+    flag,
     mechanism_label,
+    positive_int,
     resolve_module_mechanism,
     to_additive,
 )
@@ -96,19 +99,23 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
     ) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
-        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}={value!r}; expected a positive integer")
+        embed_dim = positive_int(embed_dim, "embed_dim")
+        num_heads = positive_int(num_heads, "num_heads")
         if embed_dim % num_heads != 0:
             raise ValueError(
                 f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; each head gets "
                 f"embed_dim // num_heads features (e.g. num_heads in {_divisors(embed_dim)})"
             )
-        for name, value in (("kdim", kdim), ("vdim", vdim)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise ValueError(f"{name}={value!r}; expected a positive integer or None (= embed_dim)")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout={dropout!r}; expected a probability in [0, 1)")
+        kdim = None if kdim is None else positive_int(kdim, "kdim", " or None (= embed_dim)")
+        vdim = None if vdim is None else positive_int(vdim, "vdim", " or None (= embed_dim)")
+        dropout = check_number(
+            dropout, f"dropout={dropout!r}", "expected a probability in [0, 1)", low=0.0, high=1.0,
+            high_open=True, sep="; ",
+        )
+        bias, add_bias_kv, add_zero_attn = (
+            flag(bias, "bias"), flag(add_bias_kv, "add_bias_kv"), flag(add_zero_attn, "add_zero_attn")
+        )
+        batch_first = flag(batch_first, "batch_first")
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r}; expected one of {BACKENDS}")
 

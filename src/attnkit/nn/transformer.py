@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import MechanismLike
+from .module_utils import positive_int
 from .layers import Activation, TransformerDecoderLayer, TransformerEncoderLayer
 from .positional import POSITIONAL, LearnedPositionalEncoding, SinusoidalPositionalEncoding
 
@@ -39,9 +40,8 @@ def _per_layer(value: Optional[PerLayer], num_layers: int, name: str) -> Optiona
     return [value] * num_layers
 
 
-def _check_num_layers(num_layers: int) -> None:
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-        raise ValueError(f"num_layers={num_layers!r}; expected a positive integer")
+def _check_num_layers(num_layers: int, name: str = "num_layers") -> int:
+    return positive_int(num_layers, name)
 
 
 def _detect_causal(mask: Optional[Tensor], is_causal: Optional[bool], L: int) -> bool:
@@ -83,7 +83,7 @@ class TransformerEncoder(nn.Module):
         self.enable_nested_tensor = enable_nested_tensor
         self.use_nested_tensor = False
         self.mask_check = mask_check
-        _check_num_layers(num_layers)
+        num_layers = _check_num_layers(num_layers)
         mechanisms = _per_layer(mechanism, num_layers, "mechanism")
         if mechanisms is not None and not isinstance(encoder_layer, TransformerEncoderLayer):
             raise ValueError(
@@ -131,7 +131,7 @@ class TransformerDecoder(nn.Module):
         cross_mechanism: Optional[PerLayer] = None,
     ) -> None:
         super().__init__()
-        _check_num_layers(num_layers)
+        num_layers = _check_num_layers(num_layers)
         selfs = _per_layer(self_mechanism, num_layers, "self_mechanism")
         crosses = _per_layer(cross_mechanism, num_layers, "cross_mechanism")
         if selfs is None and crosses is None:
@@ -222,8 +222,8 @@ class Transformer(nn.Module):
         super().__init__()
         if positional is not None and positional not in POSITIONAL:
             raise ValueError(f"positional={positional!r}; expected one of {POSITIONAL} or None")
-        _check_num_layers(num_encoder_layers)
-        _check_num_layers(num_decoder_layers)
+        num_encoder_layers = _check_num_layers(num_encoder_layers, "num_encoder_layers")
+        num_decoder_layers = _check_num_layers(num_decoder_layers, "num_decoder_layers")
         factory = {"device": device, "dtype": dtype}
         common = dict(
             d_model=d_model,
