@@ -175,3 +175,27 @@ def test_test_split_without_labels_is_an_error_not_an_empty_test_set(tmp_path):
     _jsonl(tmp_path / "test.jsonl", [{"sentence": "hidden", "label": -1}])  # GLUE's test split
     with pytest.raises(ValueError, match="test split has no labeled row"):
         load_dataset("sst2", source=tmp_path)
+
+
+def test_csv_label_column_with_an_empty_cell_drops_that_row_and_keeps_the_integers(tmp_path):
+    # pandas reads the label column as 1.0, NaN, 0.0
+    (tmp_path / "train.csv").write_text("sentence,label\ngood film,1\nbad film,\nok,0\n")
+    (tmp_path / "test.csv").write_text("sentence,label\nfine,1\n")
+    data = load_dataset("sst2", source=tmp_path)
+    assert data.train_texts == ["good film", "ok"] and data.train_labels == [1, 0]
+    assert all(type(y) is int for y in data.train_labels)
+
+
+def test_a_fractional_label_is_still_refused(tmp_path):
+    _jsonl(tmp_path / "train.jsonl", [{"sentence": "x", "label": 1.5}])
+    (tmp_path / "test.jsonl").write_text(_GOOD)
+    with pytest.raises(ValueError, match="label 1.5 is not an integer"):
+        load_dataset("sst2", source=tmp_path)
+
+
+def test_two_files_for_one_split_are_named_as_ambiguous(tmp_path):
+    (tmp_path / "train.jsonl").write_text(_GOOD)
+    (tmp_path / "train.csv").write_text("sentence,label\nfine,1\n")
+    (tmp_path / "test.jsonl").write_text(_GOOD)
+    with pytest.raises(ValueError, match=r"train\.jsonl and train\.csv: it is ambiguous which is the train"):
+        load_dataset("sst2", source=tmp_path)

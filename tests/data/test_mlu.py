@@ -115,6 +115,19 @@ def test_sequence_accuracy_counts_exact_matches_only():
 
 
 @pytest.mark.parametrize(
+    "predictions, targets, message",
+    [
+        ([1], ["1"], "predictions .* got int 1"),
+        (["1"], [None], "targets .* got NoneType"),
+        ("12", "12", "one string"),
+    ],
+)
+def test_sequence_accuracy_refuses_what_is_not_decoded_text(predictions, targets, message):
+    with pytest.raises(ValueError, match=message):  # 1 != "1" would count as a silent miss
+        sequence_accuracy(predictions, targets)
+
+
+@pytest.mark.parametrize(
     "kwargs, message",
     [
         ({"seed": True}, "seed=True"),

@@ -144,3 +144,22 @@ def test_vocab_and_alphabet_must_hold_strings():
         WordTokenizer(["<pad>", "<unk>", 3])
     with pytest.raises(ValueError, match="single characters"):
         CharTokenizer([1])
+
+
+@pytest.mark.parametrize("text", [5, None, ["a", "b"], b"ab"])
+def test_encode_ids_of_something_that_is_not_one_string_is_named(text):
+    from attnkit.data.transduction import TokenVocab
+
+    for tokenizer in (WordTokenizer.fit(["a b"]), CharTokenizer(), TokenVocab(["a", "b"], "chars")):
+        with pytest.raises(ValueError, match="expected one string"):
+            tokenizer.encode_ids(text)
+
+
+def test_token_vocab_refuses_one_string_where_a_list_is_expected():
+    from attnkit.data.transduction import TokenVocab
+
+    vocab = TokenVocab.fit(["ab"], "chars")
+    with pytest.raises(ValueError, match="got one string; wrap it"):
+        vocab.encode("ab")  # would be two one-character sequences
+    with pytest.raises(ValueError, match="got one string; wrap it"):
+        TokenVocab.fit("ab", "chars")

@@ -12,6 +12,7 @@ loader fail at once, otherwise a connection to the hub is tried with a short tim
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import tempfile
@@ -93,8 +94,20 @@ def _import_datasets():
     return datasets
 
 
+def _label_value(y: Any) -> Any:
+    """A label as read: an empty cell (``None``, or NaN from a CSV column that pandas read as floats) is
+    ``None``, and a whole float of such a column (``1.0``) is its integer."""
+    if isinstance(y, float) and not isinstance(y, bool):
+        if math.isnan(y):
+            return None
+        if y.is_integer():
+            return int(y)
+    return y
+
+
 def _to_data(spec: HubSpec, train: Any, test: Any) -> TextClassificationData:
-    """Map hub columns to a ``TextClassificationData``; rows with label ``-1`` (unlabeled) are dropped."""
+    """Map hub columns to a ``TextClassificationData``; rows with label ``-1`` or no label (unlabeled) are
+    dropped."""
     columns = [*spec.text_columns, spec.label_column]
     label_names = list(spec.label_names)
     features = getattr(train, "features", None)
@@ -109,7 +122,7 @@ def _to_data(spec: HubSpec, train: Any, test: Any) -> TextClassificationData:
                 f"{spec.name}: the {split} split has columns {table.column_names}, expected {columns} "
                 f"(the layout of {spec.hub_id} on the hub)"
             )
-        labels = list(table[spec.label_column])
+        labels = [_label_value(y) for y in table[spec.label_column]]
         keep = [i for i, y in enumerate(labels) if y is not None and y != -1]
         bad = [
             labels[i]
@@ -152,9 +165,14 @@ def _to_data(spec: HubSpec, train: Any, test: Any) -> TextClassificationData:
 
 def _split_file(folder: Path, names: tuple[str, ...]) -> Optional[Path]:
     for name in names:
-        for ext in _EXTENSIONS:
-            if (folder / f"{name}{ext}").is_file():
-                return folder / f"{name}{ext}"
+        found = [folder / f"{name}{ext}" for ext in _EXTENSIONS if (folder / f"{name}{ext}").is_file()]
+        if len(found) > 1:
+            raise ValueError(
+                f"{folder} holds {' and '.join(p.name for p in found)}: it is ambiguous which is the {name} "
+                "split; keep one of them in the folder"
+            )
+        if found:
+            return found[0]
     return None
 
 

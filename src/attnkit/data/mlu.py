@@ -177,4 +177,9 @@ def sequence_accuracy(predictions: Sequence[str], targets: Sequence[str]) -> flo
         )
     if not targets:
         raise ValueError("sequence_accuracy of an empty set is undefined; pass at least one target")
+    for name, values in (("predictions", predictions), ("targets", targets)):
+        odd = [v for v in values if not isinstance(v, str)][:1]
+        if isinstance(values, str) or odd:
+            got = "one string" if isinstance(values, str) else f"{type(odd[0]).__name__} {odd[0]!r}"
+            raise ValueError(f"{name} must be a list of strings (decoded sequences), got {got}")
     return sum(p == t for p, t in zip(predictions, targets)) / len(targets)

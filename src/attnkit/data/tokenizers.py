@@ -69,6 +69,12 @@ def _check_texts(texts) -> list[str]:
     return texts
 
 
+def _check_text(text) -> str:
+    if not isinstance(text, str):
+        raise ValueError(f"expected one string, got {type(text).__name__} {text!r}; use encode() for a list")
+    return text
+
+
 def _check_state(state, kind: str, keys: tuple[str, ...]) -> None:
     cls = {"word": "WordTokenizer", "char": "CharTokenizer"}[kind]
     if not isinstance(state, dict) or state.get("type") != kind:
@@ -132,7 +138,7 @@ class WordTokenizer:
         return self._split(text, self.lowercase)
 
     def encode_ids(self, text: str) -> list[int]:
-        return [self.index.get(w, self.unk_id) for w in self.tokenize(text)]
+        return [self.index.get(w, self.unk_id) for w in self.tokenize(_check_text(text))]
 
     def encode(
         self, texts: Sequence[str], max_length: Optional[int] = 256
@@ -187,7 +193,7 @@ class CharTokenizer:
         return len(self.vocab)
 
     def encode_ids(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
-        ids = [self.index.get(c, self.unk_id) for c in text]
+        ids = [self.index.get(c, self.unk_id) for c in _check_text(text)]
         return ([self.bos_id] if add_bos else []) + ids + ([self.eos_id] if add_eos else [])
 
     def encode(

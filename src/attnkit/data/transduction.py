@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 
 from torch import Tensor
 
-from .tokenizers import pad_batch
+from .tokenizers import _check_text, _check_texts, pad_batch
 
 __all__ = ["TokenVocab", "edit_distance", "token_error_rate", "sequence_error_rate", "SPLITS"]
 
@@ -39,7 +39,7 @@ class TokenVocab:
     @classmethod
     def fit(cls, texts: Iterable[str], split: str) -> TokenVocab:
         tokens = set()
-        for text in texts:
+        for text in _check_texts(texts):
             tokens.update(cls.tokenize_with(text, split))
         return cls(sorted(tokens), split)
 
@@ -48,7 +48,7 @@ class TokenVocab:
         return list(text) if split == "chars" else text.split()
 
     def tokenize(self, text: str) -> list[str]:
-        return self.tokenize_with(text, self.split)
+        return self.tokenize_with(_check_text(text), self.split)
 
     @property
     def vocab_size(self) -> int:
@@ -62,7 +62,7 @@ class TokenVocab:
         self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = False
     ) -> tuple[Tensor, Tensor]:
         """``ids (N, L)`` and ``mask (N, L)`` (True = real)."""
-        return pad_batch([self.encode_ids(t, add_bos, add_eos) for t in texts], self.pad_id)
+        return pad_batch([self.encode_ids(t, add_bos, add_eos) for t in _check_texts(texts)], self.pad_id)
 
     def decode_ids(self, ids: Iterable[int]) -> list[str]:
         """Tokens up to the first ``<eos>``; pad and bos skipped."""
