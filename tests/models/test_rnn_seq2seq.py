@@ -126,7 +126,8 @@ def test_empty_batch_runs(attention):
     logits, weights = model(src, None, tgt)
     assert logits.shape == (0, 3, 8) and (weights is None or weights.shape == (0, 3, 4))
     tokens, align = model.greedy_decode(src, max_len=3)
-    assert tokens.shape[0] == 0 and (align is None or align.shape[0] == 0)
+    assert tokens.shape == (0, 0) and tokens.dtype == torch.long
+    assert align is None or align.shape == (0, 0, 4)
 
 
 @pytest.mark.parametrize(

@@ -123,6 +123,12 @@ def test_greedy_decode_respects_max_len_and_validates():
         model.greedy_decode(torch.randint(1, 20, (2, 5)), None, max_len=40, bos_id=1, eos_id=2)
 
 
+def test_greedy_decode_of_an_empty_batch_decodes_no_token():
+    empty = torch.zeros(0, 5, dtype=torch.long)
+    out = _model().eval().greedy_decode(empty, None, max_len=4, bos_id=1, eos_id=2)
+    assert out.shape == (0, 0) and out.dtype == torch.long
+
+
 @pytest.mark.parametrize("mechanism", ["softmax", "coda"])
 def test_tiny_model_overfits_tiny_mlu(mechanism):
     """16 MLU samples: the loss drops by more than 100x and greedy decoding reproduces every target,

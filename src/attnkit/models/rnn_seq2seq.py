@@ -242,6 +242,9 @@ class RNNSeq2Seq(nn.Module):
         y = torch.full((B,), self.bos_id, dtype=torch.long, device=src_ids.device)
         done = torch.zeros(B, dtype=torch.bool, device=src_ids.device)
         tokens, weights = [], []
+        if B == 0:  # an empty batch decodes nothing: (0, 0) tokens, (0, 0, Ls) alignments
+            align = None if self.attention is None else enc["memory"].new_zeros(0, 0, enc["memory"].shape[1])
+            return src_ids.new_zeros(0, 0, dtype=torch.long), align
         for _ in range(max_len):
             logits, state, w = self.step(enc, state, y)
             y = logits.argmax(dim=-1).masked_fill(done, self.pad_id)  # (B,)

@@ -182,7 +182,7 @@ class Seq2SeqTransformer(nn.Module):
         B = src_ids.shape[0]
         ys = torch.full((B, 1), bos_id, dtype=torch.long, device=src_ids.device)  # (B, 1 + t)
         done = torch.zeros(B, dtype=torch.bool, device=src_ids.device)
-        for _ in range(max_len):
+        for _ in range(max_len if B else 0):  # an empty batch decodes nothing: (0, 0)
             logits = self.decode(ys, memory, src_mask, torch.ones_like(ys, dtype=torch.bool))  # (B, 1 + t, V)
             nxt = logits[:, -1].argmax(-1)  # (B,)
             nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
