@@ -370,3 +370,37 @@ def test_a_forward_that_raises_leaves_the_next_one_captured():
     assert len(reg._captured) == 2
     model.encoder(model.embeddings(ids))
     assert len(reg._captured) == 2  # the failed forward did not leave the model marked as running
+
+
+@pytest.mark.parametrize("family", ["attnkit", "bert", "gat"])
+def test_a_deep_copy_of_the_model_does_not_write_into_the_regularizer(family):
+    """copy.deepcopy (an EMA model, a best-so-far snapshot) copies the hooks; the copy's forward must not
+    replace the original's captures."""
+    import copy
+
+    if family == "attnkit":
+        model = _encoder()
+        x, pad = _batch()
+        run = lambda m, scale=1.0: m(x * scale, src_key_padding_mask=pad)  # noqa: E731
+    elif family == "bert":
+        from tests.hf._models import tiny_model
+
+        model = tiny_model("bert")
+        ids, mask = _hf_batch()
+        run = lambda m, scale=1.0: m(input_ids=ids if scale == 1.0 else ids.flip(1), attention_mask=mask)  # noqa: E731
+    else:
+        pytest.importorskip("torch_geometric")
+        from torch_geometric.nn import GATConv
+
+        torch.manual_seed(0)
+        model = GATConv(10, 8, heads=4, dropout=0.0)
+        x, edges = torch.randn(20, 10), torch.randint(0, 20, (2, 60))
+        run = lambda m, scale=1.0: m(x * scale + (scale - 1.0), edges)  # noqa: E731 (MMD ignores a scale)
+    reg = AlignmentRegularizer(model, method="mmd")
+    run(model)
+    value, calls = reg.mmd(), len(reg._captured)
+    twin = copy.deepcopy(model)
+    run(twin, 10.0)
+    assert reg.mmd() == value and len(reg._captured) == calls
+    run(model, 10.0)
+    assert reg.mmd() != value  # the original is still captured

@@ -78,6 +78,8 @@ class MultiheadSite(Site):
         signature = inspect.signature(self.module.forward)
 
         def hook(module, args, kwargs):
+            if module is not self.module:  # a copy of the model (copy.deepcopy keeps the hooks)
+                return None
             bound = signature.bind(*args, **kwargs)
             query, key = bound.arguments["query"], bound.arguments["key"]
             if query is not key:
@@ -136,7 +138,11 @@ class HFSite(Site):
             return out.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, d)
 
         def make(role: str):
+            own = self.q_lin if role == "q" else self.k_lin
+
             def hook(module, args, out):
+                if module is not own:  # a copy of the model (copy.deepcopy keeps the hooks)
+                    return
                 pending[role] = out
                 if "q" in pending and "k" in pending:
                     q, k = split(pending.pop("q")), split(pending.pop("k"))
@@ -215,15 +221,17 @@ class GATSite(Site):
 
         def collect(role: str):
             def hook(module, args, out):
-                outputs.append((role, out))
+                if module in (conv.lin, getattr(conv, "lin_src", None), getattr(conv, "lin_dst", None)):
+                    outputs.append((role, out))
 
             return hook
 
         def start(module, args):
-            outputs.clear()
+            if module is conv:
+                outputs.clear()
 
         def finish(module, args, out):
-            if not outputs:
+            if module is not conv or not outputs:
                 return
             if conv.lin is not None:
                 x_src = outputs[0][1]
@@ -312,6 +320,8 @@ def start_hook(model, is_hf: bool, state: ForwardState, reset: Callable[[], None
     signature = inspect.signature(model.forward) if is_hf else None
 
     def start(module, args, kwargs):
+        if module is not model:  # a copy of the model (copy.deepcopy keeps the hooks) is not captured
+            return None
         state.depth += 1
         if state.depth > 1:  # the model's forward calling itself: one capture
             return None
@@ -333,6 +343,8 @@ def end_hook(model, state: ForwardState):
     when the model is itself a site (one GATConv), its capture comes from a forward hook."""
 
     def end(module, args, kwargs, output):
+        if module is not model:
+            return None
         state.depth = max(state.depth - 1, 0)
         if not state.active:
             state.attention_mask = None
