@@ -69,6 +69,9 @@ def test_generate_follows_the_model_dtype():
     [
         (lambda d, c: d.generate(-1), "num=-1: expected a number of samples >= 0"),
         (lambda d, c: d.loss(torch.rand(0, 1, 8, 8)), r"empty batch \(B=0\)"),
+        (lambda d, c: d.loss(torch.full((2, 1, 8, 8), 255.0)), r"values in \[255, 255\]; .* in \[0, 1\]"),
+        (lambda d, c: d.loss(torch.rand(2, 1, 8, 8) - 0.5), r"needs pixel intensities in \[0, 1\]"),
+        (lambda d, c: d.loss(torch.full((2, 1, 8, 8), float("nan"))), r"values in \[nan, nan\]"),
         (lambda d, c: c(torch.rand(2, 3, 8, 8)), r"expected \(B, C=1, H, W\)"),
     ],
 )

@@ -113,6 +113,12 @@ class DRAW(nn.Module):
         """Mean over images of ``L^x + L^z`` (eqs. 9-12), in nats."""
         out = self(x)
         check_loss_batch(x.shape[0], "x")
+        low, high = (float(v) for v in torch.aminmax(x.detach()))  # one host sync; CUDA would assert
+        if not (0.0 <= low and high <= 1.0):
+            raise ValueError(
+                f"x holds values in [{low:g}, {high:g}]; the Bernoulli reconstruction loss needs pixel "
+                "intensities in [0, 1] (divide 8-bit images by 255)"
+            )
         recon = F.binary_cross_entropy(out.canvases[:, -1], x, reduction="none").flatten(1).sum(1)  # (B,)
         return (recon + out.kl).mean(), out
 
