@@ -119,6 +119,9 @@ def _has_padding(m: Optional[Tensor]) -> bool:
     return m.device.type != "cpu" or not bool(m.all())
 
 
+# Under torch.compile the call runs eagerly, one graph break, and the model around it compiles: its route is
+# chosen from the masks' values (host reads), and its kernels (C++, Triton) are opaque to the tracer.
+@torch.compiler.disable
 def attention(
     q: Tensor,
     k: Tensor,
