@@ -455,7 +455,7 @@ def _run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
         "dtype": str(_dtype(cfg.device)).replace("torch.", ""),
         "device": cfg.device, "threads": torch.get_num_threads(), "torch": torch.__version__,
         "repeats": cfg.repeats, "sinkhorn_iters": cfg.sinkhorn_iters, "cores": os.cpu_count(),
-        "dropout": cfg.dropout, "padding": cfg.padding,
+        "dropout": cfg.dropout, "padding": cfg.padding, "score_cache_mb": _score_cache_mb(),
         "valid_lengths": (
             {L: valid_lengths(L, cfg.batch, cfg.padding) for L in cfg.lengths} if cfg.padding else None
         ),
@@ -467,6 +467,17 @@ def _run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
         else "torch.cuda.max_memory_allocated above the inputs",
     }
     return {"meta": meta, "rows": rows}
+
+
+def _score_cache_mb() -> Optional[float]:
+    """The C++ kernels' budget of kept Sinkhorn scores in MiB (``ATTNKIT_SCORE_CACHE_MB``), or None when the
+    variable is unreadable (the rows then carry its error)."""
+    from .kernels.cpp_potentials import score_cache_bytes
+
+    try:
+        return score_cache_bytes() / 2**20
+    except ValueError:
+        return None
 
 
 def _route(mechanism: str, backend: str, q, k, v, cfg: BenchConfig, mask: Optional[torch.Tensor]) -> str:
@@ -535,6 +546,8 @@ def format_table(result: dict) -> str:
         shape += f", dropout {meta['dropout']}"
     if meta.get("padding"):
         shape += f", padded (valid lengths from L to {1 - meta['padding']:.2g} L)"
+    if meta.get("score_cache_mb") not in (None, 64):
+        shape += f", Sinkhorn score cache {meta['score_cache_mb']:g} MiB"
     threads = meta.get('threads', '?')
     lines.append(f"{shape}, {threads} thread{'' if threads == 1 else 's'}; "
                  f"times: median of {meta.get('repeats', '?')} rounds (min / max beside it); "

@@ -20,6 +20,12 @@ pytestmark = [
 LQ, LK = 300, 389  # two query chunks, four key strips (the last one of 5 keys)
 
 
+@pytest.fixture(autouse=True)
+def _budget_from_the_module(monkeypatch):
+    """The tests set ``SCORE_CACHE_BYTES``; a budget in the environment would override it."""
+    monkeypatch.delenv(cpp_potentials.SCORE_CACHE_ENV, raising=False)
+
+
 def _budgets(dtype):
     """Bytes that keep no strip, one strip and a half (one is kept), and every strip of a (LQ, 128) head."""
     strip = LQ * 128 * torch.finfo(dtype).bits // 8
@@ -112,6 +118,42 @@ def test_heads_that_need_the_whole_budget_get_it_with_the_same_results(threads, 
     do = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=ref.dtype)
     for a, b in zip(grads, torch.autograd.grad(ref, (qr, kr, vr), do)):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+
+@pytest.mark.parametrize(
+    "raw, expected", [(None, 64 * 2**20), ("", 64 * 2**20), ("0", 0), (" 256 ", 256 * 2**20)]
+)
+def test_the_budget_comes_from_the_environment_in_mib(raw, expected, monkeypatch):
+    if raw is not None:
+        monkeypatch.setenv(cpp_potentials.SCORE_CACHE_ENV, raw)
+    assert cpp_potentials.score_cache_bytes() == expected
+
+
+@pytest.mark.parametrize("raw", ["-1", "1.5", "lots", "64MB"])
+def test_a_budget_in_the_environment_that_is_not_whole_mib_is_named(raw, monkeypatch):
+    monkeypatch.setenv(cpp_potentials.SCORE_CACHE_ENV, raw)
+    (q, k, v), km, qm = _inputs(torch.float32)
+    with pytest.raises(ValueError, match=f"ATTNKIT_SCORE_CACHE_MB='{raw}'; expected a whole number of MiB"):
+        ak.attention(q, k, v, "sinkhorn", key_mask=km, query_mask=qm, backend="efficient")
+
+
+def test_a_budget_set_in_the_environment_reaches_the_kernels_and_gives_the_same_bits(monkeypatch):
+    """No strip kept, or every strip (1 MiB holds this head's): the same outputs and gradients."""
+    (q, k, v), km, qm = _inputs(torch.float32, seed=3)
+    seen, results = [], []
+    for name in ("potentials_forward", "potentials_backward"):
+        op = getattr(torch.ops.attnkit_cpu, name)
+        monkeypatch.setattr(
+            torch.ops.attnkit_cpu, name, lambda *a, _op=op: seen.append(a[-2]) or _op(*a), raising=False
+        )
+    for raw in ("0", "1"):
+        monkeypatch.setenv(cpp_potentials.SCORE_CACHE_ENV, raw)
+        budget = cpp_potentials.SCORE_CACHE_BYTES
+        results.append(_run(q, k, v, km, qm, 3, 0.0, budget, monkeypatch, grad=True))
+    assert seen == [0, 0, 2**20, 2**20]  # forward and backward of each run
+    assert torch.equal(results[0][0], results[1][0])
+    for a, b in zip(results[0][1], results[1][1]):
+        assert torch.equal(a, b)
 
 
 def test_negative_budget_is_refused(monkeypatch):

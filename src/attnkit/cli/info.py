@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 
 import typer
@@ -42,6 +43,7 @@ def info_dict() -> dict:
         "cuda": torch.cuda.is_available(),
         "threads": torch.get_num_threads(),
         "cpu_kernels": _cpu_kernels(),
+        "sinkhorn_score_cache": _score_cache(),
         "python": platform.python_version(),
         "dispatch (backend='auto')": dispatch_examples(),
     }
@@ -54,6 +56,16 @@ def _cpu_kernels() -> str:
     if cpu_ext.load(warn=False):
         return f"C++ ({cpu_ext.build_dir()})"
     return f"PyTorch fallback ({cpu_ext.load_error()})"
+
+
+def _score_cache() -> str:
+    """The C++ kernels' budget of Sinkhorn scores kept between rounds, and where it comes from."""
+    from attnkit.kernels.cpp_potentials import SCORE_CACHE_ENV, score_cache_bytes
+
+    mib = score_cache_bytes() / 2**20  # a bad value is the command's one-line error
+    given = os.environ.get(SCORE_CACHE_ENV, "").strip()
+    source = SCORE_CACHE_ENV if given else f"default; {SCORE_CACHE_ENV}"
+    return f"{mib:g} MiB ({source})"
 
 
 def register(app: typer.Typer) -> None:

@@ -24,10 +24,13 @@ chunk spread over less than 25 (float32); otherwise, and for columns whose bound
 falls back to exact log-domain steps. Sinkhorn's rounds all read the same scores: the kernel keeps ``E`` (or
 the scores) of as many key strips as fit in ``SCORE_CACHE_BYTES`` (shared by the worker threads) from the
 first sweep that computes them, and the later sweeps of the forward and of the backward read them back
-instead of recomputing them; the results do not depend on the budget (``0`` turns it off). A head whose
-scores need more than one thread's share of the budget runs after the others with its query chunks spread
-over the threads and the whole budget (8 heads at L=4096 on 2 threads: all of each head's scores kept
-instead of half). DNAS and HNAS (one round) keep nothing.
+instead of recomputing them; the results do not depend on the budget (``0`` turns it off). The budget is
+64 MiB (a whole float32 head at L=4096) unless the environment variable ``ATTNKIT_SCORE_CACHE_MB`` sets
+another: at L=8192 a head's exponentials take 256 MiB, and a budget that holds them all
+(``ATTNKIT_SCORE_CACHE_MB=256``) saves the recomputation of three quarters of the strips in every later round.
+A head whose scores need more than one thread's share of the budget runs after the others with its query
+chunks spread over the threads and the whole budget (8 heads at L=4096 on 2 threads: all of each head's
+scores kept instead of half). DNAS and HNAS (one round) keep nothing.
 
 Scratch blocks of 2 MiB and more (the strips, the kept exponentials) stay allocated between calls, up to
 128 MiB in all, so that a call does not pay for first touching fresh memory (page faults and zero-filling: a
@@ -37,6 +40,7 @@ sixth of a Sinkhorn forward of one head at L=4096); ``scratch_bytes()`` says how
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -46,11 +50,31 @@ from . import cpu_ext
 from .blocking import reduce_to
 
 __all__ = [
-    "fused_cpu_available", "fused_cpu_attention", "SCORE_CACHE_BYTES", "scratch_bytes", "release_scratch",
+    "fused_cpu_available", "fused_cpu_attention", "SCORE_CACHE_BYTES", "score_cache_bytes", "scratch_bytes",
+    "release_scratch",
 ]
 
 # bytes of exponentials (or scores) kept between Sinkhorn rounds: a whole 4096 x 4096 float32 head, one thread
 SCORE_CACHE_BYTES = 64 * 2**20
+SCORE_CACHE_ENV = "ATTNKIT_SCORE_CACHE_MB"
+
+
+def score_cache_bytes() -> int:
+    """The budget of kept Sinkhorn scores, shared by the threads: ``ATTNKIT_SCORE_CACHE_MB`` MiB when set
+    (an integer >= 0; 0 keeps nothing), else ``SCORE_CACHE_BYTES`` (64 MiB)."""
+    raw = os.environ.get(SCORE_CACHE_ENV)
+    if raw is None or raw.strip() == "":
+        return SCORE_CACHE_BYTES
+    try:
+        mib = int(raw)
+    except ValueError:
+        mib = -1
+    if mib < 0:
+        raise ValueError(
+            f"{SCORE_CACHE_ENV}={raw!r}; expected a whole number of MiB >= 0 (default 64; 256 keeps a whole "
+            "head at L=8192)"
+        )
+    return mib * 2**20
 # queries per chunk of a key strip (fewer when one head is spread over the threads); large chunks amortize the
 # packing of the GEMMs' shared operand, small ones let the tests cover several chunks with small inputs
 QUERY_CHUNK_ROWS = 1024
@@ -129,7 +153,7 @@ def _inference(q, k, v, u, km, qm, scale, iters, dropout_p, seed) -> Tensor:
     out, out_l = torch.ops.attnkit_cpu.potentials_inference(
         q.reshape(B * H, Lq, D).contiguous(), k.reshape(B * H, Lk, D).contiguous(),
         v.reshape(B * H, Lk, Dv).contiguous(), km, qm, H, float(scale), int(iters), u is not None,
-        dropout_p, seed, SCORE_CACHE_BYTES, QUERY_CHUNK_ROWS,
+        dropout_p, seed, score_cache_bytes(), QUERY_CHUNK_ROWS,
     )  # (B*H, Lq, Dv), [(B*H, Lq, Dv)]
     out = out.view(B, H, Lq, Dv)
     if u is not None:  # as in _Potentials.forward
@@ -147,7 +171,7 @@ class _Potentials(torch.autograd.Function):
         v3 = v.reshape(B * H, Lk, Dv).contiguous()  # (B*H, Lk, Dv)
         hybrid = u is not None
         out, a_all, b_all, out_l, a_l = torch.ops.attnkit_cpu.potentials_forward(
-            q3, k3, v3, km, qm, H, float(scale), int(iters), hybrid, dropout_p, seed, SCORE_CACHE_BYTES,
+            q3, k3, v3, km, qm, H, float(scale), int(iters), hybrid, dropout_p, seed, score_cache_bytes(),
             QUERY_CHUNK_ROWS,
         )  # (B*H, Lq, Dv), (k+1, B*H, Lq), (k, B*H, Lk), [(B*H, Lq, Dv), (B*H, Lq)]
         if any(ctx.needs_input_grad[:4]):  # inference (no input requires grad): nothing is saved
@@ -170,7 +194,7 @@ class _Potentials(torch.autograd.Function):
             u_bh = u.to(q3.dtype).expand(B, H, 1, 1).reshape(B * H).contiguous()  # (B*H,)
         dq, dk, dv = torch.ops.attnkit_cpu.potentials_backward(
             dO, q3, k3, v3, out, out_l, a_all, b_all, a_l, u_bh, km, qm, H, ctx.scale, ctx.iters,
-            *ctx.dropout, SCORE_CACHE_BYTES, QUERY_CHUNK_ROWS,
+            *ctx.dropout, score_cache_bytes(), QUERY_CHUNK_ROWS,
         )
         du = None
         if u is not None and ctx.needs_input_grad[3]:
