@@ -60,3 +60,22 @@ def test_info_rejects_an_unknown_option(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("raw, shown", [(None, "64 MiB (default; ATTNKIT_SCORE_CACHE_MB)"),
+                                        ("256", "256 MiB (ATTNKIT_SCORE_CACHE_MB)")])
+def test_info_shows_the_sinkhorn_score_budget_and_where_it_comes_from(raw, shown, capsys, monkeypatch):
+    monkeypatch.delenv("ATTNKIT_SCORE_CACHE_MB", raising=False)
+    if raw is not None:
+        monkeypatch.setenv("ATTNKIT_SCORE_CACHE_MB", raw)
+    main(["info", "--json"])
+    assert json.loads(capsys.readouterr().out)["sinkhorn_score_cache"] == shown
+
+
+def test_info_names_a_bad_score_budget_in_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("ATTNKIT_SCORE_CACHE_MB", "lots")
+    with pytest.raises(SystemExit) as exc:
+        main(["info"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ATTNKIT_SCORE_CACHE_MB='lots'") and len(err.strip().splitlines()) == 1
