@@ -66,3 +66,31 @@ def test_inductor_compiles_a_padded_dnas_encoder():
     eager, _ = _run(layer, x, pad)
     compiled, _ = _run(torch.compile(layer), x, pad)
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mechanism", ak.MECHANISMS)
+def test_compiling_ak_attention_itself_gives_its_outputs_and_gradients(mechanism):
+    """torch.compile(fn) compiles fn even where it is marked disabled; the kernels inside it stay eager."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(3, 2, 2, 40, 8, generator=g).unbind(0)
+    mask = torch.ones(2, 40, dtype=torch.bool)
+    mask[1, 25:] = False
+    results = []
+    for fn in (ak.attention, torch.compile(ak.attention, backend="aot_eager")):
+        qg = q.clone().requires_grad_()
+        out = fn(qg, k, v, mechanism, key_mask=mask, query_mask=mask)
+        out.pow(2).sum().backward()
+        results.append((out.detach(), qg.grad))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+def test_compiled_coda_scores_and_weights_match_eager():
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(2, 2, 2, 30, 8, generator=g).unbind(0)
+
+    def weights(q, k):
+        return ak.normalize(ak.scores.scaled_dot(q, k), "coda", gate_scores=ak.scores.neg_l1_distance(q, k))
+
+    assert torch.equal(torch.compile(weights, backend="aot_eager")(q, k), weights(q, k))

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -412,6 +413,7 @@ def plan(
     return Plan(route, f"Lq*Lk = {Lq * Lk} >= {MIN_PAIRS}; {reason}")
 
 
+@torch.compiler.disable  # the kernels (C++, Triton) are opaque to torch.compile: one graph break, run eagerly
 def run_route(
     route: str,
     q: Tensor,

@@ -29,6 +29,7 @@ class _L1Distance(torch.autograd.Function):
         return dx, dy
 
 
+@torch.compiler.disable  # the C++ kernel is opaque to torch.compile: one graph break, run eagerly
 def l1_distance(x: Tensor, y: Tensor) -> Tensor:
     """``dist (N, n, m)`` with ``dist[b, i, j] = sum_d |x[b, i, d] - y[b, j, d]|``; ``x (N, n, D)``, ``y (N,
     m, D)``.
