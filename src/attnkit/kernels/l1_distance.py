@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from . import cpu_ext
 
@@ -22,9 +21,13 @@ class _L1Distance(torch.autograd.Function):
         return torch.ops.attnkit_cpu.l1_distance(x, y)  # (N, n, m)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad: Tensor):
         x, y = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the same gradient, differentiable in grad
+            sign = torch.sign(x.detach()[:, :, None, :] - y.detach()[:, None, :, :])  # (N, n, m, D), constant
+            dx = torch.einsum("bij,bijd->bid", grad, sign)
+            dy = -torch.einsum("bij,bijd->bjd", grad, sign)
+            return dx, dy
         dx, dy = torch.ops.attnkit_cpu.l1_distance_backward(grad, x, y)  # sum_j G sign(x - y), -sum_i ...
         return dx, dy
 
