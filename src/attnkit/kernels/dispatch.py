@@ -374,6 +374,12 @@ def plan(
     one on the CPU (measured faster than the materialized path at every size) and the Triton one on CUDA
     (like the Triton potential kernels: one launch that never materializes the weights).
     """
+    if torch._C._are_functorch_transforms_active():
+        return Plan(
+            "reference",
+            "inside a torch.func transform (grad, vmap, jacrev, ...), which the efficient kernels' autograd "
+            "functions do not support",
+        )
     call = Call(q, k, v, config, mask, dropout_p)
     route, reason = _efficient_route(call)
     if backend == "efficient":

@@ -42,6 +42,7 @@ def l1_distance(x: Tensor, y: Tensor) -> Tensor:
     if x.dim() != 3 or y.dim() != 3 or x.shape[0] != y.shape[0] or x.shape[2] != y.shape[2]:
         raise ValueError(f"x {tuple(x.shape)} and y {tuple(y.shape)}: expected (N, n, D) and (N, m, D)")
     same_float = x.dtype == y.dtype and x.dtype in (torch.float32, torch.float64)
-    if x.device.type == "cpu" and same_float and cpu_ext.load():
+    functorch = torch._C._are_functorch_transforms_active()  # torch.func transforms: cdist supports them
+    if x.device.type == "cpu" and same_float and not functorch and cpu_ext.load():
         return _L1Distance.apply(x.contiguous(), y.contiguous())
     return torch.cdist(x, y, p=1)
