@@ -1,5 +1,6 @@
-"""torch.func transforms (grad, vmap, jacrev): inside them ``ak.attention`` takes the materialized path, whose
-PyTorch operations the transforms support (the efficient kernels' autograd functions do not)."""
+"""torch.func transforms (grad, vmap, jacrev, jvp) and forward-mode AD: inside them ``ak.attention`` takes
+the materialized path, whose PyTorch operations they support (the efficient kernels' autograd functions do
+not)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,36 @@ def test_jacrev_through_a_module_with_functional_call():
     xr = x.clone().requires_grad_()
     row = torch.autograd.grad(mha(xr, xr, xr, key_padding_mask=pad, need_weights=False)[0][0, 2, 3], xr)[0]
     torch.testing.assert_close(jac[0, 2, 3], row, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("mechanism", ak.MECHANISMS)
+def test_forward_mode_tangents_match_finite_differences(mechanism):
+    """A dual tensor's tangent is carried through (the kernels' autograd functions have no jvp and dropped it:
+    the output's tangent was None)."""
+    import torch.autograd.forward_ad as fwAD
+    from torch.func import jvp
+
+    q, k, v, mask = _inputs()
+    t = torch.randn(q.shape, generator=torch.Generator().manual_seed(2), dtype=q.dtype)
+
+    def f(q):
+        return ak.attention(q, k, v, mechanism, key_mask=mask, query_mask=mask)
+
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(q, t)
+        assert ak.explain_dispatch(dual, k, v, mechanism, key_mask=mask).route == "reference"
+        tangent = fwAD.unpack_dual(f(dual)).tangent
+    eps = 1e-6
+    expected = (f(q + eps * t) - f(q - eps * t)) / (2 * eps)
+    assert tangent is not None
+    torch.testing.assert_close(tangent, expected, rtol=1e-6, atol=1e-8)
+    torch.testing.assert_close(jvp(f, (q,), (t,))[1], expected, rtol=1e-6, atol=1e-8)
+
+
+def test_the_l1_distance_by_feature_equals_the_kernel():
+    from attnkit.kernels.l1_distance import _l1_by_feature, l1_distance
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 7, 5, generator=g, dtype=torch.float64)
+    y = torch.randn(3, 9, 5, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(_l1_by_feature(x, y), l1_distance(x, y), rtol=1e-12, atol=1e-12)

@@ -47,6 +47,7 @@ from ..masks import MaskInfo
 from ..registry import spec_of
 from .aten_fallback import fused_available, fused_dnas_attention
 from .blockwise import potential_attention
+from .autodiff import unsupported_autodiff
 from .coda_blockwise import coda_attention
 from .coda_cpp import coda_cpp_attention, coda_cpp_available
 from .cpp_potentials import fused_cpu_attention, fused_cpu_available
@@ -374,12 +375,9 @@ def plan(
     one on the CPU (measured faster than the materialized path at every size) and the Triton one on CUDA
     (like the Triton potential kernels: one launch that never materializes the weights).
     """
-    if torch._C._are_functorch_transforms_active():
-        return Plan(
-            "reference",
-            "inside a torch.func transform (grad, vmap, jacrev, ...), which the efficient kernels' autograd "
-            "functions do not support",
-        )
+    why = unsupported_autodiff(q, k, v)
+    if why is not None:
+        return Plan("reference", why)
     call = Call(q, k, v, config, mask, dropout_p)
     route, reason = _efficient_route(call)
     if backend == "efficient":

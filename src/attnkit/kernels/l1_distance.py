@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from . import cpu_ext
+from .autodiff import unsupported_autodiff
 
 __all__ = ["l1_distance"]
 
@@ -42,7 +43,17 @@ def l1_distance(x: Tensor, y: Tensor) -> Tensor:
     if x.dim() != 3 or y.dim() != 3 or x.shape[0] != y.shape[0] or x.shape[2] != y.shape[2]:
         raise ValueError(f"x {tuple(x.shape)} and y {tuple(y.shape)}: expected (N, n, D) and (N, m, D)")
     same_float = x.dtype == y.dtype and x.dtype in (torch.float32, torch.float64)
-    functorch = torch._C._are_functorch_transforms_active()  # torch.func transforms: cdist supports them
-    if x.device.type == "cpu" and same_float and not functorch and cpu_ext.load():
+    if unsupported_autodiff(x, y) is not None:  # torch.func transforms, forward-mode AD
+        return _l1_by_feature(x, y)
+    if x.device.type == "cpu" and same_float and cpu_ext.load():
         return _L1Distance.apply(x.contiguous(), y.contiguous())
     return torch.cdist(x, y, p=1)
+
+
+def _l1_by_feature(x: Tensor, y: Tensor) -> Tensor:
+    """``sum_d |x_id - y_jd|`` one feature at a time, in plain operations: every autodiff mode (torch.func,
+    forward-mode AD, which ``torch.cdist`` lacks) supports them, and the memory stays ``(N, n, m)``."""
+    dist = x.new_zeros(x.shape[0], x.shape[1], y.shape[1])  # (N, n, m)
+    for d in range(x.shape[2]):
+        dist = dist + (x[:, :, d, None] - y[:, None, :, d]).abs()
+    return dist
