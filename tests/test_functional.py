@@ -478,6 +478,11 @@ BAD_ATTENTION_CALLS = [
     _bad("integer-dtype", lambda: ak.attention(Q.long(), K.long(), V.long()), "floating dtype"),
     _bad("batch-mismatch", lambda: ak.attention(Q, K[:1], V[:1]), r"batch sizes differ.*B=2.*B=1"),
     _bad("head-mismatch", lambda: ak.attention(Q, K[:, :1], V[:, :1]), r"head counts differ.*H=2.*H=1"),
+    _bad(
+        "grouped-query-heads",
+        lambda: ak.attention(Q, K[:, :1], V[:, :1]),
+        r"grouped-query attention .* k\.repeat_interleave\(2, dim=1\)",
+    ),
     _bad("head-dim-mismatch", lambda: ak.attention(Q, K[..., :3], V), r"head dims differ.*D=5.*D=3"),
     _bad("key-value-length-mismatch", lambda: ak.attention(Q, K, V[:, :, :2]), r"lengths differ.*Lk=4.*2"),
     _bad("empty-sequence", lambda: ak.attention(Q[:, :, :0], K, V), "empty sequence"),

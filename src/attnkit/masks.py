@@ -165,7 +165,13 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_head_dim: bool = True) ->
     if not (Bq == Bk == Bv):
         raise ValueError(f"batch sizes differ: q has B={Bq}, k has B={Bk}, v has B={Bv}")
     if not (Hq == Hk == Hv):
-        raise ValueError(f"head counts differ: q has H={Hq}, k has H={Hk}, v has H={Hv}")
+        hint = ""
+        if Hk == Hv and Hk > 0 and Hq % Hk == 0:  # grouped-query attention: Hq / Hk queries per k/v head
+            hint = (
+                f"; for grouped-query attention repeat each key/value head over its {Hq // Hk} query heads: "
+                f"k.repeat_interleave({Hq // Hk}, dim=1), and the same for v"
+            )
+        raise ValueError(f"head counts differ: q has H={Hq}, k has H={Hk}, v has H={Hv}{hint}")
     if same_head_dim and Dq != Dk:
         raise ValueError(f"q and k head dims differ: q has D={Dq}, k has D={Dk}; scores need equal D")
     if Lk != Lv:
