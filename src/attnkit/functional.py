@@ -185,58 +185,23 @@ def attention(
         q, k, v = _zero_padding(q, k, v, mask)
     if route == "reference":
         return _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, u)):
-        return _TwiceDifferentiable.apply(route, config, mask, scale, dropout_p, q, k, v, u)
-    return run_route(route, q, k, v, config, mask, scale=scale, dropout_p=dropout_p, u=u)
+    out = run_route(route, q, k, v, config, mask, scale=scale, dropout_p=dropout_p, u=u)
+    if out.requires_grad:
+        out.register_hook(_first_order_only)
+    return out
 
 
-class _TwiceDifferentiable(torch.autograd.Function):
-    """An efficient route whose gradient can itself be differentiated (``create_graph=True``: Hessian-vector
-    products, gradient penalties, second-order meta-learning).
-
-    The forward runs the route as is, on detached inputs with its own graph. A first-order backward is that
-    graph's (the kernels' own backward, the same bits as without this wrapper). A backward under
-    ``create_graph=True`` recomputes the call on the materialized reference path, which autograd can
-    differentiate again (the kernels' backward passes are not themselves differentiable: their gradients
-    would carry no graph, and a second-order term would silently be zero).
-    """
-
-    @staticmethod
-    def forward(ctx, route, config, mask, scale, dropout_p, q, k, v, u):
-        inner = [None if t is None else t.detach().requires_grad_(t.requires_grad) for t in (q, k, v, u)]
-        with torch.enable_grad():
-            out = run_route(route, *inner[:3], config, mask, scale=scale, dropout_p=dropout_p, u=inner[3])
-        ctx.call = (config, mask, scale, dropout_p)
-        ctx.save_for_backward(q, k, v, u, out, *inner)
-        return out.detach()
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, u, out, *inner = ctx.saved_tensors
-        config, mask, scale, dropout_p = ctx.call
-        wanted = [i for i, need in enumerate(ctx.needs_input_grad[5:]) if need]
-        if not torch.is_grad_enabled():  # first order: the route's own backward
-            grads = torch.autograd.grad(
-                out, [inner[i] for i in wanted], grad_out, retain_graph=True, allow_unused=True
-            )
-        else:
-            if dropout_p > 0:
-                raise ValueError(
-                    f"second derivatives (create_graph=True) of attention with dropout_p={dropout_p} on the "
-                    "efficient kernels are not available: their dropout mask cannot be replayed on the "
-                    "differentiable path; pass backend='reference' (or dropout_p=0) for this call"
-                )
-            originals = (q, k, v, u)
-            with torch.enable_grad():
-                qz, kz, vz = _zero_padding(q, k, v, mask)
-                ref = _reference_attention(qz, kz, vz, config, mask, scale, 0.0, u, False)
-            grads = torch.autograd.grad(
-                ref, [originals[i] for i in wanted], grad_out, create_graph=True, allow_unused=True
-            )
-        result: list[Optional[Tensor]] = [None] * 9
-        for i, g in zip(wanted, grads):
-            result[5 + i] = g
-        return tuple(result)
+def _first_order_only(grad: Tensor) -> None:
+    """Refuse ``create_graph=True`` (Hessian-vector products, gradient penalties, second-order meta-learning)
+    through an efficient route: the kernels' backward passes are not differentiable, so the gradients they
+    return would carry no graph and a second-order term would silently be zero. The materialized path
+    (``backend="reference"``) is differentiable twice. A tensor hook: nothing is saved."""
+    if torch.is_grad_enabled():
+        raise ValueError(
+            "second derivatives (create_graph=True) are not available through attnkit's efficient "
+            "attention kernels: their gradients are not differentiable; pass backend='reference' to "
+            "ak.attention (or the module) for this computation"
+        )
 
 
 def _boundary(
