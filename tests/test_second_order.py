@@ -72,3 +72,30 @@ def test_a_hessian_vector_product_on_the_reference_backend_is_not_zero(mechanism
     expected = (grad_at(q + eps * vec) - grad_at(q - eps * vec)) / (2 * eps)
     torch.testing.assert_close(hvp, expected, rtol=1e-5, atol=1e-7)
     assert hvp.abs().sum() > 0
+
+
+def test_a_converted_hugging_face_model_takes_the_reference_backend_for_second_derivatives():
+    import attnkit.hf as akhf
+    from tests.hf._models import tiny_model
+
+    model = akhf.convert(tiny_model("bert"), "dnas")
+    ids = torch.randint(5, 100, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, 4:] = 0
+    emb = model.embeddings(ids).detach().requires_grad_()
+
+    def penalty():  # a gradient penalty: differentiates the gradient
+        h = model(inputs_embeds=emb, attention_mask=mask).last_hidden_state
+        (g,) = torch.autograd.grad(h.pow(2).sum(), emb, create_graph=True)
+        return g.pow(2).sum()
+
+    with pytest.raises(ValueError, match=r"attnkit\.hf\.set_backend\(model, 'reference'\)"):
+        penalty()
+    akhf.set_backend(model, "reference")
+    penalty().backward()
+    assert emb.grad is not None and emb.grad.abs().sum() > 0
+    akhf.set_backend(model, "auto")
+    with pytest.raises(ValueError, match="create_graph=True"):
+        penalty()
+    with pytest.raises(ValueError, match="backend='fast'; expected one of"):
+        akhf.set_backend(model, "fast")

@@ -200,7 +200,8 @@ def _first_order_only(grad: Tensor) -> None:
         raise ValueError(
             "second derivatives (create_graph=True) are not available through attnkit's efficient "
             "attention kernels: their gradients are not differentiable; pass backend='reference' to "
-            "ak.attention (or the module) for this computation"
+            "ak.attention or the attnkit module (a converted Hugging Face model: "
+            "attnkit.hf.set_backend(model, 'reference')) for this computation"
         )
 
 

@@ -21,6 +21,7 @@ from .convert import (
     is_registered,
     load,
     register,
+    set_backend,
 )
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "attention_modules",
     "converted_modules",
     "conversion",
+    "set_backend",
     "attention_forward",
     "attention_mask",
 ]

@@ -55,6 +55,7 @@ IMPLEMENTATION = "attnkit"
 _MECHANISM_ATTR = "attnkit_mechanism"
 _THETA_ATTR = "attnkit_theta"
 _SELF_ATTR = "attnkit_self_attention"
+_BACKEND_ATTR = "attnkit_backend"  # set by attnkit.hf.set_backend; "auto" when absent
 
 
 def module_mechanism(module: nn.Module) -> MechanismConfig:
@@ -153,6 +154,7 @@ def attention_forward(
         dropout_p=float(dropout),
         hybrid_weight=u,
         return_weights=output_attentions,
+        backend=getattr(module, _BACKEND_ATTR, "auto"),
     )
     out, weights = result if output_attentions else (result, None)  # (B, H, Lq, D), (B, H, Lq, Lk)
     return out.transpose(1, 2).contiguous(), weights  # (B, Lq, H, D)

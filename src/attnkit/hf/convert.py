@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from ..config import Hybrid, MechanismConfig, MechanismLike
 from ..registry import causal_problem, config_label, initial_theta, resolve_mechanism, resolve_options
 from .attention_interface import (
+    _BACKEND_ATTR,
     _MECHANISM_ATTR,
     _SELF_ATTR,
     _THETA_ATTR,
@@ -46,6 +47,7 @@ __all__ = [
     "attention_modules",
     "converted_modules",
     "conversion",
+    "set_backend",
     "restore_conversion",
     "register",
     "is_registered",
@@ -306,6 +308,20 @@ def converted_modules(model) -> list[nn.Module]:
         raise ValueError(f"{type(model).__name__} was not converted with attnkit.hf.convert; nothing to read")
     by_name = dict(model.base_model.named_modules())
     return [by_name[n] for n in record["modules"]]
+
+
+def set_backend(model, backend: str) -> None:
+    """The backend of every converted attention call of ``model``: ``"auto"`` (the default), ``"efficient"``
+    or ``"reference"`` (materialized weights; needed for second derivatives, ``create_graph=True``).
+
+    A setting of this process, not saved with the model.
+    """
+    from ..functional import BACKENDS
+
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}; expected one of {BACKENDS}")
+    for module in converted_modules(model):
+        setattr(module, _BACKEND_ATTR, backend)
 
 
 def hybrid_weights(model) -> Tensor:
