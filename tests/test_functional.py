@@ -483,6 +483,16 @@ BAD_ATTENTION_CALLS = [
         lambda: ak.attention(Q, K[:, :1], V[:, :1]),
         r"grouped-query attention .* k\.repeat_interleave\(2, dim=1\)",
     ),
+    _bad(
+        "nested-q",
+        lambda: ak.attention(torch.nested.nested_tensor([Q[0], Q[1, :, :3]]), K, V),
+        r"q is a nested tensor; pad it \(torch\.nested\.to_padded_tensor\(q, 0\.0\)\)",
+    ),
+    _bad(
+        "sparse-k",
+        lambda: ak.attention(Q, K.to_sparse(), V),
+        r"k has layout torch\.sparse_coo.*k\.to_dense\(\)",
+    ),
     _bad("head-dim-mismatch", lambda: ak.attention(Q, K[..., :3], V), r"head dims differ.*D=5.*D=3"),
     _bad("key-value-length-mismatch", lambda: ak.attention(Q, K, V[:, :, :2]), r"lengths differ.*Lk=4.*2"),
     _bad("empty-sequence", lambda: ak.attention(Q[:, :, :0], K, V), "empty sequence"),

@@ -26,7 +26,10 @@ from torch import Tensor
 
 from .registry import causal_problem, resolve_mechanism
 
-__all__ = ["MASKED_BIAS", "MaskInfo", "check_qkv", "build_mask", "causal_leak_error", "causal_pattern"]
+__all__ = [
+    "MASKED_BIAS", "MaskInfo", "check_dense", "check_qkv", "build_mask", "causal_leak_error",
+    "causal_pattern",
+]
 
 MASKED_BIAS = -1e4
 """A float mask entry ``<= MASKED_BIAS`` means "may not attend", as ``-inf`` does."""
@@ -136,11 +139,24 @@ def _block(t: Tensor, i0: int, i1: int, j0: int, j1: int) -> Tensor:
     return t
 
 
+def check_dense(t: Tensor, name: str) -> None:
+    """Nested (ragged) and sparse tensors have no (B, H, L, D) layout for the kernels: a ``ValueError`` with
+    the conversion to use."""
+    if t.is_nested:
+        raise ValueError(
+            f"{name} is a nested tensor; pad it (torch.nested.to_padded_tensor({name}, 0.0)) and mark the "
+            "padding with a mask (key_mask / query_mask, or key_padding_mask for the modules)"
+        )
+    if t.layout != torch.strided:
+        raise ValueError(f"{name} has layout {t.layout}; pass a dense tensor ({name}.to_dense())")
+
+
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_head_dim: bool = True) -> None:
     """Raise a ``ValueError`` unless ``q (B,H,Lq,D)``, ``k (B,H,Lk,D)``, ``v (B,H,Lk,Dv)`` agree."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        check_dense(t, name)
         if t.dim() != 4:
             raise ValueError(
                 f"{name} has shape {tuple(t.shape)} ({t.dim()}-D); expected 4-D (B, H, L, D). "

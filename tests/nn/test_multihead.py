@@ -340,6 +340,10 @@ def test_bad_arguments_raise_value_error_naming_the_value(kwargs, needle):
         (lambda m, x: m(x, x, x, attn_mask=torch.zeros(4, 5, dtype=torch.bool)), r"\(4, 5\)"),
         (lambda m, x: m(x, x, x, key_padding_mask=torch.zeros(2, 5, dtype=torch.long)), "torch.int64"),
         (lambda m, x: m(x, x, x[:1]), "value"),
+        (
+            lambda m, x: m(*(torch.nested.nested_tensor([x[0], x[1, :3]]),) * 3),
+            "query is a nested tensor; pad it",
+        ),
     ],
 )
 def test_bad_inputs_raise_value_error(call, needle):

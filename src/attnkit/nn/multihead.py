@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from ..config import CoDA, MechanismLike
 from ..functional import BACKENDS, attention
+from ..masks import check_dense
 from ..validators import check_number
 from .module_utils import (
     HybridWeightMixin,
@@ -340,6 +341,7 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not isinstance(t, Tensor):
                 raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            check_dense(t, name)
         if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
             raise ValueError(
                 f"query, key, value have shapes {tuple(query.shape)}, {tuple(key.shape)}, "
