@@ -79,3 +79,14 @@ def test_info_names_a_bad_score_budget_in_one_line(capsys, monkeypatch):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ATTNKIT_SCORE_CACHE_MB='lots'") and len(err.strip().splitlines()) == 1
+
+
+def test_a_bad_score_budget_stops_a_command_before_it_writes_but_not_its_help(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("ATTNKIT_SCORE_CACHE_MB", "64MB")
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--max-steps", "1", "--out", str(out)])
+    assert exc.value.code == 2 and not out.exists()
+    assert capsys.readouterr().err.startswith("error: ATTNKIT_SCORE_CACHE_MB='64MB'")
+    main(["compare", "--help"])  # returns: the help is printed, no error
+    assert "Usage" in capsys.readouterr().out

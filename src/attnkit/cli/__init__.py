@@ -61,14 +61,25 @@ INTERRUPTED = 130  # the exit code of a command stopped with Ctrl-C (128 + SIGIN
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError)
 
 
+def _check_environment() -> None:
+    """Settings read from the environment, named before a command starts any work (a run directory, a model
+    download) rather than when a kernel first reads them."""
+    from attnkit.kernels.cpp_potentials import score_cache_bytes
+
+    score_cache_bytes()  # ATTNKIT_SCORE_CACHE_MB
+
+
 def _one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Entry point of the ``attnkit`` script."""
+    args = list(argv) if argv is not None else sys.argv[1:]
     try:
-        code = app(args=list(argv) if argv is not None else None, standalone_mode=False)
+        if args and not {"--help", "--version"} & set(args):
+            _check_environment()
+        code = app(args=args, standalone_mode=False)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
