@@ -295,7 +295,7 @@ def test_gradient_checkpointing_captures_each_layer_once_and_trains_alike(method
         loss.backward()  # checkpointing recomputes both layers here
         assert len(reg._captured) == 2
         assert reg.mmd() == before
-        results.append((float(loss), _query_grad(model)))
+        results.append((float(loss.detach()), _query_grad(model)))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
     torch.testing.assert_close(results[0][1], results[1][1])
     assert results[0][1].abs().sum() > 0
