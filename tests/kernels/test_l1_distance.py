@@ -69,3 +69,16 @@ def test_empty_and_mismatched_shapes():
     assert l1_distance(x, y).shape == (2, 0, 4)
     with pytest.raises(ValueError, match=r"expected \(N, n, D\)"):
         l1_distance(torch.zeros(2, 3, 4), torch.zeros(2, 3, 5))
+
+
+def test_the_gradient_under_create_graph_equals_the_kernels_and_is_differentiable():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 6, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(3, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    plain = torch.autograd.grad((l1_distance(x, y) * w).sum(), (x, y))
+    graph = torch.autograd.grad((l1_distance(x, y) * w).sum(), (x, y), create_graph=True)
+    for a, b in zip(plain, graph):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    (dw,) = torch.autograd.grad(graph[0].pow(2).sum(), w)  # the gradient depends on w through G
+    assert dw.abs().sum() > 0

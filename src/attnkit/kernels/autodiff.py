@@ -2,7 +2,8 @@
 
 The efficient routes and the C++ L1 distance are ``torch.autograd.Function``s with a backward only (no
 ``setup_context`` for torch.func, no ``jvp`` for forward-mode AD, whose tangent they would silently drop).
-Inside either, calls take plain PyTorch operations instead (the materialized path, ``torch.cdist``).
+Inside either, calls take plain PyTorch operations instead (the materialized path; the L1 distance summed one
+feature at a time, as ``torch.cdist`` has no forward-mode AD).
 """
 
 from __future__ import annotations

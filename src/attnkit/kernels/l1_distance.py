@@ -25,10 +25,7 @@ class _L1Distance(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         x, y = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: the same gradient, differentiable in grad
-            sign = torch.sign(x.detach()[:, :, None, :] - y.detach()[:, None, :, :])  # (N, n, m, D), constant
-            dx = torch.einsum("bij,bijd->bid", grad, sign)
-            dy = -torch.einsum("bij,bijd->bjd", grad, sign)
-            return dx, dy
+            return _l1_backward_by_feature(grad, x.detach(), y.detach())
         dx, dy = torch.ops.attnkit_cpu.l1_distance_backward(grad, x, y)  # sum_j G sign(x - y), -sum_i ...
         return dx, dy
 
@@ -57,3 +54,14 @@ def _l1_by_feature(x: Tensor, y: Tensor) -> Tensor:
     for d in range(x.shape[2]):
         dist = dist + (x[:, :, d, None] - y[:, None, :, d]).abs()
     return dist
+
+
+def _l1_backward_by_feature(grad: Tensor, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """``dx_i = sum_j G_ij sign(x_i - y_j)``, ``dy_j = -sum_i G_ij sign(x_i - y_j)`` in plain operations (so
+    differentiable in ``grad``; the signs are constants), one feature at a time: memory ``(N, n, m)``."""
+    dx, dy = [], []
+    for d in range(x.shape[2]):
+        weighted = grad * torch.sign(x[:, :, d, None] - y[:, None, :, d])  # (N, n, m)
+        dx.append(weighted.sum(2))
+        dy.append(-weighted.sum(1))
+    return torch.stack(dx, dim=2), torch.stack(dy, dim=2)  # (N, n, D), (N, m, D)
