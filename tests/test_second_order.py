@@ -99,3 +99,18 @@ def test_a_converted_hugging_face_model_takes_the_reference_backend_for_second_d
         penalty()
     with pytest.raises(ValueError, match="backend='fast'; expected one of"):
         akhf.set_backend(model, "fast")
+
+
+@pytest.mark.parametrize("mechanism", ak.MECHANISMS)
+def test_batched_cotangents_are_named_on_the_kernels_and_work_on_the_reference_backend(mechanism):
+    """jacobian(vectorize=True) vmaps the backward; the kernels have no batching rule."""
+    q, k, v, mask = _inputs(seed=5, H=1, L=20, D=4)
+
+    def f(backend):
+        return lambda q: ak.attention(q, k, v, mechanism, key_mask=mask, query_mask=mask, backend=backend)
+
+    with pytest.raises(ValueError, match="vectorize=False, or backend='reference'"):
+        torch.autograd.functional.jacobian(f("efficient"), q, vectorize=True)
+    vectorized = torch.autograd.functional.jacobian(f("reference"), q, vectorize=True)
+    looped = torch.autograd.functional.jacobian(f("efficient"), q)
+    torch.testing.assert_close(vectorized, looped, rtol=1e-10, atol=1e-12)

@@ -196,6 +196,13 @@ def _first_order_only(grad: Tensor) -> None:
     through an efficient route: the kernels' backward passes are not differentiable, so the gradients they
     return would carry no graph and a second-order term would silently be zero. The materialized path
     (``backend="reference"``) is differentiable twice. A tensor hook: nothing is saved."""
+    functorch = torch._C._functorch
+    if functorch.is_batchedtensor(grad) or functorch.is_legacy_batchedtensor(grad):
+        raise ValueError(
+            "batched gradients (torch.autograd.functional.jacobian(..., vectorize=True), "
+            "is_grads_batched=True) are not available through attnkit's efficient attention kernels; use "
+            "vectorize=False, or backend='reference' for this computation"
+        )
     if torch.is_grad_enabled():
         raise ValueError(
             "second derivatives (create_graph=True) are not available through attnkit's efficient "

@@ -24,7 +24,10 @@ class _L1Distance(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, y = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: the same gradient, differentiable in grad
+        functorch = torch._C._functorch
+        batched = functorch.is_batchedtensor(grad) or functorch.is_legacy_batchedtensor(grad)
+        # create_graph=True, or batched cotangents (is_grads_batched): the same gradient in plain operations
+        if torch.is_grad_enabled() or batched:
             return _l1_backward_by_feature(grad, x.detach(), y.detach())
         dx, dy = torch.ops.attnkit_cpu.l1_distance_backward(grad, x, y)  # sum_j G sign(x - y), -sum_i ...
         return dx, dy
