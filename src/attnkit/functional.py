@@ -191,13 +191,13 @@ def attention(
     return out
 
 
-def _first_order_only(grad: Tensor) -> None:
+def _first_order_only(grad: Optional[Tensor]) -> None:
     """Refuse ``create_graph=True`` (Hessian-vector products, gradient penalties, second-order meta-learning)
     through an efficient route: the kernels' backward passes are not differentiable, so the gradients they
     return would carry no graph and a second-order term would silently be zero. The materialized path
     (``backend="reference"``) is differentiable twice. A tensor hook: nothing is saved."""
     functorch = torch._C._functorch
-    if functorch.is_batchedtensor(grad) or functorch.is_legacy_batchedtensor(grad):
+    if grad is not None and (functorch.is_batchedtensor(grad) or functorch.is_legacy_batchedtensor(grad)):
         raise ValueError(
             "batched gradients (torch.autograd.functional.jacobian(..., vectorize=True), "
             "is_grads_batched=True) are not available through attnkit's efficient attention kernels; use "
