@@ -147,6 +147,10 @@ def _sdpa_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
     out = F.scaled_dot_product_attention(
         call.q, call.k, call.v, attn_mask=attn, dropout_p=call.dropout_p, is_causal=mask.causal, scale=scale
     )  # (B, H, Lq, Dv); rows without a valid key are zeros
+    if attn is None and call.dropout_p == 0:
+        # PyTorch's fused CPU kernel (no mask or is_causal alone, no dropout) returns zeros for a query
+        # holding a NaN, as for a row without a valid key; the math gives NaN, as do the other routes.
+        out = out.masked_fill(call.q.isnan().any(-1, keepdim=True), float("nan"))
     if query is not None:
         out = out.masked_fill(~query, 0.0)
     return out
