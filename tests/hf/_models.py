@@ -18,13 +18,18 @@ def _configs():
         BartConfig,
         BertConfig,
         DistilBertConfig,
+        Gemma2Config,
+        Gemma3TextConfig,
+        GptOssConfig,
         LlamaConfig,
         RobertaConfig,
+        T5Config,
     )
 
     common = dict(
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=64
     )
+    gemma = dict(num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
     return {
         "bert": lambda: BertConfig(**common),
         "roberta": lambda: RobertaConfig(**common, pad_token_id=1),
@@ -44,6 +49,17 @@ def _configs():
             decoder_ffn_dim=64,
             max_position_embeddings=64,
         ),
+        # attention beyond q, k, v and a mask: T5's relative position bias (taken), GPT-OSS's sinks and
+        # Gemma 2's logit soft-capping (refused); Gemma 3 has no soft-capping
+        "t5": lambda: T5Config(
+            vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=H, decoder_start_token_id=0
+        ),
+        "gpt_oss": lambda: GptOssConfig(
+            **common, num_key_value_heads=2, head_dim=8, num_local_experts=2, num_experts_per_tok=1,
+            max_position_embeddings=64,
+        ),
+        "gemma2": lambda: Gemma2Config(**common, **gemma),
+        "gemma3": lambda: Gemma3TextConfig(**common, **gemma),
     }
 
 

@@ -36,7 +36,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ..config import Hybrid, MechanismConfig, Softmax
+from ..config import CoDA, Hybrid, MechanismConfig, Softmax
 from ..functional import attention
 from ..masks import MASKED_BIAS
 from ..mechanisms import sigmoid_weight
@@ -56,6 +56,16 @@ _MECHANISM_ATTR = "attnkit_mechanism"
 _THETA_ATTR = "attnkit_theta"
 _SELF_ATTR = "attnkit_self_attention"
 _BACKEND_ATTR = "attnkit_backend"  # set by attnkit.hf.set_backend; "auto" when absent
+
+# Keyword arguments of transformers' attention functions that change what attention computes and that attnkit
+# does not implement. (``position_bias``, T5's relative position bias, is taken: an additive score bias.)
+UNSUPPORTED_FEATURES = {
+    "softcap": "soft-capping of the attention logits (Gemma 2)",
+    "s_aux": "attention sinks (GPT-OSS)",
+    "sinks": "attention sinks",
+    "indices": "sparse attention over selected keys",
+    "block_indices": "block-sparse attention",
+}
 
 
 def module_mechanism(module: nn.Module) -> MechanismConfig:
@@ -107,19 +117,35 @@ def attention_forward(
     scaling: Optional[float] = None,
     dropout: float = 0.0,
     is_causal: Optional[bool] = None,
+    position_bias: Optional[Tensor] = None,
     **kwargs,
 ) -> tuple[Tensor, Optional[Tensor]]:
     """The ``AttentionInterface`` entry of attnkit.
 
     Shapes:
         query ``(B, H, Lq, D)``, key/value ``(B, H_kv, Lk, D)`` (``H`` a multiple of ``H_kv``);
-        attention_mask ``(B, 1, Lq, Lk)`` boolean (True = may attend) or float additive, or ``None``
+        attention_mask ``(B, 1, Lq, Lk)`` boolean (True = may attend) or float additive, or ``None``;
+        position_bias (T5's relative position bias) broadcastable to ``(B, H, Lq, Lk)``, added to the scores
         -> ``(out (B, Lq, H, D), None)``, or ``(out, weights (B, H, Lq, Lk))`` when the model was called with
         ``output_attentions=True`` (the mechanism's weights, materialized as transformers' ``eager`` does).
 
-    Raises a ``ValueError`` when a query-normalized mechanism (dnas, hnas, sinkhorn) meets causal attention.
+    Raises a ``ValueError`` when a query-normalized mechanism (dnas, hnas, sinkhorn) meets causal attention,
+    when CoDA meets a position bias, and for a feature of ``UNSUPPORTED_FEATURES`` (soft-capping, sinks, ...).
     """
     config = module_mechanism(module)
+    for name, feature in UNSUPPORTED_FEATURES.items():
+        if kwargs.get(name) is not None:
+            raise ValueError(
+                f"{type(module).__name__} passes {name}= to its attention function: {feature}, which attnkit "
+                "does not implement, so its attention cannot run through attnkit; use the model without "
+                "attnkit.hf.convert"
+            )
+    if position_bias is not None and isinstance(config, CoDA):
+        raise ValueError(
+            f"{type(module).__name__} adds a position bias to the attention scores, which "
+            f"{config.name!r} cannot take (its masks are multiplicative); convert it to softmax, dnas, hnas "
+            "or sinkhorn"
+        )
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
     check_causal(config, causal)
     B, H, Lq, D = query.shape
@@ -140,6 +166,14 @@ def attention_forward(
         key_valid = None if valid is None else valid.any(dim=-2).any(dim=1)  # (B, Lk): keys some query sees
     if config.query_normalized and key_valid is not None and getattr(module, _SELF_ATTR, False):
         query_mask = _query_mask(key_valid, Lq)
+    if position_bias is not None:  # (B|1, H, Lq, Lk), added to the scores where a pair may attend
+        if bias is not None:
+            bias = bias + position_bias
+        elif valid is not None:
+            bias = torch.where(valid, position_bias, float("-inf"))
+            valid = None
+        else:
+            bias = position_bias
     u = sigmoid_weight(getattr(module, _THETA_ATTR)) if isinstance(config, Hybrid) else None
     output_attentions = bool(kwargs.get("output_attentions", False))
     result = attention(

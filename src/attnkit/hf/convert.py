@@ -9,10 +9,14 @@ config names the ``"attnkit"`` attention implementation, so ``attnkit.hf.load(pa
 after ``attnkit.hf.register()``) rebuilds the same model.
 
 Which modules convert: the self-attention modules that dispatch through transformers' ``AttentionInterface``
-(BERT, RoBERTa, ALBERT, DistilBERT, Llama-style decoders, ...). Cross-attention is never converted; in
+(BERT, RoBERTa, ALBERT, DistilBERT, Llama-style decoders, T5, ...). Cross-attention is never converted; in
 encoder-decoder models only the encoder self-attention is. dnas/hnas/sinkhorn normalize over queries and so
-leak
-future tokens under a causal mask: converting causal self-attention to them raises a ``ValueError``.
+leak future tokens under a causal mask: converting causal self-attention to them raises a ``ValueError``.
+After the conversion every attention module of the model runs through attnkit (the unconverted ones as
+softmax), so ``convert`` first checks that each one computes softmax attention: T5's relative position bias is
+taken (an additive score bias; CoDA refuses it), while features attnkit does not implement (attention sinks,
+logit soft-capping, or an attention function whose output differs from softmax on random inputs) raise a
+``ValueError``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import copy
 import inspect
 import operator
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 from typing import Optional, Union
@@ -28,7 +33,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
-from ..config import Hybrid, MechanismConfig, MechanismLike
+from ..config import CoDA, Hybrid, MechanismConfig, MechanismLike
 from ..registry import causal_problem, config_label, initial_theta, resolve_mechanism, resolve_options
 from .attention_interface import (
     _BACKEND_ATTR,
@@ -36,6 +41,7 @@ from .attention_interface import (
     _SELF_ATTR,
     _THETA_ATTR,
     IMPLEMENTATION,
+    UNSUPPORTED_FEATURES,
     attention_forward,
     attention_mask,
 )
@@ -76,6 +82,87 @@ def _is_cross_attention(name: str, module: nn.Module) -> bool:
     return "cross" in type(module).__name__.lower() or last in _CROSS_NAMES or bool(
         getattr(module, "is_cross_attention", False)
     )
+
+
+def _eager_difference(module: nn.Module) -> Optional[float]:
+    """How far the model's own ``eager_attention_forward`` is from softmax attention on random inputs (the max
+    absolute difference of the outputs), or ``None`` when it cannot be called alone.
+
+    Attention functions that read more than q, k, v and the mask (GPT-OSS's sinks, a parameter of the module)
+    would otherwise be replaced by plain softmax without a word."""
+    eager = getattr(inspect.getmodule(type(module)), "eager_attention_forward", None)
+    if not callable(eager):
+        return None
+    try:
+        H = _num_heads(module, getattr(module, "config", None))
+        groups = getattr(module, "num_key_value_groups", 1)
+        groups = groups if isinstance(groups, int) and groups >= 1 and H % groups == 0 else 1
+        like = next(module.parameters(), None)
+        dtype = like.dtype if like is not None and like.dtype.is_floating_point else torch.float32
+        device = like.device if like is not None else None
+        g = torch.Generator(device="cpu").manual_seed(0)
+        q = torch.randn(1, H, 5, 8, generator=g).to(device=device, dtype=dtype)  # (1, H, L, D)
+        k, v = (torch.randn(1, H // groups, 5, 8, generator=g).to(device=device, dtype=dtype) for _ in "kv")
+        scaling = getattr(module, "scaling", None)
+        scaling = float(scaling) if isinstance(scaling, (int, float)) else 8**-0.5
+        with torch.no_grad():
+            theirs = eager(module, q, k, v, None, scaling=scaling, dropout=0.0)[0]  # (1, L, H, D)
+            ours = attention_forward(module, q, k, v, None, scaling=scaling, dropout=0.0, is_causal=False)[0]
+        return float((theirs.float() - ours.float()).abs().max())
+    except Exception:  # noqa: BLE001 - a model-specific function that needs more than this: not probed
+        return None
+
+
+def _unsupported_feature(module: nn.Module, config) -> Optional[tuple[str, str]]:
+    """``(keyword, feature)`` of ``UNSUPPORTED_FEATURES`` that the module's ``forward`` passes to its
+    attention function (soft-capping only when the config sets it), or ``None``."""
+    try:
+        source = inspect.getsource(type(module).forward)
+    except (OSError, TypeError):
+        return None
+    own = getattr(module, "config", config)
+    for keyword, feature in UNSUPPORTED_FEATURES.items():
+        if not re.search(rf"\b{keyword}\s*=", source):
+            continue
+        if keyword == "softcap" and getattr(own, "attn_logit_softcapping", 0) is None:
+            continue
+        return keyword, feature
+    return None
+
+
+def _takes_position_bias(module: nn.Module) -> bool:
+    """Whether the model's attention function takes an additive ``position_bias`` (T5's relative
+    positions)."""
+    eager = getattr(inspect.getmodule(type(module)), "eager_attention_forward", None)
+    try:
+        return callable(eager) and "position_bias" in inspect.signature(eager).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _check_plain_softmax(model) -> None:
+    """Every attention module class of ``model`` (converted or not: all of them run through attnkit after the
+    conversion) must compute softmax attention as attnkit's softmax does."""
+    seen: set[type] = set()
+    for name, module in model.base_model.named_modules():
+        if type(module) in seen or not _dispatches_attention(module):
+            continue
+        seen.add(type(module))
+        where = f"{type(module).__name__} ({name})"
+        feature = _unsupported_feature(module, model.config)
+        if feature is not None:
+            raise ValueError(
+                f"{where} passes {feature[0]}= to its attention function: {feature[1]}, which attnkit does "
+                "not implement, so attnkit cannot replace its attention; use the model as it is"
+            )
+        half = next(module.parameters(), torch.empty(0)).dtype in (torch.float16, torch.bfloat16)
+        diff = _eager_difference(module)
+        if diff is not None and not diff <= (1e-2 if half else 1e-4):
+            raise ValueError(
+                f"{where} does not compute plain softmax attention: its own attention function differs "
+                f"from attnkit's softmax by {diff:.3g} on the same q, k, v (e.g. attention sinks or a "
+                "learned score term), so attnkit cannot replace it; use the model as it is"
+            )
 
 
 def _check_model(model) -> None:
@@ -247,11 +334,20 @@ def convert(
         raise ValueError(
             f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface, "
             "so attnkit cannot replace its attention; supported: BERT, RoBERTa, ALBERT, DistilBERT, "
-            "Llama-style models"
+            "Llama-style models, T5"
         )
     modules = attention_modules(model)
     if not modules:
         raise ValueError(f"{type(model).__name__} has no self-attention module that attnkit can convert")
+    _check_plain_softmax(model)
+    if isinstance(config, CoDA):
+        biased = [name for name, module in modules if _takes_position_bias(module)]
+        if biased:
+            raise ValueError(
+                f"{type(model).__name__} adds a position bias to its attention scores ({biased[0]}), which "
+                "CoDA cannot take (its masks are multiplicative); convert it to softmax, dnas, hnas or "
+                "sinkhorn"
+            )
     chosen = _choose_layers(layers, len(modules), type(model).__name__)
     problem = causal_problem(config)
     if problem is not None:

@@ -1,0 +1,135 @@
+"""Models whose attention is more than softmax of q k^T plus a mask: T5's relative position bias is taken as
+an additive score bias (outputs, gradients and generation equal the model's own attention); attention sinks,
+logit soft-capping or any attention function that differs from softmax are refused at conversion, before the
+model changes, instead of being replaced by plain softmax without a word."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnkit.hf as akhf
+from attnkit.hf.attention_interface import attention_forward
+from tests.hf._models import padded_batch, tiny_config, tiny_model, twin
+
+pytestmark = pytest.mark.hf
+
+
+def _t5(seed=0, generation=False):
+    from transformers import T5ForConditionalGeneration
+
+    if not generation:
+        return tiny_model("t5", seed)
+    torch.manual_seed(seed)
+    return T5ForConditionalGeneration._from_config(tiny_config("t5"), attn_implementation="eager").eval()
+
+
+def _t5_forward(model, ids, mask):
+    decoder_ids = ids[:, :5].clone()
+    out = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids)
+    return out.encoder_last_hidden_state, out.last_hidden_state  # (B, L, E), (B, 5, E)
+
+
+def test_t5_softmax_equals_its_own_attention_with_the_position_bias_outputs_and_gradients():
+    eager = _t5()
+    converted = akhf.convert(twin(eager), "softmax")
+    ids, mask = padded_batch()
+    valid = mask[..., None].bool()  # (B, L, 1)
+    outs = []
+    for model in (eager, converted):
+        model.zero_grad()
+        enc, dec = _t5_forward(model, ids, mask)
+        ((enc * valid).square().sum() + dec.square().sum()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        outs.append((enc * valid, dec, grads))
+    (enc_e, dec_e, grads_e), (enc_c, dec_c, grads_c) = outs
+    torch.testing.assert_close(enc_c, enc_e, atol=1e-5, rtol=0)
+    torch.testing.assert_close(dec_c, dec_e, atol=1e-5, rtol=0)
+    assert grads_c.keys() == grads_e.keys()
+    bias = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+    assert grads_e[bias].abs().sum() > 0
+    for name in grads_e:
+        torch.testing.assert_close(grads_c[name], grads_e[name], atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_t5_generation_after_softmax_conversion_gives_the_same_tokens_and_scores():
+    eager = _t5(generation=True)
+    converted = akhf.convert(twin(eager), "softmax")
+    ids, mask = padded_batch()
+    kwargs = dict(attention_mask=mask, max_new_tokens=6, do_sample=False)
+    kwargs.update(output_scores=True, return_dict_in_generate=True)
+    ours, theirs = converted.generate(ids, **kwargs), eager.generate(ids, **kwargs)  # the decoder's cache on
+    torch.testing.assert_close(ours.sequences, theirs.sequences)
+    torch.testing.assert_close(torch.stack(ours.scores), torch.stack(theirs.scores), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mechanism", ["dnas", "hnas", "sinkhorn"])
+def test_t5_encoder_converts_with_its_position_bias_and_padding_equals_alone(mechanism):
+    model = akhf.convert(_t5(), mechanism)
+    assert all(".encoder." in f".{name}" for name in model.config.attnkit["modules"])
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        batch, _ = _t5_forward(model, ids, mask)
+        for b, n in enumerate(mask.sum(1).tolist()):
+            alone, _ = _t5_forward(model, ids[b : b + 1, :n], mask[b : b + 1, :n])
+            torch.testing.assert_close(batch[b, :n], alone[0], atol=1e-5, rtol=0)
+    unbiased = twin(model)
+    with torch.no_grad():
+        for module in unbiased.modules():
+            if hasattr(module, "relative_attention_bias"):
+                module.relative_attention_bias.weight.zero_()
+        assert not torch.allclose(_t5_forward(unbiased, ids, mask)[0], batch)  # the bias is used
+
+
+def test_t5_refuses_coda_at_conversion():
+    model = _t5()
+    with pytest.raises(ValueError, match="position bias.*CoDA cannot take"):
+        akhf.convert(model, "coda")
+    assert akhf.conversion(model) is None and model.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize(("family", "keyword"), [("gpt_oss", "s_aux="), ("gemma2", "softcap=")])
+def test_attention_sinks_and_soft_capping_are_refused_before_the_model_changes(family, keyword):
+    model = tiny_model(family)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=f"passes {keyword}.*attnkit cannot replace its attention"):
+        akhf.convert(model, "softmax")
+    assert akhf.conversion(model) is None and model.config._attn_implementation == "eager"
+    assert model.state_dict().keys() == before.keys()
+
+
+def test_gemma3_without_soft_capping_converts_and_equals_its_own_attention():
+    eager = tiny_model("gemma3")
+    converted = akhf.convert(twin(eager), "softmax")
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        a = eager(input_ids=ids, attention_mask=mask).last_hidden_state
+        b = converted(input_ids=ids, attention_mask=mask).last_hidden_state
+    valid = mask[..., None].bool()
+    torch.testing.assert_close(b * valid, a * valid, atol=1e-5, rtol=0)
+
+
+def test_an_attention_function_that_is_not_softmax_is_refused(monkeypatch):
+    from transformers.models.bert import modeling_bert
+
+    plain = modeling_bert.eager_attention_forward
+
+    def sharper(module, query, key, value, attention_mask, scaling=None, **kwargs):  # a different score scale
+        return plain(module, query, key, value, attention_mask, scaling=2 * scaling, **kwargs)
+
+    monkeypatch.setattr(modeling_bert, "eager_attention_forward", sharper)
+    model = tiny_model("bert")
+    with pytest.raises(ValueError, match="does not compute plain softmax attention: .* differs .* by"):
+        akhf.convert(model, "dnas")
+    assert akhf.conversion(model) is None
+
+
+def test_attention_function_refuses_soft_capping_and_sinks_when_called():
+    model = akhf.convert(tiny_model("bert"), "softmax")
+    module = akhf.converted_modules(model)[0]
+    q = torch.randn(1, 4, 3, 8)
+    for keyword in ("softcap", "s_aux", "sinks"):
+        with pytest.raises(ValueError, match=f"passes {keyword}= to its attention function"):
+            attention_forward(module, q, q, q, None, scaling=1.0, **{keyword: torch.ones(4)})
+    out, _ = attention_forward(module, q, q, q, None, scaling=1.0, softcap=None, s_aux=None)
+    assert out.shape == (1, 3, 4, 8)
