@@ -228,3 +228,40 @@ def test_a_failed_finetune_leaves_no_empty_out(tiny_bert, tmp_path, capsys):
     out.mkdir()  # a directory the user made stays
     _error(capsys, ["finetune", "--model", str(tiny_bert), "--dataset", str(bad), "--out", str(out)])
     assert out.is_dir()
+
+
+@pytest.fixture(scope="module")
+def weights_only_bert(tiny_bert, tmp_path_factory):
+    """``tiny_bert`` without its tokenizer files (config.json and the weights only)."""
+    path = tmp_path_factory.mktemp("weights-only")
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_bert / name, path / name)
+    return path
+
+
+def test_a_model_directory_without_tokenizer_files_is_refused_not_read_as_unknown_words(
+    weights_only_bert, fixture_dataset, tmp_path, capsys
+):
+    """transformers builds an empty-vocabulary tokenizer for such a directory (every word [UNK]): finetune
+    would train on nothing and show would draw [UNK]s, without a word."""
+    from attnkit.hf.checks import load_tokenizer
+
+    with pytest.raises(ValueError, match=r"has no tokenizer files \(tokenizer.json or vocab.txt\)"):
+        load_tokenizer(weights_only_bert)
+    for argv in (
+        ["finetune", "--model", str(weights_only_bert), "--dataset", str(fixture_dataset)],
+        ["show", str(weights_only_bert), "--text", "the bank raised rates"],
+    ):
+        err = _error(capsys, [*argv, "--out", str(tmp_path / "o")])
+        assert "has no tokenizer files" in err and "save_pretrained" in err
+        assert not (tmp_path / "o").exists()
+
+
+def test_convert_of_a_model_directory_without_tokenizer_files_writes_the_weights_alone(
+    weights_only_bert, tmp_path, capsys
+):
+    out = tmp_path / "dnas"
+    main(["convert", str(weights_only_bert), "--mechanism", "dnas", "--out", str(out)])
+    assert "(no tokenizer: MODEL_DIR has none to copy)" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert akhf.conversion(akhf.load(out)).name == "dnas"

@@ -155,9 +155,8 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
     """A (converted) Hugging Face encoder: a converted model shows its own mechanism (with its trained ``u``);
     a stock model is converted, copy by copy, to each of ``mechanisms`` (same weights, other
     normalization)."""
-    from transformers import AutoTokenizer
-
     import attnkit.hf as akhf
+    from attnkit.hf.checks import load_tokenizer
 
     text = _check_text(text)
     for m in mechanisms:
@@ -166,7 +165,7 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
         resolve_mechanism(m)  # an unknown name fails before the model loads
     base = akhf.load(model_dir)
     base.eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir, "--model")
     enc = tokenizer(text, return_tensors="pt", truncation=True, max_length=128)
     tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][0].tolist())
     view = AttentionView(text=text, tokens=tokens, source=str(model_dir))

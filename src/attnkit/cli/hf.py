@@ -74,25 +74,24 @@ def convert_directory(
     overwrite: bool = False,
 ):
     """Load ``model_dir``, convert it with ``attnkit.hf.convert``, save it (safetensors) and its tokenizer to
-    ``out``."""
-    import transformers
-
+    ``out`` (the weights alone when ``model_dir`` has no loadable tokenizer files)."""
     import attnkit.hf as akhf
-    from attnkit.hf.checks import check_model_dir
+    from attnkit.hf.checks import check_model_dir, load_tokenizer
 
     check_mechanism(mechanism, u0, sinkhorn_iters)
     check_model_dir(model_dir, "MODEL_DIR")
     out_path = Path(out)
     _check_out(out_path, overwrite)
+    try:
+        tokenizer = load_tokenizer(model_dir, "MODEL_DIR")
+    except ValueError:
+        tokenizer = None  # no (loadable) tokenizer files in model_dir: the weights alone are the output
     model = _quiet_load(model_dir)
     akhf.convert(model, mechanism, u0=u0, layers=layers, sinkhorn_iters=sinkhorn_iters)
     out_path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_path)
-    try:
-        transformers.AutoTokenizer.from_pretrained(model_dir).save_pretrained(out_path)
-    except (OSError, ValueError):
-        # a model directory without tokenizer files: the weights alone are the output
-        pass
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_path)
     from attnkit._files import match_umask
 
     match_umask(out_path)  # model.safetensors is written 0600 by safetensors
@@ -127,8 +126,10 @@ def register(app: typer.Typer) -> None:
         import attnkit.hf as akhf
 
         n = len(akhf.converted_modules(model))
+        alone = "" if any(Path(out).glob("tokenizer*")) else " (no tokenizer: MODEL_DIR has none to copy)"
         typer.echo(
-            f"converted {n} attention module(s) of {type(model).__name__} to {mechanism}; saved to {out}"
+            f"converted {n} attention module(s) of {type(model).__name__} to {mechanism}; "
+            f"saved to {out}{alone}"
         )
 
     @app.command()

@@ -18,7 +18,7 @@ import os
 import reprlib
 from typing import Any
 
-__all__ = ["check_model_dir", "from_pretrained", "WEIGHTS", "WEIGHTS_INDEX"]
+__all__ = ["check_model_dir", "from_pretrained", "load_tokenizer", "WEIGHTS", "WEIGHTS_INDEX"]
 
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -303,3 +303,28 @@ def from_pretrained(model_class, path: str | os.PathLike, option: str = "model d
         ) from None
     _check_restored(result[0] if isinstance(result, tuple) else result, config_path)  # output_loading_info
     return result
+
+
+def load_tokenizer(path: str | os.PathLike, option: str = "model directory"):
+    """``AutoTokenizer.from_pretrained(path)``, refusing a directory without tokenizer files.
+
+    For such a directory transformers builds a tokenizer of the model's type with an empty vocabulary (a BERT
+    one holds its 5 special tokens, and every word becomes ``[UNK]``), which would train or draw on nothing
+    without a word. Files that cannot be loaded are one ``ValueError`` too.
+    """
+    from transformers import AutoTokenizer
+
+    path = os.fspath(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # noqa: BLE001 - broken tokenizer files fail in many ways
+        raise ValueError(
+            f"{option} {path}: its tokenizer files cannot be loaded ({_first_line(exc)})"
+        ) from None
+    names = sorted(set(getattr(tokenizer, "vocab_files_names", {}).values()))
+    if names and not any(os.path.isfile(os.path.join(path, name)) for name in names):
+        raise ValueError(
+            f"{option} {path} has no tokenizer files ({' or '.join(names)}); save the model's tokenizer "
+            "there with tokenizer.save_pretrained(...)"
+        )
+    return tokenizer

@@ -267,7 +267,6 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
 
 def _finetune(config: FinetuneConfig, data=None) -> dict:
     from transformers import (
-        AutoTokenizer,
         DataCollatorWithPadding,
         Trainer,
         TrainingArguments,
@@ -275,7 +274,7 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
 
     from transformers.trainer_callback import ProgressCallback
 
-    from .checks import auto_config, check_model_dir
+    from .checks import auto_config, check_model_dir, load_tokenizer
     from .convert import conversion, convert, hybrid_weights, register
     from .progress import load_classifier, progress_callbacks
 
@@ -290,13 +289,7 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
         data = load_text_classification(config.dataset, config.cache_dir, config.download)
 
     register()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    except Exception as exc:  # noqa: BLE001 - broken tokenizer files fail in many ways
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise ValueError(
-            f"--model {model_dir}: its tokenizer files cannot be loaded ({type(exc).__name__}: {first})"
-        ) from None
+    tokenizer = load_tokenizer(model_dir, "--model")
     labels = list(data.label_names)
     model = load_classifier(
         model_dir,
