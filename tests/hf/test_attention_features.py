@@ -133,3 +133,13 @@ def test_attention_function_refuses_soft_capping_and_sinks_when_called():
             attention_forward(module, q, q, q, None, scaling=1.0, **{keyword: torch.ones(4)})
     out, _ = attention_forward(module, q, q, q, None, scaling=1.0, softcap=None, s_aux=None)
     assert out.shape == (1, 3, 4, 8)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("family", ["t5", "bert", "llama"])
+def test_half_precision_models_pass_the_softmax_check(family, dtype):
+    """The check compares in float32: a bfloat16 T5 differs from attnkit by its rounding alone (0.016 in
+    bfloat16), which must not read as another attention function."""
+    model = tiny_model(family).to(dtype)
+    akhf.convert(model, "softmax")
+    assert model.config._attn_implementation == "attnkit"
