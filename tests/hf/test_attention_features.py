@@ -143,3 +143,13 @@ def test_half_precision_models_pass_the_softmax_check(family, dtype):
     model = tiny_model(family).to(dtype)
     akhf.convert(model, "softmax")
     assert model.config._attn_implementation == "attnkit"
+
+
+def test_a_model_on_the_meta_device_converts_without_the_check():
+    """Built with empty weights (to load them later): nothing to compare with yet, and no error."""
+    from transformers import AutoModel
+
+    with torch.device("meta"):
+        model = AutoModel.from_config(tiny_config("bert"))
+    akhf.convert(model, "hnas")
+    assert {m.attnkit_theta.device.type for m in akhf.converted_modules(model)} == {"meta"}
