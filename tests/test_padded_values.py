@@ -123,16 +123,15 @@ def test_padded_values_never_reach_real_outputs_or_gradients_under_dropout(mecha
 NON_FINITE = [float("nan"), float("inf"), -float("inf")]
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("value", NON_FINITE)
 @pytest.mark.parametrize("tensor", ["q", "k", "v"])
 @pytest.mark.parametrize("mechanism", MECHANISMS)
-def test_non_finite_values_at_valid_positions_are_never_hidden(mechanism, tensor, value, dtype, any_route):
+def test_non_finite_values_at_valid_positions_are_never_hidden(mechanism, tensor, value, any_route):
     """PyTorch's fused CPU softmax returned a zero row for a query holding a NaN (a finite output where the
     math gives NaN); every (batch, head) whose reference output is not finite must not be finite on the route
     either, and for a NaN the same holds for each input's gradient."""
     backend, with_attn_mask = any_route
-    _check_not_hidden(mechanism, tensor, value, dtype, backend, _masks(with_attn_mask))
+    _check_not_hidden(mechanism, tensor, value, torch.float32, backend, _masks(with_attn_mask))
 
 
 @pytest.mark.parametrize("value", NON_FINITE)
