@@ -153,3 +153,21 @@ def test_a_model_on_the_meta_device_converts_without_the_check():
         model = AutoModel.from_config(tiny_config("bert"))
     akhf.convert(model, "hnas")
     assert {m.attnkit_theta.device.type for m in akhf.converted_modules(model)} == {"meta"}
+
+
+def test_a_model_whose_other_attention_reads_the_mask_itself_is_refused():
+    """GIT's text attention computes attention itself from the model's attention_mask, which the conversion
+    replaces with attnkit's boolean masks: converting its vision encoder changed the text outputs (by 0.026)
+    without a word."""
+    from transformers import AutoModel, GitConfig
+
+    config = GitConfig(
+        vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64,
+        vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                           image_size=32, patch_size=8),
+    )
+    model = AutoModel.from_config(config, attn_implementation="eager")
+    with pytest.raises(ValueError, match="GitSelfAttention .* computes attention itself from the model's"):
+        akhf.convert(model, "softmax")
+    assert akhf.conversion(model) is None

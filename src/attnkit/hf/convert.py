@@ -152,6 +152,27 @@ def _takes_position_bias(module: nn.Module) -> bool:
         return False
 
 
+def _mask_reading_attention(model) -> Optional[str]:
+    """The name of an attention module that computes attention itself (not through ``AttentionInterface``)
+    from the model's ``attention_mask``, or ``None``. After the conversion the model's masks are attnkit's (a
+    key padding mask, boolean masks), which such a module would add to its scores as if they were its own."""
+    dispatching = {id(m) for _, m in model.base_model.named_modules() if _dispatches_attention(m)}
+    for name, module in model.base_model.named_modules():
+        if "attention" not in type(module).__name__.lower() or id(module) in dispatching:
+            continue
+        if any(id(m) in dispatching for m in module.modules()):
+            continue  # a wrapper of a dispatching module
+        if not any(isinstance(m, nn.Linear) for m in module.children()):
+            continue
+        try:
+            takes_mask = "attention_mask" in inspect.signature(module.forward).parameters
+        except (TypeError, ValueError):
+            takes_mask = False
+        if takes_mask:
+            return f"{type(module).__name__} ({name})"
+    return None
+
+
 def _check_plain_softmax(model) -> None:
     """Every attention module class of ``model`` (converted or not: all of them run through attnkit after the
     conversion) must compute softmax attention as attnkit's softmax does."""
@@ -220,7 +241,13 @@ def _num_heads(module: nn.Module, config) -> int:
         if isinstance(value, int) and value > 0:
             return value
     own = getattr(module, "config", config)
-    return int(getattr(own, "num_attention_heads"))
+    value = getattr(own, "num_attention_heads", None)
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"cannot find the number of heads of {type(module).__name__} (no num_attention_heads, num_heads "
+            "or n_heads on it or its config), so attnkit cannot convert it"
+        )
+    return value
 
 
 def _apply(module: nn.Module, config: MechanismConfig, H: int) -> None:
@@ -352,6 +379,13 @@ def convert(
     if not modules:
         raise ValueError(f"{type(model).__name__} has no self-attention module that attnkit can convert")
     _check_plain_softmax(model)
+    own = _mask_reading_attention(model)
+    if own is not None:
+        raise ValueError(
+            f"{own} computes attention itself from the model's attention_mask, which attnkit's conversion "
+            "replaces (boolean masks instead of additive ones), so its attention would change; this model "
+            "mixes attention implementations and cannot be converted"
+        )
     if isinstance(config, CoDA):
         biased = [name for name, module in modules if _takes_position_bias(module)]
         if biased:
