@@ -10,10 +10,20 @@ Three families of layers ("sites"):
   projects them with the module's own ``W_Q, b_Q, W_K, b_K`` (the projection is computed a second time,
   outside the module).
   Cross-attention calls and modules named ``multihead_attn`` (decoder cross-attention) are not captured.
-- **Hugging Face encoders** (BERT, RoBERTa, ALBERT, DistilBERT, MiniLM, ... converted by ``attnkit.hf`` or
-  not): forward hooks on the query and key ``nn.Linear`` of each self-attention module (``query``/``key``,
-  ``q_lin``/``k_lin`` or ``q_proj``/``k_proj``); the padding comes from the ``attention_mask`` passed to the
-  model. ALBERT shares one attention module across its layers: each call is captured.
+- **Hugging Face models** (BERT, RoBERTa, ALBERT, DistilBERT, MiniLM, DeBERTa-v2, ModernBERT, T5's and BART's
+  encoders, Llama, Qwen, Mistral, Phi-3, GPT-2, GPT-NeoX, ... converted by ``attnkit.hf`` or not): forward
+  hooks on the query and key projections of each self-attention module, separate ``nn.Linear`` layers
+  (``query``/``key``, ``q_lin``/``k_lin``, ``q_proj``/``k_proj``, ``query_proj``/``key_proj``, ``q``/``k``) or
+  a fused one whose layout is known (GPT-2's and GPT-BigCode's ``c_attn``, GPT-NeoX's ``query_key_value``,
+  Phi-3's ``qkv_proj``, ModernBERT's ``Wqkv``). These are the projections themselves: rotary embeddings, q/k
+  norms and a scaling of q, where a model applies them afterwards, are not in the capture. With grouped-query
+  attention each query head is paired with its group's key head. The modules are those that call an attention
+  function (``attnkit.hf.attention_modules``) and those with such projections that compute attention
+  themselves (MegatronBERT, RoFormer, MPNet, ...; not FSMT, Longformer and LED, which work on time-first
+  states); for an encoder-decoder model the encoder's alone. A call whose query and key projections read
+  different inputs (cross-attention) is skipped, and so is a step of cached decoding (``generate``), whose
+  earlier keys are in the cache. The padding comes from the ``attention_mask`` passed to the model. ALBERT
+  shares one attention module across its layers: each call is captured.
 - **PyTorch Geometric ``GATConv``**: GAT's logit is
   :math:`e_{ij} = a_{dst}^\top W x_i + a_{src}^\top W x_j` for an edge from source ``j`` to destination
   ``i``; per head we take the query of node ``i`` as :math:`q_i = a_{dst} \odot W x_i` and the key of node
@@ -120,40 +130,128 @@ class MultiheadSite(Site):
         return Captured(q, k, valid, valid)
 
 
-# -- Hugging Face encoders -----------------------------------------------------------------------------------
+# -- Hugging Face models -------------------------------------------------------------------------------------
+
+# Separate query and key projections: attribute names of two nn.Linear children of an attention module.
+_HF_PAIRS = (
+    ("query", "key"), ("q_lin", "k_lin"), ("q_proj", "k_proj"), ("query_proj", "key_proj"), ("q", "k")
+)
+# Fused projections, by attention class: the child layer whose output (B, L, W) holds q, k and v. Its layout
+# is "sequential", [q (H d) | k (Hkv d) | v (Hkv d)], or "interleaved", per head [q_h | k_h | v_h] (Hkv = H),
+# as the class's own forward splits it.
+_HF_FUSED = {
+    "GPT2Attention": "c_attn",  # c_attn(x).split(E)
+    "GPTBigCodeAttention": "c_attn",  # multi-query: split((E, d, d)); else view(H, 3 d).split(d)
+    "GPTNeoXAttention": "query_key_value",  # view(H, 3 d).chunk(3)
+    "Phi3Attention": "qkv_proj",  # [q | k | v] with num_key_value_heads
+    "ModernBertAttention": "Wqkv",  # view(3, H, d).unbind
+}
+# Modules that compute attention themselves on time-first (L, B, E) states: their projections cannot be read
+# as (B, L, .), so the scan for attention that does not call an attention function skips them.
+_TIME_FIRST_SOURCES = ("modeling_fsmt", "modeling_longformer", "modeling_led")
+_HEAD_DIM_ATTRS = ("head_dim", "attention_head_size", "head_size", "key_value_proj_dim")
+
+
+def _width(layer) -> Optional[int]:
+    """Output width of an ``nn.Linear`` or of transformers' ``Conv1D`` (GPT-2), else None."""
+    if isinstance(layer, nn.Linear):
+        return layer.out_features
+    if type(layer).__name__ == "Conv1D" and isinstance(getattr(layer, "nf", None), int):
+        return layer.nf
+    return None
+
+
+@dataclass(frozen=True)
+class _Projections:
+    """Where an attention module's queries and keys come from: ``q_layer`` and ``k_layer`` (one layer for
+    fused projections) and the layout of their outputs (``pair``, ``sequential`` or ``interleaved``)."""
+
+    q_layer: nn.Module
+    k_layer: nn.Module
+    layout: str
+
+
+def _projections(module: nn.Module) -> Optional[_Projections]:
+    children = dict(module.named_children())
+    for a, b in _HF_PAIRS:
+        if a in children and b in children and all(isinstance(children[n], nn.Linear) for n in (a, b)):
+            return _Projections(children[a], children[b], "pair")
+    fused = children.get(_HF_FUSED.get(type(module).__name__, ""))
+    if fused is None or _width(fused) is None:
+        return None
+    interleaved = type(module).__name__ == "GPTNeoXAttention" or (
+        type(module).__name__ == "GPTBigCodeAttention" and not getattr(module, "multi_query", True)
+    )
+    return _Projections(fused, fused, "interleaved" if interleaved else "sequential")
 
 
 class HFSite(Site):
+    """A Hugging Face attention module, captured from the outputs of its query and key projections (before
+    rotary embeddings, q/k norms or a scaling of q, where the model has them). With grouped-query attention
+    (``Hkv < H`` key heads) each query head is paired with the keys of its group, as the attention does."""
+
     kind = "hf"
 
-    def __init__(self, name: str, module: nn.Module, num_heads: int, head_dim: int, q_lin, k_lin) -> None:
+    def __init__(
+        self, name: str, module: nn.Module, num_heads: int, head_dim: int, kv_heads: int, proj: _Projections
+    ) -> None:
         super().__init__(name, module, num_heads, head_dim)
-        self.q_lin, self.k_lin = q_lin, k_lin
+        self.kv_heads, self.proj = kv_heads, proj
+
+    def __repr__(self) -> str:
+        kv = f", kv_heads={self.kv_heads}" if self.kv_heads != self.num_heads else ""
+        return f"HFSite({self.name!r}, heads={self.num_heads}{kv}, head_dim={self.head_dim})"
 
     def attach(self, record: Record, context: ForwardState) -> list:
-        pending: dict[str, Tensor] = {}
+        H, Hkv, d = self.num_heads, self.kv_heads, self.head_dim
+        proj = self.proj
 
-        def split(out: Tensor) -> Tensor:
-            B, L, _ = out.shape
-            return out.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, d)
+        def emit(q: Tensor, k: Tensor) -> None:  # q (B, Lq, H, d), k (B, Lk, Hkv, d)
+            B, Lq = q.shape[:2]
+            Lk = k.shape[1]
+            mask = context.attention_mask
+            if isinstance(mask, Tensor) and mask.dim() == 2 and mask.shape[0] == B and mask.shape[1] > Lq:
+                return  # a step of cached decoding (generate): the earlier keys are in the cache, not here
+            q = q.transpose(1, 2)  # (B, H, Lq, d)
+            k = k.transpose(1, 2)  # (B, Hkv, Lk, d)
+            if Hkv != H:
+                # (B, H, Lk, d): query head h reads key head h // (H / Hkv)
+                k = k.repeat_interleave(H // Hkv, dim=1)
+            record(Captured(q, k, _hf_valid(mask, B, Lq, q.device), _hf_valid(mask, B, Lk, q.device)))
+
+        if proj.layout != "pair":
+
+            def fused(module, args, out):
+                if module is not proj.q_layer:  # a copy of the model (copy.deepcopy keeps the hooks)
+                    return
+                B, L, _ = out.shape
+                if proj.layout == "interleaved":
+                    qkv = out.view(B, L, H, 3 * d)
+                    emit(qkv[..., :d], qkv[..., d : 2 * d])
+                else:
+                    q, k = out[..., : H * d], out[..., H * d : (H + Hkv) * d]
+                    emit(q.view(B, L, H, d), k.view(B, L, Hkv, d))
+
+            return [proj.q_layer.register_forward_hook(fused)]
+
+        pending: dict[str, tuple[Optional[Tensor], Tensor]] = {}
 
         def make(role: str):
-            own = self.q_lin if role == "q" else self.k_lin
+            own = proj.q_layer if role == "q" else proj.k_layer
 
             def hook(module, args, out):
                 if module is not own:  # a copy of the model (copy.deepcopy keeps the hooks)
                     return
-                pending[role] = out
+                pending[role] = (args[0] if args else None, out)
                 if "q" in pending and "k" in pending:
-                    q, k = split(pending.pop("q")), split(pending.pop("k"))
-                    B, _, Lq, _ = q.shape
-                    Lk = k.shape[2]
-                    mask = context.attention_mask
-                    record(Captured(q, k, _hf_valid(mask, B, Lq, q.device), _hf_valid(mask, B, Lk, q.device)))
+                    (x_q, q), (x_k, k) = pending.pop("q"), pending.pop("k")
+                    if x_q is not x_k:  # keys from another sequence (cross-attention): not this site's pairs
+                        return
+                    emit(q.view(*q.shape[:2], H, d), k.view(*k.shape[:2], Hkv, d))
 
             return hook
 
-        return [self.q_lin.register_forward_hook(make("q")), self.k_lin.register_forward_hook(make("k"))]
+        return [proj.q_layer.register_forward_hook(make("q")), proj.k_layer.register_forward_hook(make("k"))]
 
 
 def _hf_valid(mask: Optional[Tensor], B: int, L: int, device) -> Tensor:
@@ -167,44 +265,67 @@ def _hf_valid(mask: Optional[Tensor], B: int, L: int, device) -> Tensor:
     return mask.to(device) > 0
 
 
-def _hf_heads(module: nn.Module, config) -> int:
-    for attr in ("num_attention_heads", "num_heads", "n_heads"):
-        value = getattr(module, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    for attr in ("num_attention_heads", "n_heads"):
-        value = getattr(config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    raise ValueError(
-        f"cannot tell the number of heads of {type(module).__name__}; it has no num_attention_heads"
-    )
+def _hf_site(name: str, module: nn.Module, proj: _Projections, config) -> HFSite:
+    from ..hf.convert import _num_heads
+
+    H = _num_heads(module, config)
+    where = f"{type(module).__name__} at {name!r}"
+    dims = {getattr(module, a) for a in _HEAD_DIM_ATTRS if isinstance(getattr(module, a, None), int)}
+    width, k_width = _width(proj.q_layer), _width(proj.k_layer)
+    if proj.layout == "pair":
+        d = width // H if width % H == 0 else 0
+        keys = k_width  # the key projection's width, Hkv d
+    else:  # one fused layer of width W: the head dim comes from the module
+        d = next(iter(dims)) if len(dims) == 1 else 0
+        rest = width - H * d  # the keys and values
+        if proj.layout == "interleaved":
+            keys = H * d if rest == 2 * H * d else 0
+        else:
+            keys = rest // 2 if rest > 0 and rest % 2 == 0 else 0
+    if d < 1 or dims - {d}:
+        raise ValueError(
+            f"{where}: cannot tell its head dim (projection width {width}, {H} heads, head dim attributes "
+            f"{sorted(dims) or 'none'}); the alignment regularizer cannot split its queries into heads"
+        )
+    Hkv = keys // d if keys > 0 and keys % d == 0 else 0
+    if Hkv < 1 or H % Hkv:
+        raise ValueError(
+            f"{where}: its keys (width {keys}) are not a whole number of heads of dim {d} that divides its "
+            f"{H} query heads; the alignment regularizer cannot pair its queries and keys"
+        )
+    return HFSite(name, module, H, d, Hkv, proj)
 
 
 def _hf_sites(model) -> list[Site]:
-    from ..hf import attention_modules
+    """The self-attention modules of a Hugging Face model in module order: those that call an attention
+    function (every one must have projections the regularizer reads), and those that compute attention
+    themselves from separate or known fused query and key projections (BERT-like encoders such as
+    MegatronBERT, RoFormer or MPNet). For encoder-decoder models, the encoder's alone."""
+    from ..hf.convert import _is_cross_attention, attention_modules, encoder_prefix
 
-    sites = []
-    for name, module in attention_modules(model):
-        children = dict(module.named_children())
-        pair = next(
-            ((children[a], children[b]) for a, b in _HF_PAIRS if a in children and b in children), None
-        )
-        if pair is None or not all(isinstance(p, nn.Linear) for p in pair):
-            raise ValueError(
-                f"{type(module).__name__} at {name!r} has no query/key nn.Linear "
-                f"({', '.join('/'.join(p) for p in _HF_PAIRS)}); the alignment regularizer cannot capture it"
-            )
-        H = _hf_heads(module, model.config)
-        q_lin, k_lin = pair
-        if q_lin.out_features != k_lin.out_features or q_lin.out_features % H:
-            raise ValueError(
-                f"{name!r}: query width {q_lin.out_features} and key width {k_lin.out_features} "
-                "must be equal and "
-
-                f"divisible by the {H} heads (grouped-query attention is not supported)"
-            )
-        sites.append(HFSite(name, module, H, q_lin.out_features // H, q_lin, k_lin))
+    dispatching = {id(m) for _, m in attention_modules(model)}
+    prefix = encoder_prefix(model)
+    sites: list[Site] = []
+    taken: list[str] = []
+    for name, module in model.base_model.named_modules():
+        if not name.startswith(prefix) or any(name.startswith(t + ".") for t in taken):
+            continue
+        proj = _projections(module)
+        if id(module) in dispatching:
+            if proj is None:
+                pairs = ", ".join("/".join(p) for p in _HF_PAIRS)
+                raise ValueError(
+                    f"{type(module).__name__} at {name!r} has no query/key nn.Linear ({pairs}) and no fused "
+                    "projection the alignment regularizer knows; it cannot capture its queries and keys"
+                )
+        elif (
+            proj is None
+            or _is_cross_attention(name, module)
+            or type(module).__module__.rsplit(".", 1)[-1] in _TIME_FIRST_SOURCES
+        ):
+            continue
+        sites.append(_hf_site(name, module, proj, model.config))
+        taken.append(name)
     return sites
 
 

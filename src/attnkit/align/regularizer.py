@@ -98,8 +98,10 @@ class AlignmentRegularizer(nn.Module):
     """Matches the query and key distributions of every (selected) self-attention layer of ``model``.
 
     ``model``: an attnkit model (``attnkit.nn.MultiheadAttention`` anywhere inside, any mechanism), a torch
-    model with ``nn.MultiheadAttention``, a Hugging Face encoder (BERT, RoBERTa, ALBERT, DistilBERT, MiniLM)
-    or a model with PyTorch Geometric ``GATConv`` layers. Attaching registers hooks; the model's outputs stay
+    model with ``nn.MultiheadAttention``, a Hugging Face model (encoders such as BERT, RoBERTa, ALBERT,
+    DistilBERT, MiniLM, DeBERTa-v2, ModernBERT; the encoder of T5 and BART; decoders such as Llama, Qwen,
+    Mistral, Phi-3, GPT-2, GPT-NeoX, with grouped-query attention) or a model with PyTorch Geometric
+    ``GATConv`` layers. Attaching registers hooks; the model's outputs stay
     bit-identical. The regularizer's own parameters (one discriminator, or one critic and navigator, per
     layer, shared by its heads) are on the device of the model's first parameter; move both together with
     ``.to()``.
@@ -126,7 +128,8 @@ class AlignmentRegularizer(nn.Module):
         if not sites:
             raise ValueError(
                 f"{type(model).__name__} has no self-attention layer the regularizer knows (attnkit or torch "
-                "MultiheadAttention, a Hugging Face encoder's self-attention, torch_geometric GATConv)"
+                "MultiheadAttention, a Hugging Face model's self-attention with query and key projections, "
+                "torch_geometric GATConv)"
             )
         chosen = self.config.layers if self.config.layers is not None else tuple(range(len(sites)))
         for i in chosen:

@@ -215,24 +215,28 @@ def attention_modules(model) -> list[tuple[str, nn.Module]]:
     For encoder-decoder models only the encoder's self-attention modules are listed.
     """
     _check_model(model)
-    base = model.base_model
-    prefix = ""
-    if getattr(model.config, "is_encoder_decoder", False):
-        encoder = model.get_encoder()
-        names = [n for n, m in base.named_modules() if m is encoder]
-        if not names:
-            raise ValueError(
-                f"{type(model).__name__} is encoder-decoder but its encoder was not found in "
-                "the model"
-            )
-        prefix = names[0] + "." if names[0] else ""
+    prefix = encoder_prefix(model)
     found = []
-    for name, module in base.named_modules():
+    for name, module in model.base_model.named_modules():
         if not name.startswith(prefix) or not hasattr(module, "is_causal"):
             continue
         if _dispatches_attention(module) and not _is_cross_attention(name, module):
             found.append((name, module))
     return found
+
+
+def encoder_prefix(model) -> str:
+    """``""``, or for an encoder-decoder model the name of its encoder relative to ``model.base_model``
+    followed by a dot."""
+    if not getattr(model.config, "is_encoder_decoder", False):
+        return ""
+    encoder = model.get_encoder()
+    names = [n for n, m in model.base_model.named_modules() if m is encoder]
+    if not names:
+        raise ValueError(
+            f"{type(model).__name__} is encoder-decoder but its encoder was not found in the model"
+        )
+    return names[0] + "." if names[0] else ""
 
 
 def _num_heads(module: nn.Module, config) -> int:

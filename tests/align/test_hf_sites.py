@@ -1,0 +1,181 @@
+"""The alignment regularizer on Hugging Face models beyond BERT: grouped-query attention, fused
+query/key/value projections, T5, encoders that compute attention themselves, and generation with the
+regularizer attached."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+
+from attnkit.align import AlignmentRegularizer  # noqa: E402
+
+H, KV = 4, 2
+SMALL = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=64,
+             max_position_embeddings=64, head_dim=8)
+# model type -> config overrides (on top of SMALL where the config has those fields), expected key heads
+FAMILIES = {
+    "llama": (dict(num_key_value_heads=KV), KV),  # grouped-query, rotary
+    "qwen2": (dict(num_key_value_heads=KV), KV),
+    "mistral": (dict(num_key_value_heads=1), 1),  # multi-query
+    "t5": (dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=H, decoder_start_token_id=0), H),
+    "gpt2": (dict(n_embd=32, n_layer=2, n_head=H, n_positions=64), H),  # fused c_attn (Conv1D)
+    "gpt_bigcode": (dict(n_embd=32, n_layer=2, n_head=H, n_positions=64, multi_query=True), 1),
+    "gpt_bigcode-mha": (dict(n_embd=32, n_layer=2, n_head=H, n_positions=64, multi_query=False), H),
+    "gpt_neox": (dict(), H),  # fused query_key_value, per head [q | k | v]
+    "phi3": (dict(num_key_value_heads=KV, pad_token_id=0), KV),  # fused qkv_proj, grouped-query
+    "modernbert": (dict(pad_token_id=0, global_attn_every_n_layers=1, local_attention=16), H),  # fused Wqkv
+}
+
+
+def _config(family: str):
+    from transformers import CONFIG_MAPPING
+
+    model_type = family if family in CONFIG_MAPPING else family.rsplit("-", 1)[0]
+    overrides, _ = FAMILIES.get(family, (dict(), H))
+    config = CONFIG_MAPPING[model_type]()
+    for key, value in {**SMALL, **overrides}.items():
+        if hasattr(config, key) or key in overrides:
+            setattr(config, key, value)
+    return config
+
+
+def _model(family: str, cls=None):
+    torch.manual_seed(0)
+    cls = cls or transformers.AutoModel
+    return cls.from_config(_config(family), attn_implementation="eager").eval()
+
+
+def _batch(model):
+    ids = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    kwargs = dict(input_ids=ids, attention_mask=mask)
+    if model.config.is_encoder_decoder:
+        kwargs["decoder_input_ids"] = ids[:, :4]
+    return kwargs, mask
+
+
+def _outputs(model, kwargs):
+    with torch.no_grad():
+        return model(**kwargs).last_hidden_state
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_captured_queries_and_keys_are_what_the_attention_function_receives(family, monkeypatch):
+    """With rotary embeddings off, the attention function sees exactly the captured queries, and the captured
+    keys of head h are its key head h // (H / Hkv) (as transformers' repeat_kv pairs them)."""
+    model = _model(family)
+    source = importlib.import_module(type(model).__module__)
+    seen = []
+    eager = source.eager_attention_forward
+
+    def recording(module, query, key, *args, **kwargs):
+        seen.append((query.detach().clone(), key.detach().clone()))
+        return eager(module, query, key, *args, **kwargs)
+
+    monkeypatch.setattr(source, "eager_attention_forward", recording)
+    if hasattr(source, "apply_rotary_pos_emb"):
+        monkeypatch.setattr(source, "apply_rotary_pos_emb", lambda q, k, *a, **kw: (q, k))
+    kwargs, mask = _batch(model)
+    before = _outputs(model, kwargs)
+    reg = AlignmentRegularizer(model, method="mmd")
+    after = _outputs(model, kwargs)
+    assert torch.equal(before, after)
+    sites, kv_heads = reg.sites, FAMILIES[family][1]
+    assert len(sites) == 2 and all(s.num_heads == H and s.kv_heads == kv_heads for s in sites)
+    captured = [c for _, c in reg._captured]
+    assert len(captured) == 2
+    second = seen[len(seen) // 2 :]  # the pass with the regularizer attached
+    encoder_calls = second[:2]  # an encoder-decoder runs its encoder first
+    for c, (query, key) in zip(captured, encoder_calls):
+        assert c.q.shape == query.shape == (2, H, 9, sites[0].head_dim)
+        assert key.shape[1] == kv_heads
+        torch.testing.assert_close(c.q, query, rtol=0, atol=0)
+        torch.testing.assert_close(c.k, key.repeat_interleave(H // kv_heads, dim=1), rtol=0, atol=0)
+        assert torch.equal(c.q_mask, mask > 0) and torch.equal(c.k_mask, mask > 0)
+    assert torch.isfinite(torch.tensor(reg.mmd()))
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox", "phi3", "t5"])
+def test_alignment_gradients_reach_the_query_and_key_projections(family):
+    model = _model(family).train()
+    kwargs, _ = _batch(model)
+    reg = AlignmentRegularizer(model, method="ct")
+    model(**kwargs)
+    reg.loss().backward()
+    site = reg.sites[0]
+    for layer in (site.proj.q_layer, site.proj.k_layer):  # one layer twice where q, k and v are fused
+        assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("family", ["megatron-bert", "roformer", "mpnet", "layoutlm"])
+def test_encoders_that_compute_attention_themselves_are_captured(family):
+    """Encoders whose modules do not call an attention function are found by their query/key projections;
+    the captures are those projections, split into heads, with the padding of the attention_mask."""
+    model = _model(family)
+    kwargs, mask = _batch(model)
+    if family == "layoutlm":
+        kwargs["bbox"] = torch.zeros(2, 9, 4, dtype=torch.long)
+    before = _outputs(model, kwargs)
+    reg = AlignmentRegularizer(model, method="gan")
+    assert torch.equal(_outputs(model, kwargs), before)
+    assert len(reg.sites) == 2 and len(reg._captured) == 2
+    site, c = reg.sites[0], reg._captured[0][1]
+    hidden = {}
+    handle = site.module.register_forward_pre_hook(lambda m, args: hidden.setdefault("x", args[0]))
+    _outputs(model, kwargs)
+    handle.remove()
+    d = site.head_dim
+    q = site.proj.q_layer(hidden["x"]).view(2, 9, H, d).transpose(1, 2)
+    k = site.proj.k_layer(hidden["x"]).view(2, 9, H, d).transpose(1, 2)
+    c = reg._captured[0][1]
+    assert torch.equal(c.q, q) and torch.equal(c.k, k) and torch.equal(c.k_mask, mask > 0)
+    model.train()
+    model(**kwargs)
+    reg.loss().backward()
+    assert site.proj.q_layer.weight.grad.abs().sum() > 0
+
+
+def test_decoder_cross_attention_is_not_captured():
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(**{k: v for k, v in SMALL.items()}, is_decoder=True, add_cross_attention=True)
+    model = BertModel(config).eval()
+    kwargs, _ = _batch(model)
+    kwargs["encoder_hidden_states"] = torch.randn(2, 5, 32)
+    reg = AlignmentRegularizer(model, method="mmd")
+    model(**kwargs)
+    assert [s.name for s in reg.sites] == [f"encoder.layer.{i}.attention.self" for i in range(2)]
+    assert len(reg._captured) == 2 and all(c.k.shape[2] == 9 for _, c in reg._captured)
+
+
+@pytest.mark.parametrize("family", ["opt", "llama"])
+def test_generate_with_the_regularizer_attached_gives_the_same_tokens(family):
+    """Cached decoding steps (one query, the earlier keys in the cache) are not captured; they used to raise
+    on the attention_mask's length."""
+    model = _model(family, transformers.AutoModelForCausalLM)
+    model.generation_config.pad_token_id = 0
+    ids = torch.randint(3, 100, (2, 6), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :2] = 0  # left padding
+    gen = dict(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    expected = model.generate(**gen)
+    reg = AlignmentRegularizer(model, method="mmd")
+    assert torch.equal(model.generate(**gen), expected)
+    model(input_ids=ids, attention_mask=mask)
+    assert len(reg._captured) == 2 and reg.mmd() > 0
+
+
+def test_keys_that_are_not_whole_heads_are_named():
+    model = _model("llama")
+    attn = model.layers[0].self_attn
+    attn.k_proj = torch.nn.Linear(32, 12, bias=False)
+    with pytest.raises(ValueError, match=r"layers\.0\.self_attn.*keys \(width 12\).*heads of dim 8"):
+        AlignmentRegularizer(model, method="mmd")
