@@ -128,6 +128,31 @@ def test_finetune_writes_metrics_and_model(tiny_bert, fixture_dataset, tmp_path,
     assert torch.equal(u, torch.tensor(metrics["hybrid_weights"]))
     assert not torch.allclose(u, torch.full_like(u, 0.5))  # theta was trained (lr 1e-2, 3 steps)
     assert list(scratch.iterdir()) == []  # the trainer's scratch directory is removed
+    assert sorted(p.name for p in out.iterdir() if p.suffix not in (".json", ".txt")) == ["model.safetensors"]
+
+
+def test_finetune_of_a_decoder_whose_tokenizer_has_no_padding_token(fixture_dataset, tmp_path, capsys):
+    """Llama-style classifiers pad with the end-of-sequence token (the collator raised before, with advice for
+    Python code), and the alignment regularizer attaches to their grouped-query attention."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    model_dir = tmp_path / "llama"
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+                                 pad_token_id=None)).save_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(gt.get_model_path())
+    tokenizer.pad_token, tokenizer.eos_token = None, "[SEP]"
+    tokenizer.save_pretrained(model_dir)
+    out = tmp_path / "run"
+    main(["finetune", "--model", str(model_dir), "--mechanism", "coda", "--align", "ct", "--dataset",
+          str(fixture_dataset), "--max-steps", "2", "--batch-size", "4", "--max-length", "16",
+          "--out", str(out)])
+    assert "padded with its end of sequence, [SEP]" in capsys.readouterr().err
+    loaded = akhf.load(out)
+    assert loaded.config.pad_token_id == tokenizer.convert_tokens_to_ids("[SEP]")
+    assert AutoTokenizer.from_pretrained(out).pad_token == "[SEP]"
+    assert json.loads((out / "metrics.json").read_text())["train_steps"] == 2
 
 
 def test_finetune_refuses_a_non_empty_out(tiny_bert, fixture_dataset, tmp_path, capsys):

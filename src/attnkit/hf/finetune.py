@@ -193,6 +193,24 @@ def _encode(tokenizer, texts, pairs, labels, max_length: int) -> _TextDataset:
     return _TextDataset(dict(enc), list(labels))
 
 
+def _padding_token(tokenizer, model, model_dir: str, log) -> None:
+    """Batches are padded: a tokenizer without a padding token (GPT-2, Llama and other decoders) pads with its
+    end-of-sequence token, as is usual for decoder classifiers, and the model learns which id that is (its
+    classification head reads the last token that is not padding)."""
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(
+                f"--model {model_dir}: its tokenizer has neither a padding nor an end-of-sequence token, so "
+                "batches cannot be padded; add one (tokenizer.add_special_tokens({'pad_token': '[PAD]'}), "
+                "model.resize_token_embeddings(len(tokenizer))) and save both"
+            )
+        tokenizer.pad_token = tokenizer.eos_token
+        eos = tokenizer.eos_token
+        log(f"the tokenizer has no padding token: batches are padded with its end of sequence, {eos}")
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+
+
 def _first(dataset: _TextDataset, n: int) -> _TextDataset:
     return _TextDataset({k: v[:n] for k, v in dataset.encodings.items()}, dataset.labels[:n])
 
@@ -306,6 +324,7 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
             "or pass the unconverted model"
         )
     mechanism = conversion(model).name
+    _padding_token(tokenizer, model, model_dir, log)
 
     train = _encode(tokenizer, data.train_texts, data.train_text_pairs, data.train_labels, config.max_length)
     test = _encode(tokenizer, data.test_texts, data.test_text_pairs, data.test_labels, config.max_length)
@@ -380,7 +399,8 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
         metrics["hybrid_weights"] = hybrid_weights(model).tolist()
     if trainer.is_world_process_zero():
         out.mkdir(parents=True, exist_ok=True)
-        trainer.save_model(str(out))
+        # the model alone: Trainer.save_model would add training_args.bin, a pickle of the run's arguments
+        trainer.model.save_pretrained(str(out))
         tokenizer.save_pretrained(str(out))
         from .._files import match_umask
 
