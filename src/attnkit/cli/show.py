@@ -31,7 +31,9 @@ def register(app: typer.Typer) -> None:
             "attention-view", "--out", help="Output directory (HTML + bertviz files).", metavar="<path>"
         ),
         mechanisms: Optional[str] = typer.Option(
-            None, help="Comma-separated mechanisms (run: those of the run; stock model: softmax,dnas,hnas)."
+            None,
+            help="Comma-separated mechanisms (run: those of the run; stock model: softmax,dnas,hnas, a "
+            "decoder: softmax,coda; a converted model shows its own).",
         ),
         seed: Optional[int] = typer.Option(
             None, help="Which seed's models of a run directory (default: the first)."
@@ -81,7 +83,7 @@ def register(app: typer.Typer) -> None:
         if is_run:
             view = view_from_run(src, text, seed=seed, mechanisms=names)
         else:
-            view = view_from_hf(src, text, **({"mechanisms": names} if names else {}))
+            view = view_from_hf(src, text, mechanisms=names)
         document = render_view_html(view, heads=head_list, layers=layer_list)
         out.mkdir(parents=True, exist_ok=True)
         page.write_text(document, encoding="utf-8")
