@@ -209,15 +209,16 @@ class HFSite(Site):
         def emit(q: Tensor, k: Tensor) -> None:  # q (B, Lq, H, d), k (B, Lk, Hkv, d)
             B, Lq = q.shape[:2]
             Lk = k.shape[1]
-            mask = context.attention_mask
-            if isinstance(mask, Tensor) and mask.dim() == 2 and mask.shape[0] == B and mask.shape[1] > Lq:
+            if context.cached:
                 return  # a step of cached decoding (generate): the earlier keys are in the cache, not here
+            mask = context.attention_mask
             q = q.transpose(1, 2)  # (B, H, Lq, d)
             k = k.transpose(1, 2)  # (B, Hkv, Lk, d)
             if Hkv != H:
                 # (B, H, Lk, d): query head h reads key head h // (H / Hkv)
                 k = k.repeat_interleave(H // Hkv, dim=1)
-            record(Captured(q, k, _hf_valid(mask, B, Lq, q.device), _hf_valid(mask, B, Lk, q.device)))
+            valid_q, valid_k = (_hf_valid(mask, B, n, q.device, self.name) for n in (Lq, Lk))
+            record(Captured(q, k, valid_q, valid_k))
 
         if proj.layout != "pair":
 
@@ -254,13 +255,20 @@ class HFSite(Site):
         return [proj.q_layer.register_forward_hook(make("q")), proj.k_layer.register_forward_hook(make("k"))]
 
 
-def _hf_valid(mask: Optional[Tensor], B: int, L: int, device) -> Tensor:
+def _hf_valid(mask: Optional[Tensor], B: int, L: int, device, site: str = "") -> Tensor:
     if mask is None:
         return torch.ones(B, L, dtype=torch.bool, device=device)
-    if mask.dim() != 2 or tuple(mask.shape) != (B, L):
+    if mask.dim() != 2:
         raise ValueError(
-            f"attention_mask has shape {tuple(mask.shape)}, expected (B, L) = ({B}, {L}) for the alignment "
-            "regularizer; pass a 2-D padding mask (1 = real token)"
+            f"attention_mask has shape {tuple(mask.shape)}; the alignment regularizer reads the padding from "
+            "a 2-D (B, L) mask (1 = real token): pass that to the model"
+        )
+    if tuple(mask.shape) != (B, L):
+        raise ValueError(
+            f"the attention at {site!r} runs over (B, L) = ({B}, {L}) positions but the model's "
+            f"attention_mask is {tuple(mask.shape)}, so the alignment regularizer cannot tell its padding "
+            "(a vision tower of a multimodal model, or a model that pads its input inside); pass layers= "
+            "with the self-attention layers whose positions are the mask's"
         )
     return mask.to(device) > 0
 
@@ -429,10 +437,21 @@ class ForwardState:
         self.depth = 0
         self.grad_enabled = False
         self.attention_mask: Optional[Tensor] = None
+        self.cached = False  # a step of cached decoding: the earlier positions' keys are in the cache
 
     @property
     def active(self) -> bool:
         return self.depth > 0
+
+
+def _cache_length(cache) -> int:
+    """How many positions a Hugging Face key/value cache holds (0 for none or an empty one)."""
+    if cache is None:
+        return 0
+    length = getattr(cache, "get_seq_length", None)
+    if callable(length):
+        return int(length())
+    return 1 if isinstance(cache, (tuple, list)) and len(cache) > 0 else 0
 
 
 def start_hook(model, is_hf: bool, state: ForwardState, reset: Callable[[], None]):
@@ -450,10 +469,12 @@ def start_hook(model, is_hf: bool, state: ForwardState, reset: Callable[[], None
         state.grad_enabled = torch.is_grad_enabled()
         if signature is not None:
             try:
-                bound = signature.bind_partial(*args, **kwargs)
-                state.attention_mask = bound.arguments.get("attention_mask")
+                arguments = signature.bind_partial(*args, **kwargs).arguments
             except TypeError:
-                state.attention_mask = kwargs.get("attention_mask")
+                arguments = kwargs
+            state.attention_mask = arguments.get("attention_mask")
+            caches = (arguments.get(name) for name in ("cache", "past_key_values", "past_key_value"))
+            state.cached = _cache_length(next((c for c in caches if c is not None), None)) > 0
         return None
 
     return model.register_forward_pre_hook(start, with_kwargs=True)
@@ -468,7 +489,7 @@ def end_hook(model, state: ForwardState):
             return None
         state.depth = max(state.depth - 1, 0)
         if not state.active:
-            state.attention_mask = None
+            state.attention_mask, state.cached = None, False
         return None
 
     return model.register_forward_hook(end, with_kwargs=True, always_call=True)
