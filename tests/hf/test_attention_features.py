@@ -171,3 +171,29 @@ def test_a_model_whose_other_attention_reads_the_mask_itself_is_refused():
     with pytest.raises(ValueError, match="GitSelfAttention .* computes attention itself from the model's"):
         akhf.convert(model, "softmax")
     assert akhf.conversion(model) is None
+
+
+@pytest.mark.parametrize("gate", ["scaled", "sigmoid"])
+def test_coda_on_a_model_that_scales_q_before_attention_reads_the_projections(gate):
+    """OPT multiplies q by 1/sqrt(d) after its projection and calls attention with scaling=1.0. The scores
+    are the same either way, but CoDA's L1 term was taken between that scaled q and an unscaled k; it now
+    equals CoDA on the projections with scale 1/sqrt(d), as for a model that scales its scores."""
+    import attnkit as ak
+    from transformers import OPTConfig, OPTModel
+
+    torch.manual_seed(0)
+    config = OPTConfig(vocab_size=120, hidden_size=32, num_hidden_layers=1, ffn_dim=64, num_attention_heads=4,
+                       max_position_embeddings=64, word_embed_proj_dim=32)
+    model = OPTModel._from_config(config, attn_implementation="eager").eval()
+    akhf.convert(model, ak.CoDA(gate=gate))
+    attn = model.decoder.layers[0].self_attn
+    seen = {}
+    attn.q_proj.register_forward_pre_hook(lambda m, args: seen.setdefault("x", args[0]))
+    attn.out_proj.register_forward_pre_hook(lambda m, args: seen.setdefault("out", args[0]))
+    ids = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        model(input_ids=ids)
+        x = seen["x"]
+        q, k, v = (p(x).view(2, 7, 4, 8).transpose(1, 2) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        expected = ak.attention(q, k, v, ak.CoDA(gate=gate), causal=True, scale=8**-0.5)  # (B, H, L, d)
+    torch.testing.assert_close(seen["out"], expected.transpose(1, 2).reshape(2, 7, 32), atol=1e-6, rtol=1e-5)

@@ -31,6 +31,9 @@ converted run softmax attention, identical to transformers' ``eager`` implementa
 
 from __future__ import annotations
 
+import inspect
+import math
+import re
 from typing import Optional
 
 import torch
@@ -59,6 +62,28 @@ _BACKEND_ATTR = "attnkit_backend"  # set by attnkit.hf.set_backend; "auto" when 
 
 # Keyword arguments of transformers' attention functions that change what attention computes and that attnkit
 # does not implement. (``position_bias``, T5's relative position bias, is taken: an additive score bias.)
+# Modules that scale q after its projection and pass scaling=1.0 (OPT, Whisper, Qwen2-Audio, Voxtral, ...):
+# the scores are the same, but CoDA's L1 distance would be taken between a scaled q and an unscaled k.
+_PRESCALED_QUERY = re.compile(r"q_proj\(hidden_states\)\s*\*\s*self\.scaling")
+_PRESCALED_CACHE: dict[type, bool] = {}
+
+
+def _query_prescale(module: nn.Module, scaling: Optional[float]) -> Optional[float]:
+    """The factor ``s`` by which ``module`` multiplied q before its attention function, or None. Only for a
+    module whose own forward reads ``q_proj(hidden_states) * self.scaling`` and calls with ``scaling=1.0``."""
+    s = getattr(module, "scaling", None)
+    if scaling != 1.0 or not isinstance(s, float) or not math.isfinite(s) or s in (0.0, 1.0):
+        return None
+    cls = type(module)
+    if cls not in _PRESCALED_CACHE:
+        try:
+            source = inspect.getsource(cls.forward)
+        except (OSError, TypeError):
+            source = ""
+        _PRESCALED_CACHE[cls] = bool(_PRESCALED_QUERY.search(source)) and "scaling=1.0" in source
+    return s if _PRESCALED_CACHE[cls] else None
+
+
 UNSUPPORTED_FEATURES = {
     "softcap": "soft-capping of the attention logits (Gemma 2)",
     "s_aux": "attention sinks (GPT-OSS)",
@@ -156,6 +181,10 @@ def attention_forward(
             "multiple of H_kv"
         )
     key, value = _repeat_kv(key, H // Hkv), _repeat_kv(value, H // Hkv)  # (B, H, Lk, D)
+    if isinstance(config, CoDA):
+        s = _query_prescale(module, scaling)
+        if s is not None:  # E = alpha s q.k as the model's scores; N = -beta s ||q - k||_1 of the projections
+            query, scaling = query / s, s
 
     key_mask = query_mask = None
     if attention_mask is not None and attention_mask.dim() == 2:
