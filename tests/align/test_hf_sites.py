@@ -179,3 +179,61 @@ def test_keys_that_are_not_whole_heads_are_named():
     attn.k_proj = torch.nn.Linear(32, 12, bias=False)
     with pytest.raises(ValueError, match=r"layers\.0\.self_attn.*keys \(width 12\).*heads of dim 8"):
         AlignmentRegularizer(model, method="mmd")
+
+
+class _LoraLike(torch.nn.Module):
+    """A low-rank adapter around a linear layer, as PEFT's ``lora.Linear`` (not an ``nn.Linear`` itself)."""
+
+    def __init__(self, base: torch.nn.Linear, rank: int = 2) -> None:
+        super().__init__()
+        self.base_layer = base
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.lora_A = torch.nn.Linear(base.in_features, rank, bias=False)
+        self.lora_B = torch.nn.Linear(rank, base.out_features, bias=False)
+        torch.nn.init.normal_(self.lora_B.weight, std=0.1)
+
+    def forward(self, x):
+        return self.base_layer(x) + self.lora_B(self.lora_A(x))
+
+
+def test_projections_wrapped_by_low_rank_adapters_are_captured_and_trained():
+    """LoRA fine-tuning wraps q_proj/k_proj in modules that are not nn.Linear; they were refused."""
+    model = _model("llama").train()
+    for layer in model.layers:
+        layer.self_attn.q_proj = _LoraLike(layer.self_attn.q_proj)
+        layer.self_attn.k_proj = _LoraLike(layer.self_attn.k_proj)
+    kwargs, _ = _batch(model)
+    reg = AlignmentRegularizer(model, method="ct")
+    hidden = {}
+    attn = model.layers[0].self_attn
+    attn.q_proj.register_forward_pre_hook(lambda m, args: hidden.setdefault("x", args[0]))
+    model(**kwargs)
+    q = attn.q_proj(hidden["x"]).view(2, 9, H, 8).transpose(1, 2)
+    torch.testing.assert_close(reg._captured[0][1].q, q, rtol=0, atol=0)
+    assert reg.sites[0].kv_heads == KV
+    reg.loss().backward()
+    assert attn.q_proj.lora_A.weight.grad.abs().sum() > 0 and attn.k_proj.lora_B.weight.grad.abs().sum() > 0
+
+
+class _AdapterWrapper(torch.nn.Module):
+    """The shape of PEFT's PeftModel: the Hugging Face model inside, get_base_model(), forward passing on."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.base_model = model
+
+    def get_base_model(self):
+        return self.base_model
+
+    def forward(self, **kwargs):
+        return self.base_model(**kwargs)
+
+
+def test_a_peft_style_wrapper_is_looked_through():
+    model = _model("llama")
+    wrapped = _AdapterWrapper(model)
+    kwargs, mask = _batch(model)
+    reg = AlignmentRegularizer(wrapped, method="mmd")
+    wrapped(**kwargs)
+    assert len(reg.sites) == 2 and len(reg._captured) == 2
+    assert torch.equal(reg._captured[0][1].q_mask, mask > 0)

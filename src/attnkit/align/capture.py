@@ -12,7 +12,8 @@ Three families of layers ("sites"):
   Cross-attention calls and modules named ``multihead_attn`` (decoder cross-attention) are not captured.
 - **Hugging Face models** (BERT, RoBERTa, ALBERT, DistilBERT, MiniLM, DeBERTa-v2, ModernBERT, T5's and BART's
   encoders, Llama, Qwen, Mistral, Phi-3, GPT-2, GPT-NeoX, ... converted by ``attnkit.hf`` or not): forward
-  hooks on the query and key projections of each self-attention module, separate ``nn.Linear`` layers
+  hooks on the query and key projections of each self-attention module, separate linear layers (``nn.Linear``
+  or a wrapper that has ``out_features``, such as PEFT's LoRA layers)
   (``query``/``key``, ``q_lin``/``k_lin``, ``q_proj``/``k_proj``, ``query_proj``/``key_proj``, ``q``/``k``) or
   a fused one whose layout is known (GPT-2's and GPT-BigCode's ``c_attn``, GPT-NeoX's ``query_key_value``,
   Phi-3's ``qkv_proj``, ModernBERT's ``Wqkv``). These are the projections themselves: rotary embeddings, q/k
@@ -132,7 +133,7 @@ class MultiheadSite(Site):
 
 # -- Hugging Face models -------------------------------------------------------------------------------------
 
-# Separate query and key projections: attribute names of two nn.Linear children of an attention module.
+# Separate query and key projections: attribute names of two linear children of an attention module.
 _HF_PAIRS = (
     ("query", "key"), ("q_lin", "k_lin"), ("q_proj", "k_proj"), ("query_proj", "key_proj"), ("q", "k")
 )
@@ -153,11 +154,13 @@ _HEAD_DIM_ATTRS = ("head_dim", "attention_head_size", "head_size", "key_value_pr
 
 
 def _width(layer) -> Optional[int]:
-    """Output width of an ``nn.Linear`` or of transformers' ``Conv1D`` (GPT-2), else None."""
-    if isinstance(layer, nn.Linear):
-        return layer.out_features
+    """Output width of a linear layer: ``nn.Linear``, transformers' ``Conv1D`` (GPT-2), or a layer that wraps
+    one and says its ``out_features`` (PEFT's LoRA layers, quantized linears); else None."""
     if type(layer).__name__ == "Conv1D" and isinstance(getattr(layer, "nf", None), int):
         return layer.nf
+    width = getattr(layer, "out_features", None)
+    if isinstance(layer, nn.Module) and isinstance(width, int) and not isinstance(width, bool) and width > 0:
+        return width
     return None
 
 
@@ -174,7 +177,7 @@ class _Projections:
 def _projections(module: nn.Module) -> Optional[_Projections]:
     children = dict(module.named_children())
     for a, b in _HF_PAIRS:
-        if a in children and b in children and all(isinstance(children[n], nn.Linear) for n in (a, b)):
+        if a in children and b in children and all(_width(children[n]) is not None for n in (a, b)):
             return _Projections(children[a], children[b], "pair")
     fused = children.get(_HF_FUSED.get(type(module).__name__, ""))
     if fused is None or _width(fused) is None:

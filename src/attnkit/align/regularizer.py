@@ -94,6 +94,25 @@ class AlignConfig:
             object.__setattr__(self, "layers", tuple(int(i) for i in self.layers))
 
 
+def _unwrap_adapters(model):
+    """The Hugging Face model inside a PEFT ``PeftModel`` (``get_base_model()``), whose attention the
+    adapters change in place; any other model as it is."""
+    get = getattr(model, "get_base_model", None)
+    if callable(get) and not _is_pretrained(model):
+        inner = get()
+        if _is_pretrained(inner):
+            return inner
+    return model
+
+
+def _is_pretrained(model) -> bool:
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:
+        return False
+    return isinstance(model, PreTrainedModel)
+
+
 class AlignmentRegularizer(nn.Module):
     """Matches the query and key distributions of every (selected) self-attention layer of ``model``.
 
@@ -124,6 +143,7 @@ class AlignmentRegularizer(nn.Module):
         super().__init__()
         layers = tuple(layers) if isinstance(layers, (list, range)) else layers
         self.config = AlignConfig(method=method, weight=weight, layers=layers, **options)
+        model = _unwrap_adapters(model)
         sites, is_hf = find_sites(model)
         if not sites:
             raise ValueError(
