@@ -241,6 +241,13 @@ def test_second_conversion_raises():
 def test_non_model_and_unconverted_inputs_raise(tmp_path):
     with pytest.raises(ValueError, match="PreTrainedModel"):
         akhf.convert(torch.nn.Linear(2, 2))
+
+    class Adapters(torch.nn.Module):  # the shape of PEFT's PeftModel
+        def get_base_model(self):
+            return tiny_model("bert")
+
+    with pytest.raises(ValueError, match=r"got Adapters; .*model\.get_base_model\(\)"):
+        akhf.convert(Adapters(), "dnas")
     with pytest.raises(ValueError, match="hnas"):
         akhf.hybrid_weights(akhf.convert(tiny_model("bert"), "dnas"))
     with pytest.raises(FileNotFoundError, match=os.path.basename(str(tmp_path / "missing"))):

@@ -202,9 +202,12 @@ def _check_model(model) -> None:
     from transformers import PreTrainedModel
 
     if not isinstance(model, PreTrainedModel):
+        hint = ""
+        if callable(getattr(model, "get_base_model", None)):  # PEFT's PeftModel
+            hint = "; for a model with adapters pass model.get_base_model() (or convert before adding them)"
         raise ValueError(
             "expected a transformers PreTrainedModel (e.g. AutoModel.from_pretrained(...)), got "
-            f"{type(model).__name__}"
+            f"{type(model).__name__}{hint}"
         )
 
 
