@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ._common import reduce_heads
-from .capture import Captured, ForwardState, end_hook, find_sites, start_hook
+from .capture import Captured, ForwardState, _is_hf, end_hook, find_sites, start_hook
 from .ct import RHO, Critic, Navigator, ct_loss
 from .gan import Discriminator, gan_loss
 from .mmd import mmd as mmd_values
@@ -98,19 +98,11 @@ def _unwrap_adapters(model):
     """The Hugging Face model inside a PEFT ``PeftModel`` (``get_base_model()``), whose attention the
     adapters change in place; any other model as it is."""
     get = getattr(model, "get_base_model", None)
-    if callable(get) and not _is_pretrained(model):
+    if callable(get) and not _is_hf(model):
         inner = get()
-        if _is_pretrained(inner):
+        if _is_hf(inner):
             return inner
     return model
-
-
-def _is_pretrained(model) -> bool:
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:
-        return False
-    return isinstance(model, PreTrainedModel)
 
 
 class AlignmentRegularizer(nn.Module):

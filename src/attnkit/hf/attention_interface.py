@@ -31,6 +31,7 @@ converted run softmax attention, identical to transformers' ``eager`` implementa
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import re
@@ -65,7 +66,15 @@ _BACKEND_ATTR = "attnkit_backend"  # set by attnkit.hf.set_backend; "auto" when 
 # Modules that scale q after its projection and pass scaling=1.0 (OPT, Whisper, Qwen2-Audio, Voxtral, ...):
 # the scores are the same, but CoDA's L1 distance would be taken between a scaled q and an unscaled k.
 _PRESCALED_QUERY = re.compile(r"q_proj\(hidden_states\)\s*\*\s*self\.scaling")
-_PRESCALED_CACHE: dict[type, bool] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def forward_source(cls: type) -> str:
+    """The source of ``cls.forward`` (read once per class), or ``""`` where it cannot be read."""
+    try:
+        return inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return ""
 
 
 def _query_prescale(module: nn.Module, scaling: Optional[float]) -> Optional[float]:
@@ -74,14 +83,8 @@ def _query_prescale(module: nn.Module, scaling: Optional[float]) -> Optional[flo
     s = getattr(module, "scaling", None)
     if scaling != 1.0 or not isinstance(s, float) or not math.isfinite(s) or s in (0.0, 1.0):
         return None
-    cls = type(module)
-    if cls not in _PRESCALED_CACHE:
-        try:
-            source = inspect.getsource(cls.forward)
-        except (OSError, TypeError):
-            source = ""
-        _PRESCALED_CACHE[cls] = bool(_PRESCALED_QUERY.search(source)) and "scaling=1.0" in source
-    return s if _PRESCALED_CACHE[cls] else None
+    source = forward_source(type(module))
+    return s if _PRESCALED_QUERY.search(source) and "scaling=1.0" in source else None
 
 
 UNSUPPORTED_FEATURES = {

@@ -44,6 +44,7 @@ from .attention_interface import (
     UNSUPPORTED_FEATURES,
     attention_forward,
     attention_mask,
+    forward_source,
 )
 
 __all__ = [
@@ -61,20 +62,12 @@ __all__ = [
 
 CONFIG_KEY = "attnkit"
 _CROSS_NAMES = ("crossattention", "cross_attention", "cross_attn", "encoder_attn")
-_DISPATCH_CACHE: dict[type, bool] = {}
 
 
 def _dispatches_attention(module: nn.Module) -> bool:
     """Whether the module's ``forward`` calls an ``AttentionInterface`` function (read from its source
     once)."""
-    cls = type(module)
-    if cls not in _DISPATCH_CACHE:
-        try:
-            source = inspect.getsource(cls.forward)
-        except (OSError, TypeError):
-            source = ""
-        _DISPATCH_CACHE[cls] = "ALL_ATTENTION_FUNCTIONS" in source
-    return _DISPATCH_CACHE[cls]
+    return "ALL_ATTENTION_FUNCTIONS" in forward_source(type(module))
 
 
 def _is_cross_attention(name: str, module: nn.Module) -> bool:
@@ -128,10 +121,7 @@ def _eager_difference(module: nn.Module) -> Optional[tuple[float, float]]:
 def _unsupported_feature(module: nn.Module, config) -> Optional[tuple[str, str]]:
     """``(keyword, feature)`` of ``UNSUPPORTED_FEATURES`` that the module's ``forward`` passes to its
     attention function (soft-capping only when the config sets it), or ``None``."""
-    try:
-        source = inspect.getsource(type(module).forward)
-    except (OSError, TypeError):
-        return None
+    source = forward_source(type(module))
     own = getattr(module, "config", config)
     for keyword, feature in UNSUPPORTED_FEATURES.items():
         if not re.search(rf"\b{keyword}\s*=", source):
