@@ -30,6 +30,8 @@ FAMILIES = {
     "gpt_neox": (dict(), H),  # fused query_key_value, per head [q | k | v]
     "phi3": (dict(num_key_value_heads=KV, pad_token_id=0), KV),  # fused qkv_proj, grouped-query
     "modernbert": (dict(pad_token_id=0, global_attn_every_n_layers=1, local_attention=16), H),  # fused Wqkv
+    "persimmon": (dict(qk_layernorm=False), H),  # fused query_key_value, per head [q | k | v]
+    "ctrl": (dict(n_embd=32, n_layer=2, n_head=H, dff=64, n_positions=64), H),  # Wq / Wk
 }
 
 

@@ -13,18 +13,18 @@ Three families of layers ("sites"):
 - **Hugging Face models** (BERT, RoBERTa, ALBERT, DistilBERT, MiniLM, DeBERTa-v2, ModernBERT, T5's and BART's
   encoders, Llama, Qwen, Mistral, Phi-3, GPT-2, GPT-NeoX, ... converted by ``attnkit.hf`` or not): forward
   hooks on the query and key projections of each self-attention module, separate linear layers (``nn.Linear``
-  or a wrapper that has ``out_features``, such as PEFT's LoRA layers)
-  (``query``/``key``, ``q_lin``/``k_lin``, ``q_proj``/``k_proj``, ``query_proj``/``key_proj``, ``q``/``k``) or
-  a fused one whose layout is known (GPT-2's and GPT-BigCode's ``c_attn``, GPT-NeoX's ``query_key_value``,
-  Phi-3's ``qkv_proj``, ModernBERT's ``Wqkv``). These are the projections themselves: rotary embeddings, q/k
-  norms and a scaling of q, where a model applies them afterwards, are not in the capture. With grouped-query
-  attention each query head is paired with its group's key head. The modules are those that call an attention
-  function (``attnkit.hf.attention_modules``) and those with such projections that compute attention
-  themselves (MegatronBERT, RoFormer, MPNet, ...; not FSMT, Longformer and LED, which work on time-first
-  states); for an encoder-decoder model the encoder's alone. A call whose query and key projections read
-  different inputs (cross-attention) is skipped, and so is a step of cached decoding (``generate``), whose
-  earlier keys are in the cache. The padding comes from the ``attention_mask`` passed to the model. ALBERT
-  shares one attention module across its layers: each call is captured.
+  or a wrapper that has ``out_features``, such as PEFT's LoRA layers) named ``query``/``key``,
+  ``q_lin``/``k_lin``, ``q_proj``/``k_proj``, ``query_proj``/``key_proj``, ``q``/``k`` or ``Wq``/``Wk``, or a
+  fused one whose layout is known (GPT-2's and GPT-BigCode's ``c_attn``, GPT-NeoX's and Persimmon's
+  ``query_key_value``, Phi-3's ``qkv_proj``, ModernBERT's ``Wqkv``). These are the projections themselves:
+  rotary embeddings, q/k norms and a scaling of q, where a model applies them afterwards, are not in the
+  capture. With grouped-query attention each query head is paired with its group's key head. The modules are
+  those that call an attention function (``attnkit.hf.attention_modules``) and those with such projections
+  that compute attention themselves (MegatronBERT, RoFormer, MPNet, ...; not FSMT, Longformer and LED, which
+  work on time-first states); for an encoder-decoder model the encoder's alone. A call whose query and key
+  projections read different inputs (cross-attention) is skipped, and so is a step of cached decoding
+  (``generate``), whose earlier keys are in the cache. The padding comes from the ``attention_mask`` passed to
+  the model. ALBERT shares one attention module across its layers: each call is captured.
 - **PyTorch Geometric ``GATConv``**: GAT's logit is
   :math:`e_{ij} = a_{dst}^\top W x_i + a_{src}^\top W x_j` for an edge from source ``j`` to destination
   ``i``; per head we take the query of node ``i`` as :math:`q_i = a_{dst} \odot W x_i` and the key of node
@@ -135,7 +135,8 @@ class MultiheadSite(Site):
 
 # Separate query and key projections: attribute names of two linear children of an attention module.
 _HF_PAIRS = (
-    ("query", "key"), ("q_lin", "k_lin"), ("q_proj", "k_proj"), ("query_proj", "key_proj"), ("q", "k")
+    ("query", "key"), ("q_lin", "k_lin"), ("q_proj", "k_proj"), ("query_proj", "key_proj"), ("q", "k"),
+    ("Wq", "Wk"),
 )
 # Fused projections, by attention class: the child layer whose output (B, L, W) holds q, k and v. Its layout
 # is "sequential", [q (H d) | k (Hkv d) | v (Hkv d)], or "interleaved", per head [q_h | k_h | v_h] (Hkv = H),
@@ -144,6 +145,7 @@ _HF_FUSED = {
     "GPT2Attention": "c_attn",  # c_attn(x).split(E)
     "GPTBigCodeAttention": "c_attn",  # multi-query: split((E, d, d)); else view(H, 3 d).split(d)
     "GPTNeoXAttention": "query_key_value",  # view(H, 3 d).chunk(3)
+    "PersimmonAttention": "query_key_value",  # view(H, 3, d)
     "Phi3Attention": "qkv_proj",  # [q | k | v] with num_key_value_heads
     "ModernBertAttention": "Wqkv",  # view(3, H, d).unbind
 }
@@ -182,7 +184,7 @@ def _projections(module: nn.Module) -> Optional[_Projections]:
     fused = children.get(_HF_FUSED.get(type(module).__name__, ""))
     if fused is None or _width(fused) is None:
         return None
-    interleaved = type(module).__name__ == "GPTNeoXAttention" or (
+    interleaved = type(module).__name__ in ("GPTNeoXAttention", "PersimmonAttention") or (
         type(module).__name__ == "GPTBigCodeAttention" and not getattr(module, "multi_query", True)
     )
     return _Projections(fused, fused, "interleaved" if interleaved else "sequential")
