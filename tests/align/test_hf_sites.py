@@ -239,3 +239,26 @@ def test_a_peft_style_wrapper_is_looked_through():
     wrapped(**kwargs)
     assert len(reg.sites) == 2 and len(reg._captured) == 2
     assert torch.equal(reg._captured[0][1].q_mask, mask > 0)
+
+
+def test_a_model_with_layers_on_other_positions_keeps_the_layers_it_can_read():
+    """CANINE's deep encoder runs on downsampled positions (9 characters -> 2), which the attention_mask does
+    not describe: those layers are left out with a warning, the character-level layer is captured."""
+    model = _model("canine")
+    kwargs, mask = _batch(model)
+    reg = AlignmentRegularizer(model, method="gan")
+    with pytest.warns(UserWarning, match="runs over .* positions but the model's attention_mask"):
+        model(**kwargs)
+    assert [c.q.shape[2] for _, c in reg._captured] == [9]
+    assert torch.isfinite(reg.loss())
+
+
+def test_quantized_projections_that_return_tuples_are_captured():
+    """I-BERT's QuantLinear returns (output, scaling factor); the hook raised on the tuple."""
+    model = _model("ibert")
+    kwargs, _ = _batch(model)
+    before = _outputs(model, kwargs)
+    reg = AlignmentRegularizer(model, method="mmd")
+    assert torch.equal(_outputs(model, kwargs), before)
+    assert len(reg._captured) == 2 and reg._captured[0][1].q.shape == (2, H, 9, 8)
+    assert reg.mmd() > 0

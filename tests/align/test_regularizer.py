@@ -358,11 +358,26 @@ def test_a_submodule_called_alone_is_not_captured():
         fresh.loss()
 
 
-def test_a_forward_that_raises_leaves_the_next_one_captured():
+def test_layers_that_cannot_be_read_are_left_out_with_a_warning_unless_chosen_by_name():
     from tests.hf._models import tiny_model
 
     model = tiny_model("bert")
     reg = AlignmentRegularizer(model, method="mmd")
+    ids, mask = _hf_batch()
+    with pytest.warns(UserWarning, match=r"encoder\.layer\.0\.attention\.self.*left out"):
+        with pytest.raises(RuntimeError):  # BERT itself then fails on a mask of the wrong length
+            model(input_ids=ids, attention_mask=mask[:, :5].contiguous())
+    with pytest.raises(ValueError, match=r"no self-attention layer was captured.*\(2, 7\)"):
+        reg.loss()
+    model(input_ids=ids, attention_mask=mask)
+    assert len(reg._captured) == 2 and torch.isfinite(reg.loss())
+
+
+def test_a_forward_that_raises_leaves_the_next_one_captured():
+    from tests.hf._models import tiny_model
+
+    model = tiny_model("bert")
+    reg = AlignmentRegularizer(model, method="mmd", layers=[0, 1])  # chosen by name: a mismatch raises
     ids, mask = _hf_batch()
     with pytest.raises(ValueError, match=r"encoder\.layer\.0\.attention\.self.*\(2, 7\).*\(2, 5\).*layers="):
         model(input_ids=ids, attention_mask=mask[:, :5].contiguous())  # refused by the capture

@@ -37,6 +37,7 @@ Three families of layers ("sites"):
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -71,6 +72,8 @@ class Site:
 
     def __init__(self, name: str, module: nn.Module, num_heads: int, head_dim: int) -> None:
         self.name, self.module, self.num_heads, self.head_dim = name, module, num_heads, head_dim
+        # chosen by name (layers=): a call it cannot capture raises, instead of being left out with a warning
+        self.strict = True
 
     def attach(self, record: Record, context: ForwardState) -> list:  # returns hook handles
         raise NotImplementedError
@@ -222,13 +225,20 @@ class HFSite(Site):
             if Hkv != H:
                 # (B, H, Lk, d): query head h reads key head h // (H / Hkv)
                 k = k.repeat_interleave(H // Hkv, dim=1)
-            valid_q, valid_k = (_hf_valid(mask, B, n, q.device, self.name) for n in (Lq, Lk))
+            try:
+                valid_q, valid_k = (_hf_valid(mask, B, n, q.device, self.name) for n in (Lq, Lk))
+            except _PositionsMismatch as exc:
+                if self.strict:
+                    raise
+                context.skip(self.name, str(exc))
+                return
             record(Captured(q, k, valid_q, valid_k))
 
         if proj.layout != "pair":
 
             def fused(module, args, out):
-                if module is not proj.q_layer:  # a copy of the model (copy.deepcopy keeps the hooks)
+                out = _tensor_output(out)
+                if module is not proj.q_layer or out is None:  # a copy of the model (deepcopy keeps hooks)
                     return
                 B, L, _ = out.shape
                 if proj.layout == "interleaved":
@@ -246,7 +256,8 @@ class HFSite(Site):
             own = proj.q_layer if role == "q" else proj.k_layer
 
             def hook(module, args, out):
-                if module is not own:  # a copy of the model (copy.deepcopy keeps the hooks)
+                out = _tensor_output(out)
+                if module is not own or out is None:  # a copy of the model (copy.deepcopy keeps the hooks)
                     return
                 pending[role] = (args[0] if args else None, out)
                 if "q" in pending and "k" in pending:
@@ -260,6 +271,17 @@ class HFSite(Site):
         return [proj.q_layer.register_forward_hook(make("q")), proj.k_layer.register_forward_hook(make("k"))]
 
 
+def _tensor_output(out) -> Optional[Tensor]:
+    """A projection's output tensor: I-BERT's quantized linears return ``(output, scaling_factor)``."""
+    if isinstance(out, tuple) and out and isinstance(out[0], Tensor):
+        out = out[0]
+    return out if isinstance(out, Tensor) else None
+
+
+class _PositionsMismatch(ValueError):
+    """A layer's positions are not those of the model's ``attention_mask``."""
+
+
 def _hf_valid(mask: Optional[Tensor], B: int, L: int, device, site: str = "") -> Tensor:
     if mask is None:
         return torch.ones(B, L, dtype=torch.bool, device=device)
@@ -269,7 +291,7 @@ def _hf_valid(mask: Optional[Tensor], B: int, L: int, device, site: str = "") ->
             "a 2-D (B, L) mask (1 = real token): pass that to the model"
         )
     if tuple(mask.shape) != (B, L):
-        raise ValueError(
+        raise _PositionsMismatch(
             f"the attention at {site!r} runs over (B, L) = ({B}, {L}) positions but the model's "
             f"attention_mask is {tuple(mask.shape)}, so the alignment regularizer cannot tell its padding "
             "(a vision tower of a multimodal model, or a model that pads its input inside); pass layers= "
@@ -443,6 +465,15 @@ class ForwardState:
         self.grad_enabled = False
         self.attention_mask: Optional[Tensor] = None
         self.cached = False  # a step of cached decoding: the earlier positions' keys are in the cache
+        self.skipped: dict[str, str] = {}  # layers left out of this forward's capture, and why
+        self._warned: set[str] = set()
+
+    def skip(self, site: str, why: str) -> None:
+        """Leave ``site`` out of this forward's capture; warn the first time."""
+        self.skipped.setdefault(site, why)
+        if site not in self._warned:
+            self._warned.add(site)
+            warnings.warn(f"{why}. This layer is left out of the alignment loss.", stacklevel=2)
 
     @property
     def active(self) -> bool:
@@ -471,6 +502,7 @@ def start_hook(model, is_hf: bool, state: ForwardState, reset: Callable[[], None
         if state.depth > 1:  # the model's forward calling itself: one capture
             return None
         reset()
+        state.skipped.clear()
         state.grad_enabled = torch.is_grad_enabled()
         if signature is not None:
             try:

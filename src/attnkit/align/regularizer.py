@@ -151,6 +151,8 @@ class AlignmentRegularizer(nn.Module):
                     f"self-attention layers (0..{len(sites) - 1})"
                 )
         self.sites = [sites[i] for i in chosen]
+        for site in self.sites:
+            site.strict = self.config.layers is not None
         self.layer_indices = chosen
         like = next(model.parameters(), None)
         factory = {"device": like.device} if like is not None else {}
@@ -206,6 +208,13 @@ class AlignmentRegularizer(nn.Module):
     def _calls(self) -> list[tuple[int, Captured]]:
         if not self.attached:
             raise ValueError("the regularizer was removed; build a new AlignmentRegularizer to use it again")
+        if not self._captured and self._state.skipped:
+            why = next(iter(self._state.skipped.values()))
+            more = len(self._state.skipped) - 1
+            raise ValueError(
+                f"no self-attention layer was captured in the last forward pass: {why} (and {more} more "
+                "layer(s) alike); the alignment regularizer cannot read this model's padding"
+            )
         if not self._captured:
             model = type(self._model[0]).__name__
             raise ValueError(
