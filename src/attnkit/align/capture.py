@@ -24,7 +24,8 @@ Three families of layers ("sites"):
   work on time-first states); for an encoder-decoder model the encoder's alone. A call whose query and key
   projections read different inputs (cross-attention) is skipped, and so is a step of cached decoding
   (``generate``), whose earlier keys are in the cache. The padding comes from the ``attention_mask`` passed to
-  the model. ALBERT shares one attention module across its layers: each call is captured.
+  the model; a layer whose positions are not the mask's is left out with a warning (a ``ValueError`` when
+  ``layers=`` names it). ALBERT shares one attention module across its layers: each call is captured.
 - **PyTorch Geometric ``GATConv``**: GAT's logit is
   :math:`e_{ij} = a_{dst}^\top W x_i + a_{src}^\top W x_j` for an edge from source ``j`` to destination
   ``i``; per head we take the query of node ``i`` as :math:`q_i = a_{dst} \odot W x_i` and the key of node
