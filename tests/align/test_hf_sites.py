@@ -262,3 +262,89 @@ def test_quantized_projections_that_return_tuples_are_captured():
     assert torch.equal(_outputs(model, kwargs), before)
     assert len(reg._captured) == 2 and reg._captured[0][1].q.shape == (2, H, 9, 8)
     assert reg.mmd() > 0
+
+
+# Models whose attention computes its scores itself from a fused q/k/v projection: model type -> (config, key
+# heads, how the scores are computed: "baddbmm" (BLOOM), "sdpa" (Falcon), "matmul" (MPT, OpenAI GPT))
+SELF_COMPUTING = {
+    "bloom": (dict(vocab_size=120, hidden_size=32, n_layer=2, n_head=H), H, "baddbmm"),
+    "falcon": (dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=H,
+                    multi_query=False, new_decoder_architecture=False), H, "sdpa"),
+    "falcon-multi_query": (dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=H,
+                                multi_query=True, new_decoder_architecture=False), 1, "sdpa"),
+    "falcon-new_decoder": (dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=H,
+                                num_kv_heads=KV, new_decoder_architecture=True), KV, "sdpa"),
+    "mpt": (dict(vocab_size=120, d_model=32, n_layers=2, n_heads=H, attn_config=dict(clip_qkv=0.05)), H,
+            "matmul"),
+    "openai-gpt": (dict(vocab_size=120, n_embd=32, n_layer=2, n_head=H, n_positions=64), H, "matmul"),
+}
+
+
+def _recording_scores(how: str, monkeypatch, seen: list) -> None:
+    """Record the (queries (B, H, L, d), keys (B, Hk, L, d)) from which each layer computes its scores."""
+    if how == "baddbmm":  # BLOOM: alibi.baddbmm(q (B H, L, d), k^T (B H, d, L))
+        baddbmm = torch.Tensor.baddbmm
+
+        def recording(self, batch1, batch2, **kwargs):
+            seen.append((batch1.view(2, H, *batch1.shape[1:]), batch2.transpose(1, 2).view(2, H, -1, 8)))
+            return baddbmm(self, batch1, batch2, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "baddbmm", recording)
+    elif how == "sdpa":
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def recording(query, key, *args, **kwargs):
+            seen.append((query, key))
+            return sdpa(query, key, *args, **kwargs)
+
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    else:  # q @ k^T with k^T (B, H, d, L); the weights @ v product has L = 9 columns in its first factor
+        matmul = torch.matmul
+
+        def recording(a, b, *args, **kwargs):
+            if a.dim() == 4 and a.shape[-1] == 8 and b.shape[-2] == 8:
+                seen.append((a, b.transpose(-1, -2)))
+            return matmul(a, b, *args, **kwargs)
+
+        monkeypatch.setattr(torch, "matmul", recording)
+
+
+@pytest.mark.parametrize("family", sorted(SELF_COMPUTING))
+def test_fused_projections_of_models_that_compute_their_scores_are_split_as_the_model_splits_them(
+    family, monkeypatch
+):
+    """BLOOM, Falcon (its three layouts), MPT and OpenAI GPT were refused ("no self-attention layer"). With
+    rotary embeddings off, the captures equal the queries and keys the model multiplies, and the loss trains
+    the fused projection."""
+    from transformers import CONFIG_MAPPING
+
+    overrides, kv_heads, how = SELF_COMPUTING[family]
+    torch.manual_seed(0)
+    config = CONFIG_MAPPING[family.split("-")[0] if family.startswith("falcon") else family](**overrides)
+    implementation = "sdpa" if how == "sdpa" else "eager"
+    model = transformers.AutoModel.from_config(config, attn_implementation=implementation).eval()
+    source = importlib.import_module(type(model).__module__)
+    if hasattr(source, "apply_rotary_pos_emb"):
+        monkeypatch.setattr(source, "apply_rotary_pos_emb", lambda q, k, *a, **kw: (q, k))
+    kwargs, mask = _batch(model)
+    before = _outputs(model, kwargs)
+    reg = AlignmentRegularizer(model, method="mmd")
+    assert [(s.num_heads, s.kv_heads, s.head_dim) for s in reg.sites] == [(H, kv_heads, 8)] * 2
+    seen: list = []
+    _recording_scores(how, monkeypatch, seen)
+    assert torch.equal(_outputs(model, kwargs), before)
+    assert len(seen) == 2 and len(reg._captured) == 2
+    for (_, c), (query, key) in zip(reg._captured, seen):
+        assert c.q.shape == query.shape == (2, H, 9, 8)
+        torch.testing.assert_close(c.q, query, rtol=0, atol=0)
+        group = H // key.shape[1]  # Falcon's new layout hands SDPA keys already broadcast to every head
+        torch.testing.assert_close(c.k, key.repeat_interleave(group, dim=1), rtol=0, atol=0)
+        assert torch.equal(c.q_mask, mask > 0) and torch.equal(c.k_mask, mask > 0)
+    if family == "mpt":  # captured after the clamp to clip_qkv, as the scores use them
+        assert reg._captured[0][1].q.abs().max() <= 0.05
+    model.train()
+    monkeypatch.undo()
+    model(**kwargs)
+    reg.loss().backward()
+    fused = reg.sites[0].proj.q_layer
+    assert fused.weight.grad is not None and fused.weight.grad.abs().sum() > 0

@@ -15,10 +15,11 @@ Three families of layers ("sites"):
   hooks on the query and key projections of each self-attention module, separate linear layers (``nn.Linear``
   or a wrapper that has ``out_features``, such as PEFT's LoRA layers) named ``query``/``key``,
   ``q_lin``/``k_lin``, ``q_proj``/``k_proj``, ``query_proj``/``key_proj``, ``q``/``k`` or ``Wq``/``Wk``, or a
-  fused one whose layout is known (GPT-2's and GPT-BigCode's ``c_attn``, GPT-NeoX's and Persimmon's
-  ``query_key_value``, Phi-3's ``qkv_proj``, ModernBERT's ``Wqkv``). These are the projections themselves:
-  rotary embeddings, q/k norms and a scaling of q, where a model applies them afterwards, are not in the
-  capture. With grouped-query attention each query head is paired with its group's key head. The modules are
+  fused one whose layout is known (``c_attn`` of GPT-2, GPT-BigCode and OpenAI GPT, ``query_key_value`` of
+  GPT-NeoX, Persimmon, BLOOM and Falcon, Phi-3's ``qkv_proj``, ``Wqkv`` of ModernBERT and MPT). These are the
+  projections themselves: rotary embeddings, q/k norms and a scaling of q, where a model applies them
+  afterwards, are not in the capture (MPT's clamp of the fused output to ``clip_qkv`` is). With grouped-query
+  attention each query head is paired with its group's key head. The modules are
   those that call an attention function (``attnkit.hf.attention_modules``) and those with such projections
   that compute attention themselves (MegatronBERT, RoFormer, MPNet, ...; not FSMT, Longformer and LED, which
   work on time-first states); for an encoder-decoder model the encoder's alone. A call whose query and key
@@ -142,17 +143,37 @@ _HF_PAIRS = (
     ("query", "key"), ("q_lin", "k_lin"), ("q_proj", "k_proj"), ("query_proj", "key_proj"), ("q", "k"),
     ("Wq", "Wk"),
 )
-# Fused projections, by attention class: the child layer whose output (B, L, W) holds q, k and v. Its layout
-# is "sequential", [q (H d) | k (Hkv d) | v (Hkv d)], or "interleaved", per head [q_h | k_h | v_h] (Hkv = H),
-# as the class's own forward splits it.
+# Fused projections, by attention class (its name, or "source.name" for a generic one): the child layer whose
+# output (B, L, W) holds q, k and v. Its layout, as the class's own forward splits it, is "sequential",
+# [q (H d) | k (Hkv d) | v (Hkv d)], or "grouped", per key head [q (H / Hkv heads) | k | v] (with Hkv = H,
+# per head [q_h | k_h | v_h]).
 _HF_FUSED = {
     "GPT2Attention": "c_attn",  # c_attn(x).split(E)
     "GPTBigCodeAttention": "c_attn",  # multi-query: split((E, d, d)); else view(H, 3 d).split(d)
     "GPTNeoXAttention": "query_key_value",  # view(H, 3 d).chunk(3)
     "PersimmonAttention": "query_key_value",  # view(H, 3, d)
+    "BloomAttention": "query_key_value",  # view(H, 3, d)
+    "FalconAttention": "query_key_value",  # view(Hkv, H / Hkv + 2, d); multi-query view(H + 2, d)
     "Phi3Attention": "qkv_proj",  # [q | k | v] with num_key_value_heads
     "ModernBertAttention": "Wqkv",  # view(3, H, d).unbind
+    "MptAttention": "Wqkv",  # chunk(3), clamped to clip_qkv
+    "modeling_openai.Attention": "c_attn",  # split(E) (OpenAI GPT)
 }
+_HF_GROUPED = ("GPTNeoXAttention", "PersimmonAttention", "BloomAttention")
+
+
+def _fused_layout(module: nn.Module) -> str:
+    name = type(module).__name__
+    if name == "GPTBigCodeAttention":
+        return "sequential" if getattr(module, "multi_query", True) else "grouped"
+    if name == "FalconAttention":  # the original multi-query layout puts the one key head after all queries
+        old_multi_query = getattr(module, "multi_query", False) and not getattr(
+            module, "new_decoder_architecture", False
+        )
+        return "sequential" if old_multi_query else "grouped"
+    return "grouped" if name in _HF_GROUPED else "sequential"
+
+
 # Modules that compute attention themselves on time-first (L, B, E) states: their projections cannot be read
 # as (B, L, .), so the scan for attention that does not call an attention function skips them.
 _TIME_FIRST_SOURCES = ("modeling_fsmt", "modeling_longformer", "modeling_led")
@@ -173,7 +194,7 @@ def _width(layer) -> Optional[int]:
 @dataclass(frozen=True)
 class _Projections:
     """Where an attention module's queries and keys come from: ``q_layer`` and ``k_layer`` (one layer for
-    fused projections) and the layout of their outputs (``pair``, ``sequential`` or ``interleaved``)."""
+    fused projections) and the layout of their outputs (``pair``, ``sequential`` or ``grouped``)."""
 
     q_layer: nn.Module
     k_layer: nn.Module
@@ -185,13 +206,13 @@ def _projections(module: nn.Module) -> Optional[_Projections]:
     for a, b in _HF_PAIRS:
         if a in children and b in children and all(_width(children[n]) is not None for n in (a, b)):
             return _Projections(children[a], children[b], "pair")
-    fused = children.get(_HF_FUSED.get(type(module).__name__, ""))
+    cls = type(module)
+    source = cls.__module__.rsplit(".", 1)[-1]
+    child = _HF_FUSED.get(cls.__name__) or _HF_FUSED.get(f"{source}.{cls.__name__}")
+    fused = children.get(child or "")
     if fused is None or _width(fused) is None:
         return None
-    interleaved = type(module).__name__ in ("GPTNeoXAttention", "PersimmonAttention") or (
-        type(module).__name__ == "GPTBigCodeAttention" and not getattr(module, "multi_query", True)
-    )
-    return _Projections(fused, fused, "interleaved" if interleaved else "sequential")
+    return _Projections(fused, fused, _fused_layout(module))
 
 
 class HFSite(Site):
@@ -236,15 +257,20 @@ class HFSite(Site):
             record(Captured(q, k, valid_q, valid_k))
 
         if proj.layout != "pair":
+            clip = getattr(self.module, "clip_qkv", None)  # MPT clamps the fused output before splitting it
+            if not isinstance(clip, (int, float)) or isinstance(clip, bool) or not clip:
+                clip = None
 
             def fused(module, args, out):
                 out = _tensor_output(out)
                 if module is not proj.q_layer or out is None:  # a copy of the model (deepcopy keeps hooks)
                     return
                 B, L, _ = out.shape
-                if proj.layout == "interleaved":
-                    qkv = out.view(B, L, H, 3 * d)
-                    emit(qkv[..., :d], qkv[..., d : 2 * d])
+                if clip is not None:
+                    out = out.clamp(min=-clip, max=clip)
+                if proj.layout == "grouped":
+                    qkv = out.view(B, L, Hkv, H // Hkv + 2, d)
+                    emit(qkv[..., :-2, :].reshape(B, L, H, d), qkv[..., -2, :])
                 else:
                     q, k = out[..., : H * d], out[..., H * d : (H + Hkv) * d]
                     emit(q.view(B, L, H, d), k.view(B, L, Hkv, d))
@@ -311,13 +337,12 @@ def _hf_site(name: str, module: nn.Module, proj: _Projections, config) -> HFSite
     if proj.layout == "pair":
         d = width // H if width % H == 0 else 0
         keys = k_width  # the key projection's width, Hkv d
-    else:  # one fused layer of width W: the head dim comes from the module
+    else:  # one fused layer of width W = (H + 2 Hkv) d: the head dim comes from the module
+        if not dims and width % (3 * H) == 0:  # no head dim attribute (OpenAI GPT): as many keys as queries
+            dims = {width // (3 * H)}
         d = next(iter(dims)) if len(dims) == 1 else 0
         rest = width - H * d  # the keys and values
-        if proj.layout == "interleaved":
-            keys = H * d if rest == 2 * H * d else 0
-        else:
-            keys = rest // 2 if rest > 0 and rest % 2 == 0 else 0
+        keys = rest // 2 if rest > 0 and rest % 2 == 0 else 0
     if d < 1 or dims - {d}:
         raise ValueError(
             f"{where}: cannot tell its head dim (projection width {width}, {H} heads, head dim attributes "
