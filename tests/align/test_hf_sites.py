@@ -277,19 +277,32 @@ SELF_COMPUTING = {
     "mpt": (dict(vocab_size=120, d_model=32, n_layers=2, n_heads=H, attn_config=dict(clip_qkv=0.05)), H,
             "matmul"),
     "openai-gpt": (dict(vocab_size=120, n_embd=32, n_layer=2, n_head=H, n_positions=64), H, "matmul"),
+    "imagegpt": (dict(vocab_size=120, n_embd=32, n_layer=2, n_head=H, n_positions=64), H, "matmul"),
+    "gpt_neox_japanese": (dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=H,
+                               intermediate_multiple_size=2), H, "baddbmm"),
+    "deberta": (dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=H,
+                     intermediate_size=64), H, "matmul"),  # q_bias added after the split
 }
 
 
 def _recording_scores(how: str, monkeypatch, seen: list) -> None:
     """Record the (queries (B, H, L, d), keys (B, Hk, L, d)) from which each layer computes its scores."""
-    if how == "baddbmm":  # BLOOM: alibi.baddbmm(q (B H, L, d), k^T (B H, d, L))
-        baddbmm = torch.Tensor.baddbmm
+    if how == "baddbmm":  # BLOOM: alibi.baddbmm(q (B H, L, d), k^T (B H, d, L)); NeoX-Japanese: torch.baddbmm
+        method, function = torch.Tensor.baddbmm, torch.baddbmm
 
-        def recording(self, batch1, batch2, **kwargs):
+        def record(batch1, batch2):
             seen.append((batch1.view(2, H, *batch1.shape[1:]), batch2.transpose(1, 2).view(2, H, -1, 8)))
-            return baddbmm(self, batch1, batch2, **kwargs)
 
-        monkeypatch.setattr(torch.Tensor, "baddbmm", recording)
+        def recording_method(self, batch1, batch2, **kwargs):
+            record(batch1, batch2)
+            return method(self, batch1, batch2, **kwargs)
+
+        def recording_function(input, batch1, batch2, **kwargs):
+            record(batch1, batch2)
+            return function(input, batch1, batch2, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "baddbmm", recording_method)
+        monkeypatch.setattr(torch, "baddbmm", recording_function)
     elif how == "sdpa":
         sdpa = torch.nn.functional.scaled_dot_product_attention
 
@@ -313,9 +326,9 @@ def _recording_scores(how: str, monkeypatch, seen: list) -> None:
 def test_fused_projections_of_models_that_compute_their_scores_are_split_as_the_model_splits_them(
     family, monkeypatch
 ):
-    """BLOOM, Falcon (its three layouts), MPT and OpenAI GPT were refused ("no self-attention layer"). With
-    rotary embeddings off, the captures equal the queries and keys the model multiplies, and the loss trains
-    the fused projection."""
+    """BLOOM, Falcon (its three layouts), MPT, OpenAI GPT, ImageGPT, GPT-NeoX-Japanese and DeBERTa were
+    refused ("no self-attention layer"). With rotary embeddings and DeBERTa's scaling of q off, the captures
+    equal the queries and keys the model multiplies, and the loss trains the fused projection."""
     from transformers import CONFIG_MAPPING
 
     overrides, kv_heads, how = SELF_COMPUTING[family]
@@ -326,6 +339,10 @@ def test_fused_projections_of_models_that_compute_their_scores_are_split_as_the_
     source = importlib.import_module(type(model).__module__)
     if hasattr(source, "apply_rotary_pos_emb"):
         monkeypatch.setattr(source, "apply_rotary_pos_emb", lambda q, k, *a, **kw: (q, k))
+    if family == "deberta":
+        monkeypatch.setattr(source, "scaled_size_sqrt", lambda q, factor: torch.tensor(1.0))
+        for layer in model.encoder.layer:
+            torch.nn.init.normal_(layer.attention.self.q_bias)  # zeros at initialisation
     kwargs, mask = _batch(model)
     before = _outputs(model, kwargs)
     reg = AlignmentRegularizer(model, method="mmd")

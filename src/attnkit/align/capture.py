@@ -15,10 +15,12 @@ Three families of layers ("sites"):
   hooks on the query and key projections of each self-attention module, separate linear layers (``nn.Linear``
   or a wrapper that has ``out_features``, such as PEFT's LoRA layers) named ``query``/``key``,
   ``q_lin``/``k_lin``, ``q_proj``/``k_proj``, ``query_proj``/``key_proj``, ``q``/``k`` or ``Wq``/``Wk``, or a
-  fused one whose layout is known (``c_attn`` of GPT-2, GPT-BigCode and OpenAI GPT, ``query_key_value`` of
-  GPT-NeoX, Persimmon, BLOOM and Falcon, Phi-3's ``qkv_proj``, ``Wqkv`` of ModernBERT and MPT). These are the
+  fused one whose layout is known (``c_attn`` of GPT-2, GPT-BigCode, OpenAI GPT and ImageGPT,
+  ``query_key_value`` of GPT-NeoX(-Japanese), Persimmon, BLOOM and Falcon, ``qkv_proj`` of Phi-3 and
+  Phi-4-multimodal, ``Wqkv`` of ModernBERT and MPT, DeBERTa's ``in_proj``). These are the
   projections themselves: rotary embeddings, q/k norms and a scaling of q, where a model applies them
-  afterwards, are not in the capture (MPT's clamp of the fused output to ``clip_qkv`` is). With grouped-query
+  afterwards, are not in the capture (MPT's clamp of the fused output to ``clip_qkv`` and DeBERTa's
+  ``q_bias`` are). With grouped-query
   attention each query head is paired with its group's key head. The modules are
   those that call an attention function (``attnkit.hf.attention_modules``) and those with such projections
   that compute attention themselves (MegatronBERT, RoFormer, MPNet, ...; not FSMT, Longformer and LED, which
@@ -158,8 +160,15 @@ _HF_FUSED = {
     "ModernBertAttention": "Wqkv",  # view(3, H, d).unbind
     "MptAttention": "Wqkv",  # chunk(3), clamped to clip_qkv
     "modeling_openai.Attention": "c_attn",  # split(E) (OpenAI GPT)
+    "ImageGPTAttention": "c_attn",  # split(E)
+    "GPTNeoXJapaneseAttention": "query_key_value",  # view(H, 3 d)
+    "Phi4MultimodalAttention": "qkv_proj",  # as Phi-3
+    "modeling_deberta.DisentangledSelfAttention": "in_proj",  # view(H, 3 d).chunk(3), q + q_bias (DeBERTa v1)
 }
-_HF_GROUPED = ("GPTNeoXAttention", "PersimmonAttention", "BloomAttention")
+_HF_GROUPED = (
+    "GPTNeoXAttention", "PersimmonAttention", "BloomAttention", "GPTNeoXJapaneseAttention",
+    "DisentangledSelfAttention",
+)
 
 
 def _fused_layout(module: nn.Module) -> str:
@@ -260,6 +269,7 @@ class HFSite(Site):
             clip = getattr(self.module, "clip_qkv", None)  # MPT clamps the fused output before splitting it
             if not isinstance(clip, (int, float)) or isinstance(clip, bool) or not clip:
                 clip = None
+            site = self.module
 
             def fused(module, args, out):
                 out = _tensor_output(out)
@@ -270,10 +280,14 @@ class HFSite(Site):
                     out = out.clamp(min=-clip, max=clip)
                 if proj.layout == "grouped":
                     qkv = out.view(B, L, Hkv, H // Hkv + 2, d)
-                    emit(qkv[..., :-2, :].reshape(B, L, H, d), qkv[..., -2, :])
+                    q, k = qkv[..., :-2, :].reshape(B, L, H, d), qkv[..., -2, :]
                 else:
-                    q, k = out[..., : H * d], out[..., H * d : (H + Hkv) * d]
-                    emit(q.view(B, L, H, d), k.view(B, L, Hkv, d))
+                    q = out[..., : H * d].view(B, L, H, d)
+                    k = out[..., H * d : (H + Hkv) * d].view(B, L, Hkv, d)
+                q_bias = getattr(site, "q_bias", None)  # DeBERTa adds it to the queries after the split
+                if isinstance(q_bias, Tensor) and q_bias.shape == (H * d,):
+                    q = q + q_bias.view(H, d)
+                emit(q, k)
 
             return [proj.q_layer.register_forward_hook(fused)]
 
