@@ -3,6 +3,8 @@ query padding, state_dict compatibility, the learnable hybrid weight and argumen
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -341,8 +343,13 @@ def test_bad_arguments_raise_value_error_naming_the_value(kwargs, needle):
         (lambda m, x: m(x, x, x, key_padding_mask=torch.zeros(2, 5, dtype=torch.long)), "torch.int64"),
         (lambda m, x: m(x, x, x[:1]), "value"),
         (
-            lambda m, x: m(*(torch.nested.nested_tensor([x[0], x[1, :3]]),) * 3),
+            lambda m, x: m(torch.nested.nested_tensor([x[0], x[1, :3]]), x, x),
             "query is a nested tensor; pad it",
+        ),
+        (
+            lambda m, x: m(*(torch.nested.nested_tensor([x[0], x[1, :3]]),) * 3,
+                           key_padding_mask=torch.zeros(2, 5, dtype=torch.bool)),
+            "nested input carries its own lengths",
         ),
     ],
 )
@@ -476,3 +483,55 @@ def test_coda_names_the_additive_mask_it_cannot_take():
         module(x, x, x, key_padding_mask=torch.tensor([[0.0, -1.0, 0.0]]))
     with pytest.raises(ValueError, match="attn_mask is an additive float mask.*multiplicative"):
         module(x, x, x, attn_mask=torch.full((3, 3), -0.5))
+
+
+# -- inside torch's Transformer layers ----------------------------------------------------------------------
+
+
+def _torch_encoder(mechanism: str, swap_after_building: bool):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(E, H, 16, dropout=0.0, batch_first=True)
+    if not swap_after_building:
+        layer.self_attn = aknn.MultiheadAttention(E, H, batch_first=True, mechanism=mechanism)
+    with warnings.catch_warnings():  # torch: "use_nested_tensor is False because ..._qkv_same_embed_dim ..."
+        warnings.simplefilter("ignore")
+        encoder = torch.nn.TransformerEncoder(layer, 2)
+    if swap_after_building:  # the encoder decided at construction to nest padded batches
+        for built in encoder.layers:
+            built.self_attn = aknn.MultiheadAttention(E, H, batch_first=True, mechanism=mechanism)
+    return encoder.eval()
+
+
+@pytest.mark.parametrize("mechanism", ["dnas", "coda", "softmax"])
+@pytest.mark.parametrize("swap_after_building", [False, True])
+def test_in_torch_encoder_layers_the_mechanism_runs_in_eval_without_grad(mechanism, swap_after_building):
+    """torch's TransformerEncoderLayer/Encoder (eval, no grad) take a fused softmax fast path on
+    in_proj_weight when self_attn._qkv_same_embed_dim is True (it raised on the missing merge_masks, and would
+    have computed softmax), and an encoder built before the swap hands self_attn a nested tensor. Both now
+    compute what the same layers compute with gradients on, and padding equals truncation."""
+    encoder = _torch_encoder(mechanism, swap_after_building)
+    x = torch.randn(2, 5, E, generator=torch.Generator().manual_seed(3))
+    padding = torch.zeros(2, 5, dtype=torch.bool)
+    padding[1, 3:] = True
+    with_grad = encoder(x, src_key_padding_mask=padding)
+    assert with_grad.requires_grad
+    with torch.no_grad():
+        without = encoder(x, src_key_padding_mask=padding)
+        layer_alone = encoder.layers[0](x)
+    torch.testing.assert_close(without[~padding], with_grad[~padding], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(layer_alone, encoder.layers[0](x), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(encoder(x[1:, :3])[0], with_grad[1, :3], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("mechanism", ["dnas", "sinkhorn", "coda"])
+def test_nested_self_attention_equals_each_sequence_alone(mechanism, batch_first):
+    module = aknn.MultiheadAttention(E, H, mechanism=mechanism, batch_first=batch_first, dtype=torch.float64)
+    g = torch.Generator().manual_seed(4)
+    sequences = [torch.randn(n, E, generator=g, dtype=torch.float64) for n in (5, 2, 4)]
+    nested = torch.nested.nested_tensor(sequences)
+    out, weights = module(nested, nested, nested)
+    assert out.is_nested and weights.shape == (3, 5, 5)
+    for got, seq in zip(out.unbind(), sequences):
+        alone, _ = module(seq, seq, seq)  # unbatched (L, E)
+        torch.testing.assert_close(got, alone, rtol=1e-12, atol=1e-12)

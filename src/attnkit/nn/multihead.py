@@ -74,6 +74,10 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
     Unbatched inputs ``(L, E)`` give ``(Lq, E)`` and ``(Lq, Lk)`` / ``(H, Lq, Lk)``. ``Lk`` counts the
     extra keys of ``add_bias_kv`` / ``add_zero_attn``.
 
+    In torch's ``nn.TransformerEncoderLayer`` / ``nn.TransformerEncoder`` the module is always called (their
+    fused softmax inference path is not taken), and a nested tensor (torch's encoder nests padded batches in
+    eval mode) is self-attention over each of its sequences, returned nested.
+
     Invariants: disallowed pairs weigh 0 and a query with no allowed key gets a zero attention output
     (torch gives NaN there); ``is_causal=True`` raises a ``ValueError`` for dnas/hnas/sinkhorn.
     """
@@ -124,7 +128,7 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         self.embed_dim = embed_dim
         self.kdim = kdim if kdim is not None else embed_dim
         self.vdim = vdim if vdim is not None else embed_dim
-        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self._same_dims = self.kdim == embed_dim and self.vdim == embed_dim  # one in_proj_weight
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.dropout = float(dropout)
@@ -132,7 +136,7 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         self.add_zero_attn = add_zero_attn
         self.backend = backend
 
-        if self._qkv_same_embed_dim:
+        if self._same_dims:
             self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **factory))
             self.register_parameter("q_proj_weight", None)
             self.register_parameter("k_proj_weight", None)
@@ -159,7 +163,7 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         """torch's initialisation: Xavier-uniform input projections, zero biases, Xavier-normal ``bias_k/v``;
         ``theta = logit(u0)``. As in torch, ``out_proj.weight`` keeps ``nn.Linear``'s initialisation, so
         a seeded construction draws exactly the numbers ``torch.nn.MultiheadAttention`` draws."""
-        if self._qkv_same_embed_dim:
+        if self._same_dims:
             nn.init.xavier_uniform_(self.in_proj_weight)
         else:
             nn.init.xavier_uniform_(self.q_proj_weight)
@@ -173,6 +177,20 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
             nn.init.xavier_normal_(self.bias_v)
         self._reset_hybrid_weight()
 
+    @property
+    def _qkv_same_embed_dim(self) -> bool:
+        """False, always: torch's ``TransformerEncoderLayer`` and ``TransformerEncoder`` (in eval mode without
+        gradients) run their own fused softmax on ``in_proj_weight`` instead of calling ``self_attn`` when
+        this flag is True, so this module placed in them would silently compute softmax attention. With
+        False they call :meth:`forward`. (Whether q, k and v share ``in_proj_weight`` is
+        ``in_proj_weight is not None``.)"""
+        return False
+
+    def __setstate__(self, state: dict) -> None:
+        if "_qkv_same_embed_dim" in state:  # a whole module pickled by an earlier attnkit
+            state["_same_dims"] = state.pop("_qkv_same_embed_dim")
+        super().__setstate__(state)
+
     def extra_repr(self) -> str:
         parts = [
             f"embed_dim={self.embed_dim}",
@@ -181,7 +199,7 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         ]
         if self.dropout:
             parts.append(f"dropout={self.dropout}")
-        if not self._qkv_same_embed_dim:
+        if not self._same_dims:
             parts.append(f"kdim={self.kdim}, vdim={self.vdim}")
         if self.bias_k is not None:
             parts.append("add_bias_kv=True")
@@ -211,6 +229,11 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         applies a causal mask (on top of ``attn_mask`` when both are given; torch treats it as a hint
         that ``attn_mask`` is causal, which gives the same result, and requires that mask).
         """
+        if query.is_nested and query is key and key is value:
+            return self._forward_nested(
+                query, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal,
+                query_padding_mask,
+            )
         self_attention = query is key
         if need_weights and self.backend == "efficient":
             raise ValueError(
@@ -299,8 +322,40 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
 
     # -- pieces of forward -------------------------------------------------------------------------
 
+    def _forward_nested(
+        self,
+        x: Tensor,
+        key_padding_mask: Optional[Tensor],
+        need_weights: bool,
+        attn_mask: Optional[Tensor],
+        average_attn_weights: bool,
+        is_causal: bool,
+        query_padding_mask: Optional[Tensor],
+    ) -> tuple[Tensor, Optional[Tensor]]:
+        """Self-attention over a nested tensor of B sequences ``(L_b, E)``, as torch's ``TransformerEncoder``
+        passes a padded batch in eval mode without gradients: padded to ``(B, L, E)``, its padding masked,
+        and the output nested again (the weights, when asked for, padded)."""
+        if key_padding_mask is not None or query_padding_mask is not None:
+            raise ValueError(
+                "a nested input carries its own lengths; pass key_padding_mask=None (or pad the input with "
+                "torch.nested.to_padded_tensor and pass the mask)"
+            )
+        lengths = [t.shape[0] for t in x.unbind()]
+        padded = torch.nested.to_padded_tensor(x, 0.0)  # (B, L, E)
+        ends = torch.tensor(lengths, device=padded.device)  # (B,)
+        # (B, L) True = padding
+        padding = torch.arange(padded.shape[1], device=padded.device)[None, :] >= ends[:, None]
+        if not self.batch_first:
+            padded = padded.transpose(0, 1)  # (L, B, E)
+        out, weights = self.forward(
+            padded, padded, padded, padding, need_weights, attn_mask, average_attn_weights, is_causal
+        )
+        if not self.batch_first:
+            out = out.transpose(0, 1)  # (B, L, E)
+        return torch.nested.as_nested_tensor([out[b, :n] for b, n in enumerate(lengths)]), weights
+
     def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        if self._qkv_same_embed_dim:
+        if self._same_dims:
             w_q, w_k, w_v = self.in_proj_weight.chunk(3)
         else:
             w_q, w_k, w_v = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
