@@ -523,15 +523,16 @@ def test_in_torch_encoder_layers_the_mechanism_runs_in_eval_without_grad(mechani
     torch.testing.assert_close(encoder(x[1:, :3])[0], with_grad[1, :3], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged])
 @pytest.mark.parametrize("batch_first", [True, False])
 @pytest.mark.parametrize("mechanism", ["dnas", "sinkhorn", "coda"])
-def test_nested_self_attention_equals_each_sequence_alone(mechanism, batch_first):
+def test_nested_self_attention_equals_each_sequence_alone(mechanism, batch_first, layout):
     module = aknn.MultiheadAttention(E, H, mechanism=mechanism, batch_first=batch_first, dtype=torch.float64)
     g = torch.Generator().manual_seed(4)
     sequences = [torch.randn(n, E, generator=g, dtype=torch.float64) for n in (5, 2, 4)]
-    nested = torch.nested.nested_tensor(sequences)
+    nested = torch.nested.nested_tensor(sequences, layout=layout)
     out, weights = module(nested, nested, nested)
-    assert out.is_nested and weights.shape == (3, 5, 5)
+    assert out.is_nested and out.layout == layout and weights.shape == (3, 5, 5)
     for got, seq in zip(out.unbind(), sequences):
         alone, _ = module(seq, seq, seq)  # unbatched (L, E)
         torch.testing.assert_close(got, alone, rtol=1e-12, atol=1e-12)

@@ -352,7 +352,8 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         )
         if not self.batch_first:
             out = out.transpose(0, 1)  # (B, L, E)
-        return torch.nested.as_nested_tensor([out[b, :n] for b, n in enumerate(lengths)]), weights
+        nested = torch.nested.as_nested_tensor([out[b, :n] for b, n in enumerate(lengths)], layout=x.layout)
+        return nested, weights
 
     def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         if self._same_dims:
