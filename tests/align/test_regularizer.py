@@ -174,6 +174,29 @@ def test_gatconv_queries_and_keys():
     assert conv.att_src.grad is not None
 
 
+def test_graph_transformer_queries_and_keys_give_its_attention_weights():
+    """PyG's TransformerConv: the captures are its query and key projections, and softmax over each node's
+    incoming edges of q_i . k_j / sqrt(C) from the captures is the layer's own attention."""
+    pytest.importorskip("torch_geometric")
+    from torch_geometric.nn import TransformerConv
+    from torch_geometric.utils import softmax
+
+    torch.manual_seed(0)
+    conv = TransformerConv(10, 8, heads=4, dropout=0.0)
+    x, edges = torch.randn(20, 10), torch.randint(0, 20, (2, 60))
+    before = conv(x, edges)
+    reg = AlignmentRegularizer(conv, method="ct")
+    out, (edge_index, alpha) = conv(x, edges, return_attention_weights=True)
+    assert torch.equal(out, before)
+    c = reg._captured[0][1]
+    assert c.q.shape == c.k.shape == (1, 4, 20, 8)
+    src, dst = edge_index
+    logits = (c.q[0][:, dst] * c.k[0][:, src]).sum(-1).T / 8**0.5  # (E, H)
+    torch.testing.assert_close(softmax(logits, dst, num_nodes=20), alpha)
+    reg.loss().backward()
+    assert conv.lin_query.weight.grad.abs().sum() > 0 and conv.lin_key.weight.grad.abs().sum() > 0
+
+
 def test_max_tokens_subsamples_and_keeps_outputs():
     model = _encoder()
     x, pad = _batch()
@@ -387,7 +410,7 @@ def test_a_forward_that_raises_leaves_the_next_one_captured():
     assert len(reg._captured) == 2  # the failed forward did not leave the model marked as running
 
 
-@pytest.mark.parametrize("family", ["attnkit", "bert", "gat"])
+@pytest.mark.parametrize("family", ["attnkit", "bert", "gat", "graph_transformer"])
 def test_a_deep_copy_of_the_model_does_not_write_into_the_regularizer(family):
     """copy.deepcopy (an EMA model, a best-so-far snapshot) copies the hooks; the copy's forward must not
     replace the original's captures."""
@@ -405,10 +428,10 @@ def test_a_deep_copy_of_the_model_does_not_write_into_the_regularizer(family):
         run = lambda m, scale=1.0: m(input_ids=ids if scale == 1.0 else ids.flip(1), attention_mask=mask)  # noqa: E731
     else:
         pytest.importorskip("torch_geometric")
-        from torch_geometric.nn import GATConv
+        from torch_geometric.nn import GATConv, TransformerConv
 
         torch.manual_seed(0)
-        model = GATConv(10, 8, heads=4, dropout=0.0)
+        model = (GATConv if family == "gat" else TransformerConv)(10, 8, heads=4, dropout=0.0)
         x, edges = torch.randn(20, 10), torch.randint(0, 20, (2, 60))
         run = lambda m, scale=1.0: m(x * scale + (scale - 1.0), edges)  # noqa: E731 (MMD ignores a scale)
     reg = AlignmentRegularizer(model, method="mmd")

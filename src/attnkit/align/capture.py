@@ -2,7 +2,7 @@ r"""Find the self-attention layers of a model and capture their per-head queries
 pass.
 
 Hooks only read: the forward computes exactly what it computes without them (outputs are bit-identical).
-Three families of layers ("sites"):
+Four families of layers ("sites"):
 
 - **attnkit / torch multi-head attention** (``attnkit.nn.MultiheadAttention``,
   ``torch.nn.MultiheadAttention``, hence attnkit's and torch's Transformer layers, any mechanism): a forward
@@ -36,6 +36,9 @@ Three families of layers ("sites"):
   (``(C,)`` vectors whose coordinate sums are the two halves of the logit, so aligning them aligns the
   destination and source roles of the nodes; the projected features ``W x`` alone are shared by both
   roles). The whole graph is one sample: ``q (1, H, N_dst, C)``, ``k (1, H, N_src, C)``.
+- **PyTorch Geometric ``TransformerConv``** (a graph transformer, logit :math:`q_i^\top k_j / \sqrt{C}` per
+  edge): its ``lin_query`` outputs of the destination nodes and ``lin_key`` outputs of the source nodes, split
+  into heads, the whole graph as one sample.
 """
 
 from __future__ import annotations
@@ -450,12 +453,60 @@ class GATSite(Site):
         return handles
 
 
+class GraphTransformerSite(Site):
+    """PyTorch Geometric ``TransformerConv``: ``q_i = W_Q x_i`` of each destination node and ``k_j = W_K x_j``
+    of each source node, split into heads, the whole graph as one sample (an ``edge_dim`` embedding added to
+    the keys per edge is not in the capture)."""
+
+    kind = "graph_transformer"
+
+    def attach(self, record: Record, context: ForwardState) -> list:
+        conv = self.module
+        outputs: dict[str, Tensor] = {}
+        H, C = self.num_heads, self.head_dim
+
+        def collect(role: str, own: nn.Module):
+            def hook(module, args, out):
+                if module is own:  # not a copy of the model (copy.deepcopy keeps the hooks)
+                    outputs[role] = out
+
+            return hook
+
+        def start(module, args, kwargs):
+            if module is conv:
+                outputs.clear()
+
+        def finish(module, args, kwargs, out):
+            if module is not conv or len(outputs) != 2:
+                return
+            q = outputs["q"].view(-1, H, C).transpose(0, 1).unsqueeze(0)  # (1, H, N_dst, C)
+            k = outputs["k"].view(-1, H, C).transpose(0, 1).unsqueeze(0)  # (1, H, N_src, C)
+            outputs.clear()
+            ones = lambda n: torch.ones(1, n, dtype=torch.bool, device=q.device)  # noqa: E731
+            record(Captured(q, k, ones(q.shape[2]), ones(k.shape[2])))
+
+        return [
+            conv.register_forward_pre_hook(start, with_kwargs=True),
+            conv.register_forward_hook(finish, with_kwargs=True),
+            conv.lin_query.register_forward_hook(collect("q", conv.lin_query)),
+            conv.lin_key.register_forward_hook(collect("k", conv.lin_key)),
+        ]
+
+
 def _gat_class():
     try:
         from torch_geometric.nn import GATConv
     except ImportError:
         return None
     return GATConv
+
+
+def _graph_transformer_class():
+    try:
+        from torch_geometric.nn import TransformerConv
+    except ImportError:
+        return None
+    return TransformerConv
 
 
 # -- discovery ----------------------------------------------------------------------------------------------
@@ -477,7 +528,7 @@ def find_sites(model: nn.Module) -> tuple[list[Site], bool]:
         return _hf_sites(model), True
     from ..nn import MultiheadAttention
 
-    gat = _gat_class()
+    gat, graph_transformer = _gat_class(), _graph_transformer_class()
     sites: list[Site] = []
     for name, module in model.named_modules():
         if isinstance(module, (MultiheadAttention, nn.MultiheadAttention)):
@@ -486,6 +537,8 @@ def find_sites(model: nn.Module) -> tuple[list[Site], bool]:
             sites.append(MultiheadSite(name, module, module.num_heads, module.head_dim))
         elif gat is not None and isinstance(module, gat):
             sites.append(GATSite(name, module, module.heads, module.out_channels))
+        elif graph_transformer is not None and isinstance(module, graph_transformer):
+            sites.append(GraphTransformerSite(name, module, module.heads, module.out_channels))
     return sites, False
 
 

@@ -112,7 +112,7 @@ class AlignmentRegularizer(nn.Module):
     model with ``nn.MultiheadAttention``, a Hugging Face model (encoders such as BERT, RoBERTa, ALBERT,
     DistilBERT, MiniLM, DeBERTa-v2, ModernBERT; the encoder of T5 and BART; decoders such as Llama, Qwen,
     Mistral, Phi-3, GPT-2, GPT-NeoX, with grouped-query attention) or a model with PyTorch Geometric
-    ``GATConv`` layers. Attaching registers hooks; the model's outputs stay
+    ``GATConv`` or ``TransformerConv`` layers. Attaching registers hooks; the model's outputs stay
     bit-identical. The regularizer's own parameters (one discriminator, or one critic and navigator, per
     layer, shared by its heads) are on the device of the model's first parameter; move both together with
     ``.to()``.
@@ -141,7 +141,7 @@ class AlignmentRegularizer(nn.Module):
             raise ValueError(
                 f"{type(model).__name__} has no self-attention layer the regularizer knows (attnkit or torch "
                 "MultiheadAttention, a Hugging Face model's self-attention with query and key projections, "
-                "torch_geometric GATConv)"
+                "torch_geometric GATConv or TransformerConv)"
             )
         chosen = self.config.layers if self.config.layers is not None else tuple(range(len(sites)))
         for i in chosen:
