@@ -290,3 +290,26 @@ def test_convert_of_a_model_directory_without_tokenizer_files_writes_the_weights
     assert "(no tokenizer: MODEL_DIR has none to copy)" in capsys.readouterr().out
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert akhf.conversion(akhf.load(out)).name == "dnas"
+
+
+def test_finetune_convert_and_show_a_deberta_v2_directory(fixture_dataset, tmp_path, capsys):
+    """DeBERTa-v2/v3 computes its attention itself; it was refused ("does not dispatch attention")."""
+    from transformers import AutoTokenizer, DebertaV2Config, DebertaV2Model
+
+    model_dir = tmp_path / "deberta"
+    torch.manual_seed(0)
+    DebertaV2Model(DebertaV2Config(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64, relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8,
+    )).save_pretrained(model_dir)
+    AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(model_dir)
+    run = tmp_path / "run"
+    main(["finetune", "--model", str(model_dir), "--mechanism", "dnas", "--dataset", str(fixture_dataset),
+          "--max-steps", "2", "--batch-size", "4", "--max-length", "16", "--align", "ct", "--out", str(run)])
+    assert json.loads((run / "metrics.json").read_text())["train_steps"] == 2
+    assert type(akhf.load(run)).__name__ == "DebertaV2ForSequenceClassification"
+    main(["convert", str(model_dir), "--mechanism", "sinkhorn", "--out", str(tmp_path / "sinkhorn")])
+    view = tmp_path / "view"
+    main(["show", str(tmp_path / "sinkhorn"), "--text", "the bank raised rates", "--out", str(view)])
+    assert "1 mechanism(s) x 2 layer(s)" in capsys.readouterr().out
+    assert (view / "attention.html").is_file()

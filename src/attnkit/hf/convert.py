@@ -9,8 +9,10 @@ config names the ``"attnkit"`` attention implementation, so ``attnkit.hf.load(pa
 after ``attnkit.hf.register()``) rebuilds the same model.
 
 Which modules convert: the self-attention modules that dispatch through transformers' ``AttentionInterface``
-(BERT, RoBERTa, ALBERT, DistilBERT, Llama-style decoders, T5, ...). Cross-attention is never converted; in
-encoder-decoder models only the encoder self-attention is. dnas/hnas/sinkhorn normalize over queries and so
+(BERT, RoBERTa, ALBERT, DistilBERT, Llama-style decoders, T5, ...), and DeBERTa-v2's, which compute attention
+themselves and get attnkit's forward instead (``hf/deberta.py``; the model keeps its attention
+implementation). Cross-attention is never converted; in encoder-decoder models only the encoder
+self-attention is. dnas/hnas/sinkhorn normalize over queries and so
 leak future tokens under a causal mask: converting causal self-attention to them raises a ``ValueError``.
 After the conversion every attention module of the model runs through attnkit (the unconverted ones as
 softmax), so ``convert`` first checks that each one computes softmax attention: T5's relative position bias is
@@ -22,6 +24,7 @@ logit soft-capping, or an attention function whose output differs from softmax o
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import operator
 import os
@@ -46,6 +49,7 @@ from .attention_interface import (
     attention_mask,
     forward_source,
 )
+from .deberta import own_forward, takes_position_bias
 
 __all__ = [
     "convert",
@@ -135,6 +139,8 @@ def _unsupported_feature(module: nn.Module, config) -> Optional[tuple[str, str]]
 def _takes_position_bias(module: nn.Module) -> bool:
     """Whether the model's attention function takes an additive ``position_bias`` (T5's relative
     positions)."""
+    if own_forward(module) is not None:
+        return takes_position_bias(module)
     eager = getattr(inspect.getmodule(type(module)), "eager_attention_forward", None)
     try:
         return callable(eager) and "position_bias" in inspect.signature(eager).parameters
@@ -211,9 +217,10 @@ def attention_modules(model) -> list[tuple[str, nn.Module]]:
     prefix = encoder_prefix(model)
     found = []
     for name, module in model.base_model.named_modules():
-        if not name.startswith(prefix) or not hasattr(module, "is_causal"):
+        if not name.startswith(prefix) or _is_cross_attention(name, module):
             continue
-        if _dispatches_attention(module) and not _is_cross_attention(name, module):
+        dispatching = hasattr(module, "is_causal") and _dispatches_attention(module)
+        if dispatching or own_forward(module) is not None:
             found.append((name, module))
     return found
 
@@ -248,9 +255,13 @@ def _num_heads(module: nn.Module, config) -> int:
 
 
 def _apply(module: nn.Module, config: MechanismConfig, H: int) -> None:
-    """Attach the mechanism (and for hnas the ``theta (H,)`` parameter initialised to ``logit(u0)``)."""
+    """Attach the mechanism (and for hnas the ``theta (H,)`` parameter initialised to ``logit(u0)``); a module
+    that computes attention itself (DeBERTa-v2's) gets attnkit's forward."""
     setattr(module, _MECHANISM_ATTR, config)
     setattr(module, _SELF_ATTR, True)
+    forward = own_forward(module)
+    if forward is not None:  # a partial, not a bound method: it pickles and deep-copies
+        module.forward = functools.partial(forward, module)
     if isinstance(config, Hybrid):
         like = next(module.parameters(), None)
         theta = torch.full(
@@ -317,7 +328,11 @@ def _own_config(model) -> None:
 
 def _set_implementation(model) -> None:
     # ``attn_implementation`` in config.json is read back by the config constructor, so a saved model
-    # asks for the attnkit implementation (and fails loudly if attnkit is not registered).
+    # asks for the attnkit implementation (and fails loudly if attnkit is not registered). A model whose
+    # attention modules compute attention themselves (DeBERTa-v2) keeps its own: attnkit's forward replaces
+    # theirs.
+    if not model._can_set_attn_implementation():
+        return
     model.config.attn_implementation = IMPLEMENTATION
     model.set_attn_implementation(IMPLEMENTATION)
 
@@ -336,7 +351,8 @@ def convert(
         \pi^H = u \, \pi^D + (1 - u) \, \pi^L, \qquad u = \sigma(\theta) \in (0, 1)^H \text{ per layer}
 
     Args:
-        model: a loaded transformers model whose attention goes through ``AttentionInterface``.
+        model: a loaded transformers model whose attention goes through ``AttentionInterface``, or a
+            DeBERTa-v2/v3 model.
         mechanism: a name in ``ak.MECHANISMS`` or a config object (``ak.Sinkhorn(iters=5)``,
         ``ak.CoDA(...)``).
         u0: initial hybrid weight for ``"hnas"`` (default 0.5); ``theta`` starts at ``logit(u0)``.
@@ -366,17 +382,18 @@ def convert(
             f"{type(model).__name__} is already converted to {done.get('mechanism')!r}; load the original "
             "model to convert it to another mechanism"
         )
-    if not model._can_set_attn_implementation():
+    modules = attention_modules(model)
+    own_route = bool(modules) and all(own_forward(m) is not None for _, m in modules)
+    if not own_route and not model._can_set_attn_implementation():
         raise ValueError(
             f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface, "
             "so attnkit cannot replace its attention; supported: BERT, RoBERTa, ALBERT, DistilBERT, "
-            "Llama-style models, T5"
+            "DeBERTa-v2/v3, Llama-style models, T5"
         )
-    modules = attention_modules(model)
     if not modules:
         raise ValueError(f"{type(model).__name__} has no self-attention module that attnkit can convert")
     _check_plain_softmax(model)
-    own = _mask_reading_attention(model)
+    own = None if own_route else _mask_reading_attention(model)
     if own is not None:
         raise ValueError(
             f"{own} computes attention itself from the model's attention_mask, which attnkit's conversion "

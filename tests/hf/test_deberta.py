@@ -1,0 +1,146 @@
+"""DeBERTa-v2/v3, whose attention does not dispatch through transformers' AttentionInterface: converted by
+attnkit's own forward with the disentangled position terms as a score bias (it was refused)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+
+import attnkit.hf as akhf  # noqa: E402
+from tests._reference import ref_dnas, ref_hybrid, ref_sinkhorn, ref_softmax  # noqa: E402
+
+H = 4
+POSITIONS = dict(
+    relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=16, position_buckets=8
+)
+
+
+def _deberta(cls=None, relative: bool = True, **kwargs):
+    from transformers import DebertaV2Config, DebertaV2Model
+
+    torch.manual_seed(0)
+    config = DebertaV2Config(
+        vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=64,
+        **(POSITIONS if relative else {}), **kwargs,
+    )
+    return (cls or DebertaV2Model)(config).double().eval()
+
+
+def _batch():
+    ids = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    return ids, mask
+
+
+REFERENCES = {
+    "softmax": ref_softmax,
+    "dnas": ref_dnas,
+    "hnas": lambda s, valid: ref_hybrid(s, valid, 0.5),
+    "sinkhorn": lambda s, valid: ref_sinkhorn(s, valid, 3),
+}
+
+
+@pytest.mark.parametrize("mechanism", sorted(REFERENCES))
+def test_converted_deberta_equals_its_own_scores_normalized_by_the_mechanism(mechanism, monkeypatch):
+    """The reference is the stock model with its softmax swapped for the float64 reference of the mechanism
+    (scores the model fills with finfo.min are masked; its mask is valid(query) x valid(key))."""
+    ids, mask = _batch()
+    converted = akhf.convert(_deberta(), mechanism)
+    got = converted(input_ids=ids, attention_mask=mask).last_hidden_state
+    softmax = torch.nn.functional.softmax
+
+    def reference(scores, dim=-1, **kwargs):
+        valid = scores > torch.finfo(scores.dtype).min
+        return REFERENCES[mechanism](scores.double(), valid).to(scores.dtype)
+
+    monkeypatch.setattr(torch.nn.functional, "softmax", reference)
+    expected = _deberta()(input_ids=ids, attention_mask=mask).last_hidden_state
+    monkeypatch.setattr(torch.nn.functional, "softmax", softmax)
+    real = mask.bool()
+    torch.testing.assert_close(got[real], expected[real], rtol=1e-10, atol=1e-10)
+    if mechanism != "softmax":
+        stock = _deberta()(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert (got[real] - stock[real]).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("mechanism", ["dnas", "sinkhorn"])
+def test_converted_deberta_padding_equals_the_sequence_alone(mechanism):
+    ids, mask = _batch()
+    model = akhf.convert(_deberta(), mechanism)
+    batch = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    alone = model(input_ids=ids[1:, :6]).last_hidden_state
+    torch.testing.assert_close(batch[1, :6], alone[0], rtol=1e-12, atol=1e-12)
+
+
+def test_coda_is_refused_with_position_terms_and_runs_without_them():
+    with pytest.raises(ValueError, match="adds a position bias.*CoDA cannot take"):
+        akhf.convert(_deberta(), "coda")
+    ids, mask = _batch()
+    model = akhf.convert(_deberta(relative=False), "coda")
+    out = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert torch.isfinite(out).all()
+
+
+def test_hnas_deberta_trains_theta_and_round_trips_through_save_and_load(tmp_path):
+    from transformers import DebertaV2ForSequenceClassification
+
+    ids, mask = _batch()
+    model = akhf.convert(_deberta(DebertaV2ForSequenceClassification, num_labels=3).float(), "hnas", u0=0.2)
+    with torch.no_grad():
+        for module in akhf.converted_modules(model):
+            module.attnkit_theta.add_(torch.randn(H))
+    model.train()
+    model(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 2])).loss.backward()
+    assert all(m.attnkit_theta.grad.abs().sum() > 0 for m in akhf.converted_modules(model))
+    model.eval()
+    model.save_pretrained(tmp_path)
+    loaded = akhf.load(tmp_path).eval()
+    assert type(loaded) is DebertaV2ForSequenceClassification
+    assert torch.equal(akhf.hybrid_weights(loaded), akhf.hybrid_weights(model))
+    with torch.no_grad():
+        logits = [m(input_ids=ids, attention_mask=mask).logits for m in (loaded, model)]
+    torch.testing.assert_close(*logits, rtol=0, atol=0)
+
+
+def test_output_attentions_are_the_mechanisms_weights():
+    ids, mask = _batch()
+    model = akhf.convert(_deberta(), "dnas")
+    attentions = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+    assert len(attentions) == 2 and attentions[0].shape == (2, H, 9, 9)
+    w = attentions[0][1]  # the padded sequence: 6 real tokens
+    assert not w[:, :, 6:].any() and not w[:, 6:].any()
+    # Lemma 1 of "Attention that does not Explain Away": every real key receives at least 1/n_k in total
+    assert (w[:, :6, :6].sum(dim=-2) >= 1 / 6 - 1e-12).all()
+
+
+def test_a_converted_deberta_deep_copies_and_pickles():
+    ids, mask = _batch()
+    model = akhf.convert(_deberta(), "dnas")
+    expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    twin = copy.deepcopy(model)
+    attn = twin.encoder.layer[0].attention.self
+    assert attn.forward.args[0] is attn  # the copy's forward is its own
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    for other in (twin, torch.load(buffer, weights_only=False)):
+        assert torch.equal(other(input_ids=ids, attention_mask=mask).last_hidden_state, expected)
+
+
+def test_deberta_v1_is_still_refused_by_name():
+    from transformers import DebertaConfig, DebertaModel
+
+    config = DebertaConfig(
+        vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=64
+    )
+    model = DebertaModel(config)
+    with pytest.raises(ValueError, match="DebertaModel does not dispatch attention.*DeBERTa-v2/v3"):
+        akhf.convert(model, "dnas")
