@@ -1,5 +1,6 @@
-"""DeBERTa-v2/v3, whose attention does not dispatch through transformers' AttentionInterface: converted by
-attnkit's own forward with the disentangled position terms as a score bias (it was refused)."""
+"""DeBERTa-v2/v3 and MPNet, whose attention modules compute attention themselves (they do not dispatch through
+transformers' AttentionInterface): converted by attnkit's own forward, their position terms a score bias
+(both were refused)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,20 @@ def _deberta(cls=None, relative: bool = True, **kwargs):
     return (cls or DebertaV2Model)(config).double().eval()
 
 
+def _mpnet(cls=None, **kwargs):
+    from transformers import MPNetConfig, MPNetModel
+
+    torch.manual_seed(0)
+    config = MPNetConfig(
+        vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=64,
+        **kwargs,
+    )
+    return (cls or MPNetModel)(config).double().eval()
+
+
+MODELS = {"deberta-v2": _deberta, "mpnet": _mpnet}
+
+
 def _batch():
     ids = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(2, 9, dtype=torch.long)
@@ -48,52 +63,60 @@ REFERENCES = {
 }
 
 
+@pytest.mark.parametrize("family", sorted(MODELS))
 @pytest.mark.parametrize("mechanism", sorted(REFERENCES))
-def test_converted_deberta_equals_its_own_scores_normalized_by_the_mechanism(mechanism, monkeypatch):
+def test_converted_model_equals_its_own_scores_normalized_by_the_mechanism(family, mechanism, monkeypatch):
     """The reference is the stock model with its softmax swapped for the float64 reference of the mechanism
-    (scores the model fills with finfo.min are masked; its mask is valid(query) x valid(key))."""
+    (scores the model's mask pushes to finfo.min are masked: DeBERTa's mask is valid(query) x valid(key),
+    MPNet's the key padding)."""
     ids, mask = _batch()
-    converted = akhf.convert(_deberta(), mechanism)
+    converted = akhf.convert(MODELS[family](), mechanism)
     got = converted(input_ids=ids, attention_mask=mask).last_hidden_state
     softmax = torch.nn.functional.softmax
 
     def reference(scores, dim=-1, **kwargs):
-        valid = scores > torch.finfo(scores.dtype).min
+        valid = scores > torch.finfo(scores.dtype).min / 2
+        if family == "mpnet":  # a padded query sees every real key; its row stays out of the columns
+            valid = valid & valid.any(dim=-2, keepdim=True).transpose(-1, -2)
         return REFERENCES[mechanism](scores.double(), valid).to(scores.dtype)
 
     monkeypatch.setattr(torch.nn.functional, "softmax", reference)
-    expected = _deberta()(input_ids=ids, attention_mask=mask).last_hidden_state
+    expected = MODELS[family]()(input_ids=ids, attention_mask=mask).last_hidden_state
     monkeypatch.setattr(torch.nn.functional, "softmax", softmax)
     real = mask.bool()
     torch.testing.assert_close(got[real], expected[real], rtol=1e-10, atol=1e-10)
     if mechanism != "softmax":
-        stock = _deberta()(input_ids=ids, attention_mask=mask).last_hidden_state
+        stock = MODELS[family]()(input_ids=ids, attention_mask=mask).last_hidden_state
         assert (got[real] - stock[real]).abs().max() > 1e-6
 
 
+@pytest.mark.parametrize("family", sorted(MODELS))
 @pytest.mark.parametrize("mechanism", ["dnas", "sinkhorn"])
-def test_converted_deberta_padding_equals_the_sequence_alone(mechanism):
+def test_converted_model_padding_equals_the_sequence_alone(family, mechanism):
     ids, mask = _batch()
-    model = akhf.convert(_deberta(), mechanism)
+    model = akhf.convert(MODELS[family](), mechanism)
     batch = model(input_ids=ids, attention_mask=mask).last_hidden_state
     alone = model(input_ids=ids[1:, :6]).last_hidden_state
     torch.testing.assert_close(batch[1, :6], alone[0], rtol=1e-12, atol=1e-12)
 
 
 def test_coda_is_refused_with_position_terms_and_runs_without_them():
-    with pytest.raises(ValueError, match="adds a position bias.*CoDA cannot take"):
-        akhf.convert(_deberta(), "coda")
+    for make in (_deberta, _mpnet):
+        with pytest.raises(ValueError, match="adds a position bias.*CoDA cannot take"):
+            akhf.convert(make(), "coda")
     ids, mask = _batch()
     model = akhf.convert(_deberta(relative=False), "coda")
     out = model(input_ids=ids, attention_mask=mask).last_hidden_state
     assert torch.isfinite(out).all()
 
 
-def test_hnas_deberta_trains_theta_and_round_trips_through_save_and_load(tmp_path):
-    from transformers import DebertaV2ForSequenceClassification
+@pytest.mark.parametrize("family", sorted(MODELS))
+def test_hnas_trains_theta_and_round_trips_through_save_and_load(family, tmp_path):
+    from transformers import DebertaV2ForSequenceClassification, MPNetForSequenceClassification
 
     ids, mask = _batch()
-    model = akhf.convert(_deberta(DebertaV2ForSequenceClassification, num_labels=3).float(), "hnas", u0=0.2)
+    cls = DebertaV2ForSequenceClassification if family == "deberta-v2" else MPNetForSequenceClassification
+    model = akhf.convert(MODELS[family](cls, num_labels=3).float(), "hnas", u0=0.2)
     with torch.no_grad():
         for module in akhf.converted_modules(model):
             module.attnkit_theta.add_(torch.randn(H))
@@ -103,16 +126,17 @@ def test_hnas_deberta_trains_theta_and_round_trips_through_save_and_load(tmp_pat
     model.eval()
     model.save_pretrained(tmp_path)
     loaded = akhf.load(tmp_path).eval()
-    assert type(loaded) is DebertaV2ForSequenceClassification
+    assert type(loaded) is cls
     assert torch.equal(akhf.hybrid_weights(loaded), akhf.hybrid_weights(model))
     with torch.no_grad():
         logits = [m(input_ids=ids, attention_mask=mask).logits for m in (loaded, model)]
     torch.testing.assert_close(*logits, rtol=0, atol=0)
 
 
-def test_output_attentions_are_the_mechanisms_weights():
+@pytest.mark.parametrize("family", sorted(MODELS))
+def test_output_attentions_are_the_mechanisms_weights(family):
     ids, mask = _batch()
-    model = akhf.convert(_deberta(), "dnas")
+    model = akhf.convert(MODELS[family](), "dnas")
     attentions = model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
     assert len(attentions) == 2 and attentions[0].shape == (2, H, 9, 9)
     w = attentions[0][1]  # the padded sequence: 6 real tokens
@@ -121,12 +145,13 @@ def test_output_attentions_are_the_mechanisms_weights():
     assert (w[:, :6, :6].sum(dim=-2) >= 1 / 6 - 1e-12).all()
 
 
-def test_a_converted_deberta_deep_copies_and_pickles():
+@pytest.mark.parametrize("family", sorted(MODELS))
+def test_a_converted_model_deep_copies_and_pickles(family):
     ids, mask = _batch()
-    model = akhf.convert(_deberta(), "dnas")
+    model = akhf.convert(MODELS[family](), "dnas")
     expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
     twin = copy.deepcopy(model)
-    attn = twin.encoder.layer[0].attention.self
+    attn = akhf.converted_modules(twin)[0]
     assert attn.forward.args[0] is attn  # the copy's forward is its own
     buffer = io.BytesIO()
     torch.save(model, buffer)

@@ -1,0 +1,119 @@
+r"""attnkit's forward for Hugging Face attention modules that compute attention themselves (they do not
+dispatch through transformers' ``AttentionInterface``): the model's own projections and position terms, the
+scores normalized by the module's mechanism through :func:`attnkit.hf.attention_forward` (masks, hybrid
+weight, backend and ``output_attentions`` as for every converted model). Softmax gives the original model's
+outputs.
+
+- **DeBERTa-v2/v3** ("DeBERTa: Decoding-enhanced BERT with Disentangled Attention", arXiv:2006.03654,
+  eqs. 2-4): content-to-content plus the disentangled relative-position terms,
+
+  .. math::
+      s_{ij} = \frac{q_i^\top k_j + q_i^\top k^r_{\delta(i,j)} + k_j^\top q^r_{\delta(j,i)}}{\sqrt{3 d}}
+
+  (c2p and p2c; the divisor counts the terms the config enables). The position terms come from the module's
+  own ``disentangled_attention_bias`` and enter as an additive score bias, as T5's relative bias does.
+- **MPNet** ("MPNet: Masked and Permuted Pre-training for Language Understanding", arXiv:2004.09297), as
+  sentence-transformers' all-mpnet models use it: :math:`s_{ij} = q_i^\top k_j / \sqrt{d} + b_{h, i - j}`, a
+  relative position bucket bias that its encoder computes once for all layers.
+
+CoDA, whose masks are multiplicative, refuses a position bias (a DeBERTa config with
+``relative_attention=False`` has none).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Callable, Optional
+
+from torch import Tensor, nn
+
+from .attention_interface import attention_forward
+
+
+def deberta_v2_attention(
+    self: nn.Module,
+    hidden_states: Tensor,
+    attention_mask: Tensor,
+    output_attentions: bool = False,
+    query_states: Optional[Tensor] = None,
+    relative_pos: Optional[Tensor] = None,
+    rel_embeddings: Optional[Tensor] = None,
+) -> tuple[Tensor, Optional[Tensor]]:
+    """``DisentangledSelfAttention.forward`` of DeBERTa-v2 with attnkit's normalization (same arguments and
+    return value). ``attention_mask (B, 1, L, L)``: True (or 1) = may attend, as the model builds it."""
+    H = self.num_attention_heads
+    if query_states is None:
+        query_states = hidden_states
+    q = self.transpose_for_scores(self.query_proj(query_states), H)  # (B H, Lq, d)
+    k = self.transpose_for_scores(self.key_proj(hidden_states), H)  # (B H, Lk, d)
+    v = self.transpose_for_scores(self.value_proj(hidden_states), H)  # (B H, Lk, d)
+    factor = 1 + ("c2p" in self.pos_att_type) + ("p2c" in self.pos_att_type)
+    # the model's own divisor, sqrt(d * factor) taken in float32 as it takes it
+    scale = float(inspect.getmodule(type(self)).scaled_size_sqrt(q, factor))
+    bias = None
+    if self.relative_attention:
+        rel_embeddings = self.pos_dropout(rel_embeddings)
+        bias = self.disentangled_attention_bias(q, k, relative_pos, rel_embeddings, factor)  # (B H, Lq, Lk)
+    B = q.shape[0] // H
+    heads = lambda t: t.view(B, H, *t.shape[1:])  # noqa: E731  (B H, L, .) -> (B, H, L, .)
+    out, weights = attention_forward(
+        self, heads(q), heads(k), heads(v), attention_mask.bool(),
+        scaling=1.0 / scale,
+        dropout=self.dropout.p if self.training else 0.0,
+        position_bias=None if bias is None else heads(bias),
+        output_attentions=output_attentions,
+    )  # (B, Lq, H, d), (B, H, Lq, Lk) or None
+    context = out.reshape(B, out.shape[1], -1)  # (B, Lq, H d)
+    return context, (weights if output_attentions else None)
+
+
+def mpnet_attention(
+    self: nn.Module,
+    hidden_states: Tensor,
+    attention_mask: Optional[Tensor] = None,
+    position_bias: Optional[Tensor] = None,
+    output_attentions: bool = False,
+    **kwargs,
+) -> tuple:
+    """``MPNetSelfAttention.forward`` with attnkit's normalization (same arguments and return value).
+    ``attention_mask``: the model's (additive or boolean) mask, ``position_bias (B, H, L, L)``."""
+    B, L = hidden_states.shape[:2]
+    d = self.attention_head_size
+    q = self.q(hidden_states).view(B, L, -1, d).transpose(1, 2)  # (B, H, L, d)
+    k = self.k(hidden_states).view(B, L, -1, d).transpose(1, 2)  # (B, H, L, d)
+    v = self.v(hidden_states).view(B, L, -1, d).transpose(1, 2)  # (B, H, L, d)
+    out, weights = attention_forward(
+        self, q, k, v, attention_mask,
+        scaling=1.0 / math.sqrt(d),
+        dropout=self.dropout.p if self.training else 0.0,
+        position_bias=position_bias,
+        output_attentions=output_attentions,
+    )  # (B, L, H, d), (B, H, L, L) or None
+    o = self.o(out.reshape(B, L, -1))  # (B, L, E)
+    return (o, weights) if output_attentions else (o,)
+
+
+# attention classes that compute attention themselves ("source module.class name"): attnkit's forward for them
+_OWN_FORWARDS: dict[str, Callable] = {
+    "modeling_deberta_v2.DisentangledSelfAttention": deberta_v2_attention,
+    "modeling_mpnet.MPNetSelfAttention": mpnet_attention,
+}
+
+
+def own_forward(module: nn.Module) -> Optional[Callable]:
+    """attnkit's forward for an attention module that does not dispatch through ``AttentionInterface``
+    (DeBERTa-v2's, MPNet's), or ``None``."""
+    cls = type(module)
+    return _OWN_FORWARDS.get(f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}")
+
+
+def takes_position_bias(module: nn.Module) -> bool:
+    """Whether an attention module with attnkit's own forward adds position terms to its scores."""
+    forward = own_forward(module)
+    if forward is deberta_v2_attention:
+        return bool(getattr(module, "relative_attention", False))
+    return forward is mpnet_attention
+
+
+__all__ = ["deberta_v2_attention", "mpnet_attention", "own_forward", "takes_position_bias"]
