@@ -1,6 +1,6 @@
-"""DeBERTa-v2/v3 and MPNet, whose attention modules compute attention themselves (they do not dispatch through
-transformers' AttentionInterface): converted by attnkit's own forward, their position terms a score bias
-(both were refused)."""
+"""DeBERTa (v1), DeBERTa-v2/v3 and MPNet, whose attention modules compute attention themselves (they do not
+dispatch through transformers' AttentionInterface): converted by attnkit's own forward, their position terms
+a score bias (all were refused)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,23 @@ def _mpnet(cls=None, **kwargs):
     return (cls or MPNetModel)(config).double().eval()
 
 
-MODELS = {"deberta-v2": _deberta, "mpnet": _mpnet}
+def _deberta_v1(cls=None, **kwargs):
+    from transformers import DebertaConfig, DebertaModel
+
+    torch.manual_seed(0)
+    config = DebertaConfig(
+        vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=64,
+        relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=16, **kwargs,
+    )
+    model = (cls or DebertaModel)(config).double().eval()
+    for module in model.modules():  # zeros at initialisation
+        if type(module).__name__ == "DisentangledSelfAttention":
+            torch.nn.init.normal_(module.q_bias)
+            torch.nn.init.normal_(module.v_bias)
+    return model
+
+
+MODELS = {"deberta": _deberta_v1, "deberta-v2": _deberta, "mpnet": _mpnet}
 
 
 def _batch():
@@ -101,7 +117,7 @@ def test_converted_model_padding_equals_the_sequence_alone(family, mechanism):
 
 
 def test_coda_is_refused_with_position_terms_and_runs_without_them():
-    for make in (_deberta, _mpnet):
+    for make in MODELS.values():
         with pytest.raises(ValueError, match="adds a position bias.*CoDA cannot take"):
             akhf.convert(make(), "coda")
     ids, mask = _batch()
@@ -112,10 +128,18 @@ def test_coda_is_refused_with_position_terms_and_runs_without_them():
 
 @pytest.mark.parametrize("family", sorted(MODELS))
 def test_hnas_trains_theta_and_round_trips_through_save_and_load(family, tmp_path):
-    from transformers import DebertaV2ForSequenceClassification, MPNetForSequenceClassification
+    from transformers import (
+        DebertaForSequenceClassification,
+        DebertaV2ForSequenceClassification,
+        MPNetForSequenceClassification,
+    )
 
     ids, mask = _batch()
-    cls = DebertaV2ForSequenceClassification if family == "deberta-v2" else MPNetForSequenceClassification
+    cls = {
+        "deberta": DebertaForSequenceClassification,
+        "deberta-v2": DebertaV2ForSequenceClassification,
+        "mpnet": MPNetForSequenceClassification,
+    }[family]
     model = akhf.convert(MODELS[family](cls, num_labels=3).float(), "hnas", u0=0.2)
     with torch.no_grad():
         for module in akhf.converted_modules(model):
@@ -160,12 +184,16 @@ def test_a_converted_model_deep_copies_and_pickles(family):
         assert torch.equal(other(input_ids=ids, attention_mask=mask).last_hidden_state, expected)
 
 
-def test_deberta_v1_is_still_refused_by_name():
-    from transformers import DebertaConfig, DebertaModel
+def test_deberta_talking_head_attention_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"encoder\.layer\.0\.attention\.self.*talking-head attention"):
+        akhf.convert(_deberta_v1(talking_head=True), "dnas")
 
-    config = DebertaConfig(
+
+def test_a_model_that_computes_attention_itself_and_is_unknown_is_refused_by_name():
+    from transformers import RoFormerConfig, RoFormerModel
+
+    config = RoFormerConfig(
         vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=64
     )
-    model = DebertaModel(config)
-    with pytest.raises(ValueError, match="DebertaModel does not dispatch attention.*DeBERTa-v2/v3"):
-        akhf.convert(model, "dnas")
+    with pytest.raises(ValueError, match="RoFormerModel does not dispatch attention.*DeBERTa-v2/v3, MPNet"):
+        akhf.convert(RoFormerModel(config), "dnas")

@@ -12,6 +12,9 @@ outputs.
 
   (c2p and p2c; the divisor counts the terms the config enables). The position terms come from the module's
   own ``disentangled_attention_bias`` and enter as an additive score bias, as T5's relative bias does.
+- **DeBERTa** (v1): the same terms from one fused ``in_proj`` plus ``q_bias`` and ``v_bias``, its position
+  terms computed from the scaled queries (``disentangled_att_bias``); talking-head attention (heads mixed
+  before and after the softmax) is refused.
 - **MPNet** ("MPNet: Masked and Permuted Pre-training for Language Understanding", arXiv:2004.09297), as
   sentence-transformers' all-mpnet models use it: :math:`s_{ij} = q_i^\top k_j / \sqrt{d} + b_{h, i - j}`, a
   relative position bucket bias that its encoder computes once for all layers.
@@ -68,6 +71,44 @@ def deberta_v2_attention(
     return context, (weights if output_attentions else None)
 
 
+def deberta_attention(
+    self: nn.Module,
+    hidden_states: Tensor,
+    attention_mask: Tensor,
+    output_attentions: bool = False,
+    query_states: Optional[Tensor] = None,
+    relative_pos: Optional[Tensor] = None,
+    rel_embeddings: Optional[Tensor] = None,
+) -> tuple[Tensor, Optional[Tensor]]:
+    """``DisentangledSelfAttention.forward`` of DeBERTa (v1) with attnkit's normalization (same arguments and
+    return value)."""
+    if query_states is not None:
+        raise ValueError(
+            "DeBERTa's query_states= path (its enhanced mask decoder) is not converted by attnkit; call the "
+            "attention with hidden_states only"
+        )
+    H = self.num_attention_heads
+    q, k, v = self.transpose_for_scores(self.in_proj(hidden_states)).chunk(3, dim=-1)  # (B, H, L, d) each
+    q = q + self.transpose_for_scores(self.q_bias[None, None, :])
+    v = v + self.transpose_for_scores(self.v_bias[None, None, :])
+    factor = 1 + len(self.pos_att_type)
+    scale = inspect.getmodule(type(self)).scaled_size_sqrt(q, factor)
+    q = q / scale.to(dtype=q.dtype)  # the model computes its position terms from the scaled queries
+    bias = None
+    if self.relative_attention and rel_embeddings is not None and relative_pos is not None:
+        rel_embeddings = self.pos_dropout(rel_embeddings)
+        bias = self.disentangled_att_bias(q, k, relative_pos, rel_embeddings, factor)  # (B, H, Lq, Lk)
+    out, weights = attention_forward(
+        self, q, k, v, attention_mask.bool(),
+        scaling=1.0,
+        dropout=self.dropout.p if self.training else 0.0,
+        position_bias=bias,
+        output_attentions=output_attentions,
+    )  # (B, Lq, H, d), (B, H, Lq, Lk) or None
+    context = out.reshape(out.shape[0], out.shape[1], H * q.shape[-1])  # (B, Lq, H d)
+    return context, (weights if output_attentions else None)
+
+
 def mpnet_attention(
     self: nn.Module,
     hidden_states: Tensor,
@@ -97,23 +138,37 @@ def mpnet_attention(
 # attention classes that compute attention themselves ("source module.class name"): attnkit's forward for them
 _OWN_FORWARDS: dict[str, Callable] = {
     "modeling_deberta_v2.DisentangledSelfAttention": deberta_v2_attention,
+    "modeling_deberta.DisentangledSelfAttention": deberta_attention,
     "modeling_mpnet.MPNetSelfAttention": mpnet_attention,
 }
 
 
 def own_forward(module: nn.Module) -> Optional[Callable]:
     """attnkit's forward for an attention module that does not dispatch through ``AttentionInterface``
-    (DeBERTa-v2's, MPNet's), or ``None``."""
+    (DeBERTa's, DeBERTa-v2's, MPNet's), or ``None``."""
     cls = type(module)
     return _OWN_FORWARDS.get(f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}")
+
+
+def own_forward_problem(module: nn.Module) -> Optional[str]:
+    """Why attnkit's forward cannot stand in for this module's, or ``None``."""
+    if own_forward(module) is deberta_attention and getattr(module, "head_logits_proj", None) is not None:
+        return (
+            "its talking-head attention mixes the heads' scores before the softmax and their weights after "
+            "it, which attnkit does not implement"
+        )
+    return None
 
 
 def takes_position_bias(module: nn.Module) -> bool:
     """Whether an attention module with attnkit's own forward adds position terms to its scores."""
     forward = own_forward(module)
-    if forward is deberta_v2_attention:
+    if forward in (deberta_v2_attention, deberta_attention):
         return bool(getattr(module, "relative_attention", False))
     return forward is mpnet_attention
 
 
-__all__ = ["deberta_v2_attention", "mpnet_attention", "own_forward", "takes_position_bias"]
+__all__ = [
+    "deberta_attention", "deberta_v2_attention", "mpnet_attention", "own_forward", "own_forward_problem",
+    "takes_position_bias",
+]
