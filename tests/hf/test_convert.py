@@ -368,3 +368,32 @@ def test_convert_leaves_the_user_config_object_unchanged():
     akhf.convert(model, "dnas")
     assert config.to_dict() == before and model.config.to_dict() != before
     assert model.config.attnkit["mechanism"] == "dnas"
+
+
+@pytest.mark.parametrize("family", ["layoutlm", "markuplm", "splinter"])
+def test_encoders_whose_attention_has_no_is_causal_convert(family):
+    """LayoutLM, MarkupLM and Splinter dispatch through AttentionInterface but their modules carry no
+    is_causal; they were "no self-attention module that attnkit can convert"."""
+    import copy
+
+    from transformers import CONFIG_MAPPING, AutoModel
+
+    torch.manual_seed(0)
+    config = CONFIG_MAPPING[family](
+        vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=64
+    )
+    model = AutoModel.from_config(config, attn_implementation="eager").eval().double()
+    ids = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    extra = {"bbox": torch.zeros(2, 9, 4, dtype=torch.long)} if family == "layoutlm" else {}
+    expected = model(input_ids=ids, attention_mask=mask, **extra).last_hidden_state
+    real = mask.bool()
+    softmax = akhf.convert(copy.deepcopy(model), "softmax")
+    got = softmax(input_ids=ids, attention_mask=mask, **extra).last_hidden_state
+    torch.testing.assert_close(got[real], expected[real], rtol=1e-7, atol=1e-7)  # eager: float32 softmax
+    dnas = akhf.convert(copy.deepcopy(model), "dnas")
+    batch = dnas(input_ids=ids, attention_mask=mask, **extra).last_hidden_state
+    alone = dnas(input_ids=ids[1:, :6], **{k: v[1:, :6] for k, v in extra.items()}).last_hidden_state
+    torch.testing.assert_close(batch[1, :6], alone[0], rtol=1e-12, atol=1e-12)
+    assert (batch[real] - expected[real]).abs().max() > 1e-6

@@ -66,6 +66,9 @@ __all__ = [
 
 CONFIG_KEY = "attnkit"
 _CROSS_NAMES = ("crossattention", "cross_attention", "cross_attn", "encoder_attn")
+# Encoders whose attention modules dispatch through AttentionInterface but carry no ``is_causal`` (the mark
+# attnkit reads to tell causal self-attention): each builds its own bidirectional padding mask.
+_ENCODERS_WITHOUT_IS_CAUSAL = ("modeling_layoutlm", "modeling_markuplm", "modeling_splinter")
 
 
 def _dispatches_attention(module: nn.Module) -> bool:
@@ -219,7 +222,10 @@ def attention_modules(model) -> list[tuple[str, nn.Module]]:
     for name, module in model.base_model.named_modules():
         if not name.startswith(prefix) or _is_cross_attention(name, module):
             continue
-        dispatching = hasattr(module, "is_causal") and _dispatches_attention(module)
+        marked = hasattr(module, "is_causal") or type(module).__module__.rsplit(".", 1)[-1] in (
+            _ENCODERS_WITHOUT_IS_CAUSAL
+        )
+        dispatching = marked and _dispatches_attention(module)
         if dispatching or own_forward(module) is not None:
             found.append((name, module))
     return found
