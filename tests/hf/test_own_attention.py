@@ -61,7 +61,40 @@ def _deberta_v1(cls=None, **kwargs):
     return model
 
 
-MODELS = {"deberta": _deberta_v1, "deberta-v2": _deberta, "mpnet": _mpnet}
+def _bert_style(model_type: str, **fixed):
+    def make(cls=None, **kwargs):
+        from transformers import CONFIG_MAPPING, AutoModel
+
+        torch.manual_seed(0)
+        config = CONFIG_MAPPING[model_type](
+            vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=64,
+            **fixed, **kwargs,
+        )
+        model = cls(config) if cls else AutoModel.from_config(config)
+        return model.double().eval()
+
+    return make
+
+
+MODELS = {
+    "deberta": _deberta_v1,
+    "deberta-v2": _deberta,
+    "mpnet": _mpnet,
+    "roformer": _bert_style("roformer"),
+    "roformer-rotary_value": _bert_style("roformer", rotary_value=True),
+    "megatron-bert": _bert_style("megatron-bert"),
+    "rembert": _bert_style("rembert", input_embedding_size=32, output_embedding_size=32, bos_token_id=1,
+                           eos_token_id=2),
+}
+CLASSIFIERS = {
+    "deberta": "DebertaForSequenceClassification",
+    "deberta-v2": "DebertaV2ForSequenceClassification",
+    "mpnet": "MPNetForSequenceClassification",
+    "roformer": "RoFormerForSequenceClassification",
+    "roformer-rotary_value": "RoFormerForSequenceClassification",
+    "megatron-bert": "MegatronBertForSequenceClassification",
+    "rembert": "RemBertForSequenceClassification",
+}
 
 
 def _batch():
@@ -92,7 +125,7 @@ def test_converted_model_equals_its_own_scores_normalized_by_the_mechanism(famil
 
     def reference(scores, dim=-1, **kwargs):
         valid = scores > torch.finfo(scores.dtype).min / 2
-        if family == "mpnet":  # a padded query sees every real key; its row stays out of the columns
+        if not family.startswith("deberta"):  # a padded query sees every real key; its row stays out
             valid = valid & valid.any(dim=-2, keepdim=True).transpose(-1, -2)
         return REFERENCES[mechanism](scores.double(), valid).to(scores.dtype)
 
@@ -117,7 +150,7 @@ def test_converted_model_padding_equals_the_sequence_alone(family, mechanism):
 
 
 def test_coda_is_refused_with_position_terms_and_runs_without_them():
-    for make in MODELS.values():
+    for make in (_deberta_v1, _deberta, _mpnet):
         with pytest.raises(ValueError, match="adds a position bias.*CoDA cannot take"):
             akhf.convert(make(), "coda")
     ids, mask = _batch()
@@ -128,18 +161,8 @@ def test_coda_is_refused_with_position_terms_and_runs_without_them():
 
 @pytest.mark.parametrize("family", sorted(MODELS))
 def test_hnas_trains_theta_and_round_trips_through_save_and_load(family, tmp_path):
-    from transformers import (
-        DebertaForSequenceClassification,
-        DebertaV2ForSequenceClassification,
-        MPNetForSequenceClassification,
-    )
-
     ids, mask = _batch()
-    cls = {
-        "deberta": DebertaForSequenceClassification,
-        "deberta-v2": DebertaV2ForSequenceClassification,
-        "mpnet": MPNetForSequenceClassification,
-    }[family]
+    cls = getattr(transformers, CLASSIFIERS[family])
     model = akhf.convert(MODELS[family](cls, num_labels=3).float(), "hnas", u0=0.2)
     with torch.no_grad():
         for module in akhf.converted_modules(model):
@@ -190,10 +213,45 @@ def test_deberta_talking_head_attention_is_refused_by_name():
 
 
 def test_a_model_that_computes_attention_itself_and_is_unknown_is_refused_by_name():
-    from transformers import RoFormerConfig, RoFormerModel
+    from transformers import ConvBertConfig, ConvBertModel
 
-    config = RoFormerConfig(
+    config = ConvBertConfig(
         vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=64
     )
-    with pytest.raises(ValueError, match="RoFormerModel does not dispatch attention.*DeBERTa-v2/v3, MPNet"):
-        akhf.convert(RoFormerModel(config), "dnas")
+    with pytest.raises(ValueError, match="ConvBertModel does not dispatch attention.*DeBERTa-v2/v3, MPNet"):
+        akhf.convert(ConvBertModel(config), "dnas")
+
+
+@pytest.mark.parametrize("family", ["roformer", "roformer-rotary_value", "megatron-bert"])
+def test_coda_of_a_bert_style_encoder_is_coda_of_its_queries_and_keys(family, monkeypatch):
+    """With no position bias, CoDA runs on the module's projections (after RoFormer's rotary embedding)."""
+    import attnkit as ak
+
+    ids, mask = _batch()
+    model = akhf.convert(MODELS[family](), "coda")
+    attn = akhf.converted_modules(model)[0]
+    seen = {}
+    rotary = getattr(attn, "apply_rotary_position_embeddings", None)
+    if rotary is not None:
+        def recording(*args):
+            seen["rotated"] = rotary(*args)
+            return seen["rotated"]
+
+        monkeypatch.setattr(attn, "apply_rotary_position_embeddings", recording)
+    attn.register_forward_pre_hook(lambda m, args, kwargs: seen.update(x=args[0]), with_kwargs=True)
+    attn.register_forward_hook(lambda m, args, out: seen.update(out=out[0]))
+    model(input_ids=ids, attention_mask=mask)
+    x = seen["x"]
+    heads = lambda t: t.view(2, 9, H, 8).transpose(1, 2)  # noqa: E731
+    q, k, v = heads(attn.query(x)), heads(attn.key(x)), heads(attn.value(x))
+    if "rotated" in seen:
+        q, k = seen["rotated"][:2]
+        v = seen["rotated"][2] if len(seen["rotated"]) == 3 else v
+    expected = ak.attention(q, k, v, "coda", key_mask=mask.bool(), scale=8**-0.5)  # (B, H, L, d)
+    real = mask.bool()
+    torch.testing.assert_close(seen["out"][real], expected.transpose(1, 2).reshape(2, 9, -1)[real])
+
+
+def test_a_decoder_bert_style_model_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"encoder\.layer\.0\.attention\.self.*is_decoder=True"):
+        akhf.convert(MODELS["roformer"](is_decoder=True), "coda")

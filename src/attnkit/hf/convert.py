@@ -9,10 +9,10 @@ config names the ``"attnkit"`` attention implementation, so ``attnkit.hf.load(pa
 after ``attnkit.hf.register()``) rebuilds the same model.
 
 Which modules convert: the self-attention modules that dispatch through transformers' ``AttentionInterface``
-(BERT, RoBERTa, ALBERT, DistilBERT, Llama-style decoders, T5, ...), and DeBERTa's, DeBERTa-v2's and MPNet's,
-which compute attention themselves and get attnkit's forward instead (``hf/own_attention.py``; the model keeps
-its attention implementation). Cross-attention is never converted; in encoder-decoder models only the encoder
-self-attention is. dnas/hnas/sinkhorn normalize over queries and so
+(BERT, RoBERTa, ALBERT, DistilBERT, Llama-style decoders, T5, ...), and those of DeBERTa, DeBERTa-v2, MPNet,
+RoFormer, MegatronBERT and RemBERT, which compute attention themselves and get attnkit's forward instead
+(``hf/own_attention.py``; the model keeps its attention implementation). Cross-attention is never converted;
+in encoder-decoder models only the encoder self-attention is. dnas/hnas/sinkhorn normalize over queries and so
 leak future tokens under a causal mask: converting causal self-attention to them raises a ``ValueError``.
 After the conversion every attention module of the model runs through attnkit (the unconverted ones as
 softmax), so ``convert`` first checks that each one computes softmax attention: T5's relative position bias is
@@ -358,7 +358,7 @@ def convert(
 
     Args:
         model: a loaded transformers model whose attention goes through ``AttentionInterface``, or a
-            DeBERTa (v1, v2, v3) or MPNet model.
+            DeBERTa (v1, v2, v3), MPNet, RoFormer, MegatronBERT or RemBERT model.
         mechanism: a name in ``ak.MECHANISMS`` or a config object (``ak.Sinkhorn(iters=5)``,
         ``ak.CoDA(...)``).
         u0: initial hybrid weight for ``"hnas"`` (default 0.5); ``theta`` starts at ``logit(u0)``.
@@ -394,7 +394,7 @@ def convert(
         raise ValueError(
             f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface, "
             "so attnkit cannot replace its attention; supported: BERT, RoBERTa, ALBERT, DistilBERT, "
-            "DeBERTa, DeBERTa-v2/v3, MPNet, Llama-style models, T5"
+            "DeBERTa, DeBERTa-v2/v3, MPNet, RoFormer, MegatronBERT, RemBERT, Llama-style models, T5"
         )
     if not modules:
         raise ValueError(f"{type(model).__name__} has no self-attention module that attnkit can convert")

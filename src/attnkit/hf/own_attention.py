@@ -19,6 +19,11 @@ outputs.
   sentence-transformers' all-mpnet models use it: :math:`s_{ij} = q_i^\top k_j / \sqrt{d} + b_{h, i - j}`, a
   relative position bucket bias that its encoder computes once for all layers.
 
+- **RoFormer** ("RoFormer: Enhanced Transformer with Rotary Position Embedding", arXiv:2104.09864),
+  **MegatronBERT** and **RemBERT**: BERT's attention, :math:`s_{ij} = q_i^\top k_j / \sqrt{d}`, RoFormer's
+  with its rotary embedding applied to q and k (and v with ``rotary_value``) by the module's own method; their
+  self-attention as encoders (a decoder's, ``is_decoder=True``, is refused).
+
 CoDA, whose masks are multiplicative, refuses a position bias (a DeBERTa config with
 ``relative_attention=False`` has none).
 """
@@ -135,23 +140,64 @@ def mpnet_attention(
     return (o, weights) if output_attentions else (o,)
 
 
+def bert_style_attention(
+    self: nn.Module,
+    hidden_states: Tensor,
+    attention_mask: Optional[Tensor] = None,
+    sinusoidal_pos: Optional[Tensor] = None,
+    encoder_hidden_states: Optional[Tensor] = None,
+    cache=None,
+    output_attentions: bool = False,
+    **kwargs,
+) -> tuple[Tensor, Optional[Tensor]]:
+    """The encoder self-attention of RoFormer, MegatronBERT and RemBERT with attnkit's normalization (their
+    ``SelfAttention.forward``'s keyword arguments and return value)."""
+    if encoder_hidden_states is not None or cache is not None:
+        raise ValueError(
+            f"{type(self).__name__} was converted as encoder self-attention; it cannot take "
+            "encoder_hidden_states or a key/value cache"
+        )
+    B, L = hidden_states.shape[:2]
+    d = self.attention_head_size
+    q = self.query(hidden_states).view(B, L, -1, d).transpose(1, 2)  # (B, H, L, d)
+    k = self.key(hidden_states).view(B, L, -1, d).transpose(1, 2)  # (B, H, L, d)
+    v = self.value(hidden_states).view(B, L, -1, d).transpose(1, 2)  # (B, H, L, d)
+    if sinusoidal_pos is not None:  # RoFormer
+        if getattr(self, "rotary_value", False):
+            q, k, v = self.apply_rotary_position_embeddings(sinusoidal_pos, q, k, v)
+        else:
+            q, k = self.apply_rotary_position_embeddings(sinusoidal_pos, q, k)
+    out, weights = attention_forward(
+        self, q, k, v, attention_mask,
+        scaling=1.0 / math.sqrt(d),
+        dropout=self.dropout.p if self.training else 0.0,
+        output_attentions=output_attentions,
+    )  # (B, L, H, d), (B, H, L, L) or None
+    return out.reshape(B, L, -1), (weights if output_attentions else None)  # (B, L, H d)
+
+
 # attention classes that compute attention themselves ("source module.class name"): attnkit's forward for them
 _OWN_FORWARDS: dict[str, Callable] = {
     "modeling_deberta_v2.DisentangledSelfAttention": deberta_v2_attention,
     "modeling_deberta.DisentangledSelfAttention": deberta_attention,
     "modeling_mpnet.MPNetSelfAttention": mpnet_attention,
+    "modeling_roformer.RoFormerSelfAttention": bert_style_attention,
+    "modeling_megatron_bert.MegatronBertSelfAttention": bert_style_attention,
+    "modeling_rembert.RemBertSelfAttention": bert_style_attention,
 }
 
 
 def own_forward(module: nn.Module) -> Optional[Callable]:
     """attnkit's forward for an attention module that does not dispatch through ``AttentionInterface``
-    (DeBERTa's, DeBERTa-v2's, MPNet's), or ``None``."""
+    (DeBERTa's, DeBERTa-v2's, MPNet's, RoFormer's, MegatronBERT's, RemBERT's), or ``None``."""
     cls = type(module)
     return _OWN_FORWARDS.get(f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}")
 
 
 def own_forward_problem(module: nn.Module) -> Optional[str]:
     """Why attnkit's forward cannot stand in for this module's, or ``None``."""
+    if own_forward(module) is bert_style_attention and getattr(module, "is_decoder", False):
+        return "it is a decoder's self-attention (is_decoder=True), which attnkit converts only for encoders"
     if own_forward(module) is deberta_attention and getattr(module, "head_logits_proj", None) is not None:
         return (
             "its talking-head attention mixes the heads' scores before the softmax and their weights after "
@@ -169,6 +215,7 @@ def takes_position_bias(module: nn.Module) -> bool:
 
 
 __all__ = [
-    "deberta_attention", "deberta_v2_attention", "mpnet_attention", "own_forward", "own_forward_problem",
+    "bert_style_attention", "deberta_attention", "deberta_v2_attention", "mpnet_attention", "own_forward",
+    "own_forward_problem",
     "takes_position_bias",
 ]
