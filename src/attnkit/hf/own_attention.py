@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from .attention_interface import attention_forward
 
 
-def deberta_v2_attention(
+def deberta_attention(
     self: nn.Module,
     hidden_states: Tensor,
     attention_mask: Tensor,
@@ -48,8 +48,24 @@ def deberta_v2_attention(
     relative_pos: Optional[Tensor] = None,
     rel_embeddings: Optional[Tensor] = None,
 ) -> tuple[Tensor, Optional[Tensor]]:
-    """``DisentangledSelfAttention.forward`` of DeBERTa-v2 with attnkit's normalization (same arguments and
-    return value). ``attention_mask (B, 1, L, L)``: True (or 1) = may attend, as the model builds it."""
+    """``DisentangledSelfAttention.forward`` of DeBERTa and DeBERTa-v2 with attnkit's normalization (same
+    arguments and return value). ``attention_mask (B, 1, L, L)``: True (or 1) = may attend, as the model
+    builds it."""
+    q, k, v, scaling, bias = (_deberta_v1 if hasattr(self, "in_proj") else _deberta_v2)(
+        self, hidden_states, query_states, relative_pos, rel_embeddings
+    )  # (B, H, L, d) x 3, the scale of q . k, (B, H, Lq, Lk) or None
+    out, weights = attention_forward(
+        self, q, k, v, attention_mask.bool(),
+        scaling=scaling,
+        dropout=self.dropout.p if self.training else 0.0,
+        position_bias=bias,
+        output_attentions=output_attentions,
+    )  # (B, Lq, H, d), (B, H, Lq, Lk) or None
+    context = out.reshape(out.shape[0], out.shape[1], -1)  # (B, Lq, H d)
+    return context, (weights if output_attentions else None)
+
+
+def _deberta_v2(self, hidden_states, query_states, relative_pos, rel_embeddings):
     H = self.num_attention_heads
     if query_states is None:
         query_states = hidden_states
@@ -63,36 +79,16 @@ def deberta_v2_attention(
     if self.relative_attention:
         rel_embeddings = self.pos_dropout(rel_embeddings)
         bias = self.disentangled_attention_bias(q, k, relative_pos, rel_embeddings, factor)  # (B H, Lq, Lk)
-    B = q.shape[0] // H
-    heads = lambda t: t.view(B, H, *t.shape[1:])  # noqa: E731  (B H, L, .) -> (B, H, L, .)
-    out, weights = attention_forward(
-        self, heads(q), heads(k), heads(v), attention_mask.bool(),
-        scaling=1.0 / scale,
-        dropout=self.dropout.p if self.training else 0.0,
-        position_bias=None if bias is None else heads(bias),
-        output_attentions=output_attentions,
-    )  # (B, Lq, H, d), (B, H, Lq, Lk) or None
-    context = out.reshape(B, out.shape[1], -1)  # (B, Lq, H d)
-    return context, (weights if output_attentions else None)
+    heads = lambda t: t.view(-1, H, *t.shape[1:])  # noqa: E731  (B H, L, .) -> (B, H, L, .)
+    return heads(q), heads(k), heads(v), 1.0 / scale, None if bias is None else heads(bias)
 
 
-def deberta_attention(
-    self: nn.Module,
-    hidden_states: Tensor,
-    attention_mask: Tensor,
-    output_attentions: bool = False,
-    query_states: Optional[Tensor] = None,
-    relative_pos: Optional[Tensor] = None,
-    rel_embeddings: Optional[Tensor] = None,
-) -> tuple[Tensor, Optional[Tensor]]:
-    """``DisentangledSelfAttention.forward`` of DeBERTa (v1) with attnkit's normalization (same arguments and
-    return value)."""
+def _deberta_v1(self, hidden_states, query_states, relative_pos, rel_embeddings):
     if query_states is not None:
         raise ValueError(
             "DeBERTa's query_states= path (its enhanced mask decoder) is not converted by attnkit; call the "
             "attention with hidden_states only"
         )
-    H = self.num_attention_heads
     q, k, v = self.transpose_for_scores(self.in_proj(hidden_states)).chunk(3, dim=-1)  # (B, H, L, d) each
     q = q + self.transpose_for_scores(self.q_bias[None, None, :])
     v = v + self.transpose_for_scores(self.v_bias[None, None, :])
@@ -103,15 +99,7 @@ def deberta_attention(
     if self.relative_attention and rel_embeddings is not None and relative_pos is not None:
         rel_embeddings = self.pos_dropout(rel_embeddings)
         bias = self.disentangled_att_bias(q, k, relative_pos, rel_embeddings, factor)  # (B, H, Lq, Lk)
-    out, weights = attention_forward(
-        self, q, k, v, attention_mask.bool(),
-        scaling=1.0,
-        dropout=self.dropout.p if self.training else 0.0,
-        position_bias=bias,
-        output_attentions=output_attentions,
-    )  # (B, Lq, H, d), (B, H, Lq, Lk) or None
-    context = out.reshape(out.shape[0], out.shape[1], H * q.shape[-1])  # (B, Lq, H d)
-    return context, (weights if output_attentions else None)
+    return q, k, v, 1.0, bias
 
 
 def mpnet_attention(
@@ -178,7 +166,7 @@ def bert_style_attention(
 
 # attention classes that compute attention themselves ("source module.class name"): attnkit's forward for them
 _OWN_FORWARDS: dict[str, Callable] = {
-    "modeling_deberta_v2.DisentangledSelfAttention": deberta_v2_attention,
+    "modeling_deberta_v2.DisentangledSelfAttention": deberta_attention,
     "modeling_deberta.DisentangledSelfAttention": deberta_attention,
     "modeling_mpnet.MPNetSelfAttention": mpnet_attention,
     "modeling_roformer.RoFormerSelfAttention": bert_style_attention,
@@ -209,13 +197,12 @@ def own_forward_problem(module: nn.Module) -> Optional[str]:
 def takes_position_bias(module: nn.Module) -> bool:
     """Whether an attention module with attnkit's own forward adds position terms to its scores."""
     forward = own_forward(module)
-    if forward in (deberta_v2_attention, deberta_attention):
+    if forward is deberta_attention:
         return bool(getattr(module, "relative_attention", False))
     return forward is mpnet_attention
 
 
 __all__ = [
-    "bert_style_attention", "deberta_attention", "deberta_v2_attention", "mpnet_attention", "own_forward",
-    "own_forward_problem",
+    "bert_style_attention", "deberta_attention", "mpnet_attention", "own_forward", "own_forward_problem",
     "takes_position_bias",
 ]
