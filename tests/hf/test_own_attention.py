@@ -255,3 +255,59 @@ def test_coda_of_a_bert_style_encoder_is_coda_of_its_queries_and_keys(family, mo
 def test_a_decoder_bert_style_model_is_refused_by_name():
     with pytest.raises(ValueError, match=r"encoder\.layer\.0\.attention\.self.*is_decoder=True"):
         akhf.convert(MODELS["roformer"](is_decoder=True), "coda")
+
+
+def _gpt_neo(seed: int = 0):
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+    torch.manual_seed(seed)
+    config = GPTNeoConfig(
+        vocab_size=120, hidden_size=32, num_layers=2, num_heads=H, attention_types=[[["global", "local"], 1]],
+        window_size=4, max_position_embeddings=64,
+    )
+    return GPTNeoForCausalLM(config).eval()
+
+
+def test_gpt_neo_softmax_is_the_models_and_query_normalized_mechanisms_are_refused():
+    """GPT-Neo computes attention itself, unscaled, with a window of 4 keys in its local layer; it was
+    refused ("does not dispatch attention")."""
+    ids, mask = _batch()
+    mask = mask.flip(1)  # left padding, as for generation
+    model = _gpt_neo()
+    expected = model(input_ids=ids, attention_mask=mask).logits
+    converted = akhf.convert(_gpt_neo(), "softmax")
+    got = converted(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(got[real], expected[real], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="cannot convert causal self-attention.*'dnas'"):
+        akhf.convert(_gpt_neo(), "dnas")
+
+
+def test_gpt_neo_coda_is_coda_of_its_projections_under_its_causal_window(tmp_path):
+    import attnkit as ak
+
+    ids, mask = _batch()
+    mask = mask.flip(1)
+    model = akhf.convert(_gpt_neo(), "coda")
+    attn = akhf.converted_modules(model)[1]  # the local layer
+    seen = {}
+    for name in ("q_proj", "k_proj", "v_proj"):
+        getattr(attn, name).register_forward_hook(lambda m, a, out, name=name: seen.update({name: out}))
+    attn.out_proj.register_forward_pre_hook(lambda m, args: seen.update(merged=args[0]))
+    model(input_ids=ids, attention_mask=mask)
+    heads = lambda t: t.view(2, 9, H, 8).transpose(1, 2)  # noqa: E731
+    i = torch.arange(9)
+    window = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < 4)  # (Lq, Lk) causal, last 4 keys
+    allowed = window[None, None] & mask.bool()[:, None, None, :]  # (B, 1, Lq, Lk)
+    q, k, v = (heads(seen[name]) for name in ("q_proj", "k_proj", "v_proj"))
+    expected = ak.attention(q, k, v, "coda", attn_mask=allowed, scale=1.0).transpose(1, 2).reshape(2, 9, -1)
+    real = mask.bool()
+    torch.testing.assert_close(seen["merged"][real], expected[real])
+    model.generation_config.pad_token_id = 0
+    run = dict(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False)
+    tokens = model.generate(**run)
+    assert torch.equal(tokens, model.generate(**run, use_cache=False))  # the cache path is the same attention
+    model.save_pretrained(tmp_path)
+    loaded = akhf.load(tmp_path).eval()
+    assert akhf.conversion(loaded).name == "coda"
+    assert torch.equal(loaded.generate(**run), tokens)

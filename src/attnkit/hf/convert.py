@@ -10,7 +10,7 @@ after ``attnkit.hf.register()``) rebuilds the same model.
 
 Which modules convert: the self-attention modules that dispatch through transformers' ``AttentionInterface``
 (BERT, RoBERTa, ALBERT, DistilBERT, Llama-style decoders, T5, ...), and those of DeBERTa, DeBERTa-v2, MPNet,
-RoFormer, MegatronBERT and RemBERT, which compute attention themselves and get attnkit's forward instead
+RoFormer, MegatronBERT, RemBERT and GPT-Neo, which compute attention themselves and get attnkit's code instead
 (``hf/own_attention.py``; the model keeps its attention implementation). Cross-attention is never converted;
 in encoder-decoder models only the encoder self-attention is. dnas/hnas/sinkhorn normalize over queries and so
 leak future tokens under a causal mask: converting causal self-attention to them raises a ``ValueError``.
@@ -49,7 +49,7 @@ from .attention_interface import (
     attention_mask,
     forward_source,
 )
-from .own_attention import own_forward, own_forward_problem, takes_position_bias
+from .own_attention import own_forward, own_forward_problem, own_method, takes_position_bias
 
 __all__ = [
     "convert",
@@ -267,7 +267,7 @@ def _apply(module: nn.Module, config: MechanismConfig, H: int) -> None:
     setattr(module, _SELF_ATTR, True)
     forward = own_forward(module)
     if forward is not None:  # a partial, not a bound method: it pickles and deep-copies
-        module.forward = functools.partial(forward, module)
+        setattr(module, own_method(module), functools.partial(forward, module))
     if isinstance(config, Hybrid):
         like = next(module.parameters(), None)
         theta = torch.full(
@@ -358,7 +358,7 @@ def convert(
 
     Args:
         model: a loaded transformers model whose attention goes through ``AttentionInterface``, or a
-            DeBERTa (v1, v2, v3), MPNet, RoFormer, MegatronBERT or RemBERT model.
+            DeBERTa (v1, v2, v3), MPNet, RoFormer, MegatronBERT, RemBERT or GPT-Neo model.
         mechanism: a name in ``ak.MECHANISMS`` or a config object (``ak.Sinkhorn(iters=5)``,
         ``ak.CoDA(...)``).
         u0: initial hybrid weight for ``"hnas"`` (default 0.5); ``theta`` starts at ``logit(u0)``.
@@ -394,7 +394,7 @@ def convert(
         raise ValueError(
             f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface, "
             "so attnkit cannot replace its attention; supported: BERT, RoBERTa, ALBERT, DistilBERT, "
-            "DeBERTa, DeBERTa-v2/v3, MPNet, RoFormer, MegatronBERT, RemBERT, Llama-style models, T5"
+            "DeBERTa, DeBERTa-v2/v3, MPNet, RoFormer, MegatronBERT, RemBERT, GPT-Neo, Llama-style models, T5"
         )
     if not modules:
         raise ValueError(f"{type(model).__name__} has no self-attention module that attnkit can convert")

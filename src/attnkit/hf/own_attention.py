@@ -24,6 +24,10 @@ outputs.
   with its rotary embedding applied to q and k (and v with ``rotary_value``) by the module's own method; their
   self-attention as encoders (a decoder's, ``is_decoder=True``, is refused).
 
+- **GPT-Neo**: its ``_attn`` (scores :math:`q_i^\top k_j` without scaling, a causal mask, a sliding window of
+  ``window_size`` keys in its local layers) is replaced, the rest of its forward (the cache of ``generate``
+  included) is the model's; as a decoder it takes softmax and CoDA.
+
 CoDA, whose masks are multiplicative, refuses a position bias (a DeBERTa config with
 ``relative_attention=False`` has none).
 """
@@ -34,8 +38,10 @@ import inspect
 import math
 from typing import Callable, Optional
 
+import torch
 from torch import Tensor, nn
 
+from ..masks import MASKED_BIAS
 from .attention_interface import attention_forward
 
 
@@ -164,6 +170,28 @@ def bert_style_attention(
     return out.reshape(B, L, -1), (weights if output_attentions else None)  # (B, L, H d)
 
 
+def gpt_neo_attn(
+    self: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor] = None
+) -> tuple[Tensor, Optional[Tensor]]:
+    """``GPTNeoSelfAttention._attn`` with attnkit's normalization: q, k, v ``(B, H, L, d)`` -> ``(out
+    (B, H, Lq, d), weights (B, H, Lq, Lk))`` (materialized, as the model's own). Its causal (and, in local
+    layers, windowed) pattern comes from the module's ``bias`` buffer, the padding from the model's
+    ``attention_mask``."""
+    Lq, Lk = query.shape[-2], key.shape[-2]
+    allowed = self.bias[:, :, Lk - Lq : Lk, :Lk]  # (1, 1, Lq, Lk) True = may attend
+    if attention_mask is not None and attention_mask.dtype != torch.bool:  # the model's additive mask
+        attention_mask = attention_mask > MASKED_BIAS
+    mask = allowed if attention_mask is None else allowed & attention_mask  # (B|1, 1, Lq, Lk)
+    out, weights = attention_forward(
+        self, query, key, value, mask,
+        scaling=1.0,
+        dropout=self.attn_dropout.p if self.training else 0.0,
+        is_causal=True,
+        output_attentions=True,
+    )  # (B, Lq, H, d), (B, H, Lq, Lk)
+    return out.transpose(1, 2), weights
+
+
 # attention classes that compute attention themselves ("source module.class name"): attnkit's forward for them
 _OWN_FORWARDS: dict[str, Callable] = {
     "modeling_deberta_v2.DisentangledSelfAttention": deberta_attention,
@@ -172,14 +200,23 @@ _OWN_FORWARDS: dict[str, Callable] = {
     "modeling_roformer.RoFormerSelfAttention": bert_style_attention,
     "modeling_megatron_bert.MegatronBertSelfAttention": bert_style_attention,
     "modeling_rembert.RemBertSelfAttention": bert_style_attention,
+    "modeling_gpt_neo.GPTNeoSelfAttention": gpt_neo_attn,
 }
+# the method each replaces (forward unless named here)
+_METHODS = {gpt_neo_attn: "_attn"}
 
 
 def own_forward(module: nn.Module) -> Optional[Callable]:
     """attnkit's forward for an attention module that does not dispatch through ``AttentionInterface``
-    (DeBERTa's, DeBERTa-v2's, MPNet's, RoFormer's, MegatronBERT's, RemBERT's), or ``None``."""
+    (DeBERTa's, DeBERTa-v2's, MPNet's, RoFormer's, MegatronBERT's, RemBERT's, GPT-Neo's ``_attn``), or
+    ``None``."""
     cls = type(module)
     return _OWN_FORWARDS.get(f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}")
+
+
+def own_method(module: nn.Module) -> str:
+    """The name of the method attnkit's function replaces in ``module`` (``forward`` but for GPT-Neo)."""
+    return _METHODS.get(own_forward(module), "forward")
 
 
 def own_forward_problem(module: nn.Module) -> Optional[str]:
@@ -203,6 +240,7 @@ def takes_position_bias(module: nn.Module) -> bool:
 
 
 __all__ = [
-    "bert_style_attention", "deberta_attention", "mpnet_attention", "own_forward", "own_forward_problem",
+    "bert_style_attention", "deberta_attention", "gpt_neo_attn", "mpnet_attention", "own_forward",
+    "own_method", "own_forward_problem",
     "takes_position_bias",
 ]
