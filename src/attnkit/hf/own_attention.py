@@ -1,4 +1,4 @@
-r"""attnkit's forward for Hugging Face attention modules that compute attention themselves (they do not
+r"""attnkit's code for Hugging Face attention modules that compute attention themselves (they do not
 dispatch through transformers' ``AttentionInterface``): the model's own projections and position terms, the
 scores normalized by the module's mechanism through :func:`attnkit.hf.attention_forward` (masks, hybrid
 weight, backend and ``output_attentions`` as for every converted model). Softmax gives the original model's
@@ -18,12 +18,10 @@ outputs.
 - **MPNet** ("MPNet: Masked and Permuted Pre-training for Language Understanding", arXiv:2004.09297), as
   sentence-transformers' all-mpnet models use it: :math:`s_{ij} = q_i^\top k_j / \sqrt{d} + b_{h, i - j}`, a
   relative position bucket bias that its encoder computes once for all layers.
-
 - **RoFormer** ("RoFormer: Enhanced Transformer with Rotary Position Embedding", arXiv:2104.09864),
   **MegatronBERT** and **RemBERT**: BERT's attention, :math:`s_{ij} = q_i^\top k_j / \sqrt{d}`, RoFormer's
   with its rotary embedding applied to q and k (and v with ``rotary_value``) by the module's own method; their
   self-attention as encoders (a decoder's, ``is_decoder=True``, is refused).
-
 - **GPT-Neo**: its ``_attn`` (scores :math:`q_i^\top k_j` without scaling, a causal mask, a sliding window of
   ``window_size`` keys in its local layers) is replaced, the rest of its forward (the cache of ``generate``
   included) is the model's; as a decoder it takes softmax and CoDA.
@@ -241,6 +239,5 @@ def takes_position_bias(module: nn.Module) -> bool:
 
 __all__ = [
     "bert_style_attention", "deberta_attention", "gpt_neo_attn", "mpnet_attention", "own_forward",
-    "own_method", "own_forward_problem",
-    "takes_position_bias",
+    "own_forward_problem", "own_method", "takes_position_bias",
 ]
