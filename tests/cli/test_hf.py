@@ -313,3 +313,18 @@ def test_finetune_convert_and_show_a_deberta_v2_directory(fixture_dataset, tmp_p
     main(["show", str(tmp_path / "sinkhorn"), "--text", "the bank raised rates", "--out", str(view)])
     assert "1 mechanism(s) x 2 layer(s)" in capsys.readouterr().out
     assert (view / "attention.html").is_file()
+
+
+def test_another_processs_write_test_does_not_make_out_look_used(tmp_path):
+    """Under `accelerate launch` every process checks --out, and one's write test (a file that lives for an
+    instant) made another's check fail with "exists and is not empty" now and then."""
+    from attnkit.hf.finetune import _check_out
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".write-test-abc123").write_text("")  # another process's, or left by a killed run
+    _check_out(out, overwrite=False)
+    (out / "model.safetensors").write_text("user data")
+    with pytest.raises(FileExistsError, match="exists and is not empty"):
+        _check_out(out, overwrite=False)
+    assert (out / "model.safetensors").read_text() == "user data"

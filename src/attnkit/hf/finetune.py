@@ -224,18 +224,24 @@ def _main_process_log():
     return lambda line: print(line, file=sys.stderr, flush=True)
 
 
+_WRITE_TEST = ".write-test-"
+
+
 def _check_out(out: Path, overwrite: bool) -> None:
-    """``out`` is a directory we may write (created now, so that an unwritable one fails before training)."""
+    """``out`` is a directory we may write (created now, so that an unwritable one fails before training).
+
+    Every process of a multi-process run checks it; another process's write test (a ``.write-test-*`` file
+    that lives for an instant, or one left by a killed run) does not make the directory "not empty"."""
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file; pass a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
+    if out.is_dir() and any(not p.name.startswith(_WRITE_TEST) for p in out.iterdir()) and not overwrite:
         raise FileExistsError(
             f"--out {out} exists and is not empty; pass --overwrite to replace its files "
             "or pick another"
         )
     try:
         out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
+        with tempfile.NamedTemporaryFile(dir=out, prefix=_WRITE_TEST):
             pass
     except OSError as exc:
         raise PermissionError(
