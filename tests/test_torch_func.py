@@ -81,3 +81,82 @@ def test_the_l1_distance_by_feature_equals_the_kernel():
     x = torch.randn(3, 7, 5, generator=g, dtype=torch.float64)
     y = torch.randn(3, 9, 5, generator=g, dtype=torch.float64)
     torch.testing.assert_close(_l1_by_feature(x, y), l1_distance(x, y), rtol=1e-12, atol=1e-12)
+
+
+def _per_example_masks():
+    g = torch.Generator().manual_seed(2)
+    q, k, v = torch.randn(3, 3, 2, 7, 4, generator=g, dtype=torch.float64).unbind(0)
+    lengths = torch.tensor([7, 5, 2])
+    mask = torch.arange(7) < lengths[:, None]  # (3, 7) True = real
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("mechanism", ak.MECHANISMS)
+@pytest.mark.parametrize("which", ["key_mask", "query_mask", "attn_mask"])
+def test_vmap_over_per_example_masks_equals_the_batched_call(mechanism, which):
+    """vmap maps the masks too (per-example padding, per-sample gradients): their values cannot be read
+    there, and every host check of them used to raise vmap's "data-dependent control flow" error."""
+    q, k, v, mask = _per_example_masks()
+    m = mask if which != "attn_mask" else mask[:, None, None, :] & (torch.rand(3, 1, 7, 7) > 0.3)
+
+    def one(q, k, v, m):
+        return ak.attention(q[None], k[None], v[None], mechanism, **{which: m[None]})[0]
+
+    expected = ak.attention(q, k, v, mechanism, **{which: m})
+    torch.testing.assert_close(vmap(one)(q, k, v, m), expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("mechanism", ["softmax", "dnas", "sinkhorn"])
+def test_vmap_over_a_float_attn_mask_and_minus_inf_scores(mechanism):
+    q, k, v, mask = _per_example_masks()
+    bias = torch.randn(3, 1, 7, 7, dtype=torch.float64).masked_fill(~mask[:, None, None, :], float("-inf"))
+    one = lambda q, k, v, b: ak.attention(q[None], k[None], v[None], mechanism, attn_mask=b[None])[0]  # noqa: E731
+    expected = ak.attention(q, k, v, mechanism, attn_mask=bias)
+    torch.testing.assert_close(vmap(one)(q, k, v, bias), expected, rtol=1e-10, atol=1e-12)
+    scores = ak.scores.scaled_dot(q, k) + bias  # (3, 2, 7, 7) with -inf where masked
+    expected = ak.normalize(scores, mechanism)
+    torch.testing.assert_close(vmap(lambda s: ak.normalize(s[None], mechanism)[0])(scores), expected)
+
+
+@pytest.mark.parametrize("mechanism", ["softmax", "hnas", "coda"])
+def test_per_sample_gradients_of_a_module_with_a_padding_mask(mechanism):
+    torch.manual_seed(0)
+    mha = ak.nn.MultiheadAttention(8, 2, mechanism=mechanism, batch_first=True, dtype=torch.float64)
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    pad = torch.arange(5) >= torch.tensor([5, 3, 1])[:, None]  # (3, 5) True = padding
+    params = {n: p.detach() for n, p in mha.named_parameters()}
+
+    def loss(params, x, pad):  # one example: self-attention, so padded queries are masked too
+        x = x[None]
+        out = functional_call(mha, params, (x, x, x), {"key_padding_mask": pad[None], "need_weights": False})
+        return out[0].pow(2).sum()
+
+    per_sample = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, pad)
+    for i in range(3):
+        one = torch.autograd.grad(loss(dict(mha.named_parameters()), x[i], pad[i]), list(mha.parameters()))
+        for (name, g), e in zip(per_sample.items(), one):
+            torch.testing.assert_close(g[i], e, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_a_float_padding_mask_inside_vmap_is_a_clear_error():
+    mha = ak.nn.MultiheadAttention(8, 2, mechanism="dnas", batch_first=True, dtype=torch.float64)
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    pad = torch.zeros(3, 5, dtype=torch.float64)
+    pad[1, 3:] = float("-inf")
+
+    def one(x, pad):
+        x = x[None]
+        return mha(x, x, x, key_padding_mask=pad[None], need_weights=False)[0][0]
+
+    with pytest.raises(ValueError, match="boolean key_padding_mask"):
+        vmap(one)(x, pad)
+    expected = mha(x, x, x, key_padding_mask=pad, need_weights=False)[0]
+    torch.testing.assert_close(vmap(one)(x, pad.isinf()), expected)
+
+
+def test_vmap_over_per_example_hybrid_weights():
+    q, k, v, mask = _per_example_masks()
+    u = torch.tensor([0.2, 0.7, 1.0], dtype=torch.float64)
+    one = lambda q, k, v, u: ak.attention(q[None], k[None], v[None], "hnas", hybrid_weight=u)[0]  # noqa: E731
+    expected = torch.stack([one(q[i], k[i], v[i], u[i]) for i in range(3)])
+    torch.testing.assert_close(vmap(one)(q, k, v, u), expected, rtol=1e-10, atol=1e-12)

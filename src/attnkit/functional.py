@@ -22,7 +22,7 @@ from .mechanisms import check_hybrid_weight
 from .registry import causal_problem, check_causal, resolve_options, spec_of
 from .scores import neg_l1_distance, scaled_dot
 from .scores._checks import check_scale
-from .validators import check_bool, check_number
+from .validators import check_bool, check_number, values_hidden
 
 __all__ = [
     "attention",
@@ -113,10 +113,11 @@ def _zero_padding(q: Tensor, k: Tensor, v: Tensor, mask: MaskInfo) -> tuple[Tens
 
 
 def _has_padding(m: Optional[Tensor]) -> bool:
-    """``m`` has a False entry; on an accelerator assumed so (checking would synchronize with the device)."""
+    """``m`` has a False entry; on an accelerator (checking would synchronize with the device) and under
+    ``vmap`` (the values cannot be read) assumed so."""
     if m is None:
         return False
-    return m.device.type != "cpu" or not bool(m.all())
+    return m.device.type != "cpu" or values_hidden(m) or not bool(m.all())
 
 
 # Under torch.compile the call runs eagerly, one graph break, and the model around it compiles: its route is
@@ -326,13 +327,14 @@ def _reference_attention(
 def _fold_neg_inf(scores: Tensor, mask: MaskInfo) -> tuple[Tensor, MaskInfo]:
     """``-inf`` scores are masked pairs (so a row or column of them gets zeros, not NaN); NaN and ``+inf``
     are errors."""
-    if torch.isnan(scores).any() or torch.isposinf(scores).any():
+    hidden = values_hidden(scores)  # under vmap: not checked, and -inf folded wherever it may be
+    if not hidden and (torch.isnan(scores).any() or torch.isposinf(scores).any()):
         raise ValueError(
             "scores contain NaN or +inf, which have no weight; check the score function's inputs, and mark "
             "pairs that may not attend with -inf or a mask"
         )
     allowed = ~torch.isneginf(scores)  # (B, H, Lq, Lk)
-    if bool(allowed.all()):
+    if not hidden and bool(allowed.all()):
         return scores, mask
     pair = allowed if mask.pair is None else mask.pair & allowed
     folded = dataclasses.replace(mask, pair=pair, _valid=None, _valid_built=False)

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from .registry import causal_problem, resolve_mechanism
+from .validators import values_hidden
 
 __all__ = [
     "MASKED_BIAS", "MaskInfo", "check_dense", "check_qkv", "build_mask", "causal_leak_error",
@@ -33,6 +34,7 @@ __all__ = [
 
 MASKED_BIAS = -1e4
 """A float mask entry ``<= MASKED_BIAS`` means "may not attend", as ``-inf`` does."""
+
 
 
 @dataclass
@@ -243,6 +245,8 @@ def causal_pattern(mask: MaskInfo) -> bool:
     Lq, Lk = mask.Lq, mask.Lk
     if pair is None or Lq < 2 or pair.shape[-2] != Lq or pair.shape[-1] != Lk:
         return False
+    if values_hidden(pair):  # under vmap the pattern cannot be read; the mask is applied as given
+        return False
     for offset in sorted({0, max(Lk - Lq, 0)}):  # top-left, then bottom-right alignment
         if bool(pair.triu(offset + 1).any()):  # a key after its query
             continue
@@ -302,12 +306,13 @@ def build_mask(
                     f"attn_mask has dtype {m.dtype}: an additive float mask is meaningless for CoDA "
                     "(its masks are multiplicative); pass a boolean mask with True = may attend"
                 )
-            if torch.isnan(m).any() or (m == float("inf")).any():
+            hidden = values_hidden(m)  # under vmap: not checked, and every entry treated as maybe masked
+            if not hidden and (torch.isnan(m).any() or (m == float("inf")).any()):
                 raise ValueError(
                     "attn_mask contains NaN or +inf; use finite biases and -inf for pairs that may not attend"
                 )
             allowed = m > MASKED_BIAS  # -inf, finfo.min, -1e9, -10000.0: may not attend
-            pair = None if bool(allowed.all()) else allowed
+            pair = None if not hidden and bool(allowed.all()) else allowed
             bias = m.masked_fill(~allowed, 0.0)
         else:
             raise ValueError(

@@ -22,6 +22,7 @@ __all__ = [
     "check_bool",
     "check_choice",
     "check_float_tensor",
+    "values_hidden",
 ]
 
 
@@ -88,3 +89,15 @@ def check_float_tensor(value: Any, name: str, *, device: Optional[torch.device] 
             f"{name} is on {value.device} but the inputs are on {device}; move it with .to(device)"
         )
     return value
+
+
+def values_hidden(t: Tensor) -> bool:
+    """Whether ``t`` is batched by ``torch.func.vmap`` (at any level of nested transforms), so that its values
+    cannot be read on the host: a check that reads them (``bool(m.all())``) raises there. Callers then take
+    the path that is right for every value (e.g. treat a mask as padded) and skip checks of the values."""
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(t):
+        if functorch.is_batchedtensor(t):
+            return True
+        t = functorch.get_unwrapped(t)
+    return functorch.is_legacy_batchedtensor(t)

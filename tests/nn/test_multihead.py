@@ -286,6 +286,18 @@ def test_u_starts_at_u0(kwargs, expected):
     torch.testing.assert_close(module.u, torch.full((4,), expected))
 
 
+@pytest.mark.parametrize("mechanism", ["softmax", "dnas", "coda"])
+def test_u_of_another_mechanism_is_an_attribute_error(mechanism):
+    """``hasattr(module, "u")`` / ``getattr(module, "u", None)`` probing (module walks, tracers) must not
+    raise: it was a ValueError."""
+    for module in (aknn.MultiheadAttention(E, 4, mechanism=mechanism),
+                   aknn.MultiViewAttention(E, num_views=2, num_heads=4, mechanism=mechanism)):
+        assert not hasattr(module, "u") and getattr(module, "u", None) is None
+        with pytest.raises(AttributeError, match=f"only for mechanism 'hnas'.*uses '{mechanism}'"):
+            module.u
+    assert hasattr(aknn.MultiheadAttention(E, 4, mechanism="hnas"), "u")
+
+
 def test_dropout_only_in_training():
     torch.manual_seed(0)
     module = aknn.MultiheadAttention(E, H, mechanism="dnas", dropout=0.5, batch_first=True)

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .dnas import dnas_weights
 from .softmax import softmax_weights
-from ..validators import is_number
+from ..validators import is_number, values_hidden
 
 __all__ = ["hnas_weights", "check_hybrid_weight", "sigmoid_weight"]
 
@@ -51,7 +51,7 @@ def check_hybrid_weight(
         raise ValueError(f"hybrid_weight has dtype {u.dtype}; expected a floating tensor in [0, 1]")
     if u.device != like.device:
         raise ValueError(f"hybrid_weight is on {u.device} but the inputs are on {like.device}")
-    if not getattr(u, _UNIT_INTERVAL, False):
+    if not getattr(u, _UNIT_INTERVAL, False) and not values_hidden(u):  # under vmap the values cannot be read
         with torch.no_grad():
             if torch.isnan(u).any() or (u < 0).any() or (u > 1).any():
                 raise ValueError(

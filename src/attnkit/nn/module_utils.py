@@ -23,6 +23,7 @@ from ..config import Hybrid, MechanismConfig, MechanismLike
 from ..masks import MASKED_BIAS
 from ..mechanisms import sigmoid_weight
 from ..registry import config_label, initial_theta, resolve_options
+from ..validators import values_hidden
 
 __all__ = [
     "HybridWeightMixin",
@@ -70,6 +71,13 @@ def canonical_mask(mask: Optional[Tensor], name: str, dtype: torch.dtype) -> Opt
             f"{name} has dtype {mask.dtype}; expected torch.bool (True = ignore / not allowed) or a float "
             f"additive mask (-inf = not allowed); convert a 0/1 mask with {name}.bool()"
         )
+    if values_hidden(mask):  # under vmap the values cannot be read
+        if name.endswith("padding_mask"):
+            raise ValueError(
+                f"{name} is a float mask inside torch.func.vmap, where its values cannot be read to tell "
+                f"padding (0 and -inf) from additive biases; pass a boolean {name} (True = ignore)"
+            )
+        return mask.to(dtype)  # an attn_mask: its -inf entries are masked pairs, the rest biases, as outside
     if bool(mask.isnan().any()) or bool(mask.isposinf().any()):
         raise ValueError(f"{name} contains NaN or +inf; use finite biases and -inf for what is not allowed")
     blocked = mask <= MASKED_BIAS
@@ -122,10 +130,21 @@ class HybridWeightMixin:
 
     @property
     def u(self) -> Tensor:
-        """The hybrid weights ``sigmoid(theta)``, shape ``(H,)``, detached (for plots and logs)."""
+        """The hybrid weights ``sigmoid(theta)``, shape ``(H,)``, detached (for plots and logs). Other
+        mechanisms have none: ``AttributeError`` (so ``hasattr(module, "u")`` is False)."""
         if self.theta is None:
-            raise ValueError(f"u exists only for mechanism 'hnas'; this module uses {self.config.name!r}")
+            raise AttributeError(self._no_u())
         return torch.sigmoid(self.theta.detach())
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached when a property raises AttributeError: nn.Module's lookup would replace the message by
+        # "object has no attribute 'u'".
+        if name == "u":
+            raise AttributeError(self._no_u())
+        return super().__getattr__(name)
+
+    def _no_u(self) -> str:
+        return f"u exists only for mechanism 'hnas'; this {type(self).__name__} uses {self.config.name!r}"
 
     def _hybrid_weight(self) -> Optional[Tensor]:
         """``sigmoid(theta)`` with its gradient, or ``None`` when the mechanism is not hnas."""

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from ..config import CoDA, MechanismLike
 from ..functional import BACKENDS, attention
 from ..masks import check_dense
-from ..validators import check_number
+from ..validators import check_number, values_hidden
 from .module_utils import (
     HybridWeightMixin,
     append_columns,
@@ -227,7 +227,11 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
 
         Returns ``(out, weights)``; ``weights`` is ``None`` unless ``need_weights``. ``is_causal=True``
         applies a causal mask (on top of ``attn_mask`` when both are given; torch treats it as a hint
-        that ``attn_mask`` is causal, which gives the same result, and requires that mask).
+        that ``attn_mask`` is causal, which gives the same result, and requires that mask). With
+        ``add_bias_kv`` or ``add_zero_attn`` the appended key stays visible to every query, as torch does
+        with ``need_weights=True``; torch's ``need_weights=False`` path instead drops ``attn_mask`` and
+        lets SDPA's top-left ``is_causal`` over the ``Lk + 1`` keys hide the appended key, so the two
+        differ there.
         """
         if query.is_nested and query is key and key is value:
             return self._forward_nested(
@@ -259,10 +263,11 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         if isinstance(self.config, CoDA):
             for name, m in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
                 if m is not None and m.dtype != torch.bool:
+                    what = ("a float mask inside torch.func.vmap (its values cannot be read)"
+                            if values_hidden(m) else "an additive float mask (values other than 0 and -inf)")
                     raise ValueError(
-                        f"{name} is an additive float mask (values other than 0 and -inf); CoDA's masks are "
-                        "multiplicative: pass a boolean mask (True = not allowed, as torch) or a float mask "
-                        "of 0 and -inf only"
+                        f"{name} is {what}; CoDA's masks are multiplicative: pass a boolean mask (True = not "
+                        "allowed, as torch) or a float mask of 0 and -inf only"
                     )
         self._check_masks(key_padding_mask, query_padding_mask, attn_mask, B, Lq, Lk)
         if attn_mask is not None and attn_mask.dim() == 3:

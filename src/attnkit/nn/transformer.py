@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import MechanismLike
+from ..validators import values_hidden
 from .module_utils import positive_int
 from .layers import Activation, TransformerDecoderLayer, TransformerEncoderLayer
 from .positional import POSITIONAL, LearnedPositionalEncoding, SinusoidalPositionalEncoding
@@ -49,7 +50,7 @@ def _detect_causal(mask: Optional[Tensor], is_causal: Optional[bool], L: int) ->
     so that a causal mask handed to a query-normalized mechanism raises instead of leaking."""
     if is_causal is not None:
         return bool(is_causal)
-    if mask is None or mask.dim() != 2 or tuple(mask.shape) != (L, L):
+    if mask is None or mask.dim() != 2 or tuple(mask.shape) != (L, L) or values_hidden(mask):
         return False
     upper = torch.ones(L, L, dtype=torch.bool, device=mask.device).triu(1)
     if mask.dtype == torch.bool:
