@@ -311,3 +311,44 @@ def test_gpt_neo_coda_is_coda_of_its_projections_under_its_causal_window(tmp_pat
     loaded = akhf.load(tmp_path).eval()
     assert akhf.conversion(loaded).name == "coda"
     assert torch.equal(loaded.generate(**run), tokens)
+
+
+_PLAIN_LOAD = """
+import sys
+from transformers import AutoModel
+try:
+    AutoModel.from_pretrained(sys.argv[1])
+except ValueError as error:
+    print("refused:", error)
+else:
+    print("loaded")
+"""
+
+
+def test_a_saved_conversion_is_not_silently_loaded_as_the_stock_model(tmp_path):
+    """Their conversion was kept in config.json's ``attnkit`` record alone: a plain ``from_pretrained`` in a
+    process that had not registered attnkit built the stock model without a word (GPT-Neo converted to CoDA
+    gave other logits). The config now names the attnkit implementation, as a converted BERT's does."""
+    import subprocess
+    import sys
+
+    for name, model in (("deberta-v2", MODELS["deberta-v2"]()), ("gpt-neo", _gpt_neo())):
+        akhf.convert(model, "coda" if name == "gpt-neo" else "dnas").save_pretrained(tmp_path / name)
+        run = subprocess.run([sys.executable, "-c", _PLAIN_LOAD, str(tmp_path / name)], capture_output=True,
+                             text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert 'refused: Specified `attn_implementation="attnkit"`' in run.stdout, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("family", ["roformer", "deberta-v2"])
+def test_a_partial_conversion_round_trips_bit_identically(family, tmp_path):
+    """The layers left alone keep the model's own masks and attention after a reload (the restored model
+    runs "eager", as the converted one did)."""
+    ids, mask = _batch()
+    model = akhf.convert(MODELS[family]().float(), "hnas", layers=[1])  # float64: the stock model reloads 4e-16 off
+    model.save_pretrained(tmp_path)
+    for loaded in (akhf.load(tmp_path), transformers.AutoModel.from_pretrained(tmp_path)):
+        assert loaded.config._attn_implementation == "eager"
+        assert len(akhf.converted_modules(loaded)) == 1
+        with torch.no_grad():
+            out = [m.eval()(input_ids=ids, attention_mask=mask).last_hidden_state for m in (loaded, model)]
+        assert out[0].dtype == out[1].dtype and torch.equal(*out), (out[0] - out[1]).abs().max()

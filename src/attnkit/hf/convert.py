@@ -334,13 +334,15 @@ def _own_config(model) -> None:
 
 def _set_implementation(model) -> None:
     # ``attn_implementation`` in config.json is read back by the config constructor, so a saved model
-    # asks for the attnkit implementation (and fails loudly if attnkit is not registered). A model whose
-    # attention modules compute attention themselves (DeBERTa-v2) keeps its own: attnkit's forward replaces
-    # theirs.
-    if not model._can_set_attn_implementation():
-        return
+    # asks for the attnkit implementation: a plain ``from_pretrained`` without ``register()`` fails loudly
+    # instead of building the stock model. A model whose attention modules compute attention themselves
+    # (DeBERTa-v2, GPT-Neo) records it too, but keeps running "eager" (its masks; its layers that were not
+    # converted): attnkit's forward replaces theirs. Rebuilt from a saved config, it is set back to "eager".
     model.config.attn_implementation = IMPLEMENTATION
-    model.set_attn_implementation(IMPLEMENTATION)
+    if model._can_set_attn_implementation():
+        model.set_attn_implementation(IMPLEMENTATION)
+    elif model.config._attn_implementation == IMPLEMENTATION:
+        model.config._attn_implementation = "eager"
 
 
 def convert(
@@ -543,6 +545,15 @@ def is_registered() -> bool:
     return _REGISTERED
 
 
+def _register_own_classes() -> None:
+    """Models that pick their attention class by implementation name when built (GPT-Neo) get the eager
+    class under attnkit's name, so that a saved conversion (config: ``attn_implementation="attnkit"``)
+    builds; ``restore_conversion`` then replaces its attention computation."""
+    from transformers.models.gpt_neo import modeling_gpt_neo
+
+    modeling_gpt_neo.GPT_NEO_ATTENTION_CLASSES.setdefault(IMPLEMENTATION, modeling_gpt_neo.GPTNeoSelfAttention)
+
+
 def register() -> None:
     """Register attnkit with transformers (idempotent).
 
@@ -560,6 +571,7 @@ def register() -> None:
 
     AttentionInterface.register(IMPLEMENTATION, attention_forward)
     AttentionMaskInterface.register(IMPLEMENTATION, attention_mask)
+    _register_own_classes()
 
     original_post_init = PreTrainedModel.post_init
 
