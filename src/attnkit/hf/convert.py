@@ -551,7 +551,8 @@ def _register_own_classes() -> None:
     builds; ``restore_conversion`` then replaces its attention computation."""
     from transformers.models.gpt_neo import modeling_gpt_neo
 
-    modeling_gpt_neo.GPT_NEO_ATTENTION_CLASSES.setdefault(IMPLEMENTATION, modeling_gpt_neo.GPTNeoSelfAttention)
+    classes = modeling_gpt_neo.GPT_NEO_ATTENTION_CLASSES
+    classes.setdefault(IMPLEMENTATION, modeling_gpt_neo.GPTNeoSelfAttention)
 
 
 def register() -> None:
