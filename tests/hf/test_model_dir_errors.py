@@ -292,3 +292,20 @@ def test_finetune_to_an_unwritable_out_fails_before_training(good_model, dataset
     line = _cli_error(capsys, ["finetune", "--model", str(good_model), "--dataset", str(dataset),
                                "--out", "/proc/attnkit-out", "--max-steps", "1"])
     assert "/proc/attnkit-out" in line and "cannot be written" in line
+
+
+def test_a_load_option_that_does_not_fit_the_files_is_named_not_the_files(tmp_path):
+    """``load(path, num_labels=5)`` of a 3-label classifier: the files are intact, the option is the
+    caller's (the message said "restore the matching pair of files")."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, num_labels=3)
+    akhf.convert(BertForSequenceClassification(config), "dnas").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"builds with num_labels=5: .*pass ignore_mismatched_sizes=True"):
+        akhf.load(tmp_path, num_labels=5)
+    with pytest.raises(ValueError, match=r"with dtype='float17' \(.*\); check those options"):
+        akhf.load(tmp_path, dtype="float17")
+    model = akhf.load(tmp_path, num_labels=5, ignore_mismatched_sizes=True)
+    assert model.classifier.out_features == 5 and akhf.conversion(model).name == "dnas"

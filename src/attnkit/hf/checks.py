@@ -273,11 +273,15 @@ def auto_config(path: str | os.PathLike, **kwargs):
         ) from None
 
 
-def from_pretrained(model_class, path: str | os.PathLike, option: str = "model directory", **kwargs):
+def from_pretrained(
+    model_class, path: str | os.PathLike, option: str = "model directory", *, caller_options: bool = False,
+    **kwargs,
+):
     """``model_class.from_pretrained(path, use_safetensors=True, **kwargs)`` after ``check_model_dir``.
 
     A failure while building the model or loading its weights is one ``ValueError`` naming the file, and so
-    is an attnkit conversion record that names modules the built model does not have.
+    is an attnkit conversion record that names modules the built model does not have. With
+    ``caller_options`` the ``kwargs`` are the caller's own choices, and a failure names them first.
     """
     path = os.fspath(path)
     check_model_dir(path, option)
@@ -286,23 +290,42 @@ def from_pretrained(model_class, path: str | os.PathLike, option: str = "model d
     weights = os.path.join(path, WEIGHTS)
     try:
         result = model_class.from_pretrained(path, use_safetensors=True, **kwargs)
-    except (TypeError, AttributeError) as exc:  # a setting of the wrong type reaches a layer constructor
-        raise ValueError(
-            f"{config_path}: a setting has the wrong type or value ({_first_line(exc)}); restore it from the "
-            "original model"
-        ) from None
     except Exception as exc:  # noqa: BLE001 - a hostile directory can fail anywhere in transformers
-        if "mismatched_sizes" in str(exc) or "size mismatch" in str(exc):
-            raise ValueError(
-                f"{weights} holds tensors whose shapes differ from the sizes in {config_path}; "
-                "restore the matching pair of files"
-            ) from None
-        raise ValueError(
-            f"cannot build the model of {config_path} and load {weights} ({_first_line(exc)}); restore the "
-            "matching pair of files from the original model"
-        ) from None
+        raise _load_error(exc, config_path, weights, kwargs if caller_options else {}) from None
     _check_restored(result[0] if isinstance(result, tuple) else result, config_path)  # output_loading_info
     return result
+
+
+def _load_error(exc: Exception, config_path: str, weights: str, kwargs: dict) -> ValueError:
+    """The one-line error of a failed ``from_pretrained``: the caller's options are named first when there
+    are any (``num_labels=5`` against a saved 3-label head is the caller's choice, not damaged files)."""
+    options = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    mismatch = "mismatched_sizes" in str(exc) or "size mismatch" in str(exc)
+    if mismatch and options:
+        return ValueError(
+            f"{weights} does not fit the model that {config_path} builds with {options}: some tensors have "
+            "other shapes; pass ignore_mismatched_sizes=True to start those layers afresh (e.g. a new "
+            "classification head for another num_labels), or leave the options out"
+        )
+    if mismatch:
+        return ValueError(
+            f"{weights} holds tensors whose shapes differ from the sizes in {config_path}; restore the "
+            "matching pair of files"
+        )
+    if options:
+        return ValueError(
+            f"cannot build the model of {config_path} with {options} ({_first_line(exc)}); check those "
+            "options"
+        )
+    if isinstance(exc, (TypeError, AttributeError)):  # a setting of a wrong type reaches a layer constructor
+        return ValueError(
+            f"{config_path}: a setting has the wrong type or value ({_first_line(exc)}); restore it from the "
+            "original model"
+        )
+    return ValueError(
+        f"cannot build the model of {config_path} and load {weights} ({_first_line(exc)}); restore the "
+        "matching pair of files from the original model"
+    )
 
 
 def load_tokenizer(path: str | os.PathLike, option: str = "model directory"):

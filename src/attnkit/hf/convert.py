@@ -231,6 +231,31 @@ def attention_modules(model) -> list[tuple[str, nn.Module]]:
     return found
 
 
+_CAUSAL_CALL = re.compile(r"\bis_causal\s*=\s*True\b")
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_passes_causal(cls: type) -> bool:
+    """Whether ``cls.forward`` calls a submodule with ``is_causal=True`` (CLIP's text transformer calls its
+    encoder so: its attention modules say ``is_causal = False`` and are causal per call)."""
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    return bool(_CAUSAL_CALL.search(source))
+
+
+def _causal(model, name: str, module: nn.Module) -> bool:
+    """Whether the self-attention module ``name`` (of ``model.base_model``) runs causal: its own
+    ``is_causal``, or a module above it that passes ``is_causal=True`` down."""
+    if getattr(module, "is_causal", False):
+        return True
+    parts = name.split(".")
+    base = model.base_model
+    above = [base] + [base.get_submodule(".".join(parts[:i])) for i in range(1, len(parts))]
+    return any(_forward_passes_causal(type(m)) for m in above)
+
+
 def encoder_prefix(model) -> str:
     """``""``, or for an encoder-decoder model the name of its encoder relative to ``model.base_model``
     followed by a dot."""
@@ -426,7 +451,7 @@ def convert(
     chosen = _choose_layers(layers, len(modules), type(model).__name__)
     problem = causal_problem(config)
     if problem is not None:
-        causal = [modules[i][0] for i in chosen if getattr(modules[i][1], "is_causal", False)]
+        causal = [modules[i][0] for i in chosen if _causal(model, *modules[i])]
         if causal:
             raise ValueError(
                 f"cannot convert causal self-attention ({causal[0]}, {len(causal)} module(s)) to "
@@ -534,7 +559,7 @@ def load(path: Union[str, os.PathLike], model_class=None, **kwargs):
         arch = (getattr(config, "architectures", None) or [None])[0]
         model_class = getattr(transformers, arch, None) if isinstance(arch, str) else None
         model_class = model_class or transformers.AutoModel
-    return from_pretrained(model_class, path, **kwargs)
+    return from_pretrained(model_class, path, caller_options=True, **kwargs)
 
 
 _REGISTERED = False

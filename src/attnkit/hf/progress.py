@@ -20,6 +20,11 @@ __all__ = ["load_classifier", "describe_loading", "progress_callbacks", "estimat
 HEAD_PREFIXES = ("classifier.", "score.", "pre_classifier.", "qa_outputs.")
 
 
+def _mismatched(info: dict) -> list[str]:
+    """The names of the weights that ``ignore_mismatched_sizes`` re-initialized (entries may be tuples)."""
+    return sorted(str(m[0] if isinstance(m, (tuple, list)) else m) for m in info.get("mismatched_keys") or [])
+
+
 def describe_loading(info: dict) -> list[str]:
     """Plain-text lines for ``from_pretrained(..., output_loading_info=True)``'s info dict."""
     missing = sorted(info.get("missing_keys") or [])
@@ -38,10 +43,18 @@ def describe_loading(info: dict) -> list[str]:
     unexpected = sorted(info.get("unexpected_keys") or [])
     if unexpected:
         lines.append(f"unused weights of the checkpoint (another head or pooler): {', '.join(unexpected)}")
-    mismatched = info.get("mismatched_keys") or []
-    if mismatched:
-        names = ", ".join(str(m[0] if isinstance(m, (tuple, list)) else m) for m in mismatched)
-        lines.append(f"warning: weights with another shape in the checkpoint, re-initialized: {names}")
+    mismatched = _mismatched(info)
+    head = [k for k in mismatched if k.startswith(HEAD_PREFIXES)]
+    other = [k for k in mismatched if not k.startswith(HEAD_PREFIXES)]
+    if head:
+        lines.append(
+            f"the checkpoint's classification head is for another number of labels; a new one "
+            f"({', '.join(head)}) is randomly initialized and trained"
+        )
+    if other:
+        lines.append(
+            f"warning: weights with another shape in the checkpoint, re-initialized: {', '.join(other)}"
+        )
     return lines
 
 
@@ -58,10 +71,23 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    from .checks import auto_config
+
+    saved = auto_config(model_dir)
+    if "num_labels" in kwargs and saved.num_labels != kwargs["num_labels"] and any(
+        arch.endswith("ForSequenceClassification") for arch in saved.architectures or []
+    ):  # a classifier fine-tuned on other labels: its head is replaced (and only its head, checked below)
+        kwargs = {**kwargs, "ignore_mismatched_sizes": True}
     try:
         model, info = from_pretrained(
             AutoModelForSequenceClassification, model_dir, "--model", output_loading_info=True, **kwargs
         )
+        resized = _mismatched(info)
+        if any(not key.startswith(HEAD_PREFIXES) for key in resized):
+            raise ValueError(
+                f"{model_dir}/model.safetensors holds tensors whose shapes differ from the sizes in "
+                f"{model_dir}/config.json ({', '.join(resized)}); restore the matching pair of files"
+            )
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:
