@@ -47,3 +47,32 @@ def test_a_file_that_is_not_utf8_is_named(tmp_path):
     path.write_bytes(b'{"kind": "classification", "train": ["\xff"]}')
     with pytest.raises(ValueError, match=r"data.json' is not UTF-8 text"):
         load_file_dataset(str(path))
+
+
+def _classification(tmp_path, labels, **extra):
+    rows = [{"text": f"doc {i}", "label": y} for i, y in enumerate(labels)]
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps({"kind": "classification", "train": rows, "test": rows, **extra}))
+    return str(path)
+
+
+@pytest.mark.parametrize("labels", [[1, 2, 3, 3, 2, 1, 3], [0, 10, 2, 1, 10, 9]])
+def test_integer_labels_without_label_names_are_their_own_classes(tmp_path, labels):
+    """Labels 1/2/3 were names sorted as strings, then read as indices into them: "3" fell out and the
+    classes merged; labels 0..10 got the names of other classes ('10' for class 2)."""
+    data = load_file_dataset(_classification(tmp_path, labels))
+    distinct = sorted(set(labels))
+    assert data.label_names == [str(y) for y in distinct]
+    assert [data.label_names[i] for i in data.train_labels] == [str(y) for y in labels]
+    assert data.test_labels == data.train_labels
+
+
+def test_integer_labels_index_the_given_label_names(tmp_path):
+    data = load_file_dataset(_classification(tmp_path, [0, 1, "sport"], label_names=["money", "sport"]))
+    assert data.label_names == ["money", "sport"] and data.train_labels == [0, 1, 1]
+
+
+@pytest.mark.parametrize("bad", [None, [1], 1.5, True, {"a": 1}])
+def test_a_label_that_is_not_a_name_or_an_integer_is_refused(tmp_path, bad):
+    with pytest.raises(ValueError, match=r"train\[1\]: label .*expected a class name \(a string\) or an integer"):
+        load_file_dataset(_classification(tmp_path, ["a", bad, "b"]))

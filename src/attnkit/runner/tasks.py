@@ -12,7 +12,8 @@
       {"kind": "classification", "train": [{"text": "...", "label": "sports"}, ...], "test": [...]}
       {"kind": "seq2seq", "train": [{"source": "x=1,y=2,x+y", "target": "3"}, ...], "test": [...]}
 
-  (optionally ``"label_names"``; labels are names or indices into it). ``.jsonl`` files hold one
+  (optionally ``"label_names"``; labels are names or indices into it; without it the classes are the
+  distinct labels, integers in numeric order). ``.jsonl`` files hold one
   ``{"split": "train"|"test", ...}`` object per line and a first line ``{"kind": ...}``.
 """
 
@@ -96,14 +97,26 @@ def load_file_dataset(path: str):
             test_src=[str(r["source"]) for r in raw["test"]],
             test_tgt=[str(r["target"]) for r in raw["test"]],
         )
+    for split in ("train", "test"):
+        for i, row in enumerate(raw[split]):
+            y = row["label"]
+            if isinstance(y, bool) or not isinstance(y, (str, int)):
+                where = f"line {lines[split][i]}" if lines else f"{split}[{i}]"
+                raise ValueError(
+                    f"dataset file {path!r}, {where}: label {y!r}; expected a class name (a string) or an "
+                    "integer"
+                )
     names = raw.get("label_names")
-    if names is None:
-        names = sorted({str(r["label"]) for r in raw["train"] + raw["test"]})
+    given = names is not None
+    if not given:  # the classes are the labels themselves: integers in numeric order, else names sorted
+        values = {r["label"] for r in raw["train"] + raw["test"]}
+        numeric = all(isinstance(y, int) for y in values)
+        names = [str(y) for y in sorted(values, key=(lambda y: y) if numeric else str)]
     index = {str(n): i for i, n in enumerate(names)}
 
     def label(row: dict) -> int:
         y = row["label"]
-        if isinstance(y, int) and not isinstance(y, bool) and 0 <= y < len(names):
+        if given and isinstance(y, int) and 0 <= y < len(names):  # an index into the given label_names
             return y
         if str(y) not in index:
             raise ValueError(f"dataset file {path!r}: label {y!r} is not in label_names {names}")
