@@ -74,5 +74,6 @@ def test_integer_labels_index_the_given_label_names(tmp_path):
 
 @pytest.mark.parametrize("bad", [None, [1], 1.5, True, {"a": 1}])
 def test_a_label_that_is_not_a_name_or_an_integer_is_refused(tmp_path, bad):
-    with pytest.raises(ValueError, match=r"train\[1\]: label .*expected a class name \(a string\) or an integer"):
+    expected = r"train\[1\]: label .*expected a class name \(a string\) or an integer"
+    with pytest.raises(ValueError, match=expected):
         load_file_dataset(_classification(tmp_path, ["a", bad, "b"]))
