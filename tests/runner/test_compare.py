@@ -151,6 +151,37 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
         assert strip(a["history"]) == strip(b["history"])
 
 
+@pytest.mark.slow
+def test_resume_with_a_trained_alignment_regularizer_matches_uninterrupted_run(tmp_path):
+    """gan's discriminator and ct's critic and navigator train with the model: they were not in the
+    checkpoint, so a resumed run started them afresh (its losses differed from step 11 on)."""
+    data = write_classification_file(tmp_path / "topics.json")
+    task = get_task(str(data))
+    common = dict(mechanisms="softmax,dnas", align="gan,ct", seeds=1, steps=8, checkpoint_every=3, eval_every=4)
+    full = run_compare(build_config(tiny_overrides(data, tmp_path / "full", **common)), task=task)
+
+    class Killed(Exception):
+        pass
+
+    def killer(victim):
+        def kill(mechanism, seed, step):
+            if mechanism == victim and step == 5:  # after the checkpoint of step 3
+                raise Killed
+
+        return kill
+
+    for i, victim in enumerate(("softmax+gan", "dnas+ct")):  # two runs cut once, after their checkpoint
+        with pytest.raises(Killed):
+            config = build_config(tiny_overrides(data, tmp_path / "cut", resume=i > 0, **common))
+            run_compare(config, task=task, on_step=killer(victim))
+    resumed = run_compare(
+        build_config(tiny_overrides(data, tmp_path / "cut", resume=True, **common)), task=task
+    )
+    for a, b in zip(full.runs, resumed.runs):
+        assert a["mechanism"] == b["mechanism"] and a["history"] == b["history"], a["mechanism"]
+        assert a["metrics"] == b["metrics"]
+
+
 def test_resume_rejects_changed_settings(tmp_path):
     _run(tmp_path, mechanisms="softmax", max_steps=2)
     with pytest.raises(ValueError, match="lr: saved 0.01, given 0.5"):

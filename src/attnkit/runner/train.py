@@ -162,7 +162,7 @@ def latest_checkpoint(run_dir: Path) -> Optional[Path]:
 
 
 def _save_checkpoint(
-    accelerator, run_dir: Path, step: int, model, optimizer, scheduler, trainer: dict
+    accelerator, run_dir: Path, step: int, model, optimizer, scheduler, trainer: dict, reg=None
 ) -> None:
     path = Path(run_dir) / "checkpoints" / f"step-{step:07d}"
     if accelerator.is_main_process:
@@ -177,6 +177,9 @@ def _save_checkpoint(
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
         }
+        if reg is not None:  # the alignment regularizer's discriminator / critic and its subsampling stream
+            state["regularizer"] = reg.state_dict()
+            state["regularizer_rng"] = reg._generator.get_state()
         torch.save(state, path / "state.pt")  # tensors and numbers only: read back with weights_only=True
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
@@ -189,7 +192,7 @@ def _save_checkpoint(
     accelerator.wait_for_everyone()
 
 
-def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler) -> dict:
+def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=None) -> dict:
     """Restore a checkpoint; nothing in it is unpickled (``weights_only=True``, safetensors, JSON).
 
     Any file that is missing, truncated or not ours raises one ``ValueError`` that names it.
@@ -210,6 +213,9 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler) -> di
         accelerator.unwrap_model(model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        if reg is not None:
+            reg.load_state_dict(state["regularizer"])
+            reg._generator.set_state(state["regularizer_rng"])
 
     _read_checkpoint_file(state_file, restore)
     rng_file = path / f"rng-rank{accelerator.process_index}.safetensors"
@@ -351,7 +357,7 @@ def train_run(
     }
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is not None:
-        trainer = _load_checkpoint(accelerator, checkpoint, model, optimizer, scheduler)
+        trainer = _load_checkpoint(accelerator, checkpoint, model, optimizer, scheduler, reg)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -414,7 +420,7 @@ def train_run(
             accelerator.log({f"{mechanism}-seed{seed}/eval_{k}": v for k, v in metrics.items()
                              if isinstance(v, (int, float))}, step=step)
         if step % config.checkpoint_every == 0 and step < total:
-            _save_checkpoint(accelerator, run_dir, step, model, optimizer, scheduler, trainer)
+            _save_checkpoint(accelerator, run_dir, step, model, optimizer, scheduler, trainer, reg)
         if on_step is not None:
             on_step(step)
 
