@@ -157,7 +157,8 @@ def test_resume_with_a_trained_alignment_regularizer_matches_uninterrupted_run(t
     checkpoint, so a resumed run started them afresh (its losses differed from step 11 on)."""
     data = write_classification_file(tmp_path / "topics.json")
     task = get_task(str(data))
-    common = dict(mechanisms="softmax,dnas", align="gan,ct", seeds=1, steps=8, checkpoint_every=3, eval_every=4)
+    common = dict(mechanisms="softmax,dnas", align="gan,ct", seeds=1, steps=8, checkpoint_every=3,
+                  eval_every=4)
     full = run_compare(build_config(tiny_overrides(data, tmp_path / "full", **common)), task=task)
 
     class Killed(Exception):
