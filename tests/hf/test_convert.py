@@ -140,6 +140,32 @@ def test_causal_query_normalized_conversion_raises(mechanism):
         akhf.convert(tiny_model("llama"), mechanism)
 
 
+def _clip():
+    from transformers import CLIPConfig, CLIPModel
+
+    torch.manual_seed(0)
+    small = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    config = CLIPConfig(text_config=dict(vocab_size=50, max_position_embeddings=16, **small),
+                        vision_config=dict(image_size=8, patch_size=4, **small), projection_dim=8)
+    return CLIPModel(config).eval()
+
+
+@pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
+def test_a_text_tower_made_causal_by_its_caller_is_refused_at_conversion(mechanism):
+    """CLIP's text attention modules say ``is_causal = False``; the text transformer passes ``is_causal=True``
+    to its encoder. The conversion was accepted and every forward then raised."""
+    with pytest.raises(ValueError, match=r"cannot convert causal self-attention \(text_model\."):
+        akhf.convert(_clip(), mechanism)
+    model = _clip()
+    names = [name for name, _ in akhf.attention_modules(model)]
+    vision = [i for i, name in enumerate(names) if name.startswith("vision_model.")]
+    akhf.convert(model, mechanism, layers=vision)
+    ids = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10]])
+    out = model(input_ids=ids, pixel_values=torch.randn(2, 3, 8, 8))
+    assert torch.isfinite(out.logits_per_image).all()
+    akhf.convert(_clip(), "coda")(input_ids=ids, pixel_values=torch.randn(2, 3, 8, 8))  # CoDA is causal-safe
+
+
 def test_bert_decoder_hnas_raises():
     from transformers import BertConfig, BertModel
 
