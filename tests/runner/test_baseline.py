@@ -7,6 +7,7 @@ import torch
 
 from attnkit.runner.baseline import MeanPoolClassifier
 from attnkit.runner.config import CompareConfig
+from tests.runner._fixtures import write_classification_file, write_seq2seq_jsonl
 
 
 def test_baseline_logits_ignore_padding_and_token_order():
@@ -28,10 +29,22 @@ def test_baseline_mean_is_uniform_attention():
     torch.testing.assert_close(model(ids), expected)
 
 
-def test_config_accepts_none_for_classification_and_rejects_it_for_seq2seq():
+def test_config_accepts_none_for_classification_and_rejects_it_for_seq2seq(tmp_path):
     assert CompareConfig(mechanisms="softmax,none").mechanisms == ("softmax", "none")
     with pytest.raises(ValueError, match="classification"):
         CompareConfig(task="mlu", mechanisms="softmax,none")
+    # a seq2seq dataset file too: it was accepted, and the run failed after the softmax runs had trained
+    path = str(write_seq2seq_jsonl(tmp_path / "reverse.jsonl"))
+    with pytest.raises(ValueError, match="is for classification tasks; drop it"):
+        CompareConfig(task=path, mechanisms="softmax,none")
+    assert CompareConfig(task=str(write_classification_file(tmp_path / "t.json")), mechanisms="none")
+
+
+def test_alignment_on_a_recurrent_transduction_task_is_refused_up_front():
+    """It failed inside the first run ("RNNSeq2Seq has no self-attention layer"), leaving a run folder."""
+    with pytest.raises(ValueError, match="recurrent encoder-decoders without self-attention"):
+        CompareConfig(task="copy", mechanisms="vanilla,additive", align="none,ct")
+    assert CompareConfig(task="copy", mechanisms="additive").align == ("none",)
 
 
 def test_compare_reports_a_no_attention_row(tmp_path):

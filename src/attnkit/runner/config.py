@@ -236,10 +236,18 @@ class CompareConfig:
                 ) from None
         if len(set(names)) != len(names):
             raise ValueError(f"mechanisms={list(mechanisms)} names a mechanism twice; list each once")
-        if NO_ATTENTION in names and TASK_KINDS.get(self.task) == "seq2seq":
+        aligned = [a for a in self.align if a != "none"]
+        kind = task_kind(self.task) if NO_ATTENTION in names or aligned else None  # may read a dataset file
+        if NO_ATTENTION in names and kind == "seq2seq":
             raise ValueError(
                 f"mechanism {NO_ATTENTION!r} (the no-attention baseline) is for classification tasks; "
                 f"drop it from mechanisms for task {self.task!r}"
+            )
+        if aligned and kind == "transduction":
+            raise ValueError(
+                f"align={list(self.align)}: the models of task {self.task!r} are recurrent encoder-decoders "
+                "without self-attention, which alignment attention regularizes; drop align (or use a "
+                "classification or seq2seq task)"
             )
         object.__setattr__(self, "mechanisms", tuple(names))
         _positive_int("seeds", self.seeds)
