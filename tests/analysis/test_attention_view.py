@@ -211,3 +211,23 @@ def test_show_of_a_converted_model_refuses_other_mechanisms(tiny_bert, tmp_path,
     assert "converted to 'dnas'" in capsys.readouterr().err and not (tmp_path / "o").exists()
     main(["show", str(converted), "--text", TEXT, "--mechanisms", "dnas", "--out", str(tmp_path / "o")])
     assert "1 mechanism(s) x 2 layer(s)" in capsys.readouterr().out
+
+
+def test_show_of_damaged_run_weights_or_an_unfinished_run_is_one_line(tmp_path, capsys):
+    from attnkit.runner import build_config, run_compare
+    from tests.runner._fixtures import tiny_overrides, write_classification_file
+
+    data = write_classification_file(tmp_path / "topics.json")
+    run_compare(build_config(tiny_overrides(data, tmp_path / "run", steps=2, eval_every=2)))
+    weights = tmp_path / "run" / "runs" / "softmax-seed0" / "model.pt"
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated: was a traceback
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["show", str(tmp_path / "run"), "--text", "goal", "--out", str(tmp_path / "v")])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert f"run weights {str(weights)!r} cannot be loaded" in err
+    (tmp_path / "run" / "runs" / "hnas-seed0" / "model.pt").unlink()  # as if hnas had not finished
+    expected = r"no finished run for \['hnas'\].*; finished: softmax seed 0$"
+    with pytest.raises(FileNotFoundError, match=expected):
+        view_from_run(tmp_path / "run", "goal", mechanisms=["hnas"])

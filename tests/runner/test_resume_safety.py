@@ -209,3 +209,45 @@ def test_batch_larger_than_the_training_set_leaves_no_run_dir(tmp_path, capsys):
     assert not (out / "config.json").exists()
     run_compare(build_config(tiny_overrides(data, out, batch_size=4, **COMMON)))  # the rerun is not refused
     assert (out / "results.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("finished")
+    data = write_classification_file(root / "topics.json")
+    run_compare(build_config(tiny_overrides(data, root / "done", **{**COMMON, "steps": 3})))
+    return root / "done"
+
+
+@pytest.mark.parametrize("content, needle", [
+    ('{"mechanism"', "cannot be read (JSONDecodeError"),
+    ("[]", "holds a JSON list, not a run result"),
+    ('{"mechanism": "softmax", "seed": 0}', "has no valid 'steps'"),
+    (None, "is the result of dnas seed 0, not softmax seed 0"),
+])
+def test_a_damaged_run_result_is_one_line_naming_it(finished_run, tmp_path, capsys, content, needle):
+    """A truncated result.json gave a JSON error naming no file; one of another shape a traceback."""
+    import json
+    import shutil
+
+    out = tmp_path / "done"
+    shutil.copytree(finished_run, out)
+    result = out / "runs" / "softmax-seed0" / "result.json"
+    if content is None:
+        content = json.dumps({**json.loads(result.read_text()), "mechanism": "dnas"})
+    result.write_text(content)
+    code, err = _resume_cli(out, capsys)
+    assert code == 2
+    _assert_one_line(err, str(result), needle, f"delete {str(result.parent)!r}")
+
+
+def test_a_trainer_state_without_its_counters_is_one_line(interrupted, tmp_path, capsys):
+    import json
+
+    out, _, checkpoint = _copy_run(interrupted, tmp_path)
+    state = json.loads((checkpoint / "trainer.json").read_text())
+    del state["time_sum"]
+    (checkpoint / "trainer.json").write_text(json.dumps(state))
+    code, err = _resume_cli(out, capsys)
+    assert code == 2
+    _assert_one_line(err, "trainer.json", "is not an attnkit trainer state")

@@ -127,11 +127,15 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
         if not wanted:
             raise ValueError(f"{str(run_dir)!r} holds only the no-attention baseline {NO_ATTENTION!r}; "
                              "there is no attention to draw")
-    missing = [m for m in wanted if not (run_dir / "runs" / f"{m}-seed{seed}" / "model.pt").is_file()]
+    def finished(m: str, s: int) -> bool:
+        return (run_dir / "runs" / f"{m}-seed{s}" / "model.pt").is_file()
+
+    missing = [m for m in wanted if not finished(m, seed)]
     if missing:
+        done = [f"{m} seed {s}" for m in drawable for s in config.seed_list if finished(m, s)]
+        choice = f"finished: {', '.join(done)}" if done else "no run has finished yet (resume the compare)"
         raise FileNotFoundError(f"no finished run for {missing} with seed {seed} in {str(run_dir)!r}; "
-                                f"pick from mechanisms {drawable} "
-                                f"and seeds {list(config.seed_list)}")
+                                f"{choice}")
     data = task.prepare(config)
     tokenizer = data.tokenizer
     ids, mask = tokenizer.encode([text], max_length=config.max_len)  # (1, L)
@@ -139,15 +143,27 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
     view = AttentionView(text=text, tokens=tokens, source=f"{run_dir} (seed {seed})")
     for mech in wanted:
         model = task.build_model(config, mech.partition("+")[0], data)  # "dnas+ct" trained a dnas model
-        state = torch.load(run_dir / "runs" / f"{mech}-seed{seed}" / "model.pt", map_location="cpu",
-                           weights_only=True)
-        model.load_state_dict(state)
+        _load_run_weights(model, run_dir / "runs" / f"{mech}-seed{seed}" / "model.pt")
         model.eval()
         view.weights[mech] = [w[:, : len(tokens), : len(tokens)]
                               for w in record_attention(lambda: model(ids, mask))]
         if mech.partition("+")[0] == "hnas":
             view.hybrid_u[mech] = hybrid_weights(model).tolist()
     return view
+
+
+def _load_run_weights(model: torch.nn.Module, path: Path) -> None:
+    """A finished compare run's ``model.pt`` into ``model``: tensors only (``weights_only``); a damaged or
+    foreign file is one ``ValueError`` naming it."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        model.load_state_dict(state)
+    except Exception as exc:  # noqa: BLE001 - truncated, garbage, pickled objects, other shapes: one line
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ValueError(
+            f"run weights {str(path)!r} cannot be loaded ({type(exc).__name__}: {first[:200]}); delete "
+            f"{str(path.parent)!r} and train that run again with attnkit compare --resume"
+        ) from None
 
 
 DEFAULT_HF_MECHANISMS = ("softmax", "dnas", "hnas")

@@ -140,6 +140,38 @@ def _read_checkpoint_file(file: Path, reader: Callable[[Path], Any]) -> Any:
         raise _checkpoint_error(file, f"cannot be read ({type(exc).__name__}: {first})") from None
 
 
+_RESULT_KEYS = {"mechanism": str, "seed": int, "steps": int, "metrics": dict, "history": list,
+                "step_time_s": (int, float)}
+
+
+def _read_result(path: Path, mechanism: str, seed: int) -> dict:
+    """A finished run's ``result.json``; damaged (truncated, edited, another run's) is one ``ValueError``."""
+    record, why = _parse_result(path)
+    if why is None and (record["mechanism"], record["seed"]) != (mechanism, seed):
+        why = f"is the result of {record['mechanism']} seed {record['seed']}, not {mechanism} seed {seed}"
+    if why is not None:
+        raise ValueError(
+            f"run result {str(path)!r} {why}; delete {str(path.parent)!r} to train that run again with "
+            "--resume"
+        )
+    return record
+
+
+def _parse_result(path: Path) -> tuple[Any, Optional[str]]:
+    """``(record, None)``, or ``(None, what is wrong)``."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return None, f"cannot be read ({type(exc).__name__}: {first})"
+    if not isinstance(record, dict):
+        return None, f"holds a JSON {type(record).__name__}, not a run result"
+    for key, kind in _RESULT_KEYS.items():
+        if not isinstance(record.get(key), kind) or isinstance(record.get(key), bool):
+            return None, f"has no valid {key!r}"
+    return record, None
+
+
 def _load_rng(file: Path) -> tuple[dict[str, Tensor], dict]:
     from safetensors import safe_open
 
@@ -198,7 +230,9 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=N
     Any file that is missing, truncated or not ours raises one ``ValueError`` that names it.
     """
     trainer = _read_checkpoint_file(path / _TRAINER_FILE, lambda f: json.loads(f.read_text()))
-    if not isinstance(trainer, dict) or not isinstance(trainer.get("world_size"), int):
+    kinds = {"step": int, "history": list, "time_sum": (int, float), "time_count": int,
+             "loss_sum": (int, float), "loss_count": int, "world_size": int}
+    if not isinstance(trainer, dict) or not all(isinstance(trainer.get(k), t) for k, t in kinds.items()):
         raise _checkpoint_error(path / _TRAINER_FILE, "is not an attnkit trainer state")
     if trainer["world_size"] != accelerator.num_processes:
         raise ValueError(
@@ -317,7 +351,7 @@ def train_run(
     run_dir = Path(run_dir)
     result_path = run_dir / RESULT_FILE
     if result_path.is_file():
-        return RunResult(json.loads(result_path.read_text()))
+        return RunResult(_read_result(result_path, mechanism, seed))
     world, rank = accelerator.num_processes, accelerator.process_index
     if config.batch_size % world:
         raise ValueError(
