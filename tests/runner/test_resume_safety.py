@@ -251,3 +251,35 @@ def test_a_trainer_state_without_its_counters_is_one_line(interrupted, tmp_path,
     code, err = _resume_cli(out, capsys)
     assert code == 2
     _assert_one_line(err, "trainer.json", "is not an attnkit trainer state")
+
+
+def test_a_relative_task_path_is_saved_absolute_so_resume_works_from_elsewhere(tmp_path, monkeypatch, capsys):
+    """``--task data.json`` was saved as given: show and --resume from another directory did not find it."""
+    import json
+
+    data_dir = tmp_path / "project"
+    data_dir.mkdir()
+    write_classification_file(data_dir / "topics.json")
+    monkeypatch.chdir(data_dir)
+    config = build_config(tiny_overrides("topics.json", tmp_path / "run", **{**COMMON, "steps": 3}))
+    assert config.task == str(data_dir / "topics.json")
+    with pytest.raises(_Killed):
+        run_compare(config, on_step=_kill_at(3))
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
+    assert saved["task"] == str(data_dir / "topics.json")
+    monkeypatch.chdir(tmp_path)
+    main(["compare", "--out", str(tmp_path / "run"), "--resume", "--progress", "none"])  # from elsewhere
+    assert (tmp_path / "run" / "results.json").is_file()
+
+
+def test_a_run_saved_with_a_relative_task_path_still_resumes_from_its_directory(interrupted, tmp_path,
+                                                                                  monkeypatch, capsys):
+    import json
+
+    out, data, _ = _copy_run(interrupted, tmp_path)
+    payload = json.loads((out / "config.json").read_text())
+    payload["config"]["task"] = data.name  # as runs were saved before
+    (out / "config.json").write_text(json.dumps(payload))
+    monkeypatch.chdir(data.parent)
+    result = run_compare(build_config(tiny_overrides(data.name, out, resume=True, **COMMON)))
+    assert len(result.runs) == 1

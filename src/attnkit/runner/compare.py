@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from .config import CompareConfig
+from .config import CompareConfig, _is_file_task
 from .summary import RunClock, _duration, summarize, tracker_config
 from .train import RESULT_FILE, batch_indices, train_run
 
@@ -198,6 +198,8 @@ def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path
                 f"--resume: {str(out)!r} holds no attnkit compare run to continue; drop --resume to start one"
             )
         saved = json.loads((out / CONFIG_FILE).read_text())["config"]
+        if isinstance(saved.get("task"), str) and _is_file_task(saved["task"]):  # saved relative before
+            saved["task"] = os.path.abspath(saved["task"])
         current = config.result_dict()
         changed = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
         if changed:

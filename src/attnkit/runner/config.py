@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -213,6 +214,8 @@ class CompareConfig:
                 f"task={self.task!r}: expected a task name ({sorted(TASK_KINDS)}) or a dataset "
                 "file"
             )
+        if _is_file_task(self.task):  # saved absolute: show and --resume work from any working directory
+            object.__setattr__(self, "task", os.path.abspath(self.task))
         if self.preset not in PRESET_NAMES:
             raise ValueError(f"preset={self.preset!r}: expected one of {PRESET_NAMES}")
         mechanisms = self.mechanisms
@@ -397,6 +400,13 @@ def load_config_file(path: str | Path) -> dict:
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
     _check_keys(data, repr(str(path)))
     return data
+
+
+def _is_file_task(task: str) -> bool:
+    """``task`` names a dataset file (not a built-in task or a catalog dataset)."""
+    from ..data import DATASETS
+
+    return task not in TASK_KINDS and task.lower() not in DATASETS
 
 
 def task_kind(task: str) -> str:
