@@ -45,13 +45,13 @@ def _mpnet(cls=None, **kwargs):
     return (cls or MPNetModel)(config).double().eval()
 
 
-def _deberta_v1(cls=None, **kwargs):
+def _deberta_v1(cls=None, relative: bool = True, **kwargs):
     from transformers import DebertaConfig, DebertaModel
 
     torch.manual_seed(0)
     config = DebertaConfig(
         vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=64,
-        relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=16, **kwargs,
+        relative_attention=relative, pos_att_type=["p2c", "c2p"], max_relative_positions=16, **kwargs,
     )
     model = (cls or DebertaModel)(config).double().eval()
     for module in model.modules():  # zeros at initialisation
@@ -220,6 +220,26 @@ def test_a_model_that_computes_attention_itself_and_is_unknown_is_refused_by_nam
     )
     with pytest.raises(ValueError, match="ConvBertModel does not dispatch attention.*DeBERTa-v2/v3, MPNet"):
         akhf.convert(ConvBertModel(config), "dnas")
+
+
+def test_coda_of_deberta_v1_without_position_terms_is_coda_of_its_projections():
+    """Its queries were divided by sqrt(d) before CoDA, so the L1 term was between q / sqrt(d) and k."""
+    import attnkit as ak
+
+    ids, mask = _batch()
+    model = akhf.convert(_deberta_v1(relative=False), "coda")
+    attn = akhf.converted_modules(model)[0]
+    seen = {}
+    attn.register_forward_pre_hook(lambda m, args, kwargs: seen.update(x=args[0]), with_kwargs=True)
+    attn.register_forward_hook(lambda m, args, out: seen.update(out=out[0]))
+    model(input_ids=ids, attention_mask=mask)
+    qkv = attn.transpose_for_scores(attn.in_proj(seen["x"])).chunk(3, dim=-1)  # (B, H, L, d) each
+    q = qkv[0] + attn.transpose_for_scores(attn.q_bias[None, None, :])
+    k, v = qkv[1], qkv[2] + attn.transpose_for_scores(attn.v_bias[None, None, :])
+    scale = 1 / float(torch.sqrt(torch.tensor(8.0 * 3)))  # the model's sqrt(d (1 + 2 position terms)), float32
+    expected = ak.attention(q, k, v, "coda", key_mask=mask.bool(), scale=scale)
+    real = mask.bool()
+    torch.testing.assert_close(seen["out"][real], expected.transpose(1, 2).reshape(2, 9, -1)[real])
 
 
 @pytest.mark.parametrize("family", ["roformer", "roformer-rotary_value", "megatron-bert"])

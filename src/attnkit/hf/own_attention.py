@@ -97,13 +97,14 @@ def _deberta_v1(self, hidden_states, query_states, relative_pos, rel_embeddings)
     q = q + self.transpose_for_scores(self.q_bias[None, None, :])
     v = v + self.transpose_for_scores(self.v_bias[None, None, :])
     factor = 1 + len(self.pos_att_type)
-    scale = inspect.getmodule(type(self)).scaled_size_sqrt(q, factor)
-    q = q / scale.to(dtype=q.dtype)  # the model computes its position terms from the scaled queries
+    scale = inspect.getmodule(type(self)).scaled_size_sqrt(q, factor)  # its divisor, in float32 as it takes it
     bias = None
     if self.relative_attention and rel_embeddings is not None and relative_pos is not None:
         rel_embeddings = self.pos_dropout(rel_embeddings)
-        bias = self.disentangled_att_bias(q, k, relative_pos, rel_embeddings, factor)  # (B, H, Lq, Lk)
-    return q, k, v, 1.0, bias
+        scaled = q / scale.to(dtype=q.dtype)  # the model computes its position terms from the scaled queries
+        bias = self.disentangled_att_bias(scaled, k, relative_pos, rel_embeddings, factor)  # (B, H, Lq, Lk)
+    # q itself, unscaled: CoDA's L1 term is between the projections (as for every converted model)
+    return q, k, v, 1.0 / float(scale), bias
 
 
 def mpnet_attention(
