@@ -236,7 +236,7 @@ def test_coda_of_deberta_v1_without_position_terms_is_coda_of_its_projections():
     qkv = attn.transpose_for_scores(attn.in_proj(seen["x"])).chunk(3, dim=-1)  # (B, H, L, d) each
     q = qkv[0] + attn.transpose_for_scores(attn.q_bias[None, None, :])
     k, v = qkv[1], qkv[2] + attn.transpose_for_scores(attn.v_bias[None, None, :])
-    scale = 1 / float(torch.sqrt(torch.tensor(8.0 * 3)))  # the model's sqrt(d (1 + 2 position terms)), float32
+    scale = 1 / float(torch.sqrt(torch.tensor(8.0 * 3)))  # the model's sqrt(d (1 + 2 terms)), float32
     expected = ak.attention(q, k, v, "coda", key_mask=mask.bool(), scale=scale)
     real = mask.bool()
     torch.testing.assert_close(seen["out"][real], expected.transpose(1, 2).reshape(2, 9, -1)[real])

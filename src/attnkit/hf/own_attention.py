@@ -97,7 +97,7 @@ def _deberta_v1(self, hidden_states, query_states, relative_pos, rel_embeddings)
     q = q + self.transpose_for_scores(self.q_bias[None, None, :])
     v = v + self.transpose_for_scores(self.v_bias[None, None, :])
     factor = 1 + len(self.pos_att_type)
-    scale = inspect.getmodule(type(self)).scaled_size_sqrt(q, factor)  # its divisor, in float32 as it takes it
+    scale = inspect.getmodule(type(self)).scaled_size_sqrt(q, factor)  # its divisor, float32
     bias = None
     if self.relative_attention and rel_embeddings is not None and relative_pos is not None:
         rel_embeddings = self.pos_dropout(rel_embeddings)
