@@ -162,6 +162,20 @@ def test_finetune_refuses_a_non_empty_out(tiny_bert, fixture_dataset, tmp_path, 
     assert "--overwrite" in err and (tmp_path / "metrics.json").read_text() == "{}"
 
 
+@pytest.mark.parametrize("out", ["", "  "])
+def test_an_empty_out_is_refused_rather_than_read_as_the_working_directory(
+    tiny_bert, fixture_dataset, tmp_path, capsys, monkeypatch, out
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.txt").write_text("mine")
+    err = _error(capsys, ["finetune", "--model", str(tiny_bert), "--dataset", str(fixture_dataset),
+                          "--out", out, "--overwrite"])
+    assert "expected a directory" in err
+    err = _error(capsys, ["convert", str(tiny_bert), "--mechanism", "dnas", "--out", out, "--overwrite"])
+    assert "--out is empty" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+
+
 def test_finetune_rejects_u0_without_hnas(tiny_bert, fixture_dataset, tmp_path, capsys):
     err = _error(capsys, ["finetune", "--model", str(tiny_bert), "--mechanism", "dnas", "--u0", "0.3",
                           "--dataset", str(fixture_dataset), "--out", str(tmp_path / "o")])

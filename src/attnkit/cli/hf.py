@@ -80,6 +80,8 @@ def convert_directory(
 
     check_mechanism(mechanism, u0, sinkhorn_iters)
     check_model_dir(model_dir, "MODEL_DIR")
+    if not out.strip():  # Path("") is the working directory
+        raise ValueError("--out is empty; pass a directory for the converted model")
     out_path = Path(out)
     _check_out(out_path, overwrite)
     try:
