@@ -29,6 +29,18 @@ def test_peer_rows_for_the_mechanisms_they_implement():
     assert "naive" in table and ("xtransformers" in table) == xtransformers_available()
 
 
+def test_every_ratio_is_its_time_over_the_sdpa_time_written_beside_it():
+    """The ratio's denominator (SDPA before and after the row, averaged) was in no output."""
+    cfg = BenchConfig(lengths=(8,), mechanisms=("dnas",), backends=("efficient", "reference"), repeats=1,
+                      memory=False)
+    rows = run_bench(cfg)["rows"]
+    assert len(rows) == 3
+    for r in rows:
+        assert r["fwd_ratio"] == r["fwd_s"] / r["sdpa_fwd_s"]
+        assert r["fwd_bwd_ratio"] == r["fwd_bwd_s"] / r["sdpa_fwd_bwd_s"]
+    assert rows[0]["backend"] == "sdpa" and rows[0]["sdpa_fwd_s"] == rows[0]["fwd_s"]
+
+
 def test_materializing_peers_skip_above_max_reference_length():
     cfg = BenchConfig(lengths=(16,), mechanisms=("dnas",), backends=("efficient", "naive"), repeats=1,
                       memory=False, max_reference_length=8)

@@ -500,6 +500,8 @@ def _row(L, mechanism, backend, t_fwd, t_fb, sdpa_fwd, sdpa_fb, mem) -> dict:
         "L": L, "mechanism": mechanism, "backend": backend,
         "fwd_s": t_fwd, "fwd_bwd_s": t_fb,
         "fwd_ratio": t_fwd / sdpa_fwd, "fwd_bwd_ratio": t_fb / sdpa_fb,
+        # the SDPA times the ratios divide by: the mean of SDPA before the row and right after it
+        "sdpa_fwd_s": sdpa_fwd, "sdpa_fwd_bwd_s": sdpa_fb,
         "peak_mb": mem.get("peak_mb"), "peak_extra_mb": mem.get("peak_extra_mb"),
     }
     if "error" in mem:
