@@ -8,7 +8,7 @@ import pytest
 
 from attnkit.analysis import reproduce as reproduce_module
 from attnkit.analysis.fidelity import reproduce_all
-from attnkit.analysis.report import Claim, ReproduceResult, spread
+from attnkit.analysis.report import Claim, ReproduceResult, exceeds, spread
 from attnkit.cli import main
 
 
@@ -194,3 +194,16 @@ def test_quick_page_embeds_at_most_two_plots_per_target(tmp_path, monkeypatch):
     assert text.count("<img") == QUICK_PLOTS_PER_TARGET and "Not embedded in the quick page" in text
     _, full = reproduce_all(tmp_path / "f", targets=["plots"], quick=False)
     assert full.read_text().count("<img") == QUICK_PLOTS_PER_TARGET + 2
+
+
+def test_a_gap_within_two_standard_errors_is_no_win():
+    """coda-cross said "held" for "CoDA outperforms" with a gap of +0.0006 inside 2 s.e. = 0.0505."""
+    held, words = exceeds([0.80, 0.85, 0.83], [0.82, 0.84, 0.815])
+    assert not held and "within 2 s.e." in words
+    held, words = exceeds([0.90, 0.91, 0.92], [0.80, 0.81, 0.79])
+    assert held and "beyond 2 s.e." in words and "gap +0.1100" in words
+    held, words = exceeds([0.9], [0.8])  # one seed: no spread; the gap alone, said so
+    assert held and "1 seed" in words
+    assert not exceeds([0.8, 0.8], [0.8, 0.8])[0]
+    with pytest.raises(ValueError, match="at least one value"):
+        exceeds([], [0.1])

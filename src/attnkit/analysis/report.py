@@ -25,6 +25,7 @@ __all__ = [
     "format_value",
     "spread",
     "verdict",
+    "exceeds",
 ]
 
 CRITERIA: tuple[str, ...] = ("paper", "weaker", "different")
@@ -75,6 +76,27 @@ def spread(values: Sequence[float], digits: int = 3) -> str:
     mean = sum(v) / len(v)
     std = math.sqrt(sum((x - mean) ** 2 for x in v) / (len(v) - 1))
     return f"{mean:.{digits}g} +- {std:.2g} (n={len(v)})"
+
+
+def exceeds(a: Sequence[float], b: Sequence[float]) -> tuple[bool, str]:
+    """Whether the mean of the per-seed values ``a`` exceeds that of ``b`` by more than two standard errors
+    of the difference (a gap within the seeds' noise supports no "better than"), and the words for it.
+
+    With one seed on either side there is no spread to judge by: any positive gap counts, and the words say
+    so."""
+    a, b = [float(x) for x in a], [float(x) for x in b]
+    if not a or not b:
+        raise ValueError("exceeds() needs at least one value on each side")
+    gap = sum(a) / len(a) - sum(b) / len(b)
+    if len(a) < 2 or len(b) < 2:
+        return gap > 0, f"gap {gap:+.4f} (1 seed: no spread to judge the gap by)"
+
+    def se2(v: list[float]) -> float:
+        m = sum(v) / len(v)
+        return sum((x - m) ** 2 for x in v) / (len(v) - 1) / len(v)
+
+    noise = 2 * math.sqrt(se2(a) + se2(b))
+    return gap > noise, f"gap {gap:+.4f}, {'beyond' if gap > noise else 'within'} 2 s.e. = {noise:.4f}"
 
 
 @dataclass
