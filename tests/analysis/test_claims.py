@@ -207,3 +207,22 @@ def test_a_gap_within_two_standard_errors_is_no_win():
     assert not exceeds([0.8, 0.8], [0.8, 0.8])[0]
     with pytest.raises(ValueError, match="at least one value"):
         exceeds([], [0.1])
+
+
+def test_rows_that_add_their_own_columns_are_printed_and_written_whole(tmp_path, capsys, monkeypatch):
+    """mode-collapse-2d's sweep rows hold one value per mechanism; the table took the first row's keys and
+    printed them blank."""
+    def target(result: ReproduceResult, quick: bool, seed: int) -> None:
+        result.rows.append({"case": "unbalanced", "mechanism": "softmax", "clusters": 1})
+        result.rows.append({"case": "sweep, scale 1", "softmax": "0.1", "dnas": "0.1-1"})
+        result.claims.append(Claim("constructed", "a claim", True, "always"))
+
+    monkeypatch.setitem(reproduce_module.TARGETS, "constructed-rows", target)
+    main(["reproduce", "constructed-rows", "--out", str(tmp_path / "a")])
+    printed = capsys.readouterr().out
+    assert "0.1-1" in printed and "dnas" in printed
+    from attnkit.analysis.report import table_columns, write_csv
+
+    rows = [{"a": 1}, {"b": 2, "a": 3}]
+    assert table_columns(rows) == ["a", "b"]
+    assert write_csv(tmp_path / "t.csv", rows).read_text().splitlines() == ["a,b", "1,", "3,2"]

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-from .report import ReproduceResult, format_value, is_unfinished, mark_finished, prepare_output_dir, verdict
+from .report import (
+    ReproduceResult, format_value, is_unfinished, mark_finished, prepare_output_dir, table_columns, verdict,
+)
 
 __all__ = [
     "reproduce_all",
@@ -370,7 +372,7 @@ def write_fidelity_html(
         if r.note:
             parts.append(f"<p class='quick'>{_esc(r.note)}</p>")
         if r.rows:
-            columns = list(r.rows[0])
+            columns = table_columns(r.rows)
             parts.append("<table><tr>" + "".join(f"<th>{_esc(c)}</th>" for c in columns) + "</tr>")
             for row in r.rows:
                 parts.append("<tr>" + "".join(f"<td>{_esc(row.get(c, ''))}</td>" for c in columns) + "</tr>")

@@ -26,6 +26,7 @@ __all__ = [
     "spread",
     "verdict",
     "exceeds",
+    "table_columns",
 ]
 
 CRITERIA: tuple[str, ...] = ("paper", "weaker", "different")
@@ -194,11 +195,18 @@ def mark_finished(out: Union[str, Path]) -> None:
     (Path(out) / UNFINISHED_MARKER).unlink(missing_ok=True)
 
 
+def table_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The keys of all ``rows``, in the order they first appear (rows of a table may add their own: the
+    mode-collapse sweep's rows hold a value per mechanism, and a table of the first row's keys left them
+    blank)."""
+    return list(dict.fromkeys(key for row in rows for key in row))
+
+
 def write_csv(path: Union[str, Path], rows: Sequence[Mapping[str, Any]], columns: Iterable[str] = ()) -> Path:
-    """Write ``rows`` (dicts) as CSV with a header; ``columns`` fixes the order (default: the first row's
-    keys)."""
+    """Write ``rows`` (dicts) as CSV with a header; ``columns`` fixes the order (default: every row's keys,
+    ``table_columns``)."""
     path = Path(path)
-    columns = list(columns) or (list(rows[0]) if rows else [])
+    columns = list(columns) or table_columns(rows)
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()

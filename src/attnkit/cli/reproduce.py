@@ -18,12 +18,12 @@ def _print_result(result) -> None:
     from attnkit.cli._screen import console as make_console
     from rich.table import Table
 
-    from attnkit.analysis.report import format_value
+    from attnkit.analysis.report import format_value, table_columns
 
     console = make_console()
     if result.rows:
         table = Table(title=f"attnkit reproduce {result.name}")
-        columns = list(result.rows[0])
+        columns = table_columns(result.rows)
         for column in columns:
             table.add_column(column)
         for row in result.rows:
