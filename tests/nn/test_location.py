@@ -41,7 +41,7 @@ def test_window_matches_the_lecture_formula_float64(parameterization):
         expected = torch.tensor(
             [
                 sum(float(a[k]) * math.exp(-float(be[k]) * (float(kap[k]) - u) ** 2) for k in range(2))
-                for u in range(7)
+                for u in range(1, 8)  # positions u = 1 .. U, as in Graves and the lecture
             ],
             dtype=torch.float64,
         )
@@ -72,3 +72,16 @@ def test_bad_arguments_raise():
     attn = ak.nn.GMMLocationAttention(4, 2)
     with pytest.raises(ValueError, match="initial_kappa"):
         attn(torch.randn(3, 4), torch.randn(3, 5, 2), torch.zeros(3, 3))
+
+
+def test_the_first_step_is_centred_on_the_first_value():
+    """Positions are u = 1..U with kappa_0 = 0 (Graves eqs. 46-51): at the initial bias (one position per
+    step) step t peaks on value t. With u = 0..U-1 step 1 peaked on the second value, step U past the end."""
+    attn = ak.nn.GMMLocationAttention(4, 1, parameterization="softplus")
+    torch.nn.init.zeros_(attn.proj.weight)  # the initial bias alone
+    U = 5
+    values = torch.eye(U)[None]  # window = phi
+    kappa = attn.initial_kappa(1)
+    for t in range(1, U + 1):
+        _, phi, kappa = attn(torch.zeros(1, 4), values, kappa)
+        assert phi.argmax().item() == t - 1 and float(phi[0, t - 1]) == pytest.approx(1.0)

@@ -60,6 +60,7 @@ def ctc_greedy_decode(
         raise ValueError(
             f"log_probs must be a (B, T, V) tensor, got {getattr(log_probs, 'shape', type(log_probs))}"
         )
+    _check_log_probs(log_probs)
     B, T, _ = log_probs.shape
     if lengths is None:
         lengths = torch.full((B,), T)
@@ -80,6 +81,14 @@ def ctc_greedy_decode(
             prev = token
         out.append(labels)
     return out
+
+
+def _check_log_probs(log_probs: Tensor) -> None:
+    """Scores to decode: floating, no NaN (a NaN frame has no best label: decoding returned nothing)."""
+    if not log_probs.dtype.is_floating_point:
+        raise ValueError(f"log_probs has dtype {log_probs.dtype}; expected floating log-probabilities")
+    if bool(torch.isnan(log_probs).any()):
+        raise ValueError("log_probs contains NaN; check the model's outputs")
 
 
 def _logaddexp(a: float, b: float) -> float:
@@ -105,6 +114,7 @@ def ctc_prefix_beam_search(log_probs: Tensor, beam_width: int = 8, blank_id: int
             f"log_probs must be a (T, V) tensor, got {getattr(log_probs, 'shape', type(log_probs))}"
         )
     check_id("blank_id", blank_id, log_probs.shape[1], "V")
+    _check_log_probs(log_probs)
     lp = log_probs.double().tolist()
     beams: dict[tuple, tuple[float, float]] = {(): (0.0, -math.inf)}  # prefix -> (p_b, p_nb)
     for frame in lp:

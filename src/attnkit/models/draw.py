@@ -111,7 +111,6 @@ class DRAW(nn.Module):
 
     def loss(self, x: Tensor) -> tuple[Tensor, DRAWOutput]:
         """Mean over images of ``L^x + L^z`` (eqs. 9-12), in nats."""
-        out = self(x)
         check_loss_batch(x.shape[0], "x")
         low, high = (float(v) for v in torch.aminmax(x.detach()))  # one host sync; CUDA would assert
         if not (0.0 <= low and high <= 1.0):
@@ -119,6 +118,7 @@ class DRAW(nn.Module):
                 f"x holds values in [{low:g}, {high:g}]; the Bernoulli reconstruction loss needs pixel "
                 "intensities in [0, 1] (divide 8-bit images by 255)"
             )
+        out = self(x)  # after the checks: a NaN image would fail inside, at its first attention window
         recon = F.binary_cross_entropy(out.canvases[:, -1], x, reduction="none").flatten(1).sum(1)  # (B,)
         return (recon + out.kl).mean(), out
 

@@ -48,6 +48,8 @@ def window_from_params(params: Tensor, width: int, height: int, N: int) -> DRAWW
     """``params (B, 5)`` = ``(g~X, g~Y, log sigma^2, log delta~, log gamma)`` (eq. 21) -> window (22-24)."""
     if params.dim() != 2 or params.shape[-1] != 5:
         raise ValueError(f"params has shape {tuple(params.shape)}; expected (B, 5)")
+    if not bool(torch.isfinite(params).all()):
+        raise ValueError("params contain NaN or inf; check the state the window is computed from")
     gx_t, gy_t, log_s2, log_d, log_g = params.unbind(-1)
     gx = (width + 1) / 2 * (gx_t + 1)
     gy = (height + 1) / 2 * (gy_t + 1)
@@ -65,20 +67,38 @@ def filterbank(window: DRAWWindow, width: int, height: int, N: int) -> tuple[Ten
     mu_y = window.gy[:, None] + offsets * window.stride[:, None]  # (B, N)
     a = torch.arange(1, width + 1, device=device, dtype=dtype)  # (A,)
     b = torch.arange(1, height + 1, device=device, dtype=dtype)  # (Bh,)
-    s2 = window.sigma2[:, None, None]
-    fx = torch.softmax(-((a - mu_x[..., None]) ** 2) / (2 * s2), dim=-1)  # (B, N, A)
-    fy = torch.softmax(-((b - mu_y[..., None]) ** 2) / (2 * s2), dim=-1)  # (B, N, Bh)
-    return fx, fy
+    # sigma^2 that underflowed to 0 (log sigma^2 = -200) is the limit sigma -> 0: each filter on its nearest
+    # pixel. The nearest squared distance is taken out of each row first (softmax does not change), so the
+    # nearest pixel's exponent is 0, not -inf - (-inf) = NaN.
+    s2 = window.sigma2.clamp_min(torch.finfo(dtype).tiny)[:, None, None]
+
+    def bank(pixels: Tensor, mu: Tensor) -> Tensor:
+        d2 = (pixels - mu[..., None]) ** 2  # (B, N, pixels)
+        return torch.softmax(-(d2 - d2.amin(dim=-1, keepdim=True)) / (2 * s2), dim=-1)
+
+    return bank(a, mu_x), bank(b, mu_y)  # (B, N, A), (B, N, Bh)
 
 
-def _check_image(x: Tensor) -> None:
+def _check_image(x: Tensor, what: str = "image") -> None:
+    if not isinstance(x, Tensor) or not x.dtype.is_floating_point:
+        raise ValueError(f"{what} must be a floating tensor, got "
+                         f"{x.dtype if isinstance(x, Tensor) else type(x).__name__}")
     if x.dim() != 4:
-        raise ValueError(f"image has shape {tuple(x.shape)}; expected (B, C, H, W)")
+        raise ValueError(f"{what} has shape {tuple(x.shape)}; expected (B, C, H, W)")
+
+
+def _check_window(window: DRAWWindow, B: int) -> None:
+    for name in ("gx", "gy", "stride", "sigma2", "gamma"):
+        t = getattr(window, name)
+        if not isinstance(t, Tensor) or tuple(t.shape) != (B,):
+            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"window.{name} has shape {got}; expected ({B},), one value per image")
 
 
 def draw_read(x: Tensor, window: DRAWWindow, N: int) -> Tensor:
     """``gamma F_Y x F_X^T`` (eq. 27): ``x (B, C, H, W)`` -> glimpse ``(B, C, N, N)``."""
     _check_image(x)
+    _check_window(window, x.shape[0])
     fx, fy = filterbank(window, x.shape[-1], x.shape[-2], N)
     glimpse = torch.einsum("bjh,bchw,biw->bcji", fy, x, fx)  # (B, C, N, N)
     return window.gamma[:, None, None, None] * glimpse
@@ -86,7 +106,10 @@ def draw_read(x: Tensor, window: DRAWWindow, N: int) -> Tensor:
 
 def draw_write(w: Tensor, window: DRAWWindow, width: int, height: int) -> Tensor:
     """``(1 / gamma) F_Y^T w F_X`` (eq. 29): patch ``w (B, C, N, N)`` -> image ``(B, C, height, width)``."""
-    _check_image(w)
+    _check_image(w, "patch")
+    _check_window(window, w.shape[0])
+    if w.shape[-1] != w.shape[-2]:
+        raise ValueError(f"patch has shape {tuple(w.shape)}; expected a square N x N patch (B, C, N, N)")
     N = w.shape[-1]
     fx, fy = filterbank(window, width, height, N)
     image = torch.einsum("bjh,bcji,biw->bchw", fy, w, fx)  # (B, C, H, W)
@@ -124,6 +147,10 @@ class DRAWRead(nn.Module):
                 f"image is {tuple(x.shape[-2:])} (H, W); "
                 f"this DRAWRead was built for ({self.height}, {self.width})"
             )
+        state = self.params.in_features
+        if not isinstance(h, Tensor) or h.dim() != 2 or tuple(h.shape) != (x.shape[0], state):
+            got = tuple(h.shape) if isinstance(h, Tensor) else type(h).__name__
+            raise ValueError(f"h has shape {got}; expected (B, state_dim) = ({x.shape[0]}, {state})")
         window = self.window(h)
         return draw_read(x, window, self.N), window
 

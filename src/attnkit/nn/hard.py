@@ -106,12 +106,25 @@ def hard_attention(
     Shapes: ``scores (B, L)``, ``values (B, L, D)``, ``key_mask (B, L)`` bool True = real.
     """
     _check_mode(mode)
+    for name, t in (("scores", scores), ("values", values)):
+        if not isinstance(t, Tensor) or not t.dtype.is_floating_point:
+            what = t.dtype if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a floating tensor, got {what}")
     if scores.dim() != 2 or values.dim() != 3 or values.shape[:2] != scores.shape:
         raise ValueError(
             f"scores {tuple(scores.shape)} and values {tuple(values.shape)}; expected (B, L) and (B, L, D)"
         )
+    if bool(torch.isnan(scores).any()) or bool(torch.isposinf(scores).any()):
+        raise ValueError(
+            "scores contain NaN or +inf, which have no weight; check the score function's inputs, and mark "
+            "locations that may not be chosen with -inf or key_mask"
+        )
     B, L = scores.shape
     if key_mask is not None:
+        if not isinstance(key_mask, Tensor):
+            raise ValueError(
+                f"key_mask must be a bool tensor (B, L) = ({B}, {L}), got {type(key_mask).__name__}"
+            )
         if key_mask.shape != (B, L) or key_mask.dtype != torch.bool:
             raise ValueError(
                 f"key_mask has shape {tuple(key_mask.shape)} dtype {key_mask.dtype}; "
@@ -165,6 +178,8 @@ def reinforce_loss(
         raise ValueError(
             f"log_prob {tuple(log_prob.shape)} and reward {tuple(reward.shape)} differ; expected (N,) each"
         )
+    if not bool(torch.isfinite(reward).all()):
+        raise ValueError("reward contains NaN or inf; check the reward computation")
     advantage = (reward - baseline).detach()
     surrogate = reward_weight * advantage * log_prob
     if entropy is not None:
@@ -181,8 +196,8 @@ class MovingAverageBaseline(nn.Module):
 
     def __init__(self, decay: float = 0.9) -> None:
         super().__init__()
-        if not 0.0 <= decay < 1.0:
-            raise ValueError(f"decay={decay!r}; expected 0 <= decay < 1 (0.9 in Show-Attend-Tell)")
+        decay = check_number(decay, f"decay={decay!r}", "expected 0 <= decay < 1 (0.9 in Show-Attend-Tell)",
+                             low=0.0, high=1.0, high_open=True, sep="; ")
         self.decay = decay
         self.register_buffer("value", torch.zeros(()))
         self.register_buffer("count", torch.zeros((), dtype=torch.long))

@@ -38,11 +38,13 @@ PARAMETERIZATIONS = ("exp", "softplus")
 
 
 def gmm_window_weights(alpha: Tensor, beta: Tensor, kappa: Tensor, length: int) -> Tensor:
-    """``phi(u) = sum_k alpha_k exp(-beta_k (kappa_k - u)^2)`` for ``u = 0 .. length-1``.
+    """``phi(u) = sum_k alpha_k exp(-beta_k (kappa_k - u)^2)`` for ``u = 1 .. length``, the numbering of
+    Graves (arXiv:1308.0850, eqs. 46-51) and the lecture: with ``kappa_0 = 0`` and steps of about one
+    position, step 1 is centred on the first value (``phi[:, 0]`` is position ``u = 1``).
 
     ``alpha, beta, kappa (B, K)`` -> ``phi (B, length)``.
     """
-    u = torch.arange(length, device=kappa.device, dtype=kappa.dtype)  # (U,)
+    u = torch.arange(1, length + 1, device=kappa.device, dtype=kappa.dtype)  # (U,): positions 1 .. U
     dist2 = (kappa[:, :, None] - u) ** 2  # (B, K, U)
     return (alpha[:, :, None] * torch.exp(-beta[:, :, None] * dist2)).sum(dim=1)  # (B, U)
 
@@ -105,9 +107,18 @@ class GMMLocationAttention(nn.Module):
     def forward(
         self, query: Tensor, values: Tensor, kappa: Tensor, key_mask: Optional[Tensor] = None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        if not isinstance(query, Tensor) or query.dim() != 2:
+        Dq = self.proj.in_features
+        if not isinstance(query, Tensor) or query.dim() != 2 or query.shape[1] != Dq:
             got = tuple(query.shape) if isinstance(query, Tensor) else type(query).__name__
-            raise ValueError(f"query has shape {got}; expected (B, Dq) (one step)")
+            raise ValueError(f"query has shape {got}; expected (B, Dq) = (B, {Dq}) (one step)")
+        for name, t in (("query", query), ("values", values), ("kappa", kappa)):
+            if isinstance(t, Tensor) and t.dtype != self.proj.weight.dtype:
+                raise ValueError(
+                    f"{name} has dtype {t.dtype} but the module's weights are {self.proj.weight.dtype}; "
+                    "convert one of them with .to(dtype)"
+                )
+        if not bool(torch.isfinite(query).all()):
+            raise ValueError("query contains NaN or inf; check the decoder state that feeds the attention")
         B = query.shape[0]
         if not isinstance(values, Tensor) or values.dim() != 3 or values.shape[0] != B:
             got = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
@@ -121,6 +132,12 @@ class GMMLocationAttention(nn.Module):
         U = values.shape[1]
         check_key_mask(key_mask, B, U)
         alpha, beta, kappa = self.parameters_from(query, kappa)  # (B, K) each
+        if not all(bool(torch.isfinite(t).all()) for t in (alpha, beta, kappa)):
+            raise ValueError(
+                f"the window parameters (alpha, beta, kappa) are not finite: {self.parameterization} of the "
+                "projected query overflowed (exp of more than about 88 in float32); use "
+                "parameterization='softplus', which grows linearly, or keep the query smaller"
+            )
         phi = gmm_window_weights(alpha, beta, kappa, U)  # (B, U)
         if key_mask is not None:
             phi = phi.masked_fill(~key_mask, 0.0)

@@ -1,0 +1,87 @@
+"""Bad input to the lecture's attention modules is a ValueError that says what to fix, never a NaN, an
+empty answer or a torch error from deep inside (each case returned NaN or raised RuntimeError/TypeError)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit.models.ctc import ctc_greedy_decode, ctc_prefix_beam_search
+from attnkit.nn.draw import DRAWRead, DRAWWindow, draw_read, draw_write, filterbank, window_from_params
+from attnkit.nn.hard import MovingAverageBaseline, hard_attention, reinforce_loss
+
+
+@pytest.mark.parametrize("mode", ["soft", "reinforce", "gumbel", "argmax"])
+def test_hard_attention_refuses_nan_scores_integer_scores_and_a_list_mask(mode):
+    values = torch.randn(2, 4, 3)
+    scores = torch.randn(2, 4)
+    scores[0, 1] = float("nan")
+    with pytest.raises(ValueError, match="scores contain NaN"):
+        hard_attention(scores, values, mode=mode)
+    with pytest.raises(ValueError, match="scores must be a floating tensor"):
+        hard_attention(torch.zeros(2, 4, dtype=torch.long), values, mode=mode)
+    with pytest.raises(ValueError, match="key_mask must be a bool tensor"):
+        hard_attention(torch.randn(2, 4), values, mode=mode, key_mask=[[True] * 4] * 2)
+
+
+def test_reinforce_refuses_a_nan_reward_and_the_baseline_a_decay_that_is_no_number():
+    with pytest.raises(ValueError, match="reward contains NaN"):
+        reinforce_loss(torch.zeros(3), torch.tensor([1.0, float("nan"), 0.0]))
+    for decay in ("a", float("nan"), 1.0):
+        with pytest.raises(ValueError, match="expected 0 <= decay < 1"):
+            MovingAverageBaseline(decay)
+
+
+def test_gmm_location_attention_names_the_bad_query():
+    attn = ak.nn.GMMLocationAttention(4, 2)
+    values, kappa = torch.randn(2, 5, 3), attn.initial_kappa(2)
+    with pytest.raises(ValueError, match=r"expected \(B, Dq\) = \(B, 4\)"):
+        attn(torch.randn(2, 5), values, kappa)
+    with pytest.raises(ValueError, match="values has dtype torch.float64 but the module's weights are"):
+        attn(torch.randn(2, 4), values.double(), kappa)
+    with pytest.raises(ValueError, match="query contains NaN"):
+        attn(torch.full((2, 4), float("nan")), values, kappa)
+    with torch.no_grad():
+        attn.proj.bias[4:].fill_(100.0)  # exp(100) overflows float32
+    with pytest.raises(ValueError, match="parameterization='softplus'"):
+        attn(torch.zeros(2, 4), values, kappa)
+
+
+def test_a_draw_window_whose_variance_underflowed_reads_the_nearest_pixels():
+    """log sigma^2 = -200 gave sigma^2 = 0 and a NaN glimpse; the limit sigma -> 0 is each filter on its
+    nearest pixel, and every filter row still sums to 1."""
+    x = torch.randn(2, 1, 6, 6)
+    params = torch.tensor([[0.0, 0.0, -200.0, 0.0, 0.0]] * 2)  # centred, stride 1, sigma^2 -> 0
+    window = window_from_params(params, 6, 6, 6)
+    fx, fy = filterbank(window, 6, 6, 6)
+    assert torch.isfinite(fx).all() and torch.allclose(fx.sum(-1), torch.ones(2, 6))
+    glimpse = draw_read(x, window, 6)
+    torch.testing.assert_close(glimpse, x)  # the identity read of the module docstring
+    assert torch.isfinite(draw_write(glimpse, window, 6, 6)).all()
+
+
+def test_draw_shapes_and_values_are_checked():
+    x = torch.randn(2, 1, 6, 6)
+    read = DRAWRead(4, 3, 6, 6)
+    with pytest.raises(ValueError, match=r"h has shape \(2, 5\); expected \(B, state_dim\) = \(2, 4\)"):
+        read(x, torch.randn(2, 5))
+    with pytest.raises(ValueError, match=r"h has shape \(3, 4\)"):
+        read(x, torch.randn(3, 4))
+    window = window_from_params(torch.zeros(3, 5), 6, 6, 3)
+    with pytest.raises(ValueError, match=r"window.gx has shape \(3,\); expected \(2,\)"):
+        draw_read(x, window, 3)
+    with pytest.raises(ValueError, match="square N x N patch"):
+        draw_write(torch.randn(3, 1, 3, 4), window, 6, 6)
+    with pytest.raises(ValueError, match="params contain NaN"):
+        window_from_params(torch.full((2, 5), float("nan")), 6, 6, 3)
+    assert isinstance(window, DRAWWindow)
+
+
+def test_ctc_decoding_refuses_nan_and_integer_scores():
+    with pytest.raises(ValueError, match="log_probs contains NaN"):
+        ctc_prefix_beam_search(torch.full((4, 3), float("nan")))
+    with pytest.raises(ValueError, match="log_probs contains NaN"):
+        ctc_greedy_decode(torch.full((1, 4, 3), float("nan")))
+    with pytest.raises(ValueError, match="expected floating log-probabilities"):
+        ctc_greedy_decode(torch.zeros(1, 3, 4, dtype=torch.long))
