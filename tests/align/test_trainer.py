@@ -210,3 +210,46 @@ def test_accelerate_launch_two_processes_keeps_the_regularizer_in_sync(tiny_bert
     # the two processes saw different batches: without the gradient averaging their discriminators would
     # differ
     assert ranks[0]["reg"] == pytest.approx(ranks[1]["reg"], rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("accumulation", [2, 4])
+def test_gradient_accumulation_does_not_scale_the_regularizer(tmp_path, accumulation):
+    """A causal LM normalizes its loss over the whole accumulated batch and the Trainer then skips its own
+    division by the accumulation steps: the regularizer's per-micro-batch mean was summed over them, its
+    weight multiplied by gradient_accumulation_steps (navigator gradient x2 at 2 steps, x4 at 4)."""
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback, TrainingArguments
+
+    from attnkit.align import AlignmentRegularizer
+    from attnkit.align.trainer import alignment_trainer_class
+
+    transformers.logging.set_verbosity_error()
+    ids = torch.randint(3, 50, (4, 6), generator=torch.Generator().manual_seed(0))
+    rows = [{"input_ids": ids[i], "attention_mask": torch.ones(6, dtype=torch.long), "labels": ids[i]}
+            for i in range(4)]
+
+    def gradients(batch: int, steps: int):
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=32,
+                                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+        reg = AlignmentRegularizer(model, method="ct", weight=1.0)
+        got = {}
+
+        class Grab(TrainerCallback):
+            def on_pre_optimizer_step(self, args, state, control, **kwargs):
+                got.setdefault("navigator", reg.navigators[0].fc1.weight.grad.clone())
+                got.setdefault("query_key", model.transformer.h[0].attn.c_attn.weight.grad.clone())
+
+        args = TrainingArguments(output_dir=str(tmp_path / f"{batch}x{steps}"),
+                                 per_device_train_batch_size=batch, gradient_accumulation_steps=steps,
+                                 max_steps=1, report_to=[], use_cpu=True,
+                                 save_strategy="no", logging_strategy="no", seed=0, max_grad_norm=1e9)
+        trainer = alignment_trainer_class()(model=model, args=args, train_dataset=rows, regularizer=reg,
+                                            callbacks=[Grab()])
+        assert trainer.model_accepts_loss_kwargs
+        trainer.train()
+        return got
+
+    whole, split = gradients(4, 1), gradients(4 // accumulation, accumulation)
+    for name in ("navigator", "query_key"):
+        torch.testing.assert_close(split[name], whole[name], rtol=1e-4, atol=1e-7, msg=name)

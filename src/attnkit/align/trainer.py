@@ -46,8 +46,25 @@ def alignment_trainer_class(base=None):
         def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
             loss, outputs = super().compute_loss(model, inputs, return_outputs=True, **kwargs)
             if model.training and self.regularizer.config.weight > 0:
-                loss = loss + self.regularizer.loss()
+                reg = self.regularizer.loss()  # the mean over this micro-batch
+                if self._loss_scaled_for_accumulation(kwargs.get("num_items_in_batch")):
+                    # the Trainer will not divide this loss by the accumulation steps (the task loss was
+                    # normalized over the whole accumulated batch): the regularizer's share is divided here,
+                    # or its weight would grow with gradient_accumulation_steps
+                    reg = reg / getattr(self, "current_gradient_accumulation_steps",
+                                        self.args.gradient_accumulation_steps)
+                loss = loss + reg
             return (loss, outputs) if return_outputs else loss
+
+        def _loss_scaled_for_accumulation(self, num_items_in_batch) -> bool:
+            """``Trainer.training_step``'s own test of whether it leaves the loss undivided."""
+            fixed = getattr(self, "loss_is_scaled_for_ga", None)
+            if fixed is not None:
+                return bool(fixed)
+            return bool(
+                (getattr(self, "model_accepts_loss_kwargs", False) and num_items_in_batch is not None)
+                or getattr(self, "compute_loss_func", None) is not None
+            )
 
         def create_optimizer(self, *args, **kwargs):
             optimizer = super().create_optimizer(*args, **kwargs)
