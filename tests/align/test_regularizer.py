@@ -205,6 +205,25 @@ def test_max_tokens_subsamples_and_keeps_outputs():
     assert torch.isfinite(reg.loss())
 
 
+def test_one_forward_has_one_subsample_whatever_is_read_from_it():
+    """With max_tokens the tokens were redrawn at every call: mmd() twice gave two values, and logging it
+    changed the losses of the following steps."""
+    def losses(log: bool) -> list[float]:
+        model = _encoder()
+        reg = AlignmentRegularizer(model, method="mmd", max_tokens=3, seed=0)
+        x, pad = _batch()
+        out = []
+        for _ in range(3):
+            model(x, src_key_padding_mask=pad)
+            if log:
+                assert reg.mmd() == reg.mmd()
+            out.append(float(reg.loss()))
+            assert out[-1] == float(reg.loss())
+        return out
+
+    assert losses(log=False) == losses(log=True)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

@@ -167,6 +167,7 @@ class AlignmentRegularizer(nn.Module):
                 self.navigators.append(Navigator(site.head_dim, self.config.hidden).to(**factory))
         self._model = [model]  # a list, so that the model is not a submodule (its parameters are not ours)
         self._captured: list[tuple[int, Captured]] = []
+        self._drawn: Optional[list[tuple[int, Captured]]] = None  # the forward's subsample (max_tokens)
         self._untrainable: Optional[int] = None  # a layer captured with gradients off in this forward
         self._state = ForwardState()
         self._generator = torch.Generator().manual_seed(self.config.seed)
@@ -190,6 +191,7 @@ class AlignmentRegularizer(nn.Module):
     def clear(self) -> None:
         """Forget the captured queries and keys (done at the start of every forward pass of the model)."""
         self._captured.clear()
+        self._drawn = None
         self._untrainable = None
 
     def remove(self) -> None:
@@ -222,7 +224,11 @@ class AlignmentRegularizer(nn.Module):
                 "attached to (with self-attention) before calling loss() or mmd(); a submodule called on "
                 "its own is not captured"
             )
-        return [(i, self._subsample(c)) for i, c in self._captured]
+        if self._drawn is None or len(self._drawn) != len(self._captured):
+            # drawn once per forward pass: loss(), mmd() and mmd_per_head() read the same tokens, and a
+            # diagnostic call does not move the subsampling stream (which training and resuming follow)
+            self._drawn = [(i, self._subsample(c)) for i, c in self._captured]
+        return self._drawn
 
     def _subsample(self, c: Captured) -> Captured:
         limit = self.config.max_tokens
