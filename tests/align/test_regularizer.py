@@ -461,3 +461,19 @@ def test_a_deep_copy_of_the_model_does_not_write_into_the_regularizer(family):
     assert reg.mmd() == value and len(reg._captured) == calls
     run(model, 10.0)
     assert reg.mmd() != value  # the original is still captured
+
+
+@pytest.mark.parametrize("method", ["gan", "ct", "mmd"])
+def test_a_forward_under_inference_mode_gives_a_clear_error_from_loss(method):
+    """It was torch's "Inference tensors cannot be saved for backward" from inside the loss."""
+    model = _encoder()
+    x, pad = _batch()
+    reg = AlignmentRegularizer(model, method=method)
+    with torch.inference_mode():
+        model(x, src_key_padding_mask=pad)
+    assert reg.mmd() > 0
+    with pytest.raises(ValueError, match="ran under torch.inference_mode"):
+        reg.loss()
+    with torch.no_grad():
+        model(x, src_key_padding_mask=pad)
+    assert torch.isfinite(reg.loss())
