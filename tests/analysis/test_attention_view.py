@@ -231,3 +231,17 @@ def test_show_of_damaged_run_weights_or_an_unfinished_run_is_one_line(tmp_path, 
     expected = r"no finished run for \['hnas'\].*; finished: softmax seed 0$"
     with pytest.raises(FileNotFoundError, match=expected):
         view_from_run(tmp_path / "run", "goal", mechanisms=["hnas"])
+
+
+def test_load_bertviz_takes_the_folder_that_show_wrote(tmp_path):
+    """``load_bertviz(out_dir)`` said the existing folder "does not exist"."""
+    from attnkit.analysis.attention_view import AttentionView, load_bertviz, write_bertviz
+
+    view = AttentionView(text="a b", tokens=["a", "b"], source="test")
+    view.weights["softmax"] = [torch.full((2, 2, 2), 0.5)]
+    write_bertviz(view, tmp_path / "out")
+    attention, tokens = load_bertviz(tmp_path / "out")
+    assert tokens == ["a", "b"] and attention[0].shape == (1, 2, 2, 2)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no attention.safetensors"):
+        load_bertviz(tmp_path / "empty")

@@ -348,12 +348,20 @@ def write_bertviz(view: AttentionView, out: Union[str, os.PathLike]) -> dict:
 def load_bertviz(path: Union[str, os.PathLike],
                  mechanism: Optional[str] = None) -> tuple[tuple[Tensor, ...], list[str]]:
     """``(attention, tokens)`` for ``bertviz.head_view(attention, tokens)`` from a file of
-    :func:`write_bertviz`.
+    :func:`write_bertviz`, or the folder that ``attnkit show --out`` wrote (its ``attention.safetensors``).
 
     ``attention`` is a tuple over layers of ``(1, H, L, L)`` tensors; ``mechanism`` defaults to the first
     stored.
     """
     path = Path(path)
+    if path.is_dir():
+        found = [path / name for name in ("attention.safetensors", "attention.json") if (path / name).is_file()]
+        if not found:
+            raise FileNotFoundError(
+                f"{str(path)!r} holds no attention.safetensors or attention.json; write them with "
+                "`attnkit show ... --out DIR`"
+            )
+        path = found[0]
     if not path.is_file():
         raise FileNotFoundError(f"{str(path)!r} does not exist; write it with `attnkit show ... --out DIR`")
     try:
