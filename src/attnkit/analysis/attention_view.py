@@ -355,7 +355,7 @@ def load_bertviz(path: Union[str, os.PathLike],
     """
     path = Path(path)
     if path.is_dir():
-        found = [path / name for name in ("attention.safetensors", "attention.json") if (path / name).is_file()]
+        found = [path / n for n in ("attention.safetensors", "attention.json") if (path / n).is_file()]
         if not found:
             raise FileNotFoundError(
                 f"{str(path)!r} holds no attention.safetensors or attention.json; write them with "
