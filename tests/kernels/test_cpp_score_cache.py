@@ -129,7 +129,7 @@ def test_the_budget_comes_from_the_environment_in_mib(raw, expected, monkeypatch
     assert cpp_potentials.score_cache_bytes() == expected
 
 
-@pytest.mark.parametrize("raw", ["-1", "1.5", "lots", "64MB"])
+@pytest.mark.parametrize("raw", ["-1", "1.5", "lots", "64MB", "99999999999999"])  # the last overflowed int64
 def test_a_budget_in_the_environment_that_is_not_whole_mib_is_named(raw, monkeypatch):
     monkeypatch.setenv(cpp_potentials.SCORE_CACHE_ENV, raw)
     (q, k, v), km, qm = _inputs(torch.float32)

@@ -139,3 +139,51 @@ def test_a_changed_source_gets_a_new_build_dir(monkeypatch, tmp_path):
     assert before != after and before.parent == after.parent
     monkeypatch.setattr(cpu_ext, "_flags", lambda: ["-O2"])
     assert cpu_ext.build_dir() != after
+
+
+def test_a_damaged_library_is_rebuilt_not_loaded(monkeypatch, tmp_path):
+    """A truncated attnkit_cpu.so in the cache killed the process with SIGBUS when opened (and one that would
+    not load was never rebuilt): the build records the library's size and SHA-256, and a library that does
+    not match is rebuilt."""
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path))
+    monkeypatch.delenv("ATTNKIT_NO_CPP", raising=False)
+    final = cpu_ext.build_dir()
+    final.mkdir(parents=True)
+    (final / cpu_ext._LIBRARY).write_bytes(b"\x7fELF" + bytes(4092))  # what a truncated copy looks like
+    calls = []
+
+    def fake_build(path, verbose):
+        calls.append(path)
+        raise RuntimeError("compiler not run in this test")
+
+    monkeypatch.setattr(cpu_ext, "_build", fake_build)
+    monkeypatch.setattr(cpu_ext, "_state", {"loaded": False, "ok": False, "error": None})
+    assert not cpu_ext.load(warn=False) and calls == [final]  # no record: rebuilt
+    (final / cpu_ext._DIGEST).write_text(cpu_ext._digest(final / cpu_ext._LIBRARY))
+    assert cpu_ext._intact(final)
+    with open(final / cpu_ext._LIBRARY, "r+b") as f:  # damaged after the build
+        f.truncate(100)
+    assert not cpu_ext._intact(final)
+
+
+@pytest.mark.parametrize("raw, off", [("", False), ("0", False), ("off", False), ("No", False), ("1", True),
+                                      ("on", True), ("TRUE", True)])
+def test_no_cpp_reads_true_and_false_words(monkeypatch, raw, off):
+    """``ATTNKIT_NO_CPP=off`` turned the kernels off: anything not in a short list of false words did."""
+    monkeypatch.setenv("ATTNKIT_NO_CPP", raw)
+    assert cpu_ext.disabled() is off
+
+
+def test_an_unknown_no_cpp_value_is_named(monkeypatch):
+    monkeypatch.setenv("ATTNKIT_NO_CPP", "2")
+    with pytest.raises(ValueError, match="ATTNKIT_NO_CPP='2'; expected 1/true/yes/on"):
+        cpu_ext.disabled()
+
+
+@pytest.mark.parametrize("raw", ["nan", "-5", "inf", "abc"])
+def test_a_lock_timeout_that_is_no_wait_is_named(monkeypatch, raw):
+    """``nan`` waited forever on a held lock; a negative value gave up at once ("waited -5 s")."""
+    monkeypatch.setenv("ATTNKIT_EXT_LOCK_TIMEOUT", raw)
+    expected = f"ATTNKIT_EXT_LOCK_TIMEOUT='{raw}'; expected a number of seconds >= 0"
+    with pytest.raises(ValueError, match=expected):
+        cpu_ext._lock_timeout()

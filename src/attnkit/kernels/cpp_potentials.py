@@ -57,6 +57,7 @@ __all__ = [
 # bytes of exponentials (or scores) kept between Sinkhorn rounds: a whole 4096 x 4096 float32 head, one thread
 SCORE_CACHE_BYTES = 64 * 2**20
 SCORE_CACHE_ENV = "ATTNKIT_SCORE_CACHE_MB"
+_SCORE_CACHE_MAX_MIB = 2**24  # 16 TiB
 
 
 def score_cache_bytes() -> int:
@@ -69,10 +70,10 @@ def score_cache_bytes() -> int:
         mib = int(raw)
     except ValueError:
         mib = -1
-    if mib < 0:
+    if not 0 <= mib <= _SCORE_CACHE_MAX_MIB:  # above it the byte count leaves the kernels' int64
         raise ValueError(
-            f"{SCORE_CACHE_ENV}={raw!r}; expected a whole number of MiB >= 0 (default 64; 256 keeps a whole "
-            "head at L=8192)"
+            f"{SCORE_CACHE_ENV}={raw!r}; expected a whole number of MiB in [0, {_SCORE_CACHE_MAX_MIB}] "
+            "(default 64; 256 keeps a whole head at L=8192)"
         )
     return mib * 2**20
 # queries per chunk of a key strip (fewer when one head is spread over the threads); large chunks amortize the

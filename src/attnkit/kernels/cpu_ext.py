@@ -11,7 +11,9 @@ A killed process never blocks later ones:
 
 - loading a finished build takes no lock: the ``.so`` is opened with ``torch.ops.load_library``;
 - a build runs in a private temporary folder that is renamed into place when complete (``os.replace``
-  is atomic), so a half-written build is never loaded;
+  is atomic), so a half-written build is never loaded; the folder records the library's size and SHA-256
+  (``attnkit_cpu.sha256``), and a library that does not match (truncated or replaced on disk: opening a
+  truncated one kills the process with SIGBUS) is rebuilt instead of loaded;
 - concurrent builders serialize on an OS file lock (``fcntl.flock``) that the kernel releases when its
   holder dies; a wait longer than ``ATTNKIT_EXT_LOCK_TIMEOUT`` seconds (default 900) gives up with a
   message naming the lock file.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import shutil
 import sys
@@ -39,13 +42,23 @@ _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / name for name in ("potentials_cpu.cpp", "l1_distance_cpu.cpp", "coda_cpu.cpp")]
 _LDFLAGS = ["-fopenmp"]
 _LIBRARY = "attnkit_cpu.so"
+_DIGEST = "attnkit_cpu.sha256"  # "<size> <sha256>" of the library, written by the build that made it
+_FALSE, _TRUE = ("", "0", "false", "no", "off"), ("1", "true", "yes", "on")
 _lock = threading.Lock()
 _state: dict = {"loaded": False, "ok": False, "error": None}
 
 
 def disabled() -> bool:
-    """True when ``ATTNKIT_NO_CPP`` is set to a true value."""
-    return os.environ.get("ATTNKIT_NO_CPP", "").strip().lower() not in ("", "0", "false", "no")
+    """True when ``ATTNKIT_NO_CPP`` is set to a true value (1, true, yes, on); false values (unset, empty, 0,
+    false, no, off) keep the kernels; anything else is a ``ValueError``."""
+    raw = os.environ.get("ATTNKIT_NO_CPP", "")
+    value = raw.strip().lower()
+    if value not in _FALSE + _TRUE:
+        raise ValueError(
+            f"ATTNKIT_NO_CPP={raw!r}; expected 1/true/yes/on to turn the C++ kernels off, or 0/false/no/off "
+            "(or unset) to keep them"
+        )
+    return value in _TRUE
 
 
 def _capability() -> str:
@@ -109,7 +122,9 @@ def _lock_timeout() -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"ATTNKIT_EXT_LOCK_TIMEOUT={raw!r}; expected a number of seconds") from None
+        value = float("nan")
+    if not (math.isfinite(value) and value >= 0):  # nan waited forever, a negative value not at all
+        raise ValueError(f"ATTNKIT_EXT_LOCK_TIMEOUT={raw!r}; expected a number of seconds >= 0 (default 900)")
     return value
 
 
@@ -146,6 +161,21 @@ def build_lock(path: Path, timeout: Optional[float] = None) -> Iterator[None]:
         os.close(fd)
 
 
+def _digest(library: Path) -> str:
+    """``"<size> <sha256>"`` of the library file."""
+    data = library.read_bytes()
+    return f"{len(data)} {hashlib.sha256(data).hexdigest()}"
+
+
+def _intact(final: Path) -> bool:
+    """The build in ``final`` is complete and its library is the one it recorded (size and SHA-256)."""
+    library, record = final / _LIBRARY, final / _DIGEST
+    try:
+        return library.is_file() and record.is_file() and record.read_text().strip() == _digest(library)
+    except OSError:
+        return False
+
+
 def _build(final: Path, verbose: bool) -> None:
     """Compile into a private temporary folder (``cpp_extension`` loads it), then rename it to ``final``."""
     from torch.utils import cpp_extension
@@ -169,6 +199,7 @@ def _build(final: Path, verbose: bool) -> None:
             raise RuntimeError(f"the build in {tmp} produced no attnkit_cpu*.so")
         if built[-1].name != _LIBRARY:
             os.replace(built[-1], tmp / _LIBRARY)
+        (tmp / _DIGEST).write_text(_digest(tmp / _LIBRARY))
         if final.exists():  # an incomplete folder without the library; we hold the lock
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -190,10 +221,10 @@ def load(verbose: bool = False, *, warn: bool = True) -> bool:
             final = build_dir()
             library = final / _LIBRARY
             built_here = False
-            if not library.is_file():
+            if not _intact(final):  # missing, half-built, damaged, or from before the record: (re)build
                 final.parent.mkdir(parents=True, exist_ok=True)
                 with build_lock(final.parent / (final.name + ".lock")):
-                    if not library.is_file():  # nobody finished it while we waited
+                    if not _intact(final):  # nobody finished it while we waited
                         _build(final, verbose)
                         built_here = True
             if not built_here:
@@ -206,12 +237,14 @@ def load(verbose: bool = False, *, warn: bool = True) -> bool:
         except Exception as exc:  # no compiler, ninja or BLAS symbol, a lock wait: fall back, say why once
             lines = str(exc).strip().splitlines()
             _state.update(loaded=True, ok=False, error=f"{type(exc).__name__}: {lines[-1] if lines else ''}")
+            if isinstance(exc, (PermissionError, NotADirectoryError, FileExistsError)):  # the cache folder
+                fix = f"make ATTNKIT_CACHE a writable folder (the build goes to {build_dir().parent})"
+            else:
+                fix = "install a C++ compiler (g++) and ninja, then run `attnkit info` to build them"
             if warn:
                 warnings.warn(
-                    "attnkit: the C++ CPU kernels could not be built "
-                    f"({_state['error']}); the efficient backend uses its pure-PyTorch kernels "
-                    "(same results, "
-                    "slower). Install a C++ compiler (g++) and ninja, then run `attnkit info` to build them.",
+                    f"attnkit: the C++ CPU kernels are not in use ({_state['error']}); the efficient backend "
+                    f"uses its pure-PyTorch kernels (same results, slower). To use them, {fix}.",
                     RuntimeWarning,
                     stacklevel=2,
                 )
