@@ -160,3 +160,17 @@ def test_vmap_over_per_example_hybrid_weights():
     one = lambda q, k, v, u: ak.attention(q[None], k[None], v[None], "hnas", hybrid_weight=u)[0]  # noqa: E731
     expected = torch.stack([one(q[i], k[i], v[i], u[i]) for i in range(3)])
     torch.testing.assert_close(vmap(one)(q, k, v, u), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_inside_vmap_the_safety_checks_read_every_examples_values():
+    """Skipping the checks under vmap let a causal attn_mask leak future keys through dnas, and accepted a
+    hybrid weight outside [0, 1]: they now run on the plain tensor under the batching."""
+    q, k, v, mask = _per_example_masks()
+    causal = torch.ones(7, 7, dtype=torch.bool).tril().expand(3, 1, 7, 7)
+    one = lambda q, k, v, m: ak.attention(q[None], k[None], v[None], "dnas", attn_mask=m[None])[0]  # noqa: E731
+    with pytest.raises(ValueError, match="causal pattern"):
+        vmap(one)(q, k, v, causal)
+    bad = torch.tensor([0.5, 1.5, 0.2], dtype=torch.float64)
+    hnas = lambda q, k, v, u: ak.attention(q[None], k[None], v[None], "hnas", hybrid_weight=u)[0]  # noqa: E731
+    with pytest.raises(ValueError, match="outside \\[0, 1\\]"):
+        vmap(hnas)(q, k, v, bad)

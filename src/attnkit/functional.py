@@ -22,7 +22,7 @@ from .mechanisms import check_hybrid_weight
 from .registry import causal_problem, check_causal, resolve_options, spec_of
 from .scores import neg_l1_distance, scaled_dot
 from .scores._checks import check_scale
-from .validators import check_bool, check_number, values_hidden
+from .validators import check_bool, check_number, unbatched_values, values_hidden
 
 __all__ = [
     "attention",
@@ -327,8 +327,9 @@ def _reference_attention(
 def _fold_neg_inf(scores: Tensor, mask: MaskInfo) -> tuple[Tensor, MaskInfo]:
     """``-inf`` scores are masked pairs (so a row or column of them gets zeros, not NaN); NaN and ``+inf``
     are errors."""
-    hidden = values_hidden(scores)  # under vmap: not checked, and -inf folded wherever it may be
-    if not hidden and (torch.isnan(scores).any() or torch.isposinf(scores).any()):
+    hidden = values_hidden(scores)  # under vmap: checked on the plain values, -inf folded wherever it may be
+    plain = unbatched_values(scores) if hidden else scores
+    if torch.isnan(plain).any() or torch.isposinf(plain).any():
         raise ValueError(
             "scores contain NaN or +inf, which have no weight; check the score function's inputs, and mark "
             "pairs that may not attend with -inf or a mask"

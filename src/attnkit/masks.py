@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .registry import causal_problem, resolve_mechanism
-from .validators import values_hidden
+from .validators import unbatched_values, values_hidden
 
 __all__ = [
     "MASKED_BIAS", "MaskInfo", "check_dense", "check_qkv", "build_mask", "causal_leak_error",
@@ -245,8 +245,10 @@ def causal_pattern(mask: MaskInfo) -> bool:
     Lq, Lk = mask.Lq, mask.Lk
     if pair is None or Lq < 2 or pair.shape[-2] != Lq or pair.shape[-1] != Lk:
         return False
-    if values_hidden(pair):  # under vmap the pattern cannot be read; the mask is applied as given
-        return False
+    if values_hidden(pair):  # under vmap: the pattern of every example, read from the plain tensor under it
+        pair = unbatched_values(pair, trailing=2)
+        if pair is None:  # a mapped dimension among (Lq, Lk): no pattern to read
+            return False
     for offset in sorted({0, max(Lk - Lq, 0)}):  # top-left, then bottom-right alignment
         if bool(pair.triu(offset + 1).any()):  # a key after its query
             continue
@@ -306,8 +308,9 @@ def build_mask(
                     f"attn_mask has dtype {m.dtype}: an additive float mask is meaningless for CoDA "
                     "(its masks are multiplicative); pass a boolean mask with True = may attend"
                 )
-            hidden = values_hidden(m)  # under vmap: not checked, and every entry treated as maybe masked
-            if not hidden and (torch.isnan(m).any() or (m == float("inf")).any()):
+            hidden = values_hidden(m)  # under vmap: checked on the plain values, every entry maybe masked
+            plain = unbatched_values(m) if hidden else m
+            if torch.isnan(plain).any() or (plain == float("inf")).any():
                 raise ValueError(
                     "attn_mask contains NaN or +inf; use finite biases and -inf for pairs that may not attend"
                 )

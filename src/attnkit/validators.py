@@ -23,6 +23,7 @@ __all__ = [
     "check_choice",
     "check_float_tensor",
     "values_hidden",
+    "unbatched_values",
 ]
 
 
@@ -101,3 +102,18 @@ def values_hidden(t: Tensor) -> bool:
             return True
         t = functorch.get_unwrapped(t)
     return functorch.is_legacy_batchedtensor(t)
+
+
+def unbatched_values(t: Tensor, trailing: int = 0) -> Optional[Tensor]:
+    """The plain tensor under ``vmap``'s batching of ``t`` (every example's values, the mapped dimensions
+    somewhere among the leading ones), on which a check of the values can run as on a batched call; ``None``
+    when a mapped dimension is among the last ``trailing`` dimensions (a check of ``(Lq, Lk)`` patterns needs
+    them intact)."""
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(t):
+        batched = functorch.is_batchedtensor(t)
+        bdim = functorch.maybe_get_bdim(t) if batched else None
+        t = functorch.get_unwrapped(t)
+        if batched and bdim >= t.dim() - trailing:
+            return None
+    return t

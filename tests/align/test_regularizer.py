@@ -477,3 +477,13 @@ def test_a_forward_under_inference_mode_gives_a_clear_error_from_loss(method):
     with torch.no_grad():
         model(x, src_key_padding_mask=pad)
     assert torch.isfinite(reg.loss())
+
+
+def test_loss_under_no_grad_after_an_inference_mode_forward_is_read():
+    model = _encoder()
+    x, pad = _batch()
+    reg = AlignmentRegularizer(model, method="gan")
+    with torch.inference_mode():
+        model(x, src_key_padding_mask=pad)
+    with torch.no_grad():
+        assert torch.isfinite(reg.loss())

@@ -90,3 +90,13 @@ def test_a_bad_score_budget_stops_a_command_before_it_writes_but_not_its_help(ca
     assert capsys.readouterr().err.startswith("error: ATTNKIT_SCORE_CACHE_MB='64MB'")
     main(["compare", "--help"])  # returns: the help is printed, no error
     assert "Usage" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name, raw", [("ATTNKIT_NO_CPP", "maybe"), ("ATTNKIT_EXT_LOCK_TIMEOUT", "nan")])
+def test_a_bad_kernel_setting_is_named_before_any_work(monkeypatch, tmp_path, capsys, name, raw):
+    """ATTNKIT_NO_CPP=maybe was reported after compare had started its first run and written a run folder."""
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--out", str(tmp_path / "run"), "--max-steps", "1"])
+    assert exc.value.code == 2 and capsys.readouterr().err.startswith(f"error: {name}={raw!r}")
+    assert not (tmp_path / "run").exists()

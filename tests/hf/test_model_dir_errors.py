@@ -309,3 +309,20 @@ def test_a_load_option_that_does_not_fit_the_files_is_named_not_the_files(tmp_pa
         akhf.load(tmp_path, dtype="float17")
     model = akhf.load(tmp_path, num_labels=5, ignore_mismatched_sizes=True)
     assert model.classifier.out_features == 5 and akhf.conversion(model).name == "dnas"
+
+
+
+def test_a_loader_option_does_not_take_the_blame_for_damaged_files(tmp_path):
+    """With dtype= given, a config.json that no longer fits its weights said "pass ignore_mismatched_sizes"
+    (which would re-initialize the damaged layers): only options that set sizes are named."""
+    import json as _json
+
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32)).save_pretrained(tmp_path)
+    config = _json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(_json.dumps({**config, "intermediate_size": 24}))
+    with pytest.raises(ValueError, match="restore the matching pair of files"):
+        akhf.load(tmp_path, dtype=torch.float32)

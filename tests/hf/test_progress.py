@@ -138,3 +138,21 @@ def test_a_resized_body_is_still_damaged_files_when_the_head_is_replaced(tmp_pat
     err = _error(capsys, ["finetune", "--model", str(model), "--dataset", str(_data(tmp_path, ROWS)),
                           "--max-steps", "2", "--out", str(tmp_path / "run")])
     assert "intermediate.dense.weight" in err and "restore the matching pair of files" in err
+
+
+
+def test_a_missing_model_directory_is_named_and_the_logging_is_left_as_it_was(tmp_path):
+    from transformers.utils import logging as hf_logging
+
+    from attnkit.hf.progress import load_classifier
+
+    before = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_classifier(str(tmp_path / "no-such-model"), num_labels=2)
+    assert (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()) == before
+
+
+def test_finetune_config_takes_a_path_for_out(tmp_path):
+    from attnkit.hf.finetune import FinetuneConfig
+
+    assert FinetuneConfig(out=tmp_path / "run").out == tmp_path / "run"

@@ -8,6 +8,7 @@ import json
 from html.parser import HTMLParser
 
 import pytest
+import torch
 
 from attnkit.runner import build_config, get_task, run_compare
 from tests.runner._fixtures import tiny_overrides, write_classification_file
@@ -181,6 +182,24 @@ def test_resume_with_a_trained_alignment_regularizer_matches_uninterrupted_run(t
     for a, b in zip(full.runs, resumed.runs):
         assert a["mechanism"] == b["mechanism"] and a["history"] == b["history"], a["mechanism"]
         assert a["metrics"] == b["metrics"]
+
+
+def test_a_checkpoint_from_before_the_regularizer_was_saved_still_resumes(tmp_path):
+    data = write_classification_file(tmp_path / "topics.json")
+    common = dict(mechanisms="softmax", align="gan", seeds=1, steps=6, checkpoint_every=3, eval_every=3)
+
+    def kill(mechanism, seed, step):
+        if step == 4:
+            raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError, match="killed"):
+        run_compare(build_config(tiny_overrides(data, tmp_path / "run", **common)), on_step=kill)
+    state_file = next((tmp_path / "run").glob("runs/*/checkpoints/step-*/state.pt"))
+    state = torch.load(state_file, weights_only=True)
+    del state["regularizer"], state["regularizer_rng"]  # as checkpoints were written before
+    torch.save(state, state_file)
+    result = run_compare(build_config(tiny_overrides(data, tmp_path / "run", resume=True, **common)))
+    assert len(result.runs) == 1  # it was "cannot be read (KeyError: 'regularizer')"
 
 
 def test_resume_rejects_changed_settings(tmp_path):

@@ -77,3 +77,8 @@ def test_a_label_that_is_not_a_name_or_an_integer_is_refused(tmp_path, bad):
     expected = r"train\[1\]: label .*expected a class name \(a string\) or an integer"
     with pytest.raises(ValueError, match=expected):
         load_file_dataset(_classification(tmp_path, ["a", bad, "b"]))
+
+
+def test_the_same_label_as_a_number_and_a_string_is_one_class(tmp_path):
+    data = load_file_dataset(_classification(tmp_path, [1, "1", 2]))
+    assert data.label_names == ["1", "2"] and data.train_labels == [0, 0, 1]

@@ -279,11 +279,12 @@ class AlignmentRegularizer(nn.Module):
                 "activation_checkpointing_enable(activation_checkpointing_kwargs={'use_reentrant': False}); "
                 "torch: checkpoint(..., use_reentrant=False))"
             )
-        if any(c.q.is_inference() for _, c in calls) and not torch.is_inference_mode_enabled():
+        if (any(c.q.is_inference() for _, c in calls) and torch.is_grad_enabled()
+                and not torch.is_inference_mode_enabled()):
             raise ValueError(
                 "the last forward pass ran under torch.inference_mode(), whose tensors cannot enter a loss "
-                "(autograd cannot save them); run it under torch.no_grad() to read the loss, or with "
-                "gradients to train with it (mmd() reads either)"
+                "(autograd cannot save them); read the loss under torch.no_grad(), or run the forward with "
+                "gradients to train with it"
             )
         terms = [reduce_heads(self._values(i, c), c.q_mask, c.k_mask) for i, c in calls]
         return torch.stack(terms).mean()

@@ -64,9 +64,12 @@ USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryErro
 def _check_environment() -> None:
     """Settings read from the environment, named before a command starts any work (a run directory, a model
     download) rather than when a kernel first reads them."""
+    from attnkit.kernels import cpu_ext
     from attnkit.kernels.cpp_potentials import score_cache_bytes
 
     score_cache_bytes()  # ATTNKIT_SCORE_CACHE_MB
+    cpu_ext.disabled()  # ATTNKIT_NO_CPP
+    cpu_ext._lock_timeout()  # ATTNKIT_EXT_LOCK_TIMEOUT
 
 
 def _one_line(message: str) -> str:

@@ -296,14 +296,25 @@ def from_pretrained(
     return result
 
 
+# from_pretrained options that load the same shapes (dtypes, placement, loading): a size mismatch under them
+# is the files' own
+_LOADER_OPTIONS = frozenset({
+    "dtype", "torch_dtype", "device_map", "low_cpu_mem_usage", "attn_implementation", "output_loading_info",
+    "ignore_mismatched_sizes", "use_safetensors", "local_files_only", "revision", "trust_remote_code",
+    "cache_dir", "force_download", "subfolder", "offload_folder", "offload_state_dict", "max_memory",
+    "key_mapping", "weights_only", "tp_plan", "quantization_config",
+})
+
+
 def _load_error(exc: Exception, config_path: str, weights: str, kwargs: dict) -> ValueError:
     """The one-line error of a failed ``from_pretrained``: the caller's options are named first when there
     are any (``num_labels=5`` against a saved 3-label head is the caller's choice, not damaged files)."""
     options = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
     mismatch = "mismatched_sizes" in str(exc) or "size mismatch" in str(exc)
-    if mismatch and options:
+    sizing = ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if k not in _LOADER_OPTIONS)
+    if mismatch and sizing:  # an option that sets sizes (num_labels, vocab_size, ...) may be the cause
         return ValueError(
-            f"{weights} does not fit the model that {config_path} builds with {options}: some tensors have "
+            f"{weights} does not fit the model that {config_path} builds with {sizing}: some tensors have "
             "other shapes; pass ignore_mismatched_sizes=True to start those layers afresh (e.g. a new "
             "classification head for another num_labels), or leave the options out"
         )

@@ -80,7 +80,8 @@ class FinetuneConfig:
     align_weight: float = 0.01
 
     def __post_init__(self) -> None:
-        if not isinstance(self.out, str) or not self.out.strip():  # Path("") is the working directory
+        out = os.fspath(self.out) if isinstance(self.out, os.PathLike) else self.out
+        if not isinstance(out, str) or not out.strip():  # Path("") is the working directory
             raise ValueError(f"out={self.out!r}: expected a directory for the model and metrics.json")
         if self.align is not None:
             from ..align import AlignConfig

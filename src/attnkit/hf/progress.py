@@ -64,20 +64,19 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
-    from .checks import from_pretrained
+    from .checks import auto_config, check_model_dir, from_pretrained
 
     log = log or (lambda line: print(line, file=sys.stderr))
-    verbosity = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    from .checks import auto_config
-
+    check_model_dir(model_dir, "--model")
     saved = auto_config(model_dir)
     if "num_labels" in kwargs and saved.num_labels != kwargs["num_labels"] and any(
         arch.endswith("ForSequenceClassification") for arch in saved.architectures or []
     ):  # a classifier fine-tuned on other labels: its head is replaced (and only its head, checked below)
         kwargs = {**kwargs, "ignore_mismatched_sizes": True}
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     try:
         model, info = from_pretrained(
             AutoModelForSequenceClassification, model_dir, "--model", output_loading_info=True, **kwargs

@@ -22,8 +22,8 @@ A killed process never blocks later ones:
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
-import math
 import os
 import shutil
 import sys
@@ -44,6 +44,7 @@ _LDFLAGS = ["-fopenmp"]
 _LIBRARY = "attnkit_cpu.so"
 _DIGEST = "attnkit_cpu.sha256"  # "<size> <sha256>" of the library, written by the build that made it
 _FALSE, _TRUE = ("", "0", "false", "no", "off"), ("1", "true", "yes", "on")
+_CACHE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST)
 _lock = threading.Lock()
 _state: dict = {"loaded": False, "ok": False, "error": None}
 
@@ -123,8 +124,11 @@ def _lock_timeout() -> float:
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if not (math.isfinite(value) and value >= 0):  # nan waited forever, a negative value not at all
-        raise ValueError(f"ATTNKIT_EXT_LOCK_TIMEOUT={raw!r}; expected a number of seconds >= 0 (default 900)")
+    if not value >= 0:  # nan waited forever and negative values not at all; inf waits without a limit
+        raise ValueError(
+            f"ATTNKIT_EXT_LOCK_TIMEOUT={raw!r}; expected a number of seconds >= 0 (default 900; inf: no "
+            "limit)"
+        )
     return value
 
 
@@ -214,19 +218,26 @@ def load(verbose: bool = False, *, warn: bool = True) -> bool:
     with _lock:
         if _state["loaded"]:
             return _state["ok"]
-        if disabled():
+        if disabled():  # a ValueError for a value it does not know, as for the lock timeout below
             _state.update(loaded=True, ok=False, error="disabled by ATTNKIT_NO_CPP")
             return False
+        _lock_timeout()
         try:
             final = build_dir()
             library = final / _LIBRARY
             built_here = False
             if not _intact(final):  # missing, half-built, damaged, or from before the record: (re)build
-                final.parent.mkdir(parents=True, exist_ok=True)
-                with build_lock(final.parent / (final.name + ".lock")):
-                    if not _intact(final):  # nobody finished it while we waited
-                        _build(final, verbose)
-                        built_here = True
+                try:
+                    final.parent.mkdir(parents=True, exist_ok=True)
+                    with build_lock(final.parent / (final.name + ".lock")):
+                        if not _intact(final):  # nobody finished it while we waited
+                            _build(final, verbose)
+                            built_here = True
+                except Exception:
+                    # A library built before the record was kept is not known to be damaged: where it cannot
+                    # be rebuilt (no compiler, a read-only cache) it is loaded as it was before.
+                    if not (library.is_file() and not (final / _DIGEST).exists()):
+                        raise
             if not built_here:
                 torch.ops.load_library(str(library))
             torch.ops.attnkit_cpu.potentials_forward  # noqa: B018  (raises if the library did not register)
@@ -237,7 +248,7 @@ def load(verbose: bool = False, *, warn: bool = True) -> bool:
         except Exception as exc:  # no compiler, ninja or BLAS symbol, a lock wait: fall back, say why once
             lines = str(exc).strip().splitlines()
             _state.update(loaded=True, ok=False, error=f"{type(exc).__name__}: {lines[-1] if lines else ''}")
-            if isinstance(exc, (PermissionError, NotADirectoryError, FileExistsError)):  # the cache folder
+            if isinstance(exc, OSError) and exc.errno in _CACHE_ERRNOS:  # the cache folder
                 fix = f"make ATTNKIT_CACHE a writable folder (the build goes to {build_dir().parent})"
             else:
                 fix = "install a C++ compiler (g++) and ninja, then run `attnkit info` to build them"

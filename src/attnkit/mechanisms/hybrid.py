@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .dnas import dnas_weights
 from .softmax import softmax_weights
-from ..validators import is_number, values_hidden
+from ..validators import is_number, unbatched_values, values_hidden
 
 __all__ = ["hnas_weights", "check_hybrid_weight", "sigmoid_weight"]
 
@@ -51,12 +51,13 @@ def check_hybrid_weight(
         raise ValueError(f"hybrid_weight has dtype {u.dtype}; expected a floating tensor in [0, 1]")
     if u.device != like.device:
         raise ValueError(f"hybrid_weight is on {u.device} but the inputs are on {like.device}")
-    if not getattr(u, _UNIT_INTERVAL, False) and not values_hidden(u):  # under vmap the values cannot be read
+    if not getattr(u, _UNIT_INTERVAL, False):
+        plain = unbatched_values(u) if values_hidden(u) else u  # under vmap: every example's values
         with torch.no_grad():
-            if torch.isnan(u).any() or (u < 0).any() or (u > 1).any():
+            if torch.isnan(plain).any() or (plain < 0).any() or (plain > 1).any():
                 raise ValueError(
-                    f"hybrid_weight has values outside [0, 1] (min {u.min().item():.4g}, "
-                    f"max {u.max().item():.4g}); pass sigmoid(theta) for a learnable weight"
+                    f"hybrid_weight has values outside [0, 1] (min {plain.min().item():.4g}, "
+                    f"max {plain.max().item():.4g}); pass sigmoid(theta) for a learnable weight"
                 )
     if u.dim() == 1:
         if u.shape[0] not in (1, H):

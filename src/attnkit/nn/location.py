@@ -111,13 +111,16 @@ class GMMLocationAttention(nn.Module):
         if not isinstance(query, Tensor) or query.dim() != 2 or query.shape[1] != Dq:
             got = tuple(query.shape) if isinstance(query, Tensor) else type(query).__name__
             raise ValueError(f"query has shape {got}; expected (B, Dq) = (B, {Dq}) (one step)")
+        autocast = torch.is_autocast_enabled(query.device.type)  # mixed dtypes are autocast's to reconcile
         for name, t in (("query", query), ("values", values), ("kappa", kappa)):
-            if isinstance(t, Tensor) and t.dtype != self.proj.weight.dtype:
+            if isinstance(t, Tensor) and t.dtype != self.proj.weight.dtype and not autocast:
                 raise ValueError(
                     f"{name} has dtype {t.dtype} but the module's weights are {self.proj.weight.dtype}; "
                     "convert one of them with .to(dtype)"
                 )
-        if not bool(torch.isfinite(query).all()):
+        # value checks on the CPU only: on an accelerator each would synchronize the device at every step
+        checked = query.device.type == "cpu"
+        if checked and not bool(torch.isfinite(query).all()):
             raise ValueError("query contains NaN or inf; check the decoder state that feeds the attention")
         B = query.shape[0]
         if not isinstance(values, Tensor) or values.dim() != 3 or values.shape[0] != B:
@@ -132,7 +135,7 @@ class GMMLocationAttention(nn.Module):
         U = values.shape[1]
         check_key_mask(key_mask, B, U)
         alpha, beta, kappa = self.parameters_from(query, kappa)  # (B, K) each
-        if not all(bool(torch.isfinite(t).all()) for t in (alpha, beta, kappa)):
+        if checked and not bool(torch.isfinite(torch.stack([alpha, beta, kappa])).all()):
             raise ValueError(
                 f"the window parameters (alpha, beta, kappa) are not finite: {self.parameterization} of the "
                 "projected query overflowed (exp of more than about 88 in float32); use "

@@ -111,7 +111,7 @@ def load_file_dataset(path: str):
     if not given:  # the classes are the labels themselves: integers in numeric order, else names sorted
         values = {r["label"] for r in raw["train"] + raw["test"]}
         numeric = all(isinstance(y, int) for y in values)
-        names = [str(y) for y in sorted(values, key=(lambda y: y) if numeric else str)]
+        names = list(dict.fromkeys(str(y) for y in sorted(values, key=(lambda y: y) if numeric else str)))
     index = {str(n): i for i, n in enumerate(names)}
 
     def label(row: dict) -> int:

@@ -247,7 +247,7 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=N
         accelerator.unwrap_model(model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        if reg is not None:
+        if reg is not None and "regularizer" in state:  # checkpoints from before it was saved: a fresh one
             reg.load_state_dict(state["regularizer"])
             reg._generator.set_state(state["regularizer_rng"])
 
