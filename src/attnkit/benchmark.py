@@ -252,8 +252,47 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+# On CUDA one call can take well under a millisecond, where the host's launch and synchronization overheads
+# would dominate a round of one call: a round there is as many back-to-back calls as fill this many seconds,
+# timed with CUDA events, and reports the time per call.
+CUDA_ROUND_S = 0.05
+
+
+def _calls_per_round(fn: Callable[[], None]) -> int:
+    """How many calls of ``fn`` fill ``CUDA_ROUND_S`` on the current CUDA device (at least 1)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    one = max(start.elapsed_time(end) / 1e3, 1e-6)
+    return max(1, min(1000, int(CUDA_ROUND_S / one)))
+
+
+def _cuda_round_times(fn: Callable[[], None], repeats: int, limit: float) -> list[float]:
+    """Seconds per call in each round of back-to-back calls, by CUDA events."""
+    n = _calls_per_round(fn)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / n)
+        if sum(times) * n > limit:
+            break
+    return times
+
+
 def _round_times(fn: Callable[[], None], repeats: int, device: str, limit: float) -> list[float]:
-    """Seconds of each timed round (fewer than ``repeats`` once their sum passes ``limit``)."""
+    """Seconds of each timed round (fewer than ``repeats`` once their sum passes ``limit``); on CUDA the
+    seconds per call of rounds of back-to-back calls (``_cuda_round_times``)."""
+    if device == "cuda":
+        return _cuda_round_times(fn, repeats, limit)
     times = []
     for _ in range(repeats):
         _sync(device)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The checks and timings that need a CUDA GPU, in one run: the CUDA tests (tests/cuda: the Triton kernels
+# compiled, against the float64 reference), `attnkit bench --device cuda` and the tile sweep of the Triton
+# potential kernels (benchmarks/triton_tiles.py). Usage: bash benchmarks/cuda_check.sh OUT_DIR
+# Runs from a source checkout with the Python that has torch and triton (PYTHON, default python3).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:?usage: bash benchmarks/cuda_check.sh OUT_DIR}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" ATTNKIT_NO_CPP=1 TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+CLI=("$PY" -c "import sys; from attnkit.cli import main; sys.argv[0] = 'attnkit'; main()")  # attnkit ...
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+"$PY" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
+'transformers', transformers.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"
+start=$(date +%s)
+# compile-heavy parts side by side (CPU cores), the timed parts one at a time afterwards
+timeout "${TEST_TIMEOUT:-200}" "$PY" -m pytest tests/cuda -q -n "${TEST_WORKERS:-10}" -p no:cacheprovider \
+  > "$OUT/cuda_tests.log" 2>&1 &
+tests=$!
+for kernel in col_fwd row_fwd col_bwd row_bwd; do
+  timeout 200 "$PY" benchmarks/triton_tiles.py --phase compile --kernel "$kernel" > "$OUT/tiles_$kernel.log" 2>&1 &
+done
+wait $tests; echo "tests exit $? after $(( $(date +%s) - start )) s"; tail -n 25 "$OUT/cuda_tests.log"
+wait; echo "compile phase done after $(( $(date +%s) - start )) s"; tail -n 3 "$OUT"/tiles_*.log
+timeout 120 "${CLI[@]}" bench --device cuda --lengths 1024,4096,8192 --backends efficient,reference --repeats 5 \
+  --no-memory --out "$OUT/bench_cuda.json" --overwrite 2>&1 | tail -n 30
+echo "bench done after $(( $(date +%s) - start )) s"
+timeout 120 "$PY" benchmarks/triton_tiles.py --phase time --out "$OUT/tiles.json" 2>&1 | tail -n 12
+echo "sweep done after $(( $(date +%s) - start )) s"
+timeout 100 "${CLI[@]}" bench --device cuda --lengths 4096 --backends efficient,flex --repeats 5 \
+  --out "$OUT/bench_cuda_flex.json" --overwrite 2>&1 | tail -n 16
+echo "all done after $(( $(date +%s) - start )) s"

@@ -1,0 +1,154 @@
+"""Tile sweep of the Triton potential kernels (``attnkit/kernels/triton_potentials.py``) on a CUDA GPU.
+
+For each of the four kernels (column / row pass, forward / backward) and each candidate tile (BLOCK_M,
+BLOCK_N, warps, pipeline stages), the other three kernels keep the tiles of ``_TILES``: the sweep times the
+pass the kernel belongs to (forward under ``no_grad`` for the forward kernels, forward+backward for the
+backward ones) with ``triton.testing.do_bench`` (median, CUDA events) and checks the output and gradients
+against those of ``_TILES``' tiles. Then every mechanism is timed against SDPA with ``_TILES``' tiles and with
+the fastest tile of each kernel.
+
+    python benchmarks/triton_tiles.py --phase compile --kernel col_fwd   # warm Triton's cache (parallel)
+    python benchmarks/triton_tiles.py --phase time --out tiles.json      # time, one process on the GPU
+
+The compile phase also runs the correctness check, so it can run as four processes (one per kernel) beside
+each other before the timed phase, which must run alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+KERNELS = ("col_fwd", "row_fwd", "col_bwd", "row_bwd")
+CANDIDATES = (
+    (32, 64, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 64, 8, 3), (64, 128, 8, 3), (128, 64, 8, 3),
+    (128, 128, 8, 3), (64, 64, 4, 2), (128, 32, 4, 3), (32, 128, 4, 3), (128, 64, 4, 3), (64, 128, 4, 3),
+)
+
+
+def _inputs(B, H, L, D, dtype, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return [torch.randn(B, H, L, D, generator=g).to("cuda", dtype).requires_grad_() for _ in range(3)]
+
+
+def _call(mechanism, tiles):
+    import attnkit as ak
+    from attnkit.kernels import triton_potentials as P
+
+    def run(q, k, v):
+        saved = P._tiles
+        P._tiles = lambda block, width, dtype: tiles
+        try:
+            kw = {"sinkhorn_iters": 3} if mechanism == "sinkhorn" else {}
+            return ak.attention(q, k, v, mechanism, backend="efficient", **kw)
+        finally:
+            P._tiles = saved
+
+    return run
+
+
+def _fwd(f, q, k, v):
+    def go():
+        with torch.no_grad():
+            f(q, k, v)
+    return go
+
+
+def _fwd_bwd(f, q, k, v, g):
+    def go():
+        q.grad = k.grad = v.grad = None
+        f(q, k, v).backward(g)
+    return go
+
+
+def _outputs(f, q, k, v, g):
+    q.grad = k.grad = v.grad = None
+    out = f(q, k, v)
+    out.backward(g)
+    return [t.detach().float().clone() for t in (out, q.grad, k.grad, v.grad)]
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--phase", choices=("compile", "time"), required=True)
+    parser.add_argument("--kernel", choices=KERNELS, action="append", help="kernels to sweep (default: all)")
+    parser.add_argument("--shape", default="1,8,4096,64", help="B,H,L,D (default 1,8,4096,64)")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    parser.add_argument("--out", type=Path, help="JSON results (time phase)")
+    args = parser.parse_args(argv)
+
+    from triton.testing import do_bench
+
+    from attnkit.kernels import triton_potentials as P
+
+    if not torch.cuda.is_available():
+        print("error: no CUDA device; the sweep times compiled Triton kernels on a GPU", file=sys.stderr)
+        return 2
+    B, H, L, D = (int(x) for x in args.shape.split(","))
+    dtype = getattr(torch, args.dtype)
+    q, k, v = _inputs(B, H, L, D, dtype)
+    g = torch.randn(B, H, L, D, generator=torch.Generator().manual_seed(1)).to("cuda", dtype)
+    base = P._tiles(None, max(16, D), dtype)
+    base_out = _outputs(_call("dnas", base), q, k, v, g)
+    results = {"shape": [B, H, L, D], "dtype": args.dtype, "device": torch.cuda.get_device_name(),
+               "base": base, "sweep": {}}
+    for name in args.kernel or KERNELS:
+        rows = []
+        for cand in CANDIDATES:
+            tiles = dict(base, **{name: cand})
+            f = _call("dnas", tiles)
+            try:
+                err = max(_rel(a, b) for a, b in zip(_outputs(f, q, k, v, g), base_out))
+                _fwd(f, q, k, v)()  # the inference variants too (compiled here in the compile phase)
+            except Exception as exc:  # e.g. out of shared memory for this tile
+                rows.append({"tile": cand, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+                continue
+            row = {"tile": cand, "rel_err_vs_base": err}
+            if args.phase == "time" and err < 2e-2:
+                fn = _fwd(f, q, k, v) if name.endswith("fwd") else _fwd_bwd(f, q, k, v, g)
+                row["ms"] = do_bench(fn, warmup=10, rep=60, return_mode="median")
+            rows.append(row)
+            print(name, cand, {k_: v_ for k_, v_ in row.items() if k_ != "tile"}, flush=True)
+        results["sweep"][name] = rows
+    if args.phase == "compile":
+        return 0
+
+    best = dict(base)
+    for name, rows in results["sweep"].items():
+        timed = [r for r in rows if "ms" in r]
+        if timed:
+            best[name] = tuple(min(timed, key=lambda r: r["ms"])["tile"])
+    results["best"] = best
+    sdpa = lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_)  # noqa: E731
+    table = []
+    for mechanism in ("dnas", "hnas", "sinkhorn"):
+        for label, tiles in (("base", base), ("best", best)):
+            f = _call(mechanism, tiles)
+            t = {}
+            passes = (("fwd", lambda f_: _fwd(f_, q, k, v)), ("fwd_bwd", lambda f_: _fwd_bwd(f_, q, k, v, g)))
+            for what, make in passes:
+                s1 = do_bench(make(sdpa), warmup=10, rep=60, return_mode="median")
+                m = do_bench(make(f), warmup=10, rep=60, return_mode="median")
+                s2 = do_bench(make(sdpa), warmup=10, rep=60, return_mode="median")
+                t[what] = {"ms": m, "sdpa_ms": (s1 + s2) / 2, "ratio": m / ((s1 + s2) / 2)}
+            table.append({"mechanism": mechanism, "tiles": label, **t})
+            print(f"{mechanism:9s} {label}: fwd x{t['fwd']['ratio']:.2f} ({t['fwd']['ms']:.3f} ms) "
+                  f"fwd+bwd x{t['fwd_bwd']['ratio']:.2f} ({t['fwd_bwd']['ms']:.3f} ms)", flush=True)
+    results["mechanisms"] = table
+    print("best tiles:", json.dumps(best))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
