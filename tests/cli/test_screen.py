@@ -82,3 +82,16 @@ def test_help_shows_bracketed_text_as_written(capsys):
     for command in [None, *_commands()]:
         _, out, _ = _run(([command] if command else []) + ["--help"], capsys)
         assert "\\[" not in out, command
+
+
+def test_help_works_with_a_typer_without_the_flag_type_hook(monkeypatch, capsys):
+    """Other typer versions have no ``TyperOption.display_type_rich``: the command line still starts (its
+    help then shows typer's own type cells) instead of failing at import."""
+    from typer.core import TyperOption
+
+    from attnkit.cli import _screen
+
+    monkeypatch.delattr(TyperOption, "display_type_rich")
+    _screen.hide_flag_types()
+    code, out, _ = _run(["bench", "--help"], capsys)
+    assert code == 0 and "--device" in out

@@ -36,9 +36,9 @@ def hide_flag_types() -> None:
     """Leave the type cell of flags (``--overwrite``, ``--help``) empty in typer's help screens."""
     from typer.core import TyperOption
 
-    if getattr(TyperOption.display_type_rich, "_attnkit_flags_hidden", False):
-        return
-    original = TyperOption.display_type_rich
+    original = getattr(TyperOption, "display_type_rich", None)
+    if original is None or getattr(original, "_attnkit_flags_hidden", False):
+        return  # a typer without this hook (other versions draw help differently): its help as it is
 
     def display_type_rich(self, ctx):
         if getattr(self, "is_flag", False) and self.metavar is None:
