@@ -260,3 +260,15 @@ def test_kernels_compile_for_a_gpu_target_without_spills(dtype, width, which, co
     proc = subprocess.run([sys.executable, "-c", _COMPILE, dtype, str(width), which], capture_output=True,
                           text=True, env=env, timeout=900)
     assert proc.returncode == 0 and f"compiled {count}\n" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("D, Dv", [(40, 24), (64, 32), (24, 40), (64, 64)])
+def test_launch_pads_q_and_v_to_one_width(D, Dv):
+    """Compiled for an H100 in bfloat16 / float16, tiles of 64 gave wrong outputs when v's padded width was
+    below q's (seen with Triton 3.6; the interpreter and float32 were right): the launcher gives both one
+    width, the larger (tests/cuda checks the outputs on a GPU)."""
+    q3, k3 = torch.randn(2, 5, D), torch.randn(2, 7, D)
+    v3 = torch.randn(2, 7, Dv)
+    launch = triton_potentials._Launch(q3, k3, v3, None, None, 1, 0.5, None)
+    width = max(16, triton.next_power_of_2(max(D, Dv)))
+    assert launch.consts["BLOCK_D"] == launch.dv_const == width

@@ -162,8 +162,12 @@ class _Launch:
         self.km, self.qm = km, qm
         dummy = q3.new_empty(1, dtype=torch.float32)
         self.dummy = dummy
-        block_d = max(16, triton.next_power_of_2(self.D))
-        self.dv_const = max(16, triton.next_power_of_2(self.Dv))
+        # One padded width for q/k and v: compiled for an H100 in bfloat16 / float16 (Triton 3.6), tiles of
+        # 64 and more gave wrong outputs (relative error ~1) when v's padded width was below q's (D=40 with
+        # Dv=24, D=64 with Dv=32 at one pipeline stage) and right ones for every equal pair and for Dv > D;
+        # the padded columns are masked, so a wider tile only costs their share of the product.
+        block_d = max(16, triton.next_power_of_2(max(self.D, self.Dv)))
+        self.dv_const = block_d
         self.consts = dict(
             HAS_KM=km is not None, HAS_QM=qm is not None, BLOCK_D=block_d,
             PREC="ieee" if q3.dtype == torch.float32 else "tf32",
