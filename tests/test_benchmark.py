@@ -136,3 +136,36 @@ def test_a_backend_that_cannot_apply_the_dropout_gets_a_skipped_row(monkeypatch)
                       dropout=0.1)
     row = next(r for r in run_bench(cfg)["rows"] if r["backend"] == "efficient")
     assert "dropout_p=0.1 is not supported by backend='efficient'" in row["skipped"]
+
+
+def test_a_peer_that_fails_costs_its_row_and_the_bench_goes_on(monkeypatch):
+    """A peer breaking at run time (seen: torch.compile's recompilation of FlexAttention's score_mod on one
+    torch version) leaves a row that says why; the other rows are timed."""
+    from attnkit.kernels import naive_peer
+
+    def broken(mechanism, *args, **kwargs):
+        def call(q, k, v):
+            raise AttributeError("'NoneType' object has no attribute '__closure__'\nmore lines")
+        return call
+
+    monkeypatch.setattr(naive_peer, "naive_call", broken)
+    cfg = BenchConfig(lengths=(8,), mechanisms=("dnas", "hnas"), backends=("efficient", "naive"), repeats=1,
+                      memory=False)
+    rows = run_bench(cfg)["rows"]
+    naive = [r for r in rows if r["backend"] == "naive"]
+    assert len(naive) == 2
+    assert all(r["skipped"] == "failed: AttributeError: 'NoneType' object has no attribute '__closure__'"
+               for r in naive)
+    assert all(r["fwd_ratio"] > 0 for r in rows if r["backend"] == "efficient")
+
+
+def test_a_failing_attnkit_backend_is_not_hidden(monkeypatch):
+    from attnkit import functional
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("kernel bug")
+
+    monkeypatch.setattr(functional, "attention", broken)
+    cfg = BenchConfig(lengths=(8,), mechanisms=("dnas",), backends=("efficient",), repeats=1, memory=False)
+    with pytest.raises(RuntimeError, match="kernel bug"):
+        run_bench(cfg)

@@ -470,7 +470,15 @@ def _run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
                     rows.append(_skipped(L, mechanism, backend, str(err)))
                     continue
                 f = _call(mechanism, backend, cfg.sinkhorn_iters, cfg.dropout, mask)
-                fwd_spread, fb_spread = _spread_config(f, q, k, v, cfg)
+                try:
+                    fwd_spread, fb_spread = _spread_config(f, q, k, v, cfg)
+                except Exception as err:  # a peer that breaks (a compiler error, say) costs its row only
+                    if backend not in PEER_BACKENDS:
+                        raise
+                    reason = f"failed: {type(err).__name__}: {str(err).strip().splitlines()[0][:160]}"
+                    rows.append(_skipped(L, mechanism, backend, reason))
+                    log(f"L={L} {mechanism}/{backend}: {reason}")
+                    continue
                 t_fwd, t_fb = fwd_spread["median"], fb_spread["median"]
                 # SDPA again, right after: the ratio uses the mean of the two measurements (shared CPU)
                 s_fwd, s_fb = _time_config(sdpa, q, k, v, cfg)
