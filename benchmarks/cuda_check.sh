@@ -26,6 +26,9 @@ wait $tests; echo "tests exit $? after $(( $(date +%s) - start )) s"; tail -n 25
 wait; echo "compile phase done after $(( $(date +%s) - start )) s"; tail -n 3 "$OUT"/tiles_*.log
 timeout 120 "${CLI[@]}" bench --device cuda --lengths 1024,4096,8192 --backends efficient,reference --repeats 5 \
   --no-memory --out "$OUT/bench_cuda.json" --overwrite 2>&1 | tail -n 30
+# B=1, H=8 leaves SDPA's flash kernel launch-bound below L=8192: the same at a batch that fills the GPU
+timeout 60 "${CLI[@]}" bench --device cuda --lengths 4096 --batch 4 --heads 16 --backends efficient --repeats 5 \
+  --no-memory --out "$OUT/bench_cuda_b4h16.json" --overwrite 2>&1 | tail -n 9
 echo "bench done after $(( $(date +%s) - start )) s"
 timeout 120 "$PY" benchmarks/triton_tiles.py --phase time --out "$OUT/tiles.json" 2>&1 | tail -n 12
 echo "sweep done after $(( $(date +%s) - start )) s"
