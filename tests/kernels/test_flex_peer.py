@@ -11,7 +11,8 @@ import torch
 import attnkit as ak
 from attnkit.cli import main
 from attnkit.benchmark import BenchConfig
-from attnkit.kernels.flex_peer import flex_potentials
+from attnkit.kernels import flex_peer
+from attnkit.kernels.flex_peer import CALL_SITES, flex_potentials
 
 
 @pytest.mark.parametrize("mechanism,iters,u", [("dnas", 1, None), ("hnas", 1, 0.5), ("sinkhorn", 3, None)])
@@ -26,6 +27,45 @@ def test_flex_form_matches_reference_forward(mechanism, iters, u):
         warnings.simplefilter("ignore")  # eager flex_attention warns that it is not compiled
         out = flex_potentials(q.float(), k.float(), v.float(), iters=iters, u=u)
     torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mechanism,iters,u", [("dnas", 1, None), ("hnas", 1, 0.5), ("sinkhorn", 3, None)])
+def test_each_call_site_gets_one_kind_of_score_mod(mechanism, iters, u):
+    """One compiled function per call site (``flex_call``): a site always sees the same kind of score_mod,
+    so that switching between sites never recompiles (one compiled function for every site recompiled at
+    each switch, and torch 2.11 crashed while logging the reason). The sites' outputs are those of one
+    function."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    seen = {site: set() for site in CALL_SITES}
+
+    def site_fn(site):
+        def call(*args, score_mod=None, **kwargs):
+            seen[site].add(None if score_mod is None else score_mod.__name__)
+            return flex_attention(*args, score_mod=score_mod, **kwargs)
+        return call
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 16, 16, generator=g) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = flex_potentials(q, k, v, iters=iters, u=u, flex={s: site_fn(s) for s in CALL_SITES})
+        one = flex_potentials(q, k, v, iters=iters, u=u)
+    torch.testing.assert_close(out, one)
+    assert all(len(kinds) <= 1 for kinds in seen.values()), seen
+    assert seen["columns"] == {None} and seen["output"] == {"add_b"}
+
+
+def test_flex_call_compiles_one_function_per_call_site(monkeypatch):
+    compiled = []
+
+    def fake_compile(fn, **kwargs):
+        compiled.append(fn)
+        return lambda *a, **k: fn(*a, **k)
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    flex_peer.flex_call("sinkhorn", 3)
+    assert len(compiled) == len(CALL_SITES)
 
 
 def test_flex_backend_needs_cuda():

@@ -14,12 +14,16 @@ fused kernel. No masks: the benchmark's inputs are unpadded.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional, Union
 
 import torch
 from torch import Tensor
 
-__all__ = ["flex_potentials", "flex_call"]
+__all__ = ["flex_potentials", "flex_call", "CALL_SITES"]
+
+# The calls of one forward: the first column pass, the later ones (score_mod + a^{t-1}), the row passes
+# (score_mod + b^t), the output (score_mod + b^k) and HNAS's softmax half.
+CALL_SITES = ("columns", "columns_after", "rows", "output", "softmax")
 
 
 def flex_potentials(
@@ -30,30 +34,31 @@ def flex_potentials(
     iters: int,
     scale: Optional[float] = None,
     u: Optional[float] = None,
-    flex: Optional[Callable] = None,
+    flex: Optional[Union[Callable, Mapping[str, Callable]]] = None,
 ) -> Tensor:
     """Output ``(B, H, Lq, Dv)`` of DNAS (``iters=1``), Sinkhorn (``iters=k``) or, with ``u``, HNAS.
 
     ``flex``: the ``flex_attention`` to call (``torch.compile(flex_attention)`` for speed; the eager
-    function by default).
+    function by default), or one per call site, keyed by :data:`CALL_SITES` (what :func:`flex_call` passes).
     """
     if iters < 1:
         raise ValueError(f"iters={iters}; expected >= 1 (softmax is flex_attention itself)")
     if flex is None:
         from torch.nn.attention.flex_attention import flex_attention as flex
+    sites = flex if isinstance(flex, Mapping) else dict.fromkeys(CALL_SITES, flex)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     a = None  # (B, H, Lq): a^{t-1}, None for a^0 = 0
     b = None
     for t in range(1, iters + 1):
         if a is None:
-            _, lse = flex(k, q, q, scale=scale, return_lse=True)  # (B, H, Lk): LSE_i s_ij
+            _, lse = sites["columns"](k, q, q, scale=scale, return_lse=True)  # (B, H, Lk): LSE_i s_ij
         else:
             a_prev = a
 
             def add_row(score, bi, h, j, i, a_prev=a_prev):  # transposed call: its "query" index is j
                 return score + a_prev[bi, h, i]
 
-            _, lse = flex(k, q, q, score_mod=add_row, scale=scale, return_lse=True)
+            _, lse = sites["columns_after"](k, q, q, score_mod=add_row, scale=scale, return_lse=True)
         b = -lse.float()  # (B, H, Lk)
         if t < iters:
             b_t = b
@@ -61,24 +66,27 @@ def flex_potentials(
             def add_col(score, bi, h, i, j, b_t=b_t):
                 return score + b_t[bi, h, j]
 
-            _, lse_row = flex(q, k, k, score_mod=add_col, scale=scale, return_lse=True)
+            _, lse_row = sites["rows"](q, k, k, score_mod=add_col, scale=scale, return_lse=True)
             a = -lse_row.float()  # (B, H, Lq)
 
     def add_b(score, bi, h, i, j):
         return score + b[bi, h, j]
 
-    out = flex(q, k, v, score_mod=add_b, scale=scale)  # (B, H, Lq, Dv)
+    out = sites["output"](q, k, v, score_mod=add_b, scale=scale)  # (B, H, Lq, Dv)
     if u is None:
         return out
-    return u * out + (1 - u) * flex(q, k, v, scale=scale)
+    return u * out + (1 - u) * sites["softmax"](q, k, v, scale=scale)
 
 
 def flex_call(mechanism: str, sinkhorn_iters: int, compiled: bool = True) -> Callable:
     """``f(q, k, v) -> out`` for ``attnkit bench``: softmax, dnas, hnas or sinkhorn with FlexAttention."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    flex = torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+    def build():
+        return torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+
     if mechanism == "softmax":
+        flex = build()
         return lambda q, k, v: flex(q, k, v)
     if mechanism not in ("dnas", "hnas", "sinkhorn"):
         raise ValueError(
@@ -86,4 +94,9 @@ def flex_call(mechanism: str, sinkhorn_iters: int, compiled: bool = True) -> Cal
         )
     iters = sinkhorn_iters if mechanism == "sinkhorn" else 1
     u = 0.5 if mechanism == "hnas" else None
-    return lambda q, k, v: flex_potentials(q, k, v, iters=iters, u=u, flex=flex)
+    # one compiled function per call site: each site always gets the same kind of score_mod (none, or a
+    # closure over one potential), so no call recompiles another's graph (one compiled function for all
+    # sites recompiled on every switch, and torch 2.11 crashed while logging why: AttributeError
+    # "'NoneType' object has no attribute '__closure__'", seen on an H100)
+    sites = {site: build() for site in CALL_SITES}
+    return lambda q, k, v: flex_potentials(q, k, v, iters=iters, u=u, flex=sites)
