@@ -185,6 +185,45 @@ def test_two_cpu_processes_agree_with_one(tmp_path, data):
             assert b["hybrid_u"][0] == pytest.approx(a["hybrid_u"][0], abs=1e-5)
 
 
+def _launch_two(args, env):
+    """``attnkit compare ARGS`` in 2 CPU processes through ``accelerate launch``."""
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+              "--main_process_port", "0", "-m", "attnkit.cli", "compare", *args]
+    return subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_two_processes_with_tensorboard_finish_and_another_process_count_is_not_mixed_in(tmp_path, data):
+    """``--log-with tensorboard`` under 2 processes exits 0 (Accelerate's ``end_training`` ends the process
+    group, so nothing may wait on it afterwards), and resuming its finished runs with 1 process is refused
+    (step times of different process counts would sit side by side)."""
+    pytest.importorskip("tensorboard")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    out = tmp_path / "two"
+    args = ["--task", str(data), *TINY, "--out", str(out), "--log-with", "tensorboard", "--progress", "none"]
+    proc = _launch_two(args, env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / "results.json").is_file() and (out / "tensorboard").is_dir()
+    before = (out / "results.json").read_text()
+    one = subprocess.run([sys.executable, "-m", "attnkit.cli", "compare", *args, "--resume"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert one.returncode == 2 and "finished with 2 process(es)" in one.stderr, one.stderr[-2000:]
+    assert len(one.stderr.strip().splitlines()) == 1
+    assert (out / "results.json").read_text() == before
+
+
+@pytest.mark.slow
+def test_two_processes_refuse_an_uneven_batch_once_and_leave_no_run_directory(tmp_path, data):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    out = tmp_path / "uneven"
+    proc = _launch_two(["--task", str(data), *TINY, "--set", "batch_size=3", "--out", str(out)], env)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: batch_size=3 does not split evenly over 2 processes; use a multiple of 2"]
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("flags", [[], ["--resume"], ["--overwrite"]])
 def test_damaged_config_file_is_named_and_nothing_is_deleted(flags, tmp_path, data, capsys):
     out = tmp_path / "out"

@@ -7,6 +7,7 @@ Every module of this package that defines ``register(app)`` adds its commands. E
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import sys
 from typing import Optional, Sequence
@@ -76,6 +77,13 @@ def _one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
+def _error(message: str) -> None:
+    """Print ``error: message``: once for a run under ``accelerate launch``, where every process meets the
+    same error (the processes other than rank 0 exit with the same code, silently)."""
+    if os.environ.get("RANK", "0") in ("", "0"):
+        print(f"error: {message}", file=sys.stderr)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Entry point of the ``attnkit`` script."""
     args = list(argv) if argv is not None else sys.argv[1:]
@@ -91,10 +99,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     except typer.TyperException as exc:  # usage errors: unknown option, bad parameter, missing argument
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
         if _one_line(message):  # ``attnkit`` alone prints the help and no error line
-            print(f"error: {_one_line(message)}", file=sys.stderr)
+            _error(_one_line(message))
         sys.exit(2)
     except USER_ERRORS as exc:
-        print(f"error: {_one_line(str(exc) or type(exc).__name__)}", file=sys.stderr)
+        _error(_one_line(str(exc) or type(exc).__name__))
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

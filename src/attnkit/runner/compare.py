@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 from .config import CompareConfig, _is_file_task
 from .summary import RunClock, _duration, summarize, tracker_config
-from .train import RESULT_FILE, batch_indices, train_run
+from .train import RESULT_FILE, batch_indices, check_batch_split, finished_result, train_run
 
 __all__ = ["CompareResult", "run_compare", "aggregate", "prepare_run_dir", "CONFIG_FILE"]
 
@@ -266,6 +266,7 @@ def _run_compare(config: CompareConfig, accelerator, task, on_step) -> CompareRe
     task = task or get_task(config.task)
     data = task.prepare(config)  # before touching the run directory: a missing dataset leaves nothing behind
     batch_indices(0, task.num_train(data), config.batch_size, 0)  # batch_size fits the training set
+    check_batch_split(config.batch_size, accelerator.num_processes)
     out = Path(config.out)
     # Every process checks the directory before any creates it, then the main process writes.
     error = None
@@ -313,12 +314,14 @@ def _train_all(config: CompareConfig, accelerator, task, data, out: Path, on_ste
     from .progress import make_progress
     from .report import write_report
 
+    plan = [(mech, seed) for mech in config.variants for seed in config.seed_list]
+    for mech, seed in plan:  # finished runs first: refused when damaged or of another process count
+        finished_result(out / "runs" / f"{mech}-seed{seed}", mech, seed, accelerator.num_processes)
     if config.log_with is not None:
         accelerator.init_trackers("attnkit-compare", config=tracker_config(config))
     progress = make_progress(config.progress, accelerator.is_main_process)
     say = _say if accelerator.is_main_process else (lambda line: None)
     runs = []
-    plan = [(mech, seed) for mech in config.variants for seed in config.seed_list]
     clock = RunClock(len(plan))
     try:
         for k, (mech, seed) in enumerate(plan, start=1):
@@ -341,9 +344,9 @@ def _train_all(config: CompareConfig, accelerator, task, data, out: Path, on_ste
         extras = summarize(task, data, config, runs, records, started=clock.started)
         files = write_report(config, task, records, runs, out, extras=extras)
         say(f"done: {len(plan)} runs in {_duration(time.time() - clock.started)}")
+    accelerator.wait_for_everyone()  # before end_training, which ends a multi-process run's process group
     if config.log_with is not None:
         accelerator.end_training()
-    accelerator.wait_for_everyone()
     return CompareResult(
         config=config, task=task, records=records, runs=runs, out=out, files=files, extras=extras
     )

@@ -31,7 +31,10 @@ from torch import Tensor
 
 from .config import CompareConfig
 
-__all__ = ["RunResult", "train_run", "batch_indices", "hybrid_u", "latest_checkpoint", "RESULT_FILE"]
+__all__ = [
+    "RunResult", "train_run", "batch_indices", "check_batch_split", "finished_result", "hybrid_u",
+    "latest_checkpoint", "RESULT_FILE",
+]
 
 RESULT_FILE = "result.json"
 _TRAINER_FILE = "trainer.json"  # written last: its presence marks a complete checkpoint
@@ -224,6 +227,30 @@ def _save_checkpoint(
     accelerator.wait_for_everyone()
 
 
+def finished_result(run_dir: Path, mechanism: str, seed: int, world: int) -> Optional[dict]:
+    """The record of ``run_dir``'s finished run, ``None`` when it has none; a ``ValueError`` when it is
+    damaged or ran on another number of processes than ``world`` (a comparison would set step times of
+    different process counts side by side)."""
+    path = Path(run_dir) / RESULT_FILE
+    if not path.is_file():
+        return None
+    record = _read_result(path, mechanism, seed)
+    if record.get("world_size", world) != world:
+        raise ValueError(
+            f"run {str(run_dir)!r} finished with {record['world_size']} process(es) and this run has "
+            f"{world}; resume with the same number of processes, or start over with --overwrite"
+        )
+    return record
+
+
+def check_batch_split(batch_size: int, world: int) -> None:
+    """``batch_size`` splits evenly over ``world`` processes, or a ``ValueError`` saying what to use."""
+    if batch_size % world:
+        raise ValueError(
+            f"batch_size={batch_size} does not split evenly over {world} processes; use a multiple of {world}"
+        )
+
+
 def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=None) -> dict:
     """Restore a checkpoint; nothing in it is unpickled (``weights_only=True``, safetensors, JSON).
 
@@ -350,14 +377,11 @@ def train_run(
 
     run_dir = Path(run_dir)
     result_path = run_dir / RESULT_FILE
-    if result_path.is_file():
-        return RunResult(_read_result(result_path, mechanism, seed))
     world, rank = accelerator.num_processes, accelerator.process_index
-    if config.batch_size % world:
-        raise ValueError(
-            f"batch_size={config.batch_size} does not split evenly over {world} processes; "
-            f"use a multiple of {world}"
-        )
+    record = finished_result(run_dir, mechanism, seed, world)
+    if record is not None:
+        return RunResult(record)
+    check_batch_split(config.batch_size, world)
     total = config.total_steps
     n_train = task.num_train(data)
     batch_indices(0, n_train, config.batch_size, seed)  # validates batch_size against the training set
