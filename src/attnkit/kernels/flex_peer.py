@@ -78,12 +78,22 @@ def flex_potentials(
     return u * out + (1 - u) * sites["softmax"](q, k, v, scale=scale)
 
 
+def _site_function(site: str) -> Callable:
+    """``flex_attention`` behind a function of its own: torch.compile keeps one cache per code object, so
+    wrappers that shared one (``torch.compile(flex_attention)`` per site) would still share their graphs."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    namespace = {"flex_attention": flex_attention}
+    exec(f"def flex_{site}(*args, **kwargs):\n    return flex_attention(*args, **kwargs)\n", namespace)
+    return namespace[f"flex_{site}"]
+
+
 def flex_call(mechanism: str, sinkhorn_iters: int, compiled: bool = True) -> Callable:
     """``f(q, k, v) -> out`` for ``attnkit bench``: softmax, dnas, hnas or sinkhorn with FlexAttention."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    def build():
-        return torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+    def build(site: str = "softmax"):
+        return torch.compile(_site_function(site), dynamic=False) if compiled else flex_attention
 
     if mechanism == "softmax":
         flex = build()
@@ -94,9 +104,9 @@ def flex_call(mechanism: str, sinkhorn_iters: int, compiled: bool = True) -> Cal
         )
     iters = sinkhorn_iters if mechanism == "sinkhorn" else 1
     u = 0.5 if mechanism == "hnas" else None
-    # one compiled function per call site: each site always gets the same kind of score_mod (none, or a
-    # closure over one potential), so no call recompiles another's graph (one compiled function for all
-    # sites recompiled on every switch, and torch 2.11 crashed while logging why: AttributeError
-    # "'NoneType' object has no attribute '__closure__'", seen on an H100)
-    sites = {site: build() for site in CALL_SITES}
+    # one compiled function (code object) per call site: each site always gets the same kind of score_mod
+    # (none, or a closure over one potential), so no call recompiles another's graph (one compiled function
+    # for all sites recompiled on every switch, and torch 2.11 and 2.13 crash while logging why:
+    # AttributeError "'NoneType' object has no attribute '__closure__'", seen on an H100)
+    sites = {site: build(site) for site in CALL_SITES}
     return lambda q, k, v: flex_potentials(q, k, v, iters=iters, u=u, flex=sites)
