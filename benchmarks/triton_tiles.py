@@ -17,6 +17,7 @@ each other before the timed phase, which must run alone.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -36,25 +37,37 @@ def _inputs(B, H, L, D, dtype, seed=0):
     return [torch.randn(B, H, L, D, generator=g).to("cuda", dtype).requires_grad_() for _ in range(3)]
 
 
-def _call(mechanism, tiles):
-    import attnkit as ak
+@contextlib.contextmanager
+def _using(tiles):
+    """The launcher takes ``tiles`` for every kernel while the block runs: the backward builds its launch
+    when ``.backward()`` runs, so a pass must hold this around its forward and its backward."""
     from attnkit.kernels import triton_potentials as P
 
-    def run(q, k, v):
-        saved = P._tiles
-        P._tiles = lambda block, width, dtype: tiles
-        try:
-            kw = {"sinkhorn_iters": 3} if mechanism == "sinkhorn" else {}
-            return ak.attention(q, k, v, mechanism, backend="efficient", **kw)
-        finally:
-            P._tiles = saved
+    if tiles is None:
+        yield
+        return
+    saved = P._tiles
+    P._tiles = lambda block, width, dtype: tiles
+    try:
+        yield
+    finally:
+        P._tiles = saved
 
+
+def _call(mechanism, tiles):
+    import attnkit as ak
+
+    def run(q, k, v):
+        kw = {"sinkhorn_iters": 3} if mechanism == "sinkhorn" else {}
+        return ak.attention(q, k, v, mechanism, backend="efficient", **kw)
+
+    run.tiles = tiles
     return run
 
 
 def _fwd(f, q, k, v):
     def go():
-        with torch.no_grad():
+        with torch.no_grad(), _using(getattr(f, "tiles", None)):
             f(q, k, v)
     return go
 
@@ -62,14 +75,16 @@ def _fwd(f, q, k, v):
 def _fwd_bwd(f, q, k, v, g):
     def go():
         q.grad = k.grad = v.grad = None
-        f(q, k, v).backward(g)
+        with _using(getattr(f, "tiles", None)):
+            f(q, k, v).backward(g)
     return go
 
 
 def _outputs(f, q, k, v, g):
     q.grad = k.grad = v.grad = None
-    out = f(q, k, v)
-    out.backward(g)
+    with _using(getattr(f, "tiles", None)):
+        out = f(q, k, v)
+        out.backward(g)
     return [t.detach().float().clone() for t in (out, q.grad, k.grad, v.grad)]
 
 

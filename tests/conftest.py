@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
-
-import attnkit as ak
-from tests._reference import random_qkv, ref_attention
-
-# Triton kernels run in Triton's interpreter on the CPU; it must be chosen before triton is first imported
-# (neither torch nor attnkit imports it).
+# Triton kernels run in Triton's interpreter on the CPU; it must be chosen before triton is first imported,
+# and importing torch imports triton where it is installed (torch 2.13), so before torch. On a GPU machine,
+# TRITON_INTERPRET=0 in the environment compiles them instead (tests/cuda).
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import attnkit as ak  # noqa: E402
+from tests._reference import random_qkv, ref_attention  # noqa: E402
 
 BACKENDS_UNDER_TEST = ("reference", "efficient")
 

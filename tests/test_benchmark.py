@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from attnkit import benchmark
 from attnkit.benchmark import BenchConfig, default_backends, format_table, run_bench
@@ -169,3 +170,46 @@ def test_a_failing_attnkit_backend_is_not_hidden(monkeypatch):
     cfg = BenchConfig(lengths=(8,), mechanisms=("dnas",), backends=("efficient",), repeats=1, memory=False)
     with pytest.raises(RuntimeError, match="kernel bug"):
         run_bench(cfg)
+
+
+def test_a_peer_failing_without_a_message_is_named_by_its_type(monkeypatch):
+    from attnkit.kernels import naive_peer
+
+    def broken(mechanism, *args, **kwargs):
+        def call(q, k, v):
+            raise AssertionError()
+        return call
+
+    monkeypatch.setattr(naive_peer, "naive_call", broken)
+    cfg = BenchConfig(lengths=(8,), mechanisms=("dnas",), backends=("efficient", "naive"), repeats=1,
+                      memory=False)
+    rows = run_bench(cfg)["rows"]
+    assert [r["skipped"] for r in rows if r["backend"] == "naive"] == ["failed: AssertionError"]
+
+
+def test_cuda_rounds_are_calibrated_after_a_warm_up_call(monkeypatch):
+    """CUDA rounds time back-to-back calls: the number per round comes from warm calls, not from the first
+    one (which compiles kernels), so a 0.2 ms call is timed in rounds of many calls."""
+    clock = [0.0]
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1e3  # milliseconds, as torch.cuda.Event
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    calls = []
+
+    def fn():
+        clock[0] += 1.0 if not calls else 2e-4  # the first call compiles
+        calls.append(1)
+
+    times = benchmark._round_times(fn, 3, "cuda", limit=60.0)
+    assert len(times) == 3 and all(t == pytest.approx(2e-4) for t in times)
+    assert len(calls) > 3 * int(benchmark.CUDA_ROUND_S / 2e-4) // 2  # many calls per round, not one

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -70,3 +71,31 @@ def test_hf_step_time_rejects_an_unknown_mechanism(tmp_path, capsys):
         hf_step_time.main(["--mechanisms", "nope", "--rounds", "1", "--out", str(tmp_path / "x.json")])
     assert exc.value.code == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_tile_sweep_holds_its_tiles_through_the_backward(monkeypatch):
+    """``benchmarks/triton_tiles.py`` swaps the launcher's tiles: the backward builds its launch when
+    ``.backward()`` runs, so the swap must cover it too, or the backward kernels would be timed with the
+    table's tiles whatever the sweep asked for (Triton's interpreter runs the kernels here)."""
+    pytest.importorskip("triton")
+    from attnkit.kernels import _triton_kernels, triton_potentials as P
+
+    if not _triton_kernels.INTERPRETED:
+        pytest.skip("triton was imported before TRITON_INTERPRET=1 was set")
+    tiles_mod = _load("triton_tiles")
+    launched = []
+    original = P._Launch.run
+
+    def record(self, name, *args, **consts):
+        launched.append((name, self.tiles[name]))
+        return original(self, name, *args, **consts)
+
+    monkeypatch.setattr(P._Launch, "run", record)
+    swept = {name: (16, 32, 4, 2) for name in tiles_mod.KERNELS}
+    q, k, v = (torch.randn(1, 1, 20, 8, requires_grad=True) for _ in range(3))
+    with tiles_mod._using(swept):
+        out = P.triton_attention(q, k, v, key_mask=None, query_mask=None, scale=0.3, iters=1)
+        out.sum().backward()
+    assert {name for name, _ in launched} == set(tiles_mod.KERNELS)
+    assert all(tile == (16, 32, 4, 2) for _, tile in launched)
+    assert P._tiles(None, 64, torch.bfloat16) != swept  # restored afterwards

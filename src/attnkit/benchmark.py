@@ -259,19 +259,23 @@ CUDA_ROUND_S = 0.05
 
 
 def _calls_per_round(fn: Callable[[], None]) -> int:
-    """How many calls of ``fn`` fill ``CUDA_ROUND_S`` on the current CUDA device (at least 1)."""
+    """How many calls of ``fn`` fill ``CUDA_ROUND_S`` on the current CUDA device (at least 1), from the
+    time of three calls."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
-    fn()
+    for _ in range(3):
+        fn()
     end.record()
     torch.cuda.synchronize()
-    one = max(start.elapsed_time(end) / 1e3, 1e-6)
+    one = max(start.elapsed_time(end) / 1e3 / 3, 1e-6)
     return max(1, min(1000, int(CUDA_ROUND_S / one)))
 
 
 def _cuda_round_times(fn: Callable[[], None], repeats: int, limit: float) -> list[float]:
-    """Seconds per call in each round of back-to-back calls, by CUDA events."""
+    """Seconds per call in each round of back-to-back calls, by CUDA events (after a warm-up call: the
+    first forward+backward compiles the backward's kernels)."""
+    fn()
     n = _calls_per_round(fn)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
@@ -475,7 +479,8 @@ def _run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
                 except Exception as err:  # a peer that breaks (a compiler error, say) costs its row only
                     if backend not in PEER_BACKENDS:
                         raise
-                    reason = f"failed: {type(err).__name__}: {str(err).strip().splitlines()[0][:160]}"
+                    first = (str(err).strip().splitlines() or [""])[0][:160]
+                    reason = f"failed: {type(err).__name__}" + (f": {first}" if first else "")
                     rows.append(_skipped(L, mechanism, backend, reason))
                     log(f"L={L} {mechanism}/{backend}: {reason}")
                     continue

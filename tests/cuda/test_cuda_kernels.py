@@ -115,8 +115,9 @@ def _check(name, dtype, shape, masked, *, seed=0, backend="auto", **masks):
         if n == "u":
             # du = sum_i dO_i . (out_D,i - out_L,i) over every query and feature: the difference of two
             # outputs, each from weights rounded to the dtype before their product with v (as
-            # FlashAttention rounds them), so its error is relative to the sum of the terms' sizes, not to
-            # du; a few percent in bfloat16 (seen: 3% where the materialized path had 0.5%)
+            # FlashAttention rounds them), so its error scales with the sum of the terms' sizes rather than
+            # with du; checked relative to du with room for that (seen in the interpreter: 3% in bfloat16
+            # where the materialized path had 0.5%; the inputs are fixed, so the check is deterministic)
             rtol = 0.08 if dtype == torch.bfloat16 else 0.02
             torch.testing.assert_close(fast.double().cpu(), exact, atol=0.0, rtol=rtol)
             continue
