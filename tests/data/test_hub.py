@@ -199,3 +199,47 @@ def test_two_files_for_one_split_are_named_as_ambiguous(tmp_path):
     (tmp_path / "test.jsonl").write_text(_GOOD)
     with pytest.raises(ValueError, match=r"train\.jsonl and train\.csv: it is ambiguous which is the train"):
         load_dataset("sst2", source=tmp_path)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".csv"])
+def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path, suffix):
+    body = {
+        ".jsonl": b'{"sentence": "fine", "label": 1}\n{"sentence": "caf\xe9", "label": 0}\n',
+        ".json": b'{"sentence": "fine", "label": 1}\n{"sentence": "caf\xe9", "label": 0}\n',
+        ".csv": b"sentence,label\nfine,1\ncaf\xe9,0\n",
+    }[suffix]
+    (tmp_path / f"train{suffix}").write_bytes(body)
+    (tmp_path / f"test{suffix}").write_bytes(body.replace(b"\xe9", b"e"))
+    with pytest.raises(ValueError, match=rf"train\{suffix} line \d is not UTF-8"):
+        load_dataset("sst2", source=tmp_path)
+
+
+@pytest.mark.parametrize("labels", [[1, "0"], [1, "1.0"], [0, " 1 "], [1, "-1"]])
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_label_column_mixing_numbers_and_strings_is_refused_not_guessed(tmp_path, labels, suffix):
+    rows = [{"sentence": f"t{i}", "label": y} for i, y in enumerate(labels)]
+    if suffix == ".json":
+        (tmp_path / "train.json").write_text(json.dumps(rows))
+        (tmp_path / "test.json").write_text(json.dumps([{"sentence": "x", "label": 1}]))
+    else:
+        _jsonl(tmp_path / "train.jsonl", rows)
+        (tmp_path / "test.jsonl").write_text(_GOOD)
+    with pytest.raises(ValueError, match=rf"train\{suffix} (line|row) \d: label '.*' is not an integer"):
+        load_dataset("sst2", source=tmp_path)
+
+
+def test_a_byte_order_mark_is_accepted_in_json_lines(tmp_path):
+    (tmp_path / "train.jsonl").write_bytes(b"\xef\xbb\xbf" + _GOOD.encode())
+    (tmp_path / "test.jsonl").write_text(_GOOD)
+    data = load_dataset("sst2", source=tmp_path)
+    assert data.train_texts == data.test_texts
+
+
+def test_source_for_a_dataset_already_cached_needs_force(sst2_dir, tmp_path):
+    cache = tmp_path / "cache"
+    fetch("sst2", cache_dir=cache, source=sst2_dir)
+    before = (cache / "datasets" / "sst2" / "train.jsonl").read_bytes()
+    with pytest.raises(ValueError, match="already in the cache.*--force"):
+        fetch("sst2", cache_dir=cache, source=tmp_path / "elsewhere")
+    assert (cache / "datasets" / "sst2" / "train.jsonl").read_bytes() == before
+    assert fetch("sst2", cache_dir=cache) == cache / "datasets" / "sst2"  # no source: the cached copy

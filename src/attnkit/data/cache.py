@@ -23,6 +23,7 @@ __all__ = [
     "sha256_file",
     "sha256_bytes",
     "write_bytes_atomic",
+    "make_cache_folder",
     "write_manifest",
     "read_manifest",
     "verify_manifest",
@@ -62,24 +63,44 @@ def sha256_file(path: PathLike, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename (no half-written file on a crash)."""
+def make_cache_folder(folder: Path) -> None:
+    """Create ``folder`` (and its parents) in the cache; a path through a file, a read-only or full disk and
+    missing permissions are one ``DatasetUnavailableError`` naming the folder and the fix."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):  # the cache root, or a folder in it, is a file
         raise DatasetUnavailableError(
-            f"cannot create the folder {path.parent}: a part of that path is a file, not a folder; "
+            f"cannot create the folder {folder}: a part of that path is a file, not a folder; "
             "point cache_dir (or $ATTNKIT_CACHE) at a folder, or move the file away"
         ) from None
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise _unwritable(folder, exc) from None
+
+
+def _unwritable(path: Path, exc: OSError) -> DatasetUnavailableError:
+    return DatasetUnavailableError(
+        f"cannot write to the cache at {path} ({exc.strerror or type(exc).__name__}); point cache_dir (or "
+        "$ATTNKIT_CACHE) at a writable folder"
+    )
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename (no half-written file on a crash)."""
+    make_cache_folder(path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:  # read-only file system, no permission
+        raise _unwritable(path.parent, exc) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; cached data is ordinary readable files
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError):  # a full disk, say
+            raise _unwritable(path.parent, exc) from None
         raise
 
 

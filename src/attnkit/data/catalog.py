@@ -223,6 +223,11 @@ def fetch(
     info = get_info(name)
     folder = dataset_cache_dir(info.name, cache_dir)
     if is_cached(info.name, cache_dir) and not force:
+        if source is not None:  # the user named files to use: keeping the cached copy would ignore them
+            raise ValueError(
+                f"{info.name} is already in the cache ({folder}); source={str(source)!r} replaces it only "
+                f"with force=True (CLI: attnkit data fetch {info.name} --source {source} --force)"
+            )
         return folder
     if info.name in ORANGE_SPECS:
         return fetch_orange(ORANGE_SPECS[info.name], folder, cache_dir=cache_dir, source=source, force=force)

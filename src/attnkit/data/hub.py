@@ -202,20 +202,63 @@ def load_hub_source(spec: HubSpec, source: PathLike) -> TextClassificationData:
         return _to_data(spec, *tables)
 
 
+def _check_utf8(spec: HubSpec, path: Path) -> None:
+    """Text files must be UTF-8 (a byte-order mark allowed): a ``ValueError`` naming the file and line."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(
+                    f"{spec.name}: {path} line {number} is not UTF-8 ({exc.reason} at byte {exc.start} of "
+                    "the line); save the file as UTF-8"
+                ) from None
+
+
+def _check_label_type(spec: HubSpec, path: Path, where: str, row: dict) -> None:
+    """A label in a JSON file is a number or null: the JSON reader would otherwise read a column that mixes
+    numbers and strings by guessing (``"0"`` as 0, ``" 1 "`` as 1), while a column of strings is refused."""
+    label = row.get(spec.label_column)
+    if label is None or (isinstance(label, (int, float)) and not isinstance(label, bool)):
+        return
+    raise ValueError(
+        f"{spec.name}: {path} {where}: label {label!r} is not an integer class index (or -1 / null for "
+        "unlabeled)"
+    )
+
+
 def _read_source_file(datasets, spec: HubSpec, path: Path, scratch: str):
     """One local split file as a ``datasets.Dataset``; a file it cannot read is a ``ValueError`` naming it."""
-    if path.suffix == ".jsonl":  # name the line: the JSON reader's own error counts rows from 0 in a block
+    if path.suffix in (".jsonl", ".json", ".csv"):
+        _check_utf8(spec, path)
+    whole = None
+    if path.suffix == ".json":  # a JSON array of objects, or JSON lines under another name
+        try:
+            whole = json.loads(path.read_text(encoding="utf-8-sig"))
+        except ValueError:
+            whole = None  # JSON lines, or not JSON at all (the reader names it below)
+        if isinstance(whole, list):
+            for number, row in enumerate(whole):
+                if isinstance(row, dict):
+                    _check_label_type(spec, path, f"row {number}", row)
+    if path.suffix == ".jsonl" or (path.suffix == ".json" and whole is None):
+        # name the line: the JSON reader's own error counts rows from 0 in a block
         rows = 0
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8-sig") as f:
             for number, line in enumerate(f, start=1):
                 try:
                     row = json.loads(line) if line.strip() else {}
                 except ValueError as exc:
+                    if path.suffix == ".json":
+                        break  # not JSON lines either: the reader's error below names the file
                     raise ValueError(f"{spec.name}: {path} line {number} is not JSON ({exc})") from None
                 if not isinstance(row, dict):
+                    if path.suffix == ".json":
+                        break
                     raise ValueError(f"{spec.name}: {path} line {number} is not a JSON object")
+                _check_label_type(spec, path, f"line {number}", row)
                 rows += bool(row)
-        if not rows:
+        if not rows and path.suffix == ".jsonl":
             raise ValueError(f"{spec.name}: {path} has no rows")
     try:
         return datasets.load_dataset(

