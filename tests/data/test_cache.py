@@ -47,3 +47,41 @@ def test_cache_path_that_is_a_file_is_one_clear_error(tmp_path):
     (tmp_path / "cache").write_text("not a folder")
     with pytest.raises(DatasetUnavailableError, match=r"a part of that path is a file.*cache_dir"):
         fetch("mlu", cache_dir=tmp_path / "cache")
+
+
+def test_concurrent_forced_fetches_write_one_after_the_other(tmp_path, monkeypatch):
+    """Two ``fetch(force=True)`` of one dataset from different sources never interleave their files: each
+    holds the dataset's lock while it writes, so the cache ends as one of them wrote it, with its manifest."""
+    import threading
+
+    from attnkit.data import catalog, hub, load_dataset
+    from attnkit.data.containers import TextClassificationData
+
+    started, release = threading.Event(), threading.Event()
+
+    def fake_source(spec, source):
+        tag = str(source)
+        if tag == "A":  # the first fetch pauses after reading its source, holding the lock
+            started.set()
+            release.wait(5)
+        return TextClassificationData(name="sst2", train_texts=[f"{tag} train"], train_labels=[0],
+                                      test_texts=[f"{tag} test"], test_labels=[1],
+                                      label_names=["negative", "positive"])
+
+    monkeypatch.setattr(hub, "load_hub_source", fake_source)
+    def fetch(tag):
+        return threading.Thread(target=catalog.fetch, args=("sst2", tmp_path),
+                                kwargs={"force": True, "source": tag})
+
+    first = fetch("A")
+    first.start()
+    assert started.wait(5)
+    second = fetch("B")
+    second.start()
+    second.join(0.5)
+    assert second.is_alive()  # waiting for the lock, not writing beside the first
+    release.set()
+    first.join(10)
+    second.join(10)
+    data = load_dataset("sst2", cache_dir=tmp_path)
+    assert (data.train_texts, data.test_texts) == (["B train"], ["B test"])

@@ -12,13 +12,17 @@ be had raises ``DatasetUnavailableError`` (a ``FileNotFoundError``) with the com
 
 from __future__ import annotations
 
+import contextlib
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-from .cache import PathLike, dataset_cache_dir, read_manifest, write_bytes_atomic, write_manifest
-from .containers import Seq2SeqData, TextClassificationData
+from .cache import (
+    PathLike, dataset_cache_dir, make_cache_folder, read_manifest, write_bytes_atomic, write_manifest,
+)
+from .containers import DatasetUnavailableError, Seq2SeqData, TextClassificationData
 from .hub import HUB_SPECS, fetch_hub, load_hub_cached, load_hub_source
 from .mlu import MLUConfig, generate_mlu
 from .orange import ORANGE_REQUIREMENT, ORANGE_SPECS, fetch_orange, load_orange
@@ -229,6 +233,38 @@ def fetch(
                 f"with force=True (CLI: attnkit data fetch {info.name} --source {source} --force)"
             )
         return folder
+    with _fetch_lock(folder):  # two fetches of one dataset write one after the other, never interleaved
+        if is_cached(info.name, cache_dir) and not force:  # fetched by another process while this one waited
+            return folder
+        return _fetch(info, folder, cache_dir, force, source)
+
+
+@contextlib.contextmanager
+def _fetch_lock(folder: Path):
+    """An exclusive ``fcntl.flock`` on ``<datasets>/.<name>.lock`` while a dataset is written (released by
+    the kernel if the process dies, so a killed fetch never blocks the next); none where there is no
+    ``flock``."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    make_cache_folder(folder.parent)
+    try:
+        fd = os.open(folder.parent / f".{folder.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise DatasetUnavailableError(
+            f"cannot write to the cache at {folder.parent} ({exc.strerror or type(exc).__name__}); point "
+            "cache_dir (or $ATTNKIT_CACHE) at a writable folder"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _fetch(info, folder: Path, cache_dir, force: bool, source) -> Path:
     if info.name in ORANGE_SPECS:
         return fetch_orange(ORANGE_SPECS[info.name], folder, cache_dir=cache_dir, source=source, force=force)
     if info.name == "mlu":
