@@ -272,3 +272,60 @@ def test_launch_pads_q_and_v_to_one_width(D, Dv):
     launch = triton_potentials._Launch(q3, k3, v3, None, None, 1, 0.5, None)
     width = max(16, triton.next_power_of_2(max(D, Dv)))
     assert launch.consts["BLOCK_D"] == launch.dv_const == width
+
+
+@pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn3"])
+@pytest.mark.parametrize("where", ["nan_q", "inf_k"])
+def test_a_nan_or_inf_in_a_valid_position_propagates_as_in_the_reference(name, where):
+    """A NaN column sum is not an empty column: its potential is NaN, not 0, so every row that meets it is
+    NaN as in the reference (the rows were finite softmax outputs before)."""
+    q, k, v = (t.detach() for t in _inputs(1, 2, 3, 4, 2, 2, seed=10))
+    if where == "nan_q":
+        q[0, 0, 1, 0] = float("nan")
+    else:
+        k[0, 0, 2, 1] = float("inf")
+    mech, iters, kw = MECHANISMS[name]
+    u = torch.tensor([0.3, 0.6]).view(1, 2, 1, 1) if name == "hnas" else None
+    ref = ak.attention(q, k, v, mech, backend="reference",
+                       **({"hybrid_weight": u.view(2).double()} if u is not None else kw))
+    out = triton_attention(q.float(), k.float(), v.float(), key_mask=None, query_mask=None, scale=2**-0.5,
+                           iters=iters, u=u)
+    assert torch.equal(out.isnan(), ref.isnan())
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"key_mask": torch.ones(2, 6) * 0.5}, "key_mask has shape .* dtype torch.float32; expected a bool"),
+        ({"key_mask": torch.ones(2, 3, dtype=torch.bool)}, r"key_mask has shape \(2, 3\)"),
+        ({"query_mask": torch.ones(3, 4, dtype=torch.bool)}, r"query_mask has shape \(3, 4\)"),
+        ({"u": torch.tensor(1.5)}, r"outside \[0, 1\]"),
+        ({"u": "half"}, "expected a number"),
+        ({"u": torch.ones(3)}, r"u has shape \(3,\)"),
+        ({"iters": 2.9}, "iters=2.9"),
+        ({"block": 16.0}, "block=16.0"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, message):
+    q, k, v = torch.randn(2, 1, 4, 8), torch.randn(2, 1, 6, 8), torch.randn(2, 1, 6, 8)
+    call = dict(key_mask=None, query_mask=None, scale=0.3, iters=1) | kwargs
+    with pytest.raises(ValueError, match=message):
+        triton_attention(q, k, v, **call)
+
+
+def test_mismatched_shapes_are_named():
+    q, v = torch.randn(2, 1, 4, 8), torch.randn(2, 1, 5, 8)
+    with pytest.raises(ValueError, match="one head size D"):
+        triton_attention(q, torch.randn(2, 1, 5, 3), v, key_mask=None, query_mask=None, scale=0.3, iters=1)
+    with pytest.raises(ValueError, match="batch sizes 2, 3, 2"):
+        triton_attention(q, torch.randn(3, 1, 5, 8), v, key_mask=None, query_mask=None, scale=0.3, iters=1)
+
+
+@pytest.mark.parametrize("u", [0.3, torch.tensor(0.3), torch.tensor([0.3, 0.7])])
+def test_hybrid_weight_takes_a_number_a_scalar_or_one_per_head(u):
+    q, k, v = (t.detach().float() for t in _inputs(1, 2, 5, 6, 8, 8, seed=11))
+    out = triton_attention(q, k, v, key_mask=None, query_mask=None, scale=0.3, iters=1, u=u)
+    hw = torch.as_tensor(u, dtype=torch.float64)
+    ref = ak.attention(q.double(), k.double(), v.double(), "hnas", scale=0.3, hybrid_weight=hw,
+                       backend="reference")
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=1e-4)

@@ -45,12 +45,14 @@ def _col_forward(
     m = tl.full([BLOCK_N], float("-inf"), tl.float32)
     acc = tl.zeros([BLOCK_N], tl.float32)
     qacc = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    any_q = 0  # whether the batch element has a valid query at all
     for i0 in range(0, Lq, BLOCK_M):
         offs_m = i0 + tl.arange(0, BLOCK_M)
         row_in = offs_m < Lq
         row_ok = row_in
         if HAS_QM:
             row_ok = row_ok & (tl.load(QM + batch * Lq + offs_m, mask=row_in, other=0) != 0)
+        any_q = tl.maximum(any_q, tl.max(row_ok.to(tl.int32), axis=0))
         qb = tl.load(Q + bh * Lq * D + offs_m[:, None] * D + offs_d[None, :],
                      mask=row_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (M, Dp)
         st = tl.dot(kb, tl.trans(qb), input_precision=PREC) * scale  # (N, M): keys by queries
@@ -65,9 +67,11 @@ def _col_forward(
         if QBAR:
             qacc = qacc * alpha[:, None] + tl.dot(e.to(IN_T).to(DOT_T), qb, input_precision=PREC)
         m = m_new
-    has = acc > 0
+    has = acc != 0  # 0: no valid pair (potential 0); NaN (from a NaN or inf score) propagates
     acc_safe = tl.where(has, acc, 1.0)
     b = tl.where(has, -(m + tl.log(acc_safe)), 0.0)
+    # valid pairs whose scores are all -inf (an inf in the inputs): 0 / 0, NaN as in the reference
+    b = tl.where(col_ok & (any_q > 0) & (acc == 0), float("nan"), b)
     tl.store(Bout + bh * Lk + offs_n, b, mask=col_in)
     if QBAR:
         tl.store(QBout + bh * Lk * D + offs_n[:, None] * D + offs_d[None, :], qacc / acc_safe[:, None],
@@ -101,12 +105,14 @@ def _row_forward(
     m2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l2 = tl.zeros([BLOCK_M], tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    any_k = 0  # whether the batch element has a valid key at all
     for j0 in range(0, Lk, BLOCK_N):
         offs_n = j0 + tl.arange(0, BLOCK_N)
         col_in = offs_n < Lk
         col_ok = col_in
         if HAS_KM:
             col_ok = col_ok & (tl.load(KM + batch * Lk + offs_n, mask=col_in, other=0) != 0)
+        any_k = tl.maximum(any_k, tl.max(col_ok.to(tl.int32), axis=0))
         valid = row_ok[:, None] & col_ok[None, :]
         kb = tl.load(K + bh * Lk * D + offs_n[:, None] * D + offs_d[None, :],
                      mask=col_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (N, Dp)
@@ -132,20 +138,23 @@ def _row_forward(
                 l2 = l2 * alpha2 + tl.sum(p2, axis=1)
                 acc2 = acc2 * alpha2[:, None] + tl.dot(p2.to(IN_T).to(DOT_T), vb, input_precision=PREC)
                 m2 = m2_new
-    has = lsum > 0
+    has = lsum != 0  # as in _col_forward: NaN propagates
     l_safe = tl.where(has, lsum, 1.0)
-    tl.store(Aout + bh * Lq + offs_m, tl.where(has, -(m + tl.log(l_safe)), 0.0), mask=row_in)
+    lost = row_ok & (any_k > 0) & (lsum == 0)  # valid pairs, every weight 0 (-inf scores): NaN
+    a_row = tl.where(lost, float("nan"), tl.where(has, -(m + tl.log(l_safe)), 0.0))
+    tl.store(Aout + bh * Lq + offs_m, a_row, mask=row_in)
     if OUT:
         o_mask = row_in[:, None] & (offs_dv[None, :] < Dv)
-        tl.store(
-            Out + bh * Lq * Dv + offs_m[:, None] * Dv + offs_dv[None, :], acc / l_safe[:, None], mask=o_mask
-        )
+        out = tl.where(lost[:, None], float("nan"), acc / l_safe[:, None])
+        tl.store(Out + bh * Lq * Dv + offs_m[:, None] * Dv + offs_dv[None, :], out, mask=o_mask)
         if HYBRID:
-            has2 = l2 > 0
+            has2 = l2 != 0
             l2_safe = tl.where(has2, l2, 1.0)
-            tl.store(ALout + bh * Lq + offs_m, tl.where(has2, -(m2 + tl.log(l2_safe)), 0.0), mask=row_in)
-            tl.store(OL + bh * Lq * Dv + offs_m[:, None] * Dv + offs_dv[None, :], acc2 / l2_safe[:, None],
-                     mask=o_mask)
+            lost2 = row_ok & (any_k > 0) & (l2 == 0)
+            a2 = tl.where(lost2, float("nan"), tl.where(has2, -(m2 + tl.log(l2_safe)), 0.0))
+            tl.store(ALout + bh * Lq + offs_m, a2, mask=row_in)
+            out2 = tl.where(lost2[:, None], float("nan"), acc2 / l2_safe[:, None])
+            tl.store(OL + bh * Lq * Dv + offs_m[:, None] * Dv + offs_dv[None, :], out2, mask=o_mask)
 
 
 @triton.jit

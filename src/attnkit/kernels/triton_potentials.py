@@ -82,15 +82,18 @@ def triton_attention(
     """Output ``(B, H, Lq, Dv)`` of DNAS (``iters=1``), Sinkhorn (``iters=k``) or, with ``u``
     (broadcastable to ``(B, H, 1, 1)``), the hybrid ``u * out(iters) + (1 - u) * out(softmax)``.
 
-    Shapes: q ``(B|1, H|1, Lq, D)``, k ``(B|1, H|1, Lk, D)``, v ``(B|1, H|1, Lk, Dv)``; ``key_mask (B, Lk)``,
-    ``query_mask (B, Lq)``. CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1`` (the interpreter).
+    Shapes: q ``(B|1, H|1, Lq, D)``, k ``(B|1, H|1, Lk, D)``, v ``(B|1, H|1, Lk, Dv)``; boolean
+    ``key_mask (B|1, Lk)``, ``query_mask (B|1, Lq)``; ``u`` a number in [0, 1], a 0-d tensor, ``(H,)`` or
+    ``(B|1, H|1, 1, 1)``. Padded rows must hold finite values: they weigh 0, but ``0 * nan`` is NaN in the
+    products (``ak.attention`` zeroes them before calling). CUDA tensors, or CPU tensors under
+    ``TRITON_INTERPRET=1`` (the interpreter).
     ``block`` fixes the tile size (a power of two >= 16; by default 16 interpreted, and compiled a tile per
     kernel and head size, ``_TILES``).
     """
     if triton is None:
         raise RuntimeError("Triton is not installed; install attnkit[triton] (pip install 'triton==3.9.*')")
-    if iters < 1:
-        raise ValueError(f"iters={iters}; the Triton kernels need iters >= 1 (softmax is SDPA)")
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
+        raise ValueError(f"iters={iters!r}; the Triton kernels need an integer >= 1 (softmax is SDPA)")
     if q.dtype not in TRITON_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(
             f"q, k, v have dtypes {q.dtype}, {k.dtype}, {v.dtype}; the Triton kernels take one of "
@@ -101,10 +104,13 @@ def triton_attention(
             f"the Triton kernels got {q.device.type} tensors; they run on CUDA tensors, or on CPU tensors in "
             "Triton's interpreter (set TRITON_INTERPRET=1 before triton is imported)"
         )
-    if block is not None and (block < 16 or block & (block - 1)):
-        raise ValueError(f"block={block}; expected a power of two >= 16")
-    B = max(q.shape[0], k.shape[0], v.shape[0])
-    H = max(q.shape[1], k.shape[1], v.shape[1])
+    if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 16
+                              or block & (block - 1)):
+        raise ValueError(f"block={block!r}; expected a power of two >= 16")
+    B, H = _check_shapes(q, k, v)
+    key_mask = _check_mask("key_mask", key_mask, B, k.shape[2])
+    query_mask = _check_mask("query_mask", query_mask, B, q.shape[2])
+    u = _check_hybrid(u, H, q)
     q = q.expand(B, H, -1, -1)
     k = k.expand(B, H, -1, -1)
     v = v.expand(B, H, -1, -1)
@@ -113,6 +119,54 @@ def triton_attention(
     if block is None and not q.is_cuda:
         block = 16  # the interpreter: small tiles are fast
     return _TritonPotentials.apply(q, k, v, u, km, qm, float(scale), int(iters), block)
+
+
+def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int]:
+    """``(B, H)`` of 4-D q, k, v whose batch and head sizes broadcast and whose sizes agree."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v have shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}; "
+                         "expected (B, H, L, D) each")
+    if k.shape[3] != q.shape[3] or v.shape[2] != k.shape[2]:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: q and k need one head "
+                         "size D, and k and v one length Lk")
+    sizes = []
+    for dim in (0, 1):
+        n = max(q.shape[dim], k.shape[dim], v.shape[dim])
+        if any(t.shape[dim] not in (1, n) for t in (q, k, v)):
+            raise ValueError(f"q, k, v have {'batch' if dim == 0 else 'head'} sizes {q.shape[dim]}, "
+                             f"{k.shape[dim]}, {v.shape[dim]}; each must be 1 or the largest")
+        sizes.append(n)
+    return sizes[0], sizes[1]
+
+
+def _check_mask(name: str, mask: Optional[Tensor], B: int, L: int) -> Optional[Tensor]:
+    """A boolean ``(B|1, L)`` mask on the inputs' device, or ``None``."""
+    if mask is None:
+        return None
+    if mask.dtype != torch.bool or mask.dim() != 2 or mask.shape[1] != L or mask.shape[0] not in (1, B):
+        raise ValueError(f"{name} has shape {tuple(mask.shape)} and dtype {mask.dtype}; expected a bool "
+                         f"tensor of shape ({B}, {L}) (True = real token)")
+    return mask
+
+
+def _check_hybrid(u, H: int, like: Tensor) -> Optional[Tensor]:
+    """``u`` as a float32 tensor broadcastable to ``(B, H, 1, 1)``: a number, a 0-d tensor, ``(H,)`` or
+    a 4-D tensor; values in [0, 1] (checked where they can be read without a device synchronization)."""
+    if u is None:
+        return None
+    if not torch.is_tensor(u):
+        if isinstance(u, bool) or not isinstance(u, (int, float)):
+            raise ValueError(f"u={u!r}; expected a number in [0, 1] or a tensor")
+        u = torch.tensor(float(u), device=like.device)
+    if u.dim() == 1 and u.shape[0] in (1, H):
+        u = u.view(1, -1, 1, 1)
+    if u.dim() == 0:
+        u = u.view(1, 1, 1, 1)
+    if u.dim() != 4 or u.shape[2:] != (1, 1) or u.shape[1] not in (1, H):
+        raise ValueError(f"u has shape {tuple(u.shape)}; expected a number, (), ({H},) or (B|1, {H}|1, 1, 1)")
+    if not u.is_cuda and not (u.detach() >= 0).logical_and(u.detach() <= 1).all():
+        raise ValueError("u holds values outside [0, 1] (or NaN); the hybrid weight mixes two normalizations")
+    return u
 
 
 # ------------------------------------------------------------------------------------ autograd
