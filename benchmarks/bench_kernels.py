@@ -8,4 +8,5 @@ import sys
 from attnkit.cli import main
 
 if __name__ == "__main__":
+    sys.argv[0] = "attnkit"  # its help is `attnkit bench`'s: "Usage: attnkit bench [OPTIONS]"
     main(["bench", *sys.argv[1:]])

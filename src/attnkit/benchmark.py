@@ -136,12 +136,42 @@ class BenchConfig:
             raise ValueError(f"device={self.device!r}; expected 'cpu' or 'cuda'")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' but CUDA is not available; use --device cpu")
+        if self.sinkhorn_iters > MAX_SINKHORN_ITERS and "sinkhorn" in self.mechanisms:
+            raise ValueError(f"sinkhorn_iters={self.sinkhorn_iters}; the bench times at most "
+                             f"{MAX_SINKHORN_ITERS} rounds (each is a sweep over every score)")
+        need = _input_bytes(self)
+        have = _device_bytes(self.device)
+        if have is not None and need > have:
+            raise ValueError(
+                f"B={self.batch} H={self.heads} L={max(self.lengths)} D={self.head_dim} needs "
+                f"{need / 2**30:.3g} GiB for q, k, v, the output and their gradients, more than the "
+                f"{have / 2**30:.3g} GiB this {self.device} has; choose smaller sizes"
+            )
         plan = [(L, m, b) for L in self.lengths for m in self.mechanisms for b in self.backends]
         if not any(_timed(L, m, b, self) for L, m, b in plan):
             raise ValueError(
                 f"mechanisms {list(self.mechanisms)} x backends {list(self.backends)} x lengths "
                 f"{list(self.lengths)} time nothing but SDPA: {_why_nothing(self)}"
             )
+
+
+MAX_SINKHORN_ITERS = 1000
+
+
+def _input_bytes(cfg: "BenchConfig") -> int:
+    """Bytes of q, k, v, the output and their gradients at the largest length (a lower bound of a run)."""
+    size = 2 if cfg.device == "cuda" else 4  # bfloat16 / float32
+    return 8 * cfg.batch * cfg.heads * max(cfg.lengths) * cfg.head_dim * size
+
+
+def _device_bytes(device: str) -> Optional[int]:
+    """The memory of ``device`` in bytes (physical memory for the CPU), ``None`` where it cannot be read."""
+    try:
+        if device == "cuda":
+            return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError, RuntimeError):
+        return None
 
 
 def _timed(L: int, mechanism: str, backend: str, cfg: "BenchConfig") -> bool:
@@ -311,7 +341,7 @@ def _round_times(fn: Callable[[], None], repeats: int, device: str, limit: float
 
 def spread(times: Sequence[float]) -> dict:
     """``{"min", "median", "max"}`` of the rounds: the median is the headline, min..max how much it moved."""
-    return {"min": min(times), "median": statistics.median(times), "max": max(times)}
+    return {"min": min(times), "median": statistics.median(times), "max": max(times), "rounds": len(times)}
 
 
 def load_warning(load: Optional[float] = None, cores: Optional[int] = None) -> Optional[str]:
@@ -419,8 +449,11 @@ def _peak_in_subprocess(mechanism: str, backend: str, L: int, cfg: BenchConfig) 
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(_MMAP_THRESHOLD))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["killed"])[-1]
-        return {"peak_mb": None, "peak_extra_mb": None, "error": tail}
+        status = (f"killed by signal {-proc.returncode}" if proc.returncode < 0
+                  else f"exit code {proc.returncode}")
+        last = (proc.stderr.strip().splitlines() or [""])[-1].strip()
+        return {"peak_mb": None, "peak_extra_mb": None,
+                "error": f"the memory subprocess failed ({status})" + (f": {last}" if last else "")}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -450,7 +483,8 @@ def _run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
         sdpa_fwd, sdpa_fb = _time_config(sdpa, q, k, v, cfg)
         sdpa_mem = _peak_in_subprocess("softmax", "sdpa", L, cfg) if cfg.memory else {}
         rows.append(_row(L, "softmax", "sdpa", sdpa_fwd, sdpa_fb, sdpa_fwd, sdpa_fb, sdpa_mem))
-        log(f"L={L} sdpa fwd {sdpa_fwd:.4f}s fwd+bwd {sdpa_fb:.4f}s")
+        log(f"L={L} sdpa fwd {sdpa_fwd:.4f}s fwd+bwd {sdpa_fb:.4f}s"
+            + (f"; no memory figure: {sdpa_mem['error']}" if sdpa_mem.get("error") else ""))
         for mechanism in cfg.mechanisms:
             for backend in cfg.backends:
                 if mechanism not in PEER_MECHANISMS.get(backend, (mechanism,)):
@@ -501,6 +535,7 @@ def _run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
                         if row.get("peak_extra_mb") is not None
                         else ""
                     )
+                    + (f"; no memory figure: {row['memory_error']}" if row.get("memory_error") else "")
                 )
     meta = {
         "B": cfg.batch, "H": cfg.heads, "D": cfg.head_dim,
@@ -513,10 +548,13 @@ def _run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
         ),
         "load_average_before": list(load_before), "load_average_after": list(os.getloadavg()),
         "load_warning": load_warning(max(load_before[0], os.getloadavg()[0])),
-        "memory": "peak RSS above the inputs, fresh process per row, "
+        "memory": None if not cfg.memory
+        else "peak RSS above the inputs, fresh process per row, "
         f"MALLOC_MMAP_THRESHOLD_={_MMAP_THRESHOLD}"
         if cfg.device == "cpu"
         else "torch.cuda.max_memory_allocated above the inputs",
+        "lengths": list(cfg.lengths), "mechanisms": list(cfg.mechanisms), "backends": list(cfg.backends),
+        "max_reference_length": cfg.max_reference_length, "time_limit_s": cfg.time_limit_s,
     }
     return {"meta": meta, "rows": rows}
 
@@ -579,7 +617,7 @@ def format_table(result: dict) -> str:
         width = int(spec.split(".")[0])
         return f"{'-':>{width}}" if x is None else format(x, spec)
 
-    skipped: dict[str, int] = {}
+    skipped: dict[str, int] = {}  # footnotes: why a row was skipped or its memory is missing
     for r in result["rows"]:
         fb = r.get("fwd_bwd_spread_s")
         minmax = "-" if fb is None else f"{fb['min']:.4f} / {fb['max']:.4f}"
@@ -587,11 +625,14 @@ def format_table(result: dict) -> str:
         if r.get("skipped"):
             number = skipped.setdefault(r["skipped"], len(skipped) + 1)
             route = f"skipped ({number})"
+        peak = fmt(r["peak_extra_mb"], "9.0f")
+        if r.get("memory_error"):
+            peak = f"({skipped.setdefault(r['memory_error'], len(skipped) + 1)})".rjust(9)
         lines.append(
             f"{r['L']:>6} {r['mechanism']:<9} {r['backend']:<13} {route:<14} "
             f"{fmt(r['fwd_s'], '9.4f')} "
             f"{fmt(r['fwd_ratio'], '7.2f')} {fmt(r['fwd_bwd_s'], '9.4f')} {fmt(r['fwd_bwd_ratio'], '7.2f')} "
-            f"{minmax:>19} {fmt(r['peak_extra_mb'], '9.0f')}"
+            f"{minmax:>19} {peak}"
         )
     lines += [f"({number}) {reason}" for reason, number in skipped.items()]
     meta = result.get("meta", {})
@@ -604,17 +645,22 @@ def format_table(result: dict) -> str:
         shape += f", Sinkhorn score cache {meta['score_cache_mb']:g} MiB"
     threads = meta.get('threads', '?')
     lines.append(f"{shape}, {threads} thread{'' if threads == 1 else 's'}; "
-                 f"times: median of {meta.get('repeats', '?')} rounds (min / max beside it); "
-                 f"load average {', '.join(f'{x:.2f}' for x in meta.get('load_average_before', []))} "
+                 f"times: median of {meta.get('repeats', '?')} rounds, fewer where a configuration passed "
+                 "the time limit (min / max beside it); load average "
+                 f"{', '.join(f'{x:.2f}' for x in meta.get('load_average_before', []))} before, "
+                 f"{', '.join(f'{x:.2f}' for x in meta.get('load_average_after', []))} after, "
                  f"on {meta.get('cores', '?')} cores")
     if meta.get("load_warning"):
         lines.append(meta["load_warning"])
     return "\n".join(lines)
 
 
-def write_json(result: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+def write_json(result: dict, path: Path, overwrite: bool = False) -> None:
+    """Write the results whole (``attnkit._files.write_text_file``); an existing file only with
+    ``overwrite``."""
+    from ._files import write_text_file
+
+    write_text_file(path, json.dumps(result, indent=2) + "\n", overwrite=overwrite)
 
 
 if __name__ == "__main__":

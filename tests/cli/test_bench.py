@@ -34,7 +34,7 @@ def test_load_warning_only_when_load_exceeds_cores():
 
     assert load_warning(load=1.5, cores=2) is None
     assert "load average 9.0 > 2 cores" in load_warning(load=9.0, cores=2)
-    assert spread([3.0, 1.0, 2.0]) == {"min": 1.0, "median": 2.0, "max": 3.0}
+    assert spread([3.0, 1.0, 2.0]) == {"min": 1.0, "median": 2.0, "max": 3.0, "rounds": 3}
 
 
 def test_bad_lengths_reported_before_the_existing_out_file(tmp_path, capsys):
@@ -106,3 +106,72 @@ def test_bench_that_would_time_nothing_or_has_bad_values_fails_before_running(ar
     err = capsys.readouterr().err
     assert exc.value.code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
     assert "L=" not in err and not out.exists()  # nothing was timed
+
+
+def test_a_file_that_appears_during_the_run_is_kept(tmp_path, capsys, monkeypatch):
+    """The --out check runs before the bench and the bench can take minutes: a file saved there meanwhile
+    is not overwritten without --overwrite (the result is linked into place only if the path is free)."""
+    from attnkit import benchmark
+
+    out = tmp_path / "kernels.json"
+    real = benchmark.run_bench
+
+    def run_then_someone_saves(cfg, log=None):
+        result = real(cfg, log)
+        out.write_text('{"user": "precious"}')
+        return result
+
+    monkeypatch.setattr(benchmark, "run_bench", run_then_someone_saves)
+    args = ["bench", "--lengths", "16", "--mechanisms", "dnas", "--backends", "efficient", "--repeats", "1",
+            "--no-memory", "--out", str(out)]
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2 and "--overwrite" in capsys.readouterr().err
+    assert out.read_text() == '{"user": "precious"}'
+    assert [p.name for p in tmp_path.iterdir()] == ["kernels.json"]  # no temporary file left behind
+    main([*args, "--overwrite"])
+    assert json.loads(out.read_text())["meta"]["lengths"] == [16]
+
+
+def test_a_failed_memory_measurement_is_a_footnote_with_its_cause(monkeypatch):
+    from attnkit import benchmark
+
+    monkeypatch.setattr(
+        benchmark.subprocess, "run",
+        lambda *a, **k: benchmark.subprocess.CompletedProcess(a, -9, stdout="", stderr=""),
+    )
+    cfg = benchmark.BenchConfig(lengths=(16,), mechanisms=("dnas",), backends=("efficient",), repeats=1)
+    result = benchmark.run_bench(cfg)
+    table = benchmark.format_table(result)
+    why = "the memory subprocess failed (killed by signal 9)"
+    assert all(r["memory_error"] == why for r in result["rows"])
+    assert f"(1) {why}" in table
+    assert result["meta"]["memory"] is not None
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--sinkhorn-iters", "1000000000", "--mechanisms", "sinkhorn"], "at most 1000 rounds"),
+        (["--lengths", "99999999999999999999"], "GiB for q, k, v"),
+        (["--head-dim", "99999999999999999999"], "GiB for q, k, v"),
+        (["--batch", "99999999999"], "GiB for q, k, v"),
+    ],
+)
+def test_sizes_beyond_the_machine_are_refused_before_running(args, needle, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--no-memory", "--out", str(tmp_path / "x.json"), *args])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and needle in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_meta_records_what_was_run_and_no_memory_method_without_memory():
+    from attnkit.benchmark import BenchConfig, run_bench
+
+    cfg = BenchConfig(lengths=(16, 8), mechanisms=("dnas",), backends=("efficient",), repeats=2, memory=False)
+    result = run_bench(cfg)
+    meta = result["meta"]
+    assert (meta["lengths"], meta["mechanisms"], meta["backends"]) == ([16, 8], ["dnas"], ["efficient"])
+    assert meta["memory"] is None
+    assert all(r["fwd_bwd_spread_s"]["rounds"] == 2 for r in result["rows"] if r["backend"] == "efficient")

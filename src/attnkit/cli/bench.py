@@ -117,6 +117,6 @@ def register(app: typer.Typer) -> None:
             raise FileExistsError(f"{out} exists; pass --overwrite to replace it or choose another --out")
         _check_writable(out)
         result = run_bench(cfg, log=lambda msg: typer.echo(msg, err=True))
-        write_json(result, out)
+        write_json(result, out, overwrite=overwrite)
         typer.echo(format_table(result))
         typer.echo(f"wrote {out}")
