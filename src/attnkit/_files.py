@@ -42,7 +42,7 @@ def write_text_file(path: Union[str, os.PathLike], text: str, *, overwrite: bool
     and a process killed meanwhile leaves the old file (if any) as it was. Without ``overwrite`` the file is
     linked into place only if ``path`` does not exist at that moment (a file that appeared while a long run
     was going is kept): ``FileExistsError`` then."""
-    path = Path(path)
+    path = Path(os.path.realpath(path))  # a symbolic link is written through, not replaced
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

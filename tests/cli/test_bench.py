@@ -175,3 +175,16 @@ def test_meta_records_what_was_run_and_no_memory_method_without_memory():
     assert (meta["lengths"], meta["mechanisms"], meta["backends"]) == ([16, 8], ["dnas"], ["efficient"])
     assert meta["memory"] is None
     assert all(r["fwd_bwd_spread_s"]["rounds"] == 2 for r in result["rows"] if r["backend"] == "efficient")
+
+
+def test_results_are_written_through_a_symbolic_link(tmp_path):
+    import os
+
+    from attnkit._files import write_text_file
+
+    target = tmp_path / "target.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    os.symlink(target, link)
+    write_text_file(link, "new", overwrite=True)
+    assert link.is_symlink() and target.read_text() == "new"

@@ -219,8 +219,9 @@ def test_two_processes_refuse_an_uneven_batch_once_and_leave_no_run_directory(tm
     out = tmp_path / "uneven"
     proc = _launch_two(["--task", str(data), *TINY, "--set", "batch_size=3", "--out", str(out)], env)
     assert proc.returncode != 0
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: batch_size=3 does not split evenly over 2 processes; use a multiple of 2"]
+    errors = sorted(line for line in proc.stderr.splitlines() if "error:" in line)
+    message = "error: batch_size=3 does not split evenly over 2 processes; use a multiple of 2"
+    assert errors == [f"[rank 1] {message}", message]  # each process says it once, rank 1 with its rank
     assert not out.exists()
 
 

@@ -97,3 +97,16 @@ def test_a_typer_without_the_flag_type_hook_is_left_alone(monkeypatch):
     assert not hasattr(TyperOption, "display_type_rich")
     _screen.hide_flag_types()
     assert not hasattr(TyperOption, "display_type_rich")
+
+
+def test_errors_of_other_ranks_are_printed_with_their_rank(monkeypatch, capsys):
+    """Under accelerate launch an error only one process met must not be lost: ranks other than 0 print
+    theirs with the rank in front; a single process prints plain lines even where RANK is set."""
+    from attnkit.cli import _error
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _error("damaged file")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    _error("plain")
+    assert capsys.readouterr().err.splitlines() == ["[rank 1] error: damaged file", "error: plain"]

@@ -78,10 +78,12 @@ def _one_line(message: str) -> str:
 
 
 def _error(message: str) -> None:
-    """Print ``error: message``: once for a run under ``accelerate launch``, where every process meets the
-    same error (the processes other than rank 0 exit with the same code, silently)."""
-    if os.environ.get("RANK", "0") in ("", "0"):
-        print(f"error: {message}", file=sys.stderr)
+    """Print ``error: message``; under ``accelerate launch`` (``WORLD_SIZE`` > 1) the processes other than
+    rank 0 say which they are (``[rank 1] error: ...``), so that an error only one of them met is not lost
+    and one all of them met reads as the same line per process."""
+    rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    prefix = f"[rank {rank}] " if rank not in ("", "0") and world not in ("", "1") else ""
+    print(f"{prefix}error: {message}", file=sys.stderr)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

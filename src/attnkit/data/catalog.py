@@ -258,7 +258,10 @@ def _fetch_lock(folder: Path):
             "cache_dir (or $ATTNKIT_CACHE) at a writable folder"
         ) from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks (some network or FUSE mounts): unlocked, as before
+            pass
         yield
     finally:
         os.close(fd)

@@ -72,6 +72,9 @@ def _col_forward(
     b = tl.where(has, -(m + tl.log(acc_safe)), 0.0)
     # valid pairs whose scores are all -inf (an inf in the inputs): 0 / 0, NaN as in the reference
     b = tl.where(col_ok & (any_q > 0) & (acc == 0), float("nan"), b)
+    # a +inf score: the column sum is +inf, b = -inf, and only the rows holding that score turn NaN
+    # (inf - inf), as in the reference
+    b = tl.where(m == float("inf"), float("-inf"), b)
     tl.store(Bout + bh * Lk + offs_n, b, mask=col_in)
     if QBAR:
         tl.store(QBout + bh * Lk * D + offs_n[:, None] * D + offs_d[None, :], qacc / acc_safe[:, None],

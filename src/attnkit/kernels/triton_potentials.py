@@ -150,7 +150,7 @@ def _check_mask(name: str, mask: Optional[Tensor], B: int, L: int) -> Optional[T
 
 
 def _check_hybrid(u, H: int, like: Tensor) -> Optional[Tensor]:
-    """``u`` as a float32 tensor broadcastable to ``(B, H, 1, 1)``: a number, a 0-d tensor, ``(H,)`` or
+    """``u`` as a tensor broadcastable to ``(B, H, 1, 1)``: a number, a 0-d tensor, ``(H,)`` or
     a 4-D tensor; values in [0, 1] (checked where they can be read without a device synchronization)."""
     if u is None:
         return None
