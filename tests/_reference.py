@@ -42,6 +42,7 @@ __all__ = [
     "CASES",
     "CODA_VARIANTS",
     "random_qkv",
+    "random_padding",
     "random_lengths_masks",
 ]
 
@@ -353,3 +354,14 @@ def random_qkv(
 def random_lengths_masks(lengths: list[int], L: int) -> Tensor:
     """Boolean ``(B, L)``: the first ``lengths[b]`` positions are real."""
     return torch.arange(L)[None, :] < torch.tensor(lengths)[:, None]
+
+
+def random_padding(B: int, Lq: int, Lk: int, seed: int = 1) -> tuple[Tensor, Tensor]:
+    """``(key_mask (B, Lk), query_mask (B, Lq))``: random holes (30%), element 0 unpadded, and the first
+    half of the keys of the last element padded (left padding)."""
+    g = torch.Generator().manual_seed(seed)
+    km = torch.rand(B, Lk, generator=g) > 0.3
+    qm = torch.rand(B, Lq, generator=g) > 0.3
+    km[0], qm[0] = True, True
+    km[-1, : Lk // 2] = False
+    return km, qm

@@ -24,6 +24,7 @@ import attnkit as ak  # noqa: E402
 import attnkit.hf  # noqa: E402,F401  (ak.hf)
 from attnkit.functional import explain_dispatch  # noqa: E402
 from attnkit.kernels import _triton_kernels  # noqa: E402
+from tests._reference import random_padding  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     _triton_kernels.INTERPRETED, reason="triton was imported in interpreter mode (TRITON_INTERPRET=1)"
@@ -51,11 +52,7 @@ def _inputs(B, H, Lq, Lk, D, Dv, seed=0):
 
 def _padding(B, Lq, Lk, seed=1):
     """Random holes, left padding on the last element and, with B > 1, an element without a valid key."""
-    g = torch.Generator().manual_seed(seed)
-    km = torch.rand(B, Lk, generator=g) > 0.3
-    qm = torch.rand(B, Lq, generator=g) > 0.3
-    km[0], qm[0] = True, True
-    km[-1, : Lk // 2] = False
+    km, qm = random_padding(B, Lq, Lk, seed)
     if B > 1:
         km[1] = False  # every query of element 1 returns zeros
     return km, qm

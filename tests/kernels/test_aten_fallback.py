@@ -10,6 +10,7 @@ import torch
 import attnkit as ak
 from attnkit.kernels import aten_fallback
 from attnkit.kernels.aten_fallback import fused_available, fused_dnas_attention
+from tests._reference import random_padding
 
 pytestmark = pytest.mark.skipif(
     not fused_available(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2)),
@@ -26,12 +27,7 @@ def _inputs(B, H, Lq, Lk, D, dtype=torch.float64, seed=0, spread=1.0):
 
 
 def _masks(B, Lq, Lk, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    km = torch.rand(B, Lk, generator=g) > 0.3
-    qm = torch.rand(B, Lq, generator=g) > 0.3
-    km[0], qm[0] = True, True
-    km[-1, : Lk // 2] = False
-    return km, qm
+    return random_padding(B, Lq, Lk, seed)
 
 
 @pytest.mark.parametrize("mechanism", ["dnas", "hnas"])
