@@ -1,17 +1,19 @@
 """Tile sweep of the Triton potential kernels (``attnkit/kernels/triton_potentials.py``) on a CUDA GPU.
 
 For each of the four kernels (column / row pass, forward / backward) and each candidate tile (BLOCK_M,
-BLOCK_N, warps, pipeline stages), the other three kernels keep the tiles of ``_TILES``: the sweep times the
-pass the kernel belongs to (forward under ``no_grad`` for the forward kernels, forward+backward for the
-backward ones) with ``triton.testing.do_bench`` (median, CUDA events) and checks the output and gradients
-against those of ``_TILES``' tiles. Then every mechanism is timed against SDPA with ``_TILES``' tiles and with
-the fastest tile of each kernel.
+BLOCK_N, warps, pipeline stages), the other kernels keep the tiles of ``_TILES``: the sweep times the pass
+the kernel belongs to (forward under ``no_grad`` for the forward kernels, forward+backward for the backward
+ones) with ``triton.testing.do_bench`` (median, CUDA events) and checks the output and gradients against
+those of ``_TILES``' tiles. DNAS times the plain variants; ``<kernel>_hybrid`` sweeps the variant of HNAS's
+last round (its own tile in ``_TILES``) with HNAS. Then every mechanism is timed against SDPA with
+``_TILES``' tiles and with the fastest tile of each kernel.
 
     python benchmarks/triton_tiles.py --phase compile --kernel col_fwd   # warm Triton's cache (parallel)
     python benchmarks/triton_tiles.py --phase time --out tiles.json      # time, one process on the GPU
 
-The compile phase also runs the correctness check, so it can run as four processes (one per kernel) beside
-each other before the timed phase, which must run alone.
+The compile phase also runs the correctness check, so it can run as one process per kernel beside each
+other before the timed phase, which must run alone. ``--candidates FILE`` (JSON: kernel name -> list of
+tiles) replaces the built-in candidates, e.g. by the ones whose sm_90 build does not spill.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 KERNELS = ("col_fwd", "row_fwd", "col_bwd", "row_bwd")
+HYBRID = ("row_fwd_hybrid", "col_bwd_hybrid", "row_bwd_hybrid")  # HNAS's last round (forward's: row pass)
 CANDIDATES = (
     (32, 64, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 64, 8, 3), (64, 128, 8, 3), (128, 64, 8, 3),
     (128, 128, 8, 3), (64, 64, 4, 2), (128, 32, 4, 3), (32, 128, 4, 3), (128, 64, 4, 3), (64, 128, 4, 3),
@@ -95,14 +98,25 @@ def _rel(a, b):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--phase", choices=("compile", "time"), required=True)
-    parser.add_argument("--kernel", choices=KERNELS, action="append", help="kernels to sweep (default: all)")
+    parser.add_argument("--kernel", choices=KERNELS + HYBRID, action="append",
+                        help="kernels to sweep (default: all, the hybrid variants included)")
     # at B=1, H=8 a forward of L=4096 takes a quarter of a millisecond on an H100, about what launching its
     # kernels from Python takes, and the sweep's times moved by 20-40% between identical tiles: fill the GPU
     parser.add_argument("--shape", default="4,16,4096,64", help="B,H,L,D (default 4,16,4096,64)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    parser.add_argument("--candidates", type=Path, help="JSON: kernel name -> list of [BLOCK_M, BLOCK_N, "
+                        "warps, stages] (default: the same built-in list for every kernel)")
     parser.add_argument("--out", type=Path, help="JSON results (time phase)")
     args = parser.parse_args(argv)
 
+    candidates = {}
+    if args.candidates is not None:
+        try:
+            raw = json.loads(args.candidates.read_text())
+            candidates = {name: [tuple(int(x) for x in t) for t in tiles] for name, tiles in raw.items()}
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            parser.error(f"--candidates {args.candidates}: {exc}; expected a JSON object of kernel name -> "
+                         "list of [BLOCK_M, BLOCK_N, warps, stages]")
     from triton.testing import do_bench
 
     from attnkit.kernels import triton_potentials as P
@@ -114,24 +128,25 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     q, k, v = _inputs(B, H, L, D, dtype)
     g = torch.randn(B, H, L, D, generator=torch.Generator().manual_seed(1)).to("cuda", dtype)
-    base = P._tiles(None, max(16, D), dtype)
-    base_out = _outputs(_call("dnas", base), q, k, v, g)
+    base = dict(P._tiles(None, max(16, D), dtype))
+    base_out = {m: _outputs(_call(m, base), q, k, v, g) for m in ("dnas", "hnas")}
     results = {"shape": [B, H, L, D], "dtype": args.dtype, "device": torch.cuda.get_device_name(),
                "base": base, "sweep": {}}
-    for name in args.kernel or KERNELS:
+    for name in args.kernel or KERNELS + HYBRID:
+        mechanism = "hnas" if name.endswith("_hybrid") else "dnas"
         rows = []
-        for cand in CANDIDATES:
+        for cand in candidates.get(name, CANDIDATES):
             tiles = dict(base, **{name: cand})
-            f = _call("dnas", tiles)
+            f = _call(mechanism, tiles)
             try:
-                err = max(_rel(a, b) for a, b in zip(_outputs(f, q, k, v, g), base_out))
+                err = max(_rel(a, b) for a, b in zip(_outputs(f, q, k, v, g), base_out[mechanism]))
                 _fwd(f, q, k, v)()  # the inference variants too (compiled here in the compile phase)
             except Exception as exc:  # e.g. out of shared memory for this tile
                 rows.append({"tile": cand, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
                 continue
             row = {"tile": cand, "rel_err_vs_base": err}
             if args.phase == "time" and err < 2e-2:
-                fn = _fwd(f, q, k, v) if name.endswith("fwd") else _fwd_bwd(f, q, k, v, g)
+                fn = _fwd(f, q, k, v) if "fwd" in name else _fwd_bwd(f, q, k, v, g)
                 row["ms"] = do_bench(fn, warmup=10, rep=60, return_mode="median")
             rows.append(row)
             print(name, cand, {k_: v_ for k_, v_ in row.items() if k_ != "tile"}, flush=True)

@@ -100,6 +100,40 @@ def test_compiled_tiles_per_kernel_match_reference(name, table, monkeypatch):
     _close(*_run(name, q, k, v, km, qm), atol=2e-5)
 
 
+def test_hnas_last_round_takes_its_own_tile_and_the_other_launches_the_plain_ones(monkeypatch):
+    """A table entry ``<kernel>_hybrid`` is the tile of the variant that also carries the softmax half
+    (HNAS's last round); every other launch, DNAS's and Sinkhorn's included, keeps ``<kernel>``'s."""
+    plain = {"col_fwd": (16, 32, 4, 2), "row_fwd": (32, 16, 4, 2), "col_bwd": (16, 16, 4, 2),
+             "row_bwd": (32, 32, 4, 2)}
+    tiles = dict(plain, row_fwd_hybrid=(16, 64, 4, 2), col_bwd_hybrid=(64, 16, 4, 2),
+                 row_bwd_hybrid=(16, 16, 4, 3))
+    monkeypatch.setattr(triton_potentials, "_tiles", lambda block, width, dtype: tiles)
+    launched = []
+
+    class Recorder:  # stands in for a kernel: records the tile of each launch, then launches
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **consts):
+                tile = tuple(consts[c] for c in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))
+                launched.append((self.name, bool(consts.get("HYBRID")), tile))
+                return self.kernel[grid](*args, **consts)
+            return launch
+
+    monkeypatch.setattr(_triton_kernels, "KERNELS",
+                        {n: Recorder(n, kern) for n, kern in _triton_kernels.KERNELS.items()})
+    for name in ("hnas", "dnas", "sinkhorn2"):
+        launched.clear()
+        q, k, v = _inputs(1, 2, 40, 50, 8, 8, seed=3)
+        _close(*_run(name, q, k, v, None, None), atol=2e-5)
+        hybrid = {kernel for kernel, is_hybrid, _ in launched if is_hybrid}
+        assert hybrid == ({"row_fwd", "col_bwd", "row_bwd"} if name == "hnas" else set())
+        assert {kernel for kernel, _, _ in launched} == set(plain)
+        for kernel, is_hybrid, tile in launched:
+            assert tile == tiles[kernel + "_hybrid" if is_hybrid else kernel], (name, kernel)
+
+
 @pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn3"])
 def test_empty_rows_and_columns_are_zero_with_finite_gradients(name):
     q, k, v = _inputs(3, 2, 10, 12, 4, 4, seed=5)
@@ -186,10 +220,13 @@ def test_rejects_float64_and_cpu_route_is_off():
 
 
 # The variants the launcher compiles (triton_potentials._forward / _backward: the rounds' flags) with its
-# tiles (_TILES: a warp count and a pipeline depth per kernel) and masks (their code contains the unmasked
-# one); the sm_90 build of each must keep its tiles in registers (cuobjdump's STACK: 0 bytes spilled per
-# thread). "hybrid" compiles only the variants of HNAS's last round, "all" also the largest ones without
-# masks. Run in a fresh process, where Triton compiles instead of interpreting.
+# tiles (_TILES: a warp count and a pipeline depth per kernel, HNAS's last round its own where the table has
+# one) and masks (their code contains the unmasked one); the sm_90 build of each must keep its tiles in
+# registers (cuobjdump's STACK: 0 bytes spilled per thread). Built as a launch with lengths and head sizes
+# divisible by 16 builds them: Triton specializes such integer arguments (and 16-byte aligned pointers) as
+# divisible by 16, which the builds here state with the same attribute. "hybrid" compiles only the variants
+# of HNAS's last round, "all" also the largest ones without masks. Run in a fresh process, where Triton
+# compiles instead of interpreting.
 _COMPILE = r"""
 import itertools, os, subprocess, sys, tempfile
 import torch
@@ -219,14 +256,16 @@ cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 spilled = []
 for (name, flags), masks in runs:
     fn = K.KERNELS[name]
-    bm, bn, warps, stages = tiles[name]
+    bm, bn, warps, stages = (tiles.get(name + "_hybrid") if flags.get("HYBRID") else None) or tiles[name]
     kc = dict(flags, HAS_KM=masks, HAS_QM=masks, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=width, BLOCK_DV=width,
               PREC="ieee" if dtype == "fp32" else "tf32", IN_T=tl_dtype, DOT_T=tl_dtype)
     kc = {n: c for n, c in kc.items() if n in fn.arg_names}  # the column pass of the forward has no V
     sig = {n: "constexpr" if n in kc else "fp32" if n == "scale" else "i32" if n in INTS
            else "*" + dtype if n in ("Q", "K", "V", "DO", "QBout", "QB") else "*i8" if n in ("KM", "QM")
            else "*fp32" for n in fn.arg_names}
-    source = ASTSource(fn=fn, signature=sig, constexprs=kc)
+    divisible = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+                 if sig[n].startswith("*") or sig[n] == "i32"}
+    source = ASTSource(fn=fn, signature=sig, constexprs=kc, attrs=divisible)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=warps, num_stages=stages))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:

@@ -177,32 +177,39 @@ def _check_hybrid(u, H: int, like: Tensor) -> Optional[Tensor]:
 
 
 # Tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) of each kernel when compiled, by operand kind and padded
-# head size: the largest of those tried whose sm_90 build keeps every variant's tiles in registers (no spills;
-# tests/kernels/test_triton_potentials.py checks it). The column kernels keep BLOCK_N keys resident and stream
-# the queries, the row kernels the reverse. (Uniform 64 x 64 tiles on 4 warps spilled 600-900 bytes per
-# thread in the backward's column pass in bfloat16, and float32's IEEE dots, which take no tensor cores,
-# spilled kilobytes.)
+# head size; a kernel may have a tile of its own for HNAS's last round ("<kernel>_hybrid"), whose variant
+# holds the softmax half's accumulators too. The column kernels keep BLOCK_N keys resident and stream the
+# queries, the row kernels the reverse. None of them spills registers in the sm_90 build that a launch with
+# lengths and head sizes divisible by 16 gets (Triton specializes such integers: vectorized loads, fewer
+# address registers); tests/kernels/test_triton_potentials.py checks it. Other lengths take the same tiles
+# and may spill, which costs speed, not correctness.
 _TILES = {
-    ("half", 64): dict(col_fwd=(64, 128, 8, 3), row_fwd=(128, 64, 8, 3), col_bwd=(64, 64, 8, 3),
-                       row_bwd=(64, 32, 4, 3)),
-    ("half", 128): dict(col_fwd=(64, 64, 8, 3), row_fwd=(64, 32, 8, 3), col_bwd=(32, 32, 8, 3),
-                        row_bwd=(64, 32, 8, 3)),
+    # the fastest of 6-10 non-spilling candidates per kernel (benchmarks/triton_tiles.py on an H200,
+    # bfloat16, B=4 H=16 L=4096), fwd+bwd against the previous table's tiles: D=64 DNAS 8.55 -> 5.80 ms,
+    # HNAS 13.2 -> 8.84, Sinkhorn-3 19.4 -> 15.5; D=128 DNAS 26.2 -> 9.24, HNAS 34.1 -> 12.9, Sinkhorn-3
+    # 57.6 -> 26.0
+    ("half", 64): dict(col_fwd=(64, 128, 8, 3), row_fwd=(128, 32, 4, 3), col_bwd=(32, 64, 4, 3),
+                       row_bwd=(64, 64, 4, 2), row_fwd_hybrid=(64, 32, 4, 3), col_bwd_hybrid=(64, 64, 4, 2),
+                       row_bwd_hybrid=(64, 32, 4, 3)),
+    ("half", 128): dict(col_fwd=(128, 64, 4, 3), row_fwd=(128, 32, 8, 3), col_bwd=(32, 128, 8, 3),
+                        row_bwd=(64, 64, 4, 2), row_fwd_hybrid=(64, 64, 4, 3), col_bwd_hybrid=(32, 128, 8, 3),
+                        row_bwd_hybrid=(64, 32, 4, 2)),
     ("float32", 64): dict(col_fwd=(32, 32, 4, 2), row_fwd=(32, 32, 8, 2), col_bwd=(16, 32, 8, 2),
                           row_bwd=(32, 32, 4, 2)),
 }
 _TILES_OTHER = (16, 16, 4, 2)  # the head sizes _TILES has no entry for (not checked for spills)
+KERNEL_NAMES = ("col_fwd", "row_fwd", "col_bwd", "row_bwd")
 
 
 def _tiles(block: Optional[int], width: int, dtype: torch.dtype) -> dict:
     """The tile of each kernel: ``block`` x ``block`` on 4 warps when given, else from ``_TILES``."""
-    names = ("col_fwd", "row_fwd", "col_bwd", "row_bwd")
     if block is not None:
-        return {name: (block, block, 4, 3) for name in names}
+        return {name: (block, block, 4, 3) for name in KERNEL_NAMES}
     kind = "float32" if dtype == torch.float32 else "half"
     for (k, limit), table in _TILES.items():
         if k == kind and width <= limit:
             return table
-    return {name: _TILES_OTHER for name in names}
+    return {name: _TILES_OTHER for name in KERNEL_NAMES}
 
 
 class _Launch:
@@ -235,7 +242,8 @@ class _Launch:
 
     def run(self, name: str, *args, **consts):
         """Launch kernel ``name``: a program per block of keys (column passes) or of queries (row passes)."""
-        bm, bn, warps, stages = self.tiles[name]
+        tile = self.tiles.get(name + "_hybrid") if consts.get("HYBRID") else None
+        bm, bn, warps, stages = tile or self.tiles[name]
         blocks = triton.cdiv(self.Lk, bn) if name.startswith("col") else triton.cdiv(self.Lq, bm)
         _triton_kernels.KERNELS[name][(self.BH, blocks)](
             *args, **consts, **self.consts, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages
