@@ -92,6 +92,18 @@ def test_l1_distance_in_chunks_of_d_matches_one_step():
     _close(*_run(CONFIGS["center_e"], q, k, v, key_mask=km, query_mask=qm, d_chunk=8))
 
 
+def test_l1_gradient_of_tied_coordinates_is_zero_as_in_the_reference():
+    """Integer-valued queries and keys tie in many coordinates (q_id = k_jd), where the L1 distance's
+    gradient takes sign(0) = 0; every other coordinate its sign, in both the row and the column pass."""
+    g = torch.Generator().manual_seed(11)
+    q, k = (torch.randint(-2, 3, (1, 2, 19, 12), generator=g).double().requires_grad_() for _ in range(2))
+    v = torch.randn(1, 2, 19, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    assert (q[..., :, None, :] == k[..., None, :, :]).float().mean() > 0.15  # ties are common
+    km, qm = _padding(1, 19, 19)
+    for d_chunk in (4, 8):
+        _close(*_run(CONFIGS["sigmoid_gate"], q, k, v, key_mask=km, query_mask=qm, d_chunk=d_chunk))
+
+
 @pytest.mark.parametrize("name", ["default", "arctan_algebraic"])
 def test_causal_matches_reference(name):
     q, k, v = _inputs(2, 2, 21, 21, 8, 8, seed=5)
