@@ -100,6 +100,37 @@ def test_compiled_tiles_per_kernel_match_reference(name, table, monkeypatch):
     _close(*_run(name, q, k, v, km, qm), atol=2e-5)
 
 
+@pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn3"])
+@pytest.mark.parametrize("Lq, Lk", [(32, 48), (32, 40), (24, 48)])
+def test_whole_tiles_without_masks_skip_the_pair_mask_and_match_reference(name, Lq, Lk, monkeypatch):
+    """Without padding masks and with the streamed axis a whole number of tiles, the kernels take no
+    select per score (``MASK_PAIRS`` off); a partial tile on either axis turns it on for the passes that
+    stream that axis. Outputs and gradients match the reference either way."""
+    launched = []
+
+    class Recorder:  # stands in for a kernel: records whether the launch masks the pairs, then launches
+        def __init__(self, kernel, jitted):
+            self.kernel, self.jitted = kernel, jitted
+
+        def __getitem__(self, grid):
+            def launch(*args, **consts):
+                launched.append((self.kernel, consts["MASK_PAIRS"]))
+                return self.jitted[grid](*args, **consts)
+            return launch
+
+    monkeypatch.setattr(_triton_kernels, "KERNELS",
+                        {n: Recorder(n, kern) for n, kern in _triton_kernels.KERNELS.items()})
+    q, k, v = _inputs(2, 2, Lq, Lk, 8, 6, seed=9)
+    _close(*_run(name, q, k, v, None, None, block=16), atol=2e-5)
+    expected = {"col": Lq % 16 != 0, "row": Lk % 16 != 0}  # the axis each pass streams
+    assert {kernel for kernel, _ in launched} == set(triton_potentials.KERNEL_NAMES)
+    assert all(masked == expected[kernel[:3]] for kernel, masked in launched), launched
+    launched.clear()
+    km, qm = _masks(2, Lq, Lk, "both")
+    _close(*_run(name, q, k, v, km, qm, block=16), atol=2e-5)
+    assert launched and all(masked for _, masked in launched)  # padding masks: every pass masks
+
+
 def test_hnas_last_round_takes_its_own_tile_and_the_other_launches_the_plain_ones(monkeypatch):
     """A table entry ``<kernel>_hybrid`` is the tile of the variant that also carries the softmax half
     (HNAS's last round); every other launch, DNAS's and Sinkhorn's included, keeps ``<kernel>``'s."""
@@ -257,9 +288,12 @@ spilled = []
 for (name, flags), masks in runs:
     fn = K.KERNELS[name]
     bm, bn, warps, stages = (tiles.get(name + "_hybrid") if flags.get("HYBRID") else None) or tiles[name]
-    kc = dict(flags, HAS_KM=masks, HAS_QM=masks, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=width, BLOCK_DV=width,
+    kc = dict(flags, HAS_KM=masks, HAS_QM=masks, MASK_PAIRS=masks, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=width,
+              BLOCK_DV=width,
               PREC="ieee" if dtype == "fp32" else "tf32", IN_T=tl_dtype, DOT_T=tl_dtype)
     kc = {n: c for n, c in kc.items() if n in fn.arg_names}  # the column pass of the forward has no V
+    missing = [p.name for p in fn.params if p.is_constexpr and p.name not in kc]
+    assert not missing, (name, missing)  # a constexpr left out would be built as a pointer argument
     sig = {n: "constexpr" if n in kc else "fp32" if n == "scale" else "i32" if n in INTS
            else "*" + dtype if n in ("Q", "K", "V", "DO", "QBout", "QB") else "*i8" if n in ("KM", "QM")
            else "*fp32" for n in fn.arg_names}

@@ -194,7 +194,9 @@ _TILES = {
     ("half", 128): dict(col_fwd=(128, 64, 4, 3), row_fwd=(128, 32, 8, 3), col_bwd=(32, 128, 8, 3),
                         row_bwd=(64, 64, 4, 2), row_fwd_hybrid=(64, 64, 4, 3), col_bwd_hybrid=(32, 128, 8, 3),
                         row_bwd_hybrid=(64, 32, 4, 2)),
-    ("float32", 64): dict(col_fwd=(32, 32, 4, 2), row_fwd=(32, 32, 8, 2), col_bwd=(16, 32, 8, 2),
+    # float32 (IEEE dots, no tensor cores) was not swept; col_fwd takes 8 warps, whose build keeps its tile
+    # in registers with the base-2 scores (4 warps: 8 bytes of stack)
+    ("float32", 64): dict(col_fwd=(32, 32, 8, 2), row_fwd=(32, 32, 8, 2), col_bwd=(16, 32, 8, 2),
                           row_bwd=(32, 32, 4, 2)),
 }
 _TILES_OTHER = (16, 16, 4, 2)  # the head sizes _TILES has no entry for (not checked for spills)
@@ -244,9 +246,15 @@ class _Launch:
         """Launch kernel ``name``: a program per block of keys (column passes) or of queries (row passes)."""
         tile = self.tiles.get(name + "_hybrid") if consts.get("HYBRID") else None
         bm, bn, warps, stages = tile or self.tiles[name]
-        blocks = triton.cdiv(self.Lk, bn) if name.startswith("col") else triton.cdiv(self.Lq, bm)
+        column = name.startswith("col")
+        blocks = triton.cdiv(self.Lk, bn) if column else triton.cdiv(self.Lq, bm)
+        # the pairs need a mask when there are padding masks or the streamed axis ends in a partial tile
+        # (the resident axis' partial tile is never stored); without one, no select per score
+        streamed_partial = self.Lq % bm if column else self.Lk % bn
+        mask_pairs = self.km is not None or self.qm is not None or streamed_partial != 0
         _triton_kernels.KERNELS[name][(self.BH, blocks)](
-            *args, **consts, **self.consts, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages
+            *args, **consts, **self.consts, MASK_PAIRS=mask_pairs, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
+            num_stages=stages
         )
 
 
