@@ -26,14 +26,16 @@ timeout "${TEST_TIMEOUT:-200}" "$PY" -m pytest tests/cuda -q -n "${TEST_WORKERS:
   > "$OUT/cuda_tests.log" 2>&1 &
 tests=$!
 compiles=()
-for kernel in col_fwd row_fwd col_bwd row_bwd; do
-  timeout 200 "$PY" benchmarks/triton_tiles.py --phase compile --kernel "$kernel" > "$OUT/tiles_$kernel.log" 2>&1 &
+mkdir -p "$OUT/tiles_logs"
+for kernel in col_fwd row_fwd col_bwd row_bwd row_fwd_hybrid col_bwd_hybrid row_bwd_hybrid; do
+  timeout 200 "$PY" benchmarks/triton_tiles.py --phase compile --kernel "$kernel" \
+    > "$OUT/tiles_logs/$kernel.log" 2>&1 &
   compiles+=($!)
 done
 wait $tests; status=$?; step tests/cuda $status
 echo "tests exit $status after $(( $(date +%s) - start )) s"; tail -n 25 "$OUT/cuda_tests.log"
 for pid in "${compiles[@]}"; do wait "$pid"; step "tile compile phase" $?; done
-echo "compile phase done after $(( $(date +%s) - start )) s"; tail -n 3 "$OUT"/tiles_*.log
+echo "compile phase done after $(( $(date +%s) - start )) s"; tail -n 3 "$OUT"/tiles_logs/*.log
 timeout 120 "${CLI[@]}" bench --device cuda --lengths 1024,4096,8192 --backends efficient,reference --repeats 5 \
   --no-memory --out "$OUT/bench_cuda.json" --overwrite 2>&1 | tail -n 30
 step "bench B=1 H=8" $?
