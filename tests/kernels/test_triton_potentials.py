@@ -178,12 +178,18 @@ def test_empty_rows_and_columns_are_zero_with_finite_gradients(name):
     _close(out, ref, grads, ref_grads, atol=2e-5)
 
 
-def test_large_logits_stay_finite():
+# Scores of order 100 (x12) and 600 (x25): every exp needs its running maximum, and dQ is a small difference
+# of large terms, so the potentials must reach the backward as the forward computed them (converting them
+# between natural and base-2 units on the way cost float32 dQ 4-20x at x25; Sinkhorn's rounds compound
+# rounding of the potentials too much for x25 at this tolerance).
+@pytest.mark.parametrize("name, mult", [("sinkhorn3", 12.0), ("dnas", 12.0), ("hnas", 12.0), ("dnas", 25.0),
+                                        ("hnas", 25.0)])
+def test_large_logits_stay_finite_and_accurate(name, mult):
     q, k, v = _inputs(1, 2, 20, 20, 8, 8, seed=4)
     with torch.no_grad():
-        q.mul_(12.0)
-        k.mul_(12.0)  # scores of order 100: every exp needs its running maximum
-    out, ref, grads, ref_grads = _run("sinkhorn3", q, k, v, None, None)
+        q.mul_(mult)
+        k.mul_(mult)
+    out, ref, grads, ref_grads = _run(name, q, k, v, None, None)
     assert torch.isfinite(out).all()
     _close(out, ref, grads, ref_grads, atol=5e-4, rtol=1e-3)
 
@@ -256,8 +262,8 @@ def test_rejects_float64_and_cpu_route_is_off():
 # registers (cuobjdump's STACK: 0 bytes spilled per thread). Built as a launch with lengths and head sizes
 # divisible by 16 builds them: Triton specializes such integer arguments (and 16-byte aligned pointers) as
 # divisible by 16, which the builds here state with the same attribute. "hybrid" compiles only the variants
-# of HNAS's last round, "all" also the largest ones without masks. Run in a fresh process, where Triton
-# compiles instead of interpreting.
+# of HNAS's last round, "all" every variant without masks too (no select per score: MASK_PAIRS off). Run in
+# a fresh process, where Triton compiles instead of interpreting.
 _COMPILE = r"""
 import itertools, os, subprocess, sys, tempfile
 import torch
@@ -279,10 +285,9 @@ for output, prev, hybrid in itertools.product((True, False), (False, True), (Fal
     if not (hybrid and not output):
         variants.append(("row_bwd", dict(OUTPUT=output, HAS_PREV=prev, HYBRID=hybrid, ACCUM=not output,
                                          WANT_GA=prev)))
-largest = [v for v in variants if v[1].get("HYBRID") and v[1].get("HAS_PREV", True)] + [variants[3]]
 if which == "hybrid":
     variants = [v for v in variants if v[1].get("HYBRID")]
-runs = [(v, True) for v in variants] + ([(v, False) for v in largest] if which == "all" else [])
+runs = [(v, True) for v in variants] + ([(v, False) for v in variants] if which == "all" else [])
 cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 spilled = []
 for (name, flags), masks in runs:
@@ -319,7 +324,7 @@ print("compiled", len(runs))
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "dtype, width, which, count",
-    [("bf16", 64, "all", 20), ("bf16", 128, "every", 16), ("fp32", 64, "every", 16),
+    [("bf16", 64, "all", 32), ("bf16", 128, "every", 16), ("fp32", 64, "every", 16),
      ("fp16", 64, "hybrid", 4)],
 )
 def test_kernels_compile_for_a_gpu_target_without_spills(dtype, width, which, count):

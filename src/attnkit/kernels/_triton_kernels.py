@@ -13,15 +13,15 @@ __all__ = ["KERNELS", "INTERPRETED"]
 # Triton decides at import time whether ``@triton.jit`` compiles or interprets
 INTERPRETED = bool(triton.knobs.runtime.interpret)
 
-# Inside the loops scores and potentials are in base 2 (times log2(e)): exp2 of a sum that one fused
-# multiply-add forms, where exp would multiply by log2(e) per score again; stored potentials stay natural.
-# ``MASK_PAIRS`` (padding masks, or a partial tile on the streamed axis) selects -inf for invalid pairs;
-# without it no score is masked. With the backward's row pass taking the column-normalized weights from
-# the row-normalized ones (no second exponential), the sm_90 builds take 17-47% fewer instructions per
-# tile step (bfloat16, the launcher's tiles; the backward's row pass 904 -> 482), counted in the SASS, not
-# yet timed on a GPU.
+# Scores and potentials are in base 2 (natural ones times log2(e)): exp2 of a sum that one fused
+# multiply-add forms, where exp would multiply by log2(e) per score again. The potentials are stored in base 2
+# as well (they never leave ``triton_potentials``): converting them to natural units and back between the
+# passes cost float32 dQ 4-20x in accuracy at large logits. ``MASK_PAIRS`` (padding masks, or a partial tile
+# on the streamed axis) selects -inf for invalid pairs; without it no score is masked. With the backward's
+# row pass taking the column-normalized weights from the row-normalized ones (no second exponential), the
+# sm_90 builds take 14-48% fewer instructions per tile step (bfloat16, the launcher's tiles; the backward's
+# row pass 904 -> 466), counted in the SASS, not yet timed on a GPU.
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
-LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 
 # Tiles are loaded in the inputs' dtype ``IN_T``; products that feed a second ``tl.dot`` (weights, score
 # gradients) are rounded to ``IN_T`` first, as FlashAttention does. ``DOT_T`` is the operand type of
@@ -67,7 +67,7 @@ def _col_forward(
                      mask=row_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (M, Dp)
         st = tl.dot(kb, tl.trans(qb), input_precision=PREC) * (scale * LOG2E)  # (N, M): keys by queries
         if HAS_A:
-            st += tl.load(A + bh * Lq + offs_m, mask=row_in, other=0.0)[None, :] * LOG2E
+            st += tl.load(A + bh * Lq + offs_m, mask=row_in, other=0.0)[None, :]
         if MASK_PAIRS:
             st = tl.where(col_ok[:, None] & row_ok[None, :], st, float("-inf"))
         m_new = tl.maximum(m, tl.max(st, axis=1))
@@ -80,7 +80,7 @@ def _col_forward(
         m = m_new
     has = acc != 0  # 0: no valid pair (potential 0); NaN (from a NaN or inf score) propagates
     acc_safe = tl.where(has, acc, 1.0)
-    b = tl.where(has, -(m * LN2 + tl.log(acc_safe)), 0.0)
+    b = tl.where(has, -(m + tl.log2(acc_safe)), 0.0)
     # valid pairs whose scores are all -inf (an inf in the inputs): 0 / 0, NaN as in the reference
     b = tl.where(col_ok & (any_q > 0) & (acc == 0), float("nan"), b)
     # a +inf score: the column sum is +inf, b = -inf, and only the rows holding that score turn NaN
@@ -132,7 +132,7 @@ def _row_forward(
         kb = tl.load(K + bh * Lk * D + offs_n[:, None] * D + offs_d[None, :],
                      mask=col_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (N, Dp)
         s0 = tl.dot(qb, tl.trans(kb), input_precision=PREC) * (scale * LOG2E)  # (M, N), base 2
-        bj = tl.load(Bp + bh * Lk + offs_n, mask=col_in, other=0.0) * LOG2E
+        bj = tl.load(Bp + bh * Lk + offs_n, mask=col_in, other=0.0)
         s = s0 + bj[None, :]
         if MASK_PAIRS:
             s = tl.where(valid, s, float("-inf"))
@@ -160,7 +160,7 @@ def _row_forward(
     has = lsum != 0  # as in _col_forward: NaN propagates
     l_safe = tl.where(has, lsum, 1.0)
     lost = row_ok & (any_k > 0) & (lsum == 0)  # valid pairs, every weight 0 (-inf scores): NaN
-    a_row = tl.where(lost, float("nan"), tl.where(has, -(m * LN2 + tl.log(l_safe)), 0.0))
+    a_row = tl.where(lost, float("nan"), tl.where(has, -(m + tl.log2(l_safe)), 0.0))
     tl.store(Aout + bh * Lq + offs_m, a_row, mask=row_in)
     if OUT:
         o_mask = row_in[:, None] & (offs_dv[None, :] < Dv)
@@ -170,7 +170,7 @@ def _row_forward(
             has2 = l2 != 0
             l2_safe = tl.where(has2, l2, 1.0)
             lost2 = row_ok & (any_k > 0) & (l2 == 0)
-            a2 = tl.where(lost2, float("nan"), tl.where(has2, -(m2 * LN2 + tl.log(l2_safe)), 0.0))
+            a2 = tl.where(lost2, float("nan"), tl.where(has2, -(m2 + tl.log2(l2_safe)), 0.0))
             tl.store(ALout + bh * Lq + offs_m, a2, mask=row_in)
             out2 = tl.where(lost2[:, None], float("nan"), acc2 / l2_safe[:, None])
             tl.store(OL + bh * Lq * Dv + offs_m[:, None] * Dv + offs_dv[None, :], out2, mask=o_mask)
@@ -201,7 +201,7 @@ def _col_backward(
     v_mask = col_in[:, None] & (offs_dv[None, :] < Dv)
     kb = tl.load(K + bh * Lk * D + offs_n[:, None] * D + offs_d[None, :], mask=k_mask, other=0.0)
     kb = kb.to(DOT_T)  # (N, Dp)
-    bj = tl.load(Bt + bh * Lk + offs_n, mask=col_in, other=0.0) * LOG2E
+    bj = tl.load(Bt + bh * Lk + offs_n, mask=col_in, other=0.0)
     u = 1.0
     if HYBRID:
         u = tl.load(U + bh)
@@ -221,7 +221,7 @@ def _col_backward(
         qb = tl.load(Q + bh * Lq * D + offs_m[:, None] * D + offs_d[None, :],
                      mask=row_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (M, Dp)
         st = tl.dot(kb, tl.trans(qb), input_precision=PREC) * (scale * LOG2E)  # (N, M), base 2
-        ar = tl.load(Arow + bh * Lq + offs_m, mask=row_in, other=0.0) * LOG2E
+        ar = tl.load(Arow + bh * Lq + offs_m, mask=row_in, other=0.0)
         x = st + bj[:, None] + ar[None, :]
         if MASK_PAIRS:
             x = tl.where(valid, x, float("-inf"))
@@ -231,7 +231,7 @@ def _col_backward(
                           mask=row_in[:, None] & (offs_dv[None, :] < Dv), other=0.0).to(DOT_T)  # (M, Dvp)
             pmix = u * p
             if HYBRID:
-                al = tl.load(AL + bh * Lq + offs_m, mask=row_in, other=0.0) * LOG2E
+                al = tl.load(AL + bh * Lq + offs_m, mask=row_in, other=0.0)
                 xl = st + al[None, :]
                 if MASK_PAIRS:
                     xl = tl.where(valid, xl, float("-inf"))
@@ -285,10 +285,10 @@ def _row_backward(
     q_mask = row_in[:, None] & (offs_d[None, :] < D)
     qb = tl.load(Q + bh * Lq * D + offs_m[:, None] * D + offs_d[None, :], mask=q_mask, other=0.0)
     qb = qb.to(DOT_T)  # (M, Dp)
-    ar = tl.load(Arow + bh * Lq + offs_m, mask=row_in, other=0.0) * LOG2E  # potentials in base 2
+    ar = tl.load(Arow + bh * Lq + offs_m, mask=row_in, other=0.0)  # potentials in base 2
     ap = tl.zeros([BLOCK_M], tl.float32)
     if HAS_PREV:
-        ap = tl.load(Aprev + bh * Lq + offs_m, mask=row_in, other=0.0) * LOG2E
+        ap = tl.load(Aprev + bh * Lq + offs_m, mask=row_in, other=0.0)
     u = 1.0
     if HYBRID:
         u = tl.load(U + bh)
@@ -297,7 +297,7 @@ def _row_backward(
                       mask=row_in[:, None] & (offs_dv[None, :] < Dv), other=0.0).to(DOT_T)  # (M, Dvp)
         delta = tl.load(Delta + bh * Lq + offs_m, mask=row_in, other=0.0)
         if HYBRID:
-            al = tl.load(AL + bh * Lq + offs_m, mask=row_in, other=0.0) * LOG2E
+            al = tl.load(AL + bh * Lq + offs_m, mask=row_in, other=0.0)
             dl = tl.load(DeltaL + bh * Lq + offs_m, mask=row_in, other=0.0)
     else:
         ga = tl.load(GA + bh * Lq + offs_m, mask=row_in, other=0.0)
@@ -316,7 +316,7 @@ def _row_backward(
         kb = tl.load(K + bh * Lk * D + offs_n[:, None] * D + offs_d[None, :],
                      mask=col_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (N, Dp)
         s = tl.dot(qb, tl.trans(kb), input_precision=PREC) * (scale * LOG2E)  # (M, N), base 2
-        bj = tl.load(Bt + bh * Lk + offs_n, mask=col_in, other=0.0) * LOG2E
+        bj = tl.load(Bt + bh * Lk + offs_n, mask=col_in, other=0.0)
         gb = tl.load(GB + bh * Lk + offs_n, mask=col_in, other=0.0)
         x = s + bj[None, :] + ar[:, None]
         if MASK_PAIRS:

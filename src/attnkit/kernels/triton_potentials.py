@@ -25,7 +25,8 @@ mean queries ``qbar_j = sum_i Qc_ij q_i`` of each round do not depend on ``dO``:
 computes them when an input needs a gradient (one more product there), so that the backward's column pass
 keeps two ``(N, D)`` accumulators, as FlashAttention-2's does, instead of three (which spilled registers: 768
 to 936 bytes per thread in the sm_90 build of 64 x 64 tiles). The saved state is ``q, k, v``, the output(s),
-``2k + 1`` potential vectors and the ``k`` mean-query arrays ``(B*H, Lk, D)`` (in the inputs' dtype).
+``2k + 1`` potential vectors (in base 2, times log2(e), as the kernels use them) and the ``k`` mean-query
+arrays ``(B*H, Lk, D)`` (in the inputs' dtype).
 
 Masks: ``key_mask (B, Lk)`` and ``query_mask (B, Lq)`` (True = real). Invalid pairs weigh 0, padded queries
 never enter a column normalization, potentials of empty rows/columns are 0 and queries without a valid key
