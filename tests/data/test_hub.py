@@ -228,6 +228,18 @@ def test_a_label_column_mixing_numbers_and_strings_is_refused_not_guessed(tmp_pa
         load_dataset("sst2", source=tmp_path)
 
 
+def test_a_json_file_of_one_object_is_one_row_and_its_label_is_checked(tmp_path):
+    """A ``.json`` holding one object is read as one row; an object of columns (lists) is refused with the
+    file named, before the reader turns its strings into numbers."""
+    (tmp_path / "train.json").write_text(json.dumps({"sentence": "fine", "label": 1}))
+    (tmp_path / "test.json").write_text(json.dumps([{"sentence": "x", "label": 0}]))
+    data = load_dataset("sst2", source=tmp_path)
+    assert data.train_texts == ["fine"] and data.train_labels == [1]
+    (tmp_path / "train.json").write_text(json.dumps({"sentence": ["a", "b"], "label": [1, "0"]}))
+    with pytest.raises(ValueError, match=r"train\.json line 1: label \[1, '0'\] is not an integer"):
+        load_dataset("sst2", source=tmp_path)
+
+
 def test_a_byte_order_mark_is_accepted_in_json_lines(tmp_path):
     (tmp_path / "train.jsonl").write_bytes(b"\xef\xbb\xbf" + _GOOD.encode())
     (tmp_path / "test.jsonl").write_text(_GOOD)

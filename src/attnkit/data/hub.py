@@ -241,6 +241,8 @@ def _read_source_file(datasets, spec: HubSpec, path: Path, scratch: str):
             for number, row in enumerate(whole):
                 if isinstance(row, dict):
                     _check_label_type(spec, path, f"row {number}", row)
+        elif isinstance(whole, dict):  # one object: one row (JSON lines of one line), or columns of lists
+            _check_label_type(spec, path, "line 1", whole)
     if path.suffix == ".jsonl" or (path.suffix == ".json" and whole is None):
         # name the line: the JSON reader's own error counts rows from 0 in a block
         rows = 0
