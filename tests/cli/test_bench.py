@@ -95,6 +95,8 @@ def test_bench_passes_dropout_and_padding_to_the_run(tmp_path, capsys):
     (["--max-reference-length", "-1"], "max_reference_length=-1"),
     (["--mechanisms", ""], "--mechanisms '' names nothing"),
     (["--lengths", ","], "--lengths ',' names nothing"),
+    (["--lengths", "256,1024,256"], "--lengths '256,1024,256' names 256 more than once"),
+    (["--mechanisms", "dnas, dnas"], "--mechanisms 'dnas, dnas' names dnas more than once"),
     (["--backends", "naive", "--mechanisms", "coda"], "naive implements only dnas, hnas, sinkhorn"),
     (["--backends", "reference", "--lengths", "4096", "--max-reference-length", "2048"],
      "reference run only L <= max_reference_length=2048"),

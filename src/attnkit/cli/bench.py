@@ -18,9 +18,13 @@ def parse_list(text: Optional[str], name: str, cast=str) -> Optional[list]:
         raise ValueError(f"--{name} {text!r} names nothing; pass a comma-separated list or leave it out "
                          "for the default")
     try:
-        return [cast(t) for t in items]
+        values = [cast(t) for t in items]
     except ValueError:
         raise ValueError(f"--{name} {text!r}: expected a comma-separated list, e.g. 256,1024") from None
+    repeated = sorted({str(x) for x in values if values.count(x) > 1})
+    if repeated:  # each entry is a row (or rows) of the table: twice would time it twice under one name
+        raise ValueError(f"--{name} {text!r} names {', '.join(repeated)} more than once; list each once")
+    return values
 
 
 def _check_writable(out: Path) -> None:
