@@ -26,11 +26,16 @@ timeout "${TEST_TIMEOUT:-200}" "$PY" -m pytest tests/cuda -q -n "${TEST_WORKERS:
   > "$OUT/cuda_tests.log" 2>&1 &
 tests=$!
 compiles=()
+# the tile sweep's candidates: the tiles whose sm_90 builds keep each kernel in registers, per head size
+# (written by `triton_tiles.py --phase candidates`); both head sizes of the half-precision table
+CANDIDATES=(--candidates benchmarks/tile_candidates.json)
 mkdir -p "$OUT/tiles_logs"
-for kernel in col_fwd row_fwd col_bwd row_bwd row_fwd_hybrid col_bwd_hybrid row_bwd_hybrid; do
-  timeout 200 "$PY" benchmarks/triton_tiles.py --phase compile --kernel "$kernel" \
-    > "$OUT/tiles_logs/$kernel.log" 2>&1 &
-  compiles+=($!)
+for D in 64 128; do
+  for kernel in col_fwd row_fwd col_bwd row_bwd row_fwd_hybrid col_bwd_hybrid row_bwd_hybrid; do
+    timeout 200 "$PY" benchmarks/triton_tiles.py --phase compile --kernel "$kernel" --shape "4,16,4096,$D" \
+      "${CANDIDATES[@]}" > "$OUT/tiles_logs/${kernel}_$D.log" 2>&1 &
+    compiles+=($!)
+  done
 done
 wait $tests; status=$?; step tests/cuda $status
 echo "tests exit $status after $(( $(date +%s) - start )) s"; tail -n 25 "$OUT/cuda_tests.log"
@@ -44,8 +49,11 @@ timeout 60 "${CLI[@]}" bench --device cuda --lengths 4096 --batch 4 --heads 16 -
   --no-memory --out "$OUT/bench_cuda_b4h16.json" --overwrite 2>&1 | tail -n 9
 step "bench B=4 H=16" $?
 echo "bench done after $(( $(date +%s) - start )) s"
-timeout 120 "$PY" benchmarks/triton_tiles.py --phase time --out "$OUT/tiles.json" 2>&1 | tail -n 12
-step "tile sweep" $?
+for D in 64 128; do
+  timeout 120 "$PY" benchmarks/triton_tiles.py --phase time --shape "4,16,4096,$D" "${CANDIDATES[@]}" \
+    --out "$OUT/tiles_$D.json" 2>&1 | tail -n 8
+  step "tile sweep D=$D" $?
+done
 echo "sweep done after $(( $(date +%s) - start )) s"
 timeout 100 "${CLI[@]}" bench --device cuda --lengths 4096 --backends efficient,flex --repeats 5 \
   --out "$OUT/bench_cuda_flex.json" --overwrite 2>&1 | tail -n 16

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,37 @@ def test_tile_sweep_holds_its_tiles_through_the_backward(monkeypatch):
     assert {name for name, _ in launched} == set(tiles_mod.KERNELS)
     assert all(tile == (16, 32, 4, 2) for _, tile in launched)
     assert P._tiles(None, 64, torch.bfloat16) != swept  # restored afterwards
+
+
+@pytest.mark.slow
+def test_tile_candidates_start_with_the_launchers_tiles_which_do_not_spill(tmp_path):
+    """``triton_tiles.py --phase candidates`` (sm_90 builds, no GPU) lists the launcher's own tile of each
+    kernel first, as it keeps the kernel in registers; ``--candidates`` picks a head size's set from a file
+    of several and names a head size the file lacks."""
+    pytest.importorskip("triton")
+    import subprocess
+    import sys
+
+    from attnkit.kernels import triton_potentials as P
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    out = tmp_path / "candidates.json"
+    script = str(ROOT / "triton_tiles.py")
+    argv = ["--phase", "candidates", "--shape", "1,1,16,64", "--limit", "1", "--out", str(out)]
+    proc = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, env=env,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = P._tiles(None, 64, torch.bfloat16)
+    found = json.loads(out.read_text())
+    assert found == {name: [list(table.get(name) or table[name.removesuffix("_hybrid")])]
+                     for name in ("col_fwd", "row_fwd", "col_bwd", "row_bwd", "row_fwd_hybrid",
+                                  "col_bwd_hybrid", "row_bwd_hybrid")}
+    (tmp_path / "by_width.json").write_text(json.dumps({"64": found}))
+    argv = ["--phase", "time", "--shape", "1,1,16,128", "--candidates", str(tmp_path / "by_width.json")]
+    proc = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, env=env,
+                          timeout=900)
+    assert proc.returncode == 2 and "--candidates" in proc.stderr and "'128'" in proc.stderr, proc.stderr
 
 
 def test_hf_step_time_refuses_a_folder_out_and_a_length_beyond_the_model_before_running(tmp_path, capsys):

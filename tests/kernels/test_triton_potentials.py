@@ -5,6 +5,7 @@ the inference path and the CUDA route of the efficient backend."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: run the kernels on the CPU
 
@@ -265,53 +266,23 @@ def test_rejects_float64_and_cpu_route_is_off():
 # of HNAS's last round, "all" every variant without masks too (no select per score: MASK_PAIRS off). Run in
 # a fresh process, where Triton compiles instead of interpreting.
 _COMPILE = r"""
-import itertools, os, subprocess, sys, tempfile
+import importlib.util, sys
 import torch
-import triton, triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from attnkit.kernels import _triton_kernels as K, triton_potentials as P
+from attnkit.kernels import triton_potentials as P
 
-dtype, width, which = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-tl_dtype = P._TL_DTYPES[torch_dtype]
-tiles = P._tiles(None, width, torch_dtype)
-INTS = ("H", "Lq", "Lk", "D", "Dv")
-variants = [("col_fwd", dict(HAS_A=a, QBAR=b)) for a, b in itertools.product((False, True), (False, True))]
-variants += [("row_fwd", dict(OUT=o, HYBRID=h)) for o, h in ((False, False), (True, False), (True, True))]
-variants += [("col_bwd", dict(OUTPUT=o, HYBRID=h, ACCUM=not o))
-             for o, h in ((True, False), (True, True), (False, False))]
-for output, prev, hybrid in itertools.product((True, False), (False, True), (False, True)):
-    if not (hybrid and not output):
-        variants.append(("row_bwd", dict(OUTPUT=output, HAS_PREV=prev, HYBRID=hybrid, ACCUM=not output,
-                                         WANT_GA=prev)))
+dtype, width, which, sweep = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+spec = importlib.util.spec_from_file_location("triton_tiles", sweep)  # benchmarks/triton_tiles.py
+tiles_mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tiles_mod)
+tiles = P._tiles(None, width, {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype])
+variants = tiles_mod.launcher_variants()
 if which == "hybrid":
     variants = [v for v in variants if v[1].get("HYBRID")]
 runs = [(v, True) for v in variants] + ([(v, False) for v in variants] if which == "all" else [])
-cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 spilled = []
 for (name, flags), masks in runs:
-    fn = K.KERNELS[name]
-    bm, bn, warps, stages = (tiles.get(name + "_hybrid") if flags.get("HYBRID") else None) or tiles[name]
-    kc = dict(flags, HAS_KM=masks, HAS_QM=masks, MASK_PAIRS=masks, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=width,
-              BLOCK_DV=width,
-              PREC="ieee" if dtype == "fp32" else "tf32", IN_T=tl_dtype, DOT_T=tl_dtype)
-    kc = {n: c for n, c in kc.items() if n in fn.arg_names}  # the column pass of the forward has no V
-    missing = [p.name for p in fn.params if p.is_constexpr and p.name not in kc]
-    assert not missing, (name, missing)  # a constexpr left out would be built as a pointer argument
-    sig = {n: "constexpr" if n in kc else "fp32" if n == "scale" else "i32" if n in INTS
-           else "*" + dtype if n in ("Q", "K", "V", "DO", "QBout", "QB") else "*i8" if n in ("KM", "QM")
-           else "*fp32" for n in fn.arg_names}
-    divisible = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-                 if sig[n].startswith("*") or sig[n] == "i32"}
-    source = ASTSource(fn=fn, signature=sig, constexprs=kc, attrs=divisible)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=warps, num_stages=stages))
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True)
-    stack = int(usage.stdout.split("STACK:")[1].split()[0])
+    tile = (tiles.get(name + "_hybrid") if flags.get("HYBRID") else None) or tiles[name]
+    registers, stack = tiles_mod.sm90_build(name, flags, tile, dtype, width, masks)
     if stack:
         spilled.append((name, flags, masks, stack))
 assert not spilled, spilled
@@ -335,8 +306,9 @@ def test_kernels_compile_for_a_gpu_target_without_spills(dtype, width, which, co
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    proc = subprocess.run([sys.executable, "-c", _COMPILE, dtype, str(width), which], capture_output=True,
-                          text=True, env=env, timeout=900)
+    sweep = Path(__file__).resolve().parents[2] / "benchmarks" / "triton_tiles.py"
+    proc = subprocess.run([sys.executable, "-c", _COMPILE, dtype, str(width), which, str(sweep)],
+                          capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0 and f"compiled {count}\n" in proc.stdout, proc.stderr[-3000:]
 
 
