@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -239,12 +240,41 @@ def test_torch_state_dict_loads_and_hnas_adds_only_theta(kwargs):
     softmax = aknn.MultiheadAttention(E, H, **kwargs, batch_first=True)
     softmax.load_state_dict(theirs.state_dict())  # strict
     assert set(softmax.state_dict()) == set(theirs.state_dict())
-    hnas = aknn.MultiheadAttention(E, H, mechanism="hnas", **kwargs, batch_first=True)
-    result = hnas.load_state_dict(theirs.state_dict(), strict=False)
-    assert result.missing_keys == ["theta"] and result.unexpected_keys == []
+    hnas = aknn.MultiheadAttention(E, H, mechanism="hnas", u0=0.3, **kwargs, batch_first=True)
+    result = hnas.load_state_dict(theirs.state_dict())  # strict: theta, torch's lack, keeps logit(u0)
+    assert result.missing_keys == [] and result.unexpected_keys == []
+    torch.testing.assert_close(hnas.u, torch.full((H,), 0.3))
     assert set(hnas.state_dict()) - set(theirs.state_dict()) == {"theta"}
     for name, tensor in theirs.state_dict().items():
         torch.testing.assert_close(hnas.state_dict()[name], tensor)
+
+
+def test_hnas_state_dict_with_theta_loads_theta():
+    trained = aknn.MultiheadAttention(E, H, mechanism="hnas", u0=0.8, batch_first=True)
+    fresh = aknn.MultiheadAttention(E, H, mechanism="hnas", u0=0.3, batch_first=True)
+    fresh.load_state_dict(trained.state_dict())
+    torch.testing.assert_close(fresh.u, torch.full((H,), 0.8))
+    softmax = aknn.MultiheadAttention(E, H, batch_first=True)
+    with pytest.raises(RuntimeError, match="theta"):  # a theta where the module has none stays an error
+        softmax.load_state_dict(trained.state_dict())
+
+
+@pytest.mark.parametrize("value, expected", [(True, True), (1, True), (0, False), (None, False),
+                                             (np.bool_(True), True)])
+def test_need_weights_takes_what_torch_takes(value, expected):
+    ours = aknn.MultiheadAttention(E, H, mechanism="dnas", batch_first=True).double()
+    q, k, v = _inputs()
+    assert (ours(q, k, v, need_weights=value)[1] is not None) == expected
+    ours(q, k, v, average_attn_weights=value)
+
+
+@pytest.mark.parametrize("value", ["False", 2, 0.5, torch.ones(2)], ids=repr)
+@pytest.mark.parametrize("name", ["need_weights", "average_attn_weights"])
+def test_flag_that_torch_would_misread_is_refused_naming_it(name, value):
+    ours = aknn.MultiheadAttention(E, H, mechanism="dnas", batch_first=True).double()
+    q, k, v = _inputs()
+    with pytest.raises(ValueError, match=f"^{name}="):
+        ours(q, k, v, **{name: value})
 
 
 def test_ours_loads_into_torch():

@@ -84,12 +84,13 @@ def test_softmax_stacks_and_transformer_match_torch():
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
 
 
-def test_torch_transformer_state_dict_loads_into_hnas_encoder_with_only_theta_missing():
+def test_torch_transformer_state_dict_loads_into_hnas_encoder_whose_theta_keeps_u0():
     theirs = torch.nn.Transformer(D, NH, 3, 1, FF, batch_first=True)
     ours = aknn.Transformer(D, NH, 3, 1, FF, encoder_mechanism="hnas", positional="sinusoidal")
-    result = ours.load_state_dict(theirs.state_dict(), strict=False)
-    assert result.unexpected_keys == []
-    assert result.missing_keys == [f"encoder.layers.{i}.self_attn.theta" for i in range(3)]
+    result = ours.load_state_dict(theirs.state_dict())  # strict
+    assert result.unexpected_keys == [] and result.missing_keys == []
+    for i in range(3):
+        torch.testing.assert_close(ours.encoder.layers[i].self_attn.u, torch.full((NH,), 0.5))
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS, ids=str)

@@ -47,7 +47,8 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
     r"""Multi-head attention with ``mechanism`` in ``softmax | dnas | hnas | sinkhorn | coda``.
 
     With ``mechanism="softmax"`` it computes what ``torch.nn.MultiheadAttention`` computes (same
-    parameter names, so a torch ``state_dict`` loads). ``mechanism="hnas"`` adds one parameter,
+    parameter names, so a torch ``state_dict`` loads; into an hnas module too, whose ``theta`` then keeps
+    ``logit(u0)``). ``mechanism="hnas"`` adds one parameter,
     ``theta`` of shape ``(H,)``, with the per-head hybrid weight ``u = sigmoid(theta)``
     (initialised to ``u0`` from ``ak.Hybrid(u0=...)`` or the ``u0`` argument, default 0.5):
 
@@ -186,6 +187,16 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         ``in_proj_weight is not None``.)"""
         return False
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        """torch's loading, except that a state_dict without ``theta`` (a ``torch.nn.MultiheadAttention``'s)
+        loads into an hnas module, whose ``theta`` then keeps its value (``logit(u0)`` when new)."""
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        key = prefix + "theta"
+        if self.theta is not None and key not in state_dict and key in missing_keys:
+            missing_keys.remove(key)
+
     def __setstate__(self, state: dict) -> None:
         if "_qkv_same_embed_dim" in state:  # a whole module pickled by an earlier attnkit
             state["_same_dims"] = state.pop("_qkv_same_embed_dim")
@@ -233,6 +244,8 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         lets SDPA's top-left ``is_causal`` over the ``Lk + 1`` keys hide the appended key, so the two
         differ there.
         """
+        need_weights = _flag(need_weights, "need_weights")
+        average_attn_weights = _flag(average_attn_weights, "average_attn_weights")
         if query.is_nested and query is key and key is value:
             return self._forward_nested(
                 query, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal,
@@ -472,6 +485,22 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
                     f"attn_mask has shape {tuple(attn_mask.shape)}, expected (Lq, Lk) = {shapes[0]} or "
                     f"(B * num_heads, Lq, Lk) = {shapes[1]}"
                 )
+
+
+def _flag(value, name: str) -> bool:
+    """A forward flag as torch takes it (``if need_weights:``): True/False, what equals one of them (1/0, a
+    numpy bool) and None (false, as callers passing ``need_weights=output_attentions`` rely on); anything
+    else (a string such as "False", which torch would read as true) is a ``ValueError``."""
+    if value is None:
+        return False
+    if isinstance(value, bool):
+        return value
+    try:
+        if not isinstance(value, (str, bytes)) and value in (True, False):
+            return bool(value)
+    except (RuntimeError, ValueError, TypeError):  # e.g. a tensor of several elements
+        pass
+    raise ValueError(f"{name}={value!r}; expected True or False")
 
 
 def _unsqueeze_1d(mask: Optional[Tensor], name: str) -> Optional[Tensor]:
