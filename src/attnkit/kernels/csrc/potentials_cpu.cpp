@@ -627,16 +627,16 @@ struct ChunkBounds {
 };
 
 // Robust column step for column j (when the bounds were too loose to trust): returns b_j = -LSE_i (s_ij + a_i)
-// (a null: 0) from the column's recomputed scores, and writes side (n) = exp(s_ij + b_j + alpha_c(i)), the
+// (a null: 0) from the column's scores S[i * ld] (the strip's GEMM, so that b_j is consistent with the scores
+// every other sweep and the backward pass compute), and writes side (n) = exp(s_ij + b_j + alpha_c(i)), the
 // column's weights w_ij = exp(s_ij + a_i + b_j) divided by A_i = exp(a_i - alpha_c(i)) (alpha null: 0).
 template <typename T>
-T robust_column(const Head<T>& h, int64_t j, const T* a, const T* alpha, int64_t bq, T* side,
+T robust_column(const Head<T>& h, const T* S, int64_t ld, const T* a, const T* alpha, int64_t bq, T* side,
                 std::vector<T>& col) {
   col.resize(2 * h.n);
   T* s = col.data();
   T* y = s + h.n;
-  const T* kj = h.k + j * h.D;
-  for (int64_t i = 0; i < h.n; ++i) s[i] = h.scale * dot(h.q + i * h.D, kj, h.D);
+  for (int64_t i = 0; i < h.n; ++i) s[i] = S[i * ld];
   for (int64_t i = 0; i < h.n; ++i) y[i] = a ? s[i] + a[i] : s[i];
   const T mx = vmax(y, h.n);
   exp_shift(y, (const T*)nullptr, -mx, h.n);
@@ -813,15 +813,27 @@ void forward_head(const Head<T>& h, int64_t iters, T* a, T* b, T* out, T* out_l,
       bool ok = M > NEG;
       for (int64_t c = 0; c < chunks && ok; ++c) ok = cb.bounds(c)[j0 + j] + alpha[c] - M <= bound_gap<T>();
       if (!ok) {
-        side.resize((robust.size() + 1) * n);
-        bj[j] = robust_column(h, j0 + j, t > 1 ? a_prev : (const T*)nullptr, alpha.data(), w.bq,
-                              side.data() + robust.size() * n, col);
         robust.push_back(j);
         for (int64_t c = 0; c < chunks; ++c) w.cmax[c * kBc + j] = T(0);
         continue;
       }
       for (int64_t c = 0; c < chunks; ++c) w.cmax[c * kBc + j] = cb.bounds(c)[j0 + j] + alpha[c];
       bj[j] = merge_column(w, chunks, j, M);
+    }
+    if (!robust.empty()) {
+      // The strip's scores once more, by the GEMM of every other sweep and of the backward pass: a column's
+      // own dot products round otherwise (by up to ~|s| 1e-7), and potentials taken from them disagree with
+      // the backward's scores by as much, which at scores of a few hundred cost float32 gradients 5-25x in
+      // accuracy.
+      T* R = w.strip2.data();  // (n, bc); the forward does not use strip2 otherwise
+      for_chunks(chunks, w, [&](int64_t c, Tiles<T>&) {
+        const int64_t i0 = c * w.bq, rows = std::min(w.bq, n - i0);
+        mm<T>(false, true, rows, bc, h.D, h.scale, h.q + i0 * h.D, h.D, h.k + j0 * h.D, h.D, T(0), R + i0 * bc, bc);
+      });
+      side.resize(robust.size() * n);
+      for (size_t k = 0; k < robust.size(); ++k)
+        bj[robust[k]] = robust_column(h, R + robust[k], bc, t > 1 ? a_prev : (const T*)nullptr, alpha.data(),
+                                      w.bq, side.data() + k * n, col);
     }
     // pass 2: row sums and, in the last round, the output's numerator
     for_chunks(chunks, w, [&](int64_t c, Tiles<T>& tl) {
