@@ -171,6 +171,8 @@ def test_generate_with_the_regularizer_attached_gives_the_same_tokens(family):
     expected = model.generate(**gen)
     reg = AlignmentRegularizer(model, method="mmd")
     assert torch.equal(model.generate(**gen), expected)
+    with pytest.raises(ValueError, match="last forward pass of the .* was a step of cached decoding"):
+        reg.loss()  # it said to run a forward pass, though generate had just run several
     model(input_ids=ids, attention_mask=mask)
     assert len(reg._captured) == 2 and reg.mmd() > 0
 

@@ -166,6 +166,42 @@ def test_a_text_tower_made_causal_by_its_caller_is_refused_at_conversion(mechani
     akhf.convert(_clip(), "coda")(input_ids=ids, pixel_values=torch.randn(2, 3, 8, 8))  # CoDA is causal-safe
 
 
+@pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
+def test_a_decoder_whose_attention_says_is_causal_false_is_refused_at_conversion(mechanism):
+    """BigBirdPegasus's decoder self-attention keeps ``is_causal=False`` (``is_decoder=True``) and is causal
+    through its mask: the conversion was accepted and the first forward raised."""
+    from transformers import BigBirdPegasusConfig, BigBirdPegasusForCausalLM
+
+    config = BigBirdPegasusConfig(d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                                  decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                                  vocab_size=50, attention_type="original_full")
+    model = BigBirdPegasusForCausalLM(config)
+    with pytest.raises(ValueError, match=r"cannot convert causal self-attention \(decoder\.layers\.0"):
+        akhf.convert(model, mechanism)
+    assert akhf.conversion(model) is None
+    akhf.convert(model, "coda")(input_ids=torch.tensor([[3, 4, 5]]))  # CoDA is causal-safe
+
+
+def test_set_attn_implementation_cannot_silently_undo_a_conversion(tmp_path):
+    """Another implementation ran softmax attention while the model still recorded its mechanism."""
+    model = akhf.convert(tiny_model("bert"), "dnas")
+    ids, mask = padded_batch()
+    before = hidden(model, ids, mask)
+    with pytest.raises(ValueError, match=r"set_attn_implementation\('sdpa'\) on a model converted to dnas"):
+        model.set_attn_implementation("sdpa")
+    with pytest.raises(ValueError, match="converted to dnas"):
+        model.set_attn_implementation({"": "eager"})
+    model.set_attn_implementation("attnkit")  # a no-op, allowed
+    assert torch.equal(hidden(model, ids, mask), before)
+    tiny_model("bert").set_attn_implementation("eager")  # other models are untouched
+    model.save_pretrained(tmp_path)
+    from transformers import AutoModel
+
+    again = AutoModel.from_pretrained(tmp_path, attn_implementation="sdpa")  # the conversion is restored
+    assert akhf.conversion(again) == ak.DNAS()
+    torch.testing.assert_close(hidden(again.eval(), ids, mask), before)
+
+
 def test_bert_decoder_hnas_raises():
     from transformers import BertConfig, BertModel
 

@@ -558,6 +558,7 @@ class ForwardState:
         self.grad_enabled = False
         self.attention_mask: Optional[Tensor] = None
         self.cached = False  # a step of cached decoding: the earlier positions' keys are in the cache
+        self.last_cached = False  # whether the last forward that started was such a step (kept after it)
         self.skipped: dict[str, str] = {}  # layers left out of this forward's capture, and why
         self._warned: set[str] = set()
 
@@ -605,6 +606,7 @@ def start_hook(model, is_hf: bool, state: ForwardState, reset: Callable[[], None
             state.attention_mask = arguments.get("attention_mask")
             caches = (arguments.get(name) for name in ("cache", "past_key_values", "past_key_value"))
             state.cached = _cache_length(next((c for c in caches if c is not None), None)) > 0
+        state.last_cached = state.cached
         return None
 
     return model.register_forward_pre_hook(start, with_kwargs=True)

@@ -217,6 +217,13 @@ class AlignmentRegularizer(nn.Module):
                 f"no self-attention layer was captured in the last forward pass: {why} (and {more} more "
                 "layer(s) alike); the alignment regularizer cannot read this model's padding"
             )
+        if not self._captured and self._state.last_cached:
+            model = type(self._model[0]).__name__
+            raise ValueError(
+                f"the last forward pass of the {model} was a step of cached decoding (generate, or "
+                "past_key_values given), whose earlier keys are in the cache and are not captured; run a "
+                "full forward pass without a cache before calling loss() or mmd()"
+            )
         if not self._captured:
             model = type(self._model[0]).__name__
             raise ValueError(

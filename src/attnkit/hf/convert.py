@@ -247,8 +247,9 @@ def _forward_passes_causal(cls: type) -> bool:
 
 def _causal(model, name: str, module: nn.Module) -> bool:
     """Whether the self-attention module ``name`` (of ``model.base_model``) runs causal: its own
-    ``is_causal``, or a module above it that passes ``is_causal=True`` down."""
-    if getattr(module, "is_causal", False):
+    ``is_causal``, its ``is_decoder`` (a decoder's self-attention; BigBirdPegasus's keeps ``is_causal=False``
+    and is causal through its mask), or a module above it that passes ``is_causal=True`` down."""
+    if getattr(module, "is_causal", False) or getattr(module, "is_decoder", False) is True:
         return True
     parts = name.split(".")
     base = model.base_model
@@ -607,4 +608,30 @@ def register() -> None:
 
     post_init.__wrapped__ = original_post_init  # type: ignore[attr-defined]
     PreTrainedModel.post_init = post_init
+
+    original_set = PreTrainedModel.set_attn_implementation
+
+    @functools.wraps(original_set)
+    def set_attn_implementation(self, attn_implementation, *args, **kwargs):
+        _check_implementation_change(self, attn_implementation)
+        return original_set(self, attn_implementation, *args, **kwargs)
+
+    PreTrainedModel.set_attn_implementation = set_attn_implementation
     _REGISTERED = True
+
+
+def _check_implementation_change(model, requested) -> None:
+    """A converted model keeps the attnkit implementation: another one would run softmax attention while
+    ``conversion(model)`` and ``config.attnkit`` still name the mechanism."""
+    record = conversion(model)
+    if record is None:
+        return
+    names = requested.values() if isinstance(requested, dict) else [requested]
+    other = [name for name in names if name not in (None, IMPLEMENTATION)]
+    if other:
+        label = config_label(record)
+        raise ValueError(
+            f"set_attn_implementation({requested!r}) on a model converted to {label}: it would run softmax "
+            f"attention through {other[0]!r} while the model still records {label}; load the unconverted "
+            "model again to use another implementation"
+        )
