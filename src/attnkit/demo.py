@@ -16,6 +16,7 @@ from .analysis.explain_away import explain_away
 from .config import CoDA, Hybrid, Sinkhorn
 from .registry import MECHANISMS, resolve_mechanism
 from .functional import attention
+from .validators import check_seed
 
 __all__ = ["MechanismSummary", "padded_batch", "side_by_side"]
 
@@ -43,7 +44,7 @@ def padded_batch(
     """
     if not lengths or min(lengths) < 1:
         raise ValueError(f"lengths={lengths!r}; expected one or more sequence lengths >= 1")
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(check_seed(seed))
     B, L = len(lengths), max(lengths)
     direction = torch.randn(dim, generator=g)
     direction = direction / direction.norm() * dim**0.5  # (D,)

@@ -20,6 +20,8 @@ __all__ = [
     "check_number",
     "check_int",
     "check_bool",
+    "check_seed",
+    "SEED_MAX",
     "check_choice",
     "check_float_tensor",
     "values_hidden",
@@ -62,6 +64,18 @@ def check_int(value: Any, what: str, expected: str, *, low: Optional[int] = None
     integer = isinstance(value, numbers.Integral) and not isinstance(value, bool)
     if not integer or (low is not None and value < low):
         raise ValueError(f"{what}: {expected}")
+    return int(value)
+
+
+SEED_MAX = 2**32 - 1  # NumPy's seeds (and transformers' set_seed, which seeds NumPy) stop here
+
+
+def check_seed(value: Any, what: str = "seed", high: int = SEED_MAX) -> int:
+    """``int(value)`` if it is an integer (not ``bool``) in ``[0, high]``, else a ``ValueError`` naming it
+    (a larger one failed later, deep in a seeding call, with "Overflow when unpacking long long")."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= high:
+        limit = "2**32 - 1" if high == SEED_MAX else str(high)
+        raise ValueError(f"{what}={value!r}; expected an integer in [0, {limit}]")
     return int(value)
 
 

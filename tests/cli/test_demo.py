@@ -27,3 +27,13 @@ def test_demo_rejects_a_non_numeric_seed(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("seed", ["-1", "4294967296", "99999999999999999999"])
+def test_demo_refuses_a_seed_out_of_range_naming_it(seed, capsys):
+    """A seed past 2**63 failed inside torch's seeding with "Overflow when unpacking long long"."""
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--seed", seed])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err == f"error: seed={seed}; expected an integer in [0, 2**32 - 1]\n"

@@ -84,3 +84,23 @@ def test_an_interrupted_run_of_all_targets_is_replaced_by_the_next(tmp_path, mon
     assert not list(root.rglob(UNFINISHED_MARKER))
     with pytest.raises(FileExistsError, match="--overwrite"):
         reproduce_all(root, quick=True, targets=["lemma1"])
+
+
+def test_cli_empty_out_is_refused_not_taken_as_the_current_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", "lemma1", "--out", "", "--quick"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.startswith("error: --out is empty")
+    assert list(tmp_path.iterdir()) == []  # it wrote lemma1.csv, lemma1.png, summary.json here
+
+
+@pytest.mark.parametrize("name", ["lemma1", "all"])
+def test_cli_seed_out_of_range_is_refused_before_any_target_runs(name, tmp_path, capsys):
+    """Targets seed NumPy with their seed plus offsets of up to 1000; a huge seed failed deep inside one
+    ("Overflow when unpacking long long"), and under "all" every target recorded it as a failed claim."""
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", name, "--seed", "4294967295", "--out", str(tmp_path / "out"), "--quick"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == "error: seed=4294967295; expected an integer in [0, 2147483647]\n"
+    assert not (tmp_path / "out").exists()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
+from ..validators import check_seed
 from .report import (
     ReproduceResult, format_value, is_unfinished, mark_finished, prepare_output_dir, table_columns, verdict,
 )
@@ -129,7 +130,7 @@ def reproduce_all(
     ``targets``, and the page's path. A target that raises is recorded as one failed claim ("the target
     ran") with the error, so one broken target never hides the others.
     """
-    from .reproduce import TARGETS
+    from .reproduce import REPRODUCE_SEED_MAX, TARGETS
 
     names = list(TARGETS) if targets is None else list(targets)
     unknown = [n for n in names if n not in TARGETS]
@@ -137,6 +138,7 @@ def reproduce_all(
         raise ValueError(f"unknown reproduction targets {unknown}; expected names from {tuple(TARGETS)}")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
         raise ValueError(f"jobs={jobs!r}; expected an integer >= 1 (or 0 for one per free core)")
+    check_seed(seed, high=REPRODUCE_SEED_MAX)  # before any target runs (each would record it as a failure)
     jobs = default_jobs(len(names)) if jobs == 0 else min(jobs, max(len(names), 1))
     root = Path("runs") / "reproduce" / "all" if out is None else Path(out)
     # A run of all targets that did not finish (Ctrl-C) is replaced target by target, finished ones included.

@@ -6,7 +6,6 @@ whether each paper claim held. ``NAME=all`` runs every target and writes one HTM
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -59,7 +58,7 @@ def register(app: typer.Typer) -> None:
         name: str = typer.Argument(
             ..., help=f"One of: {', '.join(TARGET_HELP)}, or all (HTML fidelity page)."
         ),
-        out: Optional[Path] = typer.Option(
+        out: Optional[str] = typer.Option(  # str: typer would turn "" into Path(".")
             None, "--out", help="Output directory (default runs/reproduce/NAME)."
         ),
         overwrite: bool = typer.Option(
@@ -75,6 +74,8 @@ def register(app: typer.Typer) -> None:
         from attnkit.analysis.fidelity import reproduce_all
         from attnkit.analysis.reproduce import reproduce as run
 
+        if out is not None and not out.strip():
+            raise ValueError("--out is empty; pass a directory such as runs/reproduce/NAME")
         try:
             if name == "all":
                 results, page = reproduce_all(out, overwrite=overwrite, quick=quick, seed=seed, jobs=jobs)
