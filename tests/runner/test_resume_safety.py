@@ -283,3 +283,17 @@ def test_a_run_saved_with_a_relative_task_path_still_resumes_from_its_directory(
     monkeypatch.chdir(data.parent)
     result = run_compare(build_config(tiny_overrides(data.name, out, resume=True, **COMMON)))
     assert len(result.runs) == 1
+
+
+def test_a_resumed_run_counts_as_the_share_it_trained_in_the_time_estimate(interrupted, tmp_path,
+                                                                             monkeypatch):
+    """The estimate of the time left took a resumed run's few remaining steps as a whole run's time."""
+    from attnkit.runner.summary import RunClock
+
+    out, data, _ = _copy_run(interrupted, tmp_path)
+    shares = []
+    original = RunClock.add
+    monkeypatch.setattr(RunClock, "add", lambda self, seconds, share=1.0: (shares.append(share),
+                                                                           original(self, seconds, share)))
+    run_compare(build_config(tiny_overrides(data, out, resume=True, **COMMON)))
+    assert shares == [pytest.approx(2 / 6)]  # steps 5 and 6 of 6, from the checkpoint of step 4

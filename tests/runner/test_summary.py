@@ -115,3 +115,14 @@ def test_seq2seq_reports_token_accuracy_and_why_mechanisms_were_skipped(tmp_path
         assert 0.0 <= record["token_accuracy_mean"] <= 1.0
     assert "normalizes over queries" in payload["skipped_mechanisms"]["dnas"]
     assert "token_accuracy" in (result.out / "report.html").read_text()
+
+
+def test_time_left_scales_a_resumed_run_to_a_whole_one(monkeypatch):
+    from attnkit.runner import summary
+
+    clock = summary.RunClock(total=4)
+    monkeypatch.setattr(summary.time, "time", lambda: clock.started + 30.0)
+    clock.add(10.0, share=0.25)  # a quarter of a run (resumed) in 10 s: a whole run takes about 40 s
+    assert clock.line(2, "dnas", 0, finished=False).endswith("(elapsed 30s; about 2m00s left)")  # 3 runs
+    clock.add(40.0)
+    assert clock.line(3, "dnas", 1, finished=False).endswith("about 1m20s left)")  # 50 s / 1.25 runs x 2

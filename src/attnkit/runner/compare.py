@@ -332,7 +332,7 @@ def _train_all(config: CompareConfig, accelerator, task, data, out: Path, on_ste
             start = time.perf_counter()
             result = train_run(task, data, config, mech, seed, run_dir, accelerator, progress, on_step=hook)
             if not finished:
-                clock.add(time.perf_counter() - start)
+                clock.add(time.perf_counter() - start, result.trained)
             runs.append(result.record)
     finally:
         if progress is not None:

@@ -33,19 +33,22 @@ class RunClock:
     def __init__(self, total: int) -> None:
         self.total = total
         self.started = time.time()
-        self.durations: list[float] = []
+        self.seconds = 0.0  # spent training the runs added
+        self.runs = 0.0  # how many whole runs that was: a run resumed from a checkpoint counts its share
 
-    def add(self, seconds: float) -> None:
-        self.durations.append(seconds)
+    def add(self, seconds: float, share: float = 1.0) -> None:
+        """A run trained in ``seconds``; ``share``: the part of its steps this process trained (resumed)."""
+        self.seconds += seconds
+        self.runs += share
 
     def line(self, k: int, mechanism: str, seed: int, finished: bool) -> str:
         head = f"run {k} of {self.total}: {mechanism} seed {seed}"
         if finished:
             return f"{head}: finished earlier, kept (--resume)"
         elapsed = _duration(time.time() - self.started)
-        if not self.durations:
+        if self.runs <= 0:
             return f"{head} (elapsed {elapsed}; time left estimated after the first run)"
-        left = statistics.fmean(self.durations) * (self.total - k + 1)
+        left = self.seconds / self.runs * (self.total - k + 1)
         return f"{head} (elapsed {elapsed}; about {_duration(left)} left)"
 
 

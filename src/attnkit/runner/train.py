@@ -45,6 +45,7 @@ class RunResult:
     """What one run reports: final metrics, timings, diagnostics and the metrics history."""
 
     record: dict
+    trained: float = 0.0  # the share of the run's steps trained by this call (less than 1 when resumed)
 
     @property
     def metrics(self) -> dict:
@@ -419,8 +420,9 @@ def train_run(
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
 
+    first_step = trainer["step"]
     if progress is not None:
-        progress.start_run(f"{mechanism} seed {seed}", total, trainer["step"])
+        progress.start_run(f"{mechanism} seed {seed}", total, first_step)
     model.train()
     while trainer["step"] < total:
         step = trainer["step"]
@@ -517,4 +519,4 @@ def train_run(
     if progress is not None:
         progress.end_run(metrics)
     accelerator.free_memory()
-    return RunResult(record)
+    return RunResult(record, trained=(total - first_step) / total if total else 1.0)
