@@ -122,6 +122,7 @@ def test_finetune_writes_metrics_and_model(tiny_bert, fixture_dataset, tmp_path,
     assert metrics["train_steps"] == 3 and metrics["num_test"] == len(TEST) and metrics["num_labels"] == 3
     assert 0.0 <= metrics["accuracy"] <= 1.0 and 0.0 <= metrics["macro_f1"] <= 1.0
     assert metrics["mean_step_seconds"] > 0
+    assert metrics["align"] is None and metrics["align_weight"] is None  # no --align: no weight, not 0.01
     loaded = akhf.load(out)
     assert type(loaded).__name__ == "BertForSequenceClassification" and loaded.config.num_labels == 3
     u = akhf.hybrid_weights(loaded)
@@ -152,7 +153,9 @@ def test_finetune_of_a_decoder_whose_tokenizer_has_no_padding_token(fixture_data
     loaded = akhf.load(out)
     assert loaded.config.pad_token_id == tokenizer.convert_tokens_to_ids("[SEP]")
     assert AutoTokenizer.from_pretrained(out).pad_token == "[SEP]"
-    assert json.loads((out / "metrics.json").read_text())["train_steps"] == 2
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["train_steps"] == 2
+    assert metrics["align_weight"] == 0.01  # the paper's, when --align is given without --align-weight
 
 
 def test_finetune_refuses_a_non_empty_out(tiny_bert, fixture_dataset, tmp_path, capsys):
@@ -245,6 +248,57 @@ def test_mechanism_options_are_refused_before_the_model_loads(command, args, nee
         str(tiny_bert)]
     err = _error(capsys, [command, *where, *args, "--out", str(tmp_path / "o")])
     assert needle in err and not (tmp_path / "o").exists()
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Loading a model fails the test: the options must be refused before."""
+    from attnkit.hf import checks
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(checks, "from_pretrained", no_load)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--align-weight", "nan"], "error: align_weight=nan; expected a finite number >= 0 for --align-weight"),
+    (["--align-weight", "-1"], "error: align_weight=-1.0; expected a finite number >= 0 for --align-weight"),
+    (["--align", "ot", "--align-weight", "-1"], "error: align_weight=-1.0; expected a finite number >= 0"),
+    (["--align-weight", "0.5"], "error: align_weight=0.5 is only used with align"),
+], ids=["nan", "negative", "negative-with-align", "without-align"])
+def test_finetune_align_weight_is_checked_and_refused_without_align_before_the_model_loads(
+    args, needle, tiny_bert, fixture_dataset, tmp_path, capsys, no_model_load
+):
+    err = _error(capsys, ["finetune", "--model", str(tiny_bert), "--dataset", str(fixture_dataset), *args,
+                          "--max-steps", "1", "--out", str(tmp_path / "o")])
+    assert err.startswith(needle) and not (tmp_path / "o").exists()
+    if "only used" in needle:
+        assert err.endswith("pass --align METHOD or drop --align-weight")
+
+
+@pytest.mark.parametrize("seed", ["-1", "4294967296"])
+def test_finetune_seed_out_of_numpys_range_is_refused_before_the_model_loads(
+    seed, tiny_bert, fixture_dataset, tmp_path, capsys, no_model_load
+):
+    err = _error(capsys, ["finetune", "--model", str(tiny_bert), "--dataset", str(fixture_dataset),
+                          "--seed", seed, "--out", str(tmp_path / "o")])
+    assert err == f"error: seed={seed}; expected an integer in [0, 2**32 - 1]"
+    assert not (tmp_path / "o").exists()
+
+
+def test_finetune_names_a_train_tsv_that_is_not_utf8_and_its_line_before_the_model_loads(
+    tiny_bert, tmp_path, capsys, no_model_load
+):
+    data = tmp_path / "latin1"
+    data.mkdir()
+    (data / "train.tsv").write_bytes(b"pos\tcaf\xe9\nneg\tbad\n")
+    (data / "test.tsv").write_bytes(b"pos\tgreat\n")
+    err = _error(capsys, ["finetune", "--model", str(tiny_bert), "--dataset", str(data),
+                          "--out", str(tmp_path / "o")])
+    assert err.startswith(f"error: {data / 'train.tsv'}:1: byte 0xe9 is not UTF-8")
+    assert err.endswith("save it as UTF-8")
+    assert not (tmp_path / "o").exists()
 
 
 def test_convert_prints_only_the_error_line(tiny_bert, tmp_path, capsys):

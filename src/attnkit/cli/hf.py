@@ -153,7 +153,7 @@ def register(app: typer.Typer) -> None:
         batch_size: int = typer.Option(16, help="Batch size per process."),
         lr: float = typer.Option(5e-5, help="Peak learning rate (linear decay, 6% warmup)."),
         max_length: int = typer.Option(128, help="Truncate texts to this many tokens."),
-        seed: int = typer.Option(0, help="Random seed (initialisation and data order)."),
+        seed: int = typer.Option(0, help="Random seed (initialisation and data order), 0 to 2**32 - 1."),
         out: str = typer.Option(..., help="Output directory: model (safetensors), tokenizer, metrics.json."),
         overwrite: bool = typer.Option(False, help="Replace the files of a non-empty --out."),
         cache_dir: Optional[str] = typer.Option(
@@ -166,7 +166,11 @@ def register(app: typer.Typer) -> None:
         align: Optional[str] = typer.Option(
             None, help="Alignment attention: gan, ot, ct or mmd (docs/alignment.md)."
         ),
-        align_weight: float = typer.Option(0.01, help="Weight of the alignment loss (lambda)."),
+        align_weight: Optional[float] = typer.Option(
+            None,
+            help="Weight of the alignment loss (lambda), >= 0; used only with --align (default 0.01, "
+            "the paper's).",
+        ),
     ) -> None:
         """Fine-tune a (converted) encoder for sequence classification; prints accuracy and macro-F1."""
         from attnkit.hf.finetune import FinetuneConfig

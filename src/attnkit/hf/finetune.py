@@ -19,6 +19,7 @@ and ``metrics.json``.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -31,6 +32,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..registry import MECHANISMS
+from ..validators import check_number, check_seed
 
 __all__ = [
     "FinetuneConfig",
@@ -58,7 +60,10 @@ class FinetuneConfig:
     """Settings of one fine-tuning run (the options of ``attnkit finetune``).
 
     ``mechanism=None`` keeps the model's own conversion (softmax for a stock model). ``max_steps`` bounds the
-    run; without it, ``epochs`` passes over the training set are made.
+    run; without it, ``epochs`` passes over the training set are made. ``align`` adds the alignment
+    regularizer (``attnkit.align``) with weight ``align_weight``; ``align_weight=None`` means the paper's 0.01
+    when ``align`` is given, and an ``align_weight`` without ``align`` is refused (it would be ignored).
+    ``seed`` is an integer in ``[0, 2**32 - 1]`` (transformers seeds NumPy with it).
     """
 
     out: str
@@ -77,16 +82,28 @@ class FinetuneConfig:
     download: bool = False
     max_eval_samples: Optional[int] = None
     align: Optional[str] = None  # alignment attention: gan | ot | ct | mmd (attnkit.align)
-    align_weight: float = 0.01
+    align_weight: Optional[float] = None  # None: AlignConfig's default (0.01, the paper's) with align
 
     def __post_init__(self) -> None:
         out = os.fspath(self.out) if isinstance(self.out, os.PathLike) else self.out
         if not isinstance(out, str) or not out.strip():  # Path("") is the working directory
             raise ValueError(f"out={self.out!r}: expected a directory for the model and metrics.json")
+        if self.align_weight is not None:
+            weight = check_number(
+                self.align_weight, f"align_weight={self.align_weight!r}",
+                "expected a finite number >= 0 for --align-weight (0.01 in the paper)", low=0, sep="; ",
+            )
+            object.__setattr__(self, "align_weight", weight)  # NumPy scalars become Python floats
         if self.align is not None:
             from ..align import AlignConfig
 
-            AlignConfig(method=self.align, weight=self.align_weight)  # validates both
+            AlignConfig(method=self.align, **self._align_weight())  # validates the method
+        elif self.align_weight is not None:
+            raise ValueError(
+                f"align_weight={self.align_weight} is only used with align (one of gan, ot, ct, mmd), got "
+                "align=None; pass --align METHOD or drop --align-weight"
+            )
+        object.__setattr__(self, "seed", check_seed(self.seed))  # NumPy integers become Python ints
         if self.mechanism is not None and self.mechanism not in MECHANISMS:
             raise ValueError(f"mechanism={self.mechanism!r}; expected one of {MECHANISMS}")
         if self.u0 is not None and self.mechanism != "hnas":
@@ -110,6 +127,10 @@ class FinetuneConfig:
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name}={value!r}; expected a finite number > 0")
 
+    def _align_weight(self) -> dict:
+        """``{"weight": align_weight}`` when one was given; empty for AlignConfig's default."""
+        return {} if self.align_weight is None else {"weight": self.align_weight}
+
 
 def classification_metrics(labels: Sequence[int], predictions: Sequence[int]) -> dict:
     """Accuracy and macro-F1 (mean per-class F1 over the classes that occur in labels or predictions)."""
@@ -127,13 +148,28 @@ def classification_metrics(labels: Sequence[int], predictions: Sequence[int]) ->
 
 
 def _read_tsv(path: Path) -> tuple[list[str], list[str]]:
+    """The (labels, texts) of a UTF-8 TSV file (a byte-order mark is allowed); errors name file and line."""
+    if path.is_dir():
+        raise FileNotFoundError(
+            f"{path} is a folder, not a file; a dataset folder needs the files train.tsv and test.tsv "
+            "(label<TAB>text)"
+        )
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} does not exist; a dataset folder needs train.tsv and test.tsv "
             "(label<TAB>text)"
         )
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ValueError(
+            f"{path}:{line}: byte 0x{raw[exc.start]:02x} is not UTF-8 text (Latin-1 or Windows-1252?); "
+            "save it as UTF-8"
+        ) from None
     labels, texts = [], []
-    with open(path, newline="", encoding="utf-8") as f:
+    with io.StringIO(text, newline="") as f:  # newline="": csv sees the line ends as written
         for i, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)):
             if len(row) != 2:
                 raise ValueError(
@@ -372,9 +408,7 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
             from ..align.trainer import alignment_trainer_class
 
             Trainer = alignment_trainer_class(Trainer)
-            extra["regularizer"] = AlignmentRegularizer(
-                model, method=config.align, weight=config.align_weight
-            )
+            extra["regularizer"] = AlignmentRegularizer(model, method=config.align, **config._align_weight())
         trainer = Trainer(
             **extra,
             model=model,
@@ -394,6 +428,7 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
         **classification_metrics(prediction.label_ids.tolist(), predictions),
         "mechanism": mechanism,
         "align": config.align,
+        "align_weight": extra["regularizer"].config.weight if "regularizer" in extra else None,
         "mean_step_seconds": sum(steps) / max(1, len(steps)),
         "train_steps": int(result.global_step),
         "train_loss": float(result.training_loss),

@@ -1,0 +1,78 @@
+"""``attnkit.hf.finetune``: ``FinetuneConfig`` refuses bad values when it is built (before any model loads),
+and dataset folders (``train.tsv``/``test.tsv``) are read as UTF-8 with errors that name the file and line."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from attnkit.hf.finetune import FinetuneConfig, load_text_classification
+
+pytestmark = pytest.mark.hf
+
+
+@pytest.mark.parametrize("align", [None, "ot"])
+@pytest.mark.parametrize("weight", [math.nan, math.inf, -1, -0.5, "0.1", True])
+def test_align_weight_must_be_a_finite_number_at_least_zero(tmp_path, align, weight):
+    with pytest.raises(ValueError, match=r"align_weight=.*expected a finite number >= 0 for --align-weight"):
+        FinetuneConfig(out=str(tmp_path / "o"), align=align, align_weight=weight)
+
+
+def test_align_weight_without_align_is_refused_not_ignored(tmp_path):
+    with pytest.raises(ValueError, match=r"align_weight=0.5 is only used with align.*drop --align-weight"):
+        FinetuneConfig(out=str(tmp_path / "o"), align_weight=0.5)
+    assert FinetuneConfig(out=str(tmp_path / "o")).align_weight is None  # the default is "not given"
+
+
+def test_align_weight_is_kept_as_a_python_float_and_defaults_to_none(tmp_path):
+    config = FinetuneConfig(out=str(tmp_path / "o"), align="ct", align_weight=np.float32(0.25))
+    assert type(config.align_weight) is float and config.align_weight == 0.25
+    assert FinetuneConfig(out=str(tmp_path / "o"), align="ct", align_weight=0).align_weight == 0.0
+    assert FinetuneConfig(out=str(tmp_path / "o"), align="ct").align_weight is None  # 0.01 at run time
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, True, 1.5, "3", None])
+def test_seed_must_be_an_integer_in_numpys_range(tmp_path, seed):
+    with pytest.raises(ValueError, match=r"seed=.*expected an integer in \[0, 2\*\*32 - 1\]"):
+        FinetuneConfig(out=str(tmp_path / "o"), seed=seed)
+
+
+@pytest.mark.parametrize("seed", [0, 2**32 - 1, np.int64(7)])
+def test_seeds_in_numpys_range_are_kept_as_python_ints(tmp_path, seed):
+    config = FinetuneConfig(out=str(tmp_path / "o"), seed=seed)
+    assert type(config.seed) is int and config.seed == int(seed)
+
+
+def _folder(tmp_path, train: bytes, test: bytes = b"pos\tgreat\n"):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "train.tsv").write_bytes(train)
+    (folder / "test.tsv").write_bytes(test)
+    return folder
+
+
+def test_a_tsv_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    folder = _folder(tmp_path, b"neg\tbad\npos\tcaf\xe9\n")  # Latin-1 e-acute on line 2
+    with pytest.raises(ValueError) as exc:
+        load_text_classification(str(folder))
+    message = str(exc.value)
+    assert message.startswith(f"{folder / 'train.tsv'}:2: byte 0xe9 is not UTF-8")
+    assert "save it as UTF-8" in message and "codec" not in message
+
+
+def test_a_tsv_with_a_byte_order_mark_reads_as_without_it(tmp_path):
+    folder = _folder(tmp_path, "\ufeffpos\tcafé\nneg\tbad\n".encode(), "\ufeffpos\tgreat\n".encode())
+    data = load_text_classification(str(folder))
+    assert data.label_names == ["neg", "pos"]  # not "\ufeffpos" as a third class
+    assert data.train_texts == ["café", "bad"] and data.train_labels == [1, 0] and data.test_labels == [1]
+
+
+def test_a_train_tsv_that_is_a_folder_is_called_a_folder(tmp_path):
+    folder = tmp_path / "data"
+    (folder / "train.tsv").mkdir(parents=True)
+    (folder / "test.tsv").write_text("pos\tgreat\n")
+    with pytest.raises(FileNotFoundError, match=r"train.tsv is a folder, not a file") as exc:
+        load_text_classification(str(folder))
+    assert "does not exist" not in str(exc.value)
