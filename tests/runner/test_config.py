@@ -83,3 +83,19 @@ def test_a_config_file_that_does_not_parse_is_named(tmp_path, name, text):
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(ValueError, match=f"configuration file '{path}' does not parse"):
         load_config_file(path)
+
+
+@pytest.mark.parametrize("suffix, text", [
+    (".json", '{"max_steps": 3}'), (".yaml", "max_steps: 3\n"), (".toml", "max_steps = 3\n"),
+])
+def test_a_config_file_with_a_byte_order_mark_is_read(tmp_path, suffix, text):
+    """Notepad saves UTF-8 with a byte-order mark; JSON and TOML files were refused as not parsing."""
+    path = tmp_path / f"run{suffix}"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert load_config_file(path) == {"max_steps": 3}
+
+
+def test_a_folder_given_as_the_config_file_is_named_as_a_folder(tmp_path):
+    """``--config /tmp`` said "configuration file '/tmp' not found"."""
+    with pytest.raises(ValueError, match=r"is a folder, not a file; pass the path of the \.yaml/\.yml"):
+        load_config_file(tmp_path)

@@ -82,3 +82,48 @@ def test_a_label_that_is_not_a_name_or_an_integer_is_refused(tmp_path, bad):
 def test_the_same_label_as_a_number_and_a_string_is_one_class(tmp_path):
     data = load_file_dataset(_classification(tmp_path, [1, "1", 2]))
     assert data.label_names == ["1", "2"] and data.train_labels == [0, 0, 1]
+
+
+@pytest.mark.parametrize("names, message", [
+    (["x", "x"], r"label_names \['x', 'x'\] holds 'x' twice; give each class one name"),
+    (["a", 1, "1"], r"label_names \['a', '1', '1'\] holds '1' twice"),
+    (["x"], r"label_names \['x'\] names 1 class\(es\); a classification task needs at least 2"),
+    ([], r"label_names \[\] names 0 class\(es\)"),
+    ("ab", r"label_names='ab'; expected a list of class names"),
+    (["a", 1.5], r"label_names=\['a', 1\.5\]; expected a list of class names"),
+])
+def test_label_names_are_at_least_two_distinct_names(tmp_path, names, message):
+    """``["x", "x"]`` was accepted and the report showed two classes both called "x"."""
+    path = _classification(tmp_path, [0, 1, 0], label_names=names)
+    with pytest.raises(ValueError, match=message) as exc:
+        load_file_dataset(path)
+    assert path in str(exc.value)
+
+
+def test_a_file_whose_labels_are_all_one_class_is_refused(tmp_path):
+    path = _classification(tmp_path, ["spam", "spam"])
+    with pytest.raises(ValueError, match=r"data\.json': every label is 'spam'; .* at least 2 classes"):
+        load_file_dataset(path)
+
+
+@pytest.mark.parametrize("name", ["data.json", "data.jsonl"])
+def test_a_byte_order_mark_is_accepted(tmp_path, name):
+    """Notepad saves UTF-8 with a byte-order mark; it was refused as "Unexpected UTF-8 BOM"."""
+    if name.endswith(".jsonl"):
+        text = "\n".join([HEAD, TRAIN, TEST]) + "\n"
+    else:
+        rows = {"train": [json.loads(TRAIN)], "test": [json.loads(TEST)]}
+        text = json.dumps({"kind": "classification", **rows})
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    data = load_file_dataset(str(path))
+    assert data.train_texts == ["goal team"] and data.label_names == ["money", "sport"]
+
+
+@pytest.mark.parametrize("name", ["d.json", "data"])
+def test_a_folder_given_as_the_dataset_file_is_named_as_a_folder(tmp_path, name):
+    """A folder named ``d.json`` was reported as "not found", one named ``data`` as an unknown task."""
+    folder = tmp_path / name
+    folder.mkdir()
+    with pytest.raises(ValueError, match=rf"{name}' is a folder, not a file; pass the path of the \.json"):
+        load_file_dataset(str(folder))

@@ -11,7 +11,10 @@ loader fail at once, otherwise a connection to the hub is tried with a short tim
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import json
+import logging
 import math
 import os
 import socket
@@ -227,46 +230,150 @@ def _check_label_type(spec: HubSpec, path: Path, where: str, row: dict) -> None:
     )
 
 
+def _no_rows(spec: HubSpec, path: Path) -> ValueError:
+    return ValueError(f"{spec.name}: {path} has no rows; a split file needs at least one example")
+
+
+def _not_rows(spec: HubSpec, path: Path, got: str) -> ValueError:
+    return ValueError(f"{spec.name}: {path} holds {got}; expected an array of objects (one per row)")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object whose keys are distinct (the JSON reader refuses a repeated key with an unreadable
+    error, while ``json`` keeps the last value)."""
+    keys = [k for k, _ in pairs]
+    twice = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+    if twice is not None:
+        raise ValueError(f"the key {twice!r} appears twice in one object; keep one")
+    return dict(pairs)
+
+
+def _check_json_lines(spec: HubSpec, path: Path) -> None:
+    """JSON lines: one object per line, each naming its line number when it is not one."""
+    rows = 0
+    with open(path, encoding="utf-8-sig") as f:
+        for number, line in enumerate(f, start=1):
+            try:
+                row = json.loads(line, object_pairs_hook=_unique_keys) if line.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f"{spec.name}: {path} line {number} is not JSON ({exc.msg} at column {exc.colno})"
+                ) from None
+            except ValueError as exc:
+                raise ValueError(f"{spec.name}: {path} line {number}: {exc}") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{spec.name}: {path} line {number} is not a JSON object")
+            _check_label_type(spec, path, f"line {number}", row)
+            rows += bool(row)
+    if not rows:
+        raise _no_rows(spec, path)
+
+
+_JSON_TYPES = {str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+def _check_json_document(spec: HubSpec, path: Path, whole: Any) -> None:
+    """A whole ``.json`` document: an array of objects, or one object (JSON lines of one line)."""
+    if isinstance(whole, dict):
+        if not whole:
+            raise _no_rows(spec, path)
+        _check_label_type(spec, path, "line 1", whole)
+        return
+    if not isinstance(whole, list):
+        raise _not_rows(spec, path, f"a JSON {_JSON_TYPES[type(whole)]} ({json.dumps(whole)[:40]})")
+    if not whole:
+        raise _no_rows(spec, path)
+    for number, row in enumerate(whole):
+        if not isinstance(row, dict):
+            raise _not_rows(spec, path, f"{json.dumps(row)[:40]} as row {number}")
+        _check_label_type(spec, path, f"row {number}", row)
+
+
+def _check_json(spec: HubSpec, path: Path) -> None:
+    """A ``.json`` file: a JSON array of objects (one per row), or JSON lines under another name."""
+    text = path.read_text(encoding="utf-8-sig")
+    if not text.strip():
+        raise _no_rows(spec, path)
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError as exc:
+        first = text.lstrip().split("\n", 1)[0]
+        try:
+            lines = isinstance(json.loads(first), dict)
+        except ValueError:
+            lines = False
+        if lines:  # JSON lines: name the line that is not
+            _check_json_lines(spec, path)
+            return
+        raise ValueError(
+            f"{spec.name}: {path} is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); expected "
+            "an array of objects (one per row) or one object per line"
+        ) from None
+    try:
+        json.loads(text, object_pairs_hook=_unique_keys)
+    except ValueError as exc:
+        raise ValueError(f"{spec.name}: {path}: {exc}") from None
+    _check_json_document(spec, path, whole)
+
+
+def _check_csv(spec: HubSpec, path: Path) -> None:
+    """A ``.csv`` file: a header line and at least one row (a quoted field may span lines)."""
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            lines = (row for row in csv.reader(f) if row)  # a blank line is no row
+            header, first = next(lines, None), next(lines, None)
+    except csv.Error:
+        return  # the reader names the problem
+    if header is None:
+        raise ValueError(
+            f"{spec.name}: {path} is empty; expected a header line naming the columns "
+            f"{[*spec.text_columns, spec.label_column]} and one row per example"
+        )
+    if first is None:
+        raise _no_rows(spec, path)
+
+
+def _check_parquet(spec: HubSpec, path: Path) -> None:
+    try:
+        import pyarrow.parquet as pq
+
+        count = pq.read_metadata(path).num_rows
+    except Exception:  # not parquet, or no pyarrow: the reader names the problem
+        return
+    if count == 0:
+        raise _no_rows(spec, path)
+
+
+_CHECKS = {".jsonl": _check_json_lines, ".json": _check_json, ".csv": _check_csv, ".parquet": _check_parquet}
+
+
+@contextlib.contextmanager
+def _quiet(datasets):
+    """Hide the ``datasets`` progress bars and log lines of a local read (it takes moments, and a failure
+    is reported by one ``ValueError``); the user's own settings are restored afterwards."""
+    bars_were_off = datasets.utils.are_progress_bars_disabled()
+    verbosity = datasets.utils.logging.get_verbosity()
+    datasets.utils.disable_progress_bars()
+    datasets.utils.logging.set_verbosity(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        datasets.utils.logging.set_verbosity(verbosity)
+        if not bars_were_off:
+            datasets.utils.enable_progress_bars()
+
+
 def _read_source_file(datasets, spec: HubSpec, path: Path, scratch: str):
     """One local split file as a ``datasets.Dataset``; a file it cannot read is a ``ValueError`` naming it."""
     if path.suffix in (".jsonl", ".json", ".csv"):
         _check_utf8(spec, path)
-    whole = None
-    if path.suffix == ".json":  # a JSON array of objects, or JSON lines under another name
-        try:
-            whole = json.loads(path.read_text(encoding="utf-8-sig"))
-        except ValueError:
-            whole = None  # JSON lines, or not JSON at all (the reader names it below)
-        if isinstance(whole, list):
-            for number, row in enumerate(whole):
-                if isinstance(row, dict):
-                    _check_label_type(spec, path, f"row {number}", row)
-        elif isinstance(whole, dict):  # one object: one row (JSON lines of one line), or columns of lists
-            _check_label_type(spec, path, "line 1", whole)
-    if path.suffix == ".jsonl" or (path.suffix == ".json" and whole is None):
-        # name the line: the JSON reader's own error counts rows from 0 in a block
-        rows = 0
-        with open(path, encoding="utf-8-sig") as f:
-            for number, line in enumerate(f, start=1):
-                try:
-                    row = json.loads(line) if line.strip() else {}
-                except ValueError as exc:
-                    if path.suffix == ".json":
-                        break  # not JSON lines either: the reader's error below names the file
-                    raise ValueError(f"{spec.name}: {path} line {number} is not JSON ({exc})") from None
-                if not isinstance(row, dict):
-                    if path.suffix == ".json":
-                        break
-                    raise ValueError(f"{spec.name}: {path} line {number} is not a JSON object")
-                _check_label_type(spec, path, f"line {number}", row)
-                rows += bool(row)
-        if not rows and path.suffix == ".jsonl":
-            raise ValueError(f"{spec.name}: {path} has no rows")
+    _CHECKS[path.suffix](spec, path)
     try:
-        return datasets.load_dataset(
-            _EXTENSIONS[path.suffix], data_files={"train": str(path)}, split="train",
-            cache_dir=scratch, keep_in_memory=True,
-        )
+        with _quiet(datasets):
+            return datasets.load_dataset(
+                _EXTENSIONS[path.suffix], data_files={"train": str(path)}, split="train",
+                cache_dir=scratch, keep_in_memory=True,
+            )
     except Exception as exc:  # the readers' errors are many (pyarrow, pandas, empty file); report one line
         while exc.__cause__ is not None or exc.__context__ is not None:
             exc = exc.__cause__ or exc.__context__
@@ -318,7 +425,7 @@ def fetch_hub(spec: HubSpec, folder: Path, *, source: Optional[PathLike] = None)
 
 def _read_jsonl(path: Path) -> tuple[list[str], Optional[list[str]], list[int]]:
     texts, pairs, labels = [], [], []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
         for line in f:
             if line.strip():
                 row = json.loads(line)
@@ -340,7 +447,7 @@ def load_hub_cached(spec: HubSpec, folder: Path) -> TextClassificationData:
         train_labels=train_labels,
         test_texts=test_texts,
         test_labels=test_labels,
-        label_names=json.loads((folder / "labels.json").read_text()),
+        label_names=json.loads((folder / "labels.json").read_text(encoding="utf-8")),
         train_text_pairs=train_pairs,
         test_text_pairs=test_pairs,
     )

@@ -134,8 +134,15 @@ def parse_tab(text: str, source: str = "<string>") -> TabTable:
 
 
 def read_tab(path: PathLike) -> TabTable:
-    with open(path, encoding="utf-8") as f:
-        return parse_tab(f.read(), source=str(path))
+    """An Orange ``.tab`` file (UTF-8, a byte-order mark allowed)."""
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            text = f.read()
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save the file as UTF-8"
+        ) from None
+    return parse_tab(text, source=str(path))
 
 
 def _texts_and_labels(table: TabTable, source: str) -> tuple[list[str], list[str]]:

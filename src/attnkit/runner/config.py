@@ -366,13 +366,18 @@ def load_config_file(path: str | Path) -> dict:
     Dashes in keys are accepted for underscores (``max-steps``), as on the command line.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(
+            f"configuration file {str(path)!r} is a folder, not a file; pass the path of the "
+            ".yaml/.yml/.toml/.json file"
+        )
     if not path.is_file():
         raise FileNotFoundError(f"configuration file {str(path)!r} not found")
     suffix = path.suffix.lower()
     if suffix not in (".yaml", ".yml", ".toml", ".json"):
         raise ValueError(f"configuration file {str(path)!r}: expected a .yaml, .yml, .toml or .json file")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Notepad's UTF-8) is allowed
         if suffix in (".yaml", ".yml"):
             import yaml
 

@@ -16,13 +16,14 @@ _FILE_SUFFIXES = (".json", ".jsonl")
 def read_dataset_file(path: str) -> dict:
     """The object of a dataset file (``.json``, or ``.jsonl`` with a first ``{"kind": ...}`` line)."""
     p = Path(path)
+    _refuse_folder(path)
     if not p.is_file():
         raise FileNotFoundError(
             f"dataset file {path!r} not found; give a built-in task (reuters8, mlu, ...) or an existing "
             ".json/.jsonl file"
         )
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # a byte-order mark (Notepad's UTF-8) is allowed
     except UnicodeDecodeError as exc:
         raise ValueError(
             f"dataset file {path!r} is not UTF-8 text ({exc.reason} at byte {exc.start})"
@@ -36,6 +37,13 @@ def read_dataset_file(path: str) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"dataset file {path!r} must hold an object with keys kind, train, test")
     return data
+
+
+def _refuse_folder(path: str) -> None:
+    if Path(path).is_dir():
+        raise ValueError(
+            f"dataset file {path!r} is a folder, not a file; pass the path of the .json/.jsonl file"
+        )
 
 
 def _read_jsonl(path: str, text: str) -> dict:
@@ -73,6 +81,7 @@ def _read_jsonl(path: str, text: str) -> dict:
 
 def file_task_kind(path: str) -> str:
     """The ``kind`` a dataset file declares (``classification`` or ``seq2seq``)."""
+    _refuse_folder(path)
     if not str(path).endswith(_FILE_SUFFIXES):
         from ..data import DATASETS
 

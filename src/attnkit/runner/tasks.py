@@ -12,8 +12,8 @@
       {"kind": "classification", "train": [{"text": "...", "label": "sports"}, ...], "test": [...]}
       {"kind": "seq2seq", "train": [{"source": "x=1,y=2,x+y", "target": "3"}, ...], "test": [...]}
 
-  (optionally ``"label_names"``; labels are names or indices into it; without it the classes are the
-  distinct labels, integers in numeric order). ``.jsonl`` files hold one
+  (optionally ``"label_names"``, at least 2 distinct names; labels are names or indices into it; without it
+  the classes are the distinct labels, integers in numeric order). ``.jsonl`` files hold one
   ``{"split": "train"|"test", ...}`` object per line and a first line ``{"kind": ...}``.
 """
 
@@ -106,13 +106,9 @@ def load_file_dataset(path: str):
                     f"dataset file {path!r}, {where}: label {y!r}; expected a class name (a string) or an "
                     "integer"
                 )
-    names = raw.get("label_names")
-    given = names is not None
-    if not given:  # the classes are the labels themselves: integers in numeric order, else names sorted
-        values = {r["label"] for r in raw["train"] + raw["test"]}
-        numeric = all(isinstance(y, int) for y in values)
-        names = list(dict.fromkeys(str(y) for y in sorted(values, key=(lambda y: y) if numeric else str)))
-    index = {str(n): i for i, n in enumerate(names)}
+    given = raw.get("label_names") is not None
+    names = _class_names(path, raw)
+    index = {n: i for i, n in enumerate(names)}
 
     def label(row: dict) -> int:
         y = row["label"]
@@ -126,8 +122,45 @@ def load_file_dataset(path: str):
         name=name,
         train_texts=[str(r["text"]) for r in raw["train"]], train_labels=[label(r) for r in raw["train"]],
         test_texts=[str(r["text"]) for r in raw["test"]], test_labels=[label(r) for r in raw["test"]],
-        label_names=[str(n) for n in names],
+        label_names=names,
     )
+
+
+def _is_class_name(n: Any) -> bool:
+    return isinstance(n, (str, int)) and not isinstance(n, bool)
+
+
+def _class_names(path: str, raw: dict) -> list[str]:
+    """The class names of a classification file: its ``label_names`` (distinct names, at least 2), or
+    without them the distinct labels (integers in numeric order, else names sorted)."""
+    names = raw.get("label_names")
+    if names is None:
+        values = {r["label"] for r in raw["train"] + raw["test"]}
+        numeric = all(isinstance(y, int) for y in values)
+        names = list(dict.fromkeys(str(y) for y in sorted(values, key=(lambda y: y) if numeric else str)))
+        if len(names) < 2:
+            raise ValueError(
+                f"dataset file {path!r}: every label is {names[0]!r}; a classification task needs examples "
+                "of at least 2 classes"
+            )
+        return names
+    if not isinstance(names, list) or not all(_is_class_name(n) for n in names):
+        raise ValueError(
+            f"dataset file {path!r}: label_names={names!r}; expected a list of class names such as "
+            '["negative", "positive"]'
+        )
+    names = [str(n) for n in names]
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise ValueError(
+            f"dataset file {path!r}: label_names {names} holds {twice!r} twice; give each class one name"
+        )
+    if len(names) < 2:
+        raise ValueError(
+            f"dataset file {path!r}: label_names {names} names {len(names)} class(es); a classification task "
+            "needs at least 2"
+        )
+    return names
 
 
 # --------------------------------------------------------------------------- classification
