@@ -99,3 +99,11 @@ def test_a_folder_given_as_the_config_file_is_named_as_a_folder(tmp_path):
     """``--config /tmp`` said "configuration file '/tmp' not found"."""
     with pytest.raises(ValueError, match=r"is a folder, not a file; pass the path of the \.yaml/\.yml"):
         load_config_file(tmp_path)
+
+
+@pytest.mark.parametrize("seed, seeds", [(4294967295, 2), (99999999999999999999, 1)])
+def test_seeds_past_numpys_range_are_refused_before_any_run(seed, seeds):
+    """The first run trained (and left its folder) before the second seed failed in the seeding call."""
+    with pytest.raises(ValueError, match=rf"seed={seed} with seeds={seeds} runs seeds up to .*; lower seed"):
+        build_config({"seed": seed, "seeds": seeds})
+    assert build_config({"seed": 4294967294, "seeds": 2}).seed_list == (4294967294, 4294967295)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from ..registry import MECHANISMS, resolve_mechanism
+from ..validators import SEED_MAX
 from .transduction import DEFAULT_MODELS, TRANSDUCTION_TASKS, check_model_names
 from .baseline import NO_ATTENTION
 
@@ -255,6 +256,11 @@ class CompareConfig:
         object.__setattr__(self, "mechanisms", tuple(names))
         _positive_int("seeds", self.seeds)
         _positive_int("seed", self.seed, minimum=0)
+        if self.seed + self.seeds - 1 > SEED_MAX:  # checked here: run 1 trained before run 2's seed failed
+            raise ValueError(
+                f"seed={self.seed} with seeds={self.seeds} runs seeds up to {self.seed + self.seeds - 1}; "
+                f"the last must be at most 2**32 - 1 = {SEED_MAX} (NumPy's limit); lower seed"
+            )
         for name in ("steps", "batch_size", "eval_every", "checkpoint_every", "max_len", "max_target_len",
                      "vocab_size", "d_model", "nhead", "num_layers", "dim_feedforward",
                      "explain_away_samples"):
