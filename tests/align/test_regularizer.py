@@ -288,13 +288,21 @@ def test_numpy_numbers_are_accepted_and_a_bad_seed_is_named():
         AlignmentRegularizer(_encoder(), seed=1.5)
 
 
-@pytest.mark.parametrize("method", ("ot", "mmd"))
+@pytest.mark.parametrize("method", ("ot", "mmd", "gan", "ct"))
 def test_float64_model_keeps_float64_loss(method):
+    """gan's discriminator and ct's critic and navigator were built in float32 whatever the model, so their
+    losses of a float64 model were computed in float32."""
     model = _encoder().double()
     x, pad = _batch()
     reg = AlignmentRegularizer(model, method=method)
+    assert all(p.dtype == torch.float64 for p in reg.parameters())
     model(x.double(), src_key_padding_mask=pad)
     assert reg.loss().dtype == torch.float64
+
+
+def test_half_model_gets_float32_networks():
+    reg = AlignmentRegularizer(_encoder().to(torch.bfloat16), method="ct")
+    assert {p.dtype for p in reg.parameters()} == {torch.float32}
 
 
 def test_regularizer_left_behind_by_to_is_named():

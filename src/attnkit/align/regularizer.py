@@ -155,7 +155,11 @@ class AlignmentRegularizer(nn.Module):
             site.strict = self.config.layers is not None
         self.layer_indices = chosen
         like = next(model.parameters(), None)
-        factory = {"device": like.device} if like is not None else {}
+        factory = {}
+        if like is not None:  # the model's device; float64 for a float64 model, else float32
+            factory = {"device": like.device}
+            if like.is_floating_point():
+                factory["dtype"] = torch.promote_types(like.dtype, torch.float32)
         self.discriminators = nn.ModuleList()
         self.critics = nn.ModuleList()
         self.navigators = nn.ModuleList()
