@@ -149,3 +149,28 @@ def test_loss_refuses_labels_and_lengths_it_cannot_score(targets, lengths, messa
 def test_bad_inputs_raise_clear_errors(call, message):
     with pytest.raises(ValueError, match=message):
         call(_ctc_model())
+
+
+@pytest.mark.parametrize("blank_id", [3, -1, 10, 1.0, True])
+def test_greedy_decode_refuses_a_blank_id_outside_the_labels(blank_id):
+    """blank_id=3 or -1 with V = 3 decoded [1, 0, 1] (the real blank emitted as a label) without a word."""
+    log_probs = torch.log(torch.tensor([[[0.1, 0.9, 1e-4], [0.9, 0.05, 0.05], [0.1, 0.9, 1e-9]]]))
+    assert ctc_greedy_decode(log_probs, blank_id=0) == [[1, 1]]
+    with pytest.raises(ValueError, match=rf"blank_id={blank_id!r}; expected an id in \[0, V\) = \[0, 3\)"):
+        ctc_greedy_decode(log_probs, blank_id=blank_id)
+
+
+def test_decoding_needs_at_least_one_label():
+    with pytest.raises(ValueError, match=r"V = 0 labels; expected V >= 1"):
+        ctc_greedy_decode(torch.zeros(1, 3, 0))
+    with pytest.raises(ValueError, match=r"V = 0 labels; expected V >= 1"):
+        ctc_prefix_beam_search(torch.zeros(3, 0))
+
+
+def test_boolean_lengths_are_refused():
+    """A bool tensor passed the integer check (True counts as one frame, or one label)."""
+    with pytest.raises(ValueError, match=r"lengths is \(1,\) torch.bool; expected an integer tensor"):
+        ctc_greedy_decode(torch.zeros(1, 3, 4), torch.tensor([True]))
+    src, targets = torch.tensor([[3, 4, 5], [6, 7, 0]]), torch.tensor([[1, 2], [3, 0]])
+    with pytest.raises(ValueError, match=r"target_lengths is \(2,\) torch.bool; expected an integer tensor"):
+        _ctc_model().loss(src, None, targets, torch.tensor([True, True]))

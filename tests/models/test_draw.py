@@ -80,3 +80,15 @@ def test_bad_inputs_raise_clear_errors(call, message):
     classifier = DRAWClassifier(8, 8, num_classes=3, read_n=2, steps=2, hidden_dim=8)
     with pytest.raises(ValueError, match=message):
         call(draw, classifier)
+
+
+def test_draw_classifier_names_images_of_another_dtype():
+    """float64 images into a float32 model raised torch's "mat1 and mat2 must have the same dtype"."""
+    model = DRAWClassifier(8, 8, num_classes=3, read_n=2, steps=2, hidden_dim=8)
+    with pytest.raises(ValueError, match=r"images have dtype torch.float64 but DRAWClassifier's parameters "
+                       r"are torch.float32; cast the images with .to\(torch.float32\) or the model with"):
+        model(torch.rand(2, 1, 8, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="images have dtype torch.int64; expected a floating tensor"):
+        model(torch.zeros(2, 1, 8, 8, dtype=torch.long))
+    logits, _ = model.double()(torch.rand(2, 1, 8, 8, dtype=torch.float64))
+    assert logits.dtype == torch.float64

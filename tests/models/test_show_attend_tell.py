@@ -113,3 +113,13 @@ def test_bad_inputs_raise_clear_errors(call, message):
 def test_beam_wider_than_the_vocabulary_keeps_every_word():
     words, alphas = _small(vocab_size=3).beam_search(IMAGES[0], beam=5, max_len=3)
     assert 1 <= len(words) <= 3 and alphas.shape == (len(words), 4)
+
+
+def test_images_of_another_dtype_are_named(data):
+    """float64 images into a float32 model raised torch's "Input type (double) and bias type (float)"."""
+    model = ShowAttendTell(len(data.vocab), hidden_dim=8, feature_dim=4, embed_dim=4, attention_dim=4)
+    with pytest.raises(ValueError, match=r"images have dtype torch.float64 but ShowAttendTell's parameters "
+                       r"are torch.float32; cast the images with .to\(torch.float32\) or the model with"):
+        model(data.images.double(), data.tokens)
+    logits, _, _, _ = model.double()(data.images.double(), data.tokens)
+    assert logits.dtype == torch.float64

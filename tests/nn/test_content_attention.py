@@ -172,3 +172,88 @@ def test_key_mask_must_be_bool_b_lk_on_the_keys_device(name):
         module(q, keys, key_mask=torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="key_mask is on meta but keys are on cpu"):
         module(q, keys, key_mask=torch.ones(2, 3, dtype=torch.bool, device="meta"))
+
+
+def _lengths_mask(lengths, L):
+    return torch.arange(L)[None, :] < torch.tensor(lengths)[:, None]  # (B, L)
+
+
+@pytest.mark.parametrize("name", ["additive", "bilinear", "dot", "scaled_dot"])
+def test_padded_nan_and_inf_keys_and_values_equal_truncation(name):
+    """Padded keys holding inf and values holding NaN made every real output NaN (0 * NaN) or raised
+    "scores contain NaN"; they must not matter, for the outputs or for the gradients of the parameters."""
+    module = _modules()[name]
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 6, generator=g, dtype=torch.float64)
+    keys = torch.randn(2, 5, 6, generator=g, dtype=torch.float64)
+    values = torch.randn(2, 5, 3, generator=g, dtype=torch.float64)
+    lengths = [5, 3]
+    mask = _lengths_mask(lengths, 5)
+    keys[1, 3:] = float("inf")
+    values[1, 3:] = float("nan")
+    keys.requires_grad_(True)
+    context, weights = module(q, keys, values, key_mask=mask)
+    context[1].sum().backward()
+    assert torch.isfinite(keys.grad).all() and torch.all(keys.grad[1, 3:] == 0)
+    grads = {n: p.grad.clone() for n, p in module.named_parameters()}
+    module.zero_grad()
+    keys_alone = keys.detach()[1:, :3].clone().requires_grad_(True)
+    c_alone, w_alone = module(q[1:], keys_alone, values[1:, :3])
+    c_alone.sum().backward()
+    torch.testing.assert_close(keys.grad[1, :3], keys_alone.grad[0], **F64)
+    torch.testing.assert_close(context[1], c_alone[0], **F64)
+    torch.testing.assert_close(weights[1, :3], w_alone[0], **F64)
+    assert torch.all(weights[1, 3:] == 0)
+    for n, p in module.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, **F64)
+
+
+@pytest.mark.parametrize(
+    "name, mechanism",
+    [(n, m) for n in ("additive", "bilinear", "dot", "scaled_dot") for m in ("softmax", "dnas", "hnas")]
+    + [(n, "sinkhorn") for n in ("additive", "bilinear", "dot", "scaled_dot")]
+    + [("dot", "coda"), ("scaled_dot", "coda")],
+)
+def test_padding_equals_truncation_for_queries_and_keys_with_every_mechanism(name, mechanism):
+    """dnas / hnas / sinkhorn normalize over the queries: padded query rows entered the column sums (0.09 off)
+    until ``query_mask`` kept them out. Padded rows hold NaN to show that their content never matters."""
+    module = _modules()[name]
+    module.mechanism = ak.resolve_mechanism(mechanism)
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(3, 5, 6, generator=g, dtype=torch.float64)  # (B, Lq, D)
+    keys = torch.randn(3, 7, 6, generator=g, dtype=torch.float64)
+    q_len, k_len = [5, 3, 1], [7, 4, 2]
+    query_mask, key_mask = _lengths_mask(q_len, 5), _lengths_mask(k_len, 7)
+    q[~query_mask] = float("nan")
+    keys[~key_mask] = float("nan")
+    context, weights = module(q, keys, key_mask=key_mask, query_mask=query_mask)
+    for b, (m, n) in enumerate(zip(q_len, k_len)):
+        c_alone, w_alone = module(q[b : b + 1, :m], keys[b : b + 1, :n])
+        torch.testing.assert_close(context[b, :m], c_alone[0], **F64)
+        torch.testing.assert_close(weights[b, :m, :n], w_alone[0], **F64)
+        assert torch.all(weights[b, :, n:] == 0) and torch.all(weights[b, m:] == 0)
+        assert torch.all(context[b, m:] == 0)
+
+
+def test_query_mask_of_a_single_step_is_b_and_a_padded_step_gets_a_zero_context():
+    module = _modules()["additive"]
+    q = torch.randn(2, 6, dtype=torch.float64)
+    q[1] = float("nan")
+    keys = torch.randn(2, 4, 6, dtype=torch.float64)
+    context, weights = module(q, keys, query_mask=torch.tensor([True, False]))
+    c_alone, _ = module(q[:1], keys[:1])
+    torch.testing.assert_close(context[0], c_alone[0], **F64)
+    assert torch.all(context[1] == 0) and torch.all(weights[1] == 0)
+
+
+def test_query_mask_must_be_bool_of_the_query_shape_on_its_device():
+    module = ak.nn.DotAttention()
+    q, keys = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    with pytest.raises(ValueError, match=r"query_mask is \(\(2, 3\), torch.float32\); expected a bool"):
+        module(q, keys, query_mask=torch.ones(2, 3))
+    with pytest.raises(ValueError, match=r"shape \(B, Lq\) = \(2, 3\)"):
+        module(q, keys, query_mask=torch.ones(2, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"shape \(B,\) = \(2,\)"):
+        module(q[:, 0], keys, query_mask=torch.ones(2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="query_mask is on meta but query is on cpu"):
+        module(q, keys, query_mask=torch.ones(2, 3, dtype=torch.bool, device="meta"))

@@ -112,3 +112,103 @@ def test_a_temperature_that_is_not_finite_and_positive_is_named(tau):
         HardAttention(4, 4, mode="gumbel", tau=tau)
     with pytest.raises(ValueError, match="expected a finite temperature > 0"):
         gumbel_straight_through(torch.zeros(2, 3), tau=tau)
+
+
+@pytest.mark.parametrize("mode", ["soft", "reinforce", "gumbel", "argmax"])
+def test_padded_nan_and_inf_scores_and_values_equal_truncation(mode):
+    """Padded values holding NaN made every context NaN (0 * NaN), padded NaN scores raised; what a padded
+    location holds must reach neither the outputs nor the gradients."""
+    torch.manual_seed(0)
+    scores = torch.randn(3, 5, dtype=torch.float64)
+    values = torch.randn(3, 5, 2, dtype=torch.float64)
+    lengths = [5, 3, 1]
+    mask = torch.arange(5)[None, :] < torch.tensor(lengths)[:, None]
+    scores[~mask] = float("nan")
+    values[1, 3] = float("nan")
+    values[2, 1:] = float("inf")
+    scores.requires_grad_(True)
+    out = hard_attention(scores, values, mode=mode, key_mask=mask, generator=torch.Generator().manual_seed(0))
+    (out.context.sum() + out.log_prob.sum() + out.entropy.sum()).backward()
+    assert torch.isfinite(scores.grad).all() and torch.all(scores.grad[~mask] == 0)
+    for b, n in enumerate(lengths):
+        alone = hard_attention(scores.detach()[b : b + 1, :n], values[b : b + 1, :n], mode="soft")
+        torch.testing.assert_close(out.weights[b, :n], alone.weights[0])
+        torch.testing.assert_close(out.entropy[b], alone.entropy[0])
+        if mode == "soft":
+            torch.testing.assert_close(out.context[b], alone.context[0])
+        else:
+            assert out.index[b] < n
+            torch.testing.assert_close(out.context[b], values[b, out.index[b]])
+            torch.testing.assert_close(out.log_prob[b], alone.weights[0, out.index[b]].log())
+
+
+@pytest.mark.parametrize("mode", ["soft", "reinforce", "gumbel", "argmax"])
+def test_a_row_with_no_allowed_location_is_an_empty_row_like_a_fully_masked_one(mode):
+    """-inf marks a forbidden location; a row of them gave a NaN context (soft, gumbel), a context from a
+    forbidden location and a NaN log_prob (argmax) or a RuntimeError (reinforce). It is an empty row, as a
+    row with key_mask all False: zero weights, selection, context, log_prob and entropy, no NaN gradient."""
+    inf = float("inf")
+    scores = torch.tensor([[-inf, -inf, -inf], [-inf, -inf, 0.3], [0.1, 0.2, 0.3], [0.5, -inf, 0.1]])
+    mask = torch.tensor([[True] * 3, [True, True, False], [False] * 3, [True] * 3])
+    scores.requires_grad_(True)
+    values = torch.randn(4, 3, 2, requires_grad=True)
+    out = hard_attention(scores, values, mode=mode, key_mask=mask, generator=torch.Generator().manual_seed(0))
+    (out.context.sum() + out.log_prob.sum() + out.entropy.sum()).backward()
+    for row in range(3):  # rows 0 and 1 have no allowed location, row 2 no real one: all three alike
+        for t in (out.weights, out.selection, out.context):
+            assert torch.equal(t[row], torch.zeros_like(t[row]))
+        assert out.log_prob[row].item() == 0 and out.entropy[row].item() == 0
+    assert torch.isfinite(scores.grad).all() and torch.all(scores.grad[:3] == 0)
+    assert torch.isfinite(values.grad).all() and torch.all(values.grad[:3] == 0)
+    assert out.weights[3, 1] == 0 and (out.index is None or out.index[3] != 1)  # -inf is never chosen
+
+
+def test_padded_nan_keys_leave_the_module_gradients_finite():
+    """The module scores all keys: a NaN padded key gave NaN scores there and NaN parameter gradients."""
+    torch.manual_seed(0)
+    att = HardAttention(4, 3, 5, mode="soft").double()
+    q, keys = torch.randn(2, 4, dtype=torch.float64), torch.randn(2, 4, 3, dtype=torch.float64)
+    mask = torch.tensor([[True] * 4, [True, True, False, False]])
+    keys[1, 2:] = float("nan")
+    att(q, keys, key_mask=mask).context[1].sum().backward()
+    grads = [p.grad.clone() for p in att.parameters()]
+    att.zero_grad()
+    att(q[1:], keys[1:, :2]).context.sum().backward()
+    for g, p in zip(grads, att.parameters()):
+        torch.testing.assert_close(g, p.grad)
+
+
+def test_hard_attention_names_mixed_dtypes_and_zero_locations():
+    with pytest.raises(ValueError, match="scores have dtype torch.float32 but values torch.float64; cast"):
+        hard_attention(torch.randn(2, 3), torch.randn(2, 3, 4, dtype=torch.float64), mode="soft")
+    for mode in ("reinforce", "gumbel", "argmax"):
+        with pytest.raises(ValueError, match=f"mode='{mode}' chooses one of L locations.*L = 0"):
+            hard_attention(torch.randn(2, 0), torch.randn(2, 0, 4), mode=mode)
+    out = hard_attention(torch.randn(2, 0), torch.randn(2, 0, 4), mode="soft")  # all rows empty
+    assert torch.equal(out.context, torch.zeros(2, 4)) and torch.equal(out.log_prob, torch.zeros(2))
+
+
+def test_reinforce_loss_refuses_a_non_finite_baseline_and_an_empty_batch():
+    log_prob, reward = torch.zeros(3, requires_grad=True), torch.ones(3)
+    nan, inf = float("nan"), float("inf")
+    for baseline in (nan, inf, "0", torch.tensor(nan), torch.tensor([0.0, inf, 1.0])):
+        with pytest.raises(ValueError, match="baseline"):
+            reinforce_loss(log_prob, reward, baseline)
+    with pytest.raises(ValueError, match=r"baseline has shape \(2,\)"):
+        reinforce_loss(log_prob, reward, torch.zeros(2))
+    with pytest.raises(ValueError, match="empty .*skip the batch"):
+        reinforce_loss(torch.zeros(0), torch.zeros(0))
+    assert torch.isfinite(reinforce_loss(log_prob, reward, torch.ones(3)))
+
+
+def test_module_names_query_and_key_sizes_and_dtypes():
+    """A wrong query size gave "additive weights have shapes w_q=(64, 3) ..." without naming query_dim."""
+    att = HardAttention(4, 3, 8, mode="soft")
+    q, keys = torch.randn(2, 4), torch.randn(2, 5, 3)
+    with pytest.raises(ValueError, match=r"query has shape \(2, 5\); expected \(B, query_dim\) = \(B, 4\)"):
+        att(torch.randn(2, 5), keys)
+    with pytest.raises(ValueError, match=r"keys has shape \(2, 5, 4\); expected \(B, L, key_dim\) = \(2,"):
+        att(q, torch.randn(2, 5, 4))
+    with pytest.raises(ValueError, match="query has dtype torch.float64 but HardAttention's parameters are"):
+        att(q.double(), keys.double())
+    assert att(q, keys).context.shape == (2, 3)

@@ -85,3 +85,43 @@ def test_the_first_step_is_centred_on_the_first_value():
     for t in range(1, U + 1):
         _, phi, kappa = attn(torch.zeros(1, 4), values, kappa)
         assert phi.argmax().item() == t - 1 and float(phi[0, t - 1]) == pytest.approx(1.0)
+
+
+def test_padded_nan_and_inf_values_equal_truncation():
+    """phi is 0 on padded positions, but 0 * NaN made the whole window NaN; padding must not matter, for the
+    window or the gradients of the real values and of the projection."""
+    torch.manual_seed(3)
+    attn = ak.nn.GMMLocationAttention(6, 2).double()
+    q = torch.randn(2, 6, dtype=torch.float64)
+    values = torch.randn(2, 7, 3, dtype=torch.float64)
+    values[1, 4] = float("nan")
+    values[1, 5:] = float("inf")
+    values.requires_grad_(True)
+    mask = torch.arange(7)[None, :] < torch.tensor([7, 4])[:, None]
+    kappa = attn.initial_kappa(2) + 1.5
+    window, phi, _ = attn(q, values, kappa, key_mask=mask)
+    window[1].sum().backward()
+    grads = [p.grad.clone() for p in attn.parameters()]
+    attn.zero_grad()
+    alone = values.detach()[1:, :4].clone().requires_grad_(True)
+    w1, _, _ = attn(q[1:], alone, kappa[1:])
+    w1.sum().backward()
+    torch.testing.assert_close(window[1], w1[0], atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(values.grad[1, :4], alone.grad[0], atol=1e-12, rtol=1e-10)
+    assert torch.all(values.grad[1, 4:] == 0)
+    for g, p in zip(grads, attn.parameters()):
+        torch.testing.assert_close(g, p.grad, atol=1e-12, rtol=1e-10)
+
+
+def test_a_nan_kappa_is_named_as_kappa_not_as_an_overflow():
+    attn = ak.nn.GMMLocationAttention(4, 2)
+    kappa = attn.initial_kappa(2)
+    kappa[1, 0] = float("nan")
+    with pytest.raises(ValueError, match="kappa contains NaN or inf; pass the kappa returned by"):
+        attn(torch.randn(2, 4), torch.randn(2, 5, 3), kappa)
+
+
+@pytest.mark.parametrize("offset", [float("inf"), float("nan"), 0.0, -1.0, True])
+def test_init_offset_must_be_a_finite_positive_number(offset):
+    with pytest.raises(ValueError, match=r"init_offset=.*expected a finite positive number"):
+        ak.nn.GMMLocationAttention(4, 2, init_offset=offset)

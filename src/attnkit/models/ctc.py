@@ -55,16 +55,17 @@ def ctc_greedy_decode(
     log_probs: Tensor, lengths: Optional[Tensor] = None, blank_id: int = 0
 ) -> list[list[int]]:
     """Best-path decoding. ``log_probs (B, T, V)`` (or probabilities), ``lengths (B,)`` valid frames ->
-    labels."""
+    labels. ``blank_id`` is an id in ``[0, V)``."""
     if not isinstance(log_probs, Tensor) or log_probs.dim() != 3:
         raise ValueError(
             f"log_probs must be a (B, T, V) tensor, got {getattr(log_probs, 'shape', type(log_probs))}"
         )
     _check_log_probs(log_probs)
+    check_id("blank_id", blank_id, log_probs.shape[2], "V")
     B, T, _ = log_probs.shape
     if lengths is None:
         lengths = torch.full((B,), T)
-    if not isinstance(lengths, Tensor) or tuple(lengths.shape) != (B,) or lengths.is_floating_point():
+    if not isinstance(lengths, Tensor) or tuple(lengths.shape) != (B,) or not _is_integer(lengths):
         raise ValueError(
             f"lengths is {describe(lengths)}; expected an integer tensor (B,) = ({B},) of frame counts"
         )
@@ -83,10 +84,21 @@ def ctc_greedy_decode(
     return out
 
 
+def _is_integer(t: Tensor) -> bool:
+    """An integer tensor: not floating, complex or bool (``True`` would count as one)."""
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+
+
 def _check_log_probs(log_probs: Tensor) -> None:
-    """Scores to decode: floating, no NaN (a NaN frame has no best label: decoding returned nothing)."""
+    """Scores to decode: floating, at least one label (the blank), no NaN (a NaN frame has no best label:
+    decoding returned nothing)."""
     if not log_probs.dtype.is_floating_point:
         raise ValueError(f"log_probs has dtype {log_probs.dtype}; expected floating log-probabilities")
+    if log_probs.shape[-1] == 0:
+        raise ValueError(
+            f"log_probs has shape {tuple(log_probs.shape)}: V = 0 labels; expected V >= 1 (the blank and the "
+            "labels)"
+        )
     if bool(torch.isnan(log_probs).any()):
         raise ValueError("log_probs contains NaN; check the model's outputs")
 
@@ -113,8 +125,8 @@ def ctc_prefix_beam_search(log_probs: Tensor, beam_width: int = 8, blank_id: int
         raise ValueError(
             f"log_probs must be a (T, V) tensor, got {getattr(log_probs, 'shape', type(log_probs))}"
         )
-    check_id("blank_id", blank_id, log_probs.shape[1], "V")
     _check_log_probs(log_probs)
+    check_id("blank_id", blank_id, log_probs.shape[1], "V")
     lp = log_probs.double().tolist()
     beams: dict[tuple, tuple[float, float]] = {(): (0.0, -math.inf)}  # prefix -> (p_b, p_nb)
     for frame in lp:
@@ -220,7 +232,7 @@ class CTCModel(nn.Module):
         check_loss_batch(B, "src_ids")
         if not isinstance(targets, Tensor) or targets.dim() != 2 or targets.dtype != torch.long:
             raise ValueError(f"targets is {describe(targets)}; expected a LongTensor (B, S) of padded labels")
-        if not isinstance(target_lengths, Tensor) or target_lengths.is_floating_point():
+        if not isinstance(target_lengths, Tensor) or not _is_integer(target_lengths):
             raise ValueError(f"target_lengths is {describe(target_lengths)}; expected an integer tensor (B,)")
         S = targets.shape[1]
         if targets.shape[0] != B or tuple(target_lengths.shape) != (B,):

@@ -57,6 +57,22 @@ class CaptionLoss:
     baseline: float
 
 
+def check_input_dtype(images: Tensor, weight: Tensor, model: str) -> None:
+    """``images`` floating, on the device and (outside autocast) of the dtype of the model's ``weight``."""
+    if not images.is_floating_point():
+        raise ValueError(f"images have dtype {images.dtype}; expected a floating tensor (cast with .float())")
+    if images.device != weight.device:
+        raise ValueError(
+            f"images are on {images.device} but {model}'s parameters are on {weight.device}; move one with "
+            ".to(device)"
+        )
+    if images.dtype != weight.dtype and not torch.is_autocast_enabled(images.device.type):
+        raise ValueError(
+            f"images have dtype {images.dtype} but {model}'s parameters are {weight.dtype}; cast the images "
+            f"with .to({weight.dtype}) or the model with .to({images.dtype})"
+        )
+
+
 class ShowAttendTell(nn.Module):
     """Captioner with ``attention`` in ``ATTENTIONS``: ``"soft"``, ``"reinforce"`` (stochastic hard),
     ``"gumbel"`` (straight-through hard) or ``"none"`` (the mean annotation at every step, i.e. uniform
@@ -138,6 +154,7 @@ class ShowAttendTell(nn.Module):
         """``images (B, C, H, W)`` -> ``a (B, L, D)``."""
         if not isinstance(images, Tensor) or images.dim() != 4 or not images.is_floating_point():
             raise ValueError(f"images are {describe(images)}; expected a floating tensor (B, C, H, W)")
+        check_input_dtype(images, self.init_h.weight, "ShowAttendTell")
         B, C, H, W = images.shape
         if C != self.in_channels or H < 4 or W < 4:
             raise ValueError(

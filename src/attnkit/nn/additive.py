@@ -22,7 +22,7 @@ __all__ = ["AdditiveAttention"]
 class AdditiveAttention(ContentAttention):
     """``AdditiveAttention(query_dim, key_dim, hidden_dim=None, mechanism="softmax")``; ``hidden_dim``
     defaults to
-    ``key_dim``. ``forward(query, keys, values=None, key_mask=None) -> (context, weights)``.
+    ``key_dim``. ``forward(query, keys, values=None, key_mask=None, query_mask=None) -> (context, weights)``.
 
     Sizes must be positive integers; ``forward`` raises a ``ValueError`` for inputs whose feature sizes,
     dtype or device differ from the module's."""

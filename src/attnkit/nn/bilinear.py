@@ -19,7 +19,7 @@ __all__ = ["BilinearAttention"]
 
 class BilinearAttention(ContentAttention):
     """``BilinearAttention(query_dim, key_dim, mechanism="softmax")``;
-    ``forward(query, keys, values=None, key_mask=None) -> (context, weights)``.
+    ``forward(query, keys, values=None, key_mask=None, query_mask=None) -> (context, weights)``.
 
     Sizes must be positive integers; ``forward`` raises a ``ValueError`` for inputs whose feature sizes,
     dtype or device differ from the module's."""

@@ -12,9 +12,12 @@ The score ``a`` is one of ``attnkit.scores`` (additive, bilinear, dot, scaled do
 mechanism (``"softmax"`` by default, which makes every row sum to 1 over the valid keys).
 
 Shapes: ``query (B, Dq)`` (one decoder step) or ``(B, Lq, Dq)``; ``keys (B, Lk, Dk)``; ``values (B, Lk, Dv)``
-(default: the keys); ``key_mask (B, Lk)`` bool, True = real. Returns ``context (B, Dv)`` / ``(B, Lq, Dv)`` and
-``weights (B, Lk)`` / ``(B, Lq, Lk)``. Padded keys get weight exactly 0, so a padded batch gives, on its real
-keys, the result of each sequence alone; a query with no valid key gets a zero context.
+(default: the keys); ``key_mask (B, Lk)`` bool, True = real; ``query_mask`` bool of the query's leading shape,
+``(B,)`` or ``(B, Lq)``, True = real. Returns ``context (B, Dv)`` / ``(B, Lq, Dv)`` and ``weights (B, Lk)`` /
+``(B, Lq, Lk)``. Padded keys get weight exactly 0 and padded queries take no part in any normalization
+(the query-normalized mechanisms below sum over real queries only), so a padded batch gives, on its real
+queries and keys, the result of each sequence alone; whatever the padded rows hold (even NaN or inf) never
+matters. A padded query, or one with no valid key, gets zero weights and a zero context.
 
 Query-normalized mechanisms (``dnas``, ``hnas``, ``sinkhorn``) normalize over the queries passed in one call:
 with one query per call (a decoder step) they see a single query, and a decoder that passes all its steps at
@@ -62,16 +65,26 @@ class ContentAttention(nn.Module):
         return None
 
     def forward(
-        self, query: Tensor, keys: Tensor, values: Optional[Tensor] = None, key_mask: Optional[Tensor] = None
+        self,
+        query: Tensor,
+        keys: Tensor,
+        values: Optional[Tensor] = None,
+        key_mask: Optional[Tensor] = None,
+        query_mask: Optional[Tensor] = None,
     ) -> tuple[Tensor, Tensor]:
         values = keys if values is None else values
         single = _check_inputs(query, keys, values, key_mask)
+        _check_query_mask(query_mask, query)
         self._check_against_module(query, keys)
+        if single and query_mask is not None:
+            query_mask = query_mask[:, None]  # (B, 1)
+        query, keys, values = zero_padding(query, keys, values, key_mask, query_mask, single)
         q = (query[:, None] if single else query)[:, None]  # (B, 1, Lq, Dq)
         k = keys[:, None]  # (B, 1, Lk, Dk)
         scores = self.score(q, k)  # (B, 1, Lq, Lk)
+        gate = self.gate_scores(q, k)
         weights = normalize(
-            scores, self.mechanism, key_mask=key_mask, gate_scores=self.gate_scores(q, k)
+            scores, self.mechanism, key_mask=key_mask, query_mask=query_mask, gate_scores=gate
         )  # (B, 1, Lq, Lk)
         weights = weights[:, 0]  # (B, Lq, Lk)
         context = weights @ values  # (B, Lq, Dv)
@@ -146,6 +159,56 @@ def _check_inputs(query: Tensor, keys: Tensor, values: Tensor, key_mask: Optiona
             f"key_mask is on {key_mask.device} but keys are on {keys.device}; move it with .to(device)"
         )
     return query.dim() == 2
+
+
+def _check_query_mask(query_mask: Optional[Tensor], query: Tensor) -> None:
+    """``query_mask`` must be ``None`` or a bool tensor of the query's leading shape, ``(B,)`` or
+    ``(B, Lq)``."""
+    if query_mask is None:
+        return
+    want = tuple(query.shape[:-1])
+    mask = query_mask
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != want:
+        got = (
+            (tuple(query_mask.shape), query_mask.dtype)
+            if isinstance(query_mask, Tensor)
+            else type(query_mask).__name__
+        )
+        names = "(B,)" if query.dim() == 2 else "(B, Lq)"
+        raise ValueError(
+            f"query_mask is {got}; expected a bool tensor of shape {names} = {want} (the query's shape "
+            "without its feature size), True = real"
+        )
+    if query_mask.device != query.device:
+        raise ValueError(
+            f"query_mask is on {query_mask.device} but query is on {query.device}; move it with .to(device)"
+        )
+
+
+def zero_padding(
+    query: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    key_mask: Optional[Tensor],
+    query_mask: Optional[Tensor] = None,
+    single: bool = True,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Zero the padded keys, values (``key_mask (B, Lk)`` False) and queries (``query_mask`` False, ``(B, 1)``
+    for a single step ``query (B, Dq)``, else ``(B, Lq)``) so that whatever they hold never matters.
+
+    Padded pairs weigh exactly 0, but ``0 * nan = nan`` in ``weights @ values`` and a NaN score is an error:
+    a select (``torch.where``, never a multiplication) makes "padding = truncation" hold for NaN and inf too,
+    and passes zero gradients to the padded rows (and finite ones to the real rows). As in
+    ``attnkit.attention``.
+    """
+    if key_mask is not None:
+        keep = key_mask[:, :, None]  # (B, Lk, 1)
+        keys = torch.where(keep, keys, 0.0)  # (B, Lk, Dk)
+        values = torch.where(keep, values, 0.0)  # (B, Lk, Dv)
+    if query_mask is not None:
+        keep_q = query_mask if single else query_mask[:, :, None]  # (B, 1) or (B, Lq, 1)
+        query = torch.where(keep_q, query, 0.0)  # (B, Dq) or (B, Lq, Dq)
+    return query, keys, values
 
 
 def check_key_mask(key_mask: Optional[Tensor], B: int, Lk: int) -> None:

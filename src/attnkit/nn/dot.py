@@ -29,7 +29,8 @@ __all__ = ["DotAttention"]
 class DotAttention(ContentAttention):
     """``DotAttention(dim=None, scaled=False, mechanism="softmax")``: ``scaled`` divides by ``sqrt(d)``.
 
-    ``dim`` (optional) is checked against the inputs. ``forward(query, keys, values=None, key_mask=None)``.
+    ``dim`` (optional) is checked against the inputs.
+    ``forward(query, keys, values=None, key_mask=None, query_mask=None)``.
     """
 
     _supports_coda = True

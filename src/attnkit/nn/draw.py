@@ -24,7 +24,9 @@ filterbanks ``F_X (B, N, A)``, ``F_Y (B, N, Bh)``, glimpses ``(B, C, N, N)``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -35,32 +37,62 @@ __all__ = ["DRAWRead", "DRAWWindow", "draw_read", "draw_write", "filterbank", "w
 @dataclass
 class DRAWWindow:
     """The attention window in pixel units: centre ``gx, gy`` (1-based), ``stride``, ``sigma2`` (variance),
-    ``gamma`` (intensity); each ``(B,)``."""
+    ``gamma`` (intensity); each ``(B,)``. ``log_sigma2 (B,)``, when given, is what the filters are computed
+    from (``sigma2`` then only reports it): their gradient stays finite where ``sigma2`` underflows."""
 
     gx: Tensor
     gy: Tensor
     stride: Tensor
     sigma2: Tensor
     gamma: Tensor
+    log_sigma2: Optional[Tensor] = None  # known from ``window_from_params``: finite gradients
 
 
 def window_from_params(params: Tensor, width: int, height: int, N: int) -> DRAWWindow:
     """``params (B, 5)`` = ``(g~X, g~Y, log sigma^2, log delta~, log gamma)`` (eq. 21) -> window (22-24)."""
     if params.dim() != 2 or params.shape[-1] != 5:
         raise ValueError(f"params has shape {tuple(params.shape)}; expected (B, 5)")
-    if params.device.type == "cpu" and not bool(torch.isfinite(params).all()):  # no device sync per step
-        raise ValueError("params contain NaN or inf; check the state the window is computed from")
+    if not params.dtype.is_floating_point:
+        raise ValueError(
+            f"params has dtype {params.dtype}; expected a floating dtype (cast it with .float())"
+        )
+    for name, value in (("width", width), ("height", height), ("N", N)):
+        _check_size(name, value)
     gx_t, gy_t, log_s2, log_d, log_g = params.unbind(-1)
     gx = (width + 1) / 2 * (gx_t + 1)
     gy = (height + 1) / 2 * (gy_t + 1)
     stride = (max(width, height) - 1) / max(N - 1, 1) * torch.exp(log_d)
-    return DRAWWindow(gx, gy, stride, torch.exp(log_s2), torch.exp(log_g))
+    if params.device.type == "cpu":  # no device sync per step on an accelerator
+        if not bool(torch.isfinite(params).all()):
+            raise ValueError("params contain NaN or inf; check the state the window is computed from")
+        # gamma scales read and divides write: gamma and 1 / gamma must both be finite
+        limit = math.log(torch.finfo(params.dtype).max)  # 88.7 in float32, 709.8 in float64
+        if not bool((log_g.abs() <= limit).all()):
+            raise ValueError(
+                f"log gamma = {log_g.tolist()}: gamma = exp(log gamma) and 1 / gamma overflow {params.dtype} "
+                f"outside [-{limit:.1f}, {limit:.1f}]; keep log gamma in that range (e.g. clamp the layer's "
+                "output)"
+            )
+        if not bool(torch.isfinite(stride).all()):
+            raise ValueError(
+                f"log delta = {log_d.tolist()}: the stride exp(log delta) * {max(width, height) - 1} / "
+                f"{max(N - 1, 1)} overflows {params.dtype}; keep log delta smaller (e.g. clamp the layer's "
+                "output)"
+            )
+    return DRAWWindow(gx, gy, stride, torch.exp(log_s2), torch.exp(log_g), log_sigma2=log_s2)
+
+
+def _check_size(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r}; expected a positive integer")
 
 
 def filterbank(window: DRAWWindow, width: int, height: int, N: int) -> tuple[Tensor, Tensor]:
     """Filterbanks ``F_X (B, N, width)``, ``F_Y (B, N, height)`` (eqs. 19-20, 25-26); rows sum to 1."""
-    if N < 1:
+    if isinstance(N, bool) or not isinstance(N, int) or N < 1:
         raise ValueError(f"N={N!r}; expected a grid size >= 1")
+    for name, value in (("width", width), ("height", height)):
+        _check_size(name, value)
     device, dtype = window.gx.device, window.gx.dtype
     offsets = torch.arange(1, N + 1, device=device, dtype=dtype) - N / 2 - 0.5  # (N,)
     mu_x = window.gx[:, None] + offsets * window.stride[:, None]  # (B, N)
@@ -69,12 +101,20 @@ def filterbank(window: DRAWWindow, width: int, height: int, N: int) -> tuple[Ten
     b = torch.arange(1, height + 1, device=device, dtype=dtype)  # (Bh,)
     # sigma^2 that underflowed to 0 (log sigma^2 = -200) is the limit sigma -> 0: each filter on its nearest
     # pixel. The nearest squared distance is taken out of each row first (softmax does not change), so the
-    # nearest pixel's exponent is 0, not -inf - (-inf) = NaN.
-    s2 = window.sigma2.clamp_min(torch.finfo(dtype).tiny)[:, None, None]
+    # nearest pixel's exponent is 0, not -inf - (-inf) = NaN. 1 / (2 sigma^2) is 0.5 exp(-log sigma^2), not a
+    # division: the backward of d2 / (2 sigma^2) forms sigma^2 * sigma^2, which underflows to 0 (NaN
+    # gradients for log sigma^2 below -44 in float32, -355 in float64). log sigma^2 is floored at log(tiny)
+    # so that 1 / (2 sigma^2) stays finite (the floor passes no gradient; the filters are one-hot there).
+    tiny = torch.finfo(dtype).tiny
+    if window.log_sigma2 is not None:
+        log_s2 = window.log_sigma2.clamp_min(math.log(tiny))
+    else:
+        log_s2 = torch.log(window.sigma2.clamp_min(tiny))
+    inv_2s2 = (0.5 * torch.exp(-log_s2))[:, None, None]  # (B, 1, 1) = 1 / (2 sigma^2)
 
     def bank(pixels: Tensor, mu: Tensor) -> Tensor:
         d2 = (pixels - mu[..., None]) ** 2  # (B, N, pixels)
-        return torch.softmax(-(d2 - d2.amin(dim=-1, keepdim=True)) / (2 * s2), dim=-1)
+        return torch.softmax(-(d2 - d2.amin(dim=-1, keepdim=True)) * inv_2s2, dim=-1)
 
     return bank(a, mu_x), bank(b, mu_y)  # (B, N, A), (B, N, Bh)
 
@@ -87,18 +127,46 @@ def _check_image(x: Tensor, what: str = "image") -> None:
         raise ValueError(f"{what} has shape {tuple(x.shape)}; expected (B, C, H, W)")
 
 
-def _check_window(window: DRAWWindow, B: int) -> None:
-    for name in ("gx", "gy", "stride", "sigma2", "gamma"):
+def _check_window(window: DRAWWindow, x: Tensor, what: str = "image") -> None:
+    B = x.shape[0]
+    names = ["gx", "gy", "stride", "sigma2", "gamma"] + ([] if window.log_sigma2 is None else ["log_sigma2"])
+    for name in names:
         t = getattr(window, name)
         if not isinstance(t, Tensor) or tuple(t.shape) != (B,):
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"window.{name} has shape {got}; expected ({B},), one value per image")
+        if t.device != x.device:
+            raise ValueError(
+                f"window.{name} is on {t.device} but the {what} on {x.device}; move one with .to(device)"
+            )
+        if t.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise ValueError(
+                f"window.{name} has dtype {t.dtype} but the {what} {x.dtype}; cast one of them with "
+                ".to(dtype) (e.g. the module that computes the window)"
+            )
+
+
+def _check_gamma(gamma: Tensor, write: bool) -> None:
+    """``gamma`` finite and positive, and for write (which divides by it) ``1 / gamma`` finite too."""
+    if gamma.device.type != "cpu":  # no device sync per step on an accelerator
+        return
+    ok = torch.isfinite(gamma) & (gamma > 0)
+    if write:
+        ok = ok & torch.isfinite(1 / gamma)
+    if not bool(ok.all()):
+        limit = math.log(torch.finfo(gamma.dtype).max)
+        what = "write divides by gamma: gamma and 1 / gamma" if write else "gamma"
+        raise ValueError(
+            f"window.gamma = {gamma.tolist()}; {what} must be finite and positive: keep log gamma within "
+            f"[-{limit:.1f}, {limit:.1f}] for {gamma.dtype}"
+        )
 
 
 def draw_read(x: Tensor, window: DRAWWindow, N: int) -> Tensor:
     """``gamma F_Y x F_X^T`` (eq. 27): ``x (B, C, H, W)`` -> glimpse ``(B, C, N, N)``."""
     _check_image(x)
-    _check_window(window, x.shape[0])
+    _check_window(window, x)
+    _check_gamma(window.gamma, write=False)
     fx, fy = filterbank(window, x.shape[-1], x.shape[-2], N)
     glimpse = torch.einsum("bjh,bchw,biw->bcji", fy, x, fx)  # (B, C, N, N)
     return window.gamma[:, None, None, None] * glimpse
@@ -107,9 +175,12 @@ def draw_read(x: Tensor, window: DRAWWindow, N: int) -> Tensor:
 def draw_write(w: Tensor, window: DRAWWindow, width: int, height: int) -> Tensor:
     """``(1 / gamma) F_Y^T w F_X`` (eq. 29): patch ``w (B, C, N, N)`` -> image ``(B, C, height, width)``."""
     _check_image(w, "patch")
-    _check_window(window, w.shape[0])
+    _check_window(window, w, "patch")
     if w.shape[-1] != w.shape[-2]:
         raise ValueError(f"patch has shape {tuple(w.shape)}; expected a square N x N patch (B, C, N, N)")
+    for name, value in (("width", width), ("height", height)):
+        _check_size(name, value)
+    _check_gamma(window.gamma, write=True)
     N = w.shape[-1]
     fx, fy = filterbank(window, width, height, N)
     image = torch.einsum("bjh,bcji,biw->bchw", fy, w, fx)  # (B, C, H, W)
@@ -151,6 +222,13 @@ class DRAWRead(nn.Module):
         if not isinstance(h, Tensor) or h.dim() != 2 or tuple(h.shape) != (x.shape[0], state):
             got = tuple(h.shape) if isinstance(h, Tensor) else type(h).__name__
             raise ValueError(f"h has shape {got}; expected (B, state_dim) = ({x.shape[0]}, {state})")
+        weight = self.params.weight
+        for name, t in (("image", x), ("h", h)):
+            if t.dtype != weight.dtype and not torch.is_autocast_enabled(t.device.type):
+                raise ValueError(
+                    f"{name} has dtype {t.dtype} but DRAWRead's parameters are {weight.dtype}; cast the "
+                    f"inputs with .to({weight.dtype}) or the module with .to({t.dtype})"
+                )
         window = self.window(h)
         return draw_read(x, window, self.N), window
 

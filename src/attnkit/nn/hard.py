@@ -22,8 +22,13 @@ gradient); ``"reinforce"`` samples ``s`` (no gradient through the choice; train 
 forward exactly one-hot, backward through ``softmax((e + g) / tau)`` (straight-through). ``"argmax"``
 picks the most likely location (deterministic hard attention, for evaluation).
 
-Masks are boolean, True = real location. Masked locations get ``alpha = 0`` and are never sampled; a row
-with no real location returns a zero context and zero log-probability (never NaN).
+Masks are boolean, True = real location; a ``-inf`` score marks a location that may not be chosen, exactly as
+``key_mask`` False does. Masked locations get ``alpha = 0``, are never sampled, and whatever their scores and
+values hold (NaN and inf included) never reaches the output: a padded batch gives, on each row, the result of
+the row alone. A row with no allowed location (every location masked or ``-inf``) is an empty row: zero
+weights, selection, context, log-probability and entropy (never NaN), no gradient into its scores or
+values, and an arbitrary ``index``. ``"soft"`` takes ``L = 0`` (all rows empty); the modes that choose a
+location need ``L >= 1``.
 """
 
 from __future__ import annotations
@@ -75,6 +80,23 @@ def _check_tau(tau: float) -> float:
     return check_number(tau, f"tau={tau!r}", expected, low=0.0, low_open=True, sep="; ")
 
 
+def _check_key_mask(key_mask, B: int, L: int, device: torch.device) -> None:
+    """``key_mask`` is ``None`` or a bool ``(B, L)`` tensor on the scores' device."""
+    if key_mask is None:
+        return
+    if not isinstance(key_mask, Tensor):
+        raise ValueError(f"key_mask must be a bool tensor (B, L) = ({B}, {L}), got {type(key_mask).__name__}")
+    if key_mask.shape != (B, L) or key_mask.dtype != torch.bool:
+        raise ValueError(
+            f"key_mask has shape {tuple(key_mask.shape)} dtype {key_mask.dtype}; "
+            f"expected bool (B, L) = ({B}, {L})"
+        )
+    if key_mask.device != device:
+        raise ValueError(
+            f"key_mask is on {key_mask.device} but the scores on {device}; move it with .to(device)"
+        )
+
+
 def gumbel_straight_through(
     logits: Tensor, tau: float = 1.0, generator: torch.Generator | None = None
 ) -> Tensor:
@@ -114,29 +136,40 @@ def hard_attention(
         raise ValueError(
             f"scores {tuple(scores.shape)} and values {tuple(values.shape)}; expected (B, L) and (B, L, D)"
         )
-    if scores.device.type == "cpu" and bool((torch.isnan(scores) | torch.isposinf(scores)).any()):  # no sync
+    if values.device != scores.device:
         raise ValueError(
-            "scores contain NaN or +inf, which have no weight; check the score function's inputs, and mark "
-            "locations that may not be chosen with -inf or key_mask"
+            f"scores are on {scores.device} but values on {values.device}; move one with .to(device)"
+        )
+    if values.dtype != scores.dtype and not torch.is_autocast_enabled(scores.device.type):
+        raise ValueError(
+            f"scores have dtype {scores.dtype} but values {values.dtype}; cast one of them with .to(dtype)"
         )
     B, L = scores.shape
+    _check_key_mask(key_mask, B, L, scores.device)
+    if L == 0 and mode != "soft":
+        raise ValueError(
+            f"mode={mode!r} chooses one of L locations, but scores {tuple(scores.shape)} have L = 0; give at "
+            "least one location, or use mode='soft' (a zero context)"
+        )
+    if scores.device.type == "cpu":  # no device sync per step on an accelerator
+        bad = torch.isnan(scores) | torch.isposinf(scores)  # (B, L)
+        if key_mask is not None:
+            bad = bad & key_mask  # masked locations may hold anything
+        if bool(bad.any()):
+            raise ValueError(
+                "scores contain NaN or +inf, which have no weight; check the score function's inputs, and "
+                "mark locations that may not be chosen with -inf or key_mask"
+            )
+    allowed = ~torch.isneginf(scores)  # (B, L): -inf marks a location that may not be chosen
     if key_mask is not None:
-        if not isinstance(key_mask, Tensor):
-            raise ValueError(
-                f"key_mask must be a bool tensor (B, L) = ({B}, {L}), got {type(key_mask).__name__}"
-            )
-        if key_mask.shape != (B, L) or key_mask.dtype != torch.bool:
-            raise ValueError(
-                f"key_mask has shape {tuple(key_mask.shape)} dtype {key_mask.dtype}; "
-                f"expected bool (B, L) = ({B}, {L})"
-            )
-        scores = scores.masked_fill(~key_mask, float("-inf"))
-        any_real = key_mask.any(dim=-1, keepdim=True)  # (B, 1)
-        scores = torch.where(any_real, scores, torch.zeros_like(scores))  # empty rows: finite, zeroed below
+        allowed = allowed & key_mask
+    # selects, never 0 * x: what a forbidden location holds (NaN, inf) reaches neither output nor gradient
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    values = torch.where(allowed[:, :, None], values, 0.0)  # (B, L, D)
+    any_real = allowed.any(dim=-1, keepdim=True)  # (B, 1)
+    scores = torch.where(any_real, scores, torch.zeros_like(scores))  # empty rows: finite, zeroed below
     log_alpha = torch.log_softmax(scores, dim=-1)  # (B, L)
-    alpha = log_alpha.exp()
-    if key_mask is not None:
-        alpha = alpha * any_real
+    alpha = log_alpha.exp() * any_real  # (B, L)
     entropy = -(alpha * log_alpha.masked_fill(alpha == 0, 0.0)).sum(-1)  # (B,)
     if mode == "soft":
         selection, index, log_prob = alpha, None, torch.zeros_like(entropy)
@@ -153,9 +186,8 @@ def hard_attention(
                 index = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
             selection = torch.zeros_like(alpha).scatter_(-1, index[:, None], 1.0)
         log_prob = log_alpha.gather(-1, index[:, None]).squeeze(-1)  # (B,)
-        if key_mask is not None:
-            selection = selection * any_real
-            log_prob = log_prob * any_real.squeeze(-1)
+        selection = selection * any_real
+        log_prob = torch.where(any_real.squeeze(-1), log_prob, 0.0)  # (B,)
     context = torch.einsum("bl,bld->bd", selection, values)  # (B, D)
     return HardAttentionOutput(context, alpha, selection, index, log_prob, entropy)
 
@@ -171,15 +203,31 @@ def reinforce_loss(
     r"""Surrogate loss whose gradient is minus the REINFORCE estimate (Show-Attend-Tell eq. 12):
 
     ``-mean(lambda_r (R - b) log p(s) + lambda_e H)``; ``R - b`` is detached. ``log_prob (N,)`` is the sum
-    of the log-probabilities of the choices made for sample n, ``reward (N,)``, ``baseline`` a float or
-    ``(N,)``.
+    of the log-probabilities of the choices made for sample n, ``reward (N,)``, ``baseline`` a finite float or
+    ``(N,)``. An empty batch (``N = 0``) has no mean and raises a ``ValueError``, as the models' losses do.
     """
     if log_prob.shape != reward.shape:
         raise ValueError(
             f"log_prob {tuple(log_prob.shape)} and reward {tuple(reward.shape)} differ; expected (N,) each"
         )
+    if log_prob.numel() == 0:
+        raise ValueError(
+            f"log_prob and reward are empty {tuple(log_prob.shape)}; the loss is a mean over samples: "
+            "skip the batch"
+        )
     if reward.device.type == "cpu" and not bool(torch.isfinite(reward).all()):  # no device sync per step
         raise ValueError("reward contains NaN or inf; check the reward computation")
+    if isinstance(baseline, Tensor):
+        if baseline.dim() > 1 or baseline.numel() not in (1, reward.numel()):
+            raise ValueError(
+                f"baseline has shape {tuple(baseline.shape)}; expected a float, a scalar tensor or (N,) = "
+                f"({reward.numel()},)"
+            )
+        if baseline.device.type == "cpu" and not bool(torch.isfinite(baseline).all()):
+            raise ValueError("baseline contains NaN or inf; check the baseline (e.g. MovingAverageBaseline)")
+    else:
+        expected = "expected a finite number or a tensor (N,)"
+        check_number(baseline, f"baseline={baseline!r}", expected, sep="; ")
     advantage = (reward - baseline).detach()
     surrogate = reward_weight * advantage * log_prob
     if entropy is not None:
@@ -259,14 +307,50 @@ class HardAttention(nn.Module):
         mode = self.mode if mode is None else mode
         if not self.training and mode in ("reinforce", "gumbel") and not self.sample_in_eval:
             mode = "argmax"
+        self._check_inputs(query, keys)
+        values = keys if values is None else values
+        if key_mask is not None:
+            _check_key_mask(key_mask, keys.shape[0], keys.shape[1], keys.device)
+            # padded keys (even NaN) never reach the scores or their gradient
+            keys = torch.where(key_mask[:, :, None], keys, 0.0)  # (B, L, Dk)
         return hard_attention(
             self.scores(query, keys),
-            keys if values is None else values,
+            values,
             mode=mode,
             key_mask=key_mask,
             tau=self.tau,
             generator=generator,
         )
+
+    def _check_inputs(self, query: Tensor, keys: Tensor) -> None:
+        """``query (B, query_dim)`` and ``keys (B, L, key_dim)`` of the module's dtype and device."""
+        Dq, Dk = self.score.w_q.shape[1], self.score.w_k.shape[1]
+        if not isinstance(query, Tensor) or query.dim() != 2 or query.shape[1] != Dq:
+            got = tuple(query.shape) if isinstance(query, Tensor) else type(query).__name__
+            raise ValueError(
+                f"query has shape {got}; expected (B, query_dim) = (B, {Dq}), or build the module with the "
+                "query's size as query_dim"
+            )
+        if not isinstance(keys, Tensor) or keys.dim() != 3 or keys.shape[0] != query.shape[0] or (
+            keys.shape[2] != Dk
+        ):
+            got = tuple(keys.shape) if isinstance(keys, Tensor) else type(keys).__name__
+            raise ValueError(
+                f"keys has shape {got}; expected (B, L, key_dim) = ({query.shape[0]}, L, {Dk}), or build the "
+                "module with the keys' size as key_dim"
+            )
+        weight = self.score.w_q
+        for name, t in (("query", query), ("keys", keys)):
+            if t.device != weight.device:
+                raise ValueError(
+                    f"{name} is on {t.device} but HardAttention's parameters are on {weight.device}; move "
+                    "one with .to(device)"
+                )
+            if t.dtype != weight.dtype and not torch.is_autocast_enabled(t.device.type):
+                raise ValueError(
+                    f"{name} has dtype {t.dtype} but HardAttention's parameters are {weight.dtype}; cast the "
+                    f"inputs with .to({weight.dtype}) or the module with .to({t.dtype})"
+                )
 
     def extra_repr(self) -> str:
         return f"mode={self.mode}, tau={self.tau:g}"

@@ -19,11 +19,13 @@ moves forward, which suits monotonic alignments and cannot express reordering.
 
 Shapes: ``query (B, Dq)``; ``values (B, U, Dv)``; ``kappa (B, K)`` from the previous step
 (``initial_kappa(B)`` for the first); ``key_mask (B, U)`` bool, True = real. Returns ``window (B, Dv)``,
-``phi (B, U)`` (exactly 0 on padded positions, so padding = truncation) and the new ``kappa (B, K)``.
+``phi (B, U)`` (exactly 0 on padded positions, so padding = truncation, whatever the padded values hold, NaN
+and inf included) and the new ``kappa (B, K)``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -65,8 +67,14 @@ class GMMLocationAttention(nn.Module):
                 raise ValueError(f"{name}={value!r}: expected a positive integer")
         if parameterization not in PARAMETERIZATIONS:
             raise ValueError(f"parameterization={parameterization!r}: expected one of {PARAMETERIZATIONS}")
-        if not isinstance(init_offset, (int, float)) or not init_offset > 0:
-            raise ValueError(f"init_offset={init_offset!r}: expected a positive number (positions per step)")
+        if (
+            isinstance(init_offset, bool)
+            or not isinstance(init_offset, (int, float))
+            or not 0 < init_offset < math.inf
+        ):
+            raise ValueError(
+                f"init_offset={init_offset!r}: expected a finite positive number (positions per step)"
+            )
         self.num_components = num_components
         self.parameterization = parameterization
         self.init_offset = float(init_offset)
@@ -132,8 +140,18 @@ class GMMLocationAttention(nn.Module):
                 f"kappa has shape {got}; expected (B, K) = ({B}, {self.num_components}); start from "
                 f"initial_kappa(B)"
             )
+        if checked and not bool(torch.isfinite(kappa).all()):
+            raise ValueError(
+                "kappa contains NaN or inf; pass the kappa returned by the previous step (initial_kappa(B) "
+                "for the first)"
+            )
         U = values.shape[1]
         check_key_mask(key_mask, B, U)
+        if key_mask is not None and key_mask.device != values.device:
+            raise ValueError(
+                f"key_mask is on {key_mask.device} but values are on {values.device}; "
+                "move it with .to(device)"
+            )
         alpha, beta, kappa = self.parameters_from(query, kappa)  # (B, K) each
         if checked and not bool(torch.isfinite(torch.stack([alpha, beta, kappa])).all()):
             raise ValueError(
@@ -144,6 +162,8 @@ class GMMLocationAttention(nn.Module):
         phi = gmm_window_weights(alpha, beta, kappa, U)  # (B, U)
         if key_mask is not None:
             phi = phi.masked_fill(~key_mask, 0.0)
+            # a select, not 0 * value: padded values that hold NaN or inf never reach the window
+            values = torch.where(key_mask[:, :, None], values, 0.0)  # (B, U, Dv)
         window = (phi[:, None, :] @ values)[:, 0]  # (B, 1, U) @ (B, U, Dv) -> (B, Dv)
         return window, phi, kappa
 

@@ -15,7 +15,12 @@ extended by the location features (``[h_j; f_ij]`` and ``[V, U]``), so the conte
 Shapes: ``query (B, Dq)`` (one step), ``keys (B, Lk, Dk)``, ``values (B, Lk, Dv)`` (default keys),
 ``prev_weights (B, Lk)`` (``initial_weights(key_mask)`` for the first step: all mass on the first real key),
 ``key_mask (B, Lk)``. Returns ``context (B, Dv)`` and ``weights (B, Lk)``; padded keys get weight 0 and do not
-change the features of real keys, so padding = truncation.
+change the features of real keys, so padding = truncation (whatever the padded keys and values hold, NaN
+and inf included). No key (``Lk = 0``, or every key masked) gives a zero context.
+
+A decoder step has one query, so the mechanism must be row-normalized (``softmax``); the query-normalized ones
+(``dnas``, ``hnas``, ``sinkhorn``) would give uniform weights and are refused, as in
+``attnkit.models.RNNSeq2Seq``.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from torch import Tensor, nn
 from ..registry import resolve_mechanism
 from ..functional import normalize
 from ..scores import additive
-from .content import check_key_mask
+from .content import check_key_mask, zero_padding
 
 __all__ = ["MixedAttention"]
 
@@ -70,6 +75,12 @@ class MixedAttention(nn.Module):
             raise ValueError(
                 "MixedAttention cannot use mechanism 'coda'; pick softmax or another normalization"
             )
+        if self.mechanism.query_normalized:
+            raise ValueError(
+                f"mechanism={self.mechanism.name!r} normalizes over queries, but MixedAttention sees one "
+                "query per step (its weights would be uniform); use a row-normalized mechanism such as "
+                "'softmax'"
+            )
         self.conv = nn.Conv1d(1, num_filters, kernel_size, padding=kernel_size // 2, bias=False)
         self.w_q = nn.Parameter(torch.empty(hidden_dim, query_dim))
         self.w_k = nn.Parameter(torch.empty(hidden_dim, key_dim))
@@ -104,13 +115,21 @@ class MixedAttention(nn.Module):
         key_mask: Optional[Tensor] = None,
     ) -> tuple[Tensor, Tensor]:
         values = keys if values is None else values
-        if not isinstance(query, Tensor) or query.dim() != 2:
+        Dq, Dk = self.w_q.shape[1], self.w_k.shape[1]
+        if not isinstance(query, Tensor) or query.dim() != 2 or query.shape[1] != Dq:
             got = tuple(query.shape) if isinstance(query, Tensor) else type(query).__name__
-            raise ValueError(f"query has shape {got}; expected (B, Dq) (one step)")
-        if not isinstance(keys, Tensor) or keys.dim() != 3 or keys.shape[0] != query.shape[0]:
+            raise ValueError(
+                f"query has shape {got}; expected (B, query_dim) = (B, {Dq}) (one step), or build the module "
+                "with the query's size as query_dim"
+            )
+        B = query.shape[0]
+        if not isinstance(keys, Tensor) or keys.dim() != 3 or keys.shape[0] != B or keys.shape[2] != Dk:
             got = tuple(keys.shape) if isinstance(keys, Tensor) else type(keys).__name__
-            raise ValueError(f"keys has shape {got}; expected (B, Lk, Dk) with B = {query.shape[0]}")
-        B, Lk, _ = keys.shape
+            raise ValueError(
+                f"keys has shape {got}; expected (B, Lk, key_dim) = ({B}, Lk, {Dk}), or build the module "
+                "with the keys' size as key_dim"
+            )
+        Lk = keys.shape[1]
         if not isinstance(prev_weights, Tensor) or tuple(prev_weights.shape) != (B, Lk):
             got = (
                 tuple(prev_weights.shape) if isinstance(prev_weights, Tensor) else type(prev_weights).__name__
@@ -118,13 +137,26 @@ class MixedAttention(nn.Module):
             raise ValueError(
                 f"prev_weights has shape {got}; expected (B, Lk) = ({B}, {Lk}); see initial_weights"
             )
-        if values.dim() != 3 or tuple(values.shape[:2]) != (B, Lk):
-            raise ValueError(
-                f"values has shape {tuple(values.shape)}; expected (B, Lk, Dv) = ({B}, {Lk}, Dv)"
-            )
+        if not isinstance(values, Tensor) or values.dim() != 3 or tuple(values.shape[:2]) != (B, Lk):
+            got = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
+            raise ValueError(f"values has shape {got}; expected (B, Lk, Dv) = ({B}, {Lk}, Dv)")
+        self._check_dtypes_and_devices(query, keys, values, prev_weights)
         check_key_mask(key_mask, B, Lk)
         if key_mask is not None:
+            if key_mask.device != keys.device:
+                raise ValueError(
+                    f"key_mask is on {key_mask.device} but keys are on {keys.device}; "
+                    "move it with .to(device)"
+                )
             prev_weights = prev_weights.masked_fill(~key_mask, 0.0)
+            query, keys, values = zero_padding(query, keys, values, key_mask)  # NaN in padding never matters
+        if prev_weights.device.type == "cpu" and not bool(torch.isfinite(prev_weights).all()):  # no GPU sync
+            raise ValueError(
+                "prev_weights contains NaN or inf on a real key; pass the weights of the previous step "
+                "(initial_weights(key_mask) for the first)"
+            )
+        if Lk == 0:  # nothing to attend to: a zero context, as ContentAttention gives
+            return values.new_zeros(B, values.shape[2]), values.new_zeros(B, 0)
         features = self.conv(prev_weights[:, None, :].to(keys.dtype)).transpose(1, 2)  # (B, Lk, F)
         extended = torch.cat([keys, features], dim=-1)[:, None]  # (B, 1, Lk, Dk + F)
         w_kf = torch.cat([self.w_k, self.w_f], dim=1)  # (A, Dk + F)
@@ -134,6 +166,27 @@ class MixedAttention(nn.Module):
         weights = normalize(scores, self.mechanism, key_mask=key_mask)[:, 0, 0]  # (B, Lk)
         context = (weights[:, None, :] @ values)[:, 0]  # (B, Dv)
         return context, weights
+
+    def _check_dtypes_and_devices(self, query: Tensor, keys: Tensor, values: Tensor, prev: Tensor) -> None:
+        weight = self.w_q
+        for name, t in (("query", query), ("keys", keys), ("values", values), ("prev_weights", prev)):
+            if not t.dtype.is_floating_point:
+                raise ValueError(
+                    f"{name} has dtype {t.dtype}; expected a floating dtype (cast it with .float())"
+                )
+            if t.device != weight.device:
+                raise ValueError(
+                    f"{name} is on {t.device} but MixedAttention's parameters are on {weight.device}; "
+                    "move one with .to(device)"
+                )
+        if torch.is_autocast_enabled(query.device.type):  # mixed dtypes are autocast's to reconcile
+            return
+        for name, t in (("query", query), ("keys", keys), ("values", values)):
+            if t.dtype != weight.dtype:
+                raise ValueError(
+                    f"{name} has dtype {t.dtype} but MixedAttention's parameters are {weight.dtype}; cast "
+                    f"the inputs with .to({weight.dtype}) or the module with .to({t.dtype})"
+                )
 
     def extra_repr(self) -> str:
         return (
