@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from ..nn.hard import HardAttention, MovingAverageBaseline, hard_attention, reinforce_loss
 from ..validators import check_number
+from ..nn.module_utils import check_like_parameters
 from .building_blocks import check_loss_batch, check_positive_int, check_token_ids, describe
 
 __all__ = ["ATTENTIONS", "CaptionLoss", "ShowAttendTell"]
@@ -61,16 +62,7 @@ def check_input_dtype(images: Tensor, weight: Tensor, model: str) -> None:
     """``images`` floating, on the device and (outside autocast) of the dtype of the model's ``weight``."""
     if not images.is_floating_point():
         raise ValueError(f"images have dtype {images.dtype}; expected a floating tensor (cast with .float())")
-    if images.device != weight.device:
-        raise ValueError(
-            f"images are on {images.device} but {model}'s parameters are on {weight.device}; move one with "
-            ".to(device)"
-        )
-    if images.dtype != weight.dtype and not torch.is_autocast_enabled(images.device.type):
-        raise ValueError(
-            f"images have dtype {images.dtype} but {model}'s parameters are {weight.dtype}; cast the images "
-            f"with .to({weight.dtype}) or the model with .to({images.dtype})"
-        )
+    check_like_parameters(images, weight, "images", model, plural=True, cast="the images", holder="model")
 
 
 class ShowAttendTell(nn.Module):

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from ..registry import resolve_mechanism
 from ..functional import normalize
 from ..validators import check_int
+from .module_utils import check_like_parameters
 
 __all__ = ["ContentAttention"]
 
@@ -103,18 +104,8 @@ class ContentAttention(nn.Module):
                 f"(B, Lk, {k_dim}), or build the module with query_dim={Dq}, key_dim={Dk}"
             )
         weight = next(self.parameters(), None)
-        if weight is None:
-            return
-        if query.device != weight.device:
-            raise ValueError(
-                f"the inputs are on {query.device} but {name}'s parameters are on {weight.device}; move one "
-                "with .to(device)"
-            )
-        if query.dtype != weight.dtype and not torch.is_autocast_enabled(query.device.type):
-            raise ValueError(
-                f"the inputs have dtype {query.dtype} but {name}'s parameters are {weight.dtype}; cast the "
-                f"inputs with .to({weight.dtype}) or the module with .to({query.dtype})"
-            )
+        if weight is not None:
+            check_like_parameters(query, weight, "the inputs", name, plural=True)
 
     def extra_repr(self) -> str:
         return f"mechanism={self.mechanism.name}"

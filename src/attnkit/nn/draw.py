@@ -31,6 +31,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from .module_utils import check_like_parameters, check_same_device_dtype
+
 __all__ = ["DRAWRead", "DRAWWindow", "draw_read", "draw_write", "filterbank", "window_from_params"]
 
 
@@ -135,15 +137,8 @@ def _check_window(window: DRAWWindow, x: Tensor, what: str = "image") -> None:
         if not isinstance(t, Tensor) or tuple(t.shape) != (B,):
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"window.{name} has shape {got}; expected ({B},), one value per image")
-        if t.device != x.device:
-            raise ValueError(
-                f"window.{name} is on {t.device} but the {what} on {x.device}; move one with .to(device)"
-            )
-        if t.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
-            raise ValueError(
-                f"window.{name} has dtype {t.dtype} but the {what} {x.dtype}; cast one of them with "
-                ".to(dtype) (e.g. the module that computes the window)"
-            )
+        check_same_device_dtype(t, f"window.{name}", x, f"the {what}",
+                                hint=" (e.g. the module that computes the window)")
 
 
 def _check_gamma(gamma: Tensor, write: bool) -> None:
@@ -222,13 +217,8 @@ class DRAWRead(nn.Module):
         if not isinstance(h, Tensor) or h.dim() != 2 or tuple(h.shape) != (x.shape[0], state):
             got = tuple(h.shape) if isinstance(h, Tensor) else type(h).__name__
             raise ValueError(f"h has shape {got}; expected (B, state_dim) = ({x.shape[0]}, {state})")
-        weight = self.params.weight
         for name, t in (("image", x), ("h", h)):
-            if t.dtype != weight.dtype and not torch.is_autocast_enabled(t.device.type):
-                raise ValueError(
-                    f"{name} has dtype {t.dtype} but DRAWRead's parameters are {weight.dtype}; cast the "
-                    f"inputs with .to({weight.dtype}) or the module with .to({t.dtype})"
-                )
+            check_like_parameters(t, self.params.weight, name, "DRAWRead")
         window = self.window(h)
         return draw_read(x, window, self.N), window
 

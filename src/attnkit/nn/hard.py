@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from ..scores import AdditiveScore
 from ..validators import check_number
-from .module_utils import flag
+from .module_utils import check_like_parameters, check_same_device_dtype, flag
 
 __all__ = [
     "HARD_MODES",
@@ -136,14 +136,7 @@ def hard_attention(
         raise ValueError(
             f"scores {tuple(scores.shape)} and values {tuple(values.shape)}; expected (B, L) and (B, L, D)"
         )
-    if values.device != scores.device:
-        raise ValueError(
-            f"scores are on {scores.device} but values on {values.device}; move one with .to(device)"
-        )
-    if values.dtype != scores.dtype and not torch.is_autocast_enabled(scores.device.type):
-        raise ValueError(
-            f"scores have dtype {scores.dtype} but values {values.dtype}; cast one of them with .to(dtype)"
-        )
+    check_same_device_dtype(scores, "scores", values, "values", plural=True)
     B, L = scores.shape
     _check_key_mask(key_mask, B, L, scores.device)
     if L == 0 and mode != "soft":
@@ -339,18 +332,8 @@ class HardAttention(nn.Module):
                 f"keys has shape {got}; expected (B, L, key_dim) = ({query.shape[0]}, L, {Dk}), or build the "
                 "module with the keys' size as key_dim"
             )
-        weight = self.score.w_q
         for name, t in (("query", query), ("keys", keys)):
-            if t.device != weight.device:
-                raise ValueError(
-                    f"{name} is on {t.device} but HardAttention's parameters are on {weight.device}; move "
-                    "one with .to(device)"
-                )
-            if t.dtype != weight.dtype and not torch.is_autocast_enabled(t.device.type):
-                raise ValueError(
-                    f"{name} has dtype {t.dtype} but HardAttention's parameters are {weight.dtype}; cast the "
-                    f"inputs with .to({weight.dtype}) or the module with .to({t.dtype})"
-                )
+            check_like_parameters(t, self.score.w_q, name, "HardAttention")
 
     def extra_repr(self) -> str:
         return f"mode={self.mode}, tau={self.tau:g}"

@@ -34,6 +34,8 @@ __all__ = [
     "append_columns",
     "positive_int",
     "flag",
+    "check_like_parameters",
+    "check_same_device_dtype",
 ]
 
 
@@ -164,3 +166,36 @@ def flag(value: Any, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name}={value!r}; expected True or False")
     return bool(value)
+
+
+def check_like_parameters(
+    t: Tensor, weight: Tensor, what: str, owner: str, *, plural: bool = False, cast: str = "the inputs",
+    holder: str = "module",
+) -> None:
+    """``t`` (named ``what``) on the device of ``owner``'s parameter ``weight`` and, outside autocast, of its
+    dtype; else a ``ValueError`` naming both and the fix (a mismatch failed inside torch's matmul)."""
+    is_, has = ("are", "have") if plural else ("is", "has")
+    if t.device != weight.device:
+        raise ValueError(
+            f"{what} {is_} on {t.device} but {owner}'s parameters are on {weight.device}; move one with "
+            ".to(device)"
+        )
+    if t.dtype != weight.dtype and not torch.is_autocast_enabled(t.device.type):
+        raise ValueError(
+            f"{what} {has} dtype {t.dtype} but {owner}'s parameters are {weight.dtype}; cast {cast} with "
+            f".to({weight.dtype}) or the {holder} with .to({t.dtype})"
+        )
+
+
+def check_same_device_dtype(a: Tensor, a_what: str, b: Tensor, b_what: str, *, plural: bool = False,
+                            hint: str = "") -> None:
+    """Two inputs (``a`` named ``a_what``, ``b``) on one device and, outside autocast, of one dtype."""
+    is_, has = ("are", "have") if plural else ("is", "has")
+    if a.device != b.device:
+        raise ValueError(
+            f"{a_what} {is_} on {a.device} but {b_what} on {b.device}; move one with .to(device)"
+        )
+    if a.dtype != b.dtype and not torch.is_autocast_enabled(b.device.type):
+        raise ValueError(
+            f"{a_what} {has} dtype {a.dtype} but {b_what} {b.dtype}; cast one of them with .to(dtype){hint}"
+        )
