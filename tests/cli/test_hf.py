@@ -228,6 +228,17 @@ def test_finetune_under_accelerate_launch_two_processes(tiny_bert, fixture_datas
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["processes"] == 2 and metrics["train_steps"] == 2 and metrics["num_test"] == len(TEST)
+    # one process with the same global batch: the Trainer multiplied each process's mean loss by the number
+    # of processes (train_loss, and the gradients, twice one process's)
+    one = tmp_path / "one"
+    single = [*cmd[cmd.index("attnkit.cli") + 1:]]
+    single[single.index("--batch-size") + 1] = "4"
+    single[single.index("--out") + 1] = str(one)
+    proc = subprocess.run([sys.executable, "-m", "attnkit.cli", *single], capture_output=True, text=True,
+                          timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ratio = metrics["train_loss"] / json.loads((one / "metrics.json").read_text())["train_loss"]
+    assert 0.75 < ratio < 1.33, ratio
 
 
 @pytest.mark.parametrize("command,args,needle", [

@@ -399,6 +399,10 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
             dataloader_num_workers=0,
             use_cpu=not torch.cuda.is_available(),
             ddp_find_unused_parameters=False,  # so that several CPU processes form a gloo process group
+            # the classifiers' losses are per-process means (they ignore num_items_in_batch): the Trainer's
+            # default multiplied them by the number of processes (loss and gradients N times too large, and
+            # an alignment weight divided by N)
+            average_tokens_across_devices=False,
             disable_tqdm=False,
         )
         timer = _step_timer()
