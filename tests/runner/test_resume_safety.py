@@ -297,3 +297,14 @@ def test_a_resumed_run_counts_as_the_share_it_trained_in_the_time_estimate(inter
                                                                            original(self, seconds, share)))
     run_compare(build_config(tiny_overrides(data, out, resume=True, **COMMON)))
     assert shares == [pytest.approx(2 / 6)]  # steps 5 and 6 of 6, from the checkpoint of step 4
+
+
+def test_each_process_of_a_run_draws_from_its_own_stream():
+    """All processes of a run drew the same dropout masks (one seed for all) for their different shares of
+    the batch; their streams are now distinct, and none is another run's (seed + rank would be)."""
+    from attnkit.runner.train import rank_seed
+
+    seeds = [rank_seed(s, r) for s in range(5) for r in range(4)]
+    assert len(set(seeds)) == len(seeds) and all(0 <= x < 2**32 for x in seeds)
+    assert not set(seeds) & set(range(10))
+    assert rank_seed(2**32 - 1, 3) < 2**32

@@ -4,7 +4,11 @@ The same code runs in one CPU process (``attnkit compare``) and in many processe
 (``accelerate launch -m attnkit.cli compare ...``): every process sees the same deterministic batch order
 (a permutation of the training set per epoch, seeded by the run seed and the epoch) and takes its share
 of each global batch; the loss is normalized by the size of the *global* batch, so the averaged gradient
-is the same as one process would compute on the whole batch.
+is the same as one process would compute on the whole batch. The random draws of training (dropout,
+attention dropout) differ: every process starts from the run seed for the model's initialisation (the same
+on all of them), then draws from a stream of its own (``rank_seed``), so with dropout N processes give
+different, equally valid, results than one (without dropout the same, up to float rounding); one process
+keeps the run seed's stream.
 
 Checkpoints (every ``checkpoint_every`` steps) hold the model, optimizer and scheduler states (``state.pt``,
 tensors and numbers only, read back with ``weights_only=True``), the step, the metrics history and the timing
@@ -20,6 +24,7 @@ import math
 import os
 import random
 import shutil
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +55,12 @@ class RunResult:
     @property
     def metrics(self) -> dict:
         return self.record["metrics"]
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of process ``rank``'s random stream in a run of several processes: distinct per rank, and
+    not the next run's seed as ``seed + rank`` would be (rank 1 of seed 0 drawing seed 1's stream)."""
+    return (seed * 1_000_003 + 7919 * (rank + 1)) % 2**32
 
 
 def batch_indices(step: int, n_train: int, batch_size: int, seed: int) -> Tensor:
@@ -287,11 +298,11 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=N
 
 
 def _spread(times: list) -> Optional[dict]:
-    """``{"min", "median", "max"}`` seconds per optimizer step within one run."""
+    """``{"min", "median", "max"}`` seconds per optimizer step within one run (the median of an even count
+    is the mean of the two middle steps)."""
     if not times:
         return None
-    ordered = sorted(times)
-    return {"min": ordered[0], "median": ordered[len(ordered) // 2], "max": ordered[-1]}
+    return {"min": min(times), "median": statistics.median(times), "max": max(times)}
 
 
 def _schedule(warmup: int, total: int) -> Callable[[int], float]:
@@ -415,8 +426,10 @@ def train_run(
         "world_size": world, "mechanism": mechanism, "seed": seed,
     }
     checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is not None:
+    if checkpoint is not None:  # restores every process's RNG states
         trainer = _load_checkpoint(accelerator, checkpoint, model, optimizer, scheduler, reg)
+    elif world > 1:  # each process its own dropout masks (all drew the same ones for their shares)
+        set_seed(rank_seed(seed, rank))
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
 
