@@ -245,3 +245,69 @@ def test_load_bertviz_takes_the_folder_that_show_wrote(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="holds no attention.safetensors"):
         load_bertviz(tmp_path / "empty")
+
+
+def test_tokens_with_dollar_signs_are_drawn_as_written(monkeypatch):
+    """A token pair such as "$5 ... $10" was read as math (and "$x^$" made the page fail)."""
+    from attnkit.analysis.attention_view import AttentionView
+    from tests.runner._figures import assert_drawn_as_written, record_figures
+
+    figures = record_figures(monkeypatch)
+    tokens = ["$x^$", "cost", "$5", "to", "$10"]
+    view = AttentionView(text=" ".join(tokens), tokens=tokens, source="test")
+    view.weights["softmax"] = [torch.full((1, 5, 5), 0.2)]
+    page = render_view_html(view)
+    assert len(_images(page)) == 1 and "<code>$x^$</code>" in page
+    assert_drawn_as_written(figures, tokens)
+
+
+def test_show_says_when_the_text_is_cut_and_counts_the_layers_drawn(tmp_path, capsys):
+    """A text longer than the run's max_len was drawn cut to max_len tokens without a word, and
+    ``--layers 0`` of a two-layer model printed "x 2 layer(s)"."""
+    from attnkit.runner import build_config, run_compare
+    from tests.runner._fixtures import tiny_overrides, write_classification_file
+
+    data = write_classification_file(tmp_path / "topics.json")
+    run = tmp_path / "run"  # max_len 16
+    run_compare(build_config(tiny_overrides(data, run, mechanisms="softmax", num_layers=2, steps=2,
+                                            eval_every=2, checkpoint_every=2)))
+    text = " ".join(["goal", "bank"] * 10)  # 20 tokens
+    view = view_from_run(run, text)
+    assert len(view.tokens) == 16 and view.text_tokens == 20
+    main(["show", str(run), "--text", text, "--layers", "0", "--out", str(tmp_path / "view")])
+    out = capsys.readouterr().out
+    assert "1 mechanism(s) x 1 of 2 layer(s) over 16 tokens" in out
+    assert "only the first 16 of 20 tokens are shown: the run's models read at most max_len = 16" in out
+    page = (tmp_path / "view" / "attention.html").read_text(encoding="utf-8")
+    assert "Only the first 16 of 20 tokens are shown: the run&#x27;s models read at most max_len = 16" in page
+    assert len(_images(page)) == 1
+    main(["show", str(run), "--text", "goal bank", "--out", str(tmp_path / "short")])
+    out = capsys.readouterr().out
+    assert "1 mechanism(s) x 2 layer(s) over 2 tokens" in out and "note" not in out
+    assert "Only the first" not in (tmp_path / "short" / "attention.html").read_text(encoding="utf-8")
+
+
+def test_show_page_wraps_a_long_token_at_a_narrow_width():
+    """A 300-character token in the "Text:" line ran past the right edge of a 400 px window."""
+    from attnkit.analysis.attention_view import AttentionView
+
+    view = AttentionView(text="x" * 300, tokens=["x" * 300], source="test")
+    view.weights["softmax"] = [torch.ones((1, 1, 1))]
+    page = render_view_html(view)
+    style = re.search(r"<style>(.*?)</style>", page, re.S).group(1)
+    body = re.search(r"body\{([^}]*)\}", style).group(1)
+    assert "overflow-wrap:break-word" in body and "padding:0 1em" in body
+
+
+def test_hf_view_says_when_the_text_is_cut_to_the_models_positions(tiny_bert):
+    """A text longer than the model's 32 positions failed inside the model; it is cut, and the view says
+    so."""
+    from attnkit.analysis.attention_view import view_from_hf
+
+    view = view_from_hf(tiny_bert, " ".join(["bank"] * 40), mechanisms=["softmax"])
+    assert len(view.tokens) == 32 and view.text_tokens == 42  # [CLS] + 40 + [SEP]
+    assert view.truncation_note == ("only the first 32 of 42 tokens are shown: the model has 32 positions "
+                                    "(max_position_embeddings)")
+    assert view.weights["softmax"][0].shape == (2, 32, 32)
+    assert "Only the first 32 of 42 tokens" in render_view_html(view)
+    assert view_from_hf(tiny_bert, TEXT, mechanisms=["softmax"]).truncation_note == ""

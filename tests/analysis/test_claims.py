@@ -226,3 +226,69 @@ def test_rows_that_add_their_own_columns_are_printed_and_written_whole(tmp_path,
     rows = [{"a": 1}, {"b": 2, "a": 3}]
     assert table_columns(rows) == ["a", "b"]
     assert write_csv(tmp_path / "t.csv", rows).read_text().splitlines() == ["a,b", "1,", "3,2"]
+
+
+def _ascii_locale(monkeypatch):
+    """Files opened without an encoding get the locale's: make it ASCII (LC_ALL=C without UTF-8 mode)."""
+    import io
+
+    real = io.text_encoding
+    monkeypatch.setattr(io, "text_encoding", lambda encoding, stacklevel=2: real(encoding or "ascii"))
+
+
+def test_fidelity_page_markdown_and_csv_are_utf8_whatever_the_locale(tmp_path, monkeypatch):
+    """Under LC_ALL=C, `reproduce all` failed at its very end with UnicodeEncodeError on "±"."""
+    from attnkit.analysis.report import write_csv
+
+    def unicode_target(result: ReproduceResult, quick: bool, seed: int) -> None:
+        result.rows.append({"mechanism": "softmax", "Σ_i π_ij": "0.5 ± 0.1"})
+        result.claims.append(Claim("Fig. 1 (π)", "weights sum to 1 ± 1e-6", True, "max |Σ − 1| = 0",
+                                   paper="1 ± 0", ours="1 ± 0"))
+
+    monkeypatch.setitem(reproduce_module.TARGETS, "unicode", unicode_target)
+    _ascii_locale(monkeypatch)
+    results, page = reproduce_all(tmp_path / "u", targets=["unicode"])
+    assert "weights sum to 1 ± 1e-6" in page.read_bytes().decode("utf-8")
+    assert "| 1 ± 0 |" in (tmp_path / "u" / "fidelity.md").read_bytes().decode("utf-8")
+    assert "Σ_i π_ij" in json.loads((tmp_path / "u" / "unicode" / "summary.json").read_bytes())["rows"][0]
+    table = write_csv(tmp_path / "u" / "table.csv", results[0].rows)
+    assert "0.5 ± 0.1" in table.read_bytes().decode("utf-8")
+
+
+def test_not_applicable_cells_are_a_dash_on_the_page_and_nan_in_the_csv(tmp_path, monkeypatch):
+    """The fidelity page showed "nan" where the terminal table shows "-"; a rebuilt page did too."""
+    import math
+
+    from attnkit.analysis.fidelity import rebuild_fidelity
+    from attnkit.analysis.report import format_value, write_csv
+
+    def with_nan(result: ReproduceResult, quick: bool, seed: int) -> None:
+        result.rows.append({"mechanism": "softmax", "u": math.nan, "loss": 0.25})
+        result.claims.append(Claim("s", "t", True, "e"))
+        result.add_file(write_csv(result.out / "table.csv", result.rows))
+
+    monkeypatch.setitem(reproduce_module.TARGETS, "with-nan", with_nan)
+    assert format_value(math.nan) == "-" and format_value(0.25) == "0.25" and format_value(math.inf) == "inf"
+    _, page = reproduce_all(tmp_path / "n", targets=["with-nan"])
+    assert "<td>softmax</td><td>-</td><td>0.25</td>" in page.read_text(encoding="utf-8")
+    assert "<td>nan</td>" not in page.read_text(encoding="utf-8")
+    page.unlink()
+    rebuilt = rebuild_fidelity(tmp_path / "n", quick=False).read_text(encoding="utf-8")
+    assert "<td>softmax</td><td>-</td><td>0.25</td>" in rebuilt and "<td>nan</td>" not in rebuilt
+    assert (tmp_path / "n" / "with-nan" / "table.csv").read_text().splitlines()[1] == "softmax,nan,0.25"
+
+
+def test_fidelity_tables_scroll_inside_the_page_on_a_narrow_window(tmp_path, constructed_targets):
+    """At 400 px the claims tables ran past the right edge: no scrolling box, no side padding."""
+    import re
+
+    from attnkit.analysis.fidelity import _STYLE
+
+    _, page = reproduce_all(tmp_path / "all", targets=["constructed-fail", "constructed-pass"])
+    text = page.read_text(encoding="utf-8")
+    tables = text.count("<table")
+    assert tables == 4 and text.count("<div class='wide'><table") == tables  # claims, budgets, two targets
+    assert text.count("</table></div>") == tables
+    wide = re.search(r"\.wide \{([^}]*)\}", _STYLE).group(1)
+    body = re.search(r"body \{([^}]*)\}", _STYLE).group(1)
+    assert "overflow-x: auto" in wide and "padding: 0 1em" in body and "overflow-wrap: break-word" in body

@@ -61,3 +61,35 @@ def test_series_colors_are_distinct_with_baseline_and_alignment_runs():
     assert set(colors) == set(names)
     assert len(set(colors.values())) == len(names)  # no two series share a colour
     assert colors["none"] == BASELINE_COLOR and colors["softmax"] == MECHANISM_COLORS["softmax"]
+
+
+def test_lemma1_axis_reaches_the_largest_value(tmp_path, monkeypatch):
+    """The x axis stopped at 10 while the values reached 23.3: every bar past 10 ran to the edge alike."""
+    from attnkit.analysis.plots import plot_lemma1
+    from tests.runner._figures import record_figures
+
+    figures = record_figures(monkeypatch)
+    rows = [{"case": "a", "mechanism": "dnas", "min_normalized": 23.3},
+            {"case": "b", "mechanism": "dnas", "min_normalized": 1.0},
+            {"case": "a", "mechanism": "softmax", "min_normalized": 0.0},
+            {"case": "b", "mechanism": "softmax", "min_normalized": 5e4}]  # clipped at 1e3
+    plot_lemma1(rows, tmp_path / "l1.png")
+    (ax,) = figures[0].axes
+    low, high = ax.get_xlim()
+    assert low == pytest.approx(1e-12) and high > 1e3  # the clipped bar ends inside the axis too
+    assert "above 1000 at 1000" in ax.get_xlabel() and "below 1e-12 drawn at 1e-12" in ax.get_xlabel()
+    plot_lemma1(rows[:3], tmp_path / "l2.png")
+    assert 23.3 < figures[1].axes[0].get_xlim()[1] < 100
+
+
+def test_plot_text_with_dollar_signs_is_drawn_as_written(tmp_path, monkeypatch):
+    """Text between two ``$`` was read as math: "cost $5 to $10" drawn as "cost 5to10", "$x^$" an error."""
+    from attnkit.analysis.plots import plot_coda_histograms, plot_lemma1
+    from tests.runner._figures import assert_drawn_as_written, record_figures
+
+    figures = record_figures(monkeypatch)
+    rows = [{"case": "$x^$", "mechanism": "dnas", "min_normalized": 1.5},
+            {"case": "cost $5 to $10", "mechanism": "dnas", "min_normalized": 2.0}]
+    plot_lemma1(rows, tmp_path / "l1.png", title="Lemma 1 at $5")
+    plot_coda_histograms({"$a$ and $b$": np.zeros(4)}, tmp_path / "coda.png", title="$x^$")
+    assert_drawn_as_written(figures, ["$x^$", "cost $5 to $10", "Lemma 1 at $5", "$a$ and $b$"])

@@ -131,3 +131,20 @@ def test_report_table_lists_every_hybrid_weight():
     header, rows = table_rows([_record("hnas", [[0.5, 0.47], [0.49, 0.48]])], ("accuracy",), detail=True)
     assert header[-1] == "final hybrid u (mean)"
     assert rows[0][-1] == "0.485  [0.50, 0.47; 0.49, 0.48]"
+
+
+def test_median_step_time_is_the_middle_of_the_steps(tmp_path):
+    """The "median" step time was the upper middle value: with two steps it equalled the slower one."""
+    from attnkit.runner import build_config, run_compare
+    from attnkit.runner.train import _spread
+    from tests.runner._fixtures import tiny_overrides, write_classification_file
+
+    assert _spread([0.1, 0.3]) == {"min": 0.1, "median": pytest.approx(0.2), "max": 0.3}
+    assert _spread([0.4, 0.1, 0.3, 0.2])["median"] == pytest.approx(0.25)
+    assert _spread([0.3, 0.1, 0.2])["median"] == 0.2 and _spread([]) is None
+    data = write_classification_file(tmp_path / "topics.json")
+    result = run_compare(build_config(tiny_overrides(data, tmp_path / "run", mechanisms="softmax", steps=2,
+                                                     eval_every=2, checkpoint_every=2)))
+    times = result.runs[0]["step_times_s"]
+    assert times["min"] < times["max"] and times["median"] == pytest.approx((times["min"] + times["max"]) / 2)
+    assert result.records[0]["step_time_median_s"] == pytest.approx(times["median"])

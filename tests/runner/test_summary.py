@@ -126,3 +126,30 @@ def test_time_left_scales_a_resumed_run_to_a_whole_one(monkeypatch):
     assert clock.line(2, "dnas", 0, finished=False).endswith("(elapsed 30s; about 2m00s left)")  # 3 runs
     clock.add(40.0)
     assert clock.line(3, "dnas", 1, finished=False).endswith("about 1m20s left)")  # 50 s / 1.25 runs x 2
+
+
+def test_class_labels_with_dollar_signs_are_drawn_as_written(tmp_path, monkeypatch):
+    """A label pair of ``$`` was read as math: "$x^$" made compare fail after training (no report.html) and
+    "cost $5 to $10" was drawn as "cost 5to10"."""
+    from tests.runner._figures import assert_drawn_as_written, record_figures
+
+    labels = ["$x^$", "cost $5 to $10"]
+    rows = [{"text": f"goal {i}" if i % 2 else f"vote {i}", "label": labels[i % 2]} for i in range(20)]
+    data = tmp_path / "dollar.json"
+    data.write_text(json.dumps({"kind": "classification", "train": rows, "test": rows[:6]}))
+    figures = record_figures(monkeypatch)
+    result = run_compare(build_config(tiny_overrides(data, tmp_path / "run", mechanisms="softmax", steps=2,
+                                                     batch_size=4, eval_every=2, checkpoint_every=2)))
+    page = result.files["html"].read_text(encoding="utf-8")
+    assert 'alt="confusion_matrices"' in page and "cost $5 to $10" in page
+    assert_drawn_as_written(figures, labels)
+
+
+def test_report_heading_wraps_a_long_task_path():
+    """The <h1> with a long --task path ran past the right edge of a 400 px window."""
+    import re
+
+    from attnkit.runner.report_extras import CSS
+
+    body = re.search(r"body\{([^}]*)\}", CSS).group(1)
+    assert "overflow-wrap:break-word" in body and "padding:0 1em" in body and "box-sizing:border-box" in body

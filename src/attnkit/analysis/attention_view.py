@@ -37,20 +37,24 @@ from torch import Tensor
 from .._files import match_umask
 
 __all__ = ["AttentionView", "record_attention", "view_from_run", "view_from_hf", "render_view_html",
-           "write_bertviz", "load_bertviz"]
+           "selected_layers", "write_bertviz", "load_bertviz"]
 
 
 @dataclass
 class AttentionView:
     """``weights[mechanism]``: one ``(H, L, L)`` tensor per attention layer; ``hybrid_u[mechanism]``:
-    ``(layers, H)`` for HNAS (else absent); ``tokens``: the ``L`` token strings; ``source``: what was
-    loaded."""
+    ``(layers, H)`` for HNAS (else absent); ``tokens``: the ``L`` token strings the model read; ``source``:
+    what was loaded. ``text_tokens``: the tokens of the whole text (0: as many as ``tokens``), more than ``L``
+    when the model reads at most ``token_limit`` tokens and the text was cut; ``limit_reason`` says why."""
 
     text: str
     tokens: list[str]
     weights: dict[str, list[Tensor]] = field(default_factory=dict)
     hybrid_u: dict[str, list[list[float]]] = field(default_factory=dict)
     source: str = ""
+    text_tokens: int = 0
+    token_limit: Optional[int] = None
+    limit_reason: str = ""
 
     @property
     def mechanisms(self) -> list[str]:
@@ -59,6 +63,15 @@ class AttentionView:
     @property
     def num_layers(self) -> int:
         return min((len(w) for w in self.weights.values()), default=0)
+
+    @property
+    def truncation_note(self) -> str:
+        """``""``, or the sentence that says the text was cut: "only the first 64 of 80 tokens are shown:
+        the run's models read at most max_len = 64 tokens"."""
+        if self.text_tokens <= len(self.tokens):
+            return ""
+        why = f": {self.limit_reason}" if self.limit_reason else ""
+        return f"only the first {len(self.tokens)} of {self.text_tokens} tokens are shown{why}"
 
 
 def record_attention(forward) -> list[Tensor]:
@@ -138,9 +151,12 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
                                 f"{choice}")
     data = task.prepare(config)
     tokenizer = data.tokenizer
-    ids, mask = tokenizer.encode([text], max_length=config.max_len)  # (1, L)
-    tokens = tokenizer.tokenize(text)[: ids.shape[1]]
-    view = AttentionView(text=text, tokens=tokens, source=f"{run_dir} (seed {seed})")
+    ids, mask = tokenizer.encode([text], max_length=config.max_len)  # (1, L), L <= max_len
+    every_token = tokenizer.tokenize(text)
+    tokens = every_token[: ids.shape[1]]
+    view = AttentionView(text=text, tokens=tokens, source=f"{run_dir} (seed {seed})",
+                         text_tokens=len(every_token), token_limit=config.max_len,
+                         limit_reason=f"the run's models read at most max_len = {config.max_len} tokens")
     for mech in wanted:
         model = task.build_model(config, mech.partition("+")[0], data)  # "dnas+ct" trained a dnas model
         _load_run_weights(model, run_dir / "runs" / f"{mech}-seed{seed}" / "model.pt")
@@ -167,6 +183,7 @@ def _load_run_weights(model: torch.nn.Module, path: Path) -> None:
 
 
 DEFAULT_HF_MECHANISMS = ("softmax", "dnas", "hnas")
+HF_MAX_TOKENS = 128  # a (converted) model's text is cut here (or at its positions): the page draws L x L maps
 DEFAULT_CAUSAL_MECHANISMS = ("softmax", "coda")  # dnas, hnas and sinkhorn refuse causal attention
 
 
@@ -196,9 +213,15 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
         causal = any(getattr(m, "is_causal", False) for _, m in akhf.attention_modules(base))
         mechanisms = DEFAULT_CAUSAL_MECHANISMS if causal else DEFAULT_HF_MECHANISMS
     tokenizer = load_tokenizer(model_dir, "--model")
-    enc = tokenizer(text, return_tensors="pt", truncation=True, max_length=128)
+    limit, reason = HF_MAX_TOKENS, f"attnkit show reads at most {HF_MAX_TOKENS} tokens of a text"
+    positions = getattr(base.config, "max_position_embeddings", None)
+    if isinstance(positions, int) and 0 < positions < limit:  # a longer text would not fit the model
+        limit, reason = positions, f"the model has {positions} positions (max_position_embeddings)"
+    enc = tokenizer(text, return_tensors="pt", truncation=True, max_length=limit)
     tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][0].tolist())
-    view = AttentionView(text=text, tokens=tokens, source=str(model_dir))
+    whole = len(tokenizer(text, verbose=False)["input_ids"])  # not cut (no warning past the model's limit)
+    view = AttentionView(text=text, tokens=tokens, source=str(model_dir), text_tokens=whole,
+                         token_limit=limit, limit_reason=reason)
     models = {own.name: base} if own is not None else {}
     if own is None:
         for m in mechanisms:
@@ -228,11 +251,11 @@ def _layer_figure(view: AttentionView, layer: int, heads: Sequence[int]) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .plots import MECHANISM_COLORS
+    from .plots import MECHANISM_COLORS, literal_text
 
     mechs = view.mechanisms
     L = len(view.tokens)
-    labels = [t if len(t) <= 12 else t[:11] + "…" for t in view.tokens]
+    labels = [literal_text(t if len(t) <= 12 else t[:11] + "…") for t in view.tokens]  # drawn as written
     rows = [*[f"head {h}" for h in heads], "mean over heads"]
     size = 1.2 + 0.16 * L
     fig, axes = plt.subplots(len(rows) + 1, len(mechs), figsize=(size * len(mechs), size * len(rows) + 2.2),
@@ -245,7 +268,7 @@ def _layer_figure(view: AttentionView, layer: int, heads: Sequence[int]) -> str:
             signed = bool((panel < 0).any())
             ax.imshow(panel.numpy(), cmap="RdBu_r" if signed else "viridis", vmin=-1 if signed else 0,
                       vmax=1 if signed else max(float(panel.max()), 1e-6))
-            ax.set_title(f"{mech}: {name}", fontsize=8)
+            ax.set_title(literal_text(f"{mech}: {name}"), fontsize=8)
             ax.set_xticks(range(L), labels, rotation=90, fontsize=6)
             ax.set_yticks(range(L), labels if c == 0 else [""] * L, fontsize=6)
         ax = axes[-1][c]
@@ -256,7 +279,7 @@ def _layer_figure(view: AttentionView, layer: int, heads: Sequence[int]) -> str:
         ax.axhline(1.0 / L, color="red", ls="--", lw=1, label=f"1/n = {1.0 / L:.3f} (Lemma 1)")
         if bool((sums > 0).all()):
             ax.set_yscale("log")
-        ax.set_title(f"{mech}: column sums Σ_i π_ij per key", fontsize=8)
+        ax.set_title(literal_text(f"{mech}: column sums Σ_i π_ij per key"), fontsize=8)
         ax.set_xticks(range(L), labels, rotation=90, fontsize=6)
         ax.legend(fontsize=6)
     fig.suptitle(f"layer {layer}", fontsize=10)
@@ -281,29 +304,48 @@ def _u_table(view: AttentionView) -> str:
     return "".join(parts)
 
 
+def selected_layers(view: AttentionView, layers: Optional[Sequence[int]] = None) -> list[int]:
+    """The layers a page of ``view`` draws, each once, in the order given (default: all); a layer out of
+    range is a ``ValueError`` that names the valid ones."""
+    layers = list(range(view.num_layers)) if layers is None else list(dict.fromkeys(layers))
+    bad = [i for i in layers if not 0 <= i < view.num_layers]
+    if bad:
+        raise ValueError(f"layers {bad} out of range; the models have {view.num_layers} attention layers "
+                         f"(0..{view.num_layers - 1})")
+    return layers
+
+
+# Narrow windows: the body keeps a margin at the sides and a long token or path wraps instead of running
+# past the right edge; tables scroll inside their ``.wide`` box.
+_CSS = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1180px;padding:0 1em;"
+        "box-sizing:border-box;overflow-wrap:break-word}"
+        "img{max-width:100%;height:auto}table{border-collapse:collapse}th,td{border:1px solid #ccc;"
+        "padding:3px 6px;font-size:13px}.wide{overflow-x:auto;max-width:100%}code{background:#f3f3f3}"
+        ".note{background:#fff6dd;border-left:4px solid #e0a800;padding:6px 10px}")
+
+
 def render_view_html(view: AttentionView, heads: Optional[Sequence[int]] = None,
                      layers: Optional[Sequence[int]] = None) -> str:
-    """One self-contained HTML page (PNG figures inlined as base64; every text escaped)."""
+    """One self-contained HTML page (PNG figures inlined as base64; every text escaped). A text the model
+    read only in part (:attr:`AttentionView.truncation_note`) says so above the figures."""
     H = min(w[0].shape[0] for w in view.weights.values())
-    heads = list(range(min(H, 4))) if heads is None else list(heads)
+    heads = list(range(min(H, 4))) if heads is None else list(dict.fromkeys(heads))
     bad = [h for h in heads if not 0 <= h < H]
     if bad:
         raise ValueError(f"heads {bad} out of range; the models have {H} heads (0..{H - 1})")
-    layers = list(range(view.num_layers)) if layers is None else list(layers)
-    bad = [i for i in layers if not 0 <= i < view.num_layers]
-    if bad:
-        raise ValueError(f"layers {bad} out of range; the models have {view.num_layers} attention layers")
-    css = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1180px;padding:0 1em}"
-           "img{max-width:100%;height:auto}table{border-collapse:collapse}th,td{border:1px solid #ccc;"
-           "padding:3px 6px;font-size:13px}.wide{overflow-x:auto;max-width:100%}code{background:#f3f3f3}")
+    layers = selected_layers(view, layers)
     tokens = " ".join(f"<code>{html.escape(t)}</code>" for t in view.tokens)
+    note = view.truncation_note
+    counted = (f"{view.text_tokens} tokens; the first {len(view.tokens)} drawn" if note
+               else f"{len(view.tokens)} tokens")
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>attnkit show: {html.escape(view.text[:60])}</title><style>{css}</style></head><body>",
+        f"<title>attnkit show: {html.escape(view.text[:60])}</title><style>{_CSS}</style></head><body>",
         "<h1>attnkit show</h1>",
-        f"<p>Text: “{html.escape(view.text)}” ({len(view.tokens)} tokens: {tokens})<br>"
+        f"<p>Text: “{html.escape(view.text)}” ({counted}: {tokens})<br>"
         f"Model: <code>{html.escape(view.source)}</code>; "
         f"mechanisms: {html.escape(', '.join(view.mechanisms))}.</p>",
+        f'<p class="note" id="truncated">{html.escape(note[0].upper() + note[1:])}.</p>' if note else "",
         "<p>Per layer: the attention weights π (queries down, keys across) of the heads shown and their "
         "mean, one column per mechanism; below, each key's column sum Σ<sub>i</sub> π<sub>ij</sub> "
         "(bars: smallest over heads, dots: mean) against the bound 1/n that DNAS guarantees (Lemma 1). "
@@ -341,7 +383,7 @@ def write_bertviz(view: AttentionView, out: Union[str, os.PathLike]) -> dict:
         "tokens": view.tokens, "text": view.text, "mechanisms": view.mechanisms,
         "attention": {m: [w.unsqueeze(0).tolist() for w in view.weights[m]] for m in view.mechanisms},
     }
-    files["json"].write_text(json.dumps(payload))
+    files["json"].write_text(json.dumps(payload), encoding="utf-8")
     return files
 
 
@@ -376,7 +418,7 @@ def load_bertviz(path: Union[str, os.PathLike],
                                 if k.rsplit(".", 1)[0] == mechanism)
                 attention = tuple(f.get_tensor(k) for _, k in layers)
         else:
-            payload = json.loads(path.read_text())
+            payload = json.loads(path.read_text(encoding="utf-8"))
             tokens, mechanisms = payload["tokens"], payload["mechanisms"]
             mechanism = _pick(mechanism, mechanisms)
             attention = tuple(torch.tensor(layer) for layer in payload["attention"][mechanism])

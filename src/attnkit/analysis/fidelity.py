@@ -19,7 +19,8 @@ from typing import Optional, Sequence, Union
 
 from ..validators import check_seed
 from .report import (
-    ReproduceResult, format_value, is_unfinished, mark_finished, prepare_output_dir, table_columns, verdict,
+    ReproduceResult, format_value, from_jsonable, is_unfinished, mark_finished, prepare_output_dir,
+    table_columns, verdict,
 )
 
 __all__ = [
@@ -172,7 +173,7 @@ def reproduce_all(
         }
         for r in results
     ]
-    (root / "fidelity.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (root / "fidelity.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     mark_finished(root)
     return results, page
 
@@ -184,16 +185,17 @@ def load_result(folder: Union[str, Path]) -> ReproduceResult:
     folder = Path(folder)
     path = folder / "summary.json"
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
         claims = [Claim(**{k: c[k]
                            for k in ("source", "statement", "held", "evidence", "paper", "ours", "criterion")
                            if k in c}) for c in data["claims"]]
-        result = ReproduceResult(name=data["name"], out=folder, rows=list(data["rows"]), claims=claims,
+        rows = [{k: from_jsonable(v) for k, v in row.items()} for row in data["rows"]]
+        result = ReproduceResult(name=data["name"], out=folder, rows=rows, claims=claims,
                                  files=[folder / f for f in data["files"]], seconds=float(data["seconds"]),
                                  budget=str(data.get("budget", "")),
                                  cpu_seconds=float(data.get("cpu_seconds", 0.0)),
                                  note=str(data.get("note", "")))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"cannot read a reproduction summary from {str(path)!r}: {exc}") from exc
     return result
 
@@ -266,7 +268,7 @@ def write_fidelity_markdown(
         budget = _md(r.budget or "-") + (f" **{_md(r.note)}**" if r.note else "")
         lines.append(f"| {r.name} | {budget} | {r.seconds:.0f} | {r.cpu_seconds:.0f} | "
                      f"{sum(c.held for c in r.claims)} of {len(r.claims)} |")
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")  # "±": not the locale's encoding
     return path
 
 
@@ -298,10 +300,16 @@ def _esc(value) -> str:
     return html.escape(format_value(value) if not isinstance(value, str) else value)
 
 
+# Narrow windows: the body keeps a margin at the sides, long words wrap, and a table wider than the window
+# scrolls inside its own ``.wide`` box instead of running past the right edge.
 _STYLE = """
-body { font-family: sans-serif; max-width: 1200px; margin: 2em auto; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+body { font-family: sans-serif; max-width: 1200px; margin: 2em auto; padding: 0 1em; box-sizing: border-box;
+       color: #222; overflow-wrap: break-word; }
+.wide { overflow-x: auto; max-width: 100%; margin: 0.5em 0 1.5em; }
+table { border-collapse: collapse; font-size: 0.9em; }
 th, td { border: 1px solid #bbb; padding: 0.25em 0.5em; vertical-align: top; text-align: left; }
+td { max-width: 40em; }
+figure { margin: 1em 0; }
 th { background: #eee; }
 .held { background: #d8f5d8; } .not-held { background: #f8d0d0; }
 img { max-width: 100%; border: 1px solid #ddd; margin: 0.3em 0; }
@@ -340,8 +348,8 @@ def write_fidelity_html(
     for key, group in by_paper.items():
         parts.append(f"<h2>{html.escape(PAPERS[key])}</h2>")
         parts.append(
-            "<table><tr><th>target</th><th>source</th><th>claim</th><th>paper</th><th>ours</th>"
-            "<th>criterion</th><th>verdict</th><th>evidence</th></tr>"
+            "<div class='wide'><table><tr><th>target</th><th>source</th><th>claim</th><th>paper</th>"
+            "<th>ours</th><th>criterion</th><th>verdict</th><th>evidence</th></tr>"
         )
         for r in group:
             for c in r.claims:
@@ -352,10 +360,11 @@ def write_fidelity_html(
                     f"<td>{_esc(c.ours or '-')}</td>"
                     f"<td>{_esc(c.criterion)}</td><td><b>{verdict(c.held)}</b></td><td>{_esc(c.evidence)}</td></tr>"
                 )
-        parts.append("</table>")
+        parts.append("</table></div>")
     parts.append("<h2>Budgets and time</h2>")
     parts.append(
-        "<table><tr><th>target</th><th>budget</th><th>wall s</th><th>CPU s</th><th>claims held</th></tr>"
+        "<div class='wide'><table><tr><th>target</th><th>budget</th><th>wall s</th><th>CPU s</th>"
+        "<th>claims held</th></tr>"
     )
     for r in results:
         note = f"<br><b>{_esc(r.note)}</b>" if r.note else ""
@@ -364,7 +373,7 @@ def write_fidelity_html(
             f"<td>{r.seconds:.0f}</td><td>{r.cpu_seconds:.0f}</td>"
             f"<td>{sum(c.held for c in r.claims)} of {len(r.claims)}</td></tr>"
         )
-    parts.append("</table>")
+    parts.append("</table></div>")
     for r in results:
         parts.append(f"<h2 id='{_esc(r.name)}'>{_esc(r.name)}</h2>")
         parts.append(
@@ -375,10 +384,11 @@ def write_fidelity_html(
             parts.append(f"<p class='quick'>{_esc(r.note)}</p>")
         if r.rows:
             columns = table_columns(r.rows)
-            parts.append("<table><tr>" + "".join(f"<th>{_esc(c)}</th>" for c in columns) + "</tr>")
+            head = "".join(f"<th>{_esc(c)}</th>" for c in columns)
+            parts.append(f"<div class='wide'><table><tr>{head}</tr>")
             for row in r.rows:
                 parts.append("<tr>" + "".join(f"<td>{_esc(row.get(c, ''))}</td>" for c in columns) + "</tr>")
-            parts.append("</table>")
+            parts.append("</table></div>")
         plots = [f for f in r.files if f.suffix == ".png" and f.is_file()]
         shown = plots[:QUICK_PLOTS_PER_TARGET] if run.quick else plots
         for f in shown:
@@ -392,5 +402,5 @@ def write_fidelity_html(
                 f"{_esc(', '.join(f.name for f in plots[len(shown):]))} (in the target's output folder).</p>"
             )
     parts.append("</body></html>")
-    path.write_text("\n".join(parts) + "\n")
+    path.write_text("\n".join(parts) + "\n", encoding="utf-8")  # as <meta charset> says, whatever the locale
     return path

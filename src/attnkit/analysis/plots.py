@@ -5,7 +5,9 @@ vs ``r``), Fig. 3/4 (hybrid weight ``u`` over training); "Attention that does no
 (arXiv:2009.14308): Fig. 1
 (histogram of log weight sums), Figs. 6/8/9 (2-D mode collapse); CoDA: Fig. 2 (histograms of
 ``sigmoid(N)``, ``tanh(E)``, ``M``). matplotlib (the ``plot`` extra) is imported inside each function
-with the Agg backend; every function writes a PNG and returns its path.
+with the Agg backend; every function writes a PNG and returns its path. Every text a caller passes (titles,
+names) is drawn as written: ``$`` is a dollar sign, not the start of matplotlib's math mode
+(:func:`literal_text`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ __all__ = [
     "mechanism_color",
     "series_colors",
     "mechanism_label",
+    "literal_text",
     "plot_hybrid_trajectories",
     "plot_center_distance_curves",
     "plot_mode_collapse_2d",
@@ -61,6 +64,16 @@ def mechanism_label(name: str) -> str:
         return spec_of(name).label
     except ValueError:
         return name
+
+
+def literal_text(text: object) -> str:
+    """``text`` as a matplotlib string that is drawn exactly as written.
+
+    matplotlib reads the text between two unescaped ``$`` as math: a class label ``"cost $5 to $10"`` was
+    drawn as "cost 5to10" and ``"$x^$"`` made the whole figure fail. Every ``$`` is escaped (``\\$`` is
+    drawn as ``$``), so no user text (class names, tokens, mechanism and case names, titles) enters math mode.
+    """
+    return str(text).replace("$", r"\$")
 
 
 def _pyplot():
@@ -138,7 +151,7 @@ def plot_hybrid_trajectories(
             ax.set_ylabel("u  (1 = DNAS, 0 = softmax)")
         if layer == 0 and n_heads <= 12:
             ax.legend(fontsize=7, loc="best")
-    fig.suptitle(title)
+    fig.suptitle(literal_text(title))
     return _save(fig, path)
 
 
@@ -157,7 +170,8 @@ def plot_center_distance_curves(
     for ax, a in zip(axes[0], values):
         for name, d in curves[a].items():
             ls = "--" if name == "dnas" else "-"
-            ax.plot(r, d, ls, color=mechanism_color(name), label=f"{mechanism_label(name)} closed form")
+            ax.plot(r, d, ls, color=mechanism_color(name),
+                    label=literal_text(f"{mechanism_label(name)} closed form"))
             if simulated and a in simulated and name in simulated[a]:
                 rs, ds = simulated[a][name]
                 marker = "s" if name == "dnas" else "o"
@@ -167,7 +181,7 @@ def plot_center_distance_curves(
                     marker,
                     mfc="none",
                     color=mechanism_color(name),
-                    label=f"{mechanism_label(name)} simulated",
+                    label=literal_text(f"{mechanism_label(name)} simulated"),
                 )
         ax.axhline(2 * a, color="grey", lw=0.8, ls=":", label="initial distance 2a")
         ax.set_xscale("log")
@@ -176,7 +190,7 @@ def plot_center_distance_curves(
         ax.set_title(f"a = {a:g}")
         ax.set_ylim(0, 2.1 * a)
     handles, names = axes[0][0].get_legend_handles_labels()
-    fig.suptitle(title)
+    fig.suptitle(literal_text(title))
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.legend(handles, names, loc="lower center", ncol=len(names), fontsize=8, frameon=False)
     return _save(fig, path, tight=False)
@@ -216,13 +230,14 @@ def plot_mode_collapse_2d(
             ax.set_ylim(lo[1], hi[1])
             count = f", {cluster_counts[name][step]} cluster(s)" if cluster_counts else ""
             ax.set_title(
-                f"{mechanism_label(name)}, step {step}{count}", fontsize=9, color=mechanism_color(name)
+                literal_text(f"{mechanism_label(name)}, step {step}{count}"), fontsize=9,
+                color=mechanism_color(name),
             )
             ax.set_xlabel("x1", fontsize=8)
             ax.set_ylabel("x2", fontsize=8)
             ax.tick_params(labelsize=7)
     axes[0][0].legend(fontsize=7, loc="lower right", markerscale=2)
-    fig.suptitle(title)
+    fig.suptitle(literal_text(title))
     return _save(fig, path)
 
 
@@ -243,13 +258,14 @@ def plot_log_sum_histograms(
     hi = max(float(v.max()) for v in clipped.values())
     edges = np.linspace(lo, hi if hi > lo else lo + 1, 50)
     for name, values in clipped.items():
-        ax.hist(values, bins=edges, color=mechanism_color(name), alpha=0.55, label=mechanism_label(name))
+        ax.hist(values, bins=edges, color=mechanism_color(name), alpha=0.55,
+                label=literal_text(mechanism_label(name)))
     ax.axvline(np.log(eps), color="black", ls="--", lw=1, label=f"log eps = log {eps:g}")
     if bound is not None:
         ax.axvline(np.log(bound), color="grey", ls=":", lw=1.2, label=f"log(1/n_k) = {np.log(bound):.2f}")
     ax.set_xlabel("log sum_i pi_ij  (natural log, per key)")
     ax.set_ylabel("number of keys")
-    ax.set_title(title)
+    ax.set_title(literal_text(title))
     ax.legend(fontsize=8)
     return _save(fig, path)
 
@@ -266,13 +282,13 @@ def plot_min_weight_sum(
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     for name, values in minima.items():
         values = np.maximum(np.asarray(values, dtype=np.float64), 1e-300)
-        ax.plot(steps, values, color=mechanism_color(name), label=mechanism_label(name))
+        ax.plot(steps, values, color=mechanism_color(name), label=literal_text(mechanism_label(name)))
     if bound is not None:
         ax.axhline(bound, color="grey", ls=":", label=f"Lemma 1 bound 1/n_k = {bound:.3g}")
     ax.set_yscale("log")
     ax.set_xlabel("training step")
     ax.set_ylabel("min_j sum_i pi_ij")
-    ax.set_title(title)
+    ax.set_title(literal_text(title))
     ax.legend(fontsize=8)
     return _save(fig, path)
 
@@ -287,10 +303,10 @@ def plot_coda_histograms(
     fig, axes = plt.subplots(1, len(matrices), figsize=(4.0 * len(matrices), 3.4), squeeze=False)
     for ax, (name, values) in zip(axes[0], matrices.items()):
         ax.hist(np.asarray(values).ravel(), bins=60, color=mechanism_color("coda"), alpha=0.85)
-        ax.set_title(name)
+        ax.set_title(literal_text(name))
         ax.set_xlabel("value")
         ax.set_ylabel("number of entries")
-    fig.suptitle(title)
+    fig.suptitle(literal_text(title))
     return _save(fig, path)
 
 
@@ -299,29 +315,38 @@ def plot_lemma1(
     path: PathLike,
     title: str = "Lemma 1: min over keys of n_k * sum_i pi_ij",
     floor: float = 1e-12,
+    ceiling: float = 1e3,
 ) -> Path:
     """One horizontal bar per case (``rows[i]["case"]``) and mechanism (``rows[i]["mechanism"]``) with
-    ``rows[i]["min_normalized"]`` on a log axis clipped at ``floor``; the Lemma 1 bound (1) as a line."""
+    ``rows[i]["min_normalized"]`` on a log axis, clipped to ``[floor, ceiling]``; the Lemma 1 bound (1) as a
+    line. The axis reaches the largest bar (at least 10), so no bar runs past its edge."""
+    if not 0 < floor < 1 < ceiling:
+        raise ValueError(f"floor={floor!r}, ceiling={ceiling!r}; expected 0 < floor < 1 < ceiling "
+                         "(the Lemma 1 bound 1 lies between them)")
     plt = _pyplot()
     cases = list(dict.fromkeys(str(r["case"]) for r in rows))
     names = list(dict.fromkeys(str(r["mechanism"]) for r in rows))
     height = 0.8 / len(names)
     fig, ax = plt.subplots(figsize=(8.0, 0.32 * len(cases) * max(1, len(names) / 3) + 1.6))
+    largest = 5.0  # the axis reaches at least 10
     for k, name in enumerate(names):
         ys, xs = [], []
         for i, case in enumerate(cases):
             for r in rows:
                 if str(r["case"]) == case and str(r["mechanism"]) == name:
                     ys.append(i + (k - (len(names) - 1) / 2) * height)
-                    xs.append(min(max(float(r["min_normalized"]), floor), 1e3))
-        ax.barh(ys, xs, height=height, color=mechanism_color(name), label=mechanism_label(name), left=floor)
+                    xs.append(min(max(float(r["min_normalized"]), floor), ceiling))
+        largest = max([largest, *xs])
+        ax.barh(ys, xs, height=height, color=mechanism_color(name), label=literal_text(mechanism_label(name)),
+                left=floor)
     ax.axvline(1.0, color="black", ls="--", lw=1, label="Lemma 1 bound (= 1)")
     ax.set_xscale("log")
-    ax.set_xlim(floor, 10)
+    ax.set_xlim(floor, 2 * largest)  # room beyond the longest bar (it ends at floor + x ~ x)
     ax.set_yticks(range(len(cases)))
-    ax.set_yticklabels(cases, fontsize=7)
+    ax.set_yticklabels([literal_text(c) for c in cases], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel(f"min_j n_k * sum_i pi_ij  (values below {floor:g} drawn at {floor:g})")
-    ax.set_title(title)
+    ax.set_xlabel(f"min_j n_k * sum_i pi_ij  (values below {floor:g} drawn at {floor:g}, "
+                  f"above {ceiling:g} at {ceiling:g})")
+    ax.set_title(literal_text(title))
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)

@@ -23,6 +23,7 @@ __all__ = [
     "mark_finished",
     "write_csv",
     "format_value",
+    "from_jsonable",
     "spread",
     "verdict",
     "exceeds",
@@ -144,16 +145,25 @@ class ReproduceResult:
             "files": [p.name for p in self.files],
         }
         path = self.out / "summary.json"
-        path.write_text(json.dumps(data, indent=2) + "\n")
+        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         return self.add_file(path)
 
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
+        return str(value)  # "nan", "inf", "-inf": JSON has no such numbers
     if hasattr(value, "item"):
         return _jsonable(value.item())
     return value
+
+
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def from_jsonable(value: Any) -> Any:
+    """The inverse of what ``summary.json`` stores for a table cell: ``"nan"``, ``"inf"`` and ``"-inf"`` are
+    floats again (so a page rebuilt from the summary shows them as the run's own page did)."""
+    return _NON_FINITE.get(value, value) if isinstance(value, str) else value
 
 
 # Written into an output directory when a run starts and removed when it finishes: a run that was killed
@@ -181,7 +191,7 @@ def prepare_output_dir(out: Union[str, Path], overwrite: bool = False) -> Path:
         )
     out.mkdir(parents=True, exist_ok=True)
     note = "attnkit: this run did not finish; the next run replaces its files\n"
-    (out / UNFINISHED_MARKER).write_text(note)
+    (out / UNFINISHED_MARKER).write_text(note, encoding="utf-8")
     return out
 
 
@@ -207,7 +217,7 @@ def write_csv(path: Union[str, Path], rows: Sequence[Mapping[str, Any]], columns
     ``table_columns``)."""
     path = Path(path)
     columns = list(columns) or table_columns(rows)
-    with path.open("w", newline="") as f:
+    with path.open("w", newline="", encoding="utf-8") as f:  # rows may hold "±", whatever the locale
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         for row in rows:
@@ -216,10 +226,13 @@ def write_csv(path: Union[str, Path], rows: Sequence[Mapping[str, Any]], columns
 
 
 def format_value(value: Any) -> str:
-    """Short text for a table cell: floats with 4 significant digits, the rest as ``str``."""
+    """Short text for a table cell: floats with 4 significant digits, ``"-"`` for NaN (a cell that does not
+    apply, as the terminal table shows it), the rest as ``str``. CSV files keep ``"nan"`` (``write_csv``)."""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
         if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
             return f"{value:.3e}"
         return f"{value:.4g}"

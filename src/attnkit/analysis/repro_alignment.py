@@ -568,7 +568,7 @@ def run_alignment(result: ReproduceResult, budget: Budget) -> None:
     result.add_file(write_csv(result.out / "alignment_table.csv", result.rows))
     (result.out / "alignment_budget.txt").write_text(
         f"{asdict(budget)}\nload average at start: {load}\nload average at end: {_load_average()}\n"
-        f"threads: {torch.get_num_threads()}\n"
+        f"threads: {torch.get_num_threads()}\n", encoding="utf-8"
     )
     result.add_file(result.out / "alignment_budget.txt")
     _claims(result, budget, rid, cross, graph)

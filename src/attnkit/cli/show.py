@@ -47,6 +47,7 @@ def register(app: typer.Typer) -> None:
         """Draw attention over a text per layer, head and mechanism (HTML), and export it for bertviz."""
         from attnkit.analysis.attention_view import (
             render_view_html,
+            selected_layers,
             view_from_hf,
             view_from_run,
             write_bertviz,
@@ -88,9 +89,11 @@ def register(app: typer.Typer) -> None:
         out.mkdir(parents=True, exist_ok=True)
         page.write_text(document, encoding="utf-8")
         files = write_bertviz(view, out)
-        typer.echo(
-            f"{len(view.mechanisms)} mechanism(s) x {view.num_layers} layer(s) over {len(view.tokens)} tokens"
-        )
+        drawn, total = len(selected_layers(view, layer_list)), view.num_layers
+        of_layers = f"{drawn} of {total} layer(s)" if drawn < total else f"{drawn} layer(s)"
+        typer.echo(f"{len(view.mechanisms)} mechanism(s) x {of_layers} over {len(view.tokens)} tokens")
+        if view.truncation_note:
+            typer.echo(f"       note: {view.truncation_note}")
         typer.echo(f"       page: {page}")
         typer.echo(
             f"    bertviz: {files['safetensors']} (load with attnkit.analysis.attention_view.load_bertviz)"

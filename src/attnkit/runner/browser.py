@@ -129,7 +129,7 @@ def check_page(page: Union[str, os.PathLike], screenshot: Optional[Union[str, os
     with tempfile.TemporaryDirectory(prefix="attnkit-page-") as scratch:
         copy = Path(scratch) / page.name
         copy.write_text(probe, encoding="utf-8")
-        for _attempt in range(3):  # a loaded machine sometimes gets the DOM dumped before the probe ran
+        for _attempt in range(5):  # a loaded machine sometimes gets the DOM dumped before the probe ran
             proc = _run(chromium, [f"--window-size={width},900", "--virtual-time-budget=10000", "--dump-dom",
                                    copy.as_uri()], timeout)
             match = re.search(rf'<pre id="{_MARK}">(.*?)</pre>', proc.stdout, re.S)

@@ -107,7 +107,7 @@ def write_results_json(path: Path, config: CompareConfig, task, records: list[di
         },
         **(extras or {}),
     }
-    path.write_text(json.dumps(payload, indent=1))
+    path.write_text(json.dumps(payload, indent=1), encoding="utf-8")
 
 
 def write_results_csv(path: Path, records: list[dict], metric_names: tuple[str, ...]) -> None:
@@ -116,7 +116,7 @@ def write_results_csv(path: Path, records: list[dict], metric_names: tuple[str, 
         columns += [f"{m}_mean", f"{m}_std"]
     columns += ["step_time_s", "step_time_rel", "step_time_baseline", "explain_away_min_normalized",
                 "explain_away_min_raw", "hybrid_u_mean", "hybrid_u"]
-    with open(path, "w", newline="") as f:
+    with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
         for r in records:
@@ -142,7 +142,7 @@ def plot_learning_curves(path: Path, runs: list[dict], mechanisms: tuple[str, ..
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..analysis.plots import series_colors
+    from ..analysis.plots import literal_text, series_colors
 
     fig, (ax_loss, ax_metric) = plt.subplots(1, 2, figsize=(10, 3.8))
     colors = series_colors(list(mechanisms))
@@ -151,9 +151,10 @@ def plot_learning_curves(path: Path, runs: list[dict], mechanisms: tuple[str, ..
         for ax, key in ((ax_loss, "train_loss"), (ax_metric, metric)):
             steps, values = _history_mean(group, key)
             if steps:
-                ax.plot(steps, values, marker="o", ms=3, label=mech, color=colors.get(mech))
+                ax.plot(steps, values, marker="o", ms=3, label=literal_text(mech), color=colors.get(mech))
     ax_loss.set(xlabel="step", ylabel="training loss", title="training loss (mean over seeds)")
-    ax_metric.set(xlabel="step", ylabel=metric, title=f"eval {metric} (mean over seeds)")
+    ax_metric.set(xlabel="step", ylabel=literal_text(metric),
+                  title=literal_text(f"eval {metric} (mean over seeds)"))
     for ax in (ax_loss, ax_metric):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

@@ -14,7 +14,7 @@ __all__ = ["extra_sections", "plot_learning_curves_band", "plot_confusions", "CS
 
 CSS = (
     "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1180px;padding:0 1em;"
-    "box-sizing:border-box}"
+    "box-sizing:border-box;overflow-wrap:break-word}"  # a long --task path in <h1> wraps at a narrow width
     "table{border-collapse:collapse;margin:1em 0;max-width:100%}"
     "th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;font-size:14px;overflow-wrap:break-word}"
     "td{max-width:44em}"
@@ -54,7 +54,7 @@ def plot_learning_curves_band(path: Path, runs: list[dict], mechanisms: tuple[st
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from ..analysis.plots import series_colors
+    from ..analysis.plots import literal_text, series_colors
 
     fig, (ax_loss, ax_metric) = plt.subplots(1, 2, figsize=(11, 4))
     colors = series_colors(list(mechanisms))
@@ -67,7 +67,7 @@ def plot_learning_curves_band(path: Path, runs: list[dict], mechanisms: tuple[st
             window = max(1, n // 20)
             curves = np.array([_moving_average(x[:n], window) for x in losses])  # (seeds, steps)
             steps = np.arange(1, n + 1)
-            ax_loss.plot(steps, curves.mean(0), color=color, label=mech)
+            ax_loss.plot(steps, curves.mean(0), color=color, label=literal_text(mech))
             ax_loss.fill_between(steps, curves.min(0), curves.max(0), color=color, alpha=0.2, linewidth=0)
         by_step: dict[int, list[float]] = {}
         for r in group:
@@ -77,14 +77,15 @@ def plot_learning_curves_band(path: Path, runs: list[dict], mechanisms: tuple[st
         steps_m = sorted(s for s, v in by_step.items() if len(v) == len(group))
         if steps_m:
             values = [np.array(by_step[s]) * 100 for s in steps_m]
-            ax_metric.plot(steps_m, [v.mean() for v in values], marker="o", ms=3, color=color, label=mech)
+            ax_metric.plot(steps_m, [v.mean() for v in values], marker="o", ms=3, color=color,
+                           label=literal_text(mech))
             ax_metric.fill_between(steps_m, [v.min() for v in values], [v.max() for v in values], color=color,
                                    alpha=0.2, linewidth=0)
     seeds = max((sum(1 for r in runs if r["mechanism"] == m) for m in mechanisms), default=1)
     ax_loss.set(xlabel="optimizer step", ylabel="training loss",
                 title=f"training loss (moving average; band: range over {seeds} seeds)")
-    ax_metric.set(xlabel="optimizer step", ylabel=f"{metric} (%)",
-                  title=f"evaluation {metric} (mean; band: range over {seeds} seeds)")
+    ax_metric.set(xlabel="optimizer step", ylabel=literal_text(f"{metric} (%)"),
+                  title=literal_text(f"evaluation {metric} (mean; band: range over {seeds} seeds)"))
     for ax in (ax_loss, ax_metric):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -103,15 +104,18 @@ def plot_confusions(path: Path, per_class: dict) -> bool:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from ..analysis.plots import literal_text
+
     mechs = list(per_class)
-    names = [c["name"] for c in per_class[mechs[0]]["classes"]]
+    names = [literal_text(c["name"]) for c in per_class[mechs[0]]["classes"]]  # drawn as written
     k = len(names)
-    fig, axes = plt.subplots(1, len(mechs), figsize=(2.3 * len(mechs) + 1.5, 2.6 + 0.12 * k), squeeze=False)
+    width = max(2.3 * len(mechs) + 1.5, 4.8)  # the caption below fits one mechanism's figure too
+    fig, axes = plt.subplots(1, len(mechs), figsize=(width, 2.6 + 0.12 * k), squeeze=False)
     for ax, mech in zip(axes[0], mechs):
         m = np.array(per_class[mech]["confusion"], dtype=float)
         rows = m / np.maximum(m.sum(1, keepdims=True), 1)  # share of each true class
         ax.imshow(rows, cmap="Blues", vmin=0, vmax=1)
-        ax.set_title(mech, fontsize=9)
+        ax.set_title(literal_text(mech), fontsize=9)
         ax.set_xticks(range(k), names, rotation=90, fontsize=6)
         ax.set_yticks(range(k), names if ax is axes[0][0] else [""] * k, fontsize=6)
         for i in range(k):
@@ -120,7 +124,7 @@ def plot_confusions(path: Path, per_class: dict) -> bool:
                     ax.text(j, i, int(m[i, j]), ha="center", va="center", fontsize=5,
                             color="white" if rows[i, j] > 0.5 else "black")
     axes[0][0].set_ylabel("true class", fontsize=8)
-    fig.supxlabel("predicted class (counts summed over seeds; colour: share of the true class)", fontsize=8)
+    fig.supxlabel("predicted class\n(counts summed over seeds; colour: share of the true class)", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
