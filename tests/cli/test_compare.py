@@ -236,3 +236,36 @@ def test_damaged_config_file_is_named_and_nothing_is_deleted(flags, tmp_path, da
     assert code == 2 and len(lines) == 1 and "config.json" in lines[0] and "damaged" in lines[0]
     assert "--resume" not in lines[0] and "--overwrite" not in lines[0]  # neither can help
     assert (out / "runs" / "softmax-seed0" / "result.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_checkpoint_part_damaged_for_one_process_stops_every_process_with_one_line(tmp_path, data):
+    """Process 1 could not read its RNG file and stopped with one line; process 0 went on and died in the
+    next collective with a gloo traceback."""
+    from attnkit.runner import build_config, run_compare
+    from tests.runner._fixtures import tiny_overrides
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_3(mechanism, seed, step):
+        if step == 3:
+            raise Killed
+
+    out = tmp_path / "cut"
+    common = dict(mechanisms="softmax", seeds=1, steps=4, checkpoint_every=2, eval_every=2)
+    with pytest.raises(Killed):
+        run_compare(build_config(tiny_overrides(data, out, **common)), on_step=kill_at_3)
+    checkpoint = next((out / "runs" / "softmax-seed0" / "checkpoints").iterdir())
+    trainer = json.loads((checkpoint / "trainer.json").read_text())
+    (checkpoint / "trainer.json").write_text(json.dumps({**trainer, "world_size": 2}))  # as 2 processes wrote
+    (checkpoint / "rng-rank1.safetensors").write_text("garbage")  # process 1's part, damaged
+    saved = json.loads((out / "config.json").read_text())
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = _launch_two(["--resume", "--out", str(out), "--progress", "none"], env)
+    assert proc.returncode != 0 and saved
+    # the launcher's own failure report stays (README); no process dies in a collective with a traceback
+    assert "Connection closed" not in proc.stderr and "[rank0]:" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert any("rng-rank1.safetensors" in line and "cannot be read" in line for line in errors), errors
+    assert any(line.startswith("error: process 1 could not resume") for line in errors), errors

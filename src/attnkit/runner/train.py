@@ -297,6 +297,29 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=N
     return trainer
 
 
+def _load_checkpoint_everywhere(accelerator, path: Path, model, optimizer, scheduler, reg) -> dict:
+    """``_load_checkpoint`` in every process, which all stop with one line when any of them could not read
+    its part (a damaged ``rng-rank1`` stopped process 1 alone, and process 0 died later in a collective with a
+    gloo traceback)."""
+    error: Optional[ValueError] = None
+    trainer: dict = {}
+    try:
+        trainer = _load_checkpoint(accelerator, path, model, optimizer, scheduler, reg)
+    except ValueError as exc:
+        error = exc
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        errors = gather_object([None if error is None else str(error)])  # one entry per process
+        failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
+        if failed and error is None:
+            rank, message = failed[0]
+            error = ValueError(f"process {rank} could not resume: {message}")
+    if error is not None:
+        raise error
+    return trainer
+
+
 def _spread(times: list) -> Optional[dict]:
     """``{"min", "median", "max"}`` seconds per optimizer step within one run (the median of an even count
     is the mean of the two middle steps)."""
@@ -427,7 +450,7 @@ def train_run(
     }
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is not None:  # restores every process's RNG states
-        trainer = _load_checkpoint(accelerator, checkpoint, model, optimizer, scheduler, reg)
+        trainer = _load_checkpoint_everywhere(accelerator, checkpoint, model, optimizer, scheduler, reg)
     elif world > 1:  # each process its own dropout masks (all drew the same ones for their shares)
         set_seed(rank_seed(seed, rank))
     if accelerator.is_main_process:
