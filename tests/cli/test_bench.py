@@ -190,3 +190,21 @@ def test_results_are_written_through_a_symbolic_link(tmp_path):
     os.symlink(target, link)
     write_text_file(link, "new", overwrite=True)
     assert link.is_symlink() and target.read_text() == "new"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["show", "RUN", "--text", "goal", "--heads", ","], "--heads ',' names nothing"),
+    (["show", "RUN", "--text", "goal", "--layers", "0,x"],
+     "--layers '0,x': expected a comma-separated list, e.g. 0,5"),
+    (["show", "RUN", "--text", "goal", "--heads", "1,1"], "--heads '1,1' names 1 more than once"),
+    (["convert", "RUN", "--mechanism", "dnas", "--layers", "0,0", "--out", "OUT"],
+     "--layers '0,0' names 0 more"),
+    (["bench", "--lengths", "256,x"], "--lengths '256,x': expected a comma-separated list, e.g. 256,1024"),
+])
+def test_every_command_parses_its_lists_alike(argv, message, tmp_path, capsys):
+    """``show --heads ,`` meant every head and ``--heads 1,1`` drew head 1 twice, where bench refused both."""
+    argv = [str(tmp_path / "out") if a == "OUT" else str(tmp_path) if a == "RUN" else a for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.startswith(f"error: {message}")

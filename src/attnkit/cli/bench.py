@@ -7,24 +7,9 @@ from typing import Optional
 
 import typer
 
-__all__ = ["register", "parse_list"]
+from ._lists import parse_list
 
-
-def parse_list(text: Optional[str], name: str, cast=str) -> Optional[list]:
-    if text is None:
-        return None
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise ValueError(f"--{name} {text!r} names nothing; pass a comma-separated list or leave it out "
-                         "for the default")
-    try:
-        values = [cast(t) for t in items]
-    except ValueError:
-        raise ValueError(f"--{name} {text!r}: expected a comma-separated list, e.g. 256,1024") from None
-    repeated = sorted({str(x) for x in values if values.count(x) > 1})
-    if repeated:  # each entry is a row (or rows) of the table: twice would time it twice under one name
-        raise ValueError(f"--{name} {text!r} names {', '.join(repeated)} more than once; list each once")
-    return values
+__all__ = ["register"]
 
 
 def _check_writable(out: Path) -> None:

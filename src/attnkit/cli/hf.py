@@ -11,6 +11,8 @@ from typing import Optional
 
 import typer
 
+from ._lists import parse_list
+
 __all__ = ["register", "convert_directory", "check_mechanism", "check_dataset"]
 
 
@@ -116,14 +118,7 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, help="Replace the files of a non-empty --out."),
     ) -> None:
         """Convert a transformers model's self-attention to an attnkit mechanism and save it."""
-        chosen = None
-        if layers is not None:
-            try:
-                chosen = [int(x) for x in layers.split(",") if x.strip()]
-            except ValueError:
-                raise ValueError(
-                    f"--layers {layers!r}; expected comma-separated integers such as 0,1,5"
-                ) from None
+        chosen = parse_list(layers, "layers", int, example="0,1,5")
         model = convert_directory(model_dir, out, mechanism, u0, chosen, sinkhorn_iters, overwrite)
         import attnkit.hf as akhf
 

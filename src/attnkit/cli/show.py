@@ -8,16 +8,9 @@ from typing import Optional
 
 import typer
 
+from ._lists import parse_list
+
 __all__ = ["register"]
-
-
-def _ints(text: Optional[str], name: str) -> Optional[list[int]]:
-    if text is None:
-        return None
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--{name} {text!r}: expected comma-separated integers such as 0,1") from None
 
 
 def register(app: typer.Typer) -> None:
@@ -56,7 +49,8 @@ def register(app: typer.Typer) -> None:
         if not out_text.strip():
             raise ValueError("--out is empty; pass a directory such as attention-view")
         out = Path(out_text)
-        head_list, layer_list = _ints(heads, "heads"), _ints(layers, "layers")
+        head_list = parse_list(heads, "heads", int, example="0,1")
+        layer_list = parse_list(layers, "layers", int, example="0,5")
         names = [m.strip() for m in mechanisms.split(",") if m.strip()] if mechanisms else None
         src = Path(source)
         is_run = (src / "config.json").is_file() and (src / "runs").is_dir()
