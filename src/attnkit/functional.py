@@ -392,6 +392,12 @@ def normalize(
                 f"gate_scores is on {gate_scores.device} but scores are on {scores.device}; move it with "
                 ".to(device)"
             )
+        plain = unbatched_values(gate_scores) if values_hidden(gate_scores) else gate_scores
+        if torch.isnan(plain).any() or torch.isposinf(plain).any():
+            raise ValueError(
+                "gate_scores contain NaN or +inf, which have no gate; check the distance's inputs (N is a "
+                "negative distance <= 0; -inf marks a pair infinitely far apart, whose gate is 0)"
+            )
     elif gate_scores is not None:
         raise ValueError(f"gate_scores is only used by mechanism 'coda', got {config.name!r}")
     mask = build_mask(

@@ -75,3 +75,24 @@ def test_bad_inputs_are_rejected_with_the_expected_shapes():
         layer(torch.randn(2, 3, 8), torch.randn(3, 4, 8))
     with pytest.raises(ValueError, match="mechanism"):
         CoDACrossAttention(8, mechanism="dnas")
+
+
+def test_dtype_mismatch_is_a_value_error_naming_the_fix():
+    layer = CoDACrossAttention(8)
+    a64, b64 = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(2, 4, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match="parameters are torch.float32"):
+        layer(a64, b64)
+    with pytest.raises(ValueError, match="a has dtype torch.float32 but b torch.float64"):
+        CoDACrossAttention(8, mechanism="none")(torch.randn(2, 3, 8), b64)
+
+
+@pytest.mark.parametrize("proj_dim", [0, -1, 2.0, True])
+def test_bad_proj_dim_is_refused_at_construction(proj_dim):
+    with pytest.raises(ValueError, match="proj_dim"):
+        CoDACrossAttention(8, proj_dim=proj_dim)
+
+
+@pytest.mark.parametrize("mechanism", ["softmax", "none"])
+def test_coda_config_with_another_mechanism_is_refused(mechanism):
+    with pytest.raises(ValueError, match=f"mechanism='{mechanism}' wins"):
+        CoDACrossAttention(8, mechanism=mechanism, config=ak.CoDA(gate="centered"))

@@ -8,7 +8,8 @@
 
 with ``f_E = tanh`` and the gate ``g`` one of: plain ``f_N(N)`` (``"sigmoid"``), ``2 f_N(N)``
 (``"scaled"``, eq. 5, default) or ``f_N(N - mean N)`` (``"centered"``, eq. 4); ``center_e``
-uses ``E - mean E`` (eq. 6). Means run over the valid entries of each (batch, head) matrix.
+uses ``E - mean E`` (eq. 6). Means run over the valid entries of each (batch, head) matrix. An ``N`` of
+``-inf`` gives gate 0 (the entry is exactly 0) for every gate; the centered gate's mean leaves it out.
 
 The gate ``f_N`` is the activation mapped onto [0, 1] (``GATE_FNS``): ``(f(x) - inf f) / (sup f - inf f)``.
 Section 2.3 calls ``sigmoid(N)`` a gate that "erases" dissimilar pairs, and Table 9 swaps tanh, arctan
@@ -90,7 +91,11 @@ def coda_weights(affinity: Tensor, neg_distance: Tensor, valid: Optional[Tensor]
     if config.center_e:
         e = e - masked_mean(e, valid)  # eq. (6)
     if config.gate == "centered":
-        n = n - masked_mean(n, valid)  # eq. (4)
+        # eq. (4); an N of -inf (a pair infinitely far apart) keeps gate 0 as with the other gates, and the
+        # mean runs over the finite N, so that it stays finite
+        finite = ~torch.isneginf(n)  # (B, H, Lq, Lk)
+        inside = finite if valid is None else valid & finite
+        n = n - masked_mean(n.masked_fill(~finite, 0.0), inside)
     m = coda_affinity(e, config) * coda_gate(n, config)
     if valid is not None:
         m = m.masked_fill(~valid, 0.0)

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from ..config import CoDA
 from ..functional import normalize
 from ..scores import neg_l1_distance
+from .module_utils import check_like_parameters, check_same_device_dtype
 
 __all__ = ["CoDACrossAttention", "AlignCompose", "CROSS_MECHANISMS"]
 
@@ -75,9 +76,16 @@ class CoDACrossAttention(nn.Module):
             raise ValueError(f"mechanism={mechanism!r}; expected one of {CROSS_MECHANISMS}")
         if config is not None and not isinstance(config, CoDA):
             raise ValueError(f"config must be an ak.CoDA(...) config, got {type(config).__name__}")
+        if config is not None and mechanism != "coda":
+            raise ValueError(
+                f"config={config!r} only applies to mechanism='coda', but mechanism={mechanism!r} wins and "
+                "would ignore it; drop config, or pass mechanism='coda'"
+            )
+        proj_dim = d_model if proj_dim is None else proj_dim
+        if isinstance(proj_dim, bool) or not isinstance(proj_dim, int) or proj_dim < 1:
+            raise ValueError(f"proj_dim={proj_dim!r}; expected an integer >= 1 (or None for d_model)")
         self.d_model, self.mechanism = d_model, mechanism
         self.config = CoDA() if config is None else config
-        proj_dim = d_model if proj_dim is None else proj_dim
         self.f_e = nn.Linear(d_model, proj_dim)
         self.f_n = nn.Linear(d_model, proj_dim) if mechanism == "coda" else None
 
@@ -102,6 +110,9 @@ class CoDACrossAttention(nn.Module):
 
     def forward(self, a: Tensor, b: Tensor, a_mask: Optional[Tensor] = None, b_mask: Optional[Tensor] = None):
         a_mask, b_mask = _check_pair(a, b, a_mask, b_mask, self.d_model)
+        check_same_device_dtype(a, "a", b, "b")
+        if self.mechanism != "none":
+            check_like_parameters(a, self.f_e.weight, "a and b", type(self).__name__, plural=True)
         w_a, w_b = self.weights(a, b, a_mask, b_mask)
         a_prime = w_a @ b  # (B, La, d)   eq. (7): A' = M B
         b_prime = w_b.transpose(-1, -2) @ a  # (B, Lb, d)   eq. (7): B' = M^T A
