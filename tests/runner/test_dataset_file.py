@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -127,3 +128,77 @@ def test_a_folder_given_as_the_dataset_file_is_named_as_a_folder(tmp_path, name)
     folder.mkdir()
     with pytest.raises(ValueError, match=rf"{name}' is a folder, not a file; pass the path of the \.json"):
         load_file_dataset(str(folder))
+
+
+def _seq2seq(tmp_path, train: list, test: list, name: str = "pairs.jsonl") -> str:
+    """A seq2seq dataset file; ``train``/``test`` hold ``(source, target)`` pairs (in a .jsonl file the
+    train rows are lines 2.., then the test rows)."""
+    if name.endswith(".jsonl"):
+        rows = [{"split": split, "source": s, "target": t}
+                for split, pairs in (("train", train), ("test", test)) for s, t in pairs]
+        return _write(tmp_path, json.dumps({"kind": "seq2seq"}), *map(json.dumps, rows), name=name)
+    path = tmp_path / name
+    splits = {split: [{"source": s, "target": t} for s, t in pairs]
+              for split, pairs in (("train", train), ("test", test))}
+    path.write_text(json.dumps({"kind": "seq2seq", **splits}))
+    return str(path)
+
+
+def _prepare(path: str, **settings):
+    from attnkit.runner.config import CompareConfig
+    from attnkit.runner.tasks import get_task
+
+    task = get_task(path)
+    return task, task.prepare(CompareConfig(task=path, **settings))
+
+
+@pytest.mark.parametrize("n", [13, 60])
+def test_a_target_longer_than_max_target_len_is_refused_and_the_named_fix_scores_it_whole(tmp_path, n):
+    """A 60-character target was cut to 13 (one more than max_target_len=12, its <eos> lost in training);
+    exact match then scored 'L' * 13 right and the true 60-character output wrong."""
+    path = _seq2seq(tmp_path, [("ab", "ba"), ("ab", "L" * n)], [("ab", "L" * (n - 1))])
+    with pytest.raises(ValueError) as exc:
+        _prepare(path, max_target_len=12)
+    message = str(exc.value)
+    assert path in message and "line 3: the target has" in message and f"has {n} characters" in message
+    assert "more than max_target_len=12" in message and f"--set max_target_len={n}" in message, message
+    task, data = _prepare(path, max_target_len=n)
+    assert task._targets(data) == ["L" * (n - 1)]
+    assert task.metrics(data, ["L" * (n - 1)])["sequence_accuracy"] == 1.0
+    assert task.metrics(data, ["L" * (n - 2)])["sequence_accuracy"] == 0.0
+    eos = data.tokenizer.eos_id
+    assert [row[mask].tolist()[-1] for row, mask in zip(data.train_tgt, data.train_tgt_mask)] == [eos, eos]
+
+
+def test_the_fix_for_a_long_target_fits_the_longest_one_and_names_the_first_line(tmp_path):
+    path = _seq2seq(tmp_path, [("ab", "x" * 14)], [("ab", "x" * 20)], name="pairs.json")
+    with pytest.raises(ValueError, match=r"pairs\.json', train\[0\]: the target has 14 characters, .*"
+                                         r"the longest target has 20: pass --set max_target_len=20"):
+        _prepare(path, max_target_len=12)
+
+
+def test_a_source_longer_than_max_len_is_refused_with_the_line_and_the_fix(tmp_path):
+    """The encoder silently saw only the first max_len characters of a longer source."""
+    path = _seq2seq(tmp_path, [("a" * 8, "b"), ("a" * 30, "b")], [("a" * 9, "b")])
+    with pytest.raises(ValueError) as exc:
+        _prepare(path, max_len=8)
+    message = str(exc.value)
+    assert path in message and "line 3: the source has 30 characters, more than max_len=8" in message
+    assert "--set max_len=30" in message and "target" not in message, message
+    _, data = _prepare(path, max_len=30)
+    assert data.tokenizer.decode(data.train_src) == ["a" * 8, "a" * 30]
+
+
+@pytest.mark.parametrize("name", ["pairs.jsonl", "pairs.json"])
+@pytest.mark.parametrize("field", ["source", "target"])
+@pytest.mark.parametrize("bad, shown", [(None, "null"), (["x", "y"], '["x", "y"]'), (12, "12"),
+                                        (True, "true"), ({"a": 1}, '{"a": 1}')])
+def test_a_seq2seq_source_or_target_that_is_not_text_is_refused(tmp_path, name, field, bad, shown):
+    """null, lists and numbers were turned into the text "None", "['x', 'y']", "12" and trained on."""
+    row = {"source": "ab", "target": "ba", field: bad}
+    path = _seq2seq(tmp_path, [("ab", "ba")], [("ab", "ba"), (row["source"], row["target"])], name=name)
+    where = "line 4" if name.endswith(".jsonl") else r"test\[1\]"
+    with pytest.raises(ValueError, match=rf"{where}: the {field} of a test example is {re.escape(shown)}, "
+                                         r"not text; write it as a JSON string") as exc:
+        load_file_dataset(path)
+    assert path in str(exc.value)

@@ -14,11 +14,14 @@
 
   (optionally ``"label_names"``, at least 2 distinct names; labels are names or indices into it; without it
   the classes are the distinct labels, integers in numeric order). ``.jsonl`` files hold one
-  ``{"split": "train"|"test", ...}`` object per line and a first line ``{"kind": ...}``.
+  ``{"split": "train"|"test", ...}`` object per line and a first line ``{"kind": ...}``. A seq2seq
+  ``source`` and ``target`` are strings of at most ``max_len`` and ``max_target_len`` characters; a longer
+  one is refused (it would be cut, and scored against the cut text), with the ``--set`` that fits it.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -69,9 +72,10 @@ def _subset(n: int, cap: Optional[int]) -> Tensor:
 # --------------------------------------------------------------------------- dataset files
 
 
-def load_file_dataset(path: str):
+def load_file_dataset(path: str, *, max_len: Optional[int] = None, max_target_len: Optional[int] = None):
     """A ``TextClassificationData`` or ``Seq2SeqData`` from a dataset file (format in the module
-    docstring)."""
+    docstring). For a seq2seq file, ``max_len`` / ``max_target_len`` (None = no limit) are the longest source
+    and target it may hold (``_refuse_long_sequences``)."""
     from ..data import Seq2SeqData, TextClassificationData
 
     kind = file_task_kind(path)
@@ -90,12 +94,27 @@ def load_file_dataset(path: str):
                     f"dataset file {path!r}, {where}: {row!r}; expected an object with keys {fields}"
                 )
     if kind == "seq2seq":
+        rows = []  # (line, where, source, target); line 0 in a .json file
+        for split in ("train", "test"):
+            for i, row in enumerate(raw[split]):
+                where = f"line {lines[split][i]}" if lines else f"{split}[{i}]"
+                for field in fields:
+                    if not isinstance(row[field], str):
+                        value = json.dumps(row[field])  # as the file writes it: null, 12, ["x", "y"]
+                        raise ValueError(
+                            f"dataset file {path!r}, {where}: the {field} of a {split} example is "
+                            f"{value[:80]}, not text; write it as a JSON string in double quotes, e.g. "
+                            f'"{field}": "12"'
+                        )
+                rows.append((lines[split][i] if lines else 0, where, row["source"], row["target"]))
+        rows.sort(key=lambda r: r[0])  # a .jsonl file interleaves the splits: its first line first
+        _refuse_long_sequences(f"dataset file {path!r}", [r[1:] for r in rows], max_len, max_target_len)
         return Seq2SeqData(
             name=name,
-            train_src=[str(r["source"]) for r in raw["train"]],
-            train_tgt=[str(r["target"]) for r in raw["train"]],
-            test_src=[str(r["source"]) for r in raw["test"]],
-            test_tgt=[str(r["target"]) for r in raw["test"]],
+            train_src=[r["source"] for r in raw["train"]],
+            train_tgt=[r["target"] for r in raw["train"]],
+            test_src=[r["source"] for r in raw["test"]],
+            test_tgt=[r["target"] for r in raw["test"]],
         )
     for split in ("train", "test"):
         for i, row in enumerate(raw[split]):
@@ -124,6 +143,30 @@ def load_file_dataset(path: str):
         test_texts=[str(r["text"]) for r in raw["test"]], test_labels=[label(r) for r in raw["test"]],
         label_names=names,
     )
+
+
+def _refuse_long_sequences(
+    what: str, rows: list[tuple[str, str, str]], max_len: Optional[int], max_target_len: Optional[int]
+) -> None:
+    """A ``ValueError`` when a ``(where, source, target)`` row has a source longer than ``max_len`` or a
+    target longer than ``max_target_len`` characters (None = no limit): the encoder and decoder would cut it,
+    training would lose the target's ``<eos>`` and exact match would score against the cut target. The
+    error names the first such row, its length, and the ``--set`` that fits the longest one."""
+    problems = []
+    sides = (
+        (1, "source", "max_len", max_len, "the encoder would see it cut"),
+        (2, "target", "max_target_len", max_target_len, "it would be cut and scored against the cut text"),
+    )
+    for k, side, key, limit, why in sides:
+        over = [] if limit is None else [(r[0], len(r[k])) for r in rows if len(r[k]) > limit]
+        if over:
+            (where, n), longest = over[0], max(m for _, m in over)
+            problems.append(
+                f"{where}: the {side} has {n} characters, more than {key}={limit} ({why}); the longest "
+                f"{side} has {longest}: pass --set {key}={longest}"
+            )
+    if problems:
+        raise ValueError(f"{what}, " + "; and ".join(problems))
 
 
 def _is_class_name(n: Any) -> bool:
@@ -328,8 +371,12 @@ class Seq2SeqTask(SourceTargetBatches):
         self.name, self.source = name, source
 
     def load(self, config: CompareConfig):
+        """The task's ``Seq2SeqData``; a source or target longer than ``config.max_len`` /
+        ``config.max_target_len`` is a ``ValueError`` (``_refuse_long_sequences``)."""
         if self.source is not None:
-            return load_file_dataset(self.source)
+            return load_file_dataset(
+                self.source, max_len=config.max_len, max_target_len=config.max_target_len
+            )
         from ..data import load_dataset
 
         options = {}
@@ -339,7 +386,11 @@ class Seq2SeqTask(SourceTargetBatches):
                 options["num_train"] = config.max_train
             if config.max_eval is not None:
                 options["num_test"] = config.max_eval
-        return load_dataset(self.name, **options)
+        raw = load_dataset(self.name, **options)
+        rows = [(f"{split}[{i}]", s, t) for split in ("train", "test")
+                for i, (s, t) in enumerate(zip(getattr(raw, f"{split}_src"), getattr(raw, f"{split}_tgt")))]
+        _refuse_long_sequences(f"task {self.name!r}", rows, config.max_len, config.max_target_len)
+        return raw
 
     def prepare(self, config: CompareConfig) -> EncodedSeq2Seq:
         from ..data import CharTokenizer
@@ -352,6 +403,7 @@ class Seq2SeqTask(SourceTargetBatches):
         tokenizer = CharTokenizer.fit(train_src + train_tgt + test_src + test_tgt)
         enc = {}
         for split, src, tgt in (("train", train_src, train_tgt), ("test", test_src, test_tgt)):
+            # load() refused longer texts, so nothing is cut: <bos> target <eos> is at most max_target_len + 2
             enc[f"{split}_src"], enc[f"{split}_src_mask"] = tokenizer.encode(src, max_length=config.max_len)
             enc[f"{split}_tgt"], enc[f"{split}_tgt_mask"] = tokenizer.encode(
                 tgt, max_length=config.max_target_len + 2, add_bos=True, add_eos=True
@@ -394,8 +446,8 @@ class Seq2SeqTask(SourceTargetBatches):
     def predict(self, model, data: EncodedSeq2Seq, idx: Tensor, config, device) -> list[str]:
         src, src_mask, _, _ = self._batch("test", data, idx, device)
         tok = data.tokenizer
-        out = model.greedy_decode(
-            src, src_mask, max_len=config.max_target_len + 2, bos_id=tok.bos_id, eos_id=tok.eos_id
+        out = model.greedy_decode(  # room for the longest target and its <eos>
+            src, src_mask, max_len=config.max_target_len + 1, bos_id=tok.bos_id, eos_id=tok.eos_id
         )
         return tok.decode(out)
 
@@ -426,8 +478,8 @@ class Seq2SeqTask(SourceTargetBatches):
 
     @staticmethod
     def _targets(data: EncodedSeq2Seq) -> list[str]:
-        """The targets as the model can produce them (``<bos>``/``<eos>`` dropped, truncated to
-        max_target_len)."""
+        """The test targets, decoded from their ids (``<bos>``/``<eos>`` dropped); whole, since ``load``
+        refuses a target longer than max_target_len."""
         return data.tokenizer.decode(data.test_tgt)
 
     def samples(self, data: EncodedSeq2Seq, preds: list[str], limit: int = 8) -> list[dict]:
