@@ -44,7 +44,7 @@ def padded_batch(
     """
     if not lengths or min(lengths) < 1:
         raise ValueError(f"lengths={lengths!r}; expected one or more sequence lengths >= 1")
-    g = torch.Generator().manual_seed(check_seed(seed))
+    g = torch.Generator().manual_seed(check_seed(seed, high=2**64 - 1))  # torch's limit: only torch is seeded
     B, L = len(lengths), max(lengths)
     direction = torch.randn(dim, generator=g)
     direction = direction / direction.norm() * dim**0.5  # (D,)

@@ -74,7 +74,7 @@ def check_seed(value: Any, what: str = "seed", high: int = SEED_MAX) -> int:
     """``int(value)`` if it is an integer (not ``bool``) in ``[0, high]``, else a ``ValueError`` naming it
     (a larger one failed later, deep in a seeding call, with "Overflow when unpacking long long")."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= high:
-        limit = "2**32 - 1" if high == SEED_MAX else str(high)
+        limit = {SEED_MAX: "2**32 - 1", 2**64 - 1: "2**64 - 1"}.get(high, str(high))
         raise ValueError(f"{what}={value!r}; expected an integer in [0, {limit}]")
     return int(value)
 

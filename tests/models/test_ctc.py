@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -158,6 +159,11 @@ def test_greedy_decode_refuses_a_blank_id_outside_the_labels(blank_id):
     assert ctc_greedy_decode(log_probs, blank_id=0) == [[1, 1]]
     with pytest.raises(ValueError, match=rf"blank_id={blank_id!r}; expected an id in \[0, V\) = \[0, 3\)"):
         ctc_greedy_decode(log_probs, blank_id=blank_id)
+
+
+def test_greedy_decode_takes_a_numpy_integer_blank_id():
+    log_probs = torch.log(torch.tensor([[[0.1, 0.9, 1e-4], [0.9, 0.05, 0.05], [0.1, 0.9, 1e-9]]]))
+    assert ctc_greedy_decode(log_probs, blank_id=np.int64(0)) == [[1, 1]]
 
 
 def test_decoding_needs_at_least_one_label():

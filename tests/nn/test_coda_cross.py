@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -90,6 +91,11 @@ def test_dtype_mismatch_is_a_value_error_naming_the_fix():
 def test_bad_proj_dim_is_refused_at_construction(proj_dim):
     with pytest.raises(ValueError, match="proj_dim"):
         CoDACrossAttention(8, proj_dim=proj_dim)
+
+
+def test_numpy_integer_proj_dim_is_taken():
+    module = CoDACrossAttention(8, proj_dim=np.int64(4))
+    assert module.f_e.out_features == 4 and type(module.f_e.out_features) is int
 
 
 @pytest.mark.parametrize("mechanism", ["softmax", "none"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import math
 from typing import Optional, Sequence, Union
 
@@ -55,7 +57,7 @@ def describe(value) -> str:
 
 def check_id(name: str, value, vocab_size: int, vocab_name: str = "vocab_size") -> None:
     """A special token id (``pad_id``, ``bos_id`` ...): an integer in ``[0, vocab_size)``."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < vocab_size:
         raise ValueError(f"{name}={value!r}; expected an id in [0, {vocab_name}) = [0, {vocab_size})")
 
 

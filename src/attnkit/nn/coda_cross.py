@@ -22,6 +22,8 @@ For comparison, ``mechanism="softmax"`` gives decomposable attention (Parikh et 
 
 from __future__ import annotations
 
+import numbers
+
 import math
 from typing import Optional
 
@@ -82,8 +84,9 @@ class CoDACrossAttention(nn.Module):
                 "would ignore it; drop config, or pass mechanism='coda'"
             )
         proj_dim = d_model if proj_dim is None else proj_dim
-        if isinstance(proj_dim, bool) or not isinstance(proj_dim, int) or proj_dim < 1:
+        if isinstance(proj_dim, bool) or not isinstance(proj_dim, numbers.Integral) or proj_dim < 1:
             raise ValueError(f"proj_dim={proj_dim!r}; expected an integer >= 1 (or None for d_model)")
+        proj_dim = int(proj_dim)
         self.d_model, self.mechanism = d_model, mechanism
         self.config = CoDA() if config is None else config
         self.f_e = nn.Linear(d_model, proj_dim)

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from ..registry import resolve_mechanism
 from ..functional import normalize
 from ..validators import check_int
-from .module_utils import check_like_parameters
+from .module_utils import check_like_parameters, zero_where
 
 __all__ = ["ContentAttention"]
 
@@ -194,12 +194,13 @@ def zero_padding(
     """
     if key_mask is not None:
         keep = key_mask[:, :, None]  # (B, Lk, 1)
-        keys = torch.where(keep, keys, 0.0)  # (B, Lk, Dk)
-        values = torch.where(keep, values, 0.0)  # (B, Lk, Dv)
+        keys = zero_where(keep, keys)  # (B, Lk, Dk)
+        values = keys if values is keys else zero_where(keep, values)  # (B, Lk, Dv)
     if query_mask is not None:
         keep_q = query_mask if single else query_mask[:, :, None]  # (B, 1) or (B, Lq, 1)
-        query = torch.where(keep_q, query, 0.0)  # (B, Dq) or (B, Lq, Dq)
+        query = zero_where(keep_q, query)  # (B, Dq) or (B, Lq, Dq)
     return query, keys, values
+
 
 
 def check_key_mask(key_mask: Optional[Tensor], B: int, Lk: int) -> None:

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from ..scores import AdditiveScore
 from ..validators import check_number
-from .module_utils import check_like_parameters, check_same_device_dtype, flag
+from .module_utils import check_like_parameters, check_same_device_dtype, flag, zero_where
 
 __all__ = [
     "HARD_MODES",
@@ -158,7 +158,7 @@ def hard_attention(
         allowed = allowed & key_mask
     # selects, never 0 * x: what a forbidden location holds (NaN, inf) reaches neither output nor gradient
     scores = scores.masked_fill(~allowed, float("-inf"))
-    values = torch.where(allowed[:, :, None], values, 0.0)  # (B, L, D)
+    values = zero_where(allowed[:, :, None], values)  # (B, L, D)
     any_real = allowed.any(dim=-1, keepdim=True)  # (B, 1)
     scores = torch.where(any_real, scores, torch.zeros_like(scores))  # empty rows: finite, zeroed below
     log_alpha = torch.log_softmax(scores, dim=-1)  # (B, L)
@@ -305,7 +305,7 @@ class HardAttention(nn.Module):
         if key_mask is not None:
             _check_key_mask(key_mask, keys.shape[0], keys.shape[1], keys.device)
             # padded keys (even NaN) never reach the scores or their gradient
-            keys = torch.where(key_mask[:, :, None], keys, 0.0)  # (B, L, Dk)
+            keys = zero_where(key_mask[:, :, None], keys)  # (B, L, Dk)
         return hard_attention(
             self.scores(query, keys),
             values,

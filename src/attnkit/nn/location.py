@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .content import check_key_mask
+from .module_utils import zero_where
 
 __all__ = ["GMMLocationAttention", "gmm_window_weights", "PARAMETERIZATIONS"]
 
@@ -163,7 +164,7 @@ class GMMLocationAttention(nn.Module):
         if key_mask is not None:
             phi = phi.masked_fill(~key_mask, 0.0)
             # a select, not 0 * value: padded values that hold NaN or inf never reach the window
-            values = torch.where(key_mask[:, :, None], values, 0.0)  # (B, U, Dv)
+            values = zero_where(key_mask[:, :, None], values)  # (B, U, Dv)
         window = (phi[:, None, :] @ values)[:, 0]  # (B, 1, U) @ (B, U, Dv) -> (B, Dv)
         return window, phi, kappa
 
