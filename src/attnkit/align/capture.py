@@ -96,6 +96,13 @@ class Site:
     def attach(self, record: Record, context: ForwardState) -> list:  # returns hook handles
         raise NotImplementedError
 
+    def leave_out(self, context: ForwardState, why: str, error: type = ValueError) -> None:
+        """A call this layer cannot capture: an ``error(why)`` when chosen by name (``layers=``), else left
+        out of this forward with a warning (once)."""
+        if self.strict:
+            raise error(why)
+        context.skip(self.name, why)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, heads={self.num_heads}, head_dim={self.head_dim})"
 
@@ -273,9 +280,7 @@ class HFSite(Site):
             try:
                 valid_q, valid_k = (_hf_valid(mask, B, n, q.device, self.name) for n in (Lq, Lk))
             except _PositionsMismatch as exc:
-                if self.strict:
-                    raise
-                context.skip(self.name, str(exc))
+                self.leave_out(context, str(exc), _PositionsMismatch)
                 return
             record(Captured(q, k, valid_q, valid_k))
 
@@ -456,9 +461,7 @@ def _graph_capture(site: Site, context: ForwardState, q: Tensor, k: Tensor) -> O
             "cannot tell which graph each node belongs to; pass layers= with the layers that run on the "
             "batch's nodes"
         )
-        if site.strict:
-            raise _PositionsMismatch(why)
-        context.skip(site.name, why)
+        site.leave_out(context, why, _PositionsMismatch)
         return None
     batch = batch.to(q.device)
     if int(batch.min()) < 0:
@@ -519,9 +522,7 @@ class GATSite(Site):
                     "destination term a_dst . W x_i, so the layer has no queries to align; pass the "
                     "destination nodes' features as x=(x_src, x_dst)"
                 )
-                if self.strict:
-                    raise ValueError(why)
-                context.skip(self.name, why)
+                self.leave_out(context, why)
                 return
             if conv.lin is not None:
                 x_src = outputs[0][1]
