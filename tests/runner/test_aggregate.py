@@ -54,6 +54,24 @@ def test_step_time_ratio_uses_each_runs_median_step():
     assert legacy[1]["step_time_rel"] == pytest.approx(0.6)
 
 
+def test_step_time_ratio_is_the_median_over_seeds_as_in_the_summary_timing():
+    """One slow run among three seeds moves neither the results table's ratio nor the summary's timing, and
+    the two give the same number."""
+    from attnkit.runner.summary import _timing
+
+    def run(mech, seed, median):
+        steps = {"min": median, "median": median, "max": median}
+        return {**_run(mech, seed, 0.8, median), "step_times_s": steps}
+
+    runs = [run("softmax", 0, 0.10), run("softmax", 1, 0.11), run("softmax", 2, 0.90),
+            run("dnas", 0, 0.12), run("dnas", 1, 0.12), run("dnas", 2, 0.13)]
+    soft, dnas = aggregate(runs, ("softmax", "dnas"))
+    assert soft["step_time_median_s"] == pytest.approx(0.11)
+    assert dnas["step_time_rel"] == pytest.approx(0.12 / 0.11)
+    timing = _timing(runs, ("softmax", "dnas"), "softmax")
+    assert timing["dnas"]["median_rel"] == pytest.approx(dnas["step_time_rel"])
+
+
 def test_first_mechanism_is_the_baseline_without_softmax():
     records = aggregate([_run("dnas", 0, 0.5, 0.2), _run("coda", 0, 0.6, 0.1)], ("dnas", "coda"))
     assert [r["step_time_baseline"] for r in records] == ["dnas", "dnas"]

@@ -63,8 +63,9 @@ def aggregate(runs: list[dict], mechanisms: tuple[str, ...], baseline: str = "so
     """One record per mechanism: mean and std over seeds of each metric, step time relative to ``baseline``.
 
     ``step_time_rel`` divides the median optimizer-step time (evaluation excluded; a run's median step, then
-    the mean over seeds, so that one slow step such as a garbage-collector pause does not move it; the mean
-    step where a run did not record its steps) by the baseline's; when the baseline was not run, the first
+    the median over seeds, so that neither one slow step such as a garbage-collector pause nor one slow run
+    moves it, the same number as the summary's ``timing``; the mean step where a run did not record its
+    steps) by the baseline's; when the baseline was not run, the first
     mechanism is the baseline (``step_time_baseline`` says which). ``step_time_s`` is the mean step.
     ``explain_away_min_normalized`` is the smallest ``n_k * min_j sum_i pi_ij`` over layers and seeds
     (Lemma 1: >= 1 for DNAS); ``hybrid_u`` is the final ``u`` per layer and head, averaged over seeds.
@@ -72,7 +73,7 @@ def aggregate(runs: list[dict], mechanisms: tuple[str, ...], baseline: str = "so
     if baseline not in mechanisms:
         baseline = mechanisms[0]
     by_mech = {m: [r for r in runs if r["mechanism"] == m] for m in mechanisms}
-    base_time = statistics.fmean(_median_step(r) for r in by_mech[baseline])
+    base_time = statistics.median(_median_step(r) for r in by_mech[baseline])
     records = []
     for mech in mechanisms:
         group = by_mech[mech]
@@ -82,7 +83,7 @@ def aggregate(runs: list[dict], mechanisms: tuple[str, ...], baseline: str = "so
             record[f"{name}_mean"], record[f"{name}_std"] = _mean_std([r["metrics"][name] for r in group])
         record["step_time_s"], _ = _mean_std([r["step_time_s"] for r in group])
         seed_times = [_median_step(r) for r in group]
-        record["step_time_median_s"] = statistics.fmean(seed_times)
+        record["step_time_median_s"] = statistics.median(seed_times)
         record["step_time_rel"] = record["step_time_median_s"] / base_time if base_time else None
         record["step_time_rel_min"] = min(seed_times) / base_time if base_time else None
         record["step_time_rel_max"] = max(seed_times) / base_time if base_time else None
