@@ -45,20 +45,27 @@ def flex_potentials(
         raise ValueError(f"iters={iters}; expected >= 1 (softmax is flex_attention itself)")
     if flex is None:
         from torch.nn.attention.flex_attention import flex_attention as flex
+    from torch.nn.attention.flex_attention import AuxRequest
+
+    # return_aux, not the deprecated return_lse, whose warning-once check made every compiled call site
+    # compile twice (the first call's graph is guarded on the warning not having been shown yet)
+    lse_only = AuxRequest(lse=True)
     sites = flex if isinstance(flex, Mapping) else dict.fromkeys(CALL_SITES, flex)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     a = None  # (B, H, Lq): a^{t-1}, None for a^0 = 0
     b = None
     for t in range(1, iters + 1):
         if a is None:
-            _, lse = sites["columns"](k, q, q, scale=scale, return_lse=True)  # (B, H, Lk): LSE_i s_ij
+            _, aux = sites["columns"](k, q, q, scale=scale, return_aux=lse_only)
+            lse = aux.lse  # (B, H, Lk): LSE_i s_ij
         else:
             a_prev = a
 
             def add_row(score, bi, h, j, i, a_prev=a_prev):  # transposed call: its "query" index is j
                 return score + a_prev[bi, h, i]
 
-            _, lse = sites["columns_after"](k, q, q, score_mod=add_row, scale=scale, return_lse=True)
+            _, aux = sites["columns_after"](k, q, q, score_mod=add_row, scale=scale, return_aux=lse_only)
+            lse = aux.lse
         b = -lse.float()  # (B, H, Lk)
         if t < iters:
             b_t = b
@@ -66,8 +73,8 @@ def flex_potentials(
             def add_col(score, bi, h, i, j, b_t=b_t):
                 return score + b_t[bi, h, j]
 
-            _, lse_row = sites["rows"](q, k, k, score_mod=add_col, scale=scale, return_lse=True)
-            a = -lse_row.float()  # (B, H, Lq)
+            _, aux = sites["rows"](q, k, k, score_mod=add_col, scale=scale, return_aux=lse_only)
+            a = -aux.lse.float()  # (B, H, Lq)
 
     def add_b(score, bi, h, i, j):
         return score + b[bi, h, j]
