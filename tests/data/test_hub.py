@@ -365,3 +365,30 @@ def test_a_byte_order_mark_is_accepted_in_every_text_format(tmp_path, suffix):
     (tmp_path / f"test{suffix}").write_bytes(b"\xef\xbb\xbf" + body.encode())
     data = load_dataset("sst2", source=tmp_path)
     assert data.train_texts == ["good", "bad"] and data.test_labels == [1, 0]
+
+
+def _class_encoded_split(folder, split, premises, labels):
+    datasets = pytest.importorskip("datasets")
+    rows = {"premise": premises, "hypothesis": [f"h {p}" for p in premises], "label": labels}
+    table = datasets.Dataset.from_dict(rows).class_encode_column("label")
+    table.to_parquet(str(folder / f"{split}.parquet"))
+    return table.features["label"].names
+
+
+def test_test_labels_follow_their_own_class_names_not_the_train_splits_ids(tmp_path):
+    """Splits encoded one by one (class_encode_column per split) number the classes each in their own way:
+    a test split without 'entailment' calls 'neutral' 1, which the train split calls 'entailment'."""
+    train_names = _class_encoded_split(tmp_path, "train", ["p1", "p2", "p3"],
+                                       ["contradiction", "entailment", "neutral"])
+    test_names = _class_encoded_split(tmp_path, "test", ["q1", "q2"], ["contradiction", "neutral"])
+    assert test_names == ["contradiction", "neutral"] and train_names[1] == "entailment"
+    data = load_dataset("snli", source=tmp_path)
+    assert [data.label_names[y] for y in data.test_labels] == ["contradiction", "neutral"]
+    assert [data.label_names[y] for y in data.train_labels] == ["contradiction", "entailment", "neutral"]
+
+
+def test_a_test_class_the_train_split_lacks_is_refused(tmp_path):
+    _class_encoded_split(tmp_path, "train", ["p1", "p2"], ["contradiction", "neutral"])
+    _class_encoded_split(tmp_path, "test", ["q1", "q2"], ["contradiction", "entailment"])
+    with pytest.raises(ValueError, match=r"test split's classes .*\['entailment'\].* train split's classes"):
+        load_dataset("snli", source=tmp_path)

@@ -108,15 +108,19 @@ def _label_value(y: Any) -> Any:
     return y
 
 
+def _class_names(table: Any, column: str) -> Optional[list[str]]:
+    """The class names of a ClassLabel column, or ``None`` (plain integers, or no features)."""
+    features = getattr(table, "features", None)
+    feature = features.get(column) if features is not None else None
+    names = getattr(feature, "names", None)
+    return list(names) if names else None
+
+
 def _to_data(spec: HubSpec, train: Any, test: Any) -> TextClassificationData:
     """Map hub columns to a ``TextClassificationData``; rows with label ``-1`` or no label (unlabeled) are
     dropped."""
     columns = [*spec.text_columns, spec.label_column]
-    label_names = list(spec.label_names)
-    features = getattr(train, "features", None)
-    feature = features.get(spec.label_column) if features is not None else None
-    if feature is not None and getattr(feature, "names", None):  # a ClassLabel carries the class names
-        label_names = list(feature.names)
+    label_names = _class_names(train, spec.label_column) or list(spec.label_names)
     splits = {}
     for split, table in (("train", train), ("test", test)):
         missing = [c for c in columns if c not in table.column_names]
@@ -125,6 +129,16 @@ def _to_data(spec: HubSpec, train: Any, test: Any) -> TextClassificationData:
                 f"{spec.name}: the {split} split has columns {table.column_names}, expected {columns} "
                 f"(the layout of {spec.hub_id} on the hub)"
             )
+        # a split's ClassLabel names its own ids: a test split encoded on its own (datasets'
+        # class_encode_column per split) may number the classes otherwise than the train split
+        names = _class_names(table, spec.label_column) or label_names
+        unknown = [n for n in names if n not in label_names]
+        if unknown:
+            raise ValueError(
+                f"{spec.name}: the {split} split's classes {names} include {unknown}, which the train "
+                f"split's classes {label_names} lack; encode both splits with one ClassLabel (datasets' "
+                "cast_column with the train split's features)"
+            )
         labels = [_label_value(y) for y in table[spec.label_column]]
         keep = [i for i, y in enumerate(labels) if y is not None and y != -1]
         bad = [
@@ -132,13 +146,14 @@ def _to_data(spec: HubSpec, train: Any, test: Any) -> TextClassificationData:
             for i in keep
             if isinstance(labels[i], bool)
             or not isinstance(labels[i], int)
-            or not 0 <= labels[i] < len(label_names)
+            or not 0 <= labels[i] < len(names)
         ]
         if bad:
             raise ValueError(
-                f"{spec.name}: {split} label {bad[0]!r} is not an integer in [0, {len(label_names)}) "
-                f"(classes {label_names}) or -1 for unlabeled"
+                f"{spec.name}: {split} label {bad[0]!r} is not an integer in [0, {len(names)}) "
+                f"(classes {names}) or -1 for unlabeled"
             )
+        to_train_id = [label_names.index(n) for n in names]
         if not keep:
             raise ValueError(
                 f"{spec.name}: the {split} split has no labeled row ({len(labels)} rows, all labels -1 or "
@@ -152,7 +167,7 @@ def _to_data(spec: HubSpec, train: Any, test: Any) -> TextClassificationData:
         splits[split] = (
             [str(texts[0][i]) for i in keep],
             [str(texts[1][i]) for i in keep] if len(texts) > 1 else None,
-            [int(labels[i]) for i in keep],
+            [to_train_id[labels[i]] for i in keep],
         )
     return TextClassificationData(
         name=spec.name,
