@@ -72,6 +72,22 @@ def test_synthetic_targets(task, expected):
     assert transform("cab") == expected
 
 
+@pytest.mark.parametrize("task", ["copy", "reverse", "sort"])
+def test_synthetic_training_sources_never_appear_in_the_test_set(task):
+    """Drawn independently, 160 of 500 test sources were training sources (every short string is in both)."""
+    data = generate_synthetic(task, num_train=4000, num_test=500, test_max_len=12, seed=0)
+    assert not set(data.train_src) & set(data.test_src)
+    assert len(data.train_src) == 4000 and len(data.test_src) == 500
+    assert min(map(len, data.test_src)) == 1  # the test set keeps its short strings
+    again = generate_synthetic(task, num_train=4000, num_test=500, test_max_len=12, seed=0)
+    assert again.train_src == data.train_src and again.test_src == data.test_src
+
+
+def test_synthetic_test_set_holding_every_training_string_is_refused():
+    with pytest.raises(ValueError, match="test set holds nearly every string"):
+        generate_synthetic("copy", num_train=10, num_test=200, max_len=2, alphabet="ab", seed=0)
+
+
 def test_metrics_known_values():
     assert edit_distance("kitten", "sitting") == 3
     assert token_error_rate([["a", "b", "c"], ["d"]], [["a", "c"], ["d", "e"]]) == pytest.approx(2 / 4)

@@ -29,7 +29,7 @@ def generate_synthetic(
     seed: int = 0,
 ) -> Seq2SeqData:
     """Seeded random strings with lengths in ``[min_len, max_len]`` (test: up to ``test_max_len``, default
-    max_len)."""
+    max_len); no training source is a test source."""
     if task not in SYNTHETIC_TASKS:
         raise ValueError(f"task={task!r}: expected one of {SYNTHETIC_TASKS}")
     test_max_len = max_len if test_max_len is None else test_max_len
@@ -57,8 +57,22 @@ def generate_synthetic(
     def draw(low: int, high: int) -> str:
         return "".join(rng.choice(alphabet) for _ in range(rng.randint(low, high)))
 
-    train = [draw(min_len, max_len) for _ in range(num_train)]
+    # the test set first, then training strings that avoid every test string (drawn independently, a
+    # third of the test strings were training strings too: every string of one or two symbols is in both)
     test = [draw(min_len, test_max_len) for _ in range(num_test)]
+    held_out = set(test)
+    train: list[str] = []
+    attempts = 0
+    while len(train) < num_train:
+        attempts += 1
+        if attempts > 100 * num_train:
+            raise ValueError(
+                f"the test set holds nearly every string of {min_len} to {max_len} symbols of {alphabet!r}; "
+                "lower num_test or raise max_len, or use a larger alphabet"
+            )
+        source = draw(min_len, max_len)
+        if source not in held_out:
+            train.append(source)
     return Seq2SeqData(
         name=task,
         train_src=train,
