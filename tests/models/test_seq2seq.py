@@ -119,8 +119,13 @@ def test_greedy_decode_respects_max_len_and_validates():
     assert out.shape == (2, 4) and (out == 7).all()
     with pytest.raises(ValueError, match="eos_id=15"):
         model.greedy_decode(torch.randint(1, 20, (2, 5)), None, max_len=4, bos_id=1, eos_id=15)
-    with pytest.raises(ValueError, match="max_len=40 needs 41 target positions"):
+    with pytest.raises(ValueError, match="max_len=40 needs 40 target positions"):
         model.greedy_decode(torch.randint(1, 20, (2, 5)), None, max_len=40, bos_id=1, eos_id=2)
+    with pytest.raises(ValueError, match="max_len=33 needs 33 target positions; the model has max_len=32"):
+        model.greedy_decode(torch.randint(1, 20, (2, 5)), None, max_len=33, bos_id=1, eos_id=2)
+    # as many tokens as the model has positions: the last step reads <bos> and 31 tokens
+    full = model.greedy_decode(torch.randint(1, 20, (2, 5)), None, max_len=32, bos_id=1, eos_id=2)
+    assert full.shape == (2, 32) and (full == 7).all()
 
 
 def test_greedy_decode_of_an_empty_batch_decodes_no_token():

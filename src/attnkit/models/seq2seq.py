@@ -173,10 +173,9 @@ class Seq2SeqTransformer(nn.Module):
         for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.tgt_vocab_size:
                 raise ValueError(f"{name}={value!r}; expected an id in [0, {self.tgt_vocab_size})")
-        if max_len + 1 > self.max_len:
+        if max_len > self.max_len:  # the last step reads <bos> and max_len - 1 tokens
             raise ValueError(
-                f"max_len={max_len} needs {max_len + 1} target positions; "
-                f"the model has max_len={self.max_len}"
+                f"max_len={max_len} needs {max_len} target positions; the model has max_len={self.max_len}"
             )
         memory, src_mask = self.encode(src_ids, src_mask)
         B = src_ids.shape[0]
