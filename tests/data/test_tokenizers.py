@@ -132,6 +132,9 @@ def test_pad_batch_accepts_numpy_integers_and_tensors():
         (WordTokenizer, ["<pad>"], "type='list'"),
         (CharTokenizer, {"type": "char"}, r"lacks \['alphabet'\]"),
         (CharTokenizer, {"type": "char", "alphabet": 5}, "alphabet is 5"),
+        # the string "false" is truthy: it lowercased every text
+        (WordTokenizer, {"type": "word", "vocab": ["<pad>", "<unk>", "hello"], "lowercase": "false"},
+         "lowercase: expected True or False"),
     ],
 )
 def test_from_dict_names_a_broken_state(cls, state, message):

@@ -99,6 +99,10 @@ def test_token_vocab_round_trip():
     ids, mask = vocab.encode(["K AE T"], add_bos=True, add_eos=True)
     assert vocab.decode_ids(ids[0].tolist()) == ["K", "AE", "T"]
     assert mask.sum() == 5
+    assert vocab.decode_ids([vocab.unk_id]) == ["?"]
+    for bad in (len(vocab.vocab), -1):  # not shown as "?" like an unknown token: refused
+        with pytest.raises(ValueError, match=f"token id {bad} is not in the vocabulary"):
+            vocab.decode_ids([bad])
 
 
 def test_numbers_large_training_set_still_has_unseen_single_number_test_inputs():

@@ -14,7 +14,7 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
-from ..validators import check_int
+from ..validators import check_bool, check_int
 
 __all__ = ["WordTokenizer", "CharTokenizer", "pad_batch"]
 
@@ -100,7 +100,7 @@ class WordTokenizer:
         if len(set(vocab)) != len(vocab):
             raise ValueError("vocab has repeated entries")
         self.vocab = vocab
-        self.lowercase = lowercase
+        self.lowercase = check_bool(lowercase, "lowercase")
         self.index = {w: i for i, w in enumerate(vocab)}
         self.pad_id, self.unk_id = 0, 1
 
