@@ -65,3 +65,31 @@ def test_encoding_pads_and_masks():
         assert data.vocab[int(data.answers[n])] == s.answer
     with pytest.raises(ValueError, match="task="):
         generate_babi("three-supporting-facts", 1)
+
+
+def test_a_cut_story_keeps_its_last_sentences_and_supporting_rows_point_at_them():
+    """Supporting indices counted from the uncut story pointed past the kept rows (15 sentences cut to 8
+    kept (11, 12) instead of rows 4 and 5); a fact that was cut is dropped and counted in a warning."""
+    samples = generate_babi("two-supporting-facts", 200, max_sentences=20, seed=3)
+    with pytest.warns(UserWarning, match=r"cut a supporting fact from \d+ of 200 stories"):
+        data = encode_babi(samples, memory_size=8)
+    for n, (orig, enc) in enumerate(zip(samples, data.samples)):
+        cut = max(0, len(orig.story) - 8)
+        assert enc.story == orig.story[cut:]
+        assert enc.supporting == tuple(i - cut for i in orig.supporting if i >= cut)
+        assert all(0 <= i < int(data.story_mask[n].sum()) for i in enc.supporting)
+        for i in enc.supporting:  # the row the index names holds the supporting sentence
+            assert enc.story[i] == orig.story[i + cut]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"memory_size": 0}, "memory_size=0"),
+    ({"memory_size": 2.5}, "memory_size=2.5"),
+    ({"sentence_len": 0}, "sentence_len=0"),
+])
+def test_encoding_options_are_checked(kwargs, message):
+    samples = generate_babi("counting", 3, seed=0)
+    with pytest.raises(ValueError, match=message):
+        encode_babi(samples, **kwargs)
+    with pytest.raises(ValueError, match="no samples"):
+        encode_babi([])

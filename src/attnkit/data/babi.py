@@ -15,12 +15,15 @@ indices of the supporting sentences. :func:`encode_babi` turns samples into padd
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from ..validators import check_int
 
 __all__ = ["BABI_TASKS", "BabiData", "BabiSample", "encode_babi", "generate_babi"]
 
@@ -151,11 +154,22 @@ def _words() -> list[str]:
 def encode_babi(
     samples: Sequence[BabiSample], *, memory_size: int | None = None, sentence_len: int = 8
 ) -> BabiData:
-    """Pad to ``memory_size`` sentences (default: the longest story; longer stories keep their last
-    sentences) of ``sentence_len`` words."""
+    """Pad to ``memory_size`` sentences (default: the longest story) of ``sentence_len`` words.
+
+    A longer story keeps its last ``memory_size`` sentences, as MemN2N limits its memory to the most recent
+    sentences; ``BabiData.samples`` then holds the story as encoded, its supporting indices shifted to the
+    rows kept (a fact that was cut is dropped from them, and a warning counts such samples).
+    """
+    samples = list(samples)
+    if not samples:
+        raise ValueError("encode_babi got no samples; generate some with generate_babi(task, num)")
+    if memory_size is not None:
+        check_int(memory_size, f"memory_size={memory_size!r}",
+                  "expected a positive number of sentences (or None: the longest story)", low=1)
+    check_int(sentence_len, f"sentence_len={sentence_len!r}", "expected a positive number of words", low=1)
     vocab = _words()
     index = {w: i for i, w in enumerate(vocab)}
-    M = memory_size or max(len(s.story) for s in samples)
+    M = memory_size if memory_size is not None else max(len(s.story) for s in samples)
 
     def ids(text: str) -> list[int]:
         words = text.split()
@@ -165,11 +179,24 @@ def encode_babi(
 
     stories = torch.zeros(len(samples), M, sentence_len, dtype=torch.long)
     mask = torch.zeros(len(samples), M, dtype=torch.bool)
+    encoded, lost = [], 0
     for n, s in enumerate(samples):
-        kept = s.story[-M:]
+        cut = max(0, len(s.story) - M)
+        kept = s.story[cut:]
         for m, sentence in enumerate(kept):
             stories[n, m] = torch.tensor(ids(sentence))
         mask[n, : len(kept)] = True
+        if cut:
+            supporting = tuple(i - cut for i in s.supporting if i >= cut)
+            lost += len(supporting) < len(s.supporting)
+            s = BabiSample(tuple(kept), s.question, s.answer, supporting)
+        encoded.append(s)
+    if lost:
+        warnings.warn(
+            f"memory_size={M} cut a supporting fact from {lost} of {len(samples)} stories; their answers "
+            "may not be in memory (raise memory_size to keep every sentence)",
+            stacklevel=2,
+        )
     questions = torch.tensor([ids(s.question) for s in samples], dtype=torch.long)
     answers = torch.tensor([index[s.answer] for s in samples], dtype=torch.long)
-    return BabiData(stories, mask, questions, answers, vocab, list(samples))
+    return BabiData(stories, mask, questions, answers, vocab, encoded)
