@@ -187,6 +187,18 @@ def test_csv_label_column_with_an_empty_cell_drops_that_row_and_keeps_the_intege
     assert all(type(y) is int for y in data.train_labels)
 
 
+def test_csv_cells_reading_na_or_null_are_text_not_missing(tmp_path):
+    """pandas' default missing-value strings: a sentence "null" was refused as None, and a label "NA"
+    dropped its row as unlabeled; only an empty cell is missing."""
+    (tmp_path / "train.csv").write_text("sentence,label\nnull,1\nNA,0\nnan,1\n")
+    (tmp_path / "test.csv").write_text("sentence,label\nNone,0\n")
+    data = load_dataset("sst2", source=tmp_path)
+    assert data.train_texts == ["null", "NA", "nan"] and data.test_texts == ["None"]
+    (tmp_path / "train.csv").write_text("sentence,label\ngood,1\nbad,NA\n")
+    with pytest.raises(ValueError, match=r"train\.csv line 3: label 'NA' is not an integer"):
+        load_dataset("sst2", source=tmp_path)
+
+
 def test_a_fractional_label_is_still_refused(tmp_path):
     _jsonl(tmp_path / "train.jsonl", [{"sentence": "x", "label": 1.5}])
     (tmp_path / "test.jsonl").write_text(_GOOD)

@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 import tempfile
 from dataclasses import dataclass
@@ -331,12 +332,26 @@ def _check_json(spec: HubSpec, path: Path) -> None:
     _check_json_document(spec, path, whole)
 
 
+_CSV_INTEGER = re.compile(r"[+-]?\d+(\.0*)?")  # pandas reads "1" and "1.0" as the class id 1
+
+
 def _check_csv(spec: HubSpec, path: Path) -> None:
     """A ``.csv`` file: a header line and at least one row (a quoted field may span lines)."""
     try:
         with open(path, encoding="utf-8-sig", newline="") as f:
-            lines = (row for row in csv.reader(f) if row)  # a blank line is no row
+            reader = csv.reader(f)
+            lines = (row for row in reader if row)  # a blank line is no row
             header, first = next(lines, None), next(lines, None)
+            column = header.index(spec.label_column) if header and spec.label_column in header else None
+            row = first
+            while row is not None and column is not None:
+                cell = row[column].strip() if column < len(row) else ""
+                if cell and not _CSV_INTEGER.fullmatch(cell):
+                    raise ValueError(
+                        f"{spec.name}: {path} line {reader.line_num}: label {cell!r} is not an integer; "
+                        "expected a class id, or -1 or an empty cell for an unlabeled row"
+                    )
+                row = next(lines, None)
     except csv.Error:
         return  # the reader names the problem
     if header is None:
@@ -383,11 +398,14 @@ def _read_source_file(datasets, spec: HubSpec, path: Path, scratch: str):
     if path.suffix in (".jsonl", ".json", ".csv"):
         _check_utf8(spec, path)
     _CHECKS[path.suffix](spec, path)
+    # a CSV cell is missing only when empty: pandas' default missing-value strings ("NA", "null", "None",
+    # "nan", ...) are text (a sentence "null") or, in the label column, an error, not an unlabeled row
+    options = {"keep_default_na": False, "na_values": [""]} if path.suffix == ".csv" else {}
     try:
         with _quiet(datasets):
             return datasets.load_dataset(
                 _EXTENSIONS[path.suffix], data_files={"train": str(path)}, split="train",
-                cache_dir=scratch, keep_in_memory=True,
+                cache_dir=scratch, keep_in_memory=True, **options,
             )
     except Exception as exc:  # the readers' errors are many (pyarrow, pandas, empty file); report one line
         while exc.__cause__ is not None or exc.__context__ is not None:
