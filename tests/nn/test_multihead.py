@@ -498,6 +498,23 @@ def test_a_float_key_padding_mask_of_large_negatives_masks_like_a_boolean_one(me
     torch.testing.assert_close(w_float, w_bool, rtol=0, atol=0)
 
 
+def test_a_learned_attn_mask_that_starts_at_zero_gets_torchs_gradient():
+    """An all-zero float mask was turned into a boolean one, which cut the gradient of a learned bias
+    (a relative-position bias initialized to zeros never trained)."""
+    theirs, ours = _pair(batch_first=True)
+    x, _, _ = _inputs(B=2, Lq=5, Lk=5)
+    grads = []
+    for module in (theirs, ours):
+        bias = torch.nn.Parameter(torch.zeros(5, 5, dtype=torch.float64))
+        module(x, x, x, attn_mask=bias, need_weights=False)[0].pow(2).sum().backward()
+        grads.append(bias.grad)
+    assert grads[1] is not None and grads[1].abs().sum() > 0
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-12)
+    coda = aknn.MultiheadAttention(E, H, mechanism="coda", batch_first=True, dtype=torch.float64)
+    with pytest.raises(ValueError, match="requires grad .*CoDA's masks are multiplicative"):
+        coda(x, x, x, attn_mask=torch.nn.Parameter(torch.zeros(5, 5, dtype=torch.float64)))
+
+
 @pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
 def test_a_causal_attn_mask_raises_for_query_normalized(mechanism):
     module = aknn.MultiheadAttention(E, H, mechanism=mechanism, batch_first=True)

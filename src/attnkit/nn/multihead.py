@@ -276,8 +276,11 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         if isinstance(self.config, CoDA):
             for name, m in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
                 if m is not None and m.dtype != torch.bool:
-                    what = ("a float mask inside torch.func.vmap (its values cannot be read)"
-                            if values_hidden(m) else "an additive float mask (values other than 0 and -inf)")
+                    what = (
+                        "a float mask inside torch.func.vmap (its values cannot be read)" if values_hidden(m)
+                        else "a float mask that requires grad (a learned additive bias)" if m.requires_grad
+                        else "an additive float mask (values other than 0 and -inf)"
+                    )
                     raise ValueError(
                         f"{name} is {what}; CoDA's masks are multiplicative: pass a boolean mask (True = not "
                         "allowed, as torch) or a float mask of 0 and -inf only"
