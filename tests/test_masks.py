@@ -152,6 +152,8 @@ def test_causal_pattern_finds_causal_masks_with_padding_windows_and_bottom_right
     assert _pattern(tril) and _pattern(padded) and _pattern(window)
     assert _pattern(torch.ones(2, 5, dtype=torch.bool).tril(3), 2, 5)  # the last 2 of 5 positions as queries
     assert _pattern(torch.zeros(4, 4).masked_fill(~tril, float("-inf")))  # torch's float causal mask
+    # strictly causal (query i sees keys j < i): query 2 sees keys 0 and 1, which later queries see too
+    assert _pattern(torch.ones(4, 4, dtype=torch.bool).tril(-1))
 
 
 def test_causal_pattern_spares_masks_through_which_nothing_can_leak():
@@ -164,3 +166,13 @@ def test_causal_pattern_spares_masks_through_which_nothing_can_leak():
     assert not _pattern(sees_a_later_key)
     assert not _pattern(torch.ones(1, 4, dtype=torch.bool).tril(0)[:, :4])  # one row broadcast
     assert not _pattern(torch.ones(1, 4, dtype=torch.bool), 1, 4)  # a single query
+
+
+def test_a_key_padding_pattern_is_not_causal_in_rectangular_cross_attention():
+    """Every query sees the same 7 of 10 keys: aligned bottom-right (offset 6) no query sees a later key,
+    yet nothing can leak; it was refused, and accepted once an unpadded example joined the batch."""
+    keys = torch.arange(10) < 7
+    assert not _pattern(keys.expand(4, 10), 4, 10)
+    both = torch.stack([keys, torch.ones(10, dtype=torch.bool)])[:, None, None, :].expand(2, 1, 4, 10)
+    assert not _pattern(both, 4, 10)
+    assert _pattern(torch.ones(4, 10, dtype=torch.bool).tril(6), 4, 10)  # a causal pattern, bottom-right

@@ -230,11 +230,11 @@ def _boundary(
         key_mask=key_mask, query_mask=query_mask, attn_mask=attn_mask, causal=causal,
         device=q.device, allow_bias=not isinstance(config, CoDA),
     )
-    _check_causal_pattern(config, mask)
+    check_causal_pattern(config, mask)
     return config, mask, check_scale(scale, D), _check_dropout(dropout_p)
 
 
-def _check_causal_pattern(config: MechanismConfig, mask: MaskInfo) -> None:
+def check_causal_pattern(config: MechanismConfig, mask: MaskInfo) -> None:
     """Raise ``causal_problem`` when ``attn_mask`` is causal in all but name
     (``attnkit.masks.causal_pattern``)."""
     problem = causal_problem(config)
@@ -405,7 +405,7 @@ def normalize(
         key_mask=key_mask, query_mask=query_mask, attn_mask=attn_mask, causal=causal,
         device=scores.device, allow_bias=not isinstance(config, CoDA),
     )
-    _check_causal_pattern(config, mask)
+    check_causal_pattern(config, mask)
     scores, mask = _fold_neg_inf(scores, mask)
     cdtype = _compute_dtype(scores.dtype)
     u = _hybrid_u(config, hybrid_weight, H, scores)

@@ -233,13 +233,16 @@ def causal_leak_error(mechanism: str) -> ValueError:
 
 
 def causal_pattern(mask: MaskInfo) -> bool:
-    """Whether ``attn_mask`` is an autoregressive pattern: no query sees a key after it, and some query sees
-    itself and an earlier key.
+    """Whether ``attn_mask`` is an autoregressive pattern through which a query-normalized mechanism leaks:
+    no query sees a key after it (in any example and head whose queries do not all see the same keys), and
+    some query that sees two keys or more shares a key with a later query (whose content then enters that
+    key's column normalization).
 
-    The causal mask, the causal mask combined with padding and sliding-window causal masks are; so is each
-    of them aligned bottom-right (``Lq < Lk``, the last ``Lq`` positions as queries). A mask under which
-    every query sees one key (the diagonal, or only key 0) is not: nothing can leak through it. Under such
-    a pattern a query-normalized mechanism leaks future tokens as it would with ``causal=True``.
+    The causal mask, strictly causal ones (``tril(-1)``), causal masks combined with padding and sliding
+    windows are; so is each of them aligned bottom-right (``Lq < Lk``, the last ``Lq`` positions as
+    queries). Masks through which nothing can leak are not: every query sees one key (the diagonal, or only
+    key 0), or every query sees the same keys (a key-padding pattern, e.g. cross-attention to padded keys).
+    Under such a pattern a query-normalized mechanism leaks future tokens as it would with ``causal=True``.
     """
     pair = mask.pair
     Lq, Lk = mask.Lq, mask.Lk
@@ -249,13 +252,18 @@ def causal_pattern(mask: MaskInfo) -> bool:
         pair = unbatched_values(pair, trailing=2)
         if pair is None:  # a mapped dimension among (Lq, Lk): no pattern to read
             return False
+    pair = pair.flatten(0, -3)  # (E, Lq, Lk): one pattern per example and head
+    same_rows = (pair == pair[:, :1]).flatten(1).all(-1)  # (E,)
+    rows = torch.arange(Lq, device=pair.device)
+    # the last query that sees each key (-1: none), and whether each query shares a key with a later one
+    last = torch.where(pair.any(-2), Lq - 1 - pair.flip(-2).to(torch.uint8).argmax(-2), -1)  # (E, Lk)
+    shares_later = (pair & (last[:, None, :] > rows[:, None])).any(-1)  # (E, Lq)
+    leaks = ((pair.sum(-1) >= 2) & shares_later).any(-1) & ~same_rows  # (E,)
     for offset in sorted({0, max(Lk - Lq, 0)}):  # top-left, then bottom-right alignment
-        if bool(pair.triu(offset + 1).any()):  # a key after its query
+        sees_later = pair.triu(offset + 1).flatten(1).any(-1)  # (E,): a key after its query
+        if bool((sees_later & ~same_rows).any()):  # a bidirectional pattern in the batch: not causal
             continue
-        n = min(Lq, Lk - offset)
-        sees_itself = pair.diagonal(offset, -2, -1)  # (B|1, H|1, n): query i sees key i + offset
-        sees_earlier = pair.tril(offset - 1).any(-1)[..., :n]  # (B|1, H|1, n)
-        if bool((sees_itself & sees_earlier).any()):
+        if bool(leaks.any()):
             return True
     return False
 

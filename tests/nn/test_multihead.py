@@ -524,6 +524,18 @@ def test_a_causal_attn_mask_raises_for_query_normalized(mechanism):
         module(x, x, x, attn_mask=future)
 
 
+@pytest.mark.parametrize("option", ["add_bias_kv", "add_zero_attn"])
+def test_a_causal_attn_mask_is_refused_also_with_an_appended_key(option):
+    """The appended key is visible to every query, which hid the causal pattern: dnas was accepted and
+    changing the last token moved the first output by 7e-2."""
+    module = aknn.MultiheadAttention(E, H, mechanism="dnas", batch_first=True, **{option: True})
+    x = torch.randn(2, 4, E)
+    future = torch.ones(4, 4, dtype=torch.bool).triu(1)
+    with pytest.raises(ValueError, match="causal pattern.*future-token leak"):
+        module(x, x, x, attn_mask=future)
+    module(x, x, x, attn_mask=torch.zeros(4, 4, dtype=torch.bool))  # a bidirectional mask is fine
+
+
 def test_an_input_of_another_dtype_than_the_parameters_is_one_clear_error():
     module = aknn.MultiheadAttention(E, H, batch_first=True)  # float32
     x = torch.randn(2, 3, E, dtype=torch.float64)

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import CoDA, MechanismLike
-from ..functional import BACKENDS, attention
-from ..masks import check_dense
+from ..functional import BACKENDS, attention, check_causal_pattern
+from ..masks import build_mask, check_dense
 from ..validators import check_number, values_hidden
 from .module_utils import (
     HybridWeightMixin,
@@ -291,6 +291,12 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         query_mask = self._query_mask(self_attention, key_padding_mask, query_padding_mask, Lq, Lk)
 
         causal = bool(is_causal)
+        if attn_mask is not None and not causal and (self.bias_k is not None or self.add_zero_attn):
+            # the appended key is visible to every query, which hides a causal pattern from the core's
+            # check: check the caller's mask before the column is appended
+            _, user_mask = _functional_masks(None, attn_mask, dtype)
+            user = build_mask(B, H, Lq, Lk, attn_mask=user_mask, device=query.device)
+            check_causal_pattern(self.config, user)
         if causal and (self.bias_k is not None or self.add_zero_attn):
             # The appended key (bias or zeros) is visible to every query, as in torch: apply the causal
             # mask to the Lk real keys here, and let the core reject mechanisms that leak under it.
