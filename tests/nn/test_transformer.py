@@ -122,6 +122,18 @@ def test_decoder_refuses_query_normalized_cross_attention(mechanism):
         aknn.Transformer(D, NH, 1, 1, FF, cross_mechanism=mechanism)
 
 
+@pytest.mark.parametrize("role", ["self_mechanism", "cross_mechanism"])
+@pytest.mark.parametrize("mechanism", [ak.CoDA(gate="centered"), ak.CoDA(center_e=True)], ids=str)
+def test_decoder_refuses_coda_with_global_means(role, mechanism):
+    """Centered CoDA cross-attention was accepted: its means over every (query, key) pair mix in later
+    target positions (changing the last target token moved position 0's output by 1.4e-2)."""
+    with pytest.raises(ValueError, match=f"{role}=.*subtracts means over every.*future-token leak"):
+        aknn.TransformerDecoderLayer(D, NH, **{role: mechanism})
+    with pytest.raises(ValueError, match=role):
+        arg = "decoder_mechanism" if role == "self_mechanism" else role
+        aknn.Transformer(D, NH, 1, 1, FF, **{arg: mechanism})
+
+
 def test_coda_decoder_is_allowed_and_causal():
     torch.manual_seed(0)
     model = aknn.Transformer(

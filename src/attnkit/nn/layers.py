@@ -26,7 +26,7 @@ from typing import Callable, Optional, Union
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import MechanismLike
+from ..config import CoDA, MechanismLike
 from ..registry import resolve_mechanism
 from ..validators import check_number
 from .module_utils import flag, mechanism_label, positive_int
@@ -52,6 +52,15 @@ def _activation(activation: Activation) -> Callable[[Tensor], Tensor]:
 
 def _check_decoder_mechanism(mechanism: MechanismLike, role: str) -> None:
     config = resolve_mechanism(mechanism)
+    if isinstance(config, CoDA) and config.uses_global_means:
+        arg = "self_mechanism" if role == "self" else "cross_mechanism"
+        raise ValueError(
+            f"{arg}={mechanism_label(config)!r} is not allowed in a decoder: CoDA(gate={config.gate!r}, "
+            f"center_e={config.center_e!r}) subtracts means over every (query, key) pair (eqs. 4 and 6), and "
+            "the queries are the decoder positions, so each position would depend on later target positions "
+            "under teacher forcing (a future-token leak). Use CoDA(gate='scaled') or gate='sigmoid' with "
+            "center_e=False in the decoder."
+        )
     if not config.query_normalized:
         return
     if role == "self":
