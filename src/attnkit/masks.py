@@ -9,8 +9,10 @@ Convention (docs/design.md section 1): boolean masks with **True = real / may at
   (an additive score bias, ``-inf`` = may not attend), as in ``F.scaled_dot_product_attention``.
   A float entry at or below ``MASKED_BIAS`` (-1e4: BERT's ``-10000.0``, Hugging Face's ``finfo.min``,
   the common ``-1e9``) counts as ``-inf``: softmax gives such a pair an exact 0 weight in every dtype
-  anyway, and the column-normalizing mechanisms (dnas, hnas, sinkhorn) would otherwise cancel a
-  constant per-key bias and give padded keys weight.
+  anyway when the query has an allowed key, and the column-normalizing mechanisms (dnas, hnas, sinkhorn)
+  would otherwise cancel a constant per-key bias and give padded keys weight. A query whose every key is
+  so masked therefore has no allowed key and gets a zero output, where PyTorch's softmax of equal finite
+  scores spreads its weight uniformly (and gives NaN for ``-inf``).
 - ``causal``     query ``i`` sees keys ``j <= i`` (top-left aligned, as SDPA's ``is_causal``).
 
 A pair ``(i, j)`` is valid when every mask allows it.

@@ -80,7 +80,9 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
     eval mode) is self-attention over each of its sequences, returned nested.
 
     Invariants: disallowed pairs weigh 0 and a query with no allowed key gets a zero attention output
-    (torch gives NaN there); ``is_causal=True`` raises a ``ValueError`` for dnas/hnas/sinkhorn.
+    (torch gives NaN there for ``-inf`` or ``True`` masks, and uniform weights when every key of the query
+    is masked by a large finite negative such as ``-1e9``, which attnkit counts as not allowed);
+    ``is_causal=True`` raises a ``ValueError`` for dnas/hnas/sinkhorn.
     """
 
     __constants__ = ["batch_first"]
