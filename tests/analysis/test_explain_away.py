@@ -185,3 +185,18 @@ def test_log_minimum_ignores_calls_without_valid_keys_whatever_the_order():
             next(r.stats.fraction_below_eps for r in each if r.layer == 0 and r.stats.valid_keys.any())
         )
     assert log.summary()[0]["min_sum"] == reversed_log.summary()[0]["min_sum"]
+
+
+def test_a_key_only_padded_queries_may_attend_is_left_out_with_valid_and_query_mask():
+    """Key 2 is reachable only from query 2, a padded query: it was counted as a valid key with sum 0, so
+    DNAS read as violating Lemma 1 (min_normalized 0, half the keys below eps)."""
+    scores = torch.randn(1, 1, 3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    query_mask = torch.tensor([[True, True, False]])
+    valid = torch.tensor([[True, True, False], [True, True, False], [False, False, True]])[None, None]
+    weights = ak.normalize(scores, "dnas", query_mask=query_mask, attn_mask=valid)
+    stats = explain_away(weights, query_mask=query_mask, valid=valid)
+    assert stats.valid_keys[0, 0].tolist() == [True, True, False]
+    assert stats.min_normalized >= 1 - 1e-12 and stats.fraction_below_eps == 0.0
+    sums = weights[0, 0, :2, :2].sum(0)  # keys 0 and 1 over the real queries
+    assert stats.min == pytest.approx(sums.min().item())
+    assert stats.min_normalized == pytest.approx(2 * sums.min().item())

@@ -101,8 +101,8 @@ def explain_away(
         valid_keys = (
             valid_keys & query_mask.any(dim=-1)[:, None, None]
         )  # keys of an all-padding row do not count
-    if valid is not None:
-        valid_keys = valid_keys & valid.any(dim=-2).expand(B, H, Lk)  # (B, H, Lk): some query may attend
+    if valid is not None:  # (B, H, Lk): some valid query (valid and query_mask both) may attend
+        valid_keys = valid_keys & counted.any(dim=-2).expand(B, H, Lk)
     bad = int((~torch.isfinite(w) & valid_keys[:, :, None, :]).sum())
     if bad:
         raise ValueError(
