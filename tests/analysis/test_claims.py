@@ -292,3 +292,17 @@ def test_fidelity_tables_scroll_inside_the_page_on_a_narrow_window(tmp_path, con
     wide = re.search(r"\.wide \{([^}]*)\}", _STYLE).group(1)
     body = re.search(r"body \{([^}]*)\}", _STYLE).group(1)
     assert "overflow-x: auto" in wide and "padding: 0 1em" in body and "overflow-wrap: break-word" in body
+
+
+def test_a_target_raising_any_error_is_one_failed_claim_and_the_others_run(tmp_path, monkeypatch,
+                                                                            constructed_targets):
+    """A KeyError in one target stopped the whole run: no page, and the other targets never ran."""
+    def broken(result, quick, seed):
+        raise KeyError("some missing column")
+
+    monkeypatch.setitem(reproduce_module.TARGETS, "broken", broken)
+    results, page = reproduce_all(tmp_path / "all", targets=["broken", "constructed-pass"])
+    (failed,), _ = results[0].claims, results[1]
+    assert failed.statement == "the target ran" and not failed.held
+    assert "KeyError: 'some missing column' (at test_claims.py:" in failed.evidence
+    assert [c.held for c in results[1].claims] == [True, True] and page.is_file()

@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -107,12 +108,21 @@ def _run_target(name: str, out: Path, overwrite: bool, quick: bool, seed: int) -
 
     try:
         return reproduce(name, out, overwrite=overwrite, quick=quick, seed=seed)
-    except (ImportError, RuntimeError, ValueError, OSError) as exc:
-        from .report import Claim
+    except Exception as exc:  # any error (a KeyboardInterrupt still stops the run)
+        where = ""
+        if not isinstance(exc, (ImportError, RuntimeError, ValueError, OSError)):  # a defect: say where
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            where = f" (at {Path(frame.filename).name}:{frame.lineno})"
+        return _failed(name, out, f"{type(exc).__name__}: {exc}{where}")
 
-        failed = ReproduceResult(name=name, out=out)
-        failed.claims.append(Claim(name, "the target ran", False, f"{type(exc).__name__}: {exc}"))
-        return failed
+
+def _failed(name: str, out: Path, evidence: str) -> ReproduceResult:
+    """The result of a target that raised: one failed claim, "the target ran"."""
+    from .report import Claim
+
+    failed = ReproduceResult(name=name, out=out)
+    failed.claims.append(Claim(name, "the target ran", False, evidence))
+    return failed
 
 
 def reproduce_all(
@@ -156,7 +166,12 @@ def reproduce_all(
         order = sorted(names, key=lambda n: -QUICK_CPU_SECONDS.get(n, float("inf")))
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = {n: pool.submit(_run_target, n, root / n, overwrite, quick, seed) for n in order}
-            by_name = {n: f.result() for n, f in futures.items()}
+            by_name = {}
+            for n, f in futures.items():
+                try:
+                    by_name[n] = f.result()
+                except Exception as exc:  # the worker process died (killed, out of memory)
+                    by_name[n] = _failed(n, root / n, f"{type(exc).__name__}: {exc}")
         results = [by_name[n] for n in names]
     run = RunInfo(quick=quick, seed=seed, jobs=jobs, seconds=time.perf_counter() - start,
                   cpu_seconds=sum(r.cpu_seconds for r in results))
