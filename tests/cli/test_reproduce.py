@@ -65,6 +65,29 @@ def test_an_interrupted_run_does_not_block_the_next_one(tmp_path, capsys, monkey
     assert exc.value.code == 2 and "--overwrite" in capsys.readouterr().err
 
 
+def test_an_interrupted_runs_partial_files_are_removed_and_the_users_kept(tmp_path, capsys, monkeypatch):
+    """A killed run's files stayed beside the next run's results, with nothing to tell them apart."""
+    from attnkit.analysis import reproduce as repro
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "mine.txt").write_text("the user's")  # there before: --overwrite let the run in
+
+    def partial(result, quick, seed):
+        (result.out / "points.csv").write_text("half written")
+        (result.out / "plots").mkdir()
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(repro.TARGETS, "lemma1-partial", partial)
+    with pytest.raises(SystemExit):
+        main(["reproduce", "lemma1-partial", "--out", str(out), "--quick", "--overwrite"])
+    assert (out / "points.csv").is_file()
+    main(["reproduce", "lemma1", "--out", str(out), "--quick"])
+    assert "did not finish; replacing its files" in capsys.readouterr().err
+    assert not (out / "points.csv").exists() and not (out / "plots").exists()
+    assert (out / "mine.txt").read_text() == "the user's" and (out / "summary.json").is_file()
+
+
 def test_an_interrupted_run_of_all_targets_is_replaced_by_the_next(tmp_path, monkeypatch):
     from attnkit.analysis import reproduce as repro
     from attnkit.analysis.fidelity import reproduce_all

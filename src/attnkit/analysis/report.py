@@ -9,10 +9,11 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 __all__ = [
     "Claim",
@@ -175,7 +176,9 @@ UNFINISHED_MARKER = ".attnkit-unfinished"
 def prepare_output_dir(out: Union[str, Path], overwrite: bool = False) -> Path:
     """Create ``out`` and mark it unfinished (:func:`mark_finished` removes the mark); refuse an existing
     non-empty directory unless ``overwrite`` (files are then replaced) or it holds a run of ours that did
-    not finish."""
+    not finish. The mark lists what the folder held before the run; a later run in a folder whose run did
+    not finish first removes everything else (the partial files of that run), so none of them is taken
+    for a result of the new one."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(
@@ -184,15 +187,48 @@ def prepare_output_dir(out: Union[str, Path], overwrite: bool = False) -> Path:
         )
     if is_unfinished(out):
         print(f"{out} holds a run that did not finish; replacing its files", file=sys.stderr, flush=True)
+        _remove_unfinished_files(out)
     elif out.is_dir() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(
             f"output directory {str(out)!r} is not empty; pass --overwrite to replace its files or choose "
             "another --out"
         )
     out.mkdir(parents=True, exist_ok=True)
+    marker = out / UNFINISHED_MARKER
+    before = sorted(p.name for p in out.iterdir() if p.name != UNFINISHED_MARKER)
+    if marker.is_file():  # a run that did not finish before this one: keep its record of what was there
+        before = _files_before(marker) or before
     note = "attnkit: this run did not finish; the next run replaces its files\n"
-    (out / UNFINISHED_MARKER).write_text(note, encoding="utf-8")
+    marker.write_text(note + json.dumps({"before": before}) + "\n", encoding="utf-8")
     return out
+
+
+def _files_before(marker: Path) -> Optional[list[str]]:
+    """The names a folder held before the run that wrote ``marker``, or ``None`` (no record: an older mark,
+    or an unreadable one)."""
+    try:
+        lines = marker.read_text(encoding="utf-8").splitlines()
+        before = json.loads(lines[1])["before"] if len(lines) > 1 else None
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    if not isinstance(before, list) or not all(isinstance(n, str) for n in before):
+        return None
+    return before
+
+
+def _remove_unfinished_files(out: Path) -> None:
+    """Remove what the unfinished run of ``out`` wrote: every entry its mark does not list as there before
+    (nothing, without that record)."""
+    before = _files_before(out / UNFINISHED_MARKER)
+    if before is None:
+        return
+    for path in out.iterdir():
+        if path.name == UNFINISHED_MARKER or path.name in before:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def is_unfinished(out: Union[str, Path]) -> bool:
