@@ -34,6 +34,26 @@ def test_hybrid_trajectories_png(tmp_path):
     assert path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 5000
 
 
+def test_hybrid_trajectories_name_their_lines_as_told(tmp_path, monkeypatch):
+    """The explain-away target plots seeds of a one-head model: its legend said "head 0/1/2"."""
+    import matplotlib.figure
+
+    legends = []
+    real = matplotlib.figure.Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        shown = [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+        legends.extend(t.get_text() for legend in shown for t in legend.get_texts())
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    u = np.full((4, 1, 3), 0.5)
+    plot_hybrid_trajectories(np.arange(4), u, tmp_path / "u.png", line_labels=["seed 0", "seed 1", "seed 2"])
+    assert legends == ["seed 0", "seed 1", "seed 2"]
+    with pytest.raises(ValueError, match="line_labels has 2 names; expected one per line"):
+        plot_hybrid_trajectories(np.arange(4), u, tmp_path / "u.png", line_labels=["a", "b"])
+
+
 def test_hybrid_trajectories_reject_bad_shapes(tmp_path):
     with pytest.raises(ValueError, match="layers, heads"):
         plot_hybrid_trajectories(np.arange(3), np.zeros((3, 2)), tmp_path / "u.png")

@@ -108,11 +108,12 @@ def plot_hybrid_trajectories(
     u: np.ndarray,
     path: PathLike,
     title: str = "Hybrid weight u per layer and head",
+    line_labels: Optional[Sequence[str]] = None,
 ) -> Path:
     """Plot ``u`` (``(T, layers, heads)``, values in [0, 1]) against the training ``steps`` (``(T,)``).
 
-    One panel per layer, one line per head; ``u = 1`` is DNAS, ``u = 0`` softmax ("Doubly-Normalized
-    Attention" Figs. 3, 4).
+    One panel per layer, one line per head (``line_labels`` names the lines otherwise, e.g. seeds of a
+    one-head model); ``u = 1`` is DNAS, ``u = 0`` softmax ("Doubly-Normalized Attention" Figs. 3, 4).
     """
     u = np.asarray(u, dtype=np.float64)
     steps = np.asarray(steps, dtype=np.float64)
@@ -125,8 +126,11 @@ def plot_hybrid_trajectories(
         )
     if u.shape[0] == 0 or not np.all(np.isfinite(u)) or u.min() < 0 or u.max() > 1:
         raise ValueError("u must hold at least one step of finite values in [0, 1] (u = sigmoid(theta))")
-    plt = _pyplot()
     T, n_layers, n_heads = u.shape
+    labels = [f"head {h}" for h in range(n_heads)] if line_labels is None else [str(x) for x in line_labels]
+    if len(labels) != n_heads:
+        raise ValueError(f"line_labels has {len(labels)} names; expected one per line ({n_heads})")
+    plt = _pyplot()
     cols = min(n_layers, 4)
     rows = int(np.ceil(n_layers / cols))
     fig, axes = plt.subplots(
@@ -141,7 +145,8 @@ def plot_hybrid_trajectories(
         for head in range(n_heads):
             colour = cmap(head / max(n_heads - 1, 1))
             ax.plot(
-                steps, u[:, layer, head], color=colour, marker="." if T < 30 else None, label=f"head {head}"
+                steps, u[:, layer, head], color=colour, marker="." if T < 30 else None,
+                label=literal_text(labels[head]),
             )
         ax.axhline(0.5, color="grey", lw=0.8, ls=":")
         ax.set_ylim(-0.02, 1.02)

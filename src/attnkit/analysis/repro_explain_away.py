@@ -73,7 +73,7 @@ def explain_away_training(result: ReproduceResult, quick: bool = False, seed: in
         {name: np.concatenate([r.log_sums for r in runs[name]]) for name in attn},
         out / "log_sum_histogram.png",
         eps=EPS, bound=bound,
-        title=f"log key weight sums after {steps} steps ({n_seeds} seeds; paper Fig. 1: most LNAS < -20)",
+        title=f"log key weight sums, {steps} steps, {n_seeds} seeds (Fig. 1: most LNAS < -20)",
     ))
     result.add_file(plot_min_weight_sum(
         first["softmax"].steps, {name: first[name].min_sums for name in attn}, out / "min_weight_sum.png",
@@ -83,6 +83,7 @@ def explain_away_training(result: ReproduceResult, quick: bool = False, seed: in
         first["hnas"].steps, np.stack([r.hybrid_u for r in runs["hnas"]], axis=1)[:, None, :],
         out / "hybrid_weight.png",
         title=f"HNAS hybrid weight u during training, {n_seeds} seeds (paper Fig. 3: u -> 1.0)",
+        line_labels=[f"seed {s}" for s in seeds],
     ))
 
     def per_seed(name: str, fn) -> list[float]:
