@@ -107,3 +107,19 @@ def test_seeds_past_numpys_range_are_refused_before_any_run(seed, seeds):
     with pytest.raises(ValueError, match=rf"seed={seed} with seeds={seeds} runs seeds up to .*; lower seed"):
         build_config({"seed": seed, "seeds": seeds})
     assert build_config({"seed": 4294967294, "seeds": 2}).seed_list == (4294967294, 4294967295)
+
+
+def test_null_on_the_command_line_or_in_a_file_is_a_value_not_an_omission(tmp_path):
+    """``--set max_eval=null`` and ``max_train: null`` were dropped: the preset's caps stayed (600 of 2189
+    evaluation examples, silently)."""
+    from attnkit.cli.compare import parse_set
+
+    overrides = parse_set(["max_eval=null", "threads=null"])
+    assert overrides == {"max_eval": None, "threads": None}
+    path = tmp_path / "run.yaml"
+    path.write_text("max_train: null\nlr: 1e-3\n")  # PyYAML reads 1e-3 (no dot) as text
+    layered = {**load_config_file(path), **overrides}
+    config = build_config(layered, keep_none=True)
+    assert (config.max_train, config.max_eval, config.threads) == (None, None, None)
+    assert config.lr == 0.001
+    assert build_config({"max_eval": None}).max_eval == 600  # the Python API: None = not given

@@ -21,8 +21,10 @@ __all__ = ["register", "parse_set"]
 
 def parse_set(items: list[str]) -> dict:
     """``["lr=1e-3", "max_train=null"]`` -> ``{"lr": 0.001, "max_train": None}`` (values read as YAML
-    scalars)."""
+    scalars); a key given twice takes its last value."""
     import yaml
+
+    from attnkit.runner.config import yaml_number
 
     values = {}
     for item in items:
@@ -33,12 +35,7 @@ def parse_set(items: list[str]) -> dict:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
             value = raw
-        if isinstance(value, str):  # YAML 1.1 reads 1e-3 as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        values[key.strip().replace("-", "_")] = value
+        values[key.strip().replace("-", "_")] = yaml_number(value)  # YAML 1.1 reads 1e-3 as a string
     return values
 
 
@@ -112,7 +109,7 @@ def register(app: typer.Typer) -> None:
             layered["out"] = str(Path("runs") / f"compare-{Path(str(layered.get('task', 'reuters8'))).stem}-"
                                  f"{layered.get('preset', 'quick')}")
         base = saved_config(layered["out"]) if layered.get("resume") else None
-        config = build_config(layered, base=base)
+        config = build_config(layered, base=base, keep_none=True)  # --set KEY=null / KEY: null: no value
         result = run_compare(config)
         _print_summary(result)
 

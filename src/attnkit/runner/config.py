@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -409,8 +410,21 @@ def load_config_file(path: str | Path) -> dict:
             f"{type(data).__name__}"
         )
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    if suffix in (".yaml", ".yml"):
+        data = {k: yaml_number(v) for k, v in data.items()}
     _check_keys(data, repr(str(path)))
     return data
+
+
+_YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def yaml_number(value: Any) -> Any:
+    """A number YAML 1.1 (PyYAML) reads as text, such as ``1e-3`` (no dot), as a float; anything else as
+    given."""
+    if isinstance(value, str) and _YAML11_FLOAT.fullmatch(value.strip()):
+        return float(value)
+    return value
 
 
 def _is_file_task(task: str) -> bool:
@@ -446,8 +460,14 @@ def build_config(
     *,
     file: Optional[str | Path] = None,
     base: Optional[Mapping[str, Any]] = None,
+    keep_none: bool = False,
 ) -> CompareConfig:
-    """Merge preset < ``base`` < ``file`` < ``overrides`` (``None`` values in ``overrides`` are ignored)."""
+    """Merge preset < ``base`` < ``file`` < ``overrides``.
+
+    ``None`` in ``overrides`` means "not given" (the key keeps its earlier value) unless ``keep_none``,
+    where it is the value itself (``null``: e.g. ``max_train=None``, no cap), as the command line passes
+    ``--set KEY=null`` and a file's ``KEY: null``.
+    """
     values: dict[str, Any] = {}
     if base:
         _check_keys(base, "the saved run configuration")
@@ -455,7 +475,7 @@ def build_config(
     if file is not None:
         values.update(load_config_file(file))
     if overrides:
-        given = {k.replace("-", "_"): v for k, v in overrides.items() if v is not None}
+        given = {k.replace("-", "_"): v for k, v in overrides.items() if keep_none or v is not None}
         _check_keys(given, "the command line")
         values.update(given)
     task = values.get("task", DEFAULT_TASK)
