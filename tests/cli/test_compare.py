@@ -271,3 +271,14 @@ def test_a_checkpoint_part_damaged_for_one_process_stops_every_process_with_one_
     # process 0 stops too ("error: process 1 could not resume: ..."), but the launcher may end it before its
     # line is printed, once process 1 has exited
     assert all(line.startswith(("error: process 1 could not resume", "[rank 1] error:")) for line in errors)
+
+
+def test_overwrite_refuses_to_delete_the_config_file_it_was_given(tmp_path, data, capsys):
+    out = tmp_path / "run"
+    main(["compare", "--task", str(data), *TINY, "--out", str(out)])
+    config = out / "run.yaml"
+    config.write_text("seeds: 1\n")
+    args = ["--task", str(data), *TINY, "--out", str(out), "--overwrite", "--config", str(config)]
+    code, err = _exit_code_and_stderr(args, capsys)
+    assert code == 2 and "would delete" in err and "the --config file" in err
+    assert config.read_text() == "seeds: 1\n"

@@ -208,6 +208,34 @@ def test_resume_rejects_changed_settings(tmp_path):
         _run(tmp_path, mechanisms="softmax", max_steps=2, resume=True, lr=0.5)
 
 
+def test_resume_refuses_a_changed_dataset_file(tmp_path):
+    """An edited --task file was resumed: runs of one report scored on two test sets (and a smaller test
+    set made every later --resume end in an IndexError)."""
+    _run(tmp_path, mechanisms="softmax", max_steps=2)
+    write_classification_file(tmp_path / "topics.json", seed=1)  # same size, other examples
+    with pytest.raises(ValueError, match=r"dataset file .*topics\.json' changed since the run .* restore it"):
+        config = build_config(tiny_overrides(tmp_path / "topics.json", tmp_path / "out", mechanisms="softmax",
+                                             max_steps=2, resume=True))
+        run_compare(config)
+
+
+def test_overwrite_keeps_a_task_file_inside_the_run_directory_and_follows_a_link(tmp_path):
+    """--overwrite deleted the --task file it had just read when it lay in --out; on a symbolic link to the
+    run directory it failed with an OSError traceback."""
+    _run(tmp_path, mechanisms="softmax", max_steps=2)
+    inside = write_classification_file(tmp_path / "out" / "mine.json")
+    with pytest.raises(ValueError, match="would delete .*mine.json.*the --task file"):
+        run_compare(build_config(tiny_overrides(inside, tmp_path / "out", mechanisms="softmax", max_steps=2,
+                                                overwrite=True)))
+    assert inside.is_file()
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "out")
+    inside.unlink()
+    data = tmp_path / "topics.json"
+    run_compare(build_config(tiny_overrides(data, link, mechanisms="softmax", max_steps=2, overwrite=True)))
+    assert link.is_symlink() and (link / "results.json").is_file()
+
+
 def test_seq2seq_file_task_reports_sequence_accuracy(tmp_path):
     from tests.runner._fixtures import write_seq2seq_jsonl
 

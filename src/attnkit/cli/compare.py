@@ -108,6 +108,13 @@ def register(app: typer.Typer) -> None:
         if "out" not in layered:
             layered["out"] = str(Path("runs") / f"compare-{Path(str(layered.get('task', 'reuters8'))).stem}-"
                                  f"{layered.get('preset', 'quick')}")
+        if layered.get("overwrite") and config_file is not None:
+            out_dir = Path(str(layered["out"])).resolve()
+            if config_file.resolve().is_relative_to(out_dir) and out_dir.is_dir():
+                raise ValueError(
+                    f"--overwrite would delete {str(config_file)!r}, the --config file, which lies in the "
+                    f"run directory {layered['out']!r}; move it out of the folder first"
+                )
         base = saved_config(layered["out"]) if layered.get("resume") else None
         config = build_config(layered, base=base, keep_none=True)  # --set KEY=null / KEY: null: no value
         result = run_compare(config)

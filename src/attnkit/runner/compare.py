@@ -181,6 +181,15 @@ def saved_config(out: str | Path) -> Optional[dict]:
     return json.loads(path.read_text())["config"]
 
 
+def _task_digest(config: CompareConfig) -> Optional[str]:
+    """The SHA-256 of the ``--task`` dataset file (``None`` for a built-in task or catalog dataset)."""
+    if not _is_file_task(config.task) or not Path(config.task).is_file():
+        return None
+    from ..data.cache import sha256_file
+
+    return sha256_file(config.task)
+
+
 def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path:
     """Check the run directory against ``resume`` / ``overwrite`` and, on the main process, create it.
 
@@ -209,6 +218,14 @@ def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path
                 f"--resume: the run in {str(out)!r} was started with other settings ({detail}); "
                 "pass the same settings, or --overwrite to start over"
             )
+        saved_digest = json.loads((out / CONFIG_FILE).read_text()).get("task_sha256")
+        digest = _task_digest(config)
+        if saved_digest is not None and digest != saved_digest:  # runs of one report on one dataset
+            raise ValueError(
+                f"--resume: the dataset file {config.task!r} changed since the run in {str(out)!r} started "
+                f"(SHA-256 {saved_digest[:12]}... then, {str(digest)[:12]}... now); restore it, or pass "
+                "--overwrite to start over"
+            )
     elif non_empty and not config.overwrite:
         raise FileExistsError(
             f"run directory {str(out)!r} exists and is not empty; pass --resume to continue it, "
@@ -219,12 +236,23 @@ def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path
             f"--overwrite: {str(out)!r} is not an attnkit compare run directory (no {CONFIG_FILE} of ours); "
             "refusing to delete it, choose another --out"
         )
+    if config.overwrite and non_empty and _is_file_task(config.task):
+        if Path(config.task).resolve().is_relative_to(out.resolve()):
+            raise ValueError(
+                f"--overwrite would delete {config.task!r}, the --task file, which lies in the run directory "
+                f"{str(out)!r}; move it out of the folder first"
+            )
     if is_main_process:
-        if non_empty and config.overwrite:
-            shutil.rmtree(out)
+        if non_empty and config.overwrite:  # the contents: --out may be a symbolic link to the folder
+            for child in out.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
         _check_writable(out)
         if not config.resume:
-            payload = {"created_by": _MARKER, "config": config.result_dict()}
+            payload = {"created_by": _MARKER, "config": config.result_dict(),
+                       "task_sha256": _task_digest(config)}
             (out / CONFIG_FILE).write_text(json.dumps(payload, indent=1))
     return out
 
