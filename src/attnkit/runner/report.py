@@ -96,7 +96,7 @@ def write_results_json(path: Path, config: CompareConfig, task, records: list[di
         "runs": runs,
         "notes": {
             "step_time_rel": (
-                "median time per optimizer step (evaluation excluded; mean over seeds of each run's "
+                "median time per optimizer step (evaluation excluded; median over seeds of each run's "
                 "median) / the baseline mechanism's"
             ),
             "explain_away_min_normalized": (

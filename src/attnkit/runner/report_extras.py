@@ -164,9 +164,11 @@ def extra_sections(extras: dict, images: dict) -> list[str]:
                 cells.append(f"{100 * x['f1']:.1f} ({100 * x['precision']:.0f} / {100 * x['recall']:.0f})")
             rows.append(cells)
         parts.append("<h2>Per class</h2>")
-        parts.append("<p>F1 (precision / recall) in %, mean over seeds. Macro-F1 is the unweighted mean of "
-                     "the F1 column, so rare classes that a short run never predicts pull it far below "
-                     "accuracy.</p>")
+        parts.append("<p>F1 (precision / recall) in %, mean over seeds. Macro-F1 is, per run, the unweighted "
+                     "mean of F1 over the classes that occur in the test labels or in that run's predictions "
+                     "(scikit-learn's default): a class with support 0 that the run never predicted is left "
+                     "out, so it can differ from the mean of this column. Rare classes that a short run "
+                     "never predicts pull it far below accuracy.</p>")
         parts.append(_table(["class", "support", *mechs], rows, "per-class"))
         if "confusion_matrices" in images:
             parts.append(images["confusion_matrices"])
