@@ -202,3 +202,15 @@ def test_a_seq2seq_source_or_target_that_is_not_text_is_refused(tmp_path, name, 
                                          r"not text; write it as a JSON string") as exc:
         load_file_dataset(path)
     assert path in str(exc.value)
+
+
+@pytest.mark.parametrize("bad, shown", [(None, "null"), (["good", "match"], '["good", "match"]'),
+                                        (12.5, "12.5"), ({"k": 1}, '{"k": 1}')])
+def test_a_classification_text_that_is_not_text_is_refused(tmp_path, bad, shown):
+    """null, lists and numbers were turned into the texts "None", "['good', 'match']", "12.5"."""
+    rows = [{"text": "goal team", "label": "sport"}, {"text": bad, "label": "money"}]
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps({"kind": "classification", "train": rows, "test": rows[:1]}))
+    with pytest.raises(ValueError, match=rf"train\[1\]: the text of a train example is {re.escape(shown)}, "
+                                         r"not text"):
+        load_file_dataset(str(path))

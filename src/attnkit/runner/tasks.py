@@ -119,6 +119,13 @@ def load_file_dataset(path: str, *, max_len: Optional[int] = None, max_target_le
     for split in ("train", "test"):
         for i, row in enumerate(raw[split]):
             y = row["label"]
+            if not isinstance(row["text"], str):  # null, 12.5, ["a", "b"] were turned into text
+                where = f"line {lines[split][i]}" if lines else f"{split}[{i}]"
+                value = json.dumps(row["text"])
+                raise ValueError(
+                    f"dataset file {path!r}, {where}: the text of a {split} example is {value[:80]}, not "
+                    'text; write it as a JSON string in double quotes, e.g. "text": "12"'
+                )
             if isinstance(y, bool) or not isinstance(y, (str, int)):
                 where = f"line {lines[split][i]}" if lines else f"{split}[{i}]"
                 raise ValueError(
@@ -139,8 +146,8 @@ def load_file_dataset(path: str, *, max_len: Optional[int] = None, max_target_le
 
     return TextClassificationData(
         name=name,
-        train_texts=[str(r["text"]) for r in raw["train"]], train_labels=[label(r) for r in raw["train"]],
-        test_texts=[str(r["text"]) for r in raw["test"]], test_labels=[label(r) for r in raw["test"]],
+        train_texts=[r["text"] for r in raw["train"]], train_labels=[label(r) for r in raw["train"]],
+        test_texts=[r["text"] for r in raw["test"]], test_labels=[label(r) for r in raw["test"]],
         label_names=names,
     )
 
