@@ -278,3 +278,20 @@ def test_cpu_kernels_are_built_before_the_first_timed_step(tmp_path, monkeypatch
                                             checkpoint_every=2)))
     assert "load" in events and "clock" in events
     assert events.index("load") < events.index("clock")
+
+
+def test_results_json_is_strict_json_when_no_attention_call_had_a_valid_key(tmp_path):
+    """Empty sources (every key padded): the explain-away minimum stayed +inf and results.json held
+    Infinity, which JSON parsers other than Python's refuse."""
+    path = tmp_path / "empty.json"
+    rows = [{"source": "", "target": ""}] * 16
+    path.write_text(json.dumps({"kind": "seq2seq", "train": rows, "test": rows[:4]}))
+    config = build_config(tiny_overrides(path, tmp_path / "out", mechanisms="softmax", steps=2, eval_every=2,
+                                         max_target_len=6))
+    run_compare(config)
+
+    def refuse(constant):
+        raise ValueError(f"{constant} in results.json")
+
+    payload = json.loads((tmp_path / "out" / "results.json").read_text(), parse_constant=refuse)
+    assert payload["runs"][0]["explain_away"]["min"] is None

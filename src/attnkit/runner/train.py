@@ -388,6 +388,8 @@ def _explain_away(accelerator, task, data, model, config: CompareConfig) -> dict
     net.train()
     if stats["calls"] == 0:
         return {"min": None, "min_normalized": None, "fraction_below_eps": None, "calls": 0}
+    if math.isinf(stats["min"]):  # no call had a valid key: no sum to report (JSON has no Infinity)
+        stats["min"] = stats["min_normalized"] = None
     return stats
 
 
