@@ -221,7 +221,11 @@ def test_two_processes_refuse_an_uneven_batch_once_and_leave_no_run_directory(tm
     assert proc.returncode != 0
     errors = sorted(line for line in proc.stderr.splitlines() if "error:" in line)
     message = "error: batch_size=3 does not split evenly over 2 processes; use a multiple of 2"
-    assert errors == [f"[rank 1] {message}", message]  # each process says it once, rank 1 with its rank
+    # each process says it once, rank 1 with its rank; the launcher may end process 1 before it prints its
+    # line once process 0 has exited (seen under load)
+    assert errors in ([f"[rank 1] {message}", message], [message]), proc.stderr[-2000:]
+    # no traceback of ours (the launcher prints its own failure report, with its own traceback)
+    assert "site-packages/attnkit" not in proc.stderr and "/src/attnkit/" not in proc.stderr
     assert not out.exists()
 
 

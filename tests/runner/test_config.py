@@ -123,3 +123,14 @@ def test_null_on_the_command_line_or_in_a_file_is_a_value_not_an_omission(tmp_pa
     assert (config.max_train, config.max_eval, config.threads) == (None, None, None)
     assert config.lr == 0.001
     assert build_config({"max_eval": None}).max_eval == 600  # the Python API: None = not given
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("lr", 1e300, r"lr=1e\+300: expected a finite number in \(0, 3.403e\+38\)"),
+    ("max_len", 9999999999, "max_len=9999999999: expected at most 1048576"),
+    ("threads", 100000, "threads=100000: expected at most 1024"),
+])
+def test_sizes_that_fail_deep_inside_torch_are_refused_with_a_message(key, value, message):
+    """lr=1e300 overflowed in AdamW, max_len=1e10 allocated 80 GB, threads=100000 aborted OpenMP."""
+    with pytest.raises(ValueError, match=message):
+        build_config({key: value})

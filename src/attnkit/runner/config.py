@@ -150,12 +150,27 @@ TASK_KINDS: dict[str, str] = {"reuters8": "classification", "mlu": "seq2seq",
                               **{name: "transduction" for name in TRANSDUCTION_TASKS}}
 
 
-def _positive_int(name: str, value: Any, *, allow_none: bool = False, minimum: int = 1) -> None:
+def _positive_int(
+    name: str, value: Any, *, allow_none: bool = False, minimum: int = 1, maximum: Optional[int] = None
+) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         hint = " (or null for no cap)" if allow_none else ""
         raise ValueError(f"{name}={value!r}: expected an integer >= {minimum}{hint}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}={value!r}: expected at most {maximum} ({_MAXIMA_WHY[name]})")
+
+
+# Sizes past which a run fails deep inside torch (an allocation of tens of GB for the position tables,
+# OpenMP aborting the process while it starts its threads), not with a message.
+_MAXIMA = {"max_len": 2**20, "max_target_len": 2**20, "threads": 1024}
+_MAXIMA_WHY = {
+    "max_len": "tokens per text; the position tables grow with it",
+    "max_target_len": "characters per target; the position tables grow with it",
+    "threads": "torch CPU threads per process; null uses torch's default",
+}
+_FLOAT32_MAX = 3.4028234663852886e38  # torch's optimizers hold lr and weight decay as float32 scalars
 
 
 @dataclass(frozen=True)
@@ -265,21 +280,22 @@ class CompareConfig:
         for name in ("steps", "batch_size", "eval_every", "checkpoint_every", "max_len", "max_target_len",
                      "vocab_size", "d_model", "nhead", "num_layers", "dim_feedforward",
                      "explain_away_samples"):
-            _positive_int(name, getattr(self, name))
+            _positive_int(name, getattr(self, name), maximum=_MAXIMA.get(name))
         for name in ("max_steps", "max_train", "max_eval", "threads"):
-            _positive_int(name, getattr(self, name), allow_none=True)
+            _positive_int(name, getattr(self, name), allow_none=True, maximum=_MAXIMA.get(name))
         _positive_int("warmup_steps", self.warmup_steps, minimum=0)
         if self.d_model % self.nhead:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by nhead={self.nhead}; pick a "
                 "multiple"
             )
-        for name, low, high in (("lr", 0.0, math.inf), ("weight_decay", -1e-12, math.inf),
-                                ("grad_clip", 0.0, math.inf), ("dropout", -1e-12, 1.0)):
+        for name, low, high in (("lr", 0.0, _FLOAT32_MAX), ("weight_decay", -1e-12, _FLOAT32_MAX),
+                                ("grad_clip", 0.0, _FLOAT32_MAX), ("dropout", -1e-12, 1.0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or not low < value < high:
-                raise ValueError(f"{name}={value!r}: expected a finite number in ({max(low, 0)}, {high})")
+                span = f"({max(low, 0):g}, {high:.4g})"
+                raise ValueError(f"{name}={value!r}: expected a finite number in {span}")
         for name in ("resume", "overwrite", "plots"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected true or false")
