@@ -51,3 +51,6 @@ def test_compare_runs_models_on_copy(tmp_path):
         assert record["token_error_rate_mean"] >= 0.0
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved
+    # the models not run, which --mechanisms takes (it listed softmax, dnas, ..., which it refuses here)
+    skipped = {"vanilla", "additive", "bilinear", "dot", "scaled_dot", "mixed"}
+    assert set(saved["skipped_mechanisms"]) == skipped

@@ -58,7 +58,13 @@ def tracker_config(config: CompareConfig) -> dict:
 
 
 def skipped_mechanisms(config: CompareConfig, task) -> dict:
-    """``{mechanism: why it was not run}`` for every mechanism of ``attnkit.MECHANISMS`` not compared."""
+    """``{mechanism: why it was not run}`` for every mechanism of ``attnkit.MECHANISMS`` not compared (for a
+    transduction task: every model of ``runner.transduction.MODELS``, its compared "mechanisms")."""
+    if task.kind == "transduction":
+        from .transduction import MODELS
+
+        return {name: "not in mechanisms (add it with --mechanisms)" for name in MODELS
+                if name not in config.mechanisms}
     reasons = {}
     for name in MECHANISMS:
         if name in config.mechanisms:
