@@ -241,12 +241,33 @@ def test_a_damaged_run_result_is_one_line_naming_it(finished_run, tmp_path, caps
     _assert_one_line(err, str(result), needle, f"delete {str(result.parent)!r}")
 
 
-def test_a_trainer_state_without_its_counters_is_one_line(interrupted, tmp_path, capsys):
+def test_checkpoints_left_beside_a_finished_result_are_removed_on_resume(finished_run, tmp_path):
+    """A process killed between writing result.json and deleting its checkpoints left them there for good."""
+    import shutil
+
+    out = tmp_path / "done"
+    shutil.copytree(finished_run, out)
+    left = out / "runs" / "softmax-seed0" / "checkpoints" / "step-0000002"
+    left.mkdir(parents=True)
+    (left / "state.pt").write_bytes(b"partial")
+    before = (out / "runs" / "softmax-seed0" / "result.json").read_text()
+    data = finished_run.parent / "topics.json"
+    run_compare(build_config(tiny_overrides(data, out, resume=True, **{**COMMON, "steps": 3})))
+    assert not left.parent.exists()
+    assert (out / "runs" / "softmax-seed0" / "result.json").read_text() == before
+
+
+@pytest.mark.parametrize("edit", ["drop time_sum", "step_times", "step_losses", "load_max"])
+def test_a_trainer_state_without_its_counters_is_one_line(interrupted, tmp_path, capsys, edit):
+    """A hand-edited ``"step_times": "x"`` (and the other optional records) gave an AttributeError."""
     import json
 
     out, _, checkpoint = _copy_run(interrupted, tmp_path)
     state = json.loads((checkpoint / "trainer.json").read_text())
-    del state["time_sum"]
+    if edit == "drop time_sum":
+        del state["time_sum"]
+    else:
+        state[edit] = "x" if edit != "step_losses" else [0.5, "x"]
     (checkpoint / "trainer.json").write_text(json.dumps(state))
     code, err = _resume_cli(out, capsys)
     assert code == 2

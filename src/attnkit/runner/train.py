@@ -271,7 +271,17 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=N
     trainer = _read_checkpoint_file(path / _TRAINER_FILE, lambda f: json.loads(f.read_text()))
     kinds = {"step": int, "history": list, "time_sum": (int, float), "time_count": int,
              "loss_sum": (int, float), "loss_count": int, "world_size": int}
-    if not isinstance(trainer, dict) or not all(isinstance(trainer.get(k), t) for k, t in kinds.items()):
+    optional = {"load_max": (int, float), "step_times": list, "step_losses": list}
+
+    def numbers(value) -> bool:
+        return not isinstance(value, list) or all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in value
+        )
+
+    ours = isinstance(trainer, dict) and all(isinstance(trainer.get(k), t) for k, t in kinds.items())
+    if not ours or not all(
+        k not in trainer or (isinstance(trainer[k], t) and numbers(trainer[k])) for k, t in optional.items()
+    ):
         raise _checkpoint_error(path / _TRAINER_FILE, "is not an attnkit trainer state")
     if trainer["world_size"] != accelerator.num_processes:
         raise ValueError(
@@ -417,6 +427,8 @@ def train_run(
     world, rank = accelerator.num_processes, accelerator.process_index
     record = finished_result(run_dir, mechanism, seed, world)
     if record is not None:
+        if accelerator.is_main_process:  # a process killed between its result and this cleanup left them
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         return RunResult(record)
     check_batch_split(config.batch_size, world)
     total = config.total_steps
