@@ -153,3 +153,23 @@ def test_report_heading_wraps_a_long_task_path():
 
     body = re.search(r"body\{([^}]*)\}", CSS).group(1)
     assert "overflow-wrap:break-word" in body and "padding:0 1em" in body and "box-sizing:border-box" in body
+
+
+def test_confusion_plot_cuts_long_class_names_in_its_ticks(tmp_path, monkeypatch):
+    """Names over about 30 characters ran over the caption; the per-class table keeps them whole."""
+    import matplotlib.figure
+
+    from attnkit.runner.report_extras import plot_confusions
+
+    ticks = []
+    real = matplotlib.figure.Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        ticks.extend(t.get_text() for t in fig.axes[0].get_xticklabels())
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    long = "a class name far longer than the ticks have room for"
+    per_class = {"softmax": {"classes": [{"name": long}, {"name": "short"}], "confusion": [[1, 0], [0, 1]]}}
+    assert plot_confusions(tmp_path / "c.png", per_class)
+    assert ticks == [long[:23] + "\u2026", "short"]

@@ -107,7 +107,10 @@ def plot_confusions(path: Path, per_class: dict) -> bool:
     from ..analysis.plots import literal_text
 
     mechs = list(per_class)
-    names = [literal_text(c["name"]) for c in per_class[mechs[0]]["classes"]]  # drawn as written
+    # drawn as written, a long name cut to 24 characters (the table above the plot has it whole): longer
+    # tick labels ran over the caption
+    names = [literal_text(n if len(n) <= 24 else n[:23] + "\u2026")
+             for n in (c["name"] for c in per_class[mechs[0]]["classes"])]
     k = len(names)
     width = max(2.3 * len(mechs) + 1.5, 4.8)  # the caption below fits one mechanism's figure too
     fig, axes = plt.subplots(1, len(mechs), figsize=(width, 2.6 + 0.12 * k), squeeze=False)
