@@ -117,6 +117,37 @@ def test_show_on_a_compare_run_directory(tmp_path, capsys):
     assert "dnsa" in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 
+def test_show_rebuilds_the_run_as_it_trained_null_caps_and_an_unchanged_dataset(tmp_path):
+    """A run with max_train=null was rebuilt with the preset's cap (the text encoded with other ids than the
+    model trained on), and an edited dataset file was shown through a tokenizer the model never saw."""
+    from attnkit.runner import build_config, run_compare
+    from tests.runner._fixtures import tiny_overrides, write_classification_file
+
+    data = write_classification_file(tmp_path / "topics.json")
+    config = build_config(tiny_overrides(data, tmp_path / "run", mechanisms="softmax", steps=2, eval_every=2,
+                                         max_train=None), keep_none=True)
+    assert config.max_train is None
+    run_compare(config)
+    seen = {}
+    real = build_config
+
+    def spy(*args, **kwargs):
+        seen["config"] = real(*args, **kwargs)
+        return seen["config"]
+
+    import attnkit.runner.config as config_module
+
+    config_module.build_config, original = spy, config_module.build_config
+    try:
+        view_from_run(tmp_path / "run", "goal team bank")
+    finally:
+        config_module.build_config = original
+    assert seen["config"].max_train is None
+    write_classification_file(data, seed=1)
+    with pytest.raises(ValueError, match="attnkit show would encode .*changed since the run"):
+        view_from_run(tmp_path / "run", "goal team bank")
+
+
 def test_show_skips_the_no_attention_baseline_and_reads_alignment_runs(tmp_path, capsys):
     from attnkit.runner import build_config, run_compare
     from tests.runner._fixtures import tiny_overrides, write_classification_file

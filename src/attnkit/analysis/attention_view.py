@@ -112,7 +112,7 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
     at ``text`` with it. ``seed`` defaults to the first seed of the run."""
     from ..nn import hybrid_weights
     from ..runner.baseline import NO_ATTENTION
-    from ..runner.compare import saved_config
+    from ..runner.compare import check_task_unchanged, saved_config
     from ..runner.config import build_config
     from ..runner.tasks import get_task
 
@@ -122,7 +122,9 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
     if saved is None:
         raise FileNotFoundError(f"{str(run_dir)!r} is not an attnkit compare run directory "
                                 "(no config.json of ours)")
-    config = build_config({**saved, "out": str(run_dir), "progress": "none"})
+    # the saved values as they are (a saved null is no cap, not "the preset's")
+    config = build_config({**saved, "out": str(run_dir), "progress": "none"}, keep_none=True)
+    check_task_unchanged(config, run_dir, "attnkit show would encode the text as the model never saw it")
     task = get_task(config.task)
     if task.kind != "classification":
         raise ValueError(f"attnkit show reads classification runs; {config.task!r} is a {task.kind} task")

@@ -190,6 +190,20 @@ def _task_digest(config: CompareConfig) -> Optional[str]:
     return sha256_file(config.task)
 
 
+def check_task_unchanged(config: CompareConfig, out: Path, what: str, fix: str = "") -> None:
+    """A ``ValueError`` when the ``--task`` file differs from the one the run in ``out`` started with (its
+    SHA-256 in config.json; runs saved before it was recorded are not checked): ``what`` says who refuses,
+    ``fix`` what else to do besides restoring the file."""
+    saved = json.loads((Path(out) / CONFIG_FILE).read_text()).get("task_sha256")
+    digest = _task_digest(config)
+    if saved is not None and digest != saved:  # the runs of one report, and its models, on one dataset
+        raise ValueError(
+            f"{what}: the dataset file {config.task!r} changed since the run in {str(out)!r} started "
+            f"(SHA-256 {saved[:12]}... then, {str(digest)[:12]}... now); restore it"
+            + (f", {fix}" if fix else "")
+        )
+
+
 def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path:
     """Check the run directory against ``resume`` / ``overwrite`` and, on the main process, create it.
 
@@ -218,14 +232,7 @@ def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path
                 f"--resume: the run in {str(out)!r} was started with other settings ({detail}); "
                 "pass the same settings, or --overwrite to start over"
             )
-        saved_digest = json.loads((out / CONFIG_FILE).read_text()).get("task_sha256")
-        digest = _task_digest(config)
-        if saved_digest is not None and digest != saved_digest:  # runs of one report on one dataset
-            raise ValueError(
-                f"--resume: the dataset file {config.task!r} changed since the run in {str(out)!r} started "
-                f"(SHA-256 {saved_digest[:12]}... then, {str(digest)[:12]}... now); restore it, or pass "
-                "--overwrite to start over"
-            )
+        check_task_unchanged(config, out, "--resume", "or pass --overwrite to start over")
     elif non_empty and not config.overwrite:
         raise FileExistsError(
             f"run directory {str(out)!r} exists and is not empty; pass --resume to continue it, "
