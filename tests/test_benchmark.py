@@ -30,16 +30,32 @@ def test_peer_rows_for_the_mechanisms_they_implement():
     assert "naive" in table and ("xtransformers" in table) == xtransformers_available()
 
 
-def test_every_ratio_is_its_time_over_the_sdpa_time_written_beside_it():
-    """The ratio's denominator (SDPA before and after the row, averaged) was in no output."""
-    cfg = BenchConfig(lengths=(8,), mechanisms=("dnas",), backends=("efficient", "reference"), repeats=1,
-                      memory=False)
+def test_every_ratio_is_the_median_of_interleaved_rounds_against_sdpa(monkeypatch):
+    """Rounds of the row and of SDPA alternate (the order flipped every round) and the ratio is the median
+    of the per-round ratios; it divided by the mean of an SDPA time taken at the start of the length and
+    one taken after the row, all rounds of each in a block."""
+    from attnkit import benchmark
+
+    calls = []
+    real = benchmark._one_round
+
+    def record(fn, n, device):
+        calls.append(fn)
+        return real(fn, n, device)
+
+    monkeypatch.setattr(benchmark, "_one_round", record)
+    cfg = BenchConfig(lengths=(8,), mechanisms=("dnas",), backends=("efficient",), repeats=4, memory=False)
     rows = run_bench(cfg)["rows"]
-    assert len(rows) == 3
-    for r in rows:
-        assert r["fwd_ratio"] == r["fwd_s"] / r["sdpa_fwd_s"]
-        assert r["fwd_bwd_ratio"] == r["fwd_bwd_s"] / r["sdpa_fwd_bwd_s"]
-    assert rows[0]["backend"] == "sdpa" and rows[0]["sdpa_fwd_s"] == rows[0]["fwd_s"]
+    sdpa, row = rows
+    assert sdpa["backend"] == "sdpa" and sdpa["fwd_ratio"] == 1.0 and sdpa["sdpa_fwd_s"] == sdpa["fwd_s"]
+    forward = calls[:8]  # 4 rounds of each, forward first
+    assert forward[0] is forward[3] is forward[4] is forward[7] and forward[1] is forward[2] is forward[5]
+    assert forward[0] is not forward[1]
+    for mode in ("fwd", "fwd_bwd"):
+        ratios = row[f"{mode}_ratio_spread"]
+        assert ratios["rounds"] == 4 and ratios["min"] <= row[f"{mode}_ratio"] <= ratios["max"]
+        assert row[f"{mode}_ratio"] == ratios["median"]
+        assert row[f"sdpa_{mode}_s"] == row[f"sdpa_{mode}_spread_s"]["median"]
 
 
 def test_materializing_peers_skip_above_max_reference_length():

@@ -2,7 +2,8 @@
 
 For each sequence length ``L`` (``B=1, H=8, D=64`` unless configured; float32 on CPU, bfloat16 on CUDA)
 and each mechanism x backend, the median time of the forward pass and of forward+backward, their ratio to
-``F.scaled_dot_product_attention`` softmax measured in the same process, and the peak memory of one
+``F.scaled_dot_product_attention`` softmax measured in the same process (rounds of the row and of SDPA in
+turn; the ratio is the median of the per-round ratios, ``_interleaved``), and the peak memory of one
 forward+backward, measured in a fresh subprocess per configuration (CPU: peak RSS above the RSS after
 creating the inputs, with a fixed glibc mmap threshold so that freed blocks leave the RSS; CUDA:
 ``torch.cuda.max_memory_allocated``). The reference backend (materialized weights) is the in-house
@@ -372,10 +373,66 @@ def _spread_config(f: Callable, q, k, v, cfg: BenchConfig) -> tuple[dict, dict]:
         q.grad = k.grad = v.grad = None
         f(q, k, v).float().sum().backward()
 
-    fwd()  # warm-up
+    fwd()  # warm-up, of the backward too (its first call builds its kernels)
+    fwd_bwd()
     t_fwd = spread(_round_times(fwd, cfg.repeats, cfg.device, cfg.time_limit_s))
     t_fb = spread(_round_times(fwd_bwd, cfg.repeats, cfg.device, cfg.time_limit_s))
     return t_fwd, t_fb
+
+
+def _interleaved(f: Callable, base: Callable, q, k, v, cfg: BenchConfig) -> dict:
+    """Rounds of ``f`` and of the baseline ``base`` (SDPA) in turn, the order flipped every round so that a
+    change of the machine's speed falls on both alike; forward rounds first, then forward+backward, each
+    after a warm-up call of both (the first backward builds its kernels). On CUDA a round is as many
+    back-to-back calls as fill ``CUDA_ROUND_S`` (the count fixed per function after its warm-up).
+
+    Returns ``{"fwd": (f spread, base spread, ratio spread), "fwd_bwd": (...)}``; a ratio is one round of
+    ``f`` over the ``base`` round next to it, and the row's ratio is their median."""
+
+    def forward(g: Callable) -> Callable[[], None]:
+        def run() -> None:
+            with torch.no_grad():
+                g(q, k, v)
+        return run
+
+    def forward_backward(g: Callable) -> Callable[[], None]:
+        def run() -> None:
+            q.grad = k.grad = v.grad = None
+            g(q, k, v).float().sum().backward()
+        return run
+
+    out = {}
+    for mode, make in (("fwd", forward), ("fwd_bwd", forward_backward)):
+        pair = (make(f), make(base))
+        for fn in pair:
+            fn()  # warm-up
+        counts = [_calls_per_round(fn) if cfg.device == "cuda" else 1 for fn in pair]
+        times: tuple[list, list] = ([], [])
+        for r in range(cfg.repeats):
+            for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+                times[i].append(_one_round(pair[i], counts[i], cfg.device))
+            if sum(times[0]) * counts[0] + sum(times[1]) * counts[1] > cfg.time_limit_s:
+                break
+        ratios = [a / b for a, b in zip(*times)]
+        out[mode] = (spread(times[0]), spread(times[1]), spread(ratios))
+    return out
+
+
+def _one_round(fn: Callable[[], None], n: int, device: str) -> float:
+    """Seconds per call of one round of ``n`` back-to-back calls (CUDA events on CUDA)."""
+    if device == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3 / n
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n
 
 
 def _rss_mb() -> float:
@@ -480,10 +537,13 @@ def _run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
         q, k, v = _inputs(L, cfg.device, (cfg.batch, cfg.heads, cfg.head_dim))
         mask = _mask(L, cfg.batch, cfg.padding, cfg.device)
         sdpa = _call("softmax", "sdpa", cfg.sinkhorn_iters, cfg.dropout, mask)
-        sdpa_fwd, sdpa_fb = _time_config(sdpa, q, k, v, cfg)
+        sdpa_fwd, sdpa_fb = _spread_config(sdpa, q, k, v, cfg)
         sdpa_mem = _peak_in_subprocess("softmax", "sdpa", L, cfg) if cfg.memory else {}
-        rows.append(_row(L, "softmax", "sdpa", sdpa_fwd, sdpa_fb, sdpa_fwd, sdpa_fb, sdpa_mem))
-        log(f"L={L} sdpa fwd {sdpa_fwd:.4f}s fwd+bwd {sdpa_fb:.4f}s"
+        ones = {"fwd": sdpa_fwd, "fwd_bwd": sdpa_fb}
+        ones = {m: (sp, sp, {"min": 1.0, "median": 1.0, "max": 1.0, "rounds": sp["rounds"]})
+                for m, sp in ones.items()}
+        rows.append(_row(L, "softmax", "sdpa", ones, sdpa_mem))
+        log(f"L={L} sdpa fwd {sdpa_fwd['median']:.4f}s fwd+bwd {sdpa_fb['median']:.4f}s"
             + (f"; no memory figure: {sdpa_mem['error']}" if sdpa_mem.get("error") else ""))
         for mechanism in cfg.mechanisms:
             for backend in cfg.backends:
@@ -509,7 +569,7 @@ def _run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
                     continue
                 f = _call(mechanism, backend, cfg.sinkhorn_iters, cfg.dropout, mask)
                 try:
-                    fwd_spread, fb_spread = _spread_config(f, q, k, v, cfg)
+                    timed = _interleaved(f, sdpa, q, k, v, cfg)
                 except Exception as err:  # a peer that breaks (a compiler error, say) costs its row only
                     if backend not in PEER_BACKENDS:
                         raise
@@ -518,14 +578,9 @@ def _run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
                     rows.append(_skipped(L, mechanism, backend, reason))
                     log(f"L={L} {mechanism}/{backend}: {reason}")
                     continue
-                t_fwd, t_fb = fwd_spread["median"], fb_spread["median"]
-                # SDPA again, right after: the ratio uses the mean of the two measurements (shared CPU)
-                s_fwd, s_fb = _time_config(sdpa, q, k, v, cfg)
-                ref_fwd, ref_fb = (sdpa_fwd + s_fwd) / 2, (sdpa_fb + s_fb) / 2
                 mem = _peak_in_subprocess(mechanism, backend, L, cfg) if cfg.memory else {}
-                row = _row(L, mechanism, backend, t_fwd, t_fb, ref_fwd, ref_fb, mem)
+                row = _row(L, mechanism, backend, timed, mem)
                 row["route"] = route
-                row["fwd_spread_s"], row["fwd_bwd_spread_s"] = fwd_spread, fb_spread
                 rows.append(row)
                 log(
                     f"L={L} {mechanism}/{backend}: fwd x{row['fwd_ratio']:.2f} fwd+bwd "
@@ -585,13 +640,18 @@ def _route(mechanism: str, backend: str, q, k, v, cfg: BenchConfig, mask: Option
     ).route
 
 
-def _row(L, mechanism, backend, t_fwd, t_fb, sdpa_fwd, sdpa_fb, mem) -> dict:
+def _row(L, mechanism, backend, timed: dict, mem) -> dict:
+    """One row from ``_interleaved``'s rounds (SDPA's own row: SDPA against itself, ratios 1)."""
+    (fwd, sdpa_fwd, fwd_ratio), (fb, sdpa_fb, fb_ratio) = timed["fwd"], timed["fwd_bwd"]
     row = {
         "L": L, "mechanism": mechanism, "backend": backend,
-        "fwd_s": t_fwd, "fwd_bwd_s": t_fb,
-        "fwd_ratio": t_fwd / sdpa_fwd, "fwd_bwd_ratio": t_fb / sdpa_fb,
-        # the SDPA times the ratios divide by: the mean of SDPA before the row and right after it
-        "sdpa_fwd_s": sdpa_fwd, "sdpa_fwd_bwd_s": sdpa_fb,
+        "fwd_s": fwd["median"], "fwd_bwd_s": fb["median"],
+        # the median over rounds of (this round / the SDPA round next to it)
+        "fwd_ratio": fwd_ratio["median"], "fwd_bwd_ratio": fb_ratio["median"],
+        "sdpa_fwd_s": sdpa_fwd["median"], "sdpa_fwd_bwd_s": sdpa_fb["median"],
+        "fwd_spread_s": fwd, "fwd_bwd_spread_s": fb,
+        "sdpa_fwd_spread_s": sdpa_fwd, "sdpa_fwd_bwd_spread_s": sdpa_fb,
+        "fwd_ratio_spread": fwd_ratio, "fwd_bwd_ratio_spread": fb_ratio,
         "peak_mb": mem.get("peak_mb"), "peak_extra_mb": mem.get("peak_extra_mb"),
     }
     if "error" in mem:
