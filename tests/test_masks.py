@@ -176,3 +176,22 @@ def test_a_key_padding_pattern_is_not_causal_in_rectangular_cross_attention():
     both = torch.stack([keys, torch.ones(10, dtype=torch.bool)])[:, None, None, :].expand(2, 1, 4, 10)
     assert not _pattern(both, 4, 10)
     assert _pattern(torch.ones(4, 10, dtype=torch.bool).tril(6), 4, 10)  # a causal pattern, bottom-right
+    queries = torch.tensor([True, True, True, False])  # and a padded query, whose row sees nothing
+    assert not _pattern(queries[:, None] & keys, 4, 10)
+
+
+def test_a_causal_example_is_found_beside_a_bidirectional_one():
+    """A causal mask batched with a prefix-LM one was accepted (the batch had a query seeing a later key),
+    and the causal example's earlier outputs moved by 0.68 with its last query."""
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    prefix = causal.clone()
+    prefix[:2, :2] = True  # the first two positions see each other
+    assert _pattern(torch.stack([causal, prefix])[:, None])
+    assert not _pattern(torch.stack([prefix, torch.ones(4, 4, dtype=torch.bool)])[:, None])
+
+
+def test_an_expanded_causal_mask_is_found_and_a_bidirectional_one_is_not():
+    causal = torch.ones(256, 256, dtype=torch.bool).tril().expand(8, 4, 256, 256)  # read example by example
+    assert causal_pattern(build_mask(8, 4, 256, 256, attn_mask=causal, device=torch.device("cpu")))
+    both = torch.ones(8, 4, 256, 256, dtype=torch.bool)
+    assert not causal_pattern(build_mask(8, 4, 256, 256, attn_mask=both, device=torch.device("cpu")))

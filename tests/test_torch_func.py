@@ -97,7 +97,10 @@ def test_vmap_over_per_example_masks_equals_the_batched_call(mechanism, which):
     """vmap maps the masks too (per-example padding, per-sample gradients): their values cannot be read
     there, and every host check of them used to raise vmap's "data-dependent control flow" error."""
     q, k, v, mask = _per_example_masks()
-    m = mask if which != "attn_mask" else mask[:, None, None, :] & (torch.rand(3, 1, 7, 7) > 0.3)
+    band = (torch.arange(7)[:, None] - torch.arange(7)).abs() <= 3  # (7, 7): bidirectional, per example
+    hidden = torch.zeros(3, 1, 7, 7, dtype=torch.bool)
+    hidden[0, 0, 1, 2] = hidden[1, 0, 4, 0] = True  # and a pair hidden here and there
+    m = mask if which != "attn_mask" else mask[:, None, None, :] & band & ~hidden
 
     def one(q, k, v, m):
         return ak.attention(q[None], k[None], v[None], mechanism, **{which: m[None]})[0]

@@ -20,6 +20,8 @@ A pair ``(i, j)`` is valid when every mask allows it.
 
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -236,15 +238,15 @@ def causal_leak_error(mechanism: str) -> ValueError:
 
 def causal_pattern(mask: MaskInfo) -> bool:
     """Whether ``attn_mask`` is an autoregressive pattern through which a query-normalized mechanism leaks:
-    no query sees a key after it (in any example and head whose queries do not all see the same keys), and
-    some query that sees two keys or more shares a key with a later query (whose content then enters that
-    key's column normalization).
+    in some example and head, no query sees a key after it, and some query that sees two keys or more
+    shares a key with a later query (whose content then enters that key's column normalization).
 
     The causal mask, strictly causal ones (``tril(-1)``), causal masks combined with padding and sliding
     windows are; so is each of them aligned bottom-right (``Lq < Lk``, the last ``Lq`` positions as
     queries). Masks through which nothing can leak are not: every query sees one key (the diagonal, or only
-    key 0), or every query sees the same keys (a key-padding pattern, e.g. cross-attention to padded keys).
-    Under such a pattern a query-normalized mechanism leaks future tokens as it would with ``causal=True``.
+    key 0), or every query that sees any key sees the same keys (padding of keys and queries, e.g.
+    cross-attention to padded keys). Under such a pattern a query-normalized mechanism leaks future tokens
+    as it would with ``causal=True``.
     """
     pair = mask.pair
     Lq, Lk = mask.Lq, mask.Lk
@@ -254,20 +256,29 @@ def causal_pattern(mask: MaskInfo) -> bool:
         pair = unbatched_values(pair, trailing=2)
         if pair is None:  # a mapped dimension among (Lq, Lk): no pattern to read
             return False
-    pair = pair.flatten(0, -3)  # (E, Lq, Lk): one pattern per example and head
-    same_rows = (pair == pair[:, :1]).flatten(1).all(-1)  # (E,)
-    rows = torch.arange(Lq, device=pair.device)
-    # the last query that sees each key (-1: none), and whether each query shares a key with a later one
-    last = torch.where(pair.any(-2), Lq - 1 - pair.flip(-2).to(torch.uint8).argmax(-2), -1)  # (E, Lk)
-    shares_later = (pair & (last[:, None, :] > rows[:, None])).any(-1)  # (E, Lq)
-    leaks = ((pair.sum(-1) >= 2) & shares_later).any(-1) & ~same_rows  # (E,)
-    for offset in sorted({0, max(Lk - Lq, 0)}):  # top-left, then bottom-right alignment
-        sees_later = pair.triu(offset + 1).flatten(1).any(-1)  # (E,): a key after its query
-        if bool((sees_later & ~same_rows).any()):  # a bidirectional pattern in the batch: not causal
-            continue
-        if bool(leaks.any()):
+    offsets = sorted({0, max(Lk - Lq, 0)})  # top-left, then bottom-right alignment
+    # one (Lq, Lk) pattern at a time: an expanded mask is never copied whole, and a bidirectional example
+    # (the common case) costs one pass for the keys after their queries
+    for index in itertools.product(*(range(n) for n in pair.shape[:-2])):
+        p = pair[index]  # (Lq, Lk)
+        causal = [o for o in offsets if not bool(p.triu(o + 1).any())]  # no key after its query
+        if causal and _leaks(p):
             return True
     return False
+
+
+def _leaks(p: Tensor) -> bool:
+    """Whether a query of the pattern ``p`` (``(Lq, Lk)``, True = may attend) that sees two keys or more
+    shares a key with a later query, unless every query that sees any key sees the same keys."""
+    seeing = p[p.any(-1)]  # (n, Lk): the rows of queries that see some key
+    if seeing.shape[0] < 2 or bool((seeing == seeing[:1]).all()):
+        return False
+    Lq = p.shape[0]
+    rows = torch.arange(Lq, device=p.device)
+    # the last query that sees each key (-1: none), and whether each query shares a key with a later one
+    last = torch.where(p.any(0), Lq - 1 - p.flip(0).to(torch.uint8).argmax(0), -1)  # (Lk,)
+    shares_later = (p & (last[None, :] > rows[:, None])).any(-1)  # (Lq,)
+    return bool(((p.sum(-1) >= 2) & shares_later).any())
 
 
 def build_mask(
