@@ -75,17 +75,21 @@ def test_an_interrupted_runs_partial_files_are_removed_and_the_users_kept(tmp_pa
 
     def partial(result, quick, seed):
         (result.out / "points.csv").write_text("half written")
+        result.add_file(result.out / "points.csv")
         (result.out / "plots").mkdir()
+        result.add_file(result.out / "plots")
         raise KeyboardInterrupt
 
     monkeypatch.setitem(repro.TARGETS, "lemma1-partial", partial)
     with pytest.raises(SystemExit):
         main(["reproduce", "lemma1-partial", "--out", str(out), "--quick", "--overwrite"])
     assert (out / "points.csv").is_file()
+    (out / "thesis_fig2.png").write_text("saved after the kill")  # the user's too: it stays
     main(["reproduce", "lemma1", "--out", str(out), "--quick"])
     assert "did not finish; replacing its files" in capsys.readouterr().err
     assert not (out / "points.csv").exists() and not (out / "plots").exists()
     assert (out / "mine.txt").read_text() == "the user's" and (out / "summary.json").is_file()
+    assert (out / "thesis_fig2.png").read_text() == "saved after the kill"
 
 
 def test_an_interrupted_run_of_all_targets_is_replaced_by_the_next(tmp_path, monkeypatch):

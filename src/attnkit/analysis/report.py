@@ -131,6 +131,7 @@ class ReproduceResult:
     def add_file(self, path: Union[str, Path]) -> Path:
         path = Path(path)
         self.files.append(path)
+        record_written(path)  # so that the next run in an unfinished folder removes it, and nothing else
         return path
 
     def write_summary(self) -> Path:
@@ -176,9 +177,9 @@ UNFINISHED_MARKER = ".attnkit-unfinished"
 def prepare_output_dir(out: Union[str, Path], overwrite: bool = False) -> Path:
     """Create ``out`` and mark it unfinished (:func:`mark_finished` removes the mark); refuse an existing
     non-empty directory unless ``overwrite`` (files are then replaced) or it holds a run of ours that did
-    not finish. The mark lists what the folder held before the run; a later run in a folder whose run did
-    not finish first removes everything else (the partial files of that run), so none of them is taken
-    for a result of the new one."""
+    not finish. The mark lists what the run wrote (``record_written``); a later run in a folder whose run
+    did not finish first removes those entries (the partial files of that run), so that none of them is
+    taken for a result of the new one, and leaves everything else (what the user saved there)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(
@@ -193,41 +194,53 @@ def prepare_output_dir(out: Union[str, Path], overwrite: bool = False) -> Path:
             f"output directory {str(out)!r} is not empty; pass --overwrite to replace its files or choose "
             "another --out"
         )
+    created = not out.is_dir()
     out.mkdir(parents=True, exist_ok=True)
-    marker = out / UNFINISHED_MARKER
-    before = sorted(p.name for p in out.iterdir() if p.name != UNFINISHED_MARKER)
-    if marker.is_file():  # a run that did not finish before this one: keep its record of what was there
-        before = _files_before(marker) or before
-    note = "attnkit: this run did not finish; the next run replaces its files\n"
-    marker.write_text(note + json.dumps({"before": before}) + "\n", encoding="utf-8")
+    _write_mark(out, [])
+    if created:  # a target's folder of a run of all targets: the parent's run wrote it
+        record_written(out)
     return out
 
 
-def _files_before(marker: Path) -> Optional[list[str]]:
-    """The names a folder held before the run that wrote ``marker``, or ``None`` (no record: an older mark,
-    or an unreadable one)."""
+def _write_mark(out: Path, written: list[str]) -> None:
+    note = "attnkit: this run did not finish; the next run replaces its files\n"
+    (out / UNFINISHED_MARKER).write_text(note + json.dumps({"written": written}) + "\n", encoding="utf-8")
+
+
+def _written(marker: Path) -> Optional[list[str]]:
+    """The names the run that wrote ``marker`` wrote into its folder, or ``None`` (no record: a mark of an
+    older version, or an unreadable one)."""
     try:
         lines = marker.read_text(encoding="utf-8").splitlines()
-        before = json.loads(lines[1])["before"] if len(lines) > 1 else None
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        written = json.loads(lines[1])["written"] if len(lines) > 1 else None
+    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
         return None
-    if not isinstance(before, list) or not all(isinstance(n, str) for n in before):
+    if not isinstance(written, list) or not all(isinstance(n, str) for n in written):
         return None
-    return before
+    return written
+
+
+def record_written(path: Union[str, Path]) -> None:
+    """Add ``path``'s name to the unfinished mark of its folder (nothing without a mark)."""
+    path = Path(path)
+    marker = path.parent / UNFINISHED_MARKER
+    if not marker.is_file():
+        return
+    written = _written(marker) or []
+    if path.name not in written and path.name != UNFINISHED_MARKER:
+        _write_mark(path.parent, written + [path.name])
 
 
 def _remove_unfinished_files(out: Path) -> None:
-    """Remove what the unfinished run of ``out`` wrote: every entry its mark does not list as there before
-    (nothing, without that record)."""
-    before = _files_before(out / UNFINISHED_MARKER)
-    if before is None:
-        return
-    for path in out.iterdir():
-        if path.name == UNFINISHED_MARKER or path.name in before:
+    """Remove what the unfinished run of ``out`` wrote, as its mark lists it (nothing, without that record):
+    a file saved there since, or before with ``--overwrite``, stays."""
+    for name in _written(out / UNFINISHED_MARKER) or []:
+        path = out / name
+        if Path(name).name != name or name in ("", ".", ".."):  # a hand-edited mark: only plain names
             continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
-        else:
+        elif path.exists() or path.is_symlink():
             path.unlink()
 
 
