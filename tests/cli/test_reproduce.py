@@ -131,3 +131,29 @@ def test_cli_seed_out_of_range_is_refused_before_any_target_runs(name, tmp_path,
     assert exc.value.code == 2
     assert capsys.readouterr().err == "error: seed=4294967295; expected an integer in [0, 2147483647]\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path, capsys):
+    """A second reproduce into the folder of a running one took its unfinished mark for a killed run's and
+    mixed its files with the first's; a folder is now locked while a run writes it."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "busy"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"), str(out)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(SystemExit) as exc:
+            main(["reproduce", "lemma1", "--out", str(out), "--quick", "--overwrite"])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and "in use by another attnkit reproduce process" in err
+        assert list(out.iterdir()) == []
+    finally:
+        holder.kill()
+        holder.wait()
+    main(["reproduce", "lemma1", "--out", str(out), "--quick", "--overwrite"])  # free again
+    assert (out / "summary.json").is_file()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -186,6 +187,8 @@ def prepare_output_dir(out: Union[str, Path], overwrite: bool = False) -> Path:
             f"output path {str(out)!r} exists and is not a directory; pass another "
             "--out"
         )
+    if out.is_dir():
+        _lock(out)  # before reading its mark: a run still going has an unfinished mark too
     if is_unfinished(out):
         print(f"{out} holds a run that did not finish; replacing its files", file=sys.stderr, flush=True)
         _remove_unfinished_files(out)
@@ -196,6 +199,8 @@ def prepare_output_dir(out: Union[str, Path], overwrite: bool = False) -> Path:
         )
     created = not out.is_dir()
     out.mkdir(parents=True, exist_ok=True)
+    if created:
+        _lock(out)
     _write_mark(out, [])
     if created:  # a target's folder of a run of all targets: the parent's run wrote it
         record_written(out)
@@ -250,8 +255,37 @@ def is_unfinished(out: Union[str, Path]) -> bool:
 
 
 def mark_finished(out: Union[str, Path]) -> None:
-    """Remove the unfinished mark of ``out``: the run that wrote it finished."""
+    """Remove the unfinished mark of ``out``: the run that wrote it finished (and release the folder)."""
     (Path(out) / UNFINISHED_MARKER).unlink(missing_ok=True)
+    fd = _LOCKS.pop(str(Path(out).resolve()), None)
+    if fd is not None:
+        os.close(fd)
+
+
+_LOCKS: dict[str, int] = {}  # the output folders this process runs in: their flock descriptors
+
+
+def _lock(out: Path) -> None:
+    """An exclusive ``fcntl.flock`` on the folder ``out`` for as long as this process runs in it (the
+    system releases it when the process ends, even killed): a second ``attnkit reproduce`` into the same
+    folder is refused instead of mixing its files with the first's."""
+    key = str(out.resolve())
+    if key in _LOCKS:
+        return
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        return
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValueError(
+            f"output directory {str(out)!r} is in use by another attnkit reproduce process; wait for it to "
+            "finish (or stop it), or choose another --out"
+        ) from None
+    _LOCKS[key] = fd
 
 
 def table_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
