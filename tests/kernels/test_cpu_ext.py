@@ -213,6 +213,42 @@ def test_a_library_built_before_the_record_is_loaded_where_it_cannot_be_rebuilt(
     assert proc.stdout.strip() == "True None"
 
 
+def test_a_cut_library_without_record_is_not_loaded_where_it_cannot_be_rebuilt(tmp_path):
+    """A truncated library from before the record, with no compiler to rebuild it, was loaded and the
+    process died of SIGBUS; it is now checked whole first and the kernels fall back with a message."""
+    if cpu_ext.disabled() or not cpu_ext.load(warn=False):
+        pytest.skip("the C++ kernels are not built here")
+    good = cpu_ext.build_dir() / cpu_ext._LIBRARY
+    assert cpu_ext._elf_whole(good)
+    code = textwrap.dedent(f"""
+        import os
+        os.environ["ATTNKIT_CACHE"] = {str(tmp_path)!r}
+        from pathlib import Path
+        from attnkit.kernels import cpu_ext
+        final = cpu_ext.build_dir()
+        final.mkdir(parents=True)
+        data = Path({str(good)!r}).read_bytes()
+        (final / cpu_ext._LIBRARY).write_bytes(data[: len(data) // 2])  # cut, no record beside it
+        def no_compiler(path, verbose):
+            raise RuntimeError("c++: not found")
+        cpu_ext._build = no_compiler
+        print(cpu_ext.load(warn=False), cpu_ext.load_error())
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr  # -7: SIGBUS
+    assert proc.stdout.strip() == "False RuntimeError: c++: not found"
+
+
+def test_a_record_that_is_not_text_is_a_damaged_build_to_rebuild(monkeypatch, tmp_path):
+    """A record that is not UTF-8 turned the kernels off for good ("install a C++ compiler")."""
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path))
+    final = cpu_ext.build_dir()
+    final.mkdir(parents=True)
+    (final / cpu_ext._LIBRARY).write_bytes(b"\x7fELF" + bytes(100))
+    (final / cpu_ext._DIGEST).write_bytes(b"\xff\xfe not text")
+    assert not cpu_ext._intact(final)
+
+
 def test_an_unbounded_lock_wait_is_accepted(monkeypatch):
     monkeypatch.setenv("ATTNKIT_EXT_LOCK_TIMEOUT", "inf")
     assert cpu_ext._lock_timeout() == float("inf")

@@ -25,6 +25,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -36,6 +37,8 @@ from typing import Iterator, Optional
 
 import torch
 
+from .._files import _umask
+
 __all__ = ["available", "load", "build_dir", "disabled", "load_error", "build_lock"]
 
 _CSRC = Path(__file__).parent / "csrc"
@@ -45,6 +48,7 @@ _LIBRARY = "attnkit_cpu.so"
 _DIGEST = "attnkit_cpu.sha256"  # "<size> <sha256>" of the library, written by the build that made it
 _FALSE, _TRUE = ("", "0", "false", "no", "off"), ("1", "true", "yes", "on")
 _CACHE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST)
+_CAUSE = re.compile(r"not found|error|No such file|No space left|Permission denied", re.IGNORECASE)
 _lock = threading.Lock()
 _state: dict = {"loaded": False, "ok": False, "error": None}
 
@@ -176,8 +180,31 @@ def _intact(final: Path) -> bool:
     library, record = final / _LIBRARY, final / _DIGEST
     try:
         return library.is_file() and record.is_file() and record.read_text().strip() == _digest(library)
+    except (OSError, ValueError):  # ValueError: a record that is not text (damaged like the library)
+        return False
+
+
+def _elf_whole(library: Path) -> bool:
+    """Whether ``library`` is an ELF file as long as its header says (its section header table, at the end
+    of the file, is there): loading a cut one maps pages past its end and the process dies of SIGBUS."""
+    try:
+        with open(library, "rb") as fh:
+            head = fh.read(64)
+        size = library.stat().st_size
     except OSError:
         return False
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
+        return False
+    order = "little" if head[5] == 1 else "big"
+
+    def field(start: int, end: int) -> int:
+        return int.from_bytes(head[start:end], order)
+
+    if head[4] == 2:  # 64-bit: e_shoff at 0x28 (8 bytes), e_shentsize at 0x3A, e_shnum at 0x3C
+        shoff, shentsize, shnum = field(0x28, 0x30), field(0x3A, 0x3C), field(0x3C, 0x3E)
+    else:  # 32-bit: e_shoff at 0x20 (4 bytes), e_shentsize at 0x2E, e_shnum at 0x30
+        shoff, shentsize, shnum = field(0x20, 0x24), field(0x2E, 0x30), field(0x30, 0x32)
+    return 0 < shoff and shoff + shentsize * shnum <= size
 
 
 def _build(final: Path, verbose: bool) -> None:
@@ -204,6 +231,8 @@ def _build(final: Path, verbose: bool) -> None:
         if built[-1].name != _LIBRARY:
             os.replace(built[-1], tmp / _LIBRARY)
         (tmp / _DIGEST).write_text(_digest(tmp / _LIBRARY))
+        # mkdtemp's folder is 0700: as the umask makes folders, so that others can read a shared cache
+        os.chmod(tmp, 0o777 & ~_umask())
         if final.exists():  # an incomplete folder without the library; we hold the lock
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -235,8 +264,8 @@ def load(verbose: bool = False, *, warn: bool = True) -> bool:
                             built_here = True
                 except Exception:
                     # A library built before the record was kept is not known to be damaged: where it cannot
-                    # be rebuilt (no compiler, a read-only cache) it is loaded as it was before.
-                    if not (library.is_file() and not (final / _DIGEST).exists()):
+                    # be rebuilt (no compiler, a read-only cache) it is loaded as it was before, if whole.
+                    if not (library.is_file() and not (final / _DIGEST).exists() and _elf_whole(library)):
                         raise
             if not built_here:
                 torch.ops.load_library(str(library))
@@ -246,10 +275,18 @@ def load(verbose: bool = False, *, warn: bool = True) -> bool:
             torch.ops.attnkit_cpu.coda_forward  # noqa: B018
             _state.update(loaded=True, ok=True, error=None)
         except Exception as exc:  # no compiler, ninja or BLAS symbol, a lock wait: fall back, say why once
-            lines = str(exc).strip().splitlines()
-            _state.update(loaded=True, ok=False, error=f"{type(exc).__name__}: {lines[-1] if lines else ''}")
+            lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+            # the line that names the cause ("c++: not found", "error: ..."), not ninja's "build stopped"
+            cause = next((line for line in lines if _CAUSE.search(line)), lines[-1] if lines else "")
+            _state.update(loaded=True, ok=False, error=f"{type(exc).__name__}: {cause}")
+            text = str(exc)
             if isinstance(exc, OSError) and exc.errno in _CACHE_ERRNOS:  # the cache folder
                 fix = f"make ATTNKIT_CACHE a writable folder (the build goes to {build_dir().parent})"
+            elif (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "No space left" in text:
+                fix = f"free disk space where the build goes ({build_dir().parent}), then run `attnkit info`"
+            elif isinstance(exc, TimeoutError):
+                fix = ("let the other attnkit process finish its build (or remove a stale lock file it "
+                       "names), then run `attnkit info`")
             else:
                 fix = "install a C++ compiler (g++) and ninja, then run `attnkit info` to build them"
             if warn:
