@@ -39,3 +39,20 @@ def test_convert_writes_a_model_others_can_read(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "out" / "model.safetensors").stat().st_mode & 0o777 == 0o644
+
+
+def test_json_nested_past_the_recursion_limit_is_a_json_error_naming_no_traceback(tmp_path):
+    """A deeply nested file (not ours) gave a 50-line RecursionError traceback in the dataset, manifest,
+    config and run readers; it is a JSONDecodeError (a ValueError) that each reader names in one line."""
+    import json
+
+    from attnkit._files import json_loads
+    from attnkit.runner.dataset_file import read_dataset_file
+
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(json.JSONDecodeError, match="nested deeper than can be read"):
+        json_loads(deep)
+    path = tmp_path / "deep.json"
+    path.write_text(deep)
+    with pytest.raises(ValueError, match="deep.json' is not valid JSON"):
+        read_dataset_file(str(path))

@@ -8,6 +8,7 @@ result file whole or not at all, and never over a file that appeared meanwhile u
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import threading
@@ -66,3 +67,14 @@ def write_text_file(path: Union[str, os.PathLike], text: str, *, overwrite: bool
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def json_loads(text: Union[str, bytes], **kwargs):
+    """``json.loads`` for files attnkit did not write: nesting deeper than Python's recursion limit is a
+    ``json.JSONDecodeError`` (a ``ValueError``, which the callers turn into one line naming the file), not a
+    ``RecursionError`` traceback."""
+    try:
+        return json.loads(text, **kwargs)
+    except RecursionError:
+        doc = text if isinstance(text, str) else text.decode("utf-8", "replace")
+        raise json.JSONDecodeError("nested deeper than can be read", doc, 0) from None

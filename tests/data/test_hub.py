@@ -404,3 +404,25 @@ def test_a_test_class_the_train_split_lacks_is_refused(tmp_path):
     _class_encoded_split(tmp_path, "test", ["q1", "q2"], ["contradiction", "entailment"])
     with pytest.raises(ValueError, match=r"test split's classes .*\['entailment'\].* train split's classes"):
         load_dataset("snli", source=tmp_path)
+
+
+@pytest.mark.parametrize("file, content, message", [
+    ("train.jsonl", '{"text": "a"}\n', r"train\.jsonl line 1 is not an object with a text string"),
+    ("train.jsonl", '["a", 1]\n', r"train\.jsonl line 1 is not an object"),
+    ("train.jsonl", '{"text": "a", "label": 1\n', r"train\.jsonl line 1 is not JSON"),
+    ("labels.json", "[" * 50_000 + "]" * 50_000, r"labels\.json is not a JSON list of class names"),
+    ("labels.json", '["negative"]', r"cached label 1 is not a class of .*labels\.json \(1 classes\)"),
+])
+def test_a_cached_hub_dataset_of_another_shape_is_one_error_naming_the_file(sst2_dir, tmp_path, file, content,
+                                                                           message):
+    """A cache copied from elsewhere whose manifest matches its files (a KeyError, TypeError or
+    RecursionError traceback before)."""
+    from attnkit.data.cache import write_manifest
+    from attnkit.data.containers import DatasetChecksumError
+
+    fetch("sst2", cache_dir=tmp_path / "cache", source=sst2_dir)
+    folder = next((tmp_path / "cache").rglob("labels.json")).parent
+    (folder / file).write_text(content)
+    write_manifest(folder, "test", ["train.jsonl", "test.jsonl", "labels.json"])
+    with pytest.raises(DatasetChecksumError, match=message):
+        load_dataset("sst2", cache_dir=tmp_path / "cache")

@@ -34,7 +34,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from .._files import match_umask
+from .._files import json_loads, match_umask
 
 __all__ = ["AttentionView", "record_attention", "view_from_run", "view_from_hf", "render_view_html",
            "selected_layers", "write_bertviz", "load_bertviz"]
@@ -414,13 +414,13 @@ def load_bertviz(path: Union[str, os.PathLike],
 
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}
-                tokens, mechanisms = json.loads(meta["tokens"]), json.loads(meta["mechanisms"])
+                tokens, mechanisms = json_loads(meta["tokens"]), json_loads(meta["mechanisms"])
                 mechanism = _pick(mechanism, mechanisms)
                 layers = sorted((int(k.rsplit(".", 1)[1]), k) for k in f.keys()
                                 if k.rsplit(".", 1)[0] == mechanism)
                 attention = tuple(f.get_tensor(k) for _, k in layers)
         else:
-            payload = json.loads(path.read_text(encoding="utf-8"))
+            payload = json_loads(path.read_text(encoding="utf-8"))
             tokens, mechanisms = payload["tokens"], payload["mechanisms"]
             mechanism = _pick(mechanism, mechanisms)
             attention = tuple(torch.tensor(layer) for layer in payload["attention"][mechanism])

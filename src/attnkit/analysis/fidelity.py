@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
+from .._files import json_loads
 from ..validators import check_seed
 from .report import (
     ReproduceResult, format_value, from_jsonable, is_unfinished, mark_finished, prepare_output_dir,
@@ -200,7 +201,7 @@ def load_result(folder: Union[str, Path]) -> ReproduceResult:
     folder = Path(folder)
     path = folder / "summary.json"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json_loads(path.read_text(encoding="utf-8"))
         claims = [Claim(**{k: c[k]
                            for k in ("source", "statement", "held", "evidence", "paper", "ours", "criterion")
                            if k in c}) for c in data["claims"]]

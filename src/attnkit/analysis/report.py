@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
+from .._files import json_loads
+
 __all__ = [
     "Claim",
     "CRITERIA",
@@ -217,7 +219,7 @@ def _written(marker: Path) -> Optional[list[str]]:
     older version, or an unreadable one)."""
     try:
         lines = marker.read_text(encoding="utf-8").splitlines()
-        written = json.loads(lines[1])["written"] if len(lines) > 1 else None
+        written = json_loads(lines[1])["written"] if len(lines) > 1 else None
     except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
         return None
     if not isinstance(written, list) or not all(isinstance(n, str) for n in written):

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Union
 
+from .._files import json_loads
 from .containers import DatasetChecksumError, DatasetUnavailableError
 
 __all__ = [
@@ -117,7 +118,7 @@ def read_manifest(folder: Path) -> Optional[dict]:
     if not path.is_file():
         return None
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = json_loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):  # ValueError: not UTF-8 or not JSON
         return {"files": {}, "corrupt": True}
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):

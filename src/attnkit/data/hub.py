@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlparse
 
+from .._files import json_loads
 from .cache import PathLike, verify_manifest, write_bytes_atomic, write_manifest
-from .containers import DatasetUnavailableError, TextClassificationData
+from .containers import DatasetChecksumError, DatasetUnavailableError, TextClassificationData
 
 __all__ = ["HubSpec", "HUB_SPECS", "fetch_hub", "load_hub_cached", "load_hub_source", "hub_reachable"]
 
@@ -270,7 +271,7 @@ def _check_json_lines(spec: HubSpec, path: Path) -> None:
     with open(path, encoding="utf-8-sig") as f:
         for number, line in enumerate(f, start=1):
             try:
-                row = json.loads(line, object_pairs_hook=_unique_keys) if line.strip() else {}
+                row = json_loads(line, object_pairs_hook=_unique_keys) if line.strip() else {}
             except json.JSONDecodeError as exc:
                 raise ValueError(
                     f"{spec.name}: {path} line {number} is not JSON ({exc.msg} at column {exc.colno})"
@@ -311,11 +312,11 @@ def _check_json(spec: HubSpec, path: Path) -> None:
     if not text.strip():
         raise _no_rows(spec, path)
     try:
-        whole = json.loads(text)
+        whole = json_loads(text)
     except json.JSONDecodeError as exc:
         first = text.lstrip().split("\n", 1)[0]
         try:
-            lines = isinstance(json.loads(first), dict)
+            lines = isinstance(json_loads(first), dict)
         except ValueError:
             lines = False
         if lines:  # JSON lines: name the line that is not
@@ -326,7 +327,7 @@ def _check_json(spec: HubSpec, path: Path) -> None:
             "an array of objects (one per row) or one object per line"
         ) from None
     try:
-        json.loads(text, object_pairs_hook=_unique_keys)
+        json_loads(text, object_pairs_hook=_unique_keys)
     except ValueError as exc:
         raise ValueError(f"{spec.name}: {path}: {exc}") from None
     _check_json_document(spec, path, whole)
@@ -456,31 +457,66 @@ def fetch_hub(spec: HubSpec, folder: Path, *, source: Optional[PathLike] = None)
     return folder
 
 
-def _read_jsonl(path: Path) -> tuple[list[str], Optional[list[str]], list[int]]:
+def _read_jsonl(name: str, path: Path) -> tuple[list[str], Optional[list[str]], list[int]]:
+    """A cached split: one object per line with a ``text`` (and ``text_pair``) string and an integer
+    ``label``. The manifest matched, but the cache may have been copied from elsewhere: a line of another
+    shape is a ``DatasetChecksumError`` naming the file, the line and the fix."""
     texts, pairs, labels = [], [], []
     with open(path, encoding="utf-8-sig") as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                texts.append(row["text"])
-                labels.append(row["label"])
-                if "text_pair" in row:
-                    pairs.append(row["text_pair"])
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json_loads(line)
+            except ValueError as exc:
+                row, why = None, f"not JSON ({exc})"
+            else:
+                why = "not an object with a text string and an integer label"
+            good = (
+                isinstance(row, dict) and isinstance(row.get("text"), str)
+                and isinstance(row.get("label"), int) and not isinstance(row.get("label"), bool)
+                and isinstance(row.get("text_pair", ""), str)
+            )
+            if not good:
+                raise DatasetChecksumError(
+                    f"dataset {name!r}: cached file {path} line {number} is {why}; run `attnkit data fetch "
+                    f"{name} --force`"
+                )
+            texts.append(row["text"])
+            labels.append(row["label"])
+            if "text_pair" in row:
+                pairs.append(row["text_pair"])
     return texts, (pairs if pairs else None), labels
 
 
 def load_hub_cached(spec: HubSpec, folder: Path) -> TextClassificationData:
     """Load a fetched hub dataset from the attnkit cache (offline) after verifying the manifest."""
     verify_manifest(spec.name, folder, required=("train.jsonl", "test.jsonl", "labels.json"))
-    train_texts, train_pairs, train_labels = _read_jsonl(folder / "train.jsonl")
-    test_texts, test_pairs, test_labels = _read_jsonl(folder / "test.jsonl")
+    train_texts, train_pairs, train_labels = _read_jsonl(spec.name, folder / "train.jsonl")
+    test_texts, test_pairs, test_labels = _read_jsonl(spec.name, folder / "test.jsonl")
+    labels_file = folder / "labels.json"
+    try:
+        label_names = json_loads(labels_file.read_text(encoding="utf-8"))
+    except ValueError:
+        label_names = None
+    if not (isinstance(label_names, list) and label_names and all(isinstance(n, str) for n in label_names)):
+        raise DatasetChecksumError(
+            f"dataset {spec.name!r}: cached file {labels_file} is not a JSON list of class names; run "
+            f"`attnkit data fetch {spec.name} --force`"
+        )
+    bad = next((y for y in train_labels + test_labels if not 0 <= y < len(label_names)), None)
+    if bad is not None:
+        raise DatasetChecksumError(
+            f"dataset {spec.name!r}: cached label {bad} is not a class of {labels_file} "
+            f"({len(label_names)} classes); run `attnkit data fetch {spec.name} --force`"
+        )
     return TextClassificationData(
         name=spec.name,
         train_texts=train_texts,
         train_labels=train_labels,
         test_texts=test_texts,
         test_labels=test_labels,
-        label_names=json.loads((folder / "labels.json").read_text(encoding="utf-8")),
+        label_names=label_names,
         train_text_pairs=train_pairs,
         test_text_pairs=test_pairs,
     )

@@ -18,6 +18,8 @@ import os
 import reprlib
 from typing import Any
 
+from .._files import json_loads
+
 __all__ = ["check_model_dir", "from_pretrained", "load_tokenizer", "WEIGHTS", "WEIGHTS_INDEX"]
 
 WEIGHTS = "model.safetensors"
@@ -49,7 +51,7 @@ def _check_file(path: str) -> None:
 def _read_json(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            return json_loads(f.read())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
                          "restore it from the original model") from None

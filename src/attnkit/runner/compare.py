@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from .._files import json_loads
 from .config import CompareConfig, _is_file_task
 from .summary import RunClock, _duration, summarize, tracker_config
 from .train import RESULT_FILE, batch_indices, check_batch_split, finished_result, train_run
@@ -115,7 +116,7 @@ def _say(line: str) -> None:
 
 def _is_run_dir(out: Path) -> bool:
     try:
-        return json.loads((out / CONFIG_FILE).read_text()).get("created_by") == _MARKER
+        return json_loads((out / CONFIG_FILE).read_text()).get("created_by") == _MARKER
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -127,7 +128,7 @@ def _check_config_file(out: Path) -> None:
     if not path.is_file():
         return
     try:
-        json.loads(path.read_text())
+        json_loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError(
             f"{str(path)!r} is damaged ({type(exc).__name__}: {exc}), so the run in {str(out)!r} can be "
@@ -178,7 +179,7 @@ def saved_config(out: str | Path) -> Optional[dict]:
     path = Path(out) / CONFIG_FILE
     if not _is_run_dir(Path(out)):
         return None
-    return json.loads(path.read_text())["config"]
+    return json_loads(path.read_text())["config"]
 
 
 def _task_digest(config: CompareConfig) -> Optional[str]:
@@ -194,7 +195,7 @@ def check_task_unchanged(config: CompareConfig, out: Path, what: str, fix: str =
     """A ``ValueError`` when the ``--task`` file differs from the one the run in ``out`` started with (its
     SHA-256 in config.json; runs saved before it was recorded are not checked): ``what`` says who refuses,
     ``fix`` what else to do besides restoring the file."""
-    saved = json.loads((Path(out) / CONFIG_FILE).read_text()).get("task_sha256")
+    saved = json_loads((Path(out) / CONFIG_FILE).read_text()).get("task_sha256")
     digest = _task_digest(config)
     if saved is not None and digest != saved:  # the runs of one report, and its models, on one dataset
         raise ValueError(
@@ -221,7 +222,7 @@ def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path
             raise FileNotFoundError(
                 f"--resume: {str(out)!r} holds no attnkit compare run to continue; drop --resume to start one"
             )
-        saved = json.loads((out / CONFIG_FILE).read_text())["config"]
+        saved = json_loads((out / CONFIG_FILE).read_text())["config"]
         if isinstance(saved.get("task"), str) and _is_file_task(saved["task"]):  # saved relative before
             saved["task"] = os.path.abspath(saved["task"])
         current = config.result_dict()

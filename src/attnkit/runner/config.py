@@ -7,7 +7,6 @@ Unknown keys are rejected with the list of valid ones.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -15,6 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from .._files import json_loads
 from ..registry import MECHANISMS, resolve_mechanism
 from ..validators import SEED_MAX
 from .transduction import DEFAULT_MODELS, TRANSDUCTION_TASKS, check_model_names
@@ -410,7 +410,7 @@ def load_config_file(path: str | Path) -> dict:
 
             data = tomllib.loads(text)
         else:
-            data = json.loads(text)
+            data = json_loads(text)
     except ImportError:
         raise
     except Exception as exc:  # yaml.YAMLError, TOMLDecodeError, JSONDecodeError, not UTF-8: name the file

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .._files import json_loads
+
 __all__ = ["read_dataset_file", "file_task_kind"]
 
 _FILE_SUFFIXES = (".json", ".jsonl")
@@ -31,7 +33,7 @@ def read_dataset_file(path: str) -> dict:
     if p.suffix == ".jsonl":
         return _read_jsonl(path, text)
     try:
-        data = json.loads(text)
+        data = json_loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"dataset file {path!r} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
@@ -56,7 +58,7 @@ def _read_jsonl(path: str, text: str) -> dict:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = json_loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"dataset file {path!r}, line {number}: not valid JSON ({exc.msg} at column "
                              f"{exc.colno})") from None

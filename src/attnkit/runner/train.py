@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._files import json_loads
 from .config import CompareConfig
 
 __all__ = [
@@ -175,7 +176,7 @@ def _read_result(path: Path, mechanism: str, seed: int) -> dict:
 def _parse_result(path: Path) -> tuple[Any, Optional[str]]:
     """``(record, None)``, or ``(None, what is wrong)``."""
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = json_loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         return None, f"cannot be read ({type(exc).__name__}: {first})"
@@ -191,7 +192,7 @@ def _load_rng(file: Path) -> tuple[dict[str, Tensor], dict]:
     from safetensors import safe_open
 
     with safe_open(str(file), framework="pt") as f:
-        meta = json.loads((f.metadata() or {})["attnkit_rng"])
+        meta = json_loads((f.metadata() or {})["attnkit_rng"])
         tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
     for key in ("python", "numpy", "torch"):
         if key not in tensors:
@@ -268,7 +269,7 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=N
 
     Any file that is missing, truncated or not ours raises one ``ValueError`` that names it.
     """
-    trainer = _read_checkpoint_file(path / _TRAINER_FILE, lambda f: json.loads(f.read_text()))
+    trainer = _read_checkpoint_file(path / _TRAINER_FILE, lambda f: json_loads(f.read_text()))
     kinds = {"step": int, "history": list, "time_sum": (int, float), "time_count": int,
              "loss_sum": (int, float), "loss_count": int, "world_size": int}
     optional = {"load_max": (int, float), "step_times": list, "step_losses": list}
