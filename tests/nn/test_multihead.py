@@ -510,6 +510,13 @@ def test_a_learned_attn_mask_that_starts_at_zero_gets_torchs_gradient():
         grads.append(bias.grad)
     assert grads[1] is not None and grads[1].abs().sum() > 0
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-12)
+    grads = []  # a learned key bias through key_padding_mask, likewise
+    for module in (theirs, ours):
+        bias = torch.nn.Parameter(torch.zeros(2, 5, dtype=torch.float64))
+        module(x, x, x, key_padding_mask=bias, need_weights=False)[0].pow(2).sum().backward()
+        grads.append(bias.grad)
+    assert grads[1] is not None and grads[1].abs().sum() > 0
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-12)
     coda = aknn.MultiheadAttention(E, H, mechanism="coda", batch_first=True, dtype=torch.float64)
     with pytest.raises(ValueError, match="requires grad .*CoDA's masks are multiplicative"):
         coda(x, x, x, attn_mask=torch.nn.Parameter(torch.zeros(5, 5, dtype=torch.float64)))

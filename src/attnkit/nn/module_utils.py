@@ -59,7 +59,8 @@ def canonical_mask(mask: Optional[Tensor], name: str, dtype: torch.dtype) -> Opt
     A float mask holding only 0 and "not allowed" entries (``-inf``, or anything at or below
     ``attnkit.masks.MASKED_BIAS`` = -1e4, such as ``finfo.min`` or ``-1e9``) is turned into the equivalent
     boolean mask, so that it also works where additive biases do not (CoDA) and can mark padded queries;
-    an ``attn_mask`` that requires grad (a learned bias) stays a float mask, so that its gradient flows.
+    an ``attn_mask`` or ``key_padding_mask`` that requires grad (a learned bias) stays a float mask, so
+    that its gradient flows.
     """
     if mask is None:
         return None
@@ -84,7 +85,7 @@ def canonical_mask(mask: Optional[Tensor], name: str, dtype: torch.dtype) -> Opt
         return mask.to(dtype)  # an attn_mask: its -inf entries are masked pairs, the rest biases, as outside
     if bool(mask.isnan().any()) or bool(mask.isposinf().any()):
         raise ValueError(f"{name} contains NaN or +inf; use finite biases and -inf for what is not allowed")
-    if name == "attn_mask" and mask.requires_grad and torch.is_grad_enabled():
+    if name in ("attn_mask", "key_padding_mask") and mask.requires_grad and torch.is_grad_enabled():
         return mask.to(dtype)  # a learned bias (zeros at its start): a boolean copy would cut its gradient
     blocked = mask <= MASKED_BIAS
     if bool(((mask == 0) | blocked).all()):
