@@ -129,8 +129,17 @@ def test_null_on_the_command_line_or_in_a_file_is_a_value_not_an_omission(tmp_pa
     ("lr", 1e300, r"lr=1e\+300: expected a finite number in \(0, 3.403e\+38\)"),
     ("max_len", 9999999999, "max_len=9999999999: expected at most 1048576"),
     ("threads", 100000, "threads=100000: expected at most 1024"),
+    ("d_model", 1099511627776, "d_model=1099511627776: expected at most 65536"),
+    ("dim_feedforward", 2**21, "expected at most 1048576"),
+    ("weight_decay", -1, r"weight_decay=-1: expected a finite number in \[0, "),
+    ("dropout", 1.5, r"dropout=1.5: expected a finite number in \[0, 1\)"),
 ])
 def test_sizes_that_fail_deep_inside_torch_are_refused_with_a_message(key, value, message):
     """lr=1e300 overflowed in AdamW, max_len=1e10 allocated 80 GB, threads=100000 aborted OpenMP."""
     with pytest.raises(ValueError, match=message):
         build_config({key: value})
+
+
+def test_a_model_too_large_in_all_is_refused_though_each_size_is_within_its_cap():
+    with pytest.raises(ValueError, match=r"make a model of about 4.29e\+09 weights, more than 2.15e\+09"):
+        build_config({"vocab_size": 2**24, "d_model": 256, "nhead": 4})

@@ -164,12 +164,18 @@ def _positive_int(
 
 # Sizes past which a run fails deep inside torch (an allocation of tens of GB for the position tables,
 # OpenMP aborting the process while it starts its threads), not with a message.
-_MAXIMA = {"max_len": 2**20, "max_target_len": 2**20, "threads": 1024}
+_MAXIMA = {"max_len": 2**20, "max_target_len": 2**20, "threads": 1024, "d_model": 2**16,
+           "dim_feedforward": 2**20, "vocab_size": 2**24, "num_layers": 1024}
 _MAXIMA_WHY = {
     "max_len": "tokens per text; the position tables grow with it",
     "max_target_len": "characters per target; the position tables grow with it",
     "threads": "torch CPU threads per process; null uses torch's default",
+    "d_model": "the model width",
+    "dim_feedforward": "the feed-forward width",
+    "vocab_size": "words kept by the tokenizer",
+    "num_layers": "layers",
 }
+_MAX_PARAMETERS = 2**31  # 8 GiB of float32 weights, before the optimizer's two copies
 _FLOAT32_MAX = 3.4028234663852886e38  # torch's optimizers hold lr and weight decay as float32 scalars
 
 
@@ -284,6 +290,15 @@ class CompareConfig:
         for name in ("max_steps", "max_train", "max_eval", "threads"):
             _positive_int(name, getattr(self, name), allow_none=True, maximum=_MAXIMA.get(name))
         _positive_int("warmup_steps", self.warmup_steps, minimum=0)
+        d, ff = self.d_model, self.dim_feedforward
+        weights = self.vocab_size * d + self.num_layers * (4 * d * d + 2 * d * ff) + self.max_len * d
+        if weights > _MAX_PARAMETERS:  # a failed allocation deep in torch, with a traceback, otherwise
+            raise ValueError(
+                f"vocab_size={self.vocab_size}, d_model={d}, num_layers={self.num_layers}, "
+                f"dim_feedforward={ff} and max_len={self.max_len} make a model of about {weights:.3g} "
+                "weights, more than "
+                f"{_MAX_PARAMETERS:.3g} (8 GiB in float32); make it smaller"
+            )
         if self.d_model % self.nhead:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by nhead={self.nhead}; pick a "
@@ -294,7 +309,7 @@ class CompareConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or not low < value < high:
-                span = f"({max(low, 0):g}, {high:.4g})"
+                span = f"{'[' if low < 0 else '('}{max(low, 0):g}, {high:.4g})"  # [0, ...): 0 is allowed
                 raise ValueError(f"{name}={value!r}: expected a finite number in {span}")
         for name in ("resume", "overwrite", "plots"):
             if not isinstance(getattr(self, name), bool):
