@@ -228,6 +228,12 @@ def test_overwrite_keeps_a_task_file_inside_the_run_directory_and_follows_a_link
         run_compare(build_config(tiny_overrides(inside, tmp_path / "out", mechanisms="softmax", max_steps=2,
                                                 overwrite=True)))
     assert inside.is_file()
+    elsewhere = write_classification_file(tmp_path / "elsewhere.json")
+    (tmp_path / "out" / "linked.json").symlink_to(elsewhere)  # a link in the folder: deleted with it
+    with pytest.raises(ValueError, match="would delete .*linked.json.*the --task file"):
+        run_compare(build_config(tiny_overrides(tmp_path / "out" / "linked.json", tmp_path / "out",
+                                                mechanisms="softmax", max_steps=2, overwrite=True)))
+    (tmp_path / "out" / "linked.json").unlink()
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "out")
     inside.unlink()

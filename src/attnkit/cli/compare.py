@@ -109,8 +109,9 @@ def register(app: typer.Typer) -> None:
             layered["out"] = str(Path("runs") / f"compare-{Path(str(layered.get('task', 'reuters8'))).stem}-"
                                  f"{layered.get('preset', 'quick')}")
         if layered.get("overwrite") and config_file is not None:
-            out_dir = Path(str(layered["out"])).resolve()
-            if config_file.resolve().is_relative_to(out_dir) and out_dir.is_dir():
+            from attnkit.runner.compare import lies_in
+
+            if Path(str(layered["out"])).is_dir() and lies_in(config_file, str(layered["out"])):
                 raise ValueError(
                     f"--overwrite would delete {str(config_file)!r}, the --config file, which lies in the "
                     f"run directory {layered['out']!r}; move it out of the folder first"

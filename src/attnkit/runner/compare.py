@@ -182,6 +182,16 @@ def saved_config(out: str | Path) -> Optional[dict]:
     return json_loads(path.read_text())["config"]
 
 
+def lies_in(path: str | Path, folder: str | Path) -> bool:
+    """Whether ``path`` lies in ``folder``, as written (a symbolic link in the folder to a file elsewhere is
+    deleted with the folder) or with the links followed."""
+    return any(
+        Path(p).is_relative_to(f)
+        for p in (os.path.abspath(path), os.path.realpath(path))
+        for f in (os.path.abspath(folder), os.path.realpath(folder))
+    )
+
+
 def _task_digest(config: CompareConfig) -> Optional[str]:
     """The SHA-256 of the ``--task`` dataset file (``None`` for a built-in task or catalog dataset)."""
     if not _is_file_task(config.task) or not Path(config.task).is_file():
@@ -245,7 +255,7 @@ def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path
             "refusing to delete it, choose another --out"
         )
     if config.overwrite and non_empty and _is_file_task(config.task):
-        if Path(config.task).resolve().is_relative_to(out.resolve()):
+        if lies_in(config.task, out):
             raise ValueError(
                 f"--overwrite would delete {config.task!r}, the --task file, which lies in the run directory "
                 f"{str(out)!r}; move it out of the folder first"
