@@ -306,3 +306,25 @@ def test_a_target_raising_any_error_is_one_failed_claim_and_the_others_run(tmp_p
     assert failed.statement == "the target ran" and not failed.held
     assert "KeyError: 'some missing column' (at test_claims.py:" in failed.evidence
     assert [c.held for c in results[1].claims] == [True, True] and page.is_file()
+
+
+def test_a_worker_that_dies_fails_only_its_own_target(tmp_path, monkeypatch):
+    """With --jobs 2, one target killing its worker failed every target (BrokenProcessPool on each)."""
+    import os
+    from pathlib import Path
+
+    helpers = Path(__file__).parent / "_dying"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(helpers), os.environ.get("PYTHONPATH", "")]))
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_dying_targets", helpers / "sitecustomize.py")
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))  # here too: the names must be known
+    try:
+        results, _ = reproduce_all(tmp_path / "all", targets=["dies", "fine-a", "fine-b"], jobs=2)
+    finally:
+        for name in ("dies", "fine-a", "fine-b"):
+            reproduce_module.TARGETS.pop(name, None)
+    verdicts = {r.name: [(c.statement, c.held) for c in r.claims] for r in results}
+    assert verdicts["fine-a"] == verdicts["fine-b"] == [("a claim that holds", True)]
+    assert verdicts["dies"] == [("the target ran", False)]
+    assert "worker process died" in results[0].claims[0].evidence

@@ -162,17 +162,27 @@ def reproduce_all(
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
 
         # spawn, not fork: a forked child of a process that already ran OpenMP threads can hang
         order = sorted(names, key=lambda n: -QUICK_CPU_SECONDS.get(n, float("inf")))
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = {n: pool.submit(_run_target, n, root / n, overwrite, quick, seed) for n in order}
-            by_name = {}
+            by_name, broken = {}, []
             for n, f in futures.items():
                 try:
                     by_name[n] = f.result()
-                except Exception as exc:  # the worker process died (killed, out of memory)
+                except BrokenProcessPool:  # a worker died (killed, out of memory): every pending one fails
+                    broken.append(n)
+                except Exception as exc:
                     by_name[n] = _failed(n, root / n, f"{type(exc).__name__}: {exc}")
+        for n in broken:  # each again in a process of its own: only a target whose process dies fails
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as alone:
+                try:
+                    by_name[n] = alone.submit(_run_target, n, root / n, overwrite, quick, seed).result()
+                except Exception as exc:
+                    why = f"its worker process died ({type(exc).__name__}: {exc})"
+                    by_name[n] = _failed(n, root / n, why)
         results = [by_name[n] for n in names]
     run = RunInfo(quick=quick, seed=seed, jobs=jobs, seconds=time.perf_counter() - start,
                   cpu_seconds=sum(r.cpu_seconds for r in results))
