@@ -81,6 +81,11 @@ def test_synthetic_training_sources_never_appear_in_the_test_set(task):
     assert min(map(len, data.test_src)) == 1  # the test set keeps its short strings
     again = generate_synthetic(task, num_train=4000, num_test=500, test_max_len=12, seed=0)
     assert again.train_src == data.train_src and again.test_src == data.test_src
+    # a smaller test set (max_eval) leaves the training set as it was, but for the strings it gives back
+    fewer = generate_synthetic(task, num_train=4000, num_test=250, test_max_len=12, seed=0)
+    assert fewer.test_src == data.test_src[:250]
+    kept = [s for s in fewer.train_src if s not in set(data.test_src)]
+    assert len(kept) > 3900 and kept == data.train_src[: len(kept)]
 
 
 def test_synthetic_test_set_holding_every_training_string_is_refused():

@@ -29,7 +29,8 @@ def generate_synthetic(
     seed: int = 0,
 ) -> Seq2SeqData:
     """Seeded random strings with lengths in ``[min_len, max_len]`` (test: up to ``test_max_len``, default
-    max_len); no training source is a test source."""
+    max_len); no training source is a test source, so the shortest lengths, whose few strings the test set
+    holds nearly all of, are rare or absent in training (with 10 symbols: no string of one symbol)."""
     if task not in SYNTHETIC_TASKS:
         raise ValueError(f"task={task!r}: expected one of {SYNTHETIC_TASKS}")
     test_max_len = max_len if test_max_len is None else test_max_len
@@ -49,17 +50,19 @@ def generate_synthetic(
         )
     if len(set(alphabet)) < 2:
         raise ValueError(f"alphabet={alphabet!r}: expected at least two distinct characters")
-    rng = random.Random(seed)
     transform = {"copy": lambda s: s, "reverse": lambda s: s[::-1], "sort": lambda s: "".join(sorted(s))}[
         task
     ]
 
-    def draw(low: int, high: int) -> str:
+    def draw(rng: random.Random, low: int, high: int) -> str:
         return "".join(rng.choice(alphabet) for _ in range(rng.randint(low, high)))
 
-    # the test set first, then training strings that avoid every test string (drawn independently, a
-    # third of the test strings were training strings too: every string of one or two symbols is in both)
-    test = [draw(min_len, test_max_len) for _ in range(num_test)]
+    # The test set first, then training strings that avoid every test string (drawn independently, a
+    # third of the test strings were training strings too: every string of one or two symbols is in both).
+    # Each split has its own random stream: the training set does not move with num_test (only the few
+    # strings a larger test set takes leave it).
+    test_rng, train_rng = random.Random(seed), random.Random(f"train-{seed}")
+    test = [draw(test_rng, min_len, test_max_len) for _ in range(num_test)]
     held_out = set(test)
     train: list[str] = []
     attempts = 0
@@ -70,7 +73,7 @@ def generate_synthetic(
                 f"the test set holds nearly every string of {min_len} to {max_len} symbols of {alphabet!r}; "
                 "lower num_test or raise max_len, or use a larger alphabet"
             )
-        source = draw(min_len, max_len)
+        source = draw(train_rng, min_len, max_len)
         if source not in held_out:
             train.append(source)
     return Seq2SeqData(
