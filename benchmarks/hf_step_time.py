@@ -1,4 +1,5 @@
-"""Training-step time of the packaged MiniLM-L6 converted to each mechanism, as a ratio to softmax.
+"""Training-step time of the packaged MiniLM-L6 converted to each mechanism, as a ratio to the first one
+listed (softmax by default).
 
 All models are timed in one process, in interleaved rounds, on the same padded batch, so that load on the
 machine affects every mechanism alike. Prints a table and writes JSON.
@@ -57,6 +58,9 @@ def main(argv: list[str] | None = None) -> None:
     mechanisms = [m.strip() for m in args.mechanisms.split(",") if m.strip()]
     if not mechanisms:
         parser.error("--mechanisms is empty; give a comma-separated list such as softmax,dnas,hnas")
+    repeated = sorted({m for m in mechanisms if mechanisms.count(m) > 1})
+    if repeated:  # a repeated one was timed twice per round and paired with the wrong rounds
+        parser.error(f"--mechanisms names {repeated} more than once; give each once")
     g = torch.Generator().manual_seed(0)
     B, L = args.batch_size, args.max_length
     input_ids = torch.randint(1000, 20000, (B, L), generator=g)

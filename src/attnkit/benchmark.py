@@ -127,8 +127,10 @@ class BenchConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}; expected a positive integer")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise ValueError(f"threads={self.threads!r}; expected a positive integer (None: torch's own)")
+        t = self.threads
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= 1024):
+            # 100000 threads crashed OpenMP (a segmentation fault, no message)
+            raise ValueError(f"threads={t!r}; expected an integer in [1, 1024] (None: torch's own)")
         for name in ("dropout", "padding"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
@@ -451,7 +453,9 @@ def measure_peak(mechanism: str, backend: str, L: int, device: str, sinkhorn_ite
     q, k, v = _inputs(L, device, shape)
     mask = _mask(L, shape[0], padding, device)
     f = _call(mechanism, backend, sinkhorn_iters, dropout, mask)
-    small = _call(mechanism, backend, sinkhorn_iters, dropout, None if mask is None else mask[:, :8])
+    # the same route as the measured call: a small mask that also pads (all True would count as no mask)
+    small_mask = None if mask is None else torch.cat([mask[:, :7], mask.new_zeros(mask.shape[0], 1)], dim=1)
+    small = _call(mechanism, backend, sinkhorn_iters, dropout, small_mask)
     if device == "cuda":
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()

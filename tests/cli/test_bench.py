@@ -92,6 +92,7 @@ def test_bench_passes_dropout_and_padding_to_the_run(tmp_path, capsys):
 
 @pytest.mark.parametrize("args,needle", [
     (["--sinkhorn-iters", "-1"], "sinkhorn_iters=-1"),
+    (["--threads", "100000"], "threads=100000; expected an integer in [1, 1024]"),  # segfaulted in OpenMP
     (["--max-reference-length", "-1"], "max_reference_length=-1"),
     (["--mechanisms", ""], "--mechanisms '' names nothing"),
     (["--lengths", ","], "--lengths ',' names nothing"),
@@ -128,9 +129,13 @@ def test_a_file_that_appears_during_the_run_is_kept(tmp_path, capsys, monkeypatc
             "--no-memory", "--out", str(out)]
     with pytest.raises(SystemExit) as exc:
         main(args)
-    assert exc.value.code == 2 and "--overwrite" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert exc.value.code == 2 and "appeared while this was running and is kept" in captured.err
+    assert "dnas" in captured.out  # the table was printed before the write
     assert out.read_text() == '{"user": "precious"}'
-    assert [p.name for p in tmp_path.iterdir()] == ["kernels.json"]  # no temporary file left behind
+    spare = tmp_path / "kernels-1.json"  # the measurements, beside it; no temporary file left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kernels-1.json", "kernels.json"]
+    assert json.loads(spare.read_text())["meta"]["lengths"] == [16]
     main([*args, "--overwrite"])
     assert json.loads(out.read_text())["meta"]["lengths"] == [16]
 

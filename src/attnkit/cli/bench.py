@@ -106,6 +106,19 @@ def register(app: typer.Typer) -> None:
             raise FileExistsError(f"{out} exists; pass --overwrite to replace it or choose another --out")
         _check_writable(out)
         result = run_bench(cfg, log=lambda msg: typer.echo(msg, err=True))
-        write_json(result, out, overwrite=overwrite)
-        typer.echo(format_table(result))
+        typer.echo(format_table(result))  # before writing: a write that fails loses no measurement
+        try:
+            write_json(result, out, overwrite=overwrite)
+        except FileExistsError:  # saved there while this ran: kept, and the results go beside it
+            spare = next(p for i in range(1, 10_000)
+                         if not (p := out.with_name(f"{out.stem}-{i}{out.suffix}")).exists())
+            write_json(result, spare, overwrite=False)
+            raise FileExistsError(
+                f"{out} appeared while this was running and is kept; the results are in {spare}"
+            ) from None
+        except OSError:
+            import json
+
+            typer.echo(json.dumps(result), err=True)  # the measurements, to be kept from the terminal
+            raise
         typer.echo(f"wrote {out}")
