@@ -4,10 +4,19 @@
 # potential kernels (benchmarks/triton_tiles.py). Usage: bash benchmarks/cuda_check.sh OUT_DIR
 # Runs from a source checkout with the Python that has torch and triton (PYTHON, default python3).
 set -uo pipefail
-cd "$(dirname "$0")/.."
 OUT="${1:?usage: bash benchmarks/cuda_check.sh OUT_DIR}"
-mkdir -p "$OUT"
+case "$OUT" in /*) ;; *) OUT="$PWD/$OUT" ;; esac  # the caller's folder, before the cd below
+if [ -e "$OUT" ] && [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then  # an earlier GPU run's results are kept
+  echo "error: $OUT is not empty; pass a new folder (the results of an earlier run would be replaced)" >&2
+  exit 2
+fi
+cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "error: no CUDA device is visible to $PY (torch.cuda.is_available() is False); run this on a GPU" >&2
+  exit 2
+fi
+mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" ATTNKIT_NO_CPP=1 TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 CLI=("$PY" -c "import sys; from attnkit.cli import main; sys.argv[0] = 'attnkit'; main()")  # attnkit ...

@@ -144,3 +144,29 @@ def test_hf_step_time_refuses_a_folder_out_and_a_length_beyond_the_model_before_
         with pytest.raises(SystemExit) as exc:
             hf_step_time.main(["--mechanisms", "softmax", "--rounds", "1", *argv])
         assert exc.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_cuda_check_stops_at_once_without_a_gpu_and_keeps_an_earlier_run(tmp_path):
+    """Without a GPU it ran for two minutes and failed in 20 steps; a relative OUT_DIR went into the source
+    checkout; a folder with an earlier GPU run's results was overwritten."""
+    import shutil
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the script would run")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "cuda_check.sh"
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(script), "rel_out"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "no CUDA device" in proc.stderr
+    assert not (tmp_path / "rel_out").exists() and not (script.parents[1] / "rel_out").exists()
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "bench_cuda.json").write_text("{}")
+    proc = subprocess.run(["bash", str(script), str(earlier)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "is not empty" in proc.stderr
+    assert (earlier / "bench_cuda.json").read_text() == "{}"
