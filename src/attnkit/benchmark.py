@@ -151,6 +151,20 @@ class BenchConfig:
                 f"{have / 2**30:.3g} GiB this {self.device} has; choose smaller sizes"
             )
         plan = [(L, m, b) for L in self.lengths for m in self.mechanisms for b in self.backends]
+        # the materializing backends hold several (B, H, L, L) matrices at once (weights, scores, their
+        # gradients): a length they run that cannot fit ended in an allocator traceback, losing every row
+        size = 2 if self.device == "cuda" else 4
+        materialized = [L for L, m, b in plan if b in MATERIALIZING and _timed(L, m, b, self)]
+        if materialized and have is not None:
+            L = max(materialized)
+            need = 5 * self.batch * self.heads * L * L * size
+            if need > have:
+                names = ", ".join(b for b in self.backends if b in MATERIALIZING)
+                raise ValueError(
+                    f"the materializing backends ({names}) at L={L} hold about {need / 2**30:.3g} GiB of "
+                    f"(B, H, L, L) matrices, more than the {have / 2**30:.3g} GiB this {self.device} has; "
+                    f"lower --max-reference-length below {L} or drop them"
+                )
         if not any(_timed(L, m, b, self) for L, m, b in plan):
             raise ValueError(
                 f"mechanisms {list(self.mechanisms)} x backends {list(self.backends)} x lengths "

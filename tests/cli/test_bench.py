@@ -163,6 +163,9 @@ def test_a_failed_memory_measurement_is_a_footnote_with_its_cause(monkeypatch):
         (["--lengths", "99999999999999999999"], "GiB for q, k, v"),
         (["--head-dim", "99999999999999999999"], "GiB for q, k, v"),
         (["--batch", "99999999999"], "GiB for q, k, v"),
+        # 32 GiB per (B, H, L, L) float32 matrix: an allocator traceback, and no row kept
+        (["--lengths", "32768", "--max-reference-length", "32768", "--backends", "reference"],
+         "GiB of (B, H, L, L) matrices"),
     ],
 )
 def test_sizes_beyond_the_machine_are_refused_before_running(args, needle, tmp_path, capsys):
