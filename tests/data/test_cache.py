@@ -85,3 +85,18 @@ def test_concurrent_forced_fetches_write_one_after_the_other(tmp_path, monkeypat
     second.join(10)
     data = load_dataset("sst2", cache_dir=tmp_path)
     assert (data.train_texts, data.test_texts) == (["B train"], ["B test"])
+
+
+@pytest.mark.parametrize("raw", ["", " ", "\t"])
+def test_a_blank_cache_variable_is_unset(monkeypatch, raw):
+    """ATTNKIT_CACHE=" " made a folder named by a space in the working directory."""
+    from pathlib import Path
+
+    from attnkit.data.cache import cache_root
+    from attnkit.kernels import cpu_ext
+
+    monkeypatch.setenv("ATTNKIT_CACHE", raw)
+    assert cache_root() == Path.home() / ".cache" / "attnkit"
+    assert cpu_ext.build_dir().parent.parent == Path.home() / ".cache" / "attnkit"
+    monkeypatch.setenv("ATTNKIT_EXT_LOCK_TIMEOUT", raw)
+    assert cpu_ext._lock_timeout() == 900.0

@@ -37,10 +37,11 @@ PathLike = Union[str, os.PathLike]
 
 
 def cache_root(cache_dir: Optional[PathLike] = None) -> Path:
-    """``cache_dir``, else ``$ATTNKIT_CACHE``, else ``~/.cache/attnkit`` (not created)."""
+    """``cache_dir``, else ``$ATTNKIT_CACHE``, else ``~/.cache/attnkit`` (not created). A blank variable is
+    unset (``" "`` made a folder named by a space in the working directory)."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
-    env = os.environ.get("ATTNKIT_CACHE")
+    env = os.environ.get("ATTNKIT_CACHE", "").strip()
     if env:
         return Path(env).expanduser()
     return Path.home() / ".cache" / "attnkit"

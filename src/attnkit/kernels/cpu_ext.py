@@ -116,14 +116,14 @@ def build_dir() -> Path:
 
     The hash covers the C++ sources, the compiler flags and the torch and Python versions.
     """
-    root = os.environ.get("ATTNKIT_CACHE")
+    root = os.environ.get("ATTNKIT_CACHE", "").strip()  # blank: unset, as for the datasets
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "attnkit"
     version = torch.__version__.replace("+", "-")
     return base / "ext" / f"torch-{version}-{_capability().lower()}-{_build_key()}"
 
 
 def _lock_timeout() -> float:
-    raw = os.environ.get("ATTNKIT_EXT_LOCK_TIMEOUT", "900")
+    raw = os.environ.get("ATTNKIT_EXT_LOCK_TIMEOUT", "").strip() or "900"  # blank: unset, as the others
     try:
         value = float(raw)
     except ValueError:
