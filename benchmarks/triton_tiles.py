@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -209,13 +210,37 @@ def main(argv=None) -> int:
                         "written by --phase candidates); default: one built-in list for every kernel")
     parser.add_argument("--limit", type=int, default=10, help="tiles per kernel (candidates; default 10)")
     parser.add_argument("--out", type=Path, help="JSON results (time phase) or candidates")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.add_argument("--head-dims", help="candidates: comma-separated head sizes, e.g. 64,128; writes one "
+                        "set per padded head size, as benchmarks/tile_candidates.json holds them (default: "
+                        "the --shape's D, one set)")
     args = parser.parse_args(argv)
 
-    B, H, L, D = (int(x) for x in args.shape.split(","))
+    try:
+        B, H, L, D = (int(x) for x in args.shape.split(","))
+        if min(B, H, L, D) < 1:
+            raise ValueError
+    except ValueError:
+        parser.error(f"--shape {args.shape!r}: expected four positive integers B,H,L,D such as 4,16,4096,64")
+    if args.out is not None:  # before the work: a run of minutes is not lost to a bad --out at its end
+        if args.out.is_dir():
+            parser.error(f"--out {args.out} is a folder; pass a file path")
+        if args.out.exists() and not args.overwrite:
+            parser.error(f"--out {args.out} exists; pass --overwrite to replace it or choose another --out")
+        if not args.out.parent.is_dir() or not os.access(args.out.parent, os.W_OK):
+            parser.error(f"--out {args.out}: its folder does not exist or cannot be written")
     if args.phase == "candidates":
         if args.limit < 1:
             parser.error(f"--limit {args.limit}: expected at least 1 tile per kernel")
-        found = candidates(_DTYPES[args.dtype], max(16, 1 << (D - 1).bit_length()), args.limit)
+        width = lambda d: max(16, 1 << (d - 1).bit_length())  # noqa: E731
+        if args.head_dims:
+            try:
+                dims = [int(x) for x in args.head_dims.split(",")]
+            except ValueError:
+                parser.error(f"--head-dims {args.head_dims!r}: expected integers such as 64,128")
+            found = {str(width(d)): candidates(_DTYPES[args.dtype], width(d), args.limit) for d in dims}
+        else:
+            found = candidates(_DTYPES[args.dtype], width(D), args.limit)
         text = json.dumps(found, indent=1)
         if args.out:
             args.out.write_text(text + "\n")
