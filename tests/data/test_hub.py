@@ -127,6 +127,19 @@ def test_unreachable_hub_fails_fast(tmp_path, monkeypatch):
     assert not is_cached("mrpc", tmp_path)
 
 
+@pytest.mark.parametrize("endpoint, message", [
+    ("http://x:99999", r"HF_ENDPOINT='http://x:99999' is not a usable URL \(Port out of range"),
+    ("::::", "HF_ENDPOINT='::::' names no host"),
+])
+def test_a_broken_hf_endpoint_is_named(tmp_path, monkeypatch, endpoint, message):
+    """"Port out of range 0-65535" named no variable, and "::::" was reported as huggingface.co."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    with pytest.raises(DatasetUnavailableError, match=message):
+        fetch("mrpc", cache_dir=tmp_path)
+
+
 def test_hub_dataset_not_cached_names_fetch(tmp_path):
     with pytest.raises(DatasetUnavailableError, match="attnkit data fetch snli"):
         load_dataset("snli", cache_dir=tmp_path)

@@ -80,8 +80,14 @@ def hub_reachable(timeout: float = CONNECT_TIMEOUT_S) -> Optional[str]:
         return "HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set"
     if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
         return None  # through a proxy a direct connection says nothing; the hub client's own timeouts apply
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme != "http" else 80)
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    try:
+        url = urlparse(endpoint)
+        host, port = url.hostname, url.port or (443 if url.scheme != "http" else 80)
+    except ValueError as exc:  # a port out of range
+        return f"HF_ENDPOINT={endpoint!r} is not a usable URL ({exc})"
+    if not host:
+        return f"HF_ENDPOINT={endpoint!r} names no host; expected a URL such as https://huggingface.co"
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return None
