@@ -51,6 +51,8 @@ def _draw(rng: random.Random, causal_ok: bool) -> dict:
         masks["query_mask"] = torch.arange(Lq)[None, :] < lengths[:, None]  # (B, Lq)
     if rng.random() < 0.3:
         masks["attn_mask"] = torch.rand(B, 1, Lq, Lk, generator=g) < 0.75  # (B, 1, Lq, Lk)
+        if not causal_ok:  # query 0 sees the last key: no example is a causal pattern, which
+            masks["attn_mask"][:, :, 0, -1] = True  # dnas/hnas/sinkhorn refuse (a small random one can be)
     if causal_ok and rng.random() < 0.3:
         masks["causal"] = True
     draw["masks"] = masks
