@@ -143,3 +143,9 @@ def test_sizes_that_fail_deep_inside_torch_are_refused_with_a_message(key, value
 def test_a_model_too_large_in_all_is_refused_though_each_size_is_within_its_cap():
     with pytest.raises(ValueError, match=r"make a model of about 4.3e\+09 weights, more than 2.15e\+09"):
         build_config({"vocab_size": 2**24, "d_model": 256, "nhead": 4})
+
+
+def test_an_unknown_task_lists_the_recurrent_tasks_too():
+    """The README documents --task g2p|numbers|copy|reverse|sort; the error listed only the datasets."""
+    with pytest.raises(ValueError, match="recurrent tasks g2p, numbers, copy, reverse, sort"):
+        build_config({"task": "nosuch"})

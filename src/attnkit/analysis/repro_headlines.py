@@ -157,8 +157,8 @@ def headline_generation(result: ReproduceResult, quick: bool = False, seed: int 
     n_seeds, steps, n_test = (1, 200, 200) if quick else (3, 1500, 1000)
     if quick:
         result.note = (
-            "quick: one seed of 200 steps (full: 3 seeds of 1500), a barely trained model (ROUGE-L about 5 "
-            "after 300 steps); the Table 3 / Fig. 5 claims need the full mode"
+            "quick: one seed of 200 steps (full: 3 seeds of 1500), a barely trained model (ROUGE-L about 3 "
+            "after 200 steps); the Table 3 / Fig. 5 claims need the full mode"
         )
     test_pairs = test_pairs[:n_test]
     vocab = _vocab(train_pairs, 6000)

@@ -45,7 +45,8 @@ def register(app: typer.Typer) -> None:
         task: Optional[str] = typer.Option(
             None,
             "--task",
-            help="reuters8 (default), mlu, another catalog dataset, or a .json/.jsonl dataset file.",
+            help="reuters8 (default), mlu, another catalog dataset, g2p|numbers|copy|reverse|sort (recurrent "
+            "models: --mechanisms vanilla,additive,dot,gmm,mixed,ctc), or a .json/.jsonl dataset file.",
         ),
         mechanisms: Optional[str] = typer.Option(
             None,

@@ -86,10 +86,11 @@ def file_task_kind(path: str) -> str:
     _refuse_folder(path)
     if not str(path).endswith(_FILE_SUFFIXES):
         from ..data import DATASETS
+        from .transduction import TRANSDUCTION_TASKS
 
         raise ValueError(
-            f"unknown task {path!r}; expected one of {', '.join(DATASETS)} or a dataset file ending in "
-            ".json/.jsonl"
+            f"unknown task {path!r}; expected one of {', '.join(DATASETS)}, one of the recurrent tasks "
+            f"{', '.join(TRANSDUCTION_TASKS)}, or a dataset file ending in .json/.jsonl"
         )
     kind = read_dataset_file(path).get("kind")
     if kind not in ("classification", "seq2seq"):

@@ -510,7 +510,7 @@ def get_task(name: str):
         return TransductionTask(key)
     if key not in DATASETS:
         raise ValueError(
-            f"unknown task {name!r}; expected one of {', '.join(DATASETS)} or a dataset file ending in "
-            ".json/.jsonl"
+            f"unknown task {name!r}; expected one of {', '.join(DATASETS)}, one of the recurrent tasks "
+            f"{', '.join(TRANSDUCTION_TASKS)}, or a dataset file ending in .json/.jsonl"
         )
     return Seq2SeqTask(key) if DATASETS[key].kind == "seq2seq" else ClassificationTask(key)
