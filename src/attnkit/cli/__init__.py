@@ -83,7 +83,10 @@ def _error(message: str) -> None:
     and one all of them met reads as the same line per process."""
     rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
     prefix = f"[rank {rank}] " if rank not in ("", "0") and world not in ("", "1") else ""
-    print(f"{prefix}error: {message}", file=sys.stderr)
+    # one write of the whole line: the processes of one launch share stderr, and a line printed in two
+    # writes (the text, then its newline) was seen run together with another process's
+    sys.stderr.write(f"{prefix}error: {message}\n")
+    sys.stderr.flush()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
