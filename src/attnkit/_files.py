@@ -13,7 +13,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 __all__ = ["match_umask", "write_text_file"]
 
@@ -78,3 +78,20 @@ def json_loads(text: Union[str, bytes], **kwargs):
     except RecursionError:
         doc = text if isinstance(text, str) else text.decode("utf-8", "replace")
         raise json.JSONDecodeError("nested deeper than can be read", doc, 0) from None
+
+
+def lock_folder(folder: Union[str, os.PathLike], in_use: str) -> Optional[int]:
+    """An exclusive ``fcntl.flock`` on ``folder`` (released when the descriptor is closed or this process
+    ends, even killed); a second process gets a ``ValueError``: "folder ... is in use by another ``in_use``".
+    Returns the descriptor to close, or ``None`` where the platform has no ``flock``."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValueError(f"{str(folder)!r} is in use by another {in_use}") from None
+    return fd

@@ -324,16 +324,9 @@ def _cuda_round_times(fn: Callable[[], None], repeats: int, limit: float) -> lis
     first forward+backward compiles the backward's kernels)."""
     fn()
     n = _calls_per_round(fn)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(repeats):
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(n):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / n)
+        times.append(_one_round(fn, n, "cuda"))
         if sum(times) * n > limit:
             break
     return times

@@ -503,20 +503,14 @@ def test_a_learned_attn_mask_that_starts_at_zero_gets_torchs_gradient():
     (a relative-position bias initialized to zeros never trained)."""
     theirs, ours = _pair(batch_first=True)
     x, _, _ = _inputs(B=2, Lq=5, Lk=5)
-    grads = []
-    for module in (theirs, ours):
-        bias = torch.nn.Parameter(torch.zeros(5, 5, dtype=torch.float64))
-        module(x, x, x, attn_mask=bias, need_weights=False)[0].pow(2).sum().backward()
-        grads.append(bias.grad)
-    assert grads[1] is not None and grads[1].abs().sum() > 0
-    torch.testing.assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-12)
-    grads = []  # a learned key bias through key_padding_mask, likewise
-    for module in (theirs, ours):
-        bias = torch.nn.Parameter(torch.zeros(2, 5, dtype=torch.float64))
-        module(x, x, x, key_padding_mask=bias, need_weights=False)[0].pow(2).sum().backward()
-        grads.append(bias.grad)
-    assert grads[1] is not None and grads[1].abs().sum() > 0
-    torch.testing.assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-12)
+    for name, shape in (("attn_mask", (5, 5)), ("key_padding_mask", (2, 5))):  # a learned key bias too
+        grads = []
+        for module in (theirs, ours):
+            bias = torch.nn.Parameter(torch.zeros(shape, dtype=torch.float64))
+            module(x, x, x, need_weights=False, **{name: bias})[0].pow(2).sum().backward()
+            grads.append(bias.grad)
+        assert grads[1] is not None and grads[1].abs().sum() > 0
+        torch.testing.assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-12)
     coda = aknn.MultiheadAttention(E, H, mechanism="coda", batch_first=True, dtype=torch.float64)
     with pytest.raises(ValueError, match="requires grad .*CoDA's masks are multiplicative"):
         coda(x, x, x, attn_mask=torch.nn.Parameter(torch.zeros(5, 5, dtype=torch.float64)))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-from .._files import json_loads
+from .._files import json_loads, lock_folder
 
 __all__ = [
     "Claim",
@@ -268,26 +268,16 @@ _LOCKS: dict[str, int] = {}  # the output folders this process runs in: their fl
 
 
 def _lock(out: Path) -> None:
-    """An exclusive ``fcntl.flock`` on the folder ``out`` for as long as this process runs in it (the
-    system releases it when the process ends, even killed): a second ``attnkit reproduce`` into the same
-    folder is refused instead of mixing its files with the first's."""
+    """An exclusive lock on the folder ``out`` for as long as this process runs in it (the system releases
+    it when the process ends, even killed): a second ``attnkit reproduce`` into the same folder is refused
+    instead of mixing its files with the first's."""
     key = str(out.resolve())
     if key in _LOCKS:
         return
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        return
-    fd = os.open(out, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise ValueError(
-            f"output directory {str(out)!r} is in use by another attnkit reproduce process; wait for it to "
-            "finish (or stop it), or choose another --out"
-        ) from None
-    _LOCKS[key] = fd
+    fd = lock_folder(out, "attnkit reproduce process: wait for it to finish (or stop it), or choose another "
+                          "--out")
+    if fd is not None:
+        _LOCKS[key] = fd
 
 
 def table_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:

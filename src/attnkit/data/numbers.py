@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 
 from .containers import DatasetUnavailableError, Seq2SeqData
+from .sampling import draw_avoiding
 
 __all__ = ["generate_numbers", "number_words", "NUM2WORDS_REQUIREMENT"]
 
@@ -70,31 +71,19 @@ def generate_numbers(
         return " ".join(map(str, values)), " ".join(words[v] for v in values)
 
     # the test set first (distinct sources), then training inputs that avoid every test source
-    test, held_out = [], set()
-    attempts = 0
-    while len(test) < num_test:
-        attempts += 1
-        if attempts > 100 * num_test:
-            raise ValueError(
-                f"could not draw {num_test} distinct test inputs with numbers up to {max_value}; "
-                "lower num_test or raise max_value"
-            )
-        source, target = pair(1 + len(test) % test_max_count)  # counts 1..test_max_count in turn
-        if source not in held_out:
-            test.append((source, target))
-            held_out.add(source)
-    train = []
-    attempts = 0
-    while len(train) < num_train:
-        attempts += 1
-        if attempts > 100 * num_train:
-            raise ValueError(
-                f"the test set holds nearly every input of up to {train_max_count} numbers; "
-                "lower num_test or raise max_value"
-            )
-        source, target = pair(rng.randint(1, train_max_count))
-        if source not in held_out:
-            train.append((source, target))
+    held_out: set = set()
+    test = draw_avoiding(
+        num_test, lambda k: pair(1 + k % test_max_count), held_out,  # counts 1..test_max_count in turn
+        f"could not draw {num_test} distinct test inputs with numbers up to {max_value}; lower num_test or "
+        "raise max_value",
+        key=lambda item: item[0], hold=True,
+    )
+    train = draw_avoiding(
+        num_train, lambda _: pair(rng.randint(1, train_max_count)), held_out,
+        f"the test set holds nearly every input of up to {train_max_count} numbers; lower num_test or raise "
+        "max_value",
+        key=lambda item: item[0],
+    )
     return Seq2SeqData(
         name="numbers",
         train_src=[s for s, _ in train],

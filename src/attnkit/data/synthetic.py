@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 
 from .containers import Seq2SeqData
+from .sampling import draw_avoiding
 
 __all__ = ["generate_synthetic", "SYNTHETIC_TASKS"]
 
@@ -63,19 +64,11 @@ def generate_synthetic(
     # strings a larger test set takes leave it).
     test_rng, train_rng = random.Random(seed), random.Random(f"train-{seed}")
     test = [draw(test_rng, min_len, test_max_len) for _ in range(num_test)]
-    held_out = set(test)
-    train: list[str] = []
-    attempts = 0
-    while len(train) < num_train:
-        attempts += 1
-        if attempts > 100 * num_train:
-            raise ValueError(
-                f"the test set holds nearly every string of {min_len} to {max_len} symbols of {alphabet!r}; "
-                "lower num_test or raise max_len, or use a larger alphabet"
-            )
-        source = draw(train_rng, min_len, max_len)
-        if source not in held_out:
-            train.append(source)
+    train = draw_avoiding(
+        num_train, lambda _: draw(train_rng, min_len, max_len), set(test),
+        f"the test set holds nearly every string of {min_len} to {max_len} symbols of {alphabet!r}; "
+        "lower num_test or raise max_len, or use a larger alphabet",
+    )
     return Seq2SeqData(
         name=task,
         train_src=train,

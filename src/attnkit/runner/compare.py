@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from .._files import json_loads
+from .._files import json_loads, lock_folder
 from .config import CompareConfig, _is_file_task
 from .summary import RunClock, _duration, summarize, tracker_config
 from .train import RESULT_FILE, batch_indices, check_batch_split, finished_result, train_run
@@ -153,25 +153,10 @@ def _check_writable(out: Path) -> None:
 
 
 def _lock_run_dir(out: Path) -> Optional[int]:
-    """An exclusive ``fcntl.flock`` on the directory ``out`` (released when this process ends, even killed).
-
-    Two processes continuing one run would delete each other's checkpoints; the second gets a ``ValueError``.
-    Returns the descriptor to close, or ``None`` where the platform has no ``flock``.
-    """
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        return None
-    fd = os.open(out, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise ValueError(
-            f"run directory {str(out)!r} is in use by another attnkit compare process; wait for it to finish "
-            "(or stop it) before continuing this run, or choose another --out"
-        ) from None
-    return fd
+    """An exclusive lock on the run directory ``out``: two processes continuing one run would delete each
+    other's checkpoints; the second gets a ``ValueError``."""
+    return lock_folder(out, "attnkit compare process: wait for it to finish (or stop it) before continuing "
+                            "this run, or choose another --out")
 
 
 def saved_config(out: str | Path) -> Optional[dict]:
