@@ -56,3 +56,30 @@ def test_json_nested_past_the_recursion_limit_is_a_json_error_naming_no_tracebac
     path.write_text(deep)
     with pytest.raises(ValueError, match="deep.json' is not valid JSON"):
         read_dataset_file(str(path))
+
+
+def test_remove_stale_removes_only_old_scratch(tmp_path):
+    from attnkit._files import remove_stale
+
+    old_dir, new_dir, old_file, other = (tmp_path / n for n in (".pip-a", ".pip-b", ".pip-c", "keep.whl"))
+    old_dir.mkdir()
+    (old_dir / "part.whl").write_bytes(b"x")
+    new_dir.mkdir()
+    old_file.write_bytes(b"x")
+    other.write_bytes(b"x")
+    for path in (old_dir, old_file, other):
+        os.utime(path, (0, 0))
+    remove_stale(tmp_path, ".pip-*", older_than_s=60)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".pip-b", "keep.whl"]
+
+
+def test_an_atomic_write_clears_what_a_killed_writer_of_that_file_left(tmp_path):
+    from attnkit.data.cache import write_bytes_atomic
+
+    stale, fresh, other = (tmp_path / n for n in (".a.json.k1.tmp", ".a.json.k2.tmp", ".b.json.k3.tmp"))
+    for path in (stale, fresh, other):
+        path.write_bytes(b"half")
+    os.utime(stale, (0, 0))
+    os.utime(other, (0, 0))
+    write_bytes_atomic(tmp_path / "a.json", b"{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".a.json.k2.tmp", ".b.json.k3.tmp", "a.json"]

@@ -95,3 +95,23 @@ def lock_folder(folder: Union[str, os.PathLike], in_use: str) -> Optional[int]:
         os.close(fd)
         raise ValueError(f"{str(folder)!r} is in use by another {in_use}") from None
     return fd
+
+
+def remove_stale(folder: Union[str, os.PathLike], pattern: str, older_than_s: float) -> None:
+    """Remove the entries of ``folder`` matching ``pattern`` (files or folders: the scratch of a writer that
+    was killed) not modified for ``older_than_s`` seconds, a time no live writer of them takes; entries that
+    vanish or cannot be removed meanwhile are left to the next call."""
+    import shutil
+    import time
+
+    now = time.time()
+    for entry in Path(folder).glob(pattern):
+        try:
+            if now - entry.lstat().st_mtime < older_than_s:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError:
+            continue

