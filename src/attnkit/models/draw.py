@@ -13,8 +13,10 @@ section 3.2 (eqs. 27 and 29, :mod:`attnkit.nn.draw`).
     \mathcal L = -\log D(x | c_T)
     + \sum_t \tfrac12 (\mu_t^2 + \sigma_t^2 - \log \sigma_t^2) - T/2 \quad (9\text{-}11)
 
-``D`` is a Bernoulli on ``sigma(c_T)`` (binary cross-entropy with the [0, 1] intensities). Shapes: ``x (B, 1,
-H, W)`` -> canvases ``(B, T, 1, H, W)`` (``sigma(c_t)``), read and write windows per step.
+``D`` is a Bernoulli on ``sigma(c_T)`` (binary cross-entropy with the [0, 1] intensities, computed from the
+canvas logits ``c_T``: ``sigma(c)`` rounds to 1 in float32 from ``c`` of about 17, where the loss of a dark pixel
+would be clipped at 100 nats with no gradient). Shapes: ``x (B, 1, H, W)`` -> canvases ``(B, T, 1, H, W)``
+(``sigma(c_t)``), the last canvas logits ``c_T`` ``(B, 1, H, W)``, read and write windows per step.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class DRAWOutput:
     kl: Tensor
     read_windows: list[DRAWWindow]
     write_windows: list[DRAWWindow]
+    logits: Tensor  # (B, 1, H, W): c_T, whose sigmoid is canvases[:, -1]
 
 
 class DRAW(nn.Module):
@@ -107,7 +110,7 @@ class DRAW(nn.Module):
             canvases.append(torch.sigmoid(c))
             reads.append(window)
             writes.append(w_window)
-        return DRAWOutput(torch.stack(canvases, 1), torch.stack(kls, 1).sum(1), reads, writes)
+        return DRAWOutput(torch.stack(canvases, 1), torch.stack(kls, 1).sum(1), reads, writes, logits=c)
 
     def loss(self, x: Tensor) -> tuple[Tensor, DRAWOutput]:
         """Mean over images of ``L^x + L^z`` (eqs. 9-12), in nats."""
@@ -119,7 +122,8 @@ class DRAW(nn.Module):
                 "intensities in [0, 1] (divide 8-bit images by 255)"
             )
         out = self(x)  # after the checks: a NaN image would fail inside, at its first attention window
-        recon = F.binary_cross_entropy(out.canvases[:, -1], x, reduction="none").flatten(1).sum(1)  # (B,)
+        # -log D(x | c_T) from the logits: exact where sigma(c_T) rounds to 0 or 1
+        recon = F.binary_cross_entropy_with_logits(out.logits, x, reduction="none").flatten(1).sum(1)  # (B,)
         return (recon + out.kl).mean(), out
 
     @torch.no_grad()
