@@ -149,10 +149,13 @@ class RecurrentAttentionModel(nn.Module):
         for _ in range(self.steps):
             mean = torch.tanh(self.policy(h.detach()))  # (B, 2); the policy learns from REINFORCE only
             if self.training:
-                loc = (mean.detach() + self.std * torch.randn_like(mean)).clamp(-1, 1)
+                sample = mean.detach() + self.std * torch.randn_like(mean)  # l ~ N(mean, std^2)
             else:
-                loc = mean.detach()
-            log_probs.append(torch.distributions.Normal(mean, self.std).log_prob(loc).sum(-1))  # (B,)
+                sample = mean.detach()
+            # the score function of the sample drawn, not of the clamped location (the log-density of the
+            # clamped value gave a biased gradient near the border, of the wrong sign at mean 0.9)
+            log_probs.append(torch.distributions.Normal(mean, self.std).log_prob(sample).sum(-1))  # (B,)
+            loc = sample.clamp(-1, 1)  # where the glimpse is taken: the image's border bounds it
             baselines.append(self.baseline(h.detach()).squeeze(-1))  # (B,)
             rho = glimpse_sensor(images, loc, self.size, self.scales)  # (B, k, C, g, g)
             hg = F.relu(self.theta_g(rho.flatten(1)))
