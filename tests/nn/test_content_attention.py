@@ -257,3 +257,31 @@ def test_query_mask_must_be_bool_of_the_query_shape_on_its_device():
         module(q[:, 0], keys, query_mask=torch.ones(2, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="query_mask is on meta but query is on cpu"):
         module(q, keys, query_mask=torch.ones(2, 3, dtype=torch.bool, device="meta"))
+
+
+@pytest.mark.parametrize("name", ["additive", "bilinear", "dot"])
+def test_hnas_content_attention_learns_its_hybrid_weight(name):
+    from attnkit.nn import hybrid_weights
+
+    torch.manual_seed(0)
+    build = {
+        "additive": lambda m: ak.nn.AdditiveAttention(4, 4, mechanism=m),
+        "bilinear": lambda m: ak.nn.BilinearAttention(4, 4, mechanism=m),
+        "dot": lambda m: ak.nn.DotAttention(mechanism=m),
+    }[name]
+    module = build(ak.Hybrid(u0=0.1))
+    assert torch.allclose(module.u, torch.tensor([0.1])) and "theta" in dict(module.named_parameters())
+    q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    context, weights = module(q, k)
+    scores = module.score(q[:, None], k[:, None])  # (B, 1, Lq, Lk)
+    expected = 0.1 * ak.normalize(scores, "dnas") + 0.9 * ak.normalize(scores, "softmax")
+    torch.testing.assert_close(weights, expected[:, 0])
+    context.square().sum().backward()
+    assert module.theta.grad is not None and module.theta.grad.abs().item() > 0
+    assert torch.equal(hybrid_weights(torch.nn.ModuleList([module])), module.u[None])
+    with torch.no_grad():
+        module.theta.fill_(3.0)
+    module.reset_parameters()
+    assert torch.allclose(module.u, torch.tensor([0.1]))
+    with pytest.raises(AttributeError, match="only for mechanism 'hnas'"):
+        build("softmax").u

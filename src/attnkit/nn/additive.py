@@ -39,6 +39,7 @@ class AdditiveAttention(ContentAttention):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        super().reset_parameters()
         self.scorer.reset_parameters()
 
     def score(self, q: Tensor, k: Tensor) -> Tensor:

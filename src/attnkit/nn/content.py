@@ -19,6 +19,10 @@ Shapes: ``query (B, Dq)`` (one decoder step) or ``(B, Lq, Dq)``; ``keys (B, Lk, 
 queries and keys, the result of each sequence alone; whatever the padded rows hold (even NaN or inf) never
 matters. A padded query, or one with no valid key, gets zero weights and a zero context.
 
+With ``mechanism="hnas"`` the module learns its hybrid weight as the multi-head modules do: one parameter
+``theta`` (shape ``(1,)``, the module's one head), ``u = sigmoid(theta)`` (``.u``;
+``attnkit.nn.hybrid_weights`` collects it), starting from the config's ``u0`` (``ak.Hybrid(u0=0.1)``).
+
 Query-normalized mechanisms (``dnas``, ``hnas``, ``sinkhorn``) normalize over the queries passed in one call:
 with one query per call (a decoder step) they see a single query, and a decoder that passes all its steps at
 once
@@ -34,8 +38,10 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ..registry import resolve_mechanism
+from ..config import Hybrid
 from ..functional import normalize
+from ..mechanisms import sigmoid_weight
+from ..registry import initial_theta, resolve_mechanism
 from ..validators import check_int
 from .module_utils import check_like_parameters, zero_where
 
@@ -43,7 +49,10 @@ __all__ = ["ContentAttention"]
 
 
 class ContentAttention(nn.Module):
-    """Base class: ``score(q (B, 1, Lq, Dq), k (B, 1, Lk, Dk)) -> (B, 1, Lq, Lk)`` is given by subclasses."""
+    """Base class: ``score(q (B, 1, Lq, Dq), k (B, 1, Lk, Dk)) -> (B, 1, Lq, Lk)`` is given by subclasses.
+
+    ``mechanism`` is the resolved config (``ak.Hybrid(...)``, ...); for hnas ``theta`` ``(1,)`` is the
+    learnable hybrid weight (else ``None``) and ``u = sigmoid(theta)``."""
 
     def __init__(self, mechanism="softmax") -> None:
         super().__init__()
@@ -54,6 +63,38 @@ class ContentAttention(nn.Module):
                 f"size); "
                 "use DotAttention for coda or pick another mechanism"
             )
+        if isinstance(self.mechanism, Hybrid):
+            self.theta = nn.Parameter(torch.empty(1))
+        else:
+            self.register_parameter("theta", None)
+        self._reset_theta()
+
+    def _reset_theta(self) -> None:
+        if self.theta is not None:
+            with torch.no_grad():
+                self.theta.fill_(initial_theta(self.mechanism))
+
+    def reset_parameters(self) -> None:
+        """Re-initialize the learnable parameters (the hybrid weight to ``u0``; subclasses add theirs)."""
+        self._reset_theta()
+
+    @property
+    def u(self) -> Tensor:
+        """The hybrid weight ``sigmoid(theta)``, shape ``(1,)``, detached; ``AttributeError`` unless hnas."""
+        if self.theta is None:
+            raise AttributeError(self._no_u())
+        return torch.sigmoid(self.theta.detach())
+
+    def __getattr__(self, name: str):
+        if name == "u":  # reached when the property raised: keep its message
+            raise AttributeError(self._no_u())
+        return super().__getattr__(name)
+
+    def _no_u(self) -> str:
+        return f"u exists only for mechanism 'hnas'; this {type(self).__name__} uses {self.mechanism.name!r}"
+
+    def _hybrid_weight(self) -> Optional[Tensor]:
+        return sigmoid_weight(self.theta) if self.theta is not None else None
 
     _supports_coda = False
     query_dim: Optional[int] = None  # the feature sizes a subclass is built for (None: any)
@@ -85,7 +126,8 @@ class ContentAttention(nn.Module):
         scores = self.score(q, k)  # (B, 1, Lq, Lk)
         gate = self.gate_scores(q, k)
         weights = normalize(
-            scores, self.mechanism, key_mask=key_mask, query_mask=query_mask, gate_scores=gate
+            scores, self.mechanism, key_mask=key_mask, query_mask=query_mask, gate_scores=gate,
+            hybrid_weight=self._hybrid_weight(),
         )  # (B, 1, Lq, Lk)
         weights = weights[:, 0]  # (B, Lq, Lk)
         context = weights @ values  # (B, Lq, Dv)

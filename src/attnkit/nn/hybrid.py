@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .content import ContentAttention
 from .multihead import MultiheadAttention
 from .multiview import MultiViewAttention
 
@@ -19,7 +20,8 @@ __all__ = ["hybrid_weights"]
 def hybrid_weights(module: nn.Module) -> Tensor:
     """The ``u`` of every HNAS attention module inside ``module``, in module order: ``(layers, heads)``.
 
-    ``layers`` counts the HNAS attention modules (``MultiheadAttention`` / ``MultiViewAttention`` with
+    ``layers`` counts the HNAS attention modules (``MultiheadAttention`` / ``MultiViewAttention`` and the
+    one-head content modules ``AdditiveAttention`` / ``BilinearAttention`` / ``DotAttention`` with
     ``mechanism="hnas"``); the result is detached. Raises a ``ValueError`` when there is none, or when
     their head counts differ (they cannot share one matrix).
     """
@@ -28,7 +30,7 @@ def hybrid_weights(module: nn.Module) -> Tensor:
     found = [
         (name, m.u)
         for name, m in module.named_modules()
-        if isinstance(m, (MultiheadAttention, MultiViewAttention)) and m.theta is not None
+        if isinstance(m, (MultiheadAttention, MultiViewAttention, ContentAttention)) and m.theta is not None
     ]
     if not found:
         raise ValueError(
