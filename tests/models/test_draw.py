@@ -97,7 +97,7 @@ def test_draw_classifier_names_images_of_another_dtype():
 def test_draw_loss_is_exact_and_learns_where_the_canvas_saturates():
     torch.manual_seed(0)
     model = DRAW(height=4, width=4, steps=2, read_n=2, write_n=2, hidden_dim=8, latent_dim=2)
-    with torch.no_grad():  # a write that puts canvas logits above 17 everywhere: sigmoid rounds to 1 in float32
+    with torch.no_grad():  # canvas logits above 17 everywhere: sigmoid rounds to 1 in float32
         model.write_patch.weight.zero_()
         model.write_patch.bias.fill_(300.0)
     x = torch.zeros(3, 1, 4, 4)  # dark pixels: -log(1 - sigmoid(c)) = softplus(c) nats each, gradient ~1

@@ -14,9 +14,10 @@ section 3.2 (eqs. 27 and 29, :mod:`attnkit.nn.draw`).
     + \sum_t \tfrac12 (\mu_t^2 + \sigma_t^2 - \log \sigma_t^2) - T/2 \quad (9\text{-}11)
 
 ``D`` is a Bernoulli on ``sigma(c_T)`` (binary cross-entropy with the [0, 1] intensities, computed from the
-canvas logits ``c_T``: ``sigma(c)`` rounds to 1 in float32 from ``c`` of about 17, where the loss of a dark pixel
-would be clipped at 100 nats with no gradient). Shapes: ``x (B, 1, H, W)`` -> canvases ``(B, T, 1, H, W)``
-(``sigma(c_t)``), the last canvas logits ``c_T`` ``(B, 1, H, W)``, read and write windows per step.
+canvas logits ``c_T``: ``sigma(c)`` rounds to 1 in float32 from ``c`` of about 17, where the loss of a dark
+pixel would be clipped at 100 nats with no gradient). Shapes: ``x (B, 1, H, W)`` -> canvases
+``(B, T, 1, H, W)`` (``sigma(c_t)``), the last canvas logits ``c_T`` ``(B, 1, H, W)``, read and write windows
+per step.
 """
 
 from __future__ import annotations
