@@ -303,3 +303,24 @@ def test_auto_sends_coda_blockwise_to_the_efficient_path_only_for_large_batches(
     assert prefers_efficient(*qkv, dnas, mask)
     (qkv, mask) = shapes(2, 8, 1024)  # 16.8M pairs
     assert prefers_efficient(*qkv, coda, mask)
+
+
+@pytest.mark.parametrize("mech_name", ["dnas", "hnas", "sinkhorn"])
+@pytest.mark.parametrize("bad", ["query_nan", "key_inf"])
+def test_a_non_finite_input_poisons_every_row_as_in_exact_math(mech_name, bad):
+    # one NaN query enters every column's normalization (c_j = LSE_i s_ij): every output is NaN; the blockwise
+    # column step read a NaN column sum as an empty column and returned plain softmax attention on the rest
+    q, k, v = (t.detach() for t in _qkv())
+    if bad == "query_nan":
+        q[0, 0, 2, 1] = float("nan")
+    else:
+        k[0, 0, 2, 1] = float("inf")
+    pair = torch.ones(Lq, Lk, dtype=torch.bool)
+    pair[0, -1] = False  # any bidirectional mask (it routes to the blockwise sweeps)
+    mask = {"attn_mask": pair}
+    assert ak.explain_dispatch(q, k, v, MECHS[mech_name], backend="efficient", **mask).route == "blockwise"
+    ref = ak.attention(q, k, v, MECHS[mech_name], backend="reference", **mask)
+    eff = ak.attention(q, k, v, MECHS[mech_name], backend="efficient", **mask)
+    assert torch.equal(torch.isfinite(eff), torch.isfinite(ref))
+    if bad == "query_nan":
+        assert not torch.isfinite(eff[0, 0]).any()

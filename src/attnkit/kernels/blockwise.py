@@ -118,7 +118,7 @@ class _RowLSE:
 
     def finish(self) -> tuple[Tensor, Optional[Tensor]]:
         """``(row_potential, out)``: ``-LSE`` and ``acc / l``, both 0 on rows without a valid key."""
-        nonempty = self.l > 0
+        nonempty = self.l != 0  # a NaN sum (a NaN score) is not an empty row: the NaN is kept
         l_safe = torch.where(nonempty, self.l, torch.ones_like(self.l))
         a = torch.where(nonempty, -(self.m + torch.log(l_safe)), torch.zeros_like(self.l))
         return a, (None if self.acc is None else self.acc / l_safe)
@@ -176,7 +176,7 @@ def _forward_group(sw: _Sweeps, v: Tensor, iters: int, softmax_too: bool):
             m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
             w = x.sub_(m).exp_()
             z = w.sum(dim=-2, keepdim=True)  # (b, h, 1, C)
-            has = z > 0
+            has = z != 0  # not empty; a NaN sum (a NaN query poisons every column, as in exact math) stays
             z_safe = torch.where(has, z, torch.ones_like(z))
             b_blocks.append(torch.where(has, -(m + torch.log(z_safe)), torch.zeros_like(z)))
             w.mul_(1.0 / z_safe)
@@ -190,7 +190,7 @@ def _forward_group(sw: _Sweeps, v: Tensor, iters: int, softmax_too: bool):
         if bool(underflow.any()):  # rows whose weights all underflowed: redo them with a running max
             a_t, out_t = _robust_rows(sw, b_t, v, with_out=last)
         else:
-            has = l > 0
+            has = l != 0  # a NaN row sum propagates
             l_safe = torch.where(has, l, torch.ones_like(l))
             a_t = torch.where(has, a_prev - torch.log(l_safe), torch.zeros_like(l))
             out_t = acc / l_safe if last else None
