@@ -126,3 +126,26 @@ def test_without_the_cpp_kernels_padding_masks_go_to_the_fused_op(monkeypatch):
         q, k, v, "dnas", attn_mask=torch.ones(8, 8, dtype=torch.bool), backend="efficient"
     )  # block kernel
     assert calls == [True]
+
+
+@pytest.mark.parametrize("mechanism", ["dnas", "hnas"])
+def test_padded_keys_under_large_scores_give_finite_gradients(mechanism):
+    # scores of several hundred: a padded key's exp(lse_t - c_j) overflows, and its zero weight times inf
+    # made every dq of that batch element NaN
+    B, H, L, D = 2, 2, 64, 16
+    q, k, v = _inputs(B, H, L, L, D, dtype=torch.float32, spread=12.0)
+    km = torch.ones(B, L, dtype=torch.bool)
+    km[1, -10:] = False
+    qm = torch.ones(B, L, dtype=torch.bool)
+    qm[0, -7:] = False
+    u = torch.full((1, H, 1, 1), 0.3) if mechanism == "hnas" else None
+    out = fused_dnas_attention(q, k, v, key_mask=km, query_mask=qm, scale=D**-0.5, u=u)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    kw = {"hybrid_weight": torch.full((H,), 0.3, dtype=torch.float64)} if u is not None else {}
+    ref = ak.attention(q64, k64, v64, mechanism, key_mask=km, query_mask=qm, backend="reference", **kw)
+    ref_grads = torch.autograd.grad(ref.sum(), (q64, k64, v64))
+    assert (q @ k.transpose(-1, -2)).abs().max() * D**-0.5 > 300
+    for a, b in zip(grads, ref_grads):
+        assert torch.isfinite(a).all()
+        assert (a.double() - b).abs().max() <= 1e-3 * b.abs().max() + 1e-3

@@ -96,14 +96,14 @@ class _DNAS(torch.autograd.Function):
         column_delta = torch.exp(lse_t - c) * weighted[..., 0]  # (B, H, Lk)
         del weighted
         g = column_delta - (v * dv).sum(-1)  # dL/dc_j, (B, H, Lk)
-        if key_valid is not None:
-            g = g * key_valid  # padded keys have P_ij = 0: no gradient through their c_j
+        if key_valid is not None:  # padded keys have P_ij = 0: no gradient through their c_j
+            g = torch.where(key_valid != 0, g, 0.0)  # (their exp(lse_t - c) may be inf: inf * 0 is NaN)
         gk = g[..., None] * k  # (B, H, Lk, D)
         through_c, _ = _attend(q, k, gk, bias, scale)  # sum_j P_ij g_j k_j, (B, H, Lq, D)
         del gk
         row_scale = scale * torch.exp(r)  # (B, H, Lq)
-        if query_valid is not None:
-            row_scale = row_scale * query_valid  # padded queries are not part of c
+        if query_valid is not None:  # padded queries are not part of c
+            row_scale = torch.where(query_valid != 0, row_scale, 0.0)
         dq.addcmul_(row_scale[..., None], through_c)
         del through_c
         dk.addcmul_(g[..., None], A, value=scale)
