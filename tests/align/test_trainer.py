@@ -253,3 +253,17 @@ def test_gradient_accumulation_does_not_scale_the_regularizer(tmp_path, accumula
     whole, split = gradients(4, 1), gradients(4 // accumulation, accumulation)
     for name in ("navigator", "query_key"):
         torch.testing.assert_close(split[name], whole[name], rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_finetune_seed_fixes_the_head_and_the_regularizer(tiny_bert, dataset, tmp_path):
+    # the classifier head and the critic were made before anything was seeded: two runs with --seed 0
+    # trained from different weights
+    losses = []
+    for run, global_seed in enumerate((123, 456)):
+        torch.manual_seed(global_seed)  # whatever the process drew before must not matter
+        out = tmp_path / f"run{run}"
+        main(["finetune", "--model", str(tiny_bert), "--dataset", str(dataset), "--align", "ct",
+              "--align-weight", "1.0", "--max-steps", "2", "--batch-size", "4", "--max-length", "16",
+              "--seed", "0", "--out", str(out)])
+        losses.append(json.loads((out / "metrics.json").read_text())["train_loss"])
+    assert losses[0] == losses[1]

@@ -333,6 +333,7 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
         DataCollatorWithPadding,
         Trainer,
         TrainingArguments,
+        set_seed,
     )
 
     from transformers.trainer_callback import ProgressCallback
@@ -354,6 +355,9 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
     register()
     tokenizer = load_tokenizer(model_dir, "--model")
     labels = list(data.label_names)
+    # --seed fixes the initialisation too: the classifier head and the regularizer's discriminator, critic
+    # and navigator are made before the Trainer (which seeds only its own start)
+    set_seed(config.seed)
     model = load_classifier(
         model_dir,
         log=log,
