@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import attnkit as ak
 from attnkit.masks import MASKED_BIAS, MaskInfo, build_mask, causal_leak_error, causal_pattern, check_qkv
 from tests._reference import full_valid
 
@@ -195,3 +196,17 @@ def test_an_expanded_causal_mask_is_found_and_a_bidirectional_one_is_not():
     assert causal_pattern(build_mask(8, 4, 256, 256, attn_mask=causal, device=torch.device("cpu")))
     both = torch.ones(8, 4, 256, 256, dtype=torch.bool)
     assert not causal_pattern(build_mask(8, 4, 256, 256, attn_mask=both, device=torch.device("cpu")))
+
+
+@pytest.mark.parametrize("masked", [-1000.0, -9999.0, -100.0])
+def test_a_causal_float_mask_of_finite_large_negatives_is_refused_for_query_normalized_mechanisms(masked):
+    # -1000 above the strict diagonal hides the future from softmax as -inf does, and leaked it through dnas
+    q, k, v = (torch.randn(1, 1, 6, 4, dtype=torch.float64) for _ in range(3))
+    future = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    bias = torch.zeros(6, 6, dtype=torch.float64).masked_fill(future, masked)
+    with pytest.raises(ValueError, match="causal pattern"):
+        ak.attention(q, k, v, "dnas", attn_mask=bias)
+    ak.attention(q, k, v, "softmax", attn_mask=bias)
+    ak.attention(q, k, v, "dnas", attn_mask=bias.T.contiguous() - 1000.0 * torch.eye(6))  # not causal: kept
+    soft = torch.full((6, 6), -50.0, dtype=torch.float64).triu(1)  # a soft bias, not a mask: kept
+    ak.attention(q, k, v, "dnas", attn_mask=soft)

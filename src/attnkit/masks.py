@@ -39,6 +39,10 @@ __all__ = [
 MASKED_BIAS = -1e4
 """A float mask entry ``<= MASKED_BIAS`` means "may not attend", as ``-inf`` does."""
 
+PATTERN_BIAS = -100.0
+"""For the causal-pattern check, a float mask entry ``<= PATTERN_BIAS`` also hides its pair (``exp(-100)`` is
+4e-44: a causal mask of -1000 leaks future tokens through a query-normalized mechanism as -inf would)."""
+
 
 
 @dataclass
@@ -241,15 +245,19 @@ def causal_pattern(mask: MaskInfo) -> bool:
     in some example and head, no query sees a key after it, and some query that sees two keys or more
     shares a key with a later query (whose content then enters that key's column normalization).
 
-    The causal mask, strictly causal ones (``tril(-1)``), causal masks combined with padding and sliding
-    windows are; so is each of them aligned bottom-right (``Lq < Lk``, the last ``Lq`` positions as
-    queries). Masks through which nothing can leak are not: every query sees one key (the diagonal, or only
-    key 0), or every query that sees any key sees the same keys (padding of keys and queries, e.g.
-    cross-attention to padded keys). Under such a pattern a query-normalized mechanism leaks future tokens
-    as it would with ``causal=True``.
+    Float masks count an entry ``<= PATTERN_BIAS`` (-100) as hiding its pair. The causal mask, strictly causal
+    ones (``tril(-1)``), causal masks combined with padding and sliding windows are; so is each of them
+    aligned bottom-right (``Lq < Lk``, the last ``Lq`` positions as queries). Masks through which nothing can
+    leak are not: every query sees one key (the diagonal, or only key 0), or every query that sees any key
+    sees the same keys (padding of keys and queries, e.g. cross-attention to padded keys). Under such a
+    pattern a query-normalized mechanism leaks future tokens as it would with ``causal=True``.
     """
     pair = mask.pair
     Lq, Lk = mask.Lq, mask.Lk
+    if mask.bias is not None and not values_hidden(mask.bias):  # float biases far below zero hide pairs too
+        soft = mask.bias > PATTERN_BIAS
+        if not bool(soft.all()):
+            pair = soft if pair is None else pair & soft
     if pair is None or Lq < 2 or pair.shape[-2] != Lq or pair.shape[-1] != Lk:
         return False
     if values_hidden(pair):  # under vmap: the pattern of every example, read from the plain tensor under it
