@@ -234,3 +234,27 @@ def test_module_dtype_differing_from_queries_is_named(method):
     q = torch.randn(1, 2, 4, 3)  # float32; the modules are float64
     with pytest.raises(ValueError, match=r"parameters are torch.float64 on cpu, q and k torch.float32"):
         _loss(method, q, q.clone(), **_modules(method, 3))
+
+
+@pytest.mark.parametrize("method", ["gan", "ct", "ot", "mmd"])
+@pytest.mark.parametrize("fill", [float("nan"), float("inf")])
+def test_non_finite_padded_values_leave_every_gradient_finite(method, fill):
+    # gan fed the padded values to its discriminator: 0 * NaN made its weight gradients and q.grad NaN
+    torch.manual_seed(0)
+    B, H, L, d = 2, 2, 5, 4
+    mask = torch.ones(B, L, dtype=torch.bool)
+    mask[0, 3:] = False
+    mask[1] = False
+    q, k = torch.randn(B, H, L, d), torch.randn(B, H, L, d)
+    padded = ~mask[:, None, :, None].expand_as(q)
+    q, k = q.masked_fill(padded, fill).requires_grad_(), k.masked_fill(padded, fill).requires_grad_()
+    modules = {"gan": [Discriminator(d)], "ct": [Critic(d), Navigator(d)]}.get(method, [])
+    loss = {
+        "gan": lambda: gan_loss(q, k, *modules, mask, mask),
+        "ct": lambda: ct_loss(q, k, *modules, mask, mask),
+        "ot": lambda: ot_loss(q, k, mask, mask),
+        "mmd": lambda: mmd(q, k, key_mask=mask),
+    }[method]()
+    loss.mean().backward()
+    assert torch.isfinite(loss).all() and torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
+    assert all(torch.isfinite(p.grad).all() for m in modules for p in m.parameters() if p.grad is not None)

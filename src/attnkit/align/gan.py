@@ -77,11 +77,15 @@ def gan_loss(
     Lk = k.shape[2]
     qm = valid_mask(q_mask, B, Lq, q.device, "q_mask").to(q.dtype)[:, None, :]  # (B, 1, Lq)
     km = valid_mask(k_mask, B, Lk, q.device, "k_mask").to(q.dtype)[:, None, :]  # (B, 1, Lk)
+    # padded positions enter the discriminator as zeros: a non-finite padded value would make the weight
+    # gradients NaN through 0 * NaN even where its loss term is dropped below
+    q = torch.where(qm[..., None] > 0, q, torch.zeros_like(q))
+    k = torch.where(km[..., None] > 0, k, torch.zeros_like(k))
     logit_q = discriminator(grad_reverse(q, gamma))  # (B, H, Lq)
     logit_k = discriminator(grad_reverse(k, gamma))  # (B, H, Lk)
     bce_q = F.binary_cross_entropy_with_logits(logit_q, torch.zeros_like(logit_q), reduction="none")
     bce_k = F.binary_cross_entropy_with_logits(logit_k, torch.ones_like(logit_k), reduction="none")
-    # padded positions: where() (not a product) so that a non-finite padded logit cannot leak a NaN
+    # padded positions: where() (not a product), their terms dropped
     bce_q = torch.where(qm > 0, bce_q, torch.zeros_like(bce_q)).sum(-1) / qm.sum(-1).clamp_min(1)  # (B, H)
     bce_k = torch.where(km > 0, bce_k, torch.zeros_like(bce_k)).sum(-1) / km.sum(-1).clamp_min(1)  # (B, H)
     real = (qm.sum(-1) > 0) & (km.sum(-1) > 0)  # (B, 1)
