@@ -267,3 +267,60 @@ def test_finetune_seed_fixes_the_head_and_the_regularizer(tiny_bert, dataset, tm
               "--seed", "0", "--out", str(out)])
         losses.append(json.loads((out / "metrics.json").read_text())["train_loss"])
     assert losses[0] == losses[1]
+
+
+def _resumable_run(tiny_bert, out, method, stop_at=None, resume=None):
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        DataCollatorWithPadding,
+        TrainerCallback,
+        TrainingArguments,
+        set_seed,
+    )
+
+    from attnkit.align import AlignmentRegularizer
+    from attnkit.align.trainer import alignment_trainer_class
+
+    class StopAt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == stop_at:
+                control.should_training_stop = True
+
+    set_seed(0)
+    tok = AutoTokenizer.from_pretrained(tiny_bert)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=3)
+    enc = tok([t for _, t in ROWS], truncation=True, max_length=16)
+    labels = {"earn": 0, "acq": 1, "trade": 2}
+    data = [
+        {"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i], "labels": labels[y]}
+        for i, (y, _) in enumerate(ROWS)
+    ]
+    reg = AlignmentRegularizer(model, method=method, weight=1.0)
+    args = TrainingArguments(
+        output_dir=str(out), max_steps=4, per_device_train_batch_size=2, learning_rate=1e-2, seed=0,
+        report_to="none", save_strategy="steps", save_steps=2, use_cpu=True, disable_tqdm=True,
+    )
+    trainer = alignment_trainer_class()(
+        model=model, args=args, train_dataset=data, regularizer=reg,
+        data_collator=DataCollatorWithPadding(tok), callbacks=[StopAt()] if stop_at else [],
+    )
+    trainer.train(resume_from_checkpoint=resume)
+    return model, reg
+
+
+@pytest.mark.parametrize("method", ["gan", "ct"])
+def test_a_resumed_alignment_run_continues_the_uninterrupted_one(tiny_bert, tmp_path, method):
+    # the checkpoints held no regularizer (a resume restarted the discriminator under restored Adam moments),
+    # and the Trainer never zeroed the regularizer's gradients (each step used the sum of all steps so far)
+    model, reg = _resumable_run(tiny_bert, tmp_path / "full", method)
+    _resumable_run(tiny_bert, tmp_path / "cut", method, stop_at=2)
+    checkpoint = tmp_path / "cut" / "checkpoint-2"
+    assert (checkpoint / "alignment_regularizer.safetensors").is_file()
+    resumed_model, resumed_reg = _resumable_run(tiny_bert, tmp_path / "cut", method, resume=str(checkpoint))
+    assert all(torch.equal(a, b) for a, b in zip(reg.parameters(), resumed_reg.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), resumed_model.parameters()))
+    assert all(p.grad is None for p in reg.parameters())  # zeroed after every step
+    (checkpoint / "alignment_regularizer.safetensors").unlink()
+    with pytest.raises(ValueError, match="saved without the alignment regularizer"):
+        _resumable_run(tiny_bert, tmp_path / "cut", method, resume=str(checkpoint))

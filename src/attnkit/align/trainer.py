@@ -9,15 +9,22 @@
 
 ``AlignmentTrainer`` adds ``reg.loss()`` to the task loss of every training step, puts the regularizer's
 parameters (discriminator / critic / navigator) in the optimizer as their own group without weight decay, and
-averages their gradients over the processes before each optimizer step (DDP averages only the model's). Any
+averages their gradients over the processes before each optimizer step (DDP averages only the model's), and
+zeroes them after each step (the Trainer zeroes the model's only). Each checkpoint holds the regularizer too
+(``alignment_regularizer.safetensors``: its parameters and the generator of its token subsampling), and
+``train(resume_from_checkpoint=...)`` restores it, so that a resumed run continues the uninterrupted one. Any
 ``Trainer`` subclass can be extended the same way with ``alignment_trainer_class(base)``.
 """
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
-__all__ = ["alignment_trainer_class"]  # AlignmentTrainer (the Trainer subclass) is built on first access
+__all__ = ["alignment_trainer_class"]
+
+REGULARIZER_FILE = "alignment_regularizer.safetensors"
+_GENERATOR_KEY = "_generator_state"  # AlignmentTrainer (the Trainer subclass) is built on first access
 
 
 @lru_cache(maxsize=None)
@@ -34,6 +41,14 @@ def alignment_trainer_class(base=None):
 
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             self.regularizer.sync_gradients()
+
+        # the Trainer zeroes the model's gradients only (model.zero_grad()): without these the
+        # discriminator / critic stepped on the sum of every step's gradients so far
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.regularizer.zero_grad(set_to_none=True)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.regularizer.zero_grad(set_to_none=True)
 
     class AlignmentTrainer(base):
         """``Trainer`` whose training loss is ``task loss + regularizer.loss()``."""
@@ -66,6 +81,21 @@ def alignment_trainer_class(base=None):
                 or getattr(self, "compute_loss_func", None) is not None
             )
 
+        def _save_checkpoint(self, model, trial, *args, **kwargs):
+            if self.args.should_save:  # written first: the folder is complete when the Trainer's files are
+                from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+                folder = os.path.join(
+                    self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+                )
+                save_regularizer(self.regularizer, folder)
+            return super()._save_checkpoint(model, trial, *args, **kwargs)
+
+        def _load_from_checkpoint(self, resume_from_checkpoint, *args, **kwargs):
+            result = super()._load_from_checkpoint(resume_from_checkpoint, *args, **kwargs)
+            load_regularizer(self.regularizer, resume_from_checkpoint)
+            return result
+
         def create_optimizer(self, *args, **kwargs):
             optimizer = super().create_optimizer(*args, **kwargs)
             own = [p for p in self.regularizer.parameters() if p.requires_grad]
@@ -77,6 +107,49 @@ def alignment_trainer_class(base=None):
 
     AlignmentTrainer.__qualname__ = AlignmentTrainer.__name__ = f"Alignment{base.__name__}"
     return AlignmentTrainer
+
+
+def save_regularizer(regularizer, folder) -> None:
+    """Write ``regularizer``'s parameters and subsampling generator to ``folder/REGULARIZER_FILE``."""
+    from safetensors.torch import save_file
+
+    from .._files import match_umask
+
+    os.makedirs(folder, exist_ok=True)
+    tensors = {f"state.{k}": v.detach().cpu().contiguous() for k, v in regularizer.state_dict().items()}
+    tensors[_GENERATOR_KEY] = regularizer._generator.get_state()
+    path = os.path.join(folder, REGULARIZER_FILE)
+    save_file(tensors, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    match_umask(path)
+
+
+def load_regularizer(regularizer, folder) -> None:
+    """Restore what :func:`save_regularizer` wrote; a ``ValueError`` naming the file when it is missing or
+    does not fit ``regularizer``."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = os.path.join(folder, REGULARIZER_FILE)
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"checkpoint {folder} has no {REGULARIZER_FILE}: it was saved without the alignment regularizer, "
+            "so resuming from it would restart the discriminator / critic; train again from the start or "
+            "resume from a checkpoint that AlignmentTrainer saved"
+        )
+    try:
+        tensors = load_file(path)
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ValueError(f"{path} cannot be read ({exc}); it is damaged: delete the checkpoint") from None
+    state = {k[len("state."):]: v for k, v in tensors.items() if k.startswith("state.")}
+    try:
+        regularizer.load_state_dict(state)
+        regularizer._generator.set_state(tensors[_GENERATOR_KEY])
+    except (RuntimeError, KeyError) as exc:
+        raise ValueError(
+            f"{path} does not fit this regularizer ({str(exc).splitlines()[0]}); resume with the alignment "
+            "method and settings the checkpoint was trained with"
+        ) from None
 
 
 def __getattr__(name: str):
