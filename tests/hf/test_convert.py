@@ -459,3 +459,37 @@ def test_encoders_whose_attention_has_no_is_causal_convert(family):
     alone = dnas(input_ids=ids[1:, :6], **{k: v[1:, :6] for k, v in extra.items()}).last_hidden_state
     torch.testing.assert_close(batch[1, :6], alone[0], rtol=1e-12, atol=1e-12)
     assert (batch[real] - expected[real]).abs().max() > 1e-6
+
+
+def test_a_model_built_from_parts_runs_the_conversion_in_its_parts():
+    # EncoderDecoderModel(encoder=..., decoder=...) points each part's .config at its own sub-config while the
+    # part's layers keep the config they were built with: the conversion never reached them (the encoder ran
+    # sdpa, softmax, and a padded batch crashed on attnkit's masks)
+    import copy
+
+    from transformers import BertConfig, BertLMHeadModel, BertModel, EncoderDecoderModel
+
+    torch.manual_seed(0)
+    sizes = dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=100
+    )
+    encoder = BertModel(BertConfig(**sizes))
+    with torch.no_grad():  # sharper attention, so that dnas and softmax differ clearly
+        for name, p in encoder.named_parameters():
+            if name.endswith(("query.weight", "key.weight")):
+                p.mul_(30.0)
+    alone = akhf.convert(copy.deepcopy(encoder).eval(), "dnas")
+    decoder = BertLMHeadModel(BertConfig(is_decoder=True, add_cross_attention=True, **sizes))
+    model = EncoderDecoderModel(encoder=encoder, decoder=decoder).eval()
+    ids = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    with torch.no_grad():
+        softmax = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+    akhf.convert(model, "dnas")
+    with torch.no_grad():
+        got = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        want = alone(input_ids=ids, attention_mask=mask).last_hidden_state
+        model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :3])  # the padded batch runs
+    real = mask.bool()
+    assert (got - softmax)[real].abs().max() > 1e-2
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)

@@ -347,15 +347,42 @@ def _own_config(model) -> None:
     and one built from ``model.config``); a conversion written into a shared config would switch the other
     model to the attnkit implementation and claim a conversion it does not have.
     """
-    from transformers import PretrainedConfig
+    from transformers import PretrainedConfig, PreTrainedModel
 
     memo: dict[int, object] = {}
     new = copy.deepcopy(model.config, memo)  # memo: id(original) -> copy, for the config and its sub-configs
-    for module in model.modules():
+    # A model built from parts (EncoderDecoderModel(encoder=..., decoder=...), VisionEncoderDecoderModel)
+    # points each part's .config at a sub-config of its own, while the part's layers keep the config object
+    # the part was built with: reachable from nowhere, so a conversion never reached them (their attention
+    # kept running sdpa on attnkit's masks). Such a layer takes its part's sub-config when the two say the
+    # same; a config a part made on purpose (T5's encoder and decoder stacks, with is_decoder set) is kept.
+    parts = {
+        name: module.config for name, module in model.named_modules() if isinstance(module, PreTrainedModel)
+    }
+    for name, module in model.named_modules():
+        owner = next(
+            (parts[p] for p in _ancestors(name) if p in parts and p != name), None
+        )  # the config of the nearest enclosing model
         for attr, value in list(vars(module).items()):
-            if isinstance(value, PretrainedConfig) and id(value) in memo:
+            if not isinstance(value, PretrainedConfig):
+                continue
+            if id(value) in memo:
                 setattr(module, attr, memo[id(value)])
+            elif (
+                not isinstance(module, PreTrainedModel)
+                and owner is not None
+                and id(owner) in memo
+                and type(value) is type(owner)
+                and value.to_dict() == owner.to_dict()
+            ):
+                setattr(module, attr, memo[id(owner)])
     model.config = new
+
+
+def _ancestors(name: str) -> list[str]:
+    """Module names enclosing ``name``, nearest first, ending with the root ``""``."""
+    parts = name.split(".") if name else []
+    return [".".join(parts[:i]) for i in range(len(parts), -1, -1)]
 
 
 def _set_implementation(model) -> None:
