@@ -493,3 +493,28 @@ def test_a_model_built_from_parts_runs_the_conversion_in_its_parts():
     real = mask.bool()
     assert (got - softmax)[real].abs().max() > 1e-2
     torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt", "gpt_bigcode"])
+def test_output_attentions_reach_decoders_that_do_not_pass_the_flag_on(family):
+    # GPT-2 and GPTBigCode pop output_attentions, OPT takes it as a parameter: the weights are collected from
+    # the attention modules' outputs, and converted models returned none (an empty tuple)
+    import transformers as T
+
+    torch.manual_seed(0)
+    config = {
+        "gpt2": lambda: T.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=100),
+        "opt": lambda: T.OPTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
+                                   word_embed_proj_dim=32, vocab_size=100),
+        "gpt_bigcode": lambda: T.GPTBigCodeConfig(n_embd=32, n_layer=2, n_head=4, vocab_size=100),
+    }[family]()
+    eager = T.AutoModel.from_config(config, attn_implementation="eager").eval()
+    converted = akhf.convert(twin(eager), "softmax")
+    ids = torch.randint(3, 99, (2, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        theirs = eager(input_ids=ids, output_attentions=True).attentions
+        ours = converted(input_ids=ids, output_attentions=True).attentions
+        plain = converted(input_ids=ids).attentions
+    assert len(ours) == len(theirs) == 2 and not plain
+    for mine, eagers in zip(ours, theirs):
+        torch.testing.assert_close(mine, eagers, atol=1e-6, rtol=0)

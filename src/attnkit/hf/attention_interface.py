@@ -207,7 +207,7 @@ def attention_forward(
         else:
             bias = position_bias
     u = sigmoid_weight(getattr(module, _THETA_ATTR)) if isinstance(config, Hybrid) else None
-    output_attentions = bool(kwargs.get("output_attentions", False))
+    output_attentions = _attentions_requested(kwargs)
     result = attention(
         query, key, value, config,
         key_mask=key_mask,
@@ -224,6 +224,20 @@ def attention_forward(
     )
     out, weights = result if output_attentions else (result, None)  # (B, H, Lq, D), (B, H, Lq, Lk)
     return out.transpose(1, 2).contiguous(), weights  # (B, Lq, H, D)
+
+
+def _attentions_requested(kwargs) -> bool:
+    """Whether the model asked for the attention weights: ``output_attentions`` in the call's keywords, or
+    transformers' output collector gathering attentions (GPT-2 and GPTBigCode pop the keyword, OPT takes it
+    as a parameter: neither passes it on, and the weights are collected from the modules' outputs)."""
+    if kwargs.get("output_attentions", False):
+        return True
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # transformers before the output collectors
+        return False
+    collected = _active_collector.get()
+    return bool(collected) and any(str(key).endswith("attentions") for key in collected)
 
 
 def attention_mask(
