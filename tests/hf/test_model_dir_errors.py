@@ -326,3 +326,59 @@ def test_a_loader_option_does_not_take_the_blame_for_damaged_files(tmp_path):
     (tmp_path / "config.json").write_text(_json.dumps({**config, "intermediate_size": 24}))
     with pytest.raises(ValueError, match="restore the matching pair of files"):
         akhf.load(tmp_path, dtype=torch.float32)
+
+
+def test_finetune_refuses_u0_for_a_model_that_brings_its_hybrid_weights(converted_model, dataset, capsys,
+                                                                         tmp_path):
+    # --u0 was ignored (the loaded thetas won) while metrics.json recorded it
+    line = _cli_error(capsys, ["finetune", "--model", str(converted_model), "--mechanism", "hnas", "--u0",
+                               "0.1", "--dataset", str(dataset), "--max-steps", "1",
+                               "--out", str(tmp_path / "o")])
+    assert "already converted" in line and "--u0" in line
+
+
+def test_finetune_refuses_a_max_length_beyond_the_models_positions(good_model, dataset, capsys, tmp_path):
+    # longer inputs crashed inside the model with a traceback (exit code 1), after loading and tokenizing
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["finetune", "--model", str(good_model), "--dataset", str(dataset), "--max-length", "64",
+              "--max-steps", "1", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]  # after the line about the new classification head
+    assert exc.value.code == 2 and "Traceback" not in err
+    assert line.startswith("error: ") and "--max-length 64" in line and "32 positions" in line
+
+
+def test_the_position_limit_of_roberta_skips_its_padding_row():
+    from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel, RobertaConfig, RobertaModel
+
+    from attnkit.hf.finetune import _position_limit
+
+    sizes = dict(
+        vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8
+    )
+    assert _position_limit(BertModel(BertConfig(max_position_embeddings=40, **sizes))) == 40
+    roberta = RobertaModel(RobertaConfig(max_position_embeddings=42, pad_token_id=1, **sizes))
+    assert _position_limit(roberta) == 40
+    assert _position_limit(LlamaModel(LlamaConfig(**sizes))) is None  # rotary: no table to run past
+
+
+def test_the_model_pads_with_the_id_the_tokenizer_pads_with():
+    # a decoder classifier reads the last token that is not config.pad_token_id: with 0 there while the
+    # tokenizer padded with its end of sequence (102), it read a padding token
+    from types import SimpleNamespace
+
+    from attnkit.hf.finetune import _padding_token
+
+    class Tokenizer:
+        pad_token, eos_token = None, "[SEP]"
+        ids = {"[SEP]": 102}
+
+        @property
+        def pad_token_id(self):
+            return self.ids.get(self.pad_token)
+
+    model = SimpleNamespace(config=SimpleNamespace(pad_token_id=0))
+    lines = []
+    _padding_token(Tokenizer(), model, "m", lines.append)
+    assert model.config.pad_token_id == 102 and any("pad_token_id 0" in line for line in lines)

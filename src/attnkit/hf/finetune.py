@@ -25,6 +25,7 @@ import math
 import os
 import tempfile
 import time
+from types import SimpleNamespace
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -248,6 +249,48 @@ def _padding_token(tokenizer, model, model_dir: str, log) -> None:
         log(f"the tokenizer has no padding token: batches are padded with its end of sequence, {eos}")
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
+    elif model.config.pad_token_id != tokenizer.pad_token_id:
+        # a decoder's classification head reads the last token that is not config.pad_token_id: with another
+        # id than the tokenizer pads with, it read a padding token (and a prediction changed with the batch)
+        log(
+            f"the model's pad_token_id {model.config.pad_token_id} is not the tokenizer's "
+            f"{tokenizer.pad_token_id} ({tokenizer.pad_token}); using the tokenizer's"
+        )
+        model.config.pad_token_id = tokenizer.pad_token_id
+
+
+def _check_recorded_conversion(config: FinetuneConfig, model_dir: str, recorded) -> None:
+    """An already converted ``--model`` (``recorded``: its mechanism config) keeps its conversion: another
+    ``--mechanism`` or a ``--u0`` (its learned hybrid weights are loaded with it) is refused, not ignored."""
+    if recorded is None:
+        return
+    if config.mechanism is not None and recorded.name != config.mechanism:
+        raise ValueError(
+            f"--model {model_dir} is already converted to {recorded.name!r}; drop --mechanism "
+            "or pass the unconverted model"
+        )
+    if config.u0 is not None:
+        raise ValueError(
+            f"--model {model_dir} is already converted to {recorded.name!r} and brings its own hybrid "
+            f"weights; --u0 {config.u0} only starts a new conversion: drop --u0 or pass the unconverted model"
+        )
+
+
+def _position_limit(model) -> Optional[int]:
+    """The most tokens a model with a learned table of absolute positions takes (``None`` for rotary or
+    relative positions): ``max_position_embeddings``, less the offset of tables that skip the padding row
+    (RoBERTa's positions start at ``padding_idx + 1``)."""
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if not isinstance(limit, int):
+        return None
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Embedding) and name.rsplit(".", 1)[-1] in (
+            "position_embeddings", "wpe", "embed_positions"
+        ):
+            if module.num_embeddings == limit and module.padding_idx is not None:
+                return limit - module.padding_idx - 1
+            return min(limit, module.num_embeddings)
+    return None
 
 
 def _first(dataset: _TextDataset, n: int) -> _TextDataset:
@@ -348,7 +391,7 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
     _check_out(out, config.overwrite)
     model_dir = str(config.model or default_model_path())
     check_model_dir(model_dir, "--model")
-    auto_config(model_dir)
+    _check_recorded_conversion(config, model_dir, conversion(SimpleNamespace(config=auto_config(model_dir))))
     if data is None:
         data = load_text_classification(config.dataset, config.cache_dir, config.download)
 
@@ -367,13 +410,14 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
     )
     if conversion(model) is None:
         convert(model, config.mechanism or "softmax", u0=config.u0)
-    elif config.mechanism is not None and conversion(model).name != config.mechanism:
-        raise ValueError(
-            f"--model {model_dir} is already converted to {conversion(model).name!r}; drop --mechanism "
-            "or pass the unconverted model"
-        )
     mechanism = conversion(model).name
     _padding_token(tokenizer, model, model_dir, log)
+    limit = _position_limit(model)
+    if limit is not None and config.max_length > limit:  # longer inputs fail inside the model, after loading
+        raise ValueError(
+            f"--max-length {config.max_length} is more than --model {model_dir} takes ({limit} positions); "
+            f"pass --max-length {limit} or less"
+        )
 
     train = _encode(tokenizer, data.train_texts, data.train_text_pairs, data.train_labels, config.max_length)
     test = _encode(tokenizer, data.test_texts, data.test_text_pairs, data.test_labels, config.max_length)
