@@ -382,3 +382,16 @@ def test_the_model_pads_with_the_id_the_tokenizer_pads_with():
     lines = []
     _padding_token(Tokenizer(), model, "m", lines.append)
     assert model.config.pad_token_id == 102 and any("pad_token_id 0" in line for line in lines)
+
+
+def test_a_stale_index_beside_the_single_weights_file_is_ignored_as_transformers_does(good_model, tmp_path):
+    # a folder saved over a sharded save keeps the old index (its shards deleted): transformers loads
+    # model.safetensors, and attnkit refused the folder over the index's missing shard
+    model_dir = tmp_path / "m"
+    shutil.copytree(good_model, model_dir)
+    shard = "model-00001-of-00002.safetensors"
+    index = {"metadata": {}, "weight_map": {"embeddings.word_embeddings.weight": shard}}
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps(index))
+    model = akhf.load(model_dir)
+    original = akhf.load(good_model)
+    assert torch.equal(model.embeddings.word_embeddings.weight, original.embeddings.word_embeddings.weight)

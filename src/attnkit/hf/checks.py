@@ -76,11 +76,16 @@ def _check_safetensors(path: str) -> list[str]:
 
 
 def _check_weights(path: str) -> tuple[str, list[str]]:
-    """``(weights file, tensor names)`` of the model directory ``path`` (the index file when sharded)."""
+    """``(weights file, tensor names)`` of the model directory ``path`` (the index file when sharded).
+
+    The single file comes first, as transformers loads it: a folder saved over a sharded save keeps the old
+    index beside the new ``model.safetensors`` (the old shards are deleted), and the index was checked."""
     index = os.path.join(path, WEIGHTS_INDEX)
     single = os.path.join(path, WEIGHTS)
-    _check_file(index)
     _check_file(single)
+    if os.path.isfile(single):
+        return single, _check_safetensors(single)
+    _check_file(index)
     if os.path.isfile(index):
         payload = _read_json(index)
         shards = payload.get("weight_map") if isinstance(payload, dict) else None
@@ -95,8 +100,6 @@ def _check_weights(path: str) -> tuple[str, list[str]]:
                 )
             _check_safetensors(file)
         return index, list(shards)
-    if os.path.isfile(single):
-        return single, _check_safetensors(single)
     pickled = [n for n in _PICKLE_WEIGHTS if os.path.isfile(os.path.join(path, n))]
     if pickled:
         raise FileNotFoundError(
