@@ -407,3 +407,14 @@ def test_another_processs_write_test_does_not_make_out_look_used(tmp_path):
     with pytest.raises(FileExistsError, match="exists and is not empty"):
         _check_out(out, overwrite=False)
     assert (out / "model.safetensors").read_text() == "user data"
+
+
+def test_convert_of_a_model_directory_with_a_damaged_tokenizer_is_refused(tiny_bert, tmp_path, capsys):
+    # the damaged tokenizer was dropped as if there were none: the output had no tokenizer, and a finetune
+    # of it then said so
+    model_dir = tmp_path / "broken-tokenizer"
+    shutil.copytree(tiny_bert, model_dir)
+    (model_dir / "tokenizer.json").write_text('{"version": "1.0", garbage')
+    out = tmp_path / "dnas"
+    err = _error(capsys, ["convert", str(model_dir), "--mechanism", "dnas", "--out", str(out)])
+    assert "tokenizer files cannot be loaded" in err and not out.exists()

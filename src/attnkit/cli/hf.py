@@ -76,9 +76,10 @@ def convert_directory(
     overwrite: bool = False,
 ):
     """Load ``model_dir``, convert it with ``attnkit.hf.convert``, save it (safetensors) and its tokenizer to
-    ``out`` (the weights alone when ``model_dir`` has no loadable tokenizer files)."""
+    ``out`` (the weights alone when ``model_dir`` has no tokenizer files; files that do not load are a
+    ``ValueError``)."""
     import attnkit.hf as akhf
-    from attnkit.hf.checks import check_model_dir, load_tokenizer
+    from attnkit.hf.checks import check_model_dir, has_tokenizer_files, load_tokenizer
 
     check_mechanism(mechanism, u0, sinkhorn_iters)
     check_model_dir(model_dir, "MODEL_DIR")
@@ -86,10 +87,9 @@ def convert_directory(
         raise ValueError("--out is empty; pass a directory for the converted model")
     out_path = Path(out)
     _check_out(out_path, overwrite)
-    try:
-        tokenizer = load_tokenizer(model_dir, "MODEL_DIR")
-    except ValueError:
-        tokenizer = None  # no (loadable) tokenizer files in model_dir: the weights alone are the output
+    # no tokenizer files in model_dir: the weights alone are the output; files that do not load are an error
+    # (they were dropped, and a finetune of the output then found no tokenizer)
+    tokenizer = load_tokenizer(model_dir, "MODEL_DIR") if has_tokenizer_files(model_dir) else None
     model = _quiet_load(model_dir)
     akhf.convert(model, mechanism, u0=u0, layers=layers, sinkhorn_iters=sinkhorn_iters)
     out_path.mkdir(parents=True, exist_ok=True)

@@ -344,6 +344,19 @@ def _load_error(exc: Exception, config_path: str, weights: str, kwargs: dict) ->
     )
 
 
+# files of which any one means a folder holds a tokenizer (of one kind or another)
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+    "merges.txt", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model", "added_tokens.json",
+)
+
+
+def has_tokenizer_files(path: str | os.PathLike) -> bool:
+    """Whether the folder ``path`` holds any tokenizer file (whether it loads is :func:`load_tokenizer`'s
+    question)."""
+    return any(os.path.isfile(os.path.join(os.fspath(path), name)) for name in TOKENIZER_FILES)
+
+
 def load_tokenizer(path: str | os.PathLike, option: str = "model directory"):
     """``AutoTokenizer.from_pretrained(path)``, refusing a directory without tokenizer files.
 
