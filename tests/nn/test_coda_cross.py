@@ -102,3 +102,33 @@ def test_numpy_integer_proj_dim_is_taken():
 def test_coda_config_with_another_mechanism_is_refused(mechanism):
     with pytest.raises(ValueError, match=f"mechanism='{mechanism}' wins"):
         CoDACrossAttention(8, mechanism=mechanism, config=ak.CoDA(gate="centered"))
+
+
+@pytest.mark.parametrize("mechanism", ["coda", "softmax", "none"])
+@pytest.mark.parametrize("fill", [float("nan"), float("inf"), 1e30])
+def test_whatever_padded_positions_hold_never_matters(mechanism, fill):
+    # the masks were applied after the projections and products: 0 * NaN poisoned the real rows ("none") or
+    # raised an error about the scores ("coda", "softmax")
+    torch.manual_seed(0)
+    module = CoDACrossAttention(6, mechanism=mechanism)
+    a, b = torch.randn(2, 5, 6), torch.randn(2, 4, 6)
+    a_mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    b_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    clean = module(a, b, a_mask, b_mask)
+    a_dirty, b_dirty = a.masked_fill(~a_mask[..., None], fill), b.masked_fill(~b_mask[..., None], fill)
+    dirty = module(a_dirty, b_dirty, a_mask, b_mask)
+    for x, y in zip(clean, dirty):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [torch.ones(2, 1, dtype=torch.bool), torch.ones(5, dtype=torch.bool), torch.ones(2, 5, dtype=torch.long)],
+)
+def test_align_compose_refuses_a_mask_that_is_not_bool_batch_by_length(mask):
+    # a (B, 1) mask pooled every position, an (L,) mask was broadcast, an int mask scaled the sum
+    x = torch.randn(2, 5, 4)
+    with pytest.raises(ValueError, match=r"expected bool \(B, L\) = \(2, 5\)"):
+        AlignCompose(4, 3)(x, x, mask)
+    with pytest.raises(ValueError, match="hidden=0"):
+        AlignCompose(4, 0)

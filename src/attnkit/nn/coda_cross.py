@@ -116,6 +116,9 @@ class CoDACrossAttention(nn.Module):
         check_same_device_dtype(a, "a", b, "b")
         if self.mechanism != "none":
             check_like_parameters(a, self.f_e.weight, "a and b", type(self).__name__, plural=True)
+        # padded positions are zeros from here on: whatever they hold (even NaN or inf) never matters
+        a = torch.where(a_mask[..., None], a, torch.zeros_like(a))
+        b = torch.where(b_mask[..., None], b, torch.zeros_like(b))
         w_a, w_b = self.weights(a, b, a_mask, b_mask)
         a_prime = w_a @ b  # (B, La, d)   eq. (7): A' = M B
         b_prime = w_b.transpose(-1, -2) @ a  # (B, Lb, d)   eq. (7): B' = M^T A
@@ -123,14 +126,26 @@ class CoDACrossAttention(nn.Module):
 
 
 class AlignCompose(nn.Module):
-    """``F(X', X)`` of eq. 9: ``sum_{real i} MLP([x'_i; x_i])`` -> ``(B, hidden)``."""
+    """``F(X', X)`` of eq. 9: ``sum_{real i} MLP([x'_i; x_i])`` -> ``(B, hidden)``; ``x_prime``, ``x``
+    ``(B, L, d_model)``, ``mask`` bool ``(B, L)``, True = real."""
 
     def __init__(self, d_model: int, hidden: int) -> None:
         super().__init__()
+        for name, value in (("d_model", d_model), ("hidden", hidden)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"AlignCompose({name}={value!r}); expected an integer >= 1")
+        self.d_model = int(d_model)
         self.mlp = nn.Sequential(
             nn.Linear(2 * d_model, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()
         )
 
     def forward(self, x_prime: Tensor, x: Tensor, mask: Tensor) -> Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.d_model or x_prime.shape != x.shape:
+            raise ValueError(
+                f"x_prime {tuple(x_prime.shape)} and x {tuple(x.shape)} must both be (B, L, {self.d_model})"
+            )
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != x.shape[:2]:
+            got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
+            raise ValueError(f"mask is {got}; expected bool (B, L) = {tuple(x.shape[:2])}, True = real")
         h = self.mlp(torch.cat([x_prime, x], dim=-1))  # (B, L, hidden)
-        return (h * mask[..., None]).sum(1)  # (B, hidden)
+        return torch.where(mask[..., None], h, torch.zeros_like(h)).sum(1)  # (B, hidden)
