@@ -85,3 +85,38 @@ def test_ctc_decoding_refuses_nan_and_integer_scores():
         ctc_greedy_decode(torch.full((1, 4, 3), float("nan")))
     with pytest.raises(ValueError, match="expected floating log-probabilities"):
         ctc_greedy_decode(torch.zeros(1, 3, 4, dtype=torch.long))
+
+
+@pytest.mark.parametrize(
+    "field, value, rule",
+    [("gx", float("nan"), "finite"), ("stride", float("inf"), "finite and >= 0"),
+     ("stride", -1.0, "finite and >= 0"), ("sigma2", -1.0, "finite and > 0"),
+     ("sigma2", 0.0, "finite and > 0")],
+)
+def test_a_hand_built_draw_window_with_invalid_values_is_named(field, value, rule):
+    # a NaN centre gave an all-NaN glimpse, a negative variance one-hot filters, without a word
+    ones = torch.ones(2)
+    fields = dict(gx=4 * ones, gy=4 * ones, stride=ones, sigma2=ones, gamma=ones)
+    fields[field] = torch.tensor([1.0, value])
+    window = DRAWWindow(**fields)
+    with pytest.raises(ValueError, match=rf"window\.{field} = .*{rule}"):
+        draw_read(torch.rand(2, 1, 8, 8), window, 3)
+    with pytest.raises(ValueError, match=rf"window\.{field} = .*{rule}"):
+        draw_write(torch.rand(2, 1, 3, 3), window, 8, 8)
+
+
+@pytest.mark.parametrize("cls", ["SinusoidalPositionalEncoding", "LearnedPositionalEncoding"])
+def test_positional_encodings_refuse_token_ids(cls):
+    # the encodings were cast to the ids' integer dtype: sinusoids truncated to 0/1, a learned table to 0
+    module = getattr(ak.nn, cls)(8, max_len=16, batch_first=True)
+    with pytest.raises(ValueError, match="expected the floating embeddings"):
+        module(torch.randint(0, 10, (2, 5, 8)))
+
+
+@pytest.mark.parametrize("mechanism", ["dnas", "hnas", "sinkhorn"])
+def test_content_attention_refuses_a_single_step_with_a_query_normalized_mechanism(mechanism):
+    # normalized over one query, every weight was 1 / Lk whatever the scores
+    module = ak.nn.AdditiveAttention(4, 4, mechanism=mechanism)
+    with pytest.raises(ValueError, match="single step"):
+        module(torch.randn(2, 4), torch.randn(2, 5, 4))
+    module(torch.randn(2, 3, 4), torch.randn(2, 5, 4))  # all queries at once: fine

@@ -24,11 +24,9 @@ With ``mechanism="hnas"`` the module learns its hybrid weight as the multi-head 
 ``attnkit.nn.hybrid_weights`` collects it), starting from the config's ``u0`` (``ak.Hybrid(u0=0.1)``).
 
 Query-normalized mechanisms (``dnas``, ``hnas``, ``sinkhorn``) normalize over the queries passed in one call:
-with one query per call (a decoder step) they see a single query, and a decoder that passes all its steps at
-once
-would let step ``i`` see later steps. ``attnkit.models.RNNSeq2Seq`` therefore accepts row-normalized
-mechanisms
-only.
+with one query per call (a decoder step, ``(B, Dq)``) they would see a single query and give uniform weights
+(refused: ``ValueError``), and a decoder that passes all its steps at once would let step ``i`` see later
+steps. ``attnkit.models.RNNSeq2Seq`` therefore accepts row-normalized mechanisms only.
 """
 
 from __future__ import annotations
@@ -116,6 +114,13 @@ class ContentAttention(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         values = keys if values is None else values
         single = _check_inputs(query, keys, values, key_mask)
+        if self.mechanism.query_normalized and single:
+            raise ValueError(
+                f"mechanism={self.mechanism.name!r} normalizes over the queries of one call, and a single "
+                "step (B, Dq) is one query: its weights would be uniform whatever the scores; pass all "
+                "queries at once (B, Lq, Dq), or use a row-normalized mechanism such as 'softmax' for "
+                "step-by-step decoding"
+            )
         _check_query_mask(query_mask, query)
         self._check_against_module(query, keys)
         if single and query_mask is not None:

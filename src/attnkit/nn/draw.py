@@ -141,6 +141,30 @@ def _check_window(window: DRAWWindow, x: Tensor, what: str = "image") -> None:
                                 hint=" (e.g. the module that computes the window)")
 
 
+def _check_values(window: DRAWWindow, write: bool) -> None:
+    """Finite centres and a finite stride >= 0, a variance that is finite and > 0 (or a finite
+    ``log_sigma2``, which the filters use then), and a valid ``gamma``; on the CPU (no device sync per step
+    on an accelerator). A NaN centre gave an all-NaN glimpse, a negative variance one-hot filters."""
+    if window.gamma.device.type != "cpu":
+        return
+    checks = [
+        ("gx", window.gx, "finite"), ("gy", window.gy, "finite"), ("stride", window.stride, "finite and >= 0")
+    ]
+    checks.append(
+        ("sigma2", window.sigma2, "finite and > 0") if window.log_sigma2 is None
+        else ("log_sigma2", window.log_sigma2, "finite")
+    )
+    for name, t, rule in checks:
+        ok = torch.isfinite(t)
+        if name == "stride":
+            ok = ok & (t >= 0)
+        elif name == "sigma2":
+            ok = ok & (t > 0)
+        if not bool(ok.all()):
+            raise ValueError(f"window.{name} = {t.tolist()}; it must be {rule} for every image")
+    _check_gamma(window.gamma, write)
+
+
 def _check_gamma(gamma: Tensor, write: bool) -> None:
     """``gamma`` finite and positive, and for write (which divides by it) ``1 / gamma`` finite too."""
     if gamma.device.type != "cpu":  # no device sync per step on an accelerator
@@ -161,7 +185,7 @@ def draw_read(x: Tensor, window: DRAWWindow, N: int) -> Tensor:
     """``gamma F_Y x F_X^T`` (eq. 27): ``x (B, C, H, W)`` -> glimpse ``(B, C, N, N)``."""
     _check_image(x)
     _check_window(window, x)
-    _check_gamma(window.gamma, write=False)
+    _check_values(window, write=False)
     fx, fy = filterbank(window, x.shape[-1], x.shape[-2], N)
     glimpse = torch.einsum("bjh,bchw,biw->bcji", fy, x, fx)  # (B, C, N, N)
     return window.gamma[:, None, None, None] * glimpse
@@ -175,7 +199,7 @@ def draw_write(w: Tensor, window: DRAWWindow, width: int, height: int) -> Tensor
         raise ValueError(f"patch has shape {tuple(w.shape)}; expected a square N x N patch (B, C, N, N)")
     for name, value in (("width", width), ("height", height)):
         _check_size(name, value)
-    _check_gamma(window.gamma, write=True)
+    _check_values(window, write=True)
     N = w.shape[-1]
     fx, fy = filterbank(window, width, height, N)
     image = torch.einsum("bjh,bcji,biw->bchw", fy, w, fx)  # (B, C, H, W)

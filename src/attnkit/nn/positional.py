@@ -50,6 +50,11 @@ class _PositionalEncoding(nn.Module):
         if not isinstance(x, Tensor) or x.dim() not in (2, 3) or x.shape[-1] != self.d_model:
             got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x has shape {got}, expected (B, L, {self.d_model}) or (L, {self.d_model})")
+        if not x.is_floating_point():  # token ids passed by mistake: .to(x.dtype) truncated the encodings
+            raise ValueError(
+                f"x has dtype {x.dtype}; expected the floating embeddings (B, L, {self.d_model}) that the "
+                "positions are added to (embed token ids first)"
+            )
         seq_dim = 1 if (x.dim() == 3 and self.batch_first) else 0
         L = x.shape[seq_dim]
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
