@@ -288,3 +288,14 @@ def test_autocast_allows_mixed_floating_dtypes(score):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         s = _all_scores(dtype=torch.float32)[score](q, k)
     assert s.shape == (2, 2, 3, 4) and torch.isfinite(s).all()
+
+
+def test_a_per_head_bilinear_weight_keeps_the_rank_of_three_dimensional_inputs():
+    # q (H, Lq, Dq) with W (H, Dq, Dk) gave (1, H, Lq, Lk); dot gives (H, Lq, Lk)
+    from attnkit.scores import bilinear
+
+    q, k, w = torch.randn(3, 4, 6), torch.randn(3, 5, 6), torch.randn(3, 6, 6)
+    out = bilinear(q, k, w)
+    assert out.shape == (3, 4, 5)
+    torch.testing.assert_close(out, torch.einsum("hqd,hde,hke->hqk", q, w, k))
+    assert bilinear(q[None], k[None], w).shape == (1, 3, 4, 5)

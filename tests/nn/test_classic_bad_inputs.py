@@ -120,3 +120,21 @@ def test_content_attention_refuses_a_single_step_with_a_query_normalized_mechani
     with pytest.raises(ValueError, match="single step"):
         module(torch.randn(2, 4), torch.randn(2, 5, 4))
     module(torch.randn(2, 3, 4), torch.randn(2, 5, 4))  # all queries at once: fine
+
+
+def test_reinforce_loss_refuses_an_entropy_of_another_shape_and_non_finite_weights():
+    log_prob, reward = torch.randn(3), torch.rand(3)
+    with pytest.raises(ValueError, match=r"entropy has shape \(4,\); expected \(N,\) = \(3,\)"):
+        reinforce_loss(log_prob, reward, entropy=torch.rand(4), entropy_weight=0.1)
+    for name in ("reward_weight", "entropy_weight"):  # a NaN weight gave a NaN loss
+        with pytest.raises(ValueError, match=f"{name}=nan"):
+            reinforce_loss(log_prob, reward, entropy=torch.rand(3), **{name: float("nan")})
+
+
+@pytest.mark.parametrize("attention", ["gmm", "none"])
+def test_rnn_seq2seq_refuses_a_mechanism_its_attention_would_ignore(attention):
+    from attnkit.models import RNNSeq2Seq
+
+    with pytest.raises(ValueError, match=f"attention='{attention}' has no content scores"):
+        RNNSeq2Seq(10, 10, attention=attention, mechanism="coda")
+    RNNSeq2Seq(10, 10, attention=attention)  # the default mechanism is fine

@@ -60,8 +60,12 @@ class RNNSeq2Seq(nn.Module):
     Shapes: ``src_ids (B, Ls)``, ``src_mask (B, Ls)`` bool True = real (default ``src_ids != pad_id``),
     ``tgt_in_ids (B, Lt)`` = ``<bos> y_1 .. y_{T-1}`` -> ``logits (B, Lt, V)``, ``weights (B, Lt, Ls)`` or
     None.
-    ``mechanism`` normalizes the content scores; it must be row-normalized (softmax-like): a decoder step sees
-    one query, and query-normalized mechanisms (dnas, hnas, sinkhorn) would be uniform there.
+    ``mechanism`` weighs the content scores of ``attention`` in ``additive``, ``bilinear``, ``dot``,
+    ``scaled_dot`` and ``mixed``: a row-normalized one (softmax-like; a decoder step sees one query, and the
+    query-normalized dnas, hnas and sinkhorn would be uniform there: refused) or, with ``dot`` /
+    ``scaled_dot``, CoDA, whose quasi-attention weights lie in [-1, 1] and need not sum to 1 (the alignments
+    it returns are those weights). ``gmm`` and ``none`` take no mechanism: another than softmax is refused,
+    not ignored.
     """
 
     def __init__(
@@ -107,6 +111,11 @@ class RNNSeq2Seq(nn.Module):
                 f"mechanism={config.name!r} normalizes over queries, but a decoder step has one query (its "
                 f"weights "
                 "would be uniform); use a row-normalized mechanism such as 'softmax'"
+            )
+        if attention in ("gmm", "none") and config.name != "softmax":
+            raise ValueError(
+                f"attention={attention!r} has no content scores for mechanism={config.name!r} to weigh; drop "
+                "mechanism, or pick a content attention ('additive', 'dot', ...)"
             )
         for name, value in (("pad_id", pad_id), ("bos_id", bos_id), ("eos_id", eos_id)):
             check_id(name, value, tgt_vocab_size, "tgt_vocab_size")

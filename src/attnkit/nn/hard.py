@@ -221,6 +221,11 @@ def reinforce_loss(
     else:
         expected = "expected a finite number or a tensor (N,)"
         check_number(baseline, f"baseline={baseline!r}", expected, sep="; ")
+    for name, weight in (("reward_weight", reward_weight), ("entropy_weight", entropy_weight)):
+        check_number(weight, f"{name}={weight!r}", "expected a finite number", sep="; ")
+    if entropy is not None and (not isinstance(entropy, Tensor) or entropy.shape != log_prob.shape):
+        got = tuple(entropy.shape) if isinstance(entropy, Tensor) else type(entropy).__name__
+        raise ValueError(f"entropy has shape {got}; expected (N,) = {tuple(log_prob.shape)}, like log_prob")
     advantage = (reward - baseline).detach()
     surrogate = reward_weight * advantage * log_prob
     if entropy is not None:

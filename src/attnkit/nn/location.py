@@ -11,11 +11,9 @@ r"""Gaussian-mixture location-based attention of Graves, "Generating Sequences W
     w_t = \sum_{u} \phi(t, u)\, c_u
 
 with ``f = exp`` (the paper) or ``f = softplus`` (the stable option: no overflow for large pre-activations).
-Positions are ``u = 0, 1, ..., U - 1`` and ``kappa_0 = 0``. The window weights ``phi`` are *not* normalized
-(as in
-the paper). Because every offset ``f(kappa_hat) > 0``, each ``kappa^k`` increases at every step: the window
-only
-moves forward, which suits monotonic alignments and cannot express reordering.
+Positions are ``u = 1, ..., U`` (Graves's indexing) and ``kappa_0 = 0``. The window weights ``phi`` are *not*
+normalized (as in the paper). Because every offset ``f(kappa_hat) > 0``, each ``kappa^k`` increases at every
+step: the window only moves forward, which suits monotonic alignments and cannot express reordering.
 
 Shapes: ``query (B, Dq)``; ``values (B, U, Dv)``; ``kappa (B, K)`` from the previous step
 (``initial_kappa(B)`` for the first); ``key_mask (B, U)`` bool, True = real. Returns ``window (B, Dv)``,

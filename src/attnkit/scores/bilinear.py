@@ -43,8 +43,8 @@ def bilinear(q: Tensor, k: Tensor, weight: Tensor) -> Tensor:
             f"{q.shape[-3] if q.dim() >= 3 else 1}"
         ) from None
     check_weight("bilinear", "weight", weight, q)
-    if weight.dim() == 3:
-        weight = weight[None]  # (1, H, Dq, Dk)
+    # matmul broadcasts (H, Dq, Dk) over the leading dims as it does for dot: the result has the inputs' rank
+    # (a per-head weight gave 3-D inputs a leading dimension of 1)
     return (q @ weight) @ k.transpose(-2, -1)  # (B, H, Lq, Dk) @ (B, H, Dk, Lk)
 
 
