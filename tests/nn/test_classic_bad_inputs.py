@@ -138,3 +138,14 @@ def test_rnn_seq2seq_refuses_a_mechanism_its_attention_would_ignore(attention):
     with pytest.raises(ValueError, match=f"attention='{attention}' has no content scores"):
         RNNSeq2Seq(10, 10, attention=attention, mechanism="coda")
     RNNSeq2Seq(10, 10, attention=attention)  # the default mechanism is fine
+
+
+def test_show_attend_tell_names_a_non_number_probability_and_non_tensor_images():
+    from attnkit.models import ShowAttendTell
+
+    for value in ("0.5", None):  # a TypeError traceback before
+        with pytest.raises(ValueError, match="expectation_prob=.*expected a probability in"):
+            ShowAttendTell(10, expectation_prob=value)
+    model = ShowAttendTell(10, feature_dim=8, embed_dim=8, hidden_dim=16, attention_dim=8)
+    with pytest.raises(ValueError, match="expected a floating tensor"):  # an AttributeError before
+        model.greedy([[1.0]], 3)

@@ -109,8 +109,10 @@ class ShowAttendTell(nn.Module):
             ("entropy_weight", entropy_weight),
         ):
             check_number(value, f"{name}={value!r}", "expected a number >= 0", low=0.0)
-        if not 0.0 <= expectation_prob <= 1.0:
-            raise ValueError(f"expectation_prob={expectation_prob!r}; expected a probability in [0, 1]")
+        check_number(
+            expectation_prob, f"expectation_prob={expectation_prob!r}", "expected a probability in [0, 1]",
+            low=0.0, high=1.0, sep="; ",
+        )
         self.attention_mode, self.vocab_size, self.in_channels = attention, vocab_size, in_channels
         self.penalty_weight, self.reward_weight = penalty_weight, reward_weight
         self.entropy_weight, self.expectation_prob = entropy_weight, expectation_prob
@@ -244,8 +246,8 @@ class ShowAttendTell(nn.Module):
     def greedy(self, images: Tensor, max_len: int) -> tuple[Tensor, Tensor]:
         """``-> tokens (B, max_len)`` (padded after ``<eos>``), ``alphas (B, max_len, L)``."""
         check_positive_int("max_len", max_len)
+        a = self.annotations(images)  # checks images first
         B = images.shape[0]
-        a = self.annotations(images)
         state = self._init_state(a)
         prev = torch.full((B,), BOS, dtype=torch.long, device=images.device)
         done = torch.zeros(B, dtype=torch.bool, device=images.device)
