@@ -342,3 +342,28 @@ def test_hf_view_says_when_the_text_is_cut_to_the_models_positions(tiny_bert):
     assert view.weights["softmax"][0].shape == (2, 32, 32)
     assert "Only the first 32 of 42 tokens" in render_view_html(view)
     assert view_from_hf(tiny_bert, TEXT, mechanisms=["softmax"]).truncation_note == ""
+
+
+def test_a_partly_converted_model_shows_its_converted_layers_under_their_names(tiny_bert, tmp_path):
+    # every attention call was drawn as the mechanism's: layer 0, left softmax by --layers 1, was titled dnas,
+    # and the hnas u of layer 1 was labelled layer 0
+    import attnkit.hf as akhf
+    from attnkit.analysis.attention_view import view_from_hf
+
+    for mechanism in ("dnas", "hnas"):
+        folder = tmp_path / mechanism
+        model = akhf.load(tiny_bert)
+        akhf.convert(model, mechanism, layers=[1])
+        model.save_pretrained(folder)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (folder / name).write_bytes((tiny_bert / name).read_bytes())
+        view = view_from_hf(folder, TEXT)
+        assert view.num_layers == 1 and view.layer_names[mechanism] == ["encoder.layer.1.attention.self"]
+        assert "encoder.layer.1.attention.self" in view.layer_name(0)
+        stock = view_from_hf(tiny_bert, TEXT, mechanisms=(mechanism,))  # every layer converted
+        assert stock.layer_names[mechanism] == [f"encoder.layer.{i}.attention.self" for i in (0, 1)]
+        torch.testing.assert_close(view.weights[mechanism][0], stock.weights[mechanism][1])
+        if mechanism == "hnas":
+            assert view.hybrid_u_names["hnas"] == ["encoder.layer.1.attention.self"]
+            page = render_view_html(view)
+            assert "<td>encoder.layer.1.attention.self</td>" in page and "<td>layer 0</td>" not in page

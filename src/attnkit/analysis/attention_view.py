@@ -45,7 +45,9 @@ class AttentionView:
     """``weights[mechanism]``: one ``(H, L, L)`` tensor per attention layer; ``hybrid_u[mechanism]``:
     ``(layers, H)`` for HNAS (else absent); ``tokens``: the ``L`` token strings the model read; ``source``:
     what was loaded. ``text_tokens``: the tokens of the whole text (0: as many as ``tokens``), more than ``L``
-    when the model reads at most ``token_limit`` tokens and the text was cut; ``limit_reason`` says why."""
+    when the model reads at most ``token_limit`` tokens and the text was cut; ``limit_reason`` says why.
+    ``layer_names[mechanism]``: the attention module of each entry of ``weights`` (e.g.
+    ``encoder.layer.1.attention.self``), ``hybrid_u_names[mechanism]``: of each row of ``hybrid_u``."""
 
     text: str
     tokens: list[str]
@@ -55,6 +57,13 @@ class AttentionView:
     text_tokens: int = 0
     token_limit: Optional[int] = None
     limit_reason: str = ""
+    layer_names: dict[str, list[str]] = field(default_factory=dict)
+    hybrid_u_names: dict[str, list[str]] = field(default_factory=dict)
+
+    def layer_name(self, layer: int) -> str:
+        """How the page names ``layer``: its module (the first mechanism's), else ``layer i``."""
+        names = next(iter(self.layer_names.values()), [])
+        return f"layer {layer}: {names[layer]}" if layer < len(names) else f"layer {layer}"
 
     @property
     def mechanisms(self) -> list[str]:
@@ -99,6 +108,51 @@ def record_attention(forward) -> list[Tensor]:
     return calls
 
 
+def record_module_attention(
+    forward, modules: Sequence[tuple[str, torch.nn.Module]]
+) -> list[tuple[str, Tensor]]:
+    """Run ``forward()`` and return ``(module name, (H, Lq, Lk) weights of batch item 0)`` for each attention
+    call made inside one of ``modules`` (``(name, module)`` pairs): the calls of other modules (layers left
+    unconverted, a decoder's causal or cross-attention) are not taken for the mechanism's. A module called
+    again (ALBERT shares one across its layers) is named with the count of its call."""
+    from ..functional import observe_weights
+
+    inside: list[str] = []
+    calls: list[tuple[str, Tensor]] = []
+    seen: dict[str, int] = {}
+
+    def observer(weights, mask_info, config) -> None:
+        if weights.shape[0] == 0:
+            raise ValueError("the forward pass ran on an empty batch (B = 0); record_attention shows batch "
+                             "item 0, pass at least one sample")
+        if inside:
+            name = inside[-1]
+            seen[name] = seen.get(name, 0) + 1
+            label = name if seen[name] == 1 else f"{name} (call {seen[name]})"
+            calls.append((label, weights[0].detach().float().cpu()))  # (H, Lq, Lk)
+
+    def enter(name):
+        return lambda module, args: inside.append(name)
+
+    def leave(module, args, output):
+        inside.pop()
+
+    handles = []
+    try:
+        for name, module in modules:
+            handles.append(module.register_forward_pre_hook(enter(name)))
+            handles.append(module.register_forward_hook(leave))
+        with torch.no_grad(), observe_weights(observer):
+            forward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not calls:
+        raise ValueError("the model made no attnkit attention call in its attention modules; convert it "
+                         "first (attnkit convert) or pass a run directory of attnkit compare")
+    return calls
+
+
 def _check_text(text: str) -> str:
     if not isinstance(text, str) or not text.strip():
         raise ValueError("--text is empty; pass a sentence to look at, "
@@ -110,7 +164,7 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
                   mechanisms: Optional[Sequence[str]] = None) -> AttentionView:
     """Rebuild each mechanism's model of an ``attnkit compare`` run directory (classification tasks) and look
     at ``text`` with it. ``seed`` defaults to the first seed of the run."""
-    from ..nn import hybrid_weights
+    from ..nn import MultiheadAttention, hybrid_weights
     from ..runner.baseline import NO_ATTENTION
     from ..runner.compare import check_task_unchanged, saved_config
     from ..runner.config import build_config
@@ -163,10 +217,13 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
         model = task.build_model(config, mech.partition("+")[0], data)  # "dnas+ct" trained a dnas model
         _load_run_weights(model, run_dir / "runs" / f"{mech}-seed{seed}" / "model.pt")
         model.eval()
-        view.weights[mech] = [w[:, : len(tokens), : len(tokens)]
-                              for w in record_attention(lambda: model(ids, mask))]
+        modules = [(n, m) for n, m in model.named_modules() if isinstance(m, MultiheadAttention)]
+        calls = record_module_attention(lambda: model(ids, mask), modules)
+        view.layer_names[mech] = [name for name, _ in calls]
+        view.weights[mech] = [w[:, : len(tokens), : len(tokens)] for _, w in calls]
         if mech.partition("+")[0] == "hnas":
             view.hybrid_u[mech] = hybrid_weights(model).tolist()
+            view.hybrid_u_names[mech] = [n for n, m in modules if m.theta is not None]
     return view
 
 
@@ -197,6 +254,7 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
     CoDA)."""
     import attnkit.hf as akhf
     from attnkit.hf.checks import load_tokenizer
+    from attnkit.hf.convert import CONFIG_KEY
 
     text = _check_text(text)
     for m in mechanisms or ():
@@ -229,9 +287,16 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
         for m in mechanisms:
             models[m] = akhf.convert(copy.deepcopy(base), m)
     for name, model in models.items():
-        view.weights[name] = record_attention(lambda: model(**enc))
+        # the converted modules only: a layer left out of a conversion (--layers), or a decoder's attention
+        # that a conversion does not touch, is not this mechanism
+        converted = getattr(model.config, CONFIG_KEY)["modules"]
+        by_name = dict(model.base_model.named_modules())
+        calls = record_module_attention(lambda: model(**enc), [(n, by_name[n]) for n in converted])
+        view.layer_names[name] = [n for n, _ in calls]
+        view.weights[name] = [w for _, w in calls]
         if name == "hnas":
             view.hybrid_u[name] = akhf.hybrid_weights(model).tolist()
+            view.hybrid_u_names[name] = list(converted)
     return view
 
 
@@ -284,7 +349,7 @@ def _layer_figure(view: AttentionView, layer: int, heads: Sequence[int]) -> str:
         ax.set_title(literal_text(f"{mech}: column sums Σ_i π_ij per key"), fontsize=8)
         ax.set_xticks(range(L), labels, rotation=90, fontsize=6)
         ax.legend(fontsize=6)
-    fig.suptitle(f"layer {layer}", fontsize=10)
+    fig.suptitle(literal_text(view.layer_name(layer)), fontsize=10)
     fig.tight_layout()
     image = _png(fig)
     plt.close(fig)
@@ -296,8 +361,12 @@ def _u_table(view: AttentionView) -> str:
     for mech, u in view.hybrid_u.items():
         heads = len(u[0]) if u else 0
         head = "".join(f"<th>head {h}</th>" for h in range(heads))
-        body = "".join(f"<tr><td>layer {i}</td>" + "".join(f"<td>{x:.3f}</td>" for x in row) + "</tr>"
-                       for i, row in enumerate(u))
+        names = view.hybrid_u_names.get(mech, [])
+        body = "".join(
+            f"<tr><td>{html.escape(names[i]) if i < len(names) else f'layer {i}'}</td>"
+            + "".join(f"<td>{x:.3f}</td>" for x in row) + "</tr>"
+            for i, row in enumerate(u)
+        )
         parts.append(f"<h2>{html.escape(mech)}: hybrid weight u per layer and head</h2>"
                      "<p>u = share of DNAS in "
                      "π = u·π<sup>D</sup> + (1 − u)·π<sup>L</sup> (0: softmax, 1: DNAS).</p>"
@@ -356,7 +425,8 @@ def render_view_html(view: AttentionView, heads: Optional[Sequence[int]] = None,
         _u_table(view),
     ]
     for layer in layers:
-        parts.append(f"<h2>Layer {layer}</h2>{_layer_figure(view, layer, heads)}")
+        title = html.escape(view.layer_name(layer)[0].upper() + view.layer_name(layer)[1:])
+        parts.append(f"<h2>{title}</h2>{_layer_figure(view, layer, heads)}")
     parts.append("</body></html>")
     return "\n".join(parts)
 
