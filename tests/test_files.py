@@ -83,3 +83,28 @@ def test_an_atomic_write_clears_what_a_killed_writer_of_that_file_left(tmp_path)
     os.utime(other, (0, 0))
     write_bytes_atomic(tmp_path / "a.json", b"{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == [".a.json.k2.tmp", ".b.json.k3.tmp", "a.json"]
+
+
+def test_a_writer_that_fails_leaves_the_old_file_and_no_scratch(tmp_path):
+    from attnkit._files import save_figure, write_file_with
+
+    path = tmp_path / "report.html"
+    path.write_text("old")
+
+    def fails(tmp):
+        with open(tmp, "w") as f:
+            f.write("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_file_with(path, fails, overwrite=True)
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["report.html"]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure()
+    save_figure(fig, tmp_path / "curves.png", dpi=20)
+    plt.close(fig)
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -8,6 +8,7 @@ result file whole or not at all, and never over a file that appeared meanwhile u
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import tempfile
@@ -15,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Optional, Union
 
-__all__ = ["match_umask", "write_text_file"]
+__all__ = ["match_umask", "write_text_file", "write_file_with"]
 
 _LOCK = threading.Lock()
 
@@ -43,12 +44,23 @@ def write_text_file(path: Union[str, os.PathLike], text: str, *, overwrite: bool
     and a process killed meanwhile leaves the old file (if any) as it was. Without ``overwrite`` the file is
     linked into place only if ``path`` does not exist at that moment (a file that appeared while a long run
     was going is kept): ``FileExistsError`` then."""
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    write_file_with(path, write, overwrite=overwrite)
+
+
+def write_file_with(path: Union[str, os.PathLike], write, *, overwrite: bool) -> None:
+    """:func:`write_text_file` for any writer: ``write(tmp)`` writes the whole file at the temporary path
+    ``tmp`` (in ``path``'s folder), which then takes ``path``'s place as ``write_text_file`` says, with the
+    mode ``open()`` would give it."""
     path = Path(os.path.realpath(path))  # a symbolic link is written through, not replaced
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        write(tmp)
         match_umask(tmp)
         if overwrite:
             os.replace(tmp, path)
@@ -67,6 +79,14 @@ def write_text_file(path: Union[str, os.PathLike], text: str, *, overwrite: bool
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    # what a writer of this file killed between its temporary file and the rename left (none takes an hour)
+    remove_stale(path.parent, f".{glob.escape(path.name)}.*.tmp", older_than_s=3600)
+
+
+def save_figure(fig, path: Union[str, os.PathLike], **kwargs) -> None:
+    """``fig.savefig`` whole or not at all (through a temporary file; the format from ``path``'s suffix)."""
+    fmt = Path(path).suffix.lstrip(".") or "png"
+    write_file_with(path, lambda tmp: fig.savefig(tmp, format=fmt, **kwargs), overwrite=True)
 
 
 def json_loads(text: Union[str, bytes], **kwargs):

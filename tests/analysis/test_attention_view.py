@@ -11,7 +11,13 @@ import re
 import pytest
 import torch
 
-from attnkit.analysis.attention_view import load_bertviz, render_view_html, view_from_run, write_bertviz
+from attnkit.analysis.attention_view import (
+    BERTVIZ_FILES,
+    load_bertviz,
+    render_view_html,
+    view_from_run,
+    write_bertviz,
+)
 from attnkit.cli import main
 
 TEXT = "the bank raised its rates"
@@ -367,3 +373,19 @@ def test_a_partly_converted_model_shows_its_converted_layers_under_their_names(t
             assert view.hybrid_u_names["hnas"] == ["encoder.layer.1.attention.self"]
             page = render_view_html(view)
             assert "<td>encoder.layer.1.attention.self</td>" in page and "<td>layer 0</td>" not in page
+
+
+def test_show_keeps_a_users_attention_files_without_overwrite(tiny_bert, tmp_path, capsys):
+    # only attention.html was checked: a folder holding the user's attention.json and .safetensors had both
+    # replaced without a word
+    out = tmp_path / "mine"
+    out.mkdir()
+    for name in ("attention.json", "attention.safetensors"):
+        (out / name).write_text(f"the user's {name}")
+        with pytest.raises(SystemExit) as exc:
+            main(["show", str(tiny_bert), "--text", TEXT, "--out", str(out)])
+        assert exc.value.code == 2 and name in capsys.readouterr().err
+        assert (out / name).read_text() == f"the user's {name}" and not (out / "attention.html").exists()
+        (out / name).unlink()
+    main(["show", str(tiny_bert), "--text", TEXT, "--mechanisms", "softmax", "--out", str(out)])
+    assert sorted(p.name for p in out.iterdir()) == ["attention.html", *sorted(BERTVIZ_FILES)]

@@ -34,7 +34,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from .._files import json_loads, match_umask
+from .._files import json_loads
 
 __all__ = ["AttentionView", "record_attention", "view_from_run", "view_from_hf", "render_view_html",
            "selected_layers", "write_bertviz", "load_bertviz"]
@@ -434,13 +434,19 @@ def render_view_html(view: AttentionView, heads: Optional[Sequence[int]] = None,
 # --------------------------------------------------------------------------- bertviz layout
 
 
-def write_bertviz(view: AttentionView, out: Union[str, os.PathLike]) -> dict:
+BERTVIZ_FILES = ("attention.safetensors", "attention.json")
+
+
+def write_bertviz(view: AttentionView, out: Union[str, os.PathLike], *, overwrite: bool = True) -> dict:
     """Write ``attention.safetensors`` and ``attention.json`` into ``out``; return ``{kind: path}``.
 
     For each mechanism, layer ``l`` is stored as a ``(1, H, L, L)`` tensor
-    (bertviz's ``(batch, heads, L, L)``).
+    (bertviz's ``(batch, heads, L, L)``). Each file is written whole or not at all; without ``overwrite`` a
+    file already there is kept (``FileExistsError``).
     """
     from safetensors.torch import save_file
+
+    from .._files import write_file_with, write_text_file
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -448,14 +454,15 @@ def write_bertviz(view: AttentionView, out: Union[str, os.PathLike]) -> dict:
                for l, w in enumerate(view.weights[m])}  # (1, H, L, L)
     meta = {"tokens": json.dumps(view.tokens), "mechanisms": json.dumps(view.mechanisms), "text": view.text}
     files = {"safetensors": out / "attention.safetensors", "json": out / "attention.json"}
-    save_file(tensors, str(files["safetensors"]), metadata=meta)
-    match_umask(files["safetensors"])  # safetensors writes 0600
+    write_file_with(
+        files["safetensors"], lambda tmp: save_file(tensors, tmp, metadata=meta), overwrite=overwrite
+    )
     payload = {
         "layout": "bertviz head_view: attention[mechanism] is a list over layers of [batch=1][heads][L][L]",
         "tokens": view.tokens, "text": view.text, "mechanisms": view.mechanisms,
         "attention": {m: [w.unsqueeze(0).tolist() for w in view.weights[m]] for m in view.mechanisms},
     }
-    files["json"].write_text(json.dumps(payload), encoding="utf-8")
+    write_text_file(files["json"], json.dumps(payload), overwrite=overwrite)
     return files
 
 

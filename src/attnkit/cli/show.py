@@ -38,7 +38,9 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace the files of an existing --out."),
     ) -> None:
         """Draw attention over a text per layer, head and mechanism (HTML), and export it for bertviz."""
+        from attnkit._files import write_text_file
         from attnkit.analysis.attention_view import (
+            BERTVIZ_FILES,
             render_view_html,
             selected_layers,
             view_from_hf,
@@ -68,8 +70,11 @@ def register(app: typer.Typer) -> None:
         page = out / "attention.html"
         if out.exists() and not out.is_dir():
             raise NotADirectoryError(f"--out {out} is a file; pass a directory")
-        if page.exists() and not overwrite:
-            raise FileExistsError(f"{page} exists; pass --overwrite to replace it or choose another --out")
+        for path in (page, *(out / name for name in BERTVIZ_FILES)):  # before any work: all three files
+            if path.exists() and not overwrite:
+                raise FileExistsError(
+                    f"{path} exists; pass --overwrite to replace it or choose another --out"
+                )
         if not src.is_dir():
             raise FileNotFoundError(
                 f"{source} is not a directory; pass a run directory of attnkit compare or a "
@@ -81,8 +86,8 @@ def register(app: typer.Typer) -> None:
             view = view_from_hf(src, text, mechanisms=names)
         document = render_view_html(view, heads=head_list, layers=layer_list)
         out.mkdir(parents=True, exist_ok=True)
-        page.write_text(document, encoding="utf-8")
-        files = write_bertviz(view, out)
+        write_text_file(page, document, overwrite=overwrite)  # whole or not at all
+        files = write_bertviz(view, out, overwrite=overwrite)
         drawn, total = len(selected_layers(view, layer_list)), view.num_layers
         of_layers = f"{drawn} of {total} layer(s)" if drawn < total else f"{drawn} layer(s)"
         typer.echo(f"{len(view.mechanisms)} mechanism(s) x {of_layers} over {len(view.tokens)} tokens")

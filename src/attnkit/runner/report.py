@@ -10,10 +10,12 @@ from __future__ import annotations
 import base64
 import csv
 import html
+import io
 import json
 from pathlib import Path
 from typing import Optional
 
+from .._files import save_figure, write_text_file
 from .config import CompareConfig
 from .report_extras import plot_confusions, plot_learning_curves_band
 
@@ -107,7 +109,7 @@ def write_results_json(path: Path, config: CompareConfig, task, records: list[di
         },
         **(extras or {}),
     }
-    path.write_text(json.dumps(payload, indent=1), encoding="utf-8")
+    write_text_file(path, json.dumps(payload, indent=1), overwrite=True)  # whole or not at all
 
 
 def write_results_csv(path: Path, records: list[dict], metric_names: tuple[str, ...]) -> None:
@@ -116,13 +118,14 @@ def write_results_csv(path: Path, records: list[dict], metric_names: tuple[str, 
         columns += [f"{m}_mean", f"{m}_std"]
     columns += ["step_time_s", "step_time_rel", "step_time_baseline", "explain_away_min_normalized",
                 "explain_away_min_raw", "hybrid_u_mean", "hybrid_u"]
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        for r in records:
-            writer.writerow(
-                ["" if r.get(c) is None else (json.dumps(r[c]) if c == "hybrid_u" else r[c]) for c in columns]
-            )
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerow(columns)
+    for r in records:
+        writer.writerow(
+            ["" if r.get(c) is None else (json.dumps(r[c]) if c == "hybrid_u" else r[c]) for c in columns]
+        )
+    write_text_file(path, buffer.getvalue(), overwrite=True)
 
 
 def _history_mean(runs: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -159,7 +162,7 @@ def plot_learning_curves(path: Path, runs: list[dict], mechanisms: tuple[str, ..
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -277,5 +280,5 @@ def write_report(config: CompareConfig, task, records: list[dict], runs: list[di
             files["hybrid_weights"] = out / "hybrid_weights.png"
             images.append(files["hybrid_weights"])
     files["html"] = out / "report.html"
-    files["html"].write_text(render_html(config, task, records, runs, images, extras), encoding="utf-8")
+    write_text_file(files["html"], render_html(config, task, records, runs, images, extras), overwrite=True)
     return files

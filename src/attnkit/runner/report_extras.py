@@ -10,6 +10,8 @@ import html
 import json
 from pathlib import Path
 
+from .._files import save_figure
+
 __all__ = ["extra_sections", "plot_learning_curves_band", "plot_confusions", "CSS"]
 
 CSS = (
@@ -90,7 +92,7 @@ def plot_learning_curves_band(path: Path, runs: list[dict], mechanisms: tuple[st
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
 
 
@@ -129,7 +131,7 @@ def plot_confusions(path: Path, per_class: dict) -> bool:
     axes[0][0].set_ylabel("true class", fontsize=8)
     fig.supxlabel("predicted class\n(counts summed over seeds; colour: share of the true class)", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
     return True
 
