@@ -329,3 +329,27 @@ def test_each_process_of_a_run_draws_from_its_own_stream():
     assert len(set(seeds)) == len(seeds) and all(0 <= x < 2**32 for x in seeds)
     assert not set(seeds) & set(range(10))
     assert rank_seed(2**32 - 1, 3) < 2**32
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda d: d["metrics"].update(accuracy=float("nan")), "'accuracy' that is not a finite number (nan)"),
+    (lambda d: d["metrics"].update(accuracy="x"), "'accuracy' that is not a finite number ('x')"),
+    (lambda d: d["metrics"].pop("accuracy"), "has no metric 'accuracy'"),
+    (lambda d: d.update(explain_away=None), "has no valid 'explain_away'"),
+    (lambda d: d.update(hybrid_u=[["a"]]), "has no valid 'hybrid_u'"),
+])
+def test_an_edited_run_result_is_one_line_naming_it(finished_run, tmp_path, capsys, edit, needle):
+    # the report read these fields unchecked: a NaN metric, a deleted one or a null explain_away ended the
+    # rebuilt report in a traceback (exit code 1)
+    import json
+    import shutil
+
+    out = tmp_path / "done"
+    shutil.copytree(finished_run, out)
+    result = out / "runs" / "softmax-seed0" / "result.json"
+    record = json.loads(result.read_text())
+    edit(record)
+    result.write_text(json.dumps(record))
+    code, err = _resume_cli(out, capsys)
+    assert code == 2
+    _assert_one_line(err, str(result), needle, f"delete {str(result.parent)!r}")

@@ -348,7 +348,9 @@ def _train_all(config: CompareConfig, accelerator, task, data, out: Path, on_ste
 
     plan = [(mech, seed) for mech in config.variants for seed in config.seed_list]
     for mech, seed in plan:  # finished runs first: refused when damaged or of another process count
-        finished_result(out / "runs" / f"{mech}-seed{seed}", mech, seed, accelerator.num_processes)
+        finished_result(
+            out / "runs" / f"{mech}-seed{seed}", mech, seed, accelerator.num_processes, task.metric_names
+        )
     if config.log_with is not None:
         accelerator.init_trackers("attnkit-compare", config=tracker_config(config))
     progress = make_progress(config.progress, accelerator.is_main_process)

@@ -28,7 +28,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -160,9 +160,10 @@ _RESULT_KEYS = {"mechanism": str, "seed": int, "steps": int, "metrics": dict, "h
                 "step_time_s": (int, float)}
 
 
-def _read_result(path: Path, mechanism: str, seed: int) -> dict:
-    """A finished run's ``result.json``; damaged (truncated, edited, another run's) is one ``ValueError``."""
-    record, why = _parse_result(path)
+def _read_result(path: Path, mechanism: str, seed: int, metric_names: Sequence[str] = ()) -> dict:
+    """A finished run's ``result.json``; damaged (truncated, edited, another run's, a metric of
+    ``metric_names`` missing or not a finite number) is one ``ValueError``."""
+    record, why = _parse_result(path, metric_names)
     if why is None and (record["mechanism"], record["seed"]) != (mechanism, seed):
         why = f"is the result of {record['mechanism']} seed {record['seed']}, not {mechanism} seed {seed}"
     if why is not None:
@@ -173,8 +174,14 @@ def _read_result(path: Path, mechanism: str, seed: int) -> dict:
     return record
 
 
-def _parse_result(path: Path) -> tuple[Any, Optional[str]]:
-    """``(record, None)``, or ``(None, what is wrong)``."""
+def _number(value, finite: bool = True) -> bool:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return ok and (not finite or math.isfinite(value))
+
+
+def _parse_result(path: Path, metric_names: Sequence[str] = ()) -> tuple[Any, Optional[str]]:
+    """``(record, None)``, or ``(None, what is wrong)``: every field the report reads, checked (a NaN metric,
+    a deleted one or a null ``explain_away`` ended the report in a traceback)."""
     try:
         record = json_loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -185,6 +192,27 @@ def _parse_result(path: Path) -> tuple[Any, Optional[str]]:
     for key, kind in _RESULT_KEYS.items():
         if not isinstance(record.get(key), kind) or isinstance(record.get(key), bool):
             return None, f"has no valid {key!r}"
+    if not math.isfinite(record["step_time_s"]):
+        return None, "has no valid 'step_time_s'"
+    metrics = record["metrics"]
+    for name in metric_names:
+        if name not in metrics:
+            return None, f"has no metric {name!r}"
+        if not _number(metrics[name]):
+            return None, f"has a metric {name!r} that is not a finite number ({metrics[name]!r})"
+    for name, value in metrics.items():
+        if isinstance(value, (int, float)) and not _number(value):
+            return None, f"has a metric {name!r} that is not a finite number ({value!r})"
+    explain = record.get("explain_away")
+    if not isinstance(explain, dict) or any(
+        explain.get(key) is not None and not _number(explain.get(key)) for key in ("min", "min_normalized")
+    ) or not {"min", "min_normalized"} <= set(explain):
+        return None, "has no valid 'explain_away'"
+    u = record.get("hybrid_u")
+    if u is not None and not (
+        isinstance(u, list) and all(isinstance(row, list) and all(_number(x) for x in row) for row in u)
+    ):
+        return None, "has no valid 'hybrid_u'"
     return record, None
 
 
@@ -240,14 +268,16 @@ def _save_checkpoint(
     accelerator.wait_for_everyone()
 
 
-def finished_result(run_dir: Path, mechanism: str, seed: int, world: int) -> Optional[dict]:
+def finished_result(
+    run_dir: Path, mechanism: str, seed: int, world: int, metric_names: Sequence[str] = ()
+) -> Optional[dict]:
     """The record of ``run_dir``'s finished run, ``None`` when it has none; a ``ValueError`` when it is
     damaged or ran on another number of processes than ``world`` (a comparison would set step times of
     different process counts side by side)."""
     path = Path(run_dir) / RESULT_FILE
     if not path.is_file():
         return None
-    record = _read_result(path, mechanism, seed)
+    record = _read_result(path, mechanism, seed, metric_names)
     if record.get("world_size", world) != world:
         raise ValueError(
             f"run {str(run_dir)!r} finished with {record['world_size']} process(es) and this run has "
@@ -426,7 +456,7 @@ def train_run(
     run_dir = Path(run_dir)
     result_path = run_dir / RESULT_FILE
     world, rank = accelerator.num_processes, accelerator.process_index
-    record = finished_result(run_dir, mechanism, seed, world)
+    record = finished_result(run_dir, mechanism, seed, world, task.metric_names)
     if record is not None:
         if accelerator.is_main_process:  # a process killed between its result and this cleanup left them
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
