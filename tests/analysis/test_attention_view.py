@@ -389,3 +389,17 @@ def test_show_keeps_a_users_attention_files_without_overwrite(tiny_bert, tmp_pat
         (out / name).unlink()
     main(["show", str(tiny_bert), "--text", TEXT, "--mechanisms", "softmax", "--out", str(out)])
     assert sorted(p.name for p in out.iterdir()) == ["attention.html", *sorted(BERTVIZ_FILES)]
+
+
+def test_show_names_text_that_is_not_utf8_and_a_seed_it_would_ignore(tiny_bert, tmp_path, capsys):
+    # bytes the shell could not decode (lone surrogates) ended in a matplotlib or tokenizers traceback, and
+    # --seed was ignored for a model directory
+    for argv, needle in (
+        (["--text", "bank \udcff rates"], "--text is not valid UTF-8"),
+        (["--text", TEXT, "--seed", "5"], "drop --seed"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(["show", str(tiny_bert), *argv, "--out", str(tmp_path / "o")])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and needle in err and "Traceback" not in err
+        assert not (tmp_path / "o").exists()

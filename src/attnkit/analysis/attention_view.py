@@ -157,6 +157,12 @@ def _check_text(text: str) -> str:
     if not isinstance(text, str) or not text.strip():
         raise ValueError("--text is empty; pass a sentence to look at, "
                          "e.g. --text 'the bank raised its rates'")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # bytes the shell could not decode arrive as lone surrogates
+        raise ValueError(
+            f"--text is not valid UTF-8 (at character {exc.start}); pass the sentence as UTF-8 text"
+        ) from None
     return text
 
 
@@ -272,7 +278,7 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
     if mechanisms is None:
         causal = any(getattr(m, "is_causal", False) for _, m in akhf.attention_modules(base))
         mechanisms = DEFAULT_CAUSAL_MECHANISMS if causal else DEFAULT_HF_MECHANISMS
-    tokenizer = load_tokenizer(model_dir, "--model")
+    tokenizer = load_tokenizer(model_dir, "model directory")
     limit, reason = HF_MAX_TOKENS, f"attnkit show reads at most {HF_MAX_TOKENS} tokens of a text"
     positions = getattr(base.config, "max_position_embeddings", None)
     if isinstance(positions, int) and 0 < positions < limit:  # a longer text would not fit the model
@@ -333,8 +339,12 @@ def _layer_figure(view: AttentionView, layer: int, heads: Sequence[int]) -> str:
         for r, (name, panel) in enumerate(zip(rows, panels)):
             ax = axes[r][c]
             signed = bool((panel < 0).any())
-            ax.imshow(panel.numpy(), cmap="RdBu_r" if signed else "viridis", vmin=-1 if signed else 0,
-                      vmax=1 if signed else max(float(panel.max()), 1e-6))
+            # one scale for every panel (weights lie in [0, 1], CoDA's in [-1, 1]): a near-uniform head is
+            # drawn pale, not as saturated as a one-hot one, and the mechanisms compare side by side
+            image = ax.imshow(panel.numpy(), cmap="RdBu_r" if signed else "viridis", vmin=-1 if signed else 0,
+                              vmax=1)
+            if c == len(mechs) - 1 or signed:
+                fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02).ax.tick_params(labelsize=6)
             ax.set_title(literal_text(f"{mech}: {name}"), fontsize=8)
             ax.set_xticks(range(L), labels, rotation=90, fontsize=6)
             ax.set_yticks(range(L), labels if c == 0 else [""] * L, fontsize=6)
@@ -350,7 +360,7 @@ def _layer_figure(view: AttentionView, layer: int, heads: Sequence[int]) -> str:
         ax.set_xticks(range(L), labels, rotation=90, fontsize=6)
         ax.legend(fontsize=6)
     fig.suptitle(literal_text(view.layer_name(layer)), fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))  # room for the title above the first row's titles
     image = _png(fig)
     plt.close(fig)
     return image

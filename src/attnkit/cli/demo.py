@@ -19,7 +19,8 @@ def register(app: typer.Typer) -> None:
 
         from attnkit.demo import side_by_side
 
-        summaries = side_by_side(seed=seed, eps=eps)
+        item, head = 1, 0  # the shorter sequence (5 real tokens), first head; from 0 as in show --heads
+        summaries = side_by_side(seed=seed, eps=eps, show=(item, head))
         console = make_console()
         table = Table(
             title="Mechanisms on one padded batch (lengths 8 and 5, 2 heads; key 0 matches every query)"
@@ -39,7 +40,9 @@ def register(app: typer.Typer) -> None:
         for s in summaries:
             w = s.weights
             grid = Table(
-                title=f"{s.mechanism}: weights of sequence 2 (5 real tokens), head 1", show_header=True
+                title=f"{s.mechanism}: weights of batch item {item} (5 real tokens), head {head} "
+                "(counted from 0)",
+                show_header=True,
             )
             grid.add_column("query")
             for j in range(w.shape[1]):

@@ -83,6 +83,11 @@ def register(app: typer.Typer) -> None:
         if is_run:
             view = view_from_run(src, text, seed=seed, mechanisms=names)
         else:
+            if seed is not None:  # it was ignored
+                raise ValueError(
+                    f"--seed picks the models of one seed of a compare run directory; {source} is a model "
+                    "directory (one model): drop --seed"
+                )
             view = view_from_hf(src, text, mechanisms=names)
         document = render_view_html(view, heads=head_list, layers=layer_list)
         out.mkdir(parents=True, exist_ok=True)
