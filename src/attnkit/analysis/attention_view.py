@@ -356,7 +356,7 @@ def _layer_figure(view: AttentionView, layer: int, heads: Sequence[int]) -> str:
         ax.axhline(1.0 / L, color="red", ls="--", lw=1, label=f"1/n = {1.0 / L:.3f} (Lemma 1)")
         if bool((sums > 0).all()):
             ax.set_yscale("log")
-        ax.set_title(literal_text(f"{mech}: column sums Σ_i π_ij per key"), fontsize=8)
+        ax.set_title(literal_text(f"{mech}: Σ_i π_ij per key"), fontsize=8)
         ax.set_xticks(range(L), labels, rotation=90, fontsize=6)
         ax.legend(fontsize=6)
     fig.suptitle(literal_text(view.layer_name(layer)), fontsize=10)
