@@ -40,3 +40,19 @@ def test_ece_is_zero_when_calibrated():
 def test_bad_input_raises(probs, labels, n_bins, match):
     with pytest.raises(ValueError, match=match):
         ece(probs, labels, n_bins=n_bins)
+
+
+def test_ece_takes_half_precision_softmax_and_numpy_bins_and_refuses_float_labels():
+    import numpy as np
+
+    torch.manual_seed(0)
+    logits, labels = torch.randn(200, 5), torch.randint(0, 5, (200,))
+    expected = ece(torch.softmax(logits.double(), -1), labels)
+    for dtype in (torch.float16, torch.bfloat16):  # rows off by 3e-4 / 2e-3 were refused as "not softmax"
+        assert abs(ece(torch.softmax(logits.to(dtype), -1), labels) - expected) < 0.02
+    probs = torch.softmax(logits, -1)
+    assert ece(probs, labels, n_bins=np.int64(10)) == ece(probs, labels, 10)
+    with pytest.raises(ValueError, match="expected integer class ids"):  # 0.9 was read as class 0
+        ece(torch.tensor([[0.2, 0.8]]), torch.tensor([0.9]))
+    with pytest.raises(ValueError, match="rows must sum to 1"):
+        ece(torch.tensor([[0.2, 0.5]]), torch.tensor([1]))

@@ -13,6 +13,7 @@ where ``B_m`` holds the samples whose confidence (largest class probability) fal
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -34,10 +35,15 @@ class Reliability:
 
 
 def _check(probs, labels, n_bins: int) -> tuple[Tensor, Tensor]:
-    probs = torch.as_tensor(probs, dtype=torch.float64)
+    given = torch.as_tensor(probs)
+    # rows of softmax in half precision sum to 1 within that precision (3e-4 in float16, 2e-3 in bfloat16)
+    eps = torch.finfo(given.dtype).eps if given.dtype.is_floating_point else 0.0
+    tolerance = max(1e-4, 4 * eps)
+    probs = given.to(torch.float64)
     labels = torch.as_tensor(labels)
-    if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
+    if isinstance(n_bins, bool) or not isinstance(n_bins, numbers.Integral) or n_bins < 1:
         raise ValueError(f"n_bins={n_bins!r}; expected an integer >= 1 (15 by default)")
+    n_bins = int(n_bins)
     if probs.dim() != 2 or probs.shape[0] == 0:
         raise ValueError(
             f"probs has shape {tuple(probs.shape)}, expected (N, C) class probabilities with N >= 1"
@@ -46,8 +52,13 @@ def _check(probs, labels, n_bins: int) -> tuple[Tensor, Tensor]:
         raise ValueError(f"labels has shape {tuple(labels.shape)}, expected (N,) = ({probs.shape[0]},)")
     if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
         raise ValueError("probs must be finite and >= 0; pass softmax(logits), not logits")
-    if not torch.allclose(probs.sum(-1), torch.ones(probs.shape[0], dtype=probs.dtype), atol=1e-4):
-        raise ValueError("probs rows must sum to 1; pass softmax(logits, dim=-1), not logits")
+    if not torch.allclose(probs.sum(-1), torch.ones(probs.shape[0], dtype=probs.dtype), atol=tolerance):
+        worst = float((probs.sum(-1) - 1).abs().max())
+        raise ValueError(
+            f"probs rows must sum to 1 (one is off by {worst:.2g}); pass softmax(logits, dim=-1), not logits"
+        )
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
+        raise ValueError(f"labels have dtype {labels.dtype}; expected integer class ids (N,)")
     labels = labels.long()
     if bool((labels < 0).any()) or bool((labels >= probs.shape[1]).any()):
         raise ValueError(f"labels must lie in [0, {probs.shape[1] - 1}]")
@@ -57,6 +68,7 @@ def _check(probs, labels, n_bins: int) -> tuple[Tensor, Tensor]:
 def reliability(probs, labels, n_bins: int = 15) -> Reliability:
     """Reliability-diagram data of class probabilities ``probs (N, C)`` against ``labels (N,)``."""
     probs, labels = _check(probs, labels, n_bins)
+    n_bins = int(n_bins)
     confidence, prediction = probs.max(-1)  # (N,)
     correct = (prediction == labels).double()
     edges = torch.linspace(0, 1, n_bins + 1, dtype=torch.float64)
