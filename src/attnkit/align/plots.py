@@ -28,9 +28,17 @@ def _pyplot():
     return plt
 
 
+def _png_path(path: PathLike) -> Path:
+    """``path`` as written: matplotlib adds ``.png`` to a name without a suffix, so the name returned does."""
+    path = Path(path)
+    return path if path.suffix else path.with_name(path.name + ".png")
+
+
 def plot_reliability(diagrams: Mapping[str, Reliability], path: PathLike, title: str = "Reliability") -> Path:
     """One panel per entry: accuracy per confidence bin (bars) against the diagonal, with the ECE in the
-    title."""
+    title. Returns the path written (``.png`` added to a name without a suffix)."""
+    if not isinstance(diagrams, Mapping) or not diagrams:
+        raise ValueError("diagrams is empty; pass {name: attnkit.metrics.reliability(probs, labels)}")
     plt = _pyplot()
     n = len(diagrams)
     fig, axes = plt.subplots(1, n, figsize=(3.4 * n, 3.4), squeeze=False)
@@ -66,7 +74,7 @@ def plot_reliability(diagrams: Mapping[str, Reliability], path: PathLike, title:
     axes[0][0].set_ylabel("accuracy")
     axes[0][0].legend(fontsize=7, loc="upper left")
     fig.suptitle(title, fontsize=10)
-    path = Path(path)
+    path = _png_path(path)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
@@ -76,7 +84,17 @@ def plot_mmd_heads(
     panels: Mapping[str, Sequence[torch.Tensor]], path: PathLike, title: str = "MMD(q, k)"
 ) -> Path:
     """Heat maps (layers x heads) of MMD(q, k), one panel per entry (e.g. before / after), on one color
-    scale."""
+    scale: each entry a sequence over layers of ``(H,)`` tensors. Returns the path written (``.png`` added to
+    a name without a suffix)."""
+    if not isinstance(panels, Mapping) or not panels:
+        raise ValueError("panels is empty; pass {name: [MMD per head (H,) for each layer]}")
+    for name, values in panels.items():
+        shapes = {tuple(torch.as_tensor(v).shape) for v in values}
+        if len(values) == 0 or len(shapes) != 1 or len(next(iter(shapes))) != 1:
+            raise ValueError(
+                f"panels[{name!r}] holds {len(values)} layer(s) of shapes {sorted(shapes)}; expected one "
+                "(H,) tensor per layer, every layer with the same H"
+            )
     plt = _pyplot()
     grids = {name: torch.stack([v.float().cpu() for v in values]) for name, values in panels.items()}
     vmax = max(float(g.max()) for g in grids.values()) or 1.0
@@ -90,7 +108,7 @@ def plot_mmd_heads(
         ax.set_title(f"{name}: total {float(grid.sum()):.3g}", fontsize=9)
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8)
     fig.suptitle(title, fontsize=10)
-    path = Path(path)
+    path = _png_path(path)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -1,0 +1,34 @@
+"""The alignment figures: what they write, where, and what they refuse."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit.align.plots import plot_mmd_heads, plot_reliability
+from attnkit.metrics import reliability
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_returned_path_is_the_file_written_even_without_a_suffix(tmp_path):
+    # matplotlib adds .png to a name without one, and the path returned named a file that did not exist
+    torch.manual_seed(0)
+    probs, labels = torch.softmax(torch.randn(50, 3), -1), torch.randint(0, 3, (50,))
+    written = plot_reliability({"softmax": reliability(probs, labels)}, tmp_path / "reliability")
+    assert written == tmp_path / "reliability.png" and written.read_bytes()[:8] == PNG
+    heads = {"before": [torch.rand(4), torch.rand(4)], "after": [torch.rand(4), torch.rand(4)]}
+    written = plot_mmd_heads(heads, tmp_path / "mmd.png")
+    assert written == tmp_path / "mmd.png" and written.read_bytes()[:8] == PNG
+
+
+def test_empty_or_ragged_panels_are_named():
+    # matplotlib's "Number of columns must be a positive integer" or a torch.stack error before
+    with pytest.raises(ValueError, match="diagrams is empty"):
+        plot_reliability({}, "x.png")
+    with pytest.raises(ValueError, match="panels is empty"):
+        plot_mmd_heads({}, "x.png")
+    with pytest.raises(ValueError, match=r"holds 2 layer\(s\) of shapes \[\(3,\), \(4,\)\]"):
+        plot_mmd_heads({"after": [torch.rand(4), torch.rand(3)]}, "x.png")
+    with pytest.raises(ValueError, match=r"panels\['after'\] holds 0 layer"):
+        plot_mmd_heads({"after": []}, "x.png")
