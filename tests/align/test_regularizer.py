@@ -495,3 +495,21 @@ def test_loss_under_no_grad_after_an_inference_mode_forward_is_read():
         model(x, src_key_padding_mask=pad)
     with torch.no_grad():
         assert torch.isfinite(reg.loss())
+
+
+def test_a_data_parallel_replica_is_refused_by_name():
+    # nn.DataParallel on several GPUs runs replicas, which no hook captured: reg.loss() then said "no queries
+    # and keys captured yet; run a forward pass"
+    from attnkit.align import AlignmentRegularizer
+    from attnkit.models.classifier import TransformerClassifier
+
+    torch.manual_seed(0)
+    model = TransformerClassifier(50, 3, d_model=16, nhead=2, num_layers=1, dim_feedforward=32, dropout=0.0)
+    AlignmentRegularizer(model, "mmd")
+    copies = {module: module._replicate_for_data_parallel() for module in model.modules()}  # as replicate()
+    for module, replica in copies.items():
+        for key, child in module._modules.items():
+            if child is not None:
+                setattr(replica, key, copies[child])
+    with pytest.raises(ValueError, match="DistributedDataParallel"):
+        copies[model](torch.randint(1, 50, (2, 6)))

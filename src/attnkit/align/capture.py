@@ -691,6 +691,11 @@ def start_hook(model, is_hf: bool, state: ForwardState, reset: Callable[[], None
         signature = None
 
     def start(module, args, kwargs):
+        if getattr(module, "_is_replica", False):  # nn.DataParallel on 2+ GPUs: replicas
+            raise ValueError(
+                "AlignmentRegularizer cannot capture through nn.DataParallel's replicas (several GPUs in one "
+                "process); use DistributedDataParallel, one process per GPU (accelerate launch or torchrun)"
+            )
         if module is not model:  # a copy of the model (copy.deepcopy keeps the hooks) is not captured
             return None
         state.depth += 1
