@@ -112,6 +112,21 @@ def _zero_padding(q: Tensor, k: Tensor, v: Tensor, mask: MaskInfo) -> tuple[Tens
     return q, k, v
 
 
+def _autocast_inputs(q, k, v):
+    """``q, k, v`` in the autocast dtype of their device when autocast is on there: float32 tensors are cast,
+    float64 ones are not (autocast's own rule)."""
+    if not all(isinstance(t, Tensor) for t in (q, k, v)):
+        return q, k, v  # the boundary names what is wrong
+    device = q.device.type
+    try:
+        if not torch.is_autocast_enabled(device):
+            return q, k, v
+        dtype = torch.get_autocast_dtype(device)
+    except RuntimeError:  # a device type without autocast
+        return q, k, v
+    return tuple(t.to(dtype) if t.dtype == torch.float32 else t for t in (q, k, v))
+
+
 def _has_padding(m: Optional[Tensor]) -> bool:
     """``m`` has a False entry; on an accelerator (checking would synchronize with the device) and under
     ``vmap`` (the values cannot be read) assumed so."""
@@ -166,7 +181,12 @@ def attention(
     Invariants: invalid pairs weigh 0; a query with no valid key returns zeros; dnas/hnas/sinkhorn,
     and CoDA with ``gate="centered"`` or ``center_e=True`` (means over all valid pairs), raise a
     ``ValueError`` under ``causal=True`` (they would leak future positions).
+
+    Under ``torch.autocast`` float32 ``q``, ``k``, ``v`` are cast to the autocast dtype first, as autocast
+    does for SDPA, so that every route computes and returns in that dtype (the C++ kernels, which autocast
+    does not see, returned float32 where SDPA and the reference returned bfloat16).
     """
+    q, k, v = _autocast_inputs(q, k, v)
     config, mask, scale, dropout_p = _boundary(
         q, k, v, mechanism, key_mask, query_mask, attn_mask, causal, scale, dropout_p, hybrid_weight,
         sinkhorn_iters, backend,

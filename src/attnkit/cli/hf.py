@@ -89,8 +89,8 @@ def convert_directory(
     _check_out(out_path, overwrite)
     # no tokenizer files in model_dir: the weights alone are the output; files that do not load are an error
     # (they were dropped, and a finetune of the output then found no tokenizer)
+    model = _quiet_load(model_dir)  # first: a damaged config.json is named as such, not as the tokenizer's
     tokenizer = load_tokenizer(model_dir, "MODEL_DIR") if has_tokenizer_files(model_dir) else None
-    model = _quiet_load(model_dir)
     akhf.convert(model, mechanism, u0=u0, layers=layers, sinkhorn_iters=sinkhorn_iters)
     out_path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_path)
