@@ -403,3 +403,26 @@ def test_show_names_text_that_is_not_utf8_and_a_seed_it_would_ignore(tiny_bert, 
         err = capsys.readouterr().err
         assert exc.value.code == 2 and needle in err and "Traceback" not in err
         assert not (tmp_path / "o").exists()
+
+
+def test_show_reads_an_encoder_decoder_model_through_its_encoder(tiny_bert, tmp_path, capsys):
+    # the whole model wanted decoder inputs: a T5 without decoder_start_token_id ended in a traceback
+    from transformers import AutoTokenizer, T5Config, T5Model
+
+    folder = tmp_path / "t5"
+    torch.manual_seed(0)
+    T5Model(T5Config(vocab_size=30522, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_heads=2,
+                     decoder_start_token_id=None)).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(folder)
+    main(["show", str(folder), "--text", TEXT, "--mechanisms", "softmax,dnas", "--out", str(tmp_path / "o")])
+    assert "2 mechanism(s) x 2 layer(s)" in capsys.readouterr().out
+
+
+def test_show_names_a_damaged_run_config_as_damaged(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "runs").mkdir(parents=True)
+    (run / "config.json").write_text('{"created_by": "attnkit compare", "config": {')  # cut short
+    with pytest.raises(SystemExit) as exc:
+        main(["show", str(run), "--text", TEXT, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "is damaged" in err and "not an attnkit compare run directory" not in err

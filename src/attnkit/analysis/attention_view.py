@@ -172,12 +172,13 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
     at ``text`` with it. ``seed`` defaults to the first seed of the run."""
     from ..nn import MultiheadAttention, hybrid_weights
     from ..runner.baseline import NO_ATTENTION
-    from ..runner.compare import check_task_unchanged, saved_config
+    from ..runner.compare import _check_config_file, check_task_unchanged, saved_config
     from ..runner.config import build_config
     from ..runner.tasks import get_task
 
     text = _check_text(text)
     run_dir = Path(run_dir)
+    _check_config_file(run_dir)  # a damaged config.json is named as damaged, not as "not a run directory"
     saved = saved_config(run_dir)
     if saved is None:
         raise FileNotFoundError(f"{str(run_dir)!r} is not an attnkit compare run directory "
@@ -297,13 +298,29 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
         # that a conversion does not touch, is not this mechanism
         converted = getattr(model.config, CONFIG_KEY)["modules"]
         by_name = dict(model.base_model.named_modules())
-        calls = record_module_attention(lambda: model(**enc), [(n, by_name[n]) for n in converted])
+        calls = record_module_attention(
+            lambda: _forward_text(model, enc, model_dir), [(n, by_name[n]) for n in converted]
+        )
         view.layer_names[name] = [n for n, _ in calls]
         view.weights[name] = [w for _, w in calls]
         if name == "hnas":
             view.hybrid_u[name] = akhf.hybrid_weights(model).tolist()
             view.hybrid_u_names[name] = list(converted)
     return view
+
+
+def _forward_text(model, enc, model_dir):
+    """The forward pass that reads the text: an encoder-decoder model's encoder (the converted attention is
+    the encoder's; the whole model would want decoder inputs); a failure is one ``ValueError``."""
+    forward = model.get_encoder() if getattr(model.config, "is_encoder_decoder", False) else model
+    try:
+        return forward(**enc)
+    except Exception as exc:  # noqa: BLE001 - a model that cannot read the text fails in many ways
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ValueError(
+            f"the model in {model_dir} cannot read the text ({type(exc).__name__}: {first[:200]}); check "
+            "that it runs with model(**tokenizer(text, return_tensors='pt'))"
+        ) from None
 
 
 # --------------------------------------------------------------------------- the page
