@@ -518,3 +518,39 @@ def test_output_attentions_reach_decoders_that_do_not_pass_the_flag_on(family):
     assert len(ours) == len(theirs) == 2 and not plain
     for mine, eagers in zip(ours, theirs):
         torch.testing.assert_close(mine, eagers, atol=1e-6, rtol=0)
+
+
+def test_converting_a_model_built_from_parts_leaves_the_users_configs_and_reaches_differing_parts():
+    # a part whose config differs from the composite's sub-config kept running sdpa under a recorded dnas (a
+    # padded batch crashed), and the decoder's nested model kept the user's config, into which the conversion
+    # wrote "attnkit": another model built from it then ran through attnkit
+    import collections
+
+    from transformers import BertConfig, BertLMHeadModel, BertModel, EncoderDecoderConfig, EncoderDecoderModel
+
+    from attnkit.functional import observe_weights
+
+    torch.manual_seed(0)
+    sizes = dict(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    )
+    enc_cfg, dec_cfg = BertConfig(**sizes), BertConfig(**sizes, is_decoder=True, add_cross_attention=True)
+    composite = EncoderDecoderConfig.from_encoder_decoder_configs(
+        BertConfig(**sizes, hidden_dropout_prob=0.0), dec_cfg
+    )
+    model = EncoderDecoderModel(
+        config=composite, encoder=BertModel(enc_cfg), decoder=BertLMHeadModel(dec_cfg)
+    ).eval()
+    sibling = BertLMHeadModel(dec_cfg).eval()  # another model built from the user's decoder config
+    before = (enc_cfg._attn_implementation, dec_cfg._attn_implementation)
+    akhf.convert(model, "dnas")
+    assert (enc_cfg._attn_implementation, dec_cfg._attn_implementation) == before
+    ids = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    calls = collections.Counter()
+    with observe_weights(lambda w, m, config: calls.update([config.name])), torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :3])
+        assert calls["dnas"] == 2  # the encoder's two layers
+        calls.clear()
+        sibling(input_ids=ids)
+    assert not calls  # the sibling never runs through attnkit

@@ -351,6 +351,7 @@ def _own_config(model) -> None:
 
     memo: dict[int, object] = {}
     new = copy.deepcopy(model.config, memo)  # memo: id(original) -> copy, for the config and its sub-configs
+    orphans: dict[int, object] = {}  # the copies of configs reachable from nowhere (one copy per object)
     # A model built from parts (EncoderDecoderModel(encoder=..., decoder=...), VisionEncoderDecoderModel)
     # points each part's .config at a sub-config of its own, while the part's layers keep the config object
     # the part was built with: reachable from nowhere, so a conversion never reached them (their attention
@@ -376,6 +377,9 @@ def _own_config(model) -> None:
                 and value.to_dict() == owner.to_dict()
             ):
                 setattr(module, attr, memo[id(owner)])
+            else:  # any other config a part holds (the user's decoder config, one that differs) is copied:
+                # the conversion writes into the configs of the modules it converts, never into the user's
+                setattr(module, attr, copy.deepcopy(value, orphans))
     model.config = new
 
 
@@ -495,6 +499,12 @@ def convert(
         "modules": [modules[i][0] for i in chosen],
     })
     _set_implementation(model)
+    implementation = model.config._attn_implementation
+    for i in chosen:  # a converted module whose config model.config does not reach (a part built on its own
+        module = modules[i][1]  # config) asks for the implementation of the model, as the others do
+        own_config = getattr(module, "config", None)
+        if _dispatches_attention(module) and getattr(own_config, "_attn_implementation", None) is not None:
+            own_config._attn_implementation = implementation
     return model
 
 
