@@ -285,3 +285,19 @@ def test_hnas_content_attention_learns_its_hybrid_weight(name):
     assert torch.allclose(module.u, torch.tensor([0.1]))
     with pytest.raises(AttributeError, match="only for mechanism 'hnas'"):
         build("softmax").u
+
+
+def test_hnas_content_attention_loads_a_state_dict_without_theta_and_takes_float64_inputs():
+    # modules saved before the hybrid weight was learned have no theta (load_state_dict raised "Missing
+    # key(s)"), and a DotAttention whose only parameter is theta refused the float64 inputs it took before
+    module = ak.nn.AdditiveAttention(4, 4, mechanism=ak.Hybrid(u0=0.2))
+    old = {k: v for k, v in module.state_dict().items() if k != "theta"}
+    fresh = ak.nn.AdditiveAttention(4, 4, mechanism=ak.Hybrid(u0=0.2))
+    fresh.load_state_dict(old)
+    assert torch.allclose(fresh.u, torch.tensor([0.2]))
+    dot = ak.nn.DotAttention(mechanism="hnas")
+    q, k = torch.randn(2, 3, 4, dtype=torch.float64), torch.randn(2, 5, 4, dtype=torch.float64)
+    context, weights = dot(q, k)
+    assert context.dtype == torch.float64
+    context.sum().backward()
+    assert dot.theta.grad is not None and dot.theta.grad.dtype == torch.float32

@@ -94,6 +94,16 @@ class ContentAttention(nn.Module):
     def _hybrid_weight(self) -> Optional[Tensor]:
         return sigmoid_weight(self.theta) if self.theta is not None else None
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        """torch's loading, except that a state_dict without ``theta`` (saved before the hybrid weight was
+        learned, or of a softmax module) loads into an hnas module, whose ``theta`` keeps its value."""
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        key = prefix + "theta"
+        if self.theta is not None and key not in state_dict and key in missing_keys:
+            missing_keys.remove(key)
+
     _supports_coda = False
     query_dim: Optional[int] = None  # the feature sizes a subclass is built for (None: any)
     key_dim: Optional[int] = None
@@ -132,7 +142,7 @@ class ContentAttention(nn.Module):
         gate = self.gate_scores(q, k)
         weights = normalize(
             scores, self.mechanism, key_mask=key_mask, query_mask=query_mask, gate_scores=gate,
-            hybrid_weight=self._hybrid_weight(),
+            hybrid_weight=None if self.theta is None else self._hybrid_weight().to(scores.dtype),
         )  # (B, 1, Lq, Lk)
         weights = weights[:, 0]  # (B, Lq, Lk)
         context = weights @ values  # (B, Lq, Dv)
@@ -150,9 +160,16 @@ class ContentAttention(nn.Module):
                 f"{tuple(keys.shape)}; pass query (B, {q_dim}) or (B, Lq, {q_dim}) and keys "
                 f"(B, Lk, {k_dim}), or build the module with query_dim={Dq}, key_dim={Dk}"
             )
-        weight = next(self.parameters(), None)
+        # the score's parameters fix the dtype; the hybrid weight alone (DotAttention with hnas) takes the
+        # inputs' dtype, as the module without it does, and must only share their device
+        weight = next((p for n, p in self.named_parameters() if n != "theta"), None)
         if weight is not None:
             check_like_parameters(query, weight, "the inputs", name, plural=True)
+        elif self.theta is not None and self.theta.device != query.device:
+            raise ValueError(
+                f"{name}'s hybrid weight theta is on {self.theta.device} but the inputs are on "
+                f"{query.device}; move the module with .to({str(query.device)!r})"
+            )
 
     def extra_repr(self) -> str:
         return f"mechanism={self.mechanism.name}"

@@ -7,10 +7,9 @@ All You Need" (arXiv:1706.03762), eq. (1); lecture "Various Attention Score Func
     e_{ij} = s_i^\top h_j \quad\text{or}\quad e_{ij} = \frac{s_i^\top h_j}{\sqrt{d}}, \qquad
     \alpha = \mathrm{normalize}(e), \qquad c_i = \sum_j \alpha_{ij} h_j
 
-No parameters; queries and keys must have the same size ``d``. With ``mechanism="coda"`` the gate scores are
-the
-negative L1 distances of CoDA (``attnkit.scores.neg_l1_distance``). Shapes and masks as in
-:mod:`attnkit.nn.content`.
+No parameters but the hybrid weight ``theta`` of ``mechanism="hnas"`` (which takes the inputs' dtype); queries
+and keys must have the same size ``d``. With ``mechanism="coda"`` the gate scores are the negative L1
+distances of CoDA (``attnkit.scores.neg_l1_distance``). Shapes and masks as in :mod:`attnkit.nn.content`.
 """
 
 from __future__ import annotations
