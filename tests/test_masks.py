@@ -210,3 +210,14 @@ def test_a_causal_float_mask_of_finite_large_negatives_is_refused_for_query_norm
     ak.attention(q, k, v, "dnas", attn_mask=bias.T.contiguous() - 1000.0 * torch.eye(6))  # not causal: kept
     soft = torch.full((6, 6), -50.0, dtype=torch.float64).triu(1)  # a soft bias, not a mask: kept
     ak.attention(q, k, v, "dnas", attn_mask=soft)
+
+
+def test_graded_biases_far_below_zero_are_not_read_as_a_causal_mask():
+    # ALiBi at long distances reaches below -100 without meaning "may not attend": with Lq < Lk its pattern
+    # looked causal aligned bottom-right and every call was refused
+    q, k, v = torch.randn(1, 1, 8, 4), torch.randn(1, 1, 400, 4), torch.randn(1, 1, 400, 4)
+    distance = (torch.arange(8)[:, None] - torch.arange(400)[None, :]).abs().float()
+    ak.attention(q, k, v, "dnas", attn_mask=-distance)  # accepted
+    future = torch.ones(8, 400, dtype=torch.bool).triu(393)  # bottom-right causal, filled with one value
+    with pytest.raises(ValueError, match="causal pattern"):
+        ak.attention(q, k, v, "dnas", attn_mask=torch.zeros(8, 400).masked_fill(future, -1000.0))

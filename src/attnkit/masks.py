@@ -40,8 +40,9 @@ MASKED_BIAS = -1e4
 """A float mask entry ``<= MASKED_BIAS`` means "may not attend", as ``-inf`` does."""
 
 PATTERN_BIAS = -100.0
-"""For the causal-pattern check, a float mask entry ``<= PATTERN_BIAS`` also hides its pair (``exp(-100)`` is
-4e-44: a causal mask of -1000 leaks future tokens through a query-normalized mechanism as -inf would)."""
+"""For the causal-pattern check, the entries ``<= PATTERN_BIAS`` of a float mask that fills them all with one
+value also hide their pairs (``exp(-100)`` is 4e-44: a causal mask of -1000 leaks future tokens through a
+query-normalized mechanism as -inf would); graded biases (ALiBi, relative positions) are not read so."""
 
 
 
@@ -245,19 +246,23 @@ def causal_pattern(mask: MaskInfo) -> bool:
     in some example and head, no query sees a key after it, and some query that sees two keys or more
     shares a key with a later query (whose content then enters that key's column normalization).
 
-    Float masks count an entry ``<= PATTERN_BIAS`` (-100) as hiding its pair. The causal mask, strictly causal
-    ones (``tril(-1)``), causal masks combined with padding and sliding windows are; so is each of them
-    aligned bottom-right (``Lq < Lk``, the last ``Lq`` positions as queries). Masks through which nothing can
-    leak are not: every query sees one key (the diagonal, or only key 0), or every query that sees any key
-    sees the same keys (padding of keys and queries, e.g. cross-attention to padded keys). Under such a
-    pattern a query-normalized mechanism leaks future tokens as it would with ``causal=True``.
+    Float masks filled with one value ``<= PATTERN_BIAS`` (-100) count those entries as hidden. The causal
+    mask, strictly causal ones (``tril(-1)``), causal masks combined with padding and sliding windows are; so
+    is each of them aligned bottom-right (``Lq < Lk``, the last ``Lq`` positions as queries). Masks through
+    which nothing can leak are not: every query sees one key (the diagonal, or only key 0), or every query
+    that sees any key sees the same keys (padding of keys and queries, e.g. cross-attention to padded keys).
+    Under such a pattern a query-normalized mechanism leaks future tokens as it would with ``causal=True``.
     """
     pair = mask.pair
     Lq, Lk = mask.Lq, mask.Lk
-    if mask.bias is not None and not values_hidden(mask.bias):  # float biases far below zero hide pairs too
-        soft = mask.bias > PATTERN_BIAS
-        if not bool(soft.all()):
-            pair = soft if pair is None else pair & soft
+    if mask.bias is not None and not values_hidden(mask.bias):  # a float mask hides pairs too
+        low = mask.bias <= PATTERN_BIAS
+        if bool(low.any()):
+            fills = mask.bias[low]
+            # one fill value (-1000 above the diagonal): a mask; graded biases (ALiBi, T5's relative
+            # positions) reach below PATTERN_BIAS at long distances without meaning "may not attend"
+            if bool((fills == fills[0]).all()):
+                pair = ~low if pair is None else pair & ~low
     if pair is None or Lq < 2 or pair.shape[-2] != Lq or pair.shape[-1] != Lk:
         return False
     if values_hidden(pair):  # under vmap: the pattern of every example, read from the plain tensor under it
