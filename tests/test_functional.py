@@ -763,3 +763,11 @@ def test_every_route_computes_in_the_autocast_dtype(mechanism, backend):
     with torch.autocast("cpu", dtype=torch.bfloat16):  # float64 stays float64, as autocast leaves it
         out = ak.attention(q.double(), k.double(), v.double(), mechanism, backend=backend)
     assert out.dtype == torch.float64
+
+
+def test_autocast_casts_half_inputs_as_it_does_for_sdpa():
+    q = torch.randn(1, 2, 8, 4)
+    k, v = torch.randn(1, 2, 8, 4, dtype=torch.float16), torch.randn(1, 2, 8, 4, dtype=torch.float16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.nn.functional.scaled_dot_product_attention(q, k, v).dtype == torch.bfloat16
+        assert ak.attention(q, k, v, "dnas").dtype == torch.bfloat16  # "must share one dtype" before

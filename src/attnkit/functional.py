@@ -113,7 +113,7 @@ def _zero_padding(q: Tensor, k: Tensor, v: Tensor, mask: MaskInfo) -> tuple[Tens
 
 
 def _autocast_inputs(q, k, v):
-    """``q, k, v`` in the autocast dtype of their device when autocast is on there: float32 tensors are cast,
+    """``q, k, v`` in the autocast dtype of their device when autocast is on there: floating tensors are cast,
     float64 ones are not (autocast's own rule)."""
     if not all(isinstance(t, Tensor) for t in (q, k, v)):
         return q, k, v  # the boundary names what is wrong
@@ -124,7 +124,7 @@ def _autocast_inputs(q, k, v):
         dtype = torch.get_autocast_dtype(device)
     except RuntimeError:  # a device type without autocast
         return q, k, v
-    return tuple(t.to(dtype) if t.dtype == torch.float32 else t for t in (q, k, v))
+    return tuple(t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 else t for t in (q, k, v))
 
 
 def _has_padding(m: Optional[Tensor]) -> bool:
@@ -182,9 +182,9 @@ def attention(
     and CoDA with ``gate="centered"`` or ``center_e=True`` (means over all valid pairs), raise a
     ``ValueError`` under ``causal=True`` (they would leak future positions).
 
-    Under ``torch.autocast`` float32 ``q``, ``k``, ``v`` are cast to the autocast dtype first, as autocast
-    does for SDPA, so that every route computes and returns in that dtype (the C++ kernels, which autocast
-    does not see, returned float32 where SDPA and the reference returned bfloat16).
+    Under ``torch.autocast`` floating ``q``, ``k``, ``v`` (not float64) are cast to the autocast dtype first,
+    as autocast does for SDPA, so that every route computes and returns in that dtype (the C++ kernels, which
+    autocast does not see, returned float32 where SDPA and the reference returned bfloat16).
     """
     q, k, v = _autocast_inputs(q, k, v)
     config, mask, scale, dropout_p = _boundary(
