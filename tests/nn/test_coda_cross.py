@@ -132,3 +132,13 @@ def test_align_compose_refuses_a_mask_that_is_not_bool_batch_by_length(mask):
         AlignCompose(4, 3)(x, x, mask)
     with pytest.raises(ValueError, match="hidden=0"):
         AlignCompose(4, 0)
+
+
+def test_align_compose_gradients_stay_finite_whatever_padded_positions_hold():
+    torch.manual_seed(0)
+    compose = AlignCompose(4, 3)
+    x = torch.randn(2, 5, 4)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    x = x.masked_fill(~mask[..., None], float("nan"))
+    compose(x, x, mask).sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in compose.parameters())

@@ -147,5 +147,8 @@ class AlignCompose(nn.Module):
         if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != x.shape[:2]:
             got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
             raise ValueError(f"mask is {got}; expected bool (B, L) = {tuple(x.shape[:2])}, True = real")
-        h = self.mlp(torch.cat([x_prime, x], dim=-1))  # (B, L, hidden)
-        return torch.where(mask[..., None], h, torch.zeros_like(h)).sum(1)  # (B, hidden)
+        keep = mask[..., None]  # (B, L, 1): padded positions enter the MLP as zeros (a NaN there made the
+        # weight gradients NaN through 0 * NaN, though its output was dropped)
+        pair = torch.cat([x_prime, x], dim=-1)
+        h = self.mlp(torch.where(keep, pair, torch.zeros_like(pair)))  # (B, L, hidden)
+        return torch.where(keep, h, torch.zeros_like(h)).sum(1)  # (B, hidden)
