@@ -417,4 +417,5 @@ def test_convert_of_a_model_directory_with_a_damaged_tokenizer_is_refused(tiny_b
     (model_dir / "tokenizer.json").write_text('{"version": "1.0", garbage')
     out = tmp_path / "dnas"
     err = _error(capsys, ["convert", str(model_dir), "--mechanism", "dnas", "--out", str(out)])
-    assert "tokenizer files cannot be loaded" in err and not out.exists()
+    assert "tokenizer files (tokenizer.json, " in err and "cannot be loaded" in err and "restore" in err
+    assert not out.exists()

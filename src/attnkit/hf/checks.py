@@ -370,8 +370,11 @@ def load_tokenizer(path: str | os.PathLike, option: str = "model directory"):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as exc:  # noqa: BLE001 - broken tokenizer files fail in many ways
+        found = [name for name in TOKENIZER_FILES if os.path.isfile(os.path.join(path, name))]
+        which = f" ({', '.join(found)})" if found else ""
         raise ValueError(
-            f"{option} {path}: its tokenizer files cannot be loaded ({_first_line(exc)})"
+            f"{option} {path}: its tokenizer files{which} cannot be loaded ({_first_line(exc)}); restore "
+            "them from the original model (tokenizer.save_pretrained(...))"
         ) from None
     names = sorted(set(getattr(tokenizer, "vocab_files_names", {}).values()))
     if names and not any(os.path.isfile(os.path.join(path, name)) for name in names):
