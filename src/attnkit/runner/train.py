@@ -399,7 +399,8 @@ def _evaluate(accelerator, task, data, model, config: CompareConfig) -> tuple[di
 
 
 def _explain_away(accelerator, task, data, model, config: CompareConfig) -> dict:
-    """Smallest key weight sums over the non-causal attention calls on a sample of the evaluation set.
+    """Smallest key weight sums over the non-causal self-attention calls on a sample of the evaluation set
+    (a seq2seq model's cross-attention, softmax whatever the mechanism, is left out).
 
     ``min_normalized`` is ``n_k * min_j sum_i pi_ij`` (Lemma 1: >= 1 for DNAS); ``min`` is the raw smallest
     sum.
@@ -408,10 +409,13 @@ def _explain_away(accelerator, task, data, model, config: CompareConfig) -> dict
     from ..functional import observe_weights
 
     stats = {"min": math.inf, "min_normalized": math.inf, "fraction_below_eps": 0.0, "calls": 0}
+    cross: list[bool] = []  # per MultiheadAttention call in progress: whether it is cross-attention
 
     def observer(weights, mask_info, mechanism_config) -> None:
         if mask_info.causal:  # a causal decoder's last key is seen by one query: not explaining away
             return
+        if cross and cross[-1]:  # a decoder's cross-attention (softmax whatever the mechanism): not the
+            return  # mechanism's self-attention, whose keys Lemma 1 is about
         result = explain_away(weights, key_mask=mask_info.key_mask, query_mask=mask_info.query_mask)
         if not math.isnan(result.min):
             stats["min"] = min(stats["min"], result.min)
@@ -422,10 +426,28 @@ def _explain_away(accelerator, task, data, model, config: CompareConfig) -> dict
     net = accelerator.unwrap_model(model)
     net.eval()
     n = min(config.explain_away_samples, task.num_eval(data))
-    with torch.no_grad(), observe_weights(observer):
-        for start in range(0, n, config.batch_size):
-            idx = torch.arange(start, min(n, start + config.batch_size))
-            task.forward_for_diagnostics(net, data, idx, config, accelerator.device)
+    from ..nn import MultiheadAttention
+
+    def enter(module, args, kwargs):
+        query = args[0] if args else kwargs.get("query")
+        key = args[1] if len(args) > 1 else kwargs.get("key")
+        cross.append(query is not key)
+
+    def leave(module, args, output):
+        cross.pop()
+
+    handles = [
+        h for m in net.modules() if isinstance(m, MultiheadAttention)
+        for h in (m.register_forward_pre_hook(enter, with_kwargs=True), m.register_forward_hook(leave))
+    ]
+    try:
+        with torch.no_grad(), observe_weights(observer):
+            for start in range(0, n, config.batch_size):
+                idx = torch.arange(start, min(n, start + config.batch_size))
+                task.forward_for_diagnostics(net, data, idx, config, accelerator.device)
+    finally:
+        for handle in handles:
+            handle.remove()
     net.train()
     if stats["calls"] == 0:
         return {"min": None, "min_normalized": None, "fraction_below_eps": None, "calls": 0}
