@@ -1,4 +1,4 @@
-"""The functional core: ``attention``, ``normalize`` and ``explain_dispatch`` (docs/design.md section 6).
+"""The functional core: ``attention``, ``normalize`` and ``explain_dispatch`` (docs/design.md section 7).
 
 Both accept a mechanism name (``"softmax"``, ``"dnas"``, ``"hnas"``, ``"sinkhorn"``, ``"coda"``) or a
 config object (``ak.Sinkhorn(iters=5)``), the masks of ``attnkit.masks`` and return weights in which
@@ -300,8 +300,9 @@ def explain_dispatch(
     """Which route ``ak.attention`` takes for these arguments, and why, without running it.
 
     Returns a ``Plan(route, reason)``: ``route`` is ``"reference"`` (materialized weights) or one of
-    ``attnkit.kernels.ROUTES`` (``"sdpa"``, ``"cpp"``, ``"aten"``, ``"blockwise"``, ``"coda_cpp"``,
-    ``"coda_blockwise"``). Takes the arguments of ``ak.attention`` and validates them the same way.
+    ``attnkit.kernels.ROUTES`` (``"sdpa"``, ``"cpp_softmax"``, ``"cpp"``, ``"aten"``, ``"blockwise"``,
+    ``"triton"``, ``"coda_cpp"``, ``"coda_triton"``, ``"coda_blockwise"``; docs/design.md has the table).
+    Takes the arguments of ``ak.attention`` and validates them the same way.
 
         >>> ak.explain_dispatch(q, k, v, "dnas", key_mask=mask)
         Plan(route='cpp', reason='the C++ kernels beat the materialized path at every size; ...')

@@ -1,6 +1,6 @@
 """Validation of attention inputs and the combination of masks into one validity pattern.
 
-Convention (docs/design.md section 1): boolean masks with **True = real / may attend**.
+Convention (docs/design.md section 4): boolean masks with **True = real / may attend**.
 
 - ``key_mask``   ``(B, Lk)``   False marks padded keys.
 - ``query_mask`` ``(B, Lq)``   False marks padded queries (they get a zero output and never enter

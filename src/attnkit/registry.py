@@ -1,7 +1,7 @@
 """The registry of attention mechanisms: one ``MechanismSpec`` per mechanism, the only place that knows them
 all.
 
-A spec holds what the rest of the package needs to know about a mechanism (docs/design.md section 6):
+A spec holds what the rest of the package needs to know about a mechanism (docs/design.md section 5):
 its config class and aliases, whether it normalizes over queries (and so refuses causal masks), the number
 of potential-loop iterations it runs (softmax, DNAS and Sinkhorn-k are ``iters = 0, 1, k`` of one loop,
 docs/design.md section 2), its efficient routes in order of preference, a label and a plot colour.
