@@ -38,15 +38,14 @@ from torch import Tensor, nn
 
 from ..config import Hybrid
 from ..functional import normalize
-from ..mechanisms import sigmoid_weight
 from ..registry import initial_theta, resolve_mechanism
 from ..validators import check_int
-from .module_utils import check_like_parameters, zero_where
+from .module_utils import HybridWeightAccess, check_like_parameters, zero_where
 
 __all__ = ["ContentAttention"]
 
 
-class ContentAttention(nn.Module):
+class ContentAttention(HybridWeightAccess, nn.Module):
     """Base class: ``score(q (B, 1, Lq, Dq), k (B, 1, Lk, Dk)) -> (B, 1, Lq, Lk)`` is given by subclasses.
 
     ``mechanism`` is the resolved config (``ak.Hybrid(...)``, ...); for hnas ``theta`` ``(1,)`` is the
@@ -76,33 +75,8 @@ class ContentAttention(nn.Module):
         """Re-initialize the learnable parameters (the hybrid weight to ``u0``; subclasses add theirs)."""
         self._reset_theta()
 
-    @property
-    def u(self) -> Tensor:
-        """The hybrid weight ``sigmoid(theta)``, shape ``(1,)``, detached; ``AttributeError`` unless hnas."""
-        if self.theta is None:
-            raise AttributeError(self._no_u())
-        return torch.sigmoid(self.theta.detach())
-
-    def __getattr__(self, name: str):
-        if name == "u":  # reached when the property raised: keep its message
-            raise AttributeError(self._no_u())
-        return super().__getattr__(name)
-
-    def _no_u(self) -> str:
-        return f"u exists only for mechanism 'hnas'; this {type(self).__name__} uses {self.mechanism.name!r}"
-
-    def _hybrid_weight(self) -> Optional[Tensor]:
-        return sigmoid_weight(self.theta) if self.theta is not None else None
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs) -> None:
-        """torch's loading, except that a state_dict without ``theta`` (saved before the hybrid weight was
-        learned, or of a softmax module) loads into an hnas module, whose ``theta`` keeps its value."""
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
-        key = prefix + "theta"
-        if self.theta is not None and key not in state_dict and key in missing_keys:
-            missing_keys.remove(key)
+    def _hybrid_config(self):
+        return self.mechanism
 
     _supports_coda = False
     query_dim: Optional[int] = None  # the feature sizes a subclass is built for (None: any)

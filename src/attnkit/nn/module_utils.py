@@ -108,13 +108,59 @@ def append_columns(mask: Optional[Tensor], n: int) -> Optional[Tensor]:
     return torch.cat([mask, extra], dim=-1)
 
 
-class HybridWeightMixin:
+class HybridWeightAccess:
+    """Reading the hybrid weight of a module that holds ``theta`` (``None`` unless hnas): ``u =
+    sigmoid(theta)`` (detached), the weight with its gradient, and loading a state_dict without ``theta``
+    (saved by a softmax module or before ``theta`` existed), which keeps ``theta``'s value.
+    ``_hybrid_config()`` is the mechanism's config."""
+
+    theta: Optional[nn.Parameter]
+
+    def _hybrid_config(self) -> MechanismConfig:
+        return self.config
+
+    @property
+    def u(self) -> Tensor:
+        """The hybrid weights ``sigmoid(theta)``, shape ``(H,)``, detached (for plots and logs). Other
+        mechanisms have none: ``AttributeError`` (so ``hasattr(module, "u")`` is False)."""
+        if self.theta is None:
+            raise AttributeError(self._no_u())
+        return torch.sigmoid(self.theta.detach())
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached when a property raises AttributeError: nn.Module's lookup would replace the message by
+        # "object has no attribute 'u'".
+        if name == "u":
+            raise AttributeError(self._no_u())
+        return super().__getattr__(name)
+
+    def _no_u(self) -> str:
+        return (
+            f"u exists only for mechanism 'hnas'; this {type(self).__name__} uses "
+            f"{self._hybrid_config().name!r}"
+        )
+
+    def _hybrid_weight(self) -> Optional[Tensor]:
+        """``sigmoid(theta)`` with its gradient, or ``None`` when the mechanism is not hnas."""
+        return sigmoid_weight(self.theta) if self.theta is not None else None
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        """torch's loading, except that a state_dict without ``theta`` loads into an hnas module, whose
+        ``theta`` then keeps its value (``logit(u0)`` when new)."""
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        key = prefix + "theta"
+        if self.theta is not None and key not in state_dict and key in missing_keys:
+            missing_keys.remove(key)
+
+
+class HybridWeightMixin(HybridWeightAccess):
     """The per-head hybrid weight of an attention module: ``theta (H,)`` for hnas (else ``None``), ``u =
     sigmoid(theta)``.
 
     The module sets ``self.config`` and calls ``_init_hybrid_weight`` in ``__init__`` and
-    ``_reset_hybrid_weight``
-    in ``reset_parameters``.
+    ``_reset_hybrid_weight`` in ``reset_parameters``.
     """
 
     config: MechanismConfig
@@ -134,28 +180,6 @@ class HybridWeightMixin:
     def mechanism(self) -> str:
         """The mechanism's name (``"softmax"``, ``"dnas"``, ``"hnas"``, ``"sinkhorn"``, ``"coda"``)."""
         return self.config.name
-
-    @property
-    def u(self) -> Tensor:
-        """The hybrid weights ``sigmoid(theta)``, shape ``(H,)``, detached (for plots and logs). Other
-        mechanisms have none: ``AttributeError`` (so ``hasattr(module, "u")`` is False)."""
-        if self.theta is None:
-            raise AttributeError(self._no_u())
-        return torch.sigmoid(self.theta.detach())
-
-    def __getattr__(self, name: str) -> Any:
-        # Reached when a property raises AttributeError: nn.Module's lookup would replace the message by
-        # "object has no attribute 'u'".
-        if name == "u":
-            raise AttributeError(self._no_u())
-        return super().__getattr__(name)
-
-    def _no_u(self) -> str:
-        return f"u exists only for mechanism 'hnas'; this {type(self).__name__} uses {self.config.name!r}"
-
-    def _hybrid_weight(self) -> Optional[Tensor]:
-        """``sigmoid(theta)`` with its gradient, or ``None`` when the mechanism is not hnas."""
-        return sigmoid_weight(self.theta) if self.theta is not None else None
 
 
 def positive_int(value: Any, name: str, extra: str = "") -> int:

@@ -189,16 +189,6 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         ``in_proj_weight is not None``.)"""
         return False
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs) -> None:
-        """torch's loading, except that a state_dict without ``theta`` (a ``torch.nn.MultiheadAttention``'s)
-        loads into an hnas module, whose ``theta`` then keeps its value (``logit(u0)`` when new)."""
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
-        key = prefix + "theta"
-        if self.theta is not None and key not in state_dict and key in missing_keys:
-            missing_keys.remove(key)
-
     def __setstate__(self, state: dict) -> None:
         if "_qkv_same_embed_dim" in state:  # a whole module pickled by an earlier attnkit
             state["_same_dims"] = state.pop("_qkv_same_embed_dim")
