@@ -106,16 +106,9 @@ def test_finetune_bad_align_is_one_line(tiny_bert, dataset, tmp_path, capsys, ar
     assert err.startswith("error: ") and match in err
 
 
-def test_alignment_trainer_trains_the_regularizer(tiny_bert, dataset, tmp_path):
-    from transformers import (
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-        DataCollatorWithPadding,
-        TrainingArguments,
-    )
-
-    from attnkit.align import AlignmentRegularizer
-    from attnkit.align.trainer import alignment_trainer_class
+def _classifier_and_rows(tiny_bert):
+    """The tokenizer, a 3-label classifier of ``tiny_bert`` and ``ROWS`` encoded for the Trainer."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_bert)
     model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=3)
@@ -125,6 +118,19 @@ def test_alignment_trainer_trains_the_regularizer(tiny_bert, dataset, tmp_path):
         {"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i], "labels": labels[y]}
         for i, (y, _) in enumerate(ROWS)
     ]
+    return tok, model, data
+
+
+def test_alignment_trainer_trains_the_regularizer(tiny_bert, dataset, tmp_path):
+    from transformers import (
+        DataCollatorWithPadding,
+        TrainingArguments,
+    )
+
+    from attnkit.align import AlignmentRegularizer
+    from attnkit.align.trainer import alignment_trainer_class
+
+    tok, model, data = _classifier_and_rows(tiny_bert)
     reg = AlignmentRegularizer(model, method="gan", weight=1.0)
     start = [p.detach().clone() for p in reg.parameters()]
     args = TrainingArguments(
@@ -271,8 +277,6 @@ def test_finetune_seed_fixes_the_head_and_the_regularizer(tiny_bert, dataset, tm
 
 def _resumable_run(tiny_bert, out, method, stop_at=None, resume=None):
     from transformers import (
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
         DataCollatorWithPadding,
         TrainerCallback,
         TrainingArguments,
@@ -288,14 +292,7 @@ def _resumable_run(tiny_bert, out, method, stop_at=None, resume=None):
                 control.should_training_stop = True
 
     set_seed(0)
-    tok = AutoTokenizer.from_pretrained(tiny_bert)
-    model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=3)
-    enc = tok([t for _, t in ROWS], truncation=True, max_length=16)
-    labels = {"earn": 0, "acq": 1, "trade": 2}
-    data = [
-        {"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i], "labels": labels[y]}
-        for i, (y, _) in enumerate(ROWS)
-    ]
+    tok, model, data = _classifier_and_rows(tiny_bert)
     reg = AlignmentRegularizer(model, method=method, weight=1.0)
     args = TrainingArguments(
         output_dir=str(out), max_steps=4, per_device_train_batch_size=2, learning_rate=1e-2, seed=0,
