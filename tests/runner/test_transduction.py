@@ -54,3 +54,34 @@ def test_compare_runs_models_on_copy(tmp_path):
     # the models not run, which --mechanisms takes (it listed softmax, dnas, ..., which it refuses here)
     skipped = {"vanilla", "additive", "bilinear", "dot", "scaled_dot", "mixed"}
     assert set(saved["skipped_mechanisms"]) == skipped
+
+
+def test_the_ctc_loss_runs_through_the_wrapped_models_forward():
+    # the loss went around the wrapper (DistributedDataParallel syncs gradients only for what runs through its
+    # forward): on 2 processes each copy of a CTC model trained on its own half-batch and drifted apart
+    import torch
+
+    config = build_config(
+        {"task": "copy", "mechanisms": "ctc", "max_train": 16, "max_eval": 4, "d_model": 16}
+    )
+    task = get_task("copy")
+    data = task.prepare(config)
+    net = task.build_model(config, "ctc", data)
+
+    class Wrapper(torch.nn.Module):  # what DistributedDataParallel looks like to the runner
+        def __init__(self, module):
+            super().__init__()
+            self.module, self.calls = module, 0
+
+        def forward(self, *args, **kwargs):
+            self.calls += 1
+            return self.module(*args, **kwargs)
+
+    wrapped = Wrapper(net)
+    idx = torch.arange(4)
+    loss = task.loss_sum(wrapped, data, idx, config, torch.device("cpu"))
+    assert wrapped.calls == 1
+    src, src_mask, tgt, tgt_mask = task._batch("train", data, idx, torch.device("cpu"))
+    labels = tgt[:, 1:].masked_fill(tgt[:, 1:] == data.tgt_vocab.eos_id, data.tgt_vocab.pad_id)
+    expected = net.loss(src, src_mask, labels, tgt_mask[:, 1:].sum(dim=1) - 1) * 4
+    torch.testing.assert_close(loss, expected)

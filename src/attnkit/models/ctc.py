@@ -228,6 +228,14 @@ class CTCModel(nn.Module):
         """Mean over the batch of ``-log p(target | source)``; ``targets (B, S)`` padded, ``target_lengths
         (B,)``."""
         log_probs, frames = self(src_ids, src_mask)
+        return self.loss_from_log_probs(log_probs, frames, targets, target_lengths)
+
+    def loss_from_log_probs(
+        self, log_probs: Tensor, frames: Tensor, targets: Tensor, target_lengths: Tensor
+    ) -> Tensor:
+        """:meth:`loss` from the outputs of ``forward`` (``log_probs (B, T, V)``, ``frames (B,)``), for a
+        caller that runs the forward through a wrapper (DistributedDataParallel syncs the gradients of what
+        runs through its own forward only)."""
         B = log_probs.shape[0]
         check_loss_batch(B, "src_ids")
         if not isinstance(targets, Tensor) or targets.dim() != 2 or targets.dtype != torch.long:
@@ -259,7 +267,7 @@ class CTCModel(nn.Module):
                     f"upsample={self.upsample}); raise upsample"
                 )
         loss = self.ctc(log_probs.transpose(0, 1), targets, frames, target_lengths)  # (T, B, V) input
-        return loss / src_ids.shape[0]
+        return loss / B
 
     @torch.no_grad()
     def decode(

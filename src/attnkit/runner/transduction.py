@@ -178,7 +178,10 @@ class TransductionTask(SourceTargetBatches):
             eos, blank = data.tgt_vocab.eos_id, data.tgt_vocab.pad_id
             labels = tgt[:, 1:].masked_fill(tgt[:, 1:] == eos, blank)  # drop <eos>: (b, Lt - 1)
             lengths = tgt_mask[:, 1:].sum(dim=1) - 1  # (b,)
-            return self._unwrap(model).loss(src, src_mask, labels, lengths) * src.shape[0]
+            # the forward through the wrapped model: DistributedDataParallel syncs the gradients of what runs
+            # through its forward only (the unwrapped model's loss() trained each process on its own)
+            log_probs, frames = model(src, src_mask)
+            return self._unwrap(model).loss_from_log_probs(log_probs, frames, labels, lengths) * src.shape[0]
         logits, _ = model(src, src_mask, tgt[:, :-1], tgt_mask[:, :-1])  # (b, Lt - 1, V)
         gold = tgt[:, 1:].masked_fill(~tgt_mask[:, 1:], -100)  # (b, Lt - 1)
         return F.cross_entropy(
