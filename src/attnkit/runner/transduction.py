@@ -188,9 +188,13 @@ class TransductionTask(SourceTargetBatches):
             logits.float().flatten(0, 1), gold.flatten(), ignore_index=-100, reduction="sum"
         )
 
-    def max_decode_len(self, src_mask: Tensor) -> int:
-        """Generation cap: four target tokens per source token plus slack (targets are at most ~2x longer)."""
-        return 4 * int(src_mask.sum(dim=1).max()) + 8
+    @staticmethod
+    def decode_limits(src_mask: Tensor) -> Tensor:
+        """Each example's generation cap ``(b,)``: four target tokens per source token plus slack (targets
+        are at most ~2x longer). Per example, so that an output that never ends is cut where it would be
+        alone, whatever the batch it shares (the batch's cap made its length, and the token error rate,
+        depend on the batch size and the number of processes)."""
+        return 4 * src_mask.sum(dim=1) + 8
 
     def predict_tokens(
         self, model, data: EncodedTransduction, idx: Tensor, device
@@ -203,8 +207,9 @@ class TransductionTask(SourceTargetBatches):
         vocab = data.tgt_vocab
         if isinstance(net, CTCModel):
             return [vocab.decode_ids(ids) for ids in net.decode(src, src_mask)], None
-        tokens, align = net.greedy_decode(src, src_mask, max_len=self.max_decode_len(src_mask))
-        return [vocab.decode_ids(row) for row in tokens.tolist()], align
+        limits = self.decode_limits(src_mask).tolist()
+        tokens, align = net.greedy_decode(src, src_mask, max_len=max(limits, default=8))
+        return [vocab.decode_ids(row[:limit]) for row, limit in zip(tokens.tolist(), limits)], align
 
     def predict(self, model, data: EncodedTransduction, idx: Tensor, config, device) -> list[str]:
         tokens, _ = self.predict_tokens(model, data, idx, device)
