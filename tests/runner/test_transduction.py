@@ -102,3 +102,11 @@ def test_an_output_that_never_ends_is_cut_where_it_would_be_alone():
     together = task.predict(net, data, torch.arange(n), config, "cpu")
     alone = [task.predict(net, data, torch.tensor([i]), config, "cpu")[0] for i in range(n)]
     assert together == alone
+
+
+@pytest.mark.parametrize("key, value", [("num_layers", 3), ("nhead", 8), ("dropout", 0.5), ("vocab_size", 5)])
+def test_a_setting_the_recurrent_models_never_read_is_refused(key, value):
+    # accepted, recorded in config.json and ignored; d_model=6 was refused as "not divisible by nhead=4"
+    with pytest.raises(ValueError, match=f"{key} do not apply to task 'copy'"):
+        build_config({"task": "copy", key: value})
+    assert build_config({"task": "copy", "d_model": 6}).d_model == 6

@@ -299,7 +299,7 @@ class CompareConfig:
                 "weights, more than "
                 f"{_MAX_PARAMETERS:.3g} (8 GiB in float32); make it smaller"
             )
-        if self.d_model % self.nhead:
+        if self.d_model % self.nhead and TASK_KINDS.get(self.task) != "transduction":  # recurrent: no heads
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by nhead={self.nhead}; pick a "
                 "multiple"
@@ -500,18 +500,38 @@ def build_config(
     ``--set KEY=null`` and a file's ``KEY: null``.
     """
     values: dict[str, Any] = {}
+    user: dict[str, Any] = {}  # what the user gave now (not a saved run's configuration)
     if base:
         _check_keys(base, "the saved run configuration")
         values.update(base)
     if file is not None:
-        values.update(load_config_file(file))
+        user.update(load_config_file(file))
     if overrides:
         given = {k.replace("-", "_"): v for k, v in overrides.items() if keep_none or v is not None}
         _check_keys(given, "the command line")
-        values.update(given)
+        user.update(given)
+    values.update(user)
     task = values.get("task", DEFAULT_TASK)
     preset = values.get("preset", "quick")
     if not isinstance(task, str) or not task:
         raise ValueError(f"task={task!r}: expected a task name ({sorted(TASK_KINDS)}) or a dataset file")
+    if TASK_KINDS.get(task) == "transduction":
+        _check_transduction_keys(task, user)
     merged = {**preset_values(task, preset), **values}
     return CompareConfig(**merged)
+
+
+# What the recurrent models of the transduction tasks never read (they take d_model; runner/transduction.py)
+_TRANSDUCTION_IGNORES = ("nhead", "num_layers", "dim_feedforward", "dropout", "max_len", "max_target_len",
+                         "vocab_size", "explain_away_samples")
+
+
+def _check_transduction_keys(task: str, given: Mapping[str, Any]) -> None:
+    """A setting the user gave that the task's models never read is refused, not recorded and ignored."""
+    defaults = {f.name: f.default for f in fields(CompareConfig)}
+    ignored = [k for k in _TRANSDUCTION_IGNORES if k in given and given[k] != defaults.get(k)]
+    if ignored:
+        raise ValueError(
+            f"{', '.join(ignored)} do not apply to task {task!r}: its recurrent models take d_model (and the "
+            f"training settings) only; drop {'them' if len(ignored) > 1 else 'it'}"
+        )
