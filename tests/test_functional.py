@@ -771,3 +771,25 @@ def test_autocast_casts_half_inputs_as_it_does_for_sdpa():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.nn.functional.scaled_dot_product_attention(q, k, v).dtype == torch.bfloat16
         assert ak.attention(q, k, v, "dnas").dtype == torch.bfloat16  # "must share one dtype" before
+
+
+@pytest.mark.parametrize("mechanism", ["softmax", "dnas", "hnas", "sinkhorn", "coda"])
+@pytest.mark.parametrize("route", ["reference", "efficient", "blockwise"])
+def test_a_nan_gradient_at_a_padded_query_does_not_reach_the_real_tokens(mechanism, route):
+    # a padded query's output is the constant 0, and o / o.norm() there is NaN: 0 * NaN in P^T dO made dv
+    # (reference) or every gradient of the batch element (blockwise, the Triton kernels) NaN
+    if route == "blockwise" and mechanism == "coda":
+        pytest.skip("CoDA takes no float attn_mask; its bool one goes to its own kernels")
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 2, 6, 4, requires_grad=True) for _ in range(3))
+    query_mask = torch.ones(2, 6, dtype=torch.bool)
+    query_mask[0, -2:] = False
+    key_mask = torch.ones(2, 6, dtype=torch.bool)
+    key_mask[1, -3:] = False
+    extra = {"attn_mask": torch.ones(6, 6, dtype=torch.bool)} if route == "blockwise" else {}
+    backend = "efficient" if route == "blockwise" else route
+    out = ak.attention(q, k, v, mechanism, key_mask=key_mask, query_mask=query_mask, backend=backend, **extra)
+    grad = torch.randn_like(out)
+    grad[0, :, -1] = float("nan")  # only where the query is padding
+    for g in torch.autograd.grad(out, (q, k, v), grad):
+        assert torch.isfinite(g).all()

@@ -199,17 +199,39 @@ def attention(
         out, w = _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights=True)
         for observer in list(_OBSERVERS):
             observer(w.detach(), mask, config)
+        out = _stop_gradient_of_empty_rows(out, mask)
         return (out, w) if return_weights else out
 
     route = _plan(q, k, v, config, mask, dropout_p, backend, return_weights).route
     if route == "reference" or not ROUTES[route].compacts(config):  # the C++ kernels gather the valid rows
         q, k, v = _zero_padding(q, k, v, mask)
     if route == "reference":
-        return _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights)
+        result = _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights)
+        if return_weights:
+            return _stop_gradient_of_empty_rows(result[0], mask), result[1]
+        return _stop_gradient_of_empty_rows(result, mask)
     out = run_route(route, q, k, v, config, mask, scale=scale, dropout_p=dropout_p, u=u)
     if out.requires_grad:
         out.register_hook(_first_order_only)
-    return out
+    return _stop_gradient_of_empty_rows(out, mask)
+
+
+def _stop_gradient_of_empty_rows(out: Tensor, mask: MaskInfo) -> Tensor:
+    """``out`` with no gradient path from the rows of padded queries and of queries without a valid key:
+    their outputs are the constant 0, so a NaN or inf gradient arriving there (``o / o.norm()`` of a zero row)
+    must not reach the real tokens (0 * NaN in ``P^T dO`` made every gradient of the batch element NaN on
+    some routes). A select, only when a gradient flows and a row is empty; the values are unchanged."""
+    if not out.requires_grad:
+        return out
+    rows = None
+    if _has_padding(mask.query_mask):
+        rows = mask.query_mask[:, None, :, None]  # (B, 1, Lq, 1)
+    if mask.key_mask is not None and _has_padding(mask.key_mask):
+        has_key = mask.key_mask.any(-1)[:, None, None, None]  # (B, 1, 1, 1)
+        rows = has_key if rows is None else rows & has_key
+    if rows is None:
+        return out
+    return torch.where(rows, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
 def _first_order_only(grad: Optional[Tensor]) -> None:
