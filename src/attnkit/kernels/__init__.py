@@ -2,8 +2,9 @@
 
 ``efficient_attention`` is what ``ak.attention(..., backend="efficient")`` calls; ``prefers_efficient``
 decides for ``backend="auto"``. Both follow ``dispatch.plan``, the one chooser over the route table
-``dispatch.ROUTES`` (SDPA, the C++ potential kernels, the ATen fallback, the block sweeps, the fused C++
-CoDA kernel, CoDA's query blocks); ``ak.explain_dispatch`` prints its choice for a call.
+``dispatch.ROUTES`` (SDPA, the C++ softmax and potential kernels, the Triton potential kernels on CUDA, the
+ATen fallback, the block sweeps, the fused C++ and Triton CoDA kernels, CoDA's query blocks);
+``ak.explain_dispatch`` prints its choice for a call.
 
 The (Lq, Lk) weights are never materialized; use ``backend="reference"`` to get them.
 """
