@@ -244,3 +244,24 @@ def test_kernels_compile_for_a_gpu_target():
     proc = subprocess.run([sys.executable, "-c", _COMPILE, "bf16"], capture_output=True, text=True, env=env,
                           timeout=600)
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_the_wrapper_checks_what_the_kernel_reads():
+    # a (1, Lk) key mask with B = 2 was read past its end, k of another batch size failed inside a reshape,
+    # and block=16.0 with a TypeError
+    from attnkit.config import CoDA
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 2, 5, 4), torch.randn(2, 2, 6, 4), torch.randn(2, 2, 6, 4)
+    keys = torch.ones(2, 6, dtype=torch.bool)
+    full = build_mask(2, 2, 5, 6, key_mask=keys, device=q.device, allow_bias=False)
+    one = build_mask(1, 2, 5, 6, key_mask=keys[:1], device=q.device, allow_bias=False)
+    torch.testing.assert_close(
+        triton_coda_attention(q, k, v, one, CoDA(), scale=0.5),
+        triton_coda_attention(q, k, v, full, CoDA(), scale=0.5),
+    )
+    with pytest.raises(ValueError, match="one batch and head size"):
+        triton_coda_attention(q, k[:1], v[:1], full, CoDA(), scale=0.5)
+    for name, value in (("block", 16.0), ("d_chunk", True)):
+        with pytest.raises(ValueError, match=f"{name}={value!r}; expected a power of two"):
+            triton_coda_attention(q, k, v, full, CoDA(), scale=0.5, **{name: value})

@@ -383,3 +383,11 @@ def test_hybrid_weight_takes_a_number_a_scalar_or_one_per_head(u):
     ref = ak.attention(q.double(), k.double(), v.double(), "hnas", scale=0.3, hybrid_weight=hw,
                        backend="reference")
     torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=1e-4)
+
+
+def test_a_hybrid_weight_of_another_batch_size_is_named():
+    # an expand() RuntimeError before
+    q, k, v = (torch.randn(2, 2, 5, 4) for _ in range(3))
+    with pytest.raises(ValueError, match=r"u has shape \(3, 2, 1, 1\); expected .*\(2\|1, 2\|1, 1, 1\)"):
+        triton_attention(q, k, v, key_mask=None, query_mask=None, scale=0.5, iters=1,
+                         u=torch.full((3, 2, 1, 1), 0.5))

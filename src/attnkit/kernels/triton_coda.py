@@ -39,6 +39,7 @@ from torch import Tensor
 from ..config import CoDA
 from ..masks import MaskInfo
 from ..mechanisms.coda import ACTIVATION_RANGES
+from .triton_potentials import _check_mask, _check_shapes
 
 try:
     import triton
@@ -99,12 +100,26 @@ def triton_coda_attention(
     if masks.bias is not None:
         raise ValueError("CoDA takes boolean masks only (multiplicative); got a float attn_mask bias")
     for name, value in (("block", block), ("d_chunk", d_chunk)):
-        if value is not None and (value < 1 or value & (value - 1) or (name == "block" and value < 16)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1
+                                  or value & (value - 1) or (name == "block" and value < 16)):
             least = " >= 16" if name == "block" else ""
-            raise ValueError(f"{name}={value}; expected a power of two{least}")
+            raise ValueError(f"{name}={value!r}; expected a power of two{least}")
+    # the shapes the kernel reads, checked as the potentials wrapper checks them (a mask of a smaller batch
+    # was read past its end)
+    _check_shapes(q, k, v)
+    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: the Triton CoDA "
+                         "kernel takes one batch and head size for all three (expand them first)")
     B, H, Lq, D = q.shape
-    km = None if masks.key_mask is None else masks.key_mask.to(torch.int8).contiguous()  # (B, Lk)
-    qm = None if masks.query_mask is None else masks.query_mask.to(torch.int8).contiguous()  # (B, Lq)
+    _check_mask("key_mask", masks.key_mask, B, k.shape[2])
+    _check_mask("query_mask", masks.query_mask, B, Lq)
+    if masks.pair is not None:
+        pair = masks.pair
+        if pair.dim() != 4 or any(p not in (1, n) for p, n in zip(pair.shape, (B, H, Lq, k.shape[2]))):
+            raise ValueError(f"attn_mask has shape {tuple(pair.shape)}; expected one broadcastable to "
+                             f"({B}, {H}, {Lq}, {k.shape[2]})")
+    km = None if masks.key_mask is None else masks.key_mask.to(torch.int8).expand(B, -1).contiguous()
+    qm = None if masks.query_mask is None else masks.query_mask.to(torch.int8).expand(B, -1).contiguous()
     pm = None if masks.pair is None else masks.pair.to(torch.int8)  # (B|1, H|1, Lq|1, Lk|1), read in place
     if block is None:
         block = 32 if q.is_cuda else 16

@@ -111,7 +111,7 @@ def triton_attention(
     B, H = _check_shapes(q, k, v)
     key_mask = _check_mask("key_mask", key_mask, B, k.shape[2])
     query_mask = _check_mask("query_mask", query_mask, B, q.shape[2])
-    u = _check_hybrid(u, H, q)
+    u = _check_hybrid(u, H, q, B)
     q = q.expand(B, H, -1, -1)
     k = k.expand(B, H, -1, -1)
     v = v.expand(B, H, -1, -1)
@@ -150,7 +150,7 @@ def _check_mask(name: str, mask: Optional[Tensor], B: int, L: int) -> Optional[T
     return mask
 
 
-def _check_hybrid(u, H: int, like: Tensor) -> Optional[Tensor]:
+def _check_hybrid(u, H: int, like: Tensor, B: Optional[int] = None) -> Optional[Tensor]:
     """``u`` as a tensor broadcastable to ``(B, H, 1, 1)``: a number, a 0-d tensor, ``(H,)`` or
     a 4-D tensor; values in [0, 1] (checked where they can be read without a device synchronization)."""
     if u is None:
@@ -163,8 +163,12 @@ def _check_hybrid(u, H: int, like: Tensor) -> Optional[Tensor]:
         u = u.view(1, -1, 1, 1)
     if u.dim() == 0:
         u = u.view(1, 1, 1, 1)
-    if u.dim() != 4 or u.shape[2:] != (1, 1) or u.shape[1] not in (1, H):
-        raise ValueError(f"u has shape {tuple(u.shape)}; expected a number, (), ({H},) or (B|1, {H}|1, 1, 1)")
+    if u.dim() != 4 or u.shape[2:] != (1, 1) or u.shape[1] not in (1, H) or (B is not None
+                                                                           and u.shape[0] not in (1, B)):
+        batch = "B" if B is None else str(B)
+        raise ValueError(
+            f"u has shape {tuple(u.shape)}; expected a number, (), ({H},) or ({batch}|1, {H}|1, 1, 1)"
+        )
     if not u.is_cuda and not (u.detach() >= 0).logical_and(u.detach() <= 1).all():
         raise ValueError("u holds values outside [0, 1] (or NaN); the hybrid weight mixes two normalizations")
     return u
