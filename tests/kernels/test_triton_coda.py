@@ -265,3 +265,17 @@ def test_the_wrapper_checks_what_the_kernel_reads():
     for name, value in (("block", 16.0), ("d_chunk", True)):
         with pytest.raises(ValueError, match=f"{name}={value!r}; expected a power of two"):
             triton_coda_attention(q, k, v, full, CoDA(), scale=0.5, **{name: value})
+
+
+def test_a_nan_gradient_at_a_padded_query_stays_there():
+    from attnkit.config import CoDA
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 6, 4, requires_grad=True) for _ in range(3))
+    qm = torch.ones(2, 6, dtype=torch.bool)
+    qm[0, -2:] = False
+    masks = build_mask(2, 2, 6, 6, query_mask=qm, device=q.device, allow_bias=False)
+    out = triton_coda_attention(q, k, v, masks, CoDA(), scale=0.5)
+    grad = torch.randn_like(out)
+    grad[0, :, -1] = float("nan")
+    assert all(torch.isfinite(g).all() for g in torch.autograd.grad(out, (q, k, v), grad))

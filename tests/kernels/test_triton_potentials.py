@@ -391,3 +391,17 @@ def test_a_hybrid_weight_of_another_batch_size_is_named():
     with pytest.raises(ValueError, match=r"u has shape \(3, 2, 1, 1\); expected .*\(2\|1, 2\|1, 1, 1\)"):
         triton_attention(q, k, v, key_mask=None, query_mask=None, scale=0.5, iters=1,
                          u=torch.full((3, 2, 1, 1), 0.5))
+
+
+@pytest.mark.parametrize("iters", [1, 3])
+def test_a_nan_gradient_at_a_padded_query_stays_there(iters):
+    # 0 * NaN in P^T dO made every gradient of the batch element NaN (the direct kernel API; ak.attention
+    # stops it before)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 6, 4, requires_grad=True) for _ in range(3))
+    qm = torch.ones(2, 6, dtype=torch.bool)
+    qm[0, -2:] = False
+    out = triton_attention(q, k, v, key_mask=None, query_mask=qm, scale=0.5, iters=iters)
+    grad = torch.randn_like(out)
+    grad[0, :, -1] = float("nan")
+    assert all(torch.isfinite(g).all() for g in torch.autograd.grad(out, (q, k, v), grad))

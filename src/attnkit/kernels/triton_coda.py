@@ -202,7 +202,11 @@ class _TritonCoDA(torch.autograd.Function):
     def backward(ctx, grad_out):
         q3, k3, v3, km, qm, pm, mean_e, mean_n, count = ctx.saved_tensors
         B, H, Lq, Lk, D, Dv, config, scale, tiles = ctx.meta
-        dO = grad_out.to(q3.dtype).reshape(B * H, Lq, Dv).contiguous()  # (B*H, Lq, Dv)
+        dO = grad_out.to(q3.dtype)  # (B, H, Lq, Dv)
+        if qm is not None:  # padded queries' rows are the constant 0: a NaN gradient there must not spread
+            zero = torch.zeros((), dtype=dO.dtype, device=dO.device)
+            dO = torch.where(qm.bool()[:, None, :, None], dO, zero)
+        dO = dO.reshape(B * H, Lq, Dv).contiguous()  # (B*H, Lq, Dv)
         L = _Launch(q3, k3, v3, km, qm, pm, H, config, scale, tiles)
         f32 = dict(dtype=torch.float32, device=q3.device)
         ce = cn = torch.zeros(L.BH, **f32)

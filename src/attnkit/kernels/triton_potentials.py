@@ -341,7 +341,16 @@ class _TritonPotentials(torch.autograd.Function):
     def backward(ctx, grad_out):
         q3, k3, v3, u, km, qm, out, a_all, b_all, qbar, out_l, a_l = ctx.saved_tensors
         B, H, Lq, Lk, D, Dv, scale, iters, block = ctx.meta
-        dO = grad_out.to(q3.dtype).reshape(B * H, Lq, Dv).contiguous()  # (B*H, Lq, Dv)
+        dO = grad_out.to(q3.dtype)  # (B, H, Lq, Dv)
+        # the rows of padded queries and of queries without a valid key are the constant 0: a NaN gradient
+        # there (o / o.norm() of a zero row) must not reach the real tokens through P^T dO
+        rows = None if qm is None else qm.bool()[:, None, :, None]  # (B, 1, Lq, 1)
+        if km is not None:
+            has_key = km.bool().any(-1)[:, None, None, None]  # (B, 1, 1, 1)
+            rows = has_key if rows is None else rows & has_key
+        if rows is not None:
+            dO = torch.where(rows, dO, torch.zeros((), dtype=dO.dtype, device=dO.device))
+        dO = dO.reshape(B * H, Lq, Dv).contiguous()  # (B*H, Lq, Dv)
         u_bh = None if u is None else u.float().expand(B, H, 1, 1).reshape(B * H).contiguous()  # (B*H,)
         L = _Launch(q3, k3, v3, km, qm, H, scale, block)
         dq, dk, dv = _backward(L, q3, k3, v3, dO, out, a_all, b_all, qbar, out_l, a_l, u_bh, iters)
