@@ -218,6 +218,12 @@ def test_graded_biases_far_below_zero_are_not_read_as_a_causal_mask():
     q, k, v = torch.randn(1, 1, 8, 4), torch.randn(1, 1, 400, 4), torch.randn(1, 1, 400, 4)
     distance = (torch.arange(8)[:, None] - torch.arange(400)[None, :]).abs().float()
     ak.attention(q, k, v, "dnas", attn_mask=-distance)  # accepted
-    future = torch.ones(8, 400, dtype=torch.bool).triu(393)  # bottom-right causal, filled with one value
+    future = torch.ones(8, 400, dtype=torch.bool).triu(393)  # bottom-right causal, as a KV cache's mask
     with pytest.raises(ValueError, match="causal pattern"):
-        ak.attention(q, k, v, "dnas", attn_mask=torch.zeros(8, 400).masked_fill(future, -1000.0))
+        ak.attention(q, k, v, "dnas", attn_mask=torch.zeros(8, 400).masked_fill(future, torch.finfo().min))
+    # a causal fill of -1000 with a graded bias on top (ALiBi in a decoder) is a causal mask all the same
+    q, k, v = (torch.randn(1, 1, 6, 4) for _ in range(3))
+    distance = (torch.arange(6)[:, None] - torch.arange(6)[None, :]).abs().float()
+    causal = torch.zeros(6, 6).masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), -1000.0)
+    with pytest.raises(ValueError, match="causal pattern"):
+        ak.attention(q, k, v, "dnas", attn_mask=causal - 0.5 * distance)

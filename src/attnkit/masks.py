@@ -40,9 +40,9 @@ MASKED_BIAS = -1e4
 """A float mask entry ``<= MASKED_BIAS`` means "may not attend", as ``-inf`` does."""
 
 PATTERN_BIAS = -100.0
-"""For the causal-pattern check, the entries ``<= PATTERN_BIAS`` of a float mask that fills them all with one
-value also hide their pairs (``exp(-100)`` is 4e-44: a causal mask of -1000 leaks future tokens through a
-query-normalized mechanism as -inf would); graded biases (ALiBi, relative positions) are not read so."""
+"""For the causal-pattern check, a float mask entry ``PATTERN_BIAS`` or more below its row's largest also
+hides its pair (``exp(-100)`` is 4e-44: a causal mask of -1000 leaks future tokens through a
+query-normalized mechanism as -inf would)."""
 
 
 
@@ -246,38 +246,50 @@ def causal_pattern(mask: MaskInfo) -> bool:
     in some example and head, no query sees a key after it, and some query that sees two keys or more
     shares a key with a later query (whose content then enters that key's column normalization).
 
-    Float masks filled with one value ``<= PATTERN_BIAS`` (-100) count those entries as hidden. The causal
-    mask, strictly causal ones (``tril(-1)``), causal masks combined with padding and sliding windows are; so
-    is each of them aligned bottom-right (``Lq < Lk``, the last ``Lq`` positions as queries). Masks through
-    which nothing can leak are not: every query sees one key (the diagonal, or only key 0), or every query
-    that sees any key sees the same keys (padding of keys and queries, e.g. cross-attention to padded keys).
-    Under such a pattern a query-normalized mechanism leaks future tokens as it would with ``causal=True``.
+    A float mask's entries ``PATTERN_BIAS`` (100) or more below their row's largest count as hidden in the
+    top-left alignment. The causal mask, strictly causal ones (``tril(-1)``), causal masks combined with
+    padding and sliding windows are; so is each of them aligned bottom-right (``Lq < Lk``, the last ``Lq``
+    positions as queries). Masks through which nothing can leak are not: every query sees one key (the
+    diagonal, or only key 0), or every query that sees any key sees the same keys (padding of keys and
+    queries, e.g. cross-attention to padded keys). Under such a pattern a query-normalized mechanism leaks
+    future tokens as it would with ``causal=True``.
     """
-    pair = mask.pair
     Lq, Lk = mask.Lq, mask.Lk
-    if mask.bias is not None and not values_hidden(mask.bias):  # a float mask hides pairs too
-        low = mask.bias <= PATTERN_BIAS
-        if bool(low.any()):
-            fills = mask.bias[low]
-            # one fill value (-1000 above the diagonal): a mask; graded biases (ALiBi, T5's relative
-            # positions) reach below PATTERN_BIAS at long distances without meaning "may not attend"
-            if bool((fills == fills[0]).all()):
-                pair = ~low if pair is None else pair & ~low
-    if pair is None or Lq < 2 or pair.shape[-2] != Lq or pair.shape[-1] != Lk:
+    hard = _full_pattern(mask.pair, Lq, Lk)
+    soft = hard
+    bias = mask.bias
+    if bias is not None and not values_hidden(bias) and tuple(bias.shape[-2:]) == (Lq, Lk):
+        # a float mask hides pairs too: an entry PATTERN_BIAS or more below its row's largest allowed one
+        # weighs under exp(-100) = 4e-44 next to it (a causal fill of -1000, with or without a graded bias)
+        allowed = bias if mask.pair is None else bias.masked_fill(~mask.pair, float("-inf"))
+        top = allowed.amax(-1, keepdim=True)  # (..., Lq, 1)
+        seen = (allowed > top + PATTERN_BIAS) & torch.isfinite(top)
+        soft = seen if hard is None else hard & seen
+    if soft is None or Lq < 2:
         return False
-    if values_hidden(pair):  # under vmap: the pattern of every example, read from the plain tensor under it
-        pair = unbatched_values(pair, trailing=2)
-        if pair is None:  # a mapped dimension among (Lq, Lk): no pattern to read
-            return False
-    offsets = sorted({0, max(Lk - Lq, 0)})  # top-left, then bottom-right alignment
+    bottom_right = max(Lk - Lq, 0)
     # one (Lq, Lk) pattern at a time: an expanded mask is never copied whole, and a bidirectional example
-    # (the common case) costs one pass for the keys after their queries
-    for index in itertools.product(*(range(n) for n in pair.shape[:-2])):
-        p = pair[index]  # (Lq, Lk)
-        causal = [o for o in offsets if not bool(p.triu(o + 1).any())]  # no key after its query
-        if causal and _leaks(p):
-            return True
+    # (the common case) costs one pass for the keys after their queries. Top-left alignment reads the float
+    # mask's near-zero weights as hidden; bottom-right (Lq < Lk) reads only what the mask hides outright, as a
+    # distance bias (ALiBi) aligned top-left gives the far keys such weights without meaning "may not attend"
+    for index in itertools.product(*(range(n) for n in soft.shape[:-2])):
+        for offset, patterns in ((0, soft), *(((bottom_right, hard),) if bottom_right else ())):
+            if patterns is None:
+                continue
+            p = patterns[tuple(min(i, n - 1) for i, n in zip(index, patterns.shape[:-2]))]  # (Lq, Lk)
+            if not bool(p.triu(offset + 1).any()) and _leaks(p):  # no key after its query, and a leak
+                return True
     return False
+
+
+def _full_pattern(pair: Optional[Tensor], Lq: int, Lk: int) -> Optional[Tensor]:
+    """``pair`` if it holds an ``(Lq, Lk)`` pattern per example and head (under vmap: read from the plain
+    tensor under it), else ``None``."""
+    if pair is None or pair.shape[-2] != Lq or pair.shape[-1] != Lk:
+        return None
+    if values_hidden(pair):
+        return unbatched_values(pair, trailing=2)  # None where a mapped dimension is among (Lq, Lk)
+    return pair
 
 
 def _leaks(p: Tensor) -> bool:
