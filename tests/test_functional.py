@@ -793,3 +793,33 @@ def test_a_nan_gradient_at_a_padded_query_does_not_reach_the_real_tokens(mechani
     grad[0, :, -1] = float("nan")  # only where the query is padding
     for g in torch.autograd.grad(out, (q, k, v), grad):
         assert torch.isfinite(g).all()
+
+
+@pytest.mark.parametrize("case", ["attn_mask_row", "causal_left_padding", "vmap"])
+def test_a_nan_gradient_at_a_row_without_keys_does_not_reach_the_real_tokens(case):
+    # rows emptied by attn_mask or by causal with left padding were not stopped, and under vmap (where
+    # out.requires_grad is False) the stop was skipped altogether
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(2, 2, 6, 4, requires_grad=True) for _ in range(3))
+    grad = torch.randn(2, 2, 6, 4)
+    if case == "attn_mask_row":
+        pair = torch.ones(6, 6, dtype=torch.bool)
+        pair[3] = False  # query 3 sees no key
+        call = lambda q, k, v: ak.attention(q, k, v, "dnas", attn_mask=pair)  # noqa: E731
+        grad[:, :, 3] = float("nan")
+    elif case == "causal_left_padding":
+        key_mask = torch.ones(2, 6, dtype=torch.bool)
+        key_mask[0, :2] = False  # left padding: queries 0 and 1 of example 0 see no key under causal
+        call = lambda q, k, v: ak.attention(q, k, v, "softmax", key_mask=key_mask, causal=True)  # noqa: E731
+        grad[0, :, :2] = float("nan")
+    else:
+        query_mask = torch.ones(2, 6, dtype=torch.bool)
+        query_mask[0, -2:] = False
+
+        def one(q, k, v, m):
+            return ak.attention(q[None], k[None], v[None], "dnas", key_mask=m[None], query_mask=m[None])[0]
+
+        call = lambda q, k, v: torch.vmap(one)(q, k, v, query_mask)  # noqa: E731
+        grad[0, :, -2:] = float("nan")
+    out = call(q, k, v)
+    assert all(torch.isfinite(g).all() for g in torch.autograd.grad(out, (q, k, v), grad))

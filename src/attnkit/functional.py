@@ -217,21 +217,39 @@ def attention(
 
 
 def _stop_gradient_of_empty_rows(out: Tensor, mask: MaskInfo) -> Tensor:
-    """``out`` with no gradient path from the rows of padded queries and of queries without a valid key:
-    their outputs are the constant 0, so a NaN or inf gradient arriving there (``o / o.norm()`` of a zero row)
-    must not reach the real tokens (0 * NaN in ``P^T dO`` made every gradient of the batch element NaN on
-    some routes). A select, only when a gradient flows and a row is empty; the values are unchanged."""
-    if not out.requires_grad:
+    """``out`` with no gradient path from the rows of padded queries and of queries without a valid key
+    (padding, ``attn_mask``, ``causal``): their outputs are the constant 0, so a NaN or inf gradient arriving
+    there (``o / o.norm()`` of a zero row) must not reach the real tokens (0 * NaN in ``P^T dO`` made every
+    gradient of the batch element NaN on some routes). A select, whenever gradients are on (under ``vmap``
+    ``out.requires_grad`` is False) and a row may be empty; the values are unchanged."""
+    if not torch.is_grad_enabled():
         return out
-    rows = None
+    rows = _rows_with_a_key(mask)  # (B|1, H|1, Lq, 1) or None: every row has one
     if _has_padding(mask.query_mask):
-        rows = mask.query_mask[:, None, :, None]  # (B, 1, Lq, 1)
-    if mask.key_mask is not None and _has_padding(mask.key_mask):
-        has_key = mask.key_mask.any(-1)[:, None, None, None]  # (B, 1, 1, 1)
-        rows = has_key if rows is None else rows & has_key
+        query = mask.query_mask[:, None, :, None]  # (B, 1, Lq, 1)
+        rows = query if rows is None else rows & query
     if rows is None:
         return out
     return torch.where(rows, out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
+def _rows_with_a_key(mask: MaskInfo) -> Optional[Tensor]:
+    """Which queries see at least one valid key, ``(B|1, H|1, Lq, 1)``; ``None`` when all may (no mask that
+    can empty a row)."""
+    key = mask.key_mask  # (B, Lk) or None
+    Lq, Lk = mask.Lq, mask.Lk
+    if mask.pair is not None:
+        seen = mask.pair if key is None else mask.pair & key[:, None, None, :]  # (B|1, H|1, Lq|1, Lk)
+        if mask.causal:
+            seen = seen & torch.ones(Lq, Lk, dtype=torch.bool, device=seen.device).tril()
+        return seen.any(-1, keepdim=True)
+    if key is None or not _has_padding(key):
+        return None
+    if mask.causal:  # query i sees keys j <= i (top-left): none while no valid key lies at or before i
+        upto = key.cumsum(-1) > 0  # (B, Lk): a valid key at or before j
+        last = torch.arange(Lq, device=key.device).clamp(max=Lk - 1)
+        return upto[:, last][:, None, :, None]  # (B, 1, Lq, 1)
+    return key.any(-1)[:, None, None, None]  # (B, 1, 1, 1)
 
 
 def _first_order_only(grad: Optional[Tensor]) -> None:
