@@ -184,7 +184,7 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
         raise FileNotFoundError(f"{str(run_dir)!r} is not an attnkit compare run directory "
                                 "(no config.json of ours)")
     # the saved values as they are (a saved null is no cap, not "the preset's")
-    config = build_config({**saved, "out": str(run_dir), "progress": "none"}, keep_none=True)
+    config = build_config({"out": str(run_dir), "progress": "none"}, base=saved, keep_none=True)
     check_task_unchanged(config, run_dir, "attnkit show would encode the text as the model never saw it")
     task = get_task(config.task)
     if task.kind != "classification":

@@ -516,7 +516,7 @@ def build_config(
     if not isinstance(task, str) or not task:
         raise ValueError(f"task={task!r}: expected a task name ({sorted(TASK_KINDS)}) or a dataset file")
     if TASK_KINDS.get(task) == "transduction":
-        _check_transduction_keys(task, user)
+        _check_transduction_keys(task, user, preset_values(task, preset))
     merged = {**preset_values(task, preset), **values}
     return CompareConfig(**merged)
 
@@ -526,12 +526,14 @@ _TRANSDUCTION_IGNORES = ("nhead", "num_layers", "dim_feedforward", "dropout", "m
                          "vocab_size", "explain_away_samples")
 
 
-def _check_transduction_keys(task: str, given: Mapping[str, Any]) -> None:
-    """A setting the user gave that the task's models never read is refused, not recorded and ignored."""
-    defaults = {f.name: f.default for f in fields(CompareConfig)}
+def _check_transduction_keys(task: str, given: Mapping[str, Any], preset: Mapping[str, Any]) -> None:
+    """A setting the user gave that the task's models never read is refused, not recorded and ignored (the
+    value the task's preset or the config's default holds anyway, as a saved run's file does, passes)."""
+    defaults = {**{f.name: f.default for f in fields(CompareConfig)}, **preset}
     ignored = [k for k in _TRANSDUCTION_IGNORES if k in given and given[k] != defaults.get(k)]
     if ignored:
+        verb = "do not apply" if len(ignored) > 1 else "does not apply"
         raise ValueError(
-            f"{', '.join(ignored)} do not apply to task {task!r}: its recurrent models take d_model (and the "
+            f"{', '.join(ignored)} {verb} to task {task!r}: its recurrent models take d_model (and the "
             f"training settings) only; drop {'them' if len(ignored) > 1 else 'it'}"
         )
