@@ -379,6 +379,19 @@ def test_normalize_matches_reference(case):
     torch.testing.assert_close(w, ref_weights(q, k, case.ref_mechanism, key_mask=km, **case.ref), **F64)
 
 
+@pytest.mark.parametrize("case", CAUSAL_LEAKY)
+def test_a_causal_pattern_of_neg_inf_scores_raises_in_normalize_for_mechanisms_that_would_leak(case):
+    # -inf scores hide pairs as a mask does: a causal pattern given that way leaks as attn_mask=tril would
+    q, k, _ = random_qkv(2, 2, 4, 4, seed=23)
+    future = torch.ones(4, 4, dtype=torch.bool).triu(1)
+    gate = ak.scores.neg_l1_distance(q, k) if case.ref_mechanism == "coda" else None
+    with pytest.raises(ValueError, match="-inf scores is a causal pattern.*leak"):
+        ak.normalize(
+            ak.scores.scaled_dot(q, k).masked_fill(future, float("-inf")), case.attnkit_mechanism(ak),
+            gate_scores=gate, **case.call,
+        )
+
+
 @pytest.mark.parametrize("case", CASE_PARAMS)
 def test_normalize_treats_neg_inf_scores_as_masked_pairs(case):
     q, k, _ = random_qkv(2, 2, 4, 5, seed=19)

@@ -188,7 +188,37 @@ def test_a_causal_example_is_found_beside_a_bidirectional_one():
     prefix = causal.clone()
     prefix[:2, :2] = True  # the first two positions see each other
     assert _pattern(torch.stack([causal, prefix])[:, None])
-    assert not _pattern(torch.stack([prefix, torch.ones(4, 4, dtype=torch.bool)])[:, None])
+    assert not _pattern(torch.stack([causal.T, torch.ones(4, 4, dtype=torch.bool)])[:, None])
+
+
+def _prefix_lm(L: int, P: int) -> torch.Tensor:
+    mask = torch.ones(L, L, dtype=torch.bool).tril()
+    mask[:P, :P] = True  # the prefix sees itself both ways
+    return mask
+
+
+def test_a_prefix_lm_pattern_is_causal_also_with_padding_and_as_a_float_mask():
+    """A bidirectional prefix and a causal suffix (T5, UniLM, GLM) was accepted: dnas outputs at positions
+    0-4 moved by up to 0.33 when only the query at position 5 changed."""
+    prefix = _prefix_lm(6, 3)
+    assert _pattern(prefix, 6, 6)
+    assert _pattern(_prefix_lm(6, 5), 6, 6)  # one generated position, which the prefix shares keys with
+    assert _pattern(torch.zeros(6, 6).masked_fill(~prefix, float("-inf")), 6, 6)
+    keys = torch.arange(6) < 5  # the last position is padding; its row sees the real keys (Hugging Face)
+    assert _pattern(prefix & keys, 6, 6)
+    assert _pattern((prefix & keys) & keys[:, None], 6, 6)  # and with its row hidden too
+
+
+def test_bidirectional_patterns_with_padding_windows_blocks_or_registers_are_not_prefix_lm():
+    L = 8
+    keys = torch.arange(L) < 5  # 3 padded positions whose rows see the real keys (Hugging Face's 4-d mask)
+    window = (torch.arange(L)[:, None] - torch.arange(L)[None, :]).abs() <= 2
+    blocks = torch.block_diag(torch.ones(5, 5), torch.ones(2, 2), torch.ones(1, 1)).bool()  # packed sequences
+    registers = torch.ones(L, L, dtype=torch.bool)
+    registers[:2] = False
+    registers[0, 0] = registers[1, 1] = True  # two register tokens that see only themselves
+    for mask in (keys.expand(L, L), window & keys, window, blocks, registers, torch.eye(L, dtype=torch.bool)):
+        assert not _pattern(mask, L, L), mask.int()
 
 
 def test_an_expanded_causal_mask_is_found_and_a_bidirectional_one_is_not():

@@ -9,11 +9,11 @@ creating the inputs, with a fixed glibc mmap threshold so that freed blocks leav
 ``torch.cuda.max_memory_allocated``). The reference backend (materialized weights) is the in-house
 baseline.
 
-Peers, as extra rows timed the same way when installed: ``naive`` (``kernels/naive_peer.py``: DNAS in
-three lines, Sinkformers' alternating normalizations, the HNAS mix, all on the materialized matrix with
+Peers, as extra rows timed the same way when installed: ``naive`` (``kernels/naive_peer.py``: DNAS in three
+lines, Sinkhorn-k as alternating log-domain normalizations, the HNAS mix, all on the materialized matrix with
 autograd), ``xtransformers`` (x-transformers' ``Attend(inverted_attention=True)``, which is DNAS; the
-``[bench]`` extra) and, on CUDA, ``flex`` (FlexAttention, ``kernels/flex_peer.py``). A peer has rows only
-for the mechanisms it implements.
+``[bench]`` extra) and, on CUDA, ``flex`` (FlexAttention, ``kernels/flex_peer.py``). A peer has rows only for
+the mechanisms it implements.
 
 ``dropout`` > 0 times every call with attention dropout, SDPA's included (on the CPU its fused kernel has no
 dropout and takes its materializing math path); ``padding`` > 0 pads the batch: the valid lengths fall

@@ -92,7 +92,8 @@ class Sinkhorn:
 
 @dataclass(frozen=True)
 class CoDA:
-    """Compositional de-attention: ``M = f_E(alpha * E) * gate(-beta * N)``, no normalization.
+    """Compositional de-attention: ``M = f_E(alpha * E) * gate(beta * N)``, no normalization, with ``E``
+    the affinity and ``N`` the negative L1 distance (eq. 10).
 
     ``gate``: ``"sigmoid"`` (plain ``f_N(N)``), ``"scaled"`` (``2 * f_N(N)``, eq. 5, default) or
     ``"centered"`` (``f_N(N - mean N)``, eq. 4). ``center_e`` subtracts the mean of ``E`` (eq. 6).

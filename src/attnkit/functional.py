@@ -294,14 +294,15 @@ def _boundary(
     return config, mask, check_scale(scale, D), _check_dropout(dropout_p)
 
 
-def check_causal_pattern(config: MechanismConfig, mask: MaskInfo) -> None:
-    """Raise ``causal_problem`` when ``attn_mask`` is causal in all but name
-    (``attnkit.masks.causal_pattern``)."""
+def check_causal_pattern(config: MechanismConfig, mask: MaskInfo, source: str = "attn_mask") -> None:
+    """Raise ``causal_problem`` when ``source`` (``attn_mask``, or the ``-inf`` scores given to
+    ``normalize``) is causal in all but name (``attnkit.masks.causal_pattern``)."""
     problem = causal_problem(config)
     if problem is not None and not mask.causal and causal_pattern(mask):
         raise ValueError(
-            f"attn_mask is a causal pattern (no query sees a later key): {problem} A bidirectional mask "
-            "lets some query see a later key."
+            f"{source} is a causal pattern (no query sees a later key, or a prefix-LM one: a bidirectional "
+            f"prefix, then no query sees a later key): {problem} A bidirectional mask lets every query see "
+            "the later keys."
         )
 
 
@@ -466,8 +467,10 @@ def normalize(
         key_mask=key_mask, query_mask=query_mask, attn_mask=attn_mask, causal=causal,
         device=scores.device, allow_bias=not isinstance(config, CoDA),
     )
-    check_causal_pattern(config, mask)
-    scores, mask = _fold_neg_inf(scores, mask)
+    scores, folded = _fold_neg_inf(scores, mask)
+    # -inf scores hide pairs as a mask does, so they can make the pattern causal too
+    check_causal_pattern(config, folded, "attn_mask" if folded is mask else "the mask with the -inf scores")
+    mask = folded
     cdtype = _compute_dtype(scores.dtype)
     u = _hybrid_u(config, hybrid_weight, H, scores)
     n = gate_scores.to(cdtype) if gate_scores is not None else None

@@ -251,8 +251,9 @@ def causal_pattern(mask: MaskInfo) -> bool:
     padding and sliding windows are; so is each of them aligned bottom-right (``Lq < Lk``, the last ``Lq``
     positions as queries). Masks through which nothing can leak are not: every query sees one key (the
     diagonal, or only key 0), or every query that sees any key sees the same keys (padding of keys and
-    queries, e.g. cross-attention to padded keys). Under such a pattern a query-normalized mechanism leaks
-    future tokens as it would with ``causal=True``.
+    queries, e.g. cross-attention to padded keys). A prefix-LM pattern (a bidirectional prefix, a causal
+    suffix) is one too. Under such a pattern a query-normalized mechanism leaks future tokens as it would
+    with ``causal=True``.
     """
     Lq, Lk = mask.Lq, mask.Lk
     hard = _full_pattern(mask.pair, Lq, Lk)
@@ -277,9 +278,18 @@ def causal_pattern(mask: MaskInfo) -> bool:
             if patterns is None:
                 continue
             p = patterns[tuple(min(i, n - 1) for i, n in zip(index, patterns.shape[:-2]))]  # (Lq, Lk)
-            if not bool(p.triu(offset + 1).any()) and _leaks(p):  # no key after its query, and a leak
+            if not bool(p.triu(offset + 1).any()):
+                if _leaks(p):  # no key after its query, and a leak
+                    return True
+            elif offset == 0 and Lq == Lk and _prefix_lm_leaks(p):
                 return True
     return False
+
+
+def _last_true(p: Tensor, dim: int) -> Tensor:
+    """Index of the last True of ``p`` along ``dim`` (-1 where there is none)."""
+    n = p.shape[dim]
+    return torch.where(p.any(dim), n - 1 - p.flip(dim).to(torch.uint8).argmax(dim), -1)
 
 
 def _full_pattern(pair: Optional[Tensor], Lq: int, Lk: int) -> Optional[Tensor]:
@@ -292,6 +302,33 @@ def _full_pattern(pair: Optional[Tensor], Lq: int, Lk: int) -> Optional[Tensor]:
     return pair
 
 
+def _prefix_lm_leaks(p: Tensor) -> bool:
+    """Whether the square pattern ``p`` is a prefix-LM one (T5, UniLM, GLM): positions ``< P`` see only
+    each other, positions ``>= P`` see no key after themselves, for some ``P``; and a later real position
+    (one that sees itself) shares a key with a query that sees two keys or more and cannot see it, so that
+    a query-normalized mechanism leaks it. Padded positions (rows that see real keys, columns no one sees)
+    do not count as later positions: nothing leaks from padding."""
+    L = p.shape[0]
+    # fast exits, O(L): a query before the last sees the last position (no causal suffix), or no real
+    # position sees the one before it without being seen by it (as the first of a causal suffix does)
+    real = p.diagonal()
+    if bool(p[:-1, -1].any()) or not bool((~p.diagonal(1) & p.diagonal(-1) & real[:-1] & real[1:]).any()):
+        return False
+    rows = torch.arange(L, device=p.device)
+    last_key = _last_true(p, -1)  # (L,)
+    sees_after = (last_key > rows).nonzero()
+    start = int(sees_after.max()) + 1 if sees_after.numel() else 0  # the suffix is causal from here on
+    seen_before = last_key.cummax(0).values  # (L,): the last key any query <= i sees
+    splits = ((seen_before[:-1] < rows[1:]) & (rows[1:] >= start)).nonzero()
+    if not splits.numel():
+        return False
+    P = int(splits[0]) + 1  # the first split: queries < P see no key >= P
+    later = p & (p.diagonal() & (rows >= P))[:, None]  # (L, L): the rows of real positions after the split
+    last_later = _last_true(later, 0)  # (Lk,): the last such position that sees each key
+    shares = (p & (last_later[None, :] > rows[:, None])).any(-1)  # (L,)
+    return bool(((p.sum(-1) >= 2) & shares).any())
+
+
 def _leaks(p: Tensor) -> bool:
     """Whether a query of the pattern ``p`` (``(Lq, Lk)``, True = may attend) that sees two keys or more
     shares a key with a later query, unless every query that sees any key sees the same keys."""
@@ -301,7 +338,7 @@ def _leaks(p: Tensor) -> bool:
     Lq = p.shape[0]
     rows = torch.arange(Lq, device=p.device)
     # the last query that sees each key (-1: none), and whether each query shares a key with a later one
-    last = torch.where(p.any(0), Lq - 1 - p.flip(0).to(torch.uint8).argmax(0), -1)  # (Lk,)
+    last = _last_true(p, 0)  # (Lk,)
     shares_later = (p & (last[None, :] > rows[:, None])).any(-1)  # (Lq,)
     return bool(((p.sum(-1) >= 2) & shares_later).any())
 

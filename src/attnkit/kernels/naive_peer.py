@@ -5,8 +5,9 @@ user writes these mechanisms without attnkit:
 
 - DNAS ("Attention that does not Explain Away", arXiv:2009.14308, section 3.1), in three lines: a softmax
   over the queries of each key (column), then each row divided by its sum;
-- Sinkhorn-k as in "Sinkformers: Transformers with Doubly Stochastic Attention" (arXiv:2110.11773): ``k``
-  alternating column and row normalizations of the log-domain matrix (``log W - logsumexp``);
+- Sinkhorn-k written as Sinkformers' loop is ("Sinkformers: Transformers with Doubly Stochastic
+  Attention", arXiv:2110.11773): alternating normalizations of the log-domain matrix (``log W -
+  logsumexp``), here ``k`` rounds of column then row, attnkit's order (Sinkformers start with a row);
 - HNAS (arXiv:2009.14308, section 5): ``u * out_DNAS + (1 - u) * out_softmax``, both outputs computed.
 
 They compute the same values as attnkit's reference backend (``ak.attention(..., backend="reference")``)

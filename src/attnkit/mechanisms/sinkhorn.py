@@ -8,8 +8,11 @@ With potentials ``a = 0`` and ``k`` rounds of
     a_i = -LSE_j (s_ij + b_j)          (row normalization over valid keys)
 
 the weights are ``pi = exp(s + a + b)``. ``k = 0`` is softmax (one row normalization), ``k = 1`` is
-DNAS; as ``k`` grows, rows sum to 1 and columns to ``n_q / n_k``. Sinkformers count half-steps:
-their ``n_it = 2k + 1``.
+DNAS; as ``k`` grows, rows sum to 1 and columns to ``n_q / n_k``. Sinkformers ("Sinkformers:
+Transformers with Doubly Stochastic Attention", arXiv:2110.11773) count half-steps and start with a row
+normalization: their ``n_it = 1`` is softmax (``k = 0``), and their ``n_it = 2k + 1`` is one row
+normalization followed by ``k`` of the rounds above, which gives other weights than ``k`` rounds from
+``a = 0`` (DNAS is not among their iterates).
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ Tay et al., NeurIPS 2019, eqs. 1-2 and 7-9).
     A' = M B, \qquad B' = M^\top A \qquad (7), \qquad
     F = [\,F(A', A);\ F(B', B)\,] \qquad (9)
 
-``F_E`` and ``F_N`` are linear maps (the paper's "parameterized functions"); ``M`` comes from
+``F_E`` and ``F_N`` are linear maps (the paper's "parameterized functions"). Eqs. 1-2 have no
+``1 / sqrt(D)``; it is the scaling of eq. 10 (CoDA in the Transformer), applied here too:
+``CoDA(alpha=sqrt(D), beta=sqrt(D))`` gives eqs. 1-2 exactly. ``M`` comes from
 ``attnkit.normalize(E, CoDA(...), gate_scores=N)``, so every CoDA option (gate, centering, Table 9
 activations) applies. Each element of ``A`` adds (+1), subtracts (-1) or deletes (x0) the elements of
 ``B`` and vice versa. :class:`CoDACrossAttention` returns ``A'`` and ``B'``; :class:`AlignCompose` is the
