@@ -328,3 +328,95 @@ def test_a_worker_that_dies_fails_only_its_own_target(tmp_path, monkeypatch):
     assert verdicts["fine-a"] == verdicts["fine-b"] == [("a claim that holds", True)]
     assert verdicts["dies"] == [("the target ran", False)]
     assert "worker process died" in results[0].claims[0].evidence
+
+
+def _run_all_of_slow_targets(tmp_path, monkeypatch):
+    """``reproduce_all`` of four sleeping targets, jobs=2, in a process group of its own (as a terminal
+    starts a command), once two targets have started; returns the process and the output folder."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    helpers = Path(__file__).parent / "_slow"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(helpers), os.environ.get("PYTHONPATH", "")]))
+    root = tmp_path / "all"
+    code = ("from attnkit.analysis.fidelity import reproduce_all\n"
+            f"reproduce_all({str(root)!r}, targets=['sleeps-a', 'sleeps-b', 'sleeps-c', 'sleeps-d'], jobs=2)")
+    process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    while len(list(root.glob("*/started"))) < 2:
+        assert time.monotonic() < deadline and process.poll() is None, "the two first targets never started"
+        time.sleep(0.2)
+    return process, root
+
+
+def _group_alive(pgid: int) -> bool:
+    import os
+    import time
+
+    for _ in range(50):  # the workers notice within a second
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def test_ctrl_c_stops_a_run_of_all_targets_with_workers_at_once(tmp_path, monkeypatch):
+    """Ctrl-C with --jobs 2 stopped nothing: each worker took the interrupt as its target's error and went on
+    to the next queued target, and the main process waited for every one of them (22 s, then no page)."""
+    import os
+    import signal
+    import subprocess
+
+    process, root = _run_all_of_slow_targets(tmp_path, monkeypatch)
+    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole group
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise AssertionError("the run went on after Ctrl-C")
+    started = sorted(p.parent.name for p in root.glob("*/started"))
+    assert len(started) == 2  # the queued targets never started
+    assert not _group_alive(process.pid)
+
+
+def test_the_workers_of_a_killed_run_of_all_targets_exit(tmp_path, monkeypatch):
+    """With the main process killed, the workers ran on, orphaned, into the folders (and started queued
+    targets), where the next run would be removing and remaking them."""
+    import os
+    import signal
+
+    process, root = _run_all_of_slow_targets(tmp_path, monkeypatch)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    try:
+        assert not _group_alive(process.pid)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_folder_finished_by_hand_inside_an_interrupted_run_of_all_is_kept(tmp_path, monkeypatch,
+                                                                             constructed_targets):
+    """A target run alone into a folder of an interrupted run of all targets was listed in that run's mark,
+    and the next run of all removed it (the user's finished run) without --overwrite."""
+    def interrupted(result, quick, seed):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(reproduce_module.TARGETS, "interrupted", interrupted)
+    root = tmp_path / "all"
+    with pytest.raises(KeyboardInterrupt):
+        reproduce_all(root, targets=["constructed-pass", "interrupted"])
+    assert (root / "constructed-pass" / "summary.json").is_file()
+    reproduce_module.reproduce("constructed-fail", root / "mine", seed=3)  # the user's own run, finished
+    results, _ = reproduce_all(root, targets=["constructed-pass", "constructed-fail"])
+    assert json.loads((root / "mine" / "summary.json").read_text())["name"] == "constructed-fail"
+    assert [c.held for c in results[0].claims] == [True, True]  # the interrupted run's folders replaced

@@ -157,3 +157,11 @@ def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path, capsys):
         holder.wait()
     main(["reproduce", "lemma1", "--out", str(out), "--quick", "--overwrite"])  # free again
     assert (out / "summary.json").is_file()
+
+
+def test_jobs_with_a_single_target_is_refused_not_ignored(tmp_path, capsys):
+    """``--jobs -5`` with one target ran and exited 0 (the option was never read)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", "lemma1", "--quick", "--jobs", "-5", "--out", str(tmp_path / "a")])
+    assert exc.value.code == 2 and "--jobs -5 is only used with 'all'" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()

@@ -8,6 +8,7 @@ held; the targets' tables and PNG plots (embedded as data URIs, so the page is o
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import json
 import os
@@ -16,12 +17,13 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 from .._files import json_loads
 from ..validators import check_seed
 from .report import (
-    ReproduceResult, format_value, from_jsonable, is_unfinished, mark_finished, prepare_output_dir,
+    ReproduceResult, format_value, from_jsonable, mark_finished, prepare_output_dir, record_written,
+    unfinished_without_record,
     table_columns, verdict,
 )
 
@@ -126,6 +128,46 @@ def _failed(name: str, out: Path, evidence: str) -> ReproduceResult:
     return failed
 
 
+def _worker_start(parent: int) -> None:
+    """In each worker of :func:`reproduce_all`: Ctrl-C is the main process's to handle (it stops the
+    workers), and a worker whose main process died (killed) exits instead of running on into its folders."""
+    import signal
+    import threading
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="attnkit-parent-watch", daemon=True).start()
+
+
+@contextlib.contextmanager
+def _workers(jobs: int) -> Iterator:
+    """A pool of ``jobs`` worker processes that ends with the block; an exception or Ctrl-C in the block
+    cancels the targets not started and terminates the workers (the pool's own exit would wait for every
+    queued target to run)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn, not fork: a forked child of a process that already ran OpenMP threads can hang
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_start, initargs=(os.getpid(),))
+    try:
+        yield pool
+    except BaseException:
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.join(5)
+        raise
+    pool.shutdown()
+
+
 def reproduce_all(
     out: Optional[Union[str, Path]] = None,
     *,
@@ -153,22 +195,26 @@ def reproduce_all(
     check_seed(seed, high=REPRODUCE_SEED_MAX)  # before any target runs (each would record it as a failure)
     jobs = default_jobs(len(names)) if jobs == 0 else min(jobs, max(len(names), 1))
     root = Path("runs") / "reproduce" / "all" if out is None else Path(out)
-    # A run of all targets that did not finish (Ctrl-C) is replaced target by target, finished ones included.
-    overwrite = overwrite or is_unfinished(root)
+    # A run of all targets that did not finish (Ctrl-C) listed each target's folder in its mark as it made
+    # it: preparing the root removes them, finished ones included, and nothing else (a folder the user wrote
+    # there since is refused as any non-empty --out is). A mark without that list (an older version's):
+    # every target folder is replaced.
+    overwrite = overwrite or unfinished_without_record(root)
     root = prepare_output_dir(root, overwrite=overwrite)
+    for name in names:  # listed here, in one process: workers writing the root's mark at once lose names
+        if not (root / name).exists() or (overwrite and (root / name).is_dir()):  # made (or replaced) here
+            (root / name).mkdir(exist_ok=True)
+            record_written(root / name)
     start = time.perf_counter()
     if jobs == 1:
         results = [_run_target(name, root / name, overwrite, quick, seed) for name in names]
     else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
         from concurrent.futures.process import BrokenProcessPool
 
-        # spawn, not fork: a forked child of a process that already ran OpenMP threads can hang
         order = sorted(names, key=lambda n: -QUICK_CPU_SECONDS.get(n, float("inf")))
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        by_name, broken = {}, []
+        with _workers(jobs) as pool:
             futures = {n: pool.submit(_run_target, n, root / n, overwrite, quick, seed) for n in order}
-            by_name, broken = {}, []
             for n, f in futures.items():
                 try:
                     by_name[n] = f.result()
@@ -177,7 +223,7 @@ def reproduce_all(
                 except Exception as exc:
                     by_name[n] = _failed(n, root / n, f"{type(exc).__name__}: {exc}")
         for n in broken:  # each again in a process of its own: only a target whose process dies fails
-            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as alone:
+            with _workers(1) as alone:
                 try:
                     by_name[n] = alone.submit(_run_target, n, root / n, overwrite, quick, seed).result()
                 except Exception as exc:

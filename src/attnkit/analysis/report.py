@@ -24,6 +24,7 @@ __all__ = [
     "ReproduceResult",
     "prepare_output_dir",
     "is_unfinished",
+    "unfinished_without_record",
     "mark_finished",
     "write_csv",
     "format_value",
@@ -204,8 +205,6 @@ def prepare_output_dir(out: Union[str, Path], overwrite: bool = False) -> Path:
     if created:
         _lock(out)
     _write_mark(out, [])
-    if created:  # a target's folder of a run of all targets: the parent's run wrote it
-        record_written(out)
     return out
 
 
@@ -249,6 +248,11 @@ def _remove_unfinished_files(out: Path) -> None:
             shutil.rmtree(path)
         elif path.exists() or path.is_symlink():
             path.unlink()
+
+
+def unfinished_without_record(out: Union[str, Path]) -> bool:
+    """Whether ``out`` holds an unfinished run whose mark does not say what it wrote (an older version's)."""
+    return is_unfinished(out) and _written(Path(out) / UNFINISHED_MARKER) is None
 
 
 def is_unfinished(out: Union[str, Path]) -> bool:

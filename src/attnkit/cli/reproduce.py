@@ -76,6 +76,10 @@ def register(app: typer.Typer) -> None:
 
         if out is not None and not out.strip():
             raise ValueError("--out is empty; pass a directory such as runs/reproduce/NAME")
+        if name != "all" and jobs != 0:
+            raise ValueError(
+                f"--jobs {jobs} is only used with 'all' (a target runs in this process); drop it"
+            )
         try:
             if name == "all":
                 results, page = reproduce_all(out, overwrite=overwrite, quick=quick, seed=seed, jobs=jobs)
