@@ -202,8 +202,8 @@ def test_a_gap_within_two_standard_errors_is_no_win():
     assert not held and "within 2 s.e." in words
     held, words = exceeds([0.90, 0.91, 0.92], [0.80, 0.81, 0.79])
     assert held and "beyond 2 s.e." in words and "gap +0.1100" in words
-    held, words = exceeds([0.9], [0.8])  # one seed: no spread; the gap alone, said so
-    assert held and "1 seed" in words
+    held, words = exceeds([0.9], [0.8])  # one seed: no spread to tell the gap from seed noise, said so
+    assert not held and "1 seed" in words and "gap +0.1000" in words
     assert not exceeds([0.8, 0.8], [0.8, 0.8])[0]
     with pytest.raises(ValueError, match="at least one value"):
         exceeds([], [0.1])

@@ -89,14 +89,14 @@ def exceeds(a: Sequence[float], b: Sequence[float]) -> tuple[bool, str]:
     """Whether the mean of the per-seed values ``a`` exceeds that of ``b`` by more than two standard errors
     of the difference (a gap within the seeds' noise supports no "better than"), and the words for it.
 
-    With one seed on either side there is no spread to judge by: any positive gap counts, and the words say
-    so."""
+    With one seed on either side there is no spread to judge by, so no gap counts (seed noise alone could
+    give it), and the words say so."""
     a, b = [float(x) for x in a], [float(x) for x in b]
     if not a or not b:
         raise ValueError("exceeds() needs at least one value on each side")
     gap = sum(a) / len(a) - sum(b) / len(b)
     if len(a) < 2 or len(b) < 2:
-        return gap > 0, f"gap {gap:+.4f} (1 seed: no spread to judge the gap by)"
+        return False, f"gap {gap:+.4f} (1 seed: no spread to judge the gap by, so no 'better')"
 
     def se2(v: list[float]) -> float:
         m = sum(v) / len(v)
