@@ -108,3 +108,19 @@ def test_a_writer_that_fails_leaves_the_old_file_and_no_scratch(tmp_path):
     save_figure(fig, tmp_path / "curves.png", dpi=20)
     plt.close(fig)
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_write_with_overwrite_never_replaces_a_device_a_pipe_or_a_folder(tmp_path):
+    """``bench --out NODE --overwrite`` renamed its file over a device node (as root: /dev/null gone)."""
+    import os
+    import stat
+
+    from attnkit._files import write_text_file
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    with pytest.raises(ValueError, match="not a regular file"):
+        write_text_file(pipe, "{}", overwrite=True)
+    assert stat.S_ISFIFO(os.stat(pipe).st_mode)
+    with pytest.raises(ValueError, match="is a folder"):
+        write_text_file(tmp_path, "{}", overwrite=True)

@@ -56,6 +56,9 @@ def write_file_with(path: Union[str, os.PathLike], write, *, overwrite: bool) ->
     ``tmp`` (in ``path``'s folder), which then takes ``path``'s place as ``write_text_file`` says, with the
     mode ``open()`` would give it."""
     path = Path(os.path.realpath(path))  # a symbolic link is written through, not replaced
+    if path.exists() and not path.is_file():  # a folder, a device, a pipe: never renamed over
+        kind = "a folder" if path.is_dir() else "not a regular file (a device, a pipe or a socket)"
+        raise ValueError(f"{path} is {kind}; pass the path of a file to write")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)

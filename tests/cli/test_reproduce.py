@@ -165,3 +165,19 @@ def test_jobs_with_a_single_target_is_refused_not_ignored(tmp_path, capsys):
         main(["reproduce", "lemma1", "--quick", "--jobs", "-5", "--out", str(tmp_path / "a")])
     assert exc.value.code == 2 and "--jobs -5 is only used with 'all'" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
+
+
+def test_a_path_the_system_refuses_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
+    """On a read-only file system show, reproduce and convert ended in an OSError traceback."""
+    import errno
+
+    from attnkit.analysis import reproduce as repro
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / "ro" / "view"))
+
+    monkeypatch.setattr(repro, "reproduce", read_only)
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", "lemma1", "--quick", "--out", str(tmp_path / "ro" / "view")])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and "Read-only file system" in err

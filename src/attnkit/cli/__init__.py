@@ -109,6 +109,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     except USER_ERRORS as exc:
         _error(_one_line(str(exc) or type(exc).__name__))
         sys.exit(2)
+    except OSError as exc:
+        if exc.filename is None:  # not about a path the user gave: a defect, with its traceback
+            raise
+        # a path the system refused (read-only file system, disk full, a name too long): the user's to fix
+        _error(_one_line(f"{exc.strerror or exc}: {exc.filename}; choose another path or free the space"))
+        sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(INTERRUPTED)
