@@ -419,3 +419,41 @@ def test_convert_of_a_model_directory_with_a_damaged_tokenizer_is_refused(tiny_b
     err = _error(capsys, ["convert", str(model_dir), "--mechanism", "dnas", "--out", str(out)])
     assert "tokenizer files (tokenizer.json, " in err and "cannot be loaded" in err and "restore" in err
     assert not out.exists()
+
+
+def test_a_softmax_fine_tune_of_a_stock_model_is_an_ordinary_transformers_model(tiny_bert, fixture_dataset,
+                                                                                 tmp_path, capsys):
+    """The default finetune (no --mechanism) saved a model recording attnkit's softmax: transformers alone
+    could not load it, and attnkit refused to convert it to another mechanism ("load the original")."""
+    from transformers import AutoModelForSequenceClassification
+
+    out = tmp_path / "run"
+    main(["finetune", "--model", str(tiny_bert), "--dataset", str(fixture_dataset), "--max-steps", "2",
+          "--batch-size", "4", "--max-length", "16", "--out", str(out)])
+    saved = json.loads((out / "config.json").read_text())
+    assert "attnkit" not in saved and saved.get("attn_implementation") != "attnkit"
+    plain = AutoModelForSequenceClassification.from_pretrained(out)  # no attnkit needed
+    assert akhf.conversion(plain) is None
+    main(["convert", str(out), "--mechanism", "dnas", "--out", str(tmp_path / "dnas")])
+    assert akhf.conversion(akhf.load(tmp_path / "dnas")).name == "dnas"
+
+
+def test_finetune_that_diverges_saves_nothing_and_is_one_line(tiny_bert, fixture_dataset, tmp_path, capsys):
+    """--lr 1e30 saved a model whose every weight was NaN, exited 0 and reported a finite training loss."""
+    out = tmp_path / "run"
+    err = _error(capsys, ["finetune", "--model", str(tiny_bert), "--dataset", str(fixture_dataset),
+                          "--max-steps", "3", "--batch-size", "4", "--lr", "1e30", "--max-length", "16",
+                          "--out", str(out)])
+    assert "training diverged" in err and "lower --lr" in err
+    assert not (out / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--max-length", "1"], "--max-length 1 leaves no room for text"),  # crashed after training
+    (["--batch-size", "1000"], "batch_size=1000 is larger than the training set (18 examples)"),  # OOM
+])
+def test_finetune_sizes_that_cannot_work_are_refused_before_training(args, needle, tiny_bert, fixture_dataset,
+                                                                     tmp_path, capsys):
+    err = _error(capsys, ["finetune", "--model", str(tiny_bert), "--dataset", str(fixture_dataset),
+                          "--max-steps", "1", "--out", str(tmp_path / "run"), *args])
+    assert needle in err

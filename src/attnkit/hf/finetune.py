@@ -32,6 +32,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from .._files import json_loads
 from ..registry import MECHANISMS
 from ..validators import check_number, check_seed
 
@@ -226,6 +227,35 @@ class _TextDataset(torch.utils.data.Dataset):
         return item
 
 
+def _check_finite(trainer, regularizer, result, config: FinetuneConfig) -> None:
+    """A run whose weights became NaN or inf (too large a learning rate) is an error, not a saved model: the
+    Trainer's logged loss filters non-finite values out, so its mean looked fine."""
+    modules = [trainer.model] + ([regularizer] if regularizer is not None else [])
+    bad = [name for module in modules for name, p in module.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise ValueError(
+            f"training diverged: {len(bad)} parameter tensor(s) hold NaN or inf after {result.global_step} "
+            f"step(s) (first: {bad[0]}); nothing was saved; lower --lr (now {config.lr:g})"
+        )
+
+
+def _save_unconverted_config(path: Path, model_dir: str) -> None:
+    """Remove the softmax conversion from a saved ``config.json``: the attention implementation goes back to
+    the one ``model_dir`` recorded (none: transformers' default)."""
+    from .convert import CONFIG_KEY
+
+    saved = json_loads(path.read_text(encoding="utf-8"))
+    try:
+        original = json_loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        original = {}
+    saved.pop(CONFIG_KEY, None)
+    saved.pop("attn_implementation", None)
+    if isinstance(original, dict) and original.get("attn_implementation") not in (None, "attnkit"):
+        saved["attn_implementation"] = original["attn_implementation"]
+    path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def _encode(tokenizer, texts, pairs, labels, max_length: int) -> _TextDataset:
     enc = tokenizer(
         list(texts), list(pairs) if pairs is not None else None, truncation=True, max_length=max_length
@@ -395,8 +425,19 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
     if data is None:
         data = load_text_classification(config.dataset, config.cache_dir, config.download)
 
+    if config.batch_size > len(data.train_labels):  # one batch of everything, then out of memory
+        raise ValueError(
+            f"batch_size={config.batch_size} is larger than the training set ({len(data.train_labels)} "
+            "examples); lower --batch-size"
+        )
     register()
     tokenizer = load_tokenizer(model_dir, "--model")
+    special = tokenizer.num_special_tokens_to_add(pair=data.train_text_pairs is not None)
+    if config.max_length <= special:  # truncation would keep every token
+        raise ValueError(
+            f"--max-length {config.max_length} leaves no room for text: the tokenizer of --model {model_dir} "
+            f"adds {special} special tokens; pass --max-length {special + 1} or more"
+        )
     labels = list(data.label_names)
     # --seed fixes the initialisation too: the classifier head and the regularizer's discriminator, critic
     # and navigator are made before the Trainer (which seeds only its own start)
@@ -408,6 +449,9 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
         id2label=dict(enumerate(labels)),
         label2id={n: i for i, n in enumerate(labels)},
     )
+    # a stock model fine-tuned with softmax is saved as transformers gives it (attnkit's softmax has no
+    # parameters): any library loads it, and attnkit can still convert it to another mechanism
+    plain_softmax = conversion(model) is None and config.mechanism in (None, "softmax")
     if conversion(model) is None:
         convert(model, config.mechanism or "softmax", u0=config.u0)
     mechanism = conversion(model).name
@@ -473,6 +517,7 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
         for callback in progress_callbacks(len(test), config.batch_size * trainer.args.world_size, log=log):
             trainer.add_callback(callback)
         result = trainer.train()
+        _check_finite(trainer, extra.get("regularizer"), result, config)
         prediction = trainer.predict(test)
     predictions = torch.as_tensor(prediction.predictions).argmax(-1).tolist()
     steps = timer.times[1:] if len(timer.times) > 1 else timer.times
@@ -497,6 +542,8 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         # the model alone: Trainer.save_model would add training_args.bin, a pickle of the run's arguments
         trainer.model.save_pretrained(str(out))
+        if plain_softmax:
+            _save_unconverted_config(out / "config.json", model_dir)
         tokenizer.save_pretrained(str(out))
         from .._files import match_umask
 
