@@ -149,3 +149,15 @@ def test_an_unknown_task_lists_the_recurrent_tasks_too():
     """The README documents --task g2p|numbers|copy|reverse|sort; the error listed only the datasets."""
     with pytest.raises(ValueError, match="recurrent tasks g2p, numbers, copy, reverse, sort"):
         build_config({"task": "nosuch"})
+
+
+@pytest.mark.parametrize("item, read_as", [("steps=010", "8"), ("seed=017", "15"), ("eval_every=1:00", "60"),
+                                           ("steps=0x10", "16"), ("steps=1_000", "1000")])
+def test_set_numbers_are_decimal_not_yaml_octal_hex_or_base_60(item, read_as):
+    """``--set steps=010 --set eval_every=1:00`` ran 8 steps and evaluated every 60 (YAML 1.1 forms)."""
+    from attnkit.cli.compare import parse_set
+
+    with pytest.raises(ValueError, match=f"reads .* as {read_as}; write the number in decimal"):
+        parse_set([item])
+    assert parse_set(["steps=10", "lr=1e-3", "lr2=0.5", "x=-3", "y=.inf", "z=null", "w=text"]) == {
+        "steps": 10, "lr": 1e-3, "lr2": 0.5, "x": -3, "y": float("inf"), "z": None, "w": "text"}

@@ -11,6 +11,7 @@ A thin layer over ``attnkit.runner.run_compare``.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -35,8 +36,32 @@ def parse_set(items: list[str]) -> dict:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
             value = raw
+        _check_decimal(item, raw.strip(), value)
         values[key.strip().replace("-", "_")] = yaml_number(value)  # YAML 1.1 reads 1e-3 as a string
     return values
+
+
+_DECIMAL_INT = re.compile(r"[+-]?(0|[1-9][0-9]*)")
+
+
+def _check_decimal(item: str, raw: str, value) -> None:
+    """YAML 1.1 reads ``010`` as octal 8, ``0x10`` as 16 and ``1:00`` as 60 (base 60): a number on the command
+    line is decimal, so such forms are refused rather than read as another value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if isinstance(value, int):
+        plain = _DECIMAL_INT.fullmatch(raw) is not None
+    else:
+        try:
+            plain = raw.lower().lstrip("+-") in (".inf", ".nan") or float(raw.replace("_", "")) == value
+            plain = plain and "_" not in raw and ":" not in raw
+        except ValueError:
+            plain = False
+    if not plain:
+        raise ValueError(
+            f"--set {item!r}: YAML reads {raw!r} as {value!r}; write the number in decimal, without leading "
+            "zeros, underscores or colons"
+        )
 
 
 def register(app: typer.Typer) -> None:
