@@ -420,3 +420,14 @@ def test_a_folder_finished_by_hand_inside_an_interrupted_run_of_all_is_kept(tmp_
     results, _ = reproduce_all(root, targets=["constructed-pass", "constructed-fail"])
     assert json.loads((root / "mine" / "summary.json").read_text())["name"] == "constructed-fail"
     assert [c.held for c in results[0].claims] == [True, True]  # the interrupted run's folders replaced
+
+
+def test_a_summary_records_the_seed_and_budget_its_numbers_depend_on(tmp_path, constructed_targets):
+    """summary.json held neither --seed nor --quick: two runs' numbers differed with nothing to say why."""
+    from attnkit.analysis.fidelity import load_result
+
+    reproduce_module.reproduce("constructed-pass", tmp_path / "a", seed=5, quick=True)
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["seed"] == 5 and summary["quick"] is True and summary["attnkit"]
+    loaded = load_result(tmp_path / "a")
+    assert (loaded.seed, loaded.quick) == (5, True)

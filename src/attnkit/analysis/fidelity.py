@@ -266,7 +266,8 @@ def load_result(folder: Union[str, Path]) -> ReproduceResult:
                                  files=[folder / f for f in data["files"]], seconds=float(data["seconds"]),
                                  budget=str(data.get("budget", "")),
                                  cpu_seconds=float(data.get("cpu_seconds", 0.0)),
-                                 note=str(data.get("note", "")))
+                                 note=str(data.get("note", "")), seed=data.get("seed"),
+                                 quick=data.get("quick"))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"cannot read a reproduction summary from {str(path)!r}: {exc}") from exc
     return result

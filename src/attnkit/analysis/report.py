@@ -122,6 +122,8 @@ class ReproduceResult:
     budget: str = ""
     cpu_seconds: float = 0.0
     note: str = ""
+    seed: Optional[int] = None
+    quick: Optional[bool] = None
 
     @property
     def all_held(self) -> bool:
@@ -140,8 +142,13 @@ class ReproduceResult:
 
     def write_summary(self) -> Path:
         """Write ``summary.json`` (rows, claims, files) next to the other outputs."""
+        from .. import __version__
+
         data = {
             "name": self.name,
+            "seed": self.seed,  # the numbers depend on both: a summary says how it was made
+            "quick": self.quick,
+            "attnkit": __version__,
             "seconds": round(self.seconds, 2),
             "cpu_seconds": round(self.cpu_seconds, 2),
             "budget": self.budget,

@@ -118,7 +118,7 @@ def reproduce(
         raise ValueError(f"unknown reproduction target {name!r}; expected one of {tuple(TARGETS)}")
     check_seed(seed, high=REPRODUCE_SEED_MAX)
     out_dir = prepare_output_dir(default_output_dir(name) if out is None else out, overwrite=overwrite)
-    result = ReproduceResult(name=name, out=out_dir)
+    result = ReproduceResult(name=name, out=out_dir, seed=seed, quick=quick)
     start, cpu_start = time.perf_counter(), time.process_time()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the models are tiny: one thread avoids the cost of idle synchronisation
