@@ -189,6 +189,24 @@ def test_padding_equals_truncation(mechanism, backend):
         torch.testing.assert_close(out[b : b + 1, :n], alone, rtol=1e-9, atol=1e-11)
 
 
+@pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
+def test_padding_equals_truncation_when_query_and_key_are_views_of_one_tensor(mechanism):
+    """``m(x.transpose(0, 1), x.transpose(0, 1), ...)`` (batch-first data, a sequence-first module) was read
+    as cross-attention: the padded queries entered the column sums and real tokens moved by 0.03."""
+    torch.manual_seed(0)
+    module = aknn.MultiheadAttention(E, H, mechanism=mechanism, dtype=torch.float64)  # batch_first=False
+    lengths = [6, 3, 4]
+    x, pad = _padded_batch(lengths, 6)
+    out, _ = module(x.transpose(0, 1), x.transpose(0, 1), x.transpose(0, 1), key_padding_mask=pad,
+                    need_weights=False)  # three views, not one object
+    for b, n in enumerate(lengths):
+        alone = x[b : b + 1, :n].transpose(0, 1)
+        torch.testing.assert_close(out[:n, b : b + 1], module(alone, alone, alone, need_weights=False)[0],
+                                   rtol=1e-9, atol=1e-11)
+    shifted = x.transpose(0, 1)[1:]  # another view with other elements stays cross-attention
+    assert not aknn.module_utils.same_tensor(x.transpose(0, 1)[:-1], shifted)
+
+
 @pytest.mark.parametrize("mechanism", QUERY_NORMALIZED + ["coda"])
 def test_explicit_query_padding_equals_truncation_in_cross_attention(mechanism):
     torch.manual_seed(0)

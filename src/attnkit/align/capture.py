@@ -6,9 +6,9 @@ Four families of layers ("sites"):
 
 - **attnkit / torch multi-head attention** (``attnkit.nn.MultiheadAttention``,
   ``torch.nn.MultiheadAttention``, hence attnkit's and torch's Transformer layers, any mechanism): a forward
-  pre-hook reads ``query``, ``key`` and ``key_padding_mask`` of self-attention calls (``query is key``) and
-  projects them with the module's own ``W_Q, b_Q, W_K, b_K`` (the projection is computed a second time,
-  outside the module).
+  pre-hook reads ``query``, ``key`` and ``key_padding_mask`` of self-attention calls (``query`` and ``key``
+  one tensor or views of the same elements) and projects them with the module's own ``W_Q, b_Q, W_K, b_K``
+  (the projection is computed a second time, outside the module).
   Cross-attention calls and modules named ``multihead_attn`` (decoder cross-attention) are not captured.
 - **Hugging Face models** (BERT, RoBERTa, ALBERT, DistilBERT, MiniLM, DeBERTa-v2, ModernBERT, T5's and BART's
   encoders, Llama, Qwen, Mistral, Phi-3, GPT-2, GPT-NeoX, ... converted by ``attnkit.hf`` or not): forward
@@ -64,6 +64,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..masks import MASKED_BIAS
+from ..nn.module_utils import same_tensor
 
 __all__ = ["Captured", "ForwardState", "Site", "find_sites"]
 
@@ -121,7 +122,7 @@ class MultiheadSite(Site):
                 return None
             bound = signature.bind(*args, **kwargs)
             query, key = bound.arguments["query"], bound.arguments["key"]
-            if query is not key:
+            if not same_tensor(query, key):
                 return None
             record(self._project(query, bound.arguments.get("key_padding_mask")))
             return None

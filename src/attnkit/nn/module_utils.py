@@ -182,6 +182,20 @@ class HybridWeightMixin(HybridWeightAccess):
         return self.config.name
 
 
+def same_tensor(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` are one tensor: the same object, or two views of the same elements (same
+    storage address, shape, strides, dtype, device), as ``x.transpose(0, 1)`` passed as query and key is."""
+    if a is b:
+        return True
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.device.type == "meta":
+        return False
+    try:
+        return (a.data_ptr() == b.data_ptr() != 0 and a.shape == b.shape and a.stride() == b.stride()
+                and a.dtype == b.dtype and a.device == b.device)
+    except (RuntimeError, NotImplementedError):  # tensors without storage (traced, fake, batched)
+        return False
+
+
 def positive_int(value: Any, name: str, extra: str = "") -> int:
     """``int(value)`` for a Python or NumPy integer >= 1 (not ``bool``), else a ``ValueError`` naming it."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 1:

@@ -36,6 +36,7 @@ from .module_utils import (
     flag,
     mechanism_label,
     positive_int,
+    same_tensor,
     resolve_module_mechanism,
     to_additive,
 )
@@ -58,12 +59,12 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
     Masks follow torch: ``key_padding_mask`` True = ignore (or float additive), ``attn_mask`` boolean
     True = not allowed (or float additive) of shape ``(Lq, Lk)`` or ``(B*H, Lq, Lk)``.
 
-    **Query padding.** dnas, hnas and sinkhorn normalize each key's column over the queries, so padded
-    queries must stay out of it. ``query_padding_mask (B, Lq)`` (True = ignore) marks them; when it is
-    not given and the call is self-attention (``query is key``) with a ``key_padding_mask`` of equal
-    length, the key padding is used for the queries too (for every mechanism but softmax, whose
-    real-token outputs do not depend on other queries and whose padded outputs stay as torch computes
-    them). Padded queries then get a zero attention output (``out_proj.bias`` after the projection).
+    **Query padding.** dnas, hnas and sinkhorn normalize each key's column over the queries, so padded queries
+    must stay out of it. ``query_padding_mask (B, Lq)`` (True = ignore) marks them; when it is not given and
+    the call is self-attention (``query`` and ``key`` one tensor, or two views of the same elements) with a
+    ``key_padding_mask`` of equal length, the key padding is used for the queries too (for every mechanism but
+    softmax, whose real-token outputs do not depend on other queries and whose padded outputs stay as torch
+    computes them). Padded queries then get a zero attention output (``out_proj.bias`` after the projection).
 
     The positional arguments, their defaults (``batch_first=False``, ``need_weights=True``,
     ``average_attn_weights=True``) and the returned ``(out, weights)`` are torch's; ``mechanism``,
@@ -243,7 +244,7 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
                 query, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal,
                 query_padding_mask,
             )
-        self_attention = query is key
+        self_attention = same_tensor(query, key)  # two views of one tensor too (x.transpose(0, 1) twice)
         if need_weights and self.backend == "efficient":
             raise ValueError(
                 "need_weights=True asks for the (Lq, Lk) weights, which backend='efficient' "
