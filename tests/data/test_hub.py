@@ -191,6 +191,14 @@ def test_test_split_without_labels_is_an_error_not_an_empty_test_set(tmp_path):
         load_dataset("sst2", source=tmp_path)
 
 
+def test_a_full_local_copy_uses_the_catalogs_test_split_as_a_download_does(sst2_dir):
+    """A copy of the whole hub dataset (train, validation and GLUE's unlabeled test) was refused: the
+    unlabeled test split came first, though the catalog (and a download) take validation as the test set."""
+    _jsonl(sst2_dir / "test.jsonl", [{"sentence": "hidden", "label": -1, "idx": 0}])
+    data = load_dataset("sst2", source=sst2_dir)
+    assert data.test_texts == ["fine work"] and data.test_labels == [1]
+
+
 def test_csv_label_column_with_an_empty_cell_drops_that_row_and_keeps_the_integers(tmp_path):
     # pandas reads the label column as 1.0, NaN, 0.0
     (tmp_path / "train.csv").write_text("sentence,label\ngood film,1\nbad film,\nok,0\n")

@@ -203,15 +203,16 @@ def _split_file(folder: Path, names: tuple[str, ...]) -> Optional[Path]:
 
 
 def load_hub_source(spec: HubSpec, source: PathLike) -> TextClassificationData:
-    """Load local files in the hub layout: ``source`` is a folder with ``train.*`` and ``test.*``
-    (or ``<test split>.*``), each ``.jsonl``/``.json``/``.parquet``/``.csv``."""
+    """Load local files in the hub layout: ``source`` is a folder with ``train.*`` and ``<test split>.*``
+    (or ``test.*``), each ``.jsonl``/``.json``/``.parquet``/``.csv``. The catalog's test split comes first,
+    as a download takes it: a full copy of SST-2 or MRPC holds an unlabeled ``test`` beside ``validation``."""
     folder = Path(source).expanduser()
     if not folder.is_dir():
         raise DatasetUnavailableError(
             f"{spec.name}: source {folder} is not a folder; pass a folder with train.* and test.* files"
         )
     train = _split_file(folder, ("train",))
-    test = _split_file(folder, ("test", spec.test_split))
+    test = _split_file(folder, tuple(dict.fromkeys((spec.test_split, "test"))))
     if train is None or test is None:
         raise DatasetUnavailableError(
             f"{spec.name}: {folder} needs train.<ext> and test.<ext> (or {spec.test_split}.<ext>) "
