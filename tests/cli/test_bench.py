@@ -216,3 +216,15 @@ def test_every_command_parses_its_lists_alike(argv, message, tmp_path, capsys):
         main(argv)
     assert exc.value.code == 2
     assert capsys.readouterr().err.startswith(f"error: {message}")
+
+
+@pytest.mark.parametrize("out", ["newdir/", ""])
+def test_an_out_that_names_a_folder_is_refused_not_written_as_a_file(out, tmp_path, capsys, monkeypatch):
+    """``--out newdir/`` wrote the JSON into a file named ``newdir``."""
+    from attnkit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--quick", "--out", out])
+    assert exc.value.code == 2 and "names a folder" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

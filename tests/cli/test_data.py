@@ -97,3 +97,14 @@ def test_cli_fetch_mlu_writes_generated_split(tmp_path, capsys):
     folder = dataset_cache_dir("mlu", tmp_path)
     lines = (folder / "test.tsv").read_text().splitlines()
     assert len(lines) == 10_000 and lines[0].split("\t")[0] == load_dataset("mlu").test_src[0]
+
+
+def test_an_empty_cache_dir_is_refused_not_read_as_the_working_directory(tmp_path, capsys, monkeypatch):
+    """``data fetch mlu --cache-dir ''`` wrote ./datasets/mlu into the working directory."""
+    from attnkit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(["data", "fetch", "mlu", "--cache-dir", ""])
+    assert exc.value.code == 2 and "--cache-dir is empty" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

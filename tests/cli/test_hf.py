@@ -457,3 +457,18 @@ def test_finetune_sizes_that_cannot_work_are_refused_before_training(args, needl
     err = _error(capsys, ["finetune", "--model", str(tiny_bert), "--dataset", str(fixture_dataset),
                           "--max-steps", "1", "--out", str(tmp_path / "run"), *args])
     assert needle in err
+
+
+def test_convert_into_its_own_model_dir_is_refused(tiny_bert, tmp_path, capsys):
+    """``convert M --out M --overwrite`` replaced the original model, which a later conversion needs."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    before = (model / "config.json").read_text()
+    err = _error(capsys, ["convert", str(model), "--mechanism", "dnas", "--out", str(model), "--overwrite"])
+    assert "is MODEL_DIR itself" in err and (model / "config.json").read_text() == before
+
+
+@pytest.mark.parametrize("option", ["--model", "--dataset"])
+def test_finetune_empty_model_or_dataset_is_refused_not_taken_as_the_default(option, tmp_path, capsys):
+    err = _error(capsys, ["finetune", option, "", "--out", str(tmp_path / "run")])
+    assert f"{option} is empty" in err

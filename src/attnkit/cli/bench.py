@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -67,7 +68,9 @@ def register(app: typer.Typer) -> None:
             0.0, help="Pad the batch: valid lengths fall evenly from L to (1 - padding) L over the batch "
             "(key and query masks).",
         ),
-        out: Path = typer.Option(Path("bench-results/kernels.json"), help="Where to write the JSON results."),
+        out: str = typer.Option(  # str: typer drops a trailing "/" (and reads "" as ".")
+            "bench-results/kernels.json", help="Where to write the JSON results."
+        ),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
     ) -> None:
         """Benchmark the attention backends; print a table (ratios to SDPA softmax) and write JSON."""
@@ -100,6 +103,10 @@ def register(app: typer.Typer) -> None:
             dropout=dropout,
             padding=padding,
         )
+        if not out.strip() or out.endswith(("/", os.sep)):
+            raise ValueError(f"--out {out!r} names a folder; pass a file path such as "
+                             f"{os.path.join(out or '.', 'kernels.json')}")
+        out = Path(out)
         if out.is_dir():
             raise ValueError(f"--out {out} is a directory; pass a file path such as {out / 'kernels.json'}")
         if out.exists() and not overwrite:

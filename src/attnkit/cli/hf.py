@@ -86,6 +86,11 @@ def convert_directory(
     if not out.strip():  # Path("") is the working directory
         raise ValueError("--out is empty; pass a directory for the converted model")
     out_path = Path(out)
+    if out_path.resolve() == Path(model_dir).resolve():
+        raise ValueError(
+            f"--out {out} is MODEL_DIR itself: the converted model would replace the original, which a later "
+            "conversion needs; choose another --out"
+        )
     _check_out(out_path, overwrite)
     # no tokenizer files in model_dir: the weights alone are the output; files that do not load are an error
     # (they were dropped, and a finetune of the output then found no tokenizer)
@@ -171,6 +176,9 @@ def register(app: typer.Typer) -> None:
         from attnkit.hf.finetune import FinetuneConfig
         from attnkit.hf.finetune import finetune as run
 
+        for name, value in (("--model", model), ("--dataset", dataset)):
+            if value is not None and not value.strip():
+                raise ValueError(f"{name} is empty; pass a value or drop the option for its default")
         check_mechanism(mechanism)
         check_dataset(dataset, cache_dir, download)
 

@@ -41,6 +41,9 @@ def cache_root(cache_dir: Optional[PathLike] = None) -> Path:
     """``cache_dir``, else ``$ATTNKIT_CACHE``, else ``~/.cache/attnkit`` (not created). A blank variable is
     unset (``" "`` made a folder named by a space in the working directory)."""
     if cache_dir is not None:
+        if isinstance(cache_dir, str) and not cache_dir.strip():  # Path("") is the working directory
+            raise ValueError("--cache-dir is empty; pass a folder, or drop it for $ATTNKIT_CACHE or "
+                             "~/.cache/attnkit")
         return Path(cache_dir).expanduser()
     env = os.environ.get("ATTNKIT_CACHE", "").strip()
     if env:
