@@ -431,3 +431,21 @@ def test_a_summary_records_the_seed_and_budget_its_numbers_depend_on(tmp_path, c
     assert summary["seed"] == 5 and summary["quick"] is True and summary["attnkit"]
     loaded = load_result(tmp_path / "a")
     assert (loaded.seed, loaded.quick) == (5, True)
+
+
+def test_a_users_file_in_a_target_folder_survives_an_interrupted_overwrite_and_the_next_run(
+        tmp_path, monkeypatch, constructed_targets):
+    """After an interrupted ``reproduce all --overwrite``, the next run removed the target folders that run
+    was replacing, the user's files in them included (--overwrite itself keeps them)."""
+    def interrupted(result, quick, seed):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(reproduce_module.TARGETS, "interrupted", interrupted)
+    root = tmp_path / "all"
+    reproduce_all(root, targets=["constructed-pass"])
+    (root / "constructed-pass" / "my_notes.txt").write_text("mine")
+    with pytest.raises(KeyboardInterrupt):
+        reproduce_all(root, targets=["constructed-pass", "interrupted"], overwrite=True)
+    results, _ = reproduce_all(root, targets=["constructed-pass"])  # replaced again without --overwrite
+    assert (root / "constructed-pass" / "my_notes.txt").read_text() == "mine"
+    assert all(c.held for c in results[0].claims)

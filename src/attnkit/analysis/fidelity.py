@@ -22,8 +22,8 @@ from typing import Iterator, Optional, Sequence, Union
 from .._files import json_loads
 from ..validators import check_seed
 from .report import (
-    ReproduceResult, format_value, from_jsonable, mark_finished, prepare_output_dir, record_written,
-    unfinished_without_record,
+    ReproduceResult, format_value, from_jsonable, mark_finished, prepare_output_dir, record_replaced,
+    record_written, replaced_in_mark, unfinished_without_record,
     table_columns, verdict,
 )
 
@@ -197,24 +197,29 @@ def reproduce_all(
     root = Path("runs") / "reproduce" / "all" if out is None else Path(out)
     # A run of all targets that did not finish (Ctrl-C) listed each target's folder in its mark as it made
     # it: preparing the root removes them, finished ones included, and nothing else (a folder the user wrote
-    # there since is refused as any non-empty --out is). A mark without that list (an older version's):
-    # every target folder is replaced.
+    # there since is refused as any non-empty --out is). A folder it was replacing (--overwrite) is replaced
+    # again, file by file. A mark without these lists (an older version's): every target folder is replaced.
     overwrite = overwrite or unfinished_without_record(root)
+    replacing = set(replaced_in_mark(root))
     root = prepare_output_dir(root, overwrite=overwrite)
+    replace = {name: overwrite or name in replacing for name in names}
     for name in names:  # listed here, in one process: workers writing the root's mark at once lose names
-        if not (root / name).exists() or (overwrite and (root / name).is_dir()):  # made (or replaced) here
-            (root / name).mkdir(exist_ok=True)
-            record_written(root / name)
+        folder = root / name
+        if not folder.exists():  # made here: the next run may remove it whole
+            folder.mkdir()
+            record_written(folder)
+        elif replace[name] and folder.is_dir():  # the user's files in it stay
+            record_replaced(folder)
     start = time.perf_counter()
     if jobs == 1:
-        results = [_run_target(name, root / name, overwrite, quick, seed) for name in names]
+        results = [_run_target(name, root / name, replace[name], quick, seed) for name in names]
     else:
         from concurrent.futures.process import BrokenProcessPool
 
         order = sorted(names, key=lambda n: -QUICK_CPU_SECONDS.get(n, float("inf")))
         by_name, broken = {}, []
         with _workers(jobs) as pool:
-            futures = {n: pool.submit(_run_target, n, root / n, overwrite, quick, seed) for n in order}
+            futures = {n: pool.submit(_run_target, n, root / n, replace[n], quick, seed) for n in order}
             for n, f in futures.items():
                 try:
                     by_name[n] = f.result()
@@ -225,7 +230,7 @@ def reproduce_all(
         for n in broken:  # each again in a process of its own: only a target whose process dies fails
             with _workers(1) as alone:
                 try:
-                    by_name[n] = alone.submit(_run_target, n, root / n, overwrite, quick, seed).result()
+                    by_name[n] = alone.submit(_run_target, n, root / n, replace[n], quick, seed).result()
                 except Exception as exc:
                     why = f"its worker process died ({type(exc).__name__}: {exc})"
                     by_name[n] = _failed(n, root / n, why)

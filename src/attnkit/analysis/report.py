@@ -25,6 +25,8 @@ __all__ = [
     "prepare_output_dir",
     "is_unfinished",
     "unfinished_without_record",
+    "record_replaced",
+    "replaced_in_mark",
     "mark_finished",
     "write_csv",
     "format_value",
@@ -215,22 +217,44 @@ def prepare_output_dir(out: Union[str, Path], overwrite: bool = False) -> Path:
     return out
 
 
-def _write_mark(out: Path, written: list[str]) -> None:
+def _write_mark(out: Path, written: list[str], replaced: Sequence[str] = ()) -> None:
     note = "attnkit: this run did not finish; the next run replaces its files\n"
-    (out / UNFINISHED_MARKER).write_text(note + json.dumps({"written": written}) + "\n", encoding="utf-8")
+    record = {"written": written, **({"replaced": list(replaced)} if replaced else {})}
+    (out / UNFINISHED_MARKER).write_text(note + json.dumps(record) + "\n", encoding="utf-8")
+
+
+def _mark_list(marker: Path, key: str) -> Optional[list[str]]:
+    try:
+        lines = marker.read_text(encoding="utf-8").splitlines()
+        names = json_loads(lines[1]).get(key, [] if key != "written" else None) if len(lines) > 1 else None
+    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError, AttributeError):
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return None
+    return names
 
 
 def _written(marker: Path) -> Optional[list[str]]:
     """The names the run that wrote ``marker`` wrote into its folder, or ``None`` (no record: a mark of an
     older version, or an unreadable one)."""
-    try:
-        lines = marker.read_text(encoding="utf-8").splitlines()
-        written = json_loads(lines[1])["written"] if len(lines) > 1 else None
-    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
-        return None
-    if not isinstance(written, list) or not all(isinstance(n, str) for n in written):
-        return None
-    return written
+    return _mark_list(marker, "written")
+
+
+def replaced_in_mark(out: Union[str, Path]) -> list[str]:
+    """The folders in ``out`` whose files an unfinished run of all targets was replacing (``--overwrite``):
+    the next run replaces them too, file by file, keeping what else the user saved there."""
+    marker = Path(out) / UNFINISHED_MARKER
+    return (_mark_list(marker, "replaced") or []) if marker.is_file() else []
+
+
+def record_replaced(path: Union[str, Path]) -> None:
+    """Add ``path``'s name to the ``replaced`` list of its folder's unfinished mark."""
+    path = Path(path)
+    marker = path.parent / UNFINISHED_MARKER
+    if marker.is_file():
+        replaced = _mark_list(marker, "replaced") or []
+        if path.name not in replaced:
+            _write_mark(path.parent, _written(marker) or [], replaced + [path.name])
 
 
 def record_written(path: Union[str, Path]) -> None:
@@ -241,7 +265,7 @@ def record_written(path: Union[str, Path]) -> None:
         return
     written = _written(marker) or []
     if path.name not in written and path.name != UNFINISHED_MARKER:
-        _write_mark(path.parent, written + [path.name])
+        _write_mark(path.parent, written + [path.name], _mark_list(marker, "replaced") or [])
 
 
 def _remove_unfinished_files(out: Path) -> None:
