@@ -392,6 +392,22 @@ def test_a_causal_pattern_of_neg_inf_scores_raises_in_normalize_for_mechanisms_t
         )
 
 
+@pytest.mark.parametrize("fill", [torch.finfo(torch.float64).min, -1e9], ids=["finfo-min", "-1e9"])
+@pytest.mark.parametrize("mechanism", ["dnas", "sinkhorn"])
+def test_normalize_reads_scores_with_a_mask_added_as_masked_pairs(mechanism, fill):
+    """Scores with Hugging Face's eager mask added (``scores + finfo.min``) gave the padded keys 0.81 of each
+    dnas row: the column normalization cancels a per-key constant."""
+    q, k, _ = random_qkv(2, 2, 4, 5, seed=29)
+    s = ak.scores.scaled_dot(q, k)
+    keys = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    w = ak.normalize(s + torch.zeros(2, 1, 1, 5, dtype=s.dtype).masked_fill(~keys[:, None, None], fill),
+                     mechanism)
+    torch.testing.assert_close(w, ak.normalize(s, mechanism, key_mask=keys), **F64)
+    future = torch.ones(4, 4, dtype=torch.bool).triu(1)
+    with pytest.raises(ValueError, match="causal pattern"):
+        ak.normalize(s[..., :4].masked_fill(future, fill), mechanism)
+
+
 @pytest.mark.parametrize("case", CASE_PARAMS)
 def test_normalize_treats_neg_inf_scores_as_masked_pairs(case):
     q, k, _ = random_qkv(2, 2, 4, 5, seed=19)

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .config import CoDA, Hybrid, MechanismConfig, MechanismLike
 from .kernels import ROUTES, Plan, plan, run_route
-from .masks import MaskInfo, build_mask, causal_pattern, check_qkv
+from .masks import MASKED_BIAS, MaskInfo, build_mask, causal_pattern, check_qkv
 from .mechanisms import check_hybrid_weight
 from .registry import causal_problem, check_causal, resolve_options, spec_of
 from .scores import neg_l1_distance, scaled_dot
@@ -301,8 +301,7 @@ def check_causal_pattern(config: MechanismConfig, mask: MaskInfo, source: str = 
     if problem is not None and not mask.causal and causal_pattern(mask):
         raise ValueError(
             f"{source} is a causal pattern (no query sees a later key, or a prefix-LM one: a bidirectional "
-            f"prefix, then no query sees a later key): {problem} A bidirectional mask lets every query see "
-            "the later keys."
+            f"prefix, then no query sees a later key): {problem}"
         )
 
 
@@ -387,8 +386,8 @@ def _reference_attention(
 
 
 def _fold_neg_inf(scores: Tensor, mask: MaskInfo) -> tuple[Tensor, MaskInfo]:
-    """``-inf`` scores are masked pairs (so a row or column of them gets zeros, not NaN); NaN and ``+inf``
-    are errors."""
+    """``-inf`` scores, and any at or below ``MASKED_BIAS`` (-1e4), are masked pairs (so a row or column of
+    them gets zeros, not NaN); NaN and ``+inf`` are errors."""
     hidden = values_hidden(scores)  # under vmap: checked on the plain values, -inf folded wherever it may be
     plain = unbatched_values(scores) if hidden else scores
     if torch.isnan(plain).any() or torch.isposinf(plain).any():
@@ -396,7 +395,10 @@ def _fold_neg_inf(scores: Tensor, mask: MaskInfo) -> tuple[Tensor, MaskInfo]:
             "scores contain NaN or +inf, which have no weight; check the score function's inputs, and mark "
             "pairs that may not attend with -inf or a mask"
         )
-    allowed = ~torch.isneginf(scores)  # (B, H, Lq, Lk)
+    # a score at or below MASKED_BIAS is a mask added to the scores (Hugging Face's eager ``scores + mask`` of
+    # finfo.min, -1e9), as a float attn_mask entry there is: the column-normalizing mechanisms would otherwise
+    # cancel it per key and give padded keys weight
+    allowed = scores > MASKED_BIAS  # (B, H, Lq, Lk)
     if not hidden and bool(allowed.all()):
         return scores, mask
     pair = allowed if mask.pair is None else mask.pair & allowed
@@ -422,9 +424,10 @@ def normalize(
     ``"coda"``, ``scores`` is the affinity ``E`` and ``gate_scores`` the negative distance ``N``
     (e.g. ``ak.scores.neg_l1_distance(q, k)``); alpha and beta of the config scale them.
 
-    A ``-inf`` score marks a pair that may not attend, as a mask does: it weighs 0, and a row (or, for
-    the column-normalizing mechanisms, a column) of them gets zeros, never NaN. NaN and ``+inf`` scores
-    raise a ``ValueError``.
+    A ``-inf`` score, or any at or below ``attnkit.masks.MASKED_BIAS`` (-1e4: a mask added to the scores,
+    such as ``finfo.min`` or ``-1e9``), marks a pair that may not attend, as a mask does: it weighs 0, and a
+    row (or, for the column-normalizing mechanisms, a column) of them gets zeros, never NaN; such a pattern
+    that is causal is refused as a causal ``attn_mask`` is. NaN and ``+inf`` scores raise a ``ValueError``.
     """
     config = resolve_call(mechanism, hybrid_weight, sinkhorn_iters)
     if not isinstance(scores, Tensor) or scores.dim() != 4 or not scores.dtype.is_floating_point:

@@ -289,7 +289,7 @@ def causal_pattern(mask: MaskInfo) -> bool:
 def _last_true(p: Tensor, dim: int) -> Tensor:
     """Index of the last True of ``p`` along ``dim`` (-1 where there is none)."""
     n = p.shape[dim]
-    return torch.where(p.any(dim), n - 1 - p.flip(dim).to(torch.uint8).argmax(dim), -1)
+    return torch.where(p.any(dim), n - 1 - p.flip(dim).view(torch.uint8).argmax(dim), -1)
 
 
 def _full_pattern(pair: Optional[Tensor], Lq: int, Lk: int) -> Optional[Tensor]:
@@ -306,14 +306,20 @@ def _prefix_lm_leaks(p: Tensor) -> bool:
     """Whether the square pattern ``p`` is a prefix-LM one (T5, UniLM, GLM): positions ``< P`` see only
     each other, positions ``>= P`` see no key after themselves, for some ``P``; and a later real position
     (one that sees itself) shares a key with a query that sees two keys or more and cannot see it, so that
-    a query-normalized mechanism leaks it. Padded positions (rows that see real keys, columns no one sees)
-    do not count as later positions: nothing leaks from padding."""
+    a query-normalized mechanism leaks it. A position is real when it sees itself and another query sees it
+    too: padded positions (columns no one else sees, whatever their rows see) are not later positions, as
+    nothing leaks from padding. (So one generated position after a prefix reads as padding: a mask with one
+    padded position whose row sees every key is the same pattern.)"""
     L = p.shape[0]
-    # fast exits, O(L): a query before the last sees the last position (no causal suffix), or no real
-    # position sees the one before it without being seen by it (as the first of a causal suffix does)
-    real = p.diagonal()
-    if bool(p[:-1, -1].any()) or not bool((~p.diagonal(1) & p.diagonal(-1) & real[:-1] & real[1:]).any()):
+    # fast exits, O(L) after the column counts: a query before the last sees the last position (no causal
+    # suffix), or no real position sees the one before it without being seen by it (as a causal suffix does)
+    if bool(p[:-1, -1].any()):
         return False
+    for real in (p.diagonal(), None):  # (L,): first the positions that see themselves, O(L)
+        if real is None:
+            real = p.diagonal() & (p.sum(0) >= 2)  # (L,): ... and that another query sees
+        if not bool((~p.diagonal(1) & p.diagonal(-1) & real[:-1] & real[1:]).any()):
+            return False
     rows = torch.arange(L, device=p.device)
     last_key = _last_true(p, -1)  # (L,)
     sees_after = (last_key > rows).nonzero()
@@ -323,7 +329,9 @@ def _prefix_lm_leaks(p: Tensor) -> bool:
     if not splits.numel():
         return False
     P = int(splits[0]) + 1  # the first split: queries < P see no key >= P
-    later = p & (p.diagonal() & (rows >= P))[:, None]  # (L, L): the rows of real positions after the split
+    if not bool(real[P:].any()):  # only padding after it
+        return False
+    later = p & (real & (rows >= P))[:, None]  # (L, L): the rows of real positions after the split
     last_later = _last_true(later, 0)  # (Lk,): the last such position that sees each key
     shares = (p & (last_later[None, :] > rows[:, None])).any(-1)  # (L,)
     return bool(((p.sum(-1) >= 2) & shares).any())

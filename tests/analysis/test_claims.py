@@ -205,6 +205,8 @@ def test_a_gap_within_two_standard_errors_is_no_win():
     held, words = exceeds([0.9], [0.8])  # one seed: no spread to tell the gap from seed noise, said so
     assert not held and "1 seed" in words and "gap +0.1000" in words
     assert not exceeds([0.8, 0.8], [0.8, 0.8])[0]
+    held, words = exceeds([0.787, 0.787], [0.786, 0.786])  # was "beyond 2 s.e. = 0.0000"
+    assert not held and "no spread" in words
     with pytest.raises(ValueError, match="at least one value"):
         exceeds([], [0.1])
 

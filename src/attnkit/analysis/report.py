@@ -91,8 +91,8 @@ def exceeds(a: Sequence[float], b: Sequence[float]) -> tuple[bool, str]:
     """Whether the mean of the per-seed values ``a`` exceeds that of ``b`` by more than two standard errors
     of the difference (a gap within the seeds' noise supports no "better than"), and the words for it.
 
-    With one seed on either side there is no spread to judge by, so no gap counts (seed noise alone could
-    give it), and the words say so."""
+    With one seed on either side, or no spread on both, there is no noise to judge by, so no gap counts
+    (seed noise alone could give it), and the words say so."""
     a, b = [float(x) for x in a], [float(x) for x in b]
     if not a or not b:
         raise ValueError("exceeds() needs at least one value on each side")
@@ -105,6 +105,8 @@ def exceeds(a: Sequence[float], b: Sequence[float]) -> tuple[bool, str]:
         return sum((x - m) ** 2 for x in v) / (len(v) - 1) / len(v)
 
     noise = 2 * math.sqrt(se2(a) + se2(b))
+    if noise == 0:  # every seed gave the same value on both sides: no estimate of the noise, not a zero one
+        return False, f"gap {gap:+.4f} (no spread over the seeds on either side to judge it by)"
     return gap > noise, f"gap {gap:+.4f}, {'beyond' if gap > noise else 'within'} 2 s.e. = {noise:.4f}"
 
 
