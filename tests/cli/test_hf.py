@@ -472,3 +472,13 @@ def test_convert_into_its_own_model_dir_is_refused(tiny_bert, tmp_path, capsys):
 def test_finetune_empty_model_or_dataset_is_refused_not_taken_as_the_default(option, tmp_path, capsys):
     err = _error(capsys, ["finetune", option, "", "--out", str(tmp_path / "run")])
     assert f"{option} is empty" in err
+
+
+@pytest.mark.parametrize("dataset, needle", [
+    ("./no_such_folder", "no such folder"),  # was "unknown dataset ... expected one of reuters8, ..."
+    ("mlu", "not a text-classification dataset"),  # was "pass --download" first, then this after the download
+])
+def test_finetune_dataset_mistakes_say_what_is_wrong_first(dataset, needle, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path / "cache"))
+    err = _error(capsys, ["finetune", "--dataset", dataset, "--out", str(tmp_path / "run")])
+    assert needle in err

@@ -42,7 +42,18 @@ def check_dataset(dataset: str, cache_dir: Optional[str], download: bool) -> Non
         return
     from attnkit.data import get_info, is_cached
 
-    info = get_info(dataset)  # an unknown name lists the catalog
+    try:
+        info = get_info(dataset)  # an unknown name lists the catalog
+    except ValueError as exc:
+        if any(sep in dataset for sep in ("/", os.sep)) or dataset.startswith("."):  # meant as a folder
+            raise FileNotFoundError(
+                f"--dataset {dataset}: no such folder (a folder holds train.tsv and test.tsv; a catalog name "
+                "has no '/')"
+            ) from None
+        raise exc
+    if info.kind != "text-classification":  # before asking for a download it could not use
+        raise ValueError(f"dataset {info.name!r} is not a text-classification dataset; pick reuters8, "
+                         "reuters52, 20newsgroups, ... (attnkit data list)")
     if not download and not is_cached(info.name, cache_dir):
         raise FileNotFoundError(
             f"dataset {info.name!r} is not in the cache; pass --download to fetch it now, or run "

@@ -110,8 +110,8 @@ class FinetuneConfig:
             raise ValueError(f"mechanism={self.mechanism!r}; expected one of {MECHANISMS}")
         if self.u0 is not None and self.mechanism != "hnas":
             raise ValueError(
-                f"u0={self.u0} is only used by mechanism 'hnas', got {self.mechanism!r}; drop "
-                "--u0"
+                f"u0={self.u0} is only used by mechanism 'hnas', got {self.mechanism!r}; pass --mechanism "
+                "hnas or drop --u0"
             )
         if self.u0 is not None:  # its range, before any model is loaded
             from ..registry import resolve_options
