@@ -385,7 +385,7 @@ def test_a_causal_pattern_of_neg_inf_scores_raises_in_normalize_for_mechanisms_t
     q, k, _ = random_qkv(2, 2, 4, 4, seed=23)
     future = torch.ones(4, 4, dtype=torch.bool).triu(1)
     gate = ak.scores.neg_l1_distance(q, k) if case.ref_mechanism == "coda" else None
-    with pytest.raises(ValueError, match="-inf scores is a causal pattern.*leak"):
+    with pytest.raises(ValueError, match="masked scores is a causal pattern.*leak"):
         ak.normalize(
             ak.scores.scaled_dot(q, k).masked_fill(future, float("-inf")), case.attnkit_mechanism(ak),
             gate_scores=gate, **case.call,
@@ -406,6 +406,15 @@ def test_normalize_reads_scores_with_a_mask_added_as_masked_pairs(mechanism, fil
     future = torch.ones(4, 4, dtype=torch.bool).triu(1)
     with pytest.raises(ValueError, match="causal pattern"):
         ak.normalize(s[..., :4].masked_fill(future, fill), mechanism)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_normalize_keeps_very_negative_scores_that_are_no_mask(dtype):
+    """The first version of the rule above took every score <= -1e4 for a mask: a softmax row of
+    [-9999.5, -10000.5, -10000.2, -10003] gave [1, 0, 0, 0], a row wholly below -1e4 gave zeros."""
+    s = torch.tensor([-9999.5, -10000.5, -10000.2, -10003.0, -20000.0, -20000.5, -20001.0, -20000.2],
+                     dtype=torch.float64).view(1, 1, 2, 4).to(dtype)
+    torch.testing.assert_close(ak.normalize(s, "softmax"), s.softmax(-1))
 
 
 @pytest.mark.parametrize("case", CASE_PARAMS)

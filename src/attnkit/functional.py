@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .config import CoDA, Hybrid, MechanismConfig, MechanismLike
 from .kernels import ROUTES, Plan, plan, run_route
-from .masks import MASKED_BIAS, MaskInfo, build_mask, causal_pattern, check_qkv
+from .masks import MaskInfo, build_mask, causal_pattern, check_qkv
 from .mechanisms import check_hybrid_weight
 from .registry import causal_problem, check_causal, resolve_options, spec_of
 from .scores import neg_l1_distance, scaled_dot
@@ -385,9 +385,15 @@ def _reference_attention(
     return (out, w) if return_weights else out
 
 
+MASKED_SCORE = -1e8
+"""A score given to ``normalize`` at or below this is a masked pair, as ``-inf`` is (a mask of -1e9 or
+``finfo.min`` added to the scores gets there; no real score does)."""
+
+
 def _fold_neg_inf(scores: Tensor, mask: MaskInfo) -> tuple[Tensor, MaskInfo]:
-    """``-inf`` scores, and any at or below ``MASKED_BIAS`` (-1e4), are masked pairs (so a row or column of
-    them gets zeros, not NaN); NaN and ``+inf`` are errors."""
+    """``-inf`` scores, and any at or below ``MASKED_SCORE`` (-1e8; half the dtype's lowest value in half
+    precision), are masked pairs (so a row or column of them gets zeros, not NaN); NaN and ``+inf`` are
+    errors."""
     hidden = values_hidden(scores)  # under vmap: checked on the plain values, -inf folded wherever it may be
     plain = unbatched_values(scores) if hidden else scores
     if torch.isnan(plain).any() or torch.isposinf(plain).any():
@@ -395,10 +401,11 @@ def _fold_neg_inf(scores: Tensor, mask: MaskInfo) -> tuple[Tensor, MaskInfo]:
             "scores contain NaN or +inf, which have no weight; check the score function's inputs, and mark "
             "pairs that may not attend with -inf or a mask"
         )
-    # a score at or below MASKED_BIAS is a mask added to the scores (Hugging Face's eager ``scores + mask`` of
-    # finfo.min, -1e9), as a float attn_mask entry there is: the column-normalizing mechanisms would otherwise
-    # cancel it per key and give padded keys weight
-    allowed = scores > MASKED_BIAS  # (B, H, Lq, Lk)
+    # a score at or below MASKED_SCORE (in half precision: half the dtype's lowest value) is a mask added
+    # to the scores (Hugging Face's eager ``scores + mask`` of finfo.min, the common -1e9): the
+    # column-normalizing mechanisms would otherwise cancel it per key and give padded keys weight. Real scores
+    # never get there (an attn_mask counts from -1e4; scores of -1e4 are still scores)
+    allowed = scores > max(MASKED_SCORE, torch.finfo(scores.dtype).min / 2)  # (B, H, Lq, Lk)
     if not hidden and bool(allowed.all()):
         return scores, mask
     pair = allowed if mask.pair is None else mask.pair & allowed
@@ -424,10 +431,11 @@ def normalize(
     ``"coda"``, ``scores`` is the affinity ``E`` and ``gate_scores`` the negative distance ``N``
     (e.g. ``ak.scores.neg_l1_distance(q, k)``); alpha and beta of the config scale them.
 
-    A ``-inf`` score, or any at or below ``attnkit.masks.MASKED_BIAS`` (-1e4: a mask added to the scores,
-    such as ``finfo.min`` or ``-1e9``), marks a pair that may not attend, as a mask does: it weighs 0, and a
-    row (or, for the column-normalizing mechanisms, a column) of them gets zeros, never NaN; such a pattern
-    that is causal is refused as a causal ``attn_mask`` is. NaN and ``+inf`` scores raise a ``ValueError``.
+    A ``-inf`` score, or any at or below ``MASKED_SCORE`` (-1e8, or half the dtype's lowest value in half
+    precision: a mask added to the scores, such as ``finfo.min`` or ``-1e9``), marks a pair that may not
+    attend, as a mask does: it weighs 0, and a row (or, for the column-normalizing mechanisms, a column) of
+    them gets zeros, never NaN; such a pattern that is causal is refused as a causal ``attn_mask`` is. NaN and
+    ``+inf`` scores raise a ``ValueError``.
     """
     config = resolve_call(mechanism, hybrid_weight, sinkhorn_iters)
     if not isinstance(scores, Tensor) or scores.dim() != 4 or not scores.dtype.is_floating_point:
@@ -472,7 +480,7 @@ def normalize(
     )
     scores, folded = _fold_neg_inf(scores, mask)
     # -inf scores hide pairs as a mask does, so they can make the pattern causal too
-    check_causal_pattern(config, folded, "attn_mask" if folded is mask else "the mask with the -inf scores")
+    check_causal_pattern(config, folded, "attn_mask" if folded is mask else "the mask with the masked scores")
     mask = folded
     cdtype = _compute_dtype(scores.dtype)
     u = _hybrid_u(config, hybrid_weight, H, scores)

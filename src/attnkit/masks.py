@@ -306,20 +306,19 @@ def _prefix_lm_leaks(p: Tensor) -> bool:
     """Whether the square pattern ``p`` is a prefix-LM one (T5, UniLM, GLM): positions ``< P`` see only
     each other, positions ``>= P`` see no key after themselves, for some ``P``; and a later real position
     (one that sees itself) shares a key with a query that sees two keys or more and cannot see it, so that
-    a query-normalized mechanism leaks it. A position is real when it sees itself and another query sees it
-    too: padded positions (columns no one else sees, whatever their rows see) are not later positions, as
-    nothing leaks from padding. (So one generated position after a prefix reads as padding: a mask with one
-    padded position whose row sees every key is the same pattern.)"""
+    a query-normalized mechanism leaks it. A position is real when it sees itself: padded positions of
+    Hugging Face's masks (rows that see the real keys, not their own) are not later positions. A padded
+    position whose row sees every key, itself included, is the same pattern as one generated position after
+    a prefix, and is refused with it (a leak is worse than a refusal: pass the padding as key_mask and
+    query_mask)."""
     L = p.shape[0]
-    # fast exits, O(L) after the column counts: a query before the last sees the last position (no causal
+    # fast exits, O(L): a query before the last sees the last position (no causal
     # suffix), or no real position sees the one before it without being seen by it (as a causal suffix does)
     if bool(p[:-1, -1].any()):
         return False
-    for real in (p.diagonal(), None):  # (L,): first the positions that see themselves, O(L)
-        if real is None:
-            real = p.diagonal() & (p.sum(0) >= 2)  # (L,): ... and that another query sees
-        if not bool((~p.diagonal(1) & p.diagonal(-1) & real[:-1] & real[1:]).any()):
-            return False
+    real = p.diagonal()  # (L,)
+    if not bool((~p.diagonal(1) & p.diagonal(-1) & real[:-1] & real[1:]).any()):
+        return False
     rows = torch.arange(L, device=p.device)
     last_key = _last_true(p, -1)  # (L,)
     sees_after = (last_key > rows).nonzero()

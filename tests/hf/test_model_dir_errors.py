@@ -342,7 +342,7 @@ def test_finetune_refuses_a_max_length_beyond_the_models_positions(good_model, d
     capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
         main(["finetune", "--model", str(good_model), "--dataset", str(dataset), "--max-length", "64",
-              "--max-steps", "1", "--out", str(tmp_path / "o")])
+              "--max-steps", "1", "--batch-size", "4", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     line = err.strip().splitlines()[-1]  # after the line about the new classification head
     assert exc.value.code == 2 and "Traceback" not in err

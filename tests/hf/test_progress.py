@@ -136,7 +136,7 @@ def test_a_resized_body_is_still_damaged_files_when_the_head_is_replaced(tmp_pat
     model = _classifier(tmp_path, num_labels=2, intermediate_size=24)  # config.json does not fit the weights
     capsys.readouterr()
     err = _error(capsys, ["finetune", "--model", str(model), "--dataset", str(_data(tmp_path, ROWS)),
-                          "--max-steps", "2", "--out", str(tmp_path / "run")])
+                          "--max-steps", "2", "--batch-size", "4", "--out", str(tmp_path / "run")])
     assert "intermediate.dense.weight" in err and "restore the matching pair of files" in err
 
 
