@@ -228,3 +228,17 @@ def test_an_out_that_names_a_folder_is_refused_not_written_as_a_file(out, tmp_pa
         main(["bench", "--quick", "--out", out])
     assert exc.value.code == 2 and "names a folder" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_out_that_is_a_pipe_is_refused_before_the_run(tmp_path, capsys):
+    """``--out FIFO --overwrite`` ran the whole benchmark, then refused to write and lost the JSON."""
+    import os
+
+    from attnkit.cli import main
+
+    pipe = tmp_path / "fifo"
+    os.mkfifo(pipe)
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--quick", "--out", str(pipe), "--overwrite"])
+    captured = capsys.readouterr()
+    assert exc.value.code == 2 and "not a regular file" in captured.err and "SDPA" not in captured.out

@@ -482,3 +482,16 @@ def test_finetune_dataset_mistakes_say_what_is_wrong_first(dataset, needle, tmp_
     monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path / "cache"))
     err = _error(capsys, ["finetune", "--dataset", dataset, "--out", str(tmp_path / "run")])
     assert needle in err
+
+
+def test_finetune_into_its_own_model_dir_is_refused(tiny_bert, fixture_dataset, tmp_path, capsys):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    err = _error(capsys, ["finetune", "--model", str(model), "--dataset", str(fixture_dataset),
+                          "--out", str(model), "--overwrite"])
+    assert "is --model itself" in err
+
+
+def test_show_with_an_empty_source_is_refused_not_read_as_the_working_directory(tmp_path, capsys):
+    err = _error(capsys, ["show", "", "--text", "a text", "--out", str(tmp_path / "view")])
+    assert "SOURCE is empty" in err

@@ -103,7 +103,7 @@ def test_out_of_range_label_raises(tmp_path):
 
 
 def test_source_without_split_files_names_what_is_needed(tmp_path):
-    with pytest.raises(DatasetUnavailableError, match="needs train.<ext> and test.<ext>"):
+    with pytest.raises(DatasetUnavailableError, match=r"needs train.<ext> and validation.<ext> \(or test"):
         load_dataset("sst2", source=tmp_path)
 
 

@@ -161,3 +161,12 @@ def test_set_numbers_are_decimal_not_yaml_octal_hex_or_base_60(item, read_as):
         parse_set([item])
     assert parse_set(["steps=10", "lr=1e-3", "lr2=0.5", "x=-3", "y=.inf", "z=null", "w=text"]) == {
         "steps": 10, "lr": 1e-3, "lr2": 0.5, "x": -3, "y": float("inf"), "z": None, "w": "text"}
+
+
+@pytest.mark.parametrize("raw, value", [("+.5", 0.5), ("-.5", -0.5), (".25", 0.25), ("1e-3", 1e-3)])
+def test_set_reads_signed_and_dotted_floats_that_yaml_11_leaves_as_text(raw, value):
+    """``--set dropout=+.5`` was refused as "expected a finite number" (YAML 1.1 reads +.5 as a string)."""
+    from attnkit.cli.compare import parse_set
+
+    assert parse_set([f"dropout={raw}"]) == {"dropout": value}
+    assert parse_set(["name='123'"]) == {"name": "123"}  # quoted text stays text

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
 
+from .. import __version__
 from .._files import json_loads
 from ..validators import check_seed
 from .report import (
@@ -242,6 +243,9 @@ def reproduce_all(
     summary = [
         {
             "name": r.name,
+            "seed": seed,  # what the numbers depend on, as each target's summary.json says too
+            "quick": quick,
+            "attnkit": __version__,
             "seconds": round(r.seconds, 1),
             "cpu_seconds": round(r.cpu_seconds, 1),
             "budget": r.budget,

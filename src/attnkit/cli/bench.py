@@ -107,6 +107,10 @@ def register(app: typer.Typer) -> None:
             raise ValueError(f"--out {out!r} names a folder; pass a file path such as "
                              f"{os.path.join(out or '.', 'kernels.json')}")
         out = Path(out)
+        real = Path(os.path.realpath(out))
+        if real.exists() and not real.is_dir() and not real.is_file():  # before the run, not after it
+            raise ValueError(f"--out {out} is not a regular file (a device, a pipe or a socket); pass the "
+                             "path of a file to write")
         if out.is_dir():
             raise ValueError(f"--out {out} is a directory; pass a file path such as {out / 'kernels.json'}")
         if out.exists() and not overwrite:

@@ -50,6 +50,8 @@ def register(app: typer.Typer) -> None:
 
         if not out_text.strip():
             raise ValueError("--out is empty; pass a directory such as attention-view")
+        if not source.strip():  # Path("") is the working directory
+            raise ValueError("SOURCE is empty; pass a run directory of attnkit compare or a model directory")
         out = Path(out_text)
         head_list = parse_list(heads, "heads", int, example="0,1")
         layer_list = parse_list(layers, "layers", int, example="0,5")

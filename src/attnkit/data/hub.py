@@ -215,7 +215,7 @@ def load_hub_source(spec: HubSpec, source: PathLike) -> TextClassificationData:
     test = _split_file(folder, tuple(dict.fromkeys((spec.test_split, "test"))))
     if train is None or test is None:
         raise DatasetUnavailableError(
-            f"{spec.name}: {folder} needs train.<ext> and test.<ext> (or {spec.test_split}.<ext>) "
+            f"{spec.name}: {folder} needs train.<ext> and {spec.test_split}.<ext> (or test.<ext>) "
             "with ext in "
             f"{tuple(_EXTENSIONS)}; found {sorted(p.name for p in folder.iterdir())}"
         )

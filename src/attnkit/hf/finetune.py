@@ -418,8 +418,13 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
     log = _main_process_log()
 
     out = Path(config.out)
-    _check_out(out, config.overwrite)
     model_dir = str(config.model or default_model_path())
+    if out.resolve() == Path(model_dir).resolve():
+        raise ValueError(
+            f"--out {config.out} is --model itself: the fine-tuned model would replace the one it starts "
+            "from; choose another --out"
+        )
+    _check_out(out, config.overwrite)
     check_model_dir(model_dir, "--model")
     _check_recorded_conversion(config, model_dir, conversion(SimpleNamespace(config=auto_config(model_dir))))
     if data is None:

@@ -447,7 +447,7 @@ def load_config_file(path: str | Path) -> dict:
     return data
 
 
-_YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+_YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+|[-+]?\.\d+")  # 1e-3, +.5: text in YAML 1.1
 
 
 def yaml_number(value: Any) -> Any:
