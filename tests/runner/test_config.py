@@ -170,3 +170,17 @@ def test_set_reads_signed_and_dotted_floats_that_yaml_11_leaves_as_text(raw, val
 
     assert parse_set([f"dropout={raw}"]) == {"dropout": value}
     assert parse_set(["name='123'"]) == {"name": "123"}  # quoted text stays text
+
+
+def test_config_file_numbers_are_decimal_not_yaml_11_octal_or_base_60(tmp_path):
+    """``steps: 010`` in a config file ran 8 steps and ``eval_every: 1:00`` evaluated every 60 (YAML 1.1)."""
+    from attnkit.runner.config import load_config_file
+
+    path = tmp_path / "run.yaml"
+    path.write_text("steps: 010\nlr: 1e-3\ndropout: +.5\n")
+    assert load_config_file(path) == {"steps": 10, "lr": 1e-3, "dropout": 0.5}
+    path.write_text("eval_every: 1:00\n")
+    with pytest.raises(ValueError, match="eval_every"):  # text now, refused by the key's check
+        from attnkit.runner.config import CompareConfig
+
+        CompareConfig(**load_config_file(path))

@@ -7,6 +7,7 @@ Unknown keys are rejected with the list of valid ones.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -417,9 +418,7 @@ def load_config_file(path: str | Path) -> dict:
     try:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Notepad's UTF-8) is allowed
         if suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
+            data = yaml_load(text)
         elif suffix == ".toml":
             import tomllib
 
@@ -445,6 +444,38 @@ def load_config_file(path: str | Path) -> dict:
         data = {k: yaml_number(v) for k, v in data.items()}
     _check_keys(data, repr(str(path)))
     return data
+
+
+def yaml_load(text: str):
+    """``yaml.safe_load`` with YAML 1.2's numbers: PyYAML reads YAML 1.1, where ``010`` is octal 8, ``0x10``
+    is 16 and ``1:00`` is 60 (base 60); here an integer is decimal (``010`` is 10) and those forms are text,
+    which the keys' checks then refuse by name."""
+    import yaml
+
+    return yaml.load(text, Loader=_decimal_loader())  # noqa: S506 (a SafeLoader subclass)
+
+
+@functools.lru_cache(maxsize=None)
+def _decimal_loader():
+    import yaml
+
+    int_tag, float_tag = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+
+    class DecimalLoader(yaml.SafeLoader):
+        yaml_implicit_resolvers = {
+            first: [(tag, rx) for tag, rx in resolvers if tag not in (int_tag, float_tag)]
+            for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+        }
+
+    DecimalLoader.add_implicit_resolver(int_tag, re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
+    DecimalLoader.add_implicit_resolver(
+        float_tag,
+        re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$"
+                   r"|^\.(nan|NaN|NAN)$"),
+        list("-+0123456789."),
+    )
+    DecimalLoader.add_constructor(int_tag, lambda loader, node: int(loader.construct_scalar(node)))
+    return DecimalLoader
 
 
 _YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+|[-+]?\.\d+")  # 1e-3, +.5: text in YAML 1.1
