@@ -114,6 +114,9 @@ def _break(model_dir, case, marker):
     if case == "record with invalid options":
         edit_config(attnkit={"mechanism": "hnas", "options": {"u0": 7}, "modules": [_MODULE]})
         return model_dir, "config.json: the attnkit conversion record 'attnkit' is invalid"
+    if case == "sinkhorn record of more rounds than attnkit takes":  # saved before the limit of 1000
+        edit_config(attnkit={"mechanism": "sinkhorn", "options": {"iters": 5000}, "modules": [_MODULE]})
+        return model_dir, "has iters=5000; attnkit takes at most 1000 Sinkhorn rounds"
     if case == "record of another mechanism than the weights":
         edit_config(attnkit={"mechanism": "dnas", "options": {}, "modules": [_MODULE]})
         return model_dir, f"model.safetensors holds {_MODULE}.attnkit_theta, which the 'dnas' conversion"
@@ -184,7 +187,7 @@ CASES = ["truncated weights", "empty weights", "garbage weights", "no weights", 
          "path missing", "path is a file", "no config.json", "config.json is a directory",
          "empty config.json", "weights are a directory", "weights cut short by a few bytes",
          "hnas record without its theta", "record naming a module the model lacks",
-         "attnkit implementation without a record"]
+         "attnkit implementation without a record", "sinkhorn record of more rounds than attnkit takes"]
 # cases that damage the hnas-converted model (its attnkit record against its thetas)
 CONVERTED_CASES = ["record missing", "record null", "record not an object", "record without modules",
                    "record with modules of the wrong type", "record with invalid options",
@@ -252,7 +255,8 @@ def test_load_error_is_file_not_found_for_a_missing_file_and_says_the_fix(case, 
         akhf.load(path)
     expected = FileNotFoundError if case in MISSING else ValueError
     assert type(exc.value) is expected, f"{case}: {type(exc.value).__name__}: {exc.value}"
-    assert any(fix in str(exc.value) for fix in ("; restore", "; pass ", "; convert it")), str(exc.value)
+    fixes = ("; restore", "; pass ", "; convert it", ": set ")
+    assert any(fix in str(exc.value) for fix in fixes), str(exc.value)
 
 
 def test_an_edited_record_that_stays_consistent_still_loads(converted_model, tmp_path):

@@ -161,6 +161,14 @@ def _check_record(config: dict, config_path: str, weights: str, tensors: list[st
     try:
         resolved = resolve_mechanism(mechanism, **options)
     except (ValueError, TypeError) as exc:
+        from ..config import MAX_SINKHORN_ITERS
+
+        iters = options.get("iters")
+        if mechanism == "sinkhorn" and isinstance(iters, int) and iters > MAX_SINKHORN_ITERS:  # saved before
+            raise ValueError(  # the limit: the file is as written, and only its value needs lowering
+                f"{where} has iters={iters}; attnkit takes at most {MAX_SINKHORN_ITERS} Sinkhorn rounds (far "
+                f"past convergence): set \"iters\" in {config_path} to {MAX_SINKHORN_ITERS} or less"
+            ) from None
         raise ValueError(f"{where} is invalid ({_first_line(exc)}); {_RESTORE_RECORD}") from None
     if (
         not isinstance(modules, list)
