@@ -426,3 +426,12 @@ def test_show_names_a_damaged_run_config_as_damaged(tmp_path, capsys):
         main(["show", str(run), "--text", TEXT, "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "is damaged" in err and "not an attnkit compare run directory" not in err
+
+
+def test_show_refuses_one_mechanism_named_twice_under_two_names(tiny_bert, tmp_path, capsys):
+    """``--mechanisms lnas,softmax`` drew softmax twice, as if two mechanisms."""
+    with pytest.raises(SystemExit) as exc:
+        main(["show", str(tiny_bert), "--text", TEXT, "--mechanisms", "lnas,softmax",
+              "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2 and "names 'softmax' twice" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -264,10 +264,16 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
     from attnkit.hf.convert import CONFIG_KEY
 
     text = _check_text(text)
-    for m in mechanisms or ():
-        from ..registry import resolve_mechanism
+    from ..registry import resolve_mechanism
 
-        resolve_mechanism(m)  # an unknown name fails before the model loads
+    seen: dict = {}
+    for m in mechanisms or ():
+        config = resolve_mechanism(m)  # an unknown name fails before the model loads
+        if config in seen:  # lnas and softmax: one mechanism drawn twice under two names
+            raise ValueError(
+                f"--mechanisms names {config.name!r} twice ({seen[config]!r} and {m!r}); name it once"
+            )
+        seen[config] = m
     base = akhf.load(model_dir)
     base.eval()
     own = akhf.conversion(base)
