@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import MAX_SINKHORN_ITERS
-from .registry import MECHANISMS, resolve_options
+from .registry import MECHANISMS, canonical_name, resolve_options
 
 __all__ = [
     "BenchConfig",
@@ -74,6 +74,21 @@ FLEX_CODA = (
 )
 
 
+def _canonical(name) -> Optional[str]:
+    try:
+        return canonical_name(name)
+    except ValueError:
+        return None
+
+
+def _distinct(field: str, names: list, given) -> tuple:
+    """``names`` as a tuple; a name given twice (under two spellings too) is refused."""
+    twice = sorted({given[i] for i, name in enumerate(names) if names.index(name) != i})
+    if twice:
+        raise ValueError(f"{field} names {twice} more than once (given {list(given)}); name each once")
+    return tuple(names)
+
+
 @dataclass
 class BenchConfig:
     lengths: Sequence[int] = DEFAULT_LENGTHS
@@ -99,9 +114,13 @@ class BenchConfig:
         bad = [L for L in self.lengths if isinstance(L, bool) or not isinstance(L, int) or L < 1]
         if bad:
             raise ValueError(f"lengths must be positive integers, got {bad}")
-        unknown = sorted(set(self.mechanisms) - set(DEFAULT_MECHANISMS))
+        unknown = sorted(name for name in self.mechanisms if _canonical(name) not in DEFAULT_MECHANISMS)
         if unknown:
             raise ValueError(f"unknown mechanism(s) {unknown}; expected some of {DEFAULT_MECHANISMS}")
+        # one row per mechanism, whatever the case or alias it was named by ("DNAS", "lnas")
+        self.mechanisms = _distinct("mechanisms", [canonical_name(name) for name in self.mechanisms],
+                                    self.mechanisms)
+        self.backends = _distinct("backends", [str(name).lower() for name in self.backends], self.backends)
         unknown = sorted(set(self.backends) - set(BACKENDS) - set(PEER_BACKENDS))
         if unknown:
             raise ValueError(f"unknown backend(s) {unknown}; expected some of {BACKENDS + PEER_BACKENDS}")

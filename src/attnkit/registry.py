@@ -30,6 +30,7 @@ __all__ = [
     "SPECS",
     "MECHANISMS",
     "spec_of",
+    "canonical_name",
     "resolve_mechanism",
     "resolve_options",
     "causal_problem",
@@ -151,12 +152,14 @@ def spec_of(mechanism: Union[MechanismLike, MechanismSpec]) -> MechanismSpec:
     if isinstance(mechanism, MechanismSpec):
         return mechanism
     if isinstance(mechanism, str):
-        return SPECS[_canonical_name(mechanism)]
+        return SPECS[canonical_name(mechanism)]
     return SPECS[resolve_mechanism(mechanism).name]
 
 
-def _canonical_name(name: str) -> str:
-    key = _BY_ALIAS.get(name.lower())
+def canonical_name(name: str) -> str:
+    """The registered name of a mechanism named by any case or alias (``"DNAS"``, ``"lnas"``); a
+    ``ValueError`` listing the mechanisms for an unknown one."""
+    key = _BY_ALIAS.get(str(name).lower())
     if key is None:
         raise ValueError(f"unknown attention mechanism {name!r}; expected one of {MECHANISMS}")
     return key
@@ -171,7 +174,7 @@ def resolve_mechanism(mechanism: MechanismLike, **options: Any) -> MechanismConf
     if isinstance(mechanism, _CONFIG_TYPES):
         config = mechanism
     elif isinstance(mechanism, str):
-        config = SPECS[_canonical_name(mechanism)].config()
+        config = SPECS[canonical_name(mechanism)].config()
     else:
         raise ValueError(
             f"mechanism must be a name in {MECHANISMS} or a config object (ak.Softmax(), ak.DNAS(), "

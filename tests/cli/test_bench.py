@@ -64,6 +64,14 @@ def test_bench_rejects_unknown_mechanism(tmp_path, capsys):
     assert "bogus" in capsys.readouterr().err
 
 
+def test_mechanisms_and_backends_are_read_in_any_case_and_by_alias():
+    """compare took --mechanisms DNAS and finetune --mechanism DNAS; bench refused them."""
+    from attnkit.benchmark import BenchConfig
+
+    config = BenchConfig(mechanisms=["DNAS", "lnas", "Sinkhorn"], backends=["Efficient"])
+    assert config.mechanisms == ("dnas", "softmax", "sinkhorn") and config.backends == ("efficient",)
+
+
 def test_bench_rejects_zero_heads(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--heads", "0", "--out", str(tmp_path / "x.json")])
@@ -98,6 +106,9 @@ def test_bench_passes_dropout_and_padding_to_the_run(tmp_path, capsys):
     (["--lengths", ","], "--lengths ',' names nothing"),
     (["--lengths", "256,1024,256"], "--lengths '256,1024,256' names 256 more than once"),
     (["--mechanisms", "dnas, dnas"], "--mechanisms 'dnas, dnas' names dnas more than once"),
+    (["--mechanisms", "DNAS,dnas"], "mechanisms names ['dnas'] more than once"),
+    (["--mechanisms", "softmax,lnas"], "mechanisms names ['lnas'] more than once"),
+    (["--mechanisms", "dnas", "--sinkhorn-iters", "7"], "--sinkhorn-iters 7 is for the sinkhorn mechanism"),
     (["--backends", "naive", "--mechanisms", "coda"], "naive implements only dnas, hnas, sinkhorn"),
     (["--backends", "reference", "--lengths", "4096", "--max-reference-length", "2048"],
      "reference run only L <= max_reference_length=2048"),

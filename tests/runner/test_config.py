@@ -151,6 +151,13 @@ def test_an_unknown_task_lists_the_recurrent_tasks_too():
         build_config({"task": "nosuch"})
 
 
+@pytest.mark.parametrize("given, task", [("G2P", "g2p"), ("Reuters8", "reuters8"), ("Copy", "copy")])
+def test_built_in_tasks_are_read_in_any_case(given, task):
+    """--task Reuters8 ran; --task G2P was taken for a dataset file and refused."""
+    config = build_config({"task": given})
+    assert config.task == task and config.steps == build_config({"task": task}).steps
+
+
 @pytest.mark.parametrize("item, read_as", [("steps=010", "8"), ("seed=017", "15"), ("eval_every=1:00", "60"),
                                            ("steps=0x10", "16"), ("steps=1_000", "1000")])
 def test_set_numbers_are_decimal_not_yaml_octal_hex_or_base_60(item, read_as):

@@ -46,7 +46,9 @@ def register(app: typer.Typer) -> None:
             None,
             help="Timed rounds per configuration (default 3, 2 with --quick): median, min and max reported.",
         ),
-        sinkhorn_iters: int = typer.Option(3, help="Iterations k of the Sinkhorn mechanism."),
+        sinkhorn_iters: Optional[int] = typer.Option(
+            None, help="Iterations k of the Sinkhorn mechanism (default 3)."
+        ),
         memory: Optional[bool] = typer.Option(
             None,
             "--memory/--no-memory",
@@ -87,12 +89,13 @@ def register(app: typer.Typer) -> None:
 
         if quick and lengths is not None:
             raise ValueError("--quick and --lengths contradict each other; pass one of them")
+        chosen = parse_list(mechanisms, "mechanisms") or DEFAULT_MECHANISMS
         cfg = BenchConfig(  # every argument is checked here, before any file is looked at
             lengths=parse_list(lengths, "lengths", int) or (QUICK_LENGTHS if quick else DEFAULT_LENGTHS),
-            mechanisms=parse_list(mechanisms, "mechanisms") or DEFAULT_MECHANISMS,
+            mechanisms=chosen,
             backends=parse_list(backends, "backends") or default_backends(device),
             repeats=repeats if repeats is not None else (2 if quick else 3),
-            sinkhorn_iters=sinkhorn_iters,
+            sinkhorn_iters=3 if sinkhorn_iters is None else sinkhorn_iters,
             memory=memory if memory is not None else not quick,
             max_reference_length=max_reference_length,
             device=device,
@@ -103,6 +106,10 @@ def register(app: typer.Typer) -> None:
             dropout=dropout,
             padding=padding,
         )
+        if sinkhorn_iters is not None and "sinkhorn" not in cfg.mechanisms:
+            raise ValueError(f"--sinkhorn-iters {sinkhorn_iters} is for the sinkhorn mechanism, which "
+                             f"--mechanisms {','.join(cfg.mechanisms)} leaves out; add sinkhorn or drop "
+                             "--sinkhorn-iters")
         if not out.strip() or out.endswith(("/", os.sep)):
             raise ValueError(f"--out {out!r} names a folder; pass a file path such as "
                              f"{os.path.join(out or '.', 'kernels.json')}")

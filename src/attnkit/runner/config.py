@@ -238,6 +238,7 @@ class CompareConfig:
                 f"task={self.task!r}: expected a task name ({sorted(TASK_KINDS)}) or a dataset "
                 "file"
             )
+        object.__setattr__(self, "task", canonical_task(self.task))
         if _is_file_task(self.task):  # saved absolute: show and --resume work from any working directory
             object.__setattr__(self, "task", os.path.abspath(self.task))
         if self.preset not in PRESET_NAMES:
@@ -489,6 +490,15 @@ def yaml_number(value: Any) -> Any:
     return value
 
 
+def canonical_task(task: str) -> str:
+    """A built-in task or catalog dataset by its lower-case name (``G2P`` is ``g2p``, as ``Reuters8`` is
+    ``reuters8``); a dataset file as given."""
+    from ..data import DATASETS
+
+    key = task.lower()
+    return key if key in TASK_KINDS or key in DATASETS else task
+
+
 def _is_file_task(task: str) -> bool:
     """``task`` names a dataset file (not a built-in task or a catalog dataset)."""
     from ..data import DATASETS
@@ -546,6 +556,7 @@ def build_config(
     preset = values.get("preset", "quick")
     if not isinstance(task, str) or not task:
         raise ValueError(f"task={task!r}: expected a task name ({sorted(TASK_KINDS)}) or a dataset file")
+    task = values["task"] = canonical_task(task)
     if TASK_KINDS.get(task) == "transduction":
         _check_transduction_keys(task, user, preset_values(task, preset))
     merged = {**preset_values(task, preset), **values}
