@@ -48,6 +48,31 @@ def test_padding_equals_each_sequence_alone(mechanism, pooling):
     torch.testing.assert_close(batched, alone, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("pooling", POOLINGS)
+@pytest.mark.parametrize("mechanism", ["softmax", "dnas", "coda"])
+def test_left_and_inner_padding_equal_the_sequence_alone(mechanism, pooling):
+    """Padding on the left (Hugging Face's padding_side="left") or between tokens moved the real tokens'
+    positions: the logits differed by up to 1.2."""
+    model = _model(mechanism, pooling).double().eval()
+    real = torch.tensor([[5, 6, 7, 8, 9]])
+    left = torch.tensor([[0, 0, 5, 6, 7, 8, 9]])
+    inner = torch.tensor([[5, 6, 0, 7, 8, 0, 0, 9]])
+    with torch.no_grad():
+        alone = model(real)
+        for ids in (left, inner):
+            torch.testing.assert_close(model(ids), alone, rtol=0, atol=1e-10)
+
+
+def test_positions_given_per_token_are_checked():
+    pe = ak.nn.SinusoidalPositionalEncoding(8, max_len=4)
+    x = torch.zeros(1, 3, 8)
+    torch.testing.assert_close(pe(x, positions=torch.tensor([[0, 0, 1]])), pe.pe[[0, 0, 1]][None])
+    for bad, message in ((torch.tensor([[0, 1, 4]]), "outside"), (torch.tensor([[0.0, 1.0, 2.0]]), "integer"),
+                         (torch.tensor([[0, 1]]), "shape")):
+        with pytest.raises(ValueError, match=message):
+            pe(x, positions=bad)
+
+
 def test_default_mask_is_ids_not_pad():
     model = _model().eval()
     ids = torch.tensor([[5, 6, 7, 0, 0]])

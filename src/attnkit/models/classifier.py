@@ -10,7 +10,8 @@ Sinkhorn, CoDA), as in the text-classification comparisons of the doubly-normali
     \text{logits} = W\, \text{pool}(h^{(n)}) + b
 
 ``pool``: ``"mean"`` (over real tokens), ``"max"`` (over real tokens) or ``"cls"`` (a learned vector
-prepended to every sequence). Padding never changes the pooled vector of the real tokens.
+prepended to every sequence). Padding never changes the pooled vector of the real tokens, on either side
+or between them: the real tokens are numbered 0, 1, ... as they would be without it.
 """
 
 from __future__ import annotations
@@ -131,7 +132,9 @@ class TransformerClassifier(nn.Module):
             B = x.shape[0]
             x = torch.cat([self.cls.expand(B, 1, -1).to(x.dtype), x], dim=1)  # (B, 1 + L, d_model)
             mask = torch.cat([mask.new_ones(B, 1), mask], dim=1)  # (B, 1 + L)
-        x = self.position(x)
+        # real tokens take positions 0, 1, ... as without padding, wherever the padding is (left padding too)
+        positions = (mask.long().cumsum(1) - 1).clamp(min=0)  # (B, L')
+        x = self.position(x, positions=positions)
         h = self.encoder(x, src_key_padding_mask=~mask)  # torch convention: True = ignore
         return h, mask
 

@@ -126,7 +126,9 @@ class Seq2SeqTransformer(nn.Module):
         src_mask = check_ids_and_mask(
             src_ids, src_mask, self.src_vocab_size, self.max_len, self.pad_id, "src_ids", "src_mask"
         )
-        memory = self.transformer.encode(self.src_embed(src_ids), src_key_padding_mask=~src_mask)
+        positions = (src_mask.long().cumsum(1) - 1).clamp(min=0)  # left or inner padding moves no real token
+        memory = self.transformer.encode(self.src_embed(src_ids), src_key_padding_mask=~src_mask,
+                                         src_positions=positions)
         return memory, src_mask
 
     def decode(

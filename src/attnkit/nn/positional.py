@@ -43,10 +43,12 @@ class _PositionalEncoding(nn.Module):
     def table(self) -> Tensor:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+    def forward(self, x: Tensor, start: int = 0, positions: Tensor | None = None) -> Tensor:
         """``x`` ``(B, L, d_model)`` (``(L, B, d_model)`` if not ``batch_first``, or unbatched ``(L,
         d_model)``);
-        positions ``start .. start + L - 1`` (``start`` > 0 for incremental decoding)."""
+        positions ``start .. start + L - 1`` (``start`` > 0 for incremental decoding), or ``positions``
+        ``(B, L)`` given per token for batch-first ``x`` (e.g. ``attention_mask.cumsum(1) - 1``, so that left
+        or inner padding does not move the real tokens' positions)."""
         if not isinstance(x, Tensor) or x.dim() not in (2, 3) or x.shape[-1] != self.d_model:
             got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x has shape {got}, expected (B, L, {self.d_model}) or (L, {self.d_model})")
@@ -55,6 +57,8 @@ class _PositionalEncoding(nn.Module):
                 f"x has dtype {x.dtype}; expected the floating embeddings (B, L, {self.d_model}) that the "
                 "positions are added to (embed token ids first)"
             )
+        if positions is not None:
+            return self.dropout(x + self._gather(x, positions))
         seq_dim = 1 if (x.dim() == 3 and self.batch_first) else 0
         L = x.shape[seq_dim]
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
@@ -68,6 +72,22 @@ class _PositionalEncoding(nn.Module):
         if x.dim() == 3:
             pe = pe.unsqueeze(0) if self.batch_first else pe.unsqueeze(1)  # (1, L, d) or (L, 1, d)
         return self.dropout(x + pe)
+
+    def _gather(self, x: Tensor, positions: Tensor) -> Tensor:
+        """The table's rows ``(B, L, d_model)`` at ``positions`` ``(B, L)``."""
+        if x.dim() != 3 or not self.batch_first:
+            raise ValueError("positions (B, L) are for batch-first x (B, L, d_model); pass start instead")
+        integer = isinstance(positions, Tensor) and not positions.is_floating_point() \
+            and positions.dtype != torch.bool
+        if not integer or positions.shape != x.shape[:2]:
+            got = positions
+            if isinstance(positions, Tensor):
+                got = f"{tuple(positions.shape)} {positions.dtype}"
+            raise ValueError(f"positions {got}; expected integer positions of shape {tuple(x.shape[:2])}")
+        if positions.numel() and (positions.min() < 0 or positions.max() >= self.max_len):
+            raise ValueError(f"positions span {positions.min().item()}..{positions.max().item()}, outside "
+                             f"[0, max_len={self.max_len}); build the module with a larger max_len")
+        return self.table()[positions].to(x.dtype)  # (B, L, d_model)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, max_len={self.max_len}"

@@ -291,10 +291,15 @@ class Transformer(nn.Module):
         src_mask: Optional[Tensor] = None,
         src_key_padding_mask: Optional[Tensor] = None,
         src_is_causal: Optional[bool] = None,
+        src_positions: Optional[Tensor] = None,
     ) -> Tensor:
-        """The memory ``(B, Ls, d_model)``."""
+        """The memory ``(B, Ls, d_model)``; ``src_positions`` ``(B, Ls)``: each token's position (default
+        ``0 .. Ls - 1``; ``mask.cumsum(1) - 1`` keeps left or inner padding from moving the real tokens)."""
         if self.src_position is not None:
-            src = self.src_position(src)
+            src = self.src_position(src, positions=src_positions)
+        elif src_positions is not None:
+            raise ValueError("src_positions given but the model has positional=None; add the positions to "
+                             "src")
         return self.encoder(
             src, mask=src_mask, src_key_padding_mask=src_key_padding_mask, is_causal=src_is_causal
         )
