@@ -399,3 +399,31 @@ def test_a_stale_index_beside_the_single_weights_file_is_ignored_as_transformers
     model = akhf.load(model_dir)
     original = akhf.load(good_model)
     assert torch.equal(model.embeddings.word_embeddings.weight, original.embeddings.word_embeddings.weight)
+
+
+@pytest.mark.parametrize("edit", ["drop_tensor", "more_layers"])
+def test_weights_lacking_tensors_of_the_saved_model_are_refused_not_started_random(
+    good_model, tmp_path, capsys, edit
+):
+    """A model.safetensors without a tensor (or a config.json with a layer more) loaded with that tensor
+    random and `attnkit convert` saved the result as the converted original, exit code 0."""
+    from safetensors.torch import load_file, save_file
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(good_model, model_dir)
+    if edit == "drop_tensor":
+        tensors = load_file(model_dir / "model.safetensors")
+        del tensors["encoder.layer.0.attention.self.query.weight"]
+        save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
+    else:
+        settings = json.loads((model_dir / "config.json").read_text())
+        settings["num_hidden_layers"] = 2
+        (model_dir / "config.json").write_text(json.dumps(settings))
+    with pytest.raises(ValueError, match="lacks tensors .* they would start random; restore"):
+        akhf.load(model_dir)
+    out = tmp_path / "converted"
+    with pytest.raises(SystemExit) as exc:
+        main(["convert", str(model_dir), "--mechanism", "dnas", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "lacks tensors" in err and "Traceback" not in err
+    assert not out.exists()

@@ -304,7 +304,8 @@ def from_pretrained(
     try:
         result = model_class.from_pretrained(path, use_safetensors=True, **kwargs)
     except Exception as exc:  # noqa: BLE001 - a hostile directory can fail anywhere in transformers
-        raise _load_error(exc, config_path, weights, kwargs if caller_options else {}) from None
+        named = {k: v for k, v in kwargs.items() if k != "output_loading_info"}  # a report, never the cause
+        raise _load_error(exc, config_path, weights, named if caller_options else {}) from None
     _check_restored(result[0] if isinstance(result, tuple) else result, config_path)  # output_loading_info
     return result
 

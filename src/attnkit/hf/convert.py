@@ -581,7 +581,9 @@ def load(path: Union[str, os.PathLike], model_class=None, **kwargs):
     extra ``kwargs`` go to ``from_pretrained`` (e.g. ``num_labels``). Weights load from safetensors only.
 
     Raises a one-line ``FileNotFoundError`` (``path`` missing or a file, no ``config.json`` or no weights) or
-    ``ValueError`` (a corrupt ``config.json`` or ``model.safetensors``, or an attnkit conversion record
+    ``ValueError`` (a corrupt ``config.json`` or ``model.safetensors``, weights that lack tensors of the saved
+    architecture, which would start random (with ``model_class`` given, transformers' report says so
+    instead, as new layers may be meant), or an attnkit conversion record
     that is missing, corrupt, or does not match the weights or the model) naming the file and the fix
     (``hf.checks``).
     """
@@ -592,12 +594,26 @@ def load(path: Union[str, os.PathLike], model_class=None, **kwargs):
     path = os.fspath(path)
     check_model_dir(path)
     register()
-    if model_class is None:
+    saved_class = model_class is None
+    if saved_class:
         config = auto_config(path)
         arch = (getattr(config, "architectures", None) or [None])[0]
         model_class = getattr(transformers, arch, None) if isinstance(arch, str) else None
         model_class = model_class or transformers.AutoModel
-    return from_pretrained(model_class, path, caller_options=True, **kwargs)
+    if not saved_class or kwargs.get("output_loading_info") or kwargs.get("ignore_mismatched_sizes"):
+        # another class (e.g. a classifier on a base model) or the caller's own loading report: new layers
+        # may be meant, and transformers reports them
+        return from_pretrained(model_class, path, caller_options=True, **kwargs)
+    model, info = from_pretrained(model_class, path, caller_options=True, output_loading_info=True, **kwargs)
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:  # the class that saved the folder needs them: the weights would start random, silently
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise ValueError(
+            f"{os.path.join(path, 'model.safetensors')} lacks tensors that the {model_class.__name__} of "
+            f"{os.path.join(path, 'config.json')} needs ({shown}): they would start random; restore the "
+            "matching pair of files from the original model"
+        )
+    return model
 
 
 _REGISTERED = False
