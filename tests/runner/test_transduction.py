@@ -118,3 +118,18 @@ def test_the_task_presets_own_values_are_not_refused_and_ignored_ones_are():
     assert build_config({"task": "copy", "dropout": 0.0}).dropout == 0.0
     with pytest.raises(ValueError, match="dropout does not apply"):
         build_config({"task": "copy", "dropout": 0.1})
+
+
+def test_an_unknown_token_output_never_counts_as_a_real_question_mark():
+    """<unk> was shown as "?", and metrics re-read the shown text: an <unk> output scored as a real "?"."""
+    from types import SimpleNamespace
+
+    from attnkit.data.transduction import TokenVocab
+
+    vocab = TokenVocab.fit(["what ?", "who"], "words")
+    data = SimpleNamespace(tgt_vocab=vocab, test_tgt_texts=["what ?", "what ?"])
+    unknown = vocab.join(vocab.decode_ids([vocab.index["what"], vocab.unk_id, vocab.eos_id]))
+    right = vocab.join(vocab.decode_ids([vocab.index["what"], vocab.index["?"], vocab.eos_id]))
+    task = TransductionTask("copy")
+    assert task.correct(data, [unknown, right]) == [False, True]
+    assert task.metrics(data, [unknown, right]) == {"sequence_error_rate": 0.5, "token_error_rate": 0.25}

@@ -16,7 +16,11 @@ import torch
 
 from ..validators import check_bool, check_int
 
-__all__ = ["WordTokenizer", "CharTokenizer", "pad_batch"]
+__all__ = ["WordTokenizer", "CharTokenizer", "pad_batch", "UNKNOWN"]
+
+# How a decoded <unk> is shown: U+FFFD, the replacement character, which no vocabulary of ours fits from text
+# ("?" was a real token of questions and punctuation, and an <unk> output compared equal to it)
+UNKNOWN = "\ufffd"
 
 _WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
@@ -224,7 +228,7 @@ class CharTokenizer:
                     break
                 if i in (self.pad_id, self.bos_id):
                     continue
-                chars.append(self.vocab[i] if i != self.unk_id else "?")
+                chars.append(self.vocab[i] if i != self.unk_id else UNKNOWN)
             out.append("".join(chars))
         return out
 

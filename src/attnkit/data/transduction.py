@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 
 from torch import Tensor
 
-from .tokenizers import _check_decode_ids, _check_text, _check_texts, pad_batch
+from .tokenizers import UNKNOWN, _check_decode_ids, _check_text, _check_texts, pad_batch
 
 __all__ = ["TokenVocab", "edit_distance", "token_error_rate", "sequence_error_rate", "SPLITS"]
 
@@ -65,8 +65,8 @@ class TokenVocab:
         return pad_batch([self.encode_ids(t, add_bos, add_eos) for t in _check_texts(texts)], self.pad_id)
 
     def decode_ids(self, ids: Iterable[int]) -> list[str]:
-        """Tokens up to the first ``<eos>``; pad and bos skipped, ``<unk>`` shown as ``?``; an id outside the
-        vocabulary is a ``ValueError``."""
+        """Tokens up to the first ``<eos>``; pad and bos skipped, ``<unk>`` shown as ``UNKNOWN`` (U+FFFD); an
+        id outside the vocabulary is a ``ValueError``."""
         ids = list(ids)
         _check_decode_ids(ids, len(self.vocab))
         out = []
@@ -75,7 +75,7 @@ class TokenVocab:
                 break
             if i in (self.pad_id, self.bos_id):
                 continue
-            out.append(self.vocab[i] if i != self.unk_id else "?")
+            out.append(self.vocab[i] if i != self.unk_id else UNKNOWN)
         return out
 
     def join(self, tokens: Sequence[str]) -> str:

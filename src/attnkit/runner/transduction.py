@@ -225,7 +225,7 @@ class TransductionTask(SourceTargetBatches):
         from ..data.transduction import sequence_error_rate, token_error_rate
 
         refs = self.references(data)
-        hyps = [data.tgt_vocab.tokenize(p) for p in preds]
+        hyps = self._hypotheses(data, preds)
         return {
             "sequence_error_rate": sequence_error_rate(refs, hyps),
             "token_error_rate": token_error_rate(refs, hyps),
@@ -234,7 +234,15 @@ class TransductionTask(SourceTargetBatches):
     def correct(self, data: EncodedTransduction, preds: list[str]) -> list[bool]:
         """Per test example: the whole output sequence equals the target."""
         refs = self.references(data)
-        return [data.tgt_vocab.tokenize(p) == r for p, r in zip(preds, refs)]
+        return [h == r for h, r in zip(self._hypotheses(data, preds), refs)]
+
+    @staticmethod
+    def _hypotheses(data: EncodedTransduction, preds: list[str]) -> list[list]:
+        """The predictions as token lists, an ``<unk>`` output as a token equal to no reference token."""
+        from ..data.tokenizers import UNKNOWN
+
+        never = object()
+        return [[never if t == UNKNOWN else t for t in data.tgt_vocab.tokenize(p)] for p in preds]
 
     def details(self, data: EncodedTransduction, preds: list[str]) -> dict:
         return {}
