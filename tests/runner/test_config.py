@@ -151,6 +151,13 @@ def test_an_unknown_task_lists_the_recurrent_tasks_too():
         build_config({"task": "nosuch"})
 
 
+@pytest.mark.parametrize("d_model", [1, 7])
+def test_an_odd_width_for_the_recurrent_tasks_is_refused_naming_d_model(d_model):
+    """The models refused it after the run folder was written, naming hidden_dim or embed_dim."""
+    with pytest.raises(ValueError, match=f"d_model={d_model}: the recurrent models .* pass an even d_model"):
+        build_config({"task": "reverse", "d_model": d_model})
+
+
 @pytest.mark.parametrize("given, task", [("G2P", "g2p"), ("Reuters8", "reuters8"), ("Copy", "copy")])
 def test_built_in_tasks_are_read_in_any_case(given, task):
     """--task Reuters8 ran; --task G2P was taken for a dataset file and refused."""

@@ -301,6 +301,11 @@ class CompareConfig:
                 "weights, more than "
                 f"{_MAX_PARAMETERS:.3g} (8 GiB in float32); make it smaller"
             )
+        if TASK_KINDS.get(self.task) == "transduction" and (self.d_model < 2 or self.d_model % 2):
+            raise ValueError(  # before the run folder is written: the models' own check came after it
+                f"d_model={self.d_model}: the recurrent models of task {self.task!r} take a two-way encoder "
+                "of d_model / 2 per direction and embeddings of d_model / 2; pass an even d_model >= 2"
+            )
         if self.d_model % self.nhead and TASK_KINDS.get(self.task) != "transduction":  # recurrent: no heads
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by nhead={self.nhead}; pick a "
