@@ -92,6 +92,13 @@ def _small_ram():
         (lambda m: m(torch.rand(2, 3, 8, 8)), r"expected \(B, C=1, H, W\)"),
         (lambda m: RecurrentAttentionModel(location_std=float("inf")), "location_std=inf"),
         (lambda m: RecurrentAttentionModel(location_std=True), "location_std=True"),
+        # a NaN pixel failed inside torch.distributions; a NaN location indexed at -9e18
+        (lambda m: m(torch.full((2, 1, 8, 8), float("nan"))), "NaN or infinite pixels"),
+        (lambda m: glimpse_sensor(torch.rand(2, 1, 8, 8), torch.tensor([[float("nan"), 0.0], [0.0, 0.0]]),
+                                  2, 2), "non-finite or integer entries"),
+        (lambda m: glimpse_sensor(torch.rand(2, 1, 8, 8), torch.zeros(2, 2, dtype=torch.long), 2, 2),
+         "non-finite or integer entries"),
+        (lambda m: glimpse_sensor(torch.rand(2, 1, 8, 8), [[0.0, 0.0], [0.0, 0.0]], 2, 2), "loc list"),
     ],
 )
 def test_bad_inputs_raise_clear_errors(call, message):

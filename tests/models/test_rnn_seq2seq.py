@@ -83,6 +83,8 @@ def test_bad_arguments_raise():
         RNNSeq2Seq(5, 5, cell="rnn")
     with pytest.raises(ValueError, match="even"):
         RNNSeq2Seq(5, 5, hidden_dim=7)
+    with pytest.raises(ValueError, match="need three different ids"):  # <bos> was the frozen padding row
+        RNNSeq2Seq(5, 5, pad_id=0, bos_id=0, eos_id=2)
     with pytest.raises(ValueError, match="no real token"):
         RNNSeq2Seq(5, 5, hidden_dim=8)(
             torch.zeros(1, 3, dtype=torch.long), None, torch.ones(1, 2, dtype=torch.long)

@@ -128,6 +128,9 @@ def test_greedy_decode_respects_max_len_and_validates():
         model.generator.bias[7] = 5.0  # never <eos>
     out = model.greedy_decode(torch.randint(1, 20, (2, 5)), None, max_len=4, bos_id=1, eos_id=2)
     assert out.shape == (2, 4) and (out == 7).all()
+    numpy = pytest.importorskip("numpy")  # a NumPy integer id was refused as out of range
+    ids = torch.randint(1, 20, (2, 5))
+    assert model.greedy_decode(ids, None, 4, numpy.int64(1), numpy.int64(2)).shape == (2, 4)
     with pytest.raises(ValueError, match="eos_id=15"):
         model.greedy_decode(torch.randint(1, 20, (2, 5)), None, max_len=4, bos_id=1, eos_id=15)
     with pytest.raises(ValueError, match="max_len=40 needs 40 target positions"):

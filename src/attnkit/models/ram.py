@@ -52,10 +52,16 @@ def glimpse_sensor(images: Tensor, loc: Tensor, size: int, scales: int) -> Tenso
     Scale ``i`` cuts a ``size * 2**i`` square centred at the pixel of ``loc`` (top-left corner at
     ``centre - side // 2``) and average-pools it by ``2**i``. Outside the image the patch reads 0.
     """
+    if not isinstance(images, Tensor) or not isinstance(loc, Tensor):
+        raise ValueError(f"images are {describe(images)}, loc {describe(loc)}; expected tensors (B, C, H, W) "
+                         "and (B, 2)")
     if images.dim() != 4 or loc.shape != (images.shape[0], 2):
         raise ValueError(
             f"images {tuple(images.shape)}, loc {tuple(loc.shape)}; expected (B, C, H, W) and (B, 2)"
         )
+    if not loc.is_floating_point() or not bool(torch.isfinite(loc).all()):
+        raise ValueError(f"loc is {describe(loc)} with non-finite or integer entries; expected finite (y, x) "
+                         "in [-1, 1] (values outside are clamped to the border)")
     check_positive_int("size", size)
     check_positive_int("scales", scales)
     B, _, H, W = images.shape
@@ -143,6 +149,8 @@ class RecurrentAttentionModel(nn.Module):
             raise ValueError(
                 f"images have shape {tuple(images.shape)}; expected (B, C={self.in_channels}, H, W)"
             )
+        if not bool(torch.isfinite(images).all()):
+            raise ValueError("images hold NaN or infinite pixels; replace them (e.g. torch.nan_to_num) first")
         B = images.shape[0]
         h = images.new_zeros(B, self.hidden_dim)
         locs, log_probs, baselines, glimpses = [], [], [], []

@@ -120,6 +120,9 @@ class RNNSeq2Seq(nn.Module):
         for name, value in (("pad_id", pad_id), ("bos_id", bos_id), ("eos_id", eos_id)):
             check_id(name, value, tgt_vocab_size, "tgt_vocab_size")
         check_id("pad_id", pad_id, src_vocab_size, "src_vocab_size")
+        if len({int(pad_id), int(bos_id), int(eos_id)}) < 3:  # <bos> as padding_idx: a frozen zero embedding
+            raise ValueError(f"pad_id={pad_id}, bos_id={bos_id}, eos_id={eos_id}: the special tokens need "
+                             "three different ids")
         self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         self.hidden_dim, self.cell_type, self.attention_type = hidden_dim, cell, attention
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id

@@ -27,6 +27,7 @@ from ..nn import Transformer
 from .building_blocks import (
     PerLayer,
     TokenEmbedding,
+    check_id,
     check_ids_and_mask,
     check_positive_int,
     label,
@@ -173,8 +174,8 @@ class Seq2SeqTransformer(nn.Module):
         """
         check_positive_int("max_len", max_len)
         for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.tgt_vocab_size:
-                raise ValueError(f"{name}={value!r}; expected an id in [0, {self.tgt_vocab_size})")
+            check_id(name, value, self.tgt_vocab_size, "tgt_vocab_size")  # a NumPy integer too
+        bos_id, eos_id = int(bos_id), int(eos_id)
         if max_len > self.max_len:  # the last step reads <bos> and max_len - 1 tokens
             raise ValueError(
                 f"max_len={max_len} needs {max_len} target positions; the model has max_len={self.max_len}"
