@@ -353,3 +353,25 @@ def test_an_edited_run_result_is_one_line_naming_it(finished_run, tmp_path, caps
     code, err = _resume_cli(out, capsys)
     assert code == 2
     _assert_one_line(err, str(result), needle, f"delete {str(result.parent)!r}")
+
+
+@pytest.mark.parametrize("edit, needles", [
+    ({"seed": 1}, ("is of softmax seed 1, not softmax seed 0",)),
+    ({"mechanism": "dnas"}, ("is of dnas seed 0, not softmax seed 0",)),
+    ({"step": 1000}, ("trainer.json", "records step 1000 of a 6-step run")),
+    ({"step": -3}, ("trainer.json", "records step -3 of a 6-step run")),
+    ({"step": 2}, ("trainer.json", "records step 2 of a 6-step run")),  # in folder step-0000004
+])
+def test_a_checkpoint_of_another_run_or_step_is_refused(interrupted, tmp_path, capsys, edit, needles):
+    """Another seed's checkpoint copied in trained a duplicate run reported as two seeds; a step edited to
+    1000 reported a 4-step model as the finished 6-step run, one of -3 trained 9 steps."""
+    import json
+
+    out, _, checkpoint = _copy_run(interrupted, tmp_path)
+    state = json.loads((checkpoint / "trainer.json").read_text())
+    assert (state["mechanism"], state["seed"], state["step"]) == ("softmax", 0, 4)
+    (checkpoint / "trainer.json").write_text(json.dumps({**state, **edit}))
+    code, err = _resume_cli(out, capsys)
+    assert code == 2
+    _assert_one_line(err, *needles)
+    assert not (out / "runs" / "softmax-seed0" / "result.json").exists()

@@ -294,10 +294,13 @@ def check_batch_split(batch_size: int, world: int) -> None:
         )
 
 
-def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=None) -> dict:
+def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=None, *,
+                     run: Optional[tuple[str, int, int]] = None) -> dict:
     """Restore a checkpoint; nothing in it is unpickled (``weights_only=True``, safetensors, JSON).
 
-    Any file that is missing, truncated or not ours raises one ``ValueError`` that names it.
+    Any file that is missing, truncated or not ours raises one ``ValueError`` that names it, and so does a
+    checkpoint of another run than ``run`` = ``(mechanism, seed, total steps)`` (a copied folder trained
+    seed 1 as seed 0's duplicate) or whose step disagrees with its folder and its records.
     """
     trainer = _read_checkpoint_file(path / _TRAINER_FILE, lambda f: json_loads(f.read_text()))
     kinds = {"step": int, "history": list, "time_sum": (int, float), "time_count": int,
@@ -314,6 +317,8 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=N
         k not in trainer or (isinstance(trainer[k], t) and numbers(trainer[k])) for k, t in optional.items()
     ):
         raise _checkpoint_error(path / _TRAINER_FILE, "is not an attnkit trainer state")
+    if run is not None:
+        _check_checkpoint_run(path, trainer, *run)
     if trainer["world_size"] != accelerator.num_processes:
         raise ValueError(
             f"checkpoint {str(path)!r} was written by {trainer['world_size']} process(es); "
@@ -338,14 +343,37 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=N
     return trainer
 
 
-def _load_checkpoint_everywhere(accelerator, path: Path, model, optimizer, scheduler, reg) -> dict:
+def _check_checkpoint_run(path: Path, trainer: dict, mechanism: str, seed: int, total: int) -> None:
+    """The checkpoint at ``path`` is one of this run (``mechanism``, ``seed``) part-way through its ``total``
+    steps, its step the one its folder is named after and its records as long as that step."""
+    file = path / _TRAINER_FILE
+    owner = (trainer.get("mechanism", mechanism), trainer.get("seed", seed))
+    if owner != (mechanism, seed):
+        raise ValueError(
+            f"checkpoint {str(path)!r} is of {owner[0]} seed {owner[1]}, not {mechanism} seed {seed}; delete "
+            f"{str(path.parent.parent)!r} to train that run again with --resume"
+        )
+    step = trainer["step"]
+    history = [h.get("step") if isinstance(h, dict) else None for h in trainer["history"]]
+    consistent = (
+        0 < step <= total and path.name == f"step-{step:07d}" and trainer["time_count"] == step
+        and len(trainer.get("step_losses", [0] * step)) == step
+        and all(isinstance(h, int) and 0 < h <= step for h in history) and history == sorted(set(history))
+    )
+    if not consistent:
+        raise _checkpoint_error(file, f"records step {step} of a {total}-step run, which disagrees with its "
+                                      "folder name or its own records")
+
+
+def _load_checkpoint_everywhere(accelerator, path: Path, model, optimizer, scheduler, reg,
+                                run: Optional[tuple[str, int, int]] = None) -> dict:
     """``_load_checkpoint`` in every process, which all stop with one line when any of them could not read
     its part (a damaged ``rng-rank1`` stopped process 1 alone, and process 0 died later in a collective with a
     gloo traceback)."""
     error: Optional[ValueError] = None
     trainer: dict = {}
     try:
-        trainer = _load_checkpoint(accelerator, path, model, optimizer, scheduler, reg)
+        trainer = _load_checkpoint(accelerator, path, model, optimizer, scheduler, reg, run=run)
     except ValueError as exc:
         error = exc
     if accelerator.num_processes > 1:
@@ -517,7 +545,8 @@ def train_run(
     }
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is not None:  # restores every process's RNG states
-        trainer = _load_checkpoint_everywhere(accelerator, checkpoint, model, optimizer, scheduler, reg)
+        trainer = _load_checkpoint_everywhere(accelerator, checkpoint, model, optimizer, scheduler, reg,
+                                              run=(mechanism, seed, total))
     elif world > 1:  # each process its own dropout masks (all drew the same ones for their shares)
         set_seed(rank_seed(seed, rank))
     if accelerator.is_main_process:
