@@ -37,15 +37,17 @@ class TqdmProgress:
 
 
 class RichProgress:
-    """One rich progress task per run, all in one live display."""
+    """One rich progress task per run, all in one live display on stderr."""
 
     def __init__(self) -> None:
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self._progress = Progress(
             TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]:>8}  {task.fields[speed]:>7} ex/s  {task.fields[extra]}"),
             TimeRemainingColumn(),
+            console=Console(stderr=True),  # as tqdm's bar and the "run k of N" lines: stdout holds results
         )
         self._progress.start()
         self._task = None
