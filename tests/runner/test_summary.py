@@ -173,3 +173,14 @@ def test_confusion_plot_cuts_long_class_names_in_its_ticks(tmp_path, monkeypatch
     per_class = {"softmax": {"classes": [{"name": long}, {"name": "short"}], "confusion": [[1, 0], [0, 1]]}}
     assert plot_confusions(tmp_path / "c.png", per_class)
     assert ticks == [long[:23] + "\u2026", "short"]
+
+
+def test_hybrid_weights_are_plotted_for_aligned_hnas_too(tmp_path):
+    """plot_hybrid looked for mechanism == "hnas" only: a run of hnas+ct drew no hybrid_weights.png."""
+    from attnkit.runner.report import plot_hybrid
+
+    history = [{"step": s, "hybrid_u": [[0.5, 0.4 + 0.01 * s]]} for s in (3, 6)]
+    runs = [{"mechanism": "softmax", "seed": 0, "history": [{"step": 3, "hybrid_u": None}]},
+            {"mechanism": "hnas+ct", "seed": 0, "history": history}]
+    assert plot_hybrid(tmp_path / "u.png", runs) and (tmp_path / "u.png").stat().st_size > 0
+    assert not plot_hybrid(tmp_path / "none.png", runs[:1])

@@ -167,10 +167,10 @@ def plot_learning_curves(path: Path, runs: list[dict], mechanisms: tuple[str, ..
 
 
 def plot_hybrid(path: Path, runs: list[dict]) -> bool:
-    """Hybrid-weight trajectories ``u`` (one line per layer and head) of the first hnas seed."""
-    run = next(
-        (r for r in runs if r["mechanism"] == "hnas" and r["history"] and r["history"][0]["hybrid_u"]), None
-    )
+    """Hybrid-weight trajectories ``u`` (one line per layer and head) of the first hnas seed (plain hnas
+    first, else an aligned one such as ``hnas+ct``)."""
+    hybrid = [r for r in runs if r["history"] and r["history"][0].get("hybrid_u")]
+    run = next((r for r in hybrid if r["mechanism"] == "hnas"), hybrid[0] if hybrid else None)
     if run is None:
         return False
     import numpy as np
@@ -180,7 +180,7 @@ def plot_hybrid(path: Path, runs: list[dict]) -> bool:
     steps = [h["step"] for h in run["history"]]
     u = np.array([h["hybrid_u"] for h in run["history"]])  # (T, layers, heads)
     plot_hybrid_trajectories(
-        steps, u, path, title=f"hnas: hybrid weight u per layer and head (seed {run['seed']})"
+        steps, u, path, title=f"{run['mechanism']}: hybrid weight u per layer and head (seed {run['seed']})"
     )
     return True
 
