@@ -151,6 +151,12 @@ def test_an_unknown_task_lists_the_recurrent_tasks_too():
         build_config({"task": "nosuch"})
 
 
+def test_a_vocabulary_without_room_for_pad_and_unk_is_refused_naming_vocab_size():
+    """vocab_size=1 passed the config and failed after the data loaded, as the tokenizer's max_vocab=1."""
+    with pytest.raises(ValueError, match=r"vocab_size=1: expected an integer >= 2 \(it counts <pad>"):
+        build_config({"vocab_size": 1})
+
+
 @pytest.mark.parametrize("d_model", [1, 7])
 def test_an_odd_width_for_the_recurrent_tasks_is_refused_naming_d_model(d_model):
     """The models refused it after the run folder was written, naming hidden_dim or embed_dim."""

@@ -289,6 +289,9 @@ class CompareConfig:
                      "vocab_size", "d_model", "nhead", "num_layers", "dim_feedforward",
                      "explain_away_samples"):
             _positive_int(name, getattr(self, name), maximum=_MAXIMA.get(name))
+        if self.vocab_size < 2:  # checked here: the tokenizer refused it after loading the data, as max_vocab
+            raise ValueError(f"vocab_size={self.vocab_size}: expected an integer >= 2 (it counts <pad> and "
+                             "<unk>)")
         for name in ("max_steps", "max_train", "max_eval", "threads"):
             _positive_int(name, getattr(self, name), allow_none=True, maximum=_MAXIMA.get(name))
         _positive_int("warmup_steps", self.warmup_steps, minimum=0)
