@@ -197,7 +197,12 @@ def test_set_attn_implementation_cannot_silently_undo_a_conversion(tmp_path):
     model.save_pretrained(tmp_path)
     from transformers import AutoModel
 
-    again = AutoModel.from_pretrained(tmp_path, attn_implementation="sdpa")  # the conversion is restored
+    # asked for at load, another implementation was overridden silently (the caller believed softmax ran)
+    with pytest.raises(ValueError, match=r"attn_implementation='sdpa' for a model saved converted to dnas"):
+        AutoModel.from_pretrained(tmp_path, attn_implementation="sdpa")
+    with pytest.raises(ValueError, match=r"^attn_implementation='eager' for a model saved converted to dnas"):
+        akhf.load(tmp_path, attn_implementation="eager")
+    again = AutoModel.from_pretrained(tmp_path)  # the conversion is restored
     assert akhf.conversion(again) == ak.DNAS()
     torch.testing.assert_close(hidden(again.eval(), ids, mask), before)
 

@@ -304,6 +304,10 @@ def from_pretrained(
     try:
         result = model_class.from_pretrained(path, use_safetensors=True, **kwargs)
     except Exception as exc:  # noqa: BLE001 - a hostile directory can fail anywhere in transformers
+        from .convert import _ImplementationConflict
+
+        if isinstance(exc, _ImplementationConflict):
+            raise ValueError(str(exc)) from None
         named = {k: v for k, v in kwargs.items() if k != "output_loading_info"}  # a report, never the cause
         raise _load_error(exc, config_path, weights, named if caller_options else {}) from None
     _check_restored(result[0] if isinstance(result, tuple) else result, config_path)  # output_loading_info

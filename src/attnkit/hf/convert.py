@@ -516,6 +516,10 @@ def conversion(model) -> Optional[MechanismConfig]:
     return resolve_mechanism(record["mechanism"], **record.get("options", {}))
 
 
+class _ImplementationConflict(ValueError):
+    """A load that asks for another attention implementation than a saved conversion's (its own message)."""
+
+
 def restore_conversion(model) -> bool:
     """Re-apply the conversion recorded in ``model.config`` to a freshly built model; ``True`` if applied.
 
@@ -529,6 +533,16 @@ def restore_conversion(model) -> bool:
     by_name = dict(model.base_model.named_modules())
     if not all(n in by_name for n in names) or any(hasattr(by_name[n], _MECHANISM_ATTR) for n in names):
         return False
+    requested = getattr(model.config, "_attn_implementation", None)
+    if requested not in (None, IMPLEMENTATION) and model._can_set_attn_implementation():
+        # from_pretrained(..., attn_implementation="sdpa"): it was overridden without a word, and the model
+        # ran the mechanism while the caller believed it ran softmax through sdpa
+        label = config_label(config)
+        raise _ImplementationConflict(
+            f"attn_implementation={requested!r} for a model saved converted to {label}: it would run softmax "
+            f"attention while the model records {label}; leave attn_implementation out to run {label}, or "
+            "load the unconverted model to use another implementation"
+        )
     for n in names:
         _apply(by_name[n], config, _num_heads(by_name[n], model.config))
     _set_implementation(model)
