@@ -731,7 +731,8 @@ def format_table(result: dict) -> str:
     threads = meta.get('threads', '?')
     lines.append(f"{shape}, {threads} thread{'' if threads == 1 else 's'}; "
                  f"times: median of {meta.get('repeats', '?')} rounds, fewer where a configuration passed "
-                 "the time limit (min / max beside it); load average "
+                 "the time limit (min / max beside it); each row's x sdpa is the median of its rounds' "
+                 "ratios to SDPA rounds run in turn with them, not to the SDPA row's time; load average "
                  f"{', '.join(f'{x:.2f}' for x in meta.get('load_average_before', []))} before, "
                  f"{', '.join(f'{x:.2f}' for x in meta.get('load_average_after', []))} after, "
                  f"on {meta.get('cores', '?')} cores")
