@@ -178,6 +178,22 @@ def test_encoder_stack_copies_layer_without_mechanism():
     assert encoder(torch.randn(2, 3, D)).shape == (2, 3, D)
 
 
+def test_layers_built_per_mechanism_own_their_activation_and_keep_dtype():
+    """Layers rebuilt for a mechanism shared one nn.PReLU (a torch state_dict's four per-layer weights
+    collapsed into one) and went back to the dtype the template was built with (float32 after .double())."""
+    model = aknn.Transformer(D, NH, 2, 2, FF, activation=torch.nn.PReLU(), encoder_mechanism="dnas")
+    names = [n for n, _ in model.named_parameters() if n.endswith("activation.weight")]
+    assert len(names) == 4
+    with torch.no_grad():
+        for i, layer in enumerate([*model.encoder.layers, *model.decoder.layers]):
+            layer.activation.weight.fill_(0.1 * i)
+    assert [layer.activation.weight.item() for layer in model.encoder.layers] == pytest.approx([0.0, 0.1])
+    template = aknn.TransformerEncoderLayer(D, NH, FF, batch_first=True).double()
+    stack = aknn.TransformerEncoder(template, 2, mechanism="dnas")
+    assert {p.dtype for p in stack.parameters()} == {torch.float64}
+    assert stack(_x(2, 3)).dtype == torch.float64
+
+
 def test_decoder_stack_per_layer_mechanisms():
     layer = aknn.TransformerDecoderLayer(D, NH, FF)
     decoder = aknn.TransformerDecoder(layer, 2, self_mechanism=["softmax", "coda"])

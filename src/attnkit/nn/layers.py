@@ -21,6 +21,7 @@ all decoder positions (future targets under teacher forcing): both leak, and bot
 
 from __future__ import annotations
 
+import copy
 from typing import Callable, Optional, Union
 
 import torch.nn.functional as F
@@ -36,6 +37,21 @@ __all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "Activation"]
 
 Activation = Union[str, Callable[[Tensor], Tensor]]
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+def _rebuilt(layer: nn.Module, **changes) -> nn.Module:
+    """``type(layer)`` built afresh from ``layer``'s arguments with ``changes``, moved to ``layer``'s device
+    and dtype. An activation module (``nn.PReLU()``) is copied, as torch's stacks deep-copy their layers:
+    built from the one object, every layer shared its parameters, and a torch state_dict's per-layer
+    weights collapsed into one."""
+    args = dict(layer._init_args)
+    if isinstance(layer.activation, nn.Module):
+        args["activation"] = copy.deepcopy(layer.activation)
+    new = type(layer)(**{**args, **changes})
+    param = next((p for p in layer.parameters() if p.is_floating_point()), None)
+    if param is not None:  # after .double() / .to(device): the arguments record the dtype it was built with
+        new.to(device=param.device, dtype=param.dtype)
+    return new
+
 
 def _activation(activation: Activation) -> Callable[[Tensor], Tensor]:
     if isinstance(activation, str):
@@ -165,8 +181,9 @@ class TransformerEncoderLayer(_Sublayers):
         self.dropout2 = nn.Dropout(dropout)
 
     def with_mechanism(self, mechanism: MechanismLike) -> "TransformerEncoderLayer":
-        """A freshly initialised layer with the same hyperparameters and another mechanism."""
-        return type(self)(**{**self._init_args, "mechanism": mechanism})
+        """A freshly initialised layer with the same hyperparameters and another mechanism (on this layer's
+        device and dtype, with its own copy of an activation module)."""
+        return _rebuilt(self, mechanism=mechanism)
 
     def extra_repr(self) -> str:
         return f"norm_first={self.norm_first}"
@@ -267,10 +284,9 @@ class TransformerDecoderLayer(_Sublayers):
     def with_mechanism(
         self, self_mechanism: MechanismLike, cross_mechanism: MechanismLike
     ) -> "TransformerDecoderLayer":
-        """A freshly initialised layer with the same hyperparameters and other mechanisms."""
-        return type(self)(
-            **{**self._init_args, "self_mechanism": self_mechanism, "cross_mechanism": cross_mechanism}
-        )
+        """A freshly initialised layer with the same hyperparameters and other mechanisms (on this layer's
+        device and dtype, with its own copy of an activation module)."""
+        return _rebuilt(self, self_mechanism=self_mechanism, cross_mechanism=cross_mechanism)
 
     def extra_repr(self) -> str:
         return f"norm_first={self.norm_first}"
