@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from ..config import CoDA, MechanismLike
 from ..functional import BACKENDS, attention, check_causal_pattern
-from ..masks import build_mask, check_dense
+from ..masks import MASKED_BIAS, build_mask, check_dense
 from ..validators import check_number, values_hidden
 from .module_utils import (
     HybridWeightMixin,
@@ -402,14 +402,12 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
                     "finite additive biases have no meaning for queries"
                 )
             return query_padding_mask
-        if (
-            self_attention
-            and self.config.name != "softmax"
-            and key_padding_mask is not None
-            and key_padding_mask.dtype == torch.bool
-            and Lq == Lk
-        ):
-            return key_padding_mask
+        if self_attention and self.config.name != "softmax" and key_padding_mask is not None and Lq == Lk:
+            if key_padding_mask.dtype == torch.bool:
+                return key_padding_mask
+            # a float mask that also holds biases (or requires grad): its masked entries (-inf, or at or
+            # below MASKED_BIAS) are padded keys, and so padded queries (they entered the column sums)
+            return key_padding_mask.detach() <= MASKED_BIAS
         return None
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> bool:
