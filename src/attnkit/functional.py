@@ -29,6 +29,7 @@ __all__ = [
     "normalize",
     "explain_dispatch",
     "observe_weights",
+    "observing",
     "BACKENDS",
     "resolve_call",
     "WeightObserver",
@@ -53,6 +54,14 @@ def observe_weights(observer: WeightObserver) -> Iterator[None]:
         yield
     finally:
         _OBSERVERS.remove(observer)
+
+
+def observing() -> bool:
+    """Whether an ``observe_weights`` block is active. Self-attention modules (``ak.nn.MultiheadAttention``,
+    converted Hugging Face models) then pass the query padding they infer from the key padding for softmax
+    too, so that the observed weights of padded query rows are zero and stay out of the column sums that the
+    diagnostics read (softmax's outputs at real tokens do not depend on it)."""
+    return bool(_OBSERVERS)
 
 
 def resolve_call(

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import CoDA, Hybrid, MechanismConfig, Softmax
-from ..functional import attention
+from ..functional import attention, observing
 from ..masks import MASKED_BIAS
 from ..mechanisms import sigmoid_weight
 from ..registry import check_causal
@@ -196,7 +196,8 @@ def attention_forward(
     else:
         valid, bias = _split_mask(attention_mask)
         key_valid = None if valid is None else valid.any(dim=-2).any(dim=1)  # (B, Lk): keys some query sees
-    if config.query_normalized and key_valid is not None and getattr(module, _SELF_ATTR, False):
+    padded = config.query_normalized or observing()  # observed softmax weights: padded query rows left out
+    if padded and key_valid is not None and getattr(module, _SELF_ATTR, False):
         query_mask = _query_mask(key_valid, Lq)
     if position_bias is not None:  # (B|1, H, Lq, Lk), added to the scores where a pair may attend
         if bias is not None:

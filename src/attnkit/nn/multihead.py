@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import CoDA, MechanismLike
-from ..functional import BACKENDS, attention, check_causal_pattern
+from ..functional import BACKENDS, attention, check_causal_pattern, observing
 from ..masks import MASKED_BIAS, build_mask, check_dense
 from ..validators import check_number, values_hidden
 from .module_utils import (
@@ -402,7 +402,10 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
                     "finite additive biases have no meaning for queries"
                 )
             return query_padding_mask
-        if self_attention and self.config.name != "softmax" and key_padding_mask is not None and Lq == Lk:
+        # softmax's real outputs do not depend on padded queries (torch's module keeps them); the weights
+        # observed for diagnostics leave them out (their rows entered the softmax column sums)
+        padded = self.config.name != "softmax" or observing()
+        if self_attention and padded and key_padding_mask is not None and Lq == Lk:
             if key_padding_mask.dtype == torch.bool:
                 return key_padding_mask
             # a float mask that also holds biases (or requires grad): its masked entries (-inf, or at or
