@@ -74,6 +74,28 @@ def test_forward_mode_tangents_match_finite_differences(mechanism):
     torch.testing.assert_close(jvp(f, (q,), (t,))[1], expected, rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.parametrize("mechanism", ["softmax", "dnas", "hnas", "sinkhorn"])
+def test_a_dual_float_attn_mask_takes_the_materialized_path(mechanism):
+    """Only q, k and v were checked for tangents: a learned bias given as a dual tensor reached SDPA or the
+    blockwise kernel and raised NotImplementedError."""
+    import torch.autograd.forward_ad as fwAD
+
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 2, 140, 8, generator=g, dtype=torch.float64)
+    bias, t = (torch.randn(1, 2, 140, 140, generator=g, dtype=torch.float64) for _ in range(2))
+
+    def f(bias):
+        return ak.attention(q, q, q, mechanism, attn_mask=bias)
+
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(bias, t)
+        assert ak.explain_dispatch(q, q, q, mechanism, attn_mask=dual).route == "reference"
+        tangent = fwAD.unpack_dual(f(dual)).tangent
+    eps = 1e-6
+    expected = (f(bias + eps * t) - f(bias - eps * t)) / (2 * eps)
+    torch.testing.assert_close(tangent, expected, rtol=1e-6, atol=1e-8)
+
+
 def test_the_l1_distance_by_feature_equals_the_kernel():
     from attnkit.kernels.l1_distance import _l1_by_feature, l1_distance
 

@@ -379,7 +379,7 @@ def plan(
     one on the CPU (measured faster than the materialized path at every size) and the Triton one on CUDA
     (like the Triton potential kernels: one launch that never materializes the weights).
     """
-    why = unsupported_autodiff(q, k, v)
+    why = unsupported_autodiff(q, k, v, mask.bias)  # a dual float attn_mask (a bias's tangent) too
     if why is not None:
         return Plan("reference", why)
     call = Call(q, k, v, config, mask, dropout_p)
