@@ -340,6 +340,7 @@ def explain_dispatch(
     query_mask: Optional[Tensor] = None,
     attn_mask: Optional[Tensor] = None,
     causal: bool = False,
+    scale: Optional[float] = None,
     dropout_p: float = 0.0,
     hybrid_weight: Optional[Union[float, Tensor]] = None,
     sinkhorn_iters: Optional[int] = None,
@@ -356,8 +357,8 @@ def explain_dispatch(
         >>> ak.explain_dispatch(q, k, v, "dnas", key_mask=mask)
         Plan(route='cpp', reason='the C++ kernels beat the materialized path at every size; ...')
     """
-    config, mask, _, dropout_p = _boundary(
-        q, k, v, mechanism, key_mask, query_mask, attn_mask, causal, None, dropout_p, hybrid_weight,
+    config, mask, _, dropout_p = _boundary(  # scale is validated; the route does not depend on it
+        q, k, v, mechanism, key_mask, query_mask, attn_mask, causal, scale, dropout_p, hybrid_weight,
         sinkhorn_iters, backend,
     )
     check_bool(return_weights, f"return_weights={return_weights!r}")

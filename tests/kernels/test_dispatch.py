@@ -73,6 +73,22 @@ def test_efficient_backend_refuses_dropout_where_the_route_cannot_replay_it():
     assert ak.explain_dispatch(q, k, v, "dnas", dropout_p=0.1).route == "cpp"  # the C++ kernels replay it
 
 
+def test_softmax_dropout_refusal_names_the_route_not_a_causal_mask_it_was_not_given():
+    """A learned float bias sends softmax to the blockwise kernel: the refusal said "with causal=True"."""
+    q, k, v = random_qkv(1, 2, 4, 4, seed=0)
+    bias = torch.randn(1, 2, 4, 4, dtype=q.dtype).requires_grad_()
+    with pytest.raises(ValueError, match="for softmax with these masks \\(the blockwise route") as exc:
+        ak.explain_dispatch(q, k, v, "softmax", attn_mask=bias, dropout_p=0.1, backend="efficient")
+    assert "causal" not in str(exc.value)
+
+
+def test_explain_dispatch_takes_and_checks_scale_as_attention_does():
+    q, k, v = random_qkv(1, 2, 4, 4, seed=0)
+    assert ak.explain_dispatch(q, k, v, "dnas", scale=0.1).route == ak.explain_dispatch(q, k, v, "dnas").route
+    with pytest.raises(ValueError, match="scale"):
+        ak.explain_dispatch(q, k, v, "dnas", scale=float("nan"))
+
+
 def test_every_route_is_reachable_from_some_spec():
     from attnkit.registry import SPECS
 

@@ -352,10 +352,9 @@ def _dropout_error(call: Call, route: str) -> Optional[str]:
             f"{call.config.name!r} (its backward pass recomputes the weights and cannot replay the dropout "
             "mask); use backend='reference' (or 'auto') for attention dropout"
         )
-    return (
-        f"dropout_p={call.dropout_p} with causal=True and another mask is not supported by "
-        "backend='efficient'; "
-        "use backend='reference'"
+    return (  # softmax reaches the blockwise kernel with a causal mask beside another, or a learned bias
+        f"dropout_p={call.dropout_p} is not supported by backend='efficient' for softmax with these masks "
+        f"(the {route} route: {ROUTES[route].summary}, without dropout); use backend='reference' (or 'auto')"
     )
 
 
