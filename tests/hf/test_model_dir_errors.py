@@ -401,7 +401,7 @@ def test_a_stale_index_beside_the_single_weights_file_is_ignored_as_transformers
     assert torch.equal(model.embeddings.word_embeddings.weight, original.embeddings.word_embeddings.weight)
 
 
-@pytest.mark.parametrize("edit", ["drop_tensor", "more_layers"])
+@pytest.mark.parametrize("edit", ["drop_tensor", "more_layers", "fewer_layers"])
 def test_weights_lacking_tensors_of_the_saved_model_are_refused_not_started_random(
     good_model, tmp_path, capsys, edit
 ):
@@ -415,15 +415,54 @@ def test_weights_lacking_tensors_of_the_saved_model_are_refused_not_started_rand
         tensors = load_file(model_dir / "model.safetensors")
         del tensors["encoder.layer.0.attention.self.query.weight"]
         save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
-    else:
+    else:  # the good model has one layer: one more, or (with a second one saved) one fewer
+        if edit == "fewer_layers":
+            tensors = load_file(model_dir / "model.safetensors")
+            layer0 = {k: v for k, v in tensors.items() if "layer.0." in k}
+            tensors.update({k.replace("layer.0.", "layer.1."): v.clone() for k, v in layer0.items()})
+            save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
         settings = json.loads((model_dir / "config.json").read_text())
-        settings["num_hidden_layers"] = 2
+        settings["num_hidden_layers"] = 2 if edit == "more_layers" else 1
         (model_dir / "config.json").write_text(json.dumps(settings))
-    with pytest.raises(ValueError, match="lacks tensors .* they would start random; restore"):
+    with pytest.raises(ValueError, match="do not match the BertModel .* layer count edited\\); restore"):
         akhf.load(model_dir)
     out = tmp_path / "converted"
+    capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
         main(["convert", str(model_dir), "--mechanism", "dnas", "--out", str(out)])
     err = capsys.readouterr().err
-    assert exc.value.code == 2 and "lacks tensors" in err and "Traceback" not in err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1 and "do not match" in err, err
+    assert not out.exists()
+
+
+def test_an_encoder_saved_without_its_task_head_still_loads_and_converts(good_model, tmp_path, capsys):
+    """A folder of encoder weights whose config.json names a head class (sentence-transformers ship MPNet as
+    MPNetForMaskedLM): the missing head is started afresh, as transformers does, not refused as damage."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(good_model, model_dir)
+    settings = json.loads((model_dir / "config.json").read_text())
+    settings["architectures"] = ["BertForMaskedLM"]
+    (model_dir / "config.json").write_text(json.dumps(settings))
+    assert type(akhf.load(model_dir)).__name__ == "BertForMaskedLM"
+    model, info = akhf.load(model_dir, output_loading_info=True)
+    assert info["missing_keys"] and akhf.load(model_dir, output_loading_info=False) is not None
+    main(["convert", str(model_dir), "--mechanism", "dnas", "--out", str(tmp_path / "converted")])
+    assert (tmp_path / "converted" / "config.json").is_file()
+
+
+def test_finetune_refuses_weights_that_lack_a_tensor_of_the_encoder(good_model, dataset, tmp_path, capsys):
+    """finetune trained from the random tensor with a warning line."""
+    from safetensors.torch import load_file, save_file
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(good_model, model_dir)
+    tensors = load_file(model_dir / "model.safetensors")
+    del tensors["encoder.layer.0.attention.self.query.weight"]
+    save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        main(["finetune", "--model", str(model_dir), "--dataset", str(dataset), "--max-steps", "1",
+              "--batch-size", "2", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "do not match" in err and "query.weight" in err, err
     assert not out.exists()

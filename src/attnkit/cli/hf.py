@@ -69,10 +69,13 @@ def _quiet_load(model_dir: str):
     import attnkit.hf as akhf
 
     bars = hf_logging.is_progress_bar_enabled()
+    verbosity = hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()  # its loading report stood above our one-line error
     try:
         return akhf.load(model_dir)
     finally:
+        hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import reprlib
 from typing import Any
 
@@ -312,6 +313,34 @@ def from_pretrained(
         raise _load_error(exc, config_path, weights, named if caller_options else {}) from None
     _check_restored(result[0] if isinstance(result, tuple) else result, config_path)  # output_loading_info
     return result
+
+
+def _layer_pattern(key: str) -> str:
+    """``encoder.layer.3.attention.self.query.weight`` -> ``encoder.layer.#.attention.self.query.weight``."""
+    return re.sub(r"\.\d+(?=\.)", ".#", key)
+
+
+def damaged_keys(model, info: dict) -> list[str]:
+    """The tensors of ``from_pretrained(..., output_loading_info=True)``'s report that say the weights and
+    config.json disagree, not that a part was never saved: a missing tensor of a module whose other tensors
+    loaded (a deleted query weight), a missing tensor of a repeated layer the weights hold elsewhere (a layer
+    more in config.json), an unexpected tensor of such a layer (a layer fewer). A head or pooler missing
+    whole (an encoder saved without its task head) is not: transformers starts it afresh, as meant."""
+    missing = set(info.get("missing_keys") or ())
+    unexpected = set(info.get("unexpected_keys") or ())
+    state = model.state_dict()
+    built = set(state)
+    loaded = built - missing
+    owners: dict = {}
+    for key, tensor in state.items():
+        owners.setdefault((tensor.data_ptr(), tensor.shape), []).append(key)
+    tied = {k for keys in owners.values() if len(keys) > 1 for k in keys}  # e.g. an LM head's decoder weight
+    loaded_modules = {k.rpartition(".")[0] for k in loaded - tied}
+    loaded_layers = {_layer_pattern(k) for k in loaded}
+    built_layers = {_layer_pattern(k) for k in built}
+    bad = [k for k in missing if k.rpartition(".")[0] in loaded_modules or _layer_pattern(k) in loaded_layers]
+    bad += [k for k in unexpected if _layer_pattern(k) in built_layers]
+    return sorted(bad)
 
 
 # from_pretrained options that load the same shapes (dtypes, placement, loading): a size mismatch under them

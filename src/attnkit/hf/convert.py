@@ -595,15 +595,17 @@ def load(path: Union[str, os.PathLike], model_class=None, **kwargs):
     extra ``kwargs`` go to ``from_pretrained`` (e.g. ``num_labels``). Weights load from safetensors only.
 
     Raises a one-line ``FileNotFoundError`` (``path`` missing or a file, no ``config.json`` or no weights) or
-    ``ValueError`` (a corrupt ``config.json`` or ``model.safetensors``, weights that lack tensors of the saved
-    architecture, which would start random (with ``model_class`` given, transformers' report says so
-    instead, as new layers may be meant), or an attnkit conversion record
+    ``ValueError`` (a corrupt ``config.json`` or ``model.safetensors``, weights that disagree with
+    config.json (a tensor of a module missing beside its loaded ones, a layer more or fewer than the weights
+    hold: they would start random or be dropped; a head missing whole starts afresh, as in transformers;
+    with ``model_class`` given, transformers' report alone says so, as new layers may be meant), or an
+    attnkit conversion record
     that is missing, corrupt, or does not match the weights or the model) naming the file and the fix
     (``hf.checks``).
     """
     import transformers
 
-    from .checks import auto_config, check_model_dir, from_pretrained
+    from .checks import auto_config, check_model_dir, damaged_keys, from_pretrained
 
     path = os.fspath(path)
     check_model_dir(path)
@@ -614,20 +616,21 @@ def load(path: Union[str, os.PathLike], model_class=None, **kwargs):
         arch = (getattr(config, "architectures", None) or [None])[0]
         model_class = getattr(transformers, arch, None) if isinstance(arch, str) else None
         model_class = model_class or transformers.AutoModel
-    if not saved_class or kwargs.get("output_loading_info") or kwargs.get("ignore_mismatched_sizes"):
-        # another class (e.g. a classifier on a base model) or the caller's own loading report: new layers
-        # may be meant, and transformers reports them
-        return from_pretrained(model_class, path, caller_options=True, **kwargs)
+    report = bool(kwargs.pop("output_loading_info", False))
+    if not saved_class or kwargs.get("ignore_mismatched_sizes"):
+        # another class (e.g. a classifier on a base model): new layers may be meant, and transformers
+        # reports them
+        return from_pretrained(model_class, path, caller_options=True, output_loading_info=report, **kwargs)
     model, info = from_pretrained(model_class, path, caller_options=True, output_loading_info=True, **kwargs)
-    missing = sorted(info.get("missing_keys") or ())
-    if missing:  # the class that saved the folder needs them: the weights would start random, silently
-        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    damaged = damaged_keys(model, info)
+    if damaged:  # a module or layer half in the weights: it would start random, silently
+        shown = ", ".join(damaged[:3]) + (f" and {len(damaged) - 3} more" if len(damaged) > 3 else "")
         raise ValueError(
-            f"{os.path.join(path, 'model.safetensors')} lacks tensors that the {model_class.__name__} of "
-            f"{os.path.join(path, 'config.json')} needs ({shown}): they would start random; restore the "
-            "matching pair of files from the original model"
+            f"the weights in {path} do not match the {model_class.__name__} of "
+            f"{os.path.join(path, 'config.json')} ({shown}: missing or left over, as with a tensor deleted "
+            "or a layer count edited); restore the matching pair of files from the original model"
         )
-    return model
+    return (model, info) if report else model
 
 
 _REGISTERED = False

@@ -64,7 +64,7 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
-    from .checks import auto_config, check_model_dir, from_pretrained
+    from .checks import auto_config, check_model_dir, damaged_keys, from_pretrained
 
     log = log or (lambda line: print(line, file=sys.stderr))
     check_model_dir(model_dir, "--model")
@@ -81,6 +81,13 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
         model, info = from_pretrained(
             AutoModelForSequenceClassification, model_dir, "--model", output_loading_info=True, **kwargs
         )
+        damaged = [k for k in damaged_keys(model, info) if not k.startswith(HEAD_PREFIXES)]
+        if damaged:  # trained from a random tensor with a warning before
+            raise ValueError(
+                f"the weights in {model_dir} do not match {model_dir}/config.json ({', '.join(damaged[:3])}"
+                f"{' ...' if len(damaged) > 3 else ''}: missing or left over, as with a tensor deleted or a "
+                "layer count edited); restore the matching pair of files from the original model"
+            )
         resized = _mismatched(info)
         if any(not key.startswith(HEAD_PREFIXES) for key in resized):
             raise ValueError(
