@@ -204,3 +204,18 @@ def test_config_file_numbers_are_decimal_not_yaml_11_octal_or_base_60(tmp_path):
         from attnkit.runner.config import CompareConfig
 
         CompareConfig(**load_config_file(path))
+
+
+def test_a_run_saved_with_a_capitalised_task_name_still_resumes(tmp_path):
+    """Runs saved "Reuters8" as given; the name read in lower case made --resume see other settings."""
+    import json
+
+    from attnkit.runner.compare import prepare_run_dir
+
+    config = build_config({"task": "reuters8", "out": str(tmp_path / "run")})
+    prepare_run_dir(config)
+    path = tmp_path / "run" / "config.json"
+    payload = json.loads(path.read_text())
+    payload["config"]["task"] = "Reuters8"  # as runs were saved before
+    path.write_text(json.dumps(payload))
+    assert prepare_run_dir(build_config({"task": "Reuters8", "out": str(tmp_path / "run"), "resume": True}))

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .._files import json_loads, lock_folder
-from .config import CompareConfig, _is_file_task
+from .config import CompareConfig, _is_file_task, canonical_task
 from .summary import RunClock, _duration, summarize, tracker_config
 from .train import RESULT_FILE, batch_indices, check_batch_split, finished_result, train_run
 
@@ -218,6 +218,8 @@ def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path
                 f"--resume: {str(out)!r} holds no attnkit compare run to continue; drop --resume to start one"
             )
         saved = json_loads((out / CONFIG_FILE).read_text())["config"]
+        if isinstance(saved.get("task"), str):  # saved as given before: "Reuters8" is reuters8
+            saved["task"] = canonical_task(saved["task"])
         if isinstance(saved.get("task"), str) and _is_file_task(saved["task"]):  # saved relative before
             saved["task"] = os.path.abspath(saved["task"])
         current = config.result_dict()
