@@ -114,3 +114,17 @@ def test_numbers_large_training_set_still_has_unseen_single_number_test_inputs()
     data = generate_numbers(num_train=20000, num_test=800, train_max_count=3, test_max_count=8, seed=0)
     singles = [s for s in data.test_src if len(s.split()) == 1]
     assert len(singles) == 100 and not set(singles) & set(data.train_src)
+
+
+def test_the_mark_that_shows_unk_is_never_a_real_token():
+    """U+FFFD shows <unk>: a vocabulary fitted on text holding it (undecodable bytes) took it as a real token,
+    which then read exactly like an <unk> output."""
+    from attnkit.data import CharTokenizer
+
+    vocab = TokenVocab.fit(["a \ufffd b"], "words")
+    assert "\ufffd" not in vocab.tokens and vocab.encode_ids("\ufffd") == [vocab.unk_id]
+    assert "\ufffd" not in CharTokenizer.fit(["a\ufffdb"]).chars
+    with pytest.raises(ValueError, match="U\\+FFFD"):
+        TokenVocab(["a", "\ufffd"], "words")
+    with pytest.raises(ValueError, match="U\\+FFFD"):
+        CharTokenizer("ab\ufffd")

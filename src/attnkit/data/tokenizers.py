@@ -18,8 +18,9 @@ from ..validators import check_bool, check_int
 
 __all__ = ["WordTokenizer", "CharTokenizer", "pad_batch", "UNKNOWN"]
 
-# How a decoded <unk> is shown: U+FFFD, the replacement character, which no vocabulary of ours fits from text
-# ("?" was a real token of questions and punctuation, and an <unk> output compared equal to it)
+# How a decoded <unk> is shown: U+FFFD, the replacement character, which no vocabulary of ours holds (fit
+# leaves it out, so that such a character in a text is <unk> too; "?" was a real token of questions and
+# punctuation, and an <unk> output compared equal to it)
 UNKNOWN = "\ufffd"
 
 _WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
@@ -179,6 +180,9 @@ class CharTokenizer:
         bad = [c for c in chars if not isinstance(c, str) or len(c) != 1]
         if bad:
             raise ValueError(f"alphabet must be single characters, got {bad[:3]}")
+        if UNKNOWN in chars:  # then an <unk> output and the real character would read alike
+            raise ValueError(f"alphabet holds {UNKNOWN!r} (U+FFFD), which shows <unk>; leave it out (fit "
+                             "does)")
         self.chars = chars
         self.vocab = [*self.SPECIALS, *chars]
         self.index = {c: i + len(self.SPECIALS) for i, c in enumerate(chars)}
@@ -187,7 +191,7 @@ class CharTokenizer:
     @classmethod
     def fit(cls, texts: Iterable[str]) -> "CharTokenizer":
         """The characters of ``texts`` in sorted order."""
-        return cls(sorted({c for t in _check_texts(texts) for c in t}))
+        return cls(sorted({c for t in _check_texts(texts) for c in t} - {UNKNOWN}))  # U+FFFD reads as <unk>
 
     def __len__(self) -> int:
         return len(self.vocab)

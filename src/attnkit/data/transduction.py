@@ -32,6 +32,8 @@ class TokenVocab:
             raise ValueError(f"split={split!r}: expected one of {SPLITS}")
         self.split = split
         self.tokens = list(dict.fromkeys(tokens))
+        if UNKNOWN in self.tokens:  # then an <unk> output and the real token would read alike
+            raise ValueError(f"tokens hold {UNKNOWN!r} (U+FFFD), which shows <unk>; leave it out (fit does)")
         self.vocab = [*self.SPECIALS, *self.tokens]
         self.index = {t: i + len(self.SPECIALS) for i, t in enumerate(self.tokens)}
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = 0, 1, 2, 3
@@ -41,7 +43,7 @@ class TokenVocab:
         tokens = set()
         for text in _check_texts(texts):
             tokens.update(cls.tokenize_with(text, split))
-        return cls(sorted(tokens), split)
+        return cls(sorted(tokens - {UNKNOWN}), split)  # U+FFFD in a text (undecodable bytes) reads as <unk>
 
     @staticmethod
     def tokenize_with(text: str, split: str) -> list[str]:
