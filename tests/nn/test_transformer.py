@@ -194,6 +194,32 @@ def test_layers_built_per_mechanism_own_their_activation_and_keep_dtype():
     assert stack(_x(2, 3)).dtype == torch.float64
 
 
+@pytest.mark.parametrize("mechanism", ["softmax", "dnas"])
+def test_an_encoder_stack_takes_a_nested_batch_as_its_layers_do(mechanism):
+    """The stack read src.shape to detect a causal mask: a nested tensor raised an internal torch error."""
+    layer = aknn.TransformerEncoderLayer(D, NH, FF, batch_first=True, mechanism=mechanism, **F64)
+    encoder = aknn.TransformerEncoder(layer, 2).eval()
+    seqs = [_x(1, 3, seed=1)[0], _x(1, 5, seed=2)[0]]
+    with torch.no_grad():
+        out = encoder(torch.nested.nested_tensor(seqs))
+        for got, x in zip(out.unbind(), seqs):
+            torch.testing.assert_close(got, encoder(x[None])[0])
+
+
+def test_torchs_private_reset_names_exist_and_contradictory_positions_are_refused():
+    """Code written for torch calls _reset_parameters (an AttributeError); start and positions together
+    took positions silently."""
+    torch.manual_seed(0)
+    mha = aknn.MultiheadAttention(D, NH)
+    before = mha.in_proj_weight.clone()
+    mha._reset_parameters()
+    assert not torch.equal(mha.in_proj_weight, before)
+    aknn.Transformer(D, NH, 1, 1, FF)._reset_parameters()
+    pe = aknn.SinusoidalPositionalEncoding(D, max_len=16)
+    with pytest.raises(ValueError, match="start=5 and positions given"):
+        pe(torch.zeros(1, 3, D), start=5, positions=torch.zeros(1, 3, dtype=torch.long))
+
+
 def test_decoder_stack_per_layer_mechanisms():
     layer = aknn.TransformerDecoderLayer(D, NH, FF)
     decoder = aknn.TransformerDecoder(layer, 2, self_mechanism=["softmax", "coda"])

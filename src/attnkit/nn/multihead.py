@@ -163,6 +163,10 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         self._init_hybrid_weight(num_heads, **factory)
         self.reset_parameters()
 
+    def _reset_parameters(self) -> None:
+        """torch's name for ``reset_parameters`` (code written for torch's module calls it)."""
+        self.reset_parameters()
+
     def reset_parameters(self) -> None:
         """torch's initialisation: Xavier-uniform input projections, zero biases, Xavier-normal ``bias_k/v``;
         ``theta = logit(u0)``. As in torch, ``out_proj.weight`` keeps ``nn.Linear``'s initialisation, so

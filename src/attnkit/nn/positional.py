@@ -58,6 +58,8 @@ class _PositionalEncoding(nn.Module):
                 "positions are added to (embed token ids first)"
             )
         if positions is not None:
+            if start != 0:
+                raise ValueError(f"start={start!r} and positions given; pass one of them")
             return self.dropout(x + self._gather(x, positions))
         seq_dim = 1 if (x.dim() == 3 and self.batch_first) else 0
         L = x.shape[seq_dim]
@@ -76,7 +78,8 @@ class _PositionalEncoding(nn.Module):
     def _gather(self, x: Tensor, positions: Tensor) -> Tensor:
         """The table's rows ``(B, L, d_model)`` at ``positions`` ``(B, L)``."""
         if x.dim() != 3 or not self.batch_first:
-            raise ValueError("positions (B, L) are for batch-first x (B, L, d_model); pass start instead")
+            raise ValueError("positions (B, L) are for batch-first x (B, L, d_model); build the module with "
+                             "batch_first=True, or leave positions out")
         integer = isinstance(positions, Tensor) and not positions.is_floating_point() \
             and positions.dtype != torch.bool
         if not integer or positions.shape != x.shape[:2]:

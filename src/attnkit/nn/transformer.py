@@ -45,12 +45,17 @@ def _check_num_layers(num_layers: int, name: str = "num_layers") -> int:
     return positive_int(num_layers, name)
 
 
-def _detect_causal(mask: Optional[Tensor], is_causal: Optional[bool], L: int) -> bool:
+def _length(x: Tensor, dim: int) -> Optional[int]:
+    """``x.shape[dim]``; ``None`` for a nested tensor (its sequences have their own lengths)."""
+    return None if x.is_nested else x.shape[dim]
+
+
+def _detect_causal(mask: Optional[Tensor], is_causal: Optional[bool], L: Optional[int]) -> bool:
     """``is_causal`` if given; otherwise whether ``mask`` is exactly the causal mask (as torch detects it),
     so that a causal mask handed to a query-normalized mechanism raises instead of leaking."""
     if is_causal is not None:
         return bool(is_causal)
-    if mask is None or mask.dim() != 2 or tuple(mask.shape) != (L, L) or values_hidden(mask):
+    if mask is None or L is None or mask.dim() != 2 or tuple(mask.shape) != (L, L) or values_hidden(mask):
         return False
     upper = torch.ones(L, L, dtype=torch.bool, device=mask.device).triu(1)
     if mask.dtype == torch.bool:
@@ -108,7 +113,7 @@ class TransformerEncoder(nn.Module):
     ) -> Tensor:
         """``is_causal=None`` detects a causal ``mask`` (so query-normalized layers refuse it)."""
         seq_dim = 1 if (src.dim() == 3 and getattr(self.layers[0].self_attn, "batch_first", False)) else 0
-        causal = _detect_causal(mask, is_causal, src.shape[seq_dim])
+        causal = _detect_causal(mask, is_causal, _length(src, seq_dim))
         out = src
         for layer in self.layers:
             out = layer(out, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=causal)
@@ -163,7 +168,7 @@ class TransformerDecoder(nn.Module):
         memory_is_causal: bool = False,
     ) -> Tensor:
         seq_dim = 1 if (tgt.dim() == 3 and getattr(self.layers[0].self_attn, "batch_first", False)) else 0
-        causal = _detect_causal(tgt_mask, tgt_is_causal, tgt.shape[seq_dim])
+        causal = _detect_causal(tgt_mask, tgt_is_causal, _length(tgt, seq_dim))
         out = tgt
         for layer in self.layers:
             out = layer(
@@ -270,6 +275,10 @@ class Transformer(nn.Module):
         self.positional = positional
         self.reset_parameters()
 
+    def _reset_parameters(self) -> None:
+        """torch's name for ``reset_parameters`` (code written for ``torch.nn.Transformer`` calls it)."""
+        self.reset_parameters()
+
     def reset_parameters(self) -> None:
         """torch's ``nn.Transformer`` initialisation: Xavier-uniform for every matrix of the encoder and
         decoder; ``theta`` keeps ``logit(u0)``; learned positions keep ``N(0, 0.02^2)``."""
@@ -293,8 +302,9 @@ class Transformer(nn.Module):
         src_is_causal: Optional[bool] = None,
         src_positions: Optional[Tensor] = None,
     ) -> Tensor:
-        """The memory ``(B, Ls, d_model)``; ``src_positions`` ``(B, Ls)``: each token's position (default
-        ``0 .. Ls - 1``; ``mask.cumsum(1) - 1`` keeps left or inner padding from moving the real tokens)."""
+        """The memory ``(B, Ls, d_model)`` (``(Ls, B, d_model)`` unless ``batch_first``); ``src_positions``
+        ``(B, Ls)`` (batch-first models): each token's position (default ``0 .. Ls - 1``;
+        ``mask.cumsum(1) - 1`` keeps left or inner padding from moving the real tokens)."""
         if self.src_position is not None:
             src = self.src_position(src, positions=src_positions)
         elif src_positions is not None:
@@ -315,7 +325,8 @@ class Transformer(nn.Module):
         tgt_is_causal: Optional[bool] = True,
         memory_is_causal: bool = False,
     ) -> Tensor:
-        """Decoder states ``(B, Lt, d_model)`` for target embeddings at positions ``0 .. Lt - 1``."""
+        """Decoder states ``(B, Lt, d_model)`` (``(Lt, B, d_model)`` unless ``batch_first``) for target
+        embeddings at positions ``0 .. Lt - 1``."""
         if self.tgt_position is not None:
             tgt = self.tgt_position(tgt)
         return self.decoder(
