@@ -95,3 +95,19 @@ def test_bench_out_directory_is_refused_before_running(tmp_path, capsys, monkeyp
     assert "is a directory" in err and "kernels.json" in err
     err = _bench_error(capsys, ["--out", "/proc/attnkit-bench/kernels.json"])
     assert "cannot be written" in err
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mechanism", ["softmax", "dnas"])
+def test_a_scale_or_bias_that_overflows_the_inputs_dtype_is_refused_not_nan(backend, mechanism):
+    """Checked in float64 only: scale=1e39 with float32 inputs, or a float64 bias of 1e39, became inf and
+    every output NaN."""
+    q, k, v = _qkv(Lk=5)
+    with pytest.raises(ValueError, match="scale=1e\\+39 overflows q's dtype torch.float32"):
+        ak.attention(q, k, v, mechanism, scale=1e39, backend=backend)
+    bias = torch.zeros(5, 5, dtype=torch.float64)
+    bias[0, 1] = 1e39
+    with pytest.raises(ValueError, match="attn_mask holds 1e\\+39, which overflows q's dtype torch.float32"):
+        ak.attention(q, k, v, mechanism, attn_mask=bias, backend=backend)
+    bias[0, 1] = -1e39  # a masked pair, as -inf
+    assert torch.isfinite(ak.attention(q, k, v, mechanism, attn_mask=bias, backend=backend)).all()

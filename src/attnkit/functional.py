@@ -300,7 +300,26 @@ def _boundary(
         device=q.device, allow_bias=not isinstance(config, CoDA),
     )
     check_causal_pattern(config, mask)
-    return config, mask, check_scale(scale, D), _check_dropout(dropout_p)
+    scale = check_scale(scale, D)
+    _check_fits(q.dtype, scale, mask.bias)
+    return config, mask, scale, _check_dropout(dropout_p)
+
+
+def _check_fits(dtype: torch.dtype, scale: float, bias: Optional[Tensor]) -> None:
+    """``scale`` and the float ``attn_mask``'s biases are finite in the inputs' dtype (checked in float64,
+    ``scale=1e39`` or a bias of ``1e39`` became inf in float32 and every output NaN)."""
+    if not dtype.is_floating_point:
+        return
+    top = torch.finfo(dtype).max
+    if scale > top:
+        raise ValueError(f"scale={scale!r} overflows q's dtype {dtype} (largest {top:.4g}); pass a smaller "
+                         "scale")
+    if bias is not None and bias.dtype != dtype and not values_hidden(bias) and bias.numel():
+        largest = float(bias.detach().abs().amax())
+        if largest > top:
+            raise ValueError(f"attn_mask holds {largest:.4g}, which overflows q's dtype {dtype} (largest "
+                             f"{top:.4g}); use finite biases in that range and -inf for pairs that may not "
+                             "attend")
 
 
 def check_causal_pattern(config: MechanismConfig, mask: MaskInfo, source: str = "attn_mask") -> None:
