@@ -46,8 +46,10 @@ _OBSERVERS: list[WeightObserver] = []
 def observe_weights(observer: WeightObserver) -> Iterator[None]:
     """Call ``observer(weights, mask_info, config)`` for every ``attention`` call inside the block.
 
-    ``weights`` is the detached ``(B, H, Lq, Lk)`` matrix; calls inside the block use the reference
-    backend so that the weights exist. Diagnostics (``attnkit.analysis``) build on this.
+    ``weights`` is the detached ``(B, H, Lq, Lk)`` matrix of the mechanism, before attention dropout (a model
+    in training mode is observed as its mechanism weighs, not as the dropout mask thins it); calls inside
+    the block use the reference backend so that the weights exist. Diagnostics (``attnkit.analysis``) build
+    on this.
     """
     _OBSERVERS.append(observer)
     try:
@@ -205,9 +207,11 @@ def attention(
 
     if _OBSERVERS:
         q, k, v = _zero_padding(q, k, v, mask)
-        out, w = _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights=True)
+        mechanism_weights: list = []  # before attention dropout: Lemma 1 and the column sums are of these
+        out, w = _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights=True,
+                                      before_dropout=mechanism_weights)
         for observer in list(_OBSERVERS):
-            observer(w.detach(), mask, config)
+            observer(mechanism_weights[0].detach(), mask, config)
         out = _stop_gradient_of_empty_rows(out, mask)
         return (out, w) if return_weights else out
 
@@ -396,17 +400,22 @@ def _reference_attention(
     dropout_p: float,
     u: Optional[Tensor],
     return_weights: bool,
+    before_dropout: Optional[list] = None,
 ) -> Union[Tensor, tuple[Tensor, Tensor]]:
     """The materialized path: weights ``(B, H, Lq, Lk)`` in float32 (or float64), then ``weights @ v``.
 
     Scores are computed from ``q`` and ``k`` cast to the compute dtype, so half-precision inputs lose
-    no accuracy in the logits; the weights are cast to ``v``'s dtype for the product, as SDPA does.
+    no accuracy in the logits; the weights are cast to ``v``'s dtype for the product, as SDPA does. The
+    returned weights are those after dropout (as torch's ``need_weights``); ``before_dropout`` receives the
+    mechanism's own.
     """
     cdtype = _compute_dtype(q.dtype)
     qc, kc = q.to(cdtype), k.to(cdtype)
     s = scaled_dot(qc, kc, scale)  # (B, H, Lq, Lk)
     n = neg_l1_distance(qc, kc, scale) if isinstance(config, CoDA) else None  # (B, H, Lq, Lk)
     w = _weights(s, config, mask, u, gate_scores=n)
+    if before_dropout is not None:
+        before_dropout.append(w)
     if dropout_p > 0:
         w = F.dropout(w, p=dropout_p, training=True)
     w = w.to(v.dtype)

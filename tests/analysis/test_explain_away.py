@@ -216,3 +216,15 @@ def test_collected_key_sums_of_padded_self_attention_equal_the_sequence_alone(me
     padded, alone = log.records[0].stats, log.records[1].stats
     torch.testing.assert_close(padded.key_sums[..., :5], alone.key_sums)
     assert padded.min_normalized == pytest.approx(alone.min_normalized)
+
+
+def test_observed_weights_are_the_mechanisms_before_attention_dropout():
+    """A module in training mode was observed after dropout: DNAS reported min n_k * sum 6e-10, an apparent
+    violation of Lemma 1."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 2, 6, 4, dtype=torch.float64)
+    with collect_explain_away() as log:
+        ak.attention(x, x, x, "dnas", dropout_p=0.5)
+    _, w = ak.attention(x, x, x, "dnas", return_weights=True)
+    torch.testing.assert_close(log.records[0].stats.key_sums, explain_away(w).key_sums)
+    assert log.records[0].stats.min_normalized >= 1 - 1e-12
