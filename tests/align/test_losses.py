@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attnkit.align import Critic, Discriminator, Navigator, ct_loss, gan_loss, grad_reverse, mmd, ot_loss
 
@@ -152,6 +153,19 @@ def test_gan_gradient_reaching_q_and_k_is_reversed():
     )
 
 
+def test_highway_has_the_papers_separate_gate_and_transform():
+    """Sec. 2.3.1: a gate sigma(FC(x)) and "another linear layer followed by ReLU"; one matrix served both."""
+    from attnkit.align._common import Highway
+
+    torch.manual_seed(0)
+    layer = Highway(4).double()
+    assert sum(p.numel() for p in layer.parameters()) == 2 * (4 * 4 + 4)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    t = torch.sigmoid(x @ layer.gate.weight.T + layer.gate.bias)
+    h = torch.relu(x @ layer.transform.weight.T + layer.transform.bias)
+    torch.testing.assert_close(layer(x), t * h + (1 - t) * x)
+
+
 def test_ct_critic_gradient_is_reversed_and_inputs_are_not():
     mods = _modules("ct", 4)
     critic, navigator = mods["critic"], mods["navigator"]
@@ -162,7 +176,8 @@ def test_ct_critic_gradient_is_reversed_and_inputs_are_not():
     g_q = torch.autograd.grad(value, q)[0]
     # without reversal: the same cost computed from plain module calls
     fq, fk = critic(q), critic(k)
-    cost = torch.cdist(fq, fk)
+    # the paper's point-to-point cost 1 - cos(f(q), f(k)) (sec. 2.3.3; the code took |f(q) - f(k)|)
+    cost = 1 - F.cosine_similarity(fq.unsqueeze(-2), fk.unsqueeze(-3), dim=-1)
     logits = navigator(q) @ navigator(k).transpose(-1, -2)
     plain = (
         0.5 * (cost * logits.softmax(-1)).sum((-1, -2)) / 6

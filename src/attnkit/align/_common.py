@@ -39,8 +39,10 @@ def grad_reverse(x: Tensor, gamma: float = 1.0) -> Tensor:
 
 
 class Highway(nn.Module):
-    r"""One highway layer :math:`h = \sigma(g) \odot \mathrm{relu}(g) + (1 - \sigma(g)) \odot x`,
-    ``g = W x + b``.
+    r"""One highway layer (Srivastava et al., "Training Very Deep Networks", arXiv:1507.06228), as the
+    alignment-attention paper's discriminator and critic use it (sec. 2.3.1): a transform gate
+    :math:`t = \sigma(W_T x + b_T)` and "another linear layer followed by ReLU",
+    :math:`h = t \odot \mathrm{relu}(W_H x + b_H) + (1 - t) \odot x`.
 
     Shapes: ``x (..., d) -> (..., d)``.
     """
@@ -48,16 +50,17 @@ class Highway(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.dim = dim
-        self.linear = nn.Linear(dim, dim)
+        self.gate = nn.Linear(dim, dim)
+        self.transform = nn.Linear(dim, dim)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        self.linear.reset_parameters()
+        self.gate.reset_parameters()
+        self.transform.reset_parameters()
 
     def forward(self, x: Tensor) -> Tensor:
-        g = self.linear(x)
-        gate = torch.sigmoid(g)
-        return gate * torch.relu(g) + (1 - gate) * x
+        t = torch.sigmoid(self.gate(x))
+        return t * torch.relu(self.transform(x)) + (1 - t) * x
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"

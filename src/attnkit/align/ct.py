@@ -7,7 +7,7 @@ critic ``f`` (highway + two-layer MLP, L2-normalized output) the point-to-point 
 with real queries :math:`q_{1..n_q}` and keys :math:`k_{1..n_k}`:
 
 .. math::
-    c_{ij} = \|f(q_i) - f(k_j)\|_2, \qquad
+    c_{ij} = 1 - f(q_i)^\top f(k_j) \;(\text{the cosine distance; } f \text{ is unit-norm}), \qquad
     \pi_f(j \mid i) = \frac{e^{g(q_i)^\top g(k_j)}}{\sum_{j'} e^{g(q_i)^\top g(k_{j'})}}, \qquad
     \pi_b(i \mid j) = \frac{e^{g(q_i)^\top g(k_j)}}{\sum_{i'} e^{g(q_{i'})^\top g(k_j)}}
 
@@ -119,7 +119,7 @@ def ct_loss(
     q = q.masked_fill(~qm[:, None, :, None], 0.0)
     k = k.masked_fill(~km[:, None, :, None], 0.0)
     fq, fk = _reversed(critic, q, gamma), _reversed(critic, k, gamma)  # (B, H, Lq, e), (B, H, Lk, e)
-    cost = torch.cdist(fq, fk)  # (B, H, Lq, Lk); its gradient at distance 0 is 0, not NaN
+    cost = 1 - fq @ fk.transpose(-1, -2)  # (B, H, Lq, Lk): the paper's 1 - cos (the critic's f is unit-norm)
     logits = navigator(q) @ navigator(k).transpose(-1, -2)  # (B, H, Lq, Lk)
     pair = qm[:, None, :, None] & km[:, None, None, :]  # (B, 1, Lq, Lk)
     # |logits| <= 1 (unit vectors): -1e4 gives an exact 0 weight, and a row with no real key stays finite

@@ -17,6 +17,13 @@ Sinkhorn Divergences", arXiv:1810.08278). Computed by geomloss ``SamplesLoss("si
 batched over ``(B*H, L, d)``; padding gets weight 0 (carries no mass) and its coordinates are zeroed, and the
 epsilon-scaling schedule starts from the diameter of the real points (so padding values change nothing).
 ``S`` is >= 0 and 0 when the two sets coincide.
+
+geomloss anneals epsilon from the diameter down to ``blur ** p`` in steps of ``scaling`` and stops at the
+last: with the default ``scaling=0.5`` the value is below the converged ``S_eps`` (by 1.1-1.8% in float64
+checks against a log-domain Sinkhorn run to convergence, 8.6% on a sample of 5 queries and 4 keys);
+``scaling=0.9`` comes within 0.5% at about 4 times the time (0.20 s against 0.05 s for 8 x 4 heads of 64
+points in 16 dimensions on one CPU thread). The default keeps 0.5 for the training step's cost: the loss
+is a slightly low estimate of the divergence, with the same zeros.
 """
 
 from __future__ import annotations
