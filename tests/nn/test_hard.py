@@ -212,3 +212,13 @@ def test_module_names_query_and_key_sizes_and_dtypes():
     with pytest.raises(ValueError, match="query has dtype torch.float64 but HardAttention's parameters are"):
         att(q.double(), keys.double())
     assert att(q, keys).context.shape == (2, 3)
+
+
+def test_a_tiny_temperature_gives_a_one_hot_sample_not_nan():
+    """At tau=1e-38 (logits + g) / tau overflowed to inf - inf: the selection and its context were NaN."""
+    from attnkit.nn.hard import gumbel_straight_through
+
+    logits = torch.tensor([[10.0, 20.0, float("-inf")]], requires_grad=True)
+    y = gumbel_straight_through(logits, tau=1e-38, generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(y).all() and y.sum().item() == 1.0 and y[0, 2] == 0
+    assert torch.isfinite(torch.autograd.grad(y[0, 1], logits)[0]).all()

@@ -108,7 +108,10 @@ def gumbel_straight_through(
     tau = _check_tau(tau)
     u = torch.rand(logits.shape, generator=generator, dtype=logits.dtype, device=logits.device)
     g = -torch.log(-torch.log(u.clamp_min(torch.finfo(logits.dtype).tiny)))  # Gumbel(0, 1)
-    y_soft = torch.softmax((logits + g) / tau, dim=-1)
+    z = logits + g
+    top = z.amax(dim=-1, keepdim=True).detach()
+    z = z - torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # <= 0: a tiny tau cannot overflow
+    y_soft = torch.softmax(z / tau, dim=-1)
     index = y_soft.argmax(dim=-1, keepdim=True)
     y_hard = torch.zeros_like(y_soft).scatter_(-1, index, 1.0)
     return y_hard + (y_soft - y_soft.detach())
