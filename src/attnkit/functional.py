@@ -182,7 +182,9 @@ def attention(
         mechanism: a name in ``ak.MECHANISMS`` or a config object.
         key_mask, query_mask, attn_mask, causal: masks, True = may attend (see ``attnkit.masks``).
         scale: score scale, ``1/sqrt(D)`` by default.
-        dropout_p: dropout on the weights (applied whenever > 0, as in SDPA).
+        dropout_p: dropout on the weights (applied whenever > 0, as in SDPA). The C++ CPU routes draw it from
+            a counter-based hash at a rate rounded to a multiple of ``2**-16`` (at most 7.6e-6 off: a rate
+            below that drops nothing there); ``backend="reference"`` takes it exactly.
         hybrid_weight: ``u`` for ``"hnas"``: a number or a tensor of shape ``()`` / ``(H,)``.
             Defaults to the config's ``u0`` (0.5).
         sinkhorn_iters: iterations for ``"sinkhorn"`` (default 3).
