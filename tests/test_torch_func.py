@@ -50,11 +50,23 @@ def test_jacrev_through_a_module_with_functional_call():
     torch.testing.assert_close(jac[0, 2, 3], row, rtol=1e-10, atol=1e-12)
 
 
+def _dual_tangent(f, x, t, dispatch):
+    """The tangent of ``f`` at ``x`` along ``t`` through a dual tensor (whose call ``dispatch`` must plan on
+    the materialized path), and the central difference it should equal."""
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, t)
+        assert dispatch(dual).route == "reference"
+        tangent = fwAD.unpack_dual(f(dual)).tangent
+    eps = 1e-6
+    return tangent, (f(x + eps * t) - f(x - eps * t)) / (2 * eps)
+
+
 @pytest.mark.parametrize("mechanism", ak.MECHANISMS)
 def test_forward_mode_tangents_match_finite_differences(mechanism):
     """A dual tensor's tangent is carried through (the kernels' autograd functions have no jvp and dropped it:
     the output's tangent was None)."""
-    import torch.autograd.forward_ad as fwAD
     from torch.func import jvp
 
     q, k, v, mask = _inputs()
@@ -63,12 +75,8 @@ def test_forward_mode_tangents_match_finite_differences(mechanism):
     def f(q):
         return ak.attention(q, k, v, mechanism, key_mask=mask, query_mask=mask)
 
-    with fwAD.dual_level():
-        dual = fwAD.make_dual(q, t)
-        assert ak.explain_dispatch(dual, k, v, mechanism, key_mask=mask).route == "reference"
-        tangent = fwAD.unpack_dual(f(dual)).tangent
-    eps = 1e-6
-    expected = (f(q + eps * t) - f(q - eps * t)) / (2 * eps)
+    tangent, expected = _dual_tangent(f, q, t, lambda dual: ak.explain_dispatch(dual, k, v, mechanism,
+                                                                                key_mask=mask))
     assert tangent is not None
     torch.testing.assert_close(tangent, expected, rtol=1e-6, atol=1e-8)
     torch.testing.assert_close(jvp(f, (q,), (t,))[1], expected, rtol=1e-6, atol=1e-8)
@@ -78,8 +86,6 @@ def test_forward_mode_tangents_match_finite_differences(mechanism):
 def test_a_dual_float_attn_mask_takes_the_materialized_path(mechanism):
     """Only q, k and v were checked for tangents: a learned bias given as a dual tensor reached SDPA or the
     blockwise kernel and raised NotImplementedError."""
-    import torch.autograd.forward_ad as fwAD
-
     g = torch.Generator().manual_seed(4)
     q = torch.randn(1, 2, 140, 8, generator=g, dtype=torch.float64)
     bias, t = (torch.randn(1, 2, 140, 140, generator=g, dtype=torch.float64) for _ in range(2))
@@ -87,12 +93,8 @@ def test_a_dual_float_attn_mask_takes_the_materialized_path(mechanism):
     def f(bias):
         return ak.attention(q, q, q, mechanism, attn_mask=bias)
 
-    with fwAD.dual_level():
-        dual = fwAD.make_dual(bias, t)
-        assert ak.explain_dispatch(q, q, q, mechanism, attn_mask=dual).route == "reference"
-        tangent = fwAD.unpack_dual(f(dual)).tangent
-    eps = 1e-6
-    expected = (f(bias + eps * t) - f(bias - eps * t)) / (2 * eps)
+    tangent, expected = _dual_tangent(f, bias, t, lambda dual: ak.explain_dispatch(q, q, q, mechanism,
+                                                                                   attn_mask=dual))
     torch.testing.assert_close(tangent, expected, rtol=1e-6, atol=1e-8)
 
 
