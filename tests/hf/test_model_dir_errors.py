@@ -401,7 +401,7 @@ def test_a_stale_index_beside_the_single_weights_file_is_ignored_as_transformers
     assert torch.equal(model.embeddings.word_embeddings.weight, original.embeddings.word_embeddings.weight)
 
 
-@pytest.mark.parametrize("edit", ["drop_tensor", "more_layers", "fewer_layers"])
+@pytest.mark.parametrize("edit", ["drop_tensor", "drop_embedding", "more_layers", "fewer_layers"])
 def test_weights_lacking_tensors_of_the_saved_model_are_refused_not_started_random(
     good_model, tmp_path, capsys, edit
 ):
@@ -411,9 +411,10 @@ def test_weights_lacking_tensors_of_the_saved_model_are_refused_not_started_rand
 
     model_dir = tmp_path / "model"
     shutil.copytree(good_model, model_dir)
-    if edit == "drop_tensor":
+    if edit in ("drop_tensor", "drop_embedding"):  # a module missing whole, outside any layer, too
         tensors = load_file(model_dir / "model.safetensors")
-        del tensors["encoder.layer.0.attention.self.query.weight"]
+        del tensors["encoder.layer.0.attention.self.query.weight" if edit == "drop_tensor"
+                    else "embeddings.word_embeddings.weight"]
         save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
     else:  # the good model has one layer: one more, or (with a second one saved) one fewer
         if edit == "fewer_layers":

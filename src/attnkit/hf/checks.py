@@ -324,8 +324,9 @@ def damaged_keys(model, info: dict) -> list[str]:
     """The tensors of ``from_pretrained(..., output_loading_info=True)``'s report that say the weights and
     config.json disagree, not that a part was never saved: a missing tensor of a module whose other tensors
     loaded (a deleted query weight), a missing tensor of a repeated layer the weights hold elsewhere (a layer
-    more in config.json), an unexpected tensor of such a layer (a layer fewer). A head or pooler missing
-    whole (an encoder saved without its task head) is not: transformers starts it afresh, as meant."""
+    more in config.json), an unexpected tensor of such a layer (a layer fewer), a missing parameter of the
+    base model (its embeddings, a final norm). A head or pooler missing whole (an encoder saved without its
+    task head) is not: transformers starts it afresh, as meant."""
     missing = set(info.get("missing_keys") or ())
     unexpected = set(info.get("unexpected_keys") or ())
     state = model.state_dict()
@@ -338,7 +339,16 @@ def damaged_keys(model, info: dict) -> list[str]:
     loaded_modules = {k.rpartition(".")[0] for k in loaded - tied}
     loaded_layers = {_layer_pattern(k) for k in loaded}
     built_layers = {_layer_pattern(k) for k in built}
-    bad = [k for k in missing if k.rpartition(".")[0] in loaded_modules or _layer_pattern(k) in loaded_layers]
+    params = {name for name, _ in model.named_parameters()}
+    prefix = getattr(model, "base_model_prefix", "")
+    headed = getattr(model, "base_model", model) is not model and bool(prefix)
+
+    def in_base(key: str) -> bool:  # a parameter of the encoder itself, not of a task head or the pooler
+        inner = key[len(prefix) + 1:] if headed and key.startswith(prefix + ".") else None if headed else key
+        return inner is not None and key in params and not inner.startswith("pooler.")
+
+    bad = [k for k in missing if k.rpartition(".")[0] in loaded_modules or _layer_pattern(k) in loaded_layers
+           or in_base(k)]
     bad += [k for k in unexpected if _layer_pattern(k) in built_layers]
     return sorted(bad)
 
