@@ -58,3 +58,12 @@ def test_too_long_input_raises_naming_max_len(cls):
         module(torch.zeros(1, 3, 5))
     with pytest.raises(ValueError, match="max_len=0"):
         cls(4, max_len=0)
+
+
+def test_the_sinusoidal_table_keeps_float64_accuracy_in_float64_models():
+    """The table was rounded to float32 when built: a float64 model's positions erred by 3e-8."""
+    pe = aknn.SinusoidalPositionalEncoding(8, max_len=64).double()
+    pos, i = 50, 3  # PE(pos, 2i) = sin(pos / 10000^(2i/d))
+    assert abs(pe.pe[pos, 2 * i].item() - math.sin(pos / 10000 ** (2 * i / 8))) < 1e-15
+    x = torch.zeros(1, 3, 8)
+    assert pe.float()(x).dtype == torch.float32

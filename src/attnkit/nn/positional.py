@@ -110,7 +110,8 @@ class SinusoidalPositionalEncoding(_PositionalEncoding):
         pe = torch.zeros(max_len, d_model, dtype=torch.float64, device=device)
         pe[:, 0::2] = torch.sin(position * div)
         pe[:, 1::2] = torch.cos(position * div[: d_model // 2])
-        self.register_buffer("pe", pe.float(), persistent=False)
+        # kept in float64 (cast to x's dtype when added): a float32 table made float64 models err by 3e-8
+        self.register_buffer("pe", pe, persistent=False)
 
     def table(self) -> Tensor:
         return self.pe
