@@ -103,11 +103,31 @@ def test_a_scale_or_bias_that_overflows_the_inputs_dtype_is_refused_not_nan(back
     """Checked in float64 only: scale=1e39 with float32 inputs, or a float64 bias of 1e39, became inf and
     every output NaN."""
     q, k, v = _qkv(Lk=5)
-    with pytest.raises(ValueError, match="scale=1e\\+39 overflows q's dtype torch.float32"):
+    with pytest.raises(ValueError, match="scale=1e\\+39 overflows the scores' dtype"):
         ak.attention(q, k, v, mechanism, scale=1e39, backend=backend)
     bias = torch.zeros(5, 5, dtype=torch.float64)
     bias[0, 1] = 1e39
-    with pytest.raises(ValueError, match="attn_mask holds 1e\\+39, which overflows q's dtype torch.float32"):
+    with pytest.raises(ValueError, match="attn_mask holds 1e\\+39, which overflows the scores' dtype"):
         ak.attention(q, k, v, mechanism, attn_mask=bias, backend=backend)
     bias[0, 1] = -1e39  # a masked pair, as -inf
     assert torch.isfinite(ak.attention(q, k, v, mechanism, attn_mask=bias, backend=backend)).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mechanism", ["softmax", "dnas", "sinkhorn"])
+def test_scores_that_overflow_are_refused_and_half_inputs_are_measured_in_float32(backend, mechanism):
+    """scale=1e38 fits float32 but scale * q . k did not: every output was NaN. Float16 inputs are scored in
+    float32, so scale=7e4 (beyond float16's largest 65504) works and was refused."""
+    q, k, v = _qkv(Lk=5)
+    with pytest.raises(ValueError, match=r"the scores scale \* q \. k may reach .* overflow to inf"):
+        ak.attention(q, k, v, mechanism, scale=1e38, backend=backend)
+    k_inf = k.clone()
+    k_inf[:, :, -1] = float("inf")
+    with pytest.raises(ValueError, match="may reach [0-9.]+e\\+4"):  # the padded key's inf is left out
+        padded = torch.tensor([[True] * 4 + [False]] * q.shape[0])
+        ak.attention(q, k_inf * 1e20, v, mechanism, key_mask=padded, scale=1e20, backend=backend)
+    key_mask = torch.tensor([[True] * 4 + [False]] * q.shape[0])  # the inf key padded: it never matters
+    out = ak.attention(q, k_inf, v, mechanism, key_mask=key_mask, backend=backend)
+    assert torch.isfinite(out).all()
+    half = [t.to(torch.float16) for t in (q, k, v)]
+    assert torch.isfinite(ak.attention(*half, mechanism, scale=7e4, backend=backend)).all()

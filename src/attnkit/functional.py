@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from typing import Callable, Iterator, Optional, Union
 
 import torch
@@ -307,25 +308,56 @@ def _boundary(
     )
     check_causal_pattern(config, mask)
     scale = check_scale(scale, D)
-    _check_fits(q.dtype, scale, mask.bias)
+    _check_fits(q, k, scale, mask)
     return config, mask, scale, _check_dropout(dropout_p)
 
 
-def _check_fits(dtype: torch.dtype, scale: float, bias: Optional[Tensor]) -> None:
-    """``scale`` and the float ``attn_mask``'s biases are finite in the inputs' dtype (checked in float64,
-    ``scale=1e39`` or a bias of ``1e39`` became inf in float32 and every output NaN)."""
+def _check_fits(q: Tensor, k: Tensor, scale: float, mask: MaskInfo) -> None:
+    """The scores ``scale * q . k + bias`` are finite in the dtype they are computed in (float32 for float16
+    and bfloat16 inputs, else the inputs'): ``scale=1e39``, a bias of ``1e39``, or ``scale=1e38`` with
+    unit-size inputs became inf in float32 and every output NaN.
+
+    ``scale`` and the biases are checked as values. The scores of finite inputs are bounded on CPU by
+    ``scale * D * max|q| * max|k|`` over the rows that are not padded (padded rows may hold anything,
+    ``_zero_padding``), two reductions of the inputs' size; a NaN or inf in q or k is not refused (it gives
+    non-finite outputs, as in torch, which ``GradScaler`` and the like rely on). On other devices the inputs
+    are not read before the kernels run, so that a call never waits for the device."""
+    dtype = q.dtype
     if not dtype.is_floating_point:
         return
-    top = torch.finfo(dtype).max
+    top = torch.finfo(torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype).max
     if scale > top:
-        raise ValueError(f"scale={scale!r} overflows q's dtype {dtype} (largest {top:.4g}); pass a smaller "
+        raise ValueError(f"scale={scale!r} overflows the scores' dtype (largest {top:.4g}); pass a smaller "
                          "scale")
-    if bias is not None and bias.dtype != dtype and not values_hidden(bias) and bias.numel():
-        largest = float(bias.detach().abs().amax())
-        if largest > top:
-            raise ValueError(f"attn_mask holds {largest:.4g}, which overflows q's dtype {dtype} (largest "
-                             f"{top:.4g}); use finite biases in that range and -inf for pairs that may not "
-                             "attend")
+    largest_bias = 0.0
+    bias = mask.bias
+    wider = bias is not None and torch.finfo(bias.dtype).max > top  # a bias in the scores' dtype fits it
+    if wider and not values_hidden(bias) and bias.numel() and bias.device.type == "cpu":
+        largest_bias = float(bias.detach().abs().amax())
+        if largest_bias > top:
+            raise ValueError(f"attn_mask holds {largest_bias:.4g}, which overflows the scores' dtype "
+                             f"(largest {top:.4g}); use finite biases in that range and -inf for pairs that "
+                             "may not attend")
+    if q.device.type != "cpu" or values_hidden(q) or values_hidden(k) or not q.numel() or not k.numel():
+        return
+    with torch.no_grad():
+        q_top = q.detach().abs().amax(dim=-1)  # (B, H, Lq)
+        k_top = k.detach().abs().amax(dim=-1)  # (B, H, Lk)
+        if mask.query_mask is not None:
+            q_top = q_top.masked_fill(~mask.query_mask[:, None, :], 0.0)
+        if mask.key_mask is not None:
+            k_top = k_top.masked_fill(~mask.key_mask[:, None, :], 0.0)
+        q_top, k_top = float(q_top.amax()), float(k_top.amax())
+    if not (math.isfinite(q_top) and math.isfinite(k_top)):
+        return  # a NaN or inf in q or k: the outputs are not finite either, as torch's (never hidden)
+    bound = scale * q.shape[-1] * q_top * k_top + largest_bias
+    if bound > top:
+        raise ValueError(
+            f"the scores scale * q . k may reach {bound:.4g} (scale={scale:.4g}, D={q.shape[-1]}, largest "
+            f"|q| and |k| entries of the rows not padded), beyond the largest {top:.4g} of the scores' "
+            "dtype: "
+            "they would overflow to inf and the outputs be NaN; scale q and k (or the scale) down"
+        )
 
 
 def check_causal_pattern(config: MechanismConfig, mask: MaskInfo, source: str = "attn_mask") -> None:
