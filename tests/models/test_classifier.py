@@ -66,7 +66,7 @@ def test_left_and_inner_padding_equal_the_sequence_alone(mechanism, pooling):
 def test_positions_given_per_token_are_checked():
     pe = ak.nn.SinusoidalPositionalEncoding(8, max_len=4)
     x = torch.zeros(1, 3, 8)
-    torch.testing.assert_close(pe(x, positions=torch.tensor([[0, 0, 1]])), pe.pe[[0, 0, 1]][None].float())
+    torch.testing.assert_close(pe(x, positions=torch.tensor([[0, 0, 1]])), pe.pe[[0, 0, 1]][None])
     for bad, message in ((torch.tensor([[0, 1, 4]]), "outside"), (torch.tensor([[0.0, 1.0, 2.0]]), "integer"),
                          (torch.tensor([[0, 1]]), "shape")):
         with pytest.raises(ValueError, match=message):

@@ -61,9 +61,43 @@ def test_too_long_input_raises_naming_max_len(cls):
 
 
 def test_the_sinusoidal_table_keeps_float64_accuracy_in_float64_models():
-    """The table was rounded to float32 when built: a float64 model's positions erred by 3e-8."""
-    pe = aknn.SinusoidalPositionalEncoding(8, max_len=64).double()
+    """The table was rounded to float32 when built: a float64 model's positions erred by 3e-8. Its buffer is
+    float32 (as the module's other tensors: a float64 buffer cannot move to Apple's MPS device)."""
+    pe = aknn.SinusoidalPositionalEncoding(8, max_len=64)
+    assert pe.pe.dtype == torch.float32
     pos, i = 50, 3  # PE(pos, 2i) = sin(pos / 10000^(2i/d))
-    assert abs(pe.pe[pos, 2 * i].item() - math.sin(pos / 10000 ** (2 * i / 8))) < 1e-15
+    out = pe.double()(torch.zeros(1, 51, 8, dtype=torch.float64))
+    assert abs(out[0, pos, 2 * i].item() - math.sin(pos / 10000 ** (2 * i / 8))) < 1e-15
+    gathered = pe(torch.zeros(1, 1, 8, dtype=torch.float64), positions=torch.tensor([[pos]]))
+    assert abs(gathered[0, 0, 2 * i].item() - math.sin(pos / 10000 ** (2 * i / 8))) < 1e-15
     x = torch.zeros(1, 3, 8)
     assert pe.float()(x).dtype == torch.float32
+    torch.testing.assert_close(pe(x), out[:, :3].float(), rtol=0, atol=6e-8)
+
+
+@pytest.mark.parametrize("cls", [aknn.SinusoidalPositionalEncoding, aknn.LearnedPositionalEncoding])
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged])
+def test_a_nested_batch_numbers_each_sequence_as_the_padded_batch_does(cls, layout):
+    """A nested batch (torch.nested) raised torch's internal "NestedTensorImpl doesn't support sizes"."""
+    torch.manual_seed(0)
+    pe = cls(4, max_len=8)
+    seqs = [torch.randn(3, 4, requires_grad=True), torch.randn(5, 4, requires_grad=True)]
+    out = pe(torch.nested.as_nested_tensor(seqs, layout=layout), start=1)
+    assert out.is_nested
+    for got, seq in zip(out.unbind(), seqs):
+        torch.testing.assert_close(got, pe(seq[None], start=1)[0])
+    sum(part.sum() for part in out.unbind()).backward()
+    assert all(seq.grad is not None for seq in seqs)
+    with pytest.raises(ValueError, match="leave positions out"):
+        pe(torch.nested.as_nested_tensor(seqs, layout=layout), positions=torch.zeros(2, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_len >= 9"):
+        pe(torch.nested.as_nested_tensor(seqs, layout=layout), start=4)
+    with pytest.raises(ValueError, match="batch_first=True"):
+        cls(4, max_len=8, batch_first=False)(torch.nested.as_nested_tensor(seqs, layout=layout))
+
+
+def test_positions_for_an_unbatched_x_name_the_missing_batch_dimension():
+    """The message said to build the module with batch_first=True, which it already was."""
+    pe = aknn.SinusoidalPositionalEncoding(8)
+    with pytest.raises(ValueError, match=r"add the batch dimension \(x\[None\], positions\[None\]\)"):
+        pe(torch.zeros(3, 8), positions=torch.arange(3))

@@ -12,6 +12,7 @@ or a learned table ``P in R^{max_len x d}``. Both return ``dropout(x + PE[start 
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +30,18 @@ def _check_args(d_model: int, max_len: int, dropout: float) -> None:
         raise ValueError(f"dropout={dropout!r}; expected a probability in [0, 1)")
 
 
+def _sinusoids(max_len: int, d_model: int, device=None) -> Tensor:
+    """``PE`` ``(max_len, d_model)`` in float64 (the equation above)."""
+    position = torch.arange(max_len, dtype=torch.float64, device=device)[:, None]  # (max_len, 1)
+    div = torch.exp(
+        torch.arange(0, d_model, 2, dtype=torch.float64, device=device) * (-math.log(10000.0) / d_model)
+    )  # (ceil(d/2),)
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64, device=device)
+    pe[:, 0::2] = torch.sin(position * div)
+    pe[:, 1::2] = torch.cos(position * div[: d_model // 2])
+    return pe
+
+
 class _PositionalEncoding(nn.Module):
     """Shared forward: validate ``x``, add ``table[start : start + L]`` along the sequence dimension."""
 
@@ -40,7 +53,8 @@ class _PositionalEncoding(nn.Module):
         self.batch_first = batch_first
         self.dropout = nn.Dropout(dropout)
 
-    def table(self) -> Tensor:  # pragma: no cover - overridden
+    def table(self, dtype: Optional[torch.dtype] = None) -> Tensor:  # pragma: no cover - overridden
+        """The ``(max_len, d_model)`` table to add to an ``x`` of ``dtype``."""
         raise NotImplementedError
 
     def forward(self, x: Tensor, start: int = 0, positions: Tensor | None = None) -> Tensor:
@@ -49,6 +63,8 @@ class _PositionalEncoding(nn.Module):
         positions ``start .. start + L - 1`` (``start`` > 0 for incremental decoding), or ``positions``
         ``(B, L)`` given per token for batch-first ``x`` (e.g. ``attention_mask.cumsum(1) - 1``, so that left
         or inner padding does not move the real tokens' positions)."""
+        if isinstance(x, Tensor) and x.is_nested:
+            return self._nested(x, start, positions)
         if not isinstance(x, Tensor) or x.dim() not in (2, 3) or x.shape[-1] != self.d_model:
             got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x has shape {got}, expected (B, L, {self.d_model}) or (L, {self.d_model})")
@@ -63,6 +79,13 @@ class _PositionalEncoding(nn.Module):
             return self.dropout(x + self._gather(x, positions))
         seq_dim = 1 if (x.dim() == 3 and self.batch_first) else 0
         L = x.shape[seq_dim]
+        self._check_span(start, L)
+        pe = self.table(x.dtype)[start : start + L].to(x.dtype)  # (L, d_model)
+        if x.dim() == 3:
+            pe = pe.unsqueeze(0) if self.batch_first else pe.unsqueeze(1)  # (1, L, d) or (L, 1, d)
+        return self.dropout(x + pe)
+
+    def _check_span(self, start, L: int) -> None:
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
             raise ValueError(f"start={start!r}; expected an integer >= 0")
         if start + L > self.max_len:
@@ -70,14 +93,32 @@ class _PositionalEncoding(nn.Module):
                 f"positions up to {start + L - 1} requested but max_len={self.max_len}; "
                 f"build the module with max_len >= {start + L}"
             )
-        pe = self.table()[start : start + L].to(x.dtype)  # (L, d_model)
-        if x.dim() == 3:
-            pe = pe.unsqueeze(0) if self.batch_first else pe.unsqueeze(1)  # (1, L, d) or (L, 1, d)
-        return self.dropout(x + pe)
+
+    def _nested(self, x: Tensor, start: int, positions: Optional[Tensor]) -> Tensor:
+        """A nested batch (sequences ``(L_b, d_model)``, as ``torch.nested`` builds them): each sequence takes
+        positions ``start .. start + L_b - 1``."""
+        if not self.batch_first:
+            raise ValueError("x is a nested tensor, which is batch-first; build the module with "
+                             "batch_first=True")
+        if positions is not None:
+            raise ValueError("positions are for a padded batch (B, L, d_model); a nested x numbers each "
+                             "sequence from start: leave positions out")
+        if x.dim() != 3 or not x.is_floating_point() or x.size(-1) != self.d_model:
+            raise ValueError(f"x is a nested tensor of {x.dim()} dimensions and dtype {x.dtype}; expected "
+                             f"floating sequences (L_b, {self.d_model})")
+        parts = x.unbind()
+        self._check_span(start, max((p.shape[0] for p in parts), default=0))
+        table = self.table(x.dtype)
+        out = [p + table[start : start + p.shape[0]].to(x.dtype) for p in parts]  # (L_b, d_model) each
+        return self.dropout(torch.nested.as_nested_tensor(out, layout=x.layout))
 
     def _gather(self, x: Tensor, positions: Tensor) -> Tensor:
         """The table's rows ``(B, L, d_model)`` at ``positions`` ``(B, L)``."""
-        if x.dim() != 3 or not self.batch_first:
+        if x.dim() == 2:
+            raise ValueError(f"positions are per token of a batch (B, L, d_model) but x is unbatched "
+                             f"{tuple(x.shape)}: add the batch dimension (x[None], positions[None]), or "
+                             "leave positions out")
+        if not self.batch_first:
             raise ValueError("positions (B, L) are for batch-first x (B, L, d_model); build the module with "
                              "batch_first=True, or leave positions out")
         integer = isinstance(positions, Tensor) and not positions.is_floating_point() \
@@ -90,7 +131,7 @@ class _PositionalEncoding(nn.Module):
         if positions.numel() and (positions.min() < 0 or positions.max() >= self.max_len):
             raise ValueError(f"positions span {positions.min().item()}..{positions.max().item()}, outside "
                              f"[0, max_len={self.max_len}); build the module with a larger max_len")
-        return self.table()[positions].to(x.dtype)  # (B, L, d_model)
+        return self.table(x.dtype)[positions].to(x.dtype)  # (B, L, d_model)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, max_len={self.max_len}"
@@ -103,17 +144,13 @@ class SinusoidalPositionalEncoding(_PositionalEncoding):
         self, d_model: int, max_len: int = 1024, dropout: float = 0.0, batch_first: bool = True, device=None
     ) -> None:
         super().__init__(d_model, max_len, dropout, batch_first)
-        position = torch.arange(max_len, dtype=torch.float64, device=device)[:, None]  # (max_len, 1)
-        div = torch.exp(
-            torch.arange(0, d_model, 2, dtype=torch.float64, device=device) * (-math.log(10000.0) / d_model)
-        )  # (ceil(d/2),)
-        pe = torch.zeros(max_len, d_model, dtype=torch.float64, device=device)
-        pe[:, 0::2] = torch.sin(position * div)
-        pe[:, 1::2] = torch.cos(position * div[: d_model // 2])
-        # kept in float64 (cast to x's dtype when added): a float32 table made float64 models err by 3e-8
-        self.register_buffer("pe", pe, persistent=False)
+        # float32, as the module's other floating tensors (a float64 buffer could not move to MPS); float64
+        # inputs get a table computed in float64 (the float32 one rounded them by 3e-8)
+        self.register_buffer("pe", _sinusoids(max_len, d_model, device).float(), persistent=False)
 
-    def table(self) -> Tensor:
+    def table(self, dtype: Optional[torch.dtype] = None) -> Tensor:
+        if dtype == torch.float64:
+            return _sinusoids(self.max_len, self.d_model, self.pe.device)
         return self.pe
 
 
@@ -136,5 +173,5 @@ class LearnedPositionalEncoding(_PositionalEncoding):
     def reset_parameters(self) -> None:
         nn.init.normal_(self.weight, std=0.02)
 
-    def table(self) -> Tensor:
+    def table(self, dtype: Optional[torch.dtype] = None) -> Tensor:
         return self.weight
