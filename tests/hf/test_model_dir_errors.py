@@ -467,3 +467,79 @@ def test_finetune_refuses_weights_that_lack_a_tensor_of_the_encoder(good_model, 
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "do not match" in err and "query.weight" in err, err
     assert not out.exists()
+
+
+def _tiny_saved(tmp_path, model, name="model"):
+    path = tmp_path / name
+    model.save_pretrained(path)
+    return path
+
+
+def _drop(model_dir, *prefixes):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(model_dir / "model.safetensors")
+    tensors = {k: v for k, v in tensors.items() if not k.startswith(prefixes)}
+    save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("case", ["bert_transform", "bert_bias", "roberta_bias"])
+def test_a_task_head_half_in_the_weights_is_refused_not_started_random(tmp_path, case):
+    """A head whose own tensors partly loaded (RoBERTa's LM head without its bias, BERT's prediction head
+    without its transform) loaded with the rest zero or random; only a head missing whole starts afresh."""
+    from transformers import BertConfig, BertForMaskedLM, RobertaConfig, RobertaForMaskedLM
+
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=99, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                 intermediate_size=32, max_position_embeddings=32)
+    if case == "roberta_bias":
+        model_dir = _tiny_saved(tmp_path, RobertaForMaskedLM(RobertaConfig(**sizes)))
+        _drop(model_dir, "lm_head.bias")
+    else:
+        model_dir = _tiny_saved(tmp_path, BertForMaskedLM(BertConfig(**sizes)))
+        _drop(model_dir, "cls.predictions.transform." if case == "bert_transform" else "cls.predictions.bias")
+    with pytest.raises(ValueError, match="do not match the (Bert|Roberta)ForMaskedLM"):
+        akhf.load(model_dir)
+    _drop(model_dir, "cls.", "lm_head.")  # the head missing whole: an encoder saved without it
+    assert type(akhf.load(model_dir)).__name__.endswith("ForMaskedLM")
+
+
+def test_ignore_mismatched_sizes_still_refuses_a_deleted_tensor(good_model, tmp_path):
+    """ignore_mismatched_sizes=True skipped the whole check: a deleted query weight loaded random."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(good_model, model_dir)
+    _drop(model_dir, "encoder.layer.0.attention.self.query.weight")
+    with pytest.raises(ValueError, match="do not match the BertModel .*query.weight"):
+        akhf.load(model_dir, ignore_mismatched_sizes=True)
+    assert akhf.load(good_model, ignore_mismatched_sizes=True) is not None
+
+
+def test_a_bart_classifier_takes_a_new_head_for_other_labels_as_bert_does(tmp_path):
+    """BART and T5 name their head classification_head: finetune's load refused a 3-label BART classifier
+    for 2 labels as damaged files."""
+    from transformers import BartConfig, BartForSequenceClassification
+
+    from attnkit.hf.progress import load_classifier
+
+    torch.manual_seed(0)
+    config = BartConfig(vocab_size=99, d_model=16, encoder_layers=1, decoder_layers=1,
+                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                        decoder_ffn_dim=32, max_position_embeddings=32, num_labels=3)
+    model_dir = _tiny_saved(tmp_path, BartForSequenceClassification(config))
+    lines = []
+    model = load_classifier(str(model_dir), log=lines.append, num_labels=2)
+    assert model.config.num_labels == 2
+    assert any("classification head is for another number of labels" in line for line in lines), lines
+
+
+def test_a_sharded_folder_error_names_its_index_not_a_missing_single_file(good_model, tmp_path):
+    from transformers import BertModel
+
+    model_dir = tmp_path / "sharded"
+    BertModel.from_pretrained(good_model).save_pretrained(model_dir, max_shard_size="100KB")
+    assert not (model_dir / "model.safetensors").exists()
+    settings = json.loads((model_dir / "config.json").read_text())
+    settings["intermediate_size"] = 48
+    (model_dir / "config.json").write_text(json.dumps(settings))
+    with pytest.raises(ValueError, match="model.safetensors.index.json holds tensors whose shapes differ"):
+        akhf.load(model_dir)

@@ -21,7 +21,7 @@ from typing import Any
 
 from .._files import json_loads
 
-__all__ = ["check_model_dir", "from_pretrained", "load_tokenizer", "WEIGHTS", "WEIGHTS_INDEX"]
+__all__ = ["check_model_dir", "from_pretrained", "load_tokenizer", "weights_file", "WEIGHTS", "WEIGHTS_INDEX"]
 
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -74,6 +74,14 @@ def _check_safetensors(path: str) -> list[str]:
     except Exception as exc:  # SafetensorError: truncated, garbage, not safetensors
         raise ValueError(f"{path} is not a complete safetensors file ({_first_line(exc)}); "
                          "restore it from the original model") from None
+
+
+def weights_file(path: str) -> str:
+    """The file that names the weights of the model directory ``path``, for messages: ``model.safetensors``,
+    or the index of a sharded save when there is no single file (as transformers reads them)."""
+    single = os.path.join(path, WEIGHTS)
+    index = os.path.join(path, WEIGHTS_INDEX)
+    return index if not os.path.isfile(single) and os.path.isfile(index) else single
 
 
 def _check_weights(path: str) -> tuple[str, list[str]]:
@@ -301,7 +309,7 @@ def from_pretrained(
     check_model_dir(path, option)
     auto_config(path)
     config_path = os.path.join(path, "config.json")
-    weights = os.path.join(path, WEIGHTS)
+    weights = weights_file(path)
     try:
         result = model_class.from_pretrained(path, use_safetensors=True, **kwargs)
     except Exception as exc:  # noqa: BLE001 - a hostile directory can fail anywhere in transformers
@@ -325,8 +333,9 @@ def damaged_keys(model, info: dict) -> list[str]:
     config.json disagree, not that a part was never saved: a missing tensor of a module whose other tensors
     loaded (a deleted query weight), a missing tensor of a repeated layer the weights hold elsewhere (a layer
     more in config.json), an unexpected tensor of such a layer (a layer fewer), a missing parameter of the
-    base model (its embeddings, a final norm). A head or pooler missing whole (an encoder saved without its
-    task head) is not: transformers starts it afresh, as meant."""
+    base model (its embeddings, a final norm), a missing tensor of a task head some of whose own tensors
+    loaded (an LM head's bias, a prediction head's transform). A head or pooler missing whole (an encoder
+    saved without its task head) is not: transformers starts it afresh, as meant."""
     missing = set(info.get("missing_keys") or ())
     unexpected = set(info.get("unexpected_keys") or ())
     state = model.state_dict()
@@ -335,20 +344,32 @@ def damaged_keys(model, info: dict) -> list[str]:
     owners: dict = {}
     for key, tensor in state.items():
         owners.setdefault((tensor.data_ptr(), tensor.shape), []).append(key)
-    tied = {k for keys in owners.values() if len(keys) > 1 for k in keys}  # e.g. an LM head's decoder weight
-    loaded_modules = {k.rpartition(".")[0] for k in loaded - tied}
+    # tied tensors, e.g. an LM head's decoder weight and the word embeddings
+    aliases = {k: keys for keys in owners.values() if len(keys) > 1 for k in keys}
+    loaded_modules = {k.rpartition(".")[0] for k in loaded - set(aliases)}
     loaded_layers = {_layer_pattern(k) for k in loaded}
     built_layers = {_layer_pattern(k) for k in built}
     params = {name for name, _ in model.named_parameters()}
     prefix = getattr(model, "base_model_prefix", "")
     headed = getattr(model, "base_model", model) is not model and bool(prefix)
 
-    def in_base(key: str) -> bool:  # a parameter of the encoder itself, not of a task head or the pooler
-        inner = key[len(prefix) + 1:] if headed and key.startswith(prefix + ".") else None if headed else key
-        return inner is not None and key in params and not inner.startswith("pooler.")
+    def inner(key: str):  # the name inside the base model, None for a task head's tensor
+        return key[len(prefix) + 1:] if headed and key.startswith(prefix + ".") else None if headed else key
 
+    def in_base(key: str) -> bool:  # a parameter of the encoder itself, not of a task head or the pooler
+        name = inner(key)
+        return name is not None and key in params and not name.startswith("pooler.")
+
+    def head(key: str):  # the task head a tensor belongs to (its first name), None inside the base model
+        return key.partition(".")[0] if inner(key) is None else None
+
+    def own(key: str) -> bool:  # loaded from the head's own tensors: not an alias of another part's
+        group = aliases.get(key, (key,))
+        return all(head(k) == head(key) and k not in missing for k in group)
+
+    saved_heads = {head(k) for k in loaded if head(k) is not None and own(k)}
     bad = [k for k in missing if k.rpartition(".")[0] in loaded_modules or _layer_pattern(k) in loaded_layers
-           or in_base(k)]
+           or in_base(k) or head(k) in saved_heads]
     bad += [k for k in unexpected if _layer_pattern(k) in built_layers]
     return sorted(bad)
 

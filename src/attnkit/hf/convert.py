@@ -617,12 +617,13 @@ def load(path: Union[str, os.PathLike], model_class=None, **kwargs):
         model_class = getattr(transformers, arch, None) if isinstance(arch, str) else None
         model_class = model_class or transformers.AutoModel
     report = bool(kwargs.pop("output_loading_info", False))
-    if not saved_class or kwargs.get("ignore_mismatched_sizes"):
+    if not saved_class:
         # another class (e.g. a classifier on a base model): new layers may be meant, and transformers
         # reports them
         return from_pretrained(model_class, path, caller_options=True, output_loading_info=report, **kwargs)
     model, info = from_pretrained(model_class, path, caller_options=True, output_loading_info=True, **kwargs)
-    damaged = damaged_keys(model, info)
+    resized = {str(m[0] if isinstance(m, (tuple, list)) else m) for m in info.get("mismatched_keys") or ()}
+    damaged = [k for k in damaged_keys(model, info) if k not in resized]  # ignore_mismatched_sizes: asked for
     if damaged:  # a module or layer half in the weights: it would start random, silently
         shown = ", ".join(damaged[:3]) + (f" and {len(damaged) - 3} more" if len(damaged) > 3 else "")
         raise ValueError(

@@ -17,7 +17,9 @@ from typing import Callable, Optional
 
 __all__ = ["load_classifier", "describe_loading", "progress_callbacks", "estimate_line", "HEAD_PREFIXES"]
 
-HEAD_PREFIXES = ("classifier.", "score.", "pre_classifier.", "qa_outputs.")
+HEAD_PREFIXES = (  # classification_head: BART, mBART, LED, T5 and their kin
+    "classifier.", "score.", "pre_classifier.", "qa_outputs.", "classification_head.",
+)
 
 
 def _mismatched(info: dict) -> list[str]:
@@ -64,7 +66,7 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
-    from .checks import auto_config, check_model_dir, damaged_keys, from_pretrained
+    from .checks import auto_config, check_model_dir, damaged_keys, from_pretrained, weights_file
 
     log = log or (lambda line: print(line, file=sys.stderr))
     check_model_dir(model_dir, "--model")
@@ -91,7 +93,7 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
         resized = _mismatched(info)
         if any(not key.startswith(HEAD_PREFIXES) for key in resized):
             raise ValueError(
-                f"{model_dir}/model.safetensors holds tensors whose shapes differ from the sizes in "
+                f"{weights_file(model_dir)} holds tensors whose shapes differ from the sizes in "
                 f"{model_dir}/config.json ({', '.join(resized)}); restore the matching pair of files"
             )
     finally:
