@@ -138,3 +138,32 @@ def remove_stale(folder: Union[str, os.PathLike], pattern: str, older_than_s: fl
                 entry.unlink()
         except OSError:
             continue
+
+
+def state_mismatch(exc: BaseException) -> str:
+    """What ``load_state_dict``'s ``RuntimeError`` says, on one line: the missing, unexpected and resized
+    names (its first line, "Error(s) in loading state_dict for X:", says nothing)."""
+
+    def names(text: str) -> str:
+        keys = [k.strip().strip('"') for k in text.rstrip(". ").split(",") if k.strip()]
+        return ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+    parts, resized = [], []
+    for line in str(exc).splitlines()[1:]:
+        line = line.strip()
+        if line.startswith("Missing key(s) in state_dict:"):
+            parts.append("missing " + names(line.partition(":")[2]))
+        elif line.startswith("Unexpected key(s) in state_dict:"):
+            parts.append("unexpected " + names(line.partition(":")[2]))
+        elif line.startswith("size mismatch for "):
+            resized.append(line[len("size mismatch for "):].partition(":")[0])
+    if resized:
+        parts.append("other shapes: " + names(", ".join(resized)))
+    if not parts:
+        lines = str(exc).strip().splitlines()
+        return lines[0] if lines else type(exc).__name__
+    text = "; ".join(parts)
+    if ".highway.linear." in text:  # the layout before the highway had a separate gate and transform
+        text += ("; written by an earlier attnkit, whose alignment highway layer had one matrix for its gate "
+                 "and transform: it cannot be resumed")
+    return text

@@ -513,3 +513,22 @@ def test_a_data_parallel_replica_is_refused_by_name():
                 setattr(replica, key, copies[child])
     with pytest.raises(ValueError, match="DistributedDataParallel"):
         copies[model](torch.randint(1, 50, (2, 6)))
+
+
+def test_a_regularizer_checkpoint_of_another_layout_names_what_differs(tmp_path):
+    """The error said only "(Error(s) in loading state_dict for AlignmentRegularizer:)"; a checkpoint
+    written before the highway layer had a separate gate and transform now says so."""
+    from safetensors.torch import load_file, save_file
+
+    from attnkit.align.trainer import REGULARIZER_FILE, load_regularizer, save_regularizer
+
+    reg = AlignmentRegularizer(_encoder(), method="ct")
+    save_regularizer(reg, tmp_path)
+    load_regularizer(reg, tmp_path)  # its own file fits
+    tensors = load_file(tmp_path / REGULARIZER_FILE)
+    old = {k.replace(".highway.gate.", ".highway.linear."): v for k, v in tensors.items()
+           if ".highway.transform." not in k}  # one matrix for both, as it was saved before
+    save_file(old, tmp_path / REGULARIZER_FILE)
+    with pytest.raises(ValueError, match=r"missing critics\.0\.highway\.gate\.weight.*unexpected "
+                                         r"critics\.0\.highway\.linear.*earlier attnkit.*cannot be resumed"):
+        load_regularizer(reg, tmp_path)

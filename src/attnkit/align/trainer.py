@@ -146,9 +146,11 @@ def load_regularizer(regularizer, folder) -> None:
         regularizer.load_state_dict(state)
         regularizer._generator.set_state(tensors[_GENERATOR_KEY])
     except (RuntimeError, KeyError) as exc:
+        from .._files import state_mismatch
+
         raise ValueError(
-            f"{path} does not fit this regularizer ({str(exc).splitlines()[0]}); resume with the alignment "
-            "method and settings the checkpoint was trained with"
+            f"{path} does not fit this regularizer ({state_mismatch(exc)}); resume with the alignment "
+            "method and settings the checkpoint was trained with, or train again from the start"
         ) from None
 
 

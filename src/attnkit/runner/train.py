@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._files import json_loads
+from .._files import json_loads, state_mismatch
 from .config import CompareConfig
 
 __all__ = [
@@ -128,8 +128,12 @@ def _save_rng(path: Path) -> None:
     save_file(tensors, str(path), metadata={"attnkit_rng": json.dumps(meta)})
 
 
+class _CheckpointError(ValueError):
+    """A checkpoint file's problem, already on one line."""
+
+
 def _checkpoint_error(file: Path, problem: str) -> ValueError:
-    return ValueError(
+    return _CheckpointError(
         f"checkpoint file {str(file)!r} {problem}; delete {str(file.parent)!r} to restart that run from its "
         "last good state, or start over with --overwrite"
     )
@@ -143,6 +147,8 @@ def _read_checkpoint_file(file: Path, reader: Callable[[Path], Any]) -> Any:
         raise _checkpoint_error(file, "is missing (written by an older attnkit, or deleted)")
     try:
         return reader(file)
+    except _CheckpointError:
+        raise
     except pickle.UnpicklingError as exc:
         if "GLOBAL" in str(exc):  # weights_only refused a class or function the file names
             raise _checkpoint_error(
@@ -329,11 +335,16 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=N
     state = _read_checkpoint_file(state_file, lambda f: torch.load(f, map_location="cpu", weights_only=True))
 
     def restore(_file: Path) -> None:
-        accelerator.unwrap_model(model).load_state_dict(state["model"])
+        try:
+            accelerator.unwrap_model(model).load_state_dict(state["model"])
+            if reg is not None and "regularizer" in state:  # checkpoints from before it was saved: fresh
+                reg.load_state_dict(state["regularizer"])
+        except RuntimeError as exc:  # another model: name what differs (the first line says nothing)
+            raise _checkpoint_error(file=state_file, problem=f"does not fit this run's model "
+                                    f"({state_mismatch(exc)})") from None
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        if reg is not None and "regularizer" in state:  # checkpoints from before it was saved: a fresh one
-            reg.load_state_dict(state["regularizer"])
+        if reg is not None and "regularizer" in state:
             reg._generator.set_state(state["regularizer_rng"])
 
     _read_checkpoint_file(state_file, restore)
