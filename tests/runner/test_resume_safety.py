@@ -5,11 +5,13 @@ behind."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pickle
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -138,8 +140,8 @@ def test_corrupt_checkpoint_is_one_line_exit_2(interrupted, tmp_path, capsys, ca
     else:
         torch.save(
             {"model": {"nope": torch.zeros(2)}, "optimizer": {}, "scheduler": {}}, checkpoint / "state.pt"
-        )
-        needle = "state.pt"
+        )  # it said "cannot be read (RuntimeError: Error(s) in loading state_dict for ...:)": nothing more
+        needle = "state.pt' does not fit this run's model (missing "
     code, err = _resume_cli(out, capsys)
     assert code == 2
     _assert_one_line(err, needle)
@@ -375,3 +377,53 @@ def test_a_checkpoint_of_another_run_or_step_is_refused(interrupted, tmp_path, c
     assert code == 2
     _assert_one_line(err, *needles)
     assert not (out / "runs" / "softmax-seed0" / "result.json").exists()
+
+
+def test_a_run_moved_with_its_dataset_file_resumes_from_the_new_path(interrupted, tmp_path):
+    """The task was compared by path: a project folder moved (same file, SHA-256 recorded) could only be
+    started over with --overwrite, which deletes the runs."""
+    import json
+    import shutil
+
+    out, data, _ = _copy_run(interrupted, tmp_path)
+    moved = tmp_path / "elsewhere" / "renamed.json"
+    moved.parent.mkdir()
+    shutil.copy(data, moved)
+    result = run_compare(build_config(tiny_overrides(moved, out, resume=True, **COMMON)))
+    assert len(result.runs) == 1
+    assert json.loads((out / "config.json").read_text())["config"]["task"] == str(moved)
+    other = tmp_path / "other.json"  # another file under another path is still another task
+    write_classification_file(other, n_train=12)
+    out2, _, _ = _copy_run(interrupted, tmp_path / "second")
+    with pytest.raises(ValueError, match="other settings \\(task: saved"):
+        run_compare(build_config(tiny_overrides(other, out2, resume=True, **COMMON)))
+
+
+def test_a_catalog_dataset_fetched_again_is_told_apart_from_the_one_a_run_started_on(tmp_path, monkeypatch):
+    """A run on a hub dataset recorded no digest: `data fetch sst2 --force` from another source left
+    --resume and `attnkit show` working on other data with the old model (show re-fitted its vocabulary)."""
+    from attnkit.data.cache import dataset_cache_dir, write_manifest
+    from attnkit.runner.compare import _task_digest, check_task_unchanged
+
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path / "cache"))
+    folder = dataset_cache_dir("sst2")
+    folder.mkdir(parents=True)
+    (folder / "train.jsonl").write_text('{"sentence": "good", "label": 1}\n')
+    write_manifest(folder, "local", ["train.jsonl"])
+    config = build_config(tiny_overrides("sst2", tmp_path / "run", **COMMON))
+    digest = _task_digest(config)
+    assert digest is not None and _task_digest(config) == digest
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"task_sha256": digest}))
+    check_task_unchanged(config, out, "--resume")
+    (folder / "train.jsonl").write_text('{"sentence": "apple", "label": 0}\n')
+    write_manifest(folder, "other", ["train.jsonl"])
+    with pytest.raises(ValueError, match="the dataset 'sst2' in the cache \\(fetched again\\?\\) changed"):
+        check_task_unchanged(config, out, "--resume")
+    mlu = dataset_cache_dir("mlu")  # generated from a seed: load_dataset never reads the cached files
+    mlu.mkdir()
+    (mlu / "train.tsv").write_text("a\tb\n")
+    write_manifest(mlu, "generated", ["train.tsv"])
+    for task in ("mlu", "copy", "mrpc"):  # generated, a recurrent task, not fetched
+        assert _task_digest(SimpleNamespace(task=task)) is None

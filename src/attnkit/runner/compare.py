@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from .._files import json_loads, lock_folder
+from .._files import json_loads, lock_folder, write_text_file
 from .config import CompareConfig, _is_file_task, canonical_task
 from .summary import RunClock, _duration, summarize, tracker_config
 from .train import RESULT_FILE, batch_indices, check_batch_split, finished_result, train_run
@@ -178,12 +178,25 @@ def lies_in(path: str | Path, folder: str | Path) -> bool:
 
 
 def _task_digest(config: CompareConfig) -> Optional[str]:
-    """The SHA-256 of the ``--task`` dataset file (``None`` for a built-in task or catalog dataset)."""
-    if not _is_file_task(config.task) or not Path(config.task).is_file():
-        return None
-    from ..data.cache import sha256_file
+    """The SHA-256 of the ``--task`` dataset file, or for a catalog dataset in the cache of its manifest's
+    file digests (``data fetch --force`` can replace it: SST-2 from another source); ``None`` for a
+    generated task or a dataset not fetched yet."""
+    from ..data.cache import sha256_bytes, sha256_file
 
-    return sha256_file(config.task)
+    if _is_file_task(config.task):
+        return sha256_file(config.task) if Path(config.task).is_file() else None
+    from ..data import DATASETS
+    from ..data.cache import dataset_cache_dir, read_manifest
+
+    if config.task not in DATASETS:
+        return None
+    try:
+        manifest = read_manifest(dataset_cache_dir(config.task))
+    except (ValueError, OSError):  # a damaged manifest: loading the dataset names it
+        return None
+    if not manifest or manifest.get("corrupt") or manifest.get("source") == "generated":
+        return None
+    return sha256_bytes(json.dumps(manifest["files"], sort_keys=True).encode())
 
 
 def check_task_unchanged(config: CompareConfig, out: Path, what: str, fix: str = "") -> None:
@@ -193,11 +206,22 @@ def check_task_unchanged(config: CompareConfig, out: Path, what: str, fix: str =
     saved = json_loads((Path(out) / CONFIG_FILE).read_text()).get("task_sha256")
     digest = _task_digest(config)
     if saved is not None and digest != saved:  # the runs of one report, and its models, on one dataset
+        dataset = (f"the dataset file {config.task!r}" if _is_file_task(config.task)
+                   else f"the dataset {config.task!r} in the cache (fetched again?)")
         raise ValueError(
-            f"{what}: the dataset file {config.task!r} changed since the run in {str(out)!r} started "
+            f"{what}: {dataset} changed since the run in {str(out)!r} started "
             f"(SHA-256 {saved[:12]}... then, {str(digest)[:12]}... now); restore it"
             + (f", {fix}" if fix else "")
         )
+
+
+def _moved_task_file(config: CompareConfig, out: Path, saved_task) -> bool:
+    """Whether the run in ``out`` was started on a dataset file with the contents of ``config.task`` under
+    another path (its SHA-256 in config.json)."""
+    if not (isinstance(saved_task, str) and _is_file_task(saved_task) and _is_file_task(config.task)):
+        return False
+    recorded = json_loads((out / CONFIG_FILE).read_text()).get("task_sha256")
+    return recorded is not None and recorded == _task_digest(config)
 
 
 def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path:
@@ -212,6 +236,7 @@ def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path
     non_empty = out.is_dir() and any(out.iterdir())
     if non_empty:
         _check_config_file(out)
+    moved = False
     if config.resume:
         if not _is_run_dir(out):
             raise FileNotFoundError(
@@ -224,6 +249,9 @@ def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path
             saved["task"] = os.path.abspath(saved["task"])
         current = config.result_dict()
         changed = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
+        moved = "task" in changed and _moved_task_file(config, out, saved["task"])
+        if moved:  # the same file under another path (the project was moved): recorded where it is now
+            del changed["task"]
         if changed:
             detail = ", ".join(f"{k}: saved {a!r}, given {b!r}" for k, (a, b) in sorted(changed.items()))
             raise ValueError(
@@ -255,6 +283,10 @@ def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path
                 else:
                     child.unlink()
         _check_writable(out)
+        if config.resume and moved:
+            payload = json_loads((out / CONFIG_FILE).read_text())
+            payload["config"]["task"] = config.task
+            write_text_file(out / CONFIG_FILE, json.dumps(payload, indent=1), overwrite=True)
         if not config.resume:
             payload = {"created_by": _MARKER, "config": config.result_dict(),
                        "task_sha256": _task_digest(config)}
