@@ -4,7 +4,7 @@
     out = ak.attention(q, k, v, mechanism="dnas", key_mask=mask)
 """
 
-import importlib
+import importlib as _importlib
 
 from . import scores
 from .config import DNAS, CoDA, Hybrid, Sinkhorn, Softmax
@@ -33,7 +33,7 @@ __all__ = [
 
 def __getattr__(name):  # lazy: ``ak.nn`` and ``ak.explain_away`` import torch.nn modules on first use
     if name == "nn":
-        return importlib.import_module(f"{__name__}.nn")
+        return _importlib.import_module(f"{__name__}.nn")
     if name == "explain_away":
-        return importlib.import_module(f"{__name__}.analysis").explain_away
+        return _importlib.import_module(f"{__name__}.analysis").explain_away
     raise AttributeError(f"module 'attnkit' has no attribute {name!r}")

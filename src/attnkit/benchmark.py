@@ -724,7 +724,9 @@ def format_table(result: dict) -> str:
     shape = f"B={meta.get('B', '?')} H={meta.get('H', '?')} D={meta.get('D', '?')} {meta.get('dtype', '')}"
     if meta.get("dropout"):
         shape += f", dropout {meta['dropout']}"
-    if meta.get("padding"):
+    if meta.get("padding") and meta.get("B") == 1:
+        shape += f", padded (the one sequence {1 - meta['padding']:.2g} L long, SDPA computing all of L)"
+    elif meta.get("padding"):
         shape += f", padded (valid lengths from L to {1 - meta['padding']:.2g} L)"
     if meta.get("score_cache_mb") not in (None, 64):
         shape += f", Sinkhorn score cache {meta['score_cache_mb']:g} MiB"

@@ -253,3 +253,10 @@ def test_an_out_that_is_a_pipe_is_refused_before_the_run(tmp_path, capsys):
         main(["bench", "--quick", "--out", str(pipe), "--overwrite"])
     captured = capsys.readouterr()
     assert exc.value.code == 2 and "not a regular file" in captured.err and "SDPA" not in captured.out
+
+
+def test_the_footer_of_a_padded_single_sequence_says_its_length(tmp_path, capsys):
+    """With --batch 1 the one sequence is (1 - padding) L long; the footer said "from L to 0.5 L"."""
+    main(["bench", "--lengths", "16", "--mechanisms", "softmax", "--backends", "efficient", "--repeats", "1",
+          "--no-memory", "--batch", "1", "--padding", "0.5", "--out", str(tmp_path / "kernels.json")])
+    assert "padded (the one sequence 0.5 L long, SDPA computing all of L)" in capsys.readouterr().out

@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
         ),
         padding: float = typer.Option(
             0.0, help="Pad the batch: valid lengths fall evenly from L to (1 - padding) L over the batch "
-            "(key and query masks).",
+            "(key and query masks); with --batch 1 the one sequence is (1 - padding) L long.",
         ),
         out: str = typer.Option(  # str: typer drops a trailing "/" (and reads "" as ".")
             "bench-results/kernels.json", help="Where to write the JSON results."
