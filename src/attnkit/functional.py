@@ -8,6 +8,7 @@ invalid pairs weigh exactly 0 and queries without a valid key get zeros (never N
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import math
 from typing import Callable, Iterator, Optional, Union
@@ -31,6 +32,7 @@ __all__ = [
     "explain_dispatch",
     "observe_weights",
     "observing",
+    "observed_query_padding",
     "BACKENDS",
     "resolve_call",
     "WeightObserver",
@@ -61,10 +63,43 @@ def observe_weights(observer: WeightObserver) -> Iterator[None]:
 
 def observing() -> bool:
     """Whether an ``observe_weights`` block is active. Self-attention modules (``ak.nn.MultiheadAttention``,
-    converted Hugging Face models) then pass the query padding they infer from the key padding for softmax
-    too, so that the observed weights of padded query rows are zero and stay out of the column sums that the
-    diagnostics read (softmax's outputs at real tokens do not depend on it)."""
+    converted Hugging Face models) then infer the query padding of softmax from the key padding too, and
+    give it to the observers only (:func:`observed_query_padding`)."""
     return bool(_OBSERVERS)
+
+
+_OBSERVED_QUERY: contextvars.ContextVar[Optional[Tensor]] = contextvars.ContextVar(
+    "attnkit_observed_query", default=None
+)
+
+
+@contextlib.contextmanager
+def observed_query_padding(query_mask: Optional[Tensor]) -> Iterator[None]:
+    """Observers of the ``attention`` calls inside the block see ``query_mask`` ``(B, Lq)`` (True = real
+    query) as the call's query padding: the weights of padded query rows zero, the mask info holding it.
+    The outputs are not changed: softmax self-attention keeps its padded query rows as torch does, and an
+    open ``observe_weights`` block must not change what a model computes, yet those rows entered the
+    column sums that the diagnostics read."""
+    token = _OBSERVED_QUERY.set(query_mask)
+    try:
+        yield
+    finally:
+        _OBSERVED_QUERY.reset(token)
+
+
+def _observed(weights: Tensor, mask: MaskInfo, config: MechanismConfig) -> tuple[Tensor, MaskInfo]:
+    """The weights and mask info the observers see: with :func:`observed_query_padding`'s query padding
+    (for a call that has none of its own), padded query rows zero and the padding in the mask info."""
+    hint = _OBSERVED_QUERY.get()
+    if hint is None or mask.query_mask is not None:
+        return weights, mask
+    B, H, Lq, Lk = weights.shape
+    if hint.shape != (B, Lq):
+        raise ValueError(f"observed_query_padding got a mask of shape {tuple(hint.shape)} for a call of "
+                         f"{B} sequences of {Lq} queries; pass (B, Lq) = ({B}, {Lq})")
+    observed = build_mask(B, H, Lq, Lk, key_mask=mask.key_mask, query_mask=hint, attn_mask=mask.attn_mask,
+                          causal=mask.causal, device=weights.device, allow_bias=not isinstance(config, CoDA))
+    return weights.masked_fill(~hint[:, None, :, None], 0.0), observed
 
 
 def resolve_call(
@@ -213,8 +248,9 @@ def attention(
         mechanism_weights: list = []  # before attention dropout: Lemma 1 and the column sums are of these
         out, w = _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights=True,
                                       before_dropout=mechanism_weights)
+        observed, observed_mask = _observed(mechanism_weights[0].detach(), mask, config)
         for observer in list(_OBSERVERS):
-            observer(mechanism_weights[0].detach(), mask, config)
+            observer(observed, observed_mask, config)
         out = _stop_gradient_of_empty_rows(out, mask)
         return (out, w) if return_weights else out
 

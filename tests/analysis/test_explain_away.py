@@ -228,3 +228,24 @@ def test_observed_weights_are_the_mechanisms_before_attention_dropout():
     _, w = ak.attention(x, x, x, "dnas", return_weights=True)
     torch.testing.assert_close(log.records[0].stats.key_sums, explain_away(w).key_sums)
     assert log.records[0].stats.min_normalized >= 1 - 1e-12
+
+
+@pytest.mark.parametrize("mechanism", ["softmax", "dnas"])
+def test_an_observed_module_computes_what_an_unobserved_one_does(mechanism):
+    """Softmax modules passed their query padding while observed: padded rows output zeros and need_weights
+    returned zero rows where torch's module (and the unobserved call) gives their attention."""
+    from attnkit.functional import observe_weights
+
+    torch.manual_seed(0)
+    module = ak.nn.MultiheadAttention(8, 2, mechanism=mechanism, batch_first=True, dtype=torch.float64).eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    seen = []
+    with torch.no_grad():
+        out, weights = module(x, x, x, key_padding_mask=pad)
+        with observe_weights(lambda w, mask, config: seen.append((w, mask))):
+            observed_out, observed_weights = module(x, x, x, key_padding_mask=pad)
+    torch.testing.assert_close(observed_out, out)
+    torch.testing.assert_close(observed_weights, weights)
+    w, mask = seen[0]  # the observer still sees the padded queries left out
+    assert torch.equal(mask.query_mask, ~pad) and (w[1, :, 3:] == 0).all()

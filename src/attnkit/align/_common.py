@@ -4,9 +4,9 @@ Gradient reversal (Ganin & Lempitsky, "Unsupervised Domain Adaptation by Backpro
 the identity forward, ``-gamma *`` the gradient backward, so one optimizer step trains a discriminator to
 minimize a loss and the layers before it to maximize it.
 
-Highway layer (Srivastava et al., "Highway Networks", arXiv:1505.00387), in the form the alignment-attention
-discriminator and critic use ("Alignment Attention by Matching Key and Query Distributions",
-arXiv:2110.12567, sec. 2.3.1):
+Highway layer (Srivastava et al., "Training Very Deep Networks", arXiv:1507.06228, its reference [31]), in
+the form the alignment-attention discriminator and critic use ("Alignment Attention by Matching Key and Query
+Distributions", arXiv:2110.12567, sec. 2.3.1):
 
 .. math::
     g = W x + b, \qquad h = \sigma(g) \odot \mathrm{relu}(g) + (1 - \sigma(g)) \odot x

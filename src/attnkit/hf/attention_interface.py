@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import CoDA, Hybrid, MechanismConfig, Softmax
-from ..functional import attention, observing
+from ..functional import attention, observed_query_padding, observing
 from ..masks import MASKED_BIAS
 from ..mechanisms import sigmoid_weight
 from ..registry import check_causal
@@ -199,6 +199,9 @@ def attention_forward(
     padded = config.query_normalized or observing()  # observed softmax weights: padded query rows left out
     if padded and key_valid is not None and getattr(module, _SELF_ATTR, False):
         query_mask = _query_mask(key_valid, Lq)
+    observed_only = None  # softmax keeps its padded query rows, as transformers; an observer leaves them out
+    if query_mask is not None and not config.query_normalized:
+        observed_only, query_mask = query_mask, None
     if position_bias is not None:  # (B|1, H, Lq, Lk), added to the scores where a pair may attend
         if bias is not None:
             bias = bias + position_bias
@@ -209,20 +212,21 @@ def attention_forward(
             bias = position_bias
     u = sigmoid_weight(getattr(module, _THETA_ATTR)) if isinstance(config, Hybrid) else None
     output_attentions = _attentions_requested(kwargs)
-    result = attention(
-        query, key, value, config,
-        key_mask=key_mask,
-        query_mask=query_mask,
-        attn_mask=valid if valid is not None else bias,
-        # causality is inside the mask of our mask interface; a missing mask on a causal module is a plain
-        # causal call
-        causal=causal and attention_mask is None and Lq > 1,
-        scale=scaling,
-        dropout_p=float(dropout),
-        hybrid_weight=u,
-        return_weights=output_attentions,
-        backend=getattr(module, _BACKEND_ATTR, "auto"),
-    )
+    with observed_query_padding(observed_only):
+        result = attention(
+            query, key, value, config,
+            key_mask=key_mask,
+            query_mask=query_mask,
+            attn_mask=valid if valid is not None else bias,
+            # causality is inside the mask of our mask interface; a missing mask on a causal module is a
+            # plain causal call
+            causal=causal and attention_mask is None and Lq > 1,
+            scale=scaling,
+            dropout_p=float(dropout),
+            hybrid_weight=u,
+            return_weights=output_attentions,
+            backend=getattr(module, _BACKEND_ATTR, "auto"),
+        )
     out, weights = result if output_attentions else (result, None)  # (B, H, Lq, D), (B, H, Lq, Lk)
     return out.transpose(1, 2).contiguous(), weights  # (B, Lq, H, D)
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import CoDA, MechanismLike
-from ..functional import BACKENDS, attention, check_causal_pattern, observing
+from ..functional import BACKENDS, attention, check_causal_pattern, observed_query_padding, observing
 from ..masks import MASKED_BIAS, build_mask, check_dense
 from ..validators import check_number, values_hidden
 from .module_utils import (
@@ -322,17 +322,21 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
             attn_mask, key_padding_mask = append_columns(attn_mask, 1), append_columns(key_padding_mask, 1)
 
         key_mask, valid_or_bias = _functional_masks(key_padding_mask, attn_mask, dtype)
-        result = attention(
-            q, k, v, self.config,
-            key_mask=key_mask,
-            query_mask=None if query_mask is None else ~query_mask,
-            attn_mask=valid_or_bias,
-            causal=causal,
-            dropout_p=self.dropout if self.training else 0.0,
-            hybrid_weight=self._hybrid_weight(),
-            return_weights=need_weights,
-            backend=self.backend,
-        )
+        # softmax keeps its padded query rows, as torch does; an observer leaves them out
+        observed_only = (query_mask is not None and query_padding_mask is None
+                         and self.config.name == "softmax")
+        with observed_query_padding(~query_mask if observed_only else None):
+            result = attention(
+                q, k, v, self.config,
+                key_mask=key_mask,
+                query_mask=None if query_mask is None or observed_only else ~query_mask,
+                attn_mask=valid_or_bias,
+                causal=causal,
+                dropout_p=self.dropout if self.training else 0.0,
+                hybrid_weight=self._hybrid_weight(),
+                return_weights=need_weights,
+                backend=self.backend,
+            )
         out, weights = result if need_weights else (result, None)
         out = self.out_proj(out.transpose(1, 2).reshape(B, Lq, E))  # (B, H, Lq, D) -> (B, Lq, E)
         if weights is not None and average_attn_weights:
@@ -406,8 +410,8 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
                     "finite additive biases have no meaning for queries"
                 )
             return query_padding_mask
-        # softmax's real outputs do not depend on padded queries (torch's module keeps them); the weights
-        # observed for diagnostics leave them out (their rows entered the softmax column sums)
+        # softmax's outputs do not depend on padded queries (torch's module keeps them); the weights observed
+        # for diagnostics leave them out (their rows entered the softmax column sums): see forward
         padded = self.config.name != "softmax" or observing()
         if self_attention and padded and key_padding_mask is not None and Lq == Lk:
             if key_padding_mask.dtype == torch.bool:
