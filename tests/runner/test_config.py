@@ -219,3 +219,29 @@ def test_a_run_saved_with_a_capitalised_task_name_still_resumes(tmp_path):
     payload["config"]["task"] = "Reuters8"  # as runs were saved before
     path.write_text(json.dumps(payload))
     assert prepare_run_dir(build_config({"task": "Reuters8", "out": str(tmp_path / "run"), "resume": True}))
+
+
+@pytest.mark.parametrize("task", ["mlu", "pairs.jsonl"])
+def test_vocab_size_is_refused_for_a_seq2seq_task_that_never_reads_it(task, tmp_path):
+    """``compare --task mlu --set vocab_size=3`` was accepted and recorded in config.json, while the character
+    tokenizer of a seq2seq task keeps every character of the data whatever vocab_size says."""
+    if task.endswith(".jsonl"):
+        from tests.runner._fixtures import write_seq2seq_jsonl
+
+        task = str(write_seq2seq_jsonl(tmp_path / task))
+    with pytest.raises(ValueError, match=r"^vocab_size does not apply to task '.*(mlu|pairs\.jsonl)': its "
+                                         r"character vocabulary is every character of the data.*; drop it$"):
+        build_config({"task": task, "vocab_size": 3})
+    with pytest.raises(ValueError, match="vocab_size does not apply"):
+        build_config({"task": task, "preset": "paper", "vocab_size": 6000})  # the classification default
+
+
+@pytest.mark.parametrize("preset", ["quick", "paper"])
+def test_a_seq2seq_presets_own_vocab_size_and_a_saved_runs_pass(preset):
+    """The seq2seq presets hold vocab_size=64 (so every saved run's config.json does): that is not the
+    user's setting, and resuming a run saved with another value is not refused."""
+    assert build_config({"task": "mlu", "preset": preset}).vocab_size == 64
+    assert build_config({"task": "mlu", "preset": preset, "vocab_size": 64}).vocab_size == 64
+    saved = build_config({"task": "mlu", "preset": preset}).to_dict() | {"vocab_size": 3}
+    assert build_config({"progress": "none"}, base=saved).vocab_size == 3
+    assert build_config({"task": "reuters8", "vocab_size": 3}).vocab_size == 3  # classification reads it

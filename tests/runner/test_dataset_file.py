@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from attnkit.runner.tasks import load_file_dataset
 HEAD = json.dumps({"kind": "classification"})
 TRAIN = json.dumps({"split": "train", "text": "goal team", "label": "sport"})
 TEST = json.dumps({"split": "test", "text": "bank rates", "label": "money"})
+TRAIN2 = json.dumps({"split": "train", "text": "loan bank", "label": "money"})  # a test label needs training
 
 
 def _write(tmp_path, *lines: str, name: str = "data.jsonl"):
@@ -21,8 +23,8 @@ def _write(tmp_path, *lines: str, name: str = "data.jsonl"):
 
 
 def test_a_jsonl_file_reads_both_splits(tmp_path):
-    data = load_file_dataset(_write(tmp_path, HEAD, TRAIN, "", TEST, TRAIN))
-    assert data.train_texts == ["goal team", "goal team"] and data.test_texts == ["bank rates"]
+    data = load_file_dataset(_write(tmp_path, HEAD, TRAIN, TRAIN2, "", TEST, TRAIN))
+    assert data.train_texts == ["goal team", "loan bank", "goal team"] and data.test_texts == ["bank rates"]
     assert data.label_names == ["money", "sport"]
 
 
@@ -111,14 +113,14 @@ def test_a_file_whose_labels_are_all_one_class_is_refused(tmp_path):
 def test_a_byte_order_mark_is_accepted(tmp_path, name):
     """Notepad saves UTF-8 with a byte-order mark; it was refused as "Unexpected UTF-8 BOM"."""
     if name.endswith(".jsonl"):
-        text = "\n".join([HEAD, TRAIN, TEST]) + "\n"
+        text = "\n".join([HEAD, TRAIN, TRAIN2, TEST]) + "\n"
     else:
-        rows = {"train": [json.loads(TRAIN)], "test": [json.loads(TEST)]}
+        rows = {"train": [json.loads(TRAIN), json.loads(TRAIN2)], "test": [json.loads(TEST)]}
         text = json.dumps({"kind": "classification", **rows})
     path = tmp_path / name
     path.write_bytes(b"\xef\xbb\xbf" + text.encode())
     data = load_file_dataset(str(path))
-    assert data.train_texts == ["goal team"] and data.label_names == ["money", "sport"]
+    assert data.train_texts == ["goal team", "loan bank"] and data.label_names == ["money", "sport"]
 
 
 @pytest.mark.parametrize("name", ["d.json", "data"])
@@ -214,3 +216,60 @@ def test_a_classification_text_that_is_not_text_is_refused(tmp_path, bad, shown)
     with pytest.raises(ValueError, match=rf"train\[1\]: the text of a train example is {re.escape(shown)}, "
                                          r"not text"):
         load_file_dataset(str(path))
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85"])
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_a_jsonl_line_ends_at_a_newline_only_not_at_unicode_line_separators(tmp_path, char, newline):
+    """``str.splitlines()`` cut a line at U+2028/U+2029/U+0085 inside a JSON string: the row was refused as
+    "Unterminated string" and every later line number was off."""
+    row = {"split": "train", "text": f"goal{char}team", "label": "sport"}
+    no_label = json.dumps({"split": "test", "text": "x"})  # refused: its line number must be 5
+    rows = [HEAD, json.dumps(row, ensure_ascii=False), TRAIN2, TEST, no_label]
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(newline.join(rows).encode() + newline.encode())
+    with pytest.raises(ValueError, match=r"data\.jsonl', line 5: ") as exc:
+        load_file_dataset(str(path))
+    assert "not valid JSON" not in str(exc.value)
+    del rows[-1]
+    path.write_bytes(newline.join(rows).encode() + newline.encode())
+    data = load_file_dataset(str(path))
+    assert data.train_texts == [f"goal{char}team", "loan bank"] and data.test_texts == ["bank rates"]
+
+
+@pytest.mark.parametrize("name", ["data.jsonl", "data.json"])
+def test_a_label_only_in_the_test_split_is_refused_naming_it(tmp_path, name):
+    """A typo ("Neg" for "neg") in a test label became a third class that no training example has: it
+    was scored as a class the model could never predict, without a word."""
+    rows = [("train", "goal team", "sport"), ("train", "loan bank", "money"), ("test", "bank rates", "money"),
+            ("test", "match", "Sport"), ("test", "cup", "sport"), ("test", "fund", "monye")]
+    path = tmp_path / name
+    if name.endswith(".jsonl"):
+        lines = [json.dumps({"split": s, "text": t, "label": y}) for s, t, y in rows]
+        path.write_text("\n".join([HEAD, *lines]))
+    else:
+        splits = {s: [{"text": t, "label": y} for s2, t, y in rows if s2 == s] for s in ("train", "test")}
+        path.write_text(json.dumps({"kind": "classification", **splits}))
+    where = "line 5" if name.endswith(".jsonl") else r"test\[1\]"
+    expected = (rf"{name}': label\(s\) 'Sport', 'monye' occur only in the test split \(first at {where}\); "
+                r".*correct the label, or add training examples")
+    with pytest.raises(ValueError, match=expected):
+        load_file_dataset(str(path))
+
+
+def test_a_test_only_class_listed_in_label_names_is_kept(tmp_path):
+    """``label_names`` declares the classes: a class without training examples is the user's choice."""
+    path = Path(_classification(tmp_path, ["a", "b"], label_names=["a", "b", "c"]))
+    raw = json.loads(path.read_text())
+    raw["test"] = raw["test"] + [{"text": "new", "label": "c"}]
+    path.write_text(json.dumps(raw))
+    data = load_file_dataset(str(path))
+    assert data.label_names == ["a", "b", "c"] and data.test_labels == [0, 1, 2]
+
+
+def test_a_label_outside_label_names_names_its_line(tmp_path):
+    """The README promises that an error in a .jsonl file names the line; this one named none."""
+    head = json.dumps({"kind": "classification", "label_names": ["sport", "money"]})
+    bad = json.dumps({"split": "test", "text": "x", "label": 5})
+    with pytest.raises(ValueError, match=r"data.jsonl', line 4: label 5 is not in label_names"):
+        load_file_dataset(_write(tmp_path, head, TRAIN, TRAIN2, bad))

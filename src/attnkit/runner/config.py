@@ -530,9 +530,15 @@ def task_kind(task: str) -> str:
 
 
 def preset_values(task: str, preset: str) -> dict:
+    return _kind_and_preset(task, preset)[1]
+
+
+def _kind_and_preset(task: str, preset: str) -> tuple[str, dict]:
+    """The task's kind and its preset's values (a dataset file is read once for both)."""
     if preset not in PRESET_NAMES:
         raise ValueError(f"preset={preset!r}: expected one of {PRESET_NAMES}")
-    return dict(PRESETS[task_kind(task)][preset])
+    kind = task_kind(task)
+    return kind, dict(PRESETS[kind][preset])
 
 
 def build_config(
@@ -565,25 +571,35 @@ def build_config(
     if not isinstance(task, str) or not task:
         raise ValueError(f"task={task!r}: expected a task name ({sorted(TASK_KINDS)}) or a dataset file")
     task = values["task"] = canonical_task(task)
-    if TASK_KINDS.get(task) == "transduction":
-        _check_transduction_keys(task, user, preset_values(task, preset))
-    merged = {**preset_values(task, preset), **values}
+    kind, preset_dict = _kind_and_preset(task, preset)  # an unknown task or a bad dataset file: refused
+    _check_unused_keys(task, kind, user, preset_dict)
+    merged = {**preset_dict, **values}
     return CompareConfig(**merged)
 
 
-# What the recurrent models of the transduction tasks never read (they take d_model; runner/transduction.py)
-_TRANSDUCTION_IGNORES = ("nhead", "num_layers", "dim_feedforward", "dropout", "max_len", "max_target_len",
-                         "vocab_size", "explain_away_samples")
+# Per task kind, the settings its task never reads, and why: the recurrent models of the transduction tasks
+# take d_model (runner/transduction.py); a seq2seq task's CharTokenizer keeps every character of the data
+# (runner/tasks.py Seq2SeqTask.prepare), so no vocab_size caps it
+_UNUSED_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
+    "transduction": (
+        ("nhead", "num_layers", "dim_feedforward", "dropout", "max_len", "max_target_len", "vocab_size",
+         "explain_away_samples"),
+        "its recurrent models take d_model (and the training settings) only",
+    ),
+    "seq2seq": (
+        ("vocab_size",),
+        "its character vocabulary is every character of the data, with no cap",
+    ),
+}
 
 
-def _check_transduction_keys(task: str, given: Mapping[str, Any], preset: Mapping[str, Any]) -> None:
-    """A setting the user gave that the task's models never read is refused, not recorded and ignored (the
-    value the task's preset or the config's default holds anyway, as a saved run's file does, passes)."""
+def _check_unused_keys(task: str, kind: str, given: Mapping[str, Any], preset: Mapping[str, Any]) -> None:
+    """A setting the user gave that a task of ``kind`` never reads is refused, not recorded and ignored
+    (the value the task's preset or the config's default holds anyway, as a saved run's file does,
+    passes)."""
+    keys, why = _UNUSED_KEYS.get(kind, ((), ""))
     defaults = {**{f.name: f.default for f in fields(CompareConfig)}, **preset}
-    ignored = [k for k in _TRANSDUCTION_IGNORES if k in given and given[k] != defaults.get(k)]
+    ignored = [k for k in keys if k in given and given[k] != defaults.get(k)]
     if ignored:
-        verb = "do not apply" if len(ignored) > 1 else "does not apply"
-        raise ValueError(
-            f"{', '.join(ignored)} {verb} to task {task!r}: its recurrent models take d_model (and the "
-            f"training settings) only; drop {'them' if len(ignored) > 1 else 'it'}"
-        )
+        verb, them = ("do not apply", "them") if len(ignored) > 1 else ("does not apply", "it")
+        raise ValueError(f"{', '.join(ignored)} {verb} to task {task!r}: {why}; drop {them}")

@@ -54,7 +54,10 @@ def _read_jsonl(path: str, text: str) -> dict:
     ``data["lines"]`` keeps each example's line."""
     data: dict = {}
     lines: dict[str, list[int]] = {"train": [], "test": []}
-    for number, line in enumerate(text.splitlines(), start=1):
+    # "\n" alone ends a line: str.splitlines() also splits at U+2028, U+0085, \x0c, ... which JSON allows
+    # inside a string (and then counts the lines wrong); a "\r\n" file leaves a "\r" that JSON skips
+    for number, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         try:

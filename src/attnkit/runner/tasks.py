@@ -13,7 +13,8 @@
       {"kind": "seq2seq", "train": [{"source": "x=1,y=2,x+y", "target": "3"}, ...], "test": [...]}
 
   (optionally ``"label_names"``, at least 2 distinct names; labels are names or indices into it; without it
-  the classes are the distinct labels, integers in numeric order). ``.jsonl`` files hold one
+  the classes are the distinct labels, integers in numeric order, and a label that no training example has
+  is refused, as a typo or a class the model cannot learn). ``.jsonl`` files hold one
   ``{"split": "train"|"test", ...}`` object per line and a first line ``{"kind": ...}``. A seq2seq
   ``source`` and ``target`` are strings of at most ``max_len`` and ``max_target_len`` characters; a longer
   one is refused (it would be cut, and scored against the cut text), with the ``--set`` that fits it.
@@ -134,20 +135,25 @@ def load_file_dataset(path: str, *, max_len: Optional[int] = None, max_target_le
                 )
     given = raw.get("label_names") is not None
     names = _class_names(path, raw)
+    if not given:
+        _refuse_test_only_labels(path, raw, lines)
     index = {n: i for i, n in enumerate(names)}
 
-    def label(row: dict) -> int:
+    def label(split: str, i: int, row: dict) -> int:
         y = row["label"]
         if given and isinstance(y, int) and 0 <= y < len(names):  # an index into the given label_names
             return y
         if str(y) not in index:
-            raise ValueError(f"dataset file {path!r}: label {y!r} is not in label_names {names}")
+            where = f"line {lines[split][i]}" if lines else f"{split}[{i}]"
+            raise ValueError(f"dataset file {path!r}, {where}: label {y!r} is not in label_names {names}")
         return index[str(y)]
 
     return TextClassificationData(
         name=name,
-        train_texts=[r["text"] for r in raw["train"]], train_labels=[label(r) for r in raw["train"]],
-        test_texts=[r["text"] for r in raw["test"]], test_labels=[label(r) for r in raw["test"]],
+        train_texts=[r["text"] for r in raw["train"]],
+        train_labels=[label("train", i, r) for i, r in enumerate(raw["train"])],
+        test_texts=[r["text"] for r in raw["test"]],
+        test_labels=[label("test", i, r) for i, r in enumerate(raw["test"])],
         label_names=names,
     )
 
@@ -174,6 +180,25 @@ def _refuse_long_sequences(
             )
     if problems:
         raise ValueError(f"{what}, " + "; and ".join(problems))
+
+
+def _refuse_test_only_labels(path: str, raw: dict, lines: Optional[dict]) -> None:
+    """A ``ValueError`` when a file without ``label_names`` has a test label that no training example has:
+    it would silently become a class the model never saw (a typo such as "sprot" for "sport", or a class
+    whose examples all went to the test split). With ``label_names`` the file declares its classes."""
+    seen = {str(r["label"]) for r in raw["train"]}
+    only: dict[str, int] = {}  # label -> index of its first test example
+    for i, row in enumerate(raw["test"]):
+        if str(row["label"]) not in seen:
+            only.setdefault(str(row["label"]), i)
+    if only:
+        first = min(only.values())
+        where = f"line {lines['test'][first]}" if lines else f"test[{first}]"
+        raise ValueError(
+            f"dataset file {path!r}: label(s) {', '.join(map(repr, only))} occur only in the test split "
+            f"(first at {where}); no training example has them: correct the label, or add training examples "
+            'of it (or list every class in "label_names")'
+        )
 
 
 def _is_class_name(n: Any) -> bool:
