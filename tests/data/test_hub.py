@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 
 import pytest
@@ -420,11 +421,84 @@ def test_test_labels_follow_their_own_class_names_not_the_train_splits_ids(tmp_p
     assert [data.label_names[y] for y in data.train_labels] == ["contradiction", "entailment", "neutral"]
 
 
-def test_a_test_class_the_train_split_lacks_is_refused(tmp_path):
+def test_the_classes_are_the_catalogs_whatever_order_a_split_encodes_them_in(tmp_path):
+    """A split's ClassLabel that names some of the catalog's classes, in its own order, is re-mapped to them
+    (a test class the train split lacks is still one of the catalog's classes)."""
     _class_encoded_split(tmp_path, "train", ["p1", "p2"], ["contradiction", "neutral"])
     _class_encoded_split(tmp_path, "test", ["q1", "q2"], ["contradiction", "entailment"])
-    with pytest.raises(ValueError, match=r"test split's classes .*\['entailment'\].* train split's classes"):
-        load_dataset("snli", source=tmp_path)
+    data = load_dataset("snli", source=tmp_path)
+    assert data.label_names == ["entailment", "neutral", "contradiction"]  # hub.HUB_SPECS["snli"]
+    assert [data.label_names[y] for y in data.train_labels] == ["contradiction", "neutral"]
+    assert [data.label_names[y] for y in data.test_labels] == ["contradiction", "entailment"]
+
+
+def _class_label_split(folder, split, names, labels):
+    datasets = pytest.importorskip("datasets")
+    features = datasets.Features({"sentence": datasets.Value("string"),
+                                  "label": datasets.ClassLabel(names=names)})
+    rows = {"sentence": [f"s{i}" for i in range(len(labels))], "label": labels}
+    datasets.Dataset.from_dict(rows, features=features).to_parquet(str(folder / f"{split}.parquet"))
+
+
+@pytest.mark.parametrize("splits", [("train", "validation"), ("train",), ("validation",)])
+@pytest.mark.parametrize("names", [["neg", "neu", "pos"], ["negative", "positive", "neutral"],
+                                   ["negative", "good"]])
+def test_a_source_cannot_redefine_the_catalog_datasets_classes(tmp_path, splits, names):
+    """A ClassLabel of the source's own became sst2's classes: ``--source`` whose splits both say
+    ["neg", "neu", "pos"] made a three-class "sst2" (the train split's names were taken, the catalog's
+    ignored)."""
+    catalog = ["negative", "positive"]
+    for split in ("train", "validation"):
+        _class_label_split(tmp_path, split, names if split in splits else catalog, [0, 1, 0])
+    role = "train" if "train" in splits else "test"  # the catalog's test split is sst2's validation split
+    message = (rf"^sst2: the {role} split's ClassLabel classes {re.escape(str(names))} are not sst2's "
+               rf"classes {re.escape(str(catalog))} \(.*not among them\); label the rows with these classes")
+    with pytest.raises(ValueError, match=message):
+        load_dataset("sst2", source=tmp_path)
+    for split in splits:  # another order of the catalog's classes maps cleanly
+        _class_label_split(tmp_path, split, ["positive", "negative"], [0, 1, 0])
+    data = load_dataset("sst2", source=tmp_path)
+    assert data.label_names == catalog
+    assert [data.train_labels, data.test_labels] == [[1, 0, 1] if s in splits else [0, 1, 0]
+                                                     for s in ("train", "validation")]
+
+
+@pytest.mark.parametrize("name, text, shown", [
+    ("test.jsonl", '{"sentence": "x", "label": 1}\n{"sentence": "y", "label": NaN}\n', r"line 2: label NaN"),
+    ("test.jsonl", '{"sentence": "x", "label": 1}\n{"sentence": "y", "label": Infinity}\n',
+     r"line 2: label Infinity"),
+    ("test.jsonl", '{"sentence": "x", "label": 1}\n{"sentence": "y", "label": 1e400}\n',
+     r"line 2: label Infinity"),
+    ("test.jsonl", '{"sentence": "x", "label": 1}\n{"sentence": "y", "label": -Infinity}\n',
+     r"line 2: label -Infinity"),
+    ("test.jsonl", '{"sentence": "x", "label": 1}\n\n{"sentence": "y"}\n', r"line 3 has no 'label' key"),
+    ("test.json", '[{"sentence": "x", "label": 1}, {"sentence": "y", "label": NaN}]', r"row 1: label NaN"),
+    ("test.json", '[{"sentence": "x", "label": 1}, {"sentence": "y"}]', r"row 1 has no 'label' key"),
+])
+def test_a_json_label_that_is_nan_infinite_or_missing_is_refused_naming_the_row(tmp_path, name, text, shown):
+    """A NaN label or a row without the key was dropped as unlabeled (only -1 and null are), Infinity
+    failed with pandas' "If using all scalar values, you must pass an index"."""
+    (tmp_path / f"train{tmp_path.joinpath(name).suffix}").write_text(
+        _GOOD if name.endswith(".jsonl") else json.dumps([json.loads(r) for r in _GOOD.splitlines()]))
+    (tmp_path / name).write_text(text)
+    expected = rf"^sst2: .*{re.escape(name)} {shown}\b.*\(or -1 / null for unlabeled\)$"
+    with pytest.raises(ValueError, match=expected):
+        load_dataset("sst2", source=tmp_path)
+
+
+def test_a_csv_text_cell_is_text_as_written_like_a_json_string(tmp_path):
+    """An empty sentence was refused in a CSV file as None ("" in JSON lines is text), and a sentence "42"
+    was refused as the number 42 ("007" would have been 7)."""
+    (tmp_path / "train.csv").write_text('sentence,label\ngood,1\n,0\n"",1\n')
+    (tmp_path / "test.csv").write_text("sentence,label\n42,1\n007,0\n1.50,1\n")
+    csv_data = load_dataset("sst2", source=tmp_path)
+    assert csv_data.train_texts == ["good", "", ""] and csv_data.test_texts == ["42", "007", "1.50"]
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.csv").unlink()
+    for split, texts in (("train", ["good", "", ""]), ("test", ["42", "007", "1.50"])):
+        _jsonl(tmp_path / f"{split}.jsonl", [{"sentence": t, "label": y} for t, y in zip(texts, [1, 0, 1])])
+    json_data = load_dataset("sst2", source=tmp_path)
+    assert (json_data.train_texts, json_data.test_texts) == (csv_data.train_texts, csv_data.test_texts)
 
 
 @pytest.mark.parametrize("file, content, message", [

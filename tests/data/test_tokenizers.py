@@ -166,3 +166,16 @@ def test_token_vocab_refuses_one_string_where_a_list_is_expected():
         vocab.encode("ab")  # would be two one-character sequences
     with pytest.raises(ValueError, match="got one string; wrap it"):
         TokenVocab.fit("ab", "chars")
+
+
+def test_char_decode_of_an_empty_sequence_is_one_empty_string():
+    """A 1-D ``(L,)`` tensor is one sequence: with ``L = 0`` decode returned ``[]`` (a batch of none), so
+    ``decode(ids)[0]`` failed; a ``(B, 0)`` batch keeps ``B`` strings and a ``(0, L)`` one none."""
+    import numpy as np
+
+    tok = CharTokenizer()
+    assert tok.decode(torch.tensor([], dtype=torch.long)) == [""]
+    assert tok.decode(np.array([], dtype=np.int64)) == [""]
+    assert tok.decode(torch.zeros(2, 0, dtype=torch.long)) == ["", ""]
+    assert tok.decode(torch.zeros(0, 3, dtype=torch.long)) == []
+    assert tok.decode(torch.tensor([tok.eos_id, 4])) == [""]  # a sequence that ends at once

@@ -161,7 +161,7 @@ def load_dataset(
     info = get_info(name)
     if info.name == "mlu":
         if source is not None:
-            raise ValueError("mlu is generated from a seed; it takes no source=")
+            _refuse_mlu_source(source)
         return generate_mlu(_mlu_config(dict(options)), name=info.name)
     if options:
         raise ValueError(
@@ -234,6 +234,12 @@ def _write_mlu(folder: Path, data: Seq2SeqData, config: MLUConfig) -> None:
     write_manifest(folder, "generated", ["train.tsv", "test.tsv"], config=repr(config))
 
 
+def _refuse_mlu_source(source: PathLike) -> None:
+    raise ValueError(
+        f"mlu is generated from a seed; it takes no source= (got {str(source)!r}); drop it (CLI: --source)"
+    )
+
+
 def fetch(
     name: str,
     cache_dir: Optional[PathLike] = None,
@@ -250,6 +256,8 @@ def fetch(
     A dataset already cached is left as it is unless ``force``; ``force`` replaces it.
     """
     info = get_info(name)
+    if info.name == "mlu" and source is not None:  # before the cache: --force would not help
+        _refuse_mlu_source(source)
     folder = dataset_cache_dir(info.name, cache_dir)
     if is_cached(info.name, cache_dir) and not force:
         if source is not None:  # the user named files to use: keeping the cached copy would ignore them
@@ -295,9 +303,7 @@ def _fetch_lock(folder: Path):
 def _fetch(info, folder: Path, cache_dir, force: bool, source) -> Path:
     if info.name in ORANGE_SPECS:
         return fetch_orange(ORANGE_SPECS[info.name], folder, cache_dir=cache_dir, source=source, force=force)
-    if info.name == "mlu":
-        if source is not None:
-            raise ValueError("mlu is generated from a seed; it takes no source=")
+    if info.name == "mlu":  # fetch() refused a source
         config = MLUConfig()
         _write_mlu(folder, generate_mlu(config, name="mlu"), config)
         return folder

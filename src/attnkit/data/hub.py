@@ -126,9 +126,10 @@ def _class_names(table: Any, column: str) -> Optional[list[str]]:
 
 def _to_data(spec: HubSpec, train: Any, test: Any) -> TextClassificationData:
     """Map hub columns to a ``TextClassificationData``; rows with label ``-1`` or no label (unlabeled) are
-    dropped."""
+    dropped. The classes are the catalog's (``spec.label_names``): a split whose ClassLabel orders them
+    otherwise (or names only some of them) is re-mapped to them, one that names another class is refused."""
     columns = [*spec.text_columns, spec.label_column]
-    label_names = _class_names(train, spec.label_column) or list(spec.label_names)
+    label_names = list(spec.label_names)
     splits = {}
     for split, table in (("train", train), ("test", test)):
         missing = [c for c in columns if c not in table.column_names]
@@ -140,12 +141,12 @@ def _to_data(spec: HubSpec, train: Any, test: Any) -> TextClassificationData:
         # a split's ClassLabel names its own ids: a test split encoded on its own (datasets'
         # class_encode_column per split) may number the classes otherwise than the train split
         names = _class_names(table, spec.label_column) or label_names
-        unknown = [n for n in names if n not in label_names]
-        if unknown:
+        unknown = [n for i, n in enumerate(names) if n not in label_names or n in names[:i]]
+        if unknown:  # a source must not redefine the catalog dataset's classes
             raise ValueError(
-                f"{spec.name}: the {split} split's classes {names} include {unknown}, which the train "
-                f"split's classes {label_names} lack; encode both splits with one ClassLabel (datasets' "
-                "cast_column with the train split's features)"
+                f"{spec.name}: the {split} split's ClassLabel classes {names} are not {spec.name}'s classes "
+                f"{label_names} ({unknown} not among them); label the rows with these classes (datasets' "
+                f"cast_column with ClassLabel(names={label_names})) or with integer ids into them"
             )
         labels = [_label_value(y) for y in table[spec.label_column]]
         keep = [i for i, y in enumerate(labels) if y is not None and y != -1]
@@ -243,13 +244,23 @@ def _check_utf8(spec: HubSpec, path: Path) -> None:
 
 
 def _check_label_type(spec: HubSpec, path: Path, where: str, row: dict) -> None:
-    """A label in a JSON file is a number or null: the JSON reader would otherwise read a column that mixes
-    numbers and strings by guessing (``"0"`` as 0, ``" 1 "`` as 1), while a column of strings is refused."""
-    label = row.get(spec.label_column)
-    if label is None or (isinstance(label, (int, float)) and not isinstance(label, bool)):
+    """A row of a JSON file has a label, a finite number or null: the JSON reader would otherwise read a
+    column that mixes numbers and strings by guessing (``"0"`` as 0, ``" 1 "`` as 1), while a column of
+    strings is refused; and a row without the key, or with ``NaN``, was dropped as unlabeled (only -1 and
+    null mean unlabeled), ``Infinity`` failed in the reader."""
+    if spec.label_column not in row:
+        raise ValueError(
+            f"{spec.name}: {path} {where} has no {spec.label_column!r} key; give every row its label, an "
+            "integer class index (or -1 / null for unlabeled)"
+        )
+    label = row[spec.label_column]
+    if label is None or isinstance(label, int) and not isinstance(label, bool):
         return
+    if isinstance(label, float) and math.isfinite(label):
+        return  # 1.0 is the class 1; 1.5 is refused with the other labels of the split
+    shown = json.dumps(label) if isinstance(label, float) else repr(label)  # NaN, Infinity as written
     raise ValueError(
-        f"{spec.name}: {path} {where}: label {label!r} is not an integer class index (or -1 / null for "
+        f"{spec.name}: {path} {where}: label {shown} is not an integer class index (or -1 / null for "
         "unlabeled)"
     )
 
@@ -287,8 +298,9 @@ def _check_json_lines(spec: HubSpec, path: Path) -> None:
                 raise ValueError(f"{spec.name}: {path} line {number}: {exc}") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{spec.name}: {path} line {number} is not a JSON object")
-            _check_label_type(spec, path, f"line {number}", row)
-            rows += bool(row)
+            if line.strip():  # a blank line is no row
+                _check_label_type(spec, path, f"line {number}", row)
+                rows += 1
     if not rows:
         raise _no_rows(spec, path)
 
@@ -406,9 +418,13 @@ def _read_source_file(datasets, spec: HubSpec, path: Path, scratch: str):
     if path.suffix in (".jsonl", ".json", ".csv"):
         _check_utf8(spec, path)
     _CHECKS[path.suffix](spec, path)
-    # a CSV cell is missing only when empty: pandas' default missing-value strings ("NA", "null", "None",
-    # "nan", ...) are text (a sentence "null") or, in the label column, an error, not an unlabeled row
-    options = {"keep_default_na": False, "na_values": [""]} if path.suffix == ".csv" else {}
+    # a CSV label cell is missing only when empty: pandas' default missing-value strings ("NA", "null",
+    # "None", "nan", ...) are an error there, not an unlabeled row; a text cell is text as written, as in
+    # JSON: "null" and "42" are not None and 42, an empty cell is "" (it was None, refused)
+    options = {}
+    if path.suffix == ".csv":
+        options = {"keep_default_na": False, "na_values": {spec.label_column: [""]},
+                   "converters": {column: str for column in spec.text_columns}}
     try:
         with _quiet(datasets):
             return datasets.load_dataset(

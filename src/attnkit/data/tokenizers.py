@@ -216,12 +216,14 @@ class CharTokenizer:
         return pad_batch(seqs, self.pad_id, max_length)
 
     def decode(self, ids) -> list[str]:
-        """Strings of a batch ``(B, L)`` or one sequence ``(L,)``: stop at ``<eos>``, skip pad/bos."""
+        """Strings of a batch ``(B, L)`` (a list of ``B``) or one sequence ``(L,)`` (a list of one): stop at
+        ``<eos>``, skip pad/bos. A tensor or array says which by its dimensions, so an empty ``(0,)`` is one
+        empty string; a plain empty list ``[]`` is a batch of none."""
         rows = ids.tolist() if hasattr(ids, "tolist") else ids
         if isinstance(rows, (str, bytes)) or not isinstance(rows, Iterable):
             raise ValueError(f"ids is {ids!r}; expected a batch (B, L) or one sequence (L,) of token ids")
         rows = list(rows)
-        single = bool(rows) and not isinstance(rows[0], Iterable)
+        single = getattr(ids, "ndim", None) == 1 or bool(rows) and not isinstance(rows[0], Iterable)
         out = []
         for b, row in enumerate([rows] if single else rows):
             row = _id_list(row, "ids" if single else f"ids row {b}")
