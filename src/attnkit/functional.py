@@ -377,13 +377,9 @@ def _check_fits(q: Tensor, k: Tensor, scale: float, mask: MaskInfo) -> None:
     if q.device.type != "cpu" or values_hidden(q) or values_hidden(k) or not q.numel() or not k.numel():
         return
     with torch.no_grad():
-        q_top = q.detach().abs().amax(dim=-1)  # (B, H, Lq)
-        k_top = k.detach().abs().amax(dim=-1)  # (B, H, Lk)
-        if mask.query_mask is not None:
-            q_top = q_top.masked_fill(~mask.query_mask[:, None, :], 0.0)
-        if mask.key_mask is not None:
-            k_top = k_top.masked_fill(~mask.key_mask[:, None, :], 0.0)
-        q_top, k_top = float(q_top.amax()), float(k_top.amax())
+        q_top, k_top = (max(-float(lo), float(hi)) for lo, hi in (torch.aminmax(t.detach()) for t in (q, k)))
+        if scale * q.shape[-1] * q_top * k_top + largest_bias > top or not (q_top + k_top) < math.inf:
+            q_top, k_top = _largest_unpadded(q, mask.query_mask), _largest_unpadded(k, mask.key_mask)
     if not (math.isfinite(q_top) and math.isfinite(k_top)):
         return  # a NaN or inf in q or k: the outputs are not finite either, as torch's (never hidden)
     bound = scale * q.shape[-1] * q_top * k_top + largest_bias
@@ -394,6 +390,14 @@ def _check_fits(q: Tensor, k: Tensor, scale: float, mask: MaskInfo) -> None:
             "dtype: "
             "they would overflow to inf and the outputs be NaN; scale q and k (or the scale) down"
         )
+
+
+def _largest_unpadded(x: Tensor, mask: Optional[Tensor]) -> float:
+    """``max |x|`` over the rows of ``x`` ``(B, H, L, D)`` that ``mask`` ``(B, L)`` (True = real) keeps."""
+    top = x.detach().abs().amax(dim=-1)  # (B, H, L)
+    if mask is not None:
+        top = top.masked_fill(~mask[:, None, :], 0.0)
+    return float(top.amax())
 
 
 def check_causal_pattern(config: MechanismConfig, mask: MaskInfo, source: str = "attn_mask") -> None:
