@@ -20,3 +20,20 @@ def test_target_quick_reports_every_k(tmp_path, monkeypatch):
     assert [row["k"] for row in result.rows] == list(SINKHORN_ITERS)
     assert len(result.claims) == 2 and all(c.criterion == "paper" for c in result.claims)
     assert (tmp_path / "sk" / "sinkhorn_iters.png").stat().st_size > 0
+
+
+def test_a_collapse_beyond_noise_is_reported_beside_the_held_claim(tmp_path, monkeypatch):
+    """k >= 2 at half DNAS's accuracy passed as "do not improve" with nothing said about the fall."""
+    from types import SimpleNamespace
+
+    from attnkit.analysis import repro_sinkhorn
+    from attnkit.analysis.reproduce import reproduce
+
+    def fake(mechanism, *, seed, **_):
+        base = 0.85 if mechanism.iters <= 1 else 0.43
+        return SimpleNamespace(accuracy=base + 0.01 * seed, loss=1.0)
+
+    monkeypatch.setattr(repro_sinkhorn, "train_multiview", fake)
+    claim = reproduce("sinkhorn-iters", tmp_path / "sk", quick=True).claims[0]
+    assert claim.held and "worse beyond noise at k = [2, 3, 4, 5]" in claim.evidence
+    assert "(worse beyond noise at k = 2, 3, 4, 5)" in claim.ours
