@@ -107,7 +107,7 @@ def test_a_scale_or_bias_that_overflows_the_inputs_dtype_is_refused_not_nan(back
         ak.attention(q, k, v, mechanism, scale=1e39, backend=backend)
     bias = torch.zeros(5, 5, dtype=torch.float64)
     bias[0, 1] = 1e39
-    with pytest.raises(ValueError, match="attn_mask holds 1e\\+39, which overflows the scores' dtype"):
+    with pytest.raises(ValueError, match="attn_mask holds 1e\\+39, which overflows q's dtype torch.float32"):
         ak.attention(q, k, v, mechanism, attn_mask=bias, backend=backend)
     bias[0, 1] = -1e39  # a masked pair, as -inf
     assert torch.isfinite(ak.attention(q, k, v, mechanism, attn_mask=bias, backend=backend)).all()
@@ -131,3 +131,21 @@ def test_scores_that_overflow_are_refused_and_half_inputs_are_measured_in_float3
     assert torch.isfinite(out).all()
     half = [t.to(torch.float16) for t in (q, k, v)]
     assert torch.isfinite(ak.attention(*half, mechanism, scale=7e4, backend=backend)).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_bias_beyond_half_inputs_own_dtype_is_refused(backend):
+    """Half inputs are scored in float32, but SDPA casts a float32 bias to float16: 1e5 became inf and every
+    output NaN, where an earlier check had refused it."""
+    q, k, v = (t.to(torch.float16) for t in _qkv(Lk=5))
+    bias = torch.zeros(5, 5)
+    bias[0, 1] = 1e5
+    with pytest.raises(ValueError, match="attn_mask holds 1e\\+05, which overflows q's dtype torch.float16"):
+        ak.attention(q, k, v, "softmax", attn_mask=bias, backend=backend)
+
+
+def test_coda_scores_are_bounded_through_the_l1_distance_too():
+    """CoDA's ||q - k||_1 overflowed (q = 0, k = 1e37, D = 64: q . k = 0) and the outputs were NaN."""
+    q, k, v = _qkv(Lk=5, D=64, Dv=4)
+    with pytest.raises(ValueError, match=r"scale \* \|\|q - k\|\|_1 may reach"):
+        ak.attention(torch.zeros_like(q), torch.full_like(k, 1e37), v, "coda")

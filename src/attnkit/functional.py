@@ -344,20 +344,23 @@ def _boundary(
     )
     check_causal_pattern(config, mask)
     scale = check_scale(scale, D)
-    _check_fits(q, k, scale, mask)
+    _check_fits(q, k, scale, mask, config)
     return config, mask, scale, _check_dropout(dropout_p)
 
 
-def _check_fits(q: Tensor, k: Tensor, scale: float, mask: MaskInfo) -> None:
-    """The scores ``scale * q . k + bias`` are finite in the dtype they are computed in (float32 for float16
-    and bfloat16 inputs, else the inputs'): ``scale=1e39``, a bias of ``1e39``, or ``scale=1e38`` with
-    unit-size inputs became inf in float32 and every output NaN.
+def _check_fits(q: Tensor, k: Tensor, scale: float, mask: MaskInfo, config: MechanismConfig) -> None:
+    """The scores are finite in the dtype they are computed in (float32 for float16 and bfloat16 inputs,
+    else the inputs'): ``scale=1e39``, a bias of ``1e39``, or ``scale=1e38`` with unit-size inputs became
+    inf in float32 and every output NaN.
 
-    ``scale`` and the biases are checked as values. The scores of finite inputs are bounded on CPU by
-    ``scale * D * max|q| * max|k|`` over the rows that are not padded (padded rows may hold anything,
-    ``_zero_padding``), two reductions of the inputs' size; a NaN or inf in q or k is not refused (it gives
-    non-finite outputs, as in torch, which ``GradScaler`` and the like rely on). On other devices the inputs
-    are not read before the kernels run, so that a call never waits for the device."""
+    ``scale`` is checked as a value, and a float ``attn_mask``'s biases against the inputs' own dtype (a
+    route may cast them to it: SDPA made a float32 bias of 1e5 inf for float16 inputs), on every device.
+    The scores of finite inputs, ``scale * q . k`` (and CoDA's ``scale * ||q - k||_1``), and their sums
+    before scaling, are bounded on CPU through ``max|q|`` and ``max|k|`` over the rows that are not padded
+    (padded rows may hold anything, ``_zero_padding``): two min/max reductions of the inputs. A NaN or inf
+    in q or k is not refused (it gives non-finite outputs, as in torch, which ``GradScaler`` and the like
+    rely on). On other devices the inputs are not read before the kernels run, so that a call never waits
+    for the device."""
     dtype = q.dtype
     if not dtype.is_floating_point:
         return
@@ -367,28 +370,36 @@ def _check_fits(q: Tensor, k: Tensor, scale: float, mask: MaskInfo) -> None:
                          "scale")
     largest_bias = 0.0
     bias = mask.bias
-    wider = bias is not None and torch.finfo(bias.dtype).max > top  # a bias in the scores' dtype fits it
-    if wider and not values_hidden(bias) and bias.numel() and bias.device.type == "cpu":
+    if bias is not None and bias.dtype != dtype and not values_hidden(bias) and bias.numel():
         largest_bias = float(bias.detach().abs().amax())
-        if largest_bias > top:
-            raise ValueError(f"attn_mask holds {largest_bias:.4g}, which overflows the scores' dtype "
-                             f"(largest {top:.4g}); use finite biases in that range and -inf for pairs that "
+        own = torch.finfo(dtype).max
+        if largest_bias > own:
+            raise ValueError(f"attn_mask holds {largest_bias:.4g}, which overflows q's dtype {dtype} "
+                             f"(largest {own:.4g}); use finite biases in that range and -inf for pairs that "
                              "may not attend")
     if q.device.type != "cpu" or values_hidden(q) or values_hidden(k) or not q.numel() or not k.numel():
         return
+
+    def reach(q_top: float, k_top: float) -> float:  # the largest |score|, or sum before scaling, possible
+        D, factor = q.shape[-1], max(1.0, scale)
+        if isinstance(config, CoDA):  # tanh(alpha E), E = scale q.k; gate(beta N), N = -scale ||q - k||_1
+            return factor * D * max(q_top * k_top * max(1.0, abs(config.alpha)),
+                                    (q_top + k_top) * max(1.0, abs(config.beta)))
+        return factor * D * q_top * k_top + largest_bias
+
     with torch.no_grad():
         q_top, k_top = (max(-float(lo), float(hi)) for lo, hi in (torch.aminmax(t.detach()) for t in (q, k)))
-        if scale * q.shape[-1] * q_top * k_top + largest_bias > top or not (q_top + k_top) < math.inf:
+        if reach(q_top, k_top) > top or not (q_top + k_top) < math.inf:
             q_top, k_top = _largest_unpadded(q, mask.query_mask), _largest_unpadded(k, mask.key_mask)
     if not (math.isfinite(q_top) and math.isfinite(k_top)):
         return  # a NaN or inf in q or k: the outputs are not finite either, as torch's (never hidden)
-    bound = scale * q.shape[-1] * q_top * k_top + largest_bias
+    bound = reach(q_top, k_top)
     if bound > top:
+        what = "scale * q . k and scale * ||q - k||_1" if isinstance(config, CoDA) else "scale * q . k"
         raise ValueError(
-            f"the scores scale * q . k may reach {bound:.4g} (scale={scale:.4g}, D={q.shape[-1]}, largest "
-            f"|q| and |k| entries of the rows not padded), beyond the largest {top:.4g} of the scores' "
-            "dtype: "
-            "they would overflow to inf and the outputs be NaN; scale q and k (or the scale) down"
+            f"the scores {what} may reach {bound:.4g} (scale={scale:.4g}, D={q.shape[-1]}, largest |q| and "
+            f"|k| entries of the rows not padded), beyond the largest {top:.4g} of the scores' dtype: they "
+            "would overflow to inf and the outputs be NaN; scale q and k (or the scale) down"
         )
 
 
