@@ -427,3 +427,5 @@ def test_a_catalog_dataset_fetched_again_is_told_apart_from_the_one_a_run_starte
     write_manifest(mlu, "generated", ["train.tsv"])
     for task in ("mlu", "copy", "mrpc"):  # generated, a recurrent task, not fetched
         assert _task_digest(SimpleNamespace(task=task)) is None
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path / "empty"))  # not fetched in this cache: not "changed"
+    check_task_unchanged(config, out, "--resume")

@@ -205,6 +205,8 @@ def check_task_unchanged(config: CompareConfig, out: Path, what: str, fix: str =
     ``fix`` what else to do besides restoring the file."""
     saved = json_loads((Path(out) / CONFIG_FILE).read_text()).get("task_sha256")
     digest = _task_digest(config)
+    if digest is None and not _is_file_task(config.task):
+        return  # a catalog dataset not in this cache (another ATTNKIT_CACHE): loading it fetches or names it
     if saved is not None and digest != saved:  # the runs of one report, and its models, on one dataset
         dataset = (f"the dataset file {config.task!r}" if _is_file_task(config.task)
                    else f"the dataset {config.task!r} in the cache (fetched again?)")
