@@ -179,3 +179,14 @@ def test_char_decode_of_an_empty_sequence_is_one_empty_string():
     assert tok.decode(torch.zeros(2, 0, dtype=torch.long)) == ["", ""]
     assert tok.decode(torch.zeros(0, 3, dtype=torch.long)) == []
     assert tok.decode(torch.tensor([tok.eos_id, 4])) == [""]  # a sequence that ends at once
+
+
+def test_a_generated_bos_or_pad_before_eos_reads_as_unknown_never_as_nothing():
+    """A model's output -<bos>9<pad>90<eos> decoded to "-990" and scored as an exact match of "-990"."""
+    from attnkit.data.tokenizers import UNKNOWN, CharTokenizer
+
+    tok = CharTokenizer()
+    ids = tok.encode_ids("-99")
+    out = [ids[0], tok.bos_id, ids[1], tok.pad_id, ids[2], tok.eos_id, tok.pad_id]
+    assert tok.decode(out) == ["-99"]  # a target: its <bos> and padding are not text
+    assert tok.decode(out, generated=True) == [f"-{UNKNOWN}9{UNKNOWN}9"]

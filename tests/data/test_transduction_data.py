@@ -110,6 +110,17 @@ def test_token_vocab_round_trip():
             vocab.decode_ids([bad])
 
 
+def test_a_generated_bos_or_pad_reads_as_unknown_and_counts_as_an_error():
+    """An output "K <bos> AE <pad> T" decoded to K AE T: a token error rate of 0 for a wrong output."""
+    vocab = TokenVocab.fit(["K AE T"], "words")
+    k, ae, t = vocab.encode_ids("K AE T")
+    out = [k, vocab.bos_id, ae, vocab.pad_id, t, vocab.eos_id]
+    assert vocab.decode_ids(out) == ["K", "AE", "T"]
+    shown = vocab.decode_ids(out, generated=True)
+    assert shown == ["K", "\ufffd", "AE", "\ufffd", "T"]
+    assert token_error_rate([["K", "AE", "T"]], [shown]) == pytest.approx(2 / 3)
+
+
 def test_numbers_large_training_set_still_has_unseen_single_number_test_inputs():
     data = generate_numbers(num_train=20000, num_test=800, train_max_count=3, test_max_count=8, seed=0)
     singles = [s for s in data.test_src if len(s.split()) == 1]

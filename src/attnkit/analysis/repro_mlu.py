@@ -122,7 +122,7 @@ def train_mlu(
     model.eval()
     test_src = encode(data.test_src, False, False)
     out = model.greedy_decode(test_src, test_src != 0, max_len=8, bos_id=tok.bos_id, eos_id=tok.eos_id)
-    preds = tok.decode(out)  # (B,) strings: stops at <eos>, skips padding
+    preds = tok.decode(out, generated=True)  # (B,) strings: stops at <eos>; a generated pad/bos is wrong
     return sequence_accuracy(preds, data.test_tgt)
 
 

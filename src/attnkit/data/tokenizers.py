@@ -215,10 +215,14 @@ class CharTokenizer:
         seqs = [self.encode_ids(t, add_bos, add_eos) for t in _check_texts(texts)]
         return pad_batch(seqs, self.pad_id, max_length)
 
-    def decode(self, ids) -> list[str]:
+    def decode(self, ids, generated: bool = False) -> list[str]:
         """Strings of a batch ``(B, L)`` (a list of ``B``) or one sequence ``(L,)`` (a list of one): stop at
         ``<eos>``, skip pad/bos. A tensor or array says which by its dimensions, so an empty ``(0,)`` is one
-        empty string; a plain empty list ``[]`` is a batch of none."""
+        empty string; a plain empty list ``[]`` is a batch of none.
+
+        ``generated=True`` reads a model's output (no ``<bos>`` in front): a ``<pad>`` or ``<bos>`` it
+        generated before ``<eos>`` is shown as ``UNKNOWN`` (U+FFFD), as ``<unk>`` is, so that it never scores
+        as correct (skipped, ``-<bos>99`` read as ``-99``)."""
         rows = ids.tolist() if hasattr(ids, "tolist") else ids
         if isinstance(rows, (str, bytes)) or not isinstance(rows, Iterable):
             raise ValueError(f"ids is {ids!r}; expected a batch (B, L) or one sequence (L,) of token ids")
@@ -232,9 +236,9 @@ class CharTokenizer:
             for i in row:
                 if i == self.eos_id:
                     break
-                if i in (self.pad_id, self.bos_id):
+                if i in (self.pad_id, self.bos_id) and not generated:
                     continue
-                chars.append(self.vocab[i] if i != self.unk_id else UNKNOWN)
+                chars.append(self.vocab[i] if i not in (self.unk_id, self.pad_id, self.bos_id) else UNKNOWN)
             out.append("".join(chars))
         return out
 

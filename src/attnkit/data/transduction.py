@@ -66,18 +66,19 @@ class TokenVocab:
         """``ids (N, L)`` and ``mask (N, L)`` (True = real)."""
         return pad_batch([self.encode_ids(t, add_bos, add_eos) for t in _check_texts(texts)], self.pad_id)
 
-    def decode_ids(self, ids: Iterable[int]) -> list[str]:
+    def decode_ids(self, ids: Iterable[int], generated: bool = False) -> list[str]:
         """Tokens up to the first ``<eos>``; pad and bos skipped, ``<unk>`` shown as ``UNKNOWN`` (U+FFFD); an
-        id outside the vocabulary is a ``ValueError``."""
+        id outside the vocabulary is a ``ValueError``. ``generated=True`` reads a model's output: a pad or bos
+        it generated before ``<eos>`` is ``UNKNOWN`` too, never skipped (it would score as correct)."""
         ids = list(ids)
         _check_decode_ids(ids, len(self.vocab))
         out = []
         for i in ids:
             if i == self.eos_id:
                 break
-            if i in (self.pad_id, self.bos_id):
+            if i in (self.pad_id, self.bos_id) and not generated:
                 continue
-            out.append(self.vocab[i] if i != self.unk_id else UNKNOWN)
+            out.append(self.vocab[i] if i not in (self.unk_id, self.pad_id, self.bos_id) else UNKNOWN)
         return out
 
     def join(self, tokens: Sequence[str]) -> str:

@@ -481,7 +481,7 @@ class Seq2SeqTask(SourceTargetBatches):
         out = model.greedy_decode(  # room for the longest target and its <eos>
             src, src_mask, max_len=config.max_target_len + 1, bos_id=tok.bos_id, eos_id=tok.eos_id
         )
-        return tok.decode(out)
+        return tok.decode(out, generated=True)  # a generated <bos>/<pad> is wrong, not skipped
 
     def forward_for_diagnostics(self, model, data: EncodedSeq2Seq, idx: Tensor, config, device) -> None:
         src, src_mask, tgt, tgt_mask = self._batch("test", data, idx, device)

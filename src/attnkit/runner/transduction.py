@@ -206,10 +206,11 @@ class TransductionTask(SourceTargetBatches):
         net = self._unwrap(model)
         vocab = data.tgt_vocab
         if isinstance(net, CTCModel):
-            return [vocab.decode_ids(ids) for ids in net.decode(src, src_mask)], None
+            return [vocab.decode_ids(ids, generated=True) for ids in net.decode(src, src_mask)], None
         limits = self.decode_limits(src_mask).tolist()
         tokens, align = net.greedy_decode(src, src_mask, max_len=max(limits, default=8))
-        return [vocab.decode_ids(row[:limit]) for row, limit in zip(tokens.tolist(), limits)], align
+        rows = zip(tokens.tolist(), limits)
+        return [vocab.decode_ids(row[:limit], generated=True) for row, limit in rows], align
 
     def predict(self, model, data: EncodedTransduction, idx: Tensor, config, device) -> list[str]:
         tokens, _ = self.predict_tokens(model, data, idx, device)
