@@ -109,6 +109,8 @@ def test_show_on_a_compare_run_directory(tmp_path, capsys):
     view = view_from_run(tmp_path / "run", "goal team bank")
     assert view.mechanisms == ["softmax", "hnas"] and view.tokens == ["goal", "team", "bank"]
     assert view.weights["softmax"][0].shape == (2, 3, 3) and len(view.hybrid_u["hnas"]) == 1
+    # a word the vocabulary lacks was labelled as written, though the model read <unk>
+    assert view_from_run(tmp_path / "run", "goal qwertyzz").tokens == ["goal", "qwertyzz (<unk>)"]
     out = tmp_path / "view"
     main(["show", str(tmp_path / "run"), "--text", "goal team bank", "--out", str(out)])
     assert "2 mechanism(s) x 1 layer(s) over 3 tokens" in capsys.readouterr().out

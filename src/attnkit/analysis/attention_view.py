@@ -216,7 +216,8 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
     tokenizer = data.tokenizer
     ids, mask = tokenizer.encode([text], max_length=config.max_len)  # (1, L), L <= max_len
     every_token = tokenizer.tokenize(text)
-    tokens = every_token[: ids.shape[1]]
+    unk = getattr(tokenizer, "unk_id", None)  # a word outside the vocabulary is read as <unk>: say so
+    tokens = [f"{t} (<unk>)" if i == unk else t for t, i in zip(every_token, ids[0].tolist())]
     view = AttentionView(text=text, tokens=tokens, source=f"{run_dir} (seed {seed})",
                          text_tokens=len(every_token), token_limit=config.max_len,
                          limit_reason=f"the run's models read at most max_len = {config.max_len} tokens")
