@@ -543,3 +543,32 @@ def test_a_sharded_folder_error_names_its_index_not_a_missing_single_file(good_m
     (model_dir / "config.json").write_text(json.dumps(settings))
     with pytest.raises(ValueError, match="model.safetensors.index.json holds tensors whose shapes differ"):
         akhf.load(model_dir)
+
+
+@pytest.mark.parametrize("case", ["distilbert_projector_bias", "distilbert_classifier", "pretraining_nsp"])
+def test_a_head_spread_over_several_names_is_one_head(tmp_path, case):
+    """DistilBERT's MLM head (vocab_transform .. vocab_projector) and its classifier beside pre_classifier
+    span several top-level names: a missing part loaded zero or random. One of BERT's two pre-training heads
+    missing is refused too, with the way to load it anyway."""
+    from transformers import (
+        BertConfig, BertForPreTraining, DistilBertConfig, DistilBertForMaskedLM,
+        DistilBertForSequenceClassification,
+    )
+
+    torch.manual_seed(0)
+    if case == "pretraining_nsp":
+        model = BertForPreTraining(BertConfig(vocab_size=99, hidden_size=16, num_hidden_layers=1,
+                                              num_attention_heads=2, intermediate_size=32))
+        gone, name = ("cls.seq_relationship.",), "BertForPreTraining"
+    else:
+        config = DistilBertConfig(vocab_size=99, dim=16, n_layers=1, n_heads=2, hidden_dim=32)
+        if case == "distilbert_classifier":
+            model, gone = DistilBertForSequenceClassification(config), ("classifier.",)
+        else:
+            model, gone = DistilBertForMaskedLM(config), ("vocab_projector.bias",)
+        name = type(model).__name__
+    model_dir = _tiny_saved(tmp_path, model)
+    _drop(model_dir, *gone)
+    with pytest.raises(ValueError, match=f"do not match the {name} .* model_class=transformers.{name}"):
+        akhf.load(model_dir)
+    assert type(akhf.load(model_dir, model_class=type(model))).__name__ == name

@@ -333,9 +333,10 @@ def damaged_keys(model, info: dict) -> list[str]:
     config.json disagree, not that a part was never saved: a missing tensor of a module whose other tensors
     loaded (a deleted query weight), a missing tensor of a repeated layer the weights hold elsewhere (a layer
     more in config.json), an unexpected tensor of such a layer (a layer fewer), a missing parameter of the
-    base model (its embeddings, a final norm), a missing tensor of a task head some of whose own tensors
-    loaded (an LM head's bias, a prediction head's transform). A head or pooler missing whole (an encoder
-    saved without its task head) is not: transformers starts it afresh, as meant."""
+    base model (its embeddings, a final norm), a missing tensor of the task head(s) when some of their own
+    tensors loaded (an LM head's bias, a prediction head's transform, a classifier beside its
+    pre_classifier; also one of two pre-training heads). The heads or the pooler missing whole (an encoder
+    saved without its task head) are not: transformers starts them afresh, as meant."""
     missing = set(info.get("missing_keys") or ())
     unexpected = set(info.get("unexpected_keys") or ())
     state = model.state_dict()
@@ -360,8 +361,10 @@ def damaged_keys(model, info: dict) -> list[str]:
         name = inner(key)
         return name is not None and key in params and not name.startswith("pooler.")
 
-    def head(key: str):  # the task head a tensor belongs to (its first name), None inside the base model
-        return key.partition(".")[0] if inner(key) is None else None
+    def head(key: str):  # "head" for a tensor of the task head(s) outside the base model, else None: one
+        # group, since a head spans several top-level names (DistilBERT's vocab_transform .. vocab_projector,
+        # pre_classifier and classifier)
+        return "head" if inner(key) is None else None
 
     def own(key: str) -> bool:  # loaded from the head's own tensors: not an alias of another part's
         group = aliases.get(key, (key,))

@@ -629,7 +629,8 @@ def load(path: Union[str, os.PathLike], model_class=None, **kwargs):
         raise ValueError(
             f"the weights in {path} do not match the {model_class.__name__} of "
             f"{os.path.join(path, 'config.json')} ({shown}: missing or left over, as with a tensor deleted "
-            "or a layer count edited); restore the matching pair of files from the original model"
+            "or a layer count edited); restore the matching pair of files from the original model, or pass "
+            f"model_class=transformers.{model_class.__name__} to start the missing tensors afresh"
         )
     return (model, info) if report else model
 
