@@ -60,6 +60,14 @@ def test_too_long_input_raises_naming_max_len(cls):
         cls(4, max_len=0)
 
 
+def test_the_float64_table_is_built_once_not_per_call():
+    """Every float64 call rebuilt the whole table (2.7 ms per call at d_model 512, 69 ms at max_len 8192)."""
+    pe = aknn.SinusoidalPositionalEncoding(8, max_len=64)
+    x = torch.zeros(1, 3, 8, dtype=torch.float64)
+    assert pe(x).dtype == torch.float64 and pe.table(torch.float64) is pe.table(torch.float64)
+    assert "_pe64" not in pe.state_dict()
+
+
 def test_the_sinusoidal_table_keeps_float64_accuracy_in_float64_models():
     """The table was rounded to float32 when built: a float64 model's positions erred by 3e-8. Its buffer is
     float32 (as the module's other tensors: a float64 buffer cannot move to Apple's MPS device)."""
@@ -88,6 +96,8 @@ def test_a_nested_batch_numbers_each_sequence_as_the_padded_batch_does(cls, layo
         torch.testing.assert_close(got, pe(seq[None], start=1)[0])
     sum(part.sum() for part in out.unbind()).backward()
     assert all(seq.grad is not None for seq in seqs)
+    x = torch.nested.as_nested_tensor([s.detach() for s in seqs], layout=layout)
+    assert (pe(x) + x).is_nested  # a jagged result kept x's offsets: adding them raised torch's error
     with pytest.raises(ValueError, match="leave positions out"):
         pe(torch.nested.as_nested_tensor(seqs, layout=layout), positions=torch.zeros(2, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="max_len >= 9"):

@@ -106,9 +106,17 @@ class _PositionalEncoding(nn.Module):
         if x.dim() != 3 or not x.is_floating_point() or x.size(-1) != self.d_model:
             raise ValueError(f"x is a nested tensor of {x.dim()} dimensions and dtype {x.dtype}; expected "
                              f"floating sequences (L_b, {self.d_model})")
+        table = self.table(x.dtype)
+        if x.layout == torch.jagged and x.lengths() is None:  # keep x's offsets: x + pe(x) must still add
+            values, offsets = x.values(), x.offsets()  # (N, d_model), (B + 1,)
+            lengths = offsets.diff()  # (B,)
+            self._check_span(start, int(lengths.max()) if lengths.numel() else 0)
+            first = offsets[:-1].repeat_interleave(lengths)  # (N,): each token's sequence start
+            position = torch.arange(values.shape[0], device=values.device) - first
+            out = values + table[start + position].to(x.dtype)  # (N, d_model)
+            return self.dropout(torch.nested.nested_tensor_from_jagged(out, offsets=offsets))
         parts = x.unbind()
         self._check_span(start, max((p.shape[0] for p in parts), default=0))
-        table = self.table(x.dtype)
         out = [p + table[start : start + p.shape[0]].to(x.dtype) for p in parts]  # (L_b, d_model) each
         return self.dropout(torch.nested.as_nested_tensor(out, layout=x.layout))
 
@@ -149,9 +157,12 @@ class SinusoidalPositionalEncoding(_PositionalEncoding):
         self.register_buffer("pe", _sinusoids(max_len, d_model, device).float(), persistent=False)
 
     def table(self, dtype: Optional[torch.dtype] = None) -> Tensor:
-        if dtype == torch.float64:
-            return _sinusoids(self.max_len, self.d_model, self.pe.device)
-        return self.pe
+        if dtype != torch.float64:
+            return self.pe
+        cached = self.__dict__.get("_pe64")  # built once per device, not a buffer (state_dict unchanged)
+        if cached is None or cached.device != self.pe.device:
+            cached = self.__dict__["_pe64"] = _sinusoids(self.max_len, self.d_model, self.pe.device)
+        return cached
 
 
 class LearnedPositionalEncoding(_PositionalEncoding):
