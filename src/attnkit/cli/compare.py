@@ -80,7 +80,7 @@ def register(app: typer.Typer) -> None:
             "baseline, mean pooling).",
         ),
         seeds: Optional[int] = typer.Option(
-            None, "--seeds", help="Seeds per mechanism (mean ± std over them)."
+            None, "--seeds", help="Seeds per mechanism (mean ± sample std over them)."
         ),
         preset: Optional[str] = typer.Option(
             None, "--preset", help="quick (default, minutes on a CPU) or paper."

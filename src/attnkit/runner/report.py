@@ -102,10 +102,17 @@ def write_results_json(path: Path, config: CompareConfig, task, records: list[di
                 "median) / the baseline mechanism's"
             ),
             "explain_away_min_normalized": (
-                "min over non-causal attention layers, eval samples and seeds of n_k * min_j sum_i pi_ij "
+                "min over non-causal self-attention layers, eval samples and seeds of n_k * min_j sum_i "
+            "pi_ij "
                 "(Lemma 1: >= 1 for DNAS); explain_away_min_raw is min_j sum_i pi_ij"
             ),
             "hybrid_u": "final u = sigmoid(theta) per layer (rows) and head (columns), mean over seeds",
+            "std": "sample standard deviation (n - 1) over seeds",
+            "step_time_s": "a run's mean time per optimizer step (the ratios use medians)",
+            "token_accuracy": (
+                "seq2seq: target characters predicted at their own position, plus one for an output of the "
+                "target's length, over target length + 1"
+            ),
         },
         **(extras or {}),
     }
@@ -211,7 +218,7 @@ def render_html(config: CompareConfig, task, records: list[dict], runs: list[dic
          format_value(r["explain_away"]["min"], None, 1.0, 4)]
         for r in runs
     ]
-    run_header = ["mechanism", "seed", *[f"{m} (%)" for m in task.metric_names], "ms / step",
+    run_header = ["mechanism", "seed", *[f"{m} (%)" for m in task.metric_names], "mean ms / step",
                   "min n_k·Σπ", "min Σπ (raw)"]
     sample_blocks = []
     for mech in config.variants:
@@ -232,7 +239,8 @@ def render_html(config: CompareConfig, task, records: list[dict], runs: list[dic
         f"<h1>attnkit compare: {html.escape(config.task)} ({html.escape(config.preset)} preset)</h1>",
         f"<p>{len(config.variants)} mechanisms × {config.seeds} seed(s), "
         f"{config.total_steps} optimizer steps each, "
-        f"global batch {config.batch_size}, {world} process(es). Metrics are mean ± std over seeds on "
+        f"global batch {config.batch_size}, {world} process(es). Metrics are mean ± sample std (n − 1) "
+        f"over seeds on "
         f"{runs[0]['eval_examples'] if runs else 0} evaluation examples.</p>",
         "<h2>Results</h2>",
         _html_table(header, rows, "results"),
