@@ -367,3 +367,76 @@ def test_fused_projections_of_models_that_compute_their_scores_are_split_as_the_
     reg.loss().backward()
     fused = reg.sites[0].proj.q_layer
     assert fused.weight.grad is not None and fused.weight.grad.abs().sum() > 0
+
+
+def _clip():
+    from transformers import CLIPConfig, CLIPModel
+
+    torch.manual_seed(0)
+    text = dict(vocab_size=60, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                intermediate_size=32, max_position_embeddings=32)
+    vision = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                  image_size=32, patch_size=8)  # 16 patches + the class token: 17 positions
+    return CLIPModel(CLIPConfig(text_config=text, vision_config=vision)).eval()
+
+
+def test_a_vision_tower_never_reads_the_text_mask_even_when_the_lengths_match():
+    """CLIP with 17 text tokens and 17 image positions: the text attention_mask was applied to the vision
+    layer (the shape check passed), instead of leaving it out with a warning as for other lengths."""
+    model = _clip()
+    reg = AlignmentRegularizer(model, method="mmd")
+    assert [s.name for s in reg.sites] == ["text_model.encoder.layers.0.self_attn",
+                                           "vision_model.encoder.layers.0.self_attn"]
+    ids = torch.randint(3, 60, (2, 17), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 17, dtype=torch.long)
+    mask[1, 8:] = 0
+    pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with pytest.warns(UserWarning, match=r"vision_model\.encoder\.layers\.0\.self_attn.*outside 'text_model"):
+        model(input_ids=ids, attention_mask=mask, pixel_values=pixels)
+    assert [reg.sites[i].name for i, _ in reg._captured] == ["text_model.encoder.layers.0.self_attn"]
+    assert torch.equal(reg._captured[0][1].q_mask, mask > 0)
+    strict = AlignmentRegularizer(model, method="mmd", layers=[1])  # the vision layer chosen by name
+    with pytest.raises(ValueError, match="outside 'text_model'"):
+        model(input_ids=ids, attention_mask=mask, pixel_values=pixels)
+    strict.remove()
+    model(input_ids=ids, pixel_values=pixels)  # without a mask the vision layer is read, every position real
+    assert sorted(i for i, _ in reg._captured) == [0, 1]
+
+
+def test_a_projection_replaced_after_attaching_is_refused_instead_of_read_stale():
+    """peft.get_peft_model replaces query/key by LoRA layers around them: the hooks stayed on the inner layer,
+    whose outputs are no longer the queries (and the adapter got no alignment gradient)."""
+    model = _model("llama")
+    kwargs, _ = _batch(model)
+    reg = AlignmentRegularizer(model, method="mmd")
+    model(**kwargs)
+    assert len(reg._captured) == 2
+    attn = model.layers[0].self_attn
+    attn.q_proj = _LoraLike(attn.q_proj)
+    with pytest.raises(ValueError, match=r"query projection Linear of 'layers\.0\.self_attn' is no longer a "
+                                         r"child.*after wrapping the model"):
+        model(**kwargs)
+    again = AlignmentRegularizer(model, method="mmd")  # attached after wrapping: the wrapper is read
+    reg.remove()
+    seen = {}
+    attn.q_proj.register_forward_hook(lambda m, args, out: seen.setdefault("q", out))
+    model(**kwargs)
+    torch.testing.assert_close(again._captured[0][1].q, seen["q"].view(2, 9, H, 8).transpose(1, 2))
+
+
+def test_xlm_padding_given_as_lengths_keeps_padded_tokens_out():
+    """XLM and FlauBERT take their padding as lengths= (real tokens per sample); the capture ignored it and
+    matched the padded tokens as real ones."""
+    from transformers import XLMConfig, XLMModel
+
+    torch.manual_seed(0)
+    model = XLMModel(XLMConfig(vocab_size=50, emb_dim=16, n_layers=1, n_heads=2)).eval()
+    reg = AlignmentRegularizer(model, method="mmd")
+    ids = torch.randint(5, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    lengths = torch.tensor([6, 3])
+    model(ids, lengths=lengths)
+    by_lengths = reg.mmd_per_head()[0]
+    assert reg._captured[0][1].q_mask.sum(1).tolist() == [6, 3]
+    mask = (torch.arange(6)[None, :] < lengths[:, None]).long()
+    model(ids, attention_mask=mask)  # the same padding as a mask
+    torch.testing.assert_close(by_lengths, reg.mmd_per_head()[0], rtol=0, atol=0)

@@ -32,3 +32,11 @@ def test_empty_or_ragged_panels_are_named():
         plot_mmd_heads({"after": [torch.rand(4), torch.rand(3)]}, "x.png")
     with pytest.raises(ValueError, match=r"panels\['after'\] holds 0 layer"):
         plot_mmd_heads({"after": []}, "x.png")
+
+
+def test_mmd_heads_accepts_lists_and_numpy_arrays_like_tensors(tmp_path):
+    # the panels were validated with torch.as_tensor, then drawn with v.float(): AttributeError on a list
+    np = pytest.importorskip("numpy")
+    panels = {"lists": [[0.1, 0.2], [0.3, 0.4]], "numpy": [np.array([0.1, 0.2]), np.array([0.3, 0.4])]}
+    written = plot_mmd_heads(panels, tmp_path / "mmd")
+    assert written == tmp_path / "mmd.png" and written.read_bytes()[:8] == PNG

@@ -532,3 +532,82 @@ def test_a_regularizer_checkpoint_of_another_layout_names_what_differs(tmp_path)
     with pytest.raises(ValueError, match=r"missing critics\.0\.highway\.gate\.weight.*unexpected "
                                          r"critics\.0\.highway\.linear.*earlier attnkit.*cannot be resumed"):
         load_regularizer(reg, tmp_path)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_building_the_regularizer_leaves_the_global_rng_as_it_was(method):
+    """The discriminator / critic / navigator init drew from torch's global RNG, so every later dropout draw
+    shifted: `compare --align none,gan` with weight 0 gave different numbers for the two rows."""
+    model = _encoder()
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    reg = AlignmentRegularizer(model, method=method, weight=0.0)
+    assert torch.equal(torch.get_rng_state(), state)
+    torch.manual_seed(0)  # the init still follows the global seed
+    again = AlignmentRegularizer(model, method=method, weight=0.0)
+    assert all(torch.equal(a, b) for a, b in zip(reg.parameters(), again.parameters()))
+
+
+@pytest.mark.parametrize("float_mask", [False, True])
+def test_query_padding_mask_keeps_padded_queries_out_of_mmd_per_head(float_mask):
+    """attnkit's MultiheadAttention takes the queries' own padding; the capture read key_padding_mask for the
+    queries too, so padded queries entered the loss."""
+    torch.manual_seed(0)
+    m = ak.nn.MultiheadAttention(8, 2, mechanism="dnas", batch_first=True).double()
+    reg = AlignmentRegularizer(m, method="mmd")
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    qpad = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 0, 0, 1]], dtype=torch.bool)  # True = padded query
+    mask = torch.zeros(2, 5, dtype=torch.float64).masked_fill(qpad, float("-inf")) if float_mask else qpad
+    m(x, x, x, query_padding_mask=mask)
+    w_q, w_k, _ = m.in_proj_weight.chunk(3)
+    b_q, b_k, _ = m.in_proj_bias.chunk(3)
+    q = (x @ w_q.T + b_q).view(2, 5, 2, 4).transpose(1, 2)  # (B, H, L, D)
+    k = (x @ w_k.T + b_k).view(2, 5, 2, 4).transpose(1, 2)  # (B, H, L, D)
+    # by hand, over the real queries of each sample and every key
+    expected = torch.stack([mmd(q[b:b + 1, :, : int((~qpad[b]).sum())], k[b:b + 1])[0] for b in range(2)])
+    torch.testing.assert_close(reg.mmd_per_head()[0].double(), expected.mean(0), rtol=1e-5, atol=1e-6)
+    assert torch.equal(reg._captured[0][1].q_mask, ~qpad)
+    assert torch.equal(reg._captured[0][1].k_mask, torch.ones(2, 5, dtype=torch.bool))
+
+
+def test_a_model_holding_a_hugging_face_model_names_the_submodule_to_attach_to():
+    from tests.hf._models import tiny_model
+
+    class Classifier(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = tiny_model("bert")
+            self.head = torch.nn.Linear(self.bert.config.hidden_size, 2)
+
+    match = r"holds one \(model\.bert \(BertModel\)\).*AlignmentRegularizer\(model\.bert, \.\.\.\)"
+    with pytest.raises(ValueError, match=match):
+        AlignmentRegularizer(Classifier(), method="ct")
+
+
+def _broadcast_worker(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        torch.manual_seed(100 + rank)  # no common seed before building the regularizer
+        reg = AlignmentRegularizer(_encoder(), method="ct")
+        reg.register_buffer("counter", torch.full((2,), float(rank)))  # buffers travel too
+        built = [t.clone() for t in reg.state_dict().values()]
+        reg.broadcast_parameters()
+        torch.save({"built": built, "synced": list(reg.state_dict().values())}, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_broadcast_parameters_gives_every_process_rank_zeros_regularizer(tmp_path):
+    """DDP broadcasts the wrapped model only: processes that built the regularizer from different RNG states
+    trained different critics forever (sync_gradients averages gradients, not weights)."""
+    import torch.multiprocessing as mp
+
+    init = f"file://{tmp_path}/rendezvous"
+    mp.spawn(_broadcast_worker, args=(2, init, str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert any(not torch.equal(a, b) for a, b in zip(r0["built"], r1["built"]))  # they started apart
+    assert all(torch.equal(a, b) for a, b in zip(r0["synced"], r1["synced"]))
+    assert all(torch.equal(a, b) for a, b in zip(r0["synced"], r0["built"]))  # rank 0's, unchanged

@@ -6,7 +6,8 @@ Four families of layers ("sites"):
 
 - **attnkit / torch multi-head attention** (``attnkit.nn.MultiheadAttention``,
   ``torch.nn.MultiheadAttention``, hence attnkit's and torch's Transformer layers, any mechanism): a forward
-  pre-hook reads ``query``, ``key`` and ``key_padding_mask`` of self-attention calls (``query`` and ``key``
+  pre-hook reads ``query``, ``key``, ``key_padding_mask`` and attnkit's ``query_padding_mask`` (the queries'
+  own padding; the key padding serves them without it) of self-attention calls (``query`` and ``key``
   one tensor or views of the same elements) and projects them with the module's own ``W_Q, b_Q, W_K, b_K``
   (the projection is computed a second time, outside the module).
   Cross-attention calls and modules named ``multihead_attn`` (decoder cross-attention) are not captured.
@@ -27,8 +28,11 @@ Four families of layers ("sites"):
   work on time-first states); for an encoder-decoder model the encoder's alone. A call whose query and key
   projections read different inputs (cross-attention) is skipped, and so is a step of cached decoding
   (``generate``), whose earlier keys are in the cache. The padding comes from the ``attention_mask`` passed to
-  the model; a layer whose positions are not the mask's is left out with a warning (a ``ValueError`` when
-  ``layers=`` names it). ALBERT shares one attention module across its layers: each call is captured.
+  the model (XLM's ``lengths=`` without one); a layer whose positions are not the mask's, or that lies outside
+  the part of the model the mask is handed to (CLIP's ``vision_model``, whatever its length), is left out with
+  a warning (a ``ValueError`` when ``layers=`` names it). A query or key projection replaced after attaching
+  (``peft.get_peft_model``) raises a ``ValueError`` at the next forward. ALBERT shares one attention module
+  across its layers: each call is captured.
 - **PyTorch Geometric ``GATConv``**: GAT's logit is
   :math:`e_{ij} = a_{dst}^\top W x_i + a_{src}^\top W x_j` for an edge from source ``j`` to destination
   ``i``; per head we take the query of node ``i`` as :math:`q_i = a_{dst} \odot W x_i` and the key of node
@@ -66,7 +70,7 @@ from torch import Tensor, nn
 from ..masks import MASKED_BIAS
 from ..nn.module_utils import same_tensor
 
-__all__ = ["Captured", "ForwardState", "Site", "find_sites"]
+__all__ = ["Captured", "ForwardState", "Site", "find_sites", "mask_owner_hooks"]
 
 _HF_PAIRS = (("query", "key"), ("q_lin", "k_lin"), ("q_proj", "k_proj"))
 
@@ -124,12 +128,17 @@ class MultiheadSite(Site):
             query, key = bound.arguments["query"], bound.arguments["key"]
             if not same_tensor(query, key):
                 return None
-            record(self._project(query, bound.arguments.get("key_padding_mask")))
+            arguments = bound.arguments
+            # attnkit's module takes the queries' own padding (query_padding_mask); torch's has none
+            masks = (arguments.get("key_padding_mask"), arguments.get("query_padding_mask"))
+            record(self._project(query, *masks))
             return None
 
         return [self.module.register_forward_pre_hook(hook, with_kwargs=True)]
 
-    def _project(self, x: Tensor, key_padding_mask: Optional[Tensor]) -> Captured:
+    def _project(
+        self, x: Tensor, key_padding_mask: Optional[Tensor], query_padding_mask: Optional[Tensor] = None
+    ) -> Captured:
         m = self.module
         if x.is_nested:  # torch's TransformerEncoder in eval mode packs a padded batch (B, L_b, E)
             lengths = torch.tensor([t.shape[0] for t in x.unbind()], device=x.device)  # (B,)
@@ -138,6 +147,7 @@ class MultiheadSite(Site):
         elif x.dim() == 2:  # unbatched (L, E)
             x = x.unsqueeze(0)
             key_padding_mask = None if key_padding_mask is None else key_padding_mask.reshape(1, -1)
+            query_padding_mask = None if query_padding_mask is None else query_padding_mask.reshape(1, -1)
         elif not m.batch_first:  # (L, B, E) -> (B, L, E)
             x = x.transpose(0, 1)
         B, L, _ = x.shape
@@ -151,13 +161,20 @@ class MultiheadSite(Site):
             b_q, b_k, _ = m.in_proj_bias.chunk(3)
         q = F.linear(x, w_q, b_q).view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
         k = F.linear(x, w_k, b_k).view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
-        if key_padding_mask is None:
-            valid = torch.ones(B, L, dtype=torch.bool, device=x.device)
-        elif key_padding_mask.dtype == torch.bool:
-            valid = ~key_padding_mask  # torch: True = ignore
-        else:
-            valid = key_padding_mask > MASKED_BIAS  # additive float mask: -inf (or <= -1e4) = ignore
-        return Captured(q, k, valid, valid)
+        valid_k = _real(key_padding_mask, B, L, x.device)  # (B, L)
+        # the keys' padding serves the queries of a self-attention call unless the queries have their own
+        valid_q = valid_k if query_padding_mask is None else _real(query_padding_mask, B, L, x.device)
+        return Captured(q, k, valid_q, valid_k)
+
+
+def _real(padding_mask: Optional[Tensor], B: int, L: int, device) -> Tensor:
+    """``(B, L)`` True = real position, from a torch padding mask: boolean True = ignore, or additive float
+    (-inf, or at most ``MASKED_BIAS``, = ignore); all real without one."""
+    if padding_mask is None:
+        return torch.ones(B, L, dtype=torch.bool, device=device)
+    if padding_mask.dtype == torch.bool:
+        return ~padding_mask.to(device)
+    return padding_mask.to(device) > MASKED_BIAS
 
 
 # -- Hugging Face models -------------------------------------------------------------------------------------
@@ -258,6 +275,8 @@ class HFSite(Site):
     ) -> None:
         super().__init__(name, module, num_heads, head_dim)
         self.kv_heads, self.proj = kv_heads, proj
+        # ids of the modules from the model down to this one (not the model itself): set by mask_owner_hooks
+        self.ancestors: frozenset[int] = frozenset()
 
     def __repr__(self) -> str:
         kv = f", kv_heads={self.kv_heads}" if self.kv_heads != self.num_heads else ""
@@ -283,7 +302,33 @@ class HFSite(Site):
             except _PositionsMismatch as exc:
                 self.leave_out(context, str(exc), _PositionsMismatch)
                 return
-            record(Captured(q, k, valid_q, valid_k))
+            captured = Captured(q, k, valid_q, valid_k)
+            if mask is not None and self.ancestors and not self.ancestors & context.mask_receivers.keys():
+                # the mask was not handed down to this layer: when another part of the model takes it (a
+                # text tower beside this vision tower), this layer's positions are not the mask's even where
+                # their numbers match
+                if context.mask_receivers:
+                    self.leave_out(context, _other_part(self.name, context), _PositionsMismatch)
+                    return
+                context.tentative.append((self, captured))  # decided at the end of the forward
+            record(captured)
+
+        def check(module, args, kwargs):
+            # a projection replaced after attaching (peft.get_peft_model wraps query/key in LoRA layers) would
+            # leave the hooks on the stale inner layer: its outputs are no longer the attention's queries
+            if module is not self.module or not context.active:
+                return None
+            children = tuple(module.children())
+            for role, layer in (("query", proj.q_layer), ("key", proj.k_layer)):
+                if not any(child is layer for child in children):
+                    raise ValueError(
+                        f"the {role} projection {type(layer).__name__} of {self.name!r} is no longer a child "
+                        f"of its {type(module).__name__}: it was replaced after the regularizer was attached "
+                        "(as peft.get_peft_model does); attach the regularizer after wrapping the model"
+                    )
+            return None
+
+        guard = self.module.register_forward_pre_hook(check, with_kwargs=True)
 
         if proj.layout != "pair":
             clip = getattr(self.module, "clip_qkv", None)  # MPT clamps the fused output before splitting it
@@ -309,7 +354,7 @@ class HFSite(Site):
                     q = q + q_bias.view(H, d)
                 emit(q, k)
 
-            return [proj.q_layer.register_forward_hook(fused)]
+            return [guard, proj.q_layer.register_forward_hook(fused)]
 
         pending: dict[str, tuple[Optional[Tensor], Tensor]] = {}
 
@@ -329,7 +374,8 @@ class HFSite(Site):
 
             return hook
 
-        return [proj.q_layer.register_forward_hook(make("q")), proj.k_layer.register_forward_hook(make("k"))]
+        q_hook, k_hook = make("q"), make("k")
+        return [guard, proj.q_layer.register_forward_hook(q_hook), proj.k_layer.register_forward_hook(k_hook)]
 
 
 def _tensor_output(out) -> Optional[Tensor]:
@@ -359,6 +405,46 @@ def _hf_valid(mask: Optional[Tensor], B: int, L: int, device, site: str = "") ->
             "with the self-attention layers whose positions are the mask's"
         )
     return mask.to(device) > 0
+
+
+def _other_part(site: str, context: ForwardState) -> str:
+    owner = min(context.mask_receivers.values(), key=len)
+    return (
+        f"the attention at {site!r} is outside {owner!r}, the part of the model that received the "
+        "attention_mask (a vision tower of a multimodal model), so the alignment regularizer cannot tell its "
+        "padding; pass layers= with the self-attention layers whose positions are the mask's"
+    )
+
+
+def mask_owner_hooks(model: nn.Module, sites: list[Site], state: ForwardState) -> list:
+    """Pre-hooks on the modules between a Hugging Face ``model`` and its attention sites that note which
+    of them receive the model's ``attention_mask`` itself (CLIP's ``text_model``, not its ``vision_model``): a
+    site outside every receiver is left out once the mask has gone elsewhere. Returns the hook handles."""
+    paths: dict[int, str] = {}
+    for name, module in model.named_modules():
+        paths.setdefault(id(module), name)
+    watched: dict[int, tuple[str, nn.Module]] = {}
+    for site in sites:
+        if not isinstance(site, HFSite) or id(site.module) not in paths:
+            continue
+        parts = paths[id(site.module)].split(".")
+        chain = [".".join(parts[: i + 1]) for i in range(len(parts))]  # "a", "a.b", ..., the site itself
+        modules = [model.get_submodule(n) for n in chain]
+        site.ancestors = frozenset(id(m) for m in modules)
+        watched.update({id(m): (n, m) for n, m in zip(chain, modules)})
+
+    def receiver(name: str, own: nn.Module):
+        def hook(module, args, kwargs):
+            mask = state.attention_mask
+            if module is not own or mask is None or not state.active:
+                return None
+            if any(v is mask for v in args) or any(v is mask for v in kwargs.values()):
+                state.mask_receivers.setdefault(id(module), name)
+            return None
+
+        return hook
+
+    return [m.register_forward_pre_hook(receiver(n, m), with_kwargs=True) for n, m in watched.values()]
 
 
 def _hf_site(name: str, module: nn.Module, proj: _Projections, config) -> HFSite:
@@ -659,6 +745,10 @@ class ForwardState:
         self.cached = False  # a step of cached decoding: the earlier positions' keys are in the cache
         self.last_cached = False  # whether the last forward that started was such a step (kept after it)
         self.skipped: dict[str, str] = {}  # layers left out of this forward's capture, and why
+        # Hugging Face: the modules on the way to a site that received attention_mask itself (id -> name),
+        # and the captures of sites outside them made before any had (decided at the end of the forward)
+        self.mask_receivers: dict[int, str] = {}
+        self.tentative: list[tuple[Site, Captured]] = []
         self._warned: set[str] = set()
 
     def skip(self, site: str, why: str) -> None:
@@ -683,6 +773,20 @@ def _cache_length(cache) -> int:
     return 1 if isinstance(cache, (tuple, list)) and len(cache) > 0 else 0
 
 
+def _mask_from_lengths(arguments: dict) -> Optional[Tensor]:
+    """XLM's and FlauBERT's padding given as ``lengths (B,)`` (real tokens per sample, the first ones) instead
+    of an ``attention_mask``: the ``(B, L)`` mask it stands for, 1 = real; None without one."""
+    lengths = arguments.get("lengths")
+    tokens = arguments.get("input_ids")
+    tokens = arguments.get("inputs_embeds") if tokens is None else tokens
+    if not isinstance(lengths, Tensor) or not isinstance(tokens, Tensor) or tokens.dim() < 2:
+        return None
+    if lengths.dim() != 1 or lengths.is_floating_point() or len(lengths) != tokens.shape[0]:
+        return None
+    positions = torch.arange(tokens.shape[1], device=lengths.device)  # (L,)
+    return (positions[None, :] < lengths[:, None]).long()  # (B, L)
+
+
 def start_hook(model, is_hf: bool, state: ForwardState, reset: Callable[[], None]):
     """A pre-hook on the model: a new capture (and the HF ``attention_mask``) at each forward. Register it
     before the sites' hooks."""
@@ -704,6 +808,8 @@ def start_hook(model, is_hf: bool, state: ForwardState, reset: Callable[[], None
             return None
         reset()
         state.skipped.clear()
+        state.mask_receivers.clear()
+        state.tentative.clear()
         state.grad_enabled = torch.is_grad_enabled()
         try:
             arguments = kwargs if signature is None else signature.bind_partial(*args, **kwargs).arguments
@@ -713,6 +819,8 @@ def start_hook(model, is_hf: bool, state: ForwardState, reset: Callable[[], None
             state.graph_batch = _graph_batch(arguments)
         else:
             state.attention_mask = arguments.get("attention_mask")
+            if state.attention_mask is None:
+                state.attention_mask = _mask_from_lengths(arguments)
             caches = (arguments.get(name) for name in ("cache", "past_key_values", "past_key_value"))
             state.cached = _cache_length(next((c for c in caches if c is not None), None)) > 0
         state.last_cached = state.cached
@@ -721,9 +829,10 @@ def start_hook(model, is_hf: bool, state: ForwardState, reset: Callable[[], None
     return model.register_forward_pre_hook(start, with_kwargs=True)
 
 
-def end_hook(model, state: ForwardState):
+def end_hook(model, state: ForwardState, drop: Optional[Callable[[list[Captured]], None]] = None):
     """A hook at the end of the model's forward (also when it raises). Register it after the sites' hooks:
-    when the model is itself a site (one GATConv), its capture comes from a forward hook."""
+    when the model is itself a site (one GATConv), its capture comes from a forward hook. ``drop`` takes back
+    the captures of Hugging Face sites found, at the end, to be outside the part that received the mask."""
 
     def end(module, args, kwargs, output):
         if module is not model:
@@ -731,6 +840,12 @@ def end_hook(model, state: ForwardState):
         state.depth = max(state.depth - 1, 0)
         if not state.active:
             state.attention_mask, state.cached, state.graph_batch = None, False, None
+            tentative, state.tentative = state.tentative, []
+            if tentative and state.mask_receivers:  # the mask went to another part after these ran
+                if drop is not None:
+                    drop([c for _, c in tentative])
+                for site, _ in tentative:
+                    site.leave_out(state, _other_part(site.name, state), _PositionsMismatch)
         return None
 
     return model.register_forward_hook(end, with_kwargs=True, always_call=True)

@@ -96,7 +96,10 @@ def plot_mmd_heads(
                 "(H,) tensor per layer, every layer with the same H"
             )
     plt = _pyplot()
-    grids = {name: torch.stack([v.float().cpu() for v in values]) for name, values in panels.items()}
+    grids = {  # (layers, H) per panel; lists and NumPy arrays as well as tensors
+        name: torch.stack([torch.as_tensor(v).detach().float().cpu() for v in values])
+        for name, values in panels.items()
+    }
     vmax = max(float(g.max()) for g in grids.values()) or 1.0
     n = len(grids)
     fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.0), squeeze=False)

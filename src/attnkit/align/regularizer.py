@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ._common import reduce_heads
-from .capture import Captured, ForwardState, _is_hf, end_hook, find_sites, start_hook
+from .capture import Captured, ForwardState, _is_hf, end_hook, find_sites, mask_owner_hooks, start_hook
 from .ct import RHO, Critic, Navigator, ct_loss
 from .gan import Discriminator, gan_loss
 from .mmd import mmd as mmd_values
@@ -94,6 +94,15 @@ class AlignConfig:
             object.__setattr__(self, "layers", tuple(int(i) for i in self.layers))
 
 
+def _hf_submodules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The outermost Hugging Face models inside ``model`` (not ``model`` itself): name and module."""
+    found: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        if name and _is_hf(module) and not any(name.startswith(n + ".") for n, _ in found):
+            found.append((name, module))
+    return found
+
+
 def _unwrap_adapters(model):
     """The Hugging Face model inside a PEFT ``PeftModel`` (``get_base_model()``), whose attention the
     adapters change in place; any other model as it is."""
@@ -138,6 +147,14 @@ class AlignmentRegularizer(nn.Module):
         model = _unwrap_adapters(model)
         sites, is_hf = find_sites(model)
         if not sites:
+            inner = _hf_submodules(model)
+            if inner:  # a Hugging Face model inside a plain module, whose attention_mask the outer call hides
+                names = ", ".join(f"model.{n} ({type(m).__name__})" for n, m in inner)
+                raise ValueError(
+                    f"{type(model).__name__} is not a Hugging Face model but holds one ({names}); attach the "
+                    f"regularizer to it, e.g. AlignmentRegularizer(model.{inner[0][0]}, ...), so that it "
+                    "reads the attention_mask given to that model"
+                )
             raise ValueError(
                 f"{type(model).__name__} has no self-attention layer the regularizer knows (attnkit or torch "
                 "MultiheadAttention, a Hugging Face model's self-attention with query and key projections, "
@@ -163,12 +180,15 @@ class AlignmentRegularizer(nn.Module):
         self.discriminators = nn.ModuleList()
         self.critics = nn.ModuleList()
         self.navigators = nn.ModuleList()
-        for site in self.sites:
-            if method == "gan":
-                self.discriminators.append(Discriminator(site.head_dim, self.config.hidden).to(**factory))
-            elif method == "ct":
-                self.critics.append(Critic(site.head_dim, self.config.hidden).to(**factory))
-                self.navigators.append(Navigator(site.head_dim, self.config.hidden).to(**factory))
+        # drawn from a fork of torch's global (CPU) RNG: the init follows the global seed, and what the model
+        # draws next (dropout) is as without the regularizer, so weight=0 reproduces the plain run
+        with torch.random.fork_rng(devices=[]):
+            for site in self.sites:  # built on the CPU, then moved
+                if method == "gan":
+                    self.discriminators.append(Discriminator(site.head_dim, self.config.hidden).to(**factory))
+                elif method == "ct":
+                    self.critics.append(Critic(site.head_dim, self.config.hidden).to(**factory))
+                    self.navigators.append(Navigator(site.head_dim, self.config.hidden).to(**factory))
         self._model = [model]  # a list, so that the model is not a submodule (its parameters are not ours)
         self._captured: list[tuple[int, Captured]] = []
         self._drawn: Optional[list[tuple[int, Captured]]] = None  # the forward's subsample (max_tokens)
@@ -178,7 +198,11 @@ class AlignmentRegularizer(nn.Module):
         self._handles = [start_hook(model, is_hf, self._state, self.clear)]
         for index, site in enumerate(self.sites):
             self._handles += site.attach(self._recorder(index), self._state)
-        self._handles.append(end_hook(model, self._state))
+        if is_hf:
+            # every layer's path, chosen or not: the text tower takes the mask even when only a vision layer
+            # is regularized
+            self._handles += mask_owner_hooks(model, sites, self._state)
+        self._handles.append(end_hook(model, self._state, self._drop))
 
     # -- hooks -------------------------------------------------------------------------------------------
 
@@ -191,6 +215,11 @@ class AlignmentRegularizer(nn.Module):
             self._captured.append((index, captured))
 
         return record
+
+    def _drop(self, captures: list[Captured]) -> None:
+        """Take back captures of this forward (layers found to be outside the attention_mask's part)."""
+        gone = {id(c) for c in captures}
+        self._captured = [(i, c) for i, c in self._captured if id(c) not in gone]
 
     def clear(self) -> None:
         """Forget the captured queries and keys (done at the start of every forward pass of the model)."""
@@ -325,6 +354,22 @@ class AlignmentRegularizer(nn.Module):
         return float(sum(v.sum() for v in self.mmd_per_head()))
 
     # -- distributed training ----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def broadcast_parameters(self, src: int = 0) -> None:
+        """Copy every parameter and buffer of the regularizer from process ``src`` to the others of
+        ``torch.distributed``.
+
+        DDP broadcasts the wrapped model's weights only: without this, processes that built the regularizer
+        from different RNG states train different discriminators / critics forever (``sync_gradients``
+        averages gradients, not weights). Call it once before training, after loading a checkpoint
+        (``attnkit.align.trainer`` does it at the start of ``Trainer.train``). A no-op in one process.
+        """
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return
+        for tensor in (*self.parameters(), *self.buffers()):
+            dist.broadcast(tensor.data, src=src)
 
     def sync_gradients(self) -> None:
         """Average the gradients of the regularizer's parameters over the processes of ``torch.distributed``.

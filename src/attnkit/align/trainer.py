@@ -8,10 +8,11 @@
     trainer.train()
 
 ``AlignmentTrainer`` adds ``reg.loss()`` to the task loss of every training step, puts the regularizer's
-parameters (discriminator / critic / navigator) in the optimizer as their own group without weight decay, and
-averages their gradients over the processes before each optimizer step (DDP averages only the model's), and
-zeroes them after each step (the Trainer zeroes the model's only). Each checkpoint holds the regularizer too
-(``alignment_regularizer.safetensors``: its parameters and the generator of its token subsampling), and
+parameters (discriminator / critic / navigator) in the optimizer as their own group without weight decay,
+broadcasts them from process 0 when training starts and averages their gradients over the processes before
+each optimizer step (DDP does both for the model only), and zeroes them after each step (the Trainer zeroes
+the model's only). Each checkpoint holds the regularizer too (``alignment_regularizer.safetensors``: its
+parameters and the generator of its token subsampling), and
 ``train(resume_from_checkpoint=...)`` restores it, so that a resumed run continues the uninterrupted one. Any
 ``Trainer`` subclass can be extended the same way with ``alignment_trainer_class(base)``.
 """
@@ -45,6 +46,9 @@ def alignment_trainer_class(base=None):
         # the Trainer zeroes the model's gradients only (model.zero_grad()): without these the
         # discriminator / critic stepped on the sum of every step's gradients so far
         def on_train_begin(self, args, state, control, **kwargs):
+            # DDP broadcasts the model only: every process starts from rank 0's regularizer (after a resume
+            # too, whose checkpoint was loaded before this call)
+            self.regularizer.broadcast_parameters(src=0)
             self.regularizer.zero_grad(set_to_none=True)
 
         def on_step_end(self, args, state, control, **kwargs):
