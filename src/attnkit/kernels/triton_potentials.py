@@ -190,15 +190,15 @@ def _check_hybrid(u, H: int, like: Tensor, B: Optional[int] = None) -> Optional[
 # and may spill, which costs speed, not correctness.
 _TILES = {
     # the fastest of 6-10 non-spilling candidates per kernel (benchmarks/triton_tiles.py on an H200,
-    # bfloat16, B=4 H=16 L=4096), fwd+bwd against the previous table's tiles: D=64 DNAS 8.55 -> 5.80 ms,
-    # HNAS 13.2 -> 8.84, Sinkhorn-3 19.4 -> 15.5; D=128 DNAS 26.2 -> 9.24, HNAS 34.1 -> 12.9, Sinkhorn-3
-    # 57.6 -> 26.0
-    ("half", 64): dict(col_fwd=(64, 128, 8, 3), row_fwd=(128, 32, 4, 3), col_bwd=(32, 64, 4, 3),
-                       row_bwd=(64, 64, 4, 2), row_fwd_hybrid=(64, 32, 4, 3), col_bwd_hybrid=(64, 64, 4, 2),
-                       row_bwd_hybrid=(64, 32, 4, 3)),
-    ("half", 128): dict(col_fwd=(128, 64, 4, 3), row_fwd=(128, 32, 8, 3), col_bwd=(32, 128, 8, 3),
-                        row_bwd=(64, 64, 4, 2), row_fwd_hybrid=(64, 64, 4, 3), col_bwd_hybrid=(32, 128, 8, 3),
-                        row_bwd_hybrid=(64, 32, 4, 2)),
+    # bfloat16, B=4 H=16 L=4096), swept again for the base-2 / no-select kernels: fwd+bwd against the
+    # previous table's tiles, D=64 DNAS 4.44 -> 4.45 ms, HNAS 6.35 -> 5.89, Sinkhorn-3 10.60 -> 10.62; D=128
+    # DNAS 7.57 -> 7.28, HNAS 10.24 -> 9.84, Sinkhorn-3 18.31 -> 17.70
+    ("half", 64): dict(col_fwd=(64, 64, 4, 3), row_fwd=(128, 64, 8, 3), col_bwd=(64, 64, 4, 3),
+                       row_bwd=(64, 32, 4, 3), row_fwd_hybrid=(64, 64, 4, 3), col_bwd_hybrid=(64, 64, 4, 3),
+                       row_bwd_hybrid=(128, 32, 4, 3)),
+    ("half", 128): dict(col_fwd=(128, 64, 4, 3), row_fwd=(128, 32, 8, 3), col_bwd=(64, 128, 8, 3),
+                        row_bwd=(64, 64, 4, 2), row_fwd_hybrid=(128, 64, 8, 3), col_bwd_hybrid=(32, 64, 4, 3),
+                        row_bwd_hybrid=(128, 64, 8, 3)),
     # float32 (IEEE dots, no tensor cores) was not swept; col_fwd takes 8 warps, whose build keeps its tile
     # in registers with the base-2 scores (4 warps: 8 bytes of stack)
     ("float32", 64): dict(col_fwd=(32, 32, 8, 2), row_fwd=(32, 32, 8, 2), col_bwd=(16, 32, 8, 2),
