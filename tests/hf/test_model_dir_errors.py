@@ -572,3 +572,17 @@ def test_a_head_spread_over_several_names_is_one_head(tmp_path, case):
     with pytest.raises(ValueError, match=f"do not match the {name} .* model_class=transformers.{name}"):
         akhf.load(model_dir)
     assert type(akhf.load(model_dir, model_class=type(model))).__name__ == name
+
+
+def test_a_token_classifier_is_finetuned_as_a_sequence_classifier_with_a_new_head(tmp_path):
+    """DeBERTa's sequence classifier has a pooler beside its classifier: loading a token classifier's
+    checkpoint for finetune was refused as a head half in the weights."""
+    from transformers import DebertaV2Config, DebertaV2ForTokenClassification
+
+    from attnkit.hf.progress import load_classifier
+
+    torch.manual_seed(0)
+    config = DebertaV2Config(vocab_size=99, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                             intermediate_size=32, max_position_embeddings=32, num_labels=2)
+    model_dir = _tiny_saved(tmp_path, DebertaV2ForTokenClassification(config))
+    assert load_classifier(str(model_dir), log=lambda line: None, num_labels=2).config.num_labels == 2

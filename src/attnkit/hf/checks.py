@@ -328,7 +328,7 @@ def _layer_pattern(key: str) -> str:
     return re.sub(r"\.\d+(?=\.)", ".#", key)
 
 
-def damaged_keys(model, info: dict) -> list[str]:
+def damaged_keys(model, info: dict, heads: bool = True) -> list[str]:
     """The tensors of ``from_pretrained(..., output_loading_info=True)``'s report that say the weights and
     config.json disagree, not that a part was never saved: a missing tensor of a module whose other tensors
     loaded (a deleted query weight), a missing tensor of a repeated layer the weights hold elsewhere (a layer
@@ -336,7 +336,8 @@ def damaged_keys(model, info: dict) -> list[str]:
     base model (its embeddings, a final norm), a missing tensor of the task head(s) when some of their own
     tensors loaded (an LM head's bias, a prediction head's transform, a classifier beside its
     pre_classifier; also one of two pre-training heads). The heads or the pooler missing whole (an encoder
-    saved without its task head) are not: transformers starts them afresh, as meant."""
+    saved without its task head) are not: transformers starts them afresh, as meant. ``heads=False`` leaves
+    the task heads out of the check (a classifier to be trained anew: its head is the caller's)."""
     missing = set(info.get("missing_keys") or ())
     unexpected = set(info.get("unexpected_keys") or ())
     state = model.state_dict()
@@ -370,7 +371,7 @@ def damaged_keys(model, info: dict) -> list[str]:
         group = aliases.get(key, (key,))
         return all(head(k) == head(key) and k not in missing for k in group)
 
-    saved_heads = {head(k) for k in loaded if head(k) is not None and own(k)}
+    saved_heads = {head(k) for k in loaded if head(k) is not None and own(k)} if heads else set()
     bad = [k for k in missing if k.rpartition(".")[0] in loaded_modules or _layer_pattern(k) in loaded_layers
            or in_base(k) or head(k) in saved_heads]
     bad += [k for k in unexpected if _layer_pattern(k) in built_layers]
