@@ -30,15 +30,16 @@ def _check_args(d_model: int, max_len: int, dropout: float) -> None:
         raise ValueError(f"dropout={dropout!r}; expected a probability in [0, 1)")
 
 
-def _sinusoids(max_len: int, d_model: int, device=None) -> Tensor:
-    """``PE`` ``(max_len, d_model)`` in float64 (the equation above)."""
-    position = torch.arange(max_len, dtype=torch.float64, device=device)[:, None]  # (max_len, 1)
+def _sinusoids(positions: Tensor, d_model: int) -> Tensor:
+    """``PE`` ``(*positions.shape, d_model)`` in float64 at integer ``positions`` (the equation above)."""
+    device = positions.device
+    position = positions.to(torch.float64)[..., None]  # (..., 1)
     div = torch.exp(
         torch.arange(0, d_model, 2, dtype=torch.float64, device=device) * (-math.log(10000.0) / d_model)
     )  # (ceil(d/2),)
-    pe = torch.zeros(max_len, d_model, dtype=torch.float64, device=device)
-    pe[:, 0::2] = torch.sin(position * div)
-    pe[:, 1::2] = torch.cos(position * div[: d_model // 2])
+    pe = torch.zeros(*positions.shape, d_model, dtype=torch.float64, device=device)
+    pe[..., 0::2] = torch.sin(position * div)
+    pe[..., 1::2] = torch.cos(position * div[: d_model // 2])
     return pe
 
 
@@ -53,9 +54,13 @@ class _PositionalEncoding(nn.Module):
         self.batch_first = batch_first
         self.dropout = nn.Dropout(dropout)
 
-    def table(self, dtype: Optional[torch.dtype] = None) -> Tensor:  # pragma: no cover - overridden
-        """The ``(max_len, d_model)`` table to add to an ``x`` of ``dtype``."""
+    def table(self) -> Tensor:  # pragma: no cover - overridden
+        """The ``(max_len, d_model)`` table."""
         raise NotImplementedError
+
+    def rows(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
+        """The table's rows at integer ``positions`` (any shape), in ``dtype``."""
+        return self.table()[positions].to(dtype)
 
     def forward(self, x: Tensor, start: int = 0, positions: Tensor | None = None) -> Tensor:
         """``x`` ``(B, L, d_model)`` (``(L, B, d_model)`` if not ``batch_first``, or unbatched ``(L,
@@ -80,7 +85,7 @@ class _PositionalEncoding(nn.Module):
         seq_dim = 1 if (x.dim() == 3 and self.batch_first) else 0
         L = x.shape[seq_dim]
         self._check_span(start, L)
-        pe = self.table(x.dtype)[start : start + L].to(x.dtype)  # (L, d_model)
+        pe = self.rows(torch.arange(start, start + L, device=x.device), x.dtype)  # (L, d_model)
         if x.dim() == 3:
             pe = pe.unsqueeze(0) if self.batch_first else pe.unsqueeze(1)  # (1, L, d) or (L, 1, d)
         return self.dropout(x + pe)
@@ -106,18 +111,18 @@ class _PositionalEncoding(nn.Module):
         if x.dim() != 3 or not x.is_floating_point() or x.size(-1) != self.d_model:
             raise ValueError(f"x is a nested tensor of {x.dim()} dimensions and dtype {x.dtype}; expected "
                              f"floating sequences (L_b, {self.d_model})")
-        table = self.table(x.dtype)
         if x.layout == torch.jagged and x.lengths() is None:  # keep x's offsets: x + pe(x) must still add
             values, offsets = x.values(), x.offsets()  # (N, d_model), (B + 1,)
             lengths = offsets.diff()  # (B,)
             self._check_span(start, int(lengths.max()) if lengths.numel() else 0)
             first = offsets[:-1].repeat_interleave(lengths)  # (N,): each token's sequence start
             position = torch.arange(values.shape[0], device=values.device) - first
-            out = values + table[start + position].to(x.dtype)  # (N, d_model)
+            out = values + self.rows(start + position, x.dtype)  # (N, d_model)
             return self.dropout(torch.nested.nested_tensor_from_jagged(out, offsets=offsets))
         parts = x.unbind()
         self._check_span(start, max((p.shape[0] for p in parts), default=0))
-        out = [p + table[start : start + p.shape[0]].to(x.dtype) for p in parts]  # (L_b, d_model) each
+        out = [p + self.rows(torch.arange(start, start + p.shape[0], device=p.device), x.dtype)
+               for p in parts]  # (L_b, d_model) each
         return self.dropout(torch.nested.as_nested_tensor(out, layout=x.layout))
 
     def _gather(self, x: Tensor, positions: Tensor) -> Tensor:
@@ -139,7 +144,7 @@ class _PositionalEncoding(nn.Module):
         if positions.numel() and (positions.min() < 0 or positions.max() >= self.max_len):
             raise ValueError(f"positions span {positions.min().item()}..{positions.max().item()}, outside "
                              f"[0, max_len={self.max_len}); build the module with a larger max_len")
-        return self.table(x.dtype)[positions].to(x.dtype)  # (B, L, d_model)
+        return self.rows(positions, x.dtype)  # (B, L, d_model)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, max_len={self.max_len}"
@@ -154,15 +159,16 @@ class SinusoidalPositionalEncoding(_PositionalEncoding):
         super().__init__(d_model, max_len, dropout, batch_first)
         # float32, as the module's other floating tensors (a float64 buffer could not move to MPS); float64
         # inputs get a table computed in float64 (the float32 one rounded them by 3e-8)
-        self.register_buffer("pe", _sinusoids(max_len, d_model, device).float(), persistent=False)
+        table = _sinusoids(torch.arange(max_len, device=device), d_model)  # (max_len, d_model)
+        self.register_buffer("pe", table.float(), persistent=False)
 
-    def table(self, dtype: Optional[torch.dtype] = None) -> Tensor:
-        if dtype != torch.float64:
-            return self.pe
-        cached = self.__dict__.get("_pe64")  # built once per device, not a buffer (state_dict unchanged)
-        if cached is None or cached.device != self.pe.device:
-            cached = self.__dict__["_pe64"] = _sinusoids(self.max_len, self.d_model, self.pe.device)
-        return cached
+    def table(self) -> Tensor:
+        return self.pe
+
+    def rows(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
+        if dtype == torch.float64:  # computed at the positions asked for: O(rows), nothing kept
+            return _sinusoids(positions, self.d_model)
+        return self.pe[positions].to(dtype)
 
 
 class LearnedPositionalEncoding(_PositionalEncoding):
@@ -184,5 +190,5 @@ class LearnedPositionalEncoding(_PositionalEncoding):
     def reset_parameters(self) -> None:
         nn.init.normal_(self.weight, std=0.02)
 
-    def table(self, dtype: Optional[torch.dtype] = None) -> Tensor:
+    def table(self) -> Tensor:
         return self.weight
