@@ -54,3 +54,14 @@ def test_cluttered_canvas_holds_the_digit_at_its_centre():
         y, x = int(centre[0] - 3.5), int(centre[1] - 3.5)
         assert img[0, y : y + 8, x : x + 8].sum() == img.sum() > 0
     assert labels.dtype == torch.long and images.shape == (10, 1, 20, 20)
+
+
+def test_a_generated_caption_shows_a_pad_or_bos_instead_of_skipping_it():
+    """`one <pad> two <bos> <eos>` decoded to "one two" and counted as an exact caption."""
+    from attnkit.data.digits_canvas import CaptionVocab
+
+    vocab = CaptionVocab()
+    one, two = vocab.words.index("one"), vocab.words.index("two")
+    ids = [one, vocab.PAD, two, vocab.BOS, vocab.EOS]
+    assert vocab.decode(ids) == "one two"  # a target's padding
+    assert vocab.decode(ids, generated=True) == "one \u2400 two \u2402"

@@ -183,10 +183,12 @@ def test_char_decode_of_an_empty_sequence_is_one_empty_string():
 
 def test_a_generated_bos_or_pad_before_eos_reads_as_unknown_never_as_nothing():
     """A model's output -<bos>9<pad>90<eos> decoded to "-990" and scored as an exact match of "-990"."""
-    from attnkit.data.tokenizers import UNKNOWN, CharTokenizer
+    from attnkit.data.tokenizers import GENERATED_BOS, GENERATED_PAD, UNKNOWN, CharTokenizer
 
     tok = CharTokenizer()
     ids = tok.encode_ids("-99")
     out = [ids[0], tok.bos_id, ids[1], tok.pad_id, ids[2], tok.eos_id, tok.pad_id]
     assert tok.decode(out) == ["-99"]  # a target: its <bos> and padding are not text
-    assert tok.decode(out, generated=True) == [f"-{UNKNOWN}9{UNKNOWN}9"]
+    assert tok.decode(out, generated=True) == [f"-{GENERATED_BOS}9{GENERATED_PAD}9"]
+    # not U+FFFD: a gold holding <unk> decodes to it, and a generated <pad> there scored as exact
+    assert tok.decode([ids[0], tok.pad_id], generated=True) != tok.decode([ids[0], tok.unk_id])

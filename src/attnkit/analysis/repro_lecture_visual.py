@@ -140,8 +140,9 @@ def _captioning(result: ReproduceResult, b: dict, seed: int) -> dict:
         seconds = _train(params, step, b["cap_steps"], 3e-3)
         model.eval()
         tokens, _ = model.greedy(test.images, T)
-        greedy = [train.vocab.decode(t) for t in tokens]
-        beam = [train.vocab.decode(model.beam_search(img, beam=3, max_len=T)[0]) for img in test.images]
+        greedy = [train.vocab.decode(t, generated=True) for t in tokens]
+        beam = [train.vocab.decode(model.beam_search(img, beam=3, max_len=T)[0], generated=True)
+                for img in test.images]
         row = {
             "experiment": "captioning",
             "model": f"Show-Attend-Tell, {mode} attention",

@@ -76,7 +76,11 @@ class CaptionVocab:
             raise ValueError(f"caption {caption!r} needs {len(ids)} tokens; max_len={max_len} is too short")
         return ids + [self.PAD] * (max_len - len(ids))
 
-    def decode(self, ids) -> str:
+    def decode(self, ids, generated: bool = False) -> str:
+        """The words up to ``<eos>``, pad and bos skipped; ``generated=True`` (a model's caption) shows a pad
+        or bos it generated as ``GENERATED_PAD`` / ``GENERATED_BOS`` instead (skipped, it scored as exact)."""
+        from .tokenizers import GENERATED_BOS, GENERATED_PAD
+
         words = []
         for i in ids:
             i = int(i)
@@ -84,6 +88,8 @@ class CaptionVocab:
                 break
             if i not in (self.PAD, self.BOS):
                 words.append(self.words[i])
+            elif generated:
+                words.append(GENERATED_PAD if i == self.PAD else GENERATED_BOS)
         return " ".join(words)
 
 

@@ -16,12 +16,16 @@ import torch
 
 from ..validators import check_bool, check_int
 
-__all__ = ["WordTokenizer", "CharTokenizer", "pad_batch", "UNKNOWN"]
+__all__ = ["WordTokenizer", "CharTokenizer", "pad_batch", "UNKNOWN", "GENERATED_PAD", "GENERATED_BOS",
+           "GENERATED_EOS"]
 
 # How a decoded <unk> is shown: U+FFFD, the replacement character, which no vocabulary of ours holds (fit
 # leaves it out, so that such a character in a text is <unk> too; "?" was a real token of questions and
 # punctuation, and an <unk> output compared equal to it)
 UNKNOWN = "\ufffd"
+# how a special token a model generates where text belongs is shown (the control pictures of NUL, STX, ETX):
+# never skipped, and never the U+FFFD of an <unk> gold, so that it cannot score as correct
+GENERATED_PAD, GENERATED_BOS, GENERATED_EOS = "\u2400", "\u2402", "\u2403"
 
 _WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
@@ -169,6 +173,12 @@ class WordTokenizer:
         return f"WordTokenizer(vocab_size={len(self)}, lowercase={self.lowercase})"
 
 
+def _shown(i: int, vocab, unk_id: int, pad_id: int, bos_id: int) -> str:
+    """Token ``i`` as shown in decoded text: ``<unk>`` as ``UNKNOWN``, a generated pad / bos as its mark."""
+    marks = {unk_id: UNKNOWN, pad_id: GENERATED_PAD, bos_id: GENERATED_BOS}
+    return marks.get(i, vocab[i])
+
+
 class CharTokenizer:
     """Characters; ``<pad>`` = 0, ``<bos>`` = 1, ``<eos>`` = 2, ``<unk>`` = 3, then the alphabet."""
 
@@ -221,8 +231,9 @@ class CharTokenizer:
         empty string; a plain empty list ``[]`` is a batch of none.
 
         ``generated=True`` reads a model's output (no ``<bos>`` in front): a ``<pad>`` or ``<bos>`` it
-        generated before ``<eos>`` is shown as ``UNKNOWN`` (U+FFFD), as ``<unk>`` is, so that it never scores
-        as correct (skipped, ``-<bos>99`` read as ``-99``)."""
+        generated before ``<eos>`` is shown as ``GENERATED_PAD`` / ``GENERATED_BOS`` (U+2400 / U+2402), so
+        that it never scores as correct (skipped, ``-<bos>99`` read as ``-99``; U+FFFD is an ``<unk>``
+        gold's)."""
         rows = ids.tolist() if hasattr(ids, "tolist") else ids
         if isinstance(rows, (str, bytes)) or not isinstance(rows, Iterable):
             raise ValueError(f"ids is {ids!r}; expected a batch (B, L) or one sequence (L,) of token ids")
@@ -238,7 +249,7 @@ class CharTokenizer:
                     break
                 if i in (self.pad_id, self.bos_id) and not generated:
                     continue
-                chars.append(self.vocab[i] if i not in (self.unk_id, self.pad_id, self.bos_id) else UNKNOWN)
+                chars.append(_shown(i, self.vocab, self.unk_id, self.pad_id, self.bos_id))
             out.append("".join(chars))
         return out
 

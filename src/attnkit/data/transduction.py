@@ -14,7 +14,9 @@ from typing import Iterable, Sequence
 
 from torch import Tensor
 
-from .tokenizers import UNKNOWN, _check_decode_ids, _check_text, _check_texts, pad_batch
+from .tokenizers import (
+    GENERATED_EOS, UNKNOWN, _check_decode_ids, _check_text, _check_texts, _shown, pad_batch,
+)
 
 __all__ = ["TokenVocab", "edit_distance", "token_error_rate", "sequence_error_rate", "SPLITS"]
 
@@ -66,19 +68,22 @@ class TokenVocab:
         """``ids (N, L)`` and ``mask (N, L)`` (True = real)."""
         return pad_batch([self.encode_ids(t, add_bos, add_eos) for t in _check_texts(texts)], self.pad_id)
 
-    def decode_ids(self, ids: Iterable[int], generated: bool = False) -> list[str]:
+    def decode_ids(self, ids: Iterable[int], generated: bool = False, eos_ends: bool = True) -> list[str]:
         """Tokens up to the first ``<eos>``; pad and bos skipped, ``<unk>`` shown as ``UNKNOWN`` (U+FFFD); an
         id outside the vocabulary is a ``ValueError``. ``generated=True`` reads a model's output: a pad or bos
-        it generated before ``<eos>`` is ``UNKNOWN`` too, never skipped (it would score as correct)."""
+        it generated before ``<eos>`` is shown as ``GENERATED_PAD`` / ``GENERATED_BOS``, never skipped (it
+        would score as correct). ``eos_ends=False`` (a CTC model, which never learns to end with ``<eos>``)
+        shows an ``<eos>`` as ``GENERATED_EOS`` and reads on."""
         ids = list(ids)
         _check_decode_ids(ids, len(self.vocab))
         out = []
         for i in ids:
-            if i == self.eos_id:
+            if i == self.eos_id and eos_ends:
                 break
             if i in (self.pad_id, self.bos_id) and not generated:
                 continue
-            out.append(self.vocab[i] if i not in (self.unk_id, self.pad_id, self.bos_id) else UNKNOWN)
+            out.append(GENERATED_EOS if i == self.eos_id else
+                       _shown(i, self.vocab, self.unk_id, self.pad_id, self.bos_id))
         return out
 
     def join(self, tokens: Sequence[str]) -> str:

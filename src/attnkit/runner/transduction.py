@@ -206,7 +206,9 @@ class TransductionTask(SourceTargetBatches):
         net = self._unwrap(model)
         vocab = data.tgt_vocab
         if isinstance(net, CTCModel):
-            return [vocab.decode_ids(ids, generated=True) for ids in net.decode(src, src_mask)], None
+            # CTC never learns <eos> (its loss reads it as blank): one it emits is an error, not the end
+            decoded = net.decode(src, src_mask)
+            return [vocab.decode_ids(ids, generated=True, eos_ends=False) for ids in decoded], None
         limits = self.decode_limits(src_mask).tolist()
         tokens, align = net.greedy_decode(src, src_mask, max_len=max(limits, default=8))
         rows = zip(tokens.tolist(), limits)
