@@ -183,7 +183,7 @@ def test_char_decode_of_an_empty_sequence_is_one_empty_string():
 
 def test_a_generated_bos_or_pad_before_eos_reads_as_unknown_never_as_nothing():
     """A model's output -<bos>9<pad>90<eos> decoded to "-990" and scored as an exact match of "-990"."""
-    from attnkit.data.tokenizers import GENERATED_BOS, GENERATED_PAD, UNKNOWN, CharTokenizer
+    from attnkit.data.tokenizers import GENERATED_BOS, GENERATED_PAD, CharTokenizer
 
     tok = CharTokenizer()
     ids = tok.encode_ids("-99")
