@@ -583,6 +583,18 @@ def test_a_model_holding_a_hugging_face_model_names_the_submodule_to_attach_to()
     with pytest.raises(ValueError, match=match):
         AlignmentRegularizer(Classifier(), method="ct")
 
+    class Pooled(Classifier):  # attention beside the Hugging Face model: BERT's layers were left out silently
+        def __init__(self) -> None:
+            super().__init__()
+            self.pool = torch.nn.MultiheadAttention(self.bert.config.hidden_size, 2, batch_first=True)
+
+    with pytest.raises(ValueError, match=match):
+        AlignmentRegularizer(Pooled(), method="ct")
+    assert len(AlignmentRegularizer(Pooled(), method="ct", layers=[0]).sites) == 1  # its own, chosen
+    wrapped = torch.nn.Sequential(Classifier())  # a sentence-transformers-like index: valid Python named
+    with pytest.raises(ValueError, match=r"AlignmentRegularizer\(model\.get_submodule\('0\.bert'\), "):
+        AlignmentRegularizer(wrapped, method="ct")
+
 
 def _broadcast_worker(rank: int, world: int, init: str, out: str) -> None:
     import torch.distributed as dist

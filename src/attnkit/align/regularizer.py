@@ -103,6 +103,14 @@ def _hf_submodules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
+def _access(name: str) -> str:
+    """Python that reaches the submodule ``name`` of ``model``: ``model.bert``, or
+    ``model.get_submodule('0.auto_model')`` where a part is not an identifier (a Sequential's index)."""
+    if all(part.isidentifier() for part in name.split(".")):
+        return f"model.{name}"
+    return f"model.get_submodule({name!r})"
+
+
 def _unwrap_adapters(model):
     """The Hugging Face model inside a PEFT ``PeftModel`` (``get_base_model()``), whose attention the
     adapters change in place; any other model as it is."""
@@ -146,15 +154,16 @@ class AlignmentRegularizer(nn.Module):
         self.config = AlignConfig(method=method, weight=weight, layers=layers, **options)
         model = _unwrap_adapters(model)
         sites, is_hf = find_sites(model)
+        inner = [] if is_hf or (sites and self.config.layers is not None) else _hf_submodules(model)
+        if inner:  # a Hugging Face model inside a plain module, whose attention_mask the outer call hides
+            names = ", ".join(f"{_access(n)} ({type(m).__name__})" for n, m in inner)
+            raise ValueError(
+                f"{type(model).__name__} is not a Hugging Face model but holds one ({names}), whose layers "
+                f"the regularizer cannot read from here; attach it to that model, e.g. "
+                f"AlignmentRegularizer({_access(inner[0][0])}, ...), so that it reads the attention_mask "
+                "given to it (or pass layers= to take this module's own attention layers only)"
+            )
         if not sites:
-            inner = _hf_submodules(model)
-            if inner:  # a Hugging Face model inside a plain module, whose attention_mask the outer call hides
-                names = ", ".join(f"model.{n} ({type(m).__name__})" for n, m in inner)
-                raise ValueError(
-                    f"{type(model).__name__} is not a Hugging Face model but holds one ({names}); attach the "
-                    f"regularizer to it, e.g. AlignmentRegularizer(model.{inner[0][0]}, ...), so that it "
-                    "reads the attention_mask given to that model"
-                )
             raise ValueError(
                 f"{type(model).__name__} has no self-attention layer the regularizer knows (attnkit or torch "
                 "MultiheadAttention, a Hugging Face model's self-attention with query and key projections, "
