@@ -64,4 +64,4 @@ def test_a_generated_caption_shows_a_pad_or_bos_instead_of_skipping_it():
     one, two = vocab.words.index("one"), vocab.words.index("two")
     ids = [one, vocab.PAD, two, vocab.BOS, vocab.EOS]
     assert vocab.decode(ids) == "one two"  # a target's padding
-    assert vocab.decode(ids, generated=True) == "one \u2400 two \u2402"
+    assert vocab.decode(ids, generated=True) == "one \u2205 two \u25b7"

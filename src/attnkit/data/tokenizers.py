@@ -23,9 +23,9 @@ __all__ = ["WordTokenizer", "CharTokenizer", "pad_batch", "UNKNOWN", "GENERATED_
 # leaves it out, so that such a character in a text is <unk> too; "?" was a real token of questions and
 # punctuation, and an <unk> output compared equal to it)
 UNKNOWN = "\ufffd"
-# how a special token a model generates where text belongs is shown (the control pictures of NUL, STX, ETX):
-# never skipped, and never the U+FFFD of an <unk> gold, so that it cannot score as correct
-GENERATED_PAD, GENERATED_BOS, GENERATED_EOS = "\u2400", "\u2402", "\u2403"
+# how a special token a model generates where text belongs is shown (empty set, start and end triangles, which
+# the plots' font draws): never skipped, and never the U+FFFD of an <unk> gold, so it cannot score as correct
+GENERATED_PAD, GENERATED_BOS, GENERATED_EOS = "\u2205", "\u25b7", "\u25c1"
 
 _WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
@@ -231,7 +231,7 @@ class CharTokenizer:
         empty string; a plain empty list ``[]`` is a batch of none.
 
         ``generated=True`` reads a model's output (no ``<bos>`` in front): a ``<pad>`` or ``<bos>`` it
-        generated before ``<eos>`` is shown as ``GENERATED_PAD`` / ``GENERATED_BOS`` (U+2400 / U+2402), so
+        generated before ``<eos>`` is shown as ``GENERATED_PAD`` / ``GENERATED_BOS`` (U+2205 / U+25B7), so
         that it never scores as correct (skipped, ``-<bos>99`` read as ``-99``; U+FFFD is an ``<unk>``
         gold's)."""
         rows = ids.tolist() if hasattr(ids, "tolist") else ids
