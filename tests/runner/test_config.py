@@ -245,3 +245,11 @@ def test_a_seq2seq_presets_own_vocab_size_and_a_saved_runs_pass(preset):
     saved = build_config({"task": "mlu", "preset": preset}).to_dict() | {"vocab_size": 3}
     assert build_config({"progress": "none"}, base=saved).vocab_size == 3
     assert build_config({"task": "reuters8", "vocab_size": 3}).vocab_size == 3  # classification reads it
+
+
+def test_max_target_len_is_refused_for_a_classification_task():
+    """``compare --task reuters8 --set max_target_len=5`` was accepted and recorded, and nothing read it."""
+    with pytest.raises(ValueError, match=r"^max_target_len does not apply to task 'reuters8': a classifier"):
+        build_config({"task": "reuters8", "max_target_len": 5})
+    default = build_config({"task": "reuters8"}).max_target_len
+    assert build_config({"task": "reuters8", "max_target_len": default}).task == "reuters8"  # a saved run's

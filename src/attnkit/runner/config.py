@@ -579,7 +579,7 @@ def build_config(
 
 # Per task kind, the settings its task never reads, and why: the recurrent models of the transduction tasks
 # take d_model (runner/transduction.py); a seq2seq task's CharTokenizer keeps every character of the data
-# (runner/tasks.py Seq2SeqTask.prepare), so no vocab_size caps it
+# (runner/tasks.py Seq2SeqTask.prepare), so no vocab_size caps it; a classifier has no target length
 _UNUSED_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
     "transduction": (
         ("nhead", "num_layers", "dim_feedforward", "dropout", "max_len", "max_target_len", "vocab_size",
@@ -590,6 +590,7 @@ _UNUSED_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
         ("vocab_size",),
         "its character vocabulary is every character of the data, with no cap",
     ),
+    "classification": (("max_target_len",), "a classifier predicts a label, no target sequence"),
 }
 
 
