@@ -81,7 +81,8 @@ def sm90_build(name: str, flags: dict, tile, dtype: str, width: int, masks: bool
     tl_dtype = P._TL_DTYPES[{"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]]
     fn = K.KERNELS[name]
     bm, bn, warps, stages = tile
-    kc = dict(flags, HAS_KM=masks, HAS_QM=masks, MASK_PAIRS=masks, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=width,
+    kc = dict(flags, HAS_KM=masks, HAS_QM=masks, MASK_PAIRS=masks, EVEN_S=not masks, EVEN_D=not masks,
+              BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=width,
               BLOCK_DV=width, PREC="ieee" if dtype == "fp32" else "tf32", IN_T=tl_dtype, DOT_T=tl_dtype)
     kc = {n: c for n, c in kc.items() if n in fn.arg_names}  # the column pass of the forward has no V
     missing = [p.name for p in fn.params if p.is_constexpr and p.name not in kc]

@@ -103,10 +103,13 @@ def test_compiled_tiles_per_kernel_match_reference(name, table, monkeypatch):
 
 @pytest.mark.parametrize("name", ["dnas", "hnas", "sinkhorn3"])
 @pytest.mark.parametrize("Lq, Lk", [(32, 48), (32, 40), (24, 48)])
-def test_whole_tiles_without_masks_skip_the_pair_mask_and_match_reference(name, Lq, Lk, monkeypatch):
+@pytest.mark.parametrize("D, Dv", [(8, 6), (16, 16)])
+def test_whole_tiles_without_masks_skip_the_pair_mask_and_match_reference(name, Lq, Lk, D, Dv, monkeypatch):
     """Without padding masks and with the streamed axis a whole number of tiles, the kernels take no
-    select per score (``MASK_PAIRS`` off); a partial tile on either axis turns it on for the passes that
-    stream that axis. Outputs and gradients match the reference either way."""
+    select per score (``MASK_PAIRS`` off) and load the streamed tiles without a row mask (``EVEN_S``), and
+    with no padded head columns (D = Dv = the padded width) without a column mask either (``EVEN_D``); a
+    partial tile on either axis turns both on for the passes that stream that axis. Outputs and gradients
+    match the reference either way."""
     launched = []
 
     class Recorder:  # stands in for a kernel: records whether the launch masks the pairs, then launches
@@ -116,12 +119,14 @@ def test_whole_tiles_without_masks_skip_the_pair_mask_and_match_reference(name, 
         def __getitem__(self, grid):
             def launch(*args, **consts):
                 launched.append((self.kernel, consts["MASK_PAIRS"]))
+                assert consts["EVEN_S"] == ((Lq if self.kernel.startswith("col") else Lk) % 16 == 0)
+                assert consts["EVEN_D"] == (D == Dv == 16)
                 return self.jitted[grid](*args, **consts)
             return launch
 
     monkeypatch.setattr(_triton_kernels, "KERNELS",
                         {n: Recorder(n, kern) for n, kern in _triton_kernels.KERNELS.items()})
-    q, k, v = _inputs(2, 2, Lq, Lk, 8, 6, seed=9)
+    q, k, v = _inputs(2, 2, Lq, Lk, D, Dv, seed=9)
     _close(*_run(name, q, k, v, None, None, block=16), atol=2e-5)
     expected = {"col": Lq % 16 != 0, "row": Lk % 16 != 0}  # the axis each pass streams
     assert {kernel for kernel, _ in launched} == set(triton_potentials.KERNEL_NAMES)

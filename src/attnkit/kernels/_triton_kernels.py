@@ -29,13 +29,45 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 # already rounded to bfloat16, so the products are the same up to summation order).
 # Layout: q (BH, Lq, D), k (BH, Lk, D), v (BH, Lk, Dv) contiguous; potentials (BH, L) float32;
 # masks (B, L) int8, head bh belongs to batch element bh // H. Program ids: (bh, block).
+# ``EVEN_S``: the streamed axis is a whole number of tiles; ``EVEN_D``: D == Dv == BLOCK_D. With both, the
+# tiles streamed in the loops load without masks (the sm_90 build of the bfloat16 row forward: 392 -> 354
+# instructions per step). A batch element's "any valid key / query" is kept per lane in the loops and
+# reduced once after them, with a padding mask only (a reduction per step cost a block-wide barrier per
+# step). Together, on an H200 (bfloat16, B=4 H=16 L=4096 D=64 and B=2 H=16 L=8192 D=128, against the
+# kernels before in the same process): 0.89-0.95x the forward time, 0.91-0.96x forward+backward.
+
+
+@triton.jit
+def _tile(ptrs, offs_r, n_rows, offs_c, n_cols, EVEN_R: tl.constexpr, EVEN_C: tl.constexpr):
+    """The tile at ``ptrs`` (rows ``offs_r``, columns ``offs_c``), rows ``>= n_rows`` and columns
+    ``>= n_cols`` read as 0; no mask where the launcher knows the rows (``EVEN_R``) or columns whole."""
+    if EVEN_R and EVEN_C:
+        x = tl.load(ptrs)
+    elif EVEN_R:
+        x = tl.load(ptrs, mask=offs_c[None, :] < n_cols, other=0.0)
+    elif EVEN_C:
+        x = tl.load(ptrs, mask=(offs_r < n_rows)[:, None], other=0.0)
+    else:
+        x = tl.load(ptrs, mask=(offs_r < n_rows)[:, None] & (offs_c[None, :] < n_cols), other=0.0)
+    return x
+
+
+@triton.jit
+def _vec(ptrs, offs, n, EVEN: tl.constexpr):
+    """The vector at ``ptrs``, entries ``offs >= n`` read as 0 (no mask with ``EVEN``)."""
+    if EVEN:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=offs < n, other=0.0)
+    return x
 
 
 @triton.jit
 def _col_forward(
     Q, K, A, Bout, QBout, KM, QM, scale, H, Lq, Lk, D,
     HAS_A: tl.constexpr, QBAR: tl.constexpr, HAS_KM: tl.constexpr, HAS_QM: tl.constexpr,
-    MASK_PAIRS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    MASK_PAIRS: tl.constexpr, EVEN_S: tl.constexpr, EVEN_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PREC: tl.constexpr, IN_T: tl.constexpr, DOT_T: tl.constexpr,
 ):
     """``b_j = -LSE_i (s_ij + a_i)`` over valid queries for one block of keys; with ``QBAR`` (training) also
@@ -55,19 +87,23 @@ def _col_forward(
     m = tl.full([BLOCK_N], float("-inf"), tl.float32)
     acc = tl.zeros([BLOCK_N], tl.float32)
     qacc = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    any_q = 0  # whether the batch element has a valid query at all
+    any_q = 0  # whether the batch element has a valid query at all (per lane with a mask)
+    if HAS_QM:
+        any_q = tl.zeros([BLOCK_M], tl.int32)
     for i0 in range(0, Lq, BLOCK_M):
         offs_m = i0 + tl.arange(0, BLOCK_M)
         row_in = offs_m < Lq
         row_ok = row_in
         if HAS_QM:
             row_ok = row_ok & (tl.load(QM + batch * Lq + offs_m, mask=row_in, other=0) != 0)
-        any_q = tl.maximum(any_q, tl.max(row_ok.to(tl.int32), axis=0))
-        qb = tl.load(Q + bh * Lq * D + offs_m[:, None] * D + offs_d[None, :],
-                     mask=row_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (M, Dp)
+            any_q = tl.maximum(any_q, row_ok.to(tl.int32))
+        else:
+            any_q = 1
+        qb = _tile(Q + bh * Lq * D + offs_m[:, None] * D + offs_d[None, :], offs_m, Lq, offs_d, D,
+                   EVEN_S, EVEN_D).to(DOT_T)  # (M, Dp)
         st = tl.dot(kb, tl.trans(qb), input_precision=PREC) * (scale * LOG2E)  # (N, M): keys by queries
         if HAS_A:
-            st += tl.load(A + bh * Lq + offs_m, mask=row_in, other=0.0)[None, :]
+            st += _vec(A + bh * Lq + offs_m, offs_m, Lq, EVEN_S)[None, :]
         if MASK_PAIRS:
             st = tl.where(col_ok[:, None] & row_ok[None, :], st, float("-inf"))
         m_new = tl.maximum(m, tl.max(st, axis=1))
@@ -78,6 +114,8 @@ def _col_forward(
         if QBAR:
             qacc = qacc * alpha[:, None] + tl.dot(e.to(IN_T).to(DOT_T), qb, input_precision=PREC)
         m = m_new
+    if HAS_QM:
+        any_q = tl.max(any_q, axis=0)
     has = acc != 0  # 0: no valid pair (potential 0); NaN (from a NaN or inf score) propagates
     acc_safe = tl.where(has, acc, 1.0)
     b = tl.where(has, -(m + tl.log2(acc_safe)), 0.0)
@@ -96,7 +134,7 @@ def _col_forward(
 def _row_forward(
     Q, K, V, Bp, Aout, Out, ALout, OL, KM, QM, scale, H, Lq, Lk, D, Dv,
     OUT: tl.constexpr, HYBRID: tl.constexpr, HAS_KM: tl.constexpr, HAS_QM: tl.constexpr,
-    MASK_PAIRS: tl.constexpr,
+    MASK_PAIRS: tl.constexpr, EVEN_S: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     PREC: tl.constexpr, IN_T: tl.constexpr, DOT_T: tl.constexpr,
 ):
@@ -120,19 +158,23 @@ def _row_forward(
     m2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l2 = tl.zeros([BLOCK_M], tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    any_k = 0  # whether the batch element has a valid key at all
+    any_k = 0  # whether the batch element has a valid key at all (per lane with a mask)
+    if HAS_KM:
+        any_k = tl.zeros([BLOCK_N], tl.int32)
     for j0 in range(0, Lk, BLOCK_N):
         offs_n = j0 + tl.arange(0, BLOCK_N)
         col_in = offs_n < Lk
         col_ok = col_in
         if HAS_KM:
             col_ok = col_ok & (tl.load(KM + batch * Lk + offs_n, mask=col_in, other=0) != 0)
-        any_k = tl.maximum(any_k, tl.max(col_ok.to(tl.int32), axis=0))
+            any_k = tl.maximum(any_k, col_ok.to(tl.int32))
+        else:
+            any_k = 1
         valid = row_ok[:, None] & col_ok[None, :]
-        kb = tl.load(K + bh * Lk * D + offs_n[:, None] * D + offs_d[None, :],
-                     mask=col_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (N, Dp)
+        kb = _tile(K + bh * Lk * D + offs_n[:, None] * D + offs_d[None, :], offs_n, Lk, offs_d, D,
+                   EVEN_S, EVEN_D).to(DOT_T)  # (N, Dp)
         s0 = tl.dot(qb, tl.trans(kb), input_precision=PREC) * (scale * LOG2E)  # (M, N), base 2
-        bj = tl.load(Bp + bh * Lk + offs_n, mask=col_in, other=0.0)
+        bj = _vec(Bp + bh * Lk + offs_n, offs_n, Lk, EVEN_S)
         s = s0 + bj[None, :]
         if MASK_PAIRS:
             s = tl.where(valid, s, float("-inf"))
@@ -143,8 +185,8 @@ def _row_forward(
         lsum = lsum * alpha + tl.sum(p, axis=1)
         m = m_new
         if OUT:
-            vb = tl.load(V + bh * Lk * Dv + offs_n[:, None] * Dv + offs_dv[None, :],
-                         mask=col_in[:, None] & (offs_dv[None, :] < Dv), other=0.0).to(DOT_T)  # (N, Dvp)
+            vb = _tile(V + bh * Lk * Dv + offs_n[:, None] * Dv + offs_dv[None, :], offs_n, Lk, offs_dv, Dv,
+                       EVEN_S, EVEN_D).to(DOT_T)  # (N, Dvp)
             acc = acc * alpha[:, None] + tl.dot(p.to(IN_T).to(DOT_T), vb, input_precision=PREC)
             if HYBRID:
                 s2 = s0
@@ -157,6 +199,8 @@ def _row_forward(
                 l2 = l2 * alpha2 + tl.sum(p2, axis=1)
                 acc2 = acc2 * alpha2[:, None] + tl.dot(p2.to(IN_T).to(DOT_T), vb, input_precision=PREC)
                 m2 = m2_new
+    if HAS_KM:
+        any_k = tl.max(any_k, axis=0)
     has = lsum != 0  # as in _col_forward: NaN propagates
     l_safe = tl.where(has, lsum, 1.0)
     lost = row_ok & (any_k > 0) & (lsum == 0)  # valid pairs, every weight 0 (-inf scores): NaN
@@ -181,6 +225,7 @@ def _col_backward(
     Q, K, V, DO, Bt, Arow, QB, Delta, GA, AL, DeltaL, U, GBout, DK, DV, KM, QM, scale, H, Lq, Lk, D, Dv,
     OUTPUT: tl.constexpr, HYBRID: tl.constexpr, ACCUM: tl.constexpr,
     HAS_KM: tl.constexpr, HAS_QM: tl.constexpr, MASK_PAIRS: tl.constexpr,
+    EVEN_S: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     PREC: tl.constexpr, IN_T: tl.constexpr, DOT_T: tl.constexpr,
 ):
@@ -218,20 +263,20 @@ def _col_backward(
         if HAS_QM:
             row_ok = row_ok & (tl.load(QM + batch * Lq + offs_m, mask=row_in, other=0) != 0)
         valid = col_ok[:, None] & row_ok[None, :]
-        qb = tl.load(Q + bh * Lq * D + offs_m[:, None] * D + offs_d[None, :],
-                     mask=row_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (M, Dp)
+        qb = _tile(Q + bh * Lq * D + offs_m[:, None] * D + offs_d[None, :], offs_m, Lq, offs_d, D,
+                   EVEN_S, EVEN_D).to(DOT_T)  # (M, Dp)
         st = tl.dot(kb, tl.trans(qb), input_precision=PREC) * (scale * LOG2E)  # (N, M), base 2
-        ar = tl.load(Arow + bh * Lq + offs_m, mask=row_in, other=0.0)
+        ar = _vec(Arow + bh * Lq + offs_m, offs_m, Lq, EVEN_S)
         x = st + bj[:, None] + ar[None, :]
         if MASK_PAIRS:
             x = tl.where(valid, x, float("-inf"))
         p = tl.exp2(x)  # row-normalized weights
         if OUTPUT:
-            dob = tl.load(DO + bh * Lq * Dv + offs_m[:, None] * Dv + offs_dv[None, :],
-                          mask=row_in[:, None] & (offs_dv[None, :] < Dv), other=0.0).to(DOT_T)  # (M, Dvp)
+            dob = _tile(DO + bh * Lq * Dv + offs_m[:, None] * Dv + offs_dv[None, :], offs_m, Lq, offs_dv, Dv,
+                        EVEN_S, EVEN_D).to(DOT_T)  # (M, Dvp)
             pmix = u * p
             if HYBRID:
-                al = tl.load(AL + bh * Lq + offs_m, mask=row_in, other=0.0)
+                al = _vec(AL + bh * Lq + offs_m, offs_m, Lq, EVEN_S)
                 xl = st + al[None, :]
                 if MASK_PAIRS:
                     xl = tl.where(valid, xl, float("-inf"))
@@ -239,14 +284,14 @@ def _col_backward(
                 pmix += (1.0 - u) * pl
             dv += tl.dot(pmix.to(IN_T).to(DOT_T), dob, input_precision=PREC)
             dov = tl.dot(vb, tl.trans(dob), input_precision=PREC)  # (N, M): v_j . dO_i
-            delta = tl.load(Delta + bh * Lq + offs_m, mask=row_in, other=0.0)
+            delta = _vec(Delta + bh * Lq + offs_m, offs_m, Lq, EVEN_S)
             dy = p * (u * dov - delta[None, :])
             dyq = dy
             if HYBRID:
-                dl = tl.load(DeltaL + bh * Lq + offs_m, mask=row_in, other=0.0)
+                dl = _vec(DeltaL + bh * Lq + offs_m, offs_m, Lq, EVEN_S)
                 dyq = dy + pl * ((1.0 - u) * dov - dl[None, :])
         else:
-            ga = tl.load(GA + bh * Lq + offs_m, mask=row_in, other=0.0)
+            ga = _vec(GA + bh * Lq + offs_m, offs_m, Lq, EVEN_S)
             dy = -ga[None, :] * p
             dyq = dy
         gb += tl.sum(dy, axis=1)
@@ -267,6 +312,7 @@ def _row_backward(
     Q, K, V, DO, Bt, GB, Arow, Aprev, Delta, GA, AL, DeltaL, U, DQ, GAout, KM, QM, scale, H, Lq, Lk, D, Dv,
     OUTPUT: tl.constexpr, HAS_PREV: tl.constexpr, HYBRID: tl.constexpr, ACCUM: tl.constexpr,
     WANT_GA: tl.constexpr, HAS_KM: tl.constexpr, HAS_QM: tl.constexpr, MASK_PAIRS: tl.constexpr,
+    EVEN_S: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     PREC: tl.constexpr, IN_T: tl.constexpr, DOT_T: tl.constexpr,
 ):
@@ -313,18 +359,18 @@ def _row_backward(
         if HAS_KM:
             col_ok = col_ok & (tl.load(KM + batch * Lk + offs_n, mask=col_in, other=0) != 0)
         valid = row_ok[:, None] & col_ok[None, :]
-        kb = tl.load(K + bh * Lk * D + offs_n[:, None] * D + offs_d[None, :],
-                     mask=col_in[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_T)  # (N, Dp)
+        kb = _tile(K + bh * Lk * D + offs_n[:, None] * D + offs_d[None, :], offs_n, Lk, offs_d, D,
+                   EVEN_S, EVEN_D).to(DOT_T)  # (N, Dp)
         s = tl.dot(qb, tl.trans(kb), input_precision=PREC) * (scale * LOG2E)  # (M, N), base 2
-        bj = tl.load(Bt + bh * Lk + offs_n, mask=col_in, other=0.0)
-        gb = tl.load(GB + bh * Lk + offs_n, mask=col_in, other=0.0)
+        bj = _vec(Bt + bh * Lk + offs_n, offs_n, Lk, EVEN_S)
+        gb = _vec(GB + bh * Lk + offs_n, offs_n, Lk, EVEN_S)
         x = s + bj[None, :] + ar[:, None]
         if MASK_PAIRS:
             x = tl.where(valid, x, float("-inf"))
         p = tl.exp2(x)  # (M, N)
         if OUTPUT:
-            vb = tl.load(V + bh * Lk * Dv + offs_n[:, None] * Dv + offs_dv[None, :],
-                         mask=col_in[:, None] & (offs_dv[None, :] < Dv), other=0.0).to(DOT_T)  # (N, Dvp)
+            vb = _tile(V + bh * Lk * Dv + offs_n[:, None] * Dv + offs_dv[None, :], offs_n, Lk, offs_dv, Dv,
+                       EVEN_S, EVEN_D).to(DOT_T)  # (N, Dvp)
             dov = tl.dot(dob, tl.trans(vb), input_precision=PREC)  # (M, N)
             ds = p * (u * dov - delta[:, None])
             if HYBRID:

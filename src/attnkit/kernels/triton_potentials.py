@@ -236,6 +236,7 @@ class _Launch:
         # the padded columns are masked, so a wider tile only costs their share of the product.
         block_d = max(16, triton.next_power_of_2(max(self.D, self.Dv)))
         self.dv_const = block_d
+        self.even_d = self.D == block_d and self.Dv == block_d  # no padded columns: unmasked loads
         self.consts = dict(
             HAS_KM=km is not None, HAS_QM=qm is not None, BLOCK_D=block_d,
             PREC="ieee" if q3.dtype == torch.float32 else "tf32",
@@ -258,7 +259,8 @@ class _Launch:
         streamed_partial = self.Lq % bm if column else self.Lk % bn
         mask_pairs = self.km is not None or self.qm is not None or streamed_partial != 0
         _triton_kernels.KERNELS[name][(self.BH, blocks)](
-            *args, **consts, **self.consts, MASK_PAIRS=mask_pairs, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
+            *args, **consts, **self.consts, MASK_PAIRS=mask_pairs, EVEN_S=streamed_partial == 0,
+            EVEN_D=self.even_d, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
             num_stages=stages
         )
 
