@@ -144,6 +144,21 @@ def test_a_bias_beyond_half_inputs_own_dtype_is_refused(backend):
         ak.attention(q, k, v, "softmax", attn_mask=bias, backend=backend)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bias_dtype", [torch.float32, torch.float64])
+def test_a_bias_that_pushes_finite_scores_past_the_dtype_is_refused_whatever_its_dtype(backend, bias_dtype):
+    """A score of 1e38 plus a bias of 3e38 overflows float32: a float64 bias was refused, a float32 one (q's
+    own dtype) entered no bound and every output was NaN."""
+    q, k, v = torch.zeros(1, 1, 2, 1), torch.zeros(1, 1, 3, 1), torch.randn(1, 1, 3, 2)
+    q[..., 0], k[..., 0, 0] = 1e19, 1e19  # the score of key 0: 1e38, finite in float32
+    bias = torch.zeros(2, 3, dtype=bias_dtype)
+    bias[:, 0] = 3e38
+    with pytest.raises(ValueError, match=r"the scores scale \* q \. k may reach 4e\+38"):
+        ak.attention(q, k, v, "softmax", scale=1.0, attn_mask=bias, backend=backend)
+    bias[:, 0] = 1e37  # 1.1e38: fits
+    assert torch.isfinite(ak.attention(q, k, v, "softmax", scale=1.0, attn_mask=bias, backend=backend)).all()
+
+
 def test_coda_scores_are_bounded_through_the_l1_distance_too():
     """CoDA's ||q - k||_1 overflowed (q = 0, k = 1e37, D = 64: q . k = 0) and the outputs were NaN."""
     q, k, v = _qkv(Lk=5, D=64, Dv=4)

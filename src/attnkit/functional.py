@@ -218,9 +218,12 @@ def attention(
         mechanism: a name in ``ak.MECHANISMS`` or a config object.
         key_mask, query_mask, attn_mask, causal: masks, True = may attend (see ``attnkit.masks``).
         scale: score scale, ``1/sqrt(D)`` by default.
-        dropout_p: dropout on the weights (applied whenever > 0, as in SDPA). The C++ CPU routes draw it from
-            a counter-based hash at a rate rounded to a multiple of ``2**-16`` (at most 7.6e-6 off: a rate
-            below that drops nothing there); ``backend="reference"`` takes it exactly.
+        dropout_p: dropout on the weights, in ``[0, 1)`` (applied whenever > 0, as in SDPA; 1, which
+            SDPA takes and answers with zeros, is refused). The C++ CPU routes draw it from a counter-based
+            hash seeded by one draw from torch's generator, at a rate rounded to a multiple of ``2**-16`` (at
+            most 7.6e-6 off: a rate below that drops nothing there): the same distribution as torch's
+            dropout but other masks for a given seed; ``backend="reference"`` takes torch's ``F.dropout``
+            (the masks SDPA's math path and ``torch.nn.MultiheadAttention`` draw).
         hybrid_weight: ``u`` for ``"hnas"``: a number or a tensor of shape ``()`` / ``(H,)``.
             Defaults to the config's ``u0`` (0.5).
         sinkhorn_iters: iterations for ``"sinkhorn"`` (default 3).
@@ -353,8 +356,9 @@ def _check_fits(q: Tensor, k: Tensor, scale: float, mask: MaskInfo, config: Mech
     else the inputs'): ``scale=1e39``, a bias of ``1e39``, or ``scale=1e38`` with unit-size inputs became
     inf in float32 and every output NaN.
 
-    ``scale`` is checked as a value, and a float ``attn_mask``'s biases against the inputs' own dtype (a
-    route may cast them to it: SDPA made a float32 bias of 1e5 inf for float16 inputs), on every device.
+    ``scale`` is checked as a value, and a float ``attn_mask``'s biases of another dtype against the inputs'
+    own (a route may cast them to it: SDPA made a float32 bias of 1e5 inf for float16 inputs), on every
+    device; on CPU the largest bias of any dtype enters the bound on the scores below.
     The scores of finite inputs, ``scale * q . k`` (and CoDA's ``scale * ||q - k||_1``), and their sums
     before scaling, are bounded on CPU through ``max|q|`` and ``max|k|`` over the rows that are not padded
     (padded rows may hold anything, ``_zero_padding``): two min/max reductions of the inputs. A NaN or inf
@@ -370,10 +374,12 @@ def _check_fits(q: Tensor, k: Tensor, scale: float, mask: MaskInfo, config: Mech
                          "scale")
     largest_bias = 0.0
     bias = mask.bias
-    if bias is not None and bias.dtype != dtype and not values_hidden(bias) and bias.numel():
+    other = bias is not None and bias.dtype != dtype  # a route may cast it to q's dtype: checked everywhere
+    if (bias is not None and (other or q.device.type == "cpu") and not values_hidden(bias)
+            and bias.numel()):  # a bias of q's own dtype enters the CPU bound on the scores below
         largest_bias = float(bias.detach().abs().amax())
         own = torch.finfo(dtype).max
-        if largest_bias > own:
+        if other and largest_bias > own:
             raise ValueError(f"attn_mask holds {largest_bias:.4g}, which overflows q's dtype {dtype} "
                              f"(largest {own:.4g}); use finite biases in that range and -inf for pairs that "
                              "may not attend")
