@@ -596,6 +596,68 @@ def test_a_model_holding_a_hugging_face_model_names_the_submodule_to_attach_to()
         AlignmentRegularizer(wrapped, method="ct")
 
 
+def test_a_held_attention_free_hugging_face_backbone_leaves_the_module_its_own_attention():
+    """A captioner with a transformers ResNet backbone (no attention) beside its own attention was refused,
+    and the suggested AlignmentRegularizer(model.backbone) failed: the ResNet has no attention layer."""
+    from transformers import ResNetConfig, ResNetModel
+
+    torch.manual_seed(0)
+
+    class Captioner(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.backbone = ResNetModel(ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1]))
+            self.attn = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+
+        def forward(self, img):
+            f = self.backbone(pixel_values=img).last_hidden_state.flatten(2).transpose(1, 2)  # (B, L, E)
+            return self.attn(f, f, f)[0]
+
+    model = Captioner().eval()
+    reg = AlignmentRegularizer(model, method="mmd")
+    assert [site.name for site in reg.sites] == ["attn"]
+    model(torch.randn(2, 3, 32, 32))
+    assert torch.isfinite(reg.loss()) and reg.mmd() > 0
+
+
+def test_the_layers_escape_is_offered_only_to_a_module_with_attention_of_its_own():
+    """A module holding only a Hugging Face model was told to "pass layers= to take this module's own
+    attention layers only", which it has none of, with layers= given or not."""
+    from tests.hf._models import tiny_model
+
+    class Classifier(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = tiny_model("bert")
+            self.head = torch.nn.Linear(self.bert.config.hidden_size, 2)
+
+    for layers in (None, [0]):
+        with pytest.raises(ValueError, match=r"AlignmentRegularizer\(model\.bert, \.\.\.\)") as error:
+            AlignmentRegularizer(Classifier(), method="ct", layers=layers)
+        assert "layers=" not in str(error.value)
+
+    class Pooled(Classifier):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pool = torch.nn.MultiheadAttention(self.bert.config.hidden_size, 2, batch_first=True)
+
+    with pytest.raises(ValueError, match=r"or pass layers= to take this module's own attention layers"):
+        AlignmentRegularizer(Pooled(), method="ct")
+
+
+def test_a_submodule_named_after_a_python_keyword_is_reached_by_valid_python():
+    """``model.class`` is a syntax error: the message suggested it for a submodule named "class"."""
+    from tests.hf._models import tiny_model
+
+    class Holder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            setattr(self, "class", tiny_model("bert"))
+
+    with pytest.raises(ValueError, match=r"AlignmentRegularizer\(model\.get_submodule\('class'\), "):
+        AlignmentRegularizer(Holder(), method="ct")
+
+
 def _broadcast_worker(rank: int, world: int, init: str, out: str) -> None:
     import torch.distributed as dist
 

@@ -586,3 +586,33 @@ def test_a_token_classifier_is_finetuned_as_a_sequence_classifier_with_a_new_hea
                              intermediate_size=32, max_position_embeddings=32, num_labels=2)
     model_dir = _tiny_saved(tmp_path, DebertaV2ForTokenClassification(config))
     assert load_classifier(str(model_dir), log=lambda line: None, num_labels=2).config.num_labels == 2
+
+
+@pytest.mark.parametrize("family", ["bert", "deberta-v2"])
+def test_a_token_classifier_for_other_labels_gets_a_new_head_and_a_deleted_tensor_is_still_refused(
+    tmp_path, family
+):
+    """A 2-label token classifier loaded for 5 labels was refused as damaged files (only a sequence
+    classifier's head was replaced); replacing its head must not let a deleted body tensor through."""
+    from transformers import (
+        BertConfig, BertForTokenClassification, DebertaV2Config, DebertaV2ForTokenClassification,
+    )
+
+    from attnkit.hf.progress import load_classifier
+
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=99, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                 intermediate_size=32, max_position_embeddings=32, num_labels=2)
+    if family == "bert":
+        model = BertForTokenClassification(BertConfig(**sizes))
+        query = "bert.encoder.layer.0.attention.self.query."
+    else:
+        model = DebertaV2ForTokenClassification(DebertaV2Config(**sizes))
+        query = "deberta.encoder.layer.0.attention.self.query_proj."
+    model_dir = _tiny_saved(tmp_path, model)
+    lines = []
+    assert load_classifier(str(model_dir), log=lines.append, num_labels=5).config.num_labels == 5
+    assert any("classification head is for another number of labels" in line for line in lines), lines
+    _drop(model_dir, query + "weight")
+    with pytest.raises(ValueError, match="do not match .*query.*weight"):
+        load_classifier(str(model_dir), log=lambda line: None, num_labels=5)

@@ -99,14 +99,17 @@ def test_arguments_are_checked_before_the_model_loads(tmp_path, capsys, monkeypa
     assert not (tmp_path / "o").exists()
 
 
-def _classifier(tmp_path, num_labels: int, **changes):
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+def _classifier(tmp_path, num_labels: int, head: str = "sequence", **changes):
+    from transformers import (
+        AutoTokenizer, BertConfig, BertForSequenceClassification, BertForTokenClassification,
+    )
 
     torch.manual_seed(0)
     config = BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=32, max_position_embeddings=32, num_labels=num_labels)
     path = tmp_path / "classifier"
-    BertForSequenceClassification(config).save_pretrained(path)
+    model_class = BertForTokenClassification if head == "token" else BertForSequenceClassification
+    model_class(config).save_pretrained(path)
     AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(path)
     saved = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**saved, **changes}))
@@ -132,8 +135,22 @@ def test_finetune_of_a_classifier_for_other_labels_gets_a_new_head(tmp_path, cap
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["num_labels"] == 3
 
 
-def test_a_resized_body_is_still_damaged_files_when_the_head_is_replaced(tmp_path, capsys):
-    model = _classifier(tmp_path, num_labels=2, intermediate_size=24)  # config.json does not fit the weights
+def test_finetune_of_a_token_classifier_for_other_labels_gets_a_new_head(tmp_path, capsys):
+    """A token classifier (BertForTokenClassification) of 2 labels, fine-tuned on 3: refused as damaged files
+    ("holds tensors whose shapes differ ... restore the matching pair of files"), as the sequence classifier
+    was."""
+    model = _classifier(tmp_path, num_labels=2, head="token")
+    main(["finetune", "--model", str(model), "--dataset", str(_data(tmp_path, ROWS)), "--max-steps", "2",
+          "--batch-size", "4", "--max-length", "12", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert "head is for another number of labels; a new one (classifier.bias, classifier.weight)" in err
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["num_labels"] == 3
+
+
+@pytest.mark.parametrize("head", ["sequence", "token"])
+def test_a_resized_body_is_still_damaged_files_when_the_head_is_replaced(tmp_path, capsys, head):
+    # config.json does not fit the weights
+    model = _classifier(tmp_path, num_labels=2, head=head, intermediate_size=24)
     capsys.readouterr()
     err = _error(capsys, ["finetune", "--model", str(model), "--dataset", str(_data(tmp_path, ROWS)),
                           "--max-steps", "2", "--batch-size", "4", "--out", str(tmp_path / "run")])

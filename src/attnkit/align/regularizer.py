@@ -17,6 +17,7 @@ model (``attnkit.align.capture``), so the model's outputs do not change; ``remov
 
 from __future__ import annotations
 
+import keyword
 import math
 import numbers
 from dataclasses import dataclass
@@ -95,18 +96,30 @@ class AlignConfig:
 
 
 def _hf_submodules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The outermost Hugging Face models inside ``model`` (not ``model`` itself): name and module."""
+    """The outermost Hugging Face models inside ``model`` (not ``model`` itself) that have self-attention:
+    name and module. An attention-free one (a ResNet or ConvNeXt backbone) is not listed; one whose attention
+    the regularizer cannot read is."""
     found: list[tuple[str, nn.Module]] = []
     for name, module in model.named_modules():
         if name and _is_hf(module) and not any(name.startswith(n + ".") for n, _ in found):
             found.append((name, module))
-    return found
+    return [(name, module) for name, module in found if _has_attention(module)]
+
+
+def _has_attention(model: nn.Module) -> bool:
+    """Whether the Hugging Face ``model`` has self-attention layers: ones the regularizer reads, or ones it
+    refuses (no query/key projections it knows)."""
+    try:
+        return bool(find_sites(model)[0])
+    except ValueError:
+        return True
 
 
 def _access(name: str) -> str:
     """Python that reaches the submodule ``name`` of ``model``: ``model.bert``, or
-    ``model.get_submodule('0.auto_model')`` where a part is not an identifier (a Sequential's index)."""
-    if all(part.isidentifier() for part in name.split(".")):
+    ``model.get_submodule('0.auto_model')`` where a part is not an identifier (a Sequential's index) or is a
+    Python keyword (``class``)."""
+    if all(part.isidentifier() and not keyword.iskeyword(part) for part in name.split(".")):
         return f"model.{name}"
     return f"model.get_submodule({name!r})"
 
@@ -157,11 +170,12 @@ class AlignmentRegularizer(nn.Module):
         inner = [] if is_hf or (sites and self.config.layers is not None) else _hf_submodules(model)
         if inner:  # a Hugging Face model inside a plain module, whose attention_mask the outer call hides
             names = ", ".join(f"{_access(n)} ({type(m).__name__})" for n, m in inner)
+            escape = " (or pass layers= to take this module's own attention layers only)" if sites else ""
             raise ValueError(
-                f"{type(model).__name__} is not a Hugging Face model but holds one ({names}), whose layers "
-                f"the regularizer cannot read from here; attach it to that model, e.g. "
+                f"{type(model).__name__} is not a Hugging Face model but holds one ({names}), whose "
+                f"self-attention layers the regularizer cannot read from here; attach it to that model, e.g. "
                 f"AlignmentRegularizer({_access(inner[0][0])}, ...), so that it reads the attention_mask "
-                "given to it (or pass layers= to take this module's own attention layers only)"
+                f"given to it{escape}"
             )
         if not sites:
             raise ValueError(

@@ -62,7 +62,9 @@ def describe_loading(info: dict) -> list[str]:
 
 def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None, **kwargs):
     """``AutoModelForSequenceClassification.from_pretrained`` with the load report as plain lines on
-    ``log``."""
+    ``log``. A checkpoint whose ``num_labels`` differs from the one asked for (a sequence or token
+    classifier fine-tuned on other labels) gets a new classification head; any other tensor whose shape
+    differs from config.json is refused as damaged files."""
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
@@ -71,9 +73,9 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
     log = log or (lambda line: print(line, file=sys.stderr))
     check_model_dir(model_dir, "--model")
     saved = auto_config(model_dir)
-    if "num_labels" in kwargs and saved.num_labels != kwargs["num_labels"] and any(
-        arch.endswith("ForSequenceClassification") for arch in saved.architectures or []
-    ):  # a classifier fine-tuned on other labels: its head is replaced (and only its head, checked below)
+    if "num_labels" in kwargs and saved.num_labels != kwargs["num_labels"]:
+        # a classifier (sequence, token, ...) fine-tuned on other labels: its head is replaced, and only its
+        # head (the other resized tensors are refused below)
         kwargs = {**kwargs, "ignore_mismatched_sizes": True}
     verbosity = hf_logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()
