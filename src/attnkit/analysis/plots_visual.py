@@ -34,6 +34,21 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _panel_words(vocab, ids) -> list[str]:
+    """The titles of one caption's panels: its generated words through ``<eos>``, a pad or bos it generated
+    shown as ``GENERATED_PAD`` / ``GENERATED_BOS`` as the scored caption shows it
+    (``vocab.decode(generated=True)``); the padding after ``<eos>`` gets no panel."""
+    from ..data.tokenizers import GENERATED_BOS, GENERATED_PAD
+
+    words = []
+    for i in ids:
+        i = int(i)
+        words.append({vocab.PAD: GENERATED_PAD, vocab.BOS: GENERATED_BOS}.get(i, vocab.words[i]))
+        if i == vocab.EOS:
+            break
+    return words
+
+
 def plot_caption_attention(model, data, indices, path: Path, max_len: int) -> Path:
     """Per test canvas: the image, then one panel per generated word with alpha upsampled over the image."""
     plt = _plt()
@@ -47,10 +62,10 @@ def plot_caption_attention(model, data, indices, path: Path, max_len: int) -> Pa
         img = data.images[i, 0].numpy()
         axes[r, 0].imshow(img, cmap="gray")
         axes[r, 0].set_title(f"ref: {data.captions[i]}", fontsize=7)
-        words = [data.vocab.words[int(t)] for t in tokens[r]]
+        words = _panel_words(data.vocab, tokens[r])
         for t in range(max_len):
             ax = axes[r, t + 1]
-            if t < len(words) and words[t] != "<pad>":
+            if t < len(words):
                 att = alphas[r, t].view(1, 1, Hf, Wf)
                 att = torch.nn.functional.interpolate(att, size=(H, W), mode="nearest")[0, 0].numpy()
                 ax.imshow(img, cmap="gray")

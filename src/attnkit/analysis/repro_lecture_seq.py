@@ -174,7 +174,9 @@ def _alignment(task: TransductionTask, data, model, index: int):
             posts = log_probs[0].exp()  # (T, V)
             labels = sorted({int(i) for i in posts.argmax(dim=-1).tolist()} - {model.blank_id})
             rows = posts[:, labels].T if labels else posts[:, :1].T  # (labels, T)
-            names = [data.tgt_vocab.vocab[i] for i in labels] or ["(blank only)"]
+            # each label as the decoded outputs show it (a generated <eos> as GENERATED_EOS, as in the tables)
+            shown = data.tgt_vocab.decode_ids(labels, generated=True, eos_ends=False)  # one per label
+            names = shown or ["(blank only)"]
             cols = [c for c in src_tokens for _ in range(model.upsample)]
             return rows.numpy(), names, cols, "label posteriors per frame"
         tokens, align = task.predict_tokens(model, data, idx, "cpu")

@@ -79,8 +79,10 @@ class CaptionVocab:
     def decode(self, ids, generated: bool = False) -> str:
         """The words up to ``<eos>``, pad and bos skipped; ``generated=True`` (a model's caption) shows a pad
         or bos it generated as ``GENERATED_PAD`` / ``GENERATED_BOS`` instead (skipped, it scored as exact)."""
+        from ..validators import check_bool
         from .tokenizers import GENERATED_BOS, GENERATED_PAD
 
+        check_bool(generated, f"generated={generated!r}")
         words = []
         for i in ids:
             i = int(i)

@@ -17,7 +17,7 @@ import torch
 from ..validators import check_bool, check_int
 
 __all__ = ["WordTokenizer", "CharTokenizer", "pad_batch", "UNKNOWN", "GENERATED_PAD", "GENERATED_BOS",
-           "GENERATED_EOS"]
+           "GENERATED_EOS", "DISPLAY_MARKS"]
 
 # How a decoded <unk> is shown: U+FFFD, the replacement character, which no vocabulary of ours holds (fit
 # leaves it out, so that such a character in a text is <unk> too; "?" was a real token of questions and
@@ -26,6 +26,12 @@ UNKNOWN = "\ufffd"
 # how a special token a model generates where text belongs is shown (empty set, start and end triangles, which
 # the plots' font draws): never skipped, and never the U+FFFD of an <unk> gold, so it cannot score as correct
 GENERATED_PAD, GENERATED_BOS, GENERATED_EOS = "\u2205", "\u25b7", "\u25c1"
+# Every mark decoded text shows for a special token. Scoring compares decoded text, so no vocabulary holds one
+# (fit reads them as <unk>, the constructors refuse them) and the metrics match them to nothing: a data
+# character equal to a mark ("A ∩ B = ∅") made a generated <pad> an exact match
+DISPLAY_MARKS = (UNKNOWN, GENERATED_PAD, GENERATED_BOS, GENERATED_EOS)
+_MARK_SHOWS = dict(zip(DISPLAY_MARKS, ("<unk>", "a generated <pad>", "a generated <bos>",
+                                       "a CTC model's <eos>")))
 
 _WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
@@ -66,6 +72,15 @@ def _check_decode_ids(ids: list[int], vocab_size: int) -> None:
     bad = [i for i in ids if not 0 <= i < vocab_size]
     if bad:
         raise ValueError(f"token id {bad[0]} is not in the vocabulary [0, {vocab_size})")
+
+
+def _refuse_marks(items: Sequence[str], what: str) -> None:
+    """A ``ValueError`` if ``items`` (an alphabet or token list) hold one of ``DISPLAY_MARKS``."""
+    marks = [m for m in DISPLAY_MARKS if m in items]
+    if marks:  # then that special token's output and the real token would read alike
+        m = marks[0]
+        raise ValueError(f"{what} {m!r} (U+{ord(m):04X}), which shows {_MARK_SHOWS[m]}; leave it out "
+                         "(fit does)")
 
 
 def _check_texts(texts) -> list[str]:
@@ -190,9 +205,7 @@ class CharTokenizer:
         bad = [c for c in chars if not isinstance(c, str) or len(c) != 1]
         if bad:
             raise ValueError(f"alphabet must be single characters, got {bad[:3]}")
-        if UNKNOWN in chars:  # then an <unk> output and the real character would read alike
-            raise ValueError(f"alphabet holds {UNKNOWN!r} (U+FFFD), which shows <unk>; leave it out (fit "
-                             "does)")
+        _refuse_marks(chars, "alphabet holds")
         self.chars = chars
         self.vocab = [*self.SPECIALS, *chars]
         self.index = {c: i + len(self.SPECIALS) for i, c in enumerate(chars)}
@@ -200,8 +213,8 @@ class CharTokenizer:
 
     @classmethod
     def fit(cls, texts: Iterable[str]) -> "CharTokenizer":
-        """The characters of ``texts`` in sorted order."""
-        return cls(sorted({c for t in _check_texts(texts) for c in t} - {UNKNOWN}))  # U+FFFD reads as <unk>
+        """The characters of ``texts`` in sorted order; a display mark in a text reads as ``<unk>``."""
+        return cls(sorted({c for t in _check_texts(texts) for c in t} - set(DISPLAY_MARKS)))
 
     def __len__(self) -> int:
         return len(self.vocab)
@@ -234,6 +247,7 @@ class CharTokenizer:
         generated before ``<eos>`` is shown as ``GENERATED_PAD`` / ``GENERATED_BOS`` (U+2205 / U+25B7), so
         that it never scores as correct (skipped, ``-<bos>99`` read as ``-99``; U+FFFD is an ``<unk>``
         gold's)."""
+        check_bool(generated, f"generated={generated!r}")
         rows = ids.tolist() if hasattr(ids, "tolist") else ids
         if isinstance(rows, (str, bytes)) or not isinstance(rows, Iterable):
             raise ValueError(f"ids is {ids!r}; expected a batch (B, L) or one sequence (L,) of token ids")

@@ -14,8 +14,10 @@ from typing import Iterable, Sequence
 
 from torch import Tensor
 
+from ..validators import check_bool
 from .tokenizers import (
-    GENERATED_EOS, UNKNOWN, _check_decode_ids, _check_text, _check_texts, _shown, pad_batch,
+    DISPLAY_MARKS, GENERATED_EOS, _check_decode_ids, _check_text, _check_texts, _refuse_marks, _shown,
+    pad_batch,
 )
 
 __all__ = ["TokenVocab", "edit_distance", "token_error_rate", "sequence_error_rate", "SPLITS"]
@@ -34,8 +36,7 @@ class TokenVocab:
             raise ValueError(f"split={split!r}: expected one of {SPLITS}")
         self.split = split
         self.tokens = list(dict.fromkeys(tokens))
-        if UNKNOWN in self.tokens:  # then an <unk> output and the real token would read alike
-            raise ValueError(f"tokens hold {UNKNOWN!r} (U+FFFD), which shows <unk>; leave it out (fit does)")
+        _refuse_marks(self.tokens, "tokens hold")
         self.vocab = [*self.SPECIALS, *self.tokens]
         self.index = {t: i + len(self.SPECIALS) for i, t in enumerate(self.tokens)}
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = 0, 1, 2, 3
@@ -45,7 +46,8 @@ class TokenVocab:
         tokens = set()
         for text in _check_texts(texts):
             tokens.update(cls.tokenize_with(text, split))
-        return cls(sorted(tokens - {UNKNOWN}), split)  # U+FFFD in a text (undecodable bytes) reads as <unk>
+        # a display mark in a text (U+FFFD: undecodable bytes) reads as <unk>
+        return cls(sorted(tokens - set(DISPLAY_MARKS)), split)
 
     @staticmethod
     def tokenize_with(text: str, split: str) -> list[str]:
@@ -72,13 +74,16 @@ class TokenVocab:
         """Tokens up to the first ``<eos>``; pad and bos skipped, ``<unk>`` shown as ``UNKNOWN`` (U+FFFD); an
         id outside the vocabulary is a ``ValueError``. ``generated=True`` reads a model's output: a pad or bos
         it generated before ``<eos>`` is shown as ``GENERATED_PAD`` / ``GENERATED_BOS``, never skipped (it
-        would score as correct). ``eos_ends=False`` (a CTC model, which never learns to end with ``<eos>``)
-        shows an ``<eos>`` as ``GENERATED_EOS`` and reads on."""
+        would score as correct). ``eos_ends=False`` with ``generated=True`` (a CTC model, which never learns
+        to end with ``<eos>``) shows an ``<eos>`` as ``GENERATED_EOS`` and reads on; a reference
+        (``generated=False``) always ends at its ``<eos>`` and never shows a mark for a special token."""
+        check_bool(generated, f"generated={generated!r}")
+        check_bool(eos_ends, f"eos_ends={eos_ends!r}")
         ids = list(ids)
         _check_decode_ids(ids, len(self.vocab))
         out = []
         for i in ids:
-            if i == self.eos_id and eos_ends:
+            if i == self.eos_id and (eos_ends or not generated):
                 break
             if i in (self.pad_id, self.bos_id) and not generated:
                 continue

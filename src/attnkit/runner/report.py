@@ -17,7 +17,7 @@ from typing import Optional
 
 from .._files import save_figure, write_text_file
 from .config import CompareConfig
-from .report_extras import plot_confusions, plot_learning_curves_band
+from .report_extras import marks_legend, plot_confusions, plot_learning_curves_band
 
 __all__ = ["write_report", "write_results_json", "write_results_csv", "format_value", "table_rows",
            "table_legend", "render_html"]
@@ -226,7 +226,8 @@ def render_html(config: CompareConfig, task, records: list[dict], runs: list[dic
         if run["samples"]:
             keys = list(run["samples"][0])
             sample_blocks.append(f"<h3>{html.escape(mech)} (seed {run['seed']})</h3>"
-                                 + _html_table(keys, [[s[k] for k in keys] for s in run["samples"]]))
+                                 + _html_table(keys, [[s[k] for k in keys] for s in run["samples"]])
+                                 + "".join(marks_legend([list(s.values()) for s in run["samples"]])))
     config_rows = [[k, json.dumps(v)] for k, v in config.to_dict().items()]
     from .report_extras import CSS as css
     from .report_extras import extra_sections

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .._files import save_figure
 
-__all__ = ["extra_sections", "plot_learning_curves_band", "plot_confusions", "CSS"]
+__all__ = ["extra_sections", "marks_legend", "plot_learning_curves_band", "plot_confusions", "CSS"]
 
 CSS = (
     "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1180px;padding:0 1em;"
@@ -35,6 +35,19 @@ def _table(header: list, rows: list, table_id: str = "") -> str:
         f'<div class="wide"><table{id_attr}><thead><tr>{head}</tr></thead>'
         f"<tbody>{body}</tbody></table></div>"
     )
+
+
+def marks_legend(rows: list) -> list[str]:
+    """A one-line legend (``[]`` or one ``<p>``) for the display marks (``data.tokenizers.DISPLAY_MARKS``)
+    that some cell of a sample table holds; none when no cell holds one."""
+    from ..data.tokenizers import _MARK_SHOWS, DISPLAY_MARKS
+
+    cells = [str(c) for row in rows for c in row]
+    shown = [m for m in DISPLAY_MARKS if any(m in c for c in cells)]
+    if not shown:
+        return []
+    marks = ", ".join(f"{m} {_MARK_SHOWS[m]}" for m in shown)
+    return [f"<p>Marks: {html.escape(marks)}.</p>"]
 
 
 def _moving_average(values: list[float], window: int) -> list[float]:
@@ -185,6 +198,7 @@ def extra_sections(extras: dict, images: dict) -> list[str]:
                      "in all; each example once; ✓ right, ✗ wrong); then, if space is left, examples every "
                      "mechanism got wrong.</p>")
         parts.append(_table(samples["header"], samples["rows"], "samples"))
+        parts += marks_legend(samples["rows"])
     skipped = extras.get("skipped_mechanisms") or {}
     if skipped:
         parts.append("<h2>Mechanisms not run</h2><ul>" + "".join(

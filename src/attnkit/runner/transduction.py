@@ -241,11 +241,13 @@ class TransductionTask(SourceTargetBatches):
 
     @staticmethod
     def _hypotheses(data: EncodedTransduction, preds: list[str]) -> list[list]:
-        """The predictions as token lists, an ``<unk>`` output as a token equal to no reference token."""
-        from ..data.tokenizers import UNKNOWN
+        """The predictions as token lists, an ``<unk>`` output or a generated pad / bos / eos (each shown as
+        one of ``DISPLAY_MARKS``) as a token equal to no reference token (a reference keeps a character
+        outside the vocabulary raw, so a test target's "∅" matched a generated ``<pad>``)."""
+        from ..data.tokenizers import DISPLAY_MARKS
 
         never = object()
-        return [[never if t == UNKNOWN else t for t in data.tgt_vocab.tokenize(p)] for p in preds]
+        return [[never if t in DISPLAY_MARKS else t for t in data.tgt_vocab.tokenize(p)] for p in preds]
 
     def details(self, data: EncodedTransduction, preds: list[str]) -> dict:
         return {}
