@@ -645,3 +645,90 @@ def test_nested_self_attention_equals_each_sequence_alone(mechanism, batch_first
     for got, seq in zip(out.unbind(), sequences):
         alone, _ = module(seq, seq, seq)  # unbatched (L, E)
         torch.testing.assert_close(got, alone, rtol=1e-12, atol=1e-12)
+
+
+class _Doubled(aknn.MultiheadAttention):
+    """A subclass whose forward post-processes torch's positional signature (doubles the output)."""
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False, query_padding_mask=None):
+        self.calls = getattr(self, "calls", 0) + 1
+        out, weights = super().forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                       average_attn_weights, is_causal, query_padding_mask)
+        return out * 2, weights
+
+
+class _Keywords(aknn.MultiheadAttention):
+    """A subclass with a torch-style keyword forward."""
+
+    def forward(self, query, key, value, **kwargs):
+        return super().forward(query, key, value, **kwargs)
+
+
+@pytest.mark.parametrize("cls", [_Doubled, _Keywords])
+def test_a_subclass_runs_its_forward_once_and_the_nested_path_equals_the_padded_one(cls):
+    """The nested path called self.forward again with 8 positional arguments: _Doubled's output was doubled
+    twice (x4) and _Keywords raised a TypeError."""
+    module = cls(E, H, batch_first=True, mechanism="dnas").eval()
+    g = torch.Generator().manual_seed(5)
+    sequences = [torch.randn(n, E, generator=g) for n in (4, 2)]
+    padded = torch.zeros(2, 4, E)  # (B, L, E)
+    padded[0], padded[1, :2] = sequences
+    padding = torch.tensor([[False] * 4, [False, False, True, True]])
+    with torch.no_grad():
+        nested = torch.nested.nested_tensor(sequences, layout=torch.jagged)
+        out, _ = module(nested, nested, nested, need_weights=False)
+        expected, _ = module(padded, padded, padded, key_padding_mask=padding, need_weights=False)
+    if cls is _Doubled:
+        assert module.calls == 2  # one per call above
+    for b, got in enumerate(out.unbind()):
+        torch.testing.assert_close(got, expected[b, : len(sequences[b])], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("holder", ["module", "layer"])
+def test_a_strict_load_of_an_hnas_state_dict_into_softmax_names_the_fix(holder):
+    """torch said only 'Unexpected key(s) in state_dict: "self_attn.theta"'."""
+    if holder == "module":
+        hnas, softmax = aknn.MultiheadAttention(E, H, mechanism="hnas"), aknn.MultiheadAttention(E, H)
+    else:
+        hnas = aknn.TransformerEncoderLayer(E, H, 16, mechanism="hnas")
+        softmax = aknn.TransformerEncoderLayer(E, H, 16)
+    needle = r"theta' is the hybrid weight of an hnas layer.*build it with mechanism=\"hnas\""
+    with pytest.raises(RuntimeError, match=needle):
+        softmax.load_state_dict(hnas.state_dict())
+    result = softmax.load_state_dict(hnas.state_dict(), strict=False)  # ignored, as torch ignores it
+    assert [key.rsplit(".", 1)[-1] for key in result.unexpected_keys] == ["theta"]
+
+
+@pytest.mark.parametrize("attn_mask_kind", [None, "2d", "3d"])
+@pytest.mark.parametrize("with_padding", [False, True])
+def test_merge_masks_matches_torch(attn_mask_kind, with_padding):
+    theirs, ours = _pair(batch_first=True)
+    B, L = 3, 4
+    query = torch.randn(B, L, E, dtype=torch.float64)
+    g = torch.Generator().manual_seed(6)
+    padding = torch.rand(B, L, generator=g) > 0.7 if with_padding else None
+    attn_mask = {None: None, "2d": torch.rand(L, L, generator=g) > 0.5,
+                 "3d": torch.rand(B * H, L, L, generator=g) > 0.5}[attn_mask_kind]
+    got = ours.merge_masks(attn_mask, padding, query)
+    expected = theirs.merge_masks(attn_mask, padding, query)
+    assert got[1] == expected[1]
+    assert (got[0] is None and expected[0] is None) or torch.equal(got[0], expected[0])
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_reference_backend_dropout_draws_torchs_masks_for_the_same_seed(need_weights):
+    """What the class docstring promises: backend="reference" reproduces torch's dropout masks and leaves
+    the generator where torch leaves it (the default CPU route hashes its own mask from one seed)."""
+    torch.manual_seed(0)
+    theirs = torch.nn.MultiheadAttention(E, H, dropout=0.3, batch_first=True)
+    ours = aknn.MultiheadAttention(E, H, dropout=0.3, batch_first=True, backend="reference")
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(2, 6, E)
+    torch.manual_seed(5)
+    expected, _ = theirs(x, x, x, need_weights=need_weights)
+    after_theirs = torch.rand(3)
+    torch.manual_seed(5)
+    got, _ = ours(x, x, x, need_weights=need_weights)
+    torch.testing.assert_close(got, expected)
+    assert torch.equal(torch.rand(3), after_theirs)

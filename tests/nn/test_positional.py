@@ -115,3 +115,86 @@ def test_positions_for_an_unbatched_x_name_the_missing_batch_dimension():
     pe = aknn.SinusoidalPositionalEncoding(8)
     with pytest.raises(ValueError, match=r"add the batch dimension \(x\[None\], positions\[None\]\)"):
         pe(torch.zeros(3, 8), positions=torch.arange(3))
+
+
+# -- the sinusoidal table off the meta device; positions of every integer dtype ------------------------------
+
+_TRANSFORMER = dict(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32,
+                    dropout=0.0, batch_first=True, max_len=32)
+
+
+def test_a_meta_built_module_materialized_with_to_empty_equals_a_normal_one():
+    """The table is not in the state_dict: to_empty left uninitialised memory (silently wrong positions)."""
+    fresh = aknn.SinusoidalPositionalEncoding(8, max_len=16)
+    with torch.device("meta"):
+        module = aknn.SinusoidalPositionalEncoding(8, max_len=16)
+    module = module.to_empty(device="cpu")
+    module.load_state_dict(fresh.state_dict())
+    assert torch.equal(module.pe, fresh.pe)
+    x = torch.randn(2, 5, 8)
+    assert torch.equal(module(x), fresh(x))
+    assert torch.equal(module(x, positions=torch.tensor([[0, 3, 15, 1, 2]] * 2)),
+                       fresh(x, positions=torch.tensor([[0, 3, 15, 1, 2]] * 2)))
+
+
+def test_a_meta_built_transformer_materialized_with_to_empty_equals_a_normal_one():
+    """Inside ak.nn.Transformer the garbage table raised a misleading score-overflow ValueError."""
+    torch.manual_seed(0)
+    fresh = aknn.Transformer(**_TRANSFORMER).eval()
+    with torch.device("meta"):
+        model = aknn.Transformer(**_TRANSFORMER)
+    model = model.to_empty(device="cpu")
+    model.load_state_dict(fresh.state_dict())
+    model.eval()
+    src, tgt = torch.randn(2, 5, 16), torch.randn(2, 4, 16)
+    with torch.no_grad():
+        assert torch.equal(model(src, tgt), fresh(src, tgt))
+
+
+def test_a_meta_built_transformer_loaded_with_assign_equals_a_normal_one_and_moves():
+    """load_state_dict(assign=True) has no table to assign (it stays on meta): forward raised torch's device
+    error, and .to(device) could not copy it out of meta."""
+    torch.manual_seed(0)
+    fresh = aknn.Transformer(**_TRANSFORMER).eval()
+    with torch.device("meta"):
+        model = aknn.Transformer(**_TRANSFORMER)
+    model.load_state_dict(fresh.state_dict(), assign=True)
+    model.eval()
+    src, tgt = torch.randn(2, 5, 16), torch.randn(2, 4, 16)
+    with torch.no_grad():
+        assert torch.equal(model(src, tgt), fresh(src, tgt))
+        model.to("cpu")
+        assert torch.equal(model.src_position.pe, fresh.src_position.pe)
+        assert torch.equal(model(src, tgt), fresh(src, tgt))
+
+
+def test_reset_parameters_rebuilds_the_sinusoidal_table():
+    fresh = aknn.SinusoidalPositionalEncoding(6, max_len=10)
+    module = aknn.SinusoidalPositionalEncoding(6, max_len=10)
+    module.pe.fill_(float("nan"))
+    module.reset_parameters()
+    assert torch.equal(module.pe, fresh.pe)
+    doubled = aknn.SinusoidalPositionalEncoding(6, max_len=10).double()  # a cast rebuilds it in float64
+    assert torch.equal(doubled.pe, aknn.SinusoidalPositionalEncoding(6, max_len=10).rows(torch.arange(10),
+                                                                                       torch.float64))
+
+
+@pytest.mark.parametrize("cls", [aknn.SinusoidalPositionalEncoding, aknn.LearnedPositionalEncoding])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("positions_dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_positions_of_every_integer_dtype_give_the_int64_rows(cls, x_dtype, positions_dtype):
+    """int8/int16 raised torch's IndexError on the float32 table and uint8 was read as a boolean mask."""
+    torch.manual_seed(0)
+    pe = cls(8, max_len=64).to(x_dtype)
+    x = torch.zeros(2, 5, 8, dtype=x_dtype)
+    positions = torch.tensor([[3, 0, 63, 1, 2], [5, 5, 5, 5, 5]])
+    assert torch.equal(pe(x, positions=positions.to(positions_dtype)), pe(x, positions=positions))
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("positions_dtype", [torch.bool, torch.float32, torch.float64])
+def test_boolean_or_floating_positions_raise_naming_the_dtype(x_dtype, positions_dtype):
+    pe = aknn.SinusoidalPositionalEncoding(8, max_len=64)
+    positions = torch.ones(2, 5, dtype=positions_dtype)
+    with pytest.raises(ValueError, match=f"{positions_dtype}; expected integer positions of shape"):
+        pe(torch.zeros(2, 5, 8, dtype=x_dtype), positions=positions)

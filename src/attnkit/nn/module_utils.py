@@ -12,6 +12,7 @@ functional core uses the opposite boolean convention (True = may attend); the he
 
 from __future__ import annotations
 
+import inspect
 import numbers
 from typing import Any, Optional
 
@@ -147,12 +148,30 @@ class HybridWeightAccess:
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs) -> None:
         """torch's loading, except that a state_dict without ``theta`` loads into an hnas module, whose
-        ``theta`` then keeps its value (``logit(u0)`` when new)."""
+        ``theta`` then keeps its value (``logit(u0)`` when new), and that a strict load of an hnas layer's
+        ``theta`` into a module of another mechanism says so (torch says only "Unexpected key(s)")."""
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
         key = prefix + "theta"
         if self.theta is not None and key not in state_dict and key in missing_keys:
             missing_keys.remove(key)
+        if self.theta is None and key in unexpected_keys and _loading_strictly():
+            error_msgs.append(
+                f"{key!r} is the hybrid weight of an hnas layer (the state_dict is an hnas layer's) but this "
+                f"{type(self).__name__} uses mechanism {self._hybrid_config().name!r}: build it with "
+                f"mechanism=\"hnas\", or drop the {key!r} key (load_state_dict(..., strict=False) ignores it)"
+            )
+
+
+def _loading_strictly() -> bool:
+    """The ``strict`` argument of the ``nn.Module.load_state_dict`` call that is loading (False outside one):
+    torch passes ``strict=True`` to every ``_load_from_state_dict`` and applies the caller's at the end."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code is nn.Module.load_state_dict.__code__:
+            return bool(frame.f_locals.get("strict", False))
+        frame = frame.f_back
+    return False
 
 
 class HybridWeightMixin(HybridWeightAccess):

@@ -49,7 +49,7 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
 
     With ``mechanism="softmax"`` it computes what ``torch.nn.MultiheadAttention`` computes (same
     parameter names, so a torch ``state_dict`` loads; into an hnas module too, whose ``theta`` then keeps
-    ``logit(u0)``). ``mechanism="hnas"`` adds one parameter,
+    its value, ``logit(u0)`` in a new module). ``mechanism="hnas"`` adds one parameter,
     ``theta`` of shape ``(H,)``, with the per-head hybrid weight ``u = sigmoid(theta)``
     (initialised to ``u0`` from ``ak.Hybrid(u0=...)`` or the ``u0`` argument, default 0.5):
 
@@ -79,6 +79,17 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
     In torch's ``nn.TransformerEncoderLayer`` / ``nn.TransformerEncoder`` the module is always called (their
     fused softmax inference path is not taken), and a nested tensor (torch's encoder nests padded batches in
     eval mode) is self-attention over each of its sequences, returned nested.
+
+    **Attention dropout** (``dropout > 0``, training mode) keeps each weight with probability
+    ``1 - dropout`` and scales it by ``1 / (1 - dropout)``, as torch does; which numbers are drawn depends on
+    the route. On the CPU the default route (``backend="auto"`` with ``need_weights=False``: the C++ kernels,
+    softmax included) takes one seed from torch's default generator and hashes the keep mask from it (the
+    backward pass replays it; the rate is rounded to a multiple of ``2**-16``): the same distribution, but
+    for the same ``torch.manual_seed`` the masks, and the generator's state afterwards, differ from
+    ``torch.nn.MultiheadAttention``'s. ``backend="reference"`` applies ``F.dropout`` to the materialized
+    weights, as torch's ``need_weights=True`` path does, and so reproduces torch's masks and generator state
+    for the same seed (on the CPU for ``need_weights=False`` too); ``need_weights=True`` and an active
+    ``ak.observe_weights`` take that route as well, so they switch the draws from the hashed mask to torch's.
 
     Invariants: disallowed pairs weigh 0 and a query with no allowed key gets a zero attention output
     (torch gives NaN there for ``-inf`` or ``True`` masks, and uniform weights when every key of the query
@@ -348,6 +359,11 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
             out = out.transpose(0, 1)  # (Lq, B, E)
         return out, weights
 
+    #: torch's own ``MultiheadAttention.merge_masks(attn_mask, key_padding_mask, query)``: the masks combined
+    #: as torch's fused path takes them, ``(merged_mask, mask_type)`` with mask_type 0 (``attn_mask``),
+    #: 1 (``key_padding_mask``) or 2 (both, expanded to ``(B, H, L, L)``); it reads ``num_heads`` only.
+    merge_masks = nn.MultiheadAttention.merge_masks
+
     # -- pieces of forward -------------------------------------------------------------------------
 
     def _forward_nested(
@@ -375,8 +391,11 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         padding = torch.arange(padded.shape[1], device=padded.device)[None, :] >= ends[:, None]
         if not self.batch_first:
             padded = padded.transpose(0, 1)  # (L, B, E)
-        out, weights = self.forward(
-            padded, padded, padded, padding, need_weights, attn_mask, average_attn_weights, is_causal
+        # this class's forward, by keyword: a subclass's override has run already (calling it again would
+        # apply it twice) and may take other positional arguments (torch-style forward(q, k, v, **kwargs))
+        out, weights = MultiheadAttention.forward(
+            self, padded, padded, padded, key_padding_mask=padding, need_weights=need_weights,
+            attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal,
         )
         if not self.batch_first:
             out = out.transpose(0, 1)  # (B, L, E)

@@ -135,23 +135,32 @@ class _PositionalEncoding(nn.Module):
             raise ValueError("positions (B, L) are for batch-first x (B, L, d_model); build the module with "
                              "batch_first=True, or leave positions out")
         integer = isinstance(positions, Tensor) and not positions.is_floating_point() \
-            and positions.dtype != torch.bool
+            and not positions.is_complex() and positions.dtype != torch.bool
         if not integer or positions.shape != x.shape[:2]:
             got = positions
             if isinstance(positions, Tensor):
                 got = f"{tuple(positions.shape)} {positions.dtype}"
-            raise ValueError(f"positions {got}; expected integer positions of shape {tuple(x.shape[:2])}")
+            raise ValueError(f"positions {got}; expected integer positions of shape {tuple(x.shape[:2])} "
+                             "(e.g. attention_mask.long().cumsum(1) - 1)")
         if positions.numel() and (positions.min() < 0 or positions.max() >= self.max_len):
             raise ValueError(f"positions span {positions.min().item()}..{positions.max().item()}, outside "
                              f"[0, max_len={self.max_len}); build the module with a larger max_len")
-        return self.rows(positions, x.dtype)  # (B, L, d_model)
+        # any integer dtype: indexing takes int64 (int8/int16 raised, uint8 was read as a boolean mask)
+        return self.rows(positions.long(), x.dtype)  # (B, L, d_model)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, max_len={self.max_len}"
 
 
 class SinusoidalPositionalEncoding(_PositionalEncoding):
-    """Fixed sine/cosine positions (no parameters; the table is a non-persistent buffer)."""
+    """Fixed sine/cosine positions (no parameters; the table is a non-persistent buffer).
+
+    The table ``pe`` ``(max_len, d_model)`` is a function of ``max_len`` and ``d_model`` alone, so it is not
+    saved: it is rebuilt by :meth:`reset_parameters` and whenever the module's tensors are replaced off the
+    meta device (``to_empty``, ``.to(device)``, ``.half()``), so that a module built under
+    ``torch.device("meta")`` and materialized with ``to_empty`` has the table a normal construction has.
+    A table still on the meta device (``load_state_dict(..., assign=True)`` has none to assign) gives inputs
+    on another device the rows the table would hold, computed at their positions."""
 
     def __init__(
         self, d_model: int, max_len: int = 1024, dropout: float = 0.0, batch_first: bool = True, device=None
@@ -159,8 +168,33 @@ class SinusoidalPositionalEncoding(_PositionalEncoding):
         super().__init__(d_model, max_len, dropout, batch_first)
         # float32, as the module's other floating tensors (a float64 buffer could not move to MPS); float64
         # inputs get a table computed in float64 (the float32 one rounded them by 3e-8)
-        table = _sinusoids(torch.arange(max_len, device=device), d_model)  # (max_len, d_model)
-        self.register_buffer("pe", table.float(), persistent=False)
+        self.register_buffer("pe", torch.empty(max_len, d_model, device=device, dtype=torch.float32),
+                             persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Recompute the table ``pe`` in place, in its dtype and on its device (nothing to compute on the
+        meta device)."""
+        if self.pe.is_meta:
+            return
+        # MPS has no float64: the table is computed on the CPU there
+        device = self.pe.device if self.pe.device.type != "mps" else torch.device("cpu")
+        table = _sinusoids(torch.arange(self.max_len, device=device), self.d_model)  # (max_len, d_model)
+        with torch.no_grad():
+            self.pe.copy_(table)
+
+    def _apply(self, fn, recurse: bool = True):
+        before = self.pe
+        if before.is_meta:
+            try:
+                fn(before[:0])  # (0, d_model)
+            except NotImplementedError:  # .to(device), which cannot copy a table never materialized out of
+                # meta (after load_state_dict(assign=True), which has no table to assign): move an empty one
+                self.pe = torch.empty_like(before, device="cpu")
+        module = super()._apply(fn, recurse)
+        if self.pe is not before:  # a new tensor (moved, cast, or the uninitialised memory of to_empty)
+            self.reset_parameters()
+        return module
 
     def table(self) -> Tensor:
         return self.pe
@@ -168,6 +202,8 @@ class SinusoidalPositionalEncoding(_PositionalEncoding):
     def rows(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
         if dtype == torch.float64:  # computed at the positions asked for: O(rows), nothing kept
             return _sinusoids(positions, self.d_model)
+        if self.pe.is_meta and not positions.is_meta:  # the table was never materialized (assign=True)
+            return _sinusoids(positions, self.d_model).to(self.pe.dtype).to(dtype)
         return self.pe[positions].to(dtype)
 
 
