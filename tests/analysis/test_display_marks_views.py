@@ -44,3 +44,25 @@ def test_caption_panels_show_a_generated_pad_and_bos_as_the_scored_caption_does(
     words = _panel_words(vocab, torch.tensor(ids))
     assert words == ["one", GENERATED_PAD, GENERATED_BOS, "one", "<eos>"]
     assert " ".join(words[:-1]) == vocab.decode(ids, generated=True)
+
+
+def test_an_alignment_cut_at_the_decoding_cap_has_no_eos_row():
+    # the rows were labelled tokens + "<eos>" unconditionally: an output cut at the cap (never ending) got a
+    # 37th label for 36 rows, a blank "<eos>" row the model never generated
+    import types
+
+    from attnkit.analysis.repro_lecture_seq import _alignment
+    from attnkit.runner.transduction import TransductionTask
+
+    task = TransductionTask("reverse")
+    data = task.prepare(types.SimpleNamespace(max_train=50, max_eval=5))
+    torch.manual_seed(0)
+    model = task.build_model(types.SimpleNamespace(d_model=16), "additive", data).eval()
+    with torch.no_grad():
+        model.output.bias[data.tgt_vocab.eos_id] = -100.0  # never the argmax: the output runs to the cap
+    matrix, rows, _, _ = _alignment(task, data, model, 0)
+    assert matrix.shape[0] == len(rows) and "<eos>" not in rows
+    with torch.no_grad():
+        model.output.bias[data.tgt_vocab.eos_id] = 100.0  # the first step ends the output
+    matrix, rows, _, _ = _alignment(task, data, model, 0)
+    assert rows == ["<eos>"] and matrix.shape[0] == 1

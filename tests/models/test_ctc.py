@@ -180,3 +180,25 @@ def test_boolean_lengths_are_refused():
     src, targets = torch.tensor([[3, 4, 5], [6, 7, 0]]), torch.tensor([[1, 2], [3, 0]])
     with pytest.raises(ValueError, match=r"target_lengths is \(2,\) torch.bool; expected an integer tensor"):
         _ctc_model().loss(src, None, targets, torch.tensor([True, True]))
+
+
+def test_prefix_beam_search_refuses_probabilities():
+    """Probabilities ranked as log-probabilities decoded another labelling in 127 of 200 random frames,
+    without an error (ctc_greedy_decode takes either: the arg-max is the same)."""
+    torch.manual_seed(3)
+    log_probs = (torch.randn(6, 4) * 2).log_softmax(-1)
+    message = r"log_probs holds 0\.\d+ > 0, which is no log-probability; pass log-probabilities \(probs\.log"
+    with pytest.raises(ValueError, match=message):
+        ctc_prefix_beam_search(log_probs.exp(), beam_width=8)
+    with pytest.raises(ValueError, match="pass log-probabilities"):  # one frame of probabilities is enough
+        ctc_prefix_beam_search(torch.cat([log_probs[:5], log_probs[5:].exp()]), beam_width=8)
+    assert ctc_greedy_decode(log_probs.exp()[None]) == ctc_greedy_decode(log_probs[None])
+
+
+def test_prefix_beam_search_takes_log_probabilities_up_to_rounding():
+    """log(1) = 0 and a log-probability a rounding above 0 (within 1e-4) decode as the exact ones."""
+    log_probs = torch.log(torch.tensor([[0.1, 0.9, 0.0], [1.0, 0.0, 0.0], [0.1, 0.9, 0.0]]))  # -inf, 0
+    assert ctc_prefix_beam_search(log_probs) == [1, 1]
+    nudged = log_probs.clone()
+    nudged[1, 0] = 5e-5
+    assert ctc_prefix_beam_search(nudged) == [1, 1]

@@ -90,3 +90,17 @@ def test_bad_inputs_raise_clear_errors(call, message):
     stories = torch.tensor([[[1, 2], [3, 0], [0, 0]]])
     with pytest.raises(ValueError, match=message):
         call(model, stories, torch.tensor([[1, 2]]), torch.tensor([[True, True, False]]))
+
+
+def test_position_encoding_of_a_float64_model_matches_the_float64_reference():
+    """The buffer was built in float32 and cast by .double(): 5.7e-8 off the float64 closed form."""
+    model = MemN2N(10, dim=7, sentence_len=6).double()
+    J, d = 6, 7
+    j = torch.arange(1, J + 1, dtype=torch.float64)[:, None]  # (S, 1)
+    k = torch.arange(1, d + 1, dtype=torch.float64)[None]  # (1, d)
+    reference = (1 - j / J) - (k / d) * (1 - 2 * j / J)  # (S, d)
+    assert model.pe.dtype == torch.float64
+    torch.testing.assert_close(model.pe, reference, atol=0.0, rtol=1e-15)
+    assert MemN2N(10, dim=7, sentence_len=6).pe.dtype == torch.float32
+    no_position = MemN2N(10, dim=7, sentence_len=6, position_encoding=False).double()
+    assert torch.equal(no_position.pe, torch.ones(6, 7, dtype=torch.float64))

@@ -165,3 +165,18 @@ def test_padding_before_a_real_token_is_refused(src, mask):
 def test_bad_inputs_raise_clear_errors(call, message):
     with pytest.raises(ValueError, match=message):
         call(_model("dot"))
+
+
+def test_beam_width_one_equals_greedy_for_near_tied_float64_logits():
+    """A float64 model was ranked in float32, where logits 1e-9 apart tie: width 1 picked token 4 where
+    greedy_decode picked 5."""
+    model = _model("additive")
+    with torch.no_grad():
+        model.output.weight.zero_()
+        model.output.bias.zero_()
+        model.output.bias[4] = 1.0
+        model.output.bias[5] = 1.0 + 1e-9  # the arg-max in float64, a tie with token 4 in float32
+    src = torch.tensor([[3, 4, 5]])
+    tokens, _ = model.greedy_decode(src, max_len=3)
+    beams, _ = model.beam_search(src, beam_width=1, max_len=3)
+    assert tokens.tolist() == [[5, 5, 5]] and beams == [[5, 5, 5]]

@@ -193,3 +193,13 @@ def test_tiny_model_overfits_tiny_mlu(mechanism):
 def test_bad_d_model_raises_a_clear_error():
     with pytest.raises(ValueError, match="d_model=0; expected a positive integer"):
         Seq2SeqTransformer(10, 10, d_model=0)
+
+
+@pytest.mark.parametrize("bos_id, eos_id", [(0, 2), (1, 0), (1, 1)])
+def test_greedy_decode_needs_three_different_special_ids(bos_id, eos_id):
+    """bos_id or eos_id equal to pad_id (0), or to each other, decoded without a word (RNNSeq2Seq refused)."""
+    with pytest.raises(
+        ValueError,
+        match=rf"pad_id=0, bos_id={bos_id}, eos_id={eos_id}: the special tokens need three different ids",
+    ):
+        _model().eval().greedy_decode(torch.randint(1, 20, (2, 5)), None, 4, bos_id, eos_id)

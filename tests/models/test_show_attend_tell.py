@@ -123,3 +123,40 @@ def test_images_of_another_dtype_are_named(data):
         model(data.images.double(), data.tokens)
     logits, _, _, _ = model.double()(data.images.double(), data.tokens)
     assert logits.dtype == torch.float64
+
+
+@pytest.mark.parametrize("attention", ["soft", "reinforce", "gumbel", "none"])
+def test_non_finite_pixels_are_refused(attention):
+    """With attention="none" a NaN pixel gave a NaN loss and a caption; the other modes failed on the
+    attention scores with a message about key_mask."""
+    model = _small(attention)
+    for bad in (float("nan"), float("inf")):
+        images = IMAGES.clone()
+        images[0, 0, 3, 3] = bad
+        message = r"images hold NaN or infinite pixels; replace them \(e\.g\. torch\.nan_to_num\) first"
+        with pytest.raises(ValueError, match=message):
+            model.loss(images, TOKENS)
+        with pytest.raises(ValueError, match=message):
+            model.greedy(images, 3)
+        with pytest.raises(ValueError, match=message):
+            model.beam_search(images[0], beam=2, max_len=3)
+
+
+@pytest.mark.parametrize("attention", ["reinforce", "gumbel"])
+def test_hard_attention_decoding_returns_the_location_it_read(attention):
+    """In eval a hard model reads the argmax location: greedy and beam_search return that one-hot row (they
+    returned the soft alpha, drawn as if the model had looked everywhere), while forward keeps the soft alpha
+    that eq. 14 penalizes."""
+    model = _small(attention)
+    images = torch.rand(2, 1, 16, 16)
+    tokens, alphas = model.greedy(images, 3)  # (B, T), (B, T, L)
+    assert alphas.shape == (2, 3, 16)
+    assert torch.all((alphas == 0) | (alphas == 1)) and torch.all(alphas.sum(-1) == 1)
+    a = model.annotations(images)
+    h, c = model._init_state(a)
+    soft = model.attend(h, a, mode="soft").weights  # (B, L): alpha of the first word
+    assert torch.equal(alphas[:, 0].argmax(-1), soft.argmax(-1))
+    ids, beam_alphas = model.beam_search(images[0], beam=1, max_len=3)
+    assert torch.equal(beam_alphas, alphas[0, : len(ids)])
+    _, forward_alphas, _, _ = model(images, tokens.clamp_min(2))
+    assert torch.allclose(forward_alphas[:, 0], soft) and bool((forward_alphas < 1).all())

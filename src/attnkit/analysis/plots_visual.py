@@ -73,7 +73,9 @@ def plot_caption_attention(model, data, indices, path: Path, max_len: int) -> Pa
                 ax.set_title(words[t], fontsize=8)
         for ax in axes[r]:
             ax.axis("off")
-    fig.suptitle(f"Show-Attend-Tell, {model.attention_mode} attention: alpha per generated word", fontsize=9)
+    # hard attention reads one location (greedy returns it, one-hot); soft attention reads the alpha mix
+    what = "alpha" if model.attention_mode in ("soft", "none") else "location read (argmax of alpha)"
+    fig.suptitle(f"Show-Attend-Tell, {model.attention_mode} attention: {what} per generated word", fontsize=9)
     return _save(fig, path)
 
 

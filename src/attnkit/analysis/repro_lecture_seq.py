@@ -182,7 +182,8 @@ def _alignment(task: TransductionTask, data, model, index: int):
         tokens, align = task.predict_tokens(model, data, idx, "cpu")
         if align is None:
             return None
-        out = tokens[0] + ["<eos>"]
+        # the step that generated <eos>, when the output ended before the decoding cap (not otherwise)
+        out = tokens[0] + (["<eos>"] if align.shape[1] > len(tokens[0]) else [])
         return align[0, : len(out)].numpy(), out, src_tokens, "attention weights"
 
 

@@ -45,9 +45,12 @@ def per_layer(value: PerLayer, num_layers: int, name: str) -> list:
 label = config_label  # "hnas" for a default config, the full repr (``Sinkhorn(iters=5)``) otherwise
 
 
-def check_positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+def check_positive_int(name: str, value) -> int:
+    """``value`` as a Python ``int`` if it is a positive integer (a NumPy integer too, as ``nn.Embedding``
+    and :func:`check_id` take; not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise ValueError(f"{name}={value!r}; expected a positive integer")
+    return int(value)
 
 
 def describe(value) -> str:

@@ -45,6 +45,12 @@ __all__ = ["CTCModel", "ctc_greedy_decode", "ctc_prefix_beam_search", "ctc_frame
 
 _MAX_LEN = 1 << 20
 
+# The largest value ctc_prefix_beam_search takes as a log-probability. log_softmax is <= 0 exactly
+# (x - max - log sum exp(x - max), the sum >= 1), and so is the log of a correctly rounded softmax; 1e-4
+# leaves room for log-probabilities that went through other rounding (a float32 sum, an average of models),
+# and still refuses probabilities of up to 10^4 labels (a frame's largest probability is >= 1/V > 1e-4).
+_LOG_PROB_TOL = 1e-4
+
 
 def ctc_frames_needed(target: list[int]) -> int:
     """The fewest frames that can emit ``target``: its length plus one blank between equal neighbours."""
@@ -54,8 +60,9 @@ def ctc_frames_needed(target: list[int]) -> int:
 def ctc_greedy_decode(
     log_probs: Tensor, lengths: Optional[Tensor] = None, blank_id: int = 0
 ) -> list[list[int]]:
-    """Best-path decoding. ``log_probs (B, T, V)`` (or probabilities), ``lengths (B,)`` valid frames ->
-    labels. ``blank_id`` is an id in ``[0, V)``."""
+    """Best-path decoding. ``log_probs (B, T, V)`` (or probabilities: the arg-max is the same; unlike
+    :func:`ctc_prefix_beam_search`, which needs log-probabilities), ``lengths (B,)`` valid frames -> labels.
+    ``blank_id`` is an id in ``[0, V)``."""
     if not isinstance(log_probs, Tensor) or log_probs.dim() != 3:
         raise ValueError(
             f"log_probs must be a (B, T, V) tensor, got {getattr(log_probs, 'shape', type(log_probs))}"
@@ -118,15 +125,22 @@ def ctc_prefix_beam_search(log_probs: Tensor, beam_width: int = 8, blank_id: int
     Each prefix keeps two log-probabilities, ending in a blank (``p_b``) or in its last label (``p_nb``); a
     repeat
     of the last label extends the prefix only after a blank. Unlike best-path decoding, this sums over the
-    alignments of a labelling.
+    alignments of a labelling. ``log_probs`` are log-probabilities (``<= 0``): probabilities are refused
+    (a value above ``1e-4`` raises a ``ValueError``), since ranked as log-probabilities they decode wrongly.
     """
-    check_positive_int("beam_width", beam_width)
+    beam_width = check_positive_int("beam_width", beam_width)
     if not isinstance(log_probs, Tensor) or log_probs.dim() != 2:
         raise ValueError(
             f"log_probs must be a (T, V) tensor, got {getattr(log_probs, 'shape', type(log_probs))}"
         )
     _check_log_probs(log_probs)
     check_id("blank_id", blank_id, log_probs.shape[1], "V")
+    high = float(log_probs.max()) if log_probs.numel() else 0.0
+    if high > _LOG_PROB_TOL:  # probabilities (a frame's largest is >= 1/V) ranked as log-probabilities
+        raise ValueError(
+            f"log_probs holds {high:g} > 0, which is no log-probability; pass log-probabilities "
+            "(probs.log() or log_softmax(logits, -1)), not probabilities"
+        )
     lp = log_probs.double().tolist()
     beams: dict[tuple, tuple[float, float]] = {(): (0.0, -math.inf)}  # prefix -> (p_b, p_nb)
     for frame in lp:
@@ -179,15 +193,18 @@ class CTCModel(nn.Module):
         blank_id: int = 0,
     ) -> None:
         super().__init__()
-        for name, value in (
-            ("src_vocab_size", src_vocab_size),
-            ("tgt_vocab_size", tgt_vocab_size),
-            ("embed_dim", embed_dim),
-            ("hidden_dim", hidden_dim),
-            ("num_layers", num_layers),
-            ("upsample", upsample),
-        ):
+        # checked sizes, as Python ints (a NumPy integer is accepted)
+        src_vocab_size, tgt_vocab_size, embed_dim, hidden_dim, num_layers, upsample = (
             check_positive_int(name, value)
+            for name, value in (
+                ("src_vocab_size", src_vocab_size),
+                ("tgt_vocab_size", tgt_vocab_size),
+                ("embed_dim", embed_dim),
+                ("hidden_dim", hidden_dim),
+                ("num_layers", num_layers),
+                ("upsample", upsample),
+            )
+        )
         if cell not in ("gru", "lstm"):
             raise ValueError(f"cell={cell!r}: expected 'gru' or 'lstm'")
         if hidden_dim % 2:
@@ -274,7 +291,7 @@ class CTCModel(nn.Module):
         self, src_ids: Tensor, src_mask: Optional[Tensor] = None, beam_width: int = 1
     ) -> list[list[int]]:
         """Labels per example: best path for ``beam_width=1``, prefix beam search otherwise."""
-        check_positive_int("beam_width", beam_width)
+        beam_width = check_positive_int("beam_width", beam_width)
         log_probs, frames = self(src_ids, src_mask)
         if beam_width == 1:
             return ctc_greedy_decode(log_probs, frames, self.blank_id)

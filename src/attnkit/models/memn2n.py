@@ -30,12 +30,15 @@ from .building_blocks import check_positive_int, check_token_ids, describe
 __all__ = ["MemN2N", "position_encoding_matrix"]
 
 
-def position_encoding_matrix(sentence_len: int, dim: int) -> Tensor:
-    """``l (S, d)`` with ``l_kj = (1 - j/J) - (k/d)(1 - 2j/J)``, 1-based ``j`` (word), ``k`` (dim)."""
+def position_encoding_matrix(
+    sentence_len: int, dim: int, dtype: torch.dtype = torch.float32, device: torch.device | None = None
+) -> Tensor:
+    """``l (S, d)`` with ``l_kj = (1 - j/J) - (k/d)(1 - 2j/J)``, 1-based ``j`` (word), ``k`` (dim); computed
+    in float64 and rounded once to ``dtype``."""
     J, d = sentence_len, dim
-    j = torch.arange(1, J + 1, dtype=torch.float32)[:, None]  # (S, 1)
-    k = torch.arange(1, d + 1, dtype=torch.float32)[None, :]  # (1, d)
-    return (1 - j / J) - (k / d) * (1 - 2 * j / J)  # (S, d)
+    j = torch.arange(1, J + 1, dtype=torch.float64, device=device)[:, None]  # (S, 1)
+    k = torch.arange(1, d + 1, dtype=torch.float64, device=device)[None, :]  # (1, d)
+    return ((1 - j / J) - (k / d) * (1 - 2 * j / J)).to(dtype)  # (S, d)
 
 
 class MemN2N(nn.Module):
@@ -52,14 +55,17 @@ class MemN2N(nn.Module):
         temporal_encoding: bool = True,
     ) -> None:
         super().__init__()
-        for name, value in (
-            ("vocab_size", vocab_size),
-            ("dim", dim),
-            ("hops", hops),
-            ("memory_size", memory_size),
-            ("sentence_len", sentence_len),
-        ):
+        # checked sizes, as Python ints (a NumPy integer is accepted)
+        vocab_size, dim, hops, memory_size, sentence_len = (
             check_positive_int(name, value)
+            for name, value in (
+                ("vocab_size", vocab_size),
+                ("dim", dim),
+                ("hops", hops),
+                ("memory_size", memory_size),
+                ("sentence_len", sentence_len),
+            )
+        )
         check_bool(position_encoding, f"position_encoding={position_encoding!r}")
         check_bool(temporal_encoding, f"temporal_encoding={temporal_encoding!r}")
         self.vocab_size = vocab_size
@@ -67,13 +73,16 @@ class MemN2N(nn.Module):
         self.use_position, self.use_temporal = position_encoding, temporal_encoding
         self.embed = nn.ModuleList(nn.Embedding(vocab_size, dim, padding_idx=0) for _ in range(hops + 1))
         self.temporal = nn.ParameterList(nn.Parameter(torch.empty(memory_size, dim)) for _ in range(hops + 1))
-        pe = (
-            position_encoding_matrix(sentence_len, dim)
-            if position_encoding
-            else torch.ones(sentence_len, dim)
-        )
-        self.register_buffer("pe", pe, persistent=False)
         self.reset_parameters()
+
+    @property
+    def pe(self) -> Tensor:
+        """``l (S, d)`` (ones without position encoding) in the dtype and on the device of the embeddings,
+        built when read: a ``.double()`` model gets the float64 values, not float32 ones cast up."""
+        w = self.embed[0].weight  # (V, d)
+        if not self.use_position:
+            return torch.ones(self.sentence_len, w.shape[1], dtype=w.dtype, device=w.device)
+        return position_encoding_matrix(self.sentence_len, w.shape[1], dtype=w.dtype, device=w.device)
 
     def reset_parameters(self) -> None:
         for emb, t in zip(self.embed, self.temporal):

@@ -85,14 +85,17 @@ class RNNSeq2Seq(nn.Module):
         eos_id: int = 2,
     ) -> None:
         super().__init__()
-        for name, value in (
-            ("src_vocab_size", src_vocab_size),
-            ("tgt_vocab_size", tgt_vocab_size),
-            ("embed_dim", embed_dim),
-            ("hidden_dim", hidden_dim),
-            ("num_components", num_components),
-        ):
+        # checked sizes, as Python ints (a NumPy integer is accepted)
+        src_vocab_size, tgt_vocab_size, embed_dim, hidden_dim, num_components = (
             check_positive_int(name, value)
+            for name, value in (
+                ("src_vocab_size", src_vocab_size),
+                ("tgt_vocab_size", tgt_vocab_size),
+                ("embed_dim", embed_dim),
+                ("hidden_dim", hidden_dim),
+                ("num_components", num_components),
+            )
+        )
         if cell not in CELLS:
             raise ValueError(f"cell={cell!r}: expected one of {CELLS}")
         if attention not in ATTENTIONS:
@@ -247,7 +250,7 @@ class RNNSeq2Seq(nn.Module):
     ) -> tuple[Tensor, Optional[Tensor]]:
         """Arg-max tokens ``(B, T)`` (``<eos>`` included, ``pad_id`` after it; no ``<bos>``) and alignments
         ``(B, T, Ls)``; stops when every row has produced ``<eos>`` or after ``max_len`` tokens."""
-        check_positive_int("max_len", max_len)
+        max_len = check_positive_int("max_len", max_len)
         enc = self.encode(src_ids, src_mask)
         state = self.initial_state(enc)
         B = src_ids.shape[0]
@@ -273,11 +276,11 @@ class RNNSeq2Seq(nn.Module):
         self, src_ids: Tensor, src_mask: Optional[Tensor] = None, beam_width: int = 4, max_len: int = 64
     ) -> tuple[list[list[int]], list[Optional[Tensor]]]:
         """Per example: the most probable hypothesis found with ``beam_width`` beams (sum of
-        log-probabilities,
-        no length normalization), as a token list ending with ``<eos>`` (unless ``max_len`` cut it), and its
+        log-probabilities in the model's dtype, float32 for a half or bfloat16 model; no length
+        normalization), as a token list ending with ``<eos>`` (unless ``max_len`` cut it), and its
         alignment ``(T, Ls_b)`` (None for ``"none"``). Width 1 gives exactly ``greedy_decode``."""
-        check_positive_int("beam_width", beam_width)
-        check_positive_int("max_len", max_len)
+        beam_width = check_positive_int("beam_width", beam_width)
+        max_len = check_positive_int("max_len", max_len)
         src_mask = check_ids_and_mask(
             src_ids, src_mask, self.src_vocab_size, _MAX_LEN, self.pad_id, "src_ids", "src_mask"
         )
@@ -302,8 +305,10 @@ class RNNSeq2Seq(nn.Module):
             k = len(alive)
             enc_k = {key: value.expand(k, *value.shape[1:]) for key, value in enc.items()}
             logits, new_state, w = self.step(enc_k, state, y)
-            logp = F.log_softmax(logits.float(), dim=-1)  # (k, V)
-            total = torch.tensor([s for _, s, _ in alive], device=logp.device)[:, None] + logp  # (k, V)
+            dtype = torch.promote_types(logits.dtype, torch.float32)  # half -> float32, float64 stays
+            logp = F.log_softmax(logits.to(dtype), dim=-1)  # (k, V)
+            scores = torch.tensor([s for _, s, _ in alive], dtype=dtype, device=logp.device)  # (k,)
+            total = scores[:, None] + logp  # (k, V)
             top = total.flatten().topk(min(width, total.numel()))
             keep_rows, next_alive = [], []
             for score, flat in zip(top.values.tolist(), top.indices.tolist()):

@@ -63,15 +63,18 @@ class Seq2SeqTransformer(nn.Module):
         norm_first: bool = True,
     ) -> None:
         super().__init__()
-        for name, value in (
-            ("src_vocab_size", src_vocab_size),
-            ("tgt_vocab_size", tgt_vocab_size),
-            ("d_model", d_model),
-            ("num_encoder_layers", num_encoder_layers),
-            ("num_decoder_layers", num_decoder_layers),
-            ("max_len", max_len),
-        ):
+        # checked sizes, as Python ints (a NumPy integer is accepted)
+        src_vocab_size, tgt_vocab_size, d_model, num_encoder_layers, num_decoder_layers, max_len = (
             check_positive_int(name, value)
+            for name, value in (
+                ("src_vocab_size", src_vocab_size),
+                ("tgt_vocab_size", tgt_vocab_size),
+                ("d_model", d_model),
+                ("num_encoder_layers", num_encoder_layers),
+                ("num_decoder_layers", num_decoder_layers),
+                ("max_len", max_len),
+            )
+        )
         check_bool(norm_first, f"norm_first={norm_first!r}")
         enc = [
             resolve_mechanism(m)
@@ -168,14 +171,19 @@ class Seq2SeqTransformer(nn.Module):
     ) -> Tensor:
         """Arg-max decoding from ``<bos>``: ``(B, T)`` ids without the ``<bos>``, ``T <= max_len``.
 
-        A sequence ends with its ``<eos>``; later positions are ``pad_id``. Decoding stops when every
-        sequence has ended or after ``max_len`` tokens. Runs in whatever mode the model is in (call
-        ``eval()`` first for deterministic output).
+        ``pad_id``, ``bos_id`` and ``eos_id`` are three different ids. A sequence ends with its ``<eos>``;
+        later positions are ``pad_id``. Decoding stops when every sequence has ended or after ``max_len``
+        tokens. Runs in whatever mode the model is in (call ``eval()`` first for deterministic output).
         """
-        check_positive_int("max_len", max_len)
+        max_len = check_positive_int("max_len", max_len)
         for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
             check_id(name, value, self.tgt_vocab_size, "tgt_vocab_size")  # a NumPy integer too
         bos_id, eos_id = int(bos_id), int(eos_id)
+        if len({int(self.pad_id), bos_id, eos_id}) < 3:  # <bos> as pad_id: a frozen zero embedding
+            raise ValueError(
+                f"pad_id={self.pad_id}, bos_id={bos_id}, eos_id={eos_id}: the special tokens need three "
+                "different ids"
+            )
         if max_len > self.max_len:  # the last step reads <bos> and max_len - 1 tokens
             raise ValueError(
                 f"max_len={max_len} needs {max_len} target positions; the model has max_len={self.max_len}"

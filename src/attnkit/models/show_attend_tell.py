@@ -20,6 +20,8 @@ sampled location trained with REINFORCE, a moving-average baseline and an entrop
 probability ``expectation_prob`` an image uses alpha instead of a sample, sec. 4.1), or a straight-through
 Gumbel-softmax sample. Training adds the doubly stochastic penalty ``lambda sum_i (1 - sum_t alpha_ti)^2``
 (eq. 14) over the words of each caption. In ``eval()`` a hard model attends to the argmax location.
+:meth:`greedy` and :meth:`beam_search` return the weights each word was read with (for a hard model the
+one-hot location, for the pictures); :meth:`forward` returns the soft alpha, which eq. 14 penalizes.
 
 Shapes: ``images (B, C, H, W)``, ``tokens (B, T)`` word ids ending in ``<eos>`` then ``<pad>`` (id 0) ->
 ``logits (B, T, V)``, ``alphas (B, T, L)``; :meth:`feature_grid` gives ``(H_f, W_f)`` to reshape alphas.
@@ -89,15 +91,18 @@ class ShowAttendTell(nn.Module):
         super().__init__()
         if attention not in ATTENTIONS:
             raise ValueError(f"attention={attention!r}; expected one of {ATTENTIONS}")
-        for name, value in (
-            ("vocab_size", vocab_size),
-            ("in_channels", in_channels),
-            ("feature_dim", feature_dim),
-            ("embed_dim", embed_dim),
-            ("hidden_dim", hidden_dim),
-            ("attention_dim", attention_dim),
-        ):
+        # checked sizes, as Python ints (a NumPy integer is accepted)
+        vocab_size, in_channels, feature_dim, embed_dim, hidden_dim, attention_dim = (
             check_positive_int(name, value)
+            for name, value in (
+                ("vocab_size", vocab_size),
+                ("in_channels", in_channels),
+                ("feature_dim", feature_dim),
+                ("embed_dim", embed_dim),
+                ("hidden_dim", hidden_dim),
+                ("attention_dim", attention_dim),
+            )
+        )
         if vocab_size <= EOS:
             raise ValueError(
                 f"vocab_size={vocab_size}; expected at least {EOS + 1} "
@@ -145,7 +150,7 @@ class ShowAttendTell(nn.Module):
 
     # -- pieces ------------------------------------------------------------------------------------------
     def annotations(self, images: Tensor) -> Tensor:
-        """``images (B, C, H, W)`` -> ``a (B, L, D)``."""
+        """``images (B, C, H, W)`` of finite pixels -> ``a (B, L, D)``."""
         if not isinstance(images, Tensor) or images.dim() != 4 or not images.is_floating_point():
             raise ValueError(f"images are {describe(images)}; expected a floating tensor (B, C, H, W)")
         check_input_dtype(images, self.init_h.weight, "ShowAttendTell")
@@ -155,6 +160,8 @@ class ShowAttendTell(nn.Module):
                 f"images have shape {tuple(images.shape)}; "
                 f"expected (B, C={self.in_channels}, H >= 4, W >= 4) (two 2x2 poolings)"
             )
+        if not bool(torch.isfinite(images).all()):  # a NaN would give a NaN loss or a caption of noise
+            raise ValueError("images hold NaN or infinite pixels; replace them (e.g. torch.nan_to_num) first")
         ys = torch.linspace(-1, 1, H, device=images.device, dtype=images.dtype)
         xs = torch.linspace(-1, 1, W, device=images.device, dtype=images.dtype)
         coords = torch.stack(torch.meshgrid(ys, xs, indexing="ij")).expand(B, -1, -1, -1)  # (B, 2, H, W)
@@ -169,6 +176,9 @@ class ShowAttendTell(nn.Module):
         return torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))
 
     def _step(self, a: Tensor, prev: Tensor, state, mode: str | None = None, use_mean: Tensor | None = None):
+        """One word: ``-> logits (B, V)``, the new state, ``alpha (B, L)`` (the soft weights, which eq. 14
+        penalizes), ``read (B, L)`` (the weights the context was read with: alpha, or the one-hot location
+        of hard attention), ``log_prob (B,)`` and ``entropy (B,)``."""
         h, c = state
         if self.attention_mode == "none":  # no attention: the mean annotation at every step
             att = hard_attention(a.new_zeros(a.shape[:2]), a, mode="soft")
@@ -182,11 +192,12 @@ class ShowAttendTell(nn.Module):
         e = self.embed(prev)  # (B, E)
         h, c = self.lstm(torch.cat([e, z], dim=-1), (h, c))
         logits = self.out(e + self.out_h(h) + self.out_z(z))  # (B, V)
-        return logits, (h, c), att.weights, log_prob, att.entropy
+        return logits, (h, c), att.weights, selection, log_prob, att.entropy
 
     # -- training ------------------------------------------------------------------------------------------
     def forward(self, images: Tensor, tokens: Tensor):
-        """Teacher forcing: ``-> logits (B, T, V), alphas (B, T, L), log_probs (B, T), entropies (B, T)``."""
+        """Teacher forcing: ``-> logits (B, T, V), alphas (B, T, L), log_probs (B, T), entropies (B, T)``;
+        ``alphas`` are the soft weights (what eq. 14 penalizes), also for hard attention."""
         check_token_ids(tokens, 2, self.vocab_size, "tokens", "(B, T)")
         B, T = tokens.shape
         if T == 0 or not isinstance(images, Tensor) or images.shape[:1] != (B,):
@@ -202,7 +213,7 @@ class ShowAttendTell(nn.Module):
             use_mean = torch.rand(B, device=tokens.device) < self.expectation_prob
         outs = []
         for t in range(T):
-            logits, state, alpha, log_prob, entropy = self._step(a, prev, state, use_mean=use_mean)
+            logits, state, alpha, _, log_prob, entropy = self._step(a, prev, state, use_mean=use_mean)
             outs.append((logits, alpha, log_prob, entropy))
             prev = tokens[:, t]
         logits, alphas, log_probs, entropies = (torch.stack(x, dim=1) for x in zip(*outs))
@@ -244,8 +255,10 @@ class ShowAttendTell(nn.Module):
     # -- decoding ------------------------------------------------------------------------------------------
     @torch.no_grad()
     def greedy(self, images: Tensor, max_len: int) -> tuple[Tensor, Tensor]:
-        """``-> tokens (B, max_len)`` (padded after ``<eos>``), ``alphas (B, max_len, L)``."""
-        check_positive_int("max_len", max_len)
+        """``-> tokens (B, max_len)`` (padded after ``<eos>``), ``alphas (B, max_len, L)``: the weights each
+        word was read with, i.e. alpha for ``"soft"`` and ``"none"``, and for the hard modes (which attend to
+        the argmax location here) the one-hot location, not the soft alpha it was chosen from."""
+        max_len = check_positive_int("max_len", max_len)
         a = self.annotations(images)  # checks images first
         B = images.shape[0]
         state = self._init_state(a)
@@ -253,18 +266,19 @@ class ShowAttendTell(nn.Module):
         done = torch.zeros(B, dtype=torch.bool, device=images.device)
         tokens, alphas = [], []
         for _ in range(max_len):
-            logits, state, alpha, _, _ = self._step(a, prev, state, mode=self._eval_mode())
+            logits, state, _, read, _, _ = self._step(a, prev, state, mode=self._eval_mode())
             prev = logits.argmax(-1)
             tokens.append(prev.masked_fill(done, PAD))
-            alphas.append(alpha)
+            alphas.append(read)
             done = done | (prev == EOS)
         return torch.stack(tokens, 1), torch.stack(alphas, 1)
 
     @torch.no_grad()
     def beam_search(self, image: Tensor, beam: int = 3, max_len: int = 10) -> tuple[list[int], Tensor]:
-        """One image ``(C, H, W)`` -> best word ids (through ``<eos>``) and its alphas ``(T, L)``."""
-        check_positive_int("beam", beam)
-        check_positive_int("max_len", max_len)
+        """One image ``(C, H, W)`` -> best word ids (through ``<eos>``) and its alphas ``(T, L)``: the weights
+        each word was read with, as :meth:`greedy` returns them."""
+        beam = check_positive_int("beam", beam)
+        max_len = check_positive_int("max_len", max_len)
         if not isinstance(image, Tensor) or image.dim() != 3:
             raise ValueError(f"image is {describe(image)}; expected one image (C, H, W)")
         a = self.annotations(image[None])  # (1, L, D)
@@ -278,7 +292,7 @@ class ShowAttendTell(nn.Module):
             prev = torch.tensor([b[1][-1] if b[1] else BOS for b in live], device=image.device)
             h = torch.cat([b[3][0] for b in live])
             c = torch.cat([b[3][1] for b in live])
-            logits, (h, c), alpha, _, _ = self._step(
+            logits, (h, c), _, read, _, _ = self._step(
                 a.expand(len(live), -1, -1), prev, (h, c), mode=self._eval_mode()
             )
             logp = torch.log_softmax(logits, -1)  # (k, V)
@@ -286,7 +300,7 @@ class ShowAttendTell(nn.Module):
             for i, (score, ids, al, _) in enumerate(live):
                 top = logp[i].topk(min(beam, self.vocab_size))
                 for lp, w in zip(top.values.tolist(), top.indices.tolist()):
-                    candidates.append((score + lp, ids + [w], al + [alpha[i]], (h[i : i + 1], c[i : i + 1])))
+                    candidates.append((score + lp, ids + [w], al + [read[i]], (h[i : i + 1], c[i : i + 1])))
             candidates.sort(key=lambda x: -x[0])
             beams = []
             for cand in candidates[:beam]:

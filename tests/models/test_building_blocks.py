@@ -1,0 +1,35 @@
+"""Input checks shared by the small models."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from attnkit.models import CTCModel, MemN2N, RNNSeq2Seq, Seq2SeqTransformer, ShowAttendTell
+from attnkit.models.building_blocks import check_positive_int
+
+
+def test_positive_int_accepts_numpy_integers_as_python_ints():
+    """np.int64(30) was refused ("expected a positive integer") while nn.Embedding and check_id take it."""
+    for value in (30, np.int64(30), np.int32(30), np.uint8(30)):
+        out = check_positive_int("vocab_size", value)
+        assert out == 30 and type(out) is int
+
+
+@pytest.mark.parametrize("value", [0, -1, np.int64(0), True, 3.0, np.float64(3.0), "3", None])
+def test_positive_int_refuses_what_is_no_positive_integer(value):
+    with pytest.raises(ValueError, match=re.escape(f"size={value!r}; expected a positive integer")):
+        check_positive_int("size", value)
+
+
+def test_models_take_numpy_sizes_and_store_python_ints():
+    V = np.int64(30)
+    for model in (RNNSeq2Seq(V, V), CTCModel(V, V), Seq2SeqTransformer(V, V), MemN2N(V), ShowAttendTell(V)):
+        names = ("src_vocab_size", "tgt_vocab_size", "vocab_size")
+        sizes = [getattr(model, n) for n in names if hasattr(model, n)]
+        assert sizes and all(type(s) is int and s == 30 for s in sizes)
+    tokens, _ = RNNSeq2Seq(30, 30).eval().greedy_decode(torch.tensor([[4, 5]]), max_len=np.int64(5))
+    assert tokens.shape[1] <= 5
