@@ -146,12 +146,14 @@ class Seq2SeqTransformer(nn.Module):
             raise ValueError(
                 f"tgt_in_ids has batch {tgt_in_ids.shape[0]} but the source has {memory.shape[0]}"
             )
+        positions = (tgt_mask.long().cumsum(1) - 1).clamp(min=0)  # as the source's: padding moves no token
         h = self.transformer.decode(
             self.tgt_embed(tgt_in_ids),
             memory,
             tgt_key_padding_mask=~tgt_mask,
             memory_key_padding_mask=~src_mask,
             tgt_is_causal=True,
+            tgt_positions=positions,
         )  # (B, Lt, d_model)
         return self.generator(h)  # (B, Lt, V)
 

@@ -324,11 +324,16 @@ class Transformer(nn.Module):
         memory_key_padding_mask: Optional[Tensor] = None,
         tgt_is_causal: Optional[bool] = True,
         memory_is_causal: bool = False,
+        tgt_positions: Optional[Tensor] = None,
     ) -> Tensor:
-        """Decoder states ``(B, Lt, d_model)`` (``(Lt, B, d_model)`` unless ``batch_first``) for target
-        embeddings at positions ``0 .. Lt - 1``."""
+        """Decoder states ``(B, Lt, d_model)`` (``(Lt, B, d_model)`` unless ``batch_first``);
+        ``tgt_positions`` ``(B, Lt)`` (batch-first models): each target token's position (default
+        ``0 .. Lt - 1``; ``mask.cumsum(1) - 1`` keeps left or inner padding from moving the real tokens)."""
         if self.tgt_position is not None:
-            tgt = self.tgt_position(tgt)
+            tgt = self.tgt_position(tgt, positions=tgt_positions)
+        elif tgt_positions is not None:
+            raise ValueError("tgt_positions given but the model has positional=None; add the positions to "
+                             "tgt")
         return self.decoder(
             tgt,
             memory,
