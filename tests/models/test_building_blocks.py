@@ -33,3 +33,18 @@ def test_models_take_numpy_sizes_and_store_python_ints():
         assert sizes and all(type(s) is int and s == 30 for s in sizes)
     tokens, _ = RNNSeq2Seq(30, 30).eval().greedy_decode(torch.tensor([[4, 5]]), max_len=np.int64(5))
     assert tokens.shape[1] <= 5
+
+
+def test_the_image_and_classifier_models_take_numpy_sizes_and_store_python_ints():
+    # DRAW passed a NumPy hidden_dim on and was refused naming an inner state_dim it was never given;
+    # TransformerClassifier kept a NumPy num_classes
+    from attnkit.models import DRAW, DRAWClassifier, RecurrentAttentionModel, TransformerClassifier
+
+    n = np.int64
+    draw = DRAW(n(16), n(16), hidden_dim=n(8))
+    assert type(draw.hidden_dim) is int and type(draw.height) is int
+    assert type(DRAWClassifier(16, 16, hidden_dim=n(8)).hidden_dim) is int
+    clf = TransformerClassifier(20, n(3), d_model=n(16), nhead=2)
+    assert clf(torch.tensor([[1, 2, 3]])).shape == (1, 3)
+    ram = RecurrentAttentionModel(num_classes=n(10), glimpses=n(2))
+    assert type(ram.steps) is int and type(ram.num_classes) is int

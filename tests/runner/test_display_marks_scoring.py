@@ -50,10 +50,18 @@ def test_a_generated_special_never_matches_a_raw_reference_character():
 
 def test_a_sample_table_showing_a_mark_has_a_legend_naming_it():
     rows = [["12", "12", f"\u2717 1{GENERATED_PAD}"], ["3", "3", "\u2713 3"]]
-    legend = marks_legend(rows)
+    legend = marks_legend([row[2] for row in rows])
     assert len(legend) == 1 and f"{GENERATED_PAD} a generated &lt;pad&gt;" in legend[0]
     assert all(m not in legend[0] for m in DISPLAY_MARKS if m != GENERATED_PAD)
-    assert marks_legend([["12", "12", "\u2713 12"]]) == []
-    extras = {"samples": {"header": ["source", "target", "softmax"], "rows": rows, "differing": 1}}
+    assert marks_legend(["12", "\u2713 12"]) == []
+    extras = {"samples": {"header": ["source", "target", "softmax (seed 0)"], "rows": rows, "differing": 1}}
     html = "\n".join(extra_sections(extras, {}))
     assert html.index('id="samples"') < html.index("a generated &lt;pad&gt;")
+
+
+def test_a_mark_in_the_source_or_reference_text_gets_no_legend():
+    # the legend scanned every cell: a source text (or a classification text) holding the empty set as data
+    # was explained as "a generated <pad>"
+    rows = [[f"A {GENERATED_PAD} B", f"x{GENERATED_PAD}", "\u2713 12"]]
+    extras = {"samples": {"header": ["source", "target", "softmax (seed 0)"], "rows": rows, "differing": 1}}
+    assert "Marks:" not in "\n".join(extra_sections(extras, {}))

@@ -79,8 +79,9 @@ def _refuse_marks(items: Sequence[str], what: str) -> None:
     marks = [m for m in DISPLAY_MARKS if m in items]
     if marks:  # then that special token's output and the real token would read alike
         m = marks[0]
-        raise ValueError(f"{what} {m!r} (U+{ord(m):04X}), which shows {_MARK_SHOWS[m]}; leave it out "
-                         "(fit does)")
+        raise ValueError(f"{what} {m!r} (U+{ord(m):04X}), which shows {_MARK_SHOWS[m]} in decoded outputs; "
+                         "fit a new vocabulary (fit reads it as <unk>); a vocabulary saved with a trained "
+                         "model cannot be edited instead (removing an entry renumbers the ones after it)")
 
 
 def _check_texts(texts) -> list[str]:

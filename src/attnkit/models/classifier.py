@@ -64,14 +64,17 @@ class TransformerClassifier(nn.Module):
         norm_first: bool = True,
     ) -> None:
         super().__init__()
-        for name, value in (
-            ("vocab_size", vocab_size),
-            ("num_classes", num_classes),
-            ("d_model", d_model),
-            ("num_layers", num_layers),
-            ("max_len", max_len),
-        ):
+        # checked sizes, as Python ints (a NumPy integer is accepted)
+        vocab_size, num_classes, d_model, num_layers, max_len = (
             check_positive_int(name, value)
+            for name, value in (
+                ("vocab_size", vocab_size),
+                ("num_classes", num_classes),
+                ("d_model", d_model),
+                ("num_layers", num_layers),
+                ("max_len", max_len),
+            )
+        )
         check_bool(norm_first, f"norm_first={norm_first!r}")
         if pooling not in POOLINGS:
             raise ValueError(f"pooling={pooling!r}; expected one of {POOLINGS}")

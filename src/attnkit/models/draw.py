@@ -58,16 +58,19 @@ class DRAW(nn.Module):
         latent_dim: int = 8,
     ) -> None:
         super().__init__()
-        for name, value in (
-            ("height", height),
-            ("width", width),
-            ("steps", steps),
-            ("read_n", read_n),
-            ("write_n", write_n),
-            ("hidden_dim", hidden_dim),
-            ("latent_dim", latent_dim),
-        ):
+        # checked sizes, as Python ints (a NumPy integer is accepted)
+        height, width, steps, read_n, write_n, hidden_dim, latent_dim = (
             check_positive_int(name, value)
+            for name, value in (
+                ("height", height),
+                ("width", width),
+                ("steps", steps),
+                ("read_n", read_n),
+                ("write_n", write_n),
+                ("hidden_dim", hidden_dim),
+                ("latent_dim", latent_dim),
+            )
+        )
         self.height, self.width, self.steps = height, width, steps
         self.write_n, self.hidden_dim, self.latent_dim = write_n, hidden_dim, latent_dim
         self.read = DRAWRead(hidden_dim, read_n, width, height)

@@ -37,16 +37,19 @@ class DRAWClassifier(nn.Module):
         hidden_dim: int = 128,
     ) -> None:
         super().__init__()
-        for name, value in (
-            ("height", height),
-            ("width", width),
-            ("num_classes", num_classes),
-            ("in_channels", in_channels),
-            ("read_n", read_n),
-            ("steps", steps),
-            ("hidden_dim", hidden_dim),
-        ):
+        # checked sizes, as Python ints (a NumPy integer is accepted)
+        height, width, num_classes, in_channels, read_n, steps, hidden_dim = (
             check_positive_int(name, value)
+            for name, value in (
+                ("height", height),
+                ("width", width),
+                ("num_classes", num_classes),
+                ("in_channels", in_channels),
+                ("read_n", read_n),
+                ("steps", steps),
+                ("hidden_dim", hidden_dim),
+            )
+        )
         self.steps, self.hidden_dim, self.in_channels = steps, hidden_dim, in_channels
         self.read = DRAWRead(hidden_dim, read_n, width, height)
         self.core = nn.GRUCell(in_channels * read_n * read_n, hidden_dim)

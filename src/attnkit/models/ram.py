@@ -107,17 +107,20 @@ class RecurrentAttentionModel(nn.Module):
         location_std: float = 0.15,
     ) -> None:
         super().__init__()
-        for name, value in (
-            ("num_classes", num_classes),
-            ("in_channels", in_channels),
-            ("glimpse_size", glimpse_size),
-            ("scales", scales),
-            ("glimpses", glimpses),
-            ("hidden_dim", hidden_dim),
-            ("glimpse_dim", glimpse_dim),
-            ("location_dim", location_dim),
-        ):
+        # checked sizes, as Python ints (a NumPy integer is accepted)
+        num_classes, in_channels, glimpse_size, scales, glimpses, hidden_dim, glimpse_dim, location_dim = (
             check_positive_int(name, value)
+            for name, value in (
+                ("num_classes", num_classes),
+                ("in_channels", in_channels),
+                ("glimpse_size", glimpse_size),
+                ("scales", scales),
+                ("glimpses", glimpses),
+                ("hidden_dim", hidden_dim),
+                ("glimpse_dim", glimpse_dim),
+                ("location_dim", location_dim),
+            )
+        )
         std = check_number(
             location_std,
             f"location_std={location_std!r}",

@@ -195,7 +195,11 @@ class Seq2SeqTransformer(nn.Module):
         ys = torch.full((B, 1), bos_id, dtype=torch.long, device=src_ids.device)  # (B, 1 + t)
         done = torch.zeros(B, dtype=torch.bool, device=src_ids.device)
         for _ in range(max_len if B else 0):  # an empty batch decodes nothing: (0, 0)
-            logits = self.decode(ys, memory, src_mask, torch.ones_like(ys, dtype=torch.bool))  # (B, 1 + t, V)
+            # the mask teacher forcing derives from the same ids (a generated <pad> is padding there: masked,
+            # no position), the <bos> column kept whatever bos_id is
+            tgt_mask = ys != self.pad_id
+            tgt_mask[:, 0] = True
+            logits = self.decode(ys, memory, src_mask, tgt_mask)  # (B, 1 + t, V)
             nxt = logits[:, -1].argmax(-1)  # (B,)
             nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
             ys = torch.cat([ys, nxt[:, None]], dim=1)

@@ -360,8 +360,9 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         return out, weights
 
     #: torch's own ``MultiheadAttention.merge_masks(attn_mask, key_padding_mask, query)``: the masks combined
-    #: as torch's fused path takes them, ``(merged_mask, mask_type)`` with mask_type 0 (``attn_mask``),
-    #: 1 (``key_padding_mask``) or 2 (both, expanded to ``(B, H, L, L)``); it reads ``num_heads`` only.
+    #: as torch's fused path takes them, ``(merged_mask, mask_type)`` with mask_type None (neither), 1
+    #: (``key_padding_mask`` alone) or 2 (an ``attn_mask``, with or without ``key_padding_mask``, expanded to
+    #: ``(B, H, L, L)``); it reads ``num_heads`` only.
     merge_masks = nn.MultiheadAttention.merge_masks
 
     # -- pieces of forward -------------------------------------------------------------------------

@@ -227,7 +227,7 @@ def render_html(config: CompareConfig, task, records: list[dict], runs: list[dic
             keys = list(run["samples"][0])
             sample_blocks.append(f"<h3>{html.escape(mech)} (seed {run['seed']})</h3>"
                                  + _html_table(keys, [[s[k] for k in keys] for s in run["samples"]])
-                                 + "".join(marks_legend([list(s.values()) for s in run["samples"]])))
+                                 + "".join(marks_legend([s.get("predicted", "") for s in run["samples"]])))
     config_rows = [[k, json.dumps(v)] for k, v in config.to_dict().items()]
     from .report_extras import CSS as css
     from .report_extras import extra_sections

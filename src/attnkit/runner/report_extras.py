@@ -7,6 +7,7 @@ environment. Also the learning-curve figure with a band over seeds. Every piece 
 from __future__ import annotations
 
 import html
+import re
 import json
 from pathlib import Path
 
@@ -37,12 +38,13 @@ def _table(header: list, rows: list, table_id: str = "") -> str:
     )
 
 
-def marks_legend(rows: list) -> list[str]:
+def marks_legend(cells: list) -> list[str]:
     """A one-line legend (``[]`` or one ``<p>``) for the display marks (``data.tokenizers.DISPLAY_MARKS``)
-    that some cell of a sample table holds; none when no cell holds one."""
+    that some of ``cells`` (a sample table's predicted outputs: a source text or a reference may hold the
+    same characters as data, which the legend must not explain) holds; none when no cell holds one."""
     from ..data.tokenizers import _MARK_SHOWS, DISPLAY_MARKS
 
-    cells = [str(c) for row in rows for c in row]
+    cells = [str(c) for c in cells]
     shown = [m for m in DISPLAY_MARKS if any(m in c for c in cells)]
     if not shown:
         return []
@@ -198,7 +200,8 @@ def extra_sections(extras: dict, images: dict) -> list[str]:
                      "in all; each example once; ✓ right, ✗ wrong); then, if space is left, examples every "
                      "mechanism got wrong.</p>")
         parts.append(_table(samples["header"], samples["rows"], "samples"))
-        parts += marks_legend(samples["rows"])
+        predicted = [i for i, h in enumerate(samples["header"]) if re.search(r" \(seed \d+\)$", str(h))]
+        parts += marks_legend([row[i] for row in samples["rows"] for i in predicted])
     skipped = extras.get("skipped_mechanisms") or {}
     if skipped:
         parts.append("<h2>Mechanisms not run</h2><ul>" + "".join(
