@@ -517,9 +517,54 @@ def _peak_rss_mb() -> float:
 _MMAP_THRESHOLD = 128 * 1024
 
 
+_PARENT_ENV = "ATTNKIT_BENCH_PARENT"  # the pid of the process that started a memory subprocess
+
+
+def _die_with_parent() -> None:
+    """In a memory subprocess: end when the process that started it ends (SIGTERM, SIGKILL), rather than run
+    on with PID 1 as its parent. On Linux the kernel kills it (``prctl(PR_SET_PDEATHSIG, SIGKILL)``);
+    elsewhere a daemon thread checks the parent's pid twice a second."""
+    parent = os.environ.get(_PARENT_ENV, "")
+    if not parent.isdigit():
+        return
+    armed = False
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        try:
+            armed = ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL)) == 0  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            armed = False
+    if os.getppid() != int(parent):  # the parent ended before this process could watch it
+        os._exit(1)
+    if not armed:
+        import threading
+
+        def watch() -> None:
+            while os.getppid() == int(parent):
+                time.sleep(0.5)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True).start()
+
+
+# ``python -m attnkit.benchmark`` for the memory subprocess, which first asks Linux to kill it when its parent
+# ends: armed here, before torch is imported (seconds), and again with a check in ``_die_with_parent``
+_CHILD_START = (
+    "import ctypes, runpy, sys\n"
+    "if sys.platform.startswith('linux'):\n"
+    "    try:\n"
+    "        ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL\n"
+    "    except (OSError, AttributeError):\n"
+    "        pass\n"
+    "runpy.run_module('attnkit.benchmark', run_name='__main__', alter_sys=True)\n"
+)
+
+
 def _peak_in_subprocess(mechanism: str, backend: str, L: int, cfg: BenchConfig) -> dict:
     cmd = [
-        sys.executable, "-m", "attnkit.benchmark", "--peak",
+        sys.executable, "-c", _CHILD_START, "--peak",
         mechanism, backend, str(L), cfg.device, str(cfg.sinkhorn_iters),
         str(cfg.batch), str(cfg.heads), str(cfg.head_dim), str(cfg.threads or torch.get_num_threads()),
         repr(float(cfg.dropout)), repr(float(cfg.padding)),
@@ -528,7 +573,7 @@ def _peak_in_subprocess(mechanism: str, backend: str, L: int, cfg: BenchConfig) 
     # freed. With glibc's default (a threshold that rises after each free), freed blocks stay in the
     # heap and fragment it, and the RSS of a kernel that allocates many block-sized temporaries grows
     # far above the memory it ever holds at once (CoDA at L=4096: 2.2 GiB RSS, 0.17 GiB live).
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(_MMAP_THRESHOLD))
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(_MMAP_THRESHOLD), **{_PARENT_ENV: str(os.getpid())})
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         status = (f"killed by signal {-proc.returncode}" if proc.returncode < 0
@@ -753,6 +798,7 @@ def write_json(result: dict, path: Path, overwrite: bool = False) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) == 13 and sys.argv[1] == "--peak":
+        _die_with_parent()
         mech, backend, length, device, iters, batch, heads, head_dim, threads, dropout, padding = sys.argv[2:]
         shape = (int(batch), int(heads), int(head_dim))
         peak = measure_peak(mech, backend, int(length), device, int(iters), shape, int(threads),

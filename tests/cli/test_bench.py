@@ -260,3 +260,95 @@ def test_the_footer_of_a_padded_single_sequence_says_its_length(tmp_path, capsys
     main(["bench", "--lengths", "16", "--mechanisms", "softmax", "--backends", "efficient", "--repeats", "1",
           "--no-memory", "--batch", "1", "--padding", "0.5", "--out", str(tmp_path / "kernels.json")])
     assert "padded (the one sequence 0.5 L long, SDPA computing all of L)" in capsys.readouterr().out
+
+
+def _children(pid: int, needle: str) -> list[int]:
+    """The pids of the live processes whose parent is ``pid`` and whose command line holds ``needle``."""
+    import os
+
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and needle in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for(predicate, seconds: float) -> bool:
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="reads /proc")
+def test_sigterm_to_bench_ends_its_memory_subprocess_and_leaves_no_empty_folder(tmp_path):
+    """The memory subprocess ran on with PID 1 as its parent, and the folder made for --out stayed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "made" / "by-bench" / "k.json"
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "attnkit.cli", "bench", "--lengths", "64", "--mechanisms", "softmax",
+         "--backends", "reference", "--memory", "--repeats", "1", "--heads", "1", "--head-dim", "8",
+         "--out", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    try:
+        assert _wait_for(lambda: _children(bench.pid, "--peak"), 60), "no memory subprocess started"
+        child = _children(bench.pid, "--peak")[0]
+        time.sleep(0.5)  # past the child's start
+        bench.send_signal(signal.SIGTERM)
+        code = bench.wait(timeout=30)
+        assert _wait_for(lambda: not _alive(child), 1), "the memory subprocess outlived bench"
+        assert not (tmp_path / "made").exists() and code == 128 + signal.SIGTERM
+    finally:
+        bench.kill()
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="reads /proc")
+def test_a_memory_subprocess_ends_when_its_parent_is_killed(tmp_path):
+    """SIGKILL leaves the parent no handler to run: the kernel ends the subprocess with it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "from attnkit.benchmark import BenchConfig, _peak_in_subprocess\n"
+        "_peak_in_subprocess('softmax', 'reference', 64, BenchConfig(lengths=(64,), mechanisms=('softmax',), "
+        "backends=('reference',), heads=1, head_dim=8, threads=1))\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        assert _wait_for(lambda: _children(parent.pid, "--peak"), 60), "no memory subprocess started"
+        child = _children(parent.pid, "--peak")[0]
+        time.sleep(0.5)  # past the child's start
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        assert _wait_for(lambda: not _alive(child), 2), "the memory subprocess outlived its parent"
+    finally:
+        parent.kill()

@@ -287,3 +287,12 @@ def test_overwrite_refuses_to_delete_the_config_file_it_was_given(tmp_path, data
     code, err = _exit_code_and_stderr(args, capsys)
     assert code == 2 and "would delete" in err and "the --config file" in err
     assert config.read_text() == "seeds: 1\n"
+
+
+@pytest.mark.parametrize("resume", [[], ["--resume"]])
+def test_a_config_file_out_that_is_not_a_path_is_one_line_with_or_without_resume(tmp_path, capsys, resume):
+    """With --resume the run directory was read before the value was checked: a TypeError traceback."""
+    config = tmp_path / "run.yaml"
+    config.write_text("out: [a, b]\n")
+    code, err = _exit_code_and_stderr(["--config", str(config), *resume], capsys)
+    assert code == 2 and err.strip() == "error: out=['a', 'b']: expected a directory path"

@@ -124,3 +124,21 @@ def test_a_source_for_mlu_is_refused_whether_cached_or_not_without_naming_force(
         assert exc.value.code == 2 and err.count("\n") == 1, err
         assert "mlu is generated from a seed; it takes no source= (got 'x.whl'); drop it" in err
         assert "--force" not in err
+
+
+@pytest.mark.parametrize("how", ["--cache-dir", "ATTNKIT_CACHE"])
+def test_data_list_refuses_a_cache_that_is_a_file_as_fetch_does(tmp_path, capsys, monkeypatch, how):
+    """``data list`` read a file given as the cache as an empty cache: every dataset "not cached", exit 0."""
+    cache = tmp_path / "a-file"
+    cache.write_text("not a folder")
+    args = ["--cache-dir", str(cache)] if how == "--cache-dir" else []
+    if how == "ATTNKIT_CACHE":
+        monkeypatch.setenv("ATTNKIT_CACHE", str(cache))
+    errors = []
+    for command in (["data", "list", *args], ["data", "fetch", "mlu", *args]):
+        with pytest.raises(SystemExit) as exc:
+            main(command)
+        assert exc.value.code == 2
+        errors.append(capsys.readouterr().err.strip())
+    assert errors[0] == errors[1] and "a part of that path is a file, not a folder" in errors[0]
+    assert cache.read_text() == "not a folder"

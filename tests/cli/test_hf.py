@@ -495,3 +495,66 @@ def test_finetune_into_its_own_model_dir_is_refused(tiny_bert, fixture_dataset, 
 def test_show_with_an_empty_source_is_refused_not_read_as_the_working_directory(tmp_path, capsys):
     err = _error(capsys, ["show", "", "--text", "a text", "--out", str(tmp_path / "view")])
     assert "SOURCE is empty" in err
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_without_tokenizer(tmp_path_factory):
+    """A 2-layer BERT of vocabulary 100 saved without tokenizer files."""
+    from transformers import BertConfig, BertModel
+
+    path = tmp_path_factory.mktemp("tiny-bert-no-tokenizer")
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(path)
+    return path
+
+
+def test_convert_overwrite_leaves_no_file_of_the_earlier_conversion(
+    tiny_bert, tiny_bert_without_tokenizer, tmp_path, capsys
+):
+    """``convert --overwrite`` kept the earlier conversion's tokenizer beside the new model's weights (and
+    then said nothing about the missing tokenizer, since it found the stale one)."""
+    out = tmp_path / "converted"
+    main(["convert", str(tiny_bert), "--mechanism", "dnas", "--out", str(out)])
+    (out / "notes.txt").write_text("mine")  # not a model file: kept
+    capsys.readouterr()
+    main(["convert", str(tiny_bert_without_tokenizer), "--mechanism", "dnas", "--out", str(out),
+          "--overwrite"])
+    assert "(no tokenizer: MODEL_DIR has none to copy)" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "notes.txt"]
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == 100
+
+
+def test_convert_overwrite_refuses_model_files_attnkit_did_not_write(tiny_bert, tmp_path, capsys):
+    out = tmp_path / "theirs"
+    shutil.copytree(tiny_bert, out)  # an unconverted model: no attnkit record in its config.json
+    before = sorted(p.name for p in out.iterdir())
+    err = _error(capsys, ["convert", str(tiny_bert), "--mechanism", "dnas", "--out", str(out), "--overwrite"])
+    assert "attnkit did not write" in err and sorted(p.name for p in out.iterdir()) == before
+
+
+def test_finetune_refuses_a_tokenizer_larger_than_the_embedding(
+    tiny_bert, tiny_bert_without_tokenizer, fixture_dataset, tmp_path, capsys
+):
+    """Another model's tokenizer beside the weights (ids up to 30521, an embedding of 100 rows) was an
+    IndexError traceback inside the first training step."""
+    model = tmp_path / "mismatched"
+    shutil.copytree(tiny_bert_without_tokenizer, model)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_bert / name, model / name)
+    err = _error(capsys, ["finetune", "--model", str(model), "--dataset", str(fixture_dataset), "--max-steps",
+                          "1", "--max-length", "32", "--out", str(tmp_path / "run")])
+    assert "30522 tokens" in err and "100 rows" in err and "own tokenizer" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_convert_overwrite_replaces_a_softmax_fine_tune_whose_config_records_no_conversion(
+    tiny_bert, tiny_bert_without_tokenizer, fixture_dataset, tmp_path, capsys
+):
+    out = tmp_path / "tuned"
+    main(["finetune", "--model", str(tiny_bert), "--dataset", str(fixture_dataset), "--max-steps", "1",
+          "--batch-size", "4", "--max-length", "32", "--out", str(out)])
+    assert "attnkit" not in json.loads((out / "config.json").read_text())  # an ordinary transformers model
+    main(["convert", str(tiny_bert_without_tokenizer), "--mechanism", "dnas", "--out", str(out),
+          "--overwrite"])
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]

@@ -253,3 +253,26 @@ def test_max_target_len_is_refused_for_a_classification_task():
         build_config({"task": "reuters8", "max_target_len": 5})
     default = build_config({"task": "reuters8"}).max_target_len
     assert build_config({"task": "reuters8", "max_target_len": default}).task == "reuters8"  # a saved run's
+
+
+@pytest.mark.parametrize("name, text, key", [
+    ("twice.yaml", "steps: 1\nsteps: 2\n", "'steps' is given twice (line 2)"),
+    ("nested.yaml", "steps: 1\nextra:\n  a: 1\n  a: 2\n", "'a' is given twice (line 4)"),
+    ("twice.json", '{"steps": 1, "steps": 2}', "'steps' is given twice"),
+    ("dashes.yaml", "max-steps: 1\nmax_steps: 2\n", "'max-steps' and 'max_steps' are the same key"),
+    ("dashes.toml", "max-steps = 1\nmax_steps = 2\n", "'max-steps' and 'max_steps' are the same key"),
+])
+def test_a_key_given_twice_in_a_config_file_is_refused_with_the_key_and_file(tmp_path, name, text, key):
+    """The last value silently won, where the command line refuses a key given twice."""
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match="give each key once") as exc:
+        load_config_file(path)
+    assert key in str(exc.value) and name in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_yaml_merge_keys_may_be_overridden_once():
+    from attnkit.runner.config import yaml_load
+
+    data = yaml_load("base: &b {steps: 1, seeds: 2}\nother:\n  <<: *b\n  steps: 3\n")
+    assert data["other"] == {"steps": 3, "seeds": 2}

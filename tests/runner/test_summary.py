@@ -184,3 +184,47 @@ def test_hybrid_weights_are_plotted_for_aligned_hnas_too(tmp_path):
             {"mechanism": "hnas+ct", "seed": 0, "history": history}]
     assert plot_hybrid(tmp_path / "u.png", runs) and (tmp_path / "u.png").stat().st_size > 0
     assert not plot_hybrid(tmp_path / "none.png", runs[:1])
+
+
+def test_cpp_kernels_says_whether_the_extension_or_the_fallback_ran(monkeypatch):
+    """results.json did not say whether the C++ kernels or their PyTorch fallback ran (ATTNKIT_NO_CPP=1, no
+    compiler), on which the step-time ratios depend."""
+    import attnkit.runner.summary as summary
+    from attnkit.kernels import cpu_ext
+
+    monkeypatch.setattr(cpu_ext, "load_error", lambda: "disabled by ATTNKIT_NO_CPP")
+    assert summary.cpp_kernels() == (False, "disabled by ATTNKIT_NO_CPP")
+    monkeypatch.setattr(cpu_ext, "load_error", lambda: None)
+    assert summary.cpp_kernels() in ((True, None), (None, None))
+    if cpu_ext.load(warn=False):  # built here: loaded now
+        assert summary.cpp_kernels() == (True, None)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_resume_that_mixes_cpp_kernels_and_fallback_says_so(tmp_path, monkeypatch):
+    import attnkit.runner.compare as rc
+    import attnkit.runner.summary as summary
+
+    data = write_classification_file(tmp_path / "topics.json")
+    values = tiny_overrides(data, tmp_path / "out", mechanisms="softmax,hnas", seeds=1, steps=2, plots=False)
+    monkeypatch.setattr(rc, "cpp_kernels", lambda: (True, None))
+
+    def stop_in_hnas(mechanism, seed, step):
+        if mechanism == "hnas":
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        run_compare(build_config(values), on_step=stop_in_hnas)
+    fallback = (False, "disabled by ATTNKIT_NO_CPP")
+    monkeypatch.setattr(rc, "cpp_kernels", lambda: fallback)  # the resume runs elsewhere
+    monkeypatch.setattr(summary, "cpp_kernels", lambda: fallback)
+    result = run_compare(build_config({**values, "resume": True}))
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved["environment"]["cpp_kernels"] is False
+    assert saved["environment"]["cpp_kernels_fallback"] == "disabled by ATTNKIT_NO_CPP"
+    assert [r["cpp_kernels"] for r in saved["runs"]] == [True, False]
+    assert "mix the C++ CPU kernels and their PyTorch fallback (hnas seed 0" in saved["load_note"]
+    assert result.extras["load_note"] == saved["load_note"]

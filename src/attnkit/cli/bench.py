@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -13,16 +16,48 @@ from ._lists import parse_list
 __all__ = ["register"]
 
 
-def _check_writable(out: Path) -> None:
-    """Fail before a long benchmark, not after it, when ``out`` cannot be written."""
+def _check_writable(out: Path) -> list[Path]:
+    """Fail before a long benchmark, not after it, when ``out`` cannot be written. Returns the folders it
+    created for ``out``, innermost first (removed again when the run ends without writing)."""
+    created = [p for p in (out.parent, *out.parent.parents) if not os.path.lexists(p)]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         probe = out.parent / f".{out.name}.write-test"
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
+        _remove_empty(created)
         raise PermissionError(f"--out {out} cannot be written ({exc.strerror or type(exc).__name__}); "
                               "choose another --out") from None
+    return created
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (innermost first) while they are empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (the results, or another's files), or gone
+            return
+
+
+@contextlib.contextmanager
+def _terminate_as_exit():
+    """SIGTERM (``kill``, a scheduler's stop) ends the command as an exception, exit code 143 (128 +
+    SIGTERM): the memory subprocess under way is killed (``subprocess.run``) and the folders made for
+    ``--out`` are removed, where the signal's default action ended the process at once and left both."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread takes signals
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def register(app: typer.Typer) -> None:
@@ -122,8 +157,13 @@ def register(app: typer.Typer) -> None:
             raise ValueError(f"--out {out} is a directory; pass a file path such as {out / 'kernels.json'}")
         if out.exists() and not overwrite:
             raise FileExistsError(f"{out} exists; pass --overwrite to replace it or choose another --out")
-        _check_writable(out)
-        result = run_bench(cfg, log=lambda msg: typer.echo(msg, err=True))
+        created = _check_writable(out)
+        try:
+            with _terminate_as_exit():
+                result = run_bench(cfg, log=lambda msg: typer.echo(msg, err=True))
+        except BaseException:
+            _remove_empty(created)  # a failed or stopped run leaves no empty folder behind
+            raise
         typer.echo(format_table(result))  # before writing: a write that fails loses no measurement
         try:
             write_json(result, out, overwrite=overwrite)
@@ -138,5 +178,6 @@ def register(app: typer.Typer) -> None:
             import json
 
             typer.echo(json.dumps(result), err=True)  # the measurements, to be kept from the terminal
+            _remove_empty(created)
             raise
         typer.echo(f"wrote {out}")

@@ -134,6 +134,8 @@ def register(app: typer.Typer) -> None:
         if "out" not in layered:
             layered["out"] = str(Path("runs") / f"compare-{Path(str(layered.get('task', 'reuters8'))).stem}-"
                                  f"{layered.get('preset', 'quick')}")
+        if not isinstance(layered["out"], str) or not layered["out"]:  # before it is read as a path below
+            raise ValueError(f"out={layered['out']!r}: expected a directory path")
         if layered.get("overwrite") and config_file is not None:
             from attnkit.runner.compare import lies_in
 

@@ -44,7 +44,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """List the datasets: name, kind, source, and whether each is in the cache."""
         from attnkit.data import dataset_cache_dir
+        from attnkit.data.cache import check_cache_folder
 
+        check_cache_folder(dataset_cache_dir(cache_dir=cache_dir))  # a file there: not "nothing cached"
         rows = catalog_rows(cache_dir)
         if as_json:
             import json

@@ -25,6 +25,57 @@ def _check_out(out: Path, overwrite: bool) -> None:
         )
 
 
+# files of a model folder that a conversion writes (save_pretrained of the model and of its tokenizer) or that
+# a fine-tune adds: an earlier attnkit output's files of these names are removed by --overwrite
+_MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json", "metrics.json",
+                "chat_template.jinja", "chat_template.json")
+_MODEL_PATTERNS = ("model*.safetensors", "pytorch_model*.bin", "pytorch_model.bin.index.json")
+
+
+def _model_files(out: Path) -> list[Path]:
+    """The regular files in ``out`` named as the files of a saved model or tokenizer."""
+    from attnkit.hf.checks import TOKENIZER_FILES
+
+    names = set(_MODEL_FILES) | set(TOKENIZER_FILES)
+    return [p for p in out.iterdir() if not p.is_symlink() and p.is_file()
+            and (p.name in names or any(p.match(pattern) for pattern in _MODEL_PATTERNS))]
+
+
+def _is_attnkit_output(out: Path) -> bool:
+    """Whether ``out`` holds what ``convert`` or ``finetune`` wrote: a ``config.json`` that records an attnkit
+    conversion, or a fine-tune's ``metrics.json`` (a softmax fine-tune of a stock model records none)."""
+    from attnkit._files import json_loads
+    from attnkit.hf.convert import CONFIG_KEY
+
+    def read(name: str):
+        try:
+            return json_loads((out / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    config, metrics = read("config.json"), read("metrics.json")
+    return (isinstance(config, dict) and isinstance(config.get(CONFIG_KEY), dict)) or (
+        isinstance(metrics, dict) and {"mechanism", "train_steps"} <= metrics.keys()
+    )
+
+
+def _check_overwritable(out: Path, overwrite: bool) -> list[Path]:
+    """The files of an earlier attnkit output in ``out`` that ``--overwrite`` removes before the new
+    conversion is saved (a file the new one did not write, such as the earlier model's tokenizer, stood beside
+    the new weights). Model files that attnkit did not write are refused rather than mixed with the new
+    ones."""
+    if not (overwrite and out.is_dir()):
+        return []
+    files = _model_files(out)
+    if files and not _is_attnkit_output(out):
+        raise FileExistsError(
+            f"--overwrite: --out {out} holds model files ({', '.join(sorted(p.name for p in files))}) that "
+            "attnkit did not write (its config.json records no conversion); refusing to replace them, choose "
+            "another --out"
+        )
+    return files
+
+
 def check_mechanism(
     mechanism: Optional[str], u0: Optional[float] = None, sinkhorn_iters: Optional[int] = None
 ) -> None:
@@ -91,7 +142,8 @@ def convert_directory(
 ):
     """Load ``model_dir``, convert it with ``attnkit.hf.convert``, save it (safetensors) and its tokenizer to
     ``out`` (the weights alone when ``model_dir`` has no tokenizer files; files that do not load are a
-    ``ValueError``)."""
+    ``ValueError``). With ``overwrite``, the model and tokenizer files of an earlier attnkit output in ``out``
+    are removed first; other files of ``out`` are kept."""
     import attnkit.hf as akhf
     from attnkit.hf.checks import check_model_dir, has_tokenizer_files, load_tokenizer
 
@@ -106,11 +158,14 @@ def convert_directory(
             "conversion needs; choose another --out"
         )
     _check_out(out_path, overwrite)
+    earlier = _check_overwritable(out_path, overwrite)
     # no tokenizer files in model_dir: the weights alone are the output; files that do not load are an error
     # (they were dropped, and a finetune of the output then found no tokenizer)
     model = _quiet_load(model_dir)  # first: a damaged config.json is named as such, not as the tokenizer's
     tokenizer = load_tokenizer(model_dir, "MODEL_DIR") if has_tokenizer_files(model_dir) else None
     akhf.convert(model, mechanism, u0=u0, layers=layers, sinkhorn_iters=sinkhorn_iters)
+    for path in earlier:  # after the conversion succeeded: a refused one leaves the earlier output whole
+        path.unlink()
     out_path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_path)
     if tokenizer is not None:
@@ -134,7 +189,9 @@ def register(app: typer.Typer) -> None:
         ),
         sinkhorn_iters: Optional[int] = typer.Option(None, help="Iterations for sinkhorn (default 3)."),
         out: str = typer.Option(..., help="Output directory (safetensors + config + tokenizer)."),
-        overwrite: bool = typer.Option(False, help="Replace the files of a non-empty --out."),
+        overwrite: bool = typer.Option(
+            False, help="Replace an earlier attnkit output in --out (its model and tokenizer files)."
+        ),
     ) -> None:
         """Convert a transformers model's self-attention to an attnkit mechanism and save it."""
         chosen = parse_list(layers, "layers", int, example="0,1,5")
@@ -142,7 +199,9 @@ def register(app: typer.Typer) -> None:
         import attnkit.hf as akhf
 
         n = len(akhf.converted_modules(model))
-        alone = "" if any(Path(out).glob("tokenizer*")) else " (no tokenizer: MODEL_DIR has none to copy)"
+        from attnkit.hf.checks import has_tokenizer_files
+
+        alone = "" if has_tokenizer_files(model_dir) else " (no tokenizer: MODEL_DIR has none to copy)"
         typer.echo(
             f"converted {n} attention module(s) of {type(model).__name__} to {mechanism}; "
             f"saved to {out}{alone}"

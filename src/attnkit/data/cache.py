@@ -26,6 +26,7 @@ __all__ = [
     "sha256_bytes",
     "write_bytes_atomic",
     "make_cache_folder",
+    "check_cache_folder",
     "write_manifest",
     "read_manifest",
     "verify_manifest",
@@ -69,16 +70,31 @@ def sha256_file(path: PathLike, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def _through_a_file(folder: Path) -> DatasetUnavailableError:
+    return DatasetUnavailableError(
+        f"cannot create the folder {folder}: a part of that path is a file, not a folder; "
+        "point cache_dir (or $ATTNKIT_CACHE) at a folder, or move the file away"
+    )
+
+
+def check_cache_folder(folder: Path) -> None:
+    """Refuse, as :func:`make_cache_folder` would, a ``folder`` whose nearest existing part is not a folder
+    (a cache root that is a file), creating nothing: for readers of the cache, which otherwise found every
+    dataset "not cached"."""
+    for part in (folder, *folder.parents):
+        if os.path.exists(part):
+            if not os.path.isdir(part):
+                raise _through_a_file(folder)
+            return
+
+
 def make_cache_folder(folder: Path) -> None:
     """Create ``folder`` (and its parents) in the cache; a path through a file, a read-only or full disk and
     missing permissions are one ``DatasetUnavailableError`` naming the folder and the fix."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):  # the cache root, or a folder in it, is a file
-        raise DatasetUnavailableError(
-            f"cannot create the folder {folder}: a part of that path is a file, not a folder; "
-            "point cache_dir (or $ATTNKIT_CACHE) at a folder, or move the file away"
-        ) from None
+        raise _through_a_file(folder) from None
     except OSError as exc:
         raise _unwritable(folder, exc) from None
 

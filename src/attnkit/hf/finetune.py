@@ -289,6 +289,20 @@ def _padding_token(tokenizer, model, model_dir: str, log) -> None:
         model.config.pad_token_id = tokenizer.pad_token_id
 
 
+def _check_vocabulary(tokenizer, model, model_dir: str) -> None:
+    """Every id the tokenizer produces (``0 .. len(tokenizer) - 1``) has a row in the model's input embedding:
+    another model's tokenizer beside the weights failed inside the first training step (an IndexError)."""
+    embedding = model.get_input_embeddings()
+    rows = getattr(embedding, "num_embeddings", None)
+    if isinstance(rows, int) and len(tokenizer) > rows:
+        raise ValueError(
+            f"--model {model_dir}: its tokenizer has {len(tokenizer)} tokens but the model's input "
+            f"embedding has {rows} rows, so token ids {rows} and up cannot be embedded (the tokenizer "
+            "belongs to another model); put that model's own tokenizer in the folder (convert it again from "
+            "the original model)"
+        )
+
+
 def _check_recorded_conversion(config: FinetuneConfig, model_dir: str, recorded) -> None:
     """An already converted ``--model`` (``recorded``: its mechanism config) keeps its conversion: another
     ``--mechanism`` or a ``--u0`` (its learned hybrid weights are loaded with it) is refused, not ignored."""
@@ -461,6 +475,7 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
         convert(model, config.mechanism or "softmax", u0=config.u0)
     mechanism = conversion(model).name
     _padding_token(tokenizer, model, model_dir, log)
+    _check_vocabulary(tokenizer, model, model_dir)
     limit = _position_limit(model)
     if limit is not None and config.max_length > limit:  # longer inputs fail inside the model, after loading
         raise ValueError(

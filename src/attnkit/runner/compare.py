@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 from .._files import json_loads, lock_folder, write_text_file
 from .config import CompareConfig, _is_file_task, canonical_task
-from .summary import RunClock, _duration, summarize, tracker_config
+from .summary import RunClock, _duration, cpp_kernels, summarize, tracker_config
 from .train import RESULT_FILE, batch_indices, check_batch_split, finished_result, train_run
 
 __all__ = ["CompareResult", "run_compare", "aggregate", "prepare_run_dir", "CONFIG_FILE"]
@@ -279,7 +279,9 @@ def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path
             )
     if is_main_process:
         if non_empty and config.overwrite:  # the contents: --out may be a symbolic link to the folder
-            for child in out.iterdir():
+            # config.json, the mark by which --overwrite and --resume know the folder, goes last: a run
+            # stopped (Ctrl-C) while runs/ is deleted leaves a folder that --overwrite still replaces
+            for child in sorted(out.iterdir(), key=lambda p: p.name == CONFIG_FILE):
                 if child.is_dir() and not child.is_symlink():
                     shutil.rmtree(child)
                 else:
@@ -336,6 +338,7 @@ def _run_compare(config: CompareConfig, accelerator, task, on_step) -> CompareRe
     batch_indices(0, task.num_train(data), config.batch_size, 0)  # batch_size fits the training set
     check_batch_split(config.batch_size, accelerator.num_processes)
     out = Path(config.out)
+    created = not os.path.lexists(out)  # a run that fails before any finishes removes only a folder it made
     # Every process checks the directory before any creates it, then the main process writes.
     error = None
     try:
@@ -366,7 +369,7 @@ def _run_compare(config: CompareConfig, accelerator, task, on_step) -> CompareRe
         if error is not None:
             raise error
         accelerator.wait_for_everyone()
-        return _train_all(config, accelerator, task, data, out, on_step)
+        return _train_all(config, accelerator, task, data, out, on_step, created)
     finally:
         for fd in locks:
             if fd is not None:
@@ -378,7 +381,37 @@ def _inode(target) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def _train_all(config: CompareConfig, accelerator, task, data, out: Path, on_step) -> CompareResult:
+def _record_kernels(record: dict, run_dir: Path, is_main: bool) -> None:
+    """Add to a run just trained whether it had the C++ CPU kernels (``summary.cpp_kernels``), in its record
+    and its result.json: a --resume in another environment then says that its runs mix the two."""
+    kernels = cpp_kernels()[0]
+    if kernels is None:
+        return
+    record["cpp_kernels"] = kernels
+    if is_main:
+        write_text_file(run_dir / RESULT_FILE, json.dumps(record, indent=1), overwrite=True)
+
+
+def _failed_training(exc: ValueError, config: CompareConfig, out: Path, created: bool, is_main: bool) -> None:
+    """After a run failed on a setting (the loss became NaN, ...): a run directory this call created with no
+    finished run in it is removed, so that the corrected command is not refused; otherwise the error names
+    the way on (``--overwrite``: a resume with other settings is refused). Raises in both cases."""
+    finished = any((out / "runs").glob(f"*/{RESULT_FILE}"))
+    if created and not finished:
+        if is_main:
+            shutil.rmtree(out, ignore_errors=True)
+        raise exc
+    if not config.resume:
+        raise ValueError(
+            f"{exc}; the run directory {str(out)!r} is kept{' with its finished runs' if finished else ''}: "
+            "pass --overwrite with the corrected settings to start it over"
+        ) from None
+    raise exc
+
+
+def _train_all(
+    config: CompareConfig, accelerator, task, data, out: Path, on_step, created: bool = False
+) -> CompareResult:
     from .progress import make_progress
     from .report import write_report
 
@@ -403,7 +436,10 @@ def _train_all(config: CompareConfig, accelerator, task, data, out: Path, on_ste
             result = train_run(task, data, config, mech, seed, run_dir, accelerator, progress, on_step=hook)
             if not finished:
                 clock.add(time.perf_counter() - start, result.trained)
+                _record_kernels(result.record, run_dir, accelerator.is_main_process)
             runs.append(result.record)
+    except ValueError as exc:  # a setting to correct (the loss became NaN); a crash keeps its checkpoints
+        _failed_training(exc, config, out, created, accelerator.is_main_process)
     finally:
         if progress is not None:
             progress.close()

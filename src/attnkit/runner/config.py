@@ -428,14 +428,16 @@ def load_config_file(path: str | Path) -> dict:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Notepad's UTF-8) is allowed
         if suffix in (".yaml", ".yml"):
             data = yaml_load(text)
-        elif suffix == ".toml":
+        elif suffix == ".toml":  # tomllib refuses a key given twice itself
             import tomllib
 
             data = tomllib.loads(text)
         else:
-            data = json_loads(text)
+            data = json_loads(text, object_pairs_hook=_unique_pairs)
     except ImportError:
         raise
+    except _DuplicateKeyError as exc:  # the last value would silently win
+        raise ValueError(f"configuration file {str(path)!r}: {exc}; give each key once") from None
     except Exception as exc:  # yaml.YAMLError, TOMLDecodeError, JSONDecodeError, not UTF-8: name the file
         raise ValueError(
             f"configuration file {str(path)!r} does not parse: "
@@ -448,6 +450,15 @@ def load_config_file(path: str | Path) -> dict:
             f"configuration file {str(path)!r} must hold a mapping of keys to values, got "
             f"{type(data).__name__}"
         )
+    spelled: dict = {}
+    for key in data:  # max-steps and max_steps are one key
+        spelled.setdefault(str(key).replace("-", "_"), []).append(str(key))
+    for name, keys in spelled.items():
+        if len(keys) > 1:
+            raise ValueError(
+                f"configuration file {str(path)!r}: {' and '.join(repr(k) for k in keys)} are the same key "
+                f"{name!r} (a dash reads as an underscore); give each key once"
+            )
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
     if suffix in (".yaml", ".yml"):
         data = {k: yaml_number(v) for k, v in data.items()}
@@ -455,10 +466,24 @@ def load_config_file(path: str | Path) -> dict:
     return data
 
 
+class _DuplicateKeyError(ValueError):
+    """A mapping of a configuration file gives one key twice."""
+
+
+def _unique_pairs(pairs: list) -> dict:
+    """``json`` ``object_pairs_hook``: the object as a dict, refusing a key given twice."""
+    data: dict = {}
+    for key, value in pairs:
+        if key in data:
+            raise _DuplicateKeyError(f"key {key!r} is given twice")
+        data[key] = value
+    return data
+
+
 def yaml_load(text: str):
     """``yaml.safe_load`` with YAML 1.2's numbers: PyYAML reads YAML 1.1, where ``010`` is octal 8, ``0x10``
     is 16 and ``1:00`` is 60 (base 60); here an integer is decimal (``010`` is 10) and those forms are text,
-    which the keys' checks then refuse by name."""
+    which the keys' checks then refuse by name. A key given twice in a mapping is a ``ValueError``."""
     import yaml
 
     return yaml.load(text, Loader=_decimal_loader())  # noqa: S506 (a SafeLoader subclass)
@@ -484,6 +509,23 @@ def _decimal_loader():
         list("-+0123456789."),
     )
     DecimalLoader.add_constructor(int_tag, lambda loader, node: int(loader.construct_scalar(node)))
+
+    def construct_mapping(loader, node, deep=False):  # PyYAML keeps the last value of a repeated key
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: keys given again override it
+                continue
+            key = loader.construct_object(key_node, deep=deep)
+            try:
+                repeated = key in seen
+            except TypeError:  # an unhashable key: SafeLoader's own error names it
+                continue
+            if repeated:
+                raise _DuplicateKeyError(f"key {key!r} is given twice (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+    DecimalLoader.construct_mapping = construct_mapping
     return DecimalLoader
 
 
@@ -579,7 +621,8 @@ def build_config(
 
 # Per task kind, the settings its task never reads, and why: the recurrent models of the transduction tasks
 # take d_model (runner/transduction.py); a seq2seq task's CharTokenizer keeps every character of the data
-# (runner/tasks.py Seq2SeqTask.prepare), so no vocab_size caps it; a classifier has no target length
+# but the display marks (runner/tasks.py Seq2SeqTask.prepare), so no vocab_size caps it; a classifier has no
+# target length
 _UNUSED_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
     "transduction": (
         ("nhead", "num_layers", "dim_feedforward", "dropout", "max_len", "max_target_len", "vocab_size",

@@ -13,7 +13,9 @@ from ..registry import MECHANISMS, resolve_mechanism
 from .config import CompareConfig
 from .stats import environment, load_note, mcnemar, paired_seed_interval, verdict
 
-__all__ = ["RunClock", "summarize", "diverse_samples", "skipped_mechanisms", "tracker_config"]
+__all__ = [
+    "RunClock", "summarize", "diverse_samples", "skipped_mechanisms", "tracker_config", "cpp_kernels",
+]
 
 
 def _duration(seconds: float) -> str:
@@ -177,6 +179,37 @@ def _timing(runs: list[dict], mechanisms: tuple[str, ...], baseline: str) -> dic
     return out
 
 
+def cpp_kernels() -> tuple[Optional[bool], Optional[str]]:
+    """Whether this process ran the C++ CPU kernels (``attnkit.kernels.cpu_ext``): ``(True, None)``,
+    ``(False, why)`` for the pure-PyTorch fallback (``ATTNKIT_NO_CPP=1``, no compiler, ...), or
+    ``(None, None)`` when nothing here called them (on a GPU, or no mechanism that has them). Step times
+    depend on it. Nothing is built or loaded here."""
+    import torch
+
+    from ..kernels import cpu_ext
+
+    error = cpu_ext.load_error()
+    if error is not None:
+        return False, error
+    try:
+        torch.ops.attnkit_cpu.potentials_forward  # noqa: B018  (raises unless the library is loaded)
+    except (AttributeError, RuntimeError):
+        return None, None
+    return True, None
+
+
+def _kernels_note(runs: list[dict]) -> Optional[str]:
+    """A sentence when some runs had the C++ kernels and others the PyTorch fallback (a --resume in another
+    environment), else ``None``."""
+    used = {r.get("cpp_kernels") for r in runs} - {None}
+    if len(used) < 2:
+        return None
+    fallback = [f"{r['mechanism']} seed {r['seed']}" for r in runs if r.get("cpp_kernels") is False]
+    return (f"The runs mix the C++ CPU kernels and their PyTorch fallback ({', '.join(fallback)} ran the "
+            "fallback, after a --resume in another environment): their step times are not comparable; rerun "
+            "with --overwrite in one environment for timings.")
+
+
 def summarize(task, data, config: CompareConfig, runs: list[dict], records: list[dict],
               started: Optional[float] = None) -> dict:
     """Everything ``results.json`` and ``report.html`` say besides the aggregated records."""
@@ -185,15 +218,18 @@ def summarize(task, data, config: CompareConfig, runs: list[dict], records: list
     baseline = records[0]["step_time_baseline"] if records else config.variants[0]
     loads = [r["load_average_max"] for r in runs if r.get("load_average_max") is not None]
     load_max = max(loads) if loads else None
+    kernels, why = cpp_kernels()
+    notes = [note for note in (load_note(load_max, os.cpu_count()), _kernels_note(runs)) if note]
     return {
         # started/finished/wall time are those of this invocation (a --resume run counts only its own part)
         "environment": {
-            **environment(started or time.time(), time.time(), load_max), "resumed": config.resume
+            **environment(started or time.time(), time.time(), load_max), "resumed": config.resume,
+            "cpp_kernels": kernels, "cpp_kernels_fallback": why,  # C++ CPU kernels, or why not (None: unused)
         },
         "per_class": _per_class(runs, config.variants),
         "comparisons": _comparisons(task, data, runs, config, baseline),
         "timing": _timing(runs, config.variants, baseline),
-        "load_note": load_note(load_max, os.cpu_count()),
+        "load_note": " ".join(notes) or None,  # what makes the step times unreliable
         "skipped_mechanisms": skipped_mechanisms(config, task),
         "samples": diverse_samples(task, data, runs, config.variants),
     }

@@ -1,0 +1,86 @@
+"""What a stopped or failed ``compare`` leaves in its run directory: never a folder that --overwrite and
+--resume no longer recognise, nor one that refuses the corrected command."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+import pytest
+
+import attnkit.runner.compare as rc
+from attnkit.runner import build_config, run_compare
+from tests.runner._fixtures import tiny_overrides, write_classification_file
+
+COMMON = dict(mechanisms="softmax", seeds=1, steps=6, checkpoint_every=2, eval_every=3)
+
+
+def test_an_overwrite_stopped_while_deleting_leaves_a_folder_overwrite_still_replaces(tmp_path, monkeypatch):
+    """Ctrl-C while --overwrite deleted runs/ (the longest part) stranded the folder when config.json, the
+    mark --overwrite and --resume look for, had already gone: both then refused the folder."""
+    data = write_classification_file(tmp_path / "topics.json")
+    out = tmp_path / "out"
+    rc.prepare_run_dir(build_config(tiny_overrides(data, out, **COMMON)))
+    (out / "runs" / "softmax-seed0").mkdir(parents=True)
+    (out / "runs" / "softmax-seed0" / "model.pt").write_bytes(b"weights")
+    (out / "results.json").write_text("{}")
+    overwrite = build_config(tiny_overrides(data, out, overwrite=True, **COMMON))
+
+    listed = pathlib.Path.iterdir
+    monkeypatch.setattr(pathlib.Path, "iterdir", lambda self: iter(sorted(listed(self))))  # config.json first
+
+    def interrupted_rmtree(path, *args, **kwargs):
+        raise KeyboardInterrupt  # the user presses Ctrl-C while runs/ is deleted
+
+    real_rmtree = shutil.rmtree
+    monkeypatch.setattr(rc.shutil, "rmtree", interrupted_rmtree)
+    with pytest.raises(KeyboardInterrupt):
+        rc.prepare_run_dir(overwrite)
+    assert (out / "config.json").is_file() and (out / "runs").is_dir()
+    monkeypatch.setattr(rc.shutil, "rmtree", real_rmtree)
+    rc.prepare_run_dir(overwrite)  # the same command again is not refused
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]
+
+
+def _diverging(data, out, **extra):
+    return build_config(tiny_overrides(data, out, **{**COMMON, "lr": 1e30, "warmup_steps": 0, **extra}))
+
+
+def test_a_compare_that_fails_before_any_run_finished_removes_the_run_dir_it_created(tmp_path):
+    """The failed run left config.json and runs/: the corrected command with the same --out was refused, and
+    --resume refused it too (lr changed)."""
+    data = write_classification_file(tmp_path / "topics.json")
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="became nan") as exc:
+        run_compare(_diverging(data, out))
+    assert not out.exists() and "--overwrite" not in str(exc.value)
+    run_compare(build_config(tiny_overrides(data, out, **{**COMMON, "steps": 2})))  # the corrected command
+    assert (out / "results.json").is_file()
+
+
+def test_a_failed_compare_keeps_a_folder_it_did_not_create_and_says_to_overwrite(tmp_path):
+    data = write_classification_file(tmp_path / "topics.json")
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ValueError, match="became nan") as exc:
+        run_compare(_diverging(data, out))
+    assert out.is_dir() and json.loads((out / "config.json").read_text())["config"]["lr"] == 1e30
+    assert str(exc.value).endswith("pass --overwrite with the corrected settings to start it over")
+
+
+def test_a_failed_compare_keeps_the_runs_that_finished(tmp_path):
+    data = write_classification_file(tmp_path / "topics.json")
+    out = tmp_path / "out"
+    config = build_config(tiny_overrides(data, out, **{**COMMON, "mechanisms": "softmax,hnas", "steps": 2}))
+    with pytest.raises(ValueError, match="with its finished runs: pass --overwrite"):
+        run_compare(config, on_step=_fail_in("hnas"))
+    assert (out / "runs" / "softmax-seed0" / "result.json").is_file()
+
+
+def _fail_in(mechanism: str):
+    def hook(mech, seed, step):
+        if mech == mechanism:
+            raise ValueError(f"{mech} seed {seed}: the training loss became nan at step {step}")
+
+    return hook
