@@ -92,7 +92,7 @@ def test_rebuild_reads_the_summaries_back(tmp_path, constructed_targets):
 
     reproduce_all(tmp_path / "all", targets=["constructed-fail", "constructed-pass"])
     (tmp_path / "all" / "fidelity.html").unlink()
-    page = rebuild_fidelity(tmp_path / "all", quick=True)
+    page = rebuild_fidelity(tmp_path / "all")
     assert page.read_text().count("<b>not held</b>") == 1
 
 
@@ -451,3 +451,62 @@ def test_a_users_file_in_a_target_folder_survives_an_interrupted_overwrite_and_t
     results, _ = reproduce_all(root, targets=["constructed-pass"])  # replaced again without --overwrite
     assert (root / "constructed-pass" / "my_notes.txt").read_text() == "mine"
     assert all(c.held for c in results[0].claims)
+
+
+def test_rebuilt_page_says_the_budgets_and_seed_its_summaries_record(tmp_path, constructed_targets):
+    """A rebuild labelled the page from its arguments: quick summaries became "Full budgets, first seed 7",
+    and fidelity.json kept the old run's claims."""
+    from attnkit.analysis.fidelity import rebuild_fidelity
+
+    root = tmp_path / "all"
+    reproduce_all(root, targets=["constructed-fail", "constructed-pass"], quick=True, seed=3)
+    summary = json.loads((root / "constructed-fail" / "summary.json").read_text())
+    summary["claims"][0]["held"] = True  # the page, the Markdown and the JSON must all show it
+    (root / "constructed-fail" / "summary.json").write_text(json.dumps(summary))
+    (root / "fidelity.json").unlink()
+    page = rebuild_fidelity(root)
+    assert "Quick budgets, first seed 3" in page.read_text(encoding="utf-8")
+    assert (root / "fidelity.md").read_text(encoding="utf-8").startswith("Quick budgets, first seed 3")
+    entries = json.loads((root / "fidelity.json").read_text())
+    assert [(e["name"], e["quick"], e["seed"]) for e in entries] == [
+        ("constructed-fail", True, 3), ("constructed-pass", True, 3)]
+    assert all(c["held"] for e in entries for c in e["claims"])
+    with pytest.raises(ValueError, match="quick=False but the summaries .* record quick=True"):
+        rebuild_fidelity(root, quick=False)
+    with pytest.raises(ValueError, match="seed=7 but the summaries .* record seed=3"):
+        rebuild_fidelity(root, seed=7)
+
+
+@pytest.mark.parametrize("key, other", [("quick", False), ("seed", 4)])
+def test_rebuild_refuses_summaries_of_different_runs_and_names_the_targets(tmp_path, constructed_targets,
+                                                                           key, other):
+    from attnkit.analysis.fidelity import rebuild_fidelity
+
+    root = tmp_path / "all"
+    reproduce_all(root, targets=["constructed-fail", "constructed-pass"], quick=True, seed=3)
+    path = root / "constructed-pass" / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), key: other}))
+    with pytest.raises(ValueError, match=f"mix runs .*{key}=.*constructed-fail.*{key}=.*constructed-pass"):
+        rebuild_fidelity(root)
+
+
+@pytest.mark.parametrize("name", ["/etc/private.png", "../outside.png", "sub/plot.png", "..", ""])
+def test_a_summary_listing_files_outside_its_folder_is_refused(tmp_path, constructed_targets, name):
+    """load_result built ``folder / f`` unchecked: an absolute or ``../`` path embedded any image."""
+    from attnkit.analysis.fidelity import load_result, rebuild_fidelity
+
+    root = tmp_path / "all"
+    reproduce_all(root, targets=["constructed-pass"])
+    path = root / "constructed-pass" / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "files": ["summary.json", name]}))
+    with pytest.raises(ValueError, match=r"constructed-pass.summary\.json.*plain file names") as error:
+        rebuild_fidelity(root)
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="plain file names"):
+        load_result(root / "constructed-pass")
+
+
+def test_reproduce_all_refuses_a_quick_that_is_not_a_bool(tmp_path):
+    with pytest.raises(ValueError, match="quick='no'"):
+        reproduce_all(tmp_path / "all", quick="no", targets=["lemma1"])
+    assert not (tmp_path / "all").exists()

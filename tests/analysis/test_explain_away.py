@@ -249,3 +249,30 @@ def test_an_observed_module_computes_what_an_unobserved_one_does(mechanism):
     torch.testing.assert_close(observed_weights, weights)
     w, mask = seen[0]  # the observer still sees the padded queries left out
     assert torch.equal(mask.query_mask, ~pad) and (w[1, :, 3:] == 0).all()
+
+
+@pytest.mark.parametrize("shape", [(3, 3), (1, 3), (3,), (2, 1, 3, 3), (1, 3, 1)])
+def test_a_valid_mask_that_broadcasts_equals_the_full_mask(shape):
+    """valid's message said "broadcastable" but a 2-D (Lq, Lk) mask was refused."""
+    weights = torch.rand(2, 1, 3, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    valid = torch.rand(shape, generator=torch.Generator().manual_seed(1)) < 0.7
+    stats = explain_away(weights, valid=valid)
+    full = explain_away(weights, valid=valid.expand(2, 1, 3, 3).clone())
+    assert torch.equal(stats.key_sums, full.key_sums) and torch.equal(stats.valid_keys, full.valid_keys)
+
+
+@pytest.mark.parametrize("shape", [(2, 3), (3, 3, 3, 3), (1, 1, 1, 3, 3)])
+def test_a_valid_mask_that_does_not_broadcast_is_refused(shape):
+    with pytest.raises(ValueError, match="broadcastable"):
+        explain_away(torch.rand(2, 1, 3, 3), valid=torch.ones(shape, dtype=torch.bool))
+
+
+def test_log_sum_histogram_takes_numpy_bins_and_refuses_a_nan_floor():
+    stats = explain_away(_weights([[0.5, 0.5, 0.0], [0.25, 0.75, 0.0]]))
+    counts, edges = log_sum_histogram(stats, bins=np.int64(5))
+    assert counts.sum() == 3 and len(edges) == 6
+    for floor in (math.nan, math.inf, True):
+        with pytest.raises(ValueError, match=f"floor={floor!r}"):
+            log_sum_histogram(stats, floor=floor)
+    with pytest.raises(ValueError, match="bins=True"):
+        log_sum_histogram(stats, bins=True)

@@ -170,3 +170,55 @@ def test_the_sensitivity_sweep_is_reported_as_a_note_not_judged_as_a_paper_claim
     assert "not a paper claim" in result.note
     assert "holds in every seed at std 0.2 of (0.2, 1.0)" in result.note
     assert "starts as two clusters at std 0.2 only" in result.note
+
+
+def _closed_forms_mp(r: float, a: float) -> tuple[float, float]:
+    """Eqs. (11)/(13) and (12)/(14) at 60 digits: the reference for the float64 closed forms."""
+    mpmath = pytest.importorskip("mpmath")
+    with mpmath.workdps(60):
+        r, a = mpmath.mpf(r), mpmath.mpf(a)
+        s = mpmath.exp(-2 * a**2)
+        q = (r + s) / (r * s + 1)
+        lnas = 2 * r * (1 - s**2) * a / ((1 + r * s) * (r + s))
+        dnas = 2 * q * r * (1 - s**2) * a / ((q + r * s) * (r + s * q))
+        return float(lnas), float(dnas)
+
+
+@pytest.mark.parametrize("r, a", [(2.0, 1e-6), (0.5, 1e-9), (3.0, 1e-3), (1e300, 1.0), (1e-300, 1.0),
+                                  (1e150, 1e-3), (7.0, 1.5), (1.0, 30.0)])
+def test_closed_forms_match_the_reference_to_float64_precision(r, a):
+    """1 - s**2 with s = exp(-2 a^2) cancelled at small a (every digit lost at a = 1e-9), and r = 1e300
+    overflowed with a RuntimeWarning."""
+    lnas_ref, dnas_ref = _closed_forms_mp(r, a)
+    with np.errstate(over="raise", invalid="raise", divide="raise"):  # (underflow: exp(-2 a^2) at a = 30)
+        lnas, dnas = center_distance_lnas(r, a), center_distance_dnas(r, a)
+    assert lnas == pytest.approx(lnas_ref, rel=1e-12, abs=0)
+    assert dnas == pytest.approx(dnas_ref, rel=1e-12, abs=0)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"std": math.inf}, "std=inf"), ({"std": True}, "std=True"), ({"std": math.nan}, "std=nan"),
+    ({"seed": -1}, "seed=-1"), ({"seed": 1.5}, "seed=1.5"), ({"seed": True}, "seed=True"),
+    ({"center0": [math.nan]}, "center0=.nan"), ({"center1": [math.inf]}, "center1=.inf"),
+    ({"center0": [], "center1": []}, "center0=..; expected at least one coordinate"),
+])
+def test_two_clusters_rejects_values_that_give_non_finite_points(kwargs, match):
+    args = {"center0": [1.0], "center1": [-1.0], **kwargs}
+    with pytest.raises(ValueError, match=match):
+        two_clusters(2, 2, **args)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"gap": True}, "gap=True"), ({"gap": math.inf}, "gap=inf"), ({"gap": math.nan}, "gap=nan"),
+    ({"min_fraction": True}, "min_fraction=True"), ({"min_fraction": math.nan}, "min_fraction=nan"),
+])
+def test_count_clusters_rejects_booleans_and_non_finite_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        count_clusters(two_clusters(3, 3, [1.0], [-1.0]), **kwargs)
+
+
+@pytest.mark.parametrize("n0, n1, fraction", [(93, 7, 0.07), (97, 3, 0.03), (86, 14, 0.14), (71, 29, 0.29)])
+def test_a_cluster_holding_exactly_min_fraction_of_the_points_counts(n0, n1, fraction):
+    """ceil(0.07 * 100) is 8 in floats (0.07 * 100 = 7.000000000000001): the 7-point cluster was dropped."""
+    counts = count_clusters(two_clusters(n0, n1, [0.0], [5.0]), min_fraction=fraction)
+    assert counts.min_size == n1 and counts.count == 2

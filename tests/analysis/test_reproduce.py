@@ -99,3 +99,11 @@ def test_lecture_seq_claims_follow_their_criteria():
     flat = {"additive": {1: 0.9, 3: 0.7}, "vanilla": {1: 0.5, 3: 0.1}}
     held = [c.held for c in lecture._claims(summary(worse, {"additive": 0.7}, dict(per, ctc=0.2), flat))]
     assert held == [False, False, False, False]
+
+
+@pytest.mark.parametrize("quick", ["no", 0, None])
+def test_reproduce_refuses_a_quick_that_is_not_a_bool(tmp_path, quick):
+    """quick='no' ran the quick budgets and recorded "no" in summary.json."""
+    with pytest.raises(ValueError, match=f"quick={quick!r}"):
+        reproduce("lemma1", tmp_path / "l1", quick=quick)
+    assert not (tmp_path / "l1").exists()

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..validators import check_int, check_number
+
 __all__ = ["ExplainAway", "explain_away", "log_sum_histogram"]
 
 
@@ -78,13 +80,14 @@ def explain_away(
                 f"{got}"
             )
     if valid is not None:
-        if not isinstance(valid, Tensor) or valid.dtype != torch.bool or valid.dim() != 4 or any(
-            v not in (1, e) for v, e in zip(valid.shape, (B, H, Lq, Lk))
+        if not isinstance(valid, Tensor) or valid.dtype != torch.bool or valid.dim() > 4 or any(
+            v not in (1, e) for v, e in zip(reversed(valid.shape), (Lk, Lq, H, B))  # aligned from the right
         ):
             got = (tuple(valid.shape), valid.dtype) if isinstance(valid, Tensor) else type(valid).__name__
             raise ValueError(
                 f"valid must be a bool tensor broadcastable to (B, H, Lq, Lk) = {(B, H, Lq, Lk)}, got {got}"
             )
+        valid = valid.reshape((1,) * (4 - valid.dim()) + tuple(valid.shape))  # (B|1, H|1, Lq|1, Lk|1)
     w = weights.detach().double()
     counted = torch.ones(1, 1, Lq, 1, dtype=torch.bool, device=w.device)  # (B, H, Lq, Lk) after masks
     if valid is not None:
@@ -146,8 +149,8 @@ def log_sum_histogram(
     items = [stats] if isinstance(stats, ExplainAway) else list(stats)
     if not items or not all(isinstance(item, ExplainAway) for item in items):
         raise ValueError("stats must be an ExplainAway or a non-empty sequence of them (from explain_away)")
-    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
-        raise ValueError(f"bins={bins!r}; expected an integer >= 1")
+    bins = check_int(bins, f"bins={bins!r}", "expected an integer >= 1", low=1)
+    floor = check_number(floor, f"floor={floor!r}", "expected a finite number (the log put for sums of 0)")
     values = np.concatenate([item.log_sums[item.valid_keys].double().cpu().numpy() for item in items])
     values = np.maximum(values, floor)
     if range is None:

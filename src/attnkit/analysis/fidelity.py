@@ -21,7 +21,7 @@ from typing import Iterator, Optional, Sequence, Union
 
 from .. import __version__
 from .._files import json_loads
-from ..validators import check_seed
+from ..validators import check_bool, check_seed
 from .report import (
     ReproduceResult, format_value, from_jsonable, mark_finished, prepare_output_dir, record_replaced,
     record_written, replaced_in_mark, unfinished_without_record,
@@ -193,6 +193,7 @@ def reproduce_all(
         raise ValueError(f"unknown reproduction targets {unknown}; expected names from {tuple(TARGETS)}")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
         raise ValueError(f"jobs={jobs!r}; expected an integer >= 1 (or 0 for one per free core)")
+    check_bool(quick, f"quick={quick!r}")
     check_seed(seed, high=REPRODUCE_SEED_MAX)  # before any target runs (each would record it as a failure)
     jobs = default_jobs(len(names)) if jobs == 0 else min(jobs, max(len(names), 1))
     root = Path("runs") / "reproduce" / "all" if out is None else Path(out)
@@ -240,11 +241,18 @@ def reproduce_all(
                   cpu_seconds=sum(r.cpu_seconds for r in results))
     page = write_fidelity_html(results, root / "fidelity.html", run=run)
     write_fidelity_markdown(results, root / "fidelity.md", run=run)
+    _write_fidelity_json(results, root / "fidelity.json", run=run)
+    mark_finished(root)
+    return results, page
+
+
+def _write_fidelity_json(results: Sequence[ReproduceResult], path: Path, *, run: RunInfo) -> Path:
+    """``fidelity.json`` beside the page: per target its seed, budget, times and claims with verdicts."""
     summary = [
         {
             "name": r.name,
-            "seed": seed,  # what the numbers depend on, as each target's summary.json says too
-            "quick": quick,
+            "seed": run.seed,  # what the numbers depend on, as each target's summary.json says too
+            "quick": run.quick,
             "attnkit": __version__,
             "seconds": round(r.seconds, 1),
             "cpu_seconds": round(r.cpu_seconds, 1),
@@ -254,13 +262,23 @@ def reproduce_all(
         }
         for r in results
     ]
-    (root / "fidelity.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    mark_finished(root)
-    return results, page
+    path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def _plain_name(name) -> str:
+    """``name`` if it is a plain file name (no folder, not ``.``/``..``): a summary lists only the files its
+    run wrote into its own folder, so a path (absolute, ``../x.png``) would embed a file from elsewhere."""
+    if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+        raise ValueError(f"files lists {name!r}; expected plain file names inside the target's folder")
+    return name
 
 
 def load_result(folder: Union[str, Path]) -> ReproduceResult:
-    """A target's result read back from its ``summary.json`` (rows, claims, files, seconds, budget)."""
+    """A target's result read back from its ``summary.json`` (rows, claims, files, seconds, budget).
+
+    ``files`` must be plain names of files in ``folder`` (as the run wrote them); a path is a ``ValueError``.
+    """
     from .report import Claim
 
     folder = Path(folder)
@@ -272,7 +290,8 @@ def load_result(folder: Union[str, Path]) -> ReproduceResult:
                            if k in c}) for c in data["claims"]]
         rows = [{k: from_jsonable(v) for k, v in row.items()} for row in data["rows"]]
         result = ReproduceResult(name=data["name"], out=folder, rows=rows, claims=claims,
-                                 files=[folder / f for f in data["files"]], seconds=float(data["seconds"]),
+                                 files=[folder / _plain_name(f) for f in data["files"]],
+                                 seconds=float(data["seconds"]),
                                  budget=str(data.get("budget", "")),
                                  cpu_seconds=float(data.get("cpu_seconds", 0.0)),
                                  note=str(data.get("note", "")), seed=data.get("seed"),
@@ -283,10 +302,20 @@ def load_result(folder: Union[str, Path]) -> ReproduceResult:
 
 
 def rebuild_fidelity(
-    root: Union[str, Path], *, quick: bool, seed: int = 0, jobs: int = 1, seconds: Optional[float] = None
+    root: Union[str, Path], *, quick: Optional[bool] = None, seed: Optional[int] = None, jobs: int = 1,
+    seconds: Optional[float] = None,
 ) -> Path:
-    """Rewrite ``fidelity.html`` / ``.md`` of ``root`` from the targets' ``summary.json`` (no rerun).
+    """Rewrite ``fidelity.html`` / ``.md`` / ``.json`` of ``root`` from the targets' ``summary.json`` files
+    (no rerun).
+
+    The page's budgets (quick or full) and seed are those the summaries record; summaries that mix them are
+    a ``ValueError`` naming the targets, and so is a ``quick`` or ``seed`` given here that disagrees with them
+    (they are needed only for summaries of older versions, which do not record them).
     ``seconds``: the wall time of the run that made them (default: the sum of the targets' times)."""
+    if quick is not None:
+        check_bool(quick, f"quick={quick!r}")
+    if seed is not None:
+        check_seed(seed)
     root = Path(root)
     folders = sorted(p.parent for p in root.glob("*/summary.json"))
     if not folders:
@@ -295,11 +324,36 @@ def rebuild_fidelity(
 
     order = {name: i for i, name in enumerate(TARGETS)}  # the order of a run; unknown folders last
     results = sorted((load_result(f) for f in folders), key=lambda r: (order.get(r.name, len(order)), r.name))
+    run_quick = _recorded(results, "quick", quick, root)
+    run_seed = _recorded(results, "seed", seed, root)
+    if run_quick is None or run_seed is None:
+        missing = "quick" if run_quick is None else "seed"
+        raise ValueError(f"the summaries under {str(root)!r} do not record {missing}; pass {missing}= "
+                         "(the budgets and first seed of the run that made them)")
     wall = sum(r.seconds for r in results) if seconds is None else seconds
-    run = RunInfo(quick=quick, seed=seed, jobs=jobs, seconds=wall,
+    run = RunInfo(quick=bool(run_quick), seed=int(run_seed), jobs=jobs, seconds=wall,
                   cpu_seconds=sum(r.cpu_seconds for r in results))
     write_fidelity_markdown(results, root / "fidelity.md", run=run)
+    _write_fidelity_json(results, root / "fidelity.json", run=run)
     return write_fidelity_html(results, root / "fidelity.html", run=run)
+
+
+def _recorded(results: Sequence[ReproduceResult], key: str, given, root: Path):
+    """The one value of ``key`` (``quick`` or ``seed``) the summaries record (``None`` if none does); a mix,
+    or a ``given`` value that differs, is a ``ValueError`` naming the targets."""
+    by_value: dict = {}
+    for r in results:
+        if getattr(r, key) is not None:
+            by_value.setdefault(getattr(r, key), []).append(r.name)
+    if len(by_value) > 1:
+        listed = "; ".join(f"{key}={v!r}: {', '.join(names)}" for v, names in by_value.items())
+        raise ValueError(f"the summaries under {str(root)!r} mix runs ({listed}); rerun them with one {key} "
+                         "('attnkit reproduce all') or rebuild each run's folder apart")
+    value = next(iter(by_value), None)
+    if given is not None and value is not None and given != value:
+        raise ValueError(f"{key}={given!r} but the summaries under {str(root)!r} record {key}={value!r} "
+                         f"({', '.join(by_value[value])}); leave {key} out")
+    return value if value is not None else given
 
 
 def _md(text: str) -> str:

@@ -44,7 +44,8 @@ def explain_away_training(result: ReproduceResult, quick: bool = False, seed: in
 
     Checks AEA's Fig. 1 (most LNAS keys have log weight sums below -20), Fig. 3 (the HNAS
     weight u moves to 1, i.e. towards DNAS) and Table 1 (no-attn < LNAS < DNAS accuracy), each with the
-    paper's criterion, plus DNA's Fig. 1 / Lemma 1 bound and the looser eps = 1e-3 reading.
+    paper's criterion, plus DNA's Fig. 1 / Lemma 1 bound and the looser eps = 1e-3 threshold (still a
+    majority of keys).
     """
     out = result.out
     n_seeds, steps, every = explain_away_budget(quick)
@@ -125,12 +126,14 @@ def explain_away_training(result: ReproduceResult, quick: bool = False, seed: in
               f"{min(r.log_sums.min() for r in runs['softmax']):.1f}",
               paper="> 50% of keys below -20", ours=spread(soft_b20)),
         Claim("AEA sec. 4 (eps = 1e-3)",
-              "a large share of LNAS keys is eps-explained-away (sum < 1e-3), none under DNAS",
-              bool(np.all(soft_eps > 0.1) and np.all(dnas_eps == 0)),
-              f"share below eps: LNAS {spread(soft_eps)}, DNAS {spread(dnas_eps)}; "
-              "looser than the paper's -20 "
-              "(log 1e-3 = -6.9) and 'large share' read as > 10%",
-              paper="majority below -20", ours=f"LNAS {spread(soft_eps)} below 1e-3", criterion="weaker"),
+              "a majority of LNAS keys is eps-explained-away (sum < 1e-3), none under DNAS",
+              bool(np.all(soft_eps > 0.5) and np.all(dnas_eps == 0)),
+              f"share below eps per seed: LNAS {np.round(soft_eps, 3).tolist()}, DNAS "
+              f"{np.round(dnas_eps, 3).tolist()}; the threshold is looser than the paper's -20 "
+              "(log 1e-3 = -6.9), the paper's 'majority' (> 50% in every seed) is kept",
+              paper="majority below -20",
+              ours=f"LNAS {spread(soft_eps)} below 1e-3 (needs > 0.5), DNAS {spread(dnas_eps)} (needs 0)",
+              criterion="weaker"),
         Claim("DNA Fig. 1 / Lemma 1", "DNAS keeps every key's weight sum >= 1/n_k throughout training",
               bool(dnas_min >= 1 - 1e-6),
               f"min over {n_seeds} seeds x {len(first['dnas'].steps)} evaluations of n_k * sum = "

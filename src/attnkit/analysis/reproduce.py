@@ -48,7 +48,7 @@ from .repro_headlines import headline_generation
 from .repro_mlu import mlu_ablations
 from .repro_pretraining import hnas_pretraining
 from .repro_sinkhorn import sinkhorn_iterations
-from ..validators import check_seed
+from ..validators import check_bool, check_seed
 from .report import ReproduceResult, mark_finished, prepare_output_dir
 
 __all__ = ["TARGETS", "TARGET_HELP", "reproduce", "default_output_dir"]
@@ -117,6 +117,7 @@ def reproduce(
     if name not in TARGETS:
         raise ValueError(f"unknown reproduction target {name!r}; expected one of {tuple(TARGETS)}")
     check_seed(seed, high=REPRODUCE_SEED_MAX)
+    check_bool(quick, f"quick={quick!r}")
     out_dir = prepare_output_dir(default_output_dir(name) if out is None else out, overwrite=overwrite)
     result = ReproduceResult(name=name, out=out_dir, seed=seed, quick=quick)
     start, cpu_start = time.perf_counter(), time.process_time()
