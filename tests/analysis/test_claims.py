@@ -490,6 +490,20 @@ def test_rebuild_refuses_summaries_of_different_runs_and_names_the_targets(tmp_p
         rebuild_fidelity(root)
 
 
+@pytest.mark.parametrize("key, value", [("quick", "false"), ("quick", 1), ("seed", 2.7), ("seed", -1)])
+def test_a_summary_recording_a_quick_or_seed_of_another_type_is_refused(tmp_path, constructed_targets, key,
+                                                                         value):
+    """A summary.json is not trusted: "false" became quick (True) and 2.7 seed 2 on the rebuilt page."""
+    from attnkit.analysis.fidelity import rebuild_fidelity
+
+    root = tmp_path / "all"
+    reproduce_all(root, targets=["constructed-pass"], quick=True, seed=3)
+    path = root / "constructed-pass" / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), key: value}))
+    with pytest.raises(ValueError, match=f"constructed-pass's summary.json records {key}"):
+        rebuild_fidelity(root)
+
+
 @pytest.mark.parametrize("name", ["/etc/private.png", "../outside.png", "sub/plot.png", "..", ""])
 def test_a_summary_listing_files_outside_its_folder_is_refused(tmp_path, constructed_targets, name):
     """load_result built ``folder / f`` unchecked: an absolute or ``../`` path embedded any image."""

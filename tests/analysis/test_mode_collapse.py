@@ -208,6 +208,12 @@ def test_two_clusters_rejects_values_that_give_non_finite_points(kwargs, match):
         two_clusters(2, 2, **args)
 
 
+def test_two_clusters_takes_a_numpy_integer_seed():
+    # the seed passed the check and then failed in manual_seed with "an integer is required"
+    a = two_clusters(3, 3, [1.0], [-1.0], seed=np.int64(3))
+    torch.testing.assert_close(a, two_clusters(3, 3, [1.0], [-1.0], seed=3), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"gap": True}, "gap=True"), ({"gap": math.inf}, "gap=inf"), ({"gap": math.nan}, "gap=nan"),
     ({"min_fraction": True}, "min_fraction=True"), ({"min_fraction": math.nan}, "min_fraction=nan"),

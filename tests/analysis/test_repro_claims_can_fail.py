@@ -23,7 +23,7 @@ def test_coda_m_near_zero_claim_is_not_held_by_an_untrained_model(tmp_path, monk
     claims = _coda_claims(tmp_path, monkeypatch, train_coda(steps=0, seed=0))
     claim = next(c for c in claims if c.statement.startswith("M follows tanh(E)"))
     assert not claim.held
-    assert "untrained" in claim.evidence and "at init" in claim.ours
+    assert "untrained" in claim.evidence and "initial" in claim.ours
 
 
 def test_coda_m_near_zero_claim_holds_when_training_gates_entries_to_zero(tmp_path, monkeypatch):
@@ -35,6 +35,19 @@ def test_coda_m_near_zero_claim_holds_when_training_gates_entries_to_zero(tmp_pa
                        after={"sigmoid(N)": gate1, "tanh(E)": e, "M": e * gate1}, accuracy=1.0, config=None)
     claims = _coda_claims(tmp_path, monkeypatch, run)
     assert next(c for c in claims if c.statement.startswith("M follows tanh(E)")).held
+
+
+def test_coda_m_near_zero_claim_is_not_held_when_only_tanh_e_concentrates(tmp_path, monkeypatch):
+    """The claim compared M's excess over tanh(E) after training with the one before: an unchanged gate on a
+    tanh(E) that concentrated near 0 passed. It compares the trained and initial gates on the same tanh(E)."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(0.0, 1.0, 4000)
+    gate = rng.uniform(0.05, 0.95, x.size)  # the same gate before and after
+    e0, e1 = np.tanh(2.0 * x), np.tanh(0.3 * x)  # tanh(E) spread at init, concentrated after training
+    run = CoDATraining(before={"sigmoid(N)": gate, "tanh(E)": e0, "M": e0 * gate},
+                       after={"sigmoid(N)": gate, "tanh(E)": e1, "M": e1 * gate}, accuracy=1.0, config=None)
+    claims = _coda_claims(tmp_path, monkeypatch, run)
+    assert not next(c for c in claims if c.statement.startswith("M follows tanh(E)")).held
 
 
 def test_coda_tanh_e_row_shows_every_criterions_number(tmp_path, monkeypatch):

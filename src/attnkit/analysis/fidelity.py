@@ -343,8 +343,16 @@ def _recorded(results: Sequence[ReproduceResult], key: str, given, root: Path):
     or a ``given`` value that differs, is a ``ValueError`` naming the targets."""
     by_value: dict = {}
     for r in results:
-        if getattr(r, key) is not None:
-            by_value.setdefault(getattr(r, key), []).append(r.name)
+        value = getattr(r, key)
+        if value is None:
+            continue
+        # a summary.json is not trusted: "false" or 2.7 must not become True or seed 2 on the page
+        if key == "quick" and not isinstance(value, bool):
+            raise ValueError(f"{r.name}'s summary.json records quick={value!r}; expected true or false "
+                             "(rerun the target)")
+        if key == "seed":
+            check_seed(value, f"{r.name}'s summary.json records seed")
+        by_value.setdefault(value, []).append(r.name)
     if len(by_value) > 1:
         listed = "; ".join(f"{key}={v!r}: {', '.join(names)}" for v, names in by_value.items())
         raise ValueError(f"the summaries under {str(root)!r} mix runs ({listed}); rerun them with one {key} "

@@ -175,7 +175,7 @@ def two_clusters(
         if c.numel() < 1 or not torch.isfinite(c).all():
             raise ValueError(f"{name}={given!r}; expected at least one coordinate, all finite")
     check_number(std, f"std={std!r}", "expected a finite number >= 0", low=0, sep="; ")
-    check_seed(seed)
+    seed = check_seed(seed)  # a Python int (manual_seed refuses NumPy integers)
     g = torch.Generator().manual_seed(seed)
     d = c0.numel()
     x0 = c0 + std * torch.randn(n0, d, generator=g, dtype=torch.float64)  # (n0, d)

@@ -63,9 +63,15 @@ def coda_matrices(result: ReproduceResult, quick: bool = False, seed: int = 0) -
     corr = float(np.corrcoef(run.after["tanh(E)"], run.after["M"])[0, 1])
     corr0 = float(np.corrcoef(run.before["tanh(E)"], run.before["M"])[0, 1])
     # M = tanh(E) * gate with the gate in (0, 1): M has more values near 0 than tanh(E) by construction, even
-    # untrained. What the trained gate adds (Fig. 2: it saturates and zeroes entries) is a larger excess.
-    excess1 = m1["frac |x| < 0.1"] - e1["frac |x| < 0.1"]
-    excess0 = m0["frac |x| < 0.1"] - e0["frac |x| < 0.1"]
+    # untrained. What the trained gate adds (Fig. 2: it saturates and zeroes entries) is measured on the same
+    # trained tanh(E) (the same held-out entries are read before and after training): M's excess near-0 share
+    # with the trained gate against that with the gate at initialization. Comparing the excess after training
+    # with the one before instead mostly measured how tanh(E) spread (an unchanged gate on a concentrating
+    # tanh(E) passed).
+    near = lambda x: float(np.mean(np.abs(x) < 0.1))  # noqa: E731
+    tanh_e1 = run.after["tanh(E)"]
+    excess1 = near(run.after["M"]) - near(tanh_e1)
+    excess0 = near(tanh_e1 * run.before[gate_name]) - near(tanh_e1)
     note = "; Fig. 2 is a histogram, the thresholds are ours"
     result.budget = (f"{steps} Adam steps (batch 64), one CoDA layer (d 32, 2 heads), signed-sum task, "
                      f"seed {seed}")
@@ -89,12 +95,14 @@ def coda_matrices(result: ReproduceResult, quick: bool = False, seed: int = 0) -
               "entries)",
               corr > 0.7 and excess1 > excess0,
               f"corr(M, tanh E) {corr:.3f} trained, {corr0:.3f} at init; share |x| < 0.1 trained: M "
-              f"{m1['frac |x| < 0.1']:.3f}, tanh(E) {e1['frac |x| < 0.1']:.3f} (excess {excess1:+.3f}); "
-              f"untrained (same seed, steps=0): M {m0['frac |x| < 0.1']:.3f}, tanh(E) "
-              f"{e0['frac |x| < 0.1']:.3f} (excess {excess0:+.3f}); the gate lies in (0, 1), so |M| <= "
-              "|tanh E| and M has the excess even untrained: held only if training made it larger" + note,
+              f"{m1['frac |x| < 0.1']:.3f}, tanh(E) {e1['frac |x| < 0.1']:.3f}; on the trained tanh(E), M's "
+              f"excess near-0 share over it with the trained gate {excess1:+.3f}, with the gate at "
+              f"initialization (same seed, same entries) {excess0:+.3f} (untrained M "
+              f"{m0['frac |x| < 0.1']:.3f} vs tanh(E) {e0['frac |x| < 0.1']:.3f}); the gate lies in (0, 1), "
+              "so |M| <= |tanh E| and M has an excess even untrained: held only if the trained gate zeroes "
+              "more of the same tanh(E)" + note,
               paper="M shaped like tanh(E), more mass at 0 due to sigmoid(N)",
-              ours=f"corr {corr:.2f}; M's excess near-0 share over tanh(E) {excess1:+.3f} trained vs "
-                   f"{excess0:+.3f} at init",
+              ours=f"corr {corr:.2f}; on trained tanh(E), M's excess near-0 share {excess1:+.3f} with the "
+                   f"trained gate vs {excess0:+.3f} with the initial one",
               criterion="different"),
     ]
