@@ -3,9 +3,11 @@ fixture."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -509,20 +511,56 @@ def tiny_bert_without_tokenizer(tmp_path_factory):
     return path
 
 
-def test_convert_overwrite_leaves_no_file_of_the_earlier_conversion(
+def _snapshot(folder) -> dict:
+    """Every entry of ``folder``: a link's target, or a file's bytes (a folder's entry is its name alone)."""
+    return {p.name: os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else None
+            for p in sorted(folder.iterdir())}
+
+
+def test_convert_overwrite_refuses_the_earlier_tokenizer_rather_than_leave_it_beside_new_weights(
     tiny_bert, tiny_bert_without_tokenizer, tmp_path, capsys
 ):
-    """``convert --overwrite`` kept the earlier conversion's tokenizer beside the new model's weights (and
-    then said nothing about the missing tokenizer, since it found the stale one)."""
+    """``convert --overwrite`` kept the earlier conversion's tokenizer beside the new model's weights; it is
+    refused (it may be the user's: it is not removed), and once moved away the new conversion replaces the
+    earlier one and keeps the user's other files."""
     out = tmp_path / "converted"
     main(["convert", str(tiny_bert), "--mechanism", "dnas", "--out", str(out)])
     (out / "notes.txt").write_text("mine")  # not a model file: kept
-    capsys.readouterr()
-    main(["convert", str(tiny_bert_without_tokenizer), "--mechanism", "dnas", "--out", str(out),
-          "--overwrite"])
+    before = _snapshot(out)
+    argv = ["convert", str(tiny_bert_without_tokenizer), "--mechanism", "dnas", "--out", str(out),
+            "--overwrite"]
+    err = _error(capsys, argv)
+    assert "does not write (tokenizer.json, tokenizer_config.json)" in err and "move them out" in err
+    assert _snapshot(out) == before  # nothing changed, no temporary folder left
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (out / name).rename(tmp_path / name)
+    main(argv)
     assert "(no tokenizer: MODEL_DIR has none to copy)" in capsys.readouterr().out
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "notes.txt"]
     assert json.loads((out / "config.json").read_text())["vocab_size"] == 100
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_convert_overwrite_keeps_the_users_files_and_refuses_those_named_as_model_files(
+    tiny_bert, tiny_bert_without_tokenizer, tmp_path, capsys
+):
+    """``--overwrite`` deleted the user's own files that matched the model file patterns (a copy of the
+    weights, a vocab.txt) and a metrics.json the earlier conversion never wrote."""
+    out = tmp_path / "converted"
+    main(["convert", str(tiny_bert), "--mechanism", "dnas", "--out", str(out)])
+    (out / "metrics.json").write_text('{"my": 1}')
+    shutil.copy(out / "model.safetensors", out / "model_before_my_edit.safetensors")
+    (out / "vocab.txt").write_text("w\n")
+    before = _snapshot(out)
+    err = _error(capsys, ["convert", str(tiny_bert_without_tokenizer), "--mechanism", "hnas", "--out",
+                          str(out), "--overwrite"])
+    assert "model_before_my_edit.safetensors" in err and "vocab.txt" in err and "metrics.json" not in err
+    assert _snapshot(out) == before
+    for name in ("model_before_my_edit.safetensors", "vocab.txt"):
+        (out / name).unlink()
+    main(["convert", str(tiny_bert), "--mechanism", "hnas", "--out", str(out), "--overwrite"])
+    assert (out / "metrics.json").read_text() == '{"my": 1}'  # not a file of a model: kept
+    assert json.loads((out / "config.json").read_text())["attnkit"]["mechanism"] == "hnas"
 
 
 def test_convert_overwrite_refuses_model_files_attnkit_did_not_write(tiny_bert, tmp_path, capsys):
@@ -531,6 +569,85 @@ def test_convert_overwrite_refuses_model_files_attnkit_did_not_write(tiny_bert, 
     before = sorted(p.name for p in out.iterdir())
     err = _error(capsys, ["convert", str(tiny_bert), "--mechanism", "dnas", "--out", str(out), "--overwrite"])
     assert "attnkit did not write" in err and sorted(p.name for p in out.iterdir()) == before
+
+
+def test_convert_overwrite_never_writes_through_a_symbolic_link(tiny_bert, tmp_path, capsys):
+    """A --out whose files link to a model elsewhere (a Hugging Face cache snapshot) passed the "attnkit did
+    not write them" refusal, and save_pretrained wrote the new model through the links into the source."""
+    def linked(source, name):
+        folder = tmp_path / name
+        folder.mkdir()
+        for path in source.iterdir():
+            (folder / path.name).symlink_to(path)
+        return folder
+
+    stock = tmp_path / "stock"
+    shutil.copytree(tiny_bert, stock)
+    stock_before = _snapshot(stock)
+    farm = linked(stock, "stock-links")  # links to a stock model: refused like the stock model itself
+    err = _error(capsys, ["convert", str(stock), "--mechanism", "dnas", "--out", str(farm), "--overwrite"])
+    assert "attnkit did not write" in err
+    assert _snapshot(stock) == stock_before and all(p.is_symlink() for p in farm.iterdir())
+
+    converted = tmp_path / "converted"
+    main(["convert", str(stock), "--mechanism", "dnas", "--out", str(converted)])
+    converted_before = _snapshot(converted)
+    farm = linked(converted, "converted-links")  # links to an attnkit conversion: the links are replaced
+    main(["convert", str(stock), "--mechanism", "hnas", "--out", str(farm), "--overwrite"])
+    assert _snapshot(converted) == converted_before and _snapshot(stock) == stock_before
+    assert not any(p.is_symlink() for p in farm.iterdir())
+    assert json.loads((farm / "config.json").read_text())["attnkit"]["mechanism"] == "hnas"
+
+
+def _fail_while_writing(model, folder, *args, **kwargs):
+    """``save_pretrained`` on a full disk: part of the weights written, then the write refused."""
+    with open(os.path.join(folder, "model.safetensors"), "wb") as f:
+        f.write(b"\0" * 1000)
+    raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["over-an-earlier-conversion", "into-a-new-out"])
+def test_convert_that_fails_while_writing_leaves_out_as_it_was_and_is_one_line(
+    existing, tiny_bert, tmp_path, capsys, monkeypatch
+):
+    """A write that failed (disk full) had already deleted the earlier conversion, and was a 44-line
+    traceback with exit code 1."""
+    from transformers import PreTrainedModel
+
+    out = tmp_path / "converted"
+    if existing:
+        main(["convert", str(tiny_bert), "--mechanism", "dnas", "--out", str(out)])
+        before = _snapshot(out)
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", _fail_while_writing)
+    err = _error(capsys, ["convert", str(tiny_bert), "--mechanism", "hnas", "--out", str(out), "--overwrite"])
+    assert err.startswith("error: File too large while saving the converted model (--out left as it was)")
+    if existing:
+        assert _snapshot(out) == before  # the earlier conversion whole, no temporary folder left
+    else:
+        assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["converted"] if existing else [])
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="no file-size limit on this system")
+def test_convert_over_the_file_size_limit_is_one_line_and_keeps_the_earlier_conversion(
+    tiny_bert, tmp_path, capsys
+):
+    """safetensors' own error (``SafetensorError: ... File too large (os error 27)``) under ``ulimit -f``."""
+    import resource
+
+    out = tmp_path / "converted"
+    main(["convert", str(tiny_bert), "--mechanism", "dnas", "--out", str(out)])
+    before = _snapshot(out)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    assert signal.getsignal(signal.SIGXFSZ) == signal.SIG_IGN  # Python's: a write past the limit is EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, hard))  # the weights are about 4 MB
+    try:
+        err = _error(capsys, ["convert", str(tiny_bert), "--mechanism", "hnas", "--out", str(out),
+                              "--overwrite"])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert "File too large while saving the converted model (--out left as it was)" in err
+    assert _snapshot(out) == before
 
 
 def test_finetune_refuses_a_tokenizer_larger_than_the_embedding(
@@ -549,12 +666,69 @@ def test_finetune_refuses_a_tokenizer_larger_than_the_embedding(
 
 
 def test_convert_overwrite_replaces_a_softmax_fine_tune_whose_config_records_no_conversion(
-    tiny_bert, tiny_bert_without_tokenizer, fixture_dataset, tmp_path, capsys
+    tiny_bert, fixture_dataset, tmp_path, capsys
 ):
     out = tmp_path / "tuned"
     main(["finetune", "--model", str(tiny_bert), "--dataset", str(fixture_dataset), "--max-steps", "1",
           "--batch-size", "4", "--max-length", "32", "--out", str(out)])
     assert "attnkit" not in json.loads((out / "config.json").read_text())  # an ordinary transformers model
-    main(["convert", str(tiny_bert_without_tokenizer), "--mechanism", "dnas", "--out", str(out),
-          "--overwrite"])
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    metrics = (out / "metrics.json").read_text()
+    main(["convert", str(tiny_bert), "--mechanism", "dnas", "--out", str(out), "--overwrite"])
+    assert json.loads((out / "config.json").read_text())["attnkit"]["mechanism"] == "dnas"
+    assert (out / "metrics.json").read_text() == metrics  # not a file of a model: kept
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["over-an-earlier-conversion", "into-a-new-out"])
+def test_convert_stopped_between_its_moves_reads_as_the_earlier_conversion_and_runs_again(
+    existing, tiny_bert, tmp_path, capsys, monkeypatch
+):
+    """Ctrl-C after the first file moved into --out: config.json goes last, so --out still reads as the
+    earlier conversion (and ``--overwrite`` runs again); an --out the conversion created is removed."""
+    import attnkit.cli.hf as cli_hf
+
+    out = tmp_path / "converted"
+    if existing:
+        main(["convert", str(tiny_bert), "--mechanism", "dnas", "--out", str(out)])
+    moves, replace = [], os.replace
+
+    def interrupted(src, dst):
+        if moves:
+            raise KeyboardInterrupt
+        moves.append(os.path.basename(dst))
+        replace(src, dst)
+
+    monkeypatch.setattr(cli_hf.os, "replace", interrupted)
+    argv = ["convert", str(tiny_bert), "--mechanism", "hnas", "--out", str(out), "--overwrite"]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    monkeypatch.undo()
+    assert exc.value.code == 130 and moves and moves[0] != "config.json"
+    if not existing:
+        assert not out.exists()
+        return
+    assert json.loads((out / "config.json").read_text())["attnkit"]["mechanism"] == "dnas"
+    assert not any(p.name.startswith(".attnkit-convert-") for p in out.iterdir())
+    main(argv)
+    assert json.loads((out / "config.json").read_text())["attnkit"]["mechanism"] == "hnas"
+
+
+def test_a_killed_conversions_staging_folder_does_not_block_the_next_run(tiny_bert, tmp_path):
+    # SIGKILL leaves the staging folder in --out: the identical command was refused as a non-empty --out
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    out = tmp_path / "converted"
+    staging = out / f".attnkit-convert-{int(dead.stdout)}-abc123"
+    staging.mkdir(parents=True)
+    (staging / "model.safetensors").write_bytes(b"partial")
+    live = out.parent / "other" / f".attnkit-convert-{os.getpid()}-def456"  # a running conversion's: kept
+    live.mkdir(parents=True)
+    main(["convert", str(tiny_bert), "--mechanism", "dnas", "--out", str(out)])
+    assert json.loads((out / "config.json").read_text())["attnkit"]["mechanism"] == "dnas"
+    assert not staging.exists()
+    from attnkit.cli.hf import _remove_dead_staging
+
+    _remove_dead_staging(live.parent)
+    assert live.exists()
