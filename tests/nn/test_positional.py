@@ -198,3 +198,17 @@ def test_boolean_or_floating_positions_raise_naming_the_dtype(x_dtype, positions
     positions = torch.ones(2, 5, dtype=positions_dtype)
     with pytest.raises(ValueError, match=f"{positions_dtype}; expected integer positions of shape"):
         pe(torch.zeros(2, 5, 8, dtype=x_dtype), positions=positions)
+
+
+def test_negative_positions_name_the_clamp_and_the_documented_expression_works():
+    # the docs suggested attention_mask.cumsum(1) - 1, which gives -1 at left padding; the error then said to
+    # build a larger max_len, which cannot help
+    pe = aknn.SinusoidalPositionalEncoding(8, max_len=16)
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    x = torch.zeros(2, 5, 8)
+    with pytest.raises(ValueError, match=r"positions span -1\.\.4.*clamp them"):
+        pe(x, positions=mask.cumsum(1) - 1)
+    out = pe(x, positions=(mask.cumsum(1) - 1).clamp(min=0))
+    torch.testing.assert_close(out[0, 2:], out[1, :3])  # the real tokens at 0, 1, 2 either way
+    with pytest.raises(ValueError, match="build the module with a larger max_len"):
+        pe(x, positions=torch.full((2, 5), 16))

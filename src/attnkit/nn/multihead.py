@@ -89,7 +89,8 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
     ``torch.nn.MultiheadAttention``'s. ``backend="reference"`` applies ``F.dropout`` to the materialized
     weights, as torch's ``need_weights=True`` path does, and so reproduces torch's masks and generator state
     for the same seed (on the CPU for ``need_weights=False`` too); ``need_weights=True`` and an active
-    ``ak.observe_weights`` take that route as well, so they switch the draws from the hashed mask to torch's.
+    ``attnkit.functional.observe_weights`` take that route as well, so they switch the draws from the hashed
+    mask to torch's.
 
     Invariants: disallowed pairs weigh 0 and a query with no allowed key gets a zero attention output
     (torch gives NaN there for ``-inf`` or ``True`` masks, and uniform weights when every key of the query

@@ -66,8 +66,9 @@ class _PositionalEncoding(nn.Module):
         """``x`` ``(B, L, d_model)`` (``(L, B, d_model)`` if not ``batch_first``, or unbatched ``(L,
         d_model)``);
         positions ``start .. start + L - 1`` (``start`` > 0 for incremental decoding), or ``positions``
-        ``(B, L)`` given per token for batch-first ``x`` (e.g. ``attention_mask.cumsum(1) - 1``, so that left
-        or inner padding does not move the real tokens' positions)."""
+        ``(B, L)`` given per token for batch-first ``x`` (e.g.
+        ``(attention_mask.cumsum(1) - 1).clamp(min=0)``, so that left or inner padding does not move the real
+        tokens' positions)."""
         if isinstance(x, Tensor) and x.is_nested:
             return self._nested(x, start, positions)
         if not isinstance(x, Tensor) or x.dim() not in (2, 3) or x.shape[-1] != self.d_model:
@@ -141,10 +142,12 @@ class _PositionalEncoding(nn.Module):
             if isinstance(positions, Tensor):
                 got = f"{tuple(positions.shape)} {positions.dtype}"
             raise ValueError(f"positions {got}; expected integer positions of shape {tuple(x.shape[:2])} "
-                             "(e.g. attention_mask.long().cumsum(1) - 1)")
+                             "(e.g. (attention_mask.long().cumsum(1) - 1).clamp(min=0))")
         if positions.numel() and (positions.min() < 0 or positions.max() >= self.max_len):
-            raise ValueError(f"positions span {positions.min().item()}..{positions.max().item()}, outside "
-                             f"[0, max_len={self.max_len}); build the module with a larger max_len")
+            low, high = positions.min().item(), positions.max().item()
+            fix = ("positions are >= 0: clamp them, e.g. (attention_mask.cumsum(1) - 1).clamp(min=0) for "
+                   "left padding" if low < 0 else "build the module with a larger max_len")
+            raise ValueError(f"positions span {low}..{high}, outside [0, max_len={self.max_len}); {fix}")
         # any integer dtype: indexing takes int64 (int8/int16 raised, uint8 was read as a boolean mask)
         return self.rows(positions.long(), x.dtype)  # (B, L, d_model)
 

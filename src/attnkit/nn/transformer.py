@@ -304,7 +304,7 @@ class Transformer(nn.Module):
     ) -> Tensor:
         """The memory ``(B, Ls, d_model)`` (``(Ls, B, d_model)`` unless ``batch_first``); ``src_positions``
         ``(B, Ls)`` (batch-first models): each token's position (default ``0 .. Ls - 1``;
-        ``mask.cumsum(1) - 1`` keeps left or inner padding from moving the real tokens)."""
+        ``(mask.cumsum(1) - 1).clamp(min=0)`` keeps left or inner padding from moving the real tokens)."""
         if self.src_position is not None:
             src = self.src_position(src, positions=src_positions)
         elif src_positions is not None:
@@ -328,7 +328,8 @@ class Transformer(nn.Module):
     ) -> Tensor:
         """Decoder states ``(B, Lt, d_model)`` (``(Lt, B, d_model)`` unless ``batch_first``);
         ``tgt_positions`` ``(B, Lt)`` (batch-first models): each target token's position (default
-        ``0 .. Lt - 1``; ``mask.cumsum(1) - 1`` keeps left or inner padding from moving the real tokens)."""
+        ``0 .. Lt - 1``; ``(mask.cumsum(1) - 1).clamp(min=0)`` keeps left or inner padding from moving the
+        real tokens)."""
         if self.tgt_position is not None:
             tgt = self.tgt_position(tgt, positions=tgt_positions)
         elif tgt_positions is not None:
