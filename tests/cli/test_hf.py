@@ -554,12 +554,13 @@ def test_convert_overwrite_keeps_the_users_files_and_refuses_those_named_as_mode
     before = _snapshot(out)
     err = _error(capsys, ["convert", str(tiny_bert_without_tokenizer), "--mechanism", "hnas", "--out",
                           str(out), "--overwrite"])
-    assert "model_before_my_edit.safetensors" in err and "vocab.txt" in err and "metrics.json" not in err
+    # the backup's name is not one transformers reads: kept, not refused; vocab.txt would be read
+    assert "vocab.txt" in err and "model_before_my_edit" not in err and "metrics.json" not in err
     assert _snapshot(out) == before
-    for name in ("model_before_my_edit.safetensors", "vocab.txt"):
-        (out / name).unlink()
+    (out / "vocab.txt").unlink()
     main(["convert", str(tiny_bert), "--mechanism", "hnas", "--out", str(out), "--overwrite"])
     assert (out / "metrics.json").read_text() == '{"my": 1}'  # not a file of a model: kept
+    assert (out / "model_before_my_edit.safetensors").exists()
     assert json.loads((out / "config.json").read_text())["attnkit"]["mechanism"] == "hnas"
 
 
@@ -714,21 +715,24 @@ def test_convert_stopped_between_its_moves_reads_as_the_earlier_conversion_and_r
 
 def test_a_killed_conversions_staging_folder_does_not_block_the_next_run(tiny_bert, tmp_path):
     # SIGKILL leaves the staging folder in --out: the identical command was refused as a non-empty --out
-    import subprocess
-    import sys
+    import socket
+
+    from attnkit.hf.publish import MARKER
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)
     out = tmp_path / "converted"
     staging = out / f".attnkit-convert-{int(dead.stdout)}-abc123"
     staging.mkdir(parents=True)
+    (staging / MARKER).write_text(json.dumps({"host": socket.gethostname(), "pid": int(dead.stdout)}))
     (staging / "model.safetensors").write_bytes(b"partial")
     live = out.parent / "other" / f".attnkit-convert-{os.getpid()}-def456"  # a running conversion's: kept
     live.mkdir(parents=True)
+    (live / MARKER).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
     main(["convert", str(tiny_bert), "--mechanism", "dnas", "--out", str(out)])
     assert json.loads((out / "config.json").read_text())["attnkit"]["mechanism"] == "dnas"
     assert not staging.exists()
-    from attnkit.cli.hf import _remove_dead_staging
+    from attnkit.hf.publish import remove_dead_staging
 
-    _remove_dead_staging(live.parent)
+    remove_dead_staging(live.parent)
     assert live.exists()

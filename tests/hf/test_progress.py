@@ -108,7 +108,11 @@ def _classifier(tmp_path, num_labels: int, head: str = "sequence", **changes):
     config = BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=32, max_position_embeddings=32, num_labels=num_labels)
     path = tmp_path / "classifier"
-    model_class = BertForTokenClassification if head == "token" else BertForSequenceClassification
+    from transformers import BertForMultipleChoice
+
+    model_class = {"token": BertForTokenClassification, "multiple_choice": BertForMultipleChoice}.get(
+        head, BertForSequenceClassification
+    )
     model_class(config).save_pretrained(path)
     AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(path)
     saved = json.loads((path / "config.json").read_text())
@@ -147,7 +151,21 @@ def test_finetune_of_a_token_classifier_for_other_labels_gets_a_new_head(tmp_pat
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["num_labels"] == 3
 
 
-@pytest.mark.parametrize("head", ["sequence", "token"])
+def test_finetune_of_a_multiple_choice_checkpoint_gets_a_new_head(tmp_path, capsys):
+    """A multiple-choice checkpoint (classifier (1, H), num_labels 2 in its config.json) fine-tuned on 2
+    labels was refused as damaged files ("holds tensors whose shapes differ ... restore the matching
+    pair")."""
+    model = _classifier(tmp_path, num_labels=2, head="multiple_choice")
+    rows = ROWS[:2]
+    main(["finetune", "--model", str(model), "--dataset", str(_data(tmp_path, rows)), "--max-steps", "2",
+          "--batch-size", "4", "--max-length", "12", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert "head is of another task (BertForMultipleChoice); a new one (classifier.bias, classifier.weight" \
+        in err
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["num_labels"] == 2
+
+
+@pytest.mark.parametrize("head", ["sequence", "token", "multiple_choice"])
 def test_a_resized_body_is_still_damaged_files_when_the_head_is_replaced(tmp_path, capsys, head):
     # config.json does not fit the weights
     model = _classifier(tmp_path, num_labels=2, head=head, intermediate_size=24)

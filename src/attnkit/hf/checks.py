@@ -425,6 +425,7 @@ def _load_error(exc: Exception, config_path: str, weights: str, kwargs: dict) ->
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
     "merges.txt", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model", "added_tokens.json",
+    "spm.model",  # DeBERTa-v2's sentencepiece model
 )
 
 

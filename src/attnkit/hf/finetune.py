@@ -400,6 +400,9 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
 
     The metrics: ``accuracy``, ``macro_f1`` on the test split, ``mean_step_seconds`` (first step excluded when
     there are more), ``train_loss``, the run settings, and ``hybrid_weights`` (layers x heads) for hnas.
+    The output is saved into a staging folder in ``out`` and moved into place (``attnkit.hf.publish``): a
+    symbolic link is replaced, never written through, and with ``overwrite`` model or tokenizer files of
+    ``out`` that this output does not write are refused, not deleted (as are those attnkit did not write).
     A run that fails removes the ``out`` directory it created while that is still empty.
     """
     out = Path(config.out)
@@ -428,6 +431,7 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
     from .checks import auto_config, check_model_dir, load_tokenizer
     from .convert import conversion, convert, hybrid_weights, register
     from .progress import load_classifier, progress_callbacks
+    from .publish import check_certainly_stale, check_out_link, check_overwritable, remove_dead_staging
 
     log = _main_process_log()
 
@@ -438,7 +442,11 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
             f"--out {config.out} is --model itself: the fine-tuned model would replace the one it starts "
             "from; choose another --out"
         )
+    check_out_link(out)
+    remove_dead_staging(out)
     _check_out(out, config.overwrite)
+    check_overwritable(out, config.overwrite)
+    check_certainly_stale(out, tokenizer=True, processor=False)  # refused now rather than after training
     check_model_dir(model_dir, "--model")
     _check_recorded_conversion(config, model_dir, conversion(SimpleNamespace(config=auto_config(model_dir))))
     if data is None:
@@ -559,14 +567,17 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
     if mechanism == "hnas":
         metrics["hybrid_weights"] = hybrid_weights(model).tolist()
     if trainer.is_world_process_zero():
-        out.mkdir(parents=True, exist_ok=True)
-        # the model alone: Trainer.save_model would add training_args.bin, a pickle of the run's arguments
-        trainer.model.save_pretrained(str(out))
-        if plain_softmax:
-            _save_unconverted_config(out / "config.json", model_dir)
-        tokenizer.save_pretrained(str(out))
-        from .._files import match_umask
+        from .publish import publish
 
-        match_umask(out)  # model.safetensors is written 0600 by safetensors
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        def write(folder: Path) -> None:
+            # the model alone: Trainer.save_model would add training_args.bin, a pickle of the run's arguments
+            trainer.model.save_pretrained(str(folder))
+            if plain_softmax:
+                _save_unconverted_config(folder / "config.json", model_dir)
+            tokenizer.save_pretrained(str(folder))
+            (folder / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+
+        # staged in --out and moved into place (never through a symbolic link), config.json last; model or
+        # tokenizer files of --out that this output does not write are refused, not deleted
+        publish(out, write, "fine-tuned model", "finetune")
     return metrics

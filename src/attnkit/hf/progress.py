@@ -27,8 +27,9 @@ def _mismatched(info: dict) -> list[str]:
     return sorted(str(m[0] if isinstance(m, (tuple, list)) else m) for m in info.get("mismatched_keys") or [])
 
 
-def describe_loading(info: dict) -> list[str]:
-    """Plain-text lines for ``from_pretrained(..., output_loading_info=True)``'s info dict."""
+def describe_loading(info: dict, other_task: Optional[str] = None) -> list[str]:
+    """Plain-text lines for ``from_pretrained(..., output_loading_info=True)``'s info dict; ``other_task``
+    names the checkpoint's architecture when its head is of another task than sequence classification."""
     missing = sorted(info.get("missing_keys") or [])
     head = [k for k in missing if k.startswith(HEAD_PREFIXES)]
     other = [k for k in missing if not k.startswith(HEAD_PREFIXES)]
@@ -49,8 +50,9 @@ def describe_loading(info: dict) -> list[str]:
     head = [k for k in mismatched if k.startswith(HEAD_PREFIXES)]
     other = [k for k in mismatched if not k.startswith(HEAD_PREFIXES)]
     if head:
+        reason = f"of another task ({other_task})" if other_task else "for another number of labels"
         lines.append(
-            f"the checkpoint's classification head is for another number of labels; a new one "
+            f"the checkpoint's classification head is {reason}; a new one "
             f"({', '.join(head)}) is randomly initialized and trained"
         )
     if other:
@@ -63,7 +65,8 @@ def describe_loading(info: dict) -> list[str]:
 def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None, **kwargs):
     """``AutoModelForSequenceClassification.from_pretrained`` with the load report as plain lines on
     ``log``. A checkpoint whose ``num_labels`` differs from the one asked for (a sequence or token
-    classifier fine-tuned on other labels) gets a new classification head; any other tensor whose shape
+    classifier fine-tuned on other labels), or whose architecture is not a sequence classifier (a
+    multiple-choice head), gets a new classification head; any other tensor whose shape
     differs from config.json is refused as damaged files."""
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
@@ -73,9 +76,12 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
     log = log or (lambda line: print(line, file=sys.stderr))
     check_model_dir(model_dir, "--model")
     saved = auto_config(model_dir)
-    if "num_labels" in kwargs and saved.num_labels != kwargs["num_labels"]:
-        # a classifier (sequence, token, ...) fine-tuned on other labels: its head is replaced, and only its
-        # head (the other resized tensors are refused below)
+    architectures = getattr(saved, "architectures", None) or []
+    other_head = next((a for a in architectures if not a.endswith("ForSequenceClassification")), None)
+    if "num_labels" in kwargs and (saved.num_labels != kwargs["num_labels"] or other_head):
+        # a classifier (sequence, token, ...) fine-tuned on other labels, or a head of another task whose
+        # shape a sequence classifier's cannot match (multiple choice: classifier (1, H) whatever num_labels
+        # says): its head is replaced, and only its head (the other resized tensors are refused below)
         kwargs = {**kwargs, "ignore_mismatched_sizes": True}
     verbosity = hf_logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()
@@ -102,7 +108,8 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
-    for line in describe_loading(info):
+    for line in describe_loading(info, other_task=other_head if saved.num_labels == kwargs.get("num_labels")
+                                 else None):
         log(line)
     return model
 
