@@ -542,3 +542,41 @@ def test_a_load_waits_for_a_fetch_of_the_same_dataset(sst2_dir, tmp_path):
     os.close(fd)
     thread.join(30)
     assert done.is_set()
+
+
+@pytest.mark.parametrize("labels, shown", [
+    ([0.0, float("nan"), 1.0], r"row 1: label NaN"),
+    ([0.0, 1.0, None, float("inf")], r"row 3: label Infinity"),
+    ([float("-inf"), 1.0], r"row 0: label -Infinity"),
+])
+def test_a_parquet_label_that_is_nan_or_infinite_is_refused_naming_the_row(tmp_path, labels, shown):
+    """A NaN label in a parquet file was dropped as unlabeled (only -1 and null are), as in JSON before."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    texts = [f"s{i}" for i in range(len(labels))]
+    pq.write_table(pa.table({"sentence": texts, "label": pa.array(labels, pa.float64())}),
+                   str(tmp_path / "train.parquet"))
+    pq.write_table(pa.table({"sentence": ["a", "b"], "label": [0, 1]}), str(tmp_path / "validation.parquet"))
+    expected = rf"^sst2: .*train\.parquet {shown}\b.*\(or -1 / null for unlabeled\)$"
+    with pytest.raises(ValueError, match=expected):
+        load_dataset("sst2", source=tmp_path)
+
+
+def test_a_parquet_float_label_column_with_nulls_keeps_the_labeled_rows(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = pa.table({"sentence": ["a", "b", "c"], "label": pa.array([1.0, None, 0.0], pa.float64())})
+    pq.write_table(table, str(tmp_path / "train.parquet"))
+    pq.write_table(table, str(tmp_path / "validation.parquet"))
+    data = load_dataset("sst2", source=tmp_path)
+    assert data.train_texts == ["a", "c"] and data.train_labels == [1, 0]
+
+
+@pytest.mark.parametrize("name, needs", [
+    ("snli", r"needs train.<ext> and test.<ext> with ext in"),
+    ("sst2", r"needs train.<ext> and validation.<ext> \(or test.<ext>\) with ext in"),
+])
+def test_the_missing_split_files_are_named_once(tmp_path, name, needs):
+    """SNLI's message said "test.<ext> (or test.<ext>)"."""
+    with pytest.raises(DatasetUnavailableError, match=needs):
+        load_dataset(name, source=tmp_path)

@@ -192,3 +192,34 @@ def test_a_generated_bos_or_pad_before_eos_reads_as_unknown_never_as_nothing():
     assert tok.decode(out, generated=True) == [f"-{GENERATED_BOS}9{GENERATED_PAD}9"]
     # not U+FFFD: a gold holding <unk> decodes to it, and a generated <pad> there scored as exact
     assert tok.decode([ids[0], tok.pad_id], generated=True) != tok.decode([ids[0], tok.unk_id])
+
+
+@pytest.mark.parametrize("text, words", [
+    ("हिन्दी भाषा", ["हिन्दी", "भाषा"]),  # vowel signs (Mc) and the virama (Mn) were tokens of their own
+    ("cafe\u0301 nai\u0308ve", ["café", "naïve"]),  # decomposed accents split "cafe" from "\u0301"
+    ("\u0301a \u20dd", ["\u0301", "a", "\u20dd"]),  # a mark with no word before it is its own token
+])
+def test_combining_marks_stay_in_their_word(text, words):
+    tok = WordTokenizer.fit(["x"])
+    assert tok.tokenize(text) == words
+
+
+def test_decomposed_and_composed_text_give_the_same_tokens():
+    import unicodedata
+
+    text = "Ça déçoit, naïve Zoë! Ångström, ﬁnal; ḱ"
+    tok = WordTokenizer.fit([unicodedata.normalize("NFD", text)])
+    for form in ("NFC", "NFD"):
+        assert tok.tokenize(unicodedata.normalize(form, text)) == tok.tokenize(text)
+        assert tok.unk_id not in tok.encode_ids(unicodedata.normalize(form, text))
+
+
+@pytest.mark.parametrize("text, words", [
+    ("Don't e-mail me at 3.14 p.m., U.S.A.!", ["don", "'", "t", "e", "-", "mail", "me", "at", "3", ".", "14",
+                                              "p", ".", "m", ".", ",", "u", ".", "s", ".", "a", ".", "!"]),
+    ("snake_case (x2) costs $5 -- 100%?", ["snake_case", "(", "x2", ")", "costs", "$", "5", "-", "-", "100",
+                                          "%", "?"]),
+    ("It's   the\tend\n", ["it", "'", "s", "the", "end"]),
+])
+def test_english_text_is_split_as_before(text, words):
+    assert WordTokenizer.fit(["x"]).tokenize(text) == words

@@ -273,3 +273,56 @@ def test_a_label_outside_label_names_names_its_line(tmp_path):
     bad = json.dumps({"split": "test", "text": "x", "label": 5})
     with pytest.raises(ValueError, match=r"data.jsonl', line 4: label 5 is not in label_names"):
         load_file_dataset(_write(tmp_path, head, TRAIN, TRAIN2, bad))
+
+
+@pytest.mark.parametrize("names", [[1, 2, 3, 4, 5], ["1", "2", "3", "4", "5"]])
+def test_integer_labels_that_are_the_label_names_keep_their_class(tmp_path, names):
+    """Star ratings 1..5 were read as indices: 1 became "2", ..., 4 became "5", and 5 (no index) "5"."""
+    data = load_file_dataset(_classification(tmp_path, [1, 2, 3, 4, 5, "3"], label_names=names))
+    assert [data.label_names[i] for i in data.train_labels] == ["1", "2", "3", "4", "5", "3"]
+
+
+def test_integer_labels_that_name_the_class_they_index_are_read_either_way(tmp_path):
+    data = load_file_dataset(_classification(tmp_path, [0, 1, 1, "0"], label_names=[0, 1]))
+    assert data.label_names == ["0", "1"] and data.train_labels == [0, 1, 1, 0]
+
+
+@pytest.mark.parametrize("names, labels", [
+    ([1, 0], [0, 1]),
+    ([1, 0], [1, 1]),
+    (["1", "0"], [0, 1]),
+    (["a", "0"], [0, "a"]),
+])
+def test_an_integer_label_that_is_one_name_and_another_index_is_refused(tmp_path, names, labels):
+    """Names ["1", "0"] read the integer 0 as index 0 ("1") but the string "0" as "0": now refused."""
+    path = _classification(tmp_path, labels, label_names=names)
+    expected = r"train\[0\]: label \d is the name '\w' and the index of '\w' in label_names .* write the"
+    with pytest.raises(ValueError, match=expected):
+        load_file_dataset(path)
+
+
+def test_string_labels_are_names_when_integer_names_are_ambiguous(tmp_path):
+    data = load_file_dataset(_classification(tmp_path, ["0", "1", "0"], label_names=[1, 0]))
+    assert data.label_names == ["1", "0"] and data.train_labels == [1, 0, 1]
+
+
+def test_an_ambiguous_integer_label_in_a_jsonl_file_names_its_line(tmp_path):
+    head = json.dumps({"kind": "classification", "label_names": ["1", "0"]})
+    rows = [json.dumps({"split": s, "text": "x", "label": y}) for s, y in (("train", "1"), ("test", 0))]
+    with pytest.raises(ValueError, match=r"data.jsonl', line 3: label 0 is the name '0' and the index of"):
+        load_file_dataset(_write(tmp_path, head, *rows))
+
+
+@pytest.mark.parametrize("name, text, where, key", [
+    ("d.json", '{"kind": "classification",\n "train": [{"text": "a", "label": "x",\n "label": "y"}], '
+               '"test": []}', "line 2", "label"),
+    ("d.json", '{"kind": "seq2seq", "train": [], "test": [],\n "kind": "classification"}', "line 1", "kind"),
+    ("d.jsonl", HEAD + "\n" + TRAIN + '\n{"split": "train", "text": "b", "label": "x", "split": "test"}\n',
+     "line 3", "split"),
+])
+def test_a_key_repeated_in_one_object_is_refused_with_its_line(tmp_path, name, text, where, key):
+    """json kept the last of two values of a key: the example went to the other split or label."""
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"{name}', {where}: the key '{key}' appears twice in one object"):
+        load_file_dataset(str(path))

@@ -9,7 +9,7 @@ so test canvases only contain digit images never seen in training.
   e.g. ``"three seven one"``. With ``relations=True`` the words of two digits in one row are joined by
   ``"left of"`` and a row change by ``"above"``: ``"three left of seven above one"``.
 - :func:`cluttered_canvases`: one digit at a random position of a larger canvas plus clutter (random
-  8x4 crops of other digits), the translated/cluttered task of "Recurrent Models of Visual Attention"
+  4x4 crops of other digits), the translated/cluttered task of "Recurrent Models of Visual Attention"
   (Mnih et al., 2014, arXiv:1406.6247) at the scale of these images.
 """
 

@@ -215,9 +215,9 @@ def load_hub_source(spec: HubSpec, source: PathLike) -> TextClassificationData:
     train = _split_file(folder, ("train",))
     test = _split_file(folder, tuple(dict.fromkeys((spec.test_split, "test"))))
     if train is None or test is None:
+        either = "" if spec.test_split == "test" else " (or test.<ext>)"
         raise DatasetUnavailableError(
-            f"{spec.name}: {folder} needs train.<ext> and {spec.test_split}.<ext> (or test.<ext>) "
-            "with ext in "
+            f"{spec.name}: {folder} needs train.<ext> and {spec.test_split}.<ext>{either} with ext in "
             f"{tuple(_EXTENSIONS)}; found {sorted(p.name for p in folder.iterdir())}"
         )
     if _EXTENSIONS[train.suffix] != _EXTENSIONS[test.suffix]:
@@ -384,14 +384,24 @@ def _check_csv(spec: HubSpec, path: Path) -> None:
 
 
 def _check_parquet(spec: HubSpec, path: Path) -> None:
+    """A ``.parquet`` file: at least one row, and no NaN or infinite label in a float label column (NaN was
+    dropped as unlabeled; only -1 and null mean unlabeled), named by its row, as in JSON."""
     try:
+        import pyarrow.compute as pc
         import pyarrow.parquet as pq
+        import pyarrow.types as pa_types
 
         count = pq.read_metadata(path).num_rows
-    except Exception:  # not parquet, or no pyarrow: the reader names the problem
+        labels = pq.read_table(path, columns=[spec.label_column]).column(0) if count else None
+    except Exception:  # not parquet, no pyarrow, or no label column: the reader or _to_data names the problem
         return
     if count == 0:
         raise _no_rows(spec, path)
+    if pa_types.is_floating(labels.type):
+        finite = pc.fill_null(pc.is_finite(labels), True)  # null is an unlabeled row
+        row = pc.index(finite, False).as_py()
+        if row >= 0:
+            _check_label_type(spec, path, f"row {row}", {spec.label_column: labels[row].as_py()})
 
 
 _CHECKS = {".jsonl": _check_json_lines, ".json": _check_json, ".csv": _check_csv, ".parquet": _check_parquet}

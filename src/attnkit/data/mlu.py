@@ -14,8 +14,10 @@ ensure that the model embraces symbolic variables", put the two assignments in a
 - ``operators``: any subset of ``+ - * // %`` (``//`` and ``%`` with Python's floor semantics, never by 0);
 - ``variables``: the two variable names.
 
-Samples are unique (by input string) and split into disjoint train and test sets; a seed fixes
-everything. The metric is sequence accuracy: an output counts only when it matches exactly.
+Samples are unique (by input string) and split into train and test sets that share no problem: a test
+problem (the two values and the expression) is not in train in either assignment order, so exact match
+never scores a memorized item; a seed fixes everything. The metric is sequence accuracy: an output counts
+only when it matches exactly.
 """
 
 from __future__ import annotations
@@ -95,9 +97,13 @@ class MLUConfig:
                 "allow only "
                 f"{self.space_size}; ask for at most half of that, or widen [low, high) / add operators"
             )
-        if self.num_train + self.num_test > self.num_valid_inputs:  # e.g. x // y with y in [0, 1) only
+        # a test problem keeps its other assignment order out of train: room for it too (within the half of
+        # space_size unless // or % leave out inputs, e.g. x // y with y in [0, 1) only)
+        needed = self.num_train + (2 if self.permute_assignments else 1) * self.num_test
+        if needed > self.num_valid_inputs:
             raise ValueError(
-                f"MLUConfig: {self.num_train + self.num_test} unique samples requested but the settings "
+                f"MLUConfig: {self.num_train + self.num_test} unique samples requested (room for {needed} "
+                "with each test problem's other assignment order kept out of train) but the settings "
                 f"allow only {self.num_valid_inputs} without a division by 0; "
                 "widen [low, high) or add operators"
             )
@@ -147,8 +153,16 @@ def _sample(rng: random.Random, config: MLUConfig) -> tuple[str, str] | None:
     return f"{assignments[0]},{assignments[1]},{left}{op}{right}", str(evaluate_expression(a, op, b))
 
 
+def _problem(src: str) -> tuple[str, ...]:
+    """The problem an input poses, whatever the order of its assignments: ``y=2,x=1,x+y`` and
+    ``x=1,y=2,x+y`` are one problem, ``x=1,y=2,y+x`` another."""
+    first, second, expression = src.split(",")
+    return (*sorted((first, second)), expression)
+
+
 def generate_mlu(config: MLUConfig | None = None, name: str = "mlu") -> Seq2SeqData:
-    """Unique MLU samples, split into disjoint train/test sets; the same config gives the same data."""
+    """Unique MLU samples, split into train/test sets without a common problem (``_problem``: a test
+    input with its assignments swapped is not in train); the same config gives the same data."""
     config = config if config is not None else MLUConfig()
     rng = random.Random(config.seed)
     total = config.num_train + config.num_test
@@ -160,6 +174,13 @@ def generate_mlu(config: MLUConfig | None = None, name: str = "mlu") -> Seq2SeqD
     pairs = list(seen.items())  # insertion order: deterministic for a seed
     rng.shuffle(pairs)
     train, test = pairs[: config.num_train], pairs[config.num_train :]
+    held_out = {_problem(s) for s, _ in test}
+    for i in range(len(train)):  # a test problem in train is replaced by a new one, in its place
+        while _problem(train[i][0]) in held_out:
+            sample = _sample(rng, config)
+            if sample is not None and sample[0] not in seen:
+                seen[sample[0]] = sample[1]
+                train[i] = sample
     return Seq2SeqData(
         name=name,
         train_src=[s for s, _ in train],

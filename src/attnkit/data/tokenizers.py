@@ -7,8 +7,10 @@ Both return ``(ids, mask)``: ``ids`` a ``LongTensor (B, L)`` padded with ``pad_i
 
 from __future__ import annotations
 
+import functools
 import numbers
 import re
+import unicodedata
 from collections import Counter
 from typing import Iterable, Optional, Sequence
 
@@ -33,7 +35,23 @@ DISPLAY_MARKS = (UNKNOWN, GENERATED_PAD, GENERATED_BOS, GENERATED_EOS)
 _MARK_SHOWS = dict(zip(DISPLAY_MARKS, ("<unk>", "a generated <pad>", "a generated <bos>",
                                        "a CTC model's <eos>")))
 
-_WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+
+
+@functools.cache
+def _word_pattern() -> re.Pattern:
+    """A word: a word character, then word characters or combining marks (Unicode categories Mn, Mc, Me:
+    a vowel sign of Devanagari, an accent of decomposed text), which ``\\w`` leaves out; or one character
+    that is neither (punctuation, or a mark with no word before it). Built on first use: the marks are in
+    planes 0, 1 and 14 (the others hold ideographs, private use or nothing)."""
+    marks, start = [], None
+    for cp in [*range(0x20000), *range(0xE0000, 0xF0000), -1]:  # -1 ends the last run
+        is_mark = cp >= 0 and unicodedata.category(chr(cp)) in ("Mn", "Mc", "Me")
+        if is_mark and start is None:
+            start = cp
+        elif not is_mark and start is not None:
+            marks.append(re.escape(chr(start)) + ("" if cp - 1 == start else "-" + re.escape(chr(cp - 1))))
+            start = None
+    return re.compile(rf"\w[\w{''.join(marks)}]*|[^\w\s]")
 
 
 def pad_batch(
@@ -133,7 +151,8 @@ class WordTokenizer:
     def fit(
         cls, texts: Iterable[str], max_vocab: Optional[int] = 20000, min_freq: int = 1, lowercase: bool = True
     ) -> "WordTokenizer":
-        """The ``max_vocab`` most frequent words seen at least ``min_freq`` times (ties: first seen)."""
+        """``<pad>``, ``<unk>`` and the ``max_vocab - 2`` most frequent words seen at least ``min_freq`` times
+        (ties: first seen): ``max_vocab`` entries in all."""
         if max_vocab is not None:
             max_vocab = check_int(
                 max_vocab, f"max_vocab={max_vocab!r}",
@@ -150,7 +169,10 @@ class WordTokenizer:
 
     @staticmethod
     def _split(text: str, lowercase: bool) -> list[str]:
-        return _WORD.findall(text.lower() if lowercase else text)
+        """The words and other characters of ``text`` in Unicode's composed form (NFC), so that decomposed
+        and composed text give the same tokens; a combining mark stays in its word."""
+        text = unicodedata.normalize("NFC", text)
+        return _word_pattern().findall(text.lower() if lowercase else text)
 
     def __len__(self) -> int:
         return len(self.vocab)

@@ -6,9 +6,12 @@ Kept apart from the tasks so that the run configuration can tell a file's kind w
 from __future__ import annotations
 
 import json
+import json.scanner
 from pathlib import Path
+from typing import Optional
 
 from .._files import json_loads
+from ..data.hub import _unique_keys
 
 __all__ = ["read_dataset_file", "file_task_kind"]
 
@@ -33,12 +36,37 @@ def read_dataset_file(path: str) -> dict:
     if p.suffix == ".jsonl":
         return _read_jsonl(path, text)
     try:
-        data = json_loads(text)
+        data = json_loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise ValueError(f"dataset file {path!r} is not valid JSON: {exc}") from None
+    except ValueError as exc:  # a repeated key: json would keep its last value
+        line = _repeated_key_line(text)
+        raise ValueError(f"dataset file {path!r}{'' if line is None else f', line {line}'}: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"dataset file {path!r} must hold an object with keys kind, train, test")
     return data
+
+
+def _repeated_key_line(text: str) -> Optional[int]:
+    """The line where the object that repeats a key opens (None if it cannot be told): json's C reader
+    gives no position, so the text is read again by its Python reader, whose object parser is wrapped to
+    keep the start of each object still open when ``_unique_keys`` refuses one."""
+    open_at: list[int] = []
+
+    def parse_object(s_and_end, *args):
+        open_at.append(s_and_end[1])
+        result = json.decoder.JSONObject(s_and_end, *args)
+        open_at.pop()
+        return result
+
+    decoder = json.JSONDecoder(object_pairs_hook=_unique_keys)
+    decoder.parse_object = parse_object
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)
+    try:
+        decoder.decode(text)
+    except (ValueError, RecursionError):
+        pass
+    return text.count("\n", 0, open_at[-1]) + 1 if open_at else None
 
 
 def _refuse_folder(path: str) -> None:
@@ -61,10 +89,12 @@ def _read_jsonl(path: str, text: str) -> dict:
         if not line.strip():
             continue
         try:
-            row = json_loads(line)
+            row = json_loads(line, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as exc:
             raise ValueError(f"dataset file {path!r}, line {number}: not valid JSON ({exc.msg} at column "
                              f"{exc.colno})") from None
+        except ValueError as exc:  # a repeated key: json would keep its last value
+            raise ValueError(f"dataset file {path!r}, line {number}: {exc}") from None
         if not data:  # the header
             if not isinstance(row, dict) or "kind" not in row:
                 raise ValueError(f'dataset file {path!r}, line {number}: the first line must be '

@@ -12,9 +12,12 @@
       {"kind": "classification", "train": [{"text": "...", "label": "sports"}, ...], "test": [...]}
       {"kind": "seq2seq", "train": [{"source": "x=1,y=2,x+y", "target": "3"}, ...], "test": [...]}
 
-  (optionally ``"label_names"``, at least 2 distinct names; labels are names or indices into it; without it
-  the classes are the distinct labels, integers in numeric order, and a label that no training example has
-  is refused, as a typo or a class the model cannot learn). ``.jsonl`` files hold one
+  (optionally ``"label_names"``, at least 2 distinct names; labels are names or indices into it: a string
+  label is a name, integer labels are indices unless some of them cannot be (``[1, 2, 3, 4, 5]`` with a
+  label 5: they are names), and an integer label that would be one class as a name and another as an index
+  (``[1, 0]``, or ``["1", "0"]`` with labels 0/1) is refused; without it the classes are the distinct
+  labels, integers in numeric order, and a label that no training example has is refused, as a typo or a
+  class the model cannot learn). ``.jsonl`` files hold one
   ``{"split": "train"|"test", ...}`` object per line and a first line ``{"kind": ...}``. A seq2seq
   ``source`` and ``target`` are strings of at most ``max_len`` and ``max_target_len`` characters; a longer
   one is refused (it would be cut, and scored against the cut text), with the ``--set`` that fits it.
@@ -138,10 +141,11 @@ def load_file_dataset(path: str, *, max_len: Optional[int] = None, max_target_le
     if not given:
         _refuse_test_only_labels(path, raw, lines)
     index = {n: i for i, n in enumerate(names)}
+    by_index = given and _integer_labels_are_indices(path, raw, names, lines)
 
     def label(split: str, i: int, row: dict) -> int:
         y = row["label"]
-        if given and isinstance(y, int) and 0 <= y < len(names):  # an index into the given label_names
+        if by_index and isinstance(y, int) and 0 <= y < len(names):  # an index into the given label_names
             return y
         if str(y) not in index:
             where = f"line {lines[split][i]}" if lines else f"{split}[{i}]"
@@ -155,6 +159,36 @@ def load_file_dataset(path: str, *, max_len: Optional[int] = None, max_target_le
         test_texts=[r["text"] for r in raw["test"]],
         test_labels=[label("test", i, r) for i, r in enumerate(raw["test"])],
         label_names=names,
+    )
+
+
+def _integer_labels_are_indices(path: str, raw: dict, names: list[str], lines: Optional[dict]) -> bool:
+    """Whether the integer labels of a file with ``label_names`` are indices into them (else names).
+
+    A string label is always a name. An integer label ``y`` is read one way for the whole file: as an
+    index when no integer label is also a name (the usual ``["neg", "pos"]`` with labels 0/1), or when every
+    one that is names the class it indexes (``[0, 1]``); as a name when some integer label cannot be an
+    index (``[1, 2, 3, 4, 5]`` with a label 5: star ratings). Otherwise an integer label would name one class
+    as a name and another as an index (``[1, 0]``, or ``["1", "0"]`` with labels 0/1): a ``ValueError``
+    that names it and asks for the labels as names."""
+    position = {n: i for i, n in enumerate(names)}
+    found = [
+        (split, i, row["label"])
+        for split in ("train", "test")
+        for i, row in enumerate(raw[split])
+        if isinstance(row["label"], int)
+    ]
+    differ = next(((s, i, y) for s, i, y in found if position.get(str(y), y) != y), None)
+    if differ is None:
+        return True  # no integer label is a name, or each one that is names the class it indexes
+    if any(not 0 <= y < len(names) for _, _, y in found):
+        return False  # some integer label is no index: the file's integer labels are names
+    split, i, y = differ
+    where = f"line {lines[split][i]}" if lines else f"{split}[{i}]"
+    raise ValueError(
+        f"dataset file {path!r}, {where}: label {y} is the name {names[position[str(y)]]!r} and the index "
+        f"of {names[y]!r} in label_names {names}; write the labels as names in double quotes, e.g. "
+        f'"label": "{names[position[str(y)]]}"'
     )
 
 
