@@ -3,6 +3,8 @@ OT = geomloss."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -273,3 +275,24 @@ def test_non_finite_padded_values_leave_every_gradient_finite(method, fill):
     loss.mean().backward()
     assert torch.isfinite(loss).all() and torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
     assert all(torch.isfinite(p.grad).all() for m in modules for p in m.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"scaling": 1.0}, "scaling=1.0; expected a number in (0, 1)"),
+        ({"scaling": 0.0}, "scaling=0.0; expected a number in (0, 1)"),
+        ({"scaling": 1.5}, "scaling=1.5; expected a number in (0, 1)"),
+        ({"scaling": float("nan")}, "scaling=nan; expected a number in (0, 1)"),
+        ({"blur": 0.0}, "blur=0.0; expected a finite number > 0"),
+        ({"blur": -0.05}, "blur=-0.05; expected a finite number > 0"),
+        ({"diameter": 0.0}, "diameter=0.0; expected a finite number > 0"),
+        ({"diameter": float("inf")}, "diameter=inf; expected a finite number > 0"),
+    ],
+)
+def test_ot_loss_names_an_out_of_range_schedule_argument(kwargs, match):
+    """scaling=1.5 or 0 gave a silently wrong value, blur=0 or a negative diameter a numpy error."""
+    pytest.importorskip("geomloss")
+    q, k = torch.randn(1, 1, 6, 3, dtype=torch.float64), torch.randn(1, 1, 6, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=re.escape(match)):
+        ot_loss(q, k, **kwargs)

@@ -321,3 +321,44 @@ def test_a_resumed_alignment_run_continues_the_uninterrupted_one(tiny_bert, tmp_
     (checkpoint / "alignment_regularizer.safetensors").unlink()
     with pytest.raises(ValueError, match="saved without the alignment regularizer"):
         _resumable_run(tiny_bert, tmp_path / "cut", method, resume=str(checkpoint))
+
+
+def _user_optimizer_run(tmp_path, with_regularizer: bool):
+    """AlignmentTrainer with optimizers=(AdamW, linear schedule) built by the user."""
+    from transformers import BertConfig, BertForSequenceClassification, TrainingArguments
+    from transformers import get_linear_schedule_with_warmup
+
+    from attnkit.align import AlignmentRegularizer
+    from attnkit.align.trainer import alignment_trainer_class
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                                     num_attention_heads=2, intermediate_size=32))
+    reg = AlignmentRegularizer(model, method="gan", weight=0.5)
+    params = [*model.parameters(), *(reg.parameters() if with_regularizer else [])]
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    scheduler = get_linear_schedule_with_warmup(optimizer, 0, 4)
+    ids = torch.randint(1, 50, (8, 6), generator=torch.Generator().manual_seed(0))
+    rows = [{"input_ids": ids[i], "attention_mask": torch.ones(6, dtype=torch.long), "labels": i % 2}
+            for i in range(8)]
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=3,
+                             report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True,
+                             logging_strategy="no")
+    trainer = alignment_trainer_class()(model=model, args=args, train_dataset=rows, regularizer=reg,
+                                        optimizers=(optimizer, scheduler))
+    return trainer, reg, optimizer, scheduler
+
+
+def test_a_users_optimizer_without_the_regularizer_is_refused_up_front(tmp_path):
+    """It crashed at the first scheduler step: the regularizer's group was added after the scheduler."""
+    with pytest.raises(ValueError, match=r"lacks the regularizer's .*before its scheduler"):
+        _user_optimizer_run(tmp_path, with_regularizer=False)
+
+
+def test_a_users_optimizer_holding_the_regularizer_is_used_as_is_and_scheduled(tmp_path):
+    trainer, reg, optimizer, scheduler = _user_optimizer_run(tmp_path, with_regularizer=True)
+    start = [p.detach().clone() for p in reg.parameters()]
+    trainer.train()
+    assert len(optimizer.param_groups) == 1  # no group added behind the scheduler's back
+    assert scheduler.last_epoch == 3 and optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * 1 / 4)
+    assert any(not torch.equal(a, b) for a, b in zip(start, reg.parameters()))

@@ -28,11 +28,14 @@ Four families of layers ("sites"):
   work on time-first states); for an encoder-decoder model the encoder's alone. A call whose query and key
   projections read different inputs (cross-attention) is skipped, and so is a step of cached decoding
   (``generate``), whose earlier keys are in the cache. The padding comes from the ``attention_mask`` passed to
-  the model (XLM's ``lengths=`` without one); a layer whose positions are not the mask's, or that lies outside
-  the part of the model the mask is handed to (CLIP's ``vision_model``, whatever its length), is left out with
-  a warning (a ``ValueError`` when ``layers=`` names it). A query or key projection replaced after attaching
-  (``peft.get_peft_model``) raises a ``ValueError`` at the next forward. ALBERT shares one attention module
-  across its layers: each call is captured.
+  the model (XLM's ``lengths=`` without one; a multiple-choice ``(N, C, L)`` one as its ``(N C, L)`` rows); a
+  layer whose positions are not the mask's, that lies outside the part of the model the mask is handed to
+  (CLIP's ``vision_model``, whatever its length), or that runs after a cross-attention that came before any
+  self-attention (a Perceiver's latents, whatever their number), is left out with a warning (a ``ValueError``
+  when ``layers=`` names it). A packed batch (no ``attention_mask``, ``position_ids`` restarting within a row,
+  as transformers' ``find_packed_sequence_indices`` reads them) is split into its sequences, one sample each.
+  A query or key projection replaced after attaching (``peft.get_peft_model``) raises a ``ValueError`` at the
+  next forward. ALBERT shares one attention module across its layers: each call is captured.
 - **PyTorch Geometric ``GATConv``**: GAT's logit is
   :math:`e_{ij} = a_{dst}^\top W x_i + a_{src}^\top W x_j` for an edge from source ``j`` to destination
   ``i``; per head we take the query of node ``i`` as :math:`q_i = a_{dst} \odot W x_i` and the key of node
@@ -59,6 +62,7 @@ not a layer's node count is refused like a mismatched padding mask (warning, or 
 from __future__ import annotations
 
 import inspect
+from functools import partial
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -70,7 +74,7 @@ from torch import Tensor, nn
 from ..masks import MASKED_BIAS
 from ..nn.module_utils import same_tensor
 
-__all__ = ["Captured", "ForwardState", "Site", "find_sites", "mask_owner_hooks"]
+__all__ = ["Captured", "ForwardState", "Site", "find_sites", "mask_owner_hooks", "cross_attention_hooks"]
 
 _HF_PAIRS = (("query", "key"), ("q_lin", "k_lin"), ("q_proj", "k_proj"))
 
@@ -302,7 +306,28 @@ class HFSite(Site):
             except _PositionsMismatch as exc:
                 self.leave_out(context, str(exc), _PositionsMismatch)
                 return
+            if mask is not None and context.resampled is not None:
+                why = (
+                    f"the attention at {self.name!r} runs after the cross-attention at "
+                    f"{context.resampled!r}, on its query positions (a Perceiver's latents), not the "
+                    "positions the attention_mask describes, so the alignment regularizer cannot tell its "
+                    "padding; pass layers= with the self-attention layers whose positions are the mask's"
+                )
+                self.leave_out(context, why, _PositionsMismatch)
+                return
             captured = Captured(q, k, valid_q, valid_k)
+            if context.segments is not None:  # a packed batch: one sample per sequence
+                segments = context.segments
+                if Lq != Lk or segments.shape[-1] != Lq or segments.shape[0] not in (1, B):
+                    why = (
+                        f"the attention at {self.name!r} runs over (B, Lq, Lk) = ({B}, {Lq}, {Lk}) positions "
+                        f"but the packed batch's position_ids are {tuple(segments.shape)}, so the alignment "
+                        "regularizer cannot tell its sequences apart; pass layers= with the layers whose "
+                        "positions are the position_ids'"
+                    )
+                    self.leave_out(context, why, _PositionsMismatch)
+                    return
+                captured = _split_packed(captured, segments.to(q.device).expand(B, Lq))
             if mask is not None and self.ancestors and not self.ancestors & context.mask_receivers.keys():
                 # the mask was not handed down to this layer: when another part of the model takes it (a
                 # text tower beside this vision tower), this layer's positions are not the mask's even where
@@ -392,10 +417,14 @@ class _PositionsMismatch(ValueError):
 def _hf_valid(mask: Optional[Tensor], B: int, L: int, device, site: str = "") -> Tensor:
     if mask is None:
         return torch.ones(B, L, dtype=torch.bool, device=device)
+    if mask.dim() > 2 and mask.shape[:-1].numel() == B:
+        # (N, C, L) of a multiple-choice model, whose layers run the C choices of N samples as B = N C rows
+        mask = mask.reshape(B, mask.shape[-1])  # (B, L)
     if mask.dim() != 2:
         raise ValueError(
             f"attention_mask has shape {tuple(mask.shape)}; the alignment regularizer reads the padding from "
-            "a 2-D (B, L) mask (1 = real token): pass that to the model"
+            f"a (B, L) mask (1 = real token), or a (..., L) one whose leading sizes multiply to the layer's "
+            f"{B} rows (multiple choice): pass that to the model"
         )
     if tuple(mask.shape) != (B, L):
         raise _PositionsMismatch(
@@ -405,6 +434,42 @@ def _hf_valid(mask: Optional[Tensor], B: int, L: int, device, site: str = "") ->
             "with the self-attention layers whose positions are the mask's"
         )
     return mask.to(device) > 0
+
+
+def _packed_segments(position_ids) -> Optional[Tensor]:
+    """The sequence index of each position of a packed (padding-free) batch, several sequences in a row told
+    apart by ``position_ids`` that do not go up by 1 (transformers' ``find_packed_sequence_indices``, as
+    ``DataCollatorWithFlattening`` makes them): ``(B, L)`` (or ``(1, L)``), 0, 0, 1, 1, 1, 2, ... in each row.
+    None when no row restarts (or for another layout, such as 3-D multimodal rotary positions)."""
+    if not isinstance(position_ids, Tensor) or position_ids.is_floating_point() or position_ids.dim() > 2:
+        return None
+    position_ids = position_ids.reshape(-1, position_ids.shape[-1])  # (B or 1, L)
+    if position_ids.shape[-1] == 0:
+        return None
+    first = position_ids[:, :1] - 1  # the first position starts the first sequence
+    segments = (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)  # (B or 1, L)
+    return segments if bool((segments[:, -1] > 0).any()) else None
+
+
+def _split_packed(c: Captured, segments: Tensor) -> Captured:
+    """``c`` of a packed batch, ``q (B, H, L, d)``, as one sample per sequence: ``q (S, H, max L_s, d)`` with
+    ``S`` the number of sequences, padded (masks True = real); ``segments (B, L)`` numbers each row's
+    sequences 0, 1, ... in order."""
+    B, H, L, d = c.q.shape
+    count = segments[:, -1] + 1  # (B,) sequences per row
+    seq = (segments + (torch.cumsum(count, 0) - count)[:, None]).reshape(-1)  # (B L,) global index, sorted
+    sizes = torch.bincount(seq)  # (S,) positions per sequence
+    slot = torch.arange(B * L, device=seq.device) - (torch.cumsum(sizes, 0) - sizes)[seq]  # (B L,)
+    S, Ls = len(sizes), int(sizes.max())
+
+    def pack(x: Tensor) -> Tensor:  # (B, H, L, d) -> (S, H, Ls, d)
+        rows = x.transpose(1, 2).reshape(B * L, H, d)  # (B L, H, d)
+        return x.new_zeros(S, Ls, H, d).index_put((seq, slot), rows).transpose(1, 2)
+
+    def real(m: Tensor) -> Tensor:  # (B, L) -> (S, Ls)
+        return m.new_zeros(S, Ls).index_put((seq, slot), m.reshape(-1))
+
+    return Captured(pack(c.q), pack(c.k), real(c.q_mask), real(c.k_mask))
 
 
 def _other_part(site: str, context: ForwardState) -> str:
@@ -477,12 +542,56 @@ def _hf_site(name: str, module: nn.Module, proj: _Projections, config) -> HFSite
     return HFSite(name, module, H, d, Hkv, proj)
 
 
+def _is_cross(name: str, module: nn.Module) -> bool:
+    """Whether the attention module at ``name`` is a cross-attention: by its class or attribute, or a name
+    on its path (Perceiver's ``encoder.cross_attention.attention.self``)."""
+    from ..hf.convert import _CROSS_NAMES, _is_cross_attention
+
+    return _is_cross_attention(name, module) or any(p.lower() in _CROSS_NAMES for p in name.split("."))
+
+
+def cross_attention_hooks(model: nn.Module, sites: list[Site], state: ForwardState) -> list:
+    """Forward hooks on the query and key projections of the cross-attention modules inside a Hugging Face
+    ``model`` (its encoder's, for an encoder-decoder one) that note, in ``state.resampled``, one that runs
+    before any self-attention layer (of ``sites``, chosen or not) in a forward: a Perceiver's, which maps the
+    inputs (the mask's positions) onto its latents, on whose positions every layer after it runs. (A
+    decoder's cross-attention runs after its first self-attention, on the mask's positions.) Returns the hook
+    handles."""
+    from ..hf.convert import encoder_prefix
+
+    def attended(module, args, kwargs):
+        if state.active:
+            state.attended = True
+
+    prefix = encoder_prefix(model)
+    handles = [site.module.register_forward_pre_hook(attended, with_kwargs=True) for site in sites]
+    for name, module in model.base_model.named_modules():
+        proj = _projections(module)
+        pair = proj is not None and proj.layout == "pair"
+        if not (name.startswith(prefix) and pair and _is_cross(name, module)):
+            continue
+        inputs: dict[str, Tensor] = {}
+
+        def hook(layer, args, out, role: str, own: nn.Module, inputs=inputs, name=name):
+            if layer is not own or not state.active or not args:  # a copy of the model (deepcopy keeps hooks)
+                return
+            inputs[role] = args[0]
+            if "q" in inputs and "k" in inputs:
+                x_q, x_k = inputs.pop("q"), inputs.pop("k")
+                if x_q is not x_k and state.resampled is None and not state.attended:  # two sequences
+                    state.resampled = name
+
+        for role, layer in (("q", proj.q_layer), ("k", proj.k_layer)):
+            handles.append(layer.register_forward_hook(partial(hook, role=role, own=layer)))
+    return handles
+
+
 def _hf_sites(model) -> list[Site]:
     """The self-attention modules of a Hugging Face model in module order: those that call an attention
     function (every one must have projections the regularizer reads), and those that compute attention
     themselves from separate or known fused query and key projections (BERT-like encoders such as
     MegatronBERT, RoFormer or MPNet). For encoder-decoder models, the encoder's alone."""
-    from ..hf.convert import _is_cross_attention, attention_modules, encoder_prefix
+    from ..hf.convert import attention_modules, encoder_prefix
 
     dispatching = {id(m) for _, m in attention_modules(model)}
     prefix = encoder_prefix(model)
@@ -501,7 +610,7 @@ def _hf_sites(model) -> list[Site]:
                 )
         elif (
             proj is None
-            or _is_cross_attention(name, module)
+            or _is_cross(name, module)
             or type(module).__module__.rsplit(".", 1)[-1] in _TIME_FIRST_SOURCES
         ):
             continue
@@ -741,6 +850,9 @@ class ForwardState:
         self.depth = 0
         self.grad_enabled = False
         self.attention_mask: Optional[Tensor] = None
+        # Hugging Face: sequence index per position (B or 1, L) of a packed batch (position_ids restarting in
+        # a row, no attention_mask), else None
+        self.segments: Optional[Tensor] = None
         self.graph_batch: Optional[Tensor] = None  # PyG's batch vector (N,) given to the model, if any
         self.cached = False  # a step of cached decoding: the earlier positions' keys are in the cache
         self.last_cached = False  # whether the last forward that started was such a step (kept after it)
@@ -748,6 +860,11 @@ class ForwardState:
         # Hugging Face: the modules on the way to a site that received attention_mask itself (id -> name),
         # and the captures of sites outside them made before any had (decided at the end of the forward)
         self.mask_receivers: dict[int, str] = {}
+        # Hugging Face: the cross-attention inside the model that ran in this forward (Perceiver's, from the
+        # inputs to its latents); the layers after it run on its queries' positions, not the mask's
+        self.resampled: Optional[str] = None
+        self.attended = False  # whether a self-attention module (chosen or not) ran yet in this forward
+        self.forwards = 0  # forward passes started (the captures' absence then means the layers were not run)
         self.tentative: list[tuple[Site, Captured]] = []
         self._warned: set[str] = set()
 
@@ -807,6 +924,8 @@ def start_hook(model, is_hf: bool, state: ForwardState, reset: Callable[[], None
         if state.depth > 1:  # the model's forward calling itself: one capture
             return None
         reset()
+        state.forwards += 1
+        state.resampled, state.attended = None, False
         state.skipped.clear()
         state.mask_receivers.clear()
         state.tentative.clear()
@@ -823,6 +942,8 @@ def start_hook(model, is_hf: bool, state: ForwardState, reset: Callable[[], None
                 state.attention_mask = _mask_from_lengths(arguments)
             caches = (arguments.get(name) for name in ("cache", "past_key_values", "past_key_value"))
             state.cached = _cache_length(next((c for c in caches if c is not None), None)) > 0
+            packed = state.attention_mask is None and not state.cached  # as transformers decides it
+            state.segments = _packed_segments(arguments.get("position_ids")) if packed else None
         state.last_cached = state.cached
         return None
 
@@ -839,7 +960,7 @@ def end_hook(model, state: ForwardState, drop: Optional[Callable[[list[Captured]
             return None
         state.depth = max(state.depth - 1, 0)
         if not state.active:
-            state.attention_mask, state.cached, state.graph_batch = None, False, None
+            state.attention_mask, state.cached, state.graph_batch, state.segments = None, False, None, None
             tentative, state.tentative = state.tentative, []
             if tentative and state.mask_receivers:  # the mask went to another part after these ran
                 if drop is not None:

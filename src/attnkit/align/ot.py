@@ -77,15 +77,23 @@ def ot_loss(
     Args:
         q: ``(B, H, Lq, d)``; k: ``(B, H, Lk, d)``.
         q_mask: ``(B, Lq)`` bool True = real; k_mask: ``(B, Lk)`` (default: all real).
-        blur: ``eps = blur ** 2``.
-        diameter: start of geomloss's epsilon-scaling schedule (default: the real points' bounding-box
-            diagonal).
-        scaling: geomloss's annealing ratio.
+        blur: ``eps = blur ** 2``, finite and > 0.
+        diameter: start of geomloss's epsilon-scaling schedule, finite and > 0 (default: the real points'
+            bounding-box diagonal).
+        scaling: geomloss's annealing ratio, in ``(0, 1)``.
 
     Returns:
         ``(B, H)`` divergences (0 for a sample without real queries or keys).
     """
     check_pair(q, k)
+    if not 0 < scaling < 1:  # also NaN
+        raise ValueError(f"scaling={scaling!r}; expected a number in (0, 1) (geomloss's annealing ratio)")
+    if not blur > 0 or blur == float("inf"):
+        raise ValueError(f"blur={blur!r}; expected a finite number > 0 (eps = blur ** 2)")
+    if diameter is not None and (not diameter > 0 or diameter == float("inf")):
+        raise ValueError(
+            f"diameter={diameter!r}; expected a finite number > 0, or None (the real points' bounding box)"
+        )
     B, H, Lq, d = q.shape
     Lk = k.shape[2]
     qm = valid_mask(q_mask, B, Lq, q.device, "q_mask")

@@ -20,14 +20,23 @@ from __future__ import annotations
 import keyword
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from ._common import reduce_heads
-from .capture import Captured, ForwardState, _is_hf, end_hook, find_sites, mask_owner_hooks, start_hook
+from .capture import (
+    Captured,
+    ForwardState,
+    _is_hf,
+    cross_attention_hooks,
+    end_hook,
+    find_sites,
+    mask_owner_hooks,
+    start_hook,
+)
 from .ct import RHO, Critic, Navigator, ct_loss
 from .gan import Discriminator, gan_loss
 from .mmd import mmd as mmd_values
@@ -46,7 +55,9 @@ class AlignConfig:
     self-attention layers (None = all); ``hidden``: width of the discriminator / critic / navigator;
     ``rho``: CT's forward-direction weight; ``blur``: OT's blur (eps = blur^2); ``gamma``: gradient-reversal
     factor; ``max_tokens``: when set, each call is matched on a random subset of at most this many
-    positions (for graphs with thousands of nodes), drawn from the regularizer's own generator.
+    positions (for graphs with thousands of nodes), drawn from the regularizer's own generator (seeded
+    with ``seed``, in ``[0, 2**64)``). ``hidden`` and ``gamma`` are gan's and ct's, ``rho`` ct's and ``blur``
+    ot's: a value other than the default for a method that does not use it is a ``ValueError``.
     """
 
     method: str = "ct"
@@ -82,6 +93,14 @@ class AlignConfig:
             if name != "seed" and value < 1:
                 raise ValueError(f"{name}={value!r}; expected an integer >= 1")
             object.__setattr__(self, name, int(value))  # NumPy integers become Python ints
+        if not 0 <= self.seed < 2**64:
+            raise ValueError(f"seed={self.seed}; expected an integer in [0, 2**64) (torch.Generator's range)")
+        for name, users in _USED_BY.items():
+            if self.method not in users and getattr(self, name) != _DEFAULTS[name]:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} does nothing for method={self.method!r}; only "
+                    f"method {' or '.join(map(repr, users))} uses it: drop it or choose that method"
+                )
         if self.layers is not None:
             if isinstance(self.layers, (str, bytes)) or not isinstance(self.layers, (tuple, list)):
                 raise ValueError(f"layers={self.layers!r}; expected None or a sequence of layer indices")
@@ -93,6 +112,11 @@ class AlignConfig:
             if len(set(self.layers)) != len(self.layers):
                 raise ValueError(f"layers={self.layers!r} repeats an index")
             object.__setattr__(self, "layers", tuple(int(i) for i in self.layers))
+
+
+# the options a method reads (the others apply to every method)
+_USED_BY = {"hidden": ("gan", "ct"), "rho": ("ct",), "blur": ("ot",), "gamma": ("gan", "ct")}
+_DEFAULTS = {f.name: f.default for f in fields(AlignConfig)}
 
 
 def _hf_submodules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -164,6 +188,10 @@ class AlignmentRegularizer(nn.Module):
     ) -> None:
         super().__init__()
         layers = tuple(layers) if isinstance(layers, (list, range)) else layers
+        unknown = sorted(set(options) - set(_DEFAULTS))
+        if unknown:
+            valid = ", ".join(sorted(set(_DEFAULTS) - {"method", "weight", "layers"}))
+            raise ValueError(f"unknown option {unknown[0]!r}; the options are {valid}")
         self.config = AlignConfig(method=method, weight=weight, layers=layers, **options)
         model = _unwrap_adapters(model)
         sites, is_hf = find_sites(model)
@@ -225,6 +253,7 @@ class AlignmentRegularizer(nn.Module):
             # every layer's path, chosen or not: the text tower takes the mask even when only a vision layer
             # is regularized
             self._handles += mask_owner_hooks(model, sites, self._state)
+            self._handles += cross_attention_hooks(model, sites, self._state)
         self._handles.append(end_hook(model, self._state, self._drop))
 
     # -- hooks -------------------------------------------------------------------------------------------
@@ -280,6 +309,14 @@ class AlignmentRegularizer(nn.Module):
                 "past_key_values given), whose earlier keys are in the cache and are not captured; run a "
                 "full forward pass without a cache before calling loss() or mmd()"
             )
+        if not self._captured and self._state.forwards:
+            model = type(self._model[0]).__name__
+            names = ", ".join(repr(s.name) for s in self.sites)
+            raise ValueError(
+                f"the last forward pass of the {model} called none of the chosen self-attention layers "
+                f"({names}) on one sequence (queries and keys from one input); choose layers= that it runs "
+                "as self-attention"
+            )
         if not self._captured:
             model = type(self._model[0]).__name__
             raise ValueError(
@@ -291,7 +328,26 @@ class AlignmentRegularizer(nn.Module):
             # drawn once per forward pass: loss(), mmd() and mmd_per_head() read the same tokens, and a
             # diagnostic call does not move the subsampling stream (which training and resuming follow)
             self._drawn = [(i, self._subsample(c)) for i, c in self._captured]
+            self._check_finite(self._drawn)
         return self._drawn
+
+    def _check_finite(self, calls: list[tuple[int, Captured]]) -> None:
+        """A ``ValueError`` naming the layer and head when a real token's query or key is NaN or infinite
+        (every loss would be NaN); one device sync per forward pass."""
+
+        def bad(x: Tensor, mask: Tensor) -> Tensor:  # (B, H, L, d), (B, L) -> (H,)
+            return (~torch.isfinite(x) & mask[:, None, :, None]).any(-1).any(-1).any(0)
+
+        flags = [bad(c.q, c.q_mask) | bad(c.k, c.k_mask) for _, c in calls]  # (H,) per call
+        if not flags or not bool(torch.cat(flags).any()):
+            return
+        n, (index, _) = next((n, call) for n, call in enumerate(calls) if bool(flags[n].any()))
+        head = int(flags[n].nonzero()[0])
+        raise ValueError(
+            f"the queries or keys of layer {self.sites[index].name!r}, head {head}, hold NaN or inf at real "
+            "tokens in the last forward pass, so the alignment loss would be NaN; find where the model's "
+            "activations overflow (lower the learning rate, or train in float32 or bfloat16, not float16)"
+        )
 
     def _subsample(self, c: Captured) -> Captured:
         limit = self.config.max_tokens

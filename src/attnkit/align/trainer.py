@@ -8,7 +8,8 @@
     trainer.train()
 
 ``AlignmentTrainer`` adds ``reg.loss()`` to the task loss of every training step, puts the regularizer's
-parameters (discriminator / critic / navigator) in the optimizer as their own group without weight decay,
+parameters (discriminator / critic / navigator) in the optimizer it builds as their own group without weight
+decay (an optimizer given in ``optimizers=`` must already hold them, as it is used as it is),
 broadcasts them from process 0 when training starts and averages their gradients over the processes before
 each optimizer step (DDP does both for the model only), and zeroes them after each step (the Trainer zeroes
 the model's only). Each checkpoint holds the regularizer too (``alignment_regularizer.safetensors``: its
@@ -60,6 +61,17 @@ def alignment_trainer_class(base=None):
         def __init__(self, *args, regularizer, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             self.regularizer = regularizer.to(self.args.device)
+            own = [p for p in regularizer.parameters() if p.requires_grad]
+            if self.optimizer is not None and own:  # the user's optimizers=(optimizer, scheduler)
+                known = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+                if any(id(p) not in known for p in own):
+                    # adding a group to it now would leave the user's scheduler one group short
+                    raise ValueError(
+                        f"the optimizer given in optimizers= lacks the regularizer's {len(own)} parameter "
+                        "tensors (its discriminator / critic / navigator); build it over "
+                        "[*model.parameters(), *regularizer.parameters()] before its scheduler, or leave "
+                        "optimizers= out for the Trainer's own"
+                    )
             self.add_callback(_SyncRegularizer(regularizer))
 
         def compute_loss(self, model, inputs, return_outputs=False, **kwargs):

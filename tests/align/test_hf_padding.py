@@ -1,0 +1,112 @@
+"""Where a Hugging Face model's padding is not a plain (B, L) attention_mask over the layers' positions:
+multiple-choice masks (N, C, L), packed (padding-free) batches told apart by position_ids, and a Perceiver
+whose layers run on latents."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+
+from attnkit.align import AlignmentRegularizer  # noqa: E402
+
+
+def test_a_multiple_choice_mask_equals_its_flattened_rows():
+    """BertForMultipleChoice takes attention_mask (N, C, L), as DataCollatorForMultipleChoice makes it."""
+    from transformers import BertConfig, BertForMultipleChoice
+
+    torch.manual_seed(0)
+    model = BertForMultipleChoice(BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=2,
+                                             num_attention_heads=2, intermediate_size=32)).eval()
+    ids = torch.randint(5, 90, (2, 3, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 3, 6, dtype=torch.long)
+    mask[:, :, 4:] = 0
+    mask[1, 2, 2:] = 0
+    reg = AlignmentRegularizer(model, method="mmd")
+    model(input_ids=ids, attention_mask=mask)
+    choices = reg.mmd_per_head()
+    assert torch.equal(reg._captured[0][1].q_mask, mask.view(6, 6) > 0)
+    model(input_ids=ids, attention_mask=mask.view(6, 6))
+    for a, b in zip(choices, reg.mmd_per_head()):
+        torch.testing.assert_close(a, b)
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=100, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, intermediate_size=32)
+    config._attn_implementation = "sdpa"
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("method", ("mmd", "ct"))
+def test_a_packed_batch_equals_the_mean_of_its_sequences_run_apart(method):
+    """DataCollatorWithFlattening packs sequences into one row, told apart by position_ids restarting at 0;
+    the model attends per sequence, and the regularizer matched each query against every sequence's keys."""
+    model = _tiny_llama()
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(5, 90, (1, n), generator=g) for n in (4, 3, 5)]
+    packed = torch.cat(seqs, 1)  # (1, 12)
+    positions = torch.cat([torch.arange(s.shape[1]) for s in seqs])[None]  # (1, 12): 0..3, 0..2, 0..4
+    reg = AlignmentRegularizer(model, method=method, weight=1.0)
+    with torch.no_grad():
+        model(input_ids=packed, position_ids=positions, use_cache=False)
+        together, per_head = reg.loss(), reg.mmd_per_head()
+        assert [tuple(c.q.shape[::2]) for _, c in reg._captured] == [(3, 5)] * 2  # 3 sequences, up to 5 long
+        apart, heads = [], []
+        for s in seqs:
+            model(input_ids=s, use_cache=False)
+            apart.append(reg.loss())
+            heads.append(reg.mmd_per_head())
+    torch.testing.assert_close(together, torch.stack(apart).mean(), rtol=1e-5, atol=1e-6)
+    for layer, values in enumerate(per_head):
+        apart_mean = torch.stack([h[layer] for h in heads]).mean(0)  # (H,)
+        torch.testing.assert_close(values, apart_mean, rtol=1e-5, atol=1e-6)
+
+
+def test_an_unpacked_row_with_position_ids_is_one_sample():
+    model = _tiny_llama()
+    ids = torch.randint(5, 90, (2, 6), generator=torch.Generator().manual_seed(0))
+    reg = AlignmentRegularizer(model, method="mmd")
+    model(input_ids=ids, position_ids=torch.arange(6)[None], use_cache=False)
+    assert [tuple(c.q.shape[::2]) for _, c in reg._captured] == [(2, 6)] * 2
+
+
+def _perceiver():
+    from transformers import PerceiverConfig, PerceiverModel
+
+    torch.manual_seed(0)
+    config = PerceiverConfig(num_latents=8, d_latents=16, d_model=16, num_blocks=1,
+                             num_self_attends_per_block=1, num_self_attention_heads=2,
+                             num_cross_attention_heads=1, qk_channels=16, v_channels=16)
+    return PerceiverModel(config).eval()
+
+
+def test_perceiver_latents_never_read_the_inputs_mask_even_when_the_lengths_match():
+    """8 latents and 8 input positions: the inputs' mask was applied to the latents (latents 5-7 dropped)
+    instead of leaving the layer out with a warning, as for other lengths."""
+    model = _perceiver()
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[1] * 5 + [0] * 3, [1] * 8])
+    reg = AlignmentRegularizer(model, method="mmd")
+    with pytest.warns(UserWarning, match=r"self_attends\.0\.attention\.self' runs after the cross-attention"):
+        model(inputs=x, attention_mask=mask)
+    assert reg._captured == []
+    model(inputs=x)  # without a mask every latent is real
+    assert [c.q_mask.all().item() for _, c in reg._captured] == [True]
+
+
+def test_perceiver_lists_only_the_layers_it_captures():
+    """Its cross-attention (inputs -> latents) was listed as layer 0 but never captured: layers=[0] failed
+    with "run a forward pass"."""
+    model = _perceiver()
+    reg = AlignmentRegularizer(model, method="mmd", layers=[0])
+    assert [s.name for s in reg.sites] == ["encoder.self_attends.0.attention.self"]
+    model(inputs=torch.randn(2, 8, 16))
+    assert reg._captured[0][1].q.shape == (2, 2, 8, 8)
