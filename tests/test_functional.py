@@ -20,8 +20,14 @@ from tests._reference import (
 )
 
 CASE_PARAMS = [pytest.param(c, id=c.id) for c in CASES]
-CAUSAL_OK = [pytest.param(c, id=c.id) for c in CASES if c.causal_ok]
-CAUSAL_LEAKY = [pytest.param(c, id=c.id) for c in CASES if not c.causal_ok]
+
+def _causal_ok(c) -> bool:
+    """Whether the case may run causally: its own flag, or Sinkhorn with 0 iterations (softmax)."""
+    return c.causal_ok or (c.ref_mechanism == "sinkhorn" and c.ref.get("iters") == 0)
+
+
+CAUSAL_OK = [pytest.param(c, id=c.id) for c in CASES if _causal_ok(c)]
+CAUSAL_LEAKY = [pytest.param(c, id=c.id) for c in CASES if not _causal_ok(c)]
 NOT_CODA = [pytest.param(c, id=c.id) for c in CASES if c.ref_mechanism != "coda"]
 ONE_PER_MECHANISM = [
     pytest.param(c, id=c.id)
@@ -861,3 +867,57 @@ def test_a_nan_gradient_at_a_row_without_keys_does_not_reach_the_real_tokens(cas
         grad[0, :, -2:] = float("nan")
     out = call(q, k, v)
     assert all(torch.isfinite(g).all() for g in torch.autograd.grad(out, (q, k, v), grad))
+
+
+QUERY_NORMALIZED = ["dnas", "hnas", "sinkhorn"]
+
+
+@pytest.mark.parametrize("fill", [-1000.0, -1e4, -1e6])
+@pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
+def test_normalize_refuses_a_causal_mask_added_to_the_scores_with_a_finite_fill(mechanism, fill):
+    # scores.masked_fill(future, -1e4) leaked the last query into rows 0..4 (by 0.115) where
+    # attention(attn_mask=the same mask) refused: a score far below its row's largest is a mask
+    q, k, _ = random_qkv(1, 1, 6, 6, seed=31)
+    s = ak.scores.scaled_dot(q, k)
+    future = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    with pytest.raises(ValueError, match="causal pattern"):
+        ak.normalize(s.masked_fill(future, fill), mechanism)
+    with pytest.raises(ValueError, match="causal pattern"):
+        ak.attention(q, k, k, mechanism, attn_mask=torch.zeros(6, 6, dtype=s.dtype).masked_fill(future, fill))
+    with pytest.raises(ValueError, match="causal pattern"):  # bottom-right aligned (Lq < Lk)
+        ak.normalize(s[..., 2:, :].masked_fill(future[2:], fill), mechanism)
+
+
+@pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
+def test_normalize_reads_a_bert_padding_mask_added_to_the_scores_like_key_mask(mechanism):
+    # BERT's (1 - mask) * -10000 added to the scores gave the padded keys 1.949 (dnas) / 2.000 (sinkhorn) of
+    # 6 rows' weight; key_mask and attention(attn_mask=the same mask) give them 0
+    q, k, _ = random_qkv(2, 2, 6, 6, seed=32)
+    s = ak.scores.scaled_dot(q, k)
+    keep = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    bert = ((1.0 - keep.double()) * -10000.0)[:, None, None, :]  # (B, 1, 1, Lk)
+    w = ak.normalize(s + bert, mechanism)
+    assert torch.all(w[1, ..., 4:] == 0)
+    torch.testing.assert_close(w, ak.normalize(s, mechanism, key_mask=keep), **F64)
+    torch.testing.assert_close(w, ak.normalize(s, mechanism, attn_mask=bert), **F64)
+
+
+@pytest.mark.parametrize("fill", [-1000.0, -1e4])
+def test_normalize_of_softmax_stays_torch_softmax_with_a_finite_mask_in_the_scores(fill):
+    q, k, _ = random_qkv(1, 2, 6, 6, seed=33)
+    s = ak.scores.scaled_dot(q, k).masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), fill)
+    assert torch.equal(ak.normalize(s, "softmax"), s.softmax(-1))
+    assert torch.equal(ak.normalize(s, ak.Sinkhorn(iters=0)), s.softmax(-1))
+
+
+def test_sinkhorn_with_zero_iterations_runs_causally_as_softmax():
+    # Sinkhorn(iters=0) is softmax (no column normalization), so it cannot leak: causal=True was refused
+    q, k, v = random_qkv(2, 2, 5, 5, seed=34)
+    for mechanism in (ak.Sinkhorn(iters=0), "sinkhorn"):
+        kwargs = {} if not isinstance(mechanism, str) else {"sinkhorn_iters": 0}
+        torch.testing.assert_close(ak.attention(q, k, v, mechanism, causal=True, **kwargs),
+                                   ak.attention(q, k, v, "softmax", causal=True), **F64)
+        torch.testing.assert_close(ak.normalize(ak.scores.scaled_dot(q, k), mechanism, causal=True, **kwargs),
+                                   ak.normalize(ak.scores.scaled_dot(q, k), "softmax", causal=True), **F64)
+    with pytest.raises(ValueError, match="leak"):
+        ak.attention(q, k, v, ak.Sinkhorn(iters=1), causal=True)

@@ -263,3 +263,58 @@ def test_graded_biases_far_below_zero_are_not_read_as_a_causal_mask():
     causal = torch.zeros(6, 6).masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), -1000.0)
     with pytest.raises(ValueError, match="causal pattern"):
         ak.attention(q, k, v, "dnas", attn_mask=causal - 0.5 * distance)
+
+
+QUERY_NORMALIZED = ["dnas", "hnas", "sinkhorn"]
+
+
+@pytest.mark.parametrize("fill", [-1000.0, -5000.0])
+@pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
+def test_a_bottom_right_causal_float_mask_with_a_finite_fill_is_refused_for_query_normalized_mechanisms(
+    mechanism, fill
+):
+    # a KV cache's chunked prefill (Lq < Lk, the last Lq positions as queries) with a fill above -1e4 leaked
+    # the later queries into the earlier outputs: the soft rule was applied to the top-left alignment only
+    q, k, v = torch.randn(1, 1, 4, 4), torch.randn(1, 1, 8, 4), torch.randn(1, 1, 8, 4)
+    future = torch.ones(4, 8, dtype=torch.bool).triu(8 - 4 + 1)
+    bias = torch.zeros(4, 8).masked_fill(future, fill)
+    assert causal_pattern(build_mask(1, 1, 4, 8, attn_mask=bias, device=torch.device("cpu")))
+    with pytest.raises(ValueError, match="causal pattern"):
+        ak.attention(q, k, v, mechanism, attn_mask=bias)
+    ak.attention(q, k, v, "softmax", attn_mask=bias)  # softmax does not leak: kept
+
+
+@pytest.mark.parametrize("fill", [-1000.0, -5000.0, -9999.0])
+@pytest.mark.parametrize("shape", ["(B,1,1,Lk)", "(Lq,Lk)"])
+@pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
+def test_a_per_key_bias_that_the_column_normalization_cancels_is_refused(mechanism, shape, fill):
+    # -1000 at padded keys, the same for every query: dnas gave the 2 padded keys 1.949 of 6 rows' weight
+    q, k, v = (torch.randn(1, 1, 6, 4) for _ in range(3))
+    keep = torch.tensor([True, True, True, True, False, False])
+    bias = torch.zeros(1, 1, 1, 6).masked_fill(~keep, fill)
+    if shape == "(Lq,Lk)":
+        bias = bias[0, 0].expand(6, 6).clone()  # the same bias in every row
+    with pytest.raises(ValueError, match=rf"{fill:g} at key 4 for every query.*-inf.*key_mask"):
+        ak.attention(q, k, v, mechanism, attn_mask=bias)
+    with pytest.raises(ValueError, match="normalizes over queries"):
+        ak.normalize(ak.scores.scaled_dot(q, k), mechanism, attn_mask=bias)
+    ak.attention(q, k, v, "softmax", attn_mask=bias)  # softmax keeps it as the bias it is
+    ak.attention(q, k, v, ak.Sinkhorn(iters=0), attn_mask=bias)  # softmax too
+
+
+@pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
+def test_biases_that_vary_over_queries_or_are_small_are_kept_for_query_normalized_mechanisms(mechanism):
+    q, k, v = (torch.randn(1, 1, 6, 4, dtype=torch.float64) for _ in range(3))
+    distance = (torch.arange(6)[:, None] - torch.arange(6)[None, :]).abs().double()
+    ak.attention(q, k, v, mechanism, attn_mask=-100.0 * distance)  # ALiBi-like, far below at a distance
+    small = torch.zeros(1, 1, 1, 6, dtype=torch.float64).masked_fill(torch.arange(6) >= 4, -50.0)
+    out = ak.attention(q, k, v, "dnas", attn_mask=small)  # a per-key bias of |b| < 100: a no-op for dnas
+    torch.testing.assert_close(out, ak.attention(q, k, v, "dnas"))
+
+
+def test_a_batch_size_mismatch_names_the_fix():
+    q, k = torch.randn(2, 1, 3, 4), torch.randn(1, 1, 3, 4)
+    with pytest.raises(ValueError, match=r"B=2, k has B=1, v has B=1; .*k\.expand\(2, -1, -1, -1\)"):
+        check_qkv(q, k, k)
+    with pytest.raises(ValueError, match="batch sizes differ.*one key/value sequence per query sequence"):
+        check_qkv(torch.randn(3, 1, 3, 4), q, q)

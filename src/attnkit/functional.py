@@ -19,9 +19,9 @@ from torch import Tensor
 
 from .config import CoDA, Hybrid, MechanismConfig, MechanismLike
 from .kernels import ROUTES, Plan, plan, run_route
-from .masks import MaskInfo, build_mask, causal_pattern, check_qkv
+from .masks import MASKED_BIAS, MaskInfo, build_mask, causal_pattern, check_qkv, constant_key_bias
 from .mechanisms import check_hybrid_weight
-from .registry import causal_problem, check_causal, resolve_options, spec_of
+from .registry import causal_problem, check_causal, normalizes_over_queries, resolve_options, spec_of
 from .scores import neg_l1_distance, scaled_dot
 from .scores._checks import check_scale
 from .validators import check_bool, check_number, unbatched_values, values_hidden
@@ -346,6 +346,7 @@ def _boundary(
         device=q.device, allow_bias=not isinstance(config, CoDA),
     )
     check_causal_pattern(config, mask)
+    check_constant_key_bias(config, mask)
     scale = check_scale(scale, D)
     _check_fits(q, k, scale, mask, config)
     return config, mask, scale, _check_dropout(dropout_p)
@@ -425,6 +426,20 @@ def check_causal_pattern(config: MechanismConfig, mask: MaskInfo, source: str = 
         raise ValueError(
             f"{source} is a causal pattern (no query sees a later key, or a prefix-LM one: a bidirectional "
             f"prefix, then no query sees a later key): {problem}"
+        )
+
+
+def check_constant_key_bias(config: MechanismConfig, mask: MaskInfo) -> None:
+    """Refuse, for a mechanism that normalizes over queries, a float ``attn_mask`` holding a per-key bias that
+    its column normalization cancels (``attnkit.masks.constant_key_bias``: -1000 at padded keys)."""
+    found = constant_key_bias(mask) if normalizes_over_queries(config) else None
+    if found is not None:
+        value, key = found
+        raise ValueError(
+            f"attn_mask holds {value:g} at key {key} for every query, 100 or more below the row's largest "
+            f"entry: mechanism {config.name!r} normalizes over queries, which cancels a bias that is the "
+            f"same for every query of a key, so that key keeps its weight; mark keys that may not attend "
+            f"with -inf (or <= {MASKED_BIAS:g}), a boolean attn_mask or key_mask"
         )
 
 
@@ -519,10 +534,18 @@ MASKED_SCORE = -1e8
 ``finfo.min`` added to the scores gets there; no real score does)."""
 
 
-def _fold_neg_inf(scores: Tensor, mask: MaskInfo) -> tuple[Tensor, MaskInfo]:
+MASKED_SCORE_GAP = MASKED_BIAS / 2
+"""For a mechanism that normalizes over queries, a score given to ``normalize`` ``5000`` or more below its
+row's largest valid one (with the ``attn_mask`` bias added) is a masked pair too: a mask of -1e4 (BERT's
+``(1 - mask) * -10000``) added to the scores gets there with 5000 of room for the spread of the real scores,
+which its column normalization would otherwise cancel and give the masked keys weight."""
+
+
+def _fold_neg_inf(scores: Tensor, mask: MaskInfo, relative: bool = False) -> tuple[Tensor, MaskInfo]:
     """``-inf`` scores, and any at or below ``MASKED_SCORE`` (-1e8; half the dtype's lowest value in half
-    precision), are masked pairs (so a row or column of them gets zeros, not NaN); NaN and ``+inf`` are
-    errors."""
+    precision), are masked pairs (so a row or column of them gets zeros, not NaN); with ``relative`` (the
+    mechanisms that normalize over queries) so are those ``MASKED_SCORE_GAP`` or more below their row's
+    largest valid one. NaN and ``+inf`` are errors."""
     hidden = values_hidden(scores)  # under vmap: checked on the plain values, -inf folded wherever it may be
     plain = unbatched_values(scores) if hidden else scores
     if torch.isnan(plain).any() or torch.isposinf(plain).any():
@@ -533,13 +556,23 @@ def _fold_neg_inf(scores: Tensor, mask: MaskInfo) -> tuple[Tensor, MaskInfo]:
     # a score at or below MASKED_SCORE (in half precision: half the dtype's lowest value) is a mask added
     # to the scores (Hugging Face's eager ``scores + mask`` of finfo.min, the common -1e9): the
     # column-normalizing mechanisms would otherwise cancel it per key and give padded keys weight. Real scores
-    # never get there (an attn_mask counts from -1e4; scores of -1e4 are still scores)
+    # never get there (an attn_mask counts from -1e4; for softmax, scores of -1e4 are still scores)
     allowed = scores > max(MASKED_SCORE, torch.finfo(scores.dtype).min / 2)  # (B, H, Lq, Lk)
+    if relative:  # -1e4 in a row of scores near 0 is a mask added to them, as -1e4 in attn_mask is
+        total = _with_bias(scores, mask)  # (B, H, Lq, Lk)
+        valid = allowed if mask.valid is None else allowed & mask.valid
+        top = total.masked_fill(~valid, float("-inf")).amax(-1, keepdim=True)  # (B, H, Lq, 1)
+        allowed = allowed & ~(total <= top + MASKED_SCORE_GAP)
     if not hidden and bool(allowed.all()):
         return scores, mask
     pair = allowed if mask.pair is None else mask.pair & allowed
     folded = dataclasses.replace(mask, pair=pair, _valid=None, _valid_built=False)
     return scores.masked_fill(~allowed, 0.0), folded
+
+
+def _with_bias(scores: Tensor, mask: MaskInfo) -> Tensor:
+    """``scores`` plus the float ``attn_mask`` bias (0 at its masked pairs), ``(B, H, Lq, Lk)``."""
+    return scores if mask.bias is None else scores + mask.bias.to(scores.dtype)
 
 
 def normalize(
@@ -565,6 +598,15 @@ def normalize(
     attend, as a mask does: it weighs 0, and a row (or, for the column-normalizing mechanisms, a column) of
     them gets zeros, never NaN; such a pattern that is causal is refused as a causal ``attn_mask`` is. NaN and
     ``+inf`` scores raise a ``ValueError``.
+
+    For the mechanisms that normalize over queries (dnas, hnas, sinkhorn with ``iters >= 1``) the scores,
+    plus any float ``attn_mask``, are read by the rules ``ak.attention`` applies to a float ``attn_mask``, so
+    that one mask gives the same weights or the same refusal whether it is added to the scores or passed as a
+    mask: a score ``MASKED_SCORE_GAP`` (5000) or more below its row's largest valid score is a masked pair
+    (BERT's ``(1 - mask) * -10000`` added to the scores marks padding, as ``key_mask`` does), and a score
+    ``PATTERN_BIAS`` (100) or more below it counts as hidden when checking for a causal pattern (a causal fill
+    of -1000 is refused). Softmax (and ``Sinkhorn(iters=0)``) reads only the rule above: it is
+    ``torch.softmax`` on the rest.
     """
     config = resolve_call(mechanism, hybrid_weight, sinkhorn_iters)
     if not isinstance(scores, Tensor) or scores.dim() != 4 or not scores.dtype.is_floating_point:
@@ -607,9 +649,18 @@ def normalize(
         key_mask=key_mask, query_mask=query_mask, attn_mask=attn_mask, causal=causal,
         device=scores.device, allow_bias=not isinstance(config, CoDA),
     )
-    scores, folded = _fold_neg_inf(scores, mask)
-    # -inf scores hide pairs as a mask does, so they can make the pattern causal too
+    relative = normalizes_over_queries(config)
+    check_constant_key_bias(config, mask)
+    scores, folded = _fold_neg_inf(scores, mask, relative)
+    # -inf scores hide pairs as a mask does, so they can make the pattern causal too; for the mechanisms that
+    # normalize over queries, so do scores far below their row's largest (a causal fill of -1000)
     check_causal_pattern(config, folded, "attn_mask" if folded is mask else "the mask with the masked scores")
+    if relative:
+        valid = folded.valid
+        total = _with_bias(scores, folded)  # (B, H, Lq, Lk)
+        seen = total if valid is None else total.masked_fill(~valid, float("-inf"))
+        check_causal_pattern(config, dataclasses.replace(folded, bias=seen, _valid=None, _valid_built=False),
+                             "the scores (a score 100 or more below its row's largest counts as masked)")
     mask = folded
     cdtype = _compute_dtype(scores.dtype)
     u = _hybrid_u(config, hybrid_weight, H, scores)

@@ -12,7 +12,11 @@ Convention (docs/design.md section 4): boolean masks with **True = real / may at
   anyway when the query has an allowed key, and the column-normalizing mechanisms (dnas, hnas, sinkhorn)
   would otherwise cancel a constant per-key bias and give padded keys weight. A query whose every key is
   so masked therefore has no allowed key and gets a zero output, where PyTorch's softmax of equal finite
-  scores spreads its weight uniformly (and gives NaN for ``-inf``).
+  scores spreads its weight uniformly (and gives NaN for ``-inf``). Those mechanisms cancel any bias that is
+  the same for every query of a key column (a ``(B, 1, 1, Lk)`` bias is one): a small one (``|b| < 100``) is
+  a no-op there, which is the math; one ``PATTERN_BIAS`` (100) or more below its row's largest entry but
+  above ``MASKED_BIAS`` (-1000, -5000: padding meant as a mask) is refused for them
+  (``constant_key_bias``). A bias that varies over the queries (ALiBi) is kept.
 - ``causal``     query ``i`` sees keys ``j <= i`` (top-left aligned, as SDPA's ``is_causal``).
 
 A pair ``(i, j)`` is valid when every mask allows it.
@@ -33,7 +37,7 @@ from .validators import unbatched_values, values_hidden
 
 __all__ = [
     "MASKED_BIAS", "MaskInfo", "check_dense", "check_qkv", "build_mask", "causal_leak_error",
-    "causal_pattern",
+    "causal_pattern", "constant_key_bias",
 ]
 
 MASKED_BIAS = -1e4
@@ -190,7 +194,12 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, same_head_dim: bool = True) ->
         )
     (Bq, Hq, _, Dq), (Bk, Hk, Lk, Dk), (Bv, Hv, Lv, _) = q.shape, k.shape, v.shape
     if not (Bq == Bk == Bv):
-        raise ValueError(f"batch sizes differ: q has B={Bq}, k has B={Bk}, v has B={Bv}")
+        hint = ""
+        if Bk == Bv == 1:  # one key/value set shared by every query sequence
+            hint = f"; to share them over q's batch, pass k.expand({Bq}, -1, -1, -1) and the same for v"
+        elif Bk == Bv:
+            hint = "; pass one key/value sequence per query sequence (or k and v with B=1, expanded)"
+        raise ValueError(f"batch sizes differ: q has B={Bq}, k has B={Bk}, v has B={Bv}{hint}")
     if not (Hq == Hk == Hv):
         hint = ""
         if Hk == Hv and Hk > 0 and Hq % Hk == 0:  # grouped-query attention: Hq / Hk queries per k/v head
@@ -246,8 +255,8 @@ def causal_pattern(mask: MaskInfo) -> bool:
     in some example and head, no query sees a key after it, and some query that sees two keys or more
     shares a key with a later query (whose content then enters that key's column normalization).
 
-    A float mask's entries ``PATTERN_BIAS`` (100) or more below their row's largest count as hidden in the
-    top-left alignment. The causal mask, strictly causal ones (``tril(-1)``), causal masks combined with
+    A float mask's entries ``PATTERN_BIAS`` (100) or more below their row's largest count as hidden (a causal
+    fill of -1000 or -5000). The causal mask, strictly causal ones (``tril(-1)``), causal masks combined with
     padding and sliding windows are; so is each of them aligned bottom-right (``Lq < Lk``, the last ``Lq``
     positions as queries). Masks through which nothing can leak are not: every query sees one key (the
     diagonal, or only key 0), or every query that sees any key sees the same keys (padding of keys and
@@ -270,20 +279,65 @@ def causal_pattern(mask: MaskInfo) -> bool:
         return False
     bottom_right = max(Lk - Lq, 0)
     # one (Lq, Lk) pattern at a time: an expanded mask is never copied whole, and a bidirectional example
-    # (the common case) costs one pass for the keys after their queries. Top-left alignment reads the float
-    # mask's near-zero weights as hidden; bottom-right (Lq < Lk) reads only what the mask hides outright, as a
-    # distance bias (ALiBi) aligned top-left gives the far keys such weights without meaning "may not attend"
+    # (the common case) costs one pass for the keys after their queries. Bottom-right (Lq < Lk) reads the
+    # float mask's near-zero weights as hidden only where some query sees the key at its own position (a
+    # causal fill of -1000 does): a distance bias (ALiBi) aligned top-left gives the keys far after a query
+    # such weights without meaning "may not attend", and hides the key at its bottom-right position too
+    checks = [(0, soft, False)]
+    if bottom_right:
+        checks += [(bottom_right, hard, False), *(((bottom_right, soft, True),) if soft is not hard else ())]
+    if not any(_maybe_causal(patterns, offset) for offset, patterns, _ in checks):
+        return False
     for index in itertools.product(*(range(n) for n in soft.shape[:-2])):
-        for offset, patterns in ((0, soft), *(((bottom_right, hard),) if bottom_right else ())):
+        for offset, patterns, own_key in checks:
             if patterns is None:
                 continue
             p = patterns[tuple(min(i, n - 1) for i, n in zip(index, patterns.shape[:-2]))]  # (Lq, Lk)
             if not bool(p.triu(offset + 1).any()):
-                if _leaks(p):  # no key after its query, and a leak
+                if (not own_key or bool(p.diagonal(offset).any())) and _leaks(p):  # no key after its query
                     return True
             elif offset == 0 and Lq == Lk and _prefix_lm_leaks(p):
                 return True
     return False
+
+
+def _maybe_causal(patterns: Optional[Tensor], offset: int) -> bool:
+    """Whether some ``(Lq, Lk)`` pattern of ``patterns`` may be flagged aligned at ``offset``: its first query
+    sees no key after it (else some query sees a key after it), or (square, top-left) no query before the
+    last sees the last key (a prefix-LM's causal suffix). Reads one row and one column of each pattern: the
+    bidirectional patterns (every example of the scores given to ``normalize``) skip the loop."""
+    if patterns is None:
+        return False
+    Lq, Lk = patterns.shape[-2:]
+    free = ~patterns[..., 0, offset + 1:].any(-1)  # (B|1, H|1)
+    if offset == 0 and Lq == Lk:
+        free |= ~patterns[..., :-1, -1].any(-1)
+    return bool(free.any())
+
+
+def constant_key_bias(mask: MaskInfo) -> Optional[tuple[float, int]]:
+    """``(value, key)`` of a float ``attn_mask`` entry that is the same for every query of its key column
+    (among the queries that may attend it) and ``PATTERN_BIAS`` (100) or more below its row's largest
+    allowed entry in every such row, while above ``MASKED_BIAS`` (it is not a mask): a per-key bias such as
+    padding of -1000 or -5000, which a column (over queries) normalization cancels, so that the key keeps its
+    weight. ``None`` when there is none (no float mask, a bias that varies over the queries such as ALiBi, a
+    small one, or values hidden by ``vmap``). A few elementwise passes over the mask as given."""
+    bias = mask.bias  # (B|1, H|1, Lq|1, Lk|1), 0 where masked
+    if bias is None or bias.shape[-1] == 1 or values_hidden(bias) or not bias.numel():
+        return None
+    allowed = bias if mask.pair is None else bias.masked_fill(~mask.pair, float("-inf"))
+    finite = torch.isfinite(allowed)  # False where masked
+    top = allowed.amax(-1, keepdim=True)  # (B|1, H|1, Lq|1, 1): each row's largest allowed entry
+    low = (allowed <= top + PATTERN_BIAS) & finite  # (B|1, H|1, Lq|1, Lk)
+    if not bool(low.any()):  # the common case: no entry far below its row's largest
+        return None
+    largest = allowed.amax(-2, keepdim=True)  # (B|1, H|1, 1, Lk): over the queries that may attend the key
+    smallest = allowed.masked_fill(~finite, float("inf")).amin(-2, keepdim=True)  # (B|1, H|1, 1, Lk)
+    bad = (largest == smallest) & (low | ~finite).all(-2, keepdim=True) & low.any(-2, keepdim=True)
+    if not bool(bad.any()):
+        return None
+    at = bad.nonzero()[0]  # (4,): example, head, 0, key
+    return float(largest[tuple(at)]), int(at[-1])
 
 
 def _last_true(p: Tensor, dim: int) -> Tensor:

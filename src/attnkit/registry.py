@@ -33,6 +33,7 @@ __all__ = [
     "canonical_name",
     "resolve_mechanism",
     "resolve_options",
+    "normalizes_over_queries",
     "causal_problem",
     "check_causal",
     "initial_theta",
@@ -257,9 +258,16 @@ def initial_theta(config: Hybrid) -> float:
     return math.log(u0) - math.log1p(-u0)
 
 
+def normalizes_over_queries(config: MechanismConfig) -> bool:
+    """Whether ``config`` runs a column (over queries) normalization: dnas, hnas, sinkhorn with ``iters >= 1``
+    (``Sinkhorn(iters=0)`` is softmax)."""
+    spec = spec_of(config)
+    return spec.query_normalized and (spec.potential_iters is None or spec.potential_iters(config) > 0)
+
+
 def causal_problem(config: MechanismConfig) -> Optional[str]:
     """Why ``config`` cannot run under a causal mask (a future-token leak), or ``None`` when it can."""
-    if spec_of(config).query_normalized:
+    if normalizes_over_queries(config):
         return (
             f"mechanism {config.name!r} normalizes over queries, so under a causal mask the weight of query "
             "i "
