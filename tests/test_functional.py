@@ -21,13 +21,8 @@ from tests._reference import (
 
 CASE_PARAMS = [pytest.param(c, id=c.id) for c in CASES]
 
-def _causal_ok(c) -> bool:
-    """Whether the case may run causally: its own flag, or Sinkhorn with 0 iterations (softmax)."""
-    return c.causal_ok or (c.ref_mechanism == "sinkhorn" and c.ref.get("iters") == 0)
-
-
-CAUSAL_OK = [pytest.param(c, id=c.id) for c in CASES if _causal_ok(c)]
-CAUSAL_LEAKY = [pytest.param(c, id=c.id) for c in CASES if not _causal_ok(c)]
+CAUSAL_OK = [pytest.param(c, id=c.id) for c in CASES if c.causal_ok]
+CAUSAL_LEAKY = [pytest.param(c, id=c.id) for c in CASES if not c.causal_ok]
 NOT_CODA = [pytest.param(c, id=c.id) for c in CASES if c.ref_mechanism != "coda"]
 ONE_PER_MECHANISM = [
     pytest.param(c, id=c.id)
