@@ -26,7 +26,7 @@ from typing import Callable, Optional
 from .._files import json_loads, lock_folder, write_text_file
 from .config import CompareConfig, _is_file_task, canonical_task
 from .summary import RunClock, _duration, cpp_kernels, summarize, tracker_config
-from .train import RESULT_FILE, batch_indices, check_batch_split, finished_result, train_run
+from .train import RESULT_FILE, batch_indices, check_batch_split, finished_result, run_expectations, train_run
 
 __all__ = ["CompareResult", "run_compare", "aggregate", "prepare_run_dir", "CONFIG_FILE"]
 
@@ -128,7 +128,11 @@ def _check_config_file(out: Path) -> None:
     if not path.is_file():
         return
     try:
-        json_loads(path.read_text())
+        payload = json_loads(path.read_text())
+        ours = isinstance(payload, dict) and payload.get("created_by") == _MARKER
+        if ours and not isinstance(payload.get("config"), dict):  # a KeyError traceback on --resume
+            found = json.dumps(payload["config"])[:40] if "config" in payload else "missing"
+            raise ValueError(f"its 'config' is {found}, not a JSON object of settings")
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError(
             f"{str(path)!r} is damaged ({type(exc).__name__}: {exc}), so the run in {str(out)!r} can be "
@@ -152,10 +156,11 @@ def _check_writable(out: Path) -> None:
         ) from None
 
 
-def _lock_run_dir(out: Path) -> Optional[int]:
+def _lock_run_dir(out: Path, overwrite: bool = False) -> Optional[int]:
     """An exclusive lock on the run directory ``out``: two processes continuing one run would delete each
-    other's checkpoints; the second gets a ``ValueError``."""
-    return lock_folder(out, "attnkit compare process: wait for it to finish (or stop it) before continuing "
+    other's checkpoints; the second gets a ``ValueError`` (``overwrite``: worded for replacing the run)."""
+    doing = "replacing" if overwrite else "continuing"
+    return lock_folder(out, f"attnkit compare process: wait for it to finish (or stop it) before {doing} "
                             "this run, or choose another --out")
 
 
@@ -164,6 +169,7 @@ def saved_config(out: str | Path) -> Optional[dict]:
     path = Path(out) / CONFIG_FILE
     if not _is_run_dir(Path(out)):
         return None
+    _check_config_file(Path(out))  # the marker with no "config" object: damaged, not a traceback
     return json_loads(path.read_text())["config"]
 
 
@@ -353,7 +359,7 @@ def _run_compare(config: CompareConfig, accelerator, task, on_step) -> CompareRe
         if accelerator.is_main_process:
             try:
                 if out.is_dir():  # held while it is checked, resumed or replaced
-                    locks.append(_lock_run_dir(out))
+                    locks.append(_lock_run_dir(out, bool(config.overwrite)))
                 prepare_run_dir(config, is_main_process=True)
                 replaced = bool(locks) and locks[-1] is not None and _inode(locks[-1]) != _inode(out)
                 if not locks or replaced:  # a new (or replaced by --overwrite) directory: lock it too
@@ -389,7 +395,7 @@ def _record_kernels(record: dict, run_dir: Path, is_main: bool) -> None:
         return
     record["cpp_kernels"] = kernels
     if is_main:
-        write_text_file(run_dir / RESULT_FILE, json.dumps(record, indent=1), overwrite=True)
+        write_text_file(run_dir / RESULT_FILE, json.dumps(record, indent=1, allow_nan=False), overwrite=True)
 
 
 def _failed_training(exc: ValueError, config: CompareConfig, out: Path, created: bool, is_main: bool) -> None:
@@ -416,9 +422,11 @@ def _train_all(
     from .report import write_report
 
     plan = [(mech, seed) for mech in config.variants for seed in config.seed_list]
-    for mech, seed in plan:  # finished runs first: refused when damaged or of another process count
-        finished_result(
-            out / "runs" / f"{mech}-seed{seed}", mech, seed, accelerator.num_processes, task.metric_names
+    expect = run_expectations(task, data, config)
+    for mech, seed in plan:  # finished runs first: refused when damaged, of another configuration or
+        finished_result(  # of another process count
+            out / "runs" / f"{mech}-seed{seed}", mech, seed, accelerator.num_processes, task.metric_names,
+            expect,
         )
     if config.log_with is not None:
         accelerator.init_trackers("attnkit-compare", config=tracker_config(config))

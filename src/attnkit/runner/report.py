@@ -22,6 +22,11 @@ from .report_extras import marks_legend, plot_confusions, plot_learning_curves_b
 __all__ = ["write_report", "write_results_json", "write_results_csv", "format_value", "table_rows",
            "table_legend", "render_html"]
 
+def _base(mechanism: str) -> str:
+    """The attention mechanism of a variant: ``"coda"`` for ``"coda+mmd"`` (CoDA with alignment)."""
+    return mechanism.partition("+")[0]
+
+
 def format_value(
     mean: Optional[float], std: Optional[float] = None, scale: float = 1.0, digits: int = 1
 ) -> str:
@@ -55,7 +60,7 @@ def table_rows(
         if detail and r["hybrid_u"] is not None:
             u += "  [" + "; ".join(", ".join(f"{x:.2f}" for x in row) for row in r["hybrid_u"]) + "]"
         explain = format_value(r["explain_away_min_normalized"], None, 1.0, 3)
-        if r["mechanism"] == "coda" and r["explain_away_min_normalized"] is not None:
+        if _base(r["mechanism"]) == "coda" and r["explain_away_min_normalized"] is not None:
             explain += " (not normalized)" if detail else "*"
         step = format_value(r["step_time_rel"], None, 1.0, 2)
         if detail and r["mechanism"] == r["step_time_baseline"]:
@@ -80,7 +85,7 @@ def table_legend(records: list[dict]) -> str:
         "min n_k·Σπ: explain-away statistic, min_j of n_k·Σ_i π_ij (Lemma 1: ≥ 1 for DNAS);  "
         "u: final hybrid weight, mean over layers and heads",
     ]
-    if any(r["mechanism"] == "coda" and r["explain_away_min_normalized"] is not None for r in records):
+    if any(_base(r["mechanism"]) == "coda" and r["explain_away_min_normalized"] is not None for r in records):
         lines.append(
             "*: CoDA weights are not normalized (they lie in [-1, 1]); the statistic is not comparable"
         )
@@ -116,7 +121,8 @@ def write_results_json(path: Path, config: CompareConfig, task, records: list[di
         },
         **(extras or {}),
     }
-    write_text_file(path, json.dumps(payload, indent=1), overwrite=True)  # whole or not at all
+    # whole or not at all; strict JSON (no bare NaN, which strict parsers refuse)
+    write_text_file(path, json.dumps(payload, indent=1, allow_nan=False), overwrite=True)
 
 
 def write_results_csv(path: Path, records: list[dict], metric_names: tuple[str, ...]) -> None:
@@ -232,7 +238,7 @@ def render_html(config: CompareConfig, task, records: list[dict], runs: list[dic
     from .report_extras import CSS as css
     from .report_extras import extra_sections
 
-    world = runs[0]["world_size"] if runs else 1
+    world = runs[0].get("world_size", 1) if runs else 1  # results from before it was recorded: one
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',

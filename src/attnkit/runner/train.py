@@ -39,7 +39,7 @@ from .config import CompareConfig
 
 __all__ = [
     "RunResult", "train_run", "batch_indices", "check_batch_split", "finished_result", "hybrid_u",
-    "latest_checkpoint", "RESULT_FILE",
+    "latest_checkpoint", "run_expectations", "RESULT_FILE",
 ]
 
 RESULT_FILE = "result.json"
@@ -166,18 +166,39 @@ _RESULT_KEYS = {"mechanism": str, "seed": int, "steps": int, "metrics": dict, "h
                 "step_time_s": (int, float)}
 
 
-def _read_result(path: Path, mechanism: str, seed: int, metric_names: Sequence[str] = ()) -> dict:
+def _read_result(path: Path, mechanism: str, seed: int, metric_names: Sequence[str] = (),
+                 expect: Optional[dict] = None) -> dict:
     """A finished run's ``result.json``; damaged (truncated, edited, another run's, a metric of
-    ``metric_names`` missing or not a finite number) is one ``ValueError``."""
+    ``metric_names`` missing or not a finite number) is one ``ValueError``, and so is the result of another
+    configuration than ``expect`` (``{"steps", "eval_examples", "train_examples", "labels"}``, each optional:
+    a 150-step result was averaged with 40-step ones, the report saying 40 steps each)."""
     record, why = _parse_result(path, metric_names)
     if why is None and (record["mechanism"], record["seed"]) != (mechanism, seed):
         why = f"is the result of {record['mechanism']} seed {record['seed']}, not {mechanism} seed {seed}"
+    if why is None and expect:
+        why = _foreign_result(record, expect)
     if why is not None:
         raise ValueError(
             f"run result {str(path)!r} {why}; delete {str(path.parent)!r} to train that run again with "
             "--resume"
         )
     return record
+
+
+def _foreign_result(record: dict, expect: dict) -> Optional[str]:
+    """What makes ``record`` the result of another configuration than ``expect``, or ``None``."""
+    for key, what in (("steps", "optimizer steps"), ("eval_examples", "evaluation examples"),
+                      ("train_examples", "training examples")):
+        if expect.get(key) is not None and key in record and record[key] != expect[key]:
+            return f"is of a run with {record[key]} {what}, not this configuration's {expect[key]}"
+    labels = expect.get("labels")
+    if labels is not None:
+        names = [c["name"] for c in record.get("classes") or []]
+        if "classes" in record and names != list(labels):
+            return f"has classes {names}, not this dataset's {list(labels)}"
+        if any(not isinstance(p, int) or not 0 <= p < len(labels) for p in record.get("predictions") or []):
+            return f"has predictions that are not class indices below {len(labels)}"
+    return None
 
 
 def _number(value, finite: bool = True) -> bool:
@@ -215,11 +236,122 @@ def _parse_result(path: Path, metric_names: Sequence[str] = ()) -> tuple[Any, Op
     ) or not {"min", "min_normalized"} <= set(explain):
         return None, "has no valid 'explain_away'"
     u = record.get("hybrid_u")
-    if u is not None and not (
-        isinstance(u, list) and all(isinstance(row, list) and all(_number(x) for x in row) for row in u)
-    ):
+    if u is not None and _matrix(u) is None:
         return None, "has no valid 'hybrid_u'"
-    return record, None
+    where = _non_finite(record)
+    if where is not None:  # results.json is written strictly (a bare NaN is not JSON)
+        return None, f"holds a number that is not finite at {where}"
+    if not _count(record.get("eval_examples")):  # the report reads it: "on N evaluation examples"
+        return None, "has no valid 'eval_examples'"
+    if "world_size" in record and not (_count(record["world_size"]) and record["world_size"] > 0):
+        return None, "has no valid 'world_size'"
+    why = _check_history(record["history"], record["steps"], metric_names) or _check_run_fields(record)
+    return (None, why) if why else (record, None)
+
+
+def _non_finite(value, where: str = "") -> Optional[str]:
+    """Where the first NaN or infinity is in parsed JSON or a loaded ``state.pt`` (a float or a floating-point
+    tensor in nested dicts, lists and tuples): ``"history/0/train_loss"``, ``"model/embed.weight"``; ``None``
+    when there is none."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (where or "the top")
+    if isinstance(value, Tensor):
+        finite = not value.is_floating_point() or bool(torch.isfinite(value).all())
+        return None if finite else (where or "a tensor")
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(
+        value, (list, tuple)) else ()
+    for key, item in items:
+        found = _non_finite(item, f"{where}/{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _matrix(value) -> Optional[tuple[int, int]]:
+    """``(rows, columns)`` of a non-empty rectangular list of lists of finite numbers, else ``None``."""
+    if not (isinstance(value, list) and value and all(isinstance(row, list) and row for row in value)):
+        return None
+    if len({len(row) for row in value}) != 1 or not all(_number(x) for row in value for x in row):
+        return None
+    return len(value), len(value[0])
+
+
+def _check_history(history: list, steps: int, metric_names: Sequence[str] = ()) -> Optional[str]:
+    """What is wrong with a metrics history (the report plots it: a text accuracy ended it in a traceback),
+    or ``None``: one dict per evaluation, steps rising within ``1..steps``, finite numbers, ``hybrid_u``
+    of one shape."""
+    last, shapes = 0, set()
+    for i, h in enumerate(history):
+        if not isinstance(h, dict) or not isinstance(h.get("step"), int) or isinstance(h["step"], bool):
+            return f"has no valid 'history' (entry {i} has no step)"
+        if not last < h["step"] <= steps:
+            return f"has no valid 'history' (entry {i} is at step {h['step']!r}, after {last}, of {steps})"
+        last = h["step"]
+        for key in ("train_loss", *metric_names):
+            if not _number(h.get(key)):
+                return f"has no valid 'history' (entry {i}: {key} {h.get(key)!r} is not a finite number)"
+        for key, value in h.items():
+            if key not in ("step", "hybrid_u") and value is not None and not _number(value):
+                return f"has no valid 'history' (entry {i}: {key} {value!r} is not a finite number)"
+        if h.get("hybrid_u") is not None:
+            shapes.add(_matrix(h["hybrid_u"]))
+    if None in shapes or len(shapes) > 1:
+        return "has no valid 'history' (its hybrid_u is not one layers x heads table of numbers)"
+    return None
+
+
+def _check_run_fields(record: dict) -> Optional[str]:
+    """What is wrong with the per-step, per-example and per-class fields of a run result that the report
+    reads (``None`` when they are absent or valid); lengths agree with ``steps``, ``eval_examples`` and
+    ``classes``."""
+    losses = record.get("step_losses")
+    if losses is not None and not (
+        isinstance(losses, list) and len(losses) <= record["steps"] and all(_number(x) for x in losses)
+    ):
+        return "has no valid 'step_losses' (finite numbers, at most one per step)"
+    spread = record.get("step_times_s")
+    if spread is not None and not (
+        isinstance(spread, dict) and all(_number(spread.get(k)) for k in ("min", "median", "max"))
+        and 0 <= spread["min"] <= spread["median"] <= spread["max"]
+    ):
+        return "has no valid 'step_times_s'"
+    load = record.get("load_average_max")
+    if load is not None and not _number(load):
+        return "has no valid 'load_average_max'"
+    if record.get("cpp_kernels") not in (None, True, False):
+        return "has no valid 'cpp_kernels'"
+    samples = record.get("samples")
+    if not isinstance(samples, list) or not all(isinstance(x, dict) for x in samples) or len(
+        {tuple(x) for x in samples}
+    ) > 1:
+        return "has no valid 'samples'"
+    preds = record.get("predictions")
+    if preds is not None and not (
+        isinstance(preds, list) and len(preds) == record["eval_examples"]
+        and (all(_count(p) for p in preds) or all(isinstance(p, str) for p in preds))
+    ):
+        return f"has no valid 'predictions' (one per evaluation example, {record['eval_examples']})"
+    classes, confusion = record.get("classes"), record.get("confusion")
+    if classes is None and confusion is None:
+        return None
+    k = len(classes) if isinstance(classes, list) else 0
+    if not k or not all(
+        isinstance(c, dict) and isinstance(c.get("name"), str) and _count(c.get("support"))
+        and all(_number(c.get(key)) and 0 <= c[key] <= 1 for key in ("precision", "recall", "f1"))
+        for c in classes
+    ):
+        return "has no valid 'classes'"
+    if not (isinstance(confusion, list) and len(confusion) == k and all(
+        isinstance(row, list) and len(row) == k and all(_count(x) for x in row) for row in confusion
+    ) and sum(map(sum, confusion)) == record["eval_examples"]):
+        return f"has no valid 'confusion' ({k} x {k} counts summing to {record['eval_examples']})"
+    if preds is not None and not all(isinstance(p, int) and p < k for p in preds):
+        return f"has no valid 'predictions' (class indices below {k})"
+    return None
 
 
 def _load_rng(file: Path) -> tuple[dict[str, Tensor], dict]:
@@ -275,21 +407,30 @@ def _save_checkpoint(
 
 
 def finished_result(
-    run_dir: Path, mechanism: str, seed: int, world: int, metric_names: Sequence[str] = ()
+    run_dir: Path, mechanism: str, seed: int, world: int, metric_names: Sequence[str] = (),
+    expect: Optional[dict] = None,
 ) -> Optional[dict]:
     """The record of ``run_dir``'s finished run, ``None`` when it has none; a ``ValueError`` when it is
-    damaged or ran on another number of processes than ``world`` (a comparison would set step times of
-    different process counts side by side)."""
+    damaged, of another configuration than ``expect`` (``run_expectations``) or ran on another number of
+    processes than ``world`` (a comparison would set step times of different process counts side by side)."""
     path = Path(run_dir) / RESULT_FILE
     if not path.is_file():
         return None
-    record = _read_result(path, mechanism, seed, metric_names)
+    record = _read_result(path, mechanism, seed, metric_names, expect)
     if record.get("world_size", world) != world:
         raise ValueError(
             f"run {str(run_dir)!r} finished with {record['world_size']} process(es) and this run has "
             f"{world}; resume with the same number of processes, or start over with --overwrite"
         )
     return record
+
+
+def run_expectations(task, data, config: CompareConfig) -> dict:
+    """What a finished run of ``config`` on ``task`` records (``finished_result``'s ``expect``): its steps,
+    evaluation and training examples, and a classification task's class names."""
+    labels = getattr(data, "label_names", None) if task.kind == "classification" else None
+    return {"steps": config.total_steps, "eval_examples": task.num_eval(data),
+            "train_examples": task.num_train(data), "labels": None if labels is None else list(labels)}
 
 
 def check_batch_split(batch_size: int, world: int) -> None:
@@ -313,18 +454,23 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=N
              "loss_sum": (int, float), "loss_count": int, "world_size": int}
     optional = {"load_max": (int, float), "step_times": list, "step_losses": list}
 
-    def numbers(value) -> bool:
-        return not isinstance(value, list) or all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in value
-        )
+    def numbers(value, finite: bool = False) -> bool:
+        return all(_number(x, finite) for x in (value if isinstance(value, list) else [value]))
 
     ours = isinstance(trainer, dict) and all(isinstance(trainer.get(k), t) for k, t in kinds.items())
     if not ours or not all(
         k not in trainer or (isinstance(trainer[k], t) and numbers(trainer[k])) for k, t in optional.items()
     ):
         raise _checkpoint_error(path / _TRAINER_FILE, "is not an attnkit trainer state")
+    infinite = [k for k in [*kinds, *optional] if k in trainer and k != "history"
+                and not numbers(trainer[k], finite=True)]
+    if infinite:  # a NaN loss_sum was written into results.json as bare NaN
+        raise _checkpoint_error(path / _TRAINER_FILE, f"holds a number that is not finite in {infinite[0]!r}")
     if run is not None:
         _check_checkpoint_run(path, trainer, *run)
+    why = _check_history(trainer["history"], trainer["step"])
+    if why is not None:  # the run trained on and wrote it into result.json: every later --resume failed
+        raise _checkpoint_error(path / _TRAINER_FILE, why)
     if trainer["world_size"] != accelerator.num_processes:
         raise ValueError(
             f"checkpoint {str(path)!r} was written by {trainer['world_size']} process(es); "
@@ -333,6 +479,9 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=N
         )
     state_file = path / "state.pt"
     state = _read_checkpoint_file(state_file, lambda f: torch.load(f, map_location="cpu", weights_only=True))
+    bad = _non_finite(state)
+    if bad is not None:  # NaN weights trained on were blamed on lr ("the training loss became nan")
+        raise _checkpoint_error(state_file, f"holds non-finite values (NaN or infinity) in {bad}")
 
     def restore(_file: Path) -> None:
         try:
@@ -517,7 +666,8 @@ def train_run(
     run_dir = Path(run_dir)
     result_path = run_dir / RESULT_FILE
     world, rank = accelerator.num_processes, accelerator.process_index
-    record = finished_result(run_dir, mechanism, seed, world, task.metric_names)
+    record = finished_result(run_dir, mechanism, seed, world, task.metric_names,
+                             run_expectations(task, data, config))
     if record is not None:
         if accelerator.is_main_process:  # a process killed between its result and this cleanup left them
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
@@ -655,7 +805,7 @@ def train_run(
     if accelerator.is_main_process:
         torch.save(net.state_dict(), run_dir / "model.pt")
         tmp = run_dir / (RESULT_FILE + ".tmp")
-        tmp.write_text(json.dumps(record, indent=1))
+        tmp.write_text(json.dumps(record, indent=1, allow_nan=False))  # strict JSON: no bare NaN
         os.replace(tmp, result_path)
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     accelerator.wait_for_everyone()
