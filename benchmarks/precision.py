@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 import attnkit as ak
-from attnkit.cli.bench import _check_writable
+from attnkit.cli.bench import _check_writable, _remove_empty
 from attnkit._files import write_text_file
 
 __all__ = ["SETTINGS", "measure", "main"]
@@ -168,13 +168,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--out {out} is a folder; pass a file path such as {out / 'precision.json'}")
     if out.exists() and not args.overwrite:
         parser.error(f"{args.out} exists; pass --overwrite to replace it or pick another --out")
-    try:  # found before the run, not after it
-        _check_writable(out)
-    except PermissionError as exc:
-        parser.error(str(exc))
     for name in ("batch", "heads", "length", "head_dim"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    try:  # found before the run, not after it; the last check, as it makes the folders of --out
+        created = _check_writable(out)
+    except OSError as exc:  # unwritable, or a symbolic link to nothing
+        parser.error(str(exc))
+    try:
+        _measure_and_write(args, out)
+    except BaseException:
+        _remove_empty(created)  # a failed or stopped run leaves no empty folder behind
+        raise
+    return 0
+
+
+def _measure_and_write(args: argparse.Namespace, out: Path) -> None:
+    """Measure, print the tables and write ``out``."""
     torch.manual_seed(args.seed)
     rows = measure(args.batch, args.heads, args.length, args.head_dim, args.seed)
     print(
@@ -197,7 +207,6 @@ def main(argv: list[str] | None = None) -> int:
     }
     write_text_file(out, json.dumps(payload, indent=2) + "\n", overwrite=args.overwrite)
     print(f"wrote {out}")
-    return 0
 
 
 if __name__ == "__main__":

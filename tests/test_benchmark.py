@@ -229,3 +229,31 @@ def test_cuda_rounds_are_calibrated_after_a_warm_up_call(monkeypatch):
     times = benchmark._round_times(fn, 3, "cuda", limit=60.0)
     assert len(times) == 3 and all(t == pytest.approx(2e-4) for t in times)
     assert len(calls) > 3 * int(benchmark.CUDA_ROUND_S / 2e-4) // 2  # many calls per round, not one
+
+
+@pytest.mark.parametrize("L", [1, 2, 4, 7, 8, 9])
+@pytest.mark.parametrize("batch,padding", [(1, 0.0), (1, 0.5), (3, 0.5)])
+def test_memory_warm_up_fits_every_length_and_pads_where_the_measured_call_does(L, batch, padding,
+                                                                               monkeypatch):
+    """The warm-up before the baseline runs on the first min(L, 8) positions, with a mask of that many
+    columns that pads (has a False) exactly where the measured call's mask does: a length below 8 once
+    gave a warm-up mask of 8 columns for q of L rows, and the bench no memory figure."""
+    masks = []
+    call = benchmark._call
+
+    def spy(mechanism, backend, sinkhorn_iters, dropout=0.0, mask=None):
+        masks.append(mask)
+        return call(mechanism, backend, sinkhorn_iters, dropout, mask)
+
+    monkeypatch.setattr(benchmark, "_call", spy)
+    for backend in ("efficient", "reference", "sdpa"):
+        masks.clear()
+        peak = benchmark.measure_peak("dnas", backend, L, "cpu", 3, shape=(batch, 2, 8), padding=padding)
+        assert peak["peak_extra_mb"] >= 0.0
+        measured, small = masks
+        if padding == 0.0:
+            assert measured is None and small is None
+        else:
+            assert tuple(small.shape) == (batch, min(L, 8))
+            assert bool(small.all()) == bool(measured.all())
+            assert bool(small[:, 0].all())  # no sequence without a token

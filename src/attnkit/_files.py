@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Optional, Union
 
-__all__ = ["match_umask", "write_text_file", "write_file_with"]
+__all__ = ["match_umask", "write_text_file", "write_file_with", "check_link"]
 
 _LOCK = threading.Lock()
 
@@ -54,7 +54,9 @@ def write_text_file(path: Union[str, os.PathLike], text: str, *, overwrite: bool
 def write_file_with(path: Union[str, os.PathLike], write, *, overwrite: bool) -> None:
     """:func:`write_text_file` for any writer: ``write(tmp)`` writes the whole file at the temporary path
     ``tmp`` (in ``path``'s folder), which then takes ``path``'s place as ``write_text_file`` says, with the
-    mode ``open()`` would give it."""
+    mode ``open()`` would give it. A ``path`` that is, or lies in, a symbolic link to nothing is refused
+    (:func:`check_link`)."""
+    check_link(path)
     path = Path(os.path.realpath(path))  # a symbolic link is written through, not replaced
     if path.exists() and not path.is_file():  # a folder, a device, a pipe: never renamed over
         kind = "a folder" if path.is_dir() else "not a regular file (a device, a pipe or a socket)"
@@ -84,6 +86,20 @@ def write_file_with(path: Union[str, os.PathLike], write, *, overwrite: bool) ->
             os.unlink(tmp)
     # what a writer of this file killed between its temporary file and the rename left (none takes an hour)
     remove_stale(path.parent, f".{glob.escape(path.name)}.*.tmp", older_than_s=3600)
+
+
+def check_link(path: Union[str, os.PathLike], name: str = "") -> None:
+    """Refuse a ``path`` that is, or lies in, a symbolic link to nothing: writing through it would create
+    the link's target, and the folders above it, wherever the link points. One line, a
+    ``FileNotFoundError`` that starts with ``name`` (the option, e.g. ``"--out"``) where given."""
+    path = Path(path)
+    label = f"{name} {path}" if name else str(path)
+    fix = f"choose another {name}" if name else "write elsewhere"
+    for link in (path, *path.parents):
+        if link.is_symlink() and not link.exists():
+            where = f"is a symbolic link to {os.readlink(link)}" if link == path else (
+                f"lies in {link}, a symbolic link to {os.readlink(link)}")
+            raise FileNotFoundError(f"{label} {where}, which does not exist; remove the link or {fix}")
 
 
 def save_figure(fig, path: Union[str, os.PathLike], **kwargs) -> None:

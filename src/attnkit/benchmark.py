@@ -474,8 +474,12 @@ def measure_peak(mechanism: str, backend: str, L: int, device: str, sinkhorn_ite
     q, k, v = _inputs(L, device, shape)
     mask = _mask(L, shape[0], padding, device)
     f = _call(mechanism, backend, sinkhorn_iters, dropout, mask)
-    # the same route as the measured call: a small mask that also pads (all True would count as no mask)
-    small_mask = None if mask is None else torch.cat([mask[:, :7], mask.new_zeros(mask.shape[0], 1)], dim=1)
+    # the warm-up: the first n <= 8 positions, by the same route as the measured call: its mask pads (its
+    # last column False; all True would count as no mask) where the measured one does
+    n = min(L, 8)
+    small_mask = None if mask is None else mask[:, :n].clone()  # (B, n); column 0 is True (lengths >= 1)
+    if small_mask is not None and not bool(mask.all()):
+        small_mask[:, -1] = False
     small = _call(mechanism, backend, sinkhorn_iters, dropout, small_mask)
     if device == "cuda":
         torch.cuda.synchronize()
@@ -486,7 +490,7 @@ def measure_peak(mechanism: str, backend: str, L: int, device: str, sinkhorn_ite
         peak = torch.cuda.max_memory_allocated()
         return {"peak_mb": peak / 2**20, "peak_extra_mb": (peak - base) / 2**20}
     small(
-        q[..., :8, :], k[..., :8, :], v[..., :8, :]
+        q[..., :n, :], k[..., :n, :], v[..., :n, :]  # (B, H, n, D)
     ).float().sum().backward()  # load kernels before the baseline
     q.grad = k.grad = v.grad = None
     reset = _reset_peak_rss()

@@ -11,14 +11,17 @@ from typing import Optional
 
 import typer
 
+from .._files import check_link
 from ._lists import parse_list
 
 __all__ = ["register"]
 
 
 def _check_writable(out: Path) -> list[Path]:
-    """Fail before a long benchmark, not after it, when ``out`` cannot be written. Returns the folders it
-    created for ``out``, innermost first (removed again when the run ends without writing)."""
+    """Fail before a long benchmark, not after it, when ``out`` cannot be written (``PermissionError``) or is,
+    or lies in, a symbolic link to nothing (``FileNotFoundError``; no folder is made for it). Returns the
+    folders it created for ``out``, innermost first (removed again when the run ends without writing)."""
+    check_link(out, "--out")
     created = [p for p in (out.parent, *out.parent.parents) if not os.path.lexists(p)]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -169,7 +172,7 @@ def register(app: typer.Typer) -> None:
             write_json(result, out, overwrite=overwrite)
         except FileExistsError:  # saved there while this ran: kept, and the results go beside it
             spare = next(p for i in range(1, 10_000)
-                         if not (p := out.with_name(f"{out.stem}-{i}{out.suffix}")).exists())
+                         if not os.path.lexists(p := out.with_name(f"{out.stem}-{i}{out.suffix}")))
             write_json(result, spare, overwrite=False)
             raise FileExistsError(
                 f"{out} appeared while this was running and is kept; the results are in {spare}"
