@@ -76,3 +76,40 @@ def test_a_train_tsv_that_is_a_folder_is_called_a_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"train.tsv is a folder, not a file") as exc:
         load_text_classification(str(folder))
     assert "does not exist" not in str(exc.value)
+
+
+@pytest.mark.parametrize("header", ["label\ttext\n", "text\tlabel\n"])
+def test_a_header_line_is_not_a_class(tmp_path, header):
+    """A header ``label<TAB>text`` became a class named "label"; ``text<TAB>label`` names the columns."""
+    rows = ["pos\tgood\n", "neg\tbad\n"] if header.startswith("label") else ["good\tpos\n", "bad\tneg\n"]
+    folder = _folder(tmp_path, (header + "".join(rows)).encode(), (header + rows[0]).encode())
+    data = load_text_classification(str(folder))
+    assert data.label_names == ["neg", "pos"]
+    assert data.train_texts == ["good", "bad"] and data.train_labels == [1, 0]
+    assert data.test_texts == ["good"] and data.test_labels == [1]
+
+
+def test_a_label_only_in_test_tsv_is_refused_with_its_line(tmp_path):
+    """A typo in test.tsv silently became a class the model never saw."""
+    folder = _folder(tmp_path, b"sport\tthe goal\npolitics\tthe vote\n",
+                     b"label\ttext\npolitics\tthe senate\nsprot\tthe final\n")
+    with pytest.raises(ValueError, match=r"test\.tsv:3: label\(s\) 'sprot' occur only in the test split"):
+        load_text_classification(str(folder))
+
+
+def test_a_single_class_is_refused(tmp_path):
+    """One class was trained as a regression (num_labels=1) with accuracy 1.0."""
+    folder = _folder(tmp_path, b"pos\tgood\npos\tfine\n", b"pos\tok\n")
+    with pytest.raises(ValueError, match=r"train\.tsv: every label is 'pos'; .* at least 2 classes"):
+        load_text_classification(str(folder))
+
+
+@pytest.mark.parametrize("empty", ["train.tsv", "test.tsv"])
+@pytest.mark.parametrize("content", [b"", b"label\ttext\n"], ids=["empty", "header-only"])
+def test_a_tsv_without_examples_is_refused(tmp_path, empty, content):
+    """An empty test.tsv ended in an IndexError traceback."""
+    rows = b"pos\tgood\nneg\tbad\n"
+    folder = _folder(tmp_path, content if empty == "train.tsv" else rows,
+                     content if empty == "test.tsv" else rows)
+    with pytest.raises(ValueError, match=rf"{empty} has no examples"):
+        load_text_classification(str(folder))

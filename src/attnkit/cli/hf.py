@@ -99,14 +99,19 @@ def convert_directory(
     (``attnkit.hf.publish``), ``config.json`` last, each replacing the file (or symbolic link: never its
     target) of that name. A failed save leaves ``out`` as it was. With ``overwrite``, model or tokenizer
     files in ``out`` that the new conversion does not write are refused, not removed; other files of ``out``
-    are kept."""
+    are kept. ``out`` is locked from its checks to the last move (``attnkit.hf.publish.claim_out``): a
+    second conversion or fine-tune into it meanwhile is refused."""
     import attnkit.hf as akhf
     from attnkit.hf.checks import check_model_dir, has_tokenizer_files, load_tokenizer
     from attnkit.hf.publish import (
+        MAX_SHARD_SIZE,
         PROCESSOR_FILES,
         check_certainly_stale,
         check_out_link,
         check_overwritable,
+        check_shards,
+        claim_out,
+        is_empty,
         publish,
         remove_dead_staging,
     )
@@ -122,25 +127,28 @@ def convert_directory(
             f"--out {out} is MODEL_DIR itself: the converted model would replace the original, which a later "
             "conversion needs; choose another --out"
         )
-    remove_dead_staging(out_path)
-    _check_out(out_path, overwrite)
-    check_overwritable(out_path, overwrite)
-    processor = [name for name in PROCESSOR_FILES if (Path(model_dir) / name).is_file()]
-    check_certainly_stale(out_path, has_tokenizer_files(model_dir), bool(processor))
-    # no tokenizer files in model_dir: the weights alone are the output; files that do not load are an error
-    # (they were dropped, and a finetune of the output then found no tokenizer)
-    model = _quiet_load(model_dir)  # first: a damaged config.json is named as such, not as the tokenizer's
-    tokenizer = load_tokenizer(model_dir, "MODEL_DIR") if has_tokenizer_files(model_dir) else None
-    akhf.convert(model, mechanism, u0=u0, layers=layers, sinkhorn_iters=sinkhorn_iters)
+    with claim_out(out_path):  # a second run into --out is refused until this one ends
+        remove_dead_staging(out_path)
+        _check_out(out_path, overwrite)
+        found_empty = is_empty(out_path)
+        check_overwritable(out_path, overwrite)
+        processor = [name for name in PROCESSOR_FILES if (Path(model_dir) / name).is_file()]
+        check_certainly_stale(out_path, has_tokenizer_files(model_dir), bool(processor))
+        # no tokenizer files in model_dir: the weights alone are the output; files that do not load are an
+        # error (they were dropped, and a finetune of the output then found no tokenizer)
+        model = _quiet_load(model_dir)  # first: a damaged config.json is named as such, not as the tokenizer
+        tokenizer = load_tokenizer(model_dir, "MODEL_DIR") if has_tokenizer_files(model_dir) else None
+        akhf.convert(model, mechanism, u0=u0, layers=layers, sinkhorn_iters=sinkhorn_iters)
+        check_shards(out_path, model)  # a sharded earlier output, refused before the save
 
-    def write(folder: Path) -> None:
-        model.save_pretrained(folder)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(folder)
-        for name in processor:  # an image or feature processor (AutoImageProcessor): its files as they are
-            shutil.copyfile(Path(model_dir) / name, folder / name)
+        def write(folder: Path) -> None:
+            model.save_pretrained(folder, max_shard_size=MAX_SHARD_SIZE)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(folder)
+            for name in processor:  # an image or feature processor (AutoImageProcessor): its files as is
+                shutil.copyfile(Path(model_dir) / name, folder / name)
 
-    publish(out_path, write, "converted model", "convert")
+        publish(out_path, write, "converted model", "convert", found_empty=found_empty)
     return model
 
 

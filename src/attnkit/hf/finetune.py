@@ -149,8 +149,12 @@ def classification_metrics(labels: Sequence[int], predictions: Sequence[int]) ->
     return {"accuracy": float((y == p).float().mean()), "macro_f1": sum(f1s) / len(f1s)}
 
 
-def _read_tsv(path: Path) -> tuple[list[str], list[str]]:
-    """The (labels, texts) of a UTF-8 TSV file (a byte-order mark is allowed); errors name file and line."""
+def _read_tsv(path: Path) -> tuple[list[str], list[str], list[int]]:
+    """The (labels, texts, line numbers) of the examples of a UTF-8 TSV file (a byte-order mark is allowed);
+    errors name file and line.
+
+    A first line exactly ``label<TAB>text`` is a header and skipped; one exactly ``text<TAB>label`` is a
+    header too, and the columns are read in that order. Any other first line is an example."""
     if path.is_dir():
         raise FileNotFoundError(
             f"{path} is a folder, not a file; a dataset folder needs the files train.tsv and test.tsv "
@@ -170,32 +174,40 @@ def _read_tsv(path: Path) -> tuple[list[str], list[str]]:
             f"{path}:{line}: byte 0x{raw[exc.start]:02x} is not UTF-8 text (Latin-1 or Windows-1252?); "
             "save it as UTF-8"
         ) from None
-    labels, texts = [], []
+    labels, texts, lines = [], [], []
+    label_column = 0
     with io.StringIO(text, newline="") as f:  # newline="": csv sees the line ends as written
         for i, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)):
+            if i == 0 and row in (["label", "text"], ["text", "label"]):  # a header, not a class "label"
+                label_column = row.index("label")
+                continue
             if len(row) != 2:
                 raise ValueError(
                     f"{path}:{i + 1}: expected 2 tab-separated columns (label, text), got "
                     f"{len(row)}"
                 )
-            labels.append(row[0])
-            texts.append(row[1])
-    return labels, texts
+            labels.append(row[label_column])
+            texts.append(row[1 - label_column])
+            lines.append(i + 1)
+    return labels, texts, lines
 
 
 def load_text_classification(dataset: str, cache_dir: Optional[str] = None, download: bool = False):
     """A ``TextClassificationData``: a catalog name (``reuters8``, ...) or a folder with
     ``train.tsv``/``test.tsv``.
 
-    The TSV files have two columns, label and text, without a header.
+    The TSV files have two columns, label and text, and may start with the header line ``label<TAB>text``
+    (or ``text<TAB>label``, for the columns in that order). Each file needs an example; the training set needs
+    at least 2 classes, and every test label must occur in it. The classes are the labels, sorted.
     """
     from ..data import TextClassificationData, load_dataset
 
     folder = Path(dataset)
     if folder.is_dir():
-        train_labels, train_texts = _read_tsv(folder / "train.tsv")
-        test_labels, test_texts = _read_tsv(folder / "test.tsv")
-        names = sorted(set(train_labels) | set(test_labels))
+        train_labels, train_texts, _ = _read_tsv(folder / "train.tsv")
+        test_labels, test_texts, test_lines = _read_tsv(folder / "test.tsv")
+        _check_tsv_labels(folder, train_labels, test_labels, test_lines)
+        names = sorted(set(train_labels))
         index = {n: i for i, n in enumerate(names)}
         return TextClassificationData(
             name=folder.name,
@@ -212,6 +224,32 @@ def load_text_classification(dataset: str, cache_dir: Optional[str] = None, down
             "reuters52, 20newsgroups, ..."
         )
     return data
+
+
+def _check_tsv_labels(folder: Path, train_labels: list[str], test_labels: list[str], test_lines: list[int]
+                      ) -> None:
+    """Refuse a TSV dataset folder with an empty file, fewer than 2 training classes (one class is not a
+    classification: transformers would train a regression), or a test label no training example has (a typo
+    would become a class the model never saw)."""
+    for name, labels in (("train.tsv", train_labels), ("test.tsv", test_labels)):
+        if not labels:
+            raise ValueError(
+                f"{folder / name} has no examples; add lines of the form label<TAB>text"
+            )
+    classes = sorted(set(train_labels))
+    if len(classes) < 2:
+        raise ValueError(
+            f"{folder / 'train.tsv'}: every label is {classes[0]!r}; a classification task needs examples "
+            "of at least 2 classes"
+        )
+    seen = set(classes)
+    only = list(dict.fromkeys(y for y in test_labels if y not in seen))
+    if only:
+        first = test_lines[test_labels.index(only[0])]
+        raise ValueError(
+            f"{folder / 'test.tsv'}:{first}: label(s) {', '.join(map(repr, only))} occur only in the test "
+            "split; no training example has them: correct the label, or add training examples of it"
+        )
 
 
 class _TextDataset(torch.utils.data.Dataset):
@@ -350,24 +388,23 @@ def _main_process_log():
     return lambda line: print(line, file=sys.stderr, flush=True)
 
 
-_WRITE_TEST = ".write-test-"
-
-
 def _check_out(out: Path, overwrite: bool) -> None:
     """``out`` is a directory we may write (created now, so that an unwritable one fails before training).
 
     Every process of a multi-process run checks it; another process's write test (a ``.write-test-*`` file
     that lives for an instant, or one left by a killed run) does not make the directory "not empty"."""
+    from .publish import WRITE_TEST, is_empty
+
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file; pass a directory")
-    if out.is_dir() and any(not p.name.startswith(_WRITE_TEST) for p in out.iterdir()) and not overwrite:
+    if out.is_dir() and not is_empty(out) and not overwrite:
         raise FileExistsError(
             f"--out {out} exists and is not empty; pass --overwrite to replace its files "
             "or pick another"
         )
     try:
         out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out, prefix=_WRITE_TEST):
+        with tempfile.NamedTemporaryFile(dir=out, prefix=WRITE_TEST):
             pass
     except OSError as exc:
         raise PermissionError(
@@ -403,19 +440,14 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
     The output is saved into a staging folder in ``out`` and moved into place (``attnkit.hf.publish``): a
     symbolic link is replaced, never written through, and with ``overwrite`` model or tokenizer files of
     ``out`` that this output does not write are refused, not deleted (as are those attnkit did not write).
-    A run that fails removes the ``out`` directory it created while that is still empty.
+    The main process locks ``out`` from its checks to the last move (``attnkit.hf.publish.claim_out``): a
+    second fine-tune or conversion into it meanwhile is refused. A run that fails removes the ``out``
+    directory it created while that is still empty.
     """
-    out = Path(config.out)
-    created = not out.exists()
-    try:
+    from .publish import claim_out
+
+    with claim_out(Path(config.out), lock=int(os.environ.get("RANK", "0")) == 0):
         return _finetune(config, data)
-    except BaseException:
-        if created and out.is_dir():
-            try:
-                out.rmdir()  # only when empty: nothing written is ever removed
-            except OSError:
-                pass
-        raise
 
 
 def _finetune(config: FinetuneConfig, data=None) -> dict:
@@ -431,7 +463,15 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
     from .checks import auto_config, check_model_dir, load_tokenizer
     from .convert import conversion, convert, hybrid_weights, register
     from .progress import load_classifier, progress_callbacks
-    from .publish import check_certainly_stale, check_out_link, check_overwritable, remove_dead_staging
+    from .publish import (
+        MAX_SHARD_SIZE,
+        check_certainly_stale,
+        check_out_link,
+        check_overwritable,
+        check_shards,
+        is_empty,
+        remove_dead_staging,
+    )
 
     log = _main_process_log()
 
@@ -445,6 +485,7 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
     check_out_link(out)
     remove_dead_staging(out)
     _check_out(out, config.overwrite)
+    found_empty = is_empty(out)  # publish refuses what another program writes into it meanwhile
     check_overwritable(out, config.overwrite)
     check_certainly_stale(out, tokenizer=True, processor=False)  # refused now rather than after training
     check_model_dir(model_dir, "--model")
@@ -482,6 +523,7 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
     if conversion(model) is None:
         convert(model, config.mechanism or "softmax", u0=config.u0)
     mechanism = conversion(model).name
+    check_shards(out, model)  # a sharded earlier output the save would not replace: refused before training
     _padding_token(tokenizer, model, model_dir, log)
     _check_vocabulary(tokenizer, model, model_dir)
     limit = _position_limit(model)
@@ -571,7 +613,7 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
 
         def write(folder: Path) -> None:
             # the model alone: Trainer.save_model would add training_args.bin, a pickle of the run's arguments
-            trainer.model.save_pretrained(str(folder))
+            trainer.model.save_pretrained(str(folder), max_shard_size=MAX_SHARD_SIZE)
             if plain_softmax:
                 _save_unconverted_config(folder / "config.json", model_dir)
             tokenizer.save_pretrained(str(folder))
@@ -579,5 +621,5 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
 
         # staged in --out and moved into place (never through a symbolic link), config.json last; model or
         # tokenizer files of --out that this output does not write are refused, not deleted
-        publish(out, write, "fine-tuned model", "finetune")
+        publish(out, write, "fine-tuned model", "finetune", found_empty=found_empty)
     return metrics

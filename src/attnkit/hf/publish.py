@@ -5,6 +5,8 @@ new file into place with ``os.replace`` (a symbolic link of that name is replace
 ``config.json`` last. Model or tokenizer files in ``out`` that the new output does not write are refused,
 never removed; a failed save leaves ``out`` as it was. The staging folder holds a marker file
 (:data:`MARKER`: host and pid) written first, by which a killed run's folder is recognised and removed.
+A run holds ``out`` (:func:`claim_out`: an exclusive lock) from its checks to its last move: a second run
+into the same folder is refused rather than replacing, or mixing its files with, the first one's output.
 """
 
 from __future__ import annotations
@@ -15,15 +17,24 @@ import re
 import shutil
 import socket
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 __all__ = [
-    "MARKER", "MODEL_FILES", "PROCESSOR_FILES", "check_certainly_stale", "check_out_link",
-    "check_overwritable", "check_stale", "is_attnkit_output", "model_files", "publish", "remove_dead_staging",
+    "MARKER", "MAX_SHARD_SIZE", "MODEL_FILES", "PROCESSOR_FILES", "WRITE_TEST", "check_certainly_stale",
+    "check_out_link", "check_overwritable", "check_shards", "check_stale", "claim_out", "is_attnkit_output",
+    "is_empty", "model_files", "publish", "remove_dead_staging",
 ]
 
 MARKER = ".attnkit-staging"  # in a staging folder: {"host": ..., "pid": ...} of the run writing into it
+_MARKER_BYTES = 4096  # a marker attnkit writes is far shorter (a host name has at most 255 bytes)
+_IN_USE = ("attnkit convert or finetune process writing into it: wait for it to finish (or stop it), or "
+           "choose another --out")
+WRITE_TEST = ".write-test-"  # finetune's test that --out can be written: a file that lives for an instant
+# the largest weights file save_pretrained writes (transformers' default), passed to it by both commands:
+# whether the new save is sharded, and into how many files at least, is known before it (check_shards)
+MAX_SHARD_SIZE = "50GB"
 _PREFIX = ".attnkit-"  # staging folders are named .attnkit-<command>-<pid>-<random>
 
 # files of a model folder that transformers or the tokenizer read together with its weights; an output
@@ -50,18 +61,72 @@ def check_out_link(out: Path) -> None:
         )
 
 
+@contextmanager
+def claim_out(out: Path, lock: bool = True) -> Iterator[bool]:
+    """Hold ``out`` for one run of ``convert`` or ``finetune``: create it when missing (yields whether this
+    run did) and, with ``lock``, hold an exclusive lock on it (:func:`attnkit._files.lock_folder`) until the
+    run ends, so that a second run into the same folder is a ``ValueError`` ("... is in use by another
+    attnkit convert or finetune process ...") instead of replacing this run's output. On leaving, an ``out``
+    this run created is removed if it is empty (never a file in it), before the lock is released; without
+    ``lock`` (another process of a multi-process run holds it) it is kept, for that process to publish."""
+    from .._files import lock_folder
+
+    check_out_link(out)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file; pass a directory")
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PermissionError(
+            f"--out {out} cannot be written ({exc.strerror or type(exc).__name__}); choose another --out"
+        ) from None
+    fd = lock_folder(out, _IN_USE) if lock else None  # refused: the folder is the other run's
+    try:
+        yield created
+    finally:
+        if created and lock:
+            _remove_if_empty(out)
+        if fd is not None:
+            os.close(fd)
+
+
+def _remove_if_empty(out: Path) -> None:
+    try:
+        out.rmdir()  # only when empty: nothing written is ever removed
+    except OSError:
+        pass
+
+
+def is_empty(out: Path) -> bool:
+    """Whether ``out`` holds nothing but finetune's write tests (:data:`WRITE_TEST`)."""
+    return not _others(out, None)
+
+
+def _others(out: Path, staging) -> list[str]:
+    """The names in ``out`` other than the ``staging`` folder and finetune's write tests."""
+    return sorted(p.name for p in out.iterdir() if p != staging and not p.name.startswith(WRITE_TEST))
+
+
 def _marker_text() -> str:
     return json.dumps({"host": socket.gethostname(), "pid": os.getpid()}) + "\n"
 
 
 def _is_dead_staging(folder: Path) -> bool:
     """Whether ``folder`` is the staging folder of a run of this host whose process is gone: its marker
-    names this host and a pid that is not alive. A folder without the marker (a user's) is never one."""
+    names this host and a pid that is not alive. A folder without the marker (a user's) is never one, nor one
+    whose marker cannot be read as one: longer than attnkit writes (read no further), not UTF-8 JSON."""
+    from .._files import json_loads
+
     marker = folder / MARKER
     if not folder.is_dir() or folder.is_symlink() or marker.is_symlink() or not marker.is_file():
         return False
     try:
-        record = json.loads(marker.read_text(encoding="utf-8"))
+        with open(marker, "rb") as f:
+            raw = f.read(_MARKER_BYTES + 1)
+        if len(raw) > _MARKER_BYTES:
+            return False
+        record = json_loads(raw.decode("utf-8"))  # nested deeper than Python recurses: a ValueError
     except (OSError, ValueError):
         return False
     if not isinstance(record, dict) or record.get("host") != socket.gethostname():
@@ -161,6 +226,27 @@ def check_certainly_stale(out: Path, tokenizer: bool, processor: bool) -> None:
         _refuse_stale(out, sorted(stale))
 
 
+def check_shards(out: Path, model, max_shard_size=MAX_SHARD_SIZE) -> None:
+    """Before the save (and a fine-tune's training): refuse the weights files of ``out`` that saving ``model``
+    with ``save_pretrained(max_shard_size=max_shard_size)`` certainly does not write. Whether that save is
+    sharded follows from the size of the weights, split as the save splits them
+    (``huggingface_hub.split_torch_state_dict_into_shards``): one ``model.safetensors`` makes shards and
+    their index stale; shards make ``model.safetensors`` stale (which shards: known after the save)."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+
+    if not out.is_dir():
+        return
+    split = split_torch_state_dict_into_shards(  # the tied weights the save leaves out share a storage
+        model.state_dict(), filename_pattern="model{suffix}.safetensors", max_shard_size=max_shard_size
+    )
+    if split.is_sharded:
+        stale = [p.name for p in model_files(out) if p.name == "model.safetensors"]
+    else:
+        stale = [p.name for p in model_files(out) if p.name == "model.safetensors.index.json"
+                 or re.fullmatch(r"model-\d+-of-\d+\.safetensors", p.name)]
+    _refuse_stale(out, sorted(stale))
+
+
 def check_stale(out: Path, new: list[str], what: str) -> None:
     """Refuse an ``out`` holding model, tokenizer or processor files that the new output (the ``what``
     with the file names ``new``) does not write, which transformers would read with the new weights (they
@@ -191,27 +277,33 @@ def _refused_write(exc: BaseException, what: str, out: Path) -> OSError:
     return OSError(code, f"{reason} while saving the {what} (--out left as it was)", str(out))
 
 
-def publish(out: Path, write: Callable[[Path], None], what: str, command: str) -> list[str]:
+def publish(out: Path, write: Callable[[Path], None], what: str, command: str,
+            found_empty: bool = False) -> list[str]:
     """Save an output with ``write(staging)`` into a staging folder inside ``out`` (created when missing),
     then move each file it wrote into ``out``, ``config.json`` last, and return their names.
 
     The staging folder (``.attnkit-<command>-<pid>-*``) holds the :data:`MARKER` first. A model, tokenizer
     or processor file in ``out`` that ``write`` did not write is refused before any file of ``out`` changes
-    (:func:`check_stale`). Each move replaces the file or symbolic link of that name (never its target).
-    A failed save (disk full) is one ``OSError`` and leaves ``out`` as it was; a failed or interrupted run
-    removes an ``out`` it created (all in it is its own) and always its staging folder."""
+    (:func:`check_stale`); so is anything in an ``out`` that the run found empty (``found_empty``) or
+    created, which another program wrote meanwhile. Each move replaces the file or symbolic link of that
+    name (never its target). A failed save (disk full) is one ``OSError`` and leaves ``out`` as it was; a
+    failed or interrupted run removes its staging folder, in an ``out`` it found empty the files it moved
+    there that are still its own, and then an ``out`` it created if that is empty: never another's file."""
     from .._files import match_umask
 
     check_out_link(out)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    found_empty = found_empty or created
     try:
         # inside --out: on its file system (os.replace moves, never copies), whatever its parent allows
         staging = Path(tempfile.mkdtemp(dir=out, prefix=f"{_PREFIX}{command}-{os.getpid()}-"))
     except BaseException:
         if created:
-            shutil.rmtree(out, ignore_errors=True)
+            _remove_if_empty(out)
         raise
+    moved: dict[str, tuple[int, int]] = {}  # name -> (device, inode) of each file this run moves into out
+    done = False
     try:
         (staging / MARKER).write_text(_marker_text(), encoding="utf-8")
         try:
@@ -221,14 +313,37 @@ def publish(out: Path, write: Callable[[Path], None], what: str, command: str) -
         match_umask(staging)  # model.safetensors is written 0600 by safetensors
         new = sorted(p.name for p in staging.iterdir() if p.name != MARKER)
         check_stale(out, new, what)  # before any file of --out changes
+        others = _others(out, staging) if found_empty else []
+        if others:  # another run or program wrote into the --out this run found empty
+            raise FileExistsError(
+                f"--out {out} was empty when this run began but now holds {', '.join(others[:5])}"
+                f"{f' and {len(others) - 5} more' if len(others) > 5 else ''}, written meanwhile by another "
+                "program; nothing was replaced: move them out of --out or choose another --out"
+            )
         # config.json last: stopped between two moves (Ctrl-C), --out holds some new files beside the earlier
         # config.json, and reads as the earlier output until the end (--overwrite then runs again)
         for name in sorted(new, key=lambda name: name == "config.json"):
+            st = os.lstat(staging / name)
+            moved[name] = (st.st_dev, st.st_ino)  # before the move: an interrupt may come right after it
             os.replace(staging / name, out / name)  # a symbolic link is replaced, not written through
+        done = True
     except BaseException:
-        if created:  # a failed or interrupted run leaves no --out it created (all in it is ours)
-            shutil.rmtree(out, ignore_errors=True)
+        if found_empty:  # --out as it was: without the files this run moved in (a later one's are kept)
+            _unpublish(out, moved)
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if created and not done:
+            _remove_if_empty(out)
     return new
+
+
+def _unpublish(out: Path, moved: dict[str, tuple[int, int]]) -> None:
+    """Remove the files of ``out`` named in ``moved`` that are still the ones moved there (same inode)."""
+    for name, moved_id in moved.items():
+        try:
+            st = os.lstat(out / name)
+            if (st.st_dev, st.st_ino) == moved_id:
+                (out / name).unlink()
+        except OSError:
+            continue
