@@ -76,8 +76,6 @@ from ..nn.module_utils import same_tensor
 
 __all__ = ["Captured", "ForwardState", "Site", "find_sites", "mask_owner_hooks", "cross_attention_hooks"]
 
-_HF_PAIRS = (("query", "key"), ("q_lin", "k_lin"), ("q_proj", "k_proj"))
-
 
 @dataclass
 class Captured:
