@@ -441,7 +441,8 @@ def _train_all(
             say(clock.line(k, mech, seed, finished))
             hook = None if on_step is None else (lambda step, m=mech, s=seed: on_step(m, s, step))
             start = time.perf_counter()
-            result = train_run(task, data, config, mech, seed, run_dir, accelerator, progress, on_step=hook)
+            result = train_run(task, data, config, mech, seed, run_dir, accelerator, progress, on_step=hook,
+                               expect=expect)
             if not finished:
                 clock.add(time.perf_counter() - start, result.trained)
                 _record_kernels(result.record, run_dir, accelerator.is_main_process)

@@ -11,14 +11,17 @@ different, equally valid, results than one (without dropout the same, up to floa
 keeps the run seed's stream.
 
 Checkpoints (every ``checkpoint_every`` steps) hold the model, optimizer and scheduler states (``state.pt``,
-tensors and numbers only, read back with ``weights_only=True``), the step, the metrics history and the timing
-sums (``trainer.json``) and every process's RNG states (``rng-rank<i>.safetensors``); nothing is unpickled on
-resume, so a run directory from elsewhere cannot run code. The batch order is a function of (seed, step).
+tensors and numbers only, read back with ``weights_only=True``), the step, the metrics history, the timing
+sums and the data's fingerprint (``trainer.json``) and every process's RNG states
+(``rng-rank<i>.safetensors``); nothing is unpickled on resume, so a run directory from elsewhere cannot run
+code. The batch order is a function of (seed, step).
 A run continued from a checkpoint therefore ends with the same metrics as an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -39,7 +42,7 @@ from .config import CompareConfig
 
 __all__ = [
     "RunResult", "train_run", "batch_indices", "check_batch_split", "finished_result", "hybrid_u",
-    "latest_checkpoint", "run_expectations", "RESULT_FILE",
+    "latest_checkpoint", "run_expectations", "data_fingerprint", "RESULT_FILE",
 ]
 
 RESULT_FILE = "result.json"
@@ -170,8 +173,8 @@ def _read_result(path: Path, mechanism: str, seed: int, metric_names: Sequence[s
                  expect: Optional[dict] = None) -> dict:
     """A finished run's ``result.json``; damaged (truncated, edited, another run's, a metric of
     ``metric_names`` missing or not a finite number) is one ``ValueError``, and so is the result of another
-    configuration than ``expect`` (``{"steps", "eval_examples", "train_examples", "labels"}``, each optional:
-    a 150-step result was averaged with 40-step ones, the report saying 40 steps each)."""
+    configuration than ``expect`` (``run_expectations``; each key optional: a 150-step result was averaged
+    with 40-step ones, the report saying 40 steps each) or trained on other data than it describes."""
     record, why = _parse_result(path, metric_names)
     if why is None and (record["mechanism"], record["seed"]) != (mechanism, seed):
         why = f"is the result of {record['mechanism']} seed {record['seed']}, not {mechanism} seed {seed}"
@@ -198,7 +201,19 @@ def _foreign_result(record: dict, expect: dict) -> Optional[str]:
             return f"has classes {names}, not this dataset's {list(labels)}"
         if any(not isinstance(p, int) or not 0 <= p < len(labels) for p in record.get("predictions") or []):
             return f"has predictions that are not class indices below {len(labels)}"
-    return None
+    supports = expect.get("supports")
+    recorded = [c["support"] for c in record.get("classes") or []]
+    if supports is not None and "classes" in record and recorded != supports:  # label_names read otherwise
+        return f"was trained on other data (test examples per class {recorded}, this dataset's {supports})"
+    return _other_data(record.get("data_sha256"), expect.get("data_sha256"))
+
+
+def _other_data(saved, now: Optional[str]) -> Optional[str]:
+    """Why a run that recorded the data fingerprint ``saved`` was trained on other data than ``now``'s, or
+    ``None`` (also when either is ``None``: a run saved before fingerprints were recorded)."""
+    if saved is None or now is None or saved == now:
+        return None
+    return f"was trained on other data (data SHA-256 {str(saved)[:12]}... then, {now[:12]}... now)"
 
 
 def _number(value, finite: bool = True) -> bool:
@@ -324,6 +339,8 @@ def _check_run_fields(record: dict) -> Optional[str]:
         return "has no valid 'load_average_max'"
     if record.get("cpp_kernels") not in (None, True, False):
         return "has no valid 'cpp_kernels'"
+    if record.get("data_sha256") is not None and not isinstance(record["data_sha256"], str):
+        return "has no valid 'data_sha256'"
     samples = record.get("samples")
     if not isinstance(samples, list) or not all(isinstance(x, dict) for x in samples) or len(
         {tuple(x) for x in samples}
@@ -427,10 +444,37 @@ def finished_result(
 
 def run_expectations(task, data, config: CompareConfig) -> dict:
     """What a finished run of ``config`` on ``task`` records (``finished_result``'s ``expect``): its steps,
-    evaluation and training examples, and a classification task's class names."""
+    evaluation and training examples, a classification task's class names and test examples per class
+    (``supports``), and the data's fingerprint (``data_fingerprint``), which its checkpoints record too.
+
+    A result or checkpoint saved before fingerprints were recorded (an older attnkit) is checked by what it
+    does record (sizes, class names, supports) and accepted otherwise. Computed once per comparison."""
     labels = getattr(data, "label_names", None) if task.kind == "classification" else None
+    supports = None
+    if labels is not None:  # (C,) test examples per class, as per_class counts them
+        supports = torch.bincount(data.test_labels, minlength=len(labels)).tolist()
     return {"steps": config.total_steps, "eval_examples": task.num_eval(data),
-            "train_examples": task.num_train(data), "labels": None if labels is None else list(labels)}
+            "train_examples": task.num_train(data), "labels": None if labels is None else list(labels),
+            "supports": supports, "data_sha256": data_fingerprint(data)}
+
+
+def data_fingerprint(data) -> Optional[str]:
+    """The SHA-256 of both splits as the task sees them: every tensor of its encoded ``data`` (token ids,
+    masks, labels or targets, in order) and every list of strings (test texts, class names), field by field
+    with its name, dtype and shape; ``None`` when ``data`` is not a dataclass. A run trained on other examples
+    of the same sizes (integer labels read as other classes, a regenerated split) has another one."""
+    if not dataclasses.is_dataclass(data):
+        return None
+    digest = hashlib.sha256()
+    for field in dataclasses.fields(data):
+        value = getattr(data, field.name)
+        if isinstance(value, Tensor):
+            flat = value.detach().cpu().contiguous().reshape(-1)  # (N * L,)
+            digest.update(f"{field.name} {value.dtype} {tuple(value.shape)}\n".encode())
+            digest.update(flat.view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, list) and all(isinstance(x, str) for x in value):
+            digest.update(f"{field.name} {json.dumps(value)}\n".encode())
+    return digest.hexdigest()
 
 
 def check_batch_split(batch_size: int, world: int) -> None:
@@ -442,12 +486,13 @@ def check_batch_split(batch_size: int, world: int) -> None:
 
 
 def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=None, *,
-                     run: Optional[tuple[str, int, int]] = None) -> dict:
+                     run: Optional[tuple[str, int, int, Optional[str]]] = None) -> dict:
     """Restore a checkpoint; nothing in it is unpickled (``weights_only=True``, safetensors, JSON).
 
     Any file that is missing, truncated or not ours raises one ``ValueError`` that names it, and so does a
-    checkpoint of another run than ``run`` = ``(mechanism, seed, total steps)`` (a copied folder trained
-    seed 1 as seed 0's duplicate) or whose step disagrees with its folder and its records.
+    checkpoint of another run than ``run`` = ``(mechanism, seed, total steps, data fingerprint)`` (a copied
+    folder trained seed 1 as seed 0's duplicate; one trained on other data) or whose step disagrees with its
+    folder and its records.
     """
     trainer = _read_checkpoint_file(path / _TRAINER_FILE, lambda f: json_loads(f.read_text()))
     kinds = {"step": int, "history": list, "time_sum": (int, float), "time_count": int,
@@ -503,15 +548,21 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=N
     return trainer
 
 
-def _check_checkpoint_run(path: Path, trainer: dict, mechanism: str, seed: int, total: int) -> None:
+def _check_checkpoint_run(path: Path, trainer: dict, mechanism: str, seed: int, total: int,
+                          data_sha256: Optional[str] = None) -> None:
     """The checkpoint at ``path`` is one of this run (``mechanism``, ``seed``) part-way through its ``total``
-    steps, its step the one its folder is named after and its records as long as that step."""
+    steps on the data of fingerprint ``data_sha256`` (not checked when either is missing), its step the one
+    its folder is named after and its records as long as that step."""
     file = path / _TRAINER_FILE
     owner = (trainer.get("mechanism", mechanism), trainer.get("seed", seed))
+    why = None
     if owner != (mechanism, seed):
+        why = f"is of {owner[0]} seed {owner[1]}, not {mechanism} seed {seed}"
+    why = why or _other_data(trainer.get("data_sha256"), data_sha256)
+    if why is not None:
         raise ValueError(
-            f"checkpoint {str(path)!r} is of {owner[0]} seed {owner[1]}, not {mechanism} seed {seed}; delete "
-            f"{str(path.parent.parent)!r} to train that run again with --resume"
+            f"checkpoint {str(path)!r} {why}; delete {str(path.parent.parent)!r} to train that run again "
+            "with --resume"
         )
     step = trainer["step"]
     history = [h.get("step") if isinstance(h, dict) else None for h in trainer["history"]]
@@ -526,7 +577,7 @@ def _check_checkpoint_run(path: Path, trainer: dict, mechanism: str, seed: int, 
 
 
 def _load_checkpoint_everywhere(accelerator, path: Path, model, optimizer, scheduler, reg,
-                                run: Optional[tuple[str, int, int]] = None) -> dict:
+                                run: Optional[tuple[str, int, int, Optional[str]]] = None) -> dict:
     """``_load_checkpoint`` in every process, which all stop with one line when any of them could not read
     its part (a damaged ``rng-rank1`` stopped process 1 alone, and process 0 died later in a collective with a
     gloo traceback)."""
@@ -654,20 +705,23 @@ def train_run(
     accelerator,
     progress=None,
     on_step: Optional[Callable[[int], None]] = None,
+    expect: Optional[dict] = None,
 ) -> RunResult:
     """Train and evaluate ``mechanism`` with ``seed`` on ``task``; continue from ``run_dir``'s checkpoint if
     any.
 
     Writes ``run_dir/result.json`` when done and returns its record. ``on_step(step)`` is called after each
-    optimizer step (and its checkpoint); ``progress`` is a ``runner.progress`` bar or ``None``.
+    optimizer step (and its checkpoint); ``progress`` is a ``runner.progress`` bar or ``None``; ``expect`` is
+    ``run_expectations(task, data, config)``, computed here when not given (once per comparison: it hashes
+    the data).
     """
     from accelerate.utils import set_seed
 
     run_dir = Path(run_dir)
     result_path = run_dir / RESULT_FILE
     world, rank = accelerator.num_processes, accelerator.process_index
-    record = finished_result(run_dir, mechanism, seed, world, task.metric_names,
-                             run_expectations(task, data, config))
+    expect = run_expectations(task, data, config) if expect is None else expect
+    record = finished_result(run_dir, mechanism, seed, world, task.metric_names, expect)
     if record is not None:
         if accelerator.is_main_process:  # a process killed between its result and this cleanup left them
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
@@ -702,12 +756,13 @@ def train_run(
 
     trainer: dict[str, Any] = {
         "step": 0, "history": [], "time_sum": 0.0, "time_count": 0, "loss_sum": 0.0, "loss_count": 0,
-        "world_size": world, "mechanism": mechanism, "seed": seed,
+        "world_size": world, "mechanism": mechanism, "seed": seed, "data_sha256": expect["data_sha256"],
     }
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is not None:  # restores every process's RNG states
         trainer = _load_checkpoint_everywhere(accelerator, checkpoint, model, optimizer, scheduler, reg,
-                                              run=(mechanism, seed, total))
+                                              run=(mechanism, seed, total, expect["data_sha256"]))
+        trainer["data_sha256"] = expect["data_sha256"]  # the same, or none (saved before it was recorded)
     elif world > 1:  # each process its own dropout masks (all drew the same ones for their shares)
         set_seed(rank_seed(seed, rank))
     if accelerator.is_main_process:
@@ -794,6 +849,7 @@ def train_run(
         "num_params": n_params,
         "train_examples": n_train,
         "eval_examples": task.num_eval(data),
+        "data_sha256": expect["data_sha256"],
         "world_size": world,
         "samples": task.samples(data, preds, limit=8),
         "predictions": preds,
