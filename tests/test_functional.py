@@ -867,11 +867,11 @@ def test_a_nan_gradient_at_a_row_without_keys_does_not_reach_the_real_tokens(cas
 QUERY_NORMALIZED = ["dnas", "hnas", "sinkhorn"]
 
 
-@pytest.mark.parametrize("fill", [-1000.0, -1e4, -1e6])
+@pytest.mark.parametrize("fill", [-1e4, -1e6])
 @pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
 def test_normalize_refuses_a_causal_mask_added_to_the_scores_with_a_finite_fill(mechanism, fill):
     # scores.masked_fill(future, -1e4) leaked the last query into rows 0..4 (by 0.115) where
-    # attention(attn_mask=the same mask) refused: a score far below its row's largest is a mask
+    # attention(attn_mask=the same mask) refused: a score 5000 or more below its row's largest is hidden
     q, k, _ = random_qkv(1, 1, 6, 6, seed=31)
     s = ak.scores.scaled_dot(q, k)
     future = torch.ones(6, 6, dtype=torch.bool).triu(1)
@@ -883,18 +883,53 @@ def test_normalize_refuses_a_causal_mask_added_to_the_scores_with_a_finite_fill(
         ak.normalize(s[..., 2:, :].masked_fill(future[2:], fill), mechanism)
 
 
+def _dnas_reference(s: torch.Tensor) -> torch.Tensor:
+    """float64 DNAS by hand: a softmax over queries, then each row normalized to sum to 1."""
+    w = torch.softmax(s, dim=-2)  # (B, H, Lq, Lk)
+    return w / w.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("mechanism", ["dnas", "sinkhorn"])
+def test_normalize_keeps_the_weight_of_a_real_key_far_below_every_query(mechanism):
+    # a key 6000 below the others is a score, not a mask: the float64 reference and attention give its column
+    # [7.6e-5, 0.49, 1.5e-9] under dnas; normalize gave it 0
+    s = torch.tensor([[0.0, 1.0, 2.0, -6000.0],
+                      [1.0, 0.0, 3.0, -5990.0],
+                      [2.0, 2.0, 0.0, -6010.0]], dtype=torch.float64)[None, None]  # (1, 1, Lq, Lk)
+    w = ak.normalize(s, mechanism)
+    q, eye = s * 2.0, torch.eye(4, dtype=torch.float64)[None, None]  # scaled_dot(q, eye) == s for D = 4
+    _, w_att = ak.attention(q, eye, eye, mechanism, return_weights=True)
+    torch.testing.assert_close(w, w_att, **F64)
+    if mechanism == "dnas":
+        torch.testing.assert_close(w, _dnas_reference(s), **F64)
+        torch.testing.assert_close(w[0, 0, :, 3], torch.tensor([7.6389e-5, 0.490150, 1.50927e-9],
+                                                                dtype=torch.float64), rtol=1e-4, atol=0)
+
+
 @pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
-def test_normalize_reads_a_bert_padding_mask_added_to_the_scores_like_key_mask(mechanism):
-    # BERT's (1 - mask) * -10000 added to the scores gave the padded keys 1.949 (dnas) / 2.000 (sinkhorn) of
-    # 6 rows' weight; key_mask and attention(attn_mask=the same mask) give them 0
-    q, k, _ = random_qkv(2, 2, 6, 6, seed=32)
-    s = ak.scores.scaled_dot(q, k)
-    keep = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
-    bert = ((1.0 - keep.double()) * -10000.0)[:, None, None, :]  # (B, 1, 1, Lk)
-    w = ak.normalize(s + bert, mechanism)
-    assert torch.all(w[1, ..., 4:] == 0)
-    torch.testing.assert_close(w, ak.normalize(s, mechanism, key_mask=keep), **F64)
-    torch.testing.assert_close(w, ak.normalize(s, mechanism, attn_mask=bert), **F64)
+def test_normalize_of_bidirectional_alibi_over_a_long_span_equals_attention_with_it_as_attn_mask(mechanism):
+    # ALiBi over more than 5000 of bias within a row: normalize dropped the far keys (0.167 of each row)
+    torch.manual_seed(35)
+    Lq, Lk, D = 3, 3000, 4
+    q, k, v = (torch.randn(1, 1, n, D, dtype=torch.float64) for n in (Lq, Lk, Lk))
+    i = torch.arange(Lq, dtype=torch.float64)[:, None] + (Lk - Lq)  # the last Lq positions (bottom-right)
+    alibi = -2.0 * (i - torch.arange(Lk, dtype=torch.float64)[None]).abs()  # (Lq, Lk), spans ~6000
+    s = ak.scores.scaled_dot(q, k)  # (1, 1, Lq, Lk)
+    _, w_att = ak.attention(q, k, v, mechanism, attn_mask=alibi, return_weights=True)
+    w = ak.normalize(s + alibi, mechanism)
+    torch.testing.assert_close(w, w_att, **F64)
+    assert float(w[..., :Lk // 2].sum()) > 0.1  # the far keys keep their weight
+
+
+@pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
+def test_normalize_accepts_sharp_mask_free_scores_as_attention_does(mechanism):
+    # a sharp look-back head (later keys ~150 lower, no mask anywhere) was refused as a causal pattern
+    torch.manual_seed(36)
+    L = 6
+    s = (torch.randn(L, L, dtype=torch.float64) * 3 - 150 * torch.ones(L, L).triu(1).double())[None, None]
+    q, eye = s * L ** 0.5, torch.eye(L, dtype=torch.float64)[None, None]  # scaled_dot(q, eye) == s
+    _, w_att = ak.attention(q, eye, eye, mechanism, return_weights=True)
+    torch.testing.assert_close(ak.normalize(s, mechanism), w_att, **F64)
 
 
 @pytest.mark.parametrize("fill", [-1000.0, -1e4])

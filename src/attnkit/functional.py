@@ -534,18 +534,20 @@ MASKED_SCORE = -1e8
 ``finfo.min`` added to the scores gets there; no real score does)."""
 
 
-MASKED_SCORE_GAP = MASKED_BIAS / 2
-"""For a mechanism that normalizes over queries, a score given to ``normalize`` ``5000`` or more below its
-row's largest valid one (with the ``attn_mask`` bias added) is a masked pair too: a mask of -1e4 (BERT's
-``(1 - mask) * -10000``) added to the scores gets there with 5000 of room for the spread of the real scores,
-which its column normalization would otherwise cancel and give the masked keys weight."""
+SCORE_PATTERN_GAP = 5000.0
+"""For the causal-pattern check of ``normalize`` under the mechanisms that normalize over queries, a score
+(with the ``attn_mask`` bias added) this far or more below its row's largest valid one counts as hidden: a
+causal fill of -1e4 (float16 code) or -1e6 added to the scores leaks and is refused. Why 5000: BERT-style
+-1e4 fills sit on scores of either sign, so half of it leaves room for the real scores' spread; real scores
+5000 apart within one row are beyond float32's resolution of a softmax and rare (ALiBi at slope 0.5 over
+10000+ positions), and are refused only if they also form a causal pattern. Sharp real scores (later keys
+~150 lower) pass. Such scores are still weighed as scores, never masked."""
 
 
-def _fold_neg_inf(scores: Tensor, mask: MaskInfo, relative: bool = False) -> tuple[Tensor, MaskInfo]:
+def _fold_neg_inf(scores: Tensor, mask: MaskInfo) -> tuple[Tensor, MaskInfo]:
     """``-inf`` scores, and any at or below ``MASKED_SCORE`` (-1e8; half the dtype's lowest value in half
-    precision), are masked pairs (so a row or column of them gets zeros, not NaN); with ``relative`` (the
-    mechanisms that normalize over queries) so are those ``MASKED_SCORE_GAP`` or more below their row's
-    largest valid one. NaN and ``+inf`` are errors."""
+    precision), are masked pairs (so a row or column of them gets zeros, not NaN); NaN and ``+inf`` are
+    errors."""
     hidden = values_hidden(scores)  # under vmap: checked on the plain values, -inf folded wherever it may be
     plain = unbatched_values(scores) if hidden else scores
     if torch.isnan(plain).any() or torch.isposinf(plain).any():
@@ -558,11 +560,6 @@ def _fold_neg_inf(scores: Tensor, mask: MaskInfo, relative: bool = False) -> tup
     # column-normalizing mechanisms would otherwise cancel it per key and give padded keys weight. Real scores
     # never get there (an attn_mask counts from -1e4; for softmax, scores of -1e4 are still scores)
     allowed = scores > max(MASKED_SCORE, torch.finfo(scores.dtype).min / 2)  # (B, H, Lq, Lk)
-    if relative:  # -1e4 in a row of scores near 0 is a mask added to them, as -1e4 in attn_mask is
-        total = _with_bias(scores, mask)  # (B, H, Lq, Lk)
-        valid = allowed if mask.valid is None else allowed & mask.valid
-        top = total.masked_fill(~valid, float("-inf")).amax(-1, keepdim=True)  # (B, H, Lq, 1)
-        allowed = allowed & ~(total <= top + MASKED_SCORE_GAP)
     if not hidden and bool(allowed.all()):
         return scores, mask
     pair = allowed if mask.pair is None else mask.pair & allowed
@@ -599,14 +596,14 @@ def normalize(
     them gets zeros, never NaN; such a pattern that is causal is refused as a causal ``attn_mask`` is. NaN and
     ``+inf`` scores raise a ``ValueError``.
 
-    For the mechanisms that normalize over queries (dnas, hnas, sinkhorn with ``iters >= 1``) the scores,
-    plus any float ``attn_mask``, are read by the rules ``ak.attention`` applies to a float ``attn_mask``, so
-    that one mask gives the same weights or the same refusal whether it is added to the scores or passed as a
-    mask: a score ``MASKED_SCORE_GAP`` (5000) or more below its row's largest valid score is a masked pair
-    (BERT's ``(1 - mask) * -10000`` added to the scores marks padding, as ``key_mask`` does), and a score
-    ``PATTERN_BIAS`` (100) or more below it counts as hidden when checking for a causal pattern (a causal fill
-    of -1000 is refused). Softmax (and ``Sinkhorn(iters=0)``) reads only the rule above: it is
-    ``torch.softmax`` on the rest.
+    Finite scores are scores: a mask added to the scores counts as one only at ``-inf`` or at or below
+    ``-1e8`` (``finfo.min``, as transformers builds masks). A finite padding bias such as BERT's legacy
+    ``(1 - mask) * -10000`` added to the scores is a score there, which the column normalization of dnas /
+    sinkhorn cancels per key: pass padding as ``key_mask`` or ``attn_mask`` instead (``ak.attention``'s
+    ``attn_mask`` rules). For the mechanisms that normalize over queries (dnas, hnas, sinkhorn with
+    ``iters >= 1``) a causal fill ``SCORE_PATTERN_GAP`` (5000) or more below its row's largest valid score
+    (-1e4, -1e6) is refused as a causal mask is. Softmax (and ``Sinkhorn(iters=0)``) is ``torch.softmax`` on
+    the rest.
     """
     config = resolve_call(mechanism, hybrid_weight, sinkhorn_iters)
     if not isinstance(scores, Tensor) or scores.dim() != 4 or not scores.dtype.is_floating_point:
@@ -649,18 +646,22 @@ def normalize(
         key_mask=key_mask, query_mask=query_mask, attn_mask=attn_mask, causal=causal,
         device=scores.device, allow_bias=not isinstance(config, CoDA),
     )
-    relative = normalizes_over_queries(config)
     check_constant_key_bias(config, mask)
-    scores, folded = _fold_neg_inf(scores, mask, relative)
+    scores, folded = _fold_neg_inf(scores, mask)
     # -inf scores hide pairs as a mask does, so they can make the pattern causal too; for the mechanisms that
-    # normalize over queries, so do scores far below their row's largest (a causal fill of -1000)
+    # normalize over queries, so does a finite causal fill far below its row's largest (-1e4, -1e6)
     check_causal_pattern(config, folded, "attn_mask" if folded is mask else "the mask with the masked scores")
-    if relative:
-        valid = folded.valid
+    if normalizes_over_queries(config):
         total = _with_bias(scores, folded)  # (B, H, Lq, Lk)
-        seen = total if valid is None else total.masked_fill(~valid, float("-inf"))
-        check_causal_pattern(config, dataclasses.replace(folded, bias=seen, _valid=None, _valid_built=False),
-                             "the scores (a score 100 or more below its row's largest counts as masked)")
+        valid = folded.valid
+        seen = total if valid is None else total.masked_fill(~valid, float("-inf"))  # (B, H, Lq, Lk)
+        top = seen.amax(-1, keepdim=True)  # (B, H, Lq, 1)
+        near = seen > top - SCORE_PATTERN_GAP  # (B, H, Lq, Lk)
+        pair = near if folded.pair is None else folded.pair & near
+        check_causal_pattern(
+            config, dataclasses.replace(folded, pair=pair, bias=None, _valid=None, _valid_built=False),
+            f"the scores (a score {SCORE_PATTERN_GAP:g} or more below its row's largest counts as masked)",
+        )
     mask = folded
     cdtype = _compute_dtype(scores.dtype)
     u = _hybrid_u(config, hybrid_weight, H, scores)
