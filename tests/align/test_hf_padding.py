@@ -35,6 +35,26 @@ def test_a_multiple_choice_mask_equals_its_flattened_rows():
         torch.testing.assert_close(a, b)
 
 
+def test_an_extended_additive_mask_equals_its_0_1_mask():
+    """A (B, 1, 1, L) additive mask (0 = real, finfo.min = padding) gives the (B, L) 0/1 mask's loss, not a
+    loss of 0.0 over all-padding rows."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32)).eval()
+    ids = torch.randint(5, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    additive = (1 - mask[:, None, None, :].float()) * torch.finfo(torch.float32).min  # (B, 1, 1, L)
+    reg = AlignmentRegularizer(model, method="mmd")
+    model(ids, attention_mask=mask)
+    expected = reg.mmd_per_head()
+    model(ids, attention_mask=additive)
+    assert torch.equal(reg._captured[0][1].k_mask, mask > 0)
+    for a, b in zip(expected, reg.mmd_per_head()):
+        torch.testing.assert_close(a, b)
+
+
 def _tiny_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -415,14 +415,17 @@ class _PositionsMismatch(ValueError):
 def _hf_valid(mask: Optional[Tensor], B: int, L: int, device, site: str = "") -> Tensor:
     if mask is None:
         return torch.ones(B, L, dtype=torch.bool, device=device)
-    if mask.dim() > 2 and mask.shape[:-1].numel() == B:
-        # (N, C, L) of a multiple-choice model, whose layers run the C choices of N samples as B = N C rows
+    additive = mask.is_floating_point() and bool((mask < 0).any())  # 0 = real, finfo.min / -inf = padding
+    if additive and mask.dim() == 4 and mask.shape[1:3] == (1, 1):
+        mask = mask[:, 0, 0]  # (B, 1, 1, L) extended additive mask -> (B, L)
+    elif not additive and mask.dim() == 3 and mask.shape[:-1].numel() == B:
+        # (N, C, L) 0/1 mask of a multiple-choice model, whose layers run N samples' C choices as N C rows
         mask = mask.reshape(B, mask.shape[-1])  # (B, L)
     if mask.dim() != 2:
         raise ValueError(
             f"attention_mask has shape {tuple(mask.shape)}; the alignment regularizer reads the padding from "
-            f"a (B, L) mask (1 = real token), or a (..., L) one whose leading sizes multiply to the layer's "
-            f"{B} rows (multiple choice): pass that to the model"
+            f"a (B, L) mask (1 = real token), a (B, 1, 1, L) additive one, or a 0/1 (N, C, L) one whose N C "
+            f"= {B} rows (multiple choice): pass that to the model"
         )
     if tuple(mask.shape) != (B, L):
         raise _PositionsMismatch(
@@ -431,7 +434,7 @@ def _hf_valid(mask: Optional[Tensor], B: int, L: int, device, site: str = "") ->
             "(a vision tower of a multimodal model, or a model that pads its input inside); pass layers= "
             "with the self-attention layers whose positions are the mask's"
         )
-    return mask.to(device) > 0
+    return mask.to(device) > (MASKED_BIAS if additive else 0)
 
 
 def _packed_segments(position_ids) -> Optional[Tensor]:
