@@ -323,8 +323,8 @@ def test_a_resumed_alignment_run_continues_the_uninterrupted_one(tiny_bert, tmp_
         _resumable_run(tiny_bert, tmp_path / "cut", method, resume=str(checkpoint))
 
 
-def _user_optimizer_run(tmp_path, with_regularizer: bool):
-    """AlignmentTrainer with optimizers=(AdamW, linear schedule) built by the user."""
+def _user_optimizer_run(tmp_path, with_regularizer: bool, with_scheduler: bool = True):
+    """AlignmentTrainer with optimizers=(AdamW, linear schedule or None) built by the user."""
     from transformers import BertConfig, BertForSequenceClassification, TrainingArguments
     from transformers import get_linear_schedule_with_warmup
 
@@ -337,7 +337,7 @@ def _user_optimizer_run(tmp_path, with_regularizer: bool):
     reg = AlignmentRegularizer(model, method="gan", weight=0.5)
     params = [*model.parameters(), *(reg.parameters() if with_regularizer else [])]
     optimizer = torch.optim.AdamW(params, lr=1e-2)
-    scheduler = get_linear_schedule_with_warmup(optimizer, 0, 4)
+    scheduler = get_linear_schedule_with_warmup(optimizer, 0, 4) if with_scheduler else None
     ids = torch.randint(1, 50, (8, 6), generator=torch.Generator().manual_seed(0))
     rows = [{"input_ids": ids[i], "attention_mask": torch.ones(6, dtype=torch.long), "labels": i % 2}
             for i in range(8)]
@@ -361,4 +361,15 @@ def test_a_users_optimizer_holding_the_regularizer_is_used_as_is_and_scheduled(t
     trainer.train()
     assert len(optimizer.param_groups) == 1  # no group added behind the scheduler's back
     assert scheduler.last_epoch == 3 and optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * 1 / 4)
+    assert any(not torch.equal(a, b) for a, b in zip(start, reg.parameters()))
+
+
+def test_a_users_optimizer_without_a_scheduler_gets_the_regularizer_before_the_trainer_schedules_it(tmp_path):
+    """optimizers=(optimizer, None) trained before the up-front check: the Trainer builds the scheduler after
+    the regularizer's group is added, so it covers every group."""
+    trainer, reg, optimizer, _ = _user_optimizer_run(tmp_path, with_regularizer=False, with_scheduler=False)
+    start = [p.detach().clone() for p in reg.parameters()]
+    trainer.train()
+    assert len(optimizer.param_groups) == 2 and optimizer.param_groups[1]["weight_decay"] == 0.0
+    assert trainer.lr_scheduler.last_epoch == 3
     assert any(not torch.equal(a, b) for a, b in zip(start, reg.parameters()))

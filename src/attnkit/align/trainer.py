@@ -9,7 +9,8 @@
 
 ``AlignmentTrainer`` adds ``reg.loss()`` to the task loss of every training step, puts the regularizer's
 parameters (discriminator / critic / navigator) in the optimizer it builds as their own group without weight
-decay (an optimizer given in ``optimizers=`` must already hold them, as it is used as it is),
+decay (an optimizer given in ``optimizers=`` with its scheduler must already hold them, as it is used as it
+is; one given without a scheduler gets the group before the Trainer builds the scheduler),
 broadcasts them from process 0 when training starts and averages their gradients over the processes before
 each optimizer step (DDP does both for the model only), and zeroes them after each step (the Trainer zeroes
 the model's only). Each checkpoint holds the regularizer too (``alignment_regularizer.safetensors``: its
@@ -62,9 +63,12 @@ def alignment_trainer_class(base=None):
             super().__init__(*args, **kwargs)
             self.regularizer = regularizer.to(self.args.device)
             own = [p for p in regularizer.parameters() if p.requires_grad]
-            if self.optimizer is not None and own:  # the user's optimizers=(optimizer, scheduler)
+            if self.optimizer is not None and own:  # the user's optimizers=(optimizer, scheduler or None)
                 known = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
-                if any(id(p) not in known for p in own):
+                missing = [p for p in own if id(p) not in known]
+                if missing and self.lr_scheduler is None:  # the Trainer builds the scheduler after this group
+                    self.optimizer.add_param_group({"params": missing, "weight_decay": 0.0})
+                elif missing:
                     # adding a group to it now would leave the user's scheduler one group short
                     raise ValueError(
                         f"the optimizer given in optimizers= lacks the regularizer's {len(own)} parameter "
