@@ -166,6 +166,18 @@ def test_a_text_tower_made_causal_by_its_caller_is_refused_at_conversion(mechani
     akhf.convert(_clip(), "coda")(input_ids=ids, pixel_values=torch.randn(2, 3, 8, 8))  # CoDA is causal-safe
 
 
+def test_the_causal_refusal_names_the_layers_that_can_be_converted_alone():
+    """CLIP's vision tower is bidirectional: the refusal of its causal text tower says how to convert the
+    vision layers alone (its text layer is index 0, its vision layer index 1)."""
+    names = [name for name, _ in akhf.attention_modules(_clip())]
+    assert [name.split(".")[0] for name in names] == ["text_model", "vision_model"]
+    with pytest.raises(ValueError, match=r"pass layers=\[1\] \(--layers 1\)") as exc:
+        akhf.convert(_clip(), "dnas")
+    assert "\n" not in str(exc.value)
+    model = akhf.convert(_clip(), "dnas", layers=[1])  # the advice works
+    assert model.config.attnkit["modules"] == names[1:]
+
+
 @pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
 def test_a_decoder_whose_attention_says_is_causal_false_is_refused_at_conversion(mechanism):
     """BigBirdPegasus's decoder self-attention keeps ``is_causal=False`` (``is_decoder=True``) and is causal

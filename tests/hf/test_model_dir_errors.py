@@ -609,3 +609,15 @@ def test_a_token_classifier_for_other_labels_gets_a_new_head_and_a_deleted_tenso
     _drop(model_dir, query + "weight")
     with pytest.raises(ValueError, match="do not match .*query.*weight"):
         load_classifier(str(model_dir), log=lambda line: None, num_labels=5)
+
+
+def test_show_on_a_vision_model_says_it_has_no_tokenizer_files_not_that_they_are_broken(tmp_path, capsys):
+    """A converted DeiT has no tokenizer files at all: there is nothing to restore from the original model."""
+    from transformers import DeiTConfig, DeiTModel
+
+    config = DeiTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                        image_size=16, patch_size=8, num_channels=3)
+    akhf.convert(DeiTModel(config), "dnas").save_pretrained(tmp_path / "deit")
+    line = _cli_error(capsys, ["show", str(tmp_path / "deit"), "--text", "a cat"])
+    assert "has no tokenizer files" in line and "over a text" in line
+    assert "cannot be loaded" not in line and "restore" not in line

@@ -152,7 +152,8 @@ def attention_forward(
 
     Shapes:
         query ``(B, H, Lq, D)``, key/value ``(B, H_kv, Lk, D)`` (``H`` a multiple of ``H_kv``);
-        attention_mask ``(B, 1, Lq, Lk)`` boolean (True = may attend) or float additive, or ``None``;
+        attention_mask ``(B, 1, Lq, Lk)`` boolean (True = may attend) or float additive (BEiT's and Swin's
+        relative position bias, ``(1, H, Lq, Lk)``), or ``None``; a batch size of 1 broadcasts over ``B``;
         position_bias (T5's relative position bias) broadcastable to ``(B, H, Lq, Lk)``, added to the scores
         -> ``(out (B, Lq, H, D), None)``, or ``(out, weights (B, H, Lq, Lk))`` when the model was called with
         ``output_attentions=True`` (the mechanism's weights, materialized as transformers' ``eager`` does).
@@ -189,13 +190,17 @@ def attention_forward(
         if s is not None:  # E = alpha s q.k as the model's scores; N = -beta s ||q - k||_1 of the projections
             query, scaling = query / s, s
 
-    key_mask = query_mask = None
+    key_mask = query_mask = key_valid = None
     if attention_mask is not None and attention_mask.dim() == 2:
         key_mask, valid, bias = attention_mask, None, None  # (B, Lk): key padding from our mask interface
         key_valid = key_mask
     else:
         valid, bias = _split_mask(attention_mask)
-        key_valid = None if valid is None else valid.any(dim=-2).any(dim=1)  # (B, Lk): keys some query sees
+        # the keys some query sees, from the boolean mask or the float bias alike (whether a learned bias
+        # table happens to be all zeros must not change the query mask); a batch-1 mask broadcasts over B
+        allowed = valid if valid is not None else None if bias is None else bias > MASKED_BIAS
+        if allowed is not None:
+            key_valid = allowed.any(dim=-2).any(dim=1).expand(B, allowed.shape[-1])  # (B, Lk)
     padded = config.query_normalized or observing()  # observed softmax weights: padded query rows left out
     if padded and key_valid is not None and getattr(module, _SELF_ATTR, False):
         query_mask = _query_mask(key_valid, Lq)

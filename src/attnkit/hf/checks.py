@@ -435,12 +435,20 @@ def has_tokenizer_files(path: str | os.PathLike) -> bool:
     return any(os.path.isfile(os.path.join(os.fspath(path), name)) for name in TOKENIZER_FILES)
 
 
+_NO_TOKENIZER = (
+    "attnkit show (which draws attention over a text) and finetune read text through the model's tokenizer, "
+    "so a model without one (a vision model) cannot be used here; for a text model, save its tokenizer there "
+    "with tokenizer.save_pretrained(...)"
+)
+
+
 def load_tokenizer(path: str | os.PathLike, option: str = "model directory"):
     """``AutoTokenizer.from_pretrained(path)``, refusing a directory without tokenizer files.
 
     For such a directory transformers builds a tokenizer of the model's type with an empty vocabulary (a BERT
     one holds its 5 special tokens, and every word becomes ``[UNK]``), which would train or draw on nothing
-    without a word. Files that cannot be loaded are one ``ValueError`` too.
+    without a word; a vision model (DeiT) has no tokenizer files at all. Files that cannot be loaded are one
+    ``ValueError`` too.
     """
     from transformers import AutoTokenizer
 
@@ -449,15 +457,13 @@ def load_tokenizer(path: str | os.PathLike, option: str = "model directory"):
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as exc:  # noqa: BLE001 - broken tokenizer files fail in many ways
         found = [name for name in TOKENIZER_FILES if os.path.isfile(os.path.join(path, name))]
-        which = f" ({', '.join(found)})" if found else ""
+        if not found:  # a vision model (DeiT, BEiT, ...) has none: there is nothing broken to restore
+            raise ValueError(f"{option} {path} has no tokenizer files; {_NO_TOKENIZER}") from None
         raise ValueError(
-            f"{option} {path}: its tokenizer files{which} cannot be loaded ({_first_line(exc)}); restore "
-            "them from the original model (tokenizer.save_pretrained(...))"
+            f"{option} {path}: its tokenizer files ({', '.join(found)}) cannot be loaded "
+            f"({_first_line(exc)}); restore them from the original model (tokenizer.save_pretrained(...))"
         ) from None
     names = sorted(set(getattr(tokenizer, "vocab_files_names", {}).values()))
     if names and not any(os.path.isfile(os.path.join(path, name)) for name in names):
-        raise ValueError(
-            f"{option} {path} has no tokenizer files ({' or '.join(names)}); save the model's tokenizer "
-            "there with tokenizer.save_pretrained(...)"
-        )
+        raise ValueError(f"{option} {path} has no tokenizer files ({' or '.join(names)}); {_NO_TOKENIZER}")
     return tokenizer

@@ -485,9 +485,18 @@ def convert(
     if problem is not None:
         causal = [modules[i][0] for i in chosen if _causal(model, *modules[i])]
         if causal:
+            # a model with bidirectional layers too (CLIP's vision tower beside its causal text tower) can
+            # convert those alone
+            bidirectional = [i for i in range(len(modules)) if not _causal(model, *modules[i])]
+            alone = ""
+            if bidirectional:
+                alone = (
+                    f" To convert only its {len(bidirectional)} bidirectional layer(s), pass "
+                    f"layers={bidirectional} (--layers {','.join(map(str, bidirectional))})."
+                )
             raise ValueError(
                 f"cannot convert causal self-attention ({causal[0]}, {len(causal)} module(s)) to "
-                f"{config_label(config)!r}: {problem}"
+                f"{config_label(config)!r}: {problem}{alone}"
             )
     _own_config(model)
     for i in chosen:
