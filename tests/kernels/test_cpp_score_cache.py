@@ -4,6 +4,8 @@ some, all), with padding, fully masked rows, odd sizes and dropout, and agree wi
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -129,11 +131,13 @@ def test_the_budget_comes_from_the_environment_in_mib(raw, expected, monkeypatch
     assert cpp_potentials.score_cache_bytes() == expected
 
 
-@pytest.mark.parametrize("raw", ["-1", "1.5", "lots", "64MB", "99999999999999"])  # the last overflowed int64
+@pytest.mark.parametrize("raw", ["-1", "1.5", "lots", "64MB", "99999999999999", "1_0", "+8", "\u0667"])
+# 99999999999999 overflowed int64; int() reads "1_0" as 10, "+8" as 8 and an Arabic-Indic 7 as 7
 def test_a_budget_in_the_environment_that_is_not_whole_mib_is_named(raw, monkeypatch):
     monkeypatch.setenv(cpp_potentials.SCORE_CACHE_ENV, raw)
     (q, k, v), km, qm = _inputs(torch.float32)
-    with pytest.raises(ValueError, match=f"ATTNKIT_SCORE_CACHE_MB='{raw}'; expected a whole number of MiB"):
+    message = re.escape(f"ATTNKIT_SCORE_CACHE_MB={raw!r}; expected a whole number of MiB")
+    with pytest.raises(ValueError, match=message):
         ak.attention(q, k, v, "sinkhorn", key_mask=km, query_mask=qm, backend="efficient")
 
 

@@ -66,10 +66,8 @@ def score_cache_bytes() -> int:
     raw = os.environ.get(SCORE_CACHE_ENV)
     if raw is None or raw.strip() == "":
         return SCORE_CACHE_BYTES
-    try:
-        mib = int(raw)
-    except ValueError:
-        mib = -1
+    text = raw.strip()
+    mib = int(text) if text.isascii() and text.isdigit() else -1  # int() would take "1_0" and "+8"
     if not 0 <= mib <= _SCORE_CACHE_MAX_MIB:  # above it the byte count leaves the kernels' int64
         raise ValueError(
             f"{SCORE_CACHE_ENV}={raw!r}; expected a whole number of MiB in [0, {_SCORE_CACHE_MAX_MIB}] "
