@@ -98,6 +98,35 @@ def test_an_unpacked_row_with_position_ids_is_one_sample():
     assert [tuple(c.q.shape[::2]) for _, c in reg._captured] == [(2, 6)] * 2
 
 
+def test_an_encoders_packed_row_is_one_sample_as_the_model_computes_it():
+    """BERT's bidirectional mask ignores position_ids (transformers packs causal masks alone): its packed row
+    attends across the sequences, so the regularizer's capture is the row's, as without position_ids; it
+    was split into the sequences, which the model does not compute."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                 intermediate_size=32)).eval()
+    with torch.no_grad():  # the queries and keys the same with and without position_ids
+        model.embeddings.position_embeddings.weight.zero_()
+    ids = torch.randint(5, 50, (1, 7), generator=torch.Generator().manual_seed(0))
+    positions = torch.tensor([[0, 1, 2, 0, 1, 2, 3]])  # two sequences, 3 and 4 long
+    reg = AlignmentRegularizer(model, method="mmd")
+    with torch.no_grad():
+        packed = model(ids, position_ids=positions).last_hidden_state
+        first = model(ids[:, :3], position_ids=positions[:, :3]).last_hidden_state
+        assert not torch.allclose(packed[:, :3], first, atol=1e-5)  # the model does not split the row
+        model(ids, position_ids=positions)
+        together = [c for _, c in reg._captured]
+        per_head = reg.mmd_per_head()
+        model(ids)
+    assert [tuple(c.q.shape[::2]) for c in together] == [(1, 7)] * 2
+    for c, plain in zip(together, (c for _, c in reg._captured)):
+        assert torch.equal(c.q, plain.q) and torch.equal(c.k, plain.k) and bool(c.q_mask.all())
+    for a, b in zip(per_head, reg.mmd_per_head()):
+        torch.testing.assert_close(a, b)
+
+
 def _perceiver():
     from transformers import PerceiverConfig, PerceiverModel
 
@@ -108,18 +137,28 @@ def _perceiver():
     return PerceiverModel(config).eval()
 
 
-def test_perceiver_latents_never_read_the_inputs_mask_even_when_the_lengths_match():
-    """8 latents and 8 input positions: the inputs' mask was applied to the latents (latents 5-7 dropped)
-    instead of leaving the layer out with a warning, as for other lengths."""
+@pytest.mark.parametrize("length", (8, 6))
+def test_perceiver_latents_never_read_the_inputs_mask_even_when_the_lengths_match(length):
+    """8 latents and 8 (or 6) input positions: the inputs' mask was applied to the latents (latents 5-7
+    dropped) when the lengths matched, and the latent layers were left out (reg.loss() raised) when the inputs
+    were padded. The latents have no padding: their masks are all real, with or without the inputs' mask."""
+    import warnings
+
     model = _perceiver()
-    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
-    mask = torch.tensor([[1] * 5 + [0] * 3, [1] * 8])
+    x = torch.randn(2, length, 16, generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, length, dtype=torch.long)
+    mask[0, 5:] = 0
     reg = AlignmentRegularizer(model, method="mmd")
-    with pytest.warns(UserWarning, match=r"self_attends\.0\.attention\.self' runs after the cross-attention"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no layer is left out
         model(inputs=x, attention_mask=mask)
-    assert reg._captured == []
+    assert torch.isfinite(reg.loss())
+    assert [c.q_mask.shape == c.k_mask.shape == (2, 8) for _, c in reg._captured] == [True]
+    assert [bool(c.q_mask.all() and c.k_mask.all()) for _, c in reg._captured] == [True]
+    padded = reg.mmd_per_head()
     model(inputs=x)  # without a mask every latent is real
     assert [c.q_mask.all().item() for _, c in reg._captured] == [True]
+    assert padded[0].shape == reg.mmd_per_head()[0].shape == (2,)
 
 
 def test_perceiver_lists_only_the_layers_it_captures():
@@ -130,3 +169,27 @@ def test_perceiver_lists_only_the_layers_it_captures():
     assert [s.name for s in reg.sites] == ["encoder.self_attends.0.attention.self"]
     model(inputs=torch.randn(2, 8, 16))
     assert reg._captured[0][1].q.shape == (2, 2, 8, 8)
+    model(inputs=torch.randn(2, 6, 16), attention_mask=torch.tensor([[1, 1, 1, 0, 0, 0], [1] * 6]))
+    assert torch.isfinite(reg.loss()) and bool(reg._captured[0][1].q_mask.all())
+
+
+def test_a_layer_after_the_cross_attention_with_a_mask_of_its_own_is_left_out():
+    """A latent layer the model hands a mask of its own: the regularizer does not read that mask, so the layer
+    is left out (a warning; a ValueError under layers=) rather than taken as all real."""
+    model = _perceiver()
+    layer = model.encoder.self_attends[0].attention.self
+
+    def own_mask(module, args):  # (hidden_states, attention_mask, ...): an additive (B, 1, Lq, Lk) mask
+        return (args[0], torch.zeros(args[0].shape[0], 1, 8, 8), *args[2:])
+
+    layer.register_forward_pre_hook(own_mask, prepend=True)
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
+    reg = AlignmentRegularizer(model, method="mmd")
+    with pytest.warns(UserWarning, match="passes it an attention mask of its own"):
+        model(inputs=x)
+    assert reg._captured == []
+    model = _perceiver()
+    model.encoder.self_attends[0].attention.self.register_forward_pre_hook(own_mask, prepend=True)
+    AlignmentRegularizer(model, method="mmd", layers=[0])
+    with pytest.raises(ValueError, match="passes it an attention mask of its own"):
+        model(inputs=x)

@@ -29,11 +29,15 @@ Four families of layers ("sites"):
   projections read different inputs (cross-attention) is skipped, and so is a step of cached decoding
   (``generate``), whose earlier keys are in the cache. The padding comes from the ``attention_mask`` passed to
   the model (XLM's ``lengths=`` without one; a multiple-choice ``(N, C, L)`` one as its ``(N C, L)`` rows); a
-  layer whose positions are not the mask's, that lies outside the part of the model the mask is handed to
-  (CLIP's ``vision_model``, whatever its length), or that runs after a cross-attention that came before any
-  self-attention (a Perceiver's latents, whatever their number), is left out with a warning (a ``ValueError``
-  when ``layers=`` names it). A packed batch (no ``attention_mask``, ``position_ids`` restarting within a row,
-  as transformers' ``find_packed_sequence_indices`` reads them) is split into its sequences, one sample each.
+  layer whose positions are not the mask's, or that lies outside the part of the model the mask is handed to
+  (CLIP's ``vision_model``, whatever its length), is left out with a warning (a ``ValueError`` when
+  ``layers=`` names it). A layer that runs after a cross-attention that came before any self-attention (a
+  Perceiver's latents, whatever their number) runs on that cross-attention's query positions, which the mask
+  does not describe and which have no padding: all real (left out, as above, when the model hands the layer
+  a mask of its own). A packed batch (no ``attention_mask``, ``position_ids`` restarting within a row, as
+  transformers' ``find_packed_sequence_indices`` reads them) is split into its sequences, one sample each, in
+  a causal attention (the module's ``is_causal``), the only one whose mask transformers packs
+  (``create_causal_mask``); an encoder's row (BERT's bidirectional mask) is one sample, as the model runs it.
   A query or key projection replaced after attaching (``peft.get_peft_model``) raises a ``ValueError`` at the
   next forward. ALBERT shares one attention module across its layers: each call is captured.
 - **PyTorch Geometric ``GATConv``**: GAT's logit is
@@ -279,6 +283,9 @@ class HFSite(Site):
         self.kv_heads, self.proj = kv_heads, proj
         # ids of the modules from the model down to this one (not the model itself): set by mask_owner_hooks
         self.ancestors: frozenset[int] = frozenset()
+        # whether the model splits a packed row (position_ids restarting, no mask) into its sequences here:
+        # transformers does it for causal attention only (create_causal_mask); set by _hf_site
+        self.splits_packed = False
 
     def __repr__(self) -> str:
         kv = f", kv_heads={self.kv_heads}" if self.kv_heads != self.num_heads else ""
@@ -299,23 +306,28 @@ class HFSite(Site):
             if Hkv != H:
                 # (B, H, Lk, d): query head h reads key head h // (H / Hkv)
                 k = k.repeat_interleave(H // Hkv, dim=1)
+            segments = context.segments if self.splits_packed else None
+            if context.resampled is not None:
+                # after a cross-attention (a Perceiver's latents): on its query positions, which the model's
+                # attention_mask does not describe and which have no padding: all real, unless the model
+                # hands this layer a mask of its own
+                if own_mask[0]:
+                    why = (
+                        f"the attention at {self.name!r} runs after the cross-attention at "
+                        f"{context.resampled!r}, on its query positions, and the model passes it an "
+                        "attention mask of its own, which the alignment regularizer does not read; pass "
+                        "layers= without it"
+                    )
+                    self.leave_out(context, why, _PositionsMismatch)
+                    return
+                mask = segments = None
             try:
                 valid_q, valid_k = (_hf_valid(mask, B, n, q.device, self.name) for n in (Lq, Lk))
             except _PositionsMismatch as exc:
                 self.leave_out(context, str(exc), _PositionsMismatch)
                 return
-            if mask is not None and context.resampled is not None:
-                why = (
-                    f"the attention at {self.name!r} runs after the cross-attention at "
-                    f"{context.resampled!r}, on its query positions (a Perceiver's latents), not the "
-                    "positions the attention_mask describes, so the alignment regularizer cannot tell its "
-                    "padding; pass layers= with the self-attention layers whose positions are the mask's"
-                )
-                self.leave_out(context, why, _PositionsMismatch)
-                return
             captured = Captured(q, k, valid_q, valid_k)
-            if context.segments is not None:  # a packed batch: one sample per sequence
-                segments = context.segments
+            if segments is not None:  # a packed batch in a causal attention: one sample per sequence
                 if Lq != Lk or segments.shape[-1] != Lq or segments.shape[0] not in (1, B):
                     why = (
                         f"the attention at {self.name!r} runs over (B, Lq, Lk) = ({B}, {Lq}, {Lk}) positions "
@@ -336,11 +348,22 @@ class HFSite(Site):
                 context.tentative.append((self, captured))  # decided at the end of the forward
             record(captured)
 
+        try:
+            signature: Optional[inspect.Signature] = inspect.signature(self.module.forward)
+        except (TypeError, ValueError):  # a forward without a signature (builtin or scripted)
+            signature = None
+        own_mask = [False]  # whether this call was handed an attention_mask tensor
+
         def check(module, args, kwargs):
             # a projection replaced after attaching (peft.get_peft_model wraps query/key in LoRA layers) would
             # leave the hooks on the stale inner layer: its outputs are no longer the attention's queries
             if module is not self.module or not context.active:
                 return None
+            try:
+                arguments = kwargs if signature is None else signature.bind_partial(*args, **kwargs).arguments
+            except TypeError:
+                arguments = kwargs
+            own_mask[0] = isinstance(arguments.get("attention_mask"), Tensor)
             children = tuple(module.children())
             for role, layer in (("query", proj.q_layer), ("key", proj.k_layer)):
                 if not any(child is layer for child in children):
@@ -540,7 +563,13 @@ def _hf_site(name: str, module: nn.Module, proj: _Projections, config) -> HFSite
             f"{where}: its keys (width {keys}) are not a whole number of heads of dim {d} that divides its "
             f"{H} query heads; the alignment regularizer cannot pair its queries and keys"
         )
-    return HFSite(name, module, H, d, Hkv, proj)
+    site = HFSite(name, module, H, d, Hkv, proj)
+    # transformers reads packed position_ids in create_causal_mask alone (find_packed_sequence_indices), which
+    # a model with config.is_causal False replaces with create_bidirectional_mask: an encoder's attention
+    # (is_causal False: BERT, RoBERTa, ...) runs over the whole packed row
+    causal = getattr(module, "is_causal", False) is True
+    site.splits_packed = causal and getattr(config, "is_causal", True) is not False
+    return site
 
 
 def _is_cross(name: str, module: nn.Module) -> bool:
@@ -555,9 +584,9 @@ def cross_attention_hooks(model: nn.Module, sites: list[Site], state: ForwardSta
     """Forward hooks on the query and key projections of the cross-attention modules inside a Hugging Face
     ``model`` (its encoder's, for an encoder-decoder one) that note, in ``state.resampled``, one that runs
     before any self-attention layer (of ``sites``, chosen or not) in a forward: a Perceiver's, which maps the
-    inputs (the mask's positions) onto its latents, on whose positions every layer after it runs. (A
-    decoder's cross-attention runs after its first self-attention, on the mask's positions.) Returns the hook
-    handles."""
+    inputs (the mask's positions) onto its latents, on whose positions (no padding) every layer after it
+    runs. (A decoder's cross-attention runs after its first self-attention, on the mask's positions.) Returns
+    the hook handles."""
     from ..hf.convert import encoder_prefix
 
     def attended(module, args, kwargs):
@@ -862,7 +891,7 @@ class ForwardState:
         # and the captures of sites outside them made before any had (decided at the end of the forward)
         self.mask_receivers: dict[int, str] = {}
         # Hugging Face: the cross-attention inside the model that ran in this forward (Perceiver's, from the
-        # inputs to its latents); the layers after it run on its queries' positions, not the mask's
+        # inputs to its latents); the layers after it run on its queries' positions, not the mask's: all real
         self.resampled: Optional[str] = None
         self.attended = False  # whether a self-attention module (chosen or not) ran yet in this forward
         self.forwards = 0  # forward passes started (the captures' absence then means the layers were not run)
