@@ -7,6 +7,7 @@ import json
 import pytest
 
 from attnkit.cli import main
+from tests.cli._fixtures import save_during_bench
 
 
 @pytest.mark.slow
@@ -125,17 +126,8 @@ def test_bench_that_would_time_nothing_or_has_bad_values_fails_before_running(ar
 def test_a_file_that_appears_during_the_run_is_kept(tmp_path, capsys, monkeypatch):
     """The --out check runs before the bench and the bench can take minutes: a file saved there meanwhile
     is not overwritten without --overwrite (the result is linked into place only if the path is free)."""
-    from attnkit import benchmark
-
     out = tmp_path / "kernels.json"
-    real = benchmark.run_bench
-
-    def run_then_someone_saves(cfg, log=None):
-        result = real(cfg, log)
-        out.write_text('{"user": "precious"}')
-        return result
-
-    monkeypatch.setattr(benchmark, "run_bench", run_then_someone_saves)
+    save_during_bench(monkeypatch, out)
     args = ["bench", "--lengths", "16", "--mechanisms", "dnas", "--backends", "efficient", "--repeats", "1",
             "--no-memory", "--out", str(out)]
     with pytest.raises(SystemExit) as exc:

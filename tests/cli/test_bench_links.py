@@ -9,6 +9,7 @@ import os
 import pytest
 
 from attnkit.cli import main
+from tests.cli._fixtures import save_during_bench
 
 ARGS = ["bench", "--lengths", "16", "--mechanisms", "dnas", "--backends", "efficient", "--repeats", "1",
         "--no-memory"]
@@ -58,18 +59,9 @@ def test_a_link_left_pointing_to_nothing_during_the_run_is_not_written_through(t
 
 
 def test_the_spare_name_of_a_file_that_appeared_is_never_a_link_to_nothing(tmp_path, capsys, monkeypatch):
-    from attnkit import benchmark
-
     out = tmp_path / "kernels.json"
     (tmp_path / "kernels-1.json").symlink_to(tmp_path / "nowhere" / "missing.json")
-    real = benchmark.run_bench
-
-    def run_then_someone_saves(cfg, log=None):
-        result = real(cfg, log)
-        out.write_text('{"user": "precious"}')
-        return result
-
-    monkeypatch.setattr(benchmark, "run_bench", run_then_someone_saves)
+    save_during_bench(monkeypatch, out)
     with pytest.raises(SystemExit) as exc:
         main([*ARGS, "--out", str(out)])
     err = capsys.readouterr().err

