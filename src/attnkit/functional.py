@@ -602,8 +602,9 @@ def normalize(
     sinkhorn cancels per key: pass padding as ``key_mask`` or ``attn_mask`` instead (``ak.attention``'s
     ``attn_mask`` rules). For the mechanisms that normalize over queries (dnas, hnas, sinkhorn with
     ``iters >= 1``) a causal fill ``SCORE_PATTERN_GAP`` (5000) or more below its row's largest valid score
-    (-1e4, -1e6) is refused as a causal mask is. Softmax (and ``Sinkhorn(iters=0)``) is ``torch.softmax`` on
-    the rest.
+    (-1e4, -1e6) is refused as a causal mask is; a shallower fill (-1000) reads as scores and is not detected
+    (future tokens leak through the column sums), so pass a causal mask as ``causal=True`` or ``attn_mask``,
+    where a fill 100 below is refused. Softmax (and ``Sinkhorn(iters=0)``) is ``torch.softmax`` on the rest.
     """
     config = resolve_call(mechanism, hybrid_weight, sinkhorn_iters)
     if not isinstance(scores, Tensor) or scores.dim() != 4 or not scores.dtype.is_floating_point:

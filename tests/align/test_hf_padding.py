@@ -55,6 +55,30 @@ def test_an_extended_additive_mask_equals_its_0_1_mask():
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("form", ["bool", "float01", "additive-unpadded"])  # sdpa refuses a long one
+def test_every_extended_mask_form_the_model_takes_is_read(form):
+    """(B, 1, 1, L) bool and 0/1 masks were read before the additive one was (then refused); a float mask of
+    zeros only (an additive one on a batch without padding) is all real, not refused."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32)).eval()
+    ids = torch.randint(5, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    if form == "additive-unpadded":
+        mask = torch.ones_like(mask)
+    extended = {"bool": mask.bool(), "float01": mask.float(),
+                "additive-unpadded": torch.zeros(2, 6)}[form][:, None, None, :]  # (B, 1, 1, L)
+    reg = AlignmentRegularizer(model, method="mmd")
+    model(ids, attention_mask=mask)
+    expected = reg.mmd_per_head()
+    model(ids, attention_mask=extended)
+    assert torch.equal(reg._captured[0][1].k_mask, mask > 0)
+    for a, b in zip(expected, reg.mmd_per_head()):
+        torch.testing.assert_close(a, b)
+
+
 def _tiny_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -131,8 +131,12 @@ def test_the_budget_comes_from_the_environment_in_mib(raw, expected, monkeypatch
     assert cpp_potentials.score_cache_bytes() == expected
 
 
-@pytest.mark.parametrize("raw", ["-1", "1.5", "lots", "64MB", "99999999999999", "1_0", "+8", "\u0667"])
-# 99999999999999 overflowed int64; int() reads "1_0" as 10, "+8" as 8 and an Arabic-Indic 7 as 7
+# 99999999999999 overflowed int64; int() reads "1_0" as 10, "+8" as 8 and an Arabic-Indic 7 as 7, and 5000
+# digits got int()'s own message
+NOT_WHOLE_MIB = ["-1", "1.5", "lots", "64MB", "99999999999999", "1_0", "+8", "\u0667", "9" * 5000]
+
+
+@pytest.mark.parametrize("raw", NOT_WHOLE_MIB)
 def test_a_budget_in_the_environment_that_is_not_whole_mib_is_named(raw, monkeypatch):
     monkeypatch.setenv(cpp_potentials.SCORE_CACHE_ENV, raw)
     (q, k, v), km, qm = _inputs(torch.float32)

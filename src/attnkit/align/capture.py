@@ -439,16 +439,18 @@ def _hf_valid(mask: Optional[Tensor], B: int, L: int, device, site: str = "") ->
     if mask is None:
         return torch.ones(B, L, dtype=torch.bool, device=device)
     additive = mask.is_floating_point() and bool((mask < 0).any())  # 0 = real, finfo.min / -inf = padding
-    if additive and mask.dim() == 4 and mask.shape[1:3] == (1, 1):
-        mask = mask[:, 0, 0]  # (B, 1, 1, L) extended additive mask -> (B, L)
+    if mask.dim() == 4 and mask.shape[1:3] == (1, 1):  # (B, 1, 1, L) extended mask -> (B, L)
+        # a float one of zeros only is an additive one without padding (a 0/1 one would have no real token)
+        additive = additive or (mask.is_floating_point() and not bool(mask.any()))
+        mask = mask[:, 0, 0]
     elif not additive and mask.dim() == 3 and mask.shape[:-1].numel() == B:
         # (N, C, L) 0/1 mask of a multiple-choice model, whose layers run N samples' C choices as N C rows
         mask = mask.reshape(B, mask.shape[-1])  # (B, L)
     if mask.dim() != 2:
         raise ValueError(
             f"attention_mask has shape {tuple(mask.shape)}; the alignment regularizer reads the padding from "
-            f"a (B, L) mask (1 = real token), a (B, 1, 1, L) additive one, or a 0/1 (N, C, L) one whose N C "
-            f"= {B} rows (multiple choice): pass that to the model"
+            f"a (B, L) mask (1 = real token), a (B, 1, 1, L) one (0/1, or additive), or a 0/1 (N, C, L) one "
+            f"whose N C = {B} rows (multiple choice): pass that to the model"
         )
     if tuple(mask.shape) != (B, L):
         raise _PositionsMismatch(

@@ -71,8 +71,8 @@ def alignment_trainer_class(base=None):
                 elif missing:
                     # adding a group to it now would leave the user's scheduler one group short
                     raise ValueError(
-                        f"the optimizer given in optimizers= lacks the regularizer's {len(own)} parameter "
-                        "tensors (its discriminator / critic / navigator); build it over "
+                        f"the optimizer given in optimizers= lacks {len(missing)} of the regularizer's "
+                        "parameter tensors (its discriminator / critic / navigator); build it over "
                         "[*model.parameters(), *regularizer.parameters()] before its scheduler, or leave "
                         "optimizers= out for the Trainer's own"
                     )

@@ -436,9 +436,9 @@ def has_tokenizer_files(path: str | os.PathLike) -> bool:
 
 
 _NO_TOKENIZER = (
-    "attnkit show (which draws attention over a text) and finetune read text through the model's tokenizer, "
-    "so a model without one (a vision model) cannot be used here; for a text model, save its tokenizer there "
-    "with tokenizer.save_pretrained(...)"
+    "for a text model, save its tokenizer there with tokenizer.save_pretrained(...) (show, which draws "
+    "attention over a text, and finetune read text through it; a model without one, a vision model, cannot "
+    "be used by them)"
 )
 
 

@@ -67,7 +67,8 @@ def score_cache_bytes() -> int:
     if raw is None or raw.strip() == "":
         return SCORE_CACHE_BYTES
     text = raw.strip()
-    mib = int(text) if text.isascii() and text.isdigit() else -1  # int() would take "1_0" and "+8"
+    # int() would take "1_0" and "+8", and refuses more than 4300 digits in its own words
+    mib = int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else -1
     if not 0 <= mib <= _SCORE_CACHE_MAX_MIB:  # above it the byte count leaves the kernels' int64
         raise ValueError(
             f"{SCORE_CACHE_ENV}={raw!r}; expected a whole number of MiB in [0, {_SCORE_CACHE_MAX_MIB}] "
