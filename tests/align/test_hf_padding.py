@@ -35,41 +35,18 @@ def test_a_multiple_choice_mask_equals_its_flattened_rows():
         torch.testing.assert_close(a, b)
 
 
-def test_an_extended_additive_mask_equals_its_0_1_mask():
-    """A (B, 1, 1, L) additive mask (0 = real, finfo.min = padding) gives the (B, L) 0/1 mask's loss, not a
-    loss of 0.0 over all-padding rows."""
+PADDED = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])  # (B, L) 0/1
+
+
+def _assert_read_as(mask, extended) -> None:
+    """A tiny BERT's regularizer reads the padding of ``extended`` (a form of attention_mask) as that of the
+    (B, L) 0/1 ``mask``: the same key mask and the same loss."""
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
     model = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                  intermediate_size=32)).eval()
     ids = torch.randint(5, 50, (2, 6), generator=torch.Generator().manual_seed(0))
-    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
-    additive = (1 - mask[:, None, None, :].float()) * torch.finfo(torch.float32).min  # (B, 1, 1, L)
-    reg = AlignmentRegularizer(model, method="mmd")
-    model(ids, attention_mask=mask)
-    expected = reg.mmd_per_head()
-    model(ids, attention_mask=additive)
-    assert torch.equal(reg._captured[0][1].k_mask, mask > 0)
-    for a, b in zip(expected, reg.mmd_per_head()):
-        torch.testing.assert_close(a, b)
-
-
-@pytest.mark.parametrize("form", ["bool", "float01", "additive-unpadded"])  # sdpa refuses a long one
-def test_every_extended_mask_form_the_model_takes_is_read(form):
-    """(B, 1, 1, L) bool and 0/1 masks were read before the additive one was (then refused); a float mask of
-    zeros only (an additive one on a batch without padding) is all real, not refused."""
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(0)
-    model = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                 intermediate_size=32)).eval()
-    ids = torch.randint(5, 50, (2, 6), generator=torch.Generator().manual_seed(0))
-    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
-    if form == "additive-unpadded":
-        mask = torch.ones_like(mask)
-    extended = {"bool": mask.bool(), "float01": mask.float(),
-                "additive-unpadded": torch.zeros(2, 6)}[form][:, None, None, :]  # (B, 1, 1, L)
     reg = AlignmentRegularizer(model, method="mmd")
     model(ids, attention_mask=mask)
     expected = reg.mmd_per_head()
@@ -77,6 +54,23 @@ def test_every_extended_mask_form_the_model_takes_is_read(form):
     assert torch.equal(reg._captured[0][1].k_mask, mask > 0)
     for a, b in zip(expected, reg.mmd_per_head()):
         torch.testing.assert_close(a, b)
+
+
+def test_an_extended_additive_mask_equals_its_0_1_mask():
+    """A (B, 1, 1, L) additive mask (0 = real, finfo.min = padding) gives the (B, L) 0/1 mask's loss, not a
+    loss of 0.0 over all-padding rows."""
+    additive = (1 - PADDED[:, None, None, :].float()) * torch.finfo(torch.float32).min  # (B, 1, 1, L)
+    _assert_read_as(PADDED, additive)
+
+
+@pytest.mark.parametrize("form", ["bool", "float01", "additive-unpadded"])  # sdpa refuses a long one
+def test_every_extended_mask_form_the_model_takes_is_read(form):
+    """(B, 1, 1, L) bool and 0/1 masks were read before the additive one was (then refused); a float mask of
+    zeros only (an additive one on a batch without padding) is all real, not refused."""
+    mask = torch.ones_like(PADDED) if form == "additive-unpadded" else PADDED
+    extended = {"bool": mask.bool(), "float01": mask.float(),
+                "additive-unpadded": torch.zeros(2, 6)}[form][:, None, None, :]  # (B, 1, 1, L)
+    _assert_read_as(mask, extended)
 
 
 def _tiny_llama():
