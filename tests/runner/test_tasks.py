@@ -38,3 +38,30 @@ def test_decoding_has_room_for_the_longest_target_and_its_eos_only():
     char = data.tokenizer.index["1"]
     preds = task.predict(_NeverEnds(char), data, torch.arange(3), config, "cpu")
     assert [len(p) for p in preds] == [config.max_target_len + 1] * 3
+
+
+def test_sentence_pairs_keep_both_sentences_cut_longest_first(tmp_path, monkeypatch):
+    """Pairs were joined as "a | b" and cut at max_len on the right: a first sentence of max_len tokens pushed
+    the second one out whole. Both are kept now, the longer one cut first (transformers' "longest_first")."""
+    from attnkit.data.containers import TextClassificationData
+    from attnkit.runner import build_config
+    from attnkit.runner.tasks import ClassificationTask
+    from tests.runner._fixtures import tiny_overrides, write_classification_file
+
+    long_first = " ".join(f"w{i}" for i in range(20))
+    pairs = TextClassificationData(
+        name="pairs", train_texts=[long_first, "short one"], train_labels=[0, 1],
+        test_texts=["w0 w1 w2 w3 w4 w5", long_first], test_labels=[1, 0], label_names=["no", "yes"],
+        train_text_pairs=["x y z", "p q r s t u v w"], test_text_pairs=["x y", "x y z"],
+    )
+    config = build_config(tiny_overrides(write_classification_file(tmp_path / "t.json"), tmp_path / "o",
+                                         max_len=8))
+    task = ClassificationTask("pairs")
+    monkeypatch.setattr(task, "load", lambda cfg: pairs)
+    data = task.prepare(config)
+    words = lambda ids, mask: [data.tokenizer.vocab[i] for i in ids[mask].tolist()]  # noqa: E731
+    assert words(data.train_ids[0], data.train_mask[0]) == ["w0", "w1", "w2", "w3", "|", "x", "y", "z"]
+    assert words(data.train_ids[1], data.train_mask[1]) == ["short", "one", "|", "p", "q", "r", "s", "t"]
+    assert words(data.test_ids[0], data.test_mask[0]) == ["w0", "w1", "w2", "w3", "w4", "|", "x", "y"]
+    assert words(data.test_ids[1], data.test_mask[1])[-4:] == ["|", "x", "y", "z"]
+    assert data.test_texts == ["w0 w1 w2 w3 w4 w5 | x y", f"{long_first} | x y z"]  # shown whole

@@ -65,6 +65,27 @@ def macro_f1(labels: list[int], preds: list[int]) -> float:
     return sum(scores) / len(scores) if scores else 0.0
 
 
+def _encode_pairs(tokenizer, raw, split: str, rows: Tensor, max_len: int) -> tuple[Tensor, Tensor]:
+    """``ids (B, L)``, ``mask (B, L)`` of the sentence pairs ``rows`` of ``split`` as ``a | b`` in at most
+    ``max_len`` tokens, each sentence cut at its end, the longer one first (transformers' ``truncation=
+    "longest_first"``), so that a long first sentence does not push the second one out."""
+    from ..data import pad_batch
+
+    firsts, seconds = getattr(raw, f"{split}_texts"), getattr(raw, f"{split}_text_pairs")
+    sep = tokenizer.encode_ids("|")
+    encoded = []
+    for i in rows.tolist():
+        a, b = tokenizer.encode_ids(firsts[i]), tokenizer.encode_ids(seconds[i])
+        keep_a, keep_b = len(a), len(b)
+        while keep_a + keep_b > max_len - len(sep) and keep_a + keep_b > 0:
+            if keep_a > keep_b:
+                keep_a -= 1
+            else:
+                keep_b -= 1
+        encoded.append(a[:keep_a] + sep + b[:keep_b])
+    return pad_batch(encoded, tokenizer.pad_id, max_len)
+
+
 def _subset(n: int, cap: Optional[int]) -> Tensor:
     """A fixed random subset of ``range(n)`` of size ``cap`` (all of it, in order, without a cap)."""
     if cap is None or cap >= n:
@@ -318,8 +339,12 @@ class ClassificationTask:
         train_texts = [train_texts[i] for i in tr.tolist()]
         test_texts = [test_texts[i] for i in te.tolist()]
         tokenizer = WordTokenizer.fit(train_texts, max_vocab=config.vocab_size)
-        train_ids, train_mask = tokenizer.encode(train_texts, max_length=config.max_len)
-        test_ids, test_mask = tokenizer.encode(test_texts, max_length=config.max_len)
+        if raw.is_pair:  # both sentences kept, cut longest first, as "a | b"
+            train_ids, train_mask = _encode_pairs(tokenizer, raw, "train", tr, config.max_len)
+            test_ids, test_mask = _encode_pairs(tokenizer, raw, "test", te, config.max_len)
+        else:
+            train_ids, train_mask = tokenizer.encode(train_texts, max_length=config.max_len)
+            test_ids, test_mask = tokenizer.encode(test_texts, max_length=config.max_len)
         return EncodedClassification(
             train_ids=train_ids, train_mask=train_mask,
             train_labels=torch.tensor(raw.train_labels, dtype=torch.long)[tr],
