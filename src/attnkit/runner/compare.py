@@ -26,7 +26,8 @@ from typing import Callable, Optional
 from .._files import json_loads, lock_folder, write_text_file
 from .config import CompareConfig, _is_file_task, canonical_task
 from .summary import RunClock, _duration, cpp_kernels, summarize, tracker_config
-from .train import RESULT_FILE, batch_indices, check_batch_split, finished_result, run_expectations, train_run
+from .checkpoints import RESULT_FILE, finished_result, run_expectations
+from .train import batch_indices, check_batch_split, train_run
 
 __all__ = ["CompareResult", "run_compare", "aggregate", "prepare_run_dir", "CONFIG_FILE"]
 
