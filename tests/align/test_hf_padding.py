@@ -64,13 +64,31 @@ def test_an_extended_additive_mask_equals_its_0_1_mask():
 
 
 @pytest.mark.parametrize("form", ["bool", "float01", "additive-unpadded"])  # sdpa refuses a long one
-def test_every_extended_mask_form_the_model_takes_is_read(form):
-    """(B, 1, 1, L) bool and 0/1 masks were read before the additive one was (then refused); a float mask of
-    zeros only (an additive one on a batch without padding) is all real, not refused."""
-    mask = torch.ones_like(PADDED) if form == "additive-unpadded" else PADDED
-    extended = {"bool": mask.bool(), "float01": mask.float(),
+def test_every_extended_mask_form_is_read_as_the_model_reads_it(form):
+    """transformers adds a non-bool (B, 1, 1, L) mask to the scores: a float 0/1 one pads nothing (+1 and +0
+    are scores), so the regularizer reads it all real, as the model runs it; a bool one pads where False; a
+    float one of zeros only (an additive one on a batch without padding) is all real, not refused."""
+    mask = PADDED if form == "bool" else torch.ones_like(PADDED)
+    extended = {"bool": PADDED.bool(), "float01": PADDED.float(),
                 "additive-unpadded": torch.zeros(2, 6)}[form][:, None, None, :]  # (B, 1, 1, L)
     _assert_read_as(mask, extended)
+
+
+def test_a_float_0_1_extended_mask_pads_nothing_in_the_model_either():
+    """The reading above is the model's: under a float 0/1 (B, 1, 1, L) mask BERT's real tokens attend to the
+    padding too (their outputs are not those of the (B, L) mask), while a bool one pads."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32)).eval()
+    ids = torch.randint(5, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        padded = model(ids, attention_mask=PADDED).last_hidden_state
+        float01 = model(ids, attention_mask=PADDED.float()[:, None, None, :]).last_hidden_state
+        bool4d = model(ids, attention_mask=PADDED.bool()[:, None, None, :]).last_hidden_state
+    torch.testing.assert_close(bool4d[0, :4], padded[0, :4])
+    assert not torch.allclose(float01[0, :4], padded[0, :4], atol=1e-4)  # PADDED's row 0 has padding
 
 
 def _tiny_llama():

@@ -300,8 +300,9 @@ def _hf_valid(mask: Optional[Tensor], B: int, L: int, device, site: str = "") ->
         return torch.ones(B, L, dtype=torch.bool, device=device)
     additive = mask.is_floating_point() and bool((mask < 0).any())  # 0 = real, finfo.min / -inf = padding
     if mask.dim() == 4 and mask.shape[1:3] == (1, 1):  # (B, 1, 1, L) extended mask -> (B, L)
-        # a float one of zeros only is an additive one without padding (a 0/1 one would have no real token)
-        additive = additive or (mask.is_floating_point() and not bool(mask.any()))
+        # transformers hands a 4-D mask to the attention as it is: a bool one keeps its True positions, any
+        # other dtype is added to the scores (a float 0/1 one pads nothing: +1 and +0 are scores, not padding)
+        additive = mask.dtype != torch.bool
         mask = mask[:, 0, 0]
     elif not additive and mask.dim() == 3 and mask.shape[:-1].numel() == B:
         # (N, C, L) 0/1 mask of a multiple-choice model, whose layers run N samples' C choices as N C rows
@@ -309,7 +310,7 @@ def _hf_valid(mask: Optional[Tensor], B: int, L: int, device, site: str = "") ->
     if mask.dim() != 2:
         raise ValueError(
             f"attention_mask has shape {tuple(mask.shape)}; the alignment regularizer reads the padding from "
-            f"a (B, L) mask (1 = real token), a (B, 1, 1, L) one (0/1, or additive), or a 0/1 (N, C, L) one "
+            f"a (B, L) mask (1 = real token), a (B, 1, 1, L) one (bool, or additive), or a 0/1 (N, C, L) one "
             f"whose N C = {B} rows (multiple choice): pass that to the model"
         )
     if tuple(mask.shape) != (B, L):
