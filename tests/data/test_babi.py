@@ -93,3 +93,20 @@ def test_encoding_options_are_checked(kwargs, message):
         encode_babi(samples, **kwargs)
     with pytest.raises(ValueError, match="no samples"):
         encode_babi([])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num": -3}, "num=-3: expected a positive number of samples"),  # returned []
+    ({"num": 2.0}, "num=2.0: expected a positive number of samples"),
+    ({"max_sentences": 3.5}, "max_sentences=3.5: expected an integer >= 2"),  # accepted
+    ({"max_sentences": True}, "max_sentences=True: expected an integer >= 2"),
+    ({"max_sentences": 1}, "max_sentences=1: expected an integer >= 2"),
+    ({"seed": None}, r"seed=None; expected an integer in \[0, 2\*\*32 - 1\]"),  # seeded from the OS
+])
+def test_generation_options_are_checked(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        generate_babi("counting", **{"num": 3, **kwargs})
+
+
+def test_same_seed_gives_the_same_samples():
+    assert generate_babi("counting", 20, seed=4) == generate_babi("counting", 20, seed=4)

@@ -65,3 +65,23 @@ def test_a_generated_caption_shows_a_pad_or_bos_instead_of_skipping_it():
     ids = [one, vocab.PAD, two, vocab.BOS, vocab.EOS]
     assert vocab.decode(ids) == "one two"  # a target's padding
     assert vocab.decode(ids, generated=True) == "one \u2205 two \u25b7"
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: caption_canvases(-1), "num=-1: expected a positive number of canvases"),  # numpy's message
+    (lambda: caption_canvases(2, rows=1.5), "rows=1.5: expected an integer"),
+    (lambda: caption_canvases(2, seed=None), r"seed=None; expected an integer in \[0, 2\*\*32 - 1\]"),
+    (lambda: cluttered_canvases(-1), "num=-1: expected a positive number of canvases"),  # numpy's message
+    (lambda: cluttered_canvases(2, size=12.5), "size=12.5: expected an integer"),
+    (lambda: cluttered_canvases(2, seed=None), r"seed=None; expected an integer in \[0, 2\*\*32 - 1\]"),
+])
+def test_sizes_and_seed_are_checked(call, message):
+    """seed=None seeded from the OS (different canvases at every call); a negative num failed in numpy."""
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_same_seed_gives_the_same_canvases():
+    a, b = cluttered_canvases(4, size=12, seed=7), cluttered_canvases(4, size=12, seed=7)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert caption_canvases(4, seed=7).captions == caption_canvases(4, seed=7).captions

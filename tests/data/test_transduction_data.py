@@ -141,3 +141,19 @@ def test_the_mark_that_shows_unk_is_never_a_real_token():
         TokenVocab(["a", "\ufffd"], "words")
     with pytest.raises(ValueError, match="U\\+FFFD"):
         CharTokenizer("ab\ufffd")
+
+
+@pytest.mark.parametrize(
+    "call, value",
+    [
+        (lambda: generate_synthetic("copy", 50, 20, seed=None), "None"),
+        (lambda: generate_synthetic("copy", 50, 20, seed=1.5), "1.5"),
+        (lambda: generate_synthetic("copy", 50, 20, seed=-1), "-1"),
+        (lambda: generate_numbers(50, 20, seed=None), "None"),
+        (lambda: generate_numbers(50, 20, seed=True), "True"),
+    ],
+)
+def test_generators_refuse_a_seed_that_is_not_reproducible(call, value):
+    """seed=None seeded from the OS: a different data set at every call."""
+    with pytest.raises(ValueError, match=rf"seed={value}; expected an integer in \[0, 2\*\*32 - 1\]"):
+        call()

@@ -107,3 +107,16 @@ def test_draw_loss_is_exact_and_learns_where_the_canvas_saturates():
     assert out.logits.min() > 17 and abs(loss.item() - expected.item()) < 1e-3 * expected.item()
     loss.backward()
     assert model.write_patch.bias.grad.abs().min() > 0.5  # the saturated pixels still push the canvas down
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_pixels_are_refused(steps, bad):
+    """DRAWClassifier(steps=1) returned NaN logits silently; else the error blamed the recurrent state."""
+    x = torch.rand(2, 1, 8, 8)
+    x[1, 0, 3, 3] = bad
+    message = r"images hold NaN or infinite pixels; replace them \(e\.g\. torch\.nan_to_num\) first"
+    with pytest.raises(ValueError, match=message):
+        DRAWClassifier(8, 8, num_classes=3, read_n=2, steps=steps, hidden_dim=4).eval()(x)
+    with pytest.raises(ValueError, match=message):
+        DRAW(8, 8, steps=steps, hidden_dim=4, latent_dim=2)(x)

@@ -126,3 +126,12 @@ def test_reinforce_gradient_is_unbiased_near_the_border():
     exact = float((normal.cdf(torch.tensor(1.0)) - normal.cdf(torch.tensor(-1.0))) * (1 - mean**2))  # 0.142
     # the estimate's standard error is about 0.004 here; the clamped sample's log-density gave -0.05
     assert abs(model.policy.bias.grad[1].item() - exact) < 0.02
+
+
+def test_images_of_another_dtype_are_named():
+    """float32 images into a float64 model raised torch's "mat1 and mat2 must have the same dtype"."""
+    model = _small_ram().double()
+    with pytest.raises(ValueError, match=r"images have dtype torch.float32 but RecurrentAttentionModel's "
+                       r"parameters are torch.float64; cast the images with .to\(torch.float64\) or the"):
+        model(torch.rand(2, 1, 8, 8))
+    assert model(torch.rand(2, 1, 8, 8, dtype=torch.float64)).logits.dtype == torch.float64

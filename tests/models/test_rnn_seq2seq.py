@@ -180,3 +180,34 @@ def test_beam_width_one_equals_greedy_for_near_tied_float64_logits():
     tokens, _ = model.greedy_decode(src, max_len=3)
     beams, _ = model.beam_search(src, beam_width=1, max_len=3)
     assert tokens.tolist() == [[5, 5, 5]] and beams == [[5, 5, 5]]
+
+
+@pytest.mark.parametrize(
+    "tgt, mask",
+    [
+        (torch.tensor([[0, 1, 4]]), torch.tensor([[False, True, True]])),  # left padding
+        (torch.tensor([[1, 4, 5]]), torch.tensor([[True, False, True]])),  # a hole
+        (torch.tensor([[1, 0, 5]]), None),  # a pad id inside the target
+    ],
+)
+def test_target_padding_before_a_real_token_is_refused(tgt, mask):
+    """The decoder reads the target left to right: a tgt_mask other than right padding was validated and
+    then ignored (left padding gave logits 0.046 away from the unpadded target's)."""
+    with pytest.raises(ValueError, match="tgt_mask row 0 has padding before a real token; put the real"):
+        _model("additive")(torch.tensor([[4, 5, 6]]), None, tgt, mask)
+
+
+@pytest.mark.parametrize("attention", ["none", "additive", "gmm", "mixed"])
+def test_target_right_padding_equals_truncation(attention):
+    """A right-padded target (any mask marking its prefix) gives the unpadded target's logits there."""
+    model = _model(attention)
+    src, src_mask = _batch()
+    tgt = torch.tensor([[1, 4, 5, 6], [1, 7, 0, 0]])
+    tgt_mask = tgt != 0
+    logits, weights = model(src, src_mask, tgt, tgt_mask)
+    default, _ = model(src, src_mask, tgt)
+    alone, w_alone = model(src[1:, :3], src_mask[1:, :3], tgt[1:, :2])
+    torch.testing.assert_close(logits, default, rtol=0, atol=0)
+    torch.testing.assert_close(logits[1, :2], alone[0], rtol=1e-12, atol=1e-12)
+    if weights is not None:
+        torch.testing.assert_close(weights[1, :2, :3], w_alone[0], rtol=1e-12, atol=1e-12)

@@ -160,3 +160,16 @@ def test_hard_attention_decoding_returns_the_location_it_read(attention):
     assert torch.equal(beam_alphas, alphas[0, : len(ids)])
     _, forward_alphas, _, _ = model(images, tokens.clamp_min(2))
     assert torch.allclose(forward_alphas[:, 0], soft) and bool((forward_alphas < 1).all())
+
+
+@pytest.mark.parametrize("row", [[3, 0, 4], [0, 5, 2]])
+def test_pad_before_a_later_word_is_refused(row):
+    """A caption is word ids, <eos>, then <pad>: [3, 0, 4, 2] was scored as 3 words with <pad> fed in."""
+    model, tokens = _small(), torch.tensor([[3, 4, 2], row])
+    message = r"tokens row 1 has <pad> \(id 0\) before a later word"
+    with pytest.raises(ValueError, match=message):
+        model.loss(IMAGES, tokens)
+    with pytest.raises(ValueError, match=message):
+        model(IMAGES, tokens)
+    logits, _, _, _ = model(IMAGES, TOKENS)  # padding after <eos> only: accepted
+    assert logits.shape == (2, 3, 10)

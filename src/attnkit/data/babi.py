@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..validators import check_int
+from ..validators import check_int, check_seed
 
 __all__ = ["BABI_TASKS", "BabiData", "BabiSample", "encode_babi", "generate_babi"]
 
@@ -129,9 +129,9 @@ def generate_babi(task: str, num: int, *, max_sentences: int = 10, seed: int = 0
     """``num`` samples of ``task`` with at most ``max_sentences`` story sentences (at least 2)."""
     if task not in BABI_TASKS:
         raise ValueError(f"task={task!r}; expected one of {BABI_TASKS}")
-    if max_sentences < 2:
-        raise ValueError(f"max_sentences={max_sentences}; expected >= 2")
-    rng = np.random.default_rng(seed)
+    check_int(num, f"num={num!r}", "expected a positive number of samples", low=1)
+    check_int(max_sentences, f"max_sentences={max_sentences!r}", "expected an integer >= 2", low=2)
+    rng = np.random.default_rng(check_seed(seed))  # None would seed from the OS: different samples each call
     return [_sample(task, rng, max_sentences) for _ in range(num)]
 
 

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..validators import check_int, check_seed
+
 __all__ = [
     "DIGIT_WORDS",
     "CaptionCanvases",
@@ -129,6 +131,10 @@ def caption_canvases(
     seed: int = 0,
 ) -> CaptionCanvases:
     """``num`` canvases of ``rows*cell x cols*cell`` pixels, each with ``min_digits..max_digits`` digits."""
+    check_int(num, f"num={num!r}", "expected a positive number of canvases", low=1)
+    for name, value in (("rows", rows), ("cols", cols), ("min_digits", min_digits),
+                        ("max_digits", max_digits), ("cell", cell)):
+        check_int(value, f"{name}={value!r}", "expected an integer")
     if not 1 <= min_digits <= max_digits <= rows * cols:
         raise ValueError(
             f"min_digits={min_digits}, max_digits={max_digits}; "
@@ -137,7 +143,7 @@ def caption_canvases(
     if cell < 8:
         raise ValueError(f"cell={cell}; expected >= 8 (the digits are 8x8)")
     images, labels = load_digit_images(split)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))  # None would seed from the OS: different canvases each call
     H, W = rows * cell, cols * cell
     canvases = np.zeros((num, 1, H, W), dtype=np.float32)
     vocab, captions, digits = CaptionVocab(), [], []
@@ -170,12 +176,15 @@ def cluttered_canvases(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``num`` canvases ``(num, 1, size, size)`` with one digit at a random position and ``clutter`` random
     4x4 fragments of other digits; returns ``(images, labels (num,), centres (num, 2) as (y, x) pixels)``."""
+    check_int(num, f"num={num!r}", "expected a positive number of canvases", low=1)
+    for name, value in (("size", size), ("clutter", clutter)):
+        check_int(value, f"{name}={value!r}", "expected an integer")
     if size < 8:
         raise ValueError(f"size={size}; expected >= 8 (the digits are 8x8)")
     if clutter < 0:
         raise ValueError(f"clutter={clutter}; expected >= 0")
     images, labels = load_digit_images(split)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))  # None would seed from the OS: different canvases each call
     out = np.zeros((num, 1, size, size), dtype=np.float32)
     ys = np.zeros(num, dtype=np.int64)
     centres = np.zeros((num, 2), dtype=np.float32)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 
+from ..validators import check_seed
 from .containers import DatasetUnavailableError, Seq2SeqData
 from .sampling import draw_avoiding
 
@@ -60,7 +61,7 @@ def generate_numbers(
             f"least "
             "the training lengths"
         )
-    rng = random.Random(seed)
+    rng = random.Random(check_seed(seed))  # None would seed from the OS: a different data set each call
     words = {}
 
     def pair(count: int) -> tuple[str, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 
+from ..validators import check_seed
 from .containers import Seq2SeqData
 from .sampling import draw_avoiding
 
@@ -49,6 +50,7 @@ def generate_synthetic(
             f"lengths must satisfy min_len <= max_len <= test_max_len, got {min_len}, {max_len}, "
             f"{test_max_len}"
         )
+    seed = check_seed(seed)  # None would seed from the OS: a different data set each call
     if len(set(alphabet)) < 2:
         raise ValueError(f"alphabet={alphabet!r}: expected at least two distinct characters")
     transform = {"copy": lambda s: s, "reverse": lambda s: s[::-1], "sort": lambda s: "".join(sorted(s))}[

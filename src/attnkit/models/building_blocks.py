@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import MechanismLike
+from ..nn.module_utils import check_like_parameters
 from ..registry import config_label
 
 __all__ = [
@@ -127,7 +128,7 @@ def check_prefix_mask(mask: Tensor, name: str) -> Tensor:
     if B:
         empty, holes = torch.stack([(lengths < 1).any(), (mask != prefix).any()]).tolist()
         if empty:
-            raise ValueError(f"{name} has a row with no real token; every source needs at least one token")
+            raise ValueError(f"{name} has a row with no real token; every sequence needs at least one token")
         if holes:
             row = int((mask != prefix).any(1).nonzero()[0])
             raise ValueError(
@@ -161,3 +162,17 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         return self.embedding(ids) * self.scale  # (B, L, d_model)
+
+
+def check_input_dtype(images: Tensor, weight: Tensor, model: str) -> None:
+    """``images`` floating, on the device and (outside autocast) of the dtype of the model's ``weight``."""
+    if not images.is_floating_point():
+        raise ValueError(f"images have dtype {images.dtype}; expected a floating tensor (cast with .float())")
+    check_like_parameters(images, weight, "images", model, plural=True, cast="the images", holder="model")
+
+
+def check_finite_pixels(images: Tensor) -> None:
+    """``images`` free of NaN and infinite pixels (one host sync): a NaN would give NaN logits or a NaN loss
+    silently, or an error far from its cause (in an attention window or a recurrent state)."""
+    if not bool(torch.isfinite(images).all()):
+        raise ValueError("images hold NaN or infinite pixels; replace them (e.g. torch.nan_to_num) first")

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from ..nn.draw import DRAWRead, DRAWWindow, draw_write, window_from_params
 from ..validators import check_int
 from .building_blocks import check_loss_batch, check_positive_int
+from .building_blocks import check_finite_pixels
 
 __all__ = ["DRAW", "DRAWOutput"]
 
@@ -95,6 +96,7 @@ class DRAW(nn.Module):
     def forward(self, x: Tensor) -> DRAWOutput:
         if x.dim() != 4 or x.shape[1:] != (1, self.height, self.width):
             raise ValueError(f"x has shape {tuple(x.shape)}; expected (B, 1, {self.height}, {self.width})")
+        check_finite_pixels(x)  # a NaN failed later, blamed on the recurrent state's attention window
         B = x.shape[0]
         c = x.new_zeros(B, 1, self.height, self.width)
         h_enc = c_enc = h_dec = c_dec = x.new_zeros(B, self.hidden_dim)
@@ -125,7 +127,7 @@ class DRAW(nn.Module):
                 f"x holds values in [{low:g}, {high:g}]; the Bernoulli reconstruction loss needs pixel "
                 "intensities in [0, 1] (divide 8-bit images by 255)"
             )
-        out = self(x)  # after the checks: a NaN image would fail inside, at its first attention window
+        out = self(x)  # after the checks (a NaN pixel fails the range check)
         # -log D(x | c_T) from the logits: exact where sigma(c_T) rounds to 0 or 1
         recon = F.binary_cross_entropy_with_logits(out.logits, x, reduction="none").flatten(1).sum(1)  # (B,)
         return (recon + out.kl).mean(), out

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ..nn.draw import DRAWRead, DRAWWindow
 from .building_blocks import check_positive_int, describe
-from .show_attend_tell import check_input_dtype
+from .building_blocks import check_finite_pixels, check_input_dtype
 
 __all__ = ["DRAWClassifier"]
 
@@ -65,6 +65,7 @@ class DRAWClassifier(nn.Module):
         if not isinstance(images, Tensor) or images.dim() != 4 or images.shape[1] != self.in_channels:
             raise ValueError(f"images are {describe(images)}; expected (B, C={self.in_channels}, H, W)")
         check_input_dtype(images, self.classify.weight, "DRAWClassifier")
+        check_finite_pixels(images)  # a NaN gave NaN logits (steps=1) or an error about the recurrent state
         h = images.new_zeros(images.shape[0], self.hidden_dim)
         windows = []
         for _ in range(self.steps):

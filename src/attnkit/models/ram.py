@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from ..nn.hard import reinforce_loss
 from ..validators import check_number
 from .building_blocks import check_loss_batch, check_positive_int, check_token_ids, describe
+from .building_blocks import check_finite_pixels, check_input_dtype
 
 __all__ = ["RAMOutput", "RecurrentAttentionModel", "glimpse_sensor", "location_to_pixels"]
 
@@ -152,8 +153,8 @@ class RecurrentAttentionModel(nn.Module):
             raise ValueError(
                 f"images have shape {tuple(images.shape)}; expected (B, C={self.in_channels}, H, W)"
             )
-        if not bool(torch.isfinite(images).all()):
-            raise ValueError("images hold NaN or infinite pixels; replace them (e.g. torch.nan_to_num) first")
+        check_input_dtype(images, self.classify.weight, "RecurrentAttentionModel")
+        check_finite_pixels(images)
         B = images.shape[0]
         h = images.new_zeros(B, self.hidden_dim)
         locs, log_probs, baselines, glimpses = [], [], [], []

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..registry import resolve_mechanism
+from ..registry import normalizes_over_queries, resolve_mechanism
 from ..nn.additive import AdditiveAttention
 from ..nn.bilinear import BilinearAttention
 from ..nn.dot import DotAttention
@@ -58,8 +58,9 @@ class RNNSeq2Seq(nn.Module):
     parameterization="softplus", pad_id=0, bos_id=1, eos_id=2)``.
 
     Shapes: ``src_ids (B, Ls)``, ``src_mask (B, Ls)`` bool True = real (default ``src_ids != pad_id``),
-    ``tgt_in_ids (B, Lt)`` = ``<bos> y_1 .. y_{T-1}`` -> ``logits (B, Lt, V)``, ``weights (B, Lt, Ls)`` or
-    None.
+    ``tgt_in_ids (B, Lt)`` = ``<bos> y_1 .. y_{T-1}``, ``tgt_mask (B, Lt)`` bool True = real (default
+    ``tgt_in_ids != pad_id``; right padding only, see :meth:`forward`) -> ``logits (B, Lt, V)``,
+    ``weights (B, Lt, Ls)`` or None.
     ``mechanism`` weighs the content scores of ``attention`` in ``additive``, ``bilinear``, ``dot``,
     ``scaled_dot`` and ``mixed``: a row-normalized one (softmax-like; a decoder step sees one query, and the
     query-normalized dnas, hnas and sinkhorn would be uniform there: refused) or, with ``dot`` /
@@ -109,7 +110,7 @@ class RNNSeq2Seq(nn.Module):
         if parameterization not in PARAMETERIZATIONS:
             raise ValueError(f"parameterization={parameterization!r}: expected one of {PARAMETERIZATIONS}")
         config = resolve_mechanism(mechanism)
-        if config.query_normalized:
+        if normalizes_over_queries(config):
             raise ValueError(
                 f"mechanism={config.name!r} normalizes over queries, but a decoder step has one query (its "
                 f"weights "
@@ -224,14 +225,24 @@ class RNNSeq2Seq(nn.Module):
         tgt_in_ids: Optional[Tensor] = None,
         tgt_mask: Optional[Tensor] = None,
     ) -> tuple[Tensor, Optional[Tensor]]:
-        """Teacher forcing: ``logits (B, Lt, V)`` and the alignment ``(B, Lt, Ls)`` (None for ``"none"``)."""
+        """Teacher forcing: ``logits (B, Lt, V)`` and the alignment ``(B, Lt, Ls)`` (None for ``"none"``).
+
+        ``tgt_mask (B, Lt)`` bool, True = real (default ``tgt_in_ids != pad_id``), must mark a prefix of each
+        row: the real target tokens first, the padding after them (right padding, as the source's). The
+        decoder reads the target left to right, so the logits of a real position never depend on the
+        padding after it: a valid mask changes nothing in the computation and is only checked. The logits
+        at padded positions are computed from the padding and mean nothing (mask them out of the loss). A
+        mask with padding before a real token (left padding, or a hole; a ``pad_id`` inside a row counts as
+        padding) or a row with no real token (a target starts with ``<bos>``) is refused, as for the source.
+        """
         if tgt_in_ids is None:
             raise ValueError(
                 "tgt_in_ids is required (teacher forcing); use greedy_decode or beam_search to generate"
             )
-        check_ids_and_mask(
+        tgt_mask = check_ids_and_mask(
             tgt_in_ids, tgt_mask, self.tgt_vocab_size, _MAX_LEN, self.pad_id, "tgt_in_ids", "tgt_mask"
         )
+        check_prefix_mask(tgt_mask, "tgt_mask")  # right padding only (what the decoder reads correctly)
         enc = self.encode(src_ids, src_mask)
         if tgt_in_ids.shape[0] != src_ids.shape[0]:
             raise ValueError(f"tgt_in_ids has batch {tgt_in_ids.shape[0]} but src_ids has {src_ids.shape[0]}")

@@ -37,8 +37,9 @@ from torch import Tensor, nn
 
 from ..nn.hard import HardAttention, MovingAverageBaseline, hard_attention, reinforce_loss
 from ..validators import check_number
-from ..nn.module_utils import check_like_parameters
-from .building_blocks import check_loss_batch, check_positive_int, check_token_ids, describe
+from .building_blocks import (
+    check_finite_pixels, check_input_dtype, check_loss_batch, check_positive_int, check_token_ids, describe,
+)
 
 __all__ = ["ATTENTIONS", "CaptionLoss", "ShowAttendTell"]
 
@@ -58,13 +59,6 @@ class CaptionLoss:
     reinforce: float
     reward: float
     baseline: float
-
-
-def check_input_dtype(images: Tensor, weight: Tensor, model: str) -> None:
-    """``images`` floating, on the device and (outside autocast) of the dtype of the model's ``weight``."""
-    if not images.is_floating_point():
-        raise ValueError(f"images have dtype {images.dtype}; expected a floating tensor (cast with .float())")
-    check_like_parameters(images, weight, "images", model, plural=True, cast="the images", holder="model")
 
 
 class ShowAttendTell(nn.Module):
@@ -160,8 +154,7 @@ class ShowAttendTell(nn.Module):
                 f"images have shape {tuple(images.shape)}; "
                 f"expected (B, C={self.in_channels}, H >= 4, W >= 4) (two 2x2 poolings)"
             )
-        if not bool(torch.isfinite(images).all()):  # a NaN would give a NaN loss or a caption of noise
-            raise ValueError("images hold NaN or infinite pixels; replace them (e.g. torch.nan_to_num) first")
+        check_finite_pixels(images)  # a NaN would give a NaN loss or a caption of noise
         ys = torch.linspace(-1, 1, H, device=images.device, dtype=images.dtype)
         xs = torch.linspace(-1, 1, W, device=images.device, dtype=images.dtype)
         coords = torch.stack(torch.meshgrid(ys, xs, indexing="ij")).expand(B, -1, -1, -1)  # (B, 2, H, W)
@@ -204,6 +197,13 @@ class ShowAttendTell(nn.Module):
             raise ValueError(
                 f"tokens {tuple(tokens.shape)} and images {describe(images)}; expected tokens (B, T >= 1) "
                 "and images (B, C, H, W) with the same B"
+            )
+        gaps = (tokens[:, :-1] == PAD) & (tokens[:, 1:] != PAD)  # (B, T - 1): <pad> before a later word
+        if bool(gaps.any()):
+            row = int(gaps.any(1).nonzero()[0])
+            raise ValueError(
+                f"tokens row {row} has <pad> (id {PAD}) before a later word; a caption is its word ids, "
+                "<eos>, then <pad> only (pad at the end, never inside)"
             )
         a = self.annotations(images)
         state = self._init_state(a)
