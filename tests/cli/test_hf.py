@@ -470,6 +470,20 @@ def test_finetune_dataset_mistakes_say_what_is_wrong_first(dataset, needle, tmp_
     assert needle in err
 
 
+@pytest.mark.parametrize("dataset, needle", [
+    ("cls.json", "--dataset cls.json is a file: finetune reads a folder holding train.tsv and test.tsv"),
+    ("reuters9", "expected one of reuters8, reuters52, 20newsgroups, "),
+])
+def test_finetune_dataset_that_is_no_folder_or_name_names_the_folder_form(dataset, needle, tmp_path, capsys,
+                                                                          monkeypatch):
+    """``--dataset cls.json`` was "unknown dataset 'cls.json'; expected one of reuters8, ..." only."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cls.json").write_text('{"kind": "classification", "train": [], "test": []}\n')
+    err = _error(capsys, ["finetune", "--dataset", dataset, "--out", str(tmp_path / "run")])
+    assert needle in err and "a folder holding train.tsv and test.tsv" in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_finetune_into_its_own_model_dir_is_refused(tiny_bert, fixture_dataset, tmp_path, capsys):
     model = tmp_path / "model"
     shutil.copytree(tiny_bert, model)

@@ -113,3 +113,37 @@ def test_a_tsv_without_examples_is_refused(tmp_path, empty, content):
                      content if empty == "test.tsv" else rows)
     with pytest.raises(ValueError, match=rf"{empty} has no examples"):
         load_text_classification(str(folder))
+
+
+@pytest.mark.parametrize("header", ["Label\tText\n", "LABEL\tTEXT\n", " label \t text\n", "Text\tLabel\n"])
+def test_a_header_line_in_any_case_is_not_a_class(tmp_path, header):
+    """A header ``Label<TAB>Text`` in train.tsv became a class "Label" (with the example "Text"); in test.tsv
+    it was refused as a label only in the test split."""
+    text_first = header.lower().startswith("text")
+    rows = ["good\tpos\n", "bad\tneg\n"] if text_first else ["pos\tgood\n", "neg\tbad\n"]
+    folder = _folder(tmp_path, (header + "".join(rows)).encode(), (header + rows[0]).encode())
+    data = load_text_classification(str(folder))
+    assert data.label_names == ["neg", "pos"]
+    assert data.train_texts == ["good", "bad"] and data.train_labels == [1, 0]
+    assert data.test_texts == ["good"] and data.test_labels == [1]
+
+
+@pytest.mark.parametrize("name", ["cls.json", "missing.jsonl", "train.tsv"])
+def test_a_dataset_file_is_refused_saying_finetune_reads_a_folder(tmp_path, monkeypatch, name):
+    """``--dataset cls.json`` (compare's task file) was "unknown dataset 'cls.json'; expected one of
+    reuters8, ..." without the folder form."""
+    monkeypatch.chdir(tmp_path)
+    if name != "missing.jsonl":
+        (tmp_path / name).write_text('{"kind": "classification"}\n')
+    with pytest.raises(ValueError) as exc:
+        load_text_classification(name)
+    message = str(exc.value)
+    assert f"--dataset {name} is " in message and "reads a folder holding train.tsv and test.tsv" in message
+    assert "attnkit compare --task" in message and "unknown dataset" not in message
+
+
+def test_an_unknown_dataset_name_names_the_catalog_and_the_folder_form(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"unknown dataset 'reuters9'; expected one of reuters8, .*, or a "
+                                         r"folder holding train\.tsv and test\.tsv"):
+        load_text_classification("reuters9")

@@ -179,3 +179,57 @@ def test_a_model_larger_than_one_shard_makes_a_single_weights_file_stale(tiny_be
         check_shards(tmp_path, model, max_shard_size=10_000)
     with pytest.raises(FileExistsError, match=r"does not write \(model-00001-of-00002\.safetensors\)"):
         check_shards(tmp_path, model)
+
+
+def test_a_failed_run_removes_the_parent_folders_it_created_and_only_those(tmp_path):
+    """A failed run into --out keep/ft3/sub left ft3/ behind: the parents it created go too, innermost
+    first and while empty; a folder that existed before (keep/) stays."""
+    from attnkit.hf.publish import claim_out
+
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    out = keep / "ft3" / "sub" / "out"
+    with pytest.raises(RuntimeError, match="the run failed"):
+        with claim_out(out) as created:
+            assert created and out.is_dir()
+            raise RuntimeError("the run failed")
+    assert keep.is_dir() and list(keep.iterdir()) == []
+    with pytest.raises(RuntimeError, match="the run failed"):
+        with claim_out(out):
+            (keep / "ft3" / "notes.txt").write_text("precious")  # another program's, meanwhile
+            raise RuntimeError("the run failed")
+    assert [p.name for p in (keep / "ft3").iterdir()] == ["notes.txt"]  # ft3 holds it: kept; sub removed
+
+
+def test_an_out_that_cannot_be_created_leaves_no_parent_folders(tmp_path):
+    """Creating --out ft3/<a name too long> made ft3/ and then failed: ft3/ stayed."""
+    from attnkit.hf.publish import claim_out
+
+    out = tmp_path / "ft3" / ("x" * 300)
+    with pytest.raises(PermissionError, match=r"cannot be written \(File name too long\)"):
+        with claim_out(out):
+            pass
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupted_publish_into_new_parent_folders_leaves_none(tmp_path, monkeypatch):
+    _publish_interrupted_before_config(tmp_path / "ft3" / "sub", monkeypatch)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["convert", "finetune"])
+def test_a_failed_command_into_new_parent_folders_leaves_none(command, tiny_bert, tmp_path, capsys,
+                                                            monkeypatch):
+    """``attnkit finetune ... --out ft3/sub`` that failed (here: a label only in test.tsv; for convert a full
+    disk) left ft3/."""
+    from transformers import PreTrainedModel
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.tsv").write_text("pos\tgood\nneg\tbad\n")
+    (data / "test.tsv").write_text("typo\tfine\n")
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", failing_save(errno.ENOSPC))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    _error(capsys, _argv(command, tiny_bert, data, runs / "ft3" / "sub"))
+    assert list(runs.iterdir()) == []

@@ -39,19 +39,12 @@ def check_mechanism(
 
 def check_dataset(dataset: str, cache_dir: Optional[str], download: bool) -> None:
     """Reject a dataset that is neither a folder nor cached (unless ``--download``) before the model loads."""
-    if Path(dataset).is_dir():
-        return
-    from attnkit.data import get_info, is_cached
+    from attnkit.data import is_cached
+    from attnkit.hf.finetune import dataset_info
 
-    try:
-        info = get_info(dataset)  # an unknown name lists the catalog
-    except ValueError as exc:
-        if any(sep in dataset for sep in ("/", os.sep)) or dataset.startswith("."):  # meant as a folder
-            raise FileNotFoundError(
-                f"--dataset {dataset}: no such folder (a folder holds train.tsv and test.tsv; a catalog name "
-                "has no '/')"
-            ) from None
-        raise exc
+    info = dataset_info(dataset)  # a file, a missing folder or an unknown name: an error that says which
+    if info is None:  # a folder
+        return
     if info.kind != "text-classification":  # before asking for a download it could not use
         raise ValueError(f"dataset {info.name!r} is not a text-classification dataset; pick reuters8, "
                          "reuters52, 20newsgroups, ... (attnkit data list)")

@@ -42,6 +42,7 @@ __all__ = [
     "classification_metrics",
     "load_text_classification",
     "default_model_path",
+    "dataset_info",
 ]
 
 
@@ -153,8 +154,9 @@ def _read_tsv(path: Path) -> tuple[list[str], list[str], list[int]]:
     """The (labels, texts, line numbers) of the examples of a UTF-8 TSV file (a byte-order mark is allowed);
     errors name file and line.
 
-    A first line exactly ``label<TAB>text`` is a header and skipped; one exactly ``text<TAB>label`` is a
-    header too, and the columns are read in that order. Any other first line is an example."""
+    A first line whose two fields are ``label`` and ``text`` (compared case-insensitively, surrounding spaces
+    ignored: ``Label<TAB>Text`` too) is a header and skipped; when ``text`` comes first the columns are read
+    in that order. Any other first line is an example."""
     if path.is_dir():
         raise FileNotFoundError(
             f"{path} is a folder, not a file; a dataset folder needs the files train.tsv and test.tsv "
@@ -178,9 +180,11 @@ def _read_tsv(path: Path) -> tuple[list[str], list[str], list[int]]:
     label_column = 0
     with io.StringIO(text, newline="") as f:  # newline="": csv sees the line ends as written
         for i, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)):
-            if i == 0 and row in (["label", "text"], ["text", "label"]):  # a header, not a class "label"
-                label_column = row.index("label")
-                continue
+            if i == 0:
+                names = [field.strip().lower() for field in row]
+                if sorted(names) == ["label", "text"]:  # a header (Label<TAB>Text too), not a class "Label"
+                    label_column = names.index("label")
+                    continue
             if len(row) != 2:
                 raise ValueError(
                     f"{path}:{i + 1}: expected 2 tab-separated columns (label, text), got "
@@ -192,13 +196,41 @@ def _read_tsv(path: Path) -> tuple[list[str], list[str], list[int]]:
     return labels, texts, lines
 
 
+def dataset_info(dataset: str):
+    """The catalog entry (``attnkit.data.DatasetInfo``) of ``dataset``, ``None`` for a folder (of
+    ``train.tsv``/``test.tsv``). Anything else is refused with what it is: a file, or a name ending in
+    ``.json``/``.jsonl`` (finetune reads a folder; such task files are ``attnkit compare``'s), a path of no
+    folder, or an unknown name (the error lists the catalog and names the folder form)."""
+    from ..data import get_info
+
+    path = Path(dataset)
+    if path.is_dir():
+        return None
+    if path.is_file() or path.suffix.lower() in (".json", ".jsonl"):
+        raise ValueError(
+            f"--dataset {dataset} is {'a file' if path.is_file() else 'missing'}: finetune reads a folder "
+            "holding train.tsv and test.tsv (label<TAB>text per line); a .json/.jsonl task file is for "
+            "attnkit compare --task"
+        )
+    try:
+        return get_info(dataset)
+    except ValueError as exc:
+        if any(sep in dataset for sep in ("/", os.sep)) or dataset.startswith("."):  # meant as a folder
+            raise FileNotFoundError(
+                f"--dataset {dataset}: no such folder (a folder holds train.tsv and test.tsv; a catalog name "
+                "has no '/')"
+            ) from None
+        raise ValueError(f"{exc}, or a folder holding train.tsv and test.tsv (label<TAB>text)") from None
+
+
 def load_text_classification(dataset: str, cache_dir: Optional[str] = None, download: bool = False):
     """A ``TextClassificationData``: a catalog name (``reuters8``, ...) or a folder with
     ``train.tsv``/``test.tsv``.
 
     The TSV files have two columns, label and text, and may start with the header line ``label<TAB>text``
-    (or ``text<TAB>label``, for the columns in that order). Each file needs an example; the training set needs
-    at least 2 classes, and every test label must occur in it. The classes are the labels, sorted.
+    (or ``text<TAB>label``, for the columns in that order; in any case, e.g. ``Label<TAB>Text``). Each file
+    needs an example; the training set needs at least 2 classes, and every test label must occur in it. The
+    classes are the labels, sorted. Any other ``dataset`` is a catalog name (:func:`dataset_info`).
     """
     from ..data import TextClassificationData, load_dataset
 
@@ -217,6 +249,7 @@ def load_text_classification(dataset: str, cache_dir: Optional[str] = None, down
             test_labels=[index[n] for n in test_labels],
             label_names=names,
         )
+    dataset_info(dataset)  # a file or an unknown name: an error that says what finetune reads
     data = load_dataset(dataset, cache_dir, download=download)
     if not isinstance(data, TextClassificationData):
         raise ValueError(
@@ -442,7 +475,7 @@ def finetune(config: FinetuneConfig, data=None) -> dict:
     ``out`` that this output does not write are refused, not deleted (as are those attnkit did not write).
     The main process locks ``out`` from its checks to the last move (``attnkit.hf.publish.claim_out``): a
     second fine-tune or conversion into it meanwhile is refused. A run that fails removes the ``out``
-    directory it created while that is still empty.
+    directory and the parent folders it created while they are still empty.
     """
     from .publish import claim_out
 

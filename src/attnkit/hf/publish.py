@@ -63,39 +63,69 @@ def check_out_link(out: Path) -> None:
 
 @contextmanager
 def claim_out(out: Path, lock: bool = True) -> Iterator[bool]:
-    """Hold ``out`` for one run of ``convert`` or ``finetune``: create it when missing (yields whether this
-    run did) and, with ``lock``, hold an exclusive lock on it (:func:`attnkit._files.lock_folder`) until the
-    run ends, so that a second run into the same folder is a ``ValueError`` ("... is in use by another
-    attnkit convert or finetune process ...") instead of replacing this run's output. On leaving, an ``out``
-    this run created is removed if it is empty (never a file in it), before the lock is released; without
-    ``lock`` (another process of a multi-process run holds it) it is kept, for that process to publish."""
+    """Hold ``out`` for one run of ``convert`` or ``finetune``: create it and its missing parent folders
+    (yields whether this run created ``out``) and, with ``lock``, hold an exclusive lock on it
+    (:func:`attnkit._files.lock_folder`) until the run ends, so that a second run into the same folder is a
+    ``ValueError`` ("... is in use by another attnkit convert or finetune process ...") instead of replacing
+    this run's output. On leaving, the folders this run created are removed while they are empty, ``out``
+    first (never a file in them), before the lock is released; without ``lock`` (another process of a
+    multi-process run holds it) they are kept, for that process to publish. A creation that fails half-way
+    removes the folders it created."""
     from .._files import lock_folder
 
     check_out_link(out)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file; pass a directory")
-    created = not out.exists()
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        made = _make_folders(out)
     except OSError as exc:
         raise PermissionError(
             f"--out {out} cannot be written ({exc.strerror or type(exc).__name__}); choose another --out"
         ) from None
-    fd = lock_folder(out, _IN_USE) if lock else None  # refused: the folder is the other run's
+    # refused: the folder is the other run's (which may have locked it right after this run created it)
+    fd = lock_folder(out, _IN_USE) if lock else None
     try:
-        yield created
+        yield out in made
     finally:
-        if created and lock:
-            _remove_if_empty(out)
+        if lock:
+            _remove_if_empty(made)
         if fd is not None:
             os.close(fd)
 
 
-def _remove_if_empty(out: Path) -> None:
+def _make_folders(out: Path) -> list[Path]:
+    """Create ``out`` and its missing parents one at a time, outermost first, and return the folders this
+    call created in that order (one another process creates meanwhile is not among them). A failure removes
+    those already created and raises."""
+    missing = []
+    folder = out
+    while not folder.exists() and not folder.is_symlink():  # a root or the working directory exists
+        missing.append(folder)
+        folder = folder.parent
+    made: list[Path] = []
     try:
-        out.rmdir()  # only when empty: nothing written is ever removed
-    except OSError:
-        pass
+        for folder in reversed(missing):
+            try:
+                folder.mkdir()
+            except FileExistsError:
+                if not folder.is_dir():
+                    raise
+                continue  # another process's
+            made.append(folder)
+    except BaseException:
+        _remove_if_empty(made)
+        raise
+    return made
+
+
+def _remove_if_empty(made: list[Path]) -> None:
+    """Remove the folders ``made`` (outermost first) that are empty, innermost first: nothing written is ever
+    removed, nor a folder that holds something."""
+    for folder in reversed(made):
+        try:
+            folder.rmdir()  # only when empty
+        except OSError:
+            return  # the folders around it hold it
 
 
 def is_empty(out: Path) -> bool:
@@ -279,8 +309,9 @@ def _refused_write(exc: BaseException, what: str, out: Path) -> OSError:
 
 def publish(out: Path, write: Callable[[Path], None], what: str, command: str,
             found_empty: bool = False) -> list[str]:
-    """Save an output with ``write(staging)`` into a staging folder inside ``out`` (created when missing),
-    then move each file it wrote into ``out``, ``config.json`` last, and return their names.
+    """Save an output with ``write(staging)`` into a staging folder inside ``out`` (created, with its missing
+    parents, when missing), then move each file it wrote into ``out``, ``config.json`` last, and return their
+    names.
 
     The staging folder (``.attnkit-<command>-<pid>-*``) holds the :data:`MARKER` first. A model, tokenizer
     or processor file in ``out`` that ``write`` did not write is refused before any file of ``out`` changes
@@ -288,19 +319,18 @@ def publish(out: Path, write: Callable[[Path], None], what: str, command: str,
     created, which another program wrote meanwhile. Each move replaces the file or symbolic link of that
     name (never its target). A failed save (disk full) is one ``OSError`` and leaves ``out`` as it was; a
     failed or interrupted run removes its staging folder, in an ``out`` it found empty the files it moved
-    there that are still its own, and then an ``out`` it created if that is empty: never another's file."""
+    there that are still its own, and then the folders it created while they are empty: never another's
+    file."""
     from .._files import match_umask
 
     check_out_link(out)
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    found_empty = found_empty or created
+    made = _make_folders(out)  # empty inside claim_out, which created them
+    found_empty = found_empty or out in made
     try:
         # inside --out: on its file system (os.replace moves, never copies), whatever its parent allows
         staging = Path(tempfile.mkdtemp(dir=out, prefix=f"{_PREFIX}{command}-{os.getpid()}-"))
     except BaseException:
-        if created:
-            _remove_if_empty(out)
+        _remove_if_empty(made)
         raise
     moved: dict[str, tuple[int, int]] = {}  # name -> (device, inode) of each file this run moves into out
     done = False
@@ -333,8 +363,8 @@ def publish(out: Path, write: Callable[[Path], None], what: str, command: str,
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-        if created and not done:
-            _remove_if_empty(out)
+        if not done:
+            _remove_if_empty(made)
     return new
 
 
