@@ -88,7 +88,7 @@ def test_claims_quote_the_paper_beside_our_spread_over_seeds():
     assert table1.ours == "R8 accuracy % 90.5 +- 0.71 (n=2) vs none 81 +- 1.4 (n=2)"
     mmd = by["ct alignment lowers the total MMD(q, k)"]
     assert "0.057" in mmd.paper and "0.0038" in mmd.paper
-    assert mmd.ours == "total MMD 0.0045 +- 0.00071 (n=2) vs none 0.06 +- 0.014 (n=2) (13.33x lower)"
+    assert mmd.ours.startswith("total MMD 0.0045 +- 0.00071 (n=2) vs none 0.06 +- 0.014 (n=2) (13.33x lower)")
     od_acc = by["gan alignment raises out-of-domain accuracy"]
     od_ece = by["gan alignment lowers out-of-domain ECE"]
     assert od_acc.paper.startswith("MNLI (OD) accuracy 73.52 -> 74.15")
@@ -122,3 +122,44 @@ def test_a_gain_of_one_and_a_half_seed_deviations_is_within_the_noise():
     assert not exceeds(more, none)[0]
     assert not by["ct alignment raises in-domain accuracy over soft attention"].held
     assert not by["GAT with ct alignment beats GAT"].held
+
+
+def test_a_higher_mmd_is_printed_as_higher_with_the_digits_that_tell_it_from_one():
+    """GAN 102.2588 vs none 102.2503 was printed "(1.00x lower)"."""
+    from attnkit.analysis.report import ReproduceResult
+    from attnkit.analysis.repro_alignment import Budget, _claims
+
+    budget = Budget(seeds=(0, 1), methods=("none", "gan", "ct"))
+    rid = {
+        "none": [{"accuracy": 0.8, "mmd": 102.2503}, {"accuracy": 0.8, "mmd": 102.2503}],
+        "gan": [{"accuracy": 0.8, "mmd": 102.2588}, {"accuracy": 0.8, "mmd": 102.2588}],
+        "ct": [{"accuracy": 0.8, "mmd": 102.2503}, {"accuracy": 0.8, "mmd": 102.2503}],
+    }
+    cross = {m: [{"acc_od": 0.7, "ece_od": 0.1}] * 2 for m in budget.cross_methods}
+    graph = {m: [0.8, 0.81] for m in budget.gat_methods}
+    result = ReproduceResult(name="alignment", out=None)
+    _claims(result, budget, rid, cross, graph)
+    by = {c.statement.split(" (")[0]: c for c in result.claims}
+    gan, ct = by["gan alignment lowers the total MMD(q, k)"], by["ct alignment lowers the total MMD(q, k)"]
+    assert "(1.0001x higher)" in gan.ours and "(1.0001x higher)" in gan.evidence and "lower)" not in gan.ours
+    assert "(equal to 6 decimals)" in ct.ours and not gan.held and not ct.held
+
+
+def test_the_papers_aligned_mmd_is_credited_to_no_method_and_ours_is_not_its_quantity():
+    """The table showed "paper MMD 0.0038" on the ct row; the paper only says "with the alignment loss"."""
+    from attnkit.analysis.report import ReproduceResult
+    from attnkit.analysis.repro_alignment import PAPER, Budget, _claims
+
+    assert [m for m, v in PAPER["in-domain"].items() if "mmd" in v] == ["none"]  # the rows' "paper MMD"
+    budget = Budget(seeds=(0, 1))
+    rid = {m: [{"accuracy": 0.8, "mmd": 100.0}, {"accuracy": 0.8, "mmd": 101.0}] for m in budget.methods}
+    cross = {m: [{"acc_od": 0.7, "ece_od": 0.1}] * 2 for m in budget.cross_methods}
+    graph = {m: [0.8, 0.81] for m in budget.gat_methods}
+    result = ReproduceResult(name="alignment", out=None)
+    _claims(result, budget, rid, cross, graph)
+    mmd_claims = [c for c in result.claims if "MMD" in c.statement]
+    assert len(mmd_claims) == 3
+    for claim in mmd_claims:
+        assert "0.0038 with the alignment loss (method not named)" in claim.paper
+        assert "standard Gaussian kernels" in claim.paper and "not the paper's MMD" in claim.ours
+    assert "not the paper's (standard Gaussian kernels)" in budget.describe()

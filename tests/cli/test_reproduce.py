@@ -181,3 +181,49 @@ def test_a_path_the_system_refuses_is_one_line_not_a_traceback(tmp_path, capsys,
         main(["reproduce", "lemma1", "--quick", "--out", str(tmp_path / "ro" / "view")])
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and len(err.splitlines()) == 1 and "Read-only file system" in err
+
+
+@pytest.mark.parametrize("name", ["lemma1", "all"])
+@pytest.mark.parametrize("below", ["sub", "sub/deeper"])
+def test_a_file_above_out_is_named_in_one_line_with_the_fix(name, below, tmp_path, capsys):
+    """``--out afile/sub`` printed ``error: [Errno 20] Not a directory: 'afile/sub'``, naming no fix."""
+    (tmp_path / "afile").write_text("the user's")
+    out = tmp_path / "afile" / below
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", name, "--quick", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1
+    assert f"{str(tmp_path / 'afile')!r} is a file" in err and "pass another --out" in err
+    assert (tmp_path / "afile").read_text() == "the user's"
+
+
+def test_overwrite_removes_the_earlier_targets_outputs_and_keeps_the_users_files(tmp_path, capsys):
+    """``reproduce A --out <B's folder> --overwrite`` left B's files beside A's (summary.json listed A's)."""
+    out = tmp_path / "shared"
+    main(["reproduce", "mode-collapse-curves", "--quick", "--out", str(out)])
+    earlier = set(json.loads((out / "summary.json").read_text())["files"])
+    assert {"center_distance.png", "closed_form.csv"} <= earlier
+    (out / "mine.txt").write_text("keep me")  # not listed in the summary: the user's
+    (out / "sub").mkdir()
+    (out / "sub" / "closed_form.csv").write_text("the user's too")  # a listed name, but not in the folder
+    main(["reproduce", "lemma1", "--quick", "--out", str(out), "--overwrite"])
+    capsys.readouterr()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["name"] == "lemma1"
+    assert {p.name for p in out.iterdir()} == set(summary["files"]) | {"summary.json", "mine.txt", "sub"}
+    assert not earlier & {p.name for p in out.iterdir()} - set(summary["files"])
+    assert (out / "mine.txt").read_text() == "keep me"
+    assert (out / "sub" / "closed_form.csv").read_text() == "the user's too"
+
+
+def test_overwrite_leaves_what_a_summary_lists_outside_its_folder(tmp_path, capsys):
+    out, outside = tmp_path / "run", tmp_path / "outside.csv"
+    out.mkdir()
+    outside.write_text("not ours")
+    (out / "link.csv").symlink_to(outside)
+    listed = ["../outside.csv", str(outside), "link.csv", "", ".", ".."]
+    (out / "summary.json").write_text(json.dumps({"name": "lemma1", "files": listed}))
+    main(["reproduce", "lemma1", "--quick", "--out", str(out), "--overwrite"])
+    capsys.readouterr()
+    assert outside.read_text() == "not ours" and (out / "link.csv").is_symlink()
+    assert json.loads((out / "summary.json").read_text())["files"] != listed

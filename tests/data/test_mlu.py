@@ -188,3 +188,38 @@ def test_a_config_without_room_for_train_beside_the_test_problems_is_refused():
     # 12 inputs without a division by 0: 8 test problems would keep up to 16 of them out of train
     with pytest.raises(ValueError, match=r"9 unique samples requested \(room for 17 .*allow only 12 without"):
         MLUConfig(num_train=1, num_test=8, low=-1, high=2, operators=("//",))
+
+
+def _computation(src: str) -> tuple:
+    """The operator and its left and right operand values, unordered for + and * (a + b is b + a)."""
+    v1, a, v2, b, left, op, right = _PATTERN.match(src).groups()
+    env = {v1: int(a), v2: int(b)}
+    values = (env[left], env[right])
+    return (op, *sorted(values)) if op in "+*" else (op, *values)
+
+
+@pytest.mark.parametrize("config", [
+    MLUConfig(num_train=2400, num_test=400, low=-16, high=16, seed=1000),  # analysis/repro_mlu.py's data
+    MLUConfig(num_train=2400, num_test=400, low=-16, high=16, seed=1001),
+    MLUConfig(num_train=2400, num_test=400, low=-16, high=16, seed=1000, permute_operands=True),
+    MLUConfig(num_train=500, num_test=200, low=-20, high=20, operators=("//", "%"), seed=2),
+])
+def test_no_test_computation_is_in_train_with_its_operands_swapped(config):
+    """37-44% of the 400 test items were a training item's computation with the two values of + or *
+    swapped (5 + (-2) in test, (-2) + 5 in train, the same answer)."""
+    data = generate_mlu(config)
+    assert (len(data.train_src), len(data.test_src)) == (config.num_train, config.num_test)
+    assert len(set(data.train_src + data.test_src)) == config.num_train + config.num_test
+    train = {_computation(s) for s in data.train_src}
+    assert not [s for s in data.test_src if _computation(s) in train]
+
+
+def test_inputs_of_one_computation_are_one_problem():
+    from attnkit.data.mlu import _problem
+
+    config = MLUConfig(permute_operands=True)
+    assert {_problem(s, config) for s in ("y=2,x=1,x+y", "x=1,y=2,y+x", "x=2,y=1,x+y")} == {("+", 1, 2)}
+    assert _problem("x=1,y=2,x-y", config) != _problem("x=2,y=1,x-y", config)
+    assert _problem("x=2,y=1,x-y", config) == _problem("y=2,x=1,y-x", config) == ("-", 2, 1)
+    assert config.inputs_per_problem == 8
+    assert MLUConfig(operators=("-",)).inputs_per_problem == 2

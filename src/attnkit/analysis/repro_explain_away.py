@@ -32,6 +32,10 @@ PAPER_LOG_SUM = -20.0  # AEA Fig. 1 caption: "the logarithm of their weights-sum
 # AEA Table 1 (VQA v2 test-dev): no-attn 68.79, LNAS 69.14, DNAS 69.70.
 PAPER_VQA_TEST_DEV = {"uniform": 68.79, "softmax": 69.14, "dnas": 69.70}
 EXPLAIN_AWAY_MECHANISMS = ("uniform", "softmax", "dnas", "hnas")
+# The DNAS-vs-LNAS accuracy claim is trained on the harder variant of the task that ``sinkhorn-iters`` uses:
+# on the default one (4 classes, 3 label-carrying boxes) LNAS reaches 100% and cannot be beaten.
+ACCURACY_TASK = {"num_classes": 8, "informative": 1}
+ACCURACY_MECHANISMS = ("softmax", "dnas")
 
 
 def explain_away_budget(quick: bool) -> tuple[int, int, int]:
@@ -45,14 +49,24 @@ def explain_away_training(result: ReproduceResult, quick: bool = False, seed: in
     Checks AEA's Fig. 1 (most LNAS keys have log weight sums below -20), Fig. 3 (the HNAS
     weight u moves to 1, i.e. towards DNAS) and Table 1 (no-attn < LNAS < DNAS accuracy), each with the
     paper's criterion, plus DNA's Fig. 1 / Lemma 1 bound and the looser eps = 1e-3 threshold (still a
-    majority of keys).
+    majority of keys). DNAS vs LNAS accuracy is compared on the harder variant ``ACCURACY_TASK`` (8 classes,
+    one label-carrying box), trained apart on the same seeds and steps; every other claim on the default task.
     """
     out = result.out
     n_seeds, steps, every = explain_away_budget(quick)
     seeds = list(range(seed, seed + n_seeds))
-    result.budget = f"{n_seeds} seeds x {steps} Adam steps (batch 64), one-layer multi-view model, 40-50 keys"
+    result.budget = (
+        f"{n_seeds} seeds x {steps} Adam steps (batch 64), one-layer multi-view model, 40-50 keys; DNAS vs "
+        "LNAS accuracy on the harder variant (8 classes, 1 informative box, as sinkhorn-iters), where LNAS "
+        "stays below 100%"
+    )
     runs = {name: [train_multiview(name, steps=steps, eval_every=every, eps=EPS, seed=s) for s in seeds]
             for name in EXPLAIN_AWAY_MECHANISMS}
+    harder = {  # final accuracy only: one evaluation at the last step
+        name: [train_multiview(name, steps=steps, eval_every=steps, seed=s, **ACCURACY_TASK).accuracy
+               for s in seeds]
+        for name in ACCURACY_MECHANISMS
+    }
     first = {name: r[0] for name, r in runs.items()}
     max_keys = first["softmax"].max_keys
     bound = 1.0 / max_keys
@@ -97,6 +111,7 @@ def explain_away_training(result: ReproduceResult, quick: bool = False, seed: in
     for name in EXPLAIN_AWAY_MECHANISMS:
         rs = runs[name]
         row = {"mechanism": name, "seeds": n_seeds, "accuracy": spread(accuracy[name]),
+               "accuracy (8 classes, 1 box)": spread(harder[name]) if name in harder else "-",
                "paper VQA test-dev": PAPER_VQA_TEST_DEV.get(name, float("nan"))}
         if name == "uniform":
             row.update({"share log sum < -20": "-", "share < eps": "-", "min log sum": float("nan"),
@@ -113,9 +128,10 @@ def explain_away_training(result: ReproduceResult, quick: bool = False, seed: in
     soft_b20, dnas_min = np.asarray(below20["softmax"]), min(r.min_normalized.min() for r in runs["dnas"])
     soft_eps, dnas_eps = np.asarray(below_eps["softmax"]), np.asarray(below_eps["dnas"])
     mean_acc = {n: float(np.mean(v)) for n, v in accuracy.items()}
+    mean_harder = {n: float(np.mean(v)) for n, v in harder.items()}
     # "better" needs a gap beyond two standard errors over the seeds
     lnas_better = exceeds(accuracy["softmax"], accuracy["uniform"])
-    dnas_better = exceeds(accuracy["dnas"], accuracy["softmax"])
+    dnas_better = exceeds(harder["dnas"], harder["softmax"])
     u = np.asarray(final_u)
     result.claims += [
         Claim("AEA Fig. 1 (caption)",
@@ -155,9 +171,11 @@ def explain_away_training(result: ReproduceResult, quick: bool = False, seed: in
               criterion="different"),
         Claim("AEA Table 1", "DNAS achieves better accuracy than LNAS",
               dnas_better[0],
-              f"mean accuracy DNAS {mean_acc['dnas']:.4f} vs LNAS {mean_acc['softmax']:.4f}, "
-              f"{dnas_better[1]} (synthetic task)",
-              paper="69.70 vs 69.14", ours=f"{spread(accuracy['dnas'])} vs {spread(accuracy['softmax'])}",
+              f"mean accuracy DNAS {mean_harder['dnas']:.4f} vs LNAS {mean_harder['softmax']:.4f}, "
+              f"{dnas_better[1]} (synthetic task, harder variant: 8 classes, 1 informative box; on the "
+              f"default task LNAS is at {mean_acc['softmax']:.4f}, DNAS {mean_acc['dnas']:.4f})",
+              paper="69.70 vs 69.14",
+              ours=f"{spread(harder['dnas'])} vs {spread(harder['softmax'])} (8 classes, 1 informative box)",
               criterion="different"),
     ]
 

@@ -31,6 +31,7 @@ budget is too small for its claims to mean much says so in ``result.note``.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Callable, Optional, Union
@@ -49,9 +50,9 @@ from .repro_mlu import mlu_ablations
 from .repro_pretraining import hnas_pretraining
 from .repro_sinkhorn import sinkhorn_iterations
 from ..validators import check_bool, check_seed
-from .report import ReproduceResult, mark_finished, prepare_output_dir
+from .report import UNFINISHED_MARKER, ReproduceResult, mark_finished, prepare_output_dir
 
-__all__ = ["TARGETS", "TARGET_HELP", "reproduce", "default_output_dir"]
+__all__ = ["TARGETS", "TARGET_HELP", "reproduce", "default_output_dir", "check_output_parents"]
 
 TargetFn = Callable[[ReproduceResult, bool, int], None]
 
@@ -111,14 +112,20 @@ def reproduce(
 ) -> ReproduceResult:
     """Run target ``name`` into ``out`` (default ``runs/reproduce/<name>``) and return its result.
 
-    An existing non-empty ``out`` is refused unless ``overwrite``. The result holds the printed table
-    (``rows``), the paper claims checked (``claims``) and the files written (PNG, CSV, ``summary.json``).
+    An existing non-empty ``out`` is refused unless ``overwrite``; with it, the files that the earlier run's
+    ``summary.json`` there lists as its outputs (and that summary) are removed first, whichever target wrote
+    them, and every other file stays. The result holds the printed table (``rows``), the paper claims
+    checked (``claims``) and the files written (PNG, CSV, ``summary.json``).
     """
     if name not in TARGETS:
         raise ValueError(f"unknown reproduction target {name!r}; expected one of {tuple(TARGETS)}")
     check_seed(seed, high=REPRODUCE_SEED_MAX)
     check_bool(quick, f"quick={quick!r}")
-    out_dir = prepare_output_dir(default_output_dir(name) if out is None else out, overwrite=overwrite)
+    out = default_output_dir(name) if out is None else Path(out)
+    check_output_parents(out)
+    out_dir = prepare_output_dir(out, overwrite=overwrite)
+    if overwrite:
+        _remove_earlier_outputs(out_dir)
     result = ReproduceResult(name=name, out=out_dir, seed=seed, quick=quick)
     start, cpu_start = time.perf_counter(), time.process_time()
     threads = torch.get_num_threads()
@@ -132,3 +139,37 @@ def reproduce(
     result.write_summary()
     mark_finished(out_dir)
     return result
+
+
+def check_output_parents(out: Union[str, Path]) -> None:
+    """Raise ``NotADirectoryError`` naming the file when a folder above ``out`` is a file (``out`` could not
+    be made); ``out`` itself being a file is refused where the folder is prepared."""
+    for parent in Path(out).parents:  # the nearest first: the first that exists decides
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(
+                    f"output path {str(out)!r} cannot be made: {str(parent)!r} is a file, not a directory; "
+                    "pass another --out (or move that file)"
+                )
+            return
+
+
+def _remove_earlier_outputs(out: Path) -> None:
+    """Remove the files the ``summary.json`` in ``out`` lists as its run's outputs, and that summary: only
+    plain files directly in ``out`` (no links, folders or paths elsewhere), nothing that it does not list."""
+    summary = out / "summary.json"
+    if not summary.is_file() or summary.is_symlink():
+        return
+    try:
+        data = json.loads(summary.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # not a summary of ours: leave it and everything else
+        return
+    files = data.get("files") if isinstance(data, dict) and "name" in data else None
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        return
+    for file_name in [*files, summary.name]:
+        path = out / file_name
+        if file_name in ("", ".", "..", UNFINISHED_MARKER) or Path(file_name).name != file_name:
+            continue  # a listed path outside the folder (or our mark) is not an output of that run
+        if path.is_file() and not path.is_symlink():
+            path.unlink()

@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         from attnkit.analysis.fidelity import reproduce_all
-        from attnkit.analysis.reproduce import reproduce as run
+        from attnkit.analysis.reproduce import check_output_parents, reproduce as run
 
         if out is not None and not out.strip():
             raise ValueError("--out is empty; pass a directory such as runs/reproduce/NAME")
@@ -80,6 +80,8 @@ def register(app: typer.Typer) -> None:
             raise ValueError(
                 f"--jobs {jobs} is only used with 'all' (a target runs in this process); drop it"
             )
+        if out is not None:
+            check_output_parents(out)  # a file where a folder above --out should be: name it
         try:
             if name == "all":
                 results, page = reproduce_all(out, overwrite=overwrite, quick=quick, seed=seed, jobs=jobs)

@@ -14,10 +14,12 @@ ensure that the model embraces symbolic variables", put the two assignments in a
 - ``operators``: any subset of ``+ - * // %`` (``//`` and ``%`` with Python's floor semantics, never by 0);
 - ``variables``: the two variable names.
 
-Samples are unique (by input string) and split into train and test sets that share no problem: a test
-problem (the two values and the expression) is not in train in either assignment order, so exact match
-never scores a memorized item; a seed fixes everything. The metric is sequence accuracy: an output counts
-only when it matches exactly.
+Samples are unique (by input string) and split into train and test sets that share no problem. One
+problem is one computation: the operator and the values of its left and right operands (read from the
+assignments by variable name), the two values unordered for the commutative ``+`` and ``*``. So
+``y=2,x=1,x+y``, ``x=1,y=2,y+x`` and ``x=2,y=1,x+y`` are one problem (``1 + 2``), while ``x=1,y=2,x-y``
+(``1 - 2``) and ``x=2,y=1,x-y`` (``2 - 1``) are two; exact match never scores a memorized computation. A
+seed fixes everything. The metric is sequence accuracy: an output counts only when it matches exactly.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ OPERATORS: dict[str, object] = {
     "//": lambda a, b: a // b,
     "%": lambda a, b: a % b,
 }
+_COMMUTATIVE = ("+", "*")
 _FORBIDDEN_IN_NAMES = set("0123456789=,+-*/% ")
 
 
@@ -97,13 +100,12 @@ class MLUConfig:
                 "allow only "
                 f"{self.space_size}; ask for at most half of that, or widen [low, high) / add operators"
             )
-        # a test problem keeps its other assignment order out of train: room for it too (within the half of
-        # space_size unless // or % leave out inputs, e.g. x // y with y in [0, 1) only)
-        needed = self.num_train + (2 if self.permute_assignments else 1) * self.num_test
+        # a test problem keeps its other inputs (``_problem``) out of train: room for them too
+        needed = self.num_train + self.inputs_per_problem * self.num_test
         if needed > self.num_valid_inputs:
             raise ValueError(
                 f"MLUConfig: {self.num_train + self.num_test} unique samples requested (room for {needed} "
-                "with each test problem's other assignment order kept out of train) but the settings "
+                "with each test problem's other inputs kept out of train) but the settings "
                 f"allow only {self.num_valid_inputs} without a division by 0; "
                 "widen [low, high) or add operators"
             )
@@ -116,6 +118,17 @@ class MLUConfig:
             n
             * n
             * len(self.operators)
+            * (2 if self.permute_assignments else 1)
+            * (2 if self.permute_operands else 1)
+        )
+
+    @property
+    def inputs_per_problem(self) -> int:
+        """Most input strings that pose one problem (``_problem``): the assignment orders, the operand
+        orders, and for ``+`` or ``*`` the two ways to give the two values to the two variables."""
+        commutative = any(op in _COMMUTATIVE for op in self.operators)
+        return (
+            (2 if commutative else 1)
             * (2 if self.permute_assignments else 1)
             * (2 if self.permute_operands else 1)
         )
@@ -153,16 +166,25 @@ def _sample(rng: random.Random, config: MLUConfig) -> tuple[str, str] | None:
     return f"{assignments[0]},{assignments[1]},{left}{op}{right}", str(evaluate_expression(a, op, b))
 
 
-def _problem(src: str) -> tuple[str, ...]:
-    """The problem an input poses, whatever the order of its assignments: ``y=2,x=1,x+y`` and
-    ``x=1,y=2,x+y`` are one problem, ``x=1,y=2,y+x`` another."""
+def _problem(src: str, config: MLUConfig) -> tuple[str, int, int]:
+    """The computation an input poses, ``(operator, left value, right value)``, the two values sorted for
+    a commutative operator: ``y=2,x=1,x+y``, ``x=1,y=2,y+x`` and ``x=2,y=1,x+y`` are all ``("+", 1, 2)``,
+    ``x=2,y=1,x-y`` is ``("-", 2, 1)`` and ``x=1,y=2,x-y`` is ``("-", 1, 2)``."""
     first, second, expression = src.split(",")
-    return (*sorted((first, second)), expression)
+    values = {name: int(value) for name, value in (first.split("="), second.split("="))}
+    vx, vy = config.variables
+    for op in config.operators:
+        for left, right in ((vx, vy), (vy, vx)):
+            if expression == f"{left}{op}{right}":
+                a, b = values[left], values[right]
+                return (op, *sorted((a, b))) if op in _COMMUTATIVE else (op, a, b)
+    raise ValueError(f"MLU input {src!r} is not an expression of {config.variables} with {config.operators}")
 
 
 def generate_mlu(config: MLUConfig | None = None, name: str = "mlu") -> Seq2SeqData:
-    """Unique MLU samples, split into train/test sets without a common problem (``_problem``: a test
-    input with its assignments swapped is not in train); the same config gives the same data."""
+    """Unique MLU samples, split into train/test sets without a common problem (``_problem``: no training
+    input computes a test input's operator on the same operand values, in the same order or, for ``+`` and
+    ``*``, in either order); the same config gives the same data."""
     config = config if config is not None else MLUConfig()
     rng = random.Random(config.seed)
     total = config.num_train + config.num_test
@@ -174,9 +196,9 @@ def generate_mlu(config: MLUConfig | None = None, name: str = "mlu") -> Seq2SeqD
     pairs = list(seen.items())  # insertion order: deterministic for a seed
     rng.shuffle(pairs)
     train, test = pairs[: config.num_train], pairs[config.num_train :]
-    held_out = {_problem(s) for s, _ in test}
+    held_out = {_problem(s, config) for s, _ in test}
     for i in range(len(train)):  # a test problem in train is replaced by a new one, in its place
-        while _problem(train[i][0]) in held_out:
+        while _problem(train[i][0], config) in held_out:
             sample = _sample(rng, config)
             if sample is not None and sample[0] not in seen:
                 seen[sample[0]] = sample[1]
