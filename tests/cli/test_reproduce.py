@@ -227,3 +227,15 @@ def test_overwrite_leaves_what_a_summary_lists_outside_its_folder(tmp_path, caps
     capsys.readouterr()
     assert outside.read_text() == "not ours" and (out / "link.csv").is_symlink()
     assert json.loads((out / "summary.json").read_text())["files"] != listed
+
+
+def test_a_dangling_out_link_is_named_in_one_line_before_any_work(tmp_path, capsys):
+    """A link to nothing as --out gave "[Errno 17] File exists" (and would have created its target)."""
+    link = tmp_path / "dangling"
+    link.symlink_to(tmp_path / "nowhere" / "deep")
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", "lemma1", "--quick", "--out", str(link)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "symbolic link" in err and "--out" in err, err
+    assert not (tmp_path / "nowhere").exists()

@@ -143,7 +143,11 @@ def reproduce(
 
 def check_output_parents(out: Union[str, Path]) -> None:
     """Raise ``NotADirectoryError`` naming the file when a folder above ``out`` is a file (``out`` could not
-    be made); ``out`` itself being a file is refused where the folder is prepared."""
+    be made), and ``FileNotFoundError`` when ``out`` is or lies in a symbolic link to nothing (writing would
+    create its target); ``out`` itself being a file is refused where the folder is prepared."""
+    from .._files import check_link
+
+    check_link(out, "--out")
     for parent in Path(out).parents:  # the nearest first: the first that exists decides
         if parent.exists():
             if not parent.is_dir():
