@@ -429,17 +429,27 @@ def check_causal_pattern(config: MechanismConfig, mask: MaskInfo, source: str = 
         )
 
 
-def check_constant_key_bias(config: MechanismConfig, mask: MaskInfo) -> None:
-    """Refuse, for a mechanism that normalizes over queries, a float ``attn_mask`` holding a per-key bias that
-    its column normalization cancels (``attnkit.masks.constant_key_bias``: -1000 at padded keys)."""
+def check_constant_key_bias(
+    config: MechanismConfig, mask: MaskInfo, source: str = "attn_mask", fix: Optional[str] = None
+) -> None:
+    """Refuse, for a mechanism that normalizes over queries, a float mask that hides a key with a finite
+    fill (``attnkit.masks.constant_key_bias``: -1000 at padded keys, alone or under a graded bias), to which
+    its column normalization gives a share of the weight all the same. ``source`` names the mask in the
+    message and ``fix`` says what to pass instead (the modules name their own masks)."""
     found = constant_key_bias(mask) if normalizes_over_queries(config) else None
     if found is not None:
-        value, key = found
+        smallest, largest, key = found
+        held = f"{largest:g}" if smallest == largest else f"{smallest:g} to {largest:g}"
+        if fix is None:
+            fix = (
+                f"mark keys that may not attend with -inf (or <= {MASKED_BIAS:g}), a boolean attn_mask or "
+                "key_mask"
+            )
         raise ValueError(
-            f"attn_mask holds {value:g} at key {key} for every query, 100 or more below the row's largest "
+            f"{source} holds {held} at key {key} for every query, 100 or more below the row's largest "
             f"entry: mechanism {config.name!r} normalizes over queries, which cancels a bias that is the "
-            f"same for every query of a key, so that key keeps its weight; mark keys that may not attend "
-            f"with -inf (or <= {MASKED_BIAS:g}), a boolean attn_mask or key_mask"
+            f"same for every query of a key (and normalizes what varies on top), so that key keeps its "
+            f"weight; {fix}"
         )
 
 

@@ -14,17 +14,15 @@ Convention (docs/design.md section 4): boolean masks with **True = real / may at
   so masked therefore has no allowed key and gets a zero output, where PyTorch's softmax of equal finite
   scores spreads its weight uniformly (and gives NaN for ``-inf``). Those mechanisms cancel any bias that is
   the same for every query of a key column (a ``(B, 1, 1, Lk)`` bias is one): a small one (``|b| < 100``) is
-  a no-op there, which is the math; one ``PATTERN_BIAS`` (100) or more below its row's largest entry but
-  above ``MASKED_BIAS`` (-1000, -5000: padding meant as a mask) is refused for them
-  (``constant_key_bias``). A bias that varies over the queries (ALiBi) is kept.
+  a no-op there, which is the math; a key that a fill ``PATTERN_BIAS`` (100) or more below its rows' largest
+  entries but above ``MASKED_BIAS`` hides (-1000, -5000: padding meant as a mask, with or without ALiBi on
+  top) is refused for them (``constant_key_bias``). A graded bias alone (ALiBi) is kept.
 - ``causal``     query ``i`` sees keys ``j <= i`` (top-left aligned, as SDPA's ``is_causal``).
 
 A pair ``(i, j)`` is valid when every mask allows it.
 """
 
 from __future__ import annotations
-
-import itertools
 
 from dataclasses import dataclass, field
 from typing import Optional
@@ -263,6 +261,10 @@ def causal_pattern(mask: MaskInfo) -> bool:
     queries, e.g. cross-attention to padded keys). A prefix-LM pattern (a bidirectional prefix, a causal
     suffix) is one too. Under such a pattern a query-normalized mechanism leaks future tokens as it would
     with ``causal=True``.
+
+    Each example is judged on its real block (``_causal_leaks``), with ``key_mask`` / ``query_mask`` hiding
+    their padding as if merged into ``attn_mask``: the verdict does not depend on how the padding is spelled
+    (Hugging Face merges it into a 4-D mask), and a short example does not look causal for being truncated.
     """
     Lq, Lk = mask.Lq, mask.Lk
     hard = _full_pattern(mask.pair, Lq, Lk)
@@ -286,42 +288,137 @@ def causal_pattern(mask: MaskInfo) -> bool:
     checks = [(0, soft, False)]
     if bottom_right:
         checks += [(bottom_right, hard, False), *(((bottom_right, soft, True),) if soft is not hard else ())]
-    if not any(_maybe_causal(patterns, offset) for offset, patterns, _ in checks):
-        return False
-    for index in itertools.product(*(range(n) for n in soft.shape[:-2])):
+    key, query = _padding(mask, soft)
+    # the examples (and heads) worth a look: those with padding, whose first row says nothing, and those
+    # whose first row sees no key after it
+    maybe = _padded_examples(hard, key, query)  # (B|1, H|1)
+    for offset, patterns, _ in checks:
+        if patterns is not None:
+            maybe = maybe | _maybe_causal(patterns, offset)
+    shape = _batch_shape(soft, key, query)
+    for index in maybe.expand(shape).nonzero().tolist():
         for offset, patterns, own_key in checks:
             if patterns is None:
                 continue
-            p = patterns[tuple(min(i, n - 1) for i, n in zip(index, patterns.shape[:-2]))]  # (Lq, Lk)
-            if not bool(p.triu(offset + 1).any()):
-                if (not own_key or bool(p.diagonal(offset).any())) and _leaks(p):  # no key after its query
-                    return True
-            elif offset == 0 and Lq == Lk and _prefix_lm_leaks(p):
+            p = patterns[_at(index, patterns)]  # (Lq, Lk)
+            real = None if hard is None else hard[_at(index, hard)]  # (Lq, Lk): what the padding leaves
+            for m in (key, query):  # padding hidden, as if merged into attn_mask
+                if m is not None:
+                    p = _and(p, m[_at(index, m)])
+                    real = m[_at(index, m)].expand(Lq, Lk) if real is None else _and(real, m[_at(index, m)])
+            if _causal_leaks(p, real, offset, own_key):
+                return True
+            if offset == 0 and Lq == Lk and _prefix_lm_leaks(p) and bool(_any(p.triu(1))):
                 return True
     return False
 
 
-def _maybe_causal(patterns: Optional[Tensor], offset: int) -> bool:
-    """Whether some ``(Lq, Lk)`` pattern of ``patterns`` may be flagged aligned at ``offset``: its first query
-    sees no key after it (else some query sees a key after it), or (square, top-left) no query before the
-    last sees the last key (a prefix-LM's causal suffix). Reads one row and one column of each pattern: the
-    bidirectional patterns (every example of the scores given to ``normalize``) skip the loop."""
-    if patterns is None:
+def _padding(mask: MaskInfo, patterns: Tensor) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """The call's key padding ``(B, 1, 1, Lk)`` and query padding ``(B, 1, Lq, 1)`` (True = real), each
+    ``None`` when absent, or when ``vmap`` hides its values or the patterns' layout (they are then judged
+    without it)."""
+    if patterns.dim() != 4:  # read from under vmap: its mapped dimension is among the leading ones
+        return None, None
+    key = None if mask.key is None or values_hidden(mask.key) else mask.key
+    query = None if mask.query is None or values_hidden(mask.query) else mask.query
+    return key, query
+
+
+def _padded_examples(hard: Optional[Tensor], key: Optional[Tensor], query: Optional[Tensor]) -> Tensor:
+    """Which examples and heads ``(B|1, H|1)`` have padding (in the boolean pattern ``hard``, a key no query
+    sees or a query that sees no key; a False entry of ``key`` / ``query``), for which the first row of
+    ``_maybe_causal`` says nothing."""
+    out = torch.zeros((), dtype=torch.bool)
+    if hard is not None:
+        out = ~_any(hard, -2).all(-1) | ~_any(hard, -1).all(-1)  # (B|1, H|1)
+    for m in (key, query):
+        if m is not None:
+            out = out | ~m.flatten(2).all(-1)  # (B, 1)
+    return out
+
+
+def _batch_shape(*patterns: Optional[Tensor]) -> tuple[int, ...]:
+    """The broadcast leading (example, head) dimensions of the patterns given."""
+    return tuple(torch.broadcast_shapes(*(t.shape[:-2] for t in patterns if t is not None)))
+
+
+def _at(index: tuple[int, ...], t: Tensor) -> tuple[int, ...]:
+    """``index`` into the leading dimensions of ``t``, which may broadcast (size 1)."""
+    return tuple(min(i, n - 1) for i, n in zip(index, t.shape[:-2]))
+
+
+def _causal_leaks(p: Tensor, real: Optional[Tensor], offset: int, own_key: bool) -> bool:
+    """Whether the pattern ``p`` (``(Lq, Lk)``) of one example is causal and leaks; ``real`` (``(Lq, Lk)``
+    or ``None``) is its boolean pattern with the padding, which tells the padding apart (the near-zero
+    weights of a float mask are no padding).
+
+    It is judged on its real block only, so that the verdict does not depend on how padding is spelled
+    (``key_mask`` / ``query_mask`` or merged into ``attn_mask``): keys that no query sees and queries that
+    see no key are padding; so are, in a square pattern in which some query sees its own key, the queries
+    at positions that no query sees (Hugging Face's 4-D masks let them see the real keys; the modules infer
+    the same query padding in self-attention). The pattern is causal when no query sees a key after it,
+    aligned at ``offset`` as given (and hiding some real key from some real query: padded keys after every
+    query do not make a pattern causal), or aligned top-left / bottom-right on the real block alone (as the
+    example would be judged truncated). ``own_key``: only where some query sees the key at its own
+    position."""
+    Lq, Lk = p.shape
+    if real is None:
+        rows = torch.ones(Lq, dtype=torch.bool, device=p.device)
+        cols = torch.ones(Lk, dtype=torch.bool, device=p.device)
+    else:
+        rows, cols = _any(real, -1), _any(real, -2)  # (Lq,), (Lk,): the real queries and keys
+        if Lq == Lk and bool(real.diagonal().any()):
+            rows = rows & cols  # the rows at positions no query sees are padding
+        p = _and(p, rows[:, None])
+    n_rows, n_cols = int(rows.sum()), int(cols.sum())
+    if n_rows < 2:
         return False
+    # the first real query, which sees no key after it in a causal pattern: a bidirectional one stops here
+    first = int(rows.to(torch.uint8).argmax())
+    seen = p[first].nonzero()
+    if not seen.numel():
+        return False
+    last = int(seen[-1])
+    rank = int(cols[: last + 1].sum()) - 1  # its index among the real keys
+    aligned = 0 if offset == 0 else max(n_cols - n_rows, 0)  # on the real block
+    as_given = last <= first + offset and int(cols.nonzero()[-1]) > first + offset
+    if not (as_given or rank <= aligned) or not _leaks(p):
+        return False
+    if (as_given and not bool(_any(p.triu(offset + 1)))
+            and (not own_key or bool(p.diagonal(offset).any()))):
+        return True
+    if n_rows == Lq and n_cols == Lk:
+        return False  # no padding: judged above
+    block = p[rows][:, cols]  # (Lq', Lk'): the real block
+    return not bool(_any(block.triu(aligned + 1))) and (not own_key or bool(block.diagonal(aligned).any()))
+
+
+def _maybe_causal(patterns: Tensor, offset: int) -> Tensor:
+    """Which ``(Lq, Lk)`` patterns of ``patterns`` ``(B|1, H|1)`` may be flagged aligned at ``offset``: its
+    first query sees no key after it (else some query sees a key after it), or (square, top-left) no query
+    before the last sees the last key (a prefix-LM's causal suffix). Reads one row and one column of each
+    pattern: the bidirectional patterns (every example of the scores given to ``normalize``) skip the
+    loop."""
     Lq, Lk = patterns.shape[-2:]
     free = ~patterns[..., 0, offset + 1:].any(-1)  # (B|1, H|1)
     if offset == 0 and Lq == Lk:
         free |= ~patterns[..., :-1, -1].any(-1)
-    return bool(free.any())
+    return free
 
 
-def constant_key_bias(mask: MaskInfo) -> Optional[tuple[float, int]]:
-    """``(value, key)`` of a float ``attn_mask`` entry that is the same for every query of its key column
-    (among the queries that may attend it) and ``PATTERN_BIAS`` (100) or more below its row's largest
-    allowed entry in every such row, while above ``MASKED_BIAS`` (it is not a mask): a per-key bias such as
-    padding of -1000 or -5000, which a column (over queries) normalization cancels, so that the key keeps its
-    weight. ``None`` when there is none (no float mask, a bias that varies over the queries such as ALiBi, a
-    small one, or values hidden by ``vmap``). A few elementwise passes over the mask as given."""
+def constant_key_bias(mask: MaskInfo) -> Optional[tuple[float, float, int]]:
+    """``(smallest, largest, key)`` of the entries of a key that a float ``attn_mask`` hides with a finite
+    fill from every query that counts: ``PATTERN_BIAS`` (100) or more below its row's largest allowed entry,
+    across a gap of 100 or more in the row's values, while above ``MASKED_BIAS`` (it is not a mask). Padding
+    of -1000 or -5000 at a key is one, the same for every query or with a graded bias (ALiBi) on top: a
+    column (over queries) normalization cancels what is the same for every query of the key and normalizes
+    what varies, so that the key keeps a share of the weight. A row counts unless its query is hidden
+    itself: no allowed entry, or every entry 100 or more below the largest of its example and head (the
+    padded queries' rows of an outer-product padding mask, all -1000). Keys that ``key_mask`` hides are left
+    out. ``None`` when there is none (no float mask, a small bias, a graded one whose far keys fall in small
+    steps such as ALiBi alone, a row where the key is near its largest, values hidden by ``vmap``). A few
+    elementwise passes over the mask as given, and a sort of one row per example and head (of every row, one
+    example and head at a time, where that leaves a key that may be such)."""
     bias = mask.bias  # (B|1, H|1, Lq|1, Lk|1), 0 where masked
     if bias is None or bias.shape[-1] == 1 or values_hidden(bias) or not bias.numel():
         return None
@@ -331,13 +428,59 @@ def constant_key_bias(mask: MaskInfo) -> Optional[tuple[float, int]]:
     low = (allowed <= top + PATTERN_BIAS) & finite  # (B|1, H|1, Lq|1, Lk)
     if not bool(low.any()):  # the common case: no entry far below its row's largest
         return None
-    largest = allowed.amax(-2, keepdim=True)  # (B|1, H|1, 1, Lk): over the queries that may attend the key
-    smallest = allowed.masked_fill(~finite, float("inf")).amin(-2, keepdim=True)  # (B|1, H|1, 1, Lk)
-    bad = (largest == smallest) & (low | ~finite).all(-2, keepdim=True) & low.any(-2, keepdim=True)
+    counts = top > top.amax(-2, keepdim=True) + PATTERN_BIAS  # (B|1, H|1, Lq|1, 1): not a hidden query
+    if not bool(_hidden_keys(low, finite, counts, mask.key).any()):
+        return None
+    # a fill sets the key apart across a gap, where a graded bias (ALiBi alone) falls in small steps: the
+    # first row that counts in each example and head clears such keys, before every row is sorted
+    first = counts.to(torch.uint8).argmax(-2, keepdim=True).expand(*allowed.shape[:-2], 1, allowed.shape[-1])
+    row = allowed.gather(-2, first)  # (B|1, H|1, 1, Lk)
+    cleared = torch.isfinite(row) & ~_below_a_gap(row)  # (B|1, H|1, 1, Lk)
+    if not bool(_hidden_keys(low & ~cleared, finite, counts, mask.key).any()):
+        return None
+    low = low & _below_a_gap(allowed)
+    bad = _hidden_keys(low, finite, counts, mask.key)  # (B|1, H|1, 1, Lk)
     if not bool(bad.any()):
         return None
-    at = bad.nonzero()[0]  # (4,): example, head, 0, key
-    return float(largest[tuple(at)]), int(at[-1])
+    at = bad.nonzero()[0].tolist()  # example, head, 0, key
+    b, h = (min(i, n - 1) for i, n in zip(at[:2], allowed.shape[:2]))
+    values = allowed[b, h, :, at[-1]][(low & counts)[b, h, :, at[-1]]]  # in the rows that count
+    return float(values.min()), float(values.max()), at[-1]
+
+
+def _hidden_keys(low: Tensor, finite: Tensor, counts: Tensor, key: Optional[Tensor]) -> Tensor:
+    """``(B|1, H|1, 1, Lk)``: the keys ``low`` (or masked) in every row that ``counts`` and low in one at
+    least, among those that ``key`` ``(B, 1, 1, Lk)`` keeps."""
+    bad = (low | ~finite | ~counts).all(-2, keepdim=True) & (low & counts).any(-2, keepdim=True)
+    return bad if key is None else bad & key
+
+
+def _below_a_gap(allowed: Tensor) -> Tensor:
+    """Which entries of ``allowed`` ``(B|1, H|1, Lq|1, Lk)`` lie below a gap of 100 (``-PATTERN_BIAS``) or
+    more between their row's sorted values, one example and head at a time: a fill sets a key that far apart
+    from the row's largest, where a graded bias (ALiBi's distances) falls in small steps."""
+    flat = allowed.flatten(0, 1)  # (B|1 * H|1, Lq|1, Lk)
+    out = torch.zeros(flat.shape, dtype=torch.bool, device=flat.device)
+    for i, rows in enumerate(flat):
+        values = rows.sort(-1, descending=True).values  # (Lq|1, Lk), -inf last
+        # (Lq|1, Lk - 1): a step of 100 or more between finite values
+        gap = (values[:, :-1] - values[:, 1:] >= -PATTERN_BIAS) & torch.isfinite(values[:, 1:])
+        first = gap.to(torch.uint8).argmax(-1, keepdim=True)  # (Lq|1, 1): the gap nearest the row's largest
+        below = values.gather(-1, first + 1)  # (Lq|1, 1): the largest value below it
+        out[i] = rows <= below.masked_fill(~gap.any(-1, keepdim=True), float("-inf"))
+    return out.view(allowed.shape)
+
+
+def _any(p: Tensor, dim: Optional[int] = None) -> Tensor:
+    """``p.any(dim)`` of a boolean ``p``, read as bytes: torch's boolean ``any`` is 30x slower on the CPU."""
+    u = p.view(torch.uint8)
+    return (u.amax() if dim is None else u.amax(dim)).bool()
+
+
+def _and(p: Tensor, m: Tensor) -> Tensor:
+    """``p & m`` of boolean tensors, multiplied as bytes: torch's ``&`` broadcasting a column is 15x slower on
+    the CPU."""
+    return (p.view(torch.uint8) * m.view(torch.uint8)).view(torch.bool)
 
 
 def _last_true(p: Tensor, dim: int) -> Tensor:
@@ -393,14 +536,14 @@ def _prefix_lm_leaks(p: Tensor) -> bool:
 def _leaks(p: Tensor) -> bool:
     """Whether a query of the pattern ``p`` (``(Lq, Lk)``, True = may attend) that sees two keys or more
     shares a key with a later query, unless every query that sees any key sees the same keys."""
-    seeing = p[p.any(-1)]  # (n, Lk): the rows of queries that see some key
+    seeing = p[_any(p, -1)]  # (n, Lk): the rows of queries that see some key
     if seeing.shape[0] < 2 or bool((seeing == seeing[:1]).all()):
         return False
     Lq = p.shape[0]
     rows = torch.arange(Lq, device=p.device)
     # the last query that sees each key (-1: none), and whether each query shares a key with a later one
     last = _last_true(p, 0)  # (Lk,)
-    shares_later = (p & (last[None, :] > rows[:, None])).any(-1)  # (Lq,)
+    shares_later = _any(p & (last[None, :] > rows[:, None]), -1)  # (Lq,)
     return bool(((p.sum(-1) >= 2) & shares_later).any())
 
 

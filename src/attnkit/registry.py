@@ -223,9 +223,11 @@ def resolve_options(
             )
         if not is_number(u0):
             raise ValueError(f"u0={u0!r}; expected a number in (0, 1), e.g. 0.5")
-        if not by_name and float(u0) != config.u0:
-            raise ValueError(f"u0={u0!r} contradicts the config {config!r}; pass u0 in one place only")
-        config = Hybrid(u0=float(u0))  # validates [0, 1]
+        if not by_name:  # equal within float32 precision agrees (np.float32(0.3) with Hybrid(u0=0.3))
+            if not math.isclose(float(u0), config.u0, rel_tol=1e-6):
+                raise ValueError(f"u0={u0!r} contradicts the config {config!r}; pass u0 in one place only")
+        else:
+            config = Hybrid(u0=float(u0))  # validates [0, 1]
     if sinkhorn_iters is not None:
         if not isinstance(config, Sinkhorn):
             raise ValueError(

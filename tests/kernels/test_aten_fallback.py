@@ -122,9 +122,9 @@ def test_without_the_cpp_kernels_padding_masks_go_to_the_fused_op(monkeypatch):
     q, k, v = _inputs(1, 2, 8, 8, 4)
     km = torch.ones(1, 8, dtype=torch.bool)
     ak.attention(q, k, v, "dnas", key_mask=km, backend="efficient")
-    ak.attention(
-        q, k, v, "dnas", attn_mask=torch.ones(8, 8, dtype=torch.bool), backend="efficient"
-    )  # block kernel
+    general = torch.ones(8, 8, dtype=torch.bool)
+    general[0, 7] = False  # an all-True attn_mask counts as none
+    ak.attention(q, k, v, "dnas", attn_mask=general, backend="efficient")  # block kernel
     assert calls == [True]
 
 

@@ -228,9 +228,9 @@ def test_efficient_backend_uses_the_cpp_kernels_for_padding_masks(monkeypatch):
     km = torch.ones(1, 8, dtype=torch.bool)
     ak.attention(q, k, v, "dnas", key_mask=km, backend="efficient")
     ak.attention(q, k, v, ak.Sinkhorn(iters=3), backend="efficient")
-    ak.attention(
-        q, k, v, "dnas", attn_mask=torch.ones(8, 8, dtype=torch.bool), backend="efficient"
-    )  # block kernel
+    general = torch.ones(8, 8, dtype=torch.bool)
+    general[0, 7] = False  # an all-True attn_mask counts as none
+    ak.attention(q, k, v, "dnas", attn_mask=general, backend="efficient")  # block kernel
     assert calls == [(1, True), (3, False)]
 
 

@@ -257,7 +257,9 @@ def test_auto_takes_the_cpp_kernels_at_every_size_for_padding_masks():
     key = torch.ones(B, 5, dtype=torch.bool)
     key[1, 3:] = False
     padded = build_mask(B, H, 4, 5, key_mask=key, device=small[0].device)
-    pair = build_mask(B, H, 4, 5, attn_mask=torch.ones(4, 5, dtype=torch.bool), device=small[0].device)
+    general = torch.ones(4, 5, dtype=torch.bool)
+    general[0, 4] = False  # an all-True attn_mask counts as none
+    pair = build_mask(B, H, 4, 5, attn_mask=general, device=small[0].device)
     for name in ("dnas", "hnas", "sinkhorn"):
         config = ak.resolve_mechanism(name)
         assert prefers_efficient(*small, config, padded)

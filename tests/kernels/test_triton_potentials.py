@@ -251,7 +251,9 @@ def test_efficient_backend_routes_cuda_tensors_to_triton(monkeypatch):
                        sinkhorn_iters=2, backend="reference")
     torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=1e-4)
     calls.clear()
-    ak.attention(q, k, v, "dnas", attn_mask=torch.ones(9, 10, dtype=torch.bool), backend="efficient")
+    general = torch.ones(9, 10, dtype=torch.bool)
+    general[0, 9] = False  # an all-True attn_mask counts as none
+    ak.attention(q, k, v, "dnas", attn_mask=general, backend="efficient")
     assert not calls, "attn_mask calls must keep the block-wise PyTorch path"
 
 

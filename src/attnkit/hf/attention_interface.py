@@ -44,7 +44,7 @@ from ..config import CoDA, Hybrid, MechanismConfig, Softmax
 from ..functional import attention, observed_query_padding, observing
 from ..masks import MASKED_BIAS
 from ..mechanisms import sigmoid_weight
-from ..registry import check_causal
+from ..registry import check_causal, normalizes_over_queries
 
 __all__ = [
     "IMPLEMENTATION",
@@ -201,11 +201,11 @@ def attention_forward(
         allowed = valid if valid is not None else None if bias is None else bias > MASKED_BIAS
         if allowed is not None:
             key_valid = allowed.any(dim=-2).any(dim=1).expand(B, allowed.shape[-1])  # (B, Lk)
-    padded = config.query_normalized or observing()  # observed softmax weights: padded query rows left out
+    padded = normalizes_over_queries(config) or observing()  # observed softmax: padded query rows left out
     if padded and key_valid is not None and getattr(module, _SELF_ATTR, False):
         query_mask = _query_mask(key_valid, Lq)
     observed_only = None  # softmax keeps its padded query rows, as transformers; an observer leaves them out
-    if query_mask is not None and not config.query_normalized:
+    if query_mask is not None and not normalizes_over_queries(config):
         observed_only, query_mask = query_mask, None
     if position_bias is not None:  # (B|1, H, Lq, Lk), added to the scores where a pair may attend
         if bias is not None:

@@ -35,7 +35,7 @@ it runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import torch
@@ -45,6 +45,7 @@ from torch import Tensor
 from ..config import MechanismConfig
 from ..masks import MaskInfo
 from ..registry import spec_of
+from ..validators import values_hidden
 from .aten_fallback import fused_available, fused_dnas_attention
 from .blockwise import potential_attention
 from .autodiff import unsupported_autodiff
@@ -135,12 +136,28 @@ def _unless_all_true(m: Optional[Tensor]) -> Optional[Tensor]:
     return m
 
 
+def _without_all_true_attn_mask(mask: MaskInfo) -> MaskInfo:
+    """``mask`` without its boolean ``attn_mask`` when that holds no False (all-True masks count as none), so
+    that the call takes the routes of an unmasked or padded one: the C++, Triton and ATen kernels take
+    padding masks only, SDPA ``is_causal`` alone. One read of the mask (a host sync on CUDA), for boolean
+    masks only: a float mask that allows every pair has no ``pair`` already."""
+    pair = mask.pair
+    if pair is None or mask.bias is not None or values_hidden(pair) or pair.device.type == "meta":
+        return mask
+    if not bool(pair.all()):
+        return mask
+    return replace(mask, attn_mask=None, pair=None, _valid=None, _valid_built=False)
+
+
 def _sdpa_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
     mask = call.mask
     key, query = _unless_all_true(mask.key), _unless_all_true(mask.query)
+    pair = _unless_all_true(mask.pair) if mask.bias is None else mask.pair
+    if mask.causal and pair is not None:  # plan takes SDPA under causal with an all-True attn_mask only
+        pair = _without_all_true_attn_mask(mask).pair  # SDPA refuses a mask beside is_causal
     attn: Optional[Tensor] = None
-    if key is not None or mask.pair is not None:
-        attn = key if mask.pair is None else (mask.pair if key is None else key & mask.pair)
+    if key is not None or pair is not None:
+        attn = key if pair is None else (pair if key is None else key & pair)
     if mask.bias is not None:
         bias = mask.bias.to(call.q.dtype)
         attn = bias if attn is None else bias.masked_fill(~attn, float("-inf"))  # (B|1, H|1, Lq|1, Lk)
@@ -381,7 +398,7 @@ def plan(
     why = unsupported_autodiff(q, k, v, mask.bias)  # a dual float attn_mask (a bias's tangent) too
     if why is not None:
         return Plan("reference", why)
-    call = Call(q, k, v, config, mask, dropout_p)
+    call = Call(q, k, v, config, _without_all_true_attn_mask(mask), dropout_p)
     route, reason = _efficient_route(call)
     if backend == "efficient":
         error = _dropout_error(call, route)

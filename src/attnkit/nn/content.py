@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from ..config import Hybrid
 from ..functional import normalize
-from ..registry import initial_theta, resolve_mechanism
+from ..registry import initial_theta, normalizes_over_queries, resolve_mechanism
 from ..validators import check_int
 from .module_utils import HybridWeightAccess, check_like_parameters, zero_where
 
@@ -98,7 +98,7 @@ class ContentAttention(HybridWeightAccess, nn.Module):
     ) -> tuple[Tensor, Tensor]:
         values = keys if values is None else values
         single = _check_inputs(query, keys, values, key_mask)
-        if self.mechanism.query_normalized and single:
+        if normalizes_over_queries(self.mechanism) and single:
             raise ValueError(
                 f"mechanism={self.mechanism.name!r} normalizes over the queries of one call, and a single "
                 "step (B, Dq) is one query: its weights would be uniform whatever the scores; pass all "

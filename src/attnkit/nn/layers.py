@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import CoDA, MechanismLike
-from ..registry import resolve_mechanism
+from ..registry import normalizes_over_queries, resolve_mechanism
 from ..validators import check_number
 from .module_utils import flag, mechanism_label, positive_int
 from .multihead import MultiheadAttention
@@ -77,7 +77,7 @@ def _check_decoder_mechanism(mechanism: MechanismLike, role: str) -> None:
             "under teacher forcing (a future-token leak). Use CoDA(gate='scaled') or gate='sigmoid' with "
             "center_e=False in the decoder."
         )
-    if not config.query_normalized:
+    if not normalizes_over_queries(config):
         return
     if role == "self":
         why = (

@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ..registry import resolve_mechanism
+from ..registry import normalizes_over_queries, resolve_mechanism
 from ..functional import normalize
 from ..scores import additive
 from .content import check_key_mask, zero_padding
@@ -75,7 +75,7 @@ class MixedAttention(nn.Module):
             raise ValueError(
                 "MixedAttention cannot use mechanism 'coda'; pick softmax or another normalization"
             )
-        if self.mechanism.query_normalized:
+        if normalizes_over_queries(self.mechanism):
             raise ValueError(
                 f"mechanism={self.mechanism.name!r} normalizes over queries, but MixedAttention sees one "
                 "query per step (its weights would be uniform); use a row-normalized mechanism such as "

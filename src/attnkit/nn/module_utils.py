@@ -203,16 +203,35 @@ class HybridWeightMixin(HybridWeightAccess):
 
 def same_tensor(a: Tensor, b: Tensor) -> bool:
     """Whether ``a`` and ``b`` are one tensor: the same object, or two views of the same elements (same
-    storage address, shape, strides, dtype, device), as ``x.transpose(0, 1)`` passed as query and key is."""
+    storage address, shape, strides, dtype, device), as ``x.transpose(0, 1)`` passed as query and key is.
+    Inside ``torch.func`` transforms (vmap, grad, jacrev, jvp) the wrappers are seen through: two views are
+    one tensor when the plain tensors under them are and every level wraps them alike (same level, same
+    mapped dimension), so self-attention is recognised there as in eager mode."""
     if a is b:
         return True
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.device.type == "meta":
         return False
     try:
-        return (a.data_ptr() == b.data_ptr() != 0 and a.shape == b.shape and a.stride() == b.stride()
-                and a.dtype == b.dtype and a.device == b.device)
-    except (RuntimeError, NotImplementedError):  # tensors without storage (traced, fake, batched)
+        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+            return False
+        a, a_levels = _functorch_unwrapped(a)
+        b, b_levels = _functorch_unwrapped(b)
+        return (a_levels == b_levels and a.data_ptr() == b.data_ptr() != 0 and a.shape == b.shape
+                and a.stride() == b.stride())
+    except (RuntimeError, NotImplementedError):  # tensors without storage or sizes (traced, fake, nested)
         return False
+
+
+def _functorch_unwrapped(t: Tensor) -> tuple[Tensor, list]:
+    """The plain tensor under ``torch.func``'s wrappers of ``t`` and, per wrapper from the outside in, its
+    level and its mapped dimension (``None`` unless vmap's)."""
+    functorch = torch._C._functorch
+    levels = []
+    while functorch.is_functorch_wrapped_tensor(t):
+        bdim = functorch.maybe_get_bdim(t) if functorch.is_batchedtensor(t) else None
+        levels.append((functorch.maybe_get_level(t), bdim))
+        t = functorch.get_unwrapped(t)
+    return t, levels
 
 
 def positive_int(value: Any, name: str, extra: str = "") -> int:

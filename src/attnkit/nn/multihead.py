@@ -26,8 +26,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import CoDA, MechanismLike
-from ..functional import BACKENDS, attention, check_causal_pattern, observed_query_padding, observing
+from ..functional import (
+    BACKENDS, attention, check_causal_pattern, check_constant_key_bias, observed_query_padding, observing,
+)
 from ..masks import MASKED_BIAS, build_mask, check_dense
+from ..registry import normalizes_over_queries
 from ..validators import check_number, values_hidden
 from .module_utils import (
     HybridWeightMixin,
@@ -299,7 +302,7 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
             attn_mask = attn_mask.view(B, H, Lq, Lk)  # (B*H, Lq, Lk) -> (B, H, Lq, Lk), batch-major as torch
         query_mask = self._query_mask(self_attention, key_padding_mask, query_padding_mask, Lq, Lk)
 
-        causal = bool(is_causal)
+        causal = _flag(is_causal, "is_causal")
         if attn_mask is not None and not causal and (self.bias_k is not None or self.add_zero_attn):
             # the appended key is visible to every query, which hides a causal pattern from the core's
             # check: check the caller's mask before the column is appended
@@ -334,6 +337,7 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
             attn_mask, key_padding_mask = append_columns(attn_mask, 1), append_columns(key_padding_mask, 1)
 
         key_mask, valid_or_bias = _functional_masks(key_padding_mask, attn_mask, dtype)
+        _check_key_bias(self.config, key_padding_mask, valid_or_bias, B, H, Lq, k.shape[2], query.device)
         # softmax keeps its padded query rows, as torch does; an observer leaves them out
         observed_only = (query_mask is not None and query_padding_mask is None
                          and self.config.name == "softmax")
@@ -559,6 +563,29 @@ def _functional_masks(
         kp = to_additive(key_padding_mask, dtype)[:, None, None, :]  # (B, 1, 1, Lk)
         bias = kp if bias is None else bias + kp  # (B, H|1, Lq, Lk)
     return None, bias
+
+
+def _check_key_bias(
+    config, key_padding_mask: Optional[Tensor], bias: Optional[Tensor], B: int, H: int, Lq: int, Lk: int,
+    device: torch.device,
+) -> None:
+    """The core's refusal of a key hidden by a finite fill (``check_constant_key_bias``: -1000 under dnas,
+    hnas, sinkhorn), naming the module's masks: a float ``key_padding_mask`` on its own first, then the
+    combined float ``bias`` ``(B|1, H|1, Lq|1, Lk)`` as ``attn_mask``."""
+    if bias is None or bias.dtype == torch.bool or not normalizes_over_queries(config):
+        return
+    if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
+        own = build_mask(B, H, Lq, Lk, attn_mask=key_padding_mask[:, None, None, :], device=device)
+        check_constant_key_bias(
+            config, own, "key_padding_mask",
+            f"mark keys to ignore with True in a boolean key_padding_mask, or with -inf (or <= "
+            f"{MASKED_BIAS:g})",
+        )
+    check_constant_key_bias(
+        config, build_mask(B, H, Lq, Lk, attn_mask=bias, device=device), "attn_mask",
+        f"mark pairs that may not attend with -inf (or <= {MASKED_BIAS:g}), True in a boolean attn_mask, or "
+        "padded keys with True in a boolean key_padding_mask",
+    )
 
 
 def _divisors(n: int) -> list[int]:

@@ -21,6 +21,7 @@ from ..config import MechanismLike
 from ..validators import values_hidden
 from .module_utils import positive_int
 from .layers import Activation, TransformerDecoderLayer, TransformerEncoderLayer
+from .multihead import _flag
 from .positional import POSITIONAL, LearnedPositionalEncoding, SinusoidalPositionalEncoding
 
 __all__ = ["TransformerEncoder", "TransformerDecoder", "Transformer"]
@@ -54,7 +55,7 @@ def _detect_causal(mask: Optional[Tensor], is_causal: Optional[bool], L: Optiona
     """``is_causal`` if given; otherwise whether ``mask`` is exactly the causal mask (as torch detects it),
     so that a causal mask handed to a query-normalized mechanism raises instead of leaking."""
     if is_causal is not None:
-        return bool(is_causal)
+        return _flag(is_causal, "is_causal")
     if mask is None or L is None or mask.dim() != 2 or tuple(mask.shape) != (L, L) or values_hidden(mask):
         return False
     upper = torch.ones(L, L, dtype=torch.bool, device=mask.device).triu(1)
