@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Optional, Union
 
-__all__ = ["match_umask", "write_text_file", "write_file_with", "check_link"]
+__all__ = ["match_umask", "write_text_file", "write_file_with", "check_link", "check_output_parents"]
 
 _LOCK = threading.Lock()
 
@@ -100,6 +100,21 @@ def check_link(path: Union[str, os.PathLike], name: str = "") -> None:
             where = f"is a symbolic link to {os.readlink(link)}" if link == path else (
                 f"lies in {link}, a symbolic link to {os.readlink(link)}")
             raise FileNotFoundError(f"{label} {where}, which does not exist; remove the link or {fix}")
+
+
+def check_output_parents(out: Union[str, Path]) -> None:
+    """Raise ``NotADirectoryError`` naming the file when a folder above ``out`` is a file (``out`` could not
+    be made), and ``FileNotFoundError`` when ``out`` is or lies in a symbolic link to nothing (writing would
+    create its target); ``out`` itself being a file is refused where the folder is prepared."""
+    check_link(out, "--out")
+    for parent in Path(out).parents:  # the nearest first: the first that exists decides
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(
+                    f"output path {str(out)!r} cannot be made: {str(parent)!r} is a file, not a directory; "
+                    "pass another --out (or move that file)"
+                )
+            return
 
 
 def save_figure(fig, path: Union[str, os.PathLike], **kwargs) -> None:

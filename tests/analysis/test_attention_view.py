@@ -431,3 +431,98 @@ def test_show_refuses_one_mechanism_named_twice_under_two_names(tiny_bert, tmp_p
               "--out", str(tmp_path / "o")])
     assert exc.value.code == 2 and "names 'softmax' twice" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_an_alias_or_other_case_of_a_mechanism_is_drawn_under_its_registered_name(tiny_bert, tmp_path,
+                                                                                  capsys):
+    """``--mechanisms HNAS`` / ``hybrid`` dropped the HNAS u table and labelled the weights 'hybrid'; a model
+    converted to hnas refused ``--mechanisms HNAS`` as another mechanism."""
+    import attnkit.hf as akhf
+    from attnkit.analysis.attention_view import view_from_hf
+
+    view = view_from_hf(tiny_bert, TEXT, mechanisms=["Softmax", "hybrid"])
+    assert view.mechanisms == ["softmax", "hnas"] and list(view.hybrid_u) == ["hnas"]
+    converted = tmp_path / "hnas"
+    model = akhf.load(tiny_bert)
+    akhf.convert(model, "hnas")
+    model.save_pretrained(converted)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (converted / name).write_bytes((tiny_bert / name).read_bytes())
+    main(["show", str(converted), "--text", TEXT, "--mechanisms", "HNAS", "--out", str(tmp_path / "o")])
+    assert "1 mechanism(s) x 2 layer(s)" in capsys.readouterr().out
+    assert 'id="hybrid-u"' in (tmp_path / "o" / "attention.html").read_text(encoding="utf-8")
+
+
+def test_an_alias_of_a_run_mechanism_finds_its_runs(tmp_path):
+    from attnkit.runner import build_config, run_compare
+    from tests.runner._fixtures import tiny_overrides, write_classification_file
+
+    data = write_classification_file(tmp_path / "topics.json")
+    run = tmp_path / "run"
+    run_compare(build_config(tiny_overrides(data, run, mechanisms="hnas", align="none,mmd", steps=2,
+                                            eval_every=2, checkpoint_every=2)))
+    view = view_from_run(run, "goal team bank", mechanisms=["HYBRID", "Hnas+mmd"])
+    assert view.mechanisms == ["hnas", "hnas+mmd"] and set(view.hybrid_u) == {"hnas", "hnas+mmd"}
+    with pytest.raises(ValueError, match="names 'hnas' twice"):
+        view_from_run(run, "goal", mechanisms=["hnas", "hybrid"])
+
+
+def test_a_roberta_text_is_cut_to_the_positions_after_padding_idx(tiny_bert, tmp_path):
+    """RoBERTa numbers positions from padding_idx + 1: a text cut at max_position_embeddings tokens failed
+    inside the model (IndexError)."""
+    from transformers import AutoTokenizer, RobertaConfig, RobertaModel
+
+    from attnkit.analysis.attention_view import view_from_hf
+
+    folder = tmp_path / "roberta"
+    torch.manual_seed(0)
+    RobertaModel(RobertaConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=32, max_position_embeddings=20, pad_token_id=0)
+                 ).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(folder)
+    view = view_from_hf(folder, " ".join(["bank"] * 30), mechanisms=["softmax"])
+    assert len(view.tokens) == 19 and view.text_tokens == 32  # 20 - (padding_idx 0 + 1)
+    assert view.weights["softmax"][0].shape == (2, 19, 19)
+    assert view.truncation_note == (
+        "only the first 19 of 32 tokens are shown: the model has 20 positions (max_position_embeddings) "
+        "numbered from padding_idx + 1 = 1, so a text fits in 19"
+    )
+
+
+def test_a_pair_run_draws_the_pair_as_the_runner_encodes_it(tmp_path, monkeypatch):
+    """A sentence-pair run (mrpc, snli) trained on each sentence cut at its end, the longer first; show cut
+    the one string "a | b" on the right, so a long first sentence pushed the second one out."""
+    from types import SimpleNamespace
+
+    import attnkit.runner.tasks as tasks
+    from attnkit.data import TextClassificationData
+    from attnkit.runner import build_config, run_compare
+    from tests.runner._fixtures import tiny_overrides, write_classification_file
+
+    first = " ".join(f"w{i}" for i in range(20))
+    second = "the second sentence"
+    pairs = TextClassificationData(
+        name="pairs", train_texts=[first, "w1 w2"] * 8, train_labels=[0, 1] * 8,
+        test_texts=[first, "w3"] * 2, test_labels=[0, 1] * 2, label_names=["no", "yes"],
+        train_text_pairs=[second, "w4"] * 8, test_text_pairs=[second, "w5"] * 2,
+    )
+
+    class PairTask(tasks.ClassificationTask):
+        def load(self, config):
+            return pairs
+
+    data = write_classification_file(tmp_path / "topics.json")  # the file the run names; read as pairs
+    config = build_config(tiny_overrides(data, tmp_path / "run", mechanisms="softmax", steps=2, eval_every=2,
+                                         checkpoint_every=2))  # max_len 16
+    run_compare(config, task=PairTask("pairs", source=str(data)))
+    monkeypatch.setattr(tasks, "get_task", lambda name: PairTask("pairs", source=str(data)))
+    view = view_from_run(tmp_path / "run", f"{first} | {second}")
+    tokenizer = PairTask("pairs").prepare(config).tokenizer
+    raw = SimpleNamespace(test_texts=[first], test_text_pairs=[second])
+    ids, _ = tasks._encode_pairs(tokenizer, raw, "test", torch.tensor([0]), 16)  # what the model reads
+    assert view.tokens == [tokenizer.vocab[i] for i in ids[0].tolist()]
+    assert view.tokens[-4:] == ["|", "the", "second", "sentence"]
+    assert view.weights["softmax"][0].shape == (2, 16, 16) and view.text_tokens == 24
+    assert view.truncation_note.startswith("only 16 of 24 tokens are shown")
+    with pytest.raises(ValueError, match='write the pair as "a \\| b"'):
+        view_from_run(tmp_path / "run", first)

@@ -36,8 +36,8 @@ from torch import Tensor
 
 from .._files import json_loads
 
-__all__ = ["AttentionView", "record_attention", "view_from_run", "view_from_hf", "render_view_html",
-           "selected_layers", "write_bertviz", "load_bertviz"]
+__all__ = ["AttentionView", "record_attention", "is_run_directory", "canonical_mechanisms", "view_from_run",
+           "view_from_hf", "render_view_html", "selected_layers", "write_bertviz", "load_bertviz"]
 
 
 @dataclass
@@ -47,7 +47,9 @@ class AttentionView:
     what was loaded. ``text_tokens``: the tokens of the whole text (0: as many as ``tokens``), more than ``L``
     when the model reads at most ``token_limit`` tokens and the text was cut; ``limit_reason`` says why.
     ``layer_names[mechanism]``: the attention module of each entry of ``weights`` (e.g.
-    ``encoder.layer.1.attention.self``), ``hybrid_u_names[mechanism]``: of each row of ``hybrid_u``."""
+    ``encoder.layer.1.attention.self``), ``hybrid_u_names[mechanism]``: of each row of ``hybrid_u``.
+    ``pair``: the text is a sentence pair ``a | b``, cut (if at all) at the end of each sentence, the longer
+    first, as a sentence-pair run's models read it."""
 
     text: str
     tokens: list[str]
@@ -59,6 +61,7 @@ class AttentionView:
     limit_reason: str = ""
     layer_names: dict[str, list[str]] = field(default_factory=dict)
     hybrid_u_names: dict[str, list[str]] = field(default_factory=dict)
+    pair: bool = False
 
     def layer_name(self, layer: int) -> str:
         """How the page names ``layer``: its module (the first mechanism's), else ``layer i``."""
@@ -76,11 +79,12 @@ class AttentionView:
     @property
     def truncation_note(self) -> str:
         """``""``, or the sentence that says the text was cut: "only the first 64 of 80 tokens are shown:
-        the run's models read at most max_len = 64 tokens"."""
+        the run's models read at most max_len = 64 tokens" (a pair: "only 64 of 80 ...")."""
         if self.text_tokens <= len(self.tokens):
             return ""
         why = f": {self.limit_reason}" if self.limit_reason else ""
-        return f"only the first {len(self.tokens)} of {self.text_tokens} tokens are shown{why}"
+        shown = f"{len(self.tokens)}" if self.pair else f"the first {len(self.tokens)}"
+        return f"only {shown} of {self.text_tokens} tokens are shown{why}"
 
 
 def record_attention(forward) -> list[Tensor]:
@@ -166,10 +170,84 @@ def _check_text(text: str) -> str:
     return text
 
 
+def is_run_directory(path: Union[str, os.PathLike]) -> bool:
+    """Whether ``path`` holds a run of ``attnkit compare``: its ``config.json`` carries compare's marker
+    (``created_by``). A Hugging Face model folder has a ``config.json`` too, and a Trainer's output folder a
+    ``runs/`` of TensorBoard logs: neither is a run. A ``config.json`` next to ``runs/`` that cannot be read
+    is a ``ValueError`` naming it as damaged."""
+    from ..runner.compare import _check_config_file, _is_run_dir
+
+    path = Path(path)
+    if (path / "runs").is_dir():
+        _check_config_file(path)
+    return _is_run_dir(path)
+
+
+def canonical_mechanisms(mechanisms: Optional[Sequence[str]], run: bool = False) -> Optional[list[str]]:
+    """``mechanisms`` under their registered names (``"HNAS"``, ``"hybrid"`` -> ``"hnas"``): a mechanism is
+    drawn, labelled and coloured (and HNAS's ``u`` found) by one name. For a compare run directory (``run``)
+    an alignment suffix is kept (``"DNAS+ct"`` -> ``"dnas+ct"``) and the no-attention baseline ``"none"``
+    passes (:func:`view_from_run` refuses it, naming the runs to pick from). An unknown name, or one mechanism
+    named twice (``lnas,softmax``), is a ``ValueError``; ``None`` stays ``None`` (the default)."""
+    from ..registry import resolve_mechanism
+    from ..runner.baseline import NO_ATTENTION
+
+    if mechanisms is None:
+        return None
+    names: list[str] = []
+    seen: dict[str, str] = {}
+    for m in mechanisms:
+        if not isinstance(m, str):  # a config object's options (Sinkhorn's iters) would be dropped
+            raise ValueError(f"mechanisms holds {m!r}; pass mechanism names, e.g. ['softmax', 'dnas']")
+        base, plus, align = m.partition("+") if run else (m, "", "")
+        label = (base if run and base == NO_ATTENTION else resolve_mechanism(base).name) + plus + align
+        if label in seen:  # lnas and softmax: one mechanism drawn twice under two names
+            raise ValueError(f"--mechanisms names {label!r} twice ({seen[label]!r} and {m!r}); name it once")
+        seen[label] = m
+        names.append(label)
+    return names
+
+
+PAIR_SEPARATOR = " | "  # a sentence-pair task's texts as the runner joins them (TextClassificationData)
+
+
+def _split_pair(text: str, task: str) -> tuple[str, str]:
+    first, sep, second = text.partition(PAIR_SEPARATOR)
+    if not sep or not first.strip() or not second.strip():
+        raise ValueError(f"--text {text[:60]!r} is one sentence, but the run's task {task!r} reads sentence "
+                         "pairs; write the pair as \"a | b\" (the two sentences around ' | ')")
+    return first, second
+
+
+def _encode_pair(tokenizer, first: str, second: str, max_len: int) -> tuple[Tensor, Tensor, list[str], int]:
+    """``ids (1, L)``, ``mask (1, L)``, the ``L`` token strings and the token count of the whole pair, encoded
+    by the runner's ``_encode_pairs`` (each sentence cut at its end, the longer first, around ``|``)."""
+    from types import SimpleNamespace
+
+    from ..runner.tasks import _encode_pairs
+
+    raw = SimpleNamespace(test_texts=[first], test_text_pairs=[second])
+    row = torch.tensor([0])
+    ids, mask = _encode_pairs(tokenizer, raw, "test", row, max_len)  # (1, L)
+    words: list[str] = []
+
+    class _Numbered:  # the same cut over the token strings: a text's "ids" are its words' places in `words`
+        pad_id = -1
+
+        def encode_ids(self, part: str) -> list[int]:
+            start = len(words)
+            words.extend(tokenizer.tokenize(part))
+            return list(range(start, len(words)))
+
+    kept, _ = _encode_pairs(_Numbered(), raw, "test", row, max_len)  # (1, L)
+    return ids, mask, [words[i] for i in kept[0].tolist() if i >= 0], len(words)
+
+
 def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[int] = None,
                   mechanisms: Optional[Sequence[str]] = None) -> AttentionView:
     """Rebuild each mechanism's model of an ``attnkit compare`` run directory (classification tasks) and look
-    at ``text`` with it. ``seed`` defaults to the first seed of the run."""
+    at ``text`` with it. ``seed`` defaults to the first seed of the run. For a sentence-pair task (mrpc,
+    snli) ``text`` is the pair ``"a | b"``, encoded as the runs were trained and evaluated on pairs."""
     from ..nn import MultiheadAttention, hybrid_weights
     from ..runner.baseline import NO_ATTENTION
     from ..runner.compare import _check_config_file, check_task_unchanged, saved_config
@@ -194,7 +272,7 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
     # baseline ("none") has no weights to draw.
     drawable = [v for v in config.variants if v.partition("+")[0] != NO_ATTENTION]
     if mechanisms:
-        wanted = list(mechanisms)
+        wanted = canonical_mechanisms(mechanisms, run=True)
         if any(m.partition("+")[0] == NO_ATTENTION for m in wanted):
             raise ValueError(f"mechanism {NO_ATTENTION!r} is the no-attention baseline and has no attention "
                              f"to draw; pick from {drawable}")
@@ -212,15 +290,23 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
         choice = f"finished: {', '.join(done)}" if done else "no run has finished yet (resume the compare)"
         raise FileNotFoundError(f"no finished run for {missing} with seed {seed} in {str(run_dir)!r}; "
                                 f"{choice}")
+    raw = task.load(config)
+    pair = _split_pair(text, config.task) if raw.is_pair else None
+    task.load = lambda _config: raw  # prepare() would read the dataset a second time
     data = task.prepare(config)
     tokenizer = data.tokenizer
-    ids, mask = tokenizer.encode([text], max_length=config.max_len)  # (1, L), L <= max_len
-    every_token = tokenizer.tokenize(text)
+    limit_reason = f"the run's models read at most max_len = {config.max_len} tokens"
+    if pair is not None:  # as the runs read their pairs (runner.tasks._encode_pairs)
+        ids, mask, shown, whole = _encode_pair(tokenizer, *pair, config.max_len)  # (1, L), L <= max_len
+        limit_reason += ", each sentence of a pair cut at its end, the longer first"
+    else:
+        ids, mask = tokenizer.encode([text], max_length=config.max_len)  # (1, L), L <= max_len
+        shown = tokenizer.tokenize(text)
+        whole = len(shown)
     unk = getattr(tokenizer, "unk_id", None)  # a word outside the vocabulary is read as <unk>: say so
-    tokens = [f"{t} (<unk>)" if i == unk else t for t, i in zip(every_token, ids[0].tolist())]
-    view = AttentionView(text=text, tokens=tokens, source=f"{run_dir} (seed {seed})",
-                         text_tokens=len(every_token), token_limit=config.max_len,
-                         limit_reason=f"the run's models read at most max_len = {config.max_len} tokens")
+    tokens = [f"{t} (<unk>)" if i == unk else t for t, i in zip(shown, ids[0].tolist())]
+    view = AttentionView(text=text, tokens=tokens, source=f"{run_dir} (seed {seed})", text_tokens=whole,
+                         token_limit=config.max_len, limit_reason=limit_reason, pair=pair is not None)
     for mech in wanted:
         model = task.build_model(config, mech.partition("+")[0], data)  # "dnas+ct" trained a dnas model
         _load_run_weights(model, run_dir / "runs" / f"{mech}-seed{seed}" / "model.pt")
@@ -265,16 +351,7 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
     from attnkit.hf.convert import CONFIG_KEY
 
     text = _check_text(text)
-    from ..registry import resolve_mechanism
-
-    seen: dict = {}
-    for m in mechanisms or ():
-        config = resolve_mechanism(m)  # an unknown name fails before the model loads
-        if config in seen:  # lnas and softmax: one mechanism drawn twice under two names
-            raise ValueError(
-                f"--mechanisms names {config.name!r} twice ({seen[config]!r} and {m!r}); name it once"
-            )
-        seen[config] = m
+    mechanisms = canonical_mechanisms(mechanisms)  # an unknown name fails before the model loads
     base = akhf.load(model_dir)
     base.eval()
     own = akhf.conversion(base)
@@ -289,8 +366,11 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
     tokenizer = load_tokenizer(model_dir, "model directory")
     limit, reason = HF_MAX_TOKENS, f"attnkit show reads at most {HF_MAX_TOKENS} tokens of a text"
     positions = getattr(base.config, "max_position_embeddings", None)
-    if isinstance(positions, int) and 0 < positions < limit:  # a longer text would not fit the model
-        limit, reason = positions, f"the model has {positions} positions (max_position_embeddings)"
+    offset = _position_offset(base)
+    if isinstance(positions, int) and 0 < positions - offset < limit:  # a longer text would not fit the model
+        limit, reason = positions - offset, f"the model has {positions} positions (max_position_embeddings)"
+        if offset:
+            reason += f" numbered from padding_idx + 1 = {offset}, so a text fits in {limit}"
     enc = tokenizer(text, return_tensors="pt", truncation=True, max_length=limit)
     tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][0].tolist())
     whole = len(tokenizer(text, verbose=False)["input_ids"])  # not cut (no warning past the model's limit)
@@ -314,6 +394,22 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
             view.hybrid_u[name] = akhf.hybrid_weights(model).tolist()
             view.hybrid_u_names[name] = list(converted)
     return view
+
+
+def _position_offset(model) -> int:
+    """How many of ``max_position_embeddings`` no token can use: ``padding_idx + 1`` for a model whose
+    position ids start after its padding index (RoBERTa, XLM-R, CamemBERT, Longformer, ESM, ...: transformers'
+    ``create_position_ids_from_input_ids``, a method of their embeddings or a function of their module), else
+    0."""
+    import sys
+
+    for module in model.modules():
+        padding_idx = getattr(module, "padding_idx", None)
+        numbering = "create_position_ids_from_input_ids"
+        numbered = hasattr(module, numbering) or hasattr(sys.modules.get(type(module).__module__), numbering)
+        if isinstance(padding_idx, int) and hasattr(module, "position_embeddings") and numbered:
+            return padding_idx + 1
+    return 0
 
 
 def _forward_text(model, enc, model_dir):
@@ -441,7 +537,8 @@ def render_view_html(view: AttentionView, heads: Optional[Sequence[int]] = None,
     layers = selected_layers(view, layers)
     tokens = " ".join(f"<code>{html.escape(t)}</code>" for t in view.tokens)
     note = view.truncation_note
-    counted = (f"{view.text_tokens} tokens; the first {len(view.tokens)} drawn" if note
+    first = "" if view.pair else "the first "
+    counted = (f"{view.text_tokens} tokens; {first}{len(view.tokens)} drawn" if note
                else f"{len(view.tokens)} tokens")
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',

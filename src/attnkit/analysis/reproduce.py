@@ -51,6 +51,7 @@ from .repro_pretraining import hnas_pretraining
 from .repro_sinkhorn import sinkhorn_iterations
 from ..validators import check_bool, check_seed
 from .report import UNFINISHED_MARKER, ReproduceResult, mark_finished, prepare_output_dir
+from .._files import check_output_parents
 
 __all__ = ["TARGETS", "TARGET_HELP", "reproduce", "default_output_dir", "check_output_parents"]
 
@@ -139,23 +140,6 @@ def reproduce(
     result.write_summary()
     mark_finished(out_dir)
     return result
-
-
-def check_output_parents(out: Union[str, Path]) -> None:
-    """Raise ``NotADirectoryError`` naming the file when a folder above ``out`` is a file (``out`` could not
-    be made), and ``FileNotFoundError`` when ``out`` is or lies in a symbolic link to nothing (writing would
-    create its target); ``out`` itself being a file is refused where the folder is prepared."""
-    from .._files import check_link
-
-    check_link(out, "--out")
-    for parent in Path(out).parents:  # the nearest first: the first that exists decides
-        if parent.exists():
-            if not parent.is_dir():
-                raise NotADirectoryError(
-                    f"output path {str(out)!r} cannot be made: {str(parent)!r} is a file, not a directory; "
-                    "pass another --out (or move that file)"
-                )
-            return
 
 
 def _remove_earlier_outputs(out: Path) -> None:

@@ -3,6 +3,10 @@ the weights in bertviz's layout. A thin layer over ``attnkit.analysis.attention_
 
 from __future__ import annotations
 
+import functools
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -19,7 +23,10 @@ def register(app: typer.Typer) -> None:
         source: str = typer.Argument(
             ..., help="A run directory of attnkit compare, or a (converted) model directory."
         ),
-        text: str = typer.Option(..., "--text", help="The text to look at."),
+        text: str = typer.Option(
+            ..., "--text",
+            help='The text to look at; for a sentence-pair run (mrpc, snli) the pair as "a | b".',
+        ),
         out_text: str = typer.Option(  # a str: typer would read "" as Path("."), the working directory
             "attention-view", "--out", help="Output directory (HTML + bertviz files).", metavar="<path>"
         ),
@@ -38,14 +45,15 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace the files of an existing --out."),
     ) -> None:
         """Draw attention over a text per layer, head and mechanism (HTML), and export it for bertviz."""
-        from attnkit._files import write_text_file
+        from attnkit._files import check_output_parents
         from attnkit.analysis.attention_view import (
             BERTVIZ_FILES,
+            canonical_mechanisms,
+            is_run_directory,
             render_view_html,
             selected_layers,
             view_from_hf,
             view_from_run,
-            write_bertviz,
         )
 
         if not out_text.strip():
@@ -55,28 +63,23 @@ def register(app: typer.Typer) -> None:
         out = Path(out_text)
         head_list = parse_list(heads, "heads", int, example="0,1")
         layer_list = parse_list(layers, "layers", int, example="0,5")
-        names = [m.strip() for m in mechanisms.split(",") if m.strip()] if mechanisms else None
-        src = Path(source)
-        is_run = (src / "config.json").is_file() and (src / "runs").is_dir()
-        if names:
-            from attnkit import resolve_mechanism
-
-            for name in names:
-                # A run directory names its runs "dnas" or "dnas+ct" (with alignment attention); its
-                # no-attention baseline "none" is refused by view_from_run with the runs to pick from.
-                base = name.partition("+")[0] if is_run else name
-                if not (is_run and base == "none"):
-                    resolve_mechanism(base)
-        if not text.strip():
-            raise ValueError("--text is empty; pass a sentence to look at")
+        # before any work: --out can be made and holds none of the three files (unless --overwrite)
+        check_output_parents(out)  # a dangling link, or a file where a folder above --out should be
         page = out / "attention.html"
         if out.exists() and not out.is_dir():
             raise NotADirectoryError(f"--out {out} is a file; pass a directory")
-        for path in (page, *(out / name for name in BERTVIZ_FILES)):  # before any work: all three files
+        for path in (page, *(out / name for name in BERTVIZ_FILES)):
             if path.exists() and not overwrite:
                 raise FileExistsError(
                     f"{path} exists; pass --overwrite to replace it or choose another --out"
                 )
+        src = Path(source)
+        is_run = is_run_directory(src)  # by compare's own config.json, not by a runs/ folder (HF Trainer's)
+        # registered names ("HNAS", "hybrid" -> "hnas"); a run's "dnas+ct" keeps its alignment method, and
+        # its no-attention baseline "none" is refused by view_from_run with the runs to pick from
+        names = canonical_mechanisms(parse_list(mechanisms, "mechanisms", example="softmax,dnas"), run=is_run)
+        if not text.strip():
+            raise ValueError("--text is empty; pass a sentence to look at")
         if not src.is_dir():
             raise FileNotFoundError(
                 f"{source} is not a directory; pass a run directory of attnkit compare or a "
@@ -92,9 +95,7 @@ def register(app: typer.Typer) -> None:
                 )
             view = view_from_hf(src, text, mechanisms=names)
         document = render_view_html(view, heads=head_list, layers=layer_list)
-        out.mkdir(parents=True, exist_ok=True)
-        write_text_file(page, document, overwrite=overwrite)  # whole or not at all
-        files = write_bertviz(view, out, overwrite=overwrite)
+        _write_together(out, view, document, overwrite=overwrite)
         drawn, total = len(selected_layers(view, layer_list)), view.num_layers
         of_layers = f"{drawn} of {total} layer(s)" if drawn < total else f"{drawn} layer(s)"
         typer.echo(f"{len(view.mechanisms)} mechanism(s) x {of_layers} over {len(view.tokens)} tokens")
@@ -102,5 +103,32 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"       note: {view.truncation_note}")
         typer.echo(f"       page: {page}")
         typer.echo(
-            f"    bertviz: {files['safetensors']} (load with attnkit.analysis.attention_view.load_bertviz)"
+            f"    bertviz: {out / BERTVIZ_FILES[0]} (load with attnkit.analysis.attention_view.load_bertviz)"
         )
+
+
+def _write_together(out: Path, view, document: str, *, overwrite: bool) -> None:
+    """``attention.html`` (``document``) and the bertviz files of ``view`` into ``out``, all or none: they are
+    written in a hidden folder in ``out``, then moved into place; an interruption (Ctrl-C, an error) meanwhile
+    removes the files it had moved in, so nothing is left that would refuse the same command. Without
+    ``overwrite`` a file that appeared meanwhile is kept (``FileExistsError``)."""
+    from attnkit._files import write_file_with, write_text_file
+    from attnkit.analysis.attention_view import BERTVIZ_FILES, write_bertviz
+
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out, prefix=".attnkit-show.", suffix=".tmp"))
+    placed: list[Path] = []
+    try:
+        write_text_file(staging / "attention.html", document, overwrite=True)
+        write_bertviz(view, staging, overwrite=True)
+        for name in ("attention.html", *BERTVIZ_FILES):
+            # the staged file becomes write_file_with's temporary file: never over a file that appeared
+            write_file_with(out / name, functools.partial(os.replace, staging / name), overwrite=overwrite)
+            placed.append(out / name)
+    except BaseException:
+        if not overwrite:  # the files this command made; with --overwrite the next run replaces them anyway
+            for path in placed:
+                path.unlink(missing_ok=True)
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
