@@ -182,7 +182,9 @@ class _Potentials(torch.autograd.Function):
         out = out.view(B, H, Lq, Dv)
         if hybrid:  # u * out + (1 - u) * out_l, without temporaries of the output's size
             return torch.lerp(out_l.view(B, H, Lq, Dv), out, u.to(out.dtype).expand(B, H, 1, 1))
-        return out
+        # not a view (autograd forbids in-place ops on a Function's view outputs): an in-place op on it is
+        # allowed, and a backward after it is autograd's in-place error (the saved output shares its version)
+        return out.detach()
 
     @staticmethod
     def backward(ctx, grad_out):

@@ -196,7 +196,9 @@ class _TritonCoDA(torch.autograd.Function):
         if any(ctx.needs_input_grad[:3]):  # inference (no input requires grad): nothing is saved
             ctx.save_for_backward(q3, k3, v3, km, qm, pm, mean_e, mean_n, count)
         ctx.meta = (B, H, Lq, Lk, D, Dv, config, scale, tiles)
-        return out.view(B, H, Lq, Dv).to(q.dtype)
+        # not a view (autograd forbids in-place ops on a Function's view outputs): an in-place op on it is
+        # allowed (the backward does not read it)
+        return out.view(B, H, Lq, Dv).to(q.dtype).detach()
 
     @staticmethod
     def backward(ctx, grad_out):

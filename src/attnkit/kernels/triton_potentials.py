@@ -337,7 +337,9 @@ class _TritonPotentials(torch.autograd.Function):
         out = out.view(B, H, Lq, Dv)
         if hybrid:  # u * out_D + (1 - u) * out_L
             out = torch.lerp(out_l.view(B, H, Lq, Dv), out, u.float().expand(B, H, 1, 1))
-        return out.to(q.dtype)
+        # not a view (autograd forbids in-place ops on a Function's view outputs): an in-place op on it is
+        # allowed, and a backward after it is autograd's in-place error (the saved output shares its version)
+        return out.to(q.dtype).detach()
 
     @staticmethod
     def backward(ctx, grad_out):
