@@ -222,11 +222,41 @@ def test_overwrite_leaves_what_a_summary_lists_outside_its_folder(tmp_path, caps
     outside.write_text("not ours")
     (out / "link.csv").symlink_to(outside)
     listed = ["../outside.csv", str(outside), "link.csv", "", ".", ".."]
-    (out / "summary.json").write_text(json.dumps({"name": "lemma1", "files": listed}))
+    (out / "summary.json").write_text(json.dumps(
+        {"name": "lemma1", "attnkit": "0", "seed": 0, "quick": True, "rows": [], "claims": [],
+         "files": listed}
+    ))
     main(["reproduce", "lemma1", "--quick", "--out", str(out), "--overwrite"])
     capsys.readouterr()
     assert outside.read_text() == "not ours" and (out / "link.csv").is_symlink()
     assert json.loads((out / "summary.json").read_text())["files"] != listed
+
+
+def test_overwrite_keeps_the_files_a_summary_json_of_another_program_lists(tmp_path, capsys):
+    """A ``summary.json`` with a name and a file list, not a reproduction's, had its files removed."""
+    out = tmp_path / "sweep"
+    out.mkdir()
+    for name in ("results.csv", "notes.txt"):
+        (out / name).write_text("the user's")
+    (out / "summary.json").write_text(json.dumps({"name": "my sweep", "files": ["results.csv", "notes.txt"]}))
+    main(["reproduce", "lemma1", "--quick", "--out", str(out), "--overwrite"])
+    capsys.readouterr()
+    assert [(out / name).read_text() for name in ("results.csv", "notes.txt")] == ["the user's"] * 2
+
+
+def test_an_interrupted_overwrite_keeps_the_earlier_results_it_did_not_replace(tmp_path, capsys, monkeypatch):
+    """``--overwrite`` removed the earlier run's files before its target ran: a Ctrl-C lost them all."""
+    from attnkit.analysis import reproduce as repro
+
+    out = tmp_path / "run"
+    main(["reproduce", "mode-collapse-curves", "--quick", "--out", str(out)])
+    earlier = {p.name: p.read_bytes() for p in out.iterdir()}
+    monkeypatch.setitem(repro.TARGETS, "lemma1", _interrupt)
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", "lemma1", "--quick", "--out", str(out), "--overwrite"])
+    assert exc.value.code == 130
+    capsys.readouterr()
+    assert {name: (out / name).read_bytes() for name in earlier} == earlier
 
 
 def test_a_dangling_out_link_is_named_in_one_line_before_any_work(tmp_path, capsys):

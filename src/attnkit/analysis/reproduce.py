@@ -113,10 +113,11 @@ def reproduce(
 ) -> ReproduceResult:
     """Run target ``name`` into ``out`` (default ``runs/reproduce/<name>``) and return its result.
 
-    An existing non-empty ``out`` is refused unless ``overwrite``; with it, the files that the earlier run's
-    ``summary.json`` there lists as its outputs (and that summary) are removed first, whichever target wrote
-    them, and every other file stays. The result holds the printed table (``rows``), the paper claims
-    checked (``claims``) and the files written (PNG, CSV, ``summary.json``).
+    An existing non-empty ``out`` is refused unless ``overwrite``; with it, this run's files replace those of
+    the same names, and once it has finished, the files that an earlier reproduction's ``summary.json`` there
+    listed as its outputs and this run did not write are removed (whichever target wrote them; an
+    interrupted run removes none of them), and every other file stays. The result holds the printed table
+    (``rows``), the paper claims checked (``claims``) and the files written (PNG, CSV, ``summary.json``).
     """
     if name not in TARGETS:
         raise ValueError(f"unknown reproduction target {name!r}; expected one of {tuple(TARGETS)}")
@@ -125,8 +126,7 @@ def reproduce(
     out = default_output_dir(name) if out is None else Path(out)
     check_output_parents(out)
     out_dir = prepare_output_dir(out, overwrite=overwrite)
-    if overwrite:
-        _remove_earlier_outputs(out_dir)
+    earlier = _earlier_outputs(out_dir) if overwrite else []
     result = ReproduceResult(name=name, out=out_dir, seed=seed, quick=quick)
     start, cpu_start = time.perf_counter(), time.process_time()
     threads = torch.get_num_threads()
@@ -138,26 +138,37 @@ def reproduce(
     result.seconds = time.perf_counter() - start
     result.cpu_seconds = time.process_time() - cpu_start
     result.write_summary()
+    written = {path.name for path in result.files}
+    for path in earlier:  # the earlier run's results that this one did not replace
+        if path.name not in written and path.is_file() and not path.is_symlink():
+            path.unlink()
     mark_finished(out_dir)
     return result
 
 
-def _remove_earlier_outputs(out: Path) -> None:
-    """Remove the files the ``summary.json`` in ``out`` lists as its run's outputs, and that summary: only
-    plain files directly in ``out`` (no links, folders or paths elsewhere), nothing that it does not list."""
+def _earlier_outputs(out: Path) -> list[Path]:
+    """The files that the ``summary.json`` in ``out`` lists as its run's outputs, and that summary, when it is
+    the summary of a reproduction (a target's name and the fields ``write_summary`` writes; a
+    ``summary.json`` of another program lists nothing of ours): only plain files directly in ``out`` (no
+    links, folders or paths elsewhere)."""
     summary = out / "summary.json"
     if not summary.is_file() or summary.is_symlink():
-        return
+        return []
     try:
         data = json.loads(summary.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):  # not a summary of ours: leave it and everything else
-        return
-    files = data.get("files") if isinstance(data, dict) and "name" in data else None
+        return []
+    ours = isinstance(data, dict) and _SUMMARY_FIELDS <= data.keys() and isinstance(data["name"], str) \
+        and data["name"] in TARGETS
+    files = data.get("files") if ours else None
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-        return
+        return []
+    paths = []
     for file_name in [*files, summary.name]:
-        path = out / file_name
         if file_name in ("", ".", "..", UNFINISHED_MARKER) or Path(file_name).name != file_name:
             continue  # a listed path outside the folder (or our mark) is not an output of that run
-        if path.is_file() and not path.is_symlink():
-            path.unlink()
+        paths.append(out / file_name)
+    return paths
+
+
+_SUMMARY_FIELDS = {"name", "attnkit", "seed", "quick", "rows", "claims", "files"}

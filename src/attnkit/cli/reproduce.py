@@ -62,7 +62,9 @@ def register(app: typer.Typer) -> None:
             None, "--out", help="Output directory (default runs/reproduce/NAME)."
         ),
         overwrite: bool = typer.Option(
-            False, "--overwrite", help="Replace files in a non-empty output directory."
+            False, "--overwrite",
+            help="Replace files in a non-empty output directory; once the run finishes, the files an earlier "
+            "reproduction there listed in its summary.json and this run did not write are removed.",
         ),
         quick: bool = typer.Option(False, "--quick", help="Smaller sizes and shorter training (smoke test)."),
         seed: int = typer.Option(0, "--seed", help="Random seed (the first of a target's seeds)."),
