@@ -74,6 +74,37 @@ def test_every_extended_mask_form_is_read_as_the_model_reads_it(form):
     _assert_read_as(mask, extended)
 
 
+@pytest.mark.parametrize("form", ["bool", "additive"])
+def test_an_extended_mask_of_one_row_applies_to_every_row_as_in_the_model(form):
+    """The attention broadcasts a (1, 1, 1, L) mask over the batch; the regularizer left every layer out
+    (blaming a vision tower) and then found no layer."""
+    row = torch.tensor([[1, 1, 1, 1, 1, 0]])
+    extended = row.bool() if form == "bool" else (1 - row.float()) * torch.finfo(torch.float32).min
+    _assert_read_as(row.expand(2, 6), extended.view(1, 1, 1, 6))
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_a_plain_mask_with_negative_entries_is_refused(dims):
+    """A (B, L) mask is 1 = real, 0 = padding to transformers (any nonzero real); an additive one given there
+    was read as 0 = real, the complement of what the model attends to."""
+    from transformers import BertConfig, BertModel
+
+    model = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32)).eval()
+    AlignmentRegularizer(model, method="mmd")
+    additive = (1 - PADDED.float()) * torch.finfo(torch.float32).min  # (B, L)
+    ids = torch.randint(5, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    if dims == 3:  # a multiple-choice model's (N, C, L) layout
+        additive, ids = additive[:, None], ids
+    with pytest.raises(ValueError, match="negative entries.*1 for real tokens and 0 for padding"):
+        if dims == 2:
+            model(ids, attention_mask=additive)
+        else:
+            from attnkit.align.hf_sites import _hf_valid
+
+            _hf_valid(additive, 2, 6, "cpu")
+
+
 def test_a_float_0_1_extended_mask_pads_nothing_in_the_model_either():
     """The reading above is the model's: under a float 0/1 (B, 1, 1, L) mask BERT's real tokens attend to the
     padding too (their outputs are not those of the (B, L) mask), while a bool one pads."""

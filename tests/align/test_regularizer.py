@@ -541,6 +541,26 @@ def test_a_regularizer_checkpoint_of_another_layout_names_what_differs(tmp_path)
         load_regularizer(reg, tmp_path)
 
 
+def test_a_regularizer_checkpoint_resumes_only_with_the_settings_it_was_saved_with(tmp_path):
+    """A checkpoint of an mmd regularizer (no parameters) was taken by an ot one, or by one of another
+    weight: the resumed run silently was not the uninterrupted one."""
+    from safetensors.torch import load_file, save_file
+
+    from attnkit.align.trainer import REGULARIZER_FILE, load_regularizer, save_regularizer
+
+    model = _encoder()
+    save_regularizer(AlignmentRegularizer(model, method="mmd", weight=0.01), tmp_path)
+    load_regularizer(AlignmentRegularizer(model, method="mmd", weight=0.01, seed=3), tmp_path)  # state saved
+    with pytest.raises(ValueError, match=r"method='mmd' \(now 'ot'\).*same settings"):
+        load_regularizer(AlignmentRegularizer(model, method="ot", weight=0.01), tmp_path)
+    with pytest.raises(ValueError, match=r"weight=0\.01 \(now 5\.0\)"):
+        load_regularizer(AlignmentRegularizer(model, method="mmd", weight=5.0), tmp_path)
+    with pytest.raises(ValueError, match=r"layers=None \(now \[0\]\)"):
+        load_regularizer(AlignmentRegularizer(model, method="mmd", weight=0.01, layers=(0,)), tmp_path)
+    save_file(load_file(tmp_path / REGULARIZER_FILE), tmp_path / REGULARIZER_FILE)  # older: no settings
+    load_regularizer(AlignmentRegularizer(model, method="mmd", weight=5.0), tmp_path)
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_building_the_regularizer_leaves_the_global_rng_as_it_was(method):
     """The discriminator / critic / navigator init drew from torch's global RNG, so every later dropout draw

@@ -298,13 +298,21 @@ def _tensor_output(out) -> Optional[Tensor]:
 def _hf_valid(mask: Optional[Tensor], B: int, L: int, device, site: str = "") -> Tensor:
     if mask is None:
         return torch.ones(B, L, dtype=torch.bool, device=device)
-    additive = mask.is_floating_point() and bool((mask < 0).any())  # 0 = real, finfo.min / -inf = padding
+    additive = False
     if mask.dim() == 4 and mask.shape[1:3] == (1, 1):  # (B, 1, 1, L) extended mask -> (B, L)
         # transformers hands a 4-D mask to the attention as it is: a bool one keeps its True positions, any
         # other dtype is added to the scores (a float 0/1 one pads nothing: +1 and +0 are scores, not padding)
         additive = mask.dtype != torch.bool
         mask = mask[:, 0, 0]
-    elif not additive and mask.dim() == 3 and mask.shape[:-1].numel() == B:
+    elif mask.dim() in (2, 3) and mask.dtype != torch.bool and bool((mask < 0).any()):
+        # transformers reads a 2-D mask as 1 = real, 0 = padding (recent models: any nonzero is real; older
+        # ones pad a negative entry too): an additive mask there is no padding the model applies as meant
+        raise ValueError(
+            f"attention_mask of shape {tuple(mask.shape)} has negative entries; a (B, L) attention_mask is 1 "
+            "for real tokens and 0 for padding (transformers makes the additive form itself): pass the 0/1 "
+            "mask, or an additive (B, 1, 1, L) one"
+        )
+    elif mask.dim() == 3 and mask.shape[:-1].numel() == B:
         # (N, C, L) 0/1 mask of a multiple-choice model, whose layers run N samples' C choices as N C rows
         mask = mask.reshape(B, mask.shape[-1])  # (B, L)
     if mask.dim() != 2:
@@ -313,6 +321,8 @@ def _hf_valid(mask: Optional[Tensor], B: int, L: int, device, site: str = "") ->
             f"a (B, L) mask (1 = real token), a (B, 1, 1, L) one (bool, or additive), or a 0/1 (N, C, L) one "
             f"whose N C = {B} rows (multiple choice): pass that to the model"
         )
+    if mask.shape[0] == 1 and mask.shape[1] == L:  # one mask for every row, as transformers broadcasts it
+        mask = mask.expand(B, L)
     if tuple(mask.shape) != (B, L):
         raise _PositionsMismatch(
             f"the attention at {site!r} runs over (B, L) = ({B}, {L}) positions but the model's "

@@ -21,7 +21,9 @@ parameters and the generator of its token subsampling), and
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import asdict
 from functools import lru_cache
 
 __all__ = ["alignment_trainer_class"]
@@ -139,15 +141,25 @@ def save_regularizer(regularizer, folder) -> None:
     tensors = {f"state.{k}": v.detach().cpu().contiguous() for k, v in regularizer.state_dict().items()}
     tensors[_GENERATOR_KEY] = regularizer._generator.get_state()
     path = os.path.join(folder, REGULARIZER_FILE)
-    save_file(tensors, path + ".tmp")
+    save_file(tensors, path + ".tmp", metadata={_SETTINGS_KEY: json.dumps(_settings(regularizer))})
     os.replace(path + ".tmp", path)
     match_umask(path)
+
+
+_SETTINGS_KEY = "attnkit.align.settings"
+
+
+def _settings(regularizer) -> dict:
+    """The regularizer's settings that shape its loss (``AlignConfig`` without the seed: the subsampling
+    generator's state is saved itself), as JSON values."""
+    settings = {k: v for k, v in asdict(regularizer.config).items() if k != "seed"}
+    return json.loads(json.dumps(settings))  # tuples as lists, as they come back from the file
 
 
 def load_regularizer(regularizer, folder) -> None:
     """Restore what :func:`save_regularizer` wrote; a ``ValueError`` naming the file when it is missing or
     does not fit ``regularizer``."""
-    from safetensors import SafetensorError
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
     path = os.path.join(folder, REGULARIZER_FILE)
@@ -159,8 +171,19 @@ def load_regularizer(regularizer, folder) -> None:
         )
     try:
         tensors = load_file(path)
-    except (SafetensorError, OSError, ValueError) as exc:
+        with safe_open(path, framework="pt") as f:
+            saved = json.loads((f.metadata() or {}).get(_SETTINGS_KEY, "null"))
+    except (SafetensorError, OSError, ValueError, RecursionError) as exc:
         raise ValueError(f"{path} cannot be read ({exc}); it is damaged: delete the checkpoint") from None
+    if isinstance(saved, dict):  # a file of an older attnkit has none: its parameters are checked below
+        now = _settings(regularizer)
+        changed = [f"{k}={saved.get(k)!r} (now {now[k]!r})" for k in now if saved.get(k, now[k]) != now[k]]
+        if changed:
+            raise ValueError(
+                f"{path} was saved by a regularizer with {', '.join(changed)}; a resumed run equals the "
+                "uninterrupted one only with the same settings: resume with them, or train again from the "
+                "start"
+            )
     state = {k[len("state."):]: v for k, v in tensors.items() if k.startswith("state.")}
     try:
         regularizer.load_state_dict(state)
