@@ -601,6 +601,13 @@ BAD_ATTENTION_CALLS = [
         r"\+inf",
     ),
     _bad("causal-not-bool", lambda: ak.attention(Q, K, V, causal=1), "causal must be True or False"),
+    # checked before the mechanism's causal refusal: "False" read as causal, a tensor of two flags crashed
+    _bad("causal-string-dnas", lambda: ak.attention(Q, K, V, "dnas", causal="False"),
+         "causal must be True or False"),
+    _bad("causal-tensor-dnas", lambda: ak.attention(Q, K, V, "dnas", causal=torch.tensor([True, False])),
+         "causal must be True or False"),
+    _bad("causal-string-normalize", lambda: ak.normalize(torch.zeros(1, 1, 3, 4), "sinkhorn", causal="False"),
+         "causal must be True or False"),
     _bad(
         "hybrid-weight-above-1",
         lambda: ak.attention(Q, K, V, "hnas", hybrid_weight=1.5),

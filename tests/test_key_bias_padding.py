@@ -52,6 +52,21 @@ def test_padding_under_a_graded_bias_is_refused(mechanism):
         ak.attention(q, k, v, mechanism, attn_mask=mask)
 
 
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
+def test_padding_under_a_graded_bias_spanning_past_the_fill_is_refused(mechanism, side):
+    # a graded bias whose far keys fall below -1000 leaves no gap between the fill and the real keys: dnas
+    # gave the 8 padded keys of 256 their uniform share of the weight (0.031), as if nothing were masked
+    n, slope = 256, 8.0
+    q, k, v = _qkv(Lq=n, Lk=n)
+    pos = torch.arange(n, dtype=torch.float64)
+    padded = pos < 8 if side == "left" else pos >= n - 8  # (n,)
+    mask = -slope * (pos[:, None] - pos[None, :]).abs() + torch.where(padded, -1000.0, 0.0)[None, :]  # (n, n)
+    edge = 7 if side == "left" else n - 8
+    with pytest.raises(ValueError, match=rf"attn_mask holds -\d+ to -1000 at key {edge} for every query"):
+        ak.attention(q, k, v, mechanism, attn_mask=mask)
+
+
 @pytest.mark.parametrize("mechanism", QUERY_NORMALIZED)
 def test_a_module_float_padding_attn_mask_is_refused_naming_the_module_masks(mechanism):
     # torch's (B * H, L, L) form of an outer-product padding mask of -1000 leaked 0.21-0.37 through dnas

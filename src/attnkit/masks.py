@@ -409,7 +409,8 @@ def _maybe_causal(patterns: Tensor, offset: int) -> Tensor:
 def constant_key_bias(mask: MaskInfo) -> Optional[tuple[float, float, int]]:
     """``(smallest, largest, key)`` of the entries of a key that a float ``attn_mask`` hides with a finite
     fill from every query that counts: ``PATTERN_BIAS`` (100) or more below its row's largest allowed entry,
-    across a gap of 100 or more in the row's values, while above ``MASKED_BIAS`` (it is not a mask). Padding
+    and 100 or more below the key before or after it, or across a gap of 100 or more in the row's sorted
+    values, while above ``MASKED_BIAS`` (it is not a mask). Padding
     of -1000 or -5000 at a key is one, the same for every query or with a graded bias (ALiBi) on top: a
     column (over queries) normalization cancels what is the same for every query of the key and normalizes
     what varies, so that the key keeps a share of the weight. A row counts unless its query is hidden
@@ -417,8 +418,8 @@ def constant_key_bias(mask: MaskInfo) -> Optional[tuple[float, float, int]]:
     padded queries' rows of an outer-product padding mask, all -1000). Keys that ``key_mask`` hides are left
     out. ``None`` when there is none (no float mask, a small bias, a graded one whose far keys fall in small
     steps such as ALiBi alone, a row where the key is near its largest, values hidden by ``vmap``). A few
-    elementwise passes over the mask as given, and a sort of one row per example and head (of every row, one
-    example and head at a time, where that leaves a key that may be such)."""
+    elementwise passes over the mask as given, and where they find nothing, a sort of one row per example and
+    head (of every row, one example and head at a time, where that leaves a key that may be such)."""
     bias = mask.bias  # (B|1, H|1, Lq|1, Lk|1), 0 where masked
     if bias is None or bias.shape[-1] == 1 or values_hidden(bias) or not bias.numel():
         return None
@@ -431,8 +432,15 @@ def constant_key_bias(mask: MaskInfo) -> Optional[tuple[float, float, int]]:
     counts = top > top.amax(-2, keepdim=True) + PATTERN_BIAS  # (B|1, H|1, Lq|1, 1): not a hidden query
     if not bool(_hidden_keys(low, finite, counts, mask.key).any()):
         return None
-    # a fill sets the key apart across a gap, where a graded bias (ALiBi alone) falls in small steps: the
-    # first row that counts in each example and head clears such keys, before every row is sorted
+    # a fill sets a key 100 or more below a neighbouring key in every row (the keys at the edge of the
+    # padding), also under a steep graded bias whose values span past the fill, where a graded bias alone
+    # falls in small steps, or peaks at the key in some row
+    bad = _hidden_keys(low & _below_a_neighbour(allowed), finite, counts, mask.key)
+    if bool(bad.any()):
+        return _first_key(bad, allowed, low & counts)
+    # the same across a gap in the row's sorted values, where an allowed key lies between (or a masked one
+    # separates the fill from the real keys): the first row that counts in each example and head clears
+    # such keys, before every row is sorted
     first = counts.to(torch.uint8).argmax(-2, keepdim=True).expand(*allowed.shape[:-2], 1, allowed.shape[-1])
     row = allowed.gather(-2, first)  # (B|1, H|1, 1, Lk)
     cleared = torch.isfinite(row) & ~_below_a_gap(row)  # (B|1, H|1, 1, Lk)
@@ -442,10 +450,26 @@ def constant_key_bias(mask: MaskInfo) -> Optional[tuple[float, float, int]]:
     bad = _hidden_keys(low, finite, counts, mask.key)  # (B|1, H|1, 1, Lk)
     if not bool(bad.any()):
         return None
+    return _first_key(bad, allowed, low & counts)
+
+
+def _first_key(bad: Tensor, allowed: Tensor, hidden: Tensor) -> tuple[float, float, int]:
+    """``(smallest, largest, key)`` of the first key that ``bad`` ``(B|1, H|1, 1, Lk)`` flags: its entries of
+    ``allowed`` in the rows where ``hidden`` ``(B|1, H|1, Lq|1, Lk)`` hides it."""
     at = bad.nonzero()[0].tolist()  # example, head, 0, key
     b, h = (min(i, n - 1) for i, n in zip(at[:2], allowed.shape[:2]))
-    values = allowed[b, h, :, at[-1]][(low & counts)[b, h, :, at[-1]]]  # in the rows that count
+    values = allowed[b, h, :, at[-1]][hidden[b, h, :, at[-1]]]
     return float(values.min()), float(values.max()), at[-1]
+
+
+def _below_a_neighbour(allowed: Tensor) -> Tensor:
+    """Which entries of ``allowed`` ``(B|1, H|1, Lq|1, Lk)`` lie 100 (``-PATTERN_BIAS``) or more below the
+    allowed entry of the key before or after them in the row."""
+    step = allowed[..., 1:] - allowed[..., :-1]  # (B|1, H|1, Lq|1, Lk - 1); NaN or -inf beside a masked key
+    out = torch.zeros(allowed.shape, dtype=torch.bool, device=allowed.device)
+    out[..., 1:] = step <= PATTERN_BIAS  # below the key before
+    out[..., :-1] |= step >= -PATTERN_BIAS  # below the key after
+    return out
 
 
 def _hidden_keys(low: Tensor, finite: Tensor, counts: Tensor, key: Optional[Tensor]) -> Tensor:

@@ -288,7 +288,10 @@ def causal_problem(config: MechanismConfig) -> Optional[str]:
 
 
 def check_causal(config: MechanismConfig, causal: bool) -> None:
-    """Raise the ``causal_problem`` of ``config`` as a ``ValueError`` when ``causal``."""
+    """Raise the ``causal_problem`` of ``config`` as a ``ValueError`` when ``causal``, and a ``ValueError``
+    when ``causal`` is not a flag (``"False"`` is truthy, a tensor of several values has no truth value)."""
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
     if causal:
         problem = causal_problem(config)
         if problem is not None:
