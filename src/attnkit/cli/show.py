@@ -108,10 +108,12 @@ def register(app: typer.Typer) -> None:
 
 
 def _write_together(out: Path, view, document: str, *, overwrite: bool) -> None:
-    """``attention.html`` (``document``) and the bertviz files of ``view`` into ``out``, all or none: they are
-    written in a hidden folder in ``out``, then moved into place; an interruption (Ctrl-C, an error) meanwhile
-    removes the files it had moved in, so nothing is left that would refuse the same command. Without
-    ``overwrite`` a file that appeared meanwhile is kept (``FileExistsError``)."""
+    """``attention.html`` (``document``) and the bertviz files of ``view`` into ``out``: they are written in a
+    hidden folder in ``out``, then moved into place, so that a failed render or write leaves ``out`` as it
+    was. Without ``overwrite``, an interruption (Ctrl-C, an error) during the moves removes the files it had
+    moved in, so nothing is left that would refuse the same command, and a file that appeared meanwhile is
+    kept (``FileExistsError``); with it, the files moved in before the interruption stay beside the earlier
+    run's others (the same command replaces them all)."""
     from attnkit._files import write_file_with, write_text_file
     from attnkit.analysis.attention_view import BERTVIZ_FILES, write_bertviz
 
