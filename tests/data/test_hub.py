@@ -72,6 +72,16 @@ def test_fetch_from_source_writes_cache_that_loads_offline(sst2_dir, tmp_path, m
     )
 
 
+def test_a_relative_source_is_recorded_as_an_absolute_path(sst2_dir, tmp_path, monkeypatch):
+    """The manifest recorded "--source data" as given: meaningless from any other working directory."""
+    import json
+
+    monkeypatch.chdir(sst2_dir.parent)
+    fetch("sst2", cache_dir=tmp_path / "cache", source=sst2_dir.name)
+    manifest = next((tmp_path / "cache").rglob("manifest.json"))
+    assert json.loads(manifest.read_text())["source"] == str(sst2_dir.resolve())
+
+
 def test_snli_pairs_from_csv_keep_three_classes(tmp_path):
     folder = tmp_path / "snli"
     folder.mkdir()

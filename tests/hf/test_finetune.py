@@ -147,3 +147,25 @@ def test_an_unknown_dataset_name_names_the_catalog_and_the_folder_form(tmp_path,
     with pytest.raises(ValueError, match=r"unknown dataset 'reuters9'; expected one of reuters8, .*, or a "
                                          r"folder holding train\.tsv and test\.tsv"):
         load_text_classification("reuters9")
+
+
+def test_blank_lines_are_skipped_and_labels_read_without_surrounding_spaces(tmp_path):
+    """``pos `` beside ``pos`` was a third class (trained, and counted in macro-F1); a trailing blank line was
+    "expected 2 tab-separated columns (label, text), got 0"."""
+    folder = _folder(tmp_path, b"pos\tgood\n\npos \tfine\nneg\tbad\n\n", b"\n pos\tgreat\n")
+    data = load_text_classification(str(folder))
+    assert data.label_names == ["neg", "pos"]
+    assert data.train_texts == ["good", "fine", "bad"] and data.train_labels == [1, 1, 0]
+    assert data.test_labels == [1]
+
+
+def test_an_empty_label_is_refused_with_its_line(tmp_path):
+    folder = _folder(tmp_path, b"pos\tgood\n\tfine\nneg\tbad\n")
+    with pytest.raises(ValueError, match=r"train\.tsv:2: the label is empty"):
+        load_text_classification(str(folder))
+
+
+def test_a_row_split_by_a_carriage_return_is_named_by_its_file_line(tmp_path):
+    folder = _folder(tmp_path, b"pos\tgood\nneg\tbad\rtext\npos\tfine\n")  # a lone \r inside line 2's text
+    with pytest.raises(ValueError, match=r"train\.tsv:2: a carriage return \(\\r\) inside a line"):
+        load_text_classification(str(folder))

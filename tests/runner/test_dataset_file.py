@@ -326,3 +326,64 @@ def test_a_key_repeated_in_one_object_is_refused_with_its_line(tmp_path, name, t
     path.write_text(text)
     with pytest.raises(ValueError, match=rf"{name}', {where}: the key '{key}' appears twice in one object"):
         load_file_dataset(str(path))
+
+
+def _json_file(tmp_path, data: dict, name: str = "data.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+CLASSIFICATION = {"kind": "classification", "train": [{"text": "goal", "label": "sport"},
+                                                      {"text": "loan", "label": "money"}],
+                  "test": [{"text": "bank", "label": "money"}]}
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ({"label_name": ["money", "sport"]}, "unknown key(s) 'label_name'"),
+    ({"validation": [{"text": "x", "label": "sport"}]}, "unknown key(s) 'validation'"),
+])
+def test_an_unknown_top_level_key_is_refused(tmp_path, extra, needle):
+    """A misspelt label_names or a validation split was left out without a word."""
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        load_file_dataset(_json_file(tmp_path, {**CLASSIFICATION, **extra}))
+
+
+def test_an_unknown_example_key_is_refused(tmp_path):
+    """A second sentence under another name ("sentence2") was dropped: the model read the first only."""
+    data = json.loads(json.dumps(CLASSIFICATION))
+    data["train"][1]["sentence2"] = "rates"
+    with pytest.raises(ValueError, match=r"train\[1\]: unknown key\(s\) 'sentence2'.*text_pair"):
+        load_file_dataset(_json_file(tmp_path, data))
+
+
+def test_text_pair_examples_are_read_as_sentence_pairs(tmp_path):
+    """Rows written as Hugging Face writes pairs ({"text", "text_pair", "label"}) lost their second text."""
+    data = json.loads(json.dumps(CLASSIFICATION))
+    for split in ("train", "test"):
+        for i, row in enumerate(data[split]):
+            row["text_pair"] = f"{split} second {i}"
+    loaded = load_file_dataset(_json_file(tmp_path, data))
+    assert loaded.is_pair and loaded.train_text_pairs == ["train second 0", "train second 1"]
+    assert loaded.test_text_pairs == ["test second 0"]
+    del data["test"][0]["text_pair"]
+    with pytest.raises(ValueError, match=r"test\[0\]: no text_pair, which other examples have"):
+        load_file_dataset(_json_file(tmp_path, data))
+
+
+def test_a_jsonl_first_line_with_examples_is_refused(tmp_path):
+    """A "train" list on the {"kind": ...} line was replaced by the examples of the later lines."""
+    head = json.dumps({"kind": "classification", "train": [{"text": "x", "label": "sport"}]})
+    with pytest.raises(ValueError, match=r"line 1: the first line holds 'train'"):
+        load_file_dataset(_write(tmp_path, head, TRAIN, TRAIN2, TEST))
+
+
+@pytest.mark.parametrize("name", ["DATA.JSON", "Data.Jsonl"])
+def test_a_dataset_file_suffix_in_any_case_is_a_dataset_file(tmp_path, name):
+    """``--task OK.JSON`` (an existing, valid file) was an "unknown task"."""
+    from attnkit.runner.tasks import get_task
+
+    path = _write(tmp_path, HEAD, TRAIN, TRAIN2, TEST, name=name) if name.lower().endswith("jsonl") \
+        else _json_file(tmp_path, CLASSIFICATION, name=name)
+    assert load_file_dataset(path).label_names == ["money", "sport"]
+    assert get_task(path).kind == "classification"

@@ -485,7 +485,7 @@ def fetch_hub(spec: HubSpec, folder: Path, *, source: Optional[PathLike] = None)
     _write_jsonl(folder / "train.jsonl", data.train_texts, data.train_text_pairs, data.train_labels)
     _write_jsonl(folder / "test.jsonl", data.test_texts, data.test_text_pairs, data.test_labels)
     write_bytes_atomic(folder / "labels.json", (json.dumps(data.label_names) + "\n").encode())
-    origin = str(Path(source).expanduser()) if source is not None else f"hf://{spec.hub_id}"
+    origin = str(Path(source).expanduser().resolve()) if source is not None else f"hf://{spec.hub_id}"
     write_manifest(folder, origin, ["train.jsonl", "test.jsonl", "labels.json"])
     return folder
 

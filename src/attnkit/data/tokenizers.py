@@ -28,9 +28,10 @@ UNKNOWN = "\ufffd"
 # how a special token a model generates where text belongs is shown (empty set, start and end triangles, which
 # the plots' font draws): never skipped, and never the U+FFFD of an <unk> gold, so it cannot score as correct
 GENERATED_PAD, GENERATED_BOS, GENERATED_EOS = "\u2205", "\u25b7", "\u25c1"
-# Every mark decoded text shows for a special token. Scoring compares decoded text, so no vocabulary holds one
-# (fit reads them as <unk>, the constructors refuse them) and the metrics match them to nothing: a data
-# character equal to a mark ("A ∩ B = ∅") made a generated <pad> an exact match
+# Every mark decoded text shows for a special token. Scoring compares decoded text, so no character
+# vocabulary (CharTokenizer, TokenVocab) holds one (fit reads them as <unk>, the constructors refuse them) and
+# the metrics match them to nothing: a data character equal to a mark ("A ∩ B = ∅") made a generated <pad> an
+# exact match. WordTokenizer's words may hold them (its decoded <unk> is the literal "<unk>")
 DISPLAY_MARKS = (UNKNOWN, GENERATED_PAD, GENERATED_BOS, GENERATED_EOS)
 _MARK_SHOWS = dict(zip(DISPLAY_MARKS, ("<unk>", "a generated <pad>", "a generated <bos>",
                                        "a CTC model's <eos>")))

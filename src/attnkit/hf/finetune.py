@@ -23,6 +23,7 @@ import io
 import json
 import math
 import os
+import re
 import tempfile
 import time
 from types import SimpleNamespace
@@ -156,7 +157,8 @@ def _read_tsv(path: Path) -> tuple[list[str], list[str], list[int]]:
 
     A first line whose two fields are ``label`` and ``text`` (compared case-insensitively, surrounding spaces
     ignored: ``Label<TAB>Text`` too) is a header and skipped; when ``text`` comes first the columns are read
-    in that order. Any other first line is an example."""
+    in that order. Any other first line is an example. Blank lines are skipped; a label is read without the
+    spaces around it (``pos `` is ``pos``), and an empty one is refused."""
     if path.is_dir():
         raise FileNotFoundError(
             f"{path} is a folder, not a file; a dataset folder needs the files train.tsv and test.tsv "
@@ -176,23 +178,37 @@ def _read_tsv(path: Path) -> tuple[list[str], list[str], list[int]]:
             f"{path}:{line}: byte 0x{raw[exc.start]:02x} is not UTF-8 text (Latin-1 or Windows-1252?); "
             "save it as UTF-8"
         ) from None
+    lone = re.search("\r(?!\n)", text)  # csv would end a row there, splitting an example in two
+    if lone is not None:
+        raise ValueError(
+            f"{path}:{text.count(chr(10), 0, lone.start()) + 1}: a carriage return (\\r) inside a line; "
+            "lines end with \\n or \\r\\n: remove it or save the file with one of those line ends"
+        )
     labels, texts, lines = [], [], []
     label_column = 0
     with io.StringIO(text, newline="") as f:  # newline="": csv sees the line ends as written
-        for i, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)):
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        for i, row in enumerate(reader):
+            line = reader.line_num  # the file's line
             if i == 0:
                 names = [field.strip().lower() for field in row]
                 if sorted(names) == ["label", "text"]:  # a header (Label<TAB>Text too), not a class "Label"
                     label_column = names.index("label")
                     continue
+            if not row or row == [""]:  # a blank line, as the CSV and JSON-lines readers skip them
+                continue
             if len(row) != 2:
                 raise ValueError(
-                    f"{path}:{i + 1}: expected 2 tab-separated columns (label, text), got "
+                    f"{path}:{line}: expected 2 tab-separated columns (label, text), got "
                     f"{len(row)}"
                 )
-            labels.append(row[label_column])
+            label = row[label_column].strip()  # "pos " would be a class of its own beside "pos"
+            if not label:
+                raise ValueError(f"{path}:{line}: the label is empty; write the example's class before the "
+                                 "tab")
+            labels.append(label)
             texts.append(row[1 - label_column])
-            lines.append(i + 1)
+            lines.append(line)
     return labels, texts, lines
 
 

@@ -13,7 +13,7 @@ from typing import Optional
 from .._files import json_loads
 from ..data.hub import _unique_keys
 
-__all__ = ["read_dataset_file", "file_task_kind"]
+__all__ = ["read_dataset_file", "file_task_kind", "is_dataset_file_name"]
 
 _FILE_SUFFIXES = (".json", ".jsonl")
 
@@ -33,7 +33,7 @@ def read_dataset_file(path: str) -> dict:
         raise ValueError(
             f"dataset file {path!r} is not UTF-8 text ({exc.reason} at byte {exc.start})"
         ) from None
-    if p.suffix == ".jsonl":
+    if p.suffix.lower() == ".jsonl":
         return _read_jsonl(path, text)
     try:
         data = json_loads(text, object_pairs_hook=_unique_keys)
@@ -99,6 +99,13 @@ def _read_jsonl(path: str, text: str) -> dict:
             if not isinstance(row, dict) or "kind" not in row:
                 raise ValueError(f'dataset file {path!r}, line {number}: the first line must be '
                                  '{"kind": "classification"} or {"kind": "seq2seq"}')
+            extra = sorted(set(row) - {"kind", "label_names"})
+            if extra:
+                raise ValueError(
+                    f"dataset file {path!r}, line {number}: the first line holds "
+                    f"{', '.join(map(repr, extra))}; it takes \"kind\" (and \"label_names\"), and each "
+                    'example is a line of its own with "split"'
+                )
             data = {**row, "train": [], "test": []}
             continue
         split = row.get("split") if isinstance(row, dict) else None
@@ -114,10 +121,15 @@ def _read_jsonl(path: str, text: str) -> dict:
     return data
 
 
+def is_dataset_file_name(path: str) -> bool:
+    """Whether ``path`` ends in ``.json`` or ``.jsonl`` (in any case: ``DATA.JSON`` too)."""
+    return str(path).lower().endswith(_FILE_SUFFIXES)
+
+
 def file_task_kind(path: str) -> str:
     """The ``kind`` a dataset file declares (``classification`` or ``seq2seq``)."""
     _refuse_folder(path)
-    if not str(path).endswith(_FILE_SUFFIXES):
+    if not is_dataset_file_name(path):
         from ..data import DATASETS
         from .transduction import TRANSDUCTION_TASKS
 

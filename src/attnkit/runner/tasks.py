@@ -17,7 +17,8 @@
   label 5: they are names), and an integer label that would be one class as a name and another as an index
   (``[1, 0]``, or ``["1", "0"]`` with labels 0/1) is refused; without it the classes are the distinct
   labels, integers in numeric order, and a label that no training example has is refused, as a typo or a
-  class the model cannot learn). ``.jsonl`` files hold one
+  class the model cannot learn). A classification example may hold ``text_pair``, a second sentence (every
+  example or none); any other key is refused. ``.jsonl`` files hold one
   ``{"split": "train"|"test", ...}`` object per line and a first line ``{"kind": ...}``. A seq2seq
   ``source`` and ``target`` are strings of at most ``max_len`` and ``max_target_len`` characters; a longer
   one is refused (it would be cut, and scored against the cut text), with the ``--set`` that fits it.
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .config import CompareConfig
-from .dataset_file import _FILE_SUFFIXES, file_task_kind
+from .dataset_file import file_task_kind, is_dataset_file_name
 from .dataset_file import read_dataset_file as _read_file
 from .sequence_batches import SourceTargetBatches, trim_padding
 
@@ -110,13 +111,35 @@ def load_file_dataset(path: str, *, max_len: Optional[int] = None, max_target_le
         if not isinstance(raw.get(split), list) or not raw[split]:
             raise ValueError(f"dataset file {path!r}: {split!r} must be a non-empty list of examples")
     fields = ("text", "label") if kind == "classification" else ("source", "target")
-    lines = raw.get("lines") if str(path).endswith(".jsonl") else None  # a .jsonl file: its line numbers
+    jsonl = str(path).lower().endswith(".jsonl")
+    lines = raw.get("lines") if jsonl else None  # a .jsonl file: its line numbers
+    known = {"kind", "train", "test", "label_names", *(("lines",) if jsonl else ())}
+    extra = sorted(k for k in raw if k not in known)
+    if extra:  # a misspelt label_names, or a split that would be left out without a word
+        raise ValueError(
+            f"dataset file {path!r}: unknown key(s) {', '.join(map(repr, extra))}; a dataset file holds "
+            "kind, train, test and optionally label_names (a validation split: merge it into train or test)"
+        )
+    optional = ("text_pair",) if kind == "classification" else ()
+    allowed = {*fields, *optional, "split"}
     for split in ("train", "test"):
         for i, row in enumerate(raw[split]):
+            where = f"line {lines[split][i]}" if lines else f"{split}[{i}]"
             if not isinstance(row, dict) or any(f not in row for f in fields):
-                where = f"line {lines[split][i]}" if lines else f"{split}[{i}]"
                 raise ValueError(
                     f"dataset file {path!r}, {where}: {row!r}; expected an object with keys {fields}"
+                )
+            if row.get("split", split) != split:  # a .json example in the other split's list
+                raise ValueError(
+                    f"dataset file {path!r}, {where}: \"split\": {json.dumps(row['split'])[:40]} in the "
+                    f"{split} list; move the example to its split's list, or drop its split key"
+                )
+            unknown = sorted(k for k in row if k not in allowed)
+            if unknown:  # e.g. a second sentence under another name, which would be dropped
+                raise ValueError(
+                    f"dataset file {path!r}, {where}: unknown key(s) {', '.join(map(repr, unknown))}; an "
+                    f"example holds {' and '.join(fields)}"
+                    + (" (and text_pair, the second sentence of a pair)" if optional else "")
                 )
     if kind == "seq2seq":
         rows = []  # (line, where, source, target); line 0 in a .json file
@@ -141,18 +164,25 @@ def load_file_dataset(path: str, *, max_len: Optional[int] = None, max_target_le
             test_src=[r["source"] for r in raw["test"]],
             test_tgt=[r["target"] for r in raw["test"]],
         )
+    paired = {split: ["text_pair" in row for row in raw[split]] for split in ("train", "test")}
+    is_pair = any(paired["train"] + paired["test"])
     for split in ("train", "test"):
         for i, row in enumerate(raw[split]):
             y = row["label"]
-            if not isinstance(row["text"], str):  # null, 12.5, ["a", "b"] were turned into text
-                where = f"line {lines[split][i]}" if lines else f"{split}[{i}]"
-                value = json.dumps(row["text"])
-                raise ValueError(
-                    f"dataset file {path!r}, {where}: the text of a {split} example is {value[:80]}, not "
-                    'text; write it as a JSON string in double quotes, e.g. "text": "12"'
-                )
+            where = f"line {lines[split][i]}" if lines else f"{split}[{i}]"
+            for field in ("text", "text_pair") if is_pair else ("text",):
+                if field not in row:
+                    raise ValueError(
+                        f"dataset file {path!r}, {where}: no text_pair, which other examples have; give "
+                        "every example of a sentence-pair file its second sentence"
+                    )
+                if not isinstance(row[field], str):  # null, 12.5, ["a", "b"] were turned into text
+                    value = json.dumps(row[field])
+                    raise ValueError(
+                        f"dataset file {path!r}, {where}: the {field} of a {split} example is {value[:80]}, "
+                        f'not text; write it as a JSON string in double quotes, e.g. "{field}": "12"'
+                    )
             if isinstance(y, bool) or not isinstance(y, (str, int)):
-                where = f"line {lines[split][i]}" if lines else f"{split}[{i}]"
                 raise ValueError(
                     f"dataset file {path!r}, {where}: label {y!r}; expected a class name (a string) or an "
                     "integer"
@@ -180,6 +210,8 @@ def load_file_dataset(path: str, *, max_len: Optional[int] = None, max_target_le
         test_texts=[r["text"] for r in raw["test"]],
         test_labels=[label("test", i, r) for i, r in enumerate(raw["test"])],
         label_names=names,
+        train_text_pairs=[r["text_pair"] for r in raw["train"]] if is_pair else None,
+        test_text_pairs=[r["text_pair"] for r in raw["test"]] if is_pair else None,
     )
 
 
@@ -582,7 +614,7 @@ class Seq2SeqTask(SourceTargetBatches):
 
 def get_task(name: str):
     """The task for a built-in dataset name or a dataset file (``.json``/``.jsonl``)."""
-    if str(name).endswith(_FILE_SUFFIXES):
+    if is_dataset_file_name(name):
         kind = file_task_kind(name)
         cls = ClassificationTask if kind == "classification" else Seq2SeqTask
         return cls(Path(name).stem, source=str(name))
