@@ -727,3 +727,49 @@ def test_a_killed_conversions_staging_folder_does_not_block_the_next_run(tiny_be
 
     remove_dead_staging(live.parent)
     assert live.exists()
+
+
+def test_finetune_u0_without_mechanism_names_what_the_model_runs(tiny_bert, fixture_dataset, tmp_path,
+                                                                   capsys):
+    """--u0 without --mechanism said "got None", and for an HNAS model advised --mechanism hnas, which was
+    then refused in turn ("drop --u0")."""
+    err = _error(capsys, ["finetune", "--model", str(tiny_bert), "--u0", "0.3", "--dataset",
+                          str(fixture_dataset), "--out", str(tmp_path / "o")])
+    assert "is not converted" in err and "None" not in err
+    converted = tmp_path / "hnas"
+    main(["convert", str(tiny_bert), "--mechanism", "hnas", "--out", str(converted)])
+    capsys.readouterr()
+    err = _error(capsys, ["finetune", "--model", str(converted), "--u0", "0.3", "--dataset",
+                          str(fixture_dataset), "--out", str(tmp_path / "o")])
+    assert "already converted to 'hnas'" in err and "drop --u0" in err and not (tmp_path / "o").exists()
+
+
+def test_finetune_takes_no_weight_decay_on_hybrid_weights(tiny_bert):
+    """Weight decay pulled each u = sigmoid(theta) towards 0.5, a regularizer the papers do not have."""
+    from transformers import AutoModelForSequenceClassification, Trainer
+
+    from attnkit.hf.finetune import _without_hybrid_decay
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(tiny_bert), num_labels=2)
+    akhf.convert(model, "hnas")
+    cls = _without_hybrid_decay(Trainer)
+    names = cls.get_decay_parameter_names(object.__new__(cls), model)
+    assert "bert.encoder.layer.0.attention.self.attnkit_theta" in dict(model.named_parameters())
+    assert not [n for n in names if "attnkit_theta" in n]
+    assert set(Trainer.get_decay_parameter_names(object.__new__(Trainer), model)) - set(names) == {
+        n for n, _ in model.named_parameters() if n.endswith("attnkit_theta")}
+
+
+def test_finetune_pads_batches_on_the_right_and_keeps_the_tokenizers_side(tiny_bert):
+    """A left-padding tokenizer (Llama's) moved every real token's position with the batch's longest text,
+    which CoDA under rotary embeddings and learned absolute positions read."""
+    from transformers import AutoTokenizer, DataCollatorWithPadding
+
+    from attnkit.hf.finetune import _right_padding
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_bert))
+    tokenizer.padding_side = "left"
+    collate = _right_padding(DataCollatorWithPadding)(tokenizer)
+    batch = collate([tokenizer("a b c d e"), tokenizer("a")])
+    assert batch["attention_mask"][1].tolist() == [1, 1, 1] + [0] * 4
+    assert tokenizer.padding_side == "left"

@@ -26,7 +26,12 @@ gives alone.
 Each converted attention module carries its mechanism (``module.attnkit_mechanism``, a config object) and, for
 hnas, the learnable ``module.attnkit_theta`` of shape ``(H,)`` with ``u = sigmoid(theta)``. Modules that were
 not
-converted run softmax attention, identical to transformers' ``eager`` implementation.
+converted run softmax attention, identical to transformers' ``eager`` implementation but in a row with no
+allowed key (an all-padding sequence), whose output is 0 where eager spreads the weight over every key.
+
+CoDA's L1 distance is not invariant under rotary position embeddings (Llama, RoFormer, ...), as a dot
+product is: its outputs depend on the absolute positions, so a left-padded sequence without ``position_ids``
+that count its real tokens differs from the sequence alone (``attnkit finetune`` pads on the right).
 """
 
 from __future__ import annotations

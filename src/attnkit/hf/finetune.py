@@ -110,7 +110,7 @@ class FinetuneConfig:
         object.__setattr__(self, "seed", check_seed(self.seed))  # NumPy integers become Python ints
         if self.mechanism is not None and self.mechanism not in MECHANISMS:
             raise ValueError(f"mechanism={self.mechanism!r}; expected one of {MECHANISMS}")
-        if self.u0 is not None and self.mechanism != "hnas":
+        if self.u0 is not None and self.mechanism not in (None, "hnas"):  # None: the model's own, read later
             raise ValueError(
                 f"u0={self.u0} is only used by mechanism 'hnas', got {self.mechanism!r}; pass --mechanism "
                 "hnas or drop --u0"
@@ -392,8 +392,15 @@ def _check_vocabulary(tokenizer, model, model_dir: str) -> None:
 
 def _check_recorded_conversion(config: FinetuneConfig, model_dir: str, recorded) -> None:
     """An already converted ``--model`` (``recorded``: its mechanism config) keeps its conversion: another
-    ``--mechanism`` or a ``--u0`` (its learned hybrid weights are loaded with it) is refused, not ignored."""
+    ``--mechanism`` or a ``--u0`` (its learned hybrid weights are loaded with it) is refused, not ignored; a
+    ``--u0`` without ``--mechanism`` for a model that is not converted (it keeps its softmax) too."""
     if recorded is None:
+        if config.u0 is not None and config.mechanism is None:
+            raise ValueError(
+                f"--u0 {config.u0} is only used by mechanism 'hnas', and --model {model_dir} is not "
+                "converted (without --mechanism it keeps its softmax attention); pass --mechanism hnas or "
+                "drop --u0"
+            )
         return
     if config.mechanism is not None and recorded.name != config.mechanism:
         raise ValueError(
@@ -405,6 +412,38 @@ def _check_recorded_conversion(config: FinetuneConfig, model_dir: str, recorded)
             f"--model {model_dir} is already converted to {recorded.name!r} and brings its own hybrid "
             f"weights; --u0 {config.u0} only starts a new conversion: drop --u0 or pass the unconverted model"
         )
+
+
+def _right_padding(collator_class):
+    """``collator_class`` padding on the right whatever the tokenizer's ``padding_side`` (Llama's and other
+    decoders' is left): a real token keeps the position it has alone, which CoDA under rotary embeddings (an
+    L1 distance is not rotation-invariant) and learned absolute positions (GPT-2) read, so that a prediction
+    does not depend on the longest text of its batch. The classification head reads the last token that is not
+    padding either way; the saved tokenizer keeps its side."""
+
+    class RightPadding(collator_class):
+        def __call__(self, features):
+            side = self.tokenizer.padding_side
+            self.tokenizer.padding_side = "right"
+            try:
+                return super().__call__(features)
+            finally:
+                self.tokenizer.padding_side = side
+
+    return RightPadding
+
+
+def _without_hybrid_decay(trainer_class):
+    """``trainer_class`` whose weight decay leaves HNAS's ``attnkit_theta`` alone: decay would pull each
+    hybrid weight ``u = sigmoid(theta)`` towards 0.5, a regularizer the papers do not have."""
+
+    class Trainer(trainer_class):
+        def get_decay_parameter_names(self, model):
+            names = super().get_decay_parameter_names(model)
+            return [n for n in names if n.rsplit(".", 1)[-1] != "attnkit_theta"]
+
+    Trainer.__qualname__ = Trainer.__name__ = trainer_class.__name__
+    return Trainer
 
 
 def _position_limit(model) -> Optional[int]:
@@ -624,12 +663,12 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
 
             Trainer = alignment_trainer_class(Trainer)
             extra["regularizer"] = AlignmentRegularizer(model, method=config.align, **config._align_weight())
-        trainer = Trainer(
+        trainer = _without_hybrid_decay(Trainer)(
             **extra,
             model=model,
             args=args,
             train_dataset=train,
-            data_collator=DataCollatorWithPadding(tokenizer),
+            data_collator=_right_padding(DataCollatorWithPadding)(tokenizer),
             callbacks=[timer],
         )
         trainer.remove_callback(ProgressCallback)
