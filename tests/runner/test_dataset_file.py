@@ -357,6 +357,12 @@ def test_an_unknown_example_key_is_refused(tmp_path):
         load_file_dataset(_json_file(tmp_path, data))
 
 
+def test_an_example_identifier_is_read_past(tmp_path):
+    data = json.loads(json.dumps(CLASSIFICATION))
+    data["train"][0]["idx"], data["test"][0]["id"] = 7, "doc-1"  # as GLUE exports carry them
+    assert load_file_dataset(_json_file(tmp_path, data)).train_texts == ["goal", "loan"]
+
+
 def test_text_pair_examples_are_read_as_sentence_pairs(tmp_path):
     """Rows written as Hugging Face writes pairs ({"text", "text_pair", "label"}) lost their second text."""
     data = json.loads(json.dumps(CLASSIFICATION))

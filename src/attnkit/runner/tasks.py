@@ -18,7 +18,7 @@
   (``[1, 0]``, or ``["1", "0"]`` with labels 0/1) is refused; without it the classes are the distinct
   labels, integers in numeric order, and a label that no training example has is refused, as a typo or a
   class the model cannot learn). A classification example may hold ``text_pair``, a second sentence (every
-  example or none); any other key is refused. ``.jsonl`` files hold one
+  example or none) and an ``id`` or ``idx``; any other key is refused. ``.jsonl`` files hold one
   ``{"split": "train"|"test", ...}`` object per line and a first line ``{"kind": ...}``. A seq2seq
   ``source`` and ``target`` are strings of at most ``max_len`` and ``max_target_len`` characters; a longer
   one is refused (it would be cut, and scored against the cut text), with the ``--set`` that fits it.
@@ -121,7 +121,7 @@ def load_file_dataset(path: str, *, max_len: Optional[int] = None, max_target_le
             "kind, train, test and optionally label_names (a validation split: merge it into train or test)"
         )
     optional = ("text_pair",) if kind == "classification" else ()
-    allowed = {*fields, *optional, "split"}
+    allowed = {*fields, *optional, "split", "id", "idx"}  # an example's identifier (GLUE's idx) is read past
     for split in ("train", "test"):
         for i, row in enumerate(raw[split]):
             where = f"line {lines[split][i]}" if lines else f"{split}[{i}]"
@@ -140,6 +140,7 @@ def load_file_dataset(path: str, *, max_len: Optional[int] = None, max_target_le
                     f"dataset file {path!r}, {where}: unknown key(s) {', '.join(map(repr, unknown))}; an "
                     f"example holds {' and '.join(fields)}"
                     + (" (and text_pair, the second sentence of a pair)" if optional else "")
+                    + " and may hold an id or idx; drop the others"
                 )
     if kind == "seq2seq":
         rows = []  # (line, where, source, target); line 0 in a .json file
