@@ -169,3 +169,11 @@ def test_a_row_split_by_a_carriage_return_is_named_by_its_file_line(tmp_path):
     folder = _folder(tmp_path, b"pos\tgood\nneg\tbad\rtext\npos\tfine\n")  # a lone \r inside line 2's text
     with pytest.raises(ValueError, match=r"train\.tsv:2: a carriage return \(\\r\) inside a line"):
         load_text_classification(str(folder))
+
+
+@pytest.mark.parametrize("start", ["\n", "\r\n\r\n", "  \n"], ids=["blank", "two-crlf", "spaces"])
+def test_a_header_after_blank_lines_is_still_a_header(tmp_path, start):
+    """Skipping blank lines used up the first-line header check: the header became a class "label"."""
+    folder = _folder(tmp_path, f"{start}label\ttext\npos\tgood\n \nneg\tbad\n".encode(), b"pos\tgreat\n")
+    data = load_text_classification(str(folder))
+    assert data.label_names == ["neg", "pos"] and data.train_texts == ["good", "bad"]

@@ -157,8 +157,9 @@ def _read_tsv(path: Path) -> tuple[list[str], list[str], list[int]]:
 
     A first line whose two fields are ``label`` and ``text`` (compared case-insensitively, surrounding spaces
     ignored: ``Label<TAB>Text`` too) is a header and skipped; when ``text`` comes first the columns are read
-    in that order. Any other first line is an example. Blank lines are skipped; a label is read without the
-    spaces around it (``pos `` is ``pos``), and an empty one is refused."""
+    in that order. Any other first line is an example. Blank lines (or lines of spaces) are skipped, before
+    the header too; a label is read without the spaces around it (``pos `` is ``pos``), and an empty one is
+    refused."""
     if path.is_dir():
         raise FileNotFoundError(
             f"{path} is a folder, not a file; a dataset folder needs the files train.tsv and test.tsv "
@@ -188,15 +189,17 @@ def _read_tsv(path: Path) -> tuple[list[str], list[str], list[int]]:
     label_column = 0
     with io.StringIO(text, newline="") as f:  # newline="": csv sees the line ends as written
         reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        for i, row in enumerate(reader):
+        first = True
+        for row in reader:
             line = reader.line_num  # the file's line
-            if i == 0:
+            if not "".join(row).strip():  # a blank line (or spaces alone), as the CSV and JSON-lines readers
+                continue
+            if first:  # the first line that is not blank may be the header
+                first = False
                 names = [field.strip().lower() for field in row]
                 if sorted(names) == ["label", "text"]:  # a header (Label<TAB>Text too), not a class "Label"
                     label_column = names.index("label")
                     continue
-            if not row or row == [""]:  # a blank line, as the CSV and JSON-lines readers skip them
-                continue
             if len(row) != 2:
                 raise ValueError(
                     f"{path}:{line}: expected 2 tab-separated columns (label, text), got "
