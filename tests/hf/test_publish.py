@@ -110,6 +110,40 @@ def test_finetune_that_fails_while_writing_leaves_out_as_it_was(
         assert not out.exists()
 
 
+@pytest.mark.skipif(__import__("threading").current_thread() is not __import__("threading").main_thread(),
+                    reason="signals reach the main thread only")
+@pytest.mark.parametrize("existing", [True, False], ids=["over-an-earlier-fine-tune", "into-a-new-out"])
+def test_finetune_stopped_by_sigterm_leaves_out_as_it_was(existing, tiny_bert, data, tmp_path, capsys,
+                                                          monkeypatch):
+    """SIGTERM (``kill``, a scheduler's stop) ended the process at once: a new --out stayed behind, empty,
+    with the staging folder of a fine-tune that was stopped while saving."""
+    import signal
+    import time
+
+    from transformers import PreTrainedModel
+
+    out = tmp_path / "tuned"
+    if existing:
+        _finetune(tiny_bert, data, out)
+        before = _snapshot(out)
+
+    def killed(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the signal's handler raises here
+        raise AssertionError("SIGTERM did not stop the save")
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", killed)
+    with pytest.raises(SystemExit) as exc:
+        _finetune(tiny_bert, data, out, "--overwrite")
+    assert exc.value.code == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "terminated"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is the command's only
+    if existing:
+        assert _snapshot(out) == before
+    else:
+        assert not out.exists()
+
+
 def _dead_pid() -> int:
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)

@@ -6,10 +6,13 @@ Every module of this package that defines ``register(app)`` adds its commands. E
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import pkgutil
+import signal
 import sys
+import threading
 from typing import Optional, Sequence
 
 import typer
@@ -59,6 +62,7 @@ for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
 escape_help_markup(app)
 
 INTERRUPTED = 130  # the exit code of a command stopped with Ctrl-C (128 + SIGINT), as shells report it
+TERMINATED = 128 + signal.SIGTERM  # 143: stopped by SIGTERM (``kill``, a scheduler's or launcher's stop)
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError)
 
 
@@ -89,13 +93,39 @@ def _error(message: str) -> None:
     sys.stderr.flush()
 
 
+class _Terminated(SystemExit):
+    """SIGTERM, raised in the main thread: it unwinds the command as Ctrl-C does (staging folders, partial
+    files and folders made for ``--out`` are removed by the same ``finally``/``except BaseException``
+    blocks), where the signal's default action ended the process at once and left them."""
+
+
+@contextlib.contextmanager
+def _terminate_as_exit():
+    if threading.current_thread() is not threading.main_thread():  # only the main thread takes signals
+        yield
+        return
+
+    def stop(signum, frame):
+        raise _Terminated(TERMINATED)
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Entry point of the ``attnkit`` script."""
     args = list(argv) if argv is not None else sys.argv[1:]
     try:
-        if args and not {"--help", "--version"} & set(args):
-            _check_environment()
-        code = app(args=args, standalone_mode=False)
+        with _terminate_as_exit():
+            if args and not {"--help", "--version"} & set(args):
+                _check_environment()
+            code = app(args=args, standalone_mode=False)
+    except _Terminated:
+        print("terminated", file=sys.stderr)
+        sys.exit(TERMINATED)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import threading
 from pathlib import Path
 from typing import Optional
 
@@ -42,25 +39,6 @@ def _remove_empty(folders: list[Path]) -> None:
             folder.rmdir()
         except OSError:  # not empty (the results, or another's files), or gone
             return
-
-
-@contextlib.contextmanager
-def _terminate_as_exit():
-    """SIGTERM (``kill``, a scheduler's stop) ends the command as an exception, exit code 143 (128 +
-    SIGTERM): the memory subprocess under way is killed (``subprocess.run``) and the folders made for
-    ``--out`` are removed, where the signal's default action ended the process at once and left both."""
-    if threading.current_thread() is not threading.main_thread():  # only the main thread takes signals
-        yield
-        return
-
-    def stop(signum, frame):
-        raise SystemExit(128 + signum)
-
-    before = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
 
 
 def register(app: typer.Typer) -> None:
@@ -162,8 +140,7 @@ def register(app: typer.Typer) -> None:
             raise FileExistsError(f"{out} exists; pass --overwrite to replace it or choose another --out")
         created = _check_writable(out)
         try:
-            with _terminate_as_exit():
-                result = run_bench(cfg, log=lambda msg: typer.echo(msg, err=True))
+            result = run_bench(cfg, log=lambda msg: typer.echo(msg, err=True))
         except BaseException:
             _remove_empty(created)  # a failed or stopped run leaves no empty folder behind
             raise
