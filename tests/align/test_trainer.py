@@ -156,6 +156,31 @@ def test_alignment_trainer_trains_the_regularizer(tiny_bert, dataset, tmp_path):
     assert all(id(p) in grouped for p in reg.parameters())
 
 
+def test_the_regularizer_takes_the_trainers_process_factor_for_a_classifier(tiny_bert, tmp_path, monkeypatch):
+    """Under ``average_tokens_across_devices`` (the default) the Trainer multiplies the task loss by the
+    number of processes, which a classifier's per-process mean does not undo: the regularizer, left as it was,
+    had 1/N of its weight against the task with N processes (``attnkit finetune`` turned the option off)."""
+    from transformers import DataCollatorWithPadding, TrainingArguments
+
+    from attnkit.align import AlignmentRegularizer
+    from attnkit.align.trainer import alignment_trainer_class
+
+    tok, model, data = _classifier_and_rows(tiny_bert)
+    reg = AlignmentRegularizer(model, method="ct", weight=1.0)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, save_strategy="no",
+                             average_tokens_across_devices=True)
+    trainer = alignment_trainer_class()(model=model, args=args, train_dataset=data, regularizer=reg)
+    monkeypatch.setattr(type(trainer.accelerator), "num_processes", property(lambda self: 2))  # as on 2
+    batch = dict(DataCollatorWithPadding(tok)(data[:4]))
+    model.train()
+    torch.manual_seed(0)  # the same dropout masks in both forwards
+    total = trainer.compute_loss(model, dict(batch), num_items_in_batch=torch.tensor(4))
+    torch.manual_seed(0)
+    task = model(**batch).loss
+    alone = reg.loss()
+    torch.testing.assert_close(total, 2 * task + 2 * alone)
+
+
 SCRIPT = """
 import json, os, sys, torch
 from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding,
@@ -259,6 +284,56 @@ def test_gradient_accumulation_does_not_scale_the_regularizer(tmp_path, accumula
     whole, split = gradients(4, 1), gradients(4 // accumulation, accumulation)
     for name in ("navigator", "query_key"):
         torch.testing.assert_close(split[name], whole[name], rtol=1e-4, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("accumulation", [2, 4])
+def test_gradient_accumulation_keeps_the_regularizers_weight_for_a_classifier(tmp_path, accumulation):
+    """BERT's sequence classifier takes ``**kwargs`` but computes its own per-micro-batch mean, so the Trainer
+    sums the micro-batches' task losses; the regularizer, divided by the accumulation steps as for a causal
+    LM, had 1/accumulation of its weight against the task loss (navigator gradient x1 where the task's was
+    x2 at 2 steps)."""
+    import transformers
+    from transformers import BertConfig, BertForSequenceClassification, TrainerCallback, TrainingArguments
+
+    from attnkit.align import AlignmentRegularizer
+    from attnkit.align.trainer import alignment_trainer_class
+
+    transformers.logging.set_verbosity_error()
+    ids = torch.randint(5, 99, (4, 7), generator=torch.Generator().manual_seed(0))
+    rows = [{"input_ids": ids[i], "attention_mask": torch.ones(7, dtype=torch.long), "labels": i % 3}
+            for i in range(4)]
+
+    def gradients(batch: int, steps: int, weight: float):
+        torch.manual_seed(0)
+        model = BertForSequenceClassification(BertConfig(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37, vocab_size=99,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3))
+        reg = AlignmentRegularizer(model, method="ct", weight=weight)
+        got = {}
+
+        class Grab(TrainerCallback):
+            def on_pre_optimizer_step(self, args, state, control, **kwargs):
+                got["query"] = model.bert.encoder.layer[0].attention.self.query.weight.grad.clone()
+                navigator = reg.navigators[0].fc1.weight.grad
+                got["navigator"] = None if navigator is None else navigator.clone()
+
+        args = TrainingArguments(output_dir=str(tmp_path / f"{batch}x{steps}-{weight}"),
+                                 per_device_train_batch_size=batch, gradient_accumulation_steps=steps,
+                                 max_steps=1, report_to=[], use_cpu=True,
+                                 save_strategy="no", logging_strategy="no", seed=0, max_grad_norm=1e9)
+        trainer = alignment_trainer_class()(model=model, args=args, train_dataset=rows, regularizer=reg,
+                                            callbacks=[Grab()])
+        trainer.train()
+        return got
+
+    task_whole = gradients(4, 1, 0.0)["query"]
+    task_split = gradients(4 // accumulation, accumulation, 0.0)["query"]
+    scale = float((task_split * task_whole).sum() / (task_whole * task_whole).sum())  # the task loss x this
+    assert scale == pytest.approx(accumulation, rel=1e-3) or scale == pytest.approx(1.0, rel=1e-3)
+    whole, split = gradients(4, 1, 1.0), gradients(4 // accumulation, accumulation, 1.0)
+    torch.testing.assert_close(split["navigator"], scale * whole["navigator"], rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(split["query"] - task_split, scale * (whole["query"] - task_whole),
+                               rtol=1e-3, atol=1e-6)
 
 
 def test_finetune_seed_fixes_the_head_and_the_regularizer(tiny_bert, dataset, tmp_path):

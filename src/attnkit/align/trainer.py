@@ -32,6 +32,25 @@ REGULARIZER_FILE = "alignment_regularizer.safetensors"
 _GENERATOR_KEY = "_generator_state"  # AlignmentTrainer (the Trainer subclass) is built on first access
 
 
+def _normalizes_by_items(model) -> bool:
+    """Whether ``model``'s ``forward`` hands ``num_items_in_batch`` to its loss: transformers' models do so
+    through ``self.loss_function`` (causal and masked LMs, the classifiers written on it); others, such as
+    ``BertForSequenceClassification``, compute their own ``CrossEntropyLoss`` mean. A forward whose source
+    cannot be read is taken to normalize (the Trainer's own reading); ``trainer.loss_is_scaled_for_ga``
+    overrides both."""
+    import inspect
+
+    from transformers.trainer_utils import unwrap_peft_model
+
+    inner = unwrap_peft_model(model)
+    inner = getattr(inner, "module", inner)  # DistributedDataParallel, DataParallel
+    try:
+        source = inspect.getsource(type(inner).forward)
+    except (OSError, TypeError):
+        return True
+    return "loss_function" in source or "num_items_in_batch" in source
+
+
 @lru_cache(maxsize=None)
 def alignment_trainer_class(base=None):
     """A subclass of ``base`` (default ``transformers.Trainer``) taking ``regularizer=`` in its
@@ -90,18 +109,44 @@ def alignment_trainer_class(base=None):
                     # or its weight would grow with gradient_accumulation_steps
                     reg = reg / getattr(self, "current_gradient_accumulation_steps",
                                         self.args.gradient_accumulation_steps)
+                reg = reg * self._process_factor(kwargs.get("num_items_in_batch"))
                 loss = loss + reg
             return (loss, outputs) if return_outputs else loss
 
         def _loss_scaled_for_accumulation(self, num_items_in_batch) -> bool:
-            """``Trainer.training_step``'s own test of whether it leaves the loss undivided."""
+            """Whether the task loss of a micro-batch is already a share of the accumulated batch's mean, so
+            that the regularizer's is divided by the accumulation steps too. ``Trainer.training_step`` leaves
+            the loss undivided when the model's ``forward`` takes ``**kwargs`` and is handed
+            ``num_items_in_batch``, but a model that takes them without normalizing by it (BERT's and most
+            encoders' sequence classifiers compute a per-micro-batch mean) then sums the micro-batches' task
+            losses: the regularizer, divided, lost weight by the accumulation steps (x0.5 at 2)."""
             fixed = getattr(self, "loss_is_scaled_for_ga", None)
             if fixed is not None:
                 return bool(fixed)
-            return bool(
-                (getattr(self, "model_accepts_loss_kwargs", False) and num_items_in_batch is not None)
-                or getattr(self, "compute_loss_func", None) is not None
-            )
+            if getattr(self, "compute_loss_func", None) is not None:
+                return True
+            return bool(getattr(self, "model_accepts_loss_kwargs", False) and num_items_in_batch is not None
+                        and self._task_normalizes_by_items())
+
+        def _process_factor(self, num_items_in_batch) -> int:
+            """The factor by which ``Trainer.compute_loss`` multiplied the task loss (the number of processes,
+            under ``average_tokens_across_devices``) where the task loss is a per-process mean that ignores
+            ``num_items_in_batch``: the regularizer takes it too, or its weight against the task would be
+            divided by the number of processes. 1 where the task loss is normalized over every process's
+            items (the factor undoes that division) or the Trainer did not multiply."""
+            args = self.args
+            if not (getattr(args, "average_tokens_across_devices", False) and num_items_in_batch is not None
+                    and getattr(self, "model_accepts_loss_kwargs", False)
+                    and getattr(self, "compute_loss_func", None) is None):
+                return 1
+            if self._task_normalizes_by_items():
+                return 1
+            tp = self.get_tp_size() if hasattr(self, "get_tp_size") else 1
+            return args.n_gpu if args.n_gpu > 1 else max(1, self.accelerator.num_processes // tp)
+
+        def _task_normalizes_by_items(self) -> bool:
+            # the Trainer's label smoother (label_smoothing_factor > 0) divides by num_items_in_batch itself
+            return getattr(self, "label_smoother", None) is not None or _normalizes_by_items(self.model)
 
         def _save_checkpoint(self, model, trial, *args, **kwargs):
             if self.args.should_save:  # written first: the folder is complete when the Trainer's files are
