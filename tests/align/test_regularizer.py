@@ -561,6 +561,45 @@ def test_a_regularizer_checkpoint_resumes_only_with_the_settings_it_was_saved_wi
     load_regularizer(AlignmentRegularizer(model, method="mmd", weight=5.0), tmp_path)
 
 
+def test_a_damaged_or_diverged_regularizer_checkpoint_is_one_value_error(tmp_path):
+    """A NaN critic loaded without a word (every later loss NaN), a float generator state was torch's
+    TypeError, settings that are not a dict (or lack the method) skipped the settings check, and a folder in
+    the file's place read as "saved without the alignment regularizer"."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from attnkit.align.trainer import REGULARIZER_FILE, load_regularizer, save_regularizer
+
+    reg = AlignmentRegularizer(_encoder(), method="ct")
+    save_regularizer(reg, tmp_path / "good")
+    tensors = load_file(tmp_path / "good" / REGULARIZER_FILE)
+    with safe_open(str(tmp_path / "good" / REGULARIZER_FILE), framework="pt") as f:
+        metadata = f.metadata()
+    settings = json.loads(metadata["attnkit.align.settings"])
+    nan = {k: v.clone() for k, v in tensors.items()}
+    name = next(k for k in nan if k.startswith("state.critics"))
+    nan[name][..., 0] = float("nan")
+    cases = {
+        "diverged": (nan, metadata, r"non-finite values \(NaN or inf\) in critics\..*earlier checkpoint"),
+        "float-generator": ({**tensors, "_generator_state": tensors["_generator_state"].float()}, metadata,
+                            r"damaged _generator_state \(torch\.float32"),
+        "settings-list": (tensors, {"attnkit.align.settings": "[1, 2]"}, "damaged settings"),
+        "settings-without-method": (tensors, {"attnkit.align.settings": json.dumps(
+            {k: v for k, v in settings.items() if k != "method"})}, "damaged settings"),
+    }
+    for case, (content, meta, message) in cases.items():
+        (tmp_path / case).mkdir()
+        save_file(content, tmp_path / case / REGULARIZER_FILE, metadata=meta)
+        with pytest.raises(ValueError, match=message):
+            load_regularizer(reg, tmp_path / case)
+    (tmp_path / "folder" / REGULARIZER_FILE).mkdir(parents=True)
+    with pytest.raises(ValueError, match="is a folder, not the regularizer's file"):
+        load_regularizer(reg, tmp_path / "folder")
+    load_regularizer(reg, tmp_path / "good")
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_building_the_regularizer_leaves_the_global_rng_as_it_was(method):
     """The discriminator / critic / navigator init drew from torch's global RNG, so every later dropout draw

@@ -181,6 +181,43 @@ def test_the_regularizer_takes_the_trainers_process_factor_for_a_classifier(tiny
     torch.testing.assert_close(total, 2 * task + 2 * alone)
 
 
+def test_max_grad_norm_clips_the_regularizers_gradients_too(tiny_bert, tmp_path):
+    """The Trainer clips model.parameters() only: under SGD with max_grad_norm=1e-3 the critics moved 120x
+    further than the model allowed."""
+    from transformers import DataCollatorWithPadding, TrainingArguments
+
+    from attnkit.align import AlignmentRegularizer
+    from attnkit.align.trainer import alignment_trainer_class
+
+    tok, model, data = _classifier_and_rows(tiny_bert)
+    reg = AlignmentRegularizer(model, method="ct", weight=1.0)
+    start = torch.cat([p.detach().flatten().clone() for p in reg.parameters()])
+    lr, clip = 0.1, 1e-3
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4,
+                             learning_rate=lr, optim="sgd", lr_scheduler_type="constant", max_grad_norm=clip,
+                             report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True)
+    trainer = alignment_trainer_class()(model=model, args=args, train_dataset=data, regularizer=reg,
+                                        data_collator=DataCollatorWithPadding(tok))
+    trainer.train()
+    moved = torch.cat([p.detach().flatten() for p in reg.parameters()]) - start
+    assert 0 < float(moved.norm()) <= lr * clip * (1 + 1e-4)  # one plain SGD step of a clipped gradient
+
+
+def test_model_init_is_refused_with_what_to_do_instead(tiny_bert, tmp_path):
+    """train() rebuilt the model from model_init, the regularizer's hooks stayed on the first one, and
+    reg.loss() then said a submodule had been called on its own."""
+    from transformers import TrainingArguments
+
+    from attnkit.align import AlignmentRegularizer
+    from attnkit.align.trainer import alignment_trainer_class
+
+    tok, model, data = _classifier_and_rows(tiny_bert)
+    reg = AlignmentRegularizer(model, method="ct", weight=1.0)
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, report_to="none", use_cpu=True)
+    with pytest.raises(ValueError, match=r"model=, not model_init=.*attach AlignmentRegularizer"):
+        alignment_trainer_class()(model_init=lambda: model, args=args, train_dataset=data, regularizer=reg)
+
+
 SCRIPT = """
 import json, os, sys, torch
 from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding,

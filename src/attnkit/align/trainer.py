@@ -12,8 +12,10 @@ parameters (discriminator / critic / navigator) in the optimizer it builds as th
 decay (an optimizer given in ``optimizers=`` with its scheduler must already hold them, as it is used as it
 is; one given without a scheduler gets the group before the Trainer builds the scheduler),
 broadcasts them from process 0 when training starts and averages their gradients over the processes before
-each optimizer step (DDP does both for the model only), and zeroes them after each step (the Trainer zeroes
-the model's only). Each checkpoint holds the regularizer too (``alignment_regularizer.safetensors``: its
+each optimizer step (DDP does both for the model only), clips their gradient norm to ``max_grad_norm`` (their
+own norm; the Trainer clips the model's), and zeroes them after each step (the Trainer zeroes the model's
+only). ``model_init=`` (and so ``hyperparameter_search``) is refused: the regularizer is attached to one
+model. Each checkpoint holds the regularizer too (``alignment_regularizer.safetensors``: its
 parameters and the generator of its token subsampling), and
 ``train(resume_from_checkpoint=...)`` restores it, so that a resumed run continues the uninterrupted one. Any
 ``Trainer`` subclass can be extended the same way with ``alignment_trainer_class(base)``.
@@ -65,6 +67,13 @@ def alignment_trainer_class(base=None):
 
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             self.regularizer.sync_gradients()
+            # the Trainer clips the model's gradients (just before this call); the regularizer's parameters
+            # are in the same optimizer and take the same max_grad_norm, as their own group
+            own = [p for p in self.regularizer.parameters() if p.grad is not None]
+            if own and args.max_grad_norm is not None and args.max_grad_norm > 0:
+                import torch
+
+                torch.nn.utils.clip_grad_norm_(own, args.max_grad_norm)
 
         # the Trainer zeroes the model's gradients only (model.zero_grad()): without these the
         # discriminator / critic stepped on the sum of every step's gradients so far
@@ -82,6 +91,13 @@ def alignment_trainer_class(base=None):
 
         def __init__(self, *args, regularizer, **kwargs) -> None:
             super().__init__(*args, **kwargs)
+            if getattr(self, "model_init", None) is not None:
+                # train() would build a new model, and the regularizer's hooks stay on the one it was given
+                raise ValueError(
+                    "AlignmentTrainer takes model=, not model_init= (nor hyperparameter_search): the "
+                    "regularizer is attached to one model; build the model, attach "
+                    "AlignmentRegularizer(model, ...) to it and pass both"
+                )
             self.regularizer = regularizer.to(self.args.device)
             own = [p for p in regularizer.parameters() if p.requires_grad]
             if self.optimizer is not None and own:  # the user's optimizers=(optimizer, scheduler or None)
@@ -159,9 +175,9 @@ def alignment_trainer_class(base=None):
             return super()._save_checkpoint(model, trial, *args, **kwargs)
 
         def _load_from_checkpoint(self, resume_from_checkpoint, *args, **kwargs):
-            result = super()._load_from_checkpoint(resume_from_checkpoint, *args, **kwargs)
+            # the regularizer first: a checkpoint refused for its settings leaves the model as it was
             load_regularizer(self.regularizer, resume_from_checkpoint)
-            return result
+            return super()._load_from_checkpoint(resume_from_checkpoint, *args, **kwargs)
 
         def create_optimizer(self, *args, **kwargs):
             optimizer = super().create_optimizer(*args, **kwargs)
@@ -202,12 +218,16 @@ def _settings(regularizer) -> dict:
 
 
 def load_regularizer(regularizer, folder) -> None:
-    """Restore what :func:`save_regularizer` wrote; a ``ValueError`` naming the file when it is missing or
-    does not fit ``regularizer``."""
+    """Restore what :func:`save_regularizer` wrote; a ``ValueError`` naming the file when it is missing,
+    damaged, holds non-finite parameters or does not fit ``regularizer``."""
+    import torch
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
     path = os.path.join(folder, REGULARIZER_FILE)
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a folder, not the regularizer's file; the checkpoint is damaged: "
+                         "delete it")
     if not os.path.isfile(path):
         raise ValueError(
             f"checkpoint {folder} has no {REGULARIZER_FILE}: it was saved without the alignment regularizer, "
@@ -220,7 +240,10 @@ def load_regularizer(regularizer, folder) -> None:
             saved = json.loads((f.metadata() or {}).get(_SETTINGS_KEY, "null"))
     except (SafetensorError, OSError, ValueError, RecursionError) as exc:
         raise ValueError(f"{path} cannot be read ({exc}); it is damaged: delete the checkpoint") from None
-    if isinstance(saved, dict):  # a file of an older attnkit has none: its parameters are checked below
+    if saved is not None and not (isinstance(saved, dict) and "method" in saved):
+        raise ValueError(f"{path} has damaged settings ({_SETTINGS_KEY} = {str(saved)[:80]!r}); delete the "
+                         "checkpoint")
+    if saved is not None:  # a file of an older attnkit has none: its parameters are checked below
         now = _settings(regularizer)
         changed = [f"{k}={saved.get(k)!r} (now {now[k]!r})" for k in now if saved.get(k, now[k]) != now[k]]
         if changed:
@@ -230,6 +253,16 @@ def load_regularizer(regularizer, folder) -> None:
                 "start"
             )
     state = {k[len("state."):]: v for k, v in tensors.items() if k.startswith("state.")}
+    bad = next((k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())),
+               None)
+    if bad is not None:  # a diverged run's: resuming would train on, every loss NaN
+        raise ValueError(f"{path} holds non-finite values (NaN or inf) in {bad}: the run had diverged before "
+                         "this checkpoint; resume from an earlier checkpoint or train again with a lower "
+                         "learning rate or alignment weight")
+    generator = tensors.get(_GENERATOR_KEY)
+    if generator is not None and (generator.dtype != torch.uint8 or generator.dim() != 1):
+        raise ValueError(f"{path} has a damaged {_GENERATOR_KEY} ({generator.dtype}, shape "
+                         f"{tuple(generator.shape)}; a 1-D uint8 tensor was expected); delete the checkpoint")
     try:
         regularizer.load_state_dict(state)
         regularizer._generator.set_state(tensors[_GENERATOR_KEY])
