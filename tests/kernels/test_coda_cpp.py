@@ -209,6 +209,23 @@ def test_float32_error_is_at_most_a_small_multiple_of_the_eager_error(offset):
     assert (fused.double() - ref).abs().max().item() <= 4 * eager_err + 1e-7
 
 
+@pytest.mark.parametrize("gap", [5e-6, 2e-5])
+def test_gradient_sign_of_close_coordinates_survives_far_keys(gap):
+    """Far keys move the mean key to about -750: coordinates 5e-6 apart (float32 resolves 1e-10 at 1e-3)
+    rounded to one value after the shift, and the backward took the tie's +1 where sign(q - k) = -1, which
+    reversed the sign of dq and dk (+0.278 -> -0.278)."""
+    q = torch.tensor([0.001, 1.0]).view(1, 1, 1, 2)
+    k = torch.tensor([[0.001 + gap, 2.0]] + [[-1000.0, -1000.0]] * 3).view(1, 1, 4, 2)
+    v = torch.ones(1, 1, 4, 1)
+    grads = {}
+    for dtype, backend in ((torch.float64, "reference"), (torch.float32, "efficient")):
+        qq, kk, vv = (t.to(dtype).requires_grad_(True) for t in (q, k, v))
+        ak.attention(qq, kk, vv, "coda", backend=backend).sum().backward()
+        grads[dtype] = (qq.grad.double(), kk.grad.double())
+    for fused, exact in zip(grads[torch.float32], grads[torch.float64]):
+        torch.testing.assert_close(fused, exact, rtol=1e-5, atol=1e-6)
+
+
 # One head of 300 queries: three query chunks (128 + 128 + 44 rows) that the threads share, so the head is cut
 # between threads and its dK, dV and mean gradients are the sum of the threads' parts.
 # (The centred variants reject causal masks, so they take a pair mask instead.)

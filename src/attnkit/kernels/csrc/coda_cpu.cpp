@@ -15,7 +15,9 @@
 //
 //     ||x - y||_1 = sum_d x_d + sum_d y_d - 2 sum_d min(x_d, y_d)       (|x - y| = x + y - 2 min(x, y))
 //
-// on queries and keys shifted by the mean key (the distance is unchanged and the sums stay small)
+// on queries and keys shifted by the mean key (the distance is unchanged in exact arithmetic and the sums
+// stay small; in floating point the distance is accurate to about D ulp(max |x - c|), which a key far from
+// the others makes larger: float32 keys at an offset of 1000 from the rest, 6e-5 in the output)
 // (one min and one add per element instead of a subtraction, an absolute value and an add). The
 // activations, the gate, the mask and the dropout are applied to the tile while it is in cache, and
 // M_tile V_strip is added to the chunk's output. Nothing (Lq, Lk)-shaped is stored.
@@ -27,7 +29,8 @@
 //     P_y(j, d) = sum_i G_ij [x_id < y_jd] (one compare and two masked adds per element):
 //     dQ_id += sum_j G_ij - 2 P_x(i, d),   dK_jd += 2 P_y(j, d) - sum_i G_ij,
 // i.e. G sign(x - y) away from ties (at a tie x_id == y_jd the subgradient +1 is used where torch.cdist
-// uses 0; the two differ only on exactly equal coordinates). The gradients of the means are returned as
+// uses 0; the two differ only on exactly equal coordinates: the comparisons read the inputs as given, not
+// the shifted copies, whose rounding could make a tie of two close coordinates). The gradients of the means are returned as
 // -sum dE and -sum dN; the caller propagates them through its sum pass.
 //
 // Dropout drops M_ij with a counter-based hash of (seed, head, i, j) (compacted indices) that the
@@ -291,10 +294,13 @@ struct PairMask {
   bool ok(int64_t i, int64_t j) const { return (!causal || j <= i) && (!p || p[i * si + j * sj]); }
 };
 
-// One (batch, head) problem in compacted form: n valid queries, m valid keys. The L1 passes read the
-// queries and keys shifted by the mean key c (||x - y||_1 is unchanged; the sums in the min form stay
-// small when the vectors share a large offset): qc (n, D) with rows padded to a multiple of kRows, kT (D,
-// mp) the shifted keys transposed, zero beyond m; sq (n), sk (mp): the sums of their rows.
+// One (batch, head) problem in compacted form: n valid queries, m valid keys. The forward's L1 pass reads
+// the queries and keys shifted by the mean key c (||x - y||_1 is unchanged in exact arithmetic; the sums in
+// the min form stay small when the vectors share a large offset): qc (n, D) with rows padded to a multiple
+// of kRows, kT (D, mp) the shifted keys transposed, zero beyond m; sq (n), sk (mp): the sums of their rows.
+// The backward's comparisons x_id < y_jd read the inputs as given (qu, kU, laid out as qc, kT): a float
+// comparison is exact, where two shifted values x - c and y - c closer than ulp(|x - c|) round to a tie
+// (coordinates 5e-6 apart at an offset of 1000 had their gradient's sign reversed).
 template <typename T>
 struct Head {
   int64_t n, m, mp, D, Dv;
@@ -303,6 +309,8 @@ struct Head {
   const T* v;
   const T* qc;
   const T* kT;
+  const T* qu;
+  const T* kU;
   const T* sq;
   const T* sk;
   T me, mn;  // the means (0 unless centred)
@@ -483,7 +491,7 @@ void backward_head(const Head<T>& h, const Params<T>& P, const Dropout& drop, co
       mm<T>(true, false, cols, Dv, rows, T(1), w.m.data(), kBc, dO + i0 * Dv, Dv, T(1), dv + j0 * Dv, Dv);
       mm<T>(false, false, rows, D, cols, P.a, w.e.data(), kBc, h.k + j0 * D, D, T(1), dq + (i0 - r0) * D, D);
       mm<T>(true, false, cols, D, rows, P.a, w.e.data(), kBc, h.q + i0 * D, D, T(1), dk + j0 * D, D);
-      lt_tile<T>(w.dist.data(), kBc, h.qc + i0 * D, rp, D, h.kT + j0, h.mp, cp, px.data() + (i0 - r0) * D,
+      lt_tile<T>(w.dist.data(), kBc, h.qu + i0 * D, rp, D, h.kU + j0, h.mp, cp, px.data() + (i0 - r0) * D,
                  pyT.data() + j0);
     }
   }
@@ -657,10 +665,10 @@ Params<T> make_params(double scale, double alpha, double beta, int64_t fe, int64
 template <typename T>
 struct Problem {
   std::vector<int64_t> iq, ik;
-  lvector<T> q, k, v, qc, kT, sq, sk;
+  lvector<T> q, k, v, qc, kT, sq, sk, qu, kU;
   Head<T> head;
 
-  bool build(const Call& c, int64_t bh) {
+  bool build(const Call& c, int64_t bh, bool with_inputs = false) {
     const int64_t Lq = c.q.size(1), Lk = c.k.size(1), D = c.q.size(2), Dv = c.v.size(2);
     const int64_t bi = bh / c.heads, hi = bh % c.heads;
     iq = valid_index(c.qm, bi, Lq);
@@ -691,6 +699,14 @@ struct Problem {
         for (int64_t j = j0; j < std::min(m, j0 + 16); ++j) kT[d * mp + j] = kp[j * D + d] - cm[d];
     for (int64_t d = 0; d < D; ++d)
       for (int64_t j = 0; j < m; ++j) sk[j] += kT[d * mp + j];
+    if (with_inputs) {  // the backward's comparisons: the inputs as given, in the same layouts
+      qu.assign(np * D, T(0));
+      std::copy(qp, qp + n * D, qu.begin());
+      kU.assign(D * mp, T(0));
+      for (int64_t j0 = 0; j0 < m; j0 += 16)
+        for (int64_t d = 0; d < D; ++d)
+          for (int64_t j = j0; j < std::min(m, j0 + 16); ++j) kU[d * mp + j] = kp[j * D + d];
+    }
     PairMask pm;
     pm.causal = c.causal;
     if (c.pair.defined()) {
@@ -700,7 +716,8 @@ struct Problem {
     }
     const T me = c.mean_e.defined() ? c.mean_e.data_ptr<T>()[bh] : T(0);
     const T mn = c.mean_n.defined() ? c.mean_n.data_ptr<T>()[bh] : T(0);
-    head = Head<T>{n, m, mp, D, Dv, qp, kp, vp, qc.data(), kT.data(), sq.data(), sk.data(), me, mn, &iq, &ik,
+    head = Head<T>{n, m, mp, D, Dv, qp, kp, vp, qc.data(), kT.data(), qu.data(), kU.data(), sq.data(), sk.data(),
+                   me, mn, &iq, &ik,
                    pm};
     return true;
   }
@@ -793,7 +810,7 @@ std::vector<at::Tensor> coda_backward(const at::Tensor& dout, const at::Tensor& 
       int64_t built = -1;
       for (const Piece& p : pieces) {
         if (p.bh != built) {
-          pr.build(c, p.bh);  // every scheduled problem has a valid query and key
+          pr.build(c, p.bh, true);  // every scheduled problem has a valid query and key
           dO = gather(dop + p.bh * Lq * Dv, pr.iq, Lq, Dv, pr.head.n, gdo);
           built = p.bh;
         }
