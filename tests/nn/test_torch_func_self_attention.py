@@ -80,3 +80,22 @@ def test_same_tensor_sees_through_functorch_wrappers_and_tells_other_tensors_apa
                     "other input": False}
     grad(lambda xi: f(xi, xi.detach().clone()))(x[0])
     assert seen["views"] and seen["transposed"] and not seen["copy"] and not seen["other input"]
+
+
+def test_views_differing_only_in_a_size_one_dimensions_stride_are_one_tensor():
+    """``x.view(x.shape)`` of a transposed batch of one has another stride in the batch dimension (size 1,
+    so no other element): it was not recognised as the query, and the padded queries entered DNAS's column
+    sums (the real tokens' output off by 4e-3 from the same tokens alone)."""
+    import attnkit as ak
+
+    torch.manual_seed(0)
+    m = ak.nn.MultiheadAttention(4, 1, mechanism="dnas", dtype=torch.float64)
+    x = torch.randn(1, 6, 4, dtype=torch.float64).transpose(0, 1)  # (L, B=1, E), strides (4, 24, 1)
+    y = x.view(x.shape)  # the same elements, strides (4, 4, 1)
+    assert same_tensor(x, y) and not same_tensor(x, x[:, :, :3].contiguous())
+    z = torch.zeros(2, 2)
+    assert not same_tensor(z, z.t())  # one storage, one shape, other elements
+    pad = torch.tensor([[False, False, False, True, True, True]])
+    out, _ = m(x, y, y, key_padding_mask=pad)
+    alone, _ = m(x[:3], x[:3], x[:3])
+    torch.testing.assert_close(out[:3], alone, rtol=0, atol=1e-12)

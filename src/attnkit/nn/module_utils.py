@@ -203,7 +203,8 @@ class HybridWeightMixin(HybridWeightAccess):
 
 def same_tensor(a: Tensor, b: Tensor) -> bool:
     """Whether ``a`` and ``b`` are one tensor: the same object, or two views of the same elements (same
-    storage address, shape, strides, dtype, device), as ``x.transpose(0, 1)`` passed as query and key is.
+    storage address, shape, strides but those of size-1 dimensions, dtype, device), as ``x.transpose(0, 1)``
+    passed as query and key is.
     Inside ``torch.func`` transforms (vmap, grad, jacrev, jvp) the wrappers are seen through: two views are
     one tensor when the plain tensors under them are and every level wraps them alike (same level, same
     mapped dimension), so self-attention is recognised there as in eager mode."""
@@ -217,9 +218,15 @@ def same_tensor(a: Tensor, b: Tensor) -> bool:
         a, a_levels = _functorch_unwrapped(a)
         b, b_levels = _functorch_unwrapped(b)
         return (a_levels == b_levels and a.data_ptr() == b.data_ptr() != 0 and a.shape == b.shape
-                and a.stride() == b.stride())
+                and _strides(a) == _strides(b))
     except (RuntimeError, NotImplementedError):  # tensors without storage or sizes (traced, fake, nested)
         return False
+
+
+def _strides(t: Tensor) -> tuple:
+    """``t``'s strides where they address elements: a dimension of size 1 has no second element, so its
+    stride (free in a view, e.g. ``x.view(x.shape)`` of a transposed batch of one) says nothing."""
+    return tuple(None if size == 1 else stride for size, stride in zip(t.shape, t.stride()))
 
 
 def _functorch_unwrapped(t: Tensor) -> tuple[Tensor, list]:
