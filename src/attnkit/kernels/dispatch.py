@@ -166,8 +166,13 @@ def _sdpa_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
     )  # (B, H, Lq, Dv); rows without a valid key are zeros
     if attn is None and call.dropout_p == 0:
         # PyTorch's fused CPU kernel (no mask or is_causal alone, no dropout) returns zeros for a query
-        # holding a NaN, as for a row without a valid key; the math gives NaN, as do the other routes.
-        out = out.masked_fill(call.q.isnan().any(-1, keepdim=True), float("nan"))
+        # holding a NaN, as for a row without a valid key; the math gives NaN, as do the other routes. On the
+        # CPU one sum of q says whether any is NaN (a NaN makes it NaN), so that a call without one pays no
+        # (B, H, Lq) mask and no copy of the output (forward 1.5x SDPA at B=16 L=128 with them)
+        q = call.q
+        if (q.device.type != "cpu" or values_hidden(q) or torch.compiler.is_compiling()
+                or bool(torch.isnan(q.detach().sum()))):
+            out = out.masked_fill(q.isnan().any(-1, keepdim=True), float("nan"))
     if query is not None:
         out = out.masked_fill(~query, 0.0)
     return out
