@@ -110,6 +110,33 @@ def test_a_writer_that_fails_leaves_the_old_file_and_no_scratch(tmp_path):
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_full_disk_names_the_file_and_is_one_cli_line(tmp_path, capsys, monkeypatch):
+    """write()/close() raise ENOSPC without a file name, which the CLI reads as a defect: ``bench --out`` on a
+    full disk ended in a traceback and exit code 1 after the whole run."""
+    import errno
+
+    from attnkit import _files
+    from attnkit.cli import main
+
+    def full(tmp):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    path = tmp_path / "report.json"
+    with pytest.raises(OSError) as exc:
+        _files.write_file_with(path, full, overwrite=False)
+    assert exc.value.errno == errno.ENOSPC and exc.value.filename == str(path)
+    assert list(tmp_path.iterdir()) == []
+    real = _files.write_file_with
+    monkeypatch.setattr(_files, "write_file_with", lambda p, w, **kw: real(p, full, **kw))
+    with pytest.raises(SystemExit) as code:
+        main(["bench", "--lengths", "16", "--mechanisms", "softmax", "--backends", "reference",
+              "--repeats", "1", "--heads", "1", "--head-dim", "4", "--no-memory",
+              "--out", str(tmp_path / "k.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code.value.code == 2 and err[-1].startswith("error: No space left on device: ")
+    assert "Traceback" not in "\n".join(err)
+
+
 def test_a_write_with_overwrite_never_replaces_a_device_a_pipe_or_a_folder(tmp_path):
     """``bench --out NODE --overwrite`` renamed its file over a device node (as root: /dev/null gone)."""
     import os

@@ -65,7 +65,12 @@ def write_file_with(path: Union[str, os.PathLike], write, *, overwrite: bool) ->
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        write(tmp)
+        try:
+            write(tmp)
+        except OSError as exc:
+            if exc.filename is None and exc.errno is not None:  # write()/close() name no file: name this one
+                raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path)) from None
+            raise
         match_umask(tmp)
         if overwrite:
             os.replace(tmp, path)

@@ -110,6 +110,21 @@ def test_finetune_that_fails_while_writing_leaves_out_as_it_was(
         assert not out.exists()
 
 
+def test_a_full_disk_while_saving_the_tokenizer_is_one_line(tiny_bert, tmp_path, capsys, monkeypatch):
+    """The tokenizers library reports a refused write as a plain Exception ("No space left on device (os
+    error 28)"), which was re-raised as a defect: a traceback and exit code 1 after the whole run."""
+    from transformers import PreTrainedTokenizerBase
+
+    def full(self, *args, **kwargs):
+        raise Exception("No space left on device (os error 28)")
+
+    monkeypatch.setattr(PreTrainedTokenizerBase, "save_pretrained", full)
+    out = tmp_path / "converted"
+    err = _error(capsys, ["convert", str(tiny_bert), "--mechanism", "dnas", "--out", str(out)])
+    assert "No space left on device while saving the converted model (--out left as it was)" in err
+    assert not out.exists()
+
+
 @pytest.mark.skipif(__import__("threading").current_thread() is not __import__("threading").main_thread(),
                     reason="signals reach the main thread only")
 @pytest.mark.parametrize("existing", [True, False], ids=["over-an-earlier-fine-tune", "into-a-new-out"])

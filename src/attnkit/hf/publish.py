@@ -295,11 +295,15 @@ def _refused_write(exc: BaseException, what: str, out: Path) -> OSError:
     error is re-raised (a defect)."""
     from safetensors import SafetensorError
 
-    if not isinstance(exc, (OSError, SafetensorError)):
-        raise exc
     text = " ".join(str(exc).split())
+    if not isinstance(exc, (OSError, SafetensorError)) and not (
+        type(exc) is Exception and re.search(r"os error \d+", text)  # tokenizers' Rust I/O errors
+    ):
+        raise exc
     code = exc.errno if isinstance(exc, OSError) else None
-    found = re.search(r"os error (\d+)", text)  # safetensors: "I/O error: File too large (os error 27)"
+    # safetensors: "I/O error: File too large (os error 27)";
+    # tokenizers: "No space left on device (os error 28)"
+    found = re.search(r"os error (\d+)", text)
     if code is None and found is None:  # not a refused write (safetensors' own check): a defect
         raise exc
     code = code if code is not None else int(found[1])
