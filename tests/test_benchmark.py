@@ -94,6 +94,17 @@ def test_shape_and_threads_are_configurable_and_reach_the_memory_subprocess():
     assert "B=2 H=3 D=8 float32, 1 thread;" in format_table(result)
 
 
+def test_the_memory_subprocess_does_not_import_from_the_current_folder(tmp_path, monkeypatch):
+    """Started with ``python -c``, the child put the current folder first on its import path: a random.py
+    there ran in every row's child and failed its measurement."""
+    (tmp_path / "random.py").write_text("raise SystemExit('a random.py of the current folder ran')\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = BenchConfig(lengths=(16,), mechanisms=("softmax",), backends=("reference",), repeats=1, memory=True,
+                      batch=1, heads=1, head_dim=4, threads=1)
+    row = run_bench(cfg)["rows"][0]
+    assert "memory_error" not in row and row["peak_extra_mb"] is not None
+
+
 @pytest.mark.parametrize("field", ["batch", "heads", "head_dim", "threads"])
 def test_shape_and_threads_must_be_positive(field):
     with pytest.raises(ValueError, match=f"{field}=0"):

@@ -568,7 +568,9 @@ _CHILD_START = (
 
 def _peak_in_subprocess(mechanism: str, backend: str, L: int, cfg: BenchConfig) -> dict:
     cmd = [
-        sys.executable, "-c", _CHILD_START, "--peak",
+        # -P: the current folder is not put first on the import path (with -c it would be, and a random.py
+        # or json.py there replaced the module torch imports in the child)
+        sys.executable, "-P", "-c", _CHILD_START, "--peak",
         mechanism, backend, str(L), cfg.device, str(cfg.sinkhorn_iters),
         str(cfg.batch), str(cfg.heads), str(cfg.head_dim), str(cfg.threads or torch.get_num_threads()),
         repr(float(cfg.dropout)), repr(float(cfg.padding)),
