@@ -350,7 +350,7 @@ def _run_all_of_slow_targets(tmp_path, monkeypatch):
     process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
-    while len(list(root.glob("*/started"))) < 2:
+    while len(list(root.rglob("started"))) < 2:
         assert time.monotonic() < deadline and process.poll() is None, "the two first targets never started"
         time.sleep(0.2)
     return process, root
@@ -383,7 +383,7 @@ def test_ctrl_c_stops_a_run_of_all_targets_with_workers_at_once(tmp_path, monkey
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         raise AssertionError("the run went on after Ctrl-C")
-    started = sorted(p.parent.name for p in root.glob("*/started"))
+    started = sorted(p.parent.parent.name for p in root.rglob("started"))  # in each staging folder
     assert len(started) == 2  # the queued targets never started
     assert not _group_alive(process.pid)
 
@@ -524,3 +524,99 @@ def test_reproduce_all_refuses_a_quick_that_is_not_a_bool(tmp_path):
     with pytest.raises(ValueError, match="quick='no'"):
         reproduce_all(tmp_path / "all", quick="no", targets=["lemma1"])
     assert not (tmp_path / "all").exists()
+
+
+def _writes_then_stops(result, quick, seed):
+    """A target that writes one result file and is interrupted (Ctrl-C) before it finishes."""
+    (result.out / "curve.csv").write_text("x,y\n1,2\n")
+    result.add_file(result.out / "curve.csv")
+    (result.out / "half.png").write_text("half a savefig")  # not listed yet: savefig was under way
+    raise KeyboardInterrupt
+
+
+def test_an_interrupted_overwrite_leaves_the_earlier_results_whole(tmp_path, monkeypatch,
+                                                                   constructed_targets):
+    """The new run wrote into the folder directly: after Ctrl-C some files were the new run's, the rest and
+    the summary.json the earlier run's (a folder that read as the earlier result, with the new numbers)."""
+    from attnkit.analysis.fidelity import load_result
+
+    out = tmp_path / "run"
+    reproduce_module.reproduce("constructed-pass", out, seed=3)
+    (out / "curve.csv").write_text("the earlier run's curve")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    monkeypatch.setitem(reproduce_module.TARGETS, "stops", _writes_then_stops)
+    with pytest.raises(KeyboardInterrupt):
+        reproduce_module.reproduce("stops", out, overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir() if not p.name.startswith(".attnkit-")} == before
+    assert load_result(out).seed == 3
+    reproduce_module.reproduce("constructed-fail", out)  # the unfinished run's files go, not the user's
+    assert not any(p.name.startswith(".attnkit-") for p in out.iterdir())
+    assert json.loads((out / "summary.json").read_text())["name"] == "constructed-fail"
+    assert not (out / "half.png").exists()
+
+
+def test_a_failed_run_releases_its_folder_for_the_same_session(tmp_path, monkeypatch):
+    """Only a finished run released its lock: after a target raised, a second call (a notebook's next cell,
+    or the command line meanwhile) was refused as "in use by another attnkit reproduce process"."""
+    def fails(result, quick, seed):
+        raise RuntimeError("a target's own error")
+
+    monkeypatch.setitem(reproduce_module.TARGETS, "fails", fails)
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError):
+        reproduce_module.reproduce("fails", out)
+    from attnkit.analysis.report import _LOCKS
+
+    assert str(out.resolve()) not in _LOCKS
+    from attnkit.analysis.fidelity import reproduce_all as run_all
+
+    with pytest.raises(KeyboardInterrupt):
+        monkeypatch.setitem(reproduce_module.TARGETS, "stops", _writes_then_stops)
+        run_all(tmp_path / "all", targets=["stops"])
+    assert str((tmp_path / "all").resolve()) not in _LOCKS
+
+
+def test_a_file_saved_in_a_target_folder_of_an_interrupted_run_of_all_stays(tmp_path, monkeypatch,
+                                                                             constructed_targets):
+    """The next run removed the interrupted run's target folders whole, a file the user saved in one since
+    included (without --overwrite)."""
+    monkeypatch.setitem(reproduce_module.TARGETS, "stops", _writes_then_stops)
+    root = tmp_path / "all"
+    with pytest.raises(KeyboardInterrupt):
+        reproduce_all(root, targets=["constructed-pass", "stops"])
+    (root / "constructed-pass" / "my_analysis.txt").write_text("mine")
+    (root / "stops" / "notes.txt").write_text("mine too")
+    monkeypatch.setitem(reproduce_module.TARGETS, "stops", _constructed_target(True))
+    results, _ = reproduce_all(root, targets=["constructed-pass", "stops"])
+    assert all(c.held for r in results for c in r.claims)
+    assert (root / "constructed-pass" / "my_analysis.txt").read_text() == "mine"
+    assert (root / "stops" / "notes.txt").read_text() == "mine too"
+    assert not (root / "stops" / "curve.csv").exists()  # the interrupted run's: never moved in
+
+
+def test_a_rebuilt_page_shows_an_unfinished_target_as_failed_and_trusts_no_field(tmp_path, monkeypatch,
+                                                                                  constructed_targets):
+    """A target whose latest run did not finish came back "held" from its earlier summary, and a summary's
+    "held": "false" read as held."""
+    from attnkit.analysis.fidelity import rebuild_fidelity
+    from attnkit.analysis.report import UNFINISHED_MARKER
+
+    root = tmp_path / "all"
+    reproduce_all(root, targets=["constructed-pass"], quick=True)
+    monkeypatch.setitem(reproduce_module.TARGETS, "constructed-pass", _writes_then_stops)
+    with pytest.raises(KeyboardInterrupt):
+        reproduce_module.reproduce("constructed-pass", root / "constructed-pass", overwrite=True)
+    assert (root / "constructed-pass" / UNFINISHED_MARKER).is_file()
+    rebuild_fidelity(root)
+    entries = json.loads((root / "fidelity.json").read_text())
+    assert [c["held"] for c in entries[0]["claims"]] == [False]
+    assert "did not finish" in entries[0]["claims"][0]["evidence"]
+    (root / "constructed-pass" / UNFINISHED_MARKER).unlink()
+    summary = json.loads((root / "constructed-pass" / "summary.json").read_text())
+    summary["claims"][0]["held"] = "false"
+    (root / "constructed-pass" / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match="held is 'false'; expected true or false"):
+        rebuild_fidelity(root)
+    (root / UNFINISHED_MARKER).write_text("")
+    with pytest.raises(ValueError, match="did not finish, so its summaries mix runs"):
+        rebuild_fidelity(root)

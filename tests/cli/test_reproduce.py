@@ -83,11 +83,14 @@ def test_an_interrupted_runs_partial_files_are_removed_and_the_users_kept(tmp_pa
     monkeypatch.setitem(repro.TARGETS, "lemma1-partial", partial)
     with pytest.raises(SystemExit):
         main(["reproduce", "lemma1-partial", "--out", str(out), "--quick", "--overwrite"])
-    assert (out / "points.csv").is_file()
+    staged = [p for p in out.iterdir() if p.name.startswith(".attnkit-reproduce-")]
+    assert not (out / "points.csv").exists() and [p.name for p in staged[0].iterdir()] == ["points.csv"] \
+        or sorted(p.name for p in staged[0].iterdir()) == ["plots", "points.csv"]  # in its staging folder
     (out / "thesis_fig2.png").write_text("saved after the kill")  # the user's too: it stays
     main(["reproduce", "lemma1", "--out", str(out), "--quick"])
     assert "did not finish; replacing its files" in capsys.readouterr().err
     assert not (out / "points.csv").exists() and not (out / "plots").exists()
+    assert not any(p.name.startswith(".attnkit-") for p in out.iterdir())
     assert (out / "mine.txt").read_text() == "the user's" and (out / "summary.json").is_file()
     assert (out / "thesis_fig2.png").read_text() == "saved after the kill"
 

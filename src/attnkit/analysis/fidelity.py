@@ -11,6 +11,7 @@ import base64
 import contextlib
 import html
 import json
+import math
 import os
 import platform
 import time
@@ -23,8 +24,8 @@ from .. import __version__
 from .._files import json_loads
 from ..validators import check_bool, check_seed
 from .report import (
-    ReproduceResult, format_value, from_jsonable, mark_finished, prepare_output_dir, record_replaced,
-    record_written, replaced_in_mark, unfinished_without_record,
+    ReproduceResult, format_value, from_jsonable, is_unfinished, mark_finished, prepare_output_dir,
+    record_replaced, record_written, release, replaced_in_mark, unfinished_without_record, written_in_mark,
     table_columns, verdict,
 )
 
@@ -198,12 +199,22 @@ def reproduce_all(
     jobs = default_jobs(len(names)) if jobs == 0 else min(jobs, max(len(names), 1))
     root = Path("runs") / "reproduce" / "all" if out is None else Path(out)
     # A run of all targets that did not finish (Ctrl-C) listed each target's folder in its mark as it made
-    # it: preparing the root removes them, finished ones included, and nothing else (a folder the user wrote
-    # there since is refused as any non-empty --out is). A folder it was replacing (--overwrite) is replaced
-    # again, file by file. A mark without these lists (an older version's): every target folder is replaced.
+    # it: preparing the root removes the files of that run in them, finished targets' included, and the
+    # folders left empty; a file the user saved in one since stays, and that folder is replaced again, file
+    # by file, as is a folder that run was replacing (--overwrite). A folder the user made there since is
+    # refused as any non-empty --out is. A mark without these lists (an older version's): every target
+    # folder is replaced.
     overwrite = overwrite or unfinished_without_record(root)
-    replacing = set(replaced_in_mark(root))
+    replacing = set(replaced_in_mark(root)) | set(written_in_mark(root))
     root = prepare_output_dir(root, overwrite=overwrite)
+    try:
+        return _run_all(root, names, overwrite, replacing, quick, seed, jobs)
+    finally:
+        release(root)  # a failed or interrupted call in a live session must not keep the folder locked
+
+
+def _run_all(root: Path, names: list[str], overwrite: bool, replacing: set, quick: bool, seed: int,
+             jobs: int) -> tuple[list[ReproduceResult], Path]:
     replace = {name: overwrite or name in replacing for name in names}
     for name in names:  # listed here, in one process: workers writing the root's mark at once lose names
         folder = root / name
@@ -274,6 +285,25 @@ def _plain_name(name) -> str:
     return name
 
 
+def _check_summary(data) -> None:
+    """The fields of a ``summary.json`` that a page states, of the types a run writes: a file is not trusted
+    (``"held": "false"`` must not read as held, nor a NaN time be shown)."""
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object")
+    if not isinstance(data.get("name"), str):
+        raise ValueError(f"name is {data.get('name')!r}; expected a target's name")
+    seconds = data.get("seconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or seconds < 0:
+        raise ValueError(f"seconds is {seconds!r}; expected a number of seconds")
+    claims = data.get("claims")
+    if not isinstance(claims, list) or not all(isinstance(c, dict) for c in claims):
+        raise ValueError("claims is not a list of objects")
+    for c in claims:
+        if not isinstance(c.get("held"), bool):
+            raise ValueError(f"a claim's held is {c.get('held')!r}; expected true or false")
+
+
 def load_result(folder: Union[str, Path]) -> ReproduceResult:
     """A target's result read back from its ``summary.json`` (rows, claims, files, seconds, budget).
 
@@ -285,6 +315,7 @@ def load_result(folder: Union[str, Path]) -> ReproduceResult:
     path = folder / "summary.json"
     try:
         data = json_loads(path.read_text(encoding="utf-8"))
+        _check_summary(data)
         claims = [Claim(**{k: c[k]
                            for k in ("source", "statement", "held", "evidence", "paper", "ours", "criterion")
                            if k in c}) for c in data["claims"]]
@@ -317,13 +348,31 @@ def rebuild_fidelity(
     if seed is not None:
         check_seed(seed)
     root = Path(root)
+    if is_unfinished(root):  # its targets' summaries mix that run's with an earlier one's
+        raise ValueError(f"the run of all targets in {str(root)!r} did not finish, so its summaries mix "
+                         f"runs; run it again ('attnkit reproduce all --out {root}')")
     folders = sorted(p.parent for p in root.glob("*/summary.json"))
     if not folders:
         raise FileNotFoundError(f"no */summary.json under {str(root)!r}; run 'attnkit reproduce all' first")
     from .reproduce import TARGETS
 
     order = {name: i for i, name in enumerate(TARGETS)}  # the order of a run; unknown folders last
-    results = sorted((load_result(f) for f in folders), key=lambda r: (order.get(r.name, len(order)), r.name))
+    results = []
+    for folder in folders:
+        result = load_result(folder)
+        if is_unfinished(folder):  # the summary is an earlier run's; the latest did not finish
+            earlier = result
+            result = _failed(result.name, folder, "its latest run did not finish (the folder holds its "
+                             "unfinished mark beside an earlier run's summary.json); run it again")
+            result.seed, result.quick = earlier.seed, earlier.quick
+        results.append(result)
+    seen: dict[str, Path] = {}
+    for r in results:
+        if r.name in seen:
+            raise ValueError(f"two summaries of target {r.name!r} under {str(root)!r}: {seen[r.name]} and "
+                             f"{r.out}; keep one")
+        seen[r.name] = r.out
+    results.sort(key=lambda r: (order.get(r.name, len(order)), r.name))
     run_quick = _recorded(results, "quick", quick, root)
     run_seed = _recorded(results, "seed", seed, root)
     if run_quick is None or run_seed is None:

@@ -187,6 +187,7 @@ def from_jsonable(value: Any) -> Any:
 # (Ctrl-C, out of memory) leaves it behind, and the next run may replace that directory's files without
 # --overwrite, since they are ours and incomplete.
 UNFINISHED_MARKER = ".attnkit-unfinished"
+STAGING_PREFIX = ".attnkit-reproduce-"  # the folder inside --out that an --overwrite run writes into
 
 
 def prepare_output_dir(out: Union[str, Path], overwrite: bool = False) -> Path:
@@ -242,6 +243,12 @@ def _written(marker: Path) -> Optional[list[str]]:
     return _mark_list(marker, "written")
 
 
+def written_in_mark(out: Union[str, Path]) -> list[str]:
+    """What the unfinished run of ``out`` listed as written (its own files and folders; [] without a mark)."""
+    marker = Path(out) / UNFINISHED_MARKER
+    return (_written(marker) or []) if marker.is_file() else []
+
+
 def replaced_in_mark(out: Union[str, Path]) -> list[str]:
     """The folders in ``out`` whose files an unfinished run of all targets was replacing (``--overwrite``):
     the next run replaces them too, file by file, keeping what else the user saved there."""
@@ -272,15 +279,44 @@ def record_written(path: Union[str, Path]) -> None:
 
 def _remove_unfinished_files(out: Path) -> None:
     """Remove what the unfinished run of ``out`` wrote, as its mark lists it (nothing, without that record):
-    a file saved there since, or before with ``--overwrite``, stays."""
+    a file saved there since, or before with ``--overwrite``, stays. A listed folder is a staging folder
+    (removed whole) or a target's folder of a run of all targets, of which only the run's own files go
+    (:func:`_remove_run_folder`), so that a file saved in it since stays too."""
     for name in _written(out / UNFINISHED_MARKER) or []:
         path = out / name
         if Path(name).name != name or name in ("", ".", ".."):  # a hand-edited mark: only plain names
             continue
         if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
+            if name.startswith(STAGING_PREFIX):
+                shutil.rmtree(path)
+            else:
+                _remove_run_folder(path)
         elif path.exists() or path.is_symlink():
             path.unlink()
+
+
+def _remove_run_folder(folder: Path) -> None:
+    """Remove the files of the reproduction in ``folder``: an unfinished one's (its mark's list) or a finished
+    one's (its ``summary.json``'s list, and the summary), then ``folder`` if nothing else is left."""
+    if is_unfinished(folder):
+        _remove_unfinished_files(folder)
+        (folder / UNFINISHED_MARKER).unlink(missing_ok=True)
+    summary = folder / "summary.json"
+    if summary.is_file() and not summary.is_symlink():
+        try:
+            files = json_loads(summary.read_text(encoding="utf-8")).get("files")
+        except (OSError, ValueError, AttributeError, RecursionError):
+            files = None
+        if isinstance(files, list) and all(isinstance(f, str) for f in files):
+            for name in [*files, summary.name]:
+                path = folder / name
+                if Path(name).name == name and name not in ("", ".", "..") and path.is_file() \
+                        and not path.is_symlink():
+                    path.unlink()
+    try:
+        folder.rmdir()
+    except OSError:  # what the user saved there stays (and the folder with it)
+        pass
 
 
 def unfinished_without_record(out: Union[str, Path]) -> bool:
@@ -296,6 +332,12 @@ def is_unfinished(out: Union[str, Path]) -> bool:
 def mark_finished(out: Union[str, Path]) -> None:
     """Remove the unfinished mark of ``out``: the run that wrote it finished (and release the folder)."""
     (Path(out) / UNFINISHED_MARKER).unlink(missing_ok=True)
+    release(out)
+
+
+def release(out: Union[str, Path]) -> None:
+    """Release this process's lock on ``out`` (a run that finished, failed or was interrupted; its mark
+    stays until :func:`mark_finished`)."""
     fd = _LOCKS.pop(str(Path(out).resolve()), None)
     if fd is not None:
         os.close(fd)

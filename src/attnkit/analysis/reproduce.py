@@ -32,6 +32,9 @@ budget is too small for its claims to mean much says so in ``result.note``.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional, Union
@@ -50,7 +53,16 @@ from .repro_mlu import mlu_ablations
 from .repro_pretraining import hnas_pretraining
 from .repro_sinkhorn import sinkhorn_iterations
 from ..validators import check_bool, check_seed
-from .report import UNFINISHED_MARKER, ReproduceResult, mark_finished, prepare_output_dir
+from .report import (
+    STAGING_PREFIX,
+    UNFINISHED_MARKER,
+    ReproduceResult,
+    is_unfinished,
+    mark_finished,
+    prepare_output_dir,
+    record_written,
+    release,
+)
 from .._files import check_output_parents
 
 __all__ = ["TARGETS", "TARGET_HELP", "reproduce", "default_output_dir", "check_output_parents"]
@@ -113,11 +125,13 @@ def reproduce(
 ) -> ReproduceResult:
     """Run target ``name`` into ``out`` (default ``runs/reproduce/<name>``) and return its result.
 
-    An existing non-empty ``out`` is refused unless ``overwrite``; with it, this run's files replace those of
-    the same names, and once it has finished, the files that an earlier reproduction's ``summary.json`` there
-    listed as its outputs and this run did not write are removed (whichever target wrote them; an
-    interrupted run removes none of them), and every other file stays. The result holds the printed table
-    (``rows``), the paper claims checked (``claims``) and the files written (PNG, CSV, ``summary.json``).
+    An existing non-empty ``out`` is refused unless ``overwrite``. The run writes into a staging folder
+    inside ``out`` and, once it has finished, its files replace those of the same names
+    (``summary.json`` last), and the files that an earlier reproduction's ``summary.json`` there listed as its
+    outputs and this run did not write are removed (whichever target wrote them); every other file stays. An
+    interrupted run leaves the earlier results as they were (the next run into ``out`` removes its staging
+    folder). The result holds the printed table (``rows``), the paper claims checked (``claims``) and the
+    files written (PNG, CSV, ``summary.json``).
     """
     if name not in TARGETS:
         raise ValueError(f"unknown reproduction target {name!r}; expected one of {tuple(TARGETS)}")
@@ -125,25 +139,48 @@ def reproduce(
     check_bool(quick, f"quick={quick!r}")
     out = default_output_dir(name) if out is None else Path(out)
     check_output_parents(out)
+    # a folder whose earlier run did not finish: that run was an --overwrite of the results still there
+    resumed = is_unfinished(out)
     out_dir = prepare_output_dir(out, overwrite=overwrite)
-    earlier = _earlier_outputs(out_dir) if overwrite else []
-    result = ReproduceResult(name=name, out=out_dir, seed=seed, quick=quick)
-    start, cpu_start = time.perf_counter(), time.process_time()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the models are tiny: one thread avoids the cost of idle synchronisation
     try:
-        TARGETS[name](result, quick, seed)
+        earlier = _earlier_outputs(out_dir) if overwrite or resumed else []
+        # every file of the run is written here first, a partial one too (a target interrupted inside a
+        # savefig has not listed its file yet): an interrupted run's files are this folder, which the next
+        # run into out removes, and an earlier run's results stay whole until this one has finished
+        stage = Path(tempfile.mkdtemp(dir=out_dir, prefix=STAGING_PREFIX))
+        record_written(stage)
+        result = ReproduceResult(name=name, out=stage, seed=seed, quick=quick)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # the models are tiny: one thread avoids the cost of idle synchronisation
+        try:
+            TARGETS[name](result, quick, seed)
+        finally:
+            torch.set_num_threads(threads)
+        result.seconds = time.perf_counter() - start
+        result.cpu_seconds = time.process_time() - cpu_start
+        result.write_summary()
+        _move_into(result, stage, out_dir)
+        written = {path.name for path in result.files}
+        for path in earlier:  # the earlier run's results that this one did not replace
+            if path.name not in written and path.is_file() and not path.is_symlink():
+                path.unlink()
+        mark_finished(out_dir)
     finally:
-        torch.set_num_threads(threads)
-    result.seconds = time.perf_counter() - start
-    result.cpu_seconds = time.process_time() - cpu_start
-    result.write_summary()
-    written = {path.name for path in result.files}
-    for path in earlier:  # the earlier run's results that this one did not replace
-        if path.name not in written and path.is_file() and not path.is_symlink():
-            path.unlink()
-    mark_finished(out_dir)
+        release(out_dir)  # a failed or interrupted call in a live session must not keep the folder locked
     return result
+
+
+def _move_into(result: ReproduceResult, stage: Path, out_dir: Path) -> None:
+    """Move the files of a run staged in ``stage`` into ``out_dir`` (each replacing the file of its name,
+    ``summary.json`` last, so that the folder reads as the earlier run until the new one is whole), point
+    ``result`` at them, and remove ``stage``."""
+    names = list(dict.fromkeys(p.name for p in result.files))
+    for name in sorted(names, key=lambda n: n == "summary.json"):
+        os.replace(stage / name, out_dir / name)
+    result.out = out_dir
+    result.files = [out_dir / name for name in names]
+    shutil.rmtree(stage, ignore_errors=True)  # empty, unless the target left scratch files there
 
 
 def _earlier_outputs(out: Path) -> list[Path]:
