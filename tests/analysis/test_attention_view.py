@@ -526,3 +526,39 @@ def test_a_pair_run_draws_the_pair_as_the_runner_encodes_it(tmp_path, monkeypatc
     assert view.truncation_note.startswith("only 16 of 24 tokens are shown")
     with pytest.raises(ValueError, match='write the pair as "a \\| b"'):
         view_from_run(tmp_path / "run", first)
+
+
+def test_a_model_fine_tuned_on_pairs_draws_a_b_as_the_pair_it_read(tiny_bert, tmp_path):
+    """``attnkit finetune`` on MRPC encodes tokenizer(a, b) ([SEP] between, token types 0 then 1), but show
+    drew "a | b" as one text with a literal "|", an input the model never read."""
+    from transformers import AutoTokenizer
+
+    from attnkit.analysis.attention_view import view_from_hf
+    from attnkit.data.containers import TextClassificationData
+    from attnkit.hf.finetune import FinetuneConfig, finetune
+
+    data = TextClassificationData(
+        name="pairs", train_texts=["the bank raised rates", "shares fell", "oil rose", "a bid"] * 2,
+        train_labels=[0, 1, 0, 1] * 2, test_texts=["rates rose", "shares fell"], test_labels=[0, 1],
+        label_names=["no", "yes"], test_text_pairs=["rates fell", "stocks fell"],
+        train_text_pairs=["rates went up", "stocks dropped", "gas fell", "an offer"] * 2)
+    out = tmp_path / "tuned"
+    metrics = finetune(FinetuneConfig(model=str(tiny_bert), out=str(out), max_steps=1, batch_size=4,
+                                      max_length=24), data=data)
+    assert metrics["sentence_pairs"] is True
+    view = view_from_hf(out, "the bank raised rates | oil prices rose")
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    expected = tokenizer("the bank raised rates", "oil prices rose")["input_ids"]
+    assert view.tokens == tokenizer.convert_ids_to_tokens(expected) and view.pair
+    with pytest.raises(ValueError, match="is one sentence.*reads sentence pairs"):
+        view_from_hf(out, "the bank raised rates")
+    plain = view_from_hf(tiny_bert, "the bank | oil", mechanisms=("softmax",))  # not fine-tuned on pairs
+    assert "|" in plain.tokens and not plain.pair
+
+
+def test_the_page_says_its_mean_panel_and_bars_are_over_all_heads(hf_view):
+    """The page said "the heads shown and their mean" while the mean panel and the column-sum bars took every
+    head: with --heads 0 of an identity head and a uniform one, the "mean" showed 0.667 / 0.167."""
+    page = render_view_html(hf_view, heads=[0])
+    assert "the mean over all the layer&#x27;s heads" in page or "the mean over all the layer's heads" in page
+    assert "heads shown and their mean" not in page

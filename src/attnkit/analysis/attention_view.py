@@ -371,11 +371,15 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
         limit, reason = positions - offset, f"the model has {positions} positions (max_position_embeddings)"
         if offset:
             reason += f" numbered from padding_idx + 1 = {offset}, so a text fits in {limit}"
-    enc = tokenizer(text, return_tensors="pt", truncation=True, max_length=limit)
+    # a model fine-tuned on sentence pairs (attnkit finetune on MRPC, SNLI) reads "a | b" as the pair
+    dataset = _pair_dataset(model_dir)
+    pair = _split_pair(text, dataset) if dataset is not None else None
+    parts = pair if pair is not None else (text,)
+    enc = tokenizer(*parts, return_tensors="pt", truncation=True, max_length=limit)
     tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][0].tolist())
-    whole = len(tokenizer(text, verbose=False)["input_ids"])  # not cut (no warning past the model's limit)
+    whole = len(tokenizer(*parts, verbose=False)["input_ids"])  # not cut (no warning past the model's limit)
     view = AttentionView(text=text, tokens=tokens, source=str(model_dir), text_tokens=whole,
-                         token_limit=limit, limit_reason=reason)
+                         token_limit=limit, limit_reason=reason, pair=pair is not None)
     models = {own.name: base} if own is not None else {}
     if own is None:
         for m in mechanisms:
@@ -394,6 +398,28 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
             view.hybrid_u[name] = akhf.hybrid_weights(model).tolist()
             view.hybrid_u_names[name] = list(converted)
     return view
+
+
+def _pair_dataset(model_dir) -> Optional[str]:
+    """The dataset of sentence pairs that ``attnkit finetune`` trained the model in ``model_dir`` on (its
+    ``metrics.json`` says so: ``sentence_pairs``, or for a fine-tune of an earlier version a catalog
+    dataset of pairs), else ``None``."""
+    path = Path(model_dir) / "metrics.json"
+    try:
+        metrics = json_loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # none (a converted or stock model), or not ours
+        return None
+    if not isinstance(metrics, dict):
+        return None
+    config = metrics.get("config")
+    dataset = str(config.get("dataset")) if isinstance(config, dict) else "the fine-tuning dataset"
+    pairs = metrics.get("sentence_pairs")
+    if isinstance(pairs, bool):
+        return dataset if pairs else None
+    return dataset if dataset in _PAIR_DATASETS else None
+
+
+_PAIR_DATASETS = ("mrpc", "snli")  # the catalog's sentence pairs (metrics.json of earlier versions)
 
 
 def _position_offset(model) -> int:
@@ -437,7 +463,7 @@ def _png(fig) -> str:
 
 
 def _layer_figure(view: AttentionView, layer: int, heads: Sequence[int]) -> str:
-    """Heatmaps: rows = the chosen heads and the mean over heads, columns = mechanisms; then the column
+    """Heatmaps: rows = the chosen heads and the mean over all heads, columns = mechanisms; then the column
     sums."""
     import matplotlib
 
@@ -449,21 +475,22 @@ def _layer_figure(view: AttentionView, layer: int, heads: Sequence[int]) -> str:
     mechs = view.mechanisms
     L = len(view.tokens)
     labels = [literal_text(t if len(t) <= 12 else t[:11] + "…") for t in view.tokens]  # drawn as written
-    rows = [*[f"head {h}" for h in heads], "mean over heads"]
+    rows = [*[f"head {h}" for h in heads], f"mean over all {view.weights[mechs[0]][layer].shape[0]} heads"]
     size = 1.2 + 0.16 * L
     fig, axes = plt.subplots(len(rows) + 1, len(mechs), figsize=(size * len(mechs), size * len(rows) + 2.2),
                              squeeze=False)
     for c, mech in enumerate(mechs):
         w = view.weights[mech][layer]  # (H, L, L)
         panels = [w[h] for h in heads] + [w.mean(0)]
+        # one scale per mechanism (weights lie in [0, 1], CoDA's in [-1, 1], signed wherever any head of the
+        # layer has a negative weight): a near-uniform head is drawn pale, not as saturated as a one-hot one,
+        # and the mechanisms compare side by side; its colour bar beside its first panel
+        signed = mech.split("+")[0] == "coda" or bool((w < 0).any())
         for r, (name, panel) in enumerate(zip(rows, panels)):
             ax = axes[r][c]
-            signed = bool((panel < 0).any())
-            # one scale for every panel (weights lie in [0, 1], CoDA's in [-1, 1]): a near-uniform head is
-            # drawn pale, not as saturated as a one-hot one, and the mechanisms compare side by side
             image = ax.imshow(panel.numpy(), cmap="RdBu_r" if signed else "viridis", vmin=-1 if signed else 0,
                               vmax=1)
-            if c == len(mechs) - 1 or signed:
+            if r == 0:
                 fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02).ax.tick_params(labelsize=6)
             ax.set_title(literal_text(f"{mech}: {name}"), fontsize=8)
             ax.set_xticks(range(L), labels, rotation=90, fontsize=6)
@@ -471,8 +498,8 @@ def _layer_figure(view: AttentionView, layer: int, heads: Sequence[int]) -> str:
         ax = axes[-1][c]
         sums = w.sum(dim=1)  # (H, L): column sums s_j per head
         ax.bar(range(L), sums.min(0).values.numpy(), color=MECHANISM_COLORS.get(mech, "#777"), alpha=0.8,
-               label="min over heads")
-        ax.plot(range(L), sums.mean(0).numpy(), "k.", ms=4, label="mean over heads")
+               label="min over all heads")
+        ax.plot(range(L), sums.mean(0).numpy(), "k.", ms=4, label="mean over all heads")
         ax.axhline(1.0 / L, color="red", ls="--", lw=1, label=f"1/n = {1.0 / L:.3f} (Lemma 1)")
         if bool((sums > 0).all()):
             ax.set_yscale("log")
@@ -548,9 +575,10 @@ def render_view_html(view: AttentionView, heads: Optional[Sequence[int]] = None,
         f"Model: <code>{html.escape(view.source)}</code>; "
         f"mechanisms: {html.escape(', '.join(view.mechanisms))}.</p>",
         f'<p class="note" id="truncated">{html.escape(note[0].upper() + note[1:])}.</p>' if note else "",
-        "<p>Per layer: the attention weights π (queries down, keys across) of the heads shown and their "
-        "mean, one column per mechanism; below, each key's column sum Σ<sub>i</sub> π<sub>ij</sub> "
-        "(bars: smallest over heads, dots: mean) against the bound 1/n that DNAS guarantees (Lemma 1). "
+        "<p>Per layer: the attention weights π (queries down, keys across) of the heads shown and the "
+        "mean over all the layer's heads, one column per mechanism; below, each key's column sum "
+        "Σ<sub>i</sub> π<sub>ij</sub> (bars: smallest over all heads, dots: their mean) against the bound "
+        "1/n that DNAS guarantees (Lemma 1). "
         "A key far below the line is explained away: almost no query attends to it. "
         "CoDA's weights are signed (red/blue) and not normalized.</p>",
         _u_table(view),

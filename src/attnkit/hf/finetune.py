@@ -693,6 +693,7 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
         "num_train": len(train),
         "num_test": len(test),
         "num_labels": len(labels),
+        "sentence_pairs": data.train_text_pairs is not None,  # attnkit show encodes "a | b" as the pair
         "processes": int(trainer.args.world_size),
         "threads": torch.get_num_threads(),
         "config": asdict(config) | {"model": model_dir},
