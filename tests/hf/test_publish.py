@@ -110,6 +110,15 @@ def test_finetune_that_fails_while_writing_leaves_out_as_it_was(
         assert not out.exists()
 
 
+def test_an_out_name_that_is_not_utf8_is_refused_before_the_run(tiny_bert, tmp_path, capsys):
+    """The tokenizers library cannot save under such a path: convert failed after converting (finetune after
+    the whole training) with "'utf-8' codec can't encode character '\\udcff'", which named no option."""
+    out = os.path.join(os.fsdecode(bytes(tmp_path)), os.fsdecode(b"bad\xffname"))
+    err = _error(capsys, ["convert", str(tiny_bert), "--mechanism", "dnas", "--out", out])
+    assert "is not valid UTF-8" in err and "--out" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_full_disk_while_saving_the_tokenizer_is_one_line(tiny_bert, tmp_path, capsys, monkeypatch):
     """The tokenizers library reports a refused write as a plain Exception ("No space left on device (os
     error 28)"), which was re-raised as a defect: a traceback and exit code 1 after the whole run."""

@@ -76,6 +76,12 @@ def claim_out(out: Path, lock: bool = True) -> Iterator[bool]:
     check_out_link(out)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file; pass a directory")
+    try:  # the tokenizers library writes through UTF-8 paths only: a byte that is not failed after the run
+        os.fspath(out).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fspath(out).encode("utf-8", "backslashreplace").decode()
+        raise ValueError(f"--out {shown} is not valid UTF-8, which the tokenizer's files cannot be saved "
+                         "under; choose a UTF-8 name") from None
     try:
         made = _make_folders(out)
     except OSError as exc:
