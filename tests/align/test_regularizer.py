@@ -226,6 +226,27 @@ def test_one_forward_has_one_subsample_whatever_is_read_from_it():
     assert losses(log=False) == losses(log=True)
 
 
+def test_a_diagnostic_on_an_evaluation_forward_leaves_the_training_subsample_as_it_was():
+    """mmd() after a forward under no_grad drew that forward's tokens from the training stream, so monitoring
+    the MMD on held-out data changed every later training step's subsample (step-2 loss 0.00539 -> 0.00478).
+    """
+    def losses(monitor: bool) -> list[float]:
+        model = _encoder()
+        reg = AlignmentRegularizer(model, method="mmd", max_tokens=3, seed=0)
+        x, pad = _batch()
+        out = []
+        for _ in range(3):
+            model(x, src_key_padding_mask=pad)
+            out.append(float(reg.loss()))
+            if monitor:
+                with torch.no_grad():
+                    model(x.flip(1), src_key_padding_mask=pad)
+                reg.mmd()
+        return out
+
+    assert losses(monitor=False) == losses(monitor=True)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

@@ -81,6 +81,9 @@ class ForwardState:
         self.resampled: Optional[str] = None
         self.attended = False  # whether a self-attention module (chosen or not) ran yet in this forward
         self.forwards = 0  # forward passes started (the captures' absence then means the layers were not run)
+        # whether the last forward was a training one (gradients on): only its subsample of tokens
+        # (max_tokens) draws from the stream that training and resuming follow
+        self.training_forward = True
         self.tentative: list[tuple[Site, Captured]] = []
         self._warned: set[str] = set()
 

@@ -183,6 +183,8 @@ def start_hook(model, is_hf: bool, state: ForwardState, reset: Callable[[], None
         state.mask_receivers.clear()
         state.tentative.clear()
         state.grad_enabled = torch.is_grad_enabled()
+        state.training_forward = state.grad_enabled  # an evaluation runs under no_grad (a model in eval()
+        # mode may be trained, dropout off)
         try:
             arguments = kwargs if signature is None else signature.bind_partial(*args, **kwargs).arguments
         except TypeError:

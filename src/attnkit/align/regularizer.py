@@ -326,8 +326,12 @@ class AlignmentRegularizer(nn.Module):
             )
         if self._drawn is None or len(self._drawn) != len(self._captured):
             # drawn once per forward pass: loss(), mmd() and mmd_per_head() read the same tokens, and a
-            # diagnostic call does not move the subsampling stream (which training and resuming follow)
+            # diagnostic call does not move the subsampling stream (which training and resuming follow); nor
+            # does the draw of an evaluation forward (under no_grad), made on a copy of the stream
+            state = None if self._state.training_forward else self._generator.get_state()
             self._drawn = [(i, self._subsample(c)) for i, c in self._captured]
+            if state is not None:
+                self._generator.set_state(state)
             self._check_finite(self._drawn)
         return self._drawn
 
