@@ -481,6 +481,10 @@ def measure_peak(mechanism: str, backend: str, L: int, device: str, sinkhorn_ite
     if small_mask is not None and not bool(mask.all()):
         small_mask[:, -1] = False
     small = _call(mechanism, backend, sinkhorn_iters, dropout, small_mask)
+    small(
+        q[..., :n, :], k[..., :n, :], v[..., :n, :]  # (B, H, n, D)
+    ).float().sum().backward()  # load kernels (CUDA: cuBLAS workspaces, Triton compiles) before the baseline
+    q.grad = k.grad = v.grad = None
     if device == "cuda":
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
@@ -489,10 +493,6 @@ def measure_peak(mechanism: str, backend: str, L: int, device: str, sinkhorn_ite
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
         return {"peak_mb": peak / 2**20, "peak_extra_mb": (peak - base) / 2**20}
-    small(
-        q[..., :n, :], k[..., :n, :], v[..., :n, :]  # (B, H, n, D)
-    ).float().sum().backward()  # load kernels before the baseline
-    q.grad = k.grad = v.grad = None
     reset = _reset_peak_rss()
     base = _rss_mb()
     f(q, k, v).float().sum().backward()
