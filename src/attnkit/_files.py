@@ -93,6 +93,22 @@ def write_file_with(path: Union[str, os.PathLike], write, *, overwrite: bool) ->
     remove_stale(path.parent, f".{glob.escape(path.name)}.*.tmp", older_than_s=3600)
 
 
+def write_results(path: Union[str, os.PathLike], text: str, *, overwrite: bool) -> Path:
+    """Write measurements ``text`` to ``path`` (:func:`write_text_file`); when ``path`` appeared while they
+    were measured (and ``overwrite`` is off), that file is kept and they go beside it, to ``NAME-1.SUFFIX``
+    (the first free number): the ``FileExistsError`` then names both. Returns the path written."""
+    path = Path(path)
+    try:
+        write_text_file(path, text, overwrite=overwrite)
+        return path
+    except FileExistsError:
+        spare = next(p for i in range(1, 10_000)
+                     if not os.path.lexists(p := path.with_name(f"{path.stem}-{i}{path.suffix}")))
+        write_text_file(spare, text, overwrite=False)
+        raise FileExistsError(f"{path} appeared while this was running and is kept; the results are in "
+                              f"{spare}") from None
+
+
 def check_link(path: Union[str, os.PathLike], name: str = "") -> None:
     """Refuse a ``path`` that is, or lies in, a symbolic link to nothing: writing through it would create
     the link's target, and the folders above it, wherever the link points. One line, a
