@@ -94,6 +94,41 @@ def test_corrupt_export_is_a_one_line_error(tmp_path):
         load_bertviz(bad)
 
 
+def test_an_export_whose_shapes_or_values_do_not_fit_its_tokens_is_a_one_line_error(hf_view, tmp_path):
+    """Tensors of another size than the tokens, layers 0 and 7, NaN weights, a mechanism with no tensors or a
+    3-D layer were returned as they were, for bertviz to fail far from the file (or draw nonsense)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    paths = write_bertviz(hf_view, tmp_path / "good")
+    tensors = load_file(paths["safetensors"])
+    from safetensors import safe_open
+
+    with safe_open(str(paths["safetensors"]), framework="pt") as f:
+        meta = f.metadata()
+    first = json.loads(meta["mechanisms"])[0]
+    layer0, layer1 = f"{first}.0", f"{first}.1"
+    cases = {
+        "few tokens": (tensors, {**meta, "tokens": json.dumps(["a", "b", "c"])}, "expected \\(1, 2, 3, 3\\)"),
+        "layer 7": ({**{k: v for k, v in tensors.items() if k != layer1}, f"{first}.7": tensors[layer1]},
+                    meta, "numbered \\[0, 7\\]"),
+        "nan": ({**tensors, layer0: tensors[layer0].clone().fill_(float("nan"))}, meta, "not finite"),
+        "no layers": ({k: v for k, v in tensors.items() if not k.startswith(f"{first}.")}, meta, "no layers"),
+    }
+    for case, (content, metadata, message) in cases.items():
+        path = tmp_path / f"{case}.safetensors"
+        save_file(content, path, metadata=metadata)
+        with pytest.raises(ValueError, match=message):
+            load_bertviz(path, mechanism=first)
+    payload = json.loads(paths["json"].read_text())
+    payload["attention"][first][0] = payload["attention"][first][0][0]  # (H, L, L): 3-D
+    (tmp_path / "three.json").write_text(json.dumps(payload))
+    with pytest.raises(ValueError, match="layer 0 has shape"):
+        load_bertviz(tmp_path / "three.json", mechanism=first)
+    load_bertviz(paths["safetensors"], mechanism=first)  # the file as written loads
+
+
 def test_show_on_a_compare_run_directory(tmp_path, capsys):
     from attnkit.runner import build_config, run_compare
     from tests.runner._fixtures import tiny_overrides, write_classification_file

@@ -660,14 +660,38 @@ def load_bertviz(path: Union[str, os.PathLike],
             tokens, mechanisms = payload["tokens"], payload["mechanisms"]
             mechanism = _pick(mechanism, mechanisms)
             attention = tuple(torch.tensor(layer) for layer in payload["attention"][mechanism])
+        problem = _bertviz_problem(attention, tokens, [i for i, _ in layers] if path.suffix == ".safetensors"
+                                   else list(range(len(attention))))
     except _PickError:
         raise
     except Exception as exc:  # a corrupt or foreign file (safetensors raises its own error type)
+        problem = f"{type(exc).__name__}: {exc}"
+    if problem is not None:
         raise ValueError(
-            f"{str(path)!r} is not an attention file of attnkit show ({type(exc).__name__}: {exc}); "
-            "write one with `attnkit show SOURCE --text ... --out DIR`"
-        ) from None
+            f"{str(path)!r} is not an attention file of attnkit show ({problem}); write one with "
+            "`attnkit show SOURCE --text ... --out DIR`"
+        )
     return attention, tokens
+
+
+def _bertviz_problem(attention: tuple, tokens, numbers: list[int]) -> Optional[str]:
+    """What makes ``attention`` (per layer) and ``tokens`` not what :func:`write_bertviz` writes, or ``None``:
+    bertviz would fail far from the file, or draw nonsense."""
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens) or not tokens:
+        return "its tokens are not a list of strings"
+    if not attention:
+        return "the mechanism has no layers in it"
+    if numbers != list(range(len(numbers))):
+        return f"its layers are numbered {numbers}, not 0..{len(numbers) - 1}"
+    L = len(tokens)
+    heads = attention[0].shape[1] if attention[0].dim() == 4 else None
+    for i, layer in enumerate(attention):
+        if layer.dim() != 4 or tuple(layer.shape) != (1, heads, L, L):
+            return (f"layer {i} has shape {tuple(layer.shape)}; expected (1, {heads}, {L}, {L}) for {L} "
+                    "tokens and the first layer's heads")
+        if not layer.is_floating_point() or not bool(torch.isfinite(layer).all()):
+            return f"layer {i} holds values that are not finite numbers"
+    return None
 
 
 class _PickError(ValueError):
