@@ -387,6 +387,16 @@ def test_finetune_seed_fixes_the_head_and_the_regularizer(tiny_bert, dataset, tm
     assert losses[0] == losses[1]
 
 
+def test_finetune_table_says_the_alignment_and_what_its_loss_holds(tiny_bert, dataset, tmp_path, capsys):
+    """The table's mechanism column read 'softmax' for a run with --align gan, and its train loss (the task
+    loss plus the weighted alignment loss, for gan the discriminator's cross-entropy) said nothing of it."""
+    main(["finetune", "--model", str(tiny_bert), "--dataset", str(dataset), "--align", "gan",
+          "--align-weight", "0.5", "--max-steps", "1", "--batch-size", "4", "--max-length", "16",
+          "--out", str(tmp_path / "gan")])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "softmax+gan" in shown and "+ gan x 0.5" in shown
+
+
 def _resumable_run(tiny_bert, out, method, stop_at=None, resume=None):
     from transformers import (
         DataCollatorWithPadding,

@@ -243,10 +243,17 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         table = Table(title=f"attnkit finetune: {dataset}")
-        for column in ("mechanism", "accuracy", "macro-F1", "steps", "s/step", "train loss"):
+        aligned = metrics.get("align") not in (None, "none")
+        # with alignment the training loss is the task loss plus the weighted alignment loss (for gan the
+        # discriminator's cross-entropy, which the model raises), and the column says so
+        loss_column = "train loss"
+        if aligned:
+            loss_column += f" (+ {metrics['align']} x {metrics['align_weight']:g})"
+        for column in ("mechanism", "accuracy", "macro-F1", "steps", "s/step", loss_column):
             table.add_column(column)
+        label = f"{metrics['mechanism']}+{metrics['align']}" if aligned else metrics["mechanism"]
         table.add_row(
-            metrics["mechanism"], f"{metrics['accuracy']:.4f}", f"{metrics['macro_f1']:.4f}",
+            label, f"{metrics['accuracy']:.4f}", f"{metrics['macro_f1']:.4f}",
             str(metrics["train_steps"]), f"{metrics['mean_step_seconds']:.3f}",
             f"{metrics['train_loss']:.4f}",
         )
