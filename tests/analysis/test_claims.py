@@ -308,6 +308,8 @@ def test_a_target_raising_any_error_is_one_failed_claim_and_the_others_run(tmp_p
     assert failed.statement == "the target ran" and not failed.held
     assert "KeyError: 'some missing column' (at test_claims.py:" in failed.evidence
     assert [c.held for c in results[1].claims] == [True, True] and page.is_file()
+    # the Markdown table (no evidence column) says why too
+    assert "KeyError: 'some missing column'" in (tmp_path / "all" / "fidelity.md").read_text(encoding="utf-8")
 
 
 def test_a_worker_that_dies_fails_only_its_own_target(tmp_path, monkeypatch):

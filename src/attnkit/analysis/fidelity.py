@@ -126,7 +126,8 @@ def _failed(name: str, out: Path, evidence: str) -> ReproduceResult:
     from .report import Claim
 
     failed = ReproduceResult(name=name, out=out)
-    failed.claims.append(Claim(name, "the target ran", False, evidence))
+    # the error in "ours" too: the Markdown table has no evidence column
+    failed.claims.append(Claim(name, "the target ran", False, evidence, ours=evidence))
     return failed
 
 
