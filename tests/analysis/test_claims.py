@@ -622,3 +622,22 @@ def test_a_rebuilt_page_shows_an_unfinished_target_as_failed_and_trusts_no_field
     (root / UNFINISHED_MARKER).write_text("")
     with pytest.raises(ValueError, match="did not finish, so its summaries mix runs"):
         rebuild_fidelity(root)
+
+
+def test_a_mark_or_summary_listing_files_no_target_writes_deletes_none_of_them(tmp_path, constructed_targets):
+    """A folder the user was given (unpacked from an archive) with a hidden mark listing thesis.tex and a
+    data folder: the next run removed both without a word, and --overwrite removed a summary's thesis.tex."""
+    from attnkit.analysis.report import UNFINISHED_MARKER
+
+    out = tmp_path / "given"
+    (out / "my_data").mkdir(parents=True)
+    (out / "my_data" / "table.dat").write_text("data")
+    (out / "thesis.tex").write_text("chapter 1")
+    (out / UNFINISHED_MARKER).write_text('attnkit\n{"written": ["my_data", "thesis.tex"]}\n')
+    reproduce_module.reproduce("constructed-pass", out)
+    assert (out / "thesis.tex").read_text() == "chapter 1" and (out / "my_data" / "table.dat").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    summary["files"] = ["thesis.tex"]
+    (out / "summary.json").write_text(json.dumps(summary))
+    reproduce_module.reproduce("constructed-fail", out, overwrite=True)
+    assert (out / "thesis.tex").read_text() == "chapter 1"

@@ -187,7 +187,17 @@ def from_jsonable(value: Any) -> Any:
 # (Ctrl-C, out of memory) leaves it behind, and the next run may replace that directory's files without
 # --overwrite, since they are ours and incomplete.
 UNFINISHED_MARKER = ".attnkit-unfinished"
-STAGING_PREFIX = ".attnkit-reproduce-"  # the folder inside --out that an --overwrite run writes into
+STAGING_PREFIX = ".attnkit-reproduce-"  # the folder inside --out that a run writes into until it finishes
+# what a reproduction writes: a file that a mark or a summary.json lists is removed only if its name is one
+# of these (those files come from a folder the user may have been given: a list naming thesis.tex or a
+# folder of data does not make them ours)
+OUTPUT_SUFFIXES = (".csv", ".png", ".txt", ".json")
+
+
+def is_output_name(name: str) -> bool:
+    """Whether ``name`` is a plain file name (no folder, not ``.``/``..``) of the kinds a reproduction writes
+    (:data:`OUTPUT_SUFFIXES`)."""
+    return Path(name).name == name and name not in ("", ".", "..") and name.endswith(OUTPUT_SUFFIXES)
 
 
 def prepare_output_dir(out: Union[str, Path], overwrite: bool = False) -> Path:
@@ -291,7 +301,7 @@ def _remove_unfinished_files(out: Path) -> None:
                 shutil.rmtree(path)
             else:
                 _remove_run_folder(path)
-        elif path.exists() or path.is_symlink():
+        elif (path.exists() or path.is_symlink()) and is_output_name(name):  # an older version's partial
             path.unlink()
 
 
@@ -310,8 +320,7 @@ def _remove_run_folder(folder: Path) -> None:
         if isinstance(files, list) and all(isinstance(f, str) for f in files):
             for name in [*files, summary.name]:
                 path = folder / name
-                if Path(name).name == name and name not in ("", ".", "..") and path.is_file() \
-                        and not path.is_symlink():
+                if is_output_name(name) and path.is_file() and not path.is_symlink():
                     path.unlink()
     try:
         folder.rmdir()

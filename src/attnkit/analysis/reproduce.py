@@ -55,8 +55,8 @@ from .repro_sinkhorn import sinkhorn_iterations
 from ..validators import check_bool, check_seed
 from .report import (
     STAGING_PREFIX,
-    UNFINISHED_MARKER,
     ReproduceResult,
+    is_output_name,
     is_unfinished,
     mark_finished,
     prepare_output_dir,
@@ -202,8 +202,8 @@ def _earlier_outputs(out: Path) -> list[Path]:
         return []
     paths = []
     for file_name in [*files, summary.name]:
-        if file_name in ("", ".", "..", UNFINISHED_MARKER) or Path(file_name).name != file_name:
-            continue  # a listed path outside the folder (or our mark) is not an output of that run
+        if not is_output_name(file_name):
+            continue  # a listed path outside the folder, or a file of a kind no target writes: not ours
         paths.append(out / file_name)
     return paths
 
