@@ -156,6 +156,44 @@ def test_alignment_trainer_trains_the_regularizer(tiny_bert, dataset, tmp_path):
     assert all(id(p) in grouped for p in reg.parameters())
 
 
+def test_the_task_loss_is_read_as_normalized_only_where_the_model_passes_num_items_to_it():
+    """The decoders' sequence classifiers (Llama, Mistral, Qwen, ...) call self.loss_function without
+    **kwargs, a plain mean, and were read as normalized (the regularizer lost weight by the accumulation
+    steps, as BERT's did); a torch.compile'd causal LM was read through OptimizedModule.forward as not
+    normalized (the regularizer took k times its weight)."""
+    from transformers import (BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM,
+                              LlamaForSequenceClassification)
+
+    from attnkit.align.trainer import _normalizes_by_items
+
+    llama = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, pad_token_id=0)
+    causal = LlamaForCausalLM(llama)
+    assert _normalizes_by_items(causal) and _normalizes_by_items(torch.compile(causal))
+    assert not _normalizes_by_items(LlamaForSequenceClassification(llama))
+    assert not _normalizes_by_items(BertForMaskedLM(BertConfig(
+        vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)))
+
+
+def test_loss_is_scaled_for_ga_decides_the_process_factor_too(tiny_bert, tmp_path, monkeypatch):
+    """The documented switch set the accumulation division only: a model the source reading got wrong kept
+    the process factor, N times too heavy a regularizer with N processes."""
+    from transformers import TrainingArguments
+
+    from attnkit.align import AlignmentRegularizer
+    from attnkit.align.trainer import alignment_trainer_class
+
+    tok, model, data = _classifier_and_rows(tiny_bert)
+    reg = AlignmentRegularizer(model, method="ct", weight=1.0)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, save_strategy="no")
+    trainer = alignment_trainer_class()(model=model, args=args, train_dataset=data, regularizer=reg)
+    monkeypatch.setattr(type(trainer.accelerator), "num_processes", property(lambda self: 2))
+    items = torch.tensor(4)
+    assert trainer._process_factor(items) == 2  # BERT's classifier: its own mean
+    trainer.loss_is_scaled_for_ga = True  # the user says the loss is normalized by num_items_in_batch
+    assert trainer._process_factor(items) == 1 and trainer._loss_scaled_for_accumulation(items)
+
+
 def test_the_regularizer_takes_the_trainers_process_factor_for_a_classifier(tiny_bert, tmp_path, monkeypatch):
     """Under ``average_tokens_across_devices`` (the default) the Trainer multiplies the task loss by the
     number of processes, which a classifier's per-process mean does not undo: the regularizer, left as it was,

@@ -35,22 +35,38 @@ _GENERATOR_KEY = "_generator_state"  # AlignmentTrainer (the Trainer subclass) i
 
 
 def _normalizes_by_items(model) -> bool:
-    """Whether ``model``'s ``forward`` hands ``num_items_in_batch`` to its loss: transformers' models do so
-    through ``self.loss_function`` (causal and masked LMs, the classifiers written on it); others, such as
-    ``BertForSequenceClassification``, compute their own ``CrossEntropyLoss`` mean. A forward whose source
-    cannot be read is taken to normalize (the Trainer's own reading); ``trainer.loss_is_scaled_for_ga``
-    overrides both."""
+    """Whether ``model``'s ``forward`` hands ``num_items_in_batch`` to its loss: transformers' causal LMs do
+    so through ``self.loss_function(..., **kwargs)``; others compute a plain per-batch mean, with their own
+    ``CrossEntropyLoss`` (BERT's classifiers and masked LM) or ``self.loss_function`` called without the
+    keyword arguments (the decoders' ``GenericForSequenceClassification``). Read from the ``forward``'s
+    source: a call of ``loss_function`` given ``**kwargs`` or ``num_items_in_batch``, or any call given
+    ``num_items_in_batch``. A ``forward`` whose source cannot be read is taken to normalize (the Trainer's
+    own reading); ``trainer.loss_is_scaled_for_ga`` overrides both."""
+    import ast
     import inspect
+    import textwrap
 
     from transformers.trainer_utils import unwrap_peft_model
 
-    inner = unwrap_peft_model(model)
-    inner = getattr(inner, "module", inner)  # DistributedDataParallel, DataParallel
+    inner = model
+    for _ in range(8):  # torch.compile's OptimizedModule, DDP / DataParallel, PEFT, in any order
+        unwrapped = unwrap_peft_model(getattr(inner, "_orig_mod", getattr(inner, "module", inner)))
+        if unwrapped is inner:
+            break
+        inner = unwrapped
     try:
-        source = inspect.getsource(type(inner).forward)
-    except (OSError, TypeError):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(type(inner).forward)))
+    except (OSError, TypeError, SyntaxError):
         return True
-    return "loss_function" in source or "num_items_in_batch" in source
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        if any(k.arg == "num_items_in_batch" for k in node.keywords):
+            return True
+        name = getattr(node.func, "attr", getattr(node.func, "id", None))
+        if name == "loss_function" and any(k.arg is None for k in node.keywords):  # **kwargs
+            return True
+    return False
 
 
 @lru_cache(maxsize=None)
@@ -161,6 +177,9 @@ def alignment_trainer_class(base=None):
             return args.n_gpu if args.n_gpu > 1 else max(1, self.accelerator.num_processes // tp)
 
         def _task_normalizes_by_items(self) -> bool:
+            fixed = getattr(self, "loss_is_scaled_for_ga", None)  # the Trainer's own switch, the user's word
+            if fixed is not None:
+                return bool(fixed)
             # the Trainer's label smoother (label_smoothing_factor > 0) divides by num_items_in_batch itself
             return getattr(self, "label_smoother", None) is not None or _normalizes_by_items(self.model)
 
