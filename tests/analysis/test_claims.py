@@ -641,3 +641,53 @@ def test_a_mark_or_summary_listing_files_no_target_writes_deletes_none_of_them(t
     (out / "summary.json").write_text(json.dumps(summary))
     reproduce_module.reproduce("constructed-fail", out, overwrite=True)
     assert (out / "thesis.tex").read_text() == "chapter 1"
+
+
+def test_a_refused_call_holds_no_lock_on_the_folder(tmp_path, constructed_targets):
+    """prepare_output_dir took the lock before refusing a non-empty folder: the session kept it, and another
+    process was told the folder was in use."""
+    from attnkit.analysis.report import _LOCKS
+
+    out = tmp_path / "full"
+    out.mkdir()
+    (out / "mine.txt").write_text("the user's")
+    with pytest.raises(FileExistsError):
+        reproduce_module.reproduce("constructed-pass", out)
+    with pytest.raises(FileExistsError):
+        reproduce_all(out, targets=["constructed-pass"])
+    assert str(out.resolve()) not in _LOCKS
+
+
+def test_a_rebuilt_page_lists_a_target_that_never_finished(tmp_path, monkeypatch, constructed_targets):
+    """A target that failed on its first run left no summary.json, and the rebuilt page left it out: every
+    claim on it held."""
+    from attnkit.analysis.fidelity import rebuild_fidelity
+
+    def broken(result, quick, seed):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(reproduce_module.TARGETS, "broken", broken)
+    with pytest.raises(KeyboardInterrupt):
+        reproduce_all(tmp_path / "all", targets=["constructed-pass", "broken"])
+    (tmp_path / "all" / ".attnkit-unfinished").unlink()  # the root as if finished: only the target is not
+    rebuild_fidelity(tmp_path / "all")
+    entries = {e["name"]: e for e in json.loads((tmp_path / "all" / "fidelity.json").read_text())}
+    assert [c["held"] for c in entries["broken"]["claims"]] == [False]
+
+
+def test_a_target_writing_a_folder_overwrites_it_file_by_file(tmp_path, monkeypatch):
+    """The second --overwrite run's os.replace of a folder onto the earlier one failed (not empty) after the
+    whole run, leaving a mix of both runs."""
+    def plots(result, quick, seed):
+        (result.out / "plots").mkdir()
+        (result.out / "plots" / "a.png").write_text(f"seed {seed}")
+        result.add_file(result.out / "plots")
+
+    monkeypatch.setitem(reproduce_module.TARGETS, "plots", plots)
+    out = tmp_path / "run"
+    reproduce_module.reproduce("plots", out, seed=1)
+    (out / "plots" / "mine.txt").write_text("the user's")
+    reproduce_module.reproduce("plots", out, seed=2, overwrite=True)
+    assert (out / "plots" / "a.png").read_text() == "seed 2"
+    assert (out / "plots" / "mine.txt").read_text() == "the user's"
+    assert not any(p.name.startswith(".attnkit-") for p in out.iterdir())

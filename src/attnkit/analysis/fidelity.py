@@ -24,9 +24,9 @@ from .. import __version__
 from .._files import json_loads
 from ..validators import check_bool, check_seed
 from .report import (
-    ReproduceResult, format_value, from_jsonable, is_unfinished, mark_finished, prepare_output_dir,
-    record_replaced, record_written, release, replaced_in_mark, unfinished_without_record, written_in_mark,
-    table_columns, verdict,
+    UNFINISHED_MARKER, ReproduceResult, format_value, from_jsonable, is_unfinished, mark_finished,
+    prepare_output_dir, record_replaced, record_written, release, replaced_in_mark, unfinished_without_record,
+    written_in_mark, table_columns, verdict,
 )
 
 __all__ = [
@@ -352,7 +352,8 @@ def rebuild_fidelity(
     if is_unfinished(root):  # its targets' summaries mix that run's with an earlier one's
         raise ValueError(f"the run of all targets in {str(root)!r} did not finish, so its summaries mix "
                          f"runs; run it again ('attnkit reproduce all --out {root}')")
-    folders = sorted(p.parent for p in root.glob("*/summary.json"))
+    folders = sorted({p.parent for p in root.glob("*/summary.json")}
+                     | {p.parent for p in root.glob(f"*/{UNFINISHED_MARKER}")})
     if not folders:
         raise FileNotFoundError(f"no */summary.json under {str(root)!r}; run 'attnkit reproduce all' first")
     from .reproduce import TARGETS
@@ -360,6 +361,10 @@ def rebuild_fidelity(
     order = {name: i for i, name in enumerate(TARGETS)}  # the order of a run; unknown folders last
     results = []
     for folder in folders:
+        if not (folder / "summary.json").is_file():  # a target whose one run failed or was stopped
+            results.append(_failed(folder.name, folder, "it did not finish (its folder holds an unfinished "
+                                   "mark and no summary.json); run it again"))
+            continue
         result = load_result(folder)
         if is_unfinished(folder):  # the summary is an earlier run's; the latest did not finish
             earlier = result

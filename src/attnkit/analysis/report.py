@@ -214,19 +214,23 @@ def prepare_output_dir(out: Union[str, Path], overwrite: bool = False) -> Path:
         )
     if out.is_dir():
         _lock(out)  # before reading its mark: a run still going has an unfinished mark too
-    if is_unfinished(out):
-        print(f"{out} holds a run that did not finish; replacing its files", file=sys.stderr, flush=True)
-        _remove_unfinished_files(out)
-    elif out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(
-            f"output directory {str(out)!r} is not empty; pass --overwrite to replace its files or choose "
-            "another --out"
-        )
-    created = not out.is_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    if created:
-        _lock(out)
-    _write_mark(out, [])
+    try:
+        if is_unfinished(out):
+            print(f"{out} holds a run that did not finish; replacing its files", file=sys.stderr, flush=True)
+            _remove_unfinished_files(out)
+        elif out.is_dir() and any(out.iterdir()) and not overwrite:
+            raise FileExistsError(
+                f"output directory {str(out)!r} is not empty; pass --overwrite to replace its files or "
+                "choose another --out"
+            )
+        created = not out.is_dir()
+        out.mkdir(parents=True, exist_ok=True)
+        if created:
+            _lock(out)
+        _write_mark(out, [])
+    except BaseException:
+        release(out)  # refused, or failed: the folder is not this process's to hold
+        raise
     return out
 
 

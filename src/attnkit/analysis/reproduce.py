@@ -177,10 +177,21 @@ def _move_into(result: ReproduceResult, stage: Path, out_dir: Path) -> None:
     ``result`` at them, and remove ``stage``."""
     names = list(dict.fromkeys(p.name for p in result.files))
     for name in sorted(names, key=lambda n: n == "summary.json"):
-        os.replace(stage / name, out_dir / name)
+        _move(stage / name, out_dir / name)
     result.out = out_dir
     result.files = [out_dir / name for name in names]
     shutil.rmtree(stage, ignore_errors=True)  # empty, unless the target left scratch files there
+
+
+def _move(src: Path, dst: Path) -> None:
+    """``src`` to ``dst``: a file replaces the file (or link) of its name; a folder's files go into a folder
+    of its name there, one by one (what else that folder holds stays)."""
+    if src.is_dir() and not src.is_symlink() and dst.is_dir() and not dst.is_symlink():
+        for child in src.iterdir():
+            _move(child, dst / child.name)
+        src.rmdir()
+    else:
+        os.replace(src, dst)
 
 
 def _earlier_outputs(out: Path) -> list[Path]:
