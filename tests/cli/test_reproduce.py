@@ -272,3 +272,21 @@ def test_a_dangling_out_link_is_named_in_one_line_before_any_work(tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "symbolic link" in err and "--out" in err, err
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_full_disk_during_a_run_is_one_line(tmp_path, capsys, monkeypatch):
+    """write_csv's write() raised ENOSPC, which names no file: the CLI took it for a defect (a traceback,
+    exit code 1)."""
+    import errno
+
+    from attnkit.analysis import reproduce as repro
+
+    def full(result, quick, seed):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setitem(repro.TARGETS, "lemma1", full)
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", "lemma1", "--out", str(tmp_path / "r"), "--quick"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2
+    assert err[-1].startswith("error: No space left on device while writing the output")

@@ -7,6 +7,7 @@ Every module of this package that defines ``register(app)`` adds its commands. E
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import os
 import pkgutil
@@ -64,6 +65,7 @@ escape_help_markup(app)
 INTERRUPTED = 130  # the exit code of a command stopped with Ctrl-C (128 + SIGINT), as shells report it
 TERMINATED = 128 + signal.SIGTERM  # 143: stopped by SIGTERM (``kill``, a scheduler's or launcher's stop)
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError)
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # no space left, quota exceeded, file too large
 
 
 def _check_environment() -> None:
@@ -140,10 +142,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         _error(_one_line(str(exc) or type(exc).__name__))
         sys.exit(2)
     except OSError as exc:
-        if exc.filename is None:  # not about a path the user gave: a defect, with its traceback
+        full = exc.errno in _FULL  # write() and close() name no file: the disk (or quota) is full anyway
+        if exc.filename is None and not full:  # not about a path the user gave: a defect, with its traceback
             raise
         # a path the system refused (read-only file system, disk full, a name too long): the user's to fix
-        _error(_one_line(f"{exc.strerror or exc}: {exc.filename}; choose another path or free the space"))
+        where = f": {exc.filename}" if exc.filename is not None else " while writing the output"
+        _error(_one_line(f"{exc.strerror or exc}{where}; choose another path or free the space"))
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
