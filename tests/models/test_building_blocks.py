@@ -48,3 +48,16 @@ def test_the_image_and_classifier_models_take_numpy_sizes_and_store_python_ints(
     assert clf(torch.tensor([[1, 2, 3]])).shape == (1, 3)
     ram = RecurrentAttentionModel(num_classes=n(10), glimpses=n(2))
     assert type(ram.steps) is int and type(ram.num_classes) is int
+
+
+def test_a_numpy_integer_pad_id_is_an_id():
+    """``pad_id=np.int64(0)`` was refused as "expected an id in [0, 12)", where every other id and size
+    argument takes NumPy integers."""
+    import numpy as np
+
+    from attnkit.models.building_blocks import TokenEmbedding
+
+    embedding = TokenEmbedding(12, 8, np.int64(0))
+    assert embedding.embedding.padding_idx == 0 and not embedding.embedding.weight[0].any()
+    with pytest.raises(ValueError, match=r"pad_id=12; expected an id in \[0, vocab_size\) = \[0, 12\)"):
+        TokenEmbedding(12, 8, 12)

@@ -149,9 +149,8 @@ class TokenEmbedding(nn.Module):
 
     def __init__(self, vocab_size: int, d_model: int, pad_id: int) -> None:
         super().__init__()
-        if isinstance(pad_id, bool) or not isinstance(pad_id, int) or not 0 <= pad_id < vocab_size:
-            raise ValueError(f"pad_id={pad_id!r}; expected an id in [0, {vocab_size})")
-        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        check_id("pad_id", pad_id, vocab_size)  # a NumPy integer too
+        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=int(pad_id))
         self.scale = math.sqrt(d_model)
         self.reset_parameters()
 
