@@ -242,3 +242,18 @@ def test_greedy_decode_needs_three_different_special_ids(bos_id, eos_id):
         match=rf"pad_id=0, bos_id={bos_id}, eos_id={eos_id}: the special tokens need three different ids",
     ):
         _model().eval().greedy_decode(torch.randint(1, 20, (2, 5)), None, 4, bos_id, eos_id)
+
+
+def test_src_mask_defaults_to_ids_not_pad_in_forward_and_greedy_decode():
+    """The class docstring says masks default to ``ids != pad_id`` (as RNNSeq2Seq's do), but forward and
+    greedy_decode required src_mask: a TypeError for ``model(src, tgt_in_ids=tgt)``."""
+    model = _model().eval()
+    src = torch.tensor([[3, 4, 5, 0], [6, 7, 0, 0]])
+    tgt = torch.tensor([[1, 3, 4], [1, 5, 0]])
+    torch.testing.assert_close(model(src, tgt_in_ids=tgt), model(src, src != 0, tgt))
+    assert torch.equal(model.greedy_decode(src, max_len=4, bos_id=1, eos_id=2),
+                       model.greedy_decode(src, src != 0, 4, 1, 2))
+    with pytest.raises(ValueError, match="tgt_in_ids is required"):
+        model(src)
+    with pytest.raises(ValueError, match="bos_id=None"):
+        model.greedy_decode(src, max_len=4, eos_id=2)

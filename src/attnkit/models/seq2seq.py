@@ -160,18 +160,25 @@ class Seq2SeqTransformer(nn.Module):
     def forward(
         self,
         src_ids: Tensor,
-        src_mask: Optional[Tensor],
-        tgt_in_ids: Tensor,
+        src_mask: Optional[Tensor] = None,
+        tgt_in_ids: Optional[Tensor] = None,
         tgt_mask: Optional[Tensor] = None,
     ) -> Tensor:
+        if tgt_in_ids is None:  # optional only so that src_mask can be left out, as RNNSeq2Seq's
+            raise ValueError(
+                "tgt_in_ids is required (teacher forcing); use greedy_decode to generate"
+            )
         memory, src_mask = self.encode(src_ids, src_mask)
         return self.decode(tgt_in_ids, memory, src_mask, tgt_mask)
 
     @torch.no_grad()
     def greedy_decode(
-        self, src_ids: Tensor, src_mask: Optional[Tensor], max_len: int, bos_id: int, eos_id: int
+        self, src_ids: Tensor, src_mask: Optional[Tensor] = None, max_len: Optional[int] = None,
+        bos_id: Optional[int] = None, eos_id: Optional[int] = None,
     ) -> Tensor:
         """Arg-max decoding from ``<bos>``: ``(B, T)`` ids without the ``<bos>``, ``T <= max_len``.
+        ``src_mask`` defaults to ``src_ids != pad_id``; ``max_len``, ``bos_id`` and ``eos_id`` are required
+        (keywords with defaults only so that ``src_mask`` can be left out).
 
         ``pad_id``, ``bos_id`` and ``eos_id`` are three different ids. A sequence ends with its ``<eos>``;
         later positions are ``pad_id``. Decoding stops when every sequence has ended or after ``max_len``
