@@ -69,6 +69,11 @@ def test_page_is_self_contained_and_every_image_decodes(hf_view):
     assert "hybrid weight u per layer and head" in page and "Lemma 1" in page
     with pytest.raises(ValueError, match="heads \\[5\\] out of range"):
         render_view_html(hf_view, heads=[5])
+    # a model converted in part (convert --layers 1) shows its converted layers only: the error says which
+    # modules --layers counts (it said "the models have 1 attention layers" of a 2-layer model)
+    with pytest.raises(ValueError, match=r"layers \[2\] out of range; --layers counts the attention layers "
+                                         r"drawn, 0..1, which are the model's modules 0: .*layer\.0.*1: "):
+        render_view_html(hf_view, layers=[2])
 
 
 @pytest.mark.parametrize("name", ["attention.safetensors", "attention.json"])

@@ -538,8 +538,11 @@ def selected_layers(view: AttentionView, layers: Optional[Sequence[int]] = None)
     layers = list(range(view.num_layers)) if layers is None else list(dict.fromkeys(layers))
     bad = [i for i in layers if not 0 <= i < view.num_layers]
     if bad:
-        raise ValueError(f"layers {bad} out of range; the models have {view.num_layers} attention layers "
-                         f"(0..{view.num_layers - 1})")
+        names = next(iter(view.layer_names.values()), [])
+        listed = "; ".join(f"{i}: {n}" for i, n in enumerate(names[:6])) + ("; ..." if len(names) > 6 else "")
+        raise ValueError(f"layers {bad} out of range; --layers counts the attention layers drawn, 0.."
+                         f"{view.num_layers - 1}, which are the model's modules {listed} (a model converted "
+                         "in part shows its converted layers only)")
     return layers
 
 
