@@ -232,8 +232,10 @@ class RNNSeq2Seq(nn.Module):
         decoder reads the target left to right, so the logits of a real position never depend on the
         padding after it: a valid mask changes nothing in the computation and is only checked. The logits
         at padded positions are computed from the padding and mean nothing (mask them out of the loss). A
-        mask with padding before a real token (left padding, or a hole; a ``pad_id`` inside a row counts as
-        padding) or a row with no real token (a target starts with ``<bos>``) is refused, as for the source.
+        mask with padding before a real token (left padding, or a hole; with the default mask a ``pad_id``
+        inside a row counts as padding, while a mask given marks it real: it is read as a token, with the
+        pad row's zero embedding) or a row with no real token (a target starts with ``<bos>``) is refused, as
+        for the source.
         """
         if tgt_in_ids is None:
             raise ValueError(
