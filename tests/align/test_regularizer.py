@@ -207,44 +207,42 @@ def test_max_tokens_subsamples_and_keeps_outputs():
     assert torch.isfinite(reg.loss())
 
 
+def _subsampled_losses(before=None, after=None) -> list[float]:
+    """Three forwards of an mmd regularizer with max_tokens=3, each read by loss(); ``before`` / ``after``
+    (called with the model, the regularizer, x and the padding) run around every loss: diagnostics."""
+    model = _encoder()
+    reg = AlignmentRegularizer(model, method="mmd", max_tokens=3, seed=0)
+    x, pad = _batch()
+    out = []
+    for _ in range(3):
+        model(x, src_key_padding_mask=pad)
+        if before is not None:
+            before(model, reg, x, pad)
+        out.append(float(reg.loss()))
+        if after is not None:
+            after(model, reg, x, pad)
+    return out
+
+
 def test_one_forward_has_one_subsample_whatever_is_read_from_it():
     """With max_tokens the tokens were redrawn at every call: mmd() twice gave two values, and logging it
     changed the losses of the following steps."""
-    def losses(log: bool) -> list[float]:
-        model = _encoder()
-        reg = AlignmentRegularizer(model, method="mmd", max_tokens=3, seed=0)
-        x, pad = _batch()
-        out = []
-        for _ in range(3):
-            model(x, src_key_padding_mask=pad)
-            if log:
-                assert reg.mmd() == reg.mmd()
-            out.append(float(reg.loss()))
-            assert out[-1] == float(reg.loss())
-        return out
+    def log(model, reg, x, pad):
+        assert reg.mmd() == reg.mmd() and float(reg.loss()) == float(reg.loss())
 
-    assert losses(log=False) == losses(log=True)
+    assert _subsampled_losses() == _subsampled_losses(before=log)
 
 
 def test_a_diagnostic_on_an_evaluation_forward_leaves_the_training_subsample_as_it_was():
     """mmd() after a forward under no_grad drew that forward's tokens from the training stream, so monitoring
     the MMD on held-out data changed every later training step's subsample (step-2 loss 0.00539 -> 0.00478).
     """
-    def losses(monitor: bool) -> list[float]:
-        model = _encoder()
-        reg = AlignmentRegularizer(model, method="mmd", max_tokens=3, seed=0)
-        x, pad = _batch()
-        out = []
-        for _ in range(3):
-            model(x, src_key_padding_mask=pad)
-            out.append(float(reg.loss()))
-            if monitor:
-                with torch.no_grad():
-                    model(x.flip(1), src_key_padding_mask=pad)
-                reg.mmd()
-        return out
+    def monitor(model, reg, x, pad):
+        with torch.no_grad():
+            model(x.flip(1), src_key_padding_mask=pad)
+        reg.mmd()
 
-    assert losses(monitor=False) == losses(monitor=True)
+    assert _subsampled_losses() == _subsampled_losses(after=monitor)
 
 
 @pytest.mark.parametrize(

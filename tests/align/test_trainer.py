@@ -318,16 +318,31 @@ def test_accelerate_launch_two_processes_keeps_the_regularizer_in_sync(tiny_bert
     assert ranks[0]["reg"] == pytest.approx(ranks[1]["reg"], rel=1e-6, abs=1e-9)
 
 
+def _one_accumulated_step(model, reg, rows, out, batch: int, steps: int, callback):
+    """One optimizer step of an AlignmentTrainer over ``steps`` micro-batches of ``batch`` rows (no clipping,
+    no logging); ``callback`` reads the gradients before the step. Returns the trainer."""
+    from transformers import TrainingArguments
+
+    from attnkit.align.trainer import alignment_trainer_class
+
+    args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=batch,
+                             gradient_accumulation_steps=steps, max_steps=1, report_to=[], use_cpu=True,
+                             save_strategy="no", logging_strategy="no", seed=0, max_grad_norm=1e9)
+    trainer = alignment_trainer_class()(model=model, args=args, train_dataset=rows, regularizer=reg,
+                                        callbacks=[callback])
+    trainer.train()
+    return trainer
+
+
 @pytest.mark.parametrize("accumulation", [2, 4])
 def test_gradient_accumulation_does_not_scale_the_regularizer(tmp_path, accumulation):
     """A causal LM normalizes its loss over the whole accumulated batch and the Trainer then skips its own
     division by the accumulation steps: the regularizer's per-micro-batch mean was summed over them, its
     weight multiplied by gradient_accumulation_steps (navigator gradient x2 at 2 steps, x4 at 4)."""
     import transformers
-    from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback, TrainingArguments
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
 
     from attnkit.align import AlignmentRegularizer
-    from attnkit.align.trainer import alignment_trainer_class
 
     transformers.logging.set_verbosity_error()
     ids = torch.randint(3, 50, (4, 6), generator=torch.Generator().manual_seed(0))
@@ -346,14 +361,8 @@ def test_gradient_accumulation_does_not_scale_the_regularizer(tmp_path, accumula
                 got.setdefault("navigator", reg.navigators[0].fc1.weight.grad.clone())
                 got.setdefault("query_key", model.transformer.h[0].attn.c_attn.weight.grad.clone())
 
-        args = TrainingArguments(output_dir=str(tmp_path / f"{batch}x{steps}"),
-                                 per_device_train_batch_size=batch, gradient_accumulation_steps=steps,
-                                 max_steps=1, report_to=[], use_cpu=True,
-                                 save_strategy="no", logging_strategy="no", seed=0, max_grad_norm=1e9)
-        trainer = alignment_trainer_class()(model=model, args=args, train_dataset=rows, regularizer=reg,
-                                            callbacks=[Grab()])
+        trainer = _one_accumulated_step(model, reg, rows, tmp_path / f"{batch}x{steps}", batch, steps, Grab())
         assert trainer.model_accepts_loss_kwargs
-        trainer.train()
         return got
 
     whole, split = gradients(4, 1), gradients(4 // accumulation, accumulation)
@@ -368,10 +377,9 @@ def test_gradient_accumulation_keeps_the_regularizers_weight_for_a_classifier(tm
     LM, had 1/accumulation of its weight against the task loss (navigator gradient x1 where the task's was
     x2 at 2 steps)."""
     import transformers
-    from transformers import BertConfig, BertForSequenceClassification, TrainerCallback, TrainingArguments
+    from transformers import BertConfig, BertForSequenceClassification, TrainerCallback
 
     from attnkit.align import AlignmentRegularizer
-    from attnkit.align.trainer import alignment_trainer_class
 
     transformers.logging.set_verbosity_error()
     ids = torch.randint(5, 99, (4, 7), generator=torch.Generator().manual_seed(0))
@@ -392,13 +400,7 @@ def test_gradient_accumulation_keeps_the_regularizers_weight_for_a_classifier(tm
                 navigator = reg.navigators[0].fc1.weight.grad
                 got["navigator"] = None if navigator is None else navigator.clone()
 
-        args = TrainingArguments(output_dir=str(tmp_path / f"{batch}x{steps}-{weight}"),
-                                 per_device_train_batch_size=batch, gradient_accumulation_steps=steps,
-                                 max_steps=1, report_to=[], use_cpu=True,
-                                 save_strategy="no", logging_strategy="no", seed=0, max_grad_norm=1e9)
-        trainer = alignment_trainer_class()(model=model, args=args, train_dataset=rows, regularizer=reg,
-                                            callbacks=[Grab()])
-        trainer.train()
+        _one_accumulated_step(model, reg, rows, tmp_path / f"{batch}x{steps}-{weight}", batch, steps, Grab())
         return got
 
     task_whole = gradients(4, 1, 0.0)["query"]
