@@ -174,6 +174,12 @@ def test_the_task_loss_is_read_as_normalized_only_where_the_model_passes_num_ite
     assert not _normalizes_by_items(BertForMaskedLM(BertConfig(
         vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)))
 
+    class OwnLM(torch.nn.Module):  # the pattern transformers recommends for a model of one's own
+        def forward(self, logits, labels=None, num_items_in_batch=None, **kwargs):
+            return torch.nn.functional.cross_entropy(logits, labels, reduction="sum") / num_items_in_batch
+
+    assert _normalizes_by_items(OwnLM())
+
 
 def test_loss_is_scaled_for_ga_decides_the_process_factor_too(tiny_bert, tmp_path, monkeypatch):
     """The documented switch set the accumulation division only: a model the source reading got wrong kept

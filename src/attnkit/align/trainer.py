@@ -39,9 +39,11 @@ def _normalizes_by_items(model) -> bool:
     so through ``self.loss_function(..., **kwargs)``; others compute a plain per-batch mean, with their own
     ``CrossEntropyLoss`` (BERT's classifiers and masked LM) or ``self.loss_function`` called without the
     keyword arguments (the decoders' ``GenericForSequenceClassification``). Read from the ``forward``'s
-    source: a call of ``loss_function`` given ``**kwargs`` or ``num_items_in_batch``, or any call given
-    ``num_items_in_batch``. A ``forward`` whose source cannot be read is taken to normalize (the Trainer's
-    own reading); ``trainer.loss_is_scaled_for_ga`` overrides both."""
+    source: a call of ``loss_function`` given ``**kwargs``, or ``num_items_in_batch`` read (a parameter the
+    forward divides by or passes on, as a model of one's own does). A ``forward`` whose source cannot be
+    read is taken to normalize (the Trainer's own reading); a forward that hands everything to another
+    model (``self.lm(**kwargs)``) is read as not normalizing: ``trainer.loss_is_scaled_for_ga`` overrides
+    the reading."""
     import ast
     import inspect
     import textwrap
@@ -59,6 +61,8 @@ def _normalizes_by_items(model) -> bool:
     except (OSError, TypeError, SyntaxError):
         return True
     for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "num_items_in_batch":  # read: a division, an argument
+            return True
         if not isinstance(node, ast.Call):
             continue
         if any(k.arg == "num_items_in_batch" for k in node.keywords):
