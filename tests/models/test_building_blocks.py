@@ -59,5 +59,11 @@ def test_a_numpy_integer_pad_id_is_an_id():
 
     embedding = TokenEmbedding(12, 8, np.int64(0))
     assert embedding.embedding.padding_idx == 0 and not embedding.embedding.weight[0].any()
+    from attnkit.models import Seq2SeqTransformer, TransformerClassifier
+
+    classifier = TransformerClassifier(12, 3, d_model=8, nhead=2, num_layers=1, pad_id=np.int64(0))
+    seq2seq = Seq2SeqTransformer(12, 12, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                 pad_id=np.int64(0))
+    assert type(classifier.pad_id) is int and type(seq2seq.pad_id) is int
     with pytest.raises(ValueError, match=r"pad_id=12; expected an id in \[0, vocab_size\) = \[0, 12\)"):
         TokenEmbedding(12, 8, 12)

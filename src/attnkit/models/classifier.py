@@ -83,6 +83,7 @@ class TransformerClassifier(nn.Module):
         self.max_len, self.pad_id, self.pooling = max_len, pad_id, pooling
         self.mechanisms = mechanisms
         self.embed = TokenEmbedding(vocab_size, d_model, pad_id)
+        self.pad_id = int(pad_id)  # checked by the embedding; a NumPy integer is kept as an int
         self.position = SinusoidalPositionalEncoding(d_model, max_len=max_len + 1, dropout=dropout)
         layer = TransformerEncoderLayer(
             d_model,

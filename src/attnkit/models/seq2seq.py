@@ -92,6 +92,7 @@ class Seq2SeqTransformer(nn.Module):
         self.mechanisms = {"encoder": enc, "decoder": dec, "cross": cross}
         self.src_embed = TokenEmbedding(src_vocab_size, d_model, pad_id)
         self.tgt_embed = TokenEmbedding(tgt_vocab_size, d_model, pad_id)
+        self.pad_id = int(pad_id)  # checked by the embeddings; a NumPy integer is kept as an int
         self.transformer = Transformer(
             d_model=d_model,
             nhead=nhead,
