@@ -557,7 +557,8 @@ def write_fidelity_html(
                     f"<tr class='{cls}'><td><a href='#{_esc(r.name)}'>{_esc(r.name)}</a></td>"
                     f"<td>{_esc(c.source)}</td><td>{_esc(c.statement)}</td><td>{_esc(c.paper or '-')}</td>"
                     f"<td>{_esc(c.ours or '-')}</td>"
-                    f"<td>{_esc(c.criterion)}</td><td><b>{verdict(c.held)}</b></td><td>{_esc(c.evidence)}</td></tr>"
+                    f"<td>{_esc(c.criterion)}</td><td><b>{verdict(c.held)}</b></td>"
+                    f"<td>{'(as ours)' if c.evidence == c.ours else _esc(c.evidence)}</td></tr>"
                 )
         parts.append("</table></div>")
     parts.append("<h2>Budgets and time</h2>")
