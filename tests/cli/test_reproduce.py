@@ -290,3 +290,23 @@ def test_a_full_disk_during_a_run_is_one_line(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2
     assert err[-1].startswith("error: No space left on device while writing the output")
+
+
+@pytest.mark.parametrize("raised", [
+    lambda: __import__("safetensors").SafetensorError("Error while serializing: No space left on device "
+                                                      "(os error 28)"),
+    lambda: RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 11456 vs 11408"),
+], ids=["safetensors", "torch.save"])
+def test_a_full_disk_inside_a_library_is_one_line(raised, tmp_path, capsys, monkeypatch):
+    """safetensors and torch.save wrap the refused write in their own error types: show and compare ended in
+    a traceback, exit code 1."""
+    from attnkit.analysis import reproduce as repro
+
+    def full(result, quick, seed):
+        raise raised()
+
+    monkeypatch.setitem(repro.TARGETS, "lemma1", full)
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", "lemma1", "--out", str(tmp_path / "r"), "--quick"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and err[-1].startswith("error: ") and "free the space" in err[-1]

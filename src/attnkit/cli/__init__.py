@@ -11,6 +11,7 @@ import errno
 import importlib
 import os
 import pkgutil
+import re
 import signal
 import sys
 import threading
@@ -117,6 +118,21 @@ def _terminate_as_exit():
         signal.signal(signal.SIGTERM, before)
 
 
+def _refused_write(exc: BaseException) -> Optional[str]:
+    """What a full disk, quota or file-size limit looks like when a library wraps it in its own error type:
+    safetensors' and tokenizers' "... (os error 28)", torch.save's failed stream write; ``None`` for any
+    other error."""
+    text = _one_line(str(exc))
+    found = re.search(r"os error (\d+)", text)
+    if found is not None and int(found[1]) in _FULL:
+        return f"{os.strerror(int(found[1]))} while writing the output ({type(exc).__name__})"
+    if isinstance(exc, RuntimeError) and ("PytorchStreamWriter failed writing" in text
+                                          or ("inline_container" in text and "unexpected pos" in text)):
+        return ("a file could not be written whole (torch.save: the disk is full or a file-size limit was "
+                "reached)")
+    return None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Entry point of the ``attnkit`` script."""
     args = list(argv) if argv is not None else sys.argv[1:]
@@ -152,6 +168,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(INTERRUPTED)
+    except Exception as exc:  # noqa: BLE001 - a library's own error type around a refused write
+        why = _refused_write(exc)
+        if why is None:  # a defect, with its traceback
+            raise
+        _error(_one_line(f"{why}; choose another path or free the space"))
+        sys.exit(2)
     if code == INTERRUPTED:  # typer turns Ctrl-C inside a command into this return code, without a word
         print("interrupted", file=sys.stderr)
     if isinstance(code, int) and not isinstance(code, bool) and code:  # typer.Exit(code) in a command
