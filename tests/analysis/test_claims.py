@@ -673,6 +673,11 @@ def test_a_rebuilt_page_lists_a_target_that_never_finished(tmp_path, monkeypatch
     rebuild_fidelity(tmp_path / "all")
     entries = {e["name"]: e for e in json.loads((tmp_path / "all" / "fidelity.json").read_text())}
     assert [c["held"] for c in entries["broken"]["claims"]] == [False]
+    import shutil
+
+    shutil.rmtree(tmp_path / "all" / "constructed-pass")  # only the unfinished target's folder is left
+    with pytest.raises(FileNotFoundError, match="no target finished there"):  # not "do not record quick"
+        rebuild_fidelity(tmp_path / "all")
 
 
 def test_a_target_writing_a_folder_overwrites_it_file_by_file(tmp_path, monkeypatch):

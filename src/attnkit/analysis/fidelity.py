@@ -354,8 +354,9 @@ def rebuild_fidelity(
                          f"runs; run it again ('attnkit reproduce all --out {root}')")
     folders = sorted({p.parent for p in root.glob("*/summary.json")}
                      | {p.parent for p in root.glob(f"*/{UNFINISHED_MARKER}")})
-    if not folders:
-        raise FileNotFoundError(f"no */summary.json under {str(root)!r}; run 'attnkit reproduce all' first")
+    if not any((f / "summary.json").is_file() for f in folders):  # none, or only unfinished runs
+        raise FileNotFoundError(f"no */summary.json under {str(root)!r} (no target finished there); run "
+                                "'attnkit reproduce all' first")
     from .reproduce import TARGETS
 
     order = {name: i for i, name in enumerate(TARGETS)}  # the order of a run; unknown folders last
