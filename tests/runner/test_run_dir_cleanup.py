@@ -84,3 +84,29 @@ def _fail_in(mechanism: str):
             raise ValueError(f"{mech} seed {seed}: the training loss became nan at step {step}")
 
     return hook
+
+
+def test_a_model_save_that_fails_leaves_no_truncated_model_file(tmp_path, monkeypatch):
+    """torch.save on a full disk left a truncated model.pt in the run directory."""
+    from attnkit.runner import build_config, run_compare
+    from attnkit.runner import train as train_module
+    from tests.runner._fixtures import tiny_overrides, write_classification_file
+
+    import torch
+
+    data = write_classification_file(tmp_path / "d.json")
+    save = torch.save
+
+    def full(obj, f, *args, **kwargs):
+        if "model.pt" in str(f):  # the final weights (checkpoints are state.pt)
+            with open(f, "wb") as handle:
+                handle.write(b"PK\x03\x04 half")
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 11456 vs 11408")
+        return save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(train_module.torch, "save", full)
+    with pytest.raises(RuntimeError, match="unexpected pos"):
+        run_compare(build_config(tiny_overrides(data, tmp_path / "run", mechanisms="softmax", steps=2,
+                                                eval_every=2, checkpoint_every=2)))
+    left = [p.name for p in (tmp_path / "run").rglob("*model.pt*")]
+    assert left == []

@@ -356,7 +356,10 @@ def train_run(
         **task.details(data, preds),
     }
     if accelerator.is_main_process:
-        torch.save(net.state_dict(), run_dir / "model.pt")
+        from .._files import write_file_with
+
+        # whole or not at all (a full disk left a truncated model.pt beside the checkpoints)
+        write_file_with(run_dir / "model.pt", lambda tmp: torch.save(net.state_dict(), tmp), overwrite=True)
         tmp = run_dir / (RESULT_FILE + ".tmp")
         tmp.write_text(json.dumps(record, indent=1, allow_nan=False))  # strict JSON: no bare NaN
         os.replace(tmp, result_path)
