@@ -1,8 +1,10 @@
 """Training-step time of the packaged MiniLM-L6 converted to each mechanism, as a ratio to the first one
 listed (softmax by default).
 
-All models are timed in one process, in interleaved rounds, on the same padded batch, so that load on the
-machine affects every mechanism alike. Prints a table and writes JSON.
+All models are timed in one process, in interleaved rounds (the order reversed every round), on the same
+padded batch, so that load on the machine affects every mechanism alike; a mechanism's ratio is the median of
+its rounds' ratios to the first mechanism's step in the same round (``ratio_of_medians`` beside it, as earlier
+versions reported). Prints a table and writes JSON.
 
     python benchmarks/hf_step_time.py --mechanisms softmax,dnas,hnas --batch-size 16 --max-length 128
 """
@@ -31,7 +33,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     parser.add_argument(
         "--clock", choices=("wall", "cpu"), default="wall",
-        help="wall-clock time, or this process's CPU time (steadier on a shared machine; one thread)",
+        help="wall-clock time, or this process's CPU time summed over its threads (steadier on a shared "
+             "machine; with OMP_NUM_THREADS=1 the step's own time)",
     )
     args = parser.parse_args(argv)
     for name in ("batch_size", "max_length", "rounds"):
@@ -113,8 +116,10 @@ def _time_and_write(args: argparse.Namespace, parser: argparse.ArgumentParser, o
     for mech in mechanisms:  # warm-up
         step(mech)
     times: dict[str, list[float]] = {m: [] for m in mechanisms}
-    for _ in range(args.rounds):
-        for mech in mechanisms:
+    order: list[list[str]] = []
+    for r in range(args.rounds):  # the order reversed every round, as attnkit bench's rounds
+        order.append(mechanisms if r % 2 == 0 else mechanisms[::-1])
+        for mech in order[-1]:
             times[mech].append(step(mech))
     base = statistics.median(times[mechanisms[0]])
     rows = []
@@ -127,11 +132,12 @@ def _time_and_write(args: argparse.Namespace, parser: argparse.ArgumentParser, o
     for mech in mechanisms:
         med = statistics.median(times[mech])
         per_round = [t / s for t, s in zip(times[mech], times[mechanisms[0]])]  # same-round ratios
-        rows.append({"mechanism": mech, "median_s": med, "ratio": med / base, "times_s": times[mech],
-                     "round_ratios": per_round})
-        print(f"{mech:<10} {med:>14.3f} {med / base:>10.2f} {min(per_round):>7.2f}-{max(per_round):<7.2f}")
+        ratio = statistics.median(per_round)  # as attnkit bench: the median of the rounds' ratios
+        rows.append({"mechanism": mech, "median_s": med, "ratio": ratio, "ratio_of_medians": med / base,
+                     "times_s": times[mech], "round_ratios": per_round})
+        print(f"{mech:<10} {med:>14.3f} {ratio:>10.2f} {min(per_round):>7.2f}-{max(per_round):<7.2f}")
     meta = {"batch_size": B, "max_length": L, "threads": torch.get_num_threads(), "rounds": args.rounds,
-            "clock": args.clock, "load_average": load}
+            "clock": args.clock, "load_average": load, "round_order": order}
     from attnkit._files import write_results
 
     try:

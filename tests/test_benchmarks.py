@@ -52,14 +52,18 @@ def test_hf_step_time_writes_a_ratio_per_mechanism(tmp_path):
             "--max-length",
             "8",
             "--rounds",
-            "1",
+            "3",
             "--out",
             str(out),
         ]
     )
-    rows = json.loads(out.read_text())["rows"]
+    written = json.loads(out.read_text())
+    rows = written["rows"]
     assert [r["mechanism"] for r in rows] == ["softmax", "dnas"]
     assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] > 0
+    # the order flips every round, and the ratio is the median of the rounds' ratios (as attnkit bench's)
+    assert written["round_order"] == [["softmax", "dnas"], ["dnas", "softmax"], ["softmax", "dnas"]]
+    assert rows[1]["ratio"] == sorted(rows[1]["round_ratios"])[1]
     with pytest.raises(SystemExit) as exc:
         hf_step_time.main(["--mechanisms", "softmax", "--out", str(out)])
     assert exc.value.code == 2
