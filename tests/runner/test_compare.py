@@ -301,3 +301,23 @@ def test_results_json_is_strict_json_when_no_attention_call_had_a_valid_key(tmp_
 
     payload = json.loads((tmp_path / "out" / "results.json").read_text(), parse_constant=refuse)
     assert payload["runs"][0]["explain_away"]["min"] is None
+
+
+def test_grad_clip_bounds_the_regularizers_own_gradient_norm(tmp_path, monkeypatch):
+    """compare clipped the model's gradients only: gan's discriminator stepped on its unclipped gradients
+    (the alignment Trainer's max_grad_norm clips them, as their own group)."""
+    seen = []
+    step = torch.optim.AdamW.step
+
+    def recording_step(self, *args, **kwargs):
+        regularizer_group = self.param_groups[-1]["params"]  # added after the model's (weight decay 0)
+        seen.append(float(torch.nn.utils.get_total_norm([p.grad for p in regularizer_group
+                                                         if p.grad is not None])))
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
+    data = write_classification_file(tmp_path / "topics.json")
+    run_compare(build_config(tiny_overrides(data, tmp_path / "out", mechanisms="softmax", align="gan",
+                                            seeds=1, steps=3, grad_clip=1e-4, align_weight=10.0)))
+    assert len(seen) == 3 and max(seen) <= 1e-4 * (1 + 1e-5), seen
+    assert min(seen) > 0, seen  # the discriminator has gradients to clip

@@ -284,6 +284,10 @@ def train_run(
             reg.sync_gradients()  # DDP averages the model's gradients, not the regularizer's
         if config.grad_clip:
             accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
+            if reg is not None:  # its own norm, as the alignment Trainer's max_grad_norm (docs/alignment.md)
+                own = [p for p in reg.parameters() if p.grad is not None]
+                if own:
+                    torch.nn.utils.clip_grad_norm_(own, config.grad_clip)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
