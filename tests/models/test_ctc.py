@@ -202,3 +202,16 @@ def test_prefix_beam_search_takes_log_probabilities_up_to_rounding():
     nudged = log_probs.clone()
     nudged[1, 0] = 5e-5
     assert ctc_prefix_beam_search(nudged) == [1, 1]
+
+
+def test_a_frame_where_every_label_is_impossible_is_refused_by_both_decoders():
+    """A frame of -inf alone: the arg-max read it as label 0 and the beam search ranked -inf ties, returning
+    an arbitrary prefix; no labelling has a probability above 0."""
+    lp = torch.randn(4, 3).log_softmax(-1)
+    lp[2] = -math.inf
+    with pytest.raises(ValueError, match=r"-inf for every label at frame\(s\) 2"):
+        ctc_prefix_beam_search(lp)
+    with pytest.raises(ValueError, match=r"frame\(s\) \(0, 2\)"):
+        ctc_greedy_decode(lp[None])
+    # a dead frame beyond a sequence's length is padding: decoded as before
+    assert ctc_greedy_decode(lp[None], torch.tensor([2])) == ctc_greedy_decode(lp[None, :2])

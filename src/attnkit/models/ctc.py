@@ -79,6 +79,8 @@ def ctc_greedy_decode(
     counts = lengths.tolist()
     if any(not 0 <= n <= T for n in counts):
         raise ValueError(f"lengths holds {counts}; each is a frame count in [0, T={T}]")
+    valid = torch.arange(T, device=log_probs.device) < lengths.to(log_probs.device)[:, None]  # (B, T)
+    _check_frames_possible(log_probs, valid)
     best = log_probs.argmax(dim=-1).tolist()  # (B, T)
     out = []
     for row, n in zip(best, counts):
@@ -108,6 +110,20 @@ def _check_log_probs(log_probs: Tensor) -> None:
         )
     if bool(torch.isnan(log_probs).any()):
         raise ValueError("log_probs contains NaN; check the model's outputs")
+
+
+def _check_frames_possible(log_probs: Tensor, valid: Optional[Tensor] = None) -> None:
+    """Every (valid) frame gives some label, the blank included, a probability above 0: a frame of -inf
+    alone has no labelling (the arg-max read it as label 0, the beam search returned an arbitrary prefix)."""
+    dead = log_probs.amax(dim=-1) == -math.inf  # (..., T)
+    if valid is not None:
+        dead = dead & valid
+    if bool(dead.any()):
+        where = [tuple(i) if len(i) > 1 else i[0] for i in dead.nonzero().tolist()[:3]]
+        raise ValueError(
+            f"log_probs is -inf for every label at frame(s) {', '.join(map(str, where))}: no labelling has a "
+            "probability above 0; check the model's outputs (or lengths, for frames that are padding)"
+        )
 
 
 def _logaddexp(a: float, b: float) -> float:
@@ -141,6 +157,7 @@ def ctc_prefix_beam_search(log_probs: Tensor, beam_width: int = 8, blank_id: int
             f"log_probs holds {high:g} > 0, which is no log-probability; pass log-probabilities "
             "(probs.log() or log_softmax(logits, -1)), not probabilities"
         )
+    _check_frames_possible(log_probs)
     lp = log_probs.double().tolist()
     beams: dict[tuple, tuple[float, float]] = {(): (0.0, -math.inf)}  # prefix -> (p_b, p_nb)
     for frame in lp:
