@@ -173,3 +173,11 @@ def test_pad_before_a_later_word_is_refused(row):
         model(IMAGES, tokens)
     logits, _, _, _ = model(IMAGES, TOKENS)  # padding after <eos> only: accepted
     assert logits.shape == (2, 3, 10)
+
+
+def test_an_all_pad_caption_is_refused():
+    """An all-<pad> row scored nothing (nll 0) and added a constant penalty of L to the batch's mean."""
+    model, tokens = _small(), torch.tensor([[3, 4, 2], [0, 0, 0]])
+    with pytest.raises(ValueError, match=r"tokens row 1 is all <pad> \(id 0\): an empty caption"):
+        model.loss(IMAGES, tokens)
+    model.loss(IMAGES, torch.tensor([[3, 4, 2], [2, 0, 0]]))  # <eos> alone: a caption

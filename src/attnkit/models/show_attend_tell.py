@@ -205,6 +205,13 @@ class ShowAttendTell(nn.Module):
                 f"tokens row {row} has <pad> (id {PAD}) before a later word; a caption is its word ids, "
                 "<eos>, then <pad> only (pad at the end, never inside)"
             )
+        empty = tokens[:, 0] == PAD  # (B,): all <pad>, since no <pad> precedes a word
+        if bool(empty.any()):
+            row = int(empty.nonzero()[0])
+            raise ValueError(
+                f"tokens row {row} is all <pad> (id {PAD}): an empty caption, which has no likelihood to "
+                "train and added a constant doubly stochastic penalty; drop it, or give it at least <eos>"
+            )
         a = self.annotations(images)
         state = self._init_state(a)
         prev = torch.full((B,), BOS, dtype=torch.long, device=tokens.device)
