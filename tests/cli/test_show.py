@@ -102,7 +102,7 @@ def test_an_interrupted_show_leaves_nothing_that_blocks_the_same_command(tiny_be
         patch.setattr(av, "write_bertviz", interrupted)
         with pytest.raises(SystemExit) as exc:
             main(argv)
-    assert exc.value.code == 130 and list(out.iterdir()) == []
+    assert exc.value.code == 130 and not out.exists()  # the folder it made, too
 
     real = files.write_file_with
 
@@ -115,8 +115,30 @@ def test_an_interrupted_show_leaves_nothing_that_blocks_the_same_command(tiny_be
         patch.setattr(files, "write_file_with", interrupted_on_the_second_file)
         with pytest.raises(SystemExit) as exc:
             main(argv)
-    assert exc.value.code == 130 and list(out.iterdir()) == []
+    assert exc.value.code == 130 and not out.exists()  # the folder it made, too
     capsys.readouterr()
     main(argv)
     assert "1 mechanism(s)" in capsys.readouterr().out
     assert sorted(p.name for p in out.iterdir()) == OUTPUTS
+
+
+def test_a_failed_write_removes_the_folders_it_made_and_keeps_the_users(tiny_bert, tmp_path, capsys,
+                                                                       monkeypatch):
+    """A full disk left an empty --out (and its new parents) behind; a folder that was there stays."""
+    import errno
+
+    import attnkit.analysis.attention_view as av
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(av, "write_bertviz", full_disk)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    out = kept / "new" / "view"
+    argv = ["show", str(tiny_bert), "--text", TEXT, "--mechanisms", "softmax", "--out"]
+    err = _error(capsys, [*argv, str(out)])
+    assert "No space left on device" in err
+    assert kept.is_dir() and list(kept.iterdir()) == []
+    _error(capsys, [*argv, str(kept)])
+    assert kept.is_dir() and list(kept.iterdir()) == []

@@ -113,24 +113,37 @@ def _write_together(out: Path, view, document: str, *, overwrite: bool) -> None:
     was. Without ``overwrite``, an interruption (Ctrl-C, an error) during the moves removes the files it had
     moved in, so nothing is left that would refuse the same command, and a file that appeared meanwhile is
     kept (``FileExistsError``); with it, the files moved in before the interruption stay beside the earlier
-    run's others (the same command replaces them all)."""
+    run's others (the same command replaces them all). Folders it made for ``out`` are removed on failure
+    while they are empty."""
     from attnkit._files import write_file_with, write_text_file
     from attnkit.analysis.attention_view import BERTVIZ_FILES, write_bertviz
 
+    made = [p for p in (out, *out.parents) if not p.exists()]  # deepest first: this command makes them
     out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out, prefix=".attnkit-show.", suffix=".tmp"))
-    placed: list[Path] = []
+    failed = True
     try:
-        write_text_file(staging / "attention.html", document, overwrite=True)
-        write_bertviz(view, staging, overwrite=True)
-        for name in ("attention.html", *BERTVIZ_FILES):
-            # the staged file becomes write_file_with's temporary file: never over a file that appeared
-            write_file_with(out / name, functools.partial(os.replace, staging / name), overwrite=overwrite)
-            placed.append(out / name)
-    except BaseException:
-        if not overwrite:  # the files this command made; with --overwrite the next run replaces them anyway
-            for path in placed:
-                path.unlink(missing_ok=True)
-        raise
+        staging = Path(tempfile.mkdtemp(dir=out, prefix=".attnkit-show.", suffix=".tmp"))
+        placed: list[Path] = []
+        try:
+            write_text_file(staging / "attention.html", document, overwrite=True)
+            write_bertviz(view, staging, overwrite=True)
+            for name in ("attention.html", *BERTVIZ_FILES):
+                # the staged file becomes write_file_with's temporary file: never over a file that appeared
+                move = functools.partial(os.replace, staging / name)
+                write_file_with(out / name, move, overwrite=overwrite)
+                placed.append(out / name)
+        except BaseException:
+            if not overwrite:  # the files this command made; with --overwrite the next run replaces them
+                for path in placed:
+                    path.unlink(missing_ok=True)
+            raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        failed = False
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if failed:  # the folders it made, if nothing else is in them (a full disk left an empty --out)
+            for folder in made:
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
