@@ -503,6 +503,9 @@ def test_an_alias_of_a_run_mechanism_finds_its_runs(tmp_path):
                                             eval_every=2, checkpoint_every=2)))
     view = view_from_run(run, "goal team bank", mechanisms=["HYBRID", "Hnas+mmd"])
     assert view.mechanisms == ["hnas", "hnas+mmd"] and set(view.hybrid_u) == {"hnas", "hnas+mmd"}
+    page = render_view_html(view)  # two u tables on one page: each its own id
+    ids = re.findall(r' id="([^"]+)"', page)
+    assert len(ids) == len(set(ids)) and {"hybrid-u", "hybrid-u-2"} <= set(ids), ids
     with pytest.raises(ValueError, match="names 'hnas' twice"):
         view_from_run(run, "goal", mechanisms=["hnas", "hybrid"])
 

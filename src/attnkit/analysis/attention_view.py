@@ -515,7 +515,8 @@ def _layer_figure(view: AttentionView, layer: int, heads: Sequence[int]) -> str:
 
 def _u_table(view: AttentionView) -> str:
     parts = []
-    for mech, u in view.hybrid_u.items():
+    for n, (mech, u) in enumerate(view.hybrid_u.items()):
+        table_id = "hybrid-u" if n == 0 else f"hybrid-u-{n + 1}"  # one page, unique ids (hnas, hnas+mmd)
         heads = len(u[0]) if u else 0
         head = "".join(f"<th>head {h}</th>" for h in range(heads))
         names = view.hybrid_u_names.get(mech, [])
@@ -527,7 +528,7 @@ def _u_table(view: AttentionView) -> str:
         parts.append(f"<h2>{html.escape(mech)}: hybrid weight u per layer and head</h2>"
                      "<p>u = share of DNAS in "
                      "π = u·π<sup>D</sup> + (1 − u)·π<sup>L</sup> (0: softmax, 1: DNAS).</p>"
-                     f'<div class="wide"><table id="hybrid-u"><thead><tr><th></th>{head}</tr></thead>'
+                     f'<div class="wide"><table id="{table_id}"><thead><tr><th></th>{head}</tr></thead>'
                      f"<tbody>{body}</tbody></table></div>")
     return "".join(parts)
 
