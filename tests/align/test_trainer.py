@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from unittest import mock
 
 import pytest
 import torch
@@ -179,6 +180,49 @@ def test_the_task_loss_is_read_as_normalized_only_where_the_model_passes_num_ite
             return torch.nn.functional.cross_entropy(logits, labels, reduction="sum") / num_items_in_batch
 
     assert _normalizes_by_items(OwnLM())
+
+
+def _reads(source: str) -> bool:
+    """_normalizes_by_items of a module whose forward is ``source`` (a def at column 0)."""
+    from attnkit.align.trainer import _normalizes_by_items
+
+    namespace = {"F": torch.nn.functional}
+    exec(source, namespace)  # noqa: S102 - test-written source
+    own = type("Own", (torch.nn.Module,), {"forward": namespace["forward"]})
+    with mock.patch("inspect.getsource", lambda obj: source):  # exec'd code has no file to read
+        return _normalizes_by_items(own())
+
+
+@pytest.mark.parametrize("body, normalizes", [
+    # the count divided by or handed on, from the parameter or from **kwargs
+    ("def forward(self, x, y, num_items_in_batch=None):\n    return F.cross_entropy(x, y, reduction='sum') "
+     "/ num_items_in_batch", True),
+    ("def forward(self, x, y, **kwargs):\n    n = kwargs.get('num_items_in_batch')\n"
+     "    return F.cross_entropy(x, y, reduction='sum') / n", True),
+    ("def forward(self, x, y, **kwargs):\n    return F.cross_entropy(x, y, reduction='sum') "
+     "/ kwargs['num_items_in_batch']", True),
+    ("def forward(self, x, y, num_items_in_batch=None):\n    f = lambda s: s / num_items_in_batch\n"
+     "    return f(F.cross_entropy(x, y, reduction='sum'))", True),
+    ("def forward(self, x, y, num_items_in_batch=None):\n    return self.loss(x, y, num_items_in_batch)",
+     True),
+    # named, but not what the loss is divided by: a per-micro-batch mean
+    ("def forward(self, x, y, **kwargs):\n    num_items_in_batch = kwargs.pop('num_items_in_batch', None)\n"
+     "    return F.cross_entropy(x, y)", False),
+    ("def forward(self, x, y, num_items_in_batch=None):\n    del num_items_in_batch\n"
+     "    return F.cross_entropy(x, y)", False),
+    ("def forward(self, x, y, num_items_in_batch=None):\n    if num_items_in_batch is not None and "
+     "num_items_in_batch < 0:\n        raise ValueError(f'bad {num_items_in_batch}')\n"
+     "    return F.cross_entropy(x, y)", False),
+    ("def forward(self, x, y, num_items_in_batch=None):\n    num_items_in_batch = (y != -100).sum()\n"
+     "    return F.cross_entropy(x, y, reduction='sum') / num_items_in_batch", False),
+    ("def forward(self, x, y, **kwargs):\n    kwargs['num_items_in_batch'] = None\n"
+     "    return F.cross_entropy(x, y)", False),
+])
+def test_only_a_count_the_loss_is_divided_by_or_handed_on_reads_as_normalizing(body, normalizes):
+    """Any mention of num_items_in_batch read as normalizing: a forward that popped it and dropped it, deleted
+    it, only checked it or divided by its own count of that name took half the regularizer's weight at 2
+    accumulation steps; a count read from **kwargs (kwargs["num_items_in_batch"]) was missed (twice)."""
+    assert _reads(body) is normalizes
 
 
 def test_loss_is_scaled_for_ga_decides_the_process_factor_too(tiny_bert, tmp_path, monkeypatch):

@@ -34,16 +34,21 @@ REGULARIZER_FILE = "alignment_regularizer.safetensors"
 _GENERATOR_KEY = "_generator_state"  # AlignmentTrainer (the Trainer subclass) is built on first access
 
 
+_COUNT = "num_items_in_batch"
+
+
 def _normalizes_by_items(model) -> bool:
     """Whether ``model``'s ``forward`` hands ``num_items_in_batch`` to its loss: transformers' causal LMs do
     so through ``self.loss_function(..., **kwargs)``; others compute a plain per-batch mean, with their own
     ``CrossEntropyLoss`` (BERT's classifiers and masked LM) or ``self.loss_function`` called without the
     keyword arguments (the decoders' ``GenericForSequenceClassification``). Read from the ``forward``'s
-    source: a call of ``loss_function`` given ``**kwargs``, or ``num_items_in_batch`` read (a parameter the
-    forward divides by or passes on, as a model of one's own does). A ``forward`` whose source cannot be
-    read is taken to normalize (the Trainer's own reading); a forward that hands everything to another
-    model (``self.lm(**kwargs)``) is read as not normalizing: ``trainer.loss_is_scaled_for_ga`` overrides
-    the reading."""
+    source: a call of ``loss_function`` given ``**kwargs``, or the Trainer's count (the parameter
+    ``num_items_in_batch``, or ``kwargs["num_items_in_batch"]`` / ``kwargs.get(...)`` / ``kwargs.pop(...)``,
+    and names assigned from them) divided by or passed to a call, as a model of one's own does. A count
+    only compared, deleted or popped and dropped does not normalize, nor does a local of that name computed
+    by the forward itself. A ``forward`` whose source cannot be read is taken to normalize (the Trainer's
+    own reading); a forward that hands everything to another model (``self.lm(**kwargs)``) is read as not
+    normalizing: ``trainer.loss_is_scaled_for_ga`` overrides the reading."""
     import ast
     import inspect
     import textwrap
@@ -60,16 +65,64 @@ def _normalizes_by_items(model) -> bool:
         tree = ast.parse(textwrap.dedent(inspect.getsource(type(inner).forward)))
     except (OSError, TypeError, SyntaxError):
         return True
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id == "num_items_in_batch":  # read: a division, an argument
+    function = tree.body[0] if tree.body else None
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return True  # forward = something else (an assignment, a decorator's product): not readable
+    params = function.args
+    names = {a.arg for a in (*params.posonlyargs, *params.args, *params.kwonlyargs)}
+
+    def looks_up(node) -> bool:  # kwargs["num_items_in_batch"], kwargs.get / .pop("num_items_in_batch", ...)
+        if isinstance(node, ast.Subscript):
+            return isinstance(node.slice, ast.Constant) and node.slice.value == _COUNT
+        return (isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("get", "pop")
+                and bool(node.args) and isinstance(node.args[0], ast.Constant)
+                and node.args[0].value == _COUNT)
+
+    def carries(node, aliases) -> bool:  # an expression that holds the Trainer's count (not a test, a text)
+        if isinstance(node, (ast.Compare, ast.JoinedStr)):
+            return False
+        if looks_up(node) or (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+                              and node.id in aliases):
             return True
-        if not isinstance(node, ast.Call):
-            continue
-        if any(k.arg == "num_items_in_batch" for k in node.keywords):
-            return True
-        name = getattr(node.func, "attr", getattr(node.func, "id", None))
-        if name == "loss_function" and any(k.arg is None for k in node.keywords):  # **kwargs
-            return True
+        return any(carries(child, aliases) for child in ast.iter_child_nodes(node))
+
+    assignments = []  # (target names, value)
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign):
+            targets = [n.id for t in node.targets  # names, unpacked or not (not d["k"] = ..., o.a = ...)
+                       for n in ([t] if isinstance(t, ast.Name) else getattr(t, "elts", []))
+                       if isinstance(n, ast.Name)]
+            assignments.append((targets, node.value))
+        elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+            assignments.append(([node.target.id] if isinstance(node.target, ast.Name) else [], node.value))
+    aliases = set()
+    if _COUNT in names:  # the parameter, unless the forward only ever sets its own (labels.ne(-100).sum())
+        values = [v for targets, v in assignments if _COUNT in targets]
+        if not values or any(carries(v, {_COUNT}) for v in values):
+            aliases.add(_COUNT)
+    grown = True
+    while grown:  # names assigned from the count, from names assigned from it, ...
+        grown = False
+        for targets, value in assignments:
+            if set(targets) - aliases and carries(value, aliases):
+                aliases |= set(targets)
+                grown = True
+    for node in ast.walk(function):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv)):
+            if carries(node.right, aliases):
+                return True
+        elif isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Div, ast.FloorDiv)):
+            if carries(node.value, aliases):
+                return True
+        elif isinstance(node, ast.Call) and not looks_up(node):
+            if any(carries(a, aliases) for a in node.args):
+                return True
+            for k in node.keywords:
+                if k.arg is not None and carries(k.value, aliases):  # num_items_in_batch=..., or any name
+                    return True
+            name = getattr(node.func, "attr", getattr(node.func, "id", None))
+            if name == "loss_function" and any(k.arg is None for k in node.keywords):  # **kwargs
+                return True
     return False
 
 
