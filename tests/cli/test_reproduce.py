@@ -262,6 +262,36 @@ def test_an_interrupted_overwrite_keeps_the_earlier_results_it_did_not_replace(t
     assert {name: (out / name).read_bytes() for name in earlier} == earlier
 
 
+def test_after_an_interrupted_overwrite_the_finished_results_still_ask_for_overwrite(tmp_path, capsys,
+                                                                                     monkeypatch):
+    """The unfinished mark let any later run in without --overwrite, and it removed the finished results
+    that the summary listed (another target's, which the interrupted run had not replaced)."""
+    from attnkit.analysis import reproduce as repro
+
+    out = tmp_path / "run"
+    main(["reproduce", "mode-collapse-curves", "--quick", "--out", str(out)])
+    earlier = {p.name: p.read_bytes() for p in out.iterdir()}
+    real = repro.TARGETS["mode-collapse-curves"]
+    monkeypatch.setitem(repro.TARGETS, "mode-collapse-curves", _interrupt)
+    with pytest.raises(SystemExit):
+        main(["reproduce", "mode-collapse-curves", "--quick", "--out", str(out), "--overwrite", "--seed=1"])
+    monkeypatch.setitem(repro.TARGETS, "mode-collapse-curves", real)
+    capsys.readouterr()
+    err = _error_line(capsys, ["reproduce", "lemma1", "--quick", "--out", str(out)])
+    assert "finished results of 'mode-collapse-curves'" in err and "--overwrite" in err
+    assert {name: (out / name).read_bytes() for name in earlier} == earlier
+    main(["reproduce", "lemma1", "--quick", "--out", str(out), "--overwrite"])
+    assert json.loads((out / "summary.json").read_text())["name"] == "lemma1"
+
+
+def _error_line(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    return err[0]
+
+
 def test_a_dangling_out_link_is_named_in_one_line_before_any_work(tmp_path, capsys):
     """A link to nothing as --out gave "[Errno 17] File exists" (and would have created its target)."""
     link = tmp_path / "dangling"

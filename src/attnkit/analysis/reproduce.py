@@ -125,8 +125,9 @@ def reproduce(
 ) -> ReproduceResult:
     """Run target ``name`` into ``out`` (default ``runs/reproduce/<name>``) and return its result.
 
-    An existing non-empty ``out`` is refused unless ``overwrite``. The run writes into a staging folder
-    inside ``out`` and, once it has finished, its files replace those of the same names
+    An existing non-empty ``out`` is refused unless ``overwrite`` (a folder whose last run did not finish is
+    taken without it, but not the finished results an earlier run left there). The run writes into a staging
+    folder inside ``out`` and, once it has finished, its files replace those of the same names
     (``summary.json`` last), and the files that an earlier reproduction's ``summary.json`` there listed as its
     outputs and this run did not write are removed (whichever target wrote them); every other file stays. An
     interrupted run leaves the earlier results as they were (the next run into ``out`` removes its staging
@@ -141,9 +142,15 @@ def reproduce(
     check_output_parents(out)
     # a folder whose earlier run did not finish: that run was an --overwrite of the results still there
     resumed = is_unfinished(out)
+    finished = _earlier_outputs(out) if resumed and not overwrite else []
+    if finished:  # the mark lets the next run remove the unfinished run's own files, not finished results
+        raise FileExistsError(
+            f"{str(out)!r} holds the finished results of {_earlier_target(out)!r} beside a run that did not "
+            "finish; pass --overwrite to replace them or choose another --out"
+        )
     out_dir = prepare_output_dir(out, overwrite=overwrite)
     try:
-        earlier = _earlier_outputs(out_dir) if overwrite or resumed else []
+        earlier = _earlier_outputs(out_dir) if overwrite else []
         # every file of the run is written here first, a partial one too (a target interrupted inside a
         # savefig has not listed its file yet): an interrupted run's files are this folder, which the next
         # run into out removes, and an earlier run's results stay whole until this one has finished
@@ -194,25 +201,36 @@ def _move(src: Path, dst: Path) -> None:
         os.replace(src, dst)
 
 
-def _earlier_outputs(out: Path) -> list[Path]:
-    """The files that the ``summary.json`` in ``out`` lists as its run's outputs, and that summary, when it is
-    the summary of a reproduction (a target's name and the fields ``write_summary`` writes; a
-    ``summary.json`` of another program lists nothing of ours): only plain files directly in ``out`` (no
-    links, folders or paths elsewhere)."""
+def _earlier_summary(out: Path) -> Optional[dict]:
+    """The ``summary.json`` in ``out`` when it is the summary of a reproduction (a target's name and the
+    fields ``write_summary`` writes), else ``None`` (a ``summary.json`` of another program)."""
     summary = out / "summary.json"
     if not summary.is_file() or summary.is_symlink():
-        return []
+        return None
     try:
         data = json.loads(summary.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):  # not a summary of ours: leave it and everything else
-        return []
+        return None
     ours = isinstance(data, dict) and _SUMMARY_FIELDS <= data.keys() and isinstance(data["name"], str) \
         and data["name"] in TARGETS
-    files = data.get("files") if ours else None
+    return data if ours else None
+
+
+def _earlier_target(out: Path) -> Optional[str]:
+    data = _earlier_summary(out)
+    return None if data is None else data["name"]
+
+
+def _earlier_outputs(out: Path) -> list[Path]:
+    """The files that the ``summary.json`` in ``out`` lists as its run's outputs, and that summary, when it is
+    the summary of a reproduction (a ``summary.json`` of another program lists nothing of ours): only plain
+    files directly in ``out`` (no links, folders or paths elsewhere)."""
+    data = _earlier_summary(out)
+    files = None if data is None else data.get("files")
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
         return []
     paths = []
-    for file_name in [*files, summary.name]:
+    for file_name in [*files, "summary.json"]:
         if not is_output_name(file_name):
             continue  # a listed path outside the folder, or a file of a kind no target writes: not ours
         paths.append(out / file_name)
