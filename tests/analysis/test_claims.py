@@ -551,7 +551,10 @@ def test_an_interrupted_overwrite_leaves_the_earlier_results_whole(tmp_path, mon
         reproduce_module.reproduce("stops", out, overwrite=True)
     assert {p.name: p.read_bytes() for p in out.iterdir() if not p.name.startswith(".attnkit-")} == before
     assert load_result(out).seed == 3
-    reproduce_module.reproduce("constructed-fail", out)  # the unfinished run's files go, not the user's
+    with pytest.raises(FileExistsError, match="finished results of 'constructed-pass'"):
+        reproduce_module.reproduce("constructed-fail", out)  # the earlier results are finished ones
+    assert load_result(out).seed == 3
+    reproduce_module.reproduce("constructed-fail", out, overwrite=True)  # the unfinished run's files go too
     assert not any(p.name.startswith(".attnkit-") for p in out.iterdir())
     assert json.loads((out / "summary.json").read_text())["name"] == "constructed-fail"
     assert not (out / "half.png").exists()
