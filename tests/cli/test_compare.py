@@ -296,3 +296,32 @@ def test_a_config_file_out_that_is_not_a_path_is_one_line_with_or_without_resume
     config.write_text("out: [a, b]\n")
     code, err = _exit_code_and_stderr(["--config", str(config), *resume], capsys)
     assert code == 2 and err.strip() == "error: out=['a', 'b']: expected a directory path"
+
+
+def test_a_defect_in_training_shows_its_traceback_and_keeps_the_checkpoints(tmp_path, monkeypatch):
+    """A ValueError raised by a bug (Python's "too many values to unpack") read as a setting to correct: one
+    line, exit 2, and the run directory the command had made removed with its checkpoints."""
+    import attnkit.runner.train as train_module
+
+    data = write_classification_file(tmp_path / "topics.json")
+    out = tmp_path / "run"
+    real = train_module.batch_indices
+
+    def broken(step, *args, **kwargs):
+        if step == 5:  # after the checkpoint of step 4
+            a, b = (1, 2, 3)  # noqa: F841 - the defect
+        return real(step, *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "batch_indices", broken)
+    with pytest.raises(ValueError, match="too many values to unpack") as exc:
+        main(["compare", "--task", str(data), "--out", str(out), *TINY])
+    assert any(frame.name == "broken" for frame in _frames(exc.value))  # the traceback goes back to it
+    assert list(out.glob("runs/softmax-seed0/checkpoints/step-*"))
+
+
+def _frames(exc: BaseException):
+    import traceback
+
+    while exc is not None:
+        yield from traceback.extract_tb(exc.__traceback__)
+        exc = exc.__cause__

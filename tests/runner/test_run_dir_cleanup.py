@@ -78,6 +78,25 @@ def test_a_failed_compare_keeps_the_runs_that_finished(tmp_path):
     assert (out / "runs" / "softmax-seed0" / "result.json").is_file()
 
 
+def test_a_failure_after_a_checkpoint_keeps_the_folder_it_created_for_resume(tmp_path):
+    """Any ValueError in training (a defect too: "too many values to unpack") removed the run directory this
+    call had made, checkpoints and all, although --resume could go on from them."""
+    data = write_classification_file(tmp_path / "topics.json")
+    out = tmp_path / "out"
+    settings = {**COMMON, "mechanisms": "softmax", "steps": 4, "checkpoint_every": 2, "eval_every": 2}
+
+    def bug(mech, seed, step):
+        if step == 3:  # after the checkpoint of step 2
+            raise ValueError("too many values to unpack (expected 2)")
+
+    with pytest.raises(ValueError, match="kept with its checkpoints: pass --overwrite") as exc:
+        run_compare(build_config(tiny_overrides(data, out, **settings)), on_step=bug)
+    assert "too many values to unpack" in str(exc.value)
+    assert list(out.glob("runs/softmax-seed0/checkpoints/step-*"))
+    resumed = run_compare(build_config(tiny_overrides(data, out, resume=True, **settings)))
+    assert resumed.runs[0]["history"]  # went on from the checkpoint
+
+
 def _fail_in(mechanism: str):
     def hook(mech, seed, step):
         if mech == mechanism:

@@ -66,6 +66,8 @@ escape_help_markup(app)
 INTERRUPTED = 130  # the exit code of a command stopped with Ctrl-C (128 + SIGINT), as shells report it
 TERMINATED = 128 + signal.SIGTERM  # 143: stopped by SIGTERM (``kill``, a scheduler's or launcher's stop)
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError)
+# ValueErrors that no check of ours raises: Python's unpacking of a wrong number of values is a defect
+_PYTHON_DEFECT = re.compile(r"(too many|not enough) values to unpack \(expected")
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # no space left, quota exceeded, file too large
 
 
@@ -155,6 +157,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             _error(_one_line(message))
         sys.exit(2)
     except USER_ERRORS as exc:
+        if isinstance(exc, ValueError) and _PYTHON_DEFECT.match(str(exc)):
+            raise  # Python's own unpacking error: a defect, with its traceback, not a setting to correct
         _error(_one_line(str(exc) or type(exc).__name__))
         sys.exit(2)
     except OSError as exc:

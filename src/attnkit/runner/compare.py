@@ -401,18 +401,22 @@ def _record_kernels(record: dict, run_dir: Path, is_main: bool) -> None:
 
 def _failed_training(exc: ValueError, config: CompareConfig, out: Path, created: bool, is_main: bool) -> None:
     """After a run failed on a setting (the loss became NaN, ...): a run directory this call created with no
-    finished run in it is removed, so that the corrected command is not refused; otherwise the error names
-    the way on (``--overwrite``: a resume with other settings is refused). Raises in both cases."""
+    finished run and no checkpoint in it is removed, so that the corrected command is not refused; otherwise
+    the error names the way on (``--overwrite``: a resume with other settings is refused). Raises in both
+    cases. (A checkpoint is kept: the error may be a defect rather than a setting, and ``--resume`` goes on
+    from it once fixed.)"""
     finished = any((out / "runs").glob(f"*/{RESULT_FILE}"))
-    if created and not finished:
+    saved = any((out / "runs").glob("*/checkpoints/*"))
+    if created and not finished and not saved:
         if is_main:
             shutil.rmtree(out, ignore_errors=True)
         raise exc
     if not config.resume:
         raise ValueError(
-            f"{exc}; the run directory {str(out)!r} is kept{' with its finished runs' if finished else ''}: "
+            f"{exc}; the run directory {str(out)!r} is kept"
+            f"{' with its finished runs' if finished else ' with its checkpoints' if saved else ''}: "
             "pass --overwrite with the corrected settings to start it over"
-        ) from None
+        ) from exc  # a defect's traceback (the CLI shows it) goes back to where it was raised
     raise exc
 
 
