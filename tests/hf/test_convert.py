@@ -278,6 +278,22 @@ def test_from_pretrained_after_register_restores(tmp_path):
     assert torch.equal(hidden(loaded, ids, mask), hidden(model, ids, mask))
 
 
+def test_a_model_built_with_fewer_layers_than_its_record_is_refused(tmp_path):
+    """from_pretrained(..., num_hidden_layers=1) of a 2-layer DNAS model ran softmax in the layer it kept
+    while conversion() still said DNAS (the record's missing layer made it skip the whole conversion)."""
+    from transformers import AutoModel
+
+    model = akhf.convert(tiny_model("bert"), "dnas")
+    model.save_pretrained(tmp_path)
+    akhf.register()
+    message = r"no module 'encoder\.layer\.1\.attention\.self' that its attnkit record converts to dnas"
+    with pytest.raises(ValueError, match=message):
+        AutoModel.from_pretrained(tmp_path, num_hidden_layers=1)
+    with pytest.raises(ValueError, match=message):
+        akhf.load(tmp_path, num_hidden_layers=1)
+    assert akhf.conversion(AutoModel.from_pretrained(tmp_path)) == ak.DNAS()  # as saved: restored
+
+
 def test_layers_subset_converts_only_those(tmp_path):
     model = akhf.convert(tiny_model("bert"), "hnas", layers=[1])
     assert akhf.hybrid_weights(model).shape == (1, H)

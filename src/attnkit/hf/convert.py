@@ -532,16 +532,28 @@ class _ImplementationConflict(ValueError):
 def restore_conversion(model) -> bool:
     """Re-apply the conversion recorded in ``model.config`` to a freshly built model; ``True`` if applied.
 
-    Runs when a model is built after ``register()``, before its weights are loaded. A sub-model that holds
-    only part of the recorded modules (the encoder or decoder of an encoder-decoder) is left to its parent.
+    Runs when a model is built after ``register()``, before its weights are loaded. A sub-model, whose
+    modules are named from its own root (the encoder or decoder of an encoder-decoder), is left to its
+    parent; a model that holds some recorded modules but not all (built with fewer layers) is a
+    ``ValueError``.
     """
     config = conversion(model)
     if config is None:
         return False
     names = getattr(model.config, CONFIG_KEY)["modules"]
     by_name = dict(model.base_model.named_modules())
-    if not all(n in by_name for n in names) or any(hasattr(by_name[n], _MECHANISM_ATTR) for n in names):
-        return False
+    missing = [n for n in names if n not in by_name]
+    if len(missing) == len(names) or any(hasattr(by_name[n], _MECHANISM_ATTR) for n in names if n in by_name):
+        return False  # a sub-model (its modules are named from its own root), or applied already
+    if missing:  # built with other settings than it was saved with (num_hidden_layers=1): some layers would
+        # run softmax under a record that names the mechanism for them all
+        raise ValueError(
+            f"{type(model).__name__} has no module {missing[0]!r}"
+            f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''} that its attnkit record "
+            f"converts to {config_label(config)}: it was built with other settings than it was saved with "
+            "(num_hidden_layers=...?); load it with the saved settings, or convert the unconverted model "
+            "built as you need it"
+        )
     requested = getattr(model.config, "_attn_implementation", None)
     if requested not in (None, IMPLEMENTATION) and model._can_set_attn_implementation():
         # from_pretrained(..., attn_implementation="sdpa"): it was overridden without a word, and the model
