@@ -587,3 +587,30 @@ def test_converting_a_model_built_from_parts_leaves_the_users_configs_and_reache
         calls.clear()
         sibling(input_ids=ids)
     assert not calls  # the sibling never runs through attnkit
+
+
+def test_converting_a_part_of_a_model_is_refused_with_the_whole_model_as_the_fix():
+    """convert(clf.bert) or convert(t5.get_encoder()) ran the mechanism in memory, but the part's config was
+    a copy of its own: the whole model's save_pretrained recorded nothing and it loaded as softmax."""
+    from transformers import BertForSequenceClassification
+
+    clf = BertForSequenceClassification(tiny_config("bert"))
+    with pytest.raises(ValueError, match="BertModel sits inside BertForSequenceClassification, whose config"):
+        akhf.convert(clf.bert, "dnas")
+    assert akhf.conversion(clf) is None and akhf.conversion(clf.bert) is None  # nothing changed
+    alone = clf.bert
+    del clf  # a part on its own (its parent gone) converts as any model does
+    assert akhf.conversion(akhf.convert(alone, "dnas")) == ak.DNAS()
+
+
+def test_an_encoder_decoder_built_from_a_converted_part_is_refused(tmp_path):
+    """EncoderDecoderModel.from_encoder_decoder_pretrained(<a converted folder>, ...) ran the mechanism, but
+    its config recorded nothing: the folder it saved did not load ('attn_implementation='sdpa'...')."""
+    from transformers import BertConfig, BertLMHeadModel, EncoderDecoderModel
+
+    encoder = akhf.convert(tiny_model("bert"), "dnas")
+    names = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+    sizes = {k: getattr(encoder.config, k) for k in names}
+    decoder = BertLMHeadModel(BertConfig(is_decoder=True, add_cross_attention=True, **sizes))
+    with pytest.raises(ValueError, match=r"built from a converted part \(encoder: dnas\)"):
+        EncoderDecoderModel(encoder=encoder, decoder=decoder)

@@ -340,6 +340,27 @@ def _choose_layers(layers, n: int, model_name: str) -> list[int]:
     return sorted(chosen)
 
 
+def _enclosing_model(model):
+    """The transformers model that holds ``model`` as a submodule (``clf.bert``, ``t5.get_encoder()``, an
+    encoder-decoder's ``encoder``), or ``None``: found through the garbage collector's referrers (a module
+    knows its children, not its parent)."""
+    import gc
+
+    from transformers import PreTrainedModel
+
+    gc.collect()  # a parent dropped but not yet freed (a reference cycle) holds nothing any more
+    for children in gc.get_referrers(model):  # a parent's _modules
+        if not isinstance(children, dict):
+            continue
+        for attributes in gc.get_referrers(children):  # that parent's __dict__, then the parent
+            if not (isinstance(attributes, dict) and attributes.get("_modules") is children):
+                continue
+            for owner in gc.get_referrers(attributes):
+                if owner is not model and isinstance(owner, PreTrainedModel) and vars(owner) is attributes:
+                    return owner
+    return None
+
+
 def _own_config(model) -> None:
     """Give ``model`` (and every submodule that holds its config or a sub-config) copies of its config.
 
@@ -436,11 +457,19 @@ def convert(
     implementation included). Nothing changes when a ``ValueError`` is raised.
 
     Raises a ``ValueError`` for a model that does not dispatch attention through ``AttentionInterface``, a
-    model converted already, bad ``layers``, or dnas/hnas/sinkhorn on causal self-attention.
+    model converted already, a part of another transformers model (``clf.bert``: convert ``clf``, whose
+    save_pretrained then records it), bad ``layers``, or dnas/hnas/sinkhorn on causal self-attention.
     """
     _check_model(model)
     register()
     config = resolve_options(mechanism, u0=u0, sinkhorn_iters=sinkhorn_iters, learnable_u=True)
+    owner = _enclosing_model(model)
+    if owner is not None:
+        raise ValueError(
+            f"{type(model).__name__} sits inside {type(owner).__name__}, whose config would not record the "
+            f"conversion: its save_pretrained would load as softmax; convert the {type(owner).__name__} "
+            "itself (layers= picks the layers; an encoder-decoder converts its encoder)"
+        )
     if getattr(model.config, CONFIG_KEY, None):
         done = getattr(model.config, CONFIG_KEY)
         raise ValueError(
@@ -539,6 +568,15 @@ def restore_conversion(model) -> bool:
     """
     config = conversion(model)
     if config is None:
+        parts = [(n, m) for n, m in model.named_modules() if n and conversion(m) is not None]
+        if parts:  # EncoderDecoderModel.from_encoder_decoder_pretrained(<a converted folder>, ...)
+            name, part = parts[0]
+            raise ValueError(
+                f"{type(model).__name__} is built from a converted part ({name}: "
+                f"{config_label(conversion(part))}), which its own config does not record: save_pretrained "
+                "would write a folder that does not "
+                f"load; build it from the unconverted model and convert the {type(model).__name__} itself"
+            )
         return False
     names = getattr(model.config, CONFIG_KEY)["modules"]
     by_name = dict(model.base_model.named_modules())
