@@ -168,3 +168,28 @@ def test_finetune_config_takes_a_path_for_out(tmp_path):
     from attnkit.hf.finetune import FinetuneConfig
 
     assert FinetuneConfig(out=tmp_path / "run").out == tmp_path / "run"
+
+
+@pytest.mark.parametrize("saved_names, asked, kept", [
+    (["acq", "earn", "trade"], ["acq", "trade", "zinc"], False),  # as many labels, other classes
+    (["acq", "earn", "trade"], ["acq", "earn", "trade"], True),  # the same: fine-tuned further
+    (["LABEL_0", "LABEL_1", "LABEL_2"], ["acq", "trade", "zinc"], True),  # no names saved: nothing to tell
+])
+def test_a_head_for_as_many_labels_with_other_names_is_replaced(tmp_path, capsys, saved_names, asked, kept):
+    """A classifier fine-tuned on {acq, earn, trade}, fine-tuned on {acq, trade, zinc}, kept its head: the
+    old "earn" output was now "trade", the old "trade" "zinc", without a word."""
+    from attnkit.hf.progress import load_classifier
+
+    model = _classifier(tmp_path, num_labels=3, id2label=dict(enumerate(saved_names)),
+                        label2id={n: i for i, n in enumerate(saved_names)})
+    from safetensors.torch import load_file
+
+    before = load_file(model / "model.safetensors")["classifier.bias"]
+    lines = []
+    torch.manual_seed(1)
+    loaded = load_classifier(str(model), log=lines.append, num_labels=3, id2label=dict(enumerate(asked)),
+                             label2id={n: i for i, n in enumerate(asked)})
+    weight = load_file(model / "model.safetensors")["classifier.weight"]
+    assert torch.equal(loaded.classifier.weight.detach(), weight) is kept
+    assert torch.equal(loaded.classifier.bias.detach(), before) or not kept
+    assert any("head is for other labels (acq, earn, trade)" in line for line in lines) is not kept

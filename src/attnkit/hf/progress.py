@@ -65,8 +65,9 @@ def describe_loading(info: dict, other_task: Optional[str] = None) -> list[str]:
 def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None, **kwargs):
     """``AutoModelForSequenceClassification.from_pretrained`` with the load report as plain lines on
     ``log``. A checkpoint whose ``num_labels`` differs from the one asked for (a sequence or token
-    classifier fine-tuned on other labels), or whose architecture is not a sequence classifier (a
-    multiple-choice head), gets a new classification head; any other tensor whose shape
+    classifier fine-tuned on other labels), whose label names (``id2label``) differ from those asked for,
+    or whose architecture is not a sequence classifier (a multiple-choice head), gets a new classification
+    head; any other tensor whose shape
     differs from config.json is refused as damaged files."""
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
@@ -111,7 +112,33 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
     for line in describe_loading(info, other_task=other_head if saved.num_labels == kwargs.get("num_labels")
                                  else None):
         log(line)
+    before, asked = _other_label_names(saved, kwargs, other_head)
+    if before is not None:  # as many labels, other names: the head's rows meant other classes
+        for name, module in model.named_modules():
+            own = list(module.parameters(recurse=False))
+            if f"{name}.".startswith(HEAD_PREFIXES) and own:
+                for p in own:  # loaded weights are flagged initialized, and transformers' init skips them
+                    if getattr(p, "_is_hf_initialized", False):
+                        p._is_hf_initialized = False
+                model._init_weights(module)
+        log(f"the checkpoint's classification head is for other labels ({', '.join(before)}); a new one is "
+            f"randomly initialized and trained for {', '.join(asked)}")
     return model
+
+
+def _other_label_names(saved, kwargs: dict, other_head) -> tuple[Optional[list[str]], list[str]]:
+    """The label names of a sequence classifier ``saved`` when a head of as many labels is asked for with
+    other names (``id2label``), and the names asked for; ``(None, [])`` when the head fits, or when the
+    checkpoint's names are transformers' defaults (``LABEL_0``, ...: nothing says what they meant)."""
+    asked = kwargs.get("id2label")
+    n = kwargs.get("num_labels")
+    if asked is None or other_head or n is None or saved.num_labels != n:
+        return None, []
+    saved_names = [str((saved.id2label or {}).get(i, f"LABEL_{i}")) for i in range(n)]
+    asked_names = [str(asked[i]) for i in range(n)]
+    if saved_names == [f"LABEL_{i}" for i in range(n)] or saved_names == asked_names:
+        return None, []
+    return saved_names, asked_names
 
 
 def estimate_line(steps_done: int, seconds: float, total_steps: int, batch_size: int, n_eval: int) -> str:
