@@ -104,6 +104,7 @@ def convert_directory(
         check_overwritable,
         check_shards,
         claim_out,
+        holds_finetune_record,
         is_empty,
         publish,
         remove_dead_staging,
@@ -141,7 +142,10 @@ def convert_directory(
             for name in processor:  # an image or feature processor (AutoImageProcessor): its files as is
                 shutil.copyfile(Path(model_dir) / name, folder / name)
 
+        replaced_finetune = holds_finetune_record(out_path)  # only with --overwrite: --out was not empty
         publish(out_path, write, "converted model", "convert", found_empty=found_empty)
+        if replaced_finetune:  # the replaced fine-tune's numbers (and sentence_pairs, which show reads)
+            (out_path / "metrics.json").unlink(missing_ok=True)
     return model
 
 
@@ -161,7 +165,8 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(
             False,
             help="Replace the files of an earlier attnkit output in --out (other files are kept; model or "
-            "tokenizer files the new output does not write are refused, not deleted).",
+            "tokenizer files the new output does not write are refused, not deleted; a fine-tune's "
+            "metrics.json is removed with the model it described).",
         ),
     ) -> None:
         """Convert a transformers model's self-attention to an attnkit mechanism and save it."""
@@ -202,7 +207,8 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(
             False,
             help="Replace the files of an earlier attnkit output in --out (other files are kept; model or "
-            "tokenizer files the new output does not write are refused, not deleted).",
+            "tokenizer files the new output does not write are refused, not deleted; a fine-tune's "
+            "metrics.json is removed with the model it described).",
         ),
         cache_dir: Optional[str] = typer.Option(
             None, help="Dataset cache (default $ATTNKIT_CACHE or ~/.cache/attnkit)."

@@ -212,10 +212,21 @@ def is_attnkit_output(out: Path) -> bool:
         except (OSError, ValueError):
             return None
 
-    config, metrics = read("config.json"), read("metrics.json")
-    return (isinstance(config, dict) and isinstance(config.get(CONFIG_KEY), dict)) or (
-        isinstance(metrics, dict) and {"mechanism", "train_steps"} <= metrics.keys()
-    )
+    config = read("config.json")
+    converted = isinstance(config, dict) and isinstance(config.get(CONFIG_KEY), dict)
+    return converted or holds_finetune_record(out)
+
+
+def holds_finetune_record(out: Path) -> bool:
+    """Whether ``out/metrics.json`` is a fine-tune's record (its mechanism and steps), not a user's file."""
+    from .._files import json_loads
+
+    path = out / "metrics.json"
+    try:
+        metrics = json_loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(metrics, dict) and {"mechanism", "train_steps"} <= metrics.keys()
 
 
 def check_overwritable(out: Path, overwrite: bool) -> None:
