@@ -281,12 +281,18 @@ def test_a_checkpoint_part_damaged_for_one_process_stops_every_process_with_one_
 def test_overwrite_refuses_to_delete_the_config_file_it_was_given(tmp_path, data, capsys):
     out = tmp_path / "run"
     main(["compare", "--task", str(data), *TINY, "--out", str(out)])
-    config = out / "run.yaml"
+    config = out / "runs" / "run.yaml"  # among the earlier run's outputs
     config.write_text("seeds: 1\n")
     args = ["--task", str(data), *TINY, "--out", str(out), "--overwrite", "--config", str(config)]
     code, err = _exit_code_and_stderr(args, capsys)
     assert code == 2 and "would delete" in err and "the --config file" in err
     assert config.read_text() == "seeds: 1\n"
+    kept = out / "run.yaml"  # beside them: kept, as every file of the user's in --out
+    kept.write_text("seeds: 1\n")
+    (out / "notes.txt").write_text("the user's")
+    main(["compare", "--task", str(data), *TINY, "--out", str(out), "--overwrite", "--config", str(kept)])
+    assert kept.read_text() == "seeds: 1\n" and (out / "notes.txt").read_text() == "the user's"
+    assert (out / "results.json").is_file() and not config.exists()
 
 
 @pytest.mark.parametrize("resume", [[], ["--resume"]])

@@ -221,25 +221,30 @@ def test_resume_refuses_a_changed_dataset_file(tmp_path):
 
 def test_overwrite_keeps_a_task_file_inside_the_run_directory_and_follows_a_link(tmp_path):
     """--overwrite deleted the --task file it had just read when it lay in --out; on a symbolic link to the
-    run directory it failed with an OSError traceback."""
+    run directory it failed with an OSError traceback. It now deletes the earlier run's outputs only: a task
+    file beside them stays, one inside them (runs/) is refused before anything is deleted."""
     _run(tmp_path, mechanisms="softmax", max_steps=2)
-    inside = write_classification_file(tmp_path / "out" / "mine.json")
+    doomed = write_classification_file(tmp_path / "out" / "runs" / "mine.json")
     with pytest.raises(ValueError, match="would delete .*mine.json.*the --task file"):
-        run_compare(build_config(tiny_overrides(inside, tmp_path / "out", mechanisms="softmax", max_steps=2,
+        run_compare(build_config(tiny_overrides(doomed, tmp_path / "out", mechanisms="softmax", max_steps=2,
                                                 overwrite=True)))
-    assert inside.is_file()
+    assert doomed.is_file() and (tmp_path / "out" / "results.json").is_file()
     elsewhere = write_classification_file(tmp_path / "elsewhere.json")
-    (tmp_path / "out" / "linked.json").symlink_to(elsewhere)  # a link in the folder: deleted with it
+    (tmp_path / "out" / "runs" / "linked.json").symlink_to(elsewhere)  # a link in runs/: deleted with it
     with pytest.raises(ValueError, match="would delete .*linked.json.*the --task file"):
-        run_compare(build_config(tiny_overrides(tmp_path / "out" / "linked.json", tmp_path / "out",
+        run_compare(build_config(tiny_overrides(tmp_path / "out" / "runs" / "linked.json", tmp_path / "out",
                                                 mechanisms="softmax", max_steps=2, overwrite=True)))
-    (tmp_path / "out" / "linked.json").unlink()
+    beside = write_classification_file(tmp_path / "out" / "mine.json")
+    (tmp_path / "out" / "notes.txt").write_text("the user's")
+    run_compare(build_config(tiny_overrides(beside, tmp_path / "out", mechanisms="softmax", max_steps=2,
+                                            overwrite=True)))
+    assert beside.is_file() and (tmp_path / "out" / "notes.txt").read_text() == "the user's"
+    assert not (tmp_path / "out" / "runs" / "mine.json").exists()  # runs/ is the earlier run's
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "out")
-    inside.unlink()
     data = tmp_path / "topics.json"
     run_compare(build_config(tiny_overrides(data, link, mechanisms="softmax", max_steps=2, overwrite=True)))
-    assert link.is_symlink() and (link / "results.json").is_file()
+    assert link.is_symlink() and (link / "results.json").is_file() and (link / "notes.txt").is_file()
 
 
 def test_seq2seq_file_task_reports_sequence_accuracy(tmp_path):

@@ -94,7 +94,9 @@ def register(app: typer.Typer) -> None:
         resume: bool = typer.Option(
             False, "--resume", help="Continue the run in --out (finished runs are skipped)."
         ),
-        overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier run directory --out."),
+        overwrite: bool = typer.Option(
+            False, "--overwrite", help="Replace an earlier run in --out (its outputs; other files stay)."
+        ),
         config_file: Optional[Path] = typer.Option(
             None, "--config", help="YAML/TOML/JSON file of configuration keys."
         ),
@@ -137,12 +139,12 @@ def register(app: typer.Typer) -> None:
         if not isinstance(layered["out"], str) or not layered["out"]:  # before it is read as a path below
             raise ValueError(f"out={layered['out']!r}: expected a directory path")
         if layered.get("overwrite") and config_file is not None:
-            from attnkit.runner.compare import lies_in
+            from attnkit.runner.compare import doomed_by_overwrite
 
-            if Path(str(layered["out"])).is_dir() and lies_in(config_file, str(layered["out"])):
+            if Path(str(layered["out"])).is_dir() and doomed_by_overwrite(config_file, str(layered["out"])):
                 raise ValueError(
-                    f"--overwrite would delete {str(config_file)!r}, the --config file, which lies in the "
-                    f"run directory {layered['out']!r}; move it out of the folder first"
+                    f"--overwrite would delete {str(config_file)!r}, the --config file, which lies among the "
+                    f"outputs of the run directory {layered['out']!r}; move it out of the folder first"
                 )
         base = saved_config(layered["out"]) if layered.get("resume") else None
         config = build_config(layered, base=base, keep_none=True)  # --set KEY=null / KEY: null: no value

@@ -174,6 +174,27 @@ def saved_config(out: str | Path) -> Optional[dict]:
     return json_loads(path.read_text())["config"]
 
 
+# what a run writes into its directory (the report's images by name, the trackers' folders): --overwrite
+# deletes these and keeps whatever else the user put there (notes, the --config file)
+_OWN_OUTPUTS = ("config.json", "results.json", "results.csv", "report.html", "learning_curves.png",
+                "confusion_matrices.png", "hybrid_weights.png", "runs", ".write-test")
+
+
+def own_outputs(out: str | Path) -> list[Path]:
+    """The files and folders of an earlier run in ``out`` that ``--overwrite`` deletes (config.json last)."""
+    from .config import TRACKERS
+
+    names = (*_OWN_OUTPUTS, *TRACKERS)
+    found = [Path(out) / name for name in names if os.path.lexists(Path(out) / name)]
+    return sorted(found, key=lambda p: p.name == CONFIG_FILE)
+
+
+def doomed_by_overwrite(path: str | Path, out: str | Path) -> bool:
+    """Whether ``--overwrite`` of the run directory ``out`` would delete ``path`` (it is one of the earlier
+    run's outputs or lies in one of its folders)."""
+    return any(lies_in(path, own) for own in own_outputs(out))
+
+
 def lies_in(path: str | Path, folder: str | Path) -> bool:
     """Whether ``path`` lies in ``folder``, as written (a symbolic link in the folder to a file elsewhere is
     deleted with the folder) or with the links followed."""
@@ -237,7 +258,8 @@ def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path
     """Check the run directory against ``resume`` / ``overwrite`` and, on the main process, create it.
 
     A non-empty directory is an error unless ``resume`` (it must hold a run with the same configuration)
-    or ``overwrite`` (it must be an earlier ``attnkit compare`` run directory, which is then deleted).
+    or ``overwrite`` (it must be an earlier ``attnkit compare`` run directory, whose outputs are then
+    deleted: config.json, results, report, plots, runs/, tracker logs; other files in it stay).
     """
     out = Path(config.out)
     if out.exists() and not out.is_dir():
@@ -279,16 +301,17 @@ def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path
             "refusing to delete it, choose another --out"
         )
     if config.overwrite and non_empty and _is_file_task(config.task):
-        if lies_in(config.task, out):
+        if doomed_by_overwrite(config.task, out):
             raise ValueError(
-                f"--overwrite would delete {config.task!r}, the --task file, which lies in the run directory "
-                f"{str(out)!r}; move it out of the folder first"
+                f"--overwrite would delete {config.task!r}, the --task file, which lies among the outputs of "
+                f"the run directory {str(out)!r}; move it out of the folder first"
             )
     if is_main_process:
         if non_empty and config.overwrite:  # the contents: --out may be a symbolic link to the folder
             # config.json, the mark by which --overwrite and --resume know the folder, goes last: a run
-            # stopped (Ctrl-C) while runs/ is deleted leaves a folder that --overwrite still replaces
-            for child in sorted(out.iterdir(), key=lambda p: p.name == CONFIG_FILE):
+            # stopped (Ctrl-C) while runs/ is deleted leaves a folder that --overwrite still replaces;
+            # the user's other files in it stay
+            for child in own_outputs(out):
                 if child.is_dir() and not child.is_symlink():
                     shutil.rmtree(child)
                 else:
