@@ -276,3 +276,12 @@ def test_yaml_merge_keys_may_be_overridden_once():
 
     data = yaml_load("base: &b {steps: 1, seeds: 2}\nother:\n  <<: *b\n  steps: 3\n")
     assert data["other"] == {"steps": 3, "seeds": 2}
+
+
+def test_an_alignment_weight_without_alignment_is_refused():
+    """--set align_weight=5 with align none was recorded in results.json and ignored (finetune refused
+    --align-weight without --align)."""
+    with pytest.raises(ValueError, match=r"^align_weight=5 weighs alignment attention, and align is none"):
+        build_config({"align_weight": 5})
+    assert build_config({"align_weight": 5, "align": "ct"}).align_weight == 5
+    assert build_config({"align_weight": 0.01}).align == ("none",)  # the default itself: nothing ignored

@@ -616,7 +616,14 @@ def build_config(
     kind, preset_dict = _kind_and_preset(task, preset)  # an unknown task or a bad dataset file: refused
     _check_unused_keys(task, kind, user, preset_dict)
     merged = {**preset_dict, **values}
-    return CompareConfig(**merged)
+    config = CompareConfig(**merged)
+    weight = user.get("align_weight", CompareConfig.align_weight)
+    if config.align == ("none",) and weight != CompareConfig.align_weight:
+        raise ValueError(  # recorded in results.json and ignored
+            f"align_weight={weight!r} weighs alignment attention, and align is none; pass --align (ct, gan, "
+            "ot or mmd), or drop align_weight"
+        )
+    return config
 
 
 # Per task kind, the settings its task never reads, and why: the recurrent models of the transduction tasks
