@@ -94,6 +94,8 @@ def test_classification_metrics_known_answer():
     # per class F1: c0 = 2*1/(2+1+1) = 0.5, c1 = 2*2/(4+1+0) = 0.8, c2 = 0
     assert m["accuracy"] == pytest.approx(3 / 5)
     assert m["macro_f1"] == pytest.approx((0.5 + 0.8 + 0.0) / 3)
+    # exact, as compare's: float32's mean wrote 3/9 as 0.3333333432674408
+    assert classification_metrics([0] * 9, [0] * 3 + [1] * 6)["accuracy"] == 3 / 9
 
 
 def test_finetune_writes_metrics_and_model(tiny_bert, fixture_dataset, tmp_path, capsys, monkeypatch):

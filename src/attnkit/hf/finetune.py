@@ -148,7 +148,8 @@ def classification_metrics(labels: Sequence[int], predictions: Sequence[int]) ->
         fp = int(((p == c) & (y != c)).sum())
         fn = int(((p != c) & (y == c)).sum())
         f1s.append(2 * tp / (2 * tp + fp + fn))
-    return {"accuracy": float((y == p).float().mean()), "macro_f1": sum(f1s) / len(f1s)}
+    # a count over a count, exactly as compare's (float32's mean wrote 3/9 as 0.3333333432674408)
+    return {"accuracy": int((y == p).sum()) / y.numel(), "macro_f1": sum(f1s) / len(f1s)}
 
 
 def _read_tsv(path: Path) -> tuple[list[str], list[str], list[int]]:
