@@ -679,8 +679,26 @@ def test_a_rebuilt_page_lists_a_target_that_never_finished(tmp_path, monkeypatch
     import shutil
 
     shutil.rmtree(tmp_path / "all" / "constructed-pass")  # only the unfinished target's folder is left
-    with pytest.raises(FileNotFoundError, match="no target finished there"):  # not "do not record quick"
+    with pytest.raises(ValueError, match="no target under .* finished .*pass quick= and seed="):
+        rebuild_fidelity(tmp_path / "all")  # not "do not record quick", nor "run reproduce all first"
+    rebuild_fidelity(tmp_path / "all", quick=False, seed=0)  # a run whose every target failed has a page
+    entries = json.loads((tmp_path / "all" / "fidelity.json").read_text())
+    assert [e["name"] for e in entries] == ["broken"] and not entries[0]["claims"][0]["held"]
+    shutil.rmtree(tmp_path / "all" / "broken")
+    with pytest.raises(FileNotFoundError, match="no target ran there"):
         rebuild_fidelity(tmp_path / "all")
+
+
+def test_an_unfinished_root_names_the_rerun_with_its_budgets(tmp_path, constructed_targets):
+    """The advice dropped --quick (and --seed): following it started every target at full budget."""
+    from attnkit.analysis.fidelity import rebuild_fidelity
+    from attnkit.analysis.report import UNFINISHED_MARKER
+
+    root = tmp_path / "all"
+    reproduce_all(root, targets=["constructed-pass"], quick=True, seed=3)
+    (root / UNFINISHED_MARKER).write_text("")
+    with pytest.raises(ValueError, match=r"'attnkit reproduce all --quick --seed 3 --out .*all'"):
+        rebuild_fidelity(root)
 
 
 def test_a_target_writing_a_folder_overwrites_it_file_by_file(tmp_path, monkeypatch):

@@ -349,14 +349,19 @@ def rebuild_fidelity(
     if seed is not None:
         check_seed(seed)
     root = Path(root)
-    if is_unfinished(root):  # its targets' summaries mix that run's with an earlier one's
-        raise ValueError(f"the run of all targets in {str(root)!r} did not finish, so its summaries mix "
-                         f"runs; run it again ('attnkit reproduce all --out {root}')")
     folders = sorted({p.parent for p in root.glob("*/summary.json")}
                      | {p.parent for p in root.glob(f"*/{UNFINISHED_MARKER}")})
-    if not any((f / "summary.json").is_file() for f in folders):  # none, or only unfinished runs
-        raise FileNotFoundError(f"no */summary.json under {str(root)!r} (no target finished there); run "
-                                "'attnkit reproduce all' first")
+    finished = [f for f in folders if (f / "summary.json").is_file()]
+    if is_unfinished(root):  # its targets' summaries mix that run's with an earlier one's
+        raise ValueError(f"the run of all targets in {str(root)!r} did not finish"
+                         f"{', so its summaries mix runs' if finished else ' (no target finished)'}; run it "
+                         f"again ({_rerun_command(root, finished)})")
+    if not folders:
+        raise FileNotFoundError(f"no */summary.json under {str(root)!r} (no target ran there); run "
+                                f"'attnkit reproduce all --out {root}' first")
+    if not finished and (quick is None or seed is None):  # every target failed: a page of failures
+        raise ValueError(f"no target under {str(root)!r} finished (each folder holds an unfinished mark); "
+                         "pass quick= and seed= (those of the run) to rebuild its page of failures")
     from .reproduce import TARGETS
 
     order = {name: i for i, name in enumerate(TARGETS)}  # the order of a run; unknown folders last
@@ -392,6 +397,23 @@ def rebuild_fidelity(
     write_fidelity_markdown(results, root / "fidelity.md", run=run)
     _write_fidelity_json(results, root / "fidelity.json", run=run)
     return write_fidelity_html(results, root / "fidelity.html", run=run)
+
+
+def _rerun_command(root: Path, finished: Sequence[Path]) -> str:
+    """``'attnkit reproduce all --out ROOT'`` with the ``--quick`` / ``--seed`` the finished targets'
+    summaries record (the default budgets are a full run: hours)."""
+    flags = ""
+    try:
+        recorded = [load_result(f) for f in finished]
+        quick = {r.quick for r in recorded if r.quick is not None}
+        seed = {r.seed for r in recorded if r.seed is not None}
+    except (OSError, ValueError):
+        quick, seed = set(), set()
+    if quick == {True}:
+        flags += " --quick"
+    if len(seed) == 1 and seed != {0}:
+        flags += f" --seed {next(iter(seed))}"
+    return f"'attnkit reproduce all{flags} --out {root}'"
 
 
 def _recorded(results: Sequence[ReproduceResult], key: str, given, root: Path):
