@@ -35,6 +35,21 @@ def test_models_take_numpy_sizes_and_store_python_ints():
     assert tokens.shape[1] <= 5
 
 
+def test_every_model_stores_numpy_special_ids_as_python_ints():
+    """ee2e71e made pad_id an int in two models: RNNSeq2Seq kept NumPy pad/bos/eos ids, CTCModel its pad and
+    blank ids, the runner's no-attention baseline its pad_id (and took any pad_id unchecked)."""
+    from attnkit.runner.baseline import MeanPoolClassifier
+
+    n = np.int64
+    rnn = RNNSeq2Seq(30, 30, pad_id=n(0), bos_id=n(1), eos_id=n(2))
+    ctc = CTCModel(30, 30, pad_id=n(0), blank_id=n(0))
+    base = MeanPoolClassifier(30, 3, 8, 16, 0.0, pad_id=n(0))
+    ids = [rnn.pad_id, rnn.bos_id, rnn.eos_id, ctc.pad_id, ctc.blank_id, base.pad_id]
+    assert all(type(i) is int for i in ids), [type(i) for i in ids]
+    with pytest.raises(ValueError, match="pad_id"):
+        MeanPoolClassifier(30, 3, 8, 16, 0.0, pad_id=30)
+
+
 def test_the_image_and_classifier_models_take_numpy_sizes_and_store_python_ints():
     # DRAW passed a NumPy hidden_dim on and was refused naming an inner state_dim it was never given;
     # TransformerClassifier kept a NumPy num_classes

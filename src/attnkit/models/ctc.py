@@ -229,7 +229,8 @@ class CTCModel(nn.Module):
         check_id("blank_id", blank_id, tgt_vocab_size, "tgt_vocab_size")
         check_id("pad_id", pad_id, src_vocab_size, "src_vocab_size")
         self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
-        self.cell_type, self.upsample, self.pad_id, self.blank_id = cell, upsample, pad_id, blank_id
+        self.cell_type, self.upsample = cell, upsample
+        self.pad_id, self.blank_id = int(pad_id), int(blank_id)  # checked ids; NumPy integers too
         self.embed = nn.Embedding(src_vocab_size, embed_dim, padding_idx=pad_id)
         rnn = nn.GRU if cell == "gru" else nn.LSTM
         self.encoder = rnn(

@@ -129,7 +129,7 @@ class RNNSeq2Seq(nn.Module):
                              "three different ids")
         self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         self.hidden_dim, self.cell_type, self.attention_type = hidden_dim, cell, attention
-        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        self.pad_id, self.bos_id, self.eos_id = int(pad_id), int(bos_id), int(eos_id)  # NumPy ints too
         self.mechanism = config
 
         rnn = nn.GRU if cell == "gru" else nn.LSTM

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from ..models.building_blocks import check_id
+
 __all__ = ["NO_ATTENTION", "MeanPoolClassifier"]
 
 NO_ATTENTION = "none"
@@ -41,8 +43,9 @@ class MeanPoolClassifier(nn.Module):
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}; expected an integer >= 1")
-        self.pad_id = pad_id
-        self.embed = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        check_id("pad_id", pad_id, vocab_size)
+        self.pad_id = int(pad_id)  # a NumPy integer too
+        self.embed = nn.Embedding(vocab_size, d_model, padding_idx=self.pad_id)
         self.norm = nn.LayerNorm(d_model)
         self.ff = nn.Sequential(
             nn.Linear(d_model, dim_feedforward),
