@@ -129,3 +129,21 @@ def test_a_model_save_that_fails_leaves_no_truncated_model_file(tmp_path, monkey
                                                 eval_every=2, checkpoint_every=2)))
     left = [p.name for p in (tmp_path / "run").rglob("*model.pt*")]
     assert left == []
+
+
+def test_a_resumed_run_removes_the_temporary_model_file_of_a_killed_save(tmp_path):
+    """SIGKILL inside torch.save left .model.pt.<random>.tmp (truncated) in the run directory; the resumed
+    run finished beside it and kept it for good (stale files were removed after an hour, by the next save)."""
+    data = write_classification_file(tmp_path / "d.json")
+    settings = dict(mechanisms="softmax", seeds=1, steps=4, eval_every=2, checkpoint_every=2)
+
+    def kill(mech, seed, step):
+        if step == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_compare(build_config(tiny_overrides(data, tmp_path / "run", **settings)), on_step=kill)
+    run_dir = tmp_path / "run" / "runs" / "softmax-seed0"
+    (run_dir / ".model.pt.k1lled.tmp").write_bytes(b"PK\x03\x04 half")  # as the killed save left it
+    run_compare(build_config(tiny_overrides(data, tmp_path / "run", resume=True, **settings)))
+    assert sorted(p.name for p in run_dir.iterdir()) == ["model.pt", "result.json"]

@@ -192,6 +192,15 @@ def _explain_away(accelerator, task, data, model, config: CompareConfig) -> dict
     return stats
 
 
+def _remove_scratch(run_dir: Path) -> None:
+    """A finished run's checkpoints, and the temporary model files of a process killed while it saved one
+    (the run directory is this locked run's alone: none is being written)."""
+    from .._files import remove_stale
+
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    remove_stale(run_dir, ".model.pt.*.tmp", older_than_s=0)
+
+
 def train_run(
     task,
     data,
@@ -221,7 +230,7 @@ def train_run(
     record = finished_result(run_dir, mechanism, seed, world, task.metric_names, expect)
     if record is not None:
         if accelerator.is_main_process:  # a process killed between its result and this cleanup left them
-            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+            _remove_scratch(run_dir)
         return RunResult(record)
     check_batch_split(config.batch_size, world)
     total = config.total_steps
@@ -367,7 +376,7 @@ def train_run(
         tmp = run_dir / (RESULT_FILE + ".tmp")
         tmp.write_text(json.dumps(record, indent=1, allow_nan=False))  # strict JSON: no bare NaN
         os.replace(tmp, result_path)
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        _remove_scratch(run_dir)
     accelerator.wait_for_everyone()
     if progress is not None:
         progress.end_run(metrics)
