@@ -593,7 +593,8 @@ def test_a_model_fine_tuned_on_pairs_draws_a_b_as_the_pair_it_read(tiny_bert, tm
     tokenizer = AutoTokenizer.from_pretrained(out)
     expected = tokenizer("the bank raised rates", "oil prices rose")["input_ids"]
     assert view.tokens == tokenizer.convert_ids_to_tokens(expected) and view.pair
-    with pytest.raises(ValueError, match="is one sentence.*reads sentence pairs"):
+    # a model, not a run: it was said "the run's task ..." (and the dataset was config's default, reuters8)
+    with pytest.raises(ValueError, match="one sentence, but the model fine-tuned on 'pairs' reads sentence"):
         view_from_hf(out, "the bank raised rates")
     plain = view_from_hf(tiny_bert, "the bank | oil", mechanisms=("softmax",))  # not fine-tuned on pairs
     assert "|" in plain.tokens and not plain.pair

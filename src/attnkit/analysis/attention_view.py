@@ -211,11 +211,12 @@ def canonical_mechanisms(mechanisms: Optional[Sequence[str]], run: bool = False)
 PAIR_SEPARATOR = " | "  # a sentence-pair task's texts as the runner joins them (TextClassificationData)
 
 
-def _split_pair(text: str, task: str) -> tuple[str, str]:
+def _split_pair(text: str, trained_on: str) -> tuple[str, str]:
+    """``text`` as the pair ``"a | b"``; ``trained_on`` names what the model was trained on (in the error)."""
     first, sep, second = text.partition(PAIR_SEPARATOR)
     if not sep or not first.strip() or not second.strip():
-        raise ValueError(f"--text {text[:60]!r} is one sentence, but the run's task {task!r} reads sentence "
-                         "pairs; write the pair as \"a | b\" (the two sentences around ' | ')")
+        raise ValueError(f"--text {text[:60]!r} is one sentence, but {trained_on} reads sentence pairs; "
+                         "write the pair as \"a | b\" (the two sentences around ' | ')")
     return first, second
 
 
@@ -291,7 +292,7 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
         raise FileNotFoundError(f"no finished run for {missing} with seed {seed} in {str(run_dir)!r}; "
                                 f"{choice}")
     raw = task.load(config)
-    pair = _split_pair(text, config.task) if raw.is_pair else None
+    pair = _split_pair(text, f"the run's task {config.task!r}") if raw.is_pair else None
     task.load = lambda _config: raw  # prepare() would read the dataset a second time
     data = task.prepare(config)
     tokenizer = data.tokenizer
@@ -373,7 +374,7 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
             reason += f" numbered from padding_idx + 1 = {offset}, so a text fits in {limit}"
     # a model fine-tuned on sentence pairs (attnkit finetune on MRPC, SNLI) reads "a | b" as the pair
     dataset = _pair_dataset(model_dir)
-    pair = _split_pair(text, dataset) if dataset is not None else None
+    pair = _split_pair(text, dataset) if dataset is not None else None  # "the model fine-tuned on ..."
     parts = pair if pair is not None else (text,)
     enc = tokenizer(*parts, return_tensors="pt", truncation=True, max_length=limit)
     tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][0].tolist())
@@ -401,7 +402,7 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
 
 
 def _pair_dataset(model_dir) -> Optional[str]:
-    """The dataset of sentence pairs that ``attnkit finetune`` trained the model in ``model_dir`` on (its
+    """Words naming the model in ``model_dir`` as ``attnkit finetune`` trained it on sentence pairs (its
     ``metrics.json`` says so: ``sentence_pairs``, or for a fine-tune of an earlier version a catalog
     dataset of pairs), else ``None``."""
     path = Path(model_dir) / "metrics.json"
@@ -412,11 +413,11 @@ def _pair_dataset(model_dir) -> Optional[str]:
     if not isinstance(metrics, dict):
         return None
     config = metrics.get("config")
-    dataset = str(config.get("dataset")) if isinstance(config, dict) else "the fine-tuning dataset"
+    dataset = str(config.get("dataset")) if isinstance(config, dict) else None
     pairs = metrics.get("sentence_pairs")
-    if isinstance(pairs, bool):
-        return dataset if pairs else None
-    return dataset if dataset in _PAIR_DATASETS else None
+    if not (pairs is True or (not isinstance(pairs, bool) and dataset in _PAIR_DATASETS)):
+        return None
+    return f"the model fine-tuned on {dataset!r}" if dataset is not None else "the fine-tuned model"
 
 
 _PAIR_DATASETS = ("mrpc", "snli")  # the catalog's sentence pairs (metrics.json of earlier versions)

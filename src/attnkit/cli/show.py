@@ -25,7 +25,8 @@ def register(app: typer.Typer) -> None:
         ),
         text: str = typer.Option(
             ..., "--text",
-            help='The text to look at; for a sentence-pair run (mrpc, snli) the pair as "a | b".',
+            help='The text to look at; for a sentence-pair run (mrpc, snli) or a model attnkit finetune '
+            'trained on pairs, the pair as "a | b".',
         ),
         out_text: str = typer.Option(  # a str: typer would read "" as Path("."), the working directory
             "attention-view", "--out", help="Output directory (HTML + bertviz files).", metavar="<path>"

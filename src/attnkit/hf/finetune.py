@@ -582,6 +582,7 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
     check_certainly_stale(out, tokenizer=True, processor=False)  # refused now rather than after training
     check_model_dir(model_dir, "--model")
     _check_recorded_conversion(config, model_dir, conversion(SimpleNamespace(config=auto_config(model_dir))))
+    given_data = data is not None
     if data is None:
         data = load_text_classification(config.dataset, config.cache_dir, config.download)
 
@@ -697,7 +698,8 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
         "sentence_pairs": data.train_text_pairs is not None,  # attnkit show encodes "a | b" as the pair
         "processes": int(trainer.args.world_size),
         "threads": torch.get_num_threads(),
-        "config": asdict(config) | {"model": model_dir},
+        # data given in the call: its name, not config.dataset's default (the data were not that dataset)
+        "config": asdict(config) | {"model": model_dir} | ({"dataset": data.name} if given_data else {}),
     }
     if mechanism == "hnas":
         metrics["hybrid_weights"] = hybrid_weights(model).tolist()
