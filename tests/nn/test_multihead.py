@@ -286,6 +286,45 @@ def test_torch_state_dict_loads_and_hnas_adds_only_theta(kwargs):
         torch.testing.assert_close(hnas.state_dict()[name], tensor)
 
 
+@pytest.mark.parametrize("build", ["multihead", "transformer", "content"])
+def test_a_meta_built_hnas_module_gets_u0_from_a_load_without_theta(build):
+    """Built on the meta device, given memory by to_empty() and loaded strictly from a torch state_dict:
+    "All keys matched" and theta kept what was in memory (u 0 on some heads, NaN outputs for a NaN); with
+    assign=True theta stayed on meta ("hybrid_weight is on meta")."""
+    def make():
+        if build == "multihead":
+            return aknn.MultiheadAttention(E, H, mechanism="hnas", u0=0.3, batch_first=True)
+        if build == "transformer":
+            return aknn.Transformer(E, H, 1, 1, 16, dropout=0.0, batch_first=True,
+                                    encoder_mechanism=ak.Hybrid(u0=0.3))
+        return aknn.AdditiveAttention(E, E, E, mechanism=ak.Hybrid(u0=0.3))
+
+    torch.manual_seed(0)
+    reference = make()
+    weights = {k: v for k, v in reference.state_dict().items() if not k.endswith("theta")}
+    with torch.device("meta"):
+        empty = make()
+    empty.to_empty(device="cpu")
+    with torch.no_grad():
+        for name, p in empty.named_parameters():
+            if name.endswith("theta"):
+                p.fill_(float("nan"))  # what the memory held
+    assert empty.load_state_dict(weights).missing_keys == []
+    with torch.device("meta"):
+        assigned = make()
+    assigned.load_state_dict(weights, assign=True)
+    for model in (empty, assigned):
+        thetas = [p for n, p in model.named_parameters() if n.endswith("theta")]
+        assert thetas and all(t.device.type == "cpu" for t in thetas)
+        u = torch.sigmoid(torch.cat(thetas).detach())
+        torch.testing.assert_close(u, torch.full_like(u, 0.3))
+    trained = make()  # a module with values keeps them, as documented
+    with torch.no_grad():
+        next(p for n, p in trained.named_parameters() if n.endswith("theta")).fill_(2.0)
+    trained.load_state_dict(weights)
+    assert next(p for n, p in trained.named_parameters() if n.endswith("theta")).eq(2.0).all()
+
+
 def test_hnas_state_dict_with_theta_loads_theta():
     trained = aknn.MultiheadAttention(E, H, mechanism="hnas", u0=0.8, batch_first=True)
     fresh = aknn.MultiheadAttention(E, H, mechanism="hnas", u0=0.3, batch_first=True)

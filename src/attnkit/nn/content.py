@@ -70,6 +70,7 @@ class ContentAttention(HybridWeightAccess, nn.Module):
         if self.theta is not None:
             with torch.no_grad():
                 self.theta.fill_(initial_theta(self.mechanism))
+            self._theta_unset = self.theta.is_meta  # built on the meta device: no value yet
 
     def reset_parameters(self) -> None:
         """Re-initialize the learnable parameters (the hybrid weight to ``u0``; subclasses add theirs)."""

@@ -148,19 +148,43 @@ class HybridWeightAccess:
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs) -> None:
         """torch's loading, except that a state_dict without ``theta`` loads into an hnas module, whose
-        ``theta`` then keeps its value (``logit(u0)`` when new), and that a strict load of an hnas layer's
+        ``theta`` then keeps its value (``logit(u0)`` when new, and when built on the meta device and
+        never set since: ``to_empty`` left whatever was in memory), and that a strict load of an hnas layer's
         ``theta`` into a module of another mechanism says so (torch says only "Unexpected key(s)")."""
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
         key = prefix + "theta"
+        if self.theta is not None and key in state_dict:
+            self._theta_unset = False
         if self.theta is not None and key not in state_dict and key in missing_keys:
             missing_keys.remove(key)
+            self._init_unset_theta(state_dict, prefix)
         if self.theta is None and key in unexpected_keys and _loading_strictly():
             error_msgs.append(
                 f"{key!r} is the hybrid weight of an hnas layer (the state_dict is an hnas layer's) but this "
                 f"{type(self).__name__} uses mechanism {self._hybrid_config().name!r}: build it with "
                 f"mechanism=\"hnas\", or drop the {key!r} key (load_state_dict(..., strict=False) ignores it)"
             )
+
+    def _init_unset_theta(self, state_dict, prefix: str) -> None:
+        """``theta = logit(u0)`` where it never had a value: a module built on the meta device, then given
+        memory (``to_empty``: whatever was there, NaN too) or its other weights by ``assign=True`` (theta
+        left on meta), as a newly built module has it."""
+        if not getattr(self, "_theta_unset", False):
+            return
+        value = initial_theta(self._hybrid_config())
+        if self.theta.is_meta:  # load_state_dict(..., assign=True): the weights' device and dtype
+            like = next((v for k, v in state_dict.items()  # (children load after their parent)
+                         if k.startswith(prefix) and isinstance(v, Tensor) and not v.is_meta), None)
+            if like is None:
+                return
+            dtype = like.dtype if like.is_floating_point() else self.theta.dtype
+            full = torch.full(self.theta.shape, value, device=like.device, dtype=dtype)
+            self.theta = nn.Parameter(full, requires_grad=self.theta.requires_grad)
+        else:
+            with torch.no_grad():
+                self.theta.fill_(value)
+        self._theta_unset = False
 
 
 def _loading_strictly() -> bool:
@@ -194,6 +218,7 @@ class HybridWeightMixin(HybridWeightAccess):
         if self.theta is not None:
             with torch.no_grad():
                 self.theta.fill_(initial_theta(self.config))
+            self._theta_unset = self.theta.is_meta  # built on the meta device: no value yet
 
     @property
     def mechanism(self) -> str:
