@@ -234,6 +234,20 @@ def test_decoder_stack_per_layer_mechanisms():
         aknn.TransformerDecoder(layer, 2, self_mechanism=["softmax", "dnas"])
 
 
+def test_per_layer_mechanisms_of_a_layer_built_on_meta_and_given_memory():
+    """A layer built with device="meta", then to_empty(device="cpu"): the stacks rebuilt it from its
+    arguments on meta and failed copying out of it (NotImplementedError: Cannot copy out of meta tensor)."""
+    encoder_layer = aknn.TransformerEncoderLayer(D, NH, FF, batch_first=True, device="meta")
+    encoder_layer.to_empty(device="cpu")
+    encoder = aknn.TransformerEncoder(encoder_layer, 2, mechanism=["dnas", "hnas"])
+    assert [m.self_attn.mechanism for m in encoder.layers] == ["dnas", "hnas"]
+    assert all(p.device.type == "cpu" for p in encoder.parameters())
+    decoder_layer = aknn.TransformerDecoderLayer(D, NH, FF, batch_first=True, device="meta")
+    decoder_layer.to_empty(device="cpu")
+    decoder = aknn.TransformerDecoder(decoder_layer, 2, self_mechanism=["softmax", "coda"])
+    assert all(p.device.type == "cpu" for p in decoder.parameters())
+
+
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
 def test_transformer_adds_positions(positional):
     torch.manual_seed(0)

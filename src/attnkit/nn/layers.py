@@ -46,9 +46,11 @@ def _rebuilt(layer: nn.Module, **changes) -> nn.Module:
     args = dict(layer._init_args)
     if isinstance(layer.activation, nn.Module):
         args["activation"] = copy.deepcopy(layer.activation)
-    new = type(layer)(**{**args, **changes})
     param = next((p for p in layer.parameters() if p.is_floating_point()), None)
-    if param is not None:  # after .double() / .to(device): the arguments record the dtype it was built with
+    if param is not None:  # after .double() / .to(device) / to_empty(): built where the layer is now (not
+        args["device"] = param.device  # on the meta device it was built on: nothing to copy from there)
+    new = type(layer)(**{**args, **changes})
+    if param is not None:  # the arguments record the dtype it was built with
         new.to(device=param.device, dtype=param.dtype)
     return new
 
