@@ -8,6 +8,7 @@ result file whole or not at all, and never over a file that appeared meanwhile u
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -142,6 +143,24 @@ def save_figure(fig, path: Union[str, os.PathLike], **kwargs) -> None:
     """``fig.savefig`` whole or not at all (through a temporary file; the format from ``path``'s suffix)."""
     fmt = Path(path).suffix.lstrip(".") or "png"
     write_file_with(path, lambda tmp: fig.savefig(tmp, format=fmt, **kwargs), overwrite=True)
+
+
+_CSV_LIMIT = threading.Lock()
+
+
+@contextlib.contextmanager
+def wide_csv_fields():
+    """Python's ``csv`` refuses a field over 131072 characters (``field larger than field limit``): a long
+    document is a valid example. The limit is the process's; it is raised while the block runs and then
+    restored."""
+    import csv
+
+    with _CSV_LIMIT:
+        old = csv.field_size_limit(2**31 - 1)  # a C long everywhere
+        try:
+            yield
+        finally:
+            csv.field_size_limit(old)
 
 
 def json_loads(text: Union[str, bytes], **kwargs):

@@ -219,6 +219,15 @@ def test_csv_label_column_with_an_empty_cell_drops_that_row_and_keeps_the_intege
     assert all(type(y) is int for y in data.train_labels)
 
 
+def test_a_csv_with_a_long_first_row_still_has_its_labels_checked(tmp_path):
+    """A first row over csv's 131072-character field limit made the label check give up: the error named
+    the valid label '1' of that row instead of 'pos' on line 3."""
+    (tmp_path / "train.csv").write_text(f"sentence,label\n{'long ' * 40_000},1\nbad film,pos\n")
+    (tmp_path / "test.csv").write_text("sentence,label\nfine,1\n")
+    with pytest.raises(ValueError, match=r"line 3: label 'pos' is not an integer"):
+        load_dataset("sst2", source=tmp_path)
+
+
 def test_csv_cells_reading_na_or_null_are_text_not_missing(tmp_path):
     """pandas' default missing-value strings: a sentence "null" was refused as None, and a label "NA"
     dropped its row as unlabeled; only an empty cell is missing."""

@@ -69,6 +69,18 @@ def test_a_tsv_with_a_byte_order_mark_reads_as_without_it(tmp_path):
     assert data.train_texts == ["café", "bad"] and data.train_labels == [1, 0] and data.test_labels == [1]
 
 
+def test_a_tsv_example_longer_than_the_csv_field_limit_is_read(tmp_path):
+    """A 150,000-character document failed with _csv.Error 'field larger than field limit (131072)', a
+    traceback naming no file."""
+    import csv
+
+    long_text = "word " * 30_000
+    folder = _folder(tmp_path, f"pos\t{long_text}\nneg\tbad\n".encode(), b"pos\tgreat\nneg\tno\n")
+    data = load_text_classification(str(folder))
+    assert data.train_texts[0] == long_text and data.label_names == ["neg", "pos"]
+    assert csv.field_size_limit() == 131072  # the process's limit is as it was
+
+
 def test_a_train_tsv_that_is_a_folder_is_called_a_folder(tmp_path):
     folder = tmp_path / "data"
     (folder / "train.tsv").mkdir(parents=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlparse
 
-from .._files import json_loads
+from .._files import json_loads, wide_csv_fields
 from .cache import PathLike, verify_manifest, write_bytes_atomic, write_manifest
 from .containers import DatasetChecksumError, DatasetUnavailableError, TextClassificationData
 
@@ -358,7 +358,7 @@ _CSV_INTEGER = re.compile(r"[+-]?\d+(\.0*)?")  # pandas reads "1" and "1.0" as t
 def _check_csv(spec: HubSpec, path: Path) -> None:
     """A ``.csv`` file: a header line and at least one row (a quoted field may span lines)."""
     try:
-        with open(path, encoding="utf-8-sig", newline="") as f:
+        with open(path, encoding="utf-8-sig", newline="") as f, wide_csv_fields():  # a long document too
             reader = csv.reader(f)
             lines = (row for row in reader if row)  # a blank line is no row
             header, first = next(lines, None), next(lines, None)

@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .._files import json_loads
+from .._files import json_loads, wide_csv_fields
 from ..registry import MECHANISMS
 from ..validators import check_number, check_seed
 
@@ -188,7 +188,8 @@ def _read_tsv(path: Path) -> tuple[list[str], list[str], list[int]]:
         )
     labels, texts, lines = [], [], []
     label_column = 0
-    with io.StringIO(text, newline="") as f:  # newline="": csv sees the line ends as written
+    # newline="": csv sees the line ends as written; a long document is an example (no 131072 limit)
+    with io.StringIO(text, newline="") as f, wide_csv_fields():
         reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         first = True
         for row in reader:
