@@ -133,3 +133,13 @@ def test_an_unknown_token_output_never_counts_as_a_real_question_mark():
     task = TransductionTask("copy")
     assert task.correct(data, [unknown, right]) == [False, True]
     assert task.metrics(data, [unknown, right]) == {"sequence_error_rate": 0.5, "token_error_rate": 0.25}
+
+
+def test_the_paper_presets_all_is_not_fewer_examples_than_quick_on_a_generated_task():
+    """max_train=None (the paper preset's "all") took the generator's default: 4000 copy examples where the
+    quick preset trains on 20000."""
+    from attnkit.runner.transduction import GENERATED_TRAIN, load_transduction
+
+    for name in ("copy", "numbers"):
+        assert len(load_transduction(name, None, 10).train_src) == GENERATED_TRAIN == 20000
+    assert len(load_transduction("copy", 300, 10).train_src) == 300  # a cap is a cap

@@ -189,7 +189,8 @@ class CompareConfig:
     (``seed``, ``seed + 1``, ...) per mechanism; ``steps``: optimizer steps per run, capped by ``max_steps``;
     ``batch_size``: the global batch (split evenly across processes); ``max_train`` / ``max_eval``: caps on
     the
-    number of examples (null = all); ``max_len`` / ``max_target_len``: token caps; ``vocab_size``: the largest
+    number of examples (null = all; a generated transduction task, which has no "all", takes 20000 training
+    examples); ``max_len`` / ``max_target_len``: token caps; ``vocab_size``: the largest
     vocabulary kept by the word tokenizer. ``threads``: torch CPU threads per process (null = torch's
     default; the quick presets use 1, which keeps a small or shared CPU from thrashing). ``out``: the run
     directory; ``resume`` continues it,

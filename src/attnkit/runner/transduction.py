@@ -69,8 +69,16 @@ def check_model_names(names) -> tuple[str, ...]:
     return names
 
 
+GENERATED_TRAIN = 20000  # max_train=None ("all") of a generated task, which has no "all": the quick preset's
+
+
 def load_transduction(name: str, num_train: int | None, num_test: int | None):
-    """The ``Seq2SeqData`` of a transduction task with the given sizes (``None``: the loader's default)."""
+    """The ``Seq2SeqData`` of a transduction task with the given sizes (``None``: all of g2p's words; for
+    the generated tasks, which have no "all", ``GENERATED_TRAIN`` training examples, as many as the quick
+    preset's cap (the paper preset trained on 4000 of copy, reverse and sort, fewer than quick), and the
+    generator's default number of test examples)."""
+    if num_train is None and name in ("copy", "reverse", "sort", "numbers"):
+        num_train = GENERATED_TRAIN
     sizes = {k: v for k, v in (("num_train", num_train), ("num_test", num_test)) if v is not None}
     if name == "g2p":
         from ..data.g2p import load_g2p
