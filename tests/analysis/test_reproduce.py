@@ -57,7 +57,18 @@ def test_lecture_seq_writes_table_plots_and_claims(tmp_path, monkeypatch):
     tiny = lecture.LectureSeqBudget(steps=2, d_model=16, g2p_train=128, g2p_test=16, numbers_train=128,
                                     numbers_test=16, eval_batch=16)
     monkeypatch.setattr(lecture, "QUICK", tiny)
+    bands, plot = {}, lecture._plot_by_length
+
+    def recording(path, task_name, curves, train_max):
+        bands[task_name] = train_max
+        return plot(path, task_name, curves, train_max)
+
+    monkeypatch.setattr(lecture, "_plot_by_length", recording)
     result = reproduce("lecture-seq", tmp_path / "seq", quick=True)
+    from attnkit.runner.transduction import load_transduction
+
+    # the g2p band ends at the longest training word (it was the longest test word)
+    assert bands["g2p"] == max(len(word) for word in load_transduction("g2p", 128, 16).train_src)
     names = {p.name for p in result.files}
     assert {"results.csv", "accuracy_by_length.csv", "accuracy_by_length_g2p.png", "summary.json",
             "accuracy_by_length_numbers.png", "alignments_g2p.png", "alignments_numbers.png"} <= names
