@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from attnkit.data.babi import BABI_TASKS, COUNT_WORDS, OBJECTS, encode_babi, generate_babi
+from attnkit.data.babi import BABI_TASKS, COUNT_WORDS, OBJECTS, BabiSample, encode_babi, generate_babi
 
 MOVE = re.compile(r"^(\w+) (?:moved|went|journeyed|travelled) to the (\w+)$")
 TAKE = re.compile(r"^(\w+) (?:picked up|got|took) the (\w+)$")
@@ -110,3 +110,18 @@ def test_generation_options_are_checked(kwargs, message):
 
 def test_same_seed_gives_the_same_samples():
     assert generate_babi("counting", 20, seed=4) == generate_babi("counting", 20, seed=4)
+
+
+@pytest.mark.parametrize("sample, message", [
+    (BabiSample(("fred went to the kitchen",), "where is fred", "kitchen", (0,)),
+     r"sentence 'fred went to the kitchen': 'fred' is not a word of the bAbI vocabulary"),
+    (BabiSample(("mary went to the kitchen",), "where is mary", "<pad>", (0,)),
+     r"sample 0's answer: '<pad>' is not a word"),
+    (BabiSample(("mary went to the kitchen",), "where is mary", "kitchen", (5,)),
+     r"sample 0: supporting fact index\(es\) \[5\] outside its story of 1 sentences"),
+])
+def test_a_sample_the_vocabulary_or_story_cannot_hold_is_refused(sample, message):
+    """An unknown word was a KeyError('fred'); an answer '<pad>' became class 0 and a supporting index
+    beyond the story was kept, silently."""
+    with pytest.raises(ValueError, match=message):
+        encode_babi([sample])

@@ -171,11 +171,25 @@ def encode_babi(
     index = {w: i for i, w in enumerate(vocab)}
     M = memory_size if memory_size is not None else max(len(s.story) for s in samples)
 
+    def known(word: str, where: str) -> int:
+        if word not in index or index[word] == 0:  # 0 is <pad>: a word of it would read as padding
+            raise ValueError(
+                f"{where}: {word!r} is not a word of the bAbI vocabulary ({len(vocab) - 1} words: the "
+                "generator's people, places, objects, counts and verbs); encode samples from generate_babi"
+            )
+        return index[word]
+
     def ids(text: str) -> list[int]:
         words = text.split()
         if len(words) > sentence_len:
             raise ValueError(f"sentence {text!r} has {len(words)} words; raise sentence_len={sentence_len}")
-        return [index[w] for w in words] + [0] * (sentence_len - len(words))
+        return [known(w, f"sentence {text!r}") for w in words] + [0] * (sentence_len - len(words))
+
+    for n, s in enumerate(samples):
+        bad = [i for i in s.supporting if not (isinstance(i, int) and 0 <= i < len(s.story))]
+        if bad:
+            raise ValueError(f"sample {n}: supporting fact index(es) {bad} outside its story of "
+                             f"{len(s.story)} sentences; expected indices in [0, {len(s.story)})")
 
     stories = torch.zeros(len(samples), M, sentence_len, dtype=torch.long)
     mask = torch.zeros(len(samples), M, dtype=torch.bool)
@@ -198,5 +212,6 @@ def encode_babi(
             stacklevel=2,
         )
     questions = torch.tensor([ids(s.question) for s in samples], dtype=torch.long)
-    answers = torch.tensor([index[s.answer] for s in samples], dtype=torch.long)
+    answers = torch.tensor([known(s.answer, f"sample {n}'s answer") for n, s in enumerate(samples)],
+                           dtype=torch.long)
     return BabiData(stories, mask, questions, answers, vocab, encoded)
