@@ -81,6 +81,14 @@ def test_a_tsv_example_longer_than_the_csv_field_limit_is_read(tmp_path):
     assert csv.field_size_limit() == 131072  # the process's limit is as it was
 
 
+def test_a_test_tsv_without_a_header_reads_in_train_tsvs_column_order(tmp_path):
+    """train.tsv's "Text<TAB>Label" header swapped its columns only: test.tsv was read label first, its texts
+    taken for labels ("label(s) 'hi' occur only in the test split")."""
+    folder = _folder(tmp_path, b"Text\tLabel\ngreat film\tpos\nbad film\tneg\n", b"fine\tpos\nawful\tneg\n")
+    data = load_text_classification(str(folder))
+    assert data.test_texts == ["fine", "awful"] and data.test_labels == [1, 0]
+
+
 def test_a_train_tsv_that_is_a_folder_is_called_a_folder(tmp_path):
     folder = tmp_path / "data"
     (folder / "train.tsv").mkdir(parents=True)

@@ -152,13 +152,15 @@ def classification_metrics(labels: Sequence[int], predictions: Sequence[int]) ->
     return {"accuracy": int((y == p).sum()) / y.numel(), "macro_f1": sum(f1s) / len(f1s)}
 
 
-def _read_tsv(path: Path) -> tuple[list[str], list[str], list[int]]:
-    """The (labels, texts, line numbers) of the examples of a UTF-8 TSV file (a byte-order mark is allowed);
-    errors name file and line.
+def _read_tsv(path: Path, label_column: int = 0) -> tuple[list[str], list[str], list[int], int]:
+    """The (labels, texts, line numbers, label column) of the examples of a UTF-8 TSV file (a byte-order
+    mark is allowed); errors name file and line.
 
     A first line whose two fields are ``label`` and ``text`` (compared case-insensitively, surrounding spaces
     ignored: ``Label<TAB>Text`` too) is a header and skipped; when ``text`` comes first the columns are read
-    in that order. Any other first line is an example. Blank lines (or lines of spaces) are skipped, before
+    in that order. Any other first line is an example, and the columns are in ``label_column``'s order
+    (test.tsv without a header reads as train.tsv's header said). Blank lines (or lines of spaces) are
+    skipped, before
     the header too; a label is read without the spaces around it (``pos `` is ``pos``), and an empty one is
     refused."""
     if path.is_dir():
@@ -187,7 +189,6 @@ def _read_tsv(path: Path) -> tuple[list[str], list[str], list[int]]:
             "lines end with \\n or \\r\\n: remove it or save the file with one of those line ends"
         )
     labels, texts, lines = [], [], []
-    label_column = 0
     # newline="": csv sees the line ends as written; a long document is an example (no 131072 limit)
     with io.StringIO(text, newline="") as f, wide_csv_fields():
         reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
@@ -214,7 +215,7 @@ def _read_tsv(path: Path) -> tuple[list[str], list[str], list[int]]:
             labels.append(label)
             texts.append(row[1 - label_column])
             lines.append(line)
-    return labels, texts, lines
+    return labels, texts, lines, label_column
 
 
 def dataset_info(dataset: str):
@@ -257,8 +258,8 @@ def load_text_classification(dataset: str, cache_dir: Optional[str] = None, down
 
     folder = Path(dataset)
     if folder.is_dir():
-        train_labels, train_texts, _ = _read_tsv(folder / "train.tsv")
-        test_labels, test_texts, test_lines = _read_tsv(folder / "test.tsv")
+        train_labels, train_texts, _, column = _read_tsv(folder / "train.tsv")
+        test_labels, test_texts, test_lines, _ = _read_tsv(folder / "test.tsv", label_column=column)
         _check_tsv_labels(folder, train_labels, test_labels, test_lines)
         names = sorted(set(train_labels))
         index = {n: i for i, n in enumerate(names)}
