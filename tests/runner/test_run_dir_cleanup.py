@@ -147,3 +147,12 @@ def test_a_resumed_run_removes_the_temporary_model_file_of_a_killed_save(tmp_pat
     (run_dir / ".model.pt.k1lled.tmp").write_bytes(b"PK\x03\x04 half")  # as the killed save left it
     run_compare(build_config(tiny_overrides(data, tmp_path / "run", resume=True, **settings)))
     assert sorted(p.name for p in run_dir.iterdir()) == ["model.pt", "result.json"]
+
+
+def test_an_out_that_is_a_dangling_link_is_named_as_one(tmp_path):
+    """mkdir through a link to nothing said "cannot write to the run directory 'dang' (File exists)"."""
+    data = write_classification_file(tmp_path / "d.json")
+    (tmp_path / "dang").symlink_to(tmp_path / "missing" / "dir")
+    with pytest.raises(FileNotFoundError, match=r"--out .*dang is a symbolic link to .*missing/dir, which"):
+        run_compare(build_config(tiny_overrides(data, tmp_path / "dang", **COMMON)))
+    assert not (tmp_path / "missing").exists()

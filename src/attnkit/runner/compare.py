@@ -145,6 +145,9 @@ def _check_config_file(out: Path) -> None:
 
 
 def _check_writable(out: Path) -> None:
+    from .._files import check_link
+
+    check_link(out, "--out")  # a dangling link: named as such (mkdir said only "File exists")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"
