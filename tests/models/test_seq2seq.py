@@ -253,7 +253,12 @@ def test_src_mask_defaults_to_ids_not_pad_in_forward_and_greedy_decode():
     torch.testing.assert_close(model(src, tgt_in_ids=tgt), model(src, src != 0, tgt))
     assert torch.equal(model.greedy_decode(src, max_len=4, bos_id=1, eos_id=2),
                        model.greedy_decode(src, src != 0, 4, 1, 2))
-    with pytest.raises(ValueError, match="tgt_in_ids is required"):
+    with pytest.raises(ValueError, match=r"tgt_in_ids is required \(teacher forcing\); use"):
         model(src)
-    with pytest.raises(ValueError, match="bos_id=None"):
+    # nn.Transformer's order, model(src, tgt): the target went to src_mask and the error did not say so
+    with pytest.raises(ValueError, match="the second positional argument is src_mask: pass the target as"):
+        model(src, tgt)
+    with pytest.raises(ValueError, match=r"greedy_decode needs bos_id \(keyword arguments"):
         model.greedy_decode(src, max_len=4, eos_id=2)
+    with pytest.raises(ValueError, match=r"greedy_decode needs max_len, bos_id, eos_id"):
+        model.greedy_decode(src)  # it said "max_len=None; expected a positive integer"

@@ -166,8 +166,10 @@ class Seq2SeqTransformer(nn.Module):
         tgt_mask: Optional[Tensor] = None,
     ) -> Tensor:
         if tgt_in_ids is None:  # optional only so that src_mask can be left out, as RNNSeq2Seq's
+            given = (" (the second positional argument is src_mask: pass the target as tgt_in_ids=...)"
+                     if src_mask is not None and not src_mask.dtype == torch.bool else "")
             raise ValueError(
-                "tgt_in_ids is required (teacher forcing); use greedy_decode to generate"
+                f"tgt_in_ids is required (teacher forcing){given}; use greedy_decode to generate"
             )
         memory, src_mask = self.encode(src_ids, src_mask)
         return self.decode(tgt_in_ids, memory, src_mask, tgt_mask)
@@ -185,6 +187,10 @@ class Seq2SeqTransformer(nn.Module):
         later positions are ``pad_id``. Decoding stops when every sequence has ended or after ``max_len``
         tokens. Runs in whatever mode the model is in (call ``eval()`` first for deterministic output).
         """
+        missing = [n for n, v in (("max_len", max_len), ("bos_id", bos_id), ("eos_id", eos_id)) if v is None]
+        if missing:
+            raise ValueError(f"greedy_decode needs {', '.join(missing)} (keyword arguments: "
+                             "greedy_decode(src_ids, max_len=..., bos_id=..., eos_id=...))")
         max_len = check_positive_int("max_len", max_len)
         for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
             check_id(name, value, self.tgt_vocab_size, "tgt_vocab_size")  # a NumPy integer too
