@@ -100,3 +100,20 @@ def test_a_bad_kernel_setting_is_named_before_any_work(monkeypatch, tmp_path, ca
         main(["compare", "--out", str(tmp_path / "run"), "--max-steps", "1"])
     assert exc.value.code == 2 and capsys.readouterr().err.startswith(f"error: {name}={raw!r}")
     assert not (tmp_path / "run").exists()
+
+
+def test_ctrl_c_while_the_command_starts_is_interrupted_not_a_traceback():
+    """Importing attnkit.cli (torch, transformers) takes seconds: a Ctrl-C then ended the command with
+    Python's KeyboardInterrupt traceback and exit code 1."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = "import sys; sys.argv = ['attnkit', 'info']; from _attnkit_entry import main; main()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(0.5)  # inside the imports (they take seconds)
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 130 and err.strip() == "interrupted", (child.returncode, err[-500:])
