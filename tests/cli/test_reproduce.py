@@ -340,3 +340,18 @@ def test_a_full_disk_inside_a_library_is_one_line(raised, tmp_path, capsys, monk
         main(["reproduce", "lemma1", "--out", str(tmp_path / "r"), "--quick"])
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and err[-1].startswith("error: ") and "free the space" in err[-1]
+
+
+def test_an_interrupted_run_of_all_targets_leaves_no_empty_target_folders(tmp_path, monkeypatch):
+    """Stopped in its first target, a run of all targets left an empty folder for every target it had not
+    reached (11 of them after a SIGTERM)."""
+    from attnkit.analysis import reproduce as repro
+    from attnkit.analysis.fidelity import reproduce_all
+    from attnkit.analysis.report import UNFINISHED_MARKER
+
+    root = tmp_path / "all"
+    monkeypatch.setitem(repro.TARGETS, "lemma1", _interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        reproduce_all(root, quick=True, targets=["lemma1", "mode-collapse-curves"], jobs=1)
+    assert sorted(p.name for p in root.iterdir()) == [UNFINISHED_MARKER, "lemma1"]  # its staging and mark
+    assert (root / "lemma1" / UNFINISHED_MARKER).is_file()

@@ -217,13 +217,26 @@ def reproduce_all(
 def _run_all(root: Path, names: list[str], overwrite: bool, replacing: set, quick: bool, seed: int,
              jobs: int) -> tuple[list[ReproduceResult], Path]:
     replace = {name: overwrite or name in replacing for name in names}
+    made = []
     for name in names:  # listed here, in one process: workers writing the root's mark at once lose names
         folder = root / name
         if not folder.exists():  # made here: the next run may remove it whole
             folder.mkdir()
             record_written(folder)
+            made.append(folder)
         elif replace[name] and folder.is_dir():  # the user's files in it stay
             record_replaced(folder)
+    try:
+        return _run_targets(root, names, replace, quick, seed, jobs)
+    except BaseException:  # stopped (Ctrl-C, SIGTERM) or failed: the target folders it made and never used
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only while empty
+        raise
+
+
+def _run_targets(root: Path, names: list[str], replace: dict, quick: bool, seed: int,
+                 jobs: int) -> tuple[list[ReproduceResult], Path]:
     start = time.perf_counter()
     if jobs == 1:
         results = [_run_target(name, root / name, replace[name], quick, seed) for name in names]
