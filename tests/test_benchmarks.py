@@ -61,8 +61,10 @@ def test_hf_step_time_writes_a_ratio_per_mechanism(tmp_path):
     rows = written["rows"]
     assert [r["mechanism"] for r in rows] == ["softmax", "dnas"]
     assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] > 0
-    # the order flips every round, and the ratio is the median of the rounds' ratios (as attnkit bench's)
+    # the order rotates every round (two: flips), and the ratio is the median of the rounds' ratios
     assert written["round_order"] == [["softmax", "dnas"], ["dnas", "softmax"], ["softmax", "dnas"]]
+    order = hf_step_time.round_order(["softmax", "dnas", "hnas"], 3)  # each in every position once
+    assert all(sorted(r[i] for r in order) == ["dnas", "hnas", "softmax"] for i in range(3))
     assert rows[1]["ratio"] == sorted(rows[1]["round_ratios"])[1]
     with pytest.raises(SystemExit) as exc:
         hf_step_time.main(["--mechanisms", "softmax", "--out", str(out)])
