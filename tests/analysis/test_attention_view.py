@@ -5,6 +5,7 @@ layout."""
 from __future__ import annotations
 
 import base64
+import copy
 import io
 import re
 
@@ -71,9 +72,15 @@ def test_page_is_self_contained_and_every_image_decodes(hf_view):
         render_view_html(hf_view, heads=[5])
     # a model converted in part (convert --layers 1) shows its converted layers only: the error says which
     # modules --layers counts (it said "the models have 1 attention layers" of a 2-layer model)
-    with pytest.raises(ValueError, match=r"layers \[2\] out of range; --layers counts the attention layers "
-                                         r"drawn, 0..1, which are the model's modules 0: .*layer\.0.*1: "):
+    message = r"layers \[2\] out of range; --layers counts the attention layers drawn, 0..1, which are the "
+    with pytest.raises(ValueError, match=message + r"model's modules 0: .*layer\.0.*1: ") as exc:
         render_view_html(hf_view, layers=[2])
+    assert "converted in part" not in str(exc.value)  # every layer is drawn here: no such note
+    partial = copy.copy(hf_view)
+    partial.layer_names = {m: ["encoder.layer.1.attention.self"] for m in hf_view.layer_names}
+    partial.weights = {m: w[1:] for m, w in hf_view.weights.items()}
+    with pytest.raises(ValueError, match=r"0: encoder\.layer\.1\.attention\.self \(a model converted in"):
+        render_view_html(partial, layers=[1])
 
 
 @pytest.mark.parametrize("name", ["attention.safetensors", "attention.json"])

@@ -27,6 +27,7 @@ import html
 import io
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -542,9 +543,12 @@ def selected_layers(view: AttentionView, layers: Optional[Sequence[int]] = None)
     if bad:
         names = next(iter(view.layer_names.values()), [])
         listed = "; ".join(f"{i}: {n}" for i, n in enumerate(names[:6])) + ("; ..." if len(names) > 6 else "")
+        found = [re.search(r"\.(\d+)\.", f".{n}.") for n in names]
+        numbers = [int(m[1]) if m else -1 for m in found]
+        partial = bool(names) and numbers != list(range(len(names)))  # layers 1 and 4 of a model's 6
+        why = " (a model converted in part shows its converted layers only)" if partial else ""
         raise ValueError(f"layers {bad} out of range; --layers counts the attention layers drawn, 0.."
-                         f"{view.num_layers - 1}, which are the model's modules {listed} (a model converted "
-                         "in part shows its converted layers only)")
+                         f"{view.num_layers - 1}, which are the model's modules {listed}{why}")
     return layers
 
 
