@@ -1,8 +1,9 @@
 """Token vocabularies and metrics for the transduction tasks (grapheme-to-phoneme, number words,
 copy/reverse/sort).
 
-Sources are split into characters, targets into whitespace-separated tokens (phonemes, words, or characters
-written with spaces), so one ``Seq2SeqData`` of strings serves every task. Metrics: sequence error rate (share
+Sources are split into characters; targets into whitespace-separated tokens (g2p's phonemes, numbers' words)
+or, for copy/reverse/sort, into characters (``attnkit.runner.transduction.TRANSDUCTION_TASKS`` says which), so
+one ``Seq2SeqData`` of strings serves every task. Metrics: sequence error rate (share
 of
 outputs that are not exactly right) and token error rate (Levenshtein distance over the reference length, the
 phoneme error rate of G2P).
