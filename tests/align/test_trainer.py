@@ -217,6 +217,22 @@ def _reads(source: str) -> bool:
      "    return F.cross_entropy(x, y, reduction='sum') / num_items_in_batch", False),
     ("def forward(self, x, y, **kwargs):\n    kwargs['num_items_in_batch'] = None\n"
      "    return F.cross_entropy(x, y)", False),
+    # the second look at this reading: a fallback under an if, a dict handed on, a count kept on self, a power
+    ("def forward(self, x, y, num_items_in_batch=None):\n    if num_items_in_batch is None:\n"
+     "        num_items_in_batch = (y != -100).sum()\n"
+     "    return F.cross_entropy(x, y, reduction='sum') / num_items_in_batch", True),
+    ("def forward(self, x, y, num_items_in_batch=None):\n"
+     "    kw = {'num_items_in_batch': num_items_in_batch}\n    return self.loss_fn(x, y, **kw)", True),
+    ("def forward(self, x, y, num_items_in_batch=None):\n    self.n = num_items_in_batch\n"
+     "    return F.cross_entropy(x, y, reduction='sum') / self.n", True),
+    ("def forward(self, x, y, num_items_in_batch=None):\n"
+     "    return F.cross_entropy(x, y, reduction='sum') * num_items_in_batch ** -1", True),
+    # read without a loss: a type check, a print
+    ("def forward(self, x, y, num_items_in_batch=None):\n"
+     "    if isinstance(num_items_in_batch, int):\n        pass\n    return F.cross_entropy(x, y)", False),
+    ("def forward(self, x, y, **kwargs):\n    n = kwargs.pop('num_items_in_batch', None)\n"
+     "    print('items', n)\n    return F.cross_entropy(x, y)", False),
+    ("def forward(self, x, y, **kwargs):\n    return self.lm(x, y, **kwargs)", False),  # a wrapper
 ])
 def test_only_a_count_the_loss_is_divided_by_or_handed_on_reads_as_normalizing(body, normalizes):
     """Any mention of num_items_in_batch read as normalizing: a forward that popped it and dropped it, deleted

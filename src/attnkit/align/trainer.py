@@ -27,6 +27,7 @@ import json
 import os
 from dataclasses import asdict
 from functools import lru_cache
+from typing import Optional
 
 __all__ = ["alignment_trainer_class"]
 
@@ -78,26 +79,38 @@ def _normalizes_by_items(model) -> bool:
                 and bool(node.args) and isinstance(node.args[0], ast.Constant)
                 and node.args[0].value == _COUNT)
 
+    def key(node) -> Optional[str]:  # a name, or an attribute such as self.n, as an alias is written
+        if isinstance(node, ast.Name):
+            return node.id
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            return f"{node.value.id}.{node.attr}"
+        return None
+
     def carries(node, aliases) -> bool:  # an expression that holds the Trainer's count (not a test, a text)
         if isinstance(node, (ast.Compare, ast.JoinedStr)):
             return False
-        if looks_up(node) or (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
-                              and node.id in aliases):
+        if isinstance(node, ast.Call) and _only_reads(node):  # isinstance(n, ...), print(n), log.info(n)
+            return False
+        if looks_up(node) or (isinstance(getattr(node, "ctx", None), ast.Load) and key(node) in aliases):
             return True
         return any(carries(child, aliases) for child in ast.iter_child_nodes(node))
 
-    assignments = []  # (target names, value)
-    for node in ast.walk(function):
-        if isinstance(node, ast.Assign):
-            targets = [n.id for t in node.targets  # names, unpacked or not (not d["k"] = ..., o.a = ...)
-                       for n in ([t] if isinstance(t, ast.Name) else getattr(t, "elts", []))
-                       if isinstance(n, ast.Name)]
-            assignments.append((targets, node.value))
-        elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
-            assignments.append(([node.target.id] if isinstance(node.target, ast.Name) else [], node.value))
+    def assigned(nodes) -> list[tuple[list[str], ast.AST]]:  # (target names, value) of the assignments
+        found = []
+        for node in nodes:
+            if isinstance(node, ast.Assign):
+                targets = [key(n) for t in node.targets  # unpacked or not (not d["k"] = ...)
+                           for n in ([t] if key(t) else getattr(t, "elts", [])) if key(n)]
+                found.append((targets, node.value))
+            elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+                found.append(([key(node.target)] if key(node.target) else [], node.value))
+        return found
+
+    assignments = assigned(ast.walk(function))
     aliases = set()
-    if _COUNT in names:  # the parameter, unless the forward only ever sets its own (labels.ne(-100).sum())
-        values = [v for targets, v in assignments if _COUNT in targets]
+    if _COUNT in names:  # the parameter, unless the forward always sets its own first (a statement of its
+        # body, not a fallback under an if: labels.ne(-100).sum() for every call)
+        values = [v for targets, v in assigned(function.body) if _COUNT in targets]
         if not values or any(carries(v, {_COUNT}) for v in values):
             aliases.add(_COUNT)
     grown = True
@@ -111,19 +124,31 @@ def _normalizes_by_items(model) -> bool:
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv)):
             if carries(node.right, aliases):
                 return True
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):  # n ** -1
+            if carries(node.left, aliases):
+                return True
         elif isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Div, ast.FloorDiv)):
             if carries(node.value, aliases):
                 return True
-        elif isinstance(node, ast.Call) and not looks_up(node):
+        elif isinstance(node, ast.Call) and not looks_up(node) and not _only_reads(node):
             if any(carries(a, aliases) for a in node.args):
                 return True
-            for k in node.keywords:
-                if k.arg is not None and carries(k.value, aliases):  # num_items_in_batch=..., or any name
+            for k in node.keywords:  # num_items_in_batch=..., any name, or **{"num_items_in_batch": n}
+                if carries(k.value, aliases):
                     return True
             name = getattr(node.func, "attr", getattr(node.func, "id", None))
             if name == "loss_function" and any(k.arg is None for k in node.keywords):  # **kwargs
                 return True
     return False
+
+
+def _only_reads(call) -> bool:
+    """A call that reads a value without computing a loss with it: isinstance, print, a logger's or
+    warnings' message."""
+    func = call.func
+    name = getattr(func, "id", None) or getattr(func, "attr", None)
+    return name in ("isinstance", "print", "type", "repr", "str", "id", "hasattr", "warn", "debug", "info",
+                    "warning", "error", "log", "exception")
 
 
 @lru_cache(maxsize=None)
