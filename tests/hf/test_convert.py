@@ -286,12 +286,23 @@ def test_a_model_built_with_fewer_layers_than_its_record_is_refused(tmp_path):
     model = akhf.convert(tiny_model("bert"), "dnas")
     model.save_pretrained(tmp_path)
     akhf.register()
-    message = r"no module 'encoder\.layer\.1\.attention\.self' that its attnkit record converts to dnas"
+    message = r"record names 'encoder\.layer\.1\.attention\.self', which this BertModel does not have, conv"
     with pytest.raises(ValueError, match=message):
         AutoModel.from_pretrained(tmp_path, num_hidden_layers=1)
     with pytest.raises(ValueError, match=message):
         akhf.load(tmp_path, num_hidden_layers=1)
     assert akhf.conversion(AutoModel.from_pretrained(tmp_path)) == ak.DNAS()  # as saved: restored
+
+
+def test_a_model_built_without_any_of_its_converted_layers_is_refused(tmp_path):
+    """convert(layers=[1]) then from_pretrained(num_hidden_layers=1): no recorded module was there, which was
+    read as a sub-model's record, so the model ran softmax while conversion() said DNAS."""
+    from transformers import AutoModel
+
+    akhf.convert(tiny_model("bert"), "dnas", layers=[1]).save_pretrained(tmp_path)
+    akhf.register()
+    with pytest.raises(ValueError, match=r"record names 'encoder\.layer\.1\.attention\.self', which"):
+        AutoModel.from_pretrained(tmp_path, num_hidden_layers=1)
 
 
 def test_layers_subset_converts_only_those(tmp_path):

@@ -581,16 +581,18 @@ def restore_conversion(model) -> bool:
     names = getattr(model.config, CONFIG_KEY)["modules"]
     by_name = dict(model.base_model.named_modules())
     missing = [n for n in names if n not in by_name]
-    if len(missing) == len(names) or any(hasattr(by_name[n], _MECHANISM_ATTR) for n in names if n in by_name):
+    beyond = [n for n in missing if _beyond_layers(n, by_name)]  # layer 2 of a model built with 1
+    if not beyond and (len(missing) == len(names)
+                       or any(hasattr(by_name[n], _MECHANISM_ATTR) for n in names if n in by_name)):
         return False  # a sub-model (its modules are named from its own root), or applied already
     if missing:  # built with other settings than it was saved with (num_hidden_layers=1): some layers would
         # run softmax under a record that names the mechanism for them all
         raise ValueError(
-            f"{type(model).__name__} has no module {missing[0]!r}"
-            f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''} that its attnkit record "
-            f"converts to {config_label(config)}: it was built with other settings than it was saved with "
-            "(num_hidden_layers=...?); load it with the saved settings, or convert the unconverted model "
-            "built as you need it"
+            f"config.json: the attnkit conversion record names {missing[0]!r}"
+            f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}, which this "
+            f"{type(model).__name__} does not have, converted to {config_label(config)}: it was built with "
+            "other settings than it was saved with (num_hidden_layers=...?), or the record was edited; load "
+            "it with the saved settings, or convert the unconverted model built as you need it"
         )
     requested = getattr(model.config, "_attn_implementation", None)
     if requested not in (None, IMPLEMENTATION) and model._can_set_attn_implementation():
@@ -606,6 +608,18 @@ def restore_conversion(model) -> bool:
         _apply(by_name[n], config, _num_heads(by_name[n], model.config))
     _set_implementation(model)
     return True
+
+
+def _beyond_layers(name: str, by_name: dict) -> bool:
+    """Whether the module ``name`` (``encoder.layer.2.attention.self``) is missing because its layer index
+    lies beyond the model's list of layers (``encoder.layer`` holds 1), not because the names start elsewhere
+    (a sub-model's modules are named from its own root)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            layers = by_name.get(".".join(parts[:i]))
+            return isinstance(layers, (nn.ModuleList, nn.Sequential)) and int(part) >= len(layers)
+    return False
 
 
 def converted_modules(model) -> list[nn.Module]:
