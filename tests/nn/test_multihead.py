@@ -305,10 +305,9 @@ def test_a_meta_built_hnas_module_gets_u0_from_a_load_without_theta(build):
     with torch.device("meta"):
         empty = make()
     empty.to_empty(device="cpu")
-    with torch.no_grad():
-        for name, p in empty.named_parameters():
-            if name.endswith("theta"):
-                p.fill_(float("nan"))  # what the memory held
+    for name, p in empty.named_parameters():
+        if name.endswith("theta"):
+            p.data = torch.full_like(p, float("nan"))  # what the memory held (not set in place: no version)
     assert empty.load_state_dict(weights).missing_keys == []
     with torch.device("meta"):
         assigned = make()
@@ -318,6 +317,15 @@ def test_a_meta_built_hnas_module_gets_u0_from_a_load_without_theta(build):
         assert thetas and all(t.device.type == "cpu" for t in thetas)
         u = torch.sigmoid(torch.cat(thetas).detach())
         torch.testing.assert_close(u, torch.full_like(u, 0.3))
+    with torch.device("meta"):  # a value set in place after to_empty() is the user's: kept
+        chosen = make()
+    chosen.to_empty(device="cpu")
+    with torch.no_grad():
+        for n, p in chosen.named_parameters():
+            if n.endswith("theta"):
+                torch.nn.init.constant_(p, 2.0)
+    chosen.load_state_dict(weights)
+    assert all(p.eq(2.0).all() for n, p in chosen.named_parameters() if n.endswith("theta"))
     trained = make()  # a module with values keeps them, as documented
     with torch.no_grad():
         next(p for n, p in trained.named_parameters() if n.endswith("theta")).fill_(2.0)

@@ -172,6 +172,9 @@ class HybridWeightAccess:
         left on meta), as a newly built module has it."""
         if not getattr(self, "_theta_unset", False):
             return
+        if not self.theta.is_meta and self.theta._version != 0:  # set in place since to_empty() (the user's
+            self._theta_unset = False  # nn.init / copy_ of a trained value): kept, as the docstring says
+            return
         value = initial_theta(self._hybrid_config())
         if self.theta.is_meta:  # load_state_dict(..., assign=True): the weights' device and dtype
             like = next((v for k, v in state_dict.items()  # (children load after their parent)
