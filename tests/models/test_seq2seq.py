@@ -258,6 +258,8 @@ def test_src_mask_defaults_to_ids_not_pad_in_forward_and_greedy_decode():
     # nn.Transformer's order, model(src, tgt): the target went to src_mask and the error did not say so
     with pytest.raises(ValueError, match="the second positional argument is src_mask: pass the target as"):
         model(src, tgt)
+    with pytest.raises(ValueError, match="the second positional argument is src_mask"):
+        model(src, tgt.tolist())  # an AttributeError ('list' object has no attribute 'dtype')
     with pytest.raises(ValueError, match=r"greedy_decode needs bos_id \(keyword arguments"):
         model.greedy_decode(src, max_len=4, eos_id=2)
     with pytest.raises(ValueError, match=r"greedy_decode needs max_len, bos_id, eos_id"):

@@ -167,7 +167,7 @@ class Seq2SeqTransformer(nn.Module):
     ) -> Tensor:
         if tgt_in_ids is None:  # optional only so that src_mask can be left out, as RNNSeq2Seq's
             given = (" (the second positional argument is src_mask: pass the target as tgt_in_ids=...)"
-                     if src_mask is not None and not src_mask.dtype == torch.bool else "")
+                     if src_mask is not None and getattr(src_mask, "dtype", None) != torch.bool else "")
             raise ValueError(
                 f"tgt_in_ids is required (teacher forcing){given}; use greedy_decode to generate"
             )
