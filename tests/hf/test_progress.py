@@ -193,3 +193,25 @@ def test_a_head_for_as_many_labels_with_other_names_is_replaced(tmp_path, capsys
     assert torch.equal(loaded.classifier.weight.detach(), weight) is kept
     assert torch.equal(loaded.classifier.bias.detach(), before) or not kept
     assert any("head is for other labels (acq, earn, trade)" in line for line in lines) is not kept
+
+
+def test_a_head_for_the_same_labels_in_another_order_is_reordered_not_replaced(tmp_path):
+    """{0: earn, 1: trade} asked as {0: trade, 1: earn} threw the trained head away and said the labels were
+    other ones; string id2label keys were a KeyError."""
+    from safetensors.torch import load_file
+
+    from attnkit.hf.progress import load_classifier
+
+    names = ["earn", "trade", "acq"]
+    model = _classifier(tmp_path, num_labels=3, id2label=dict(enumerate(names)),
+                        label2id={n: i for i, n in enumerate(names)})
+    saved = load_file(model / "model.safetensors")
+    lines = []
+    asked = ["acq", "earn", "trade"]
+    loaded = load_classifier(str(model), log=lines.append, num_labels=3,
+                             id2label={str(i): n for i, n in enumerate(asked)},
+                             label2id={n: i for i, n in enumerate(asked)})
+    order = [names.index(n) for n in asked]
+    assert torch.equal(loaded.classifier.weight.detach(), saved["classifier.weight"][order])
+    assert torch.equal(loaded.classifier.bias.detach(), saved["classifier.bias"][order])
+    assert any("same labels in another order" in line for line in lines)

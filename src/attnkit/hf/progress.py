@@ -113,6 +113,21 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
                                  else None):
         log(line)
     before, asked = _other_label_names(saved, kwargs, other_head)
+    if before is not None and sorted(before) == sorted(asked) and len(set(asked)) == len(asked):
+        import torch
+
+        # the same labels in another order: the output rows are put in the new order (the trained head kept)
+        last = [m for n, m in model.named_modules() if f"{n}.".startswith(HEAD_PREFIXES)
+                and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.shape[0] == len(asked)]
+        if last:
+            order = torch.tensor([before.index(label) for label in asked])
+            with torch.no_grad():
+                for p in (last[-1].weight, getattr(last[-1], "bias", None)):
+                    if p is not None:
+                        p.copy_(p[order.to(p.device)])
+            log(f"the checkpoint's classification head is for the same labels in another order "
+                f"({', '.join(before)}); its rows are reordered for {', '.join(asked)}")
+            return model
     if before is not None:  # as many labels, other names: the head's rows meant other classes
         for name, module in model.named_modules():
             own = list(module.parameters(recurse=False))
@@ -135,7 +150,7 @@ def _other_label_names(saved, kwargs: dict, other_head) -> tuple[Optional[list[s
     if asked is None or other_head or n is None or saved.num_labels != n:
         return None, []
     saved_names = [str((saved.id2label or {}).get(i, f"LABEL_{i}")) for i in range(n)]
-    asked_names = [str(asked[i]) for i in range(n)]
+    asked_names = [str(asked[i] if i in asked else asked[str(i)]) for i in range(n)]  # int or str keys
     if saved_names == [f"LABEL_{i}" for i in range(n)] or saved_names == asked_names:
         return None, []
     return saved_names, asked_names
