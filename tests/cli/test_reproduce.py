@@ -355,3 +355,24 @@ def test_an_interrupted_run_of_all_targets_leaves_no_empty_target_folders(tmp_pa
         reproduce_all(root, quick=True, targets=["lemma1", "mode-collapse-curves"], jobs=1)
     assert sorted(p.name for p in root.iterdir()) == [UNFINISHED_MARKER, "lemma1"]  # its staging and mark
     assert (root / "lemma1" / UNFINISHED_MARKER).is_file()
+
+
+def test_a_run_still_going_is_in_use_not_a_run_that_did_not_finish(tmp_path, monkeypatch):
+    """The refusal after an interrupted --overwrite was checked before the lock: a second run beside one
+    still going was told to pass --overwrite, which then said the folder was in use."""
+    import os
+
+    from attnkit._files import lock_folder
+    from attnkit.analysis import reproduce as repro
+
+    out = tmp_path / "run"
+    main(["reproduce", "mode-collapse-curves", "--quick", "--out", str(out)])
+    monkeypatch.setitem(repro.TARGETS, "mode-collapse-curves", _interrupt)
+    with pytest.raises(SystemExit):  # leaves the unfinished mark, as a run still going has
+        main(["reproduce", "mode-collapse-curves", "--quick", "--out", str(out), "--overwrite"])
+    held = lock_folder(out, "test")  # the run still going
+    try:
+        with pytest.raises(ValueError, match="is in use by another attnkit reproduce process"):
+            repro.reproduce("lemma1", out, quick=True)
+    finally:
+        os.close(held)

@@ -56,6 +56,7 @@ from ..validators import check_bool, check_seed
 from .report import (
     STAGING_PREFIX,
     ReproduceResult,
+    _lock,
     is_output_name,
     is_unfinished,
     mark_finished,
@@ -141,13 +142,15 @@ def reproduce(
     out = default_output_dir(name) if out is None else Path(out)
     check_output_parents(out)
     # a folder whose earlier run did not finish: that run was an --overwrite of the results still there
-    resumed = is_unfinished(out)
-    finished = _earlier_outputs(out) if resumed and not overwrite else []
-    if finished:  # the mark lets the next run remove the unfinished run's own files, not finished results
-        raise FileExistsError(
-            f"{str(out)!r} holds the finished results of {_earlier_target(out)!r} beside a run that did not "
-            "finish; pass --overwrite to replace them or choose another --out"
-        )
+    if out.is_dir() and not overwrite:
+        _lock(out)  # first: a run still going has an unfinished mark too ("in use", not "did not finish")
+        if is_unfinished(out) and _earlier_outputs(out):
+            # the mark lets the next run remove the unfinished run's own files, not finished results
+            release(out)
+            raise FileExistsError(
+                f"{str(out)!r} holds the finished results of {_earlier_target(out)!r} beside a run that did "
+                "not finish; pass --overwrite to replace them or choose another --out"
+            )
     out_dir = prepare_output_dir(out, overwrite=overwrite)
     try:
         earlier = _earlier_outputs(out_dir) if overwrite else []
