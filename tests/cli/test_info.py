@@ -110,10 +110,15 @@ def test_ctrl_c_while_the_command_starts_is_interrupted_not_a_traceback():
     import sys
     import time
 
-    code = "import sys; sys.argv = ['attnkit', 'info']; from _attnkit_entry import main; main()"
+    # Ctrl-C as a terminal delivers it, whatever the test harness did to the signal (ignored, blocked), then
+    # a line that says the command's import is about to start
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); sys.argv = ['attnkit', 'info']; "
+            "from _attnkit_entry import main; print('starting', flush=True); main()")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(0.5)  # inside the imports (they take seconds)
+                             text=True)
+    assert child.stdout.readline().strip() == "starting"
+    time.sleep(0.2)  # inside main's imports (they take seconds)
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=60)
     assert child.returncode == 130 and err.strip() == "interrupted", (child.returncode, err[-500:])
