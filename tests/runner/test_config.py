@@ -285,3 +285,11 @@ def test_an_alignment_weight_without_alignment_is_refused():
         build_config({"align_weight": 5})
     assert build_config({"align_weight": 5, "align": "ct"}).align_weight == 5
     assert build_config({"align_weight": 0.01}).align == ("none",)  # the default itself: nothing ignored
+
+
+def test_alignment_of_the_no_attention_baseline_alone_is_refused():
+    """--mechanisms none --align ct ran one unaligned run while results.json recorded align ['ct']."""
+    with pytest.raises(ValueError, match=r"align=\['ct'\]: mechanism 'none' .* has no attention to align"):
+        build_config({"mechanisms": "none", "align": "ct"})
+    variants = build_config({"mechanisms": "none,dnas", "align": "none,ct"}).variants
+    assert variants == ("none", "dnas", "dnas+ct")

@@ -278,6 +278,11 @@ class CompareConfig:
                 "without self-attention, which alignment attention regularizes; drop align (or use a "
                 "classification or seq2seq task)"
             )
+        if aligned and names and all(n == NO_ATTENTION for n in names):  # ran unaligned, recorded aligned
+            raise ValueError(
+                f"align={list(self.align)}: mechanism {NO_ATTENTION!r} (the no-attention baseline) has no "
+                "attention to align; add a mechanism to align, or drop align"
+            )
         object.__setattr__(self, "mechanisms", tuple(names))
         _positive_int("seeds", self.seeds)
         _positive_int("seed", self.seed, minimum=0)
