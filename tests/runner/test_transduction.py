@@ -143,3 +143,12 @@ def test_the_paper_presets_all_is_not_fewer_examples_than_quick_on_a_generated_t
     for name in ("copy", "numbers"):
         assert len(load_transduction(name, None, 10).train_src) == GENERATED_TRAIN == 20000
     assert len(load_transduction("copy", 300, 10).train_src) == 300  # a cap is a cap
+
+
+def test_none_for_a_transduction_task_points_at_vanilla():
+    """The README's no-attention baseline 'none' was refused for a transduction task without saying that its
+    own model without attention is 'vanilla'."""
+    from attnkit.runner.transduction import check_model_names
+
+    with pytest.raises(ValueError, match="'vanilla' is this family's model without attention"):
+        check_model_names(["none"])

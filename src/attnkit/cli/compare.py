@@ -71,7 +71,8 @@ def register(app: typer.Typer) -> None:
             None,
             "--task",
             help="reuters8 (default), mlu, another catalog dataset, g2p|numbers|copy|reverse|sort (recurrent "
-            "models: --mechanisms vanilla,additive,dot,gmm,mixed,ctc), or a .json/.jsonl dataset file.",
+            "models: --mechanisms vanilla,additive,bilinear,dot,scaled_dot,gmm,mixed,ctc; vanilla has no "
+            "attention), or a .json/.jsonl dataset file.",
         ),
         mechanisms: Optional[str] = typer.Option(
             None,
@@ -109,7 +110,8 @@ def register(app: typer.Typer) -> None:
         ),
         align: Optional[str] = typer.Option(
             None, "--align",
-            help="Alignment attention per mechanism, e.g. none,gan,ot,ct (weight: --set align_weight=0.01).",
+            help="Alignment attention per mechanism: none and any of gan, ot, ct, mmd (weight: --set "
+            "align_weight=0.01).",
         ),
     ) -> None:
         """Train the same model with several attention mechanisms under the same seeds and budget.

@@ -63,7 +63,10 @@ def check_model_names(names) -> tuple[str, ...]:
     names = tuple(names)
     for name in names:
         if name not in MODELS:
-            raise ValueError(f"unknown model {name!r} for a transduction task; expected names from {MODELS}")
+            hint = " ('vanilla' is this family's model without attention)" if name == "none" else ""
+            raise ValueError(
+                f"unknown model {name!r} for a transduction task; expected names from {MODELS}{hint}"
+            )
     if len(set(names)) != len(names):
         raise ValueError(f"models {list(names)} name a model twice; list each once")
     return names
