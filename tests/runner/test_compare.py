@@ -326,3 +326,60 @@ def test_grad_clip_bounds_the_regularizers_own_gradient_norm(tmp_path, monkeypat
                                             seeds=1, steps=3, grad_clip=1e-4, align_weight=10.0)))
     assert len(seen) == 3 and max(seen) <= 1e-4 * (1 + 1e-5), seen
     assert min(seen) > 0, seen  # the discriminator has gradients to clip
+
+
+def test_hnas_hybrid_weights_take_no_weight_decay(tmp_path, monkeypatch):
+    """compare's AdamW decayed theta towards 0 (u towards 1/2) with every other weight; finetune's Trainer
+    did not. Seen through the optimizer the run builds: theta alone in a group without decay."""
+    import attnkit.runner.train as train
+
+    built = []
+
+    class Spy(torch.optim.AdamW):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(train.torch.optim, "AdamW", Spy)
+    _run(tmp_path, mechanisms="hnas", num_layers=2, max_steps=1, weight_decay=0.5)
+    (optimizer,) = built
+    groups = [(g["weight_decay"], [p.shape for p in g["params"]]) for g in optimizer.param_groups]
+    assert groups[0][0] == 0.5  # a parameter is in one group only: the thetas are not among these
+    assert groups[1] == (0.0, [torch.Size([2]), torch.Size([2])])  # one theta (nhead,) per layer, no decay
+    assert len(groups) == 2
+
+
+def test_a_checkpoint_with_the_hybrid_weights_among_the_decayed_ones_resumes_exactly(tmp_path):
+    """Checkpoints written before the hybrid weights had a group of their own hold one model group: their
+    Adam moments move with theta into the new group (the resumed run equals an uninterrupted one; torch's
+    'different number of parameter groups' error before)."""
+    data = write_classification_file(tmp_path / "topics.json")
+    task = get_task(str(data))
+    common = dict(mechanisms="hnas", seeds=1, steps=8, checkpoint_every=3, eval_every=4, num_layers=2)
+    full = run_compare(build_config(tiny_overrides(data, tmp_path / "full", **common)), task=task)
+
+    def kill(mechanism, seed, step):
+        if step == 5:  # after the checkpoint of step 3
+            raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError, match="killed"):
+        run_compare(build_config(tiny_overrides(data, tmp_path / "cut", **common)), task=task, on_step=kill)
+    state_file = next((tmp_path / "cut").glob("runs/*/checkpoints/step-*/state.pt"))
+    state = torch.load(state_file, weights_only=True)
+    # the old layout: every model parameter in one group, numbered in model.parameters() order
+    config = build_config(tiny_overrides(data, tmp_path / "x", **common))
+    model = task.build_model(config, "hnas", task.prepare(config))
+    names = [n for n, _ in model.named_parameters()]
+    decayed, hybrid = state["optimizer"]["param_groups"]
+    assert len(hybrid["params"]) == 2 and len(decayed["params"]) + 2 == len(names)
+    new_ids = iter(decayed["params"]), iter(hybrid["params"])
+    old_of_new = {next(new_ids[n.endswith(".theta")]): k for k, n in enumerate(names)}
+    state["optimizer"] = {
+        "state": {old_of_new[i]: v for i, v in state["optimizer"]["state"].items()},
+        "param_groups": [{**decayed, "params": list(range(len(names)))}],
+    }
+    torch.save(state, state_file)
+    resumed = run_compare(build_config(tiny_overrides(data, tmp_path / "cut", resume=True, **common)),
+                          task=task)
+    (a,), (b,) = full.runs, resumed.runs
+    assert a["history"] == b["history"] and a["metrics"] == b["metrics"] and a["hybrid_u"] == b["hybrid_u"]

@@ -468,7 +468,8 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=N
         except RuntimeError as exc:  # another model: name what differs (the first line says nothing)
             raise _checkpoint_error(file=state_file, problem=f"does not fit this run's model "
                                     f"({state_mismatch(exc)})") from None
-        optimizer.load_state_dict(state["optimizer"])
+        optimizer.load_state_dict(_split_hybrid_group(state["optimizer"], optimizer,
+                                                      accelerator.unwrap_model(model)))
         scheduler.load_state_dict(state["scheduler"])
         if reg is not None and "regularizer" in state:
             reg._generator.set_state(state["regularizer_rng"])
@@ -478,6 +479,42 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=N
     rng = _read_checkpoint_file(rng_file, _load_rng)
     _read_checkpoint_file(rng_file, lambda f: _set_rng_state(*rng))
     return trainer
+
+
+def hybrid_weight(name: str) -> bool:
+    """Whether the parameter ``name`` is an HNAS hybrid weight (``theta`` of attnkit's modules,
+    ``attnkit_theta`` of a converted model): it takes no weight decay, which would pull every ``u`` towards
+    1/2 (``theta = 0``) whatever the task wants."""
+    return name.rsplit(".", 1)[-1] in ("theta", "attnkit_theta")
+
+
+def _split_hybrid_group(saved: dict, optimizer, model) -> dict:
+    """``saved`` (an optimizer state_dict) in ``optimizer``'s layout of parameter groups: checkpoints written
+    before the hybrid weights had a group of their own kept them in the first group with the other model
+    parameters (decayed); they move to the second, undecayed group with their Adam moments, so that such a run
+    resumes (without decay from there on)."""
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    now = optimizer.state_dict()["param_groups"]
+    if not isinstance(groups, list) or len(groups) != len(now) - 1 or len(now) < 2 or not all(
+        isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups
+    ):
+        return saved
+    hybrid = [hybrid_weight(n) for n, _ in model.named_parameters()]
+    if not any(hybrid) or len(groups[0]["params"]) != len(hybrid) or now[1].get("weight_decay") != 0.0:
+        return saved
+    old = groups[0]["params"]  # saved ids in model.parameters() order
+    kept = [i for i, h in zip(old, hybrid) if not h]
+    moved = [i for i, h in zip(old, hybrid) if h]
+    first = {**groups[0], "params": kept}
+    second = {**groups[0], "params": moved, "weight_decay": 0.0}
+    # the optimizer numbers its parameters in group order: renumber so that ids follow the new layout
+    order = kept + moved + [i for g in groups[1:] for i in g["params"]]
+    renumber = {old_id: new_id for new_id, old_id in enumerate(order)}
+    regroup = [first, second, *groups[1:]]
+    return {
+        "state": {renumber[i]: v for i, v in saved.get("state", {}).items() if i in renumber},
+        "param_groups": [{**g, "params": [renumber[i] for i in g["params"]]} for g in regroup],
+    }
 
 
 def _check_checkpoint_run(path: Path, trainer: dict, mechanism: str, seed: int, total: int,

@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from .checkpoints import (
-    RESULT_FILE, data_fingerprint, finished_result, latest_checkpoint, load_checkpoint_everywhere,
-    run_expectations, save_checkpoint,
+    RESULT_FILE, data_fingerprint, finished_result, hybrid_weight, latest_checkpoint,
+    load_checkpoint_everywhere, run_expectations, save_checkpoint,
 )
 from .config import CompareConfig
 
@@ -253,7 +253,11 @@ def train_run(
         from ..align import AlignmentRegularizer
 
         reg = AlignmentRegularizer(model, method=align, weight=getattr(config, "align_weight", 0.01))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    named = list(model.named_parameters())
+    optimizer = torch.optim.AdamW([p for n, p in named if not hybrid_weight(n)], lr=config.lr,
+                                  weight_decay=config.weight_decay)
+    if any(hybrid_weight(n) for n, _ in named):  # HNAS's theta: no decay towards u = 1/2
+        optimizer.add_param_group({"params": [p for n, p in named if hybrid_weight(n)], "weight_decay": 0.0})
     if reg is not None and any(True for _ in reg.parameters()):
         optimizer.add_param_group({"params": list(reg.parameters()), "weight_decay": 0.0})
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config.warmup_steps, total))
