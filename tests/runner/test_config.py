@@ -293,3 +293,35 @@ def test_alignment_of_the_no_attention_baseline_alone_is_refused():
         build_config({"mechanisms": "none", "align": "ct"})
     variants = build_config({"mechanisms": "none,dnas", "align": "none,ct"}).variants
     assert variants == ("none", "dnas", "dnas+ct")
+
+
+def test_the_readme_preset_table_lists_what_each_preset_sets():
+    """The README's table of presets (every key, per task family and preset) equals the resolved configs:
+    a preset changed in code without its table is caught."""
+    from pathlib import Path
+
+    from attnkit.runner.config import _UNUSED_KEYS, PRESETS, TASK_KINDS
+
+    columns = [("reuters8", "quick"), ("reuters8", "paper"), ("mlu", "quick"), ("mlu", "paper"),
+               ("g2p", "quick"), ("g2p", "paper")]
+    configs = [build_config({"task": t, "preset": p}) for t, p in columns]
+    readme = Path(__file__).resolve().parents[2].joinpath("README.md").read_text(encoding="utf-8")
+    table = [line for line in readme.splitlines() if line.startswith("| `")
+             and line.count(" | ") == len(columns)]
+
+    def cell(task, key, value):
+        if key in _UNUSED_KEYS[TASK_KINDS[task]][0]:
+            return "-"
+        if value is None:
+            return "torch default" if key == "threads" else "all"
+        if isinstance(value, tuple):
+            return ",".join(value)
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    keys = [line.split("`")[1] for line in table]
+    assert len(keys) == len(set(keys)) == 22, keys
+    preset_keys = {k for family in PRESETS.values() for preset in family.values() for k in preset}
+    assert preset_keys <= set(keys), sorted(preset_keys - set(keys))
+    for line, key in zip(table, keys):
+        expected = [cell(t, key, getattr(c, key)) for (t, _), c in zip(columns, configs)]
+        assert line == f"| `{key}` | " + " | ".join(expected) + " |"

@@ -39,9 +39,10 @@ PROGRESS: tuple[str, ...] = ("auto", "rich", "tqdm", "none")
 PRESET_NAMES: tuple[str, ...] = ("quick", "paper")
 TRACKERS: tuple[str, ...] = ("tensorboard",)  # Accelerate trackers that ``log_with`` accepts
 
-# Hyperparameters per task kind and preset. ``quick`` fits the default comparison (five mechanisms x two
-# seeds on Reuters-R8) in about ten minutes on two CPU cores; ``paper`` is the largest setting that still
-# trains on a CPU in under an hour (the papers trained for 100K steps on GPUs).
+# Hyperparameters per task kind and preset (the README's table lists them; tests/runner/test_config.py keeps
+# it true). ``quick`` fits the default comparison (five mechanisms and the baseline x two seeds on Reuters-R8)
+# in about three minutes on two CPU cores; ``paper`` is larger (on Reuters-R8 about three hours on two cores;
+# the papers trained for 100K steps on GPUs).
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "classification": {
         "quick": dict(
