@@ -188,7 +188,10 @@ def test_a_causal_example_is_found_beside_a_bidirectional_one():
     prefix = causal.clone()
     prefix[:2, :2] = True  # the first two positions see each other
     assert _pattern(torch.stack([causal, prefix])[:, None])
-    assert not _pattern(torch.stack([causal.T, torch.ones(4, 4, dtype=torch.bool)])[:, None])
+    assert not _pattern(torch.stack([torch.ones(4, 4, dtype=torch.bool)] * 2)[:, None])
+    # right to left (a backward LM): query i sees the keys after it, whose columns later-in-that-order
+    # queries share; it leaked 0.37 through dnas (accepted as "not causal" before)
+    assert _pattern(torch.stack([causal.T, torch.ones(4, 4, dtype=torch.bool)])[:, None])
 
 
 def _prefix_lm(L: int, P: int) -> torch.Tensor:
@@ -243,7 +246,8 @@ def test_a_causal_float_mask_of_finite_large_negatives_is_refused_for_query_norm
     with pytest.raises(ValueError, match="causal pattern"):
         ak.attention(q, k, v, "dnas", attn_mask=bias)
     ak.attention(q, k, v, "softmax", attn_mask=bias)
-    ak.attention(q, k, v, "dnas", attn_mask=bias.T.contiguous())  # not causal: kept
+    with pytest.raises(ValueError, match="causal pattern"):  # right to left: an order all the same
+        ak.attention(q, k, v, "dnas", attn_mask=bias.T.contiguous())
     soft = torch.full((6, 6), -50.0, dtype=torch.float64).triu(1)  # a soft bias, not a mask: kept
     ak.attention(q, k, v, "dnas", attn_mask=soft)
 
@@ -318,3 +322,49 @@ def test_a_batch_size_mismatch_names_the_fix():
         check_qkv(q, k, k)
     with pytest.raises(ValueError, match="batch sizes differ.*one key/value sequence per query sequence"):
         check_qkv(torch.randn(3, 1, 3, 4), q, q)
+
+
+def _block_causal(L: int, chunk: int) -> torch.Tensor:
+    blocks = torch.ones(L // chunk, L // chunk, dtype=torch.bool).tril()
+    return blocks.repeat_interleave(chunk, 0).repeat_interleave(chunk, 1)  # (L, L)
+
+
+@pytest.mark.parametrize("mechanism", ["dnas", "hnas", "sinkhorn"])
+def test_block_causal_permuted_and_right_to_left_orders_are_refused_where_they_leak(mechanism):
+    """Chunks that see themselves and the chunks before (streaming, semi-autoregressive decoders), an XLNet
+    permutation order and a right-to-left order were accepted: editing token 5 moved chunk 0's dnas outputs by
+    0.51 (softmax's by 0)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 6, 8) for _ in range(3))
+    block = _block_causal(6, 2)
+    q2 = q.clone()
+    q2[..., 5, :] += 3.0
+    moved = (ak.attention(q2, k, v, "softmax", attn_mask=block)
+             - ak.attention(q, k, v, "softmax", attn_mask=block))
+    assert moved[..., :2, :].abs().max() == 0  # softmax: chunk 0 does not see token 5, nothing leaks
+    rank = torch.empty(6, dtype=torch.long)
+    rank[torch.tensor([2, 0, 4, 1, 5, 3])] = torch.arange(6)
+    permuted = rank[None, :] <= rank[:, None]  # query i sees key j iff j comes no later in the order
+    right_to_left = torch.ones(6, 6, dtype=torch.bool).triu()
+    for pattern in (block, block.float().log(), permuted, right_to_left, _block_causal(12, 3)):
+        n = pattern.shape[-1]
+        with pytest.raises(ValueError, match="causal pattern"):
+            ak.attention(*(torch.randn(1, 1, n, 8) for _ in range(3)), mechanism, attn_mask=pattern)
+        ak.attention(*(torch.randn(1, 1, n, 8) for _ in range(3)), "softmax", attn_mask=pattern)
+    # padding merged into a block-causal mask (Hugging Face's 4-D form) is judged on the real tokens
+    padded = _block_causal(8, 2) & torch.tensor([True] * 6 + [False] * 2)
+    with pytest.raises(ValueError, match="causal pattern"):
+        ak.attention(*(torch.randn(1, 1, 8, 8) for _ in range(3)), mechanism, attn_mask=padded)
+
+
+def test_orders_of_two_key_sets_and_hidden_pairs_are_not_read_as_orders():
+    """What the order rule leaves alone: a bidirectional block and a block that sees it and itself (global
+    or register tokens), one pair hidden in a bidirectional mask, a window, two blocks of packed sequences."""
+    two_blocks = _block_causal(6, 3)
+    hidden_pair = torch.ones(6, 6, dtype=torch.bool)
+    hidden_pair[0, 1] = False
+    i = torch.arange(6)
+    window = (i[:, None] - i[None, :]).abs() <= 1
+    packed = torch.block_diag(torch.ones(3, 3), torch.ones(3, 3)).bool()
+    for pattern in (two_blocks, hidden_pair, window, packed):
+        assert not _pattern(pattern, 6, 6), pattern.int()

@@ -424,8 +424,9 @@ def check_causal_pattern(config: MechanismConfig, mask: MaskInfo, source: str = 
     problem = causal_problem(config)
     if problem is not None and not mask.causal and causal_pattern(mask):
         raise ValueError(
-            f"{source} is a causal pattern (no query sees a later key, or a prefix-LM one: a bidirectional "
-            f"prefix, then no query sees a later key): {problem}"
+            f"{source} is a causal pattern (no query sees a later key; or a prefix-LM one: a bidirectional "
+            f"prefix, then no query sees a later key; or another order, in which each query's keys are "
+            f"within those of a query it may not see: block-causal, right-to-left, permuted): {problem}"
         )
 
 

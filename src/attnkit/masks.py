@@ -295,6 +295,7 @@ def causal_pattern(mask: MaskInfo) -> bool:
     for offset, patterns, _ in checks:
         if patterns is not None:
             maybe = maybe | _maybe_causal(patterns, offset)
+    maybe = maybe | _maybe_ordered(soft)
     shape = _batch_shape(soft, key, query)
     for index in maybe.expand(shape).nonzero().tolist():
         for offset, patterns, own_key in checks:
@@ -306,7 +307,7 @@ def causal_pattern(mask: MaskInfo) -> bool:
                 if m is not None:
                     p = _and(p, m[_at(index, m)])
                     real = m[_at(index, m)].expand(Lq, Lk) if real is None else _and(real, m[_at(index, m)])
-            if _causal_leaks(p, real, offset, own_key):
+            if _causal_leaks(p, real, offset, own_key) or _ordered_leaks(p, offset):
                 return True
             if offset == 0 and Lq == Lk and _prefix_lm_leaks(p) and bool(_any(p.triu(1))):
                 return True
@@ -555,6 +556,47 @@ def _prefix_lm_leaks(p: Tensor) -> bool:
     last_later = _last_true(later, 0)  # (Lk,): the last such position that sees each key
     shares = (p & (last_later[None, :] > rows[:, None])).any(-1)  # (L,)
     return bool(((p.sum(-1) >= 2) & shares).any())
+
+
+def _maybe_ordered(patterns: Optional[Tensor]) -> Tensor:
+    """Which ``(Lq, Lk)`` patterns of ``patterns`` ``(B|1, H|1)`` have queries that see different numbers of
+    keys (queries that see none left out): the only ones ``_ordered_leaks`` can flag."""
+    if patterns is None or patterns.shape[-1] != patterns.shape[-2]:
+        return torch.zeros((), dtype=torch.bool)
+    counts = patterns.sum(-1)  # (B|1, H|1, Lq)
+    seen = counts > 0
+    top = counts.masked_fill(~seen, 0).amax(-1)
+    low = counts.masked_fill(~seen, patterns.shape[-1] + 1).amin(-1)
+    return seen.any(-1) & (low < top)
+
+
+def _ordered_leaks(p: Tensor, offset: int) -> bool:
+    """Whether the pattern ``p`` (``(Lq, Lk)``, padding merged; query ``i`` at key position ``i + offset``)
+    orders its queries so that a query-normalized mechanism leaks: the key sets of the queries that see
+    some key form a chain (each one within the next) and are not all the same, as in causal orders of any
+    kind: block-causal (chunked, streaming), right-to-left, permuted (XLNet) or prefix-LM; which are orders:
+    no query sees the position of a query that sees more keys (seeing is transitive); and a query that
+    sees two keys or more cannot see the position of a query whose key set holds its own and more (whose
+    content enters the shared keys' column normalization). Patterns that are no such order (windows, a pair
+    hidden in a bidirectional mask, patterns of one's own) are not judged here, nor orders of two key sets
+    (a bidirectional block and one that sees it and itself: also the pattern of global or register tokens
+    that read everything and are read by none), nor rectangular patterns (``Lq != Lk``)."""
+    Lq, Lk = p.shape
+    if Lq != Lk or offset != 0:
+        return False
+    counts = p.sum(-1)  # (Lq,)
+    real = counts > 0
+    held = counts[real]
+    if held.numel() < 3 or int(held.unique().numel()) < 3:
+        return False
+    rows = p[real][held.argsort()]  # (n, Lk): the key sets, growing
+    if bool((rows[:-1] & ~rows[1:]).any()):
+        return False  # some set is not within the next one: no chain
+    sees = p[:, offset:offset + Lq]  # (Lq, Lq): query i sees the position of query i'
+    more = (counts[None, :] > counts[:, None]) & real[None, :]  # (Lq, Lq): i' sees i's keys and more
+    if bool((sees & more).any()):
+        return False  # not an order: a query sees a position that sees more than it (one hidden pair)
+    return bool((more & ~sees & (counts >= 2)[:, None]).any())
 
 
 def _leaks(p: Tensor) -> bool:
