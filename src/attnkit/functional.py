@@ -236,9 +236,29 @@ def attention(
 
     Under ``torch.autocast`` floating ``q``, ``k``, ``v`` (not float64) are cast to the autocast dtype first,
     as autocast does for SDPA, so that every route computes and returns in that dtype (the C++ kernels, which
-    autocast does not see, returned float32 where SDPA and the reference returned bfloat16).
+    autocast does not see, returned float32 where SDPA and the reference returned bfloat16); the routes then
+    run as for inputs given in that dtype, with autocast off (it recast the reference's and the block
+    sweeps' float32 score products to bfloat16: logits 10-20x less accurate than the same call outside it).
     """
     q, k, v = _autocast_inputs(q, k, v)
+    with _autocast_off(q):
+        return _attention(q, k, v, mechanism, key_mask, query_mask, attn_mask, causal, scale, dropout_p,
+                          hybrid_weight, sinkhorn_iters, return_weights, backend)
+
+
+def _autocast_off(q):
+    """A context without autocast on ``q``'s device where it is on (else one that does nothing)."""
+    device = q.device.type if isinstance(q, Tensor) else "cpu"
+    try:
+        on = torch.is_autocast_enabled(device)
+    except RuntimeError:  # a device type without autocast
+        on = False
+    return torch.autocast(device, enabled=False) if on else contextlib.nullcontext()
+
+
+def _attention(q, k, v, mechanism, key_mask, query_mask, attn_mask, causal, scale, dropout_p, hybrid_weight,
+               sinkhorn_iters, return_weights, backend):
+    """``attention`` past the autocast cast of its inputs."""
     config, mask, scale, dropout_p = _boundary(
         q, k, v, mechanism, key_mask, query_mask, attn_mask, causal, scale, dropout_p, hybrid_weight,
         sinkhorn_iters, backend,
