@@ -233,6 +233,38 @@ def _reads(source: str) -> bool:
     ("def forward(self, x, y, **kwargs):\n    n = kwargs.pop('num_items_in_batch', None)\n"
      "    print('items', n)\n    return F.cross_entropy(x, y)", False),
     ("def forward(self, x, y, **kwargs):\n    return self.lm(x, y, **kwargs)", False),  # a wrapper
+    # the third look: a count of one's own set in a block (transformers' `if labels is not None:`), in a
+    # with or try body, or after the Trainer's; torch.log and a dtype cast carry the count
+    ("def forward(self, x, labels=None, num_items_in_batch=None):\n    loss = None\n"
+     "    if labels is not None:\n        num_items_in_batch = (labels != -100).sum()\n"
+     "        loss = F.cross_entropy(x, labels, reduction='sum') / num_items_in_batch\n"
+     "    return loss", False),
+    ("def forward(self, x, y, num_items_in_batch=None):\n    with torch.no_grad():\n"
+     "        num_items_in_batch = (y != -100).sum()\n"
+     "    return F.cross_entropy(x, y, reduction='sum') / num_items_in_batch", False),
+    ("def forward(self, x, y, num_items_in_batch=None):\n    try:\n        n = (y != -100).sum()\n"
+     "    finally:\n        pass\n    return F.cross_entropy(x, y, reduction='sum') / n", False),
+    ("def forward(self, x, y, num_items_in_batch=None):\n    self.n = num_items_in_batch\n"
+     "    self.n = (y != -100).sum()\n    return F.cross_entropy(x, y, reduction='sum') / self.n", False),
+    ("def forward(self, x, y, **kwargs):\n    n = kwargs.get('num_items_in_batch')\n    n = y.numel()\n"
+     "    return F.cross_entropy(x, y, reduction='sum') / n", False),
+    ("def forward(self, x, y, num_items_in_batch=None):\n"
+     "    return F.cross_entropy(x, y, reduction='sum') / torch.log(num_items_in_batch)", True),
+    ("def forward(self, x, y, num_items_in_batch=None):\n    loss = F.cross_entropy(x, y, reduction='sum')\n"
+     "    return loss / num_items_in_batch.type(loss.dtype)", True),
+    ("def forward(self, x, y, num_items_in_batch=None):\n    denom = 1\n    denom *= num_items_in_batch\n"
+     "    return F.cross_entropy(x, y, reduction='sum') / denom", True),
+    ("def forward(self, x, y, num_items_in_batch=None):\n    for n in [num_items_in_batch]:\n"
+     "        loss = F.cross_entropy(x, y, reduction='sum') / n\n    return loss", True),
+    # read without a loss: one of a pair, a counter, a log line, a test choosing the reduction
+    ("def forward(self, x, y, num_items_in_batch=None):\n    logits, n = self.lin(x), num_items_in_batch\n"
+     "    return F.cross_entropy(logits, y)", False),
+    ("def forward(self, x, y, num_items_in_batch=None):\n    self.seen += int(num_items_in_batch)\n"
+     "    return F.cross_entropy(x, y)", False),
+    ("def forward(self, x, y, num_items_in_batch=None):\n"
+     "    logger.info('items: {}'.format(num_items_in_batch))\n    return F.cross_entropy(x, y)", False),
+    ("def forward(self, x, y, num_items_in_batch=None):\n"
+     "    return F.cross_entropy(x, y, reduction='sum' if bool(num_items_in_batch) else 'mean')", False),
 ])
 def test_only_a_count_the_loss_is_divided_by_or_handed_on_reads_as_normalizing(body, normalizes):
     """Any mention of num_items_in_batch read as normalizing: a forward that popped it and dropped it, deleted

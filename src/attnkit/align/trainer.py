@@ -46,10 +46,13 @@ def _normalizes_by_items(model) -> bool:
     source: a call of ``loss_function`` given ``**kwargs``, or the Trainer's count (the parameter
     ``num_items_in_batch``, or ``kwargs["num_items_in_batch"]`` / ``kwargs.get(...)`` / ``kwargs.pop(...)``,
     and names assigned from them) divided by or passed to a call, as a model of one's own does. A count
-    only compared, deleted or popped and dropped does not normalize, nor does a local of that name computed
-    by the forward itself. A ``forward`` whose source cannot be read is taken to normalize (the Trainer's
-    own reading); a forward that hands everything to another model (``self.lm(**kwargs)``) is read as not
-    normalizing: ``trainer.loss_is_scaled_for_ga`` overrides the reading."""
+    only compared, deleted or popped and dropped, converted (``int(n)``), logged or formatted does not
+    normalize, nor does a count the forward sets itself before it reads it (the latest assignment before
+    the read, in its block or one around it, or in a with/try body before it: transformers' ``if labels is
+    not None: n = ...; loss = ... / n``; a fallback under an ``if n is None:`` keeps the Trainer's count).
+    A ``forward`` whose source cannot be read is taken to normalize (the Trainer's own reading); a forward
+    that hands everything to another model (``self.lm(**kwargs)``) is read as not normalizing:
+    ``trainer.loss_is_scaled_for_ga`` overrides the reading."""
     import ast
     import inspect
     import textwrap
@@ -86,33 +89,70 @@ def _normalizes_by_items(model) -> bool:
             return f"{node.value.id}.{node.attr}"
         return None
 
+    parents = {child: node for node in ast.walk(function) for child in ast.iter_child_nodes(node)}
+
     def carries(node, aliases) -> bool:  # an expression that holds the Trainer's count (not a test, a text)
         if isinstance(node, (ast.Compare, ast.JoinedStr)):
             return False
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and _text(node.left):  # "%d" % n
+            return False
         if isinstance(node, ast.Call) and _only_reads(node):  # isinstance(n, ...), print(n), log.info(n)
             return False
-        if looks_up(node) or (isinstance(getattr(node, "ctx", None), ast.Load) and key(node) in aliases):
+        if isinstance(node, ast.IfExp):  # its test is a test: 'sum' if n else 'mean'
+            return carries(node.body, aliases) or carries(node.orelse, aliases)
+        if looks_up(node):
             return True
+        if isinstance(getattr(node, "ctx", None), ast.Load) and key(node) in aliases:
+            return not overwritten(node, aliases)
         return any(carries(child, aliases) for child in ast.iter_child_nodes(node))
+
+    def sets(statement, name: str, aliases) -> Optional[bool]:  # True: a count of the forward's own
+        if isinstance(statement, (ast.With, ast.AsyncWith, ast.Try)):  # bodies that run: their last word
+            return next((found for s in reversed(statement.body)
+                         if (found := sets(s, name, aliases)) is not None), None)
+        values = [value for targets, value in assigned([statement]) if name in targets]
+        return None if not values else not any(carries(value, aliases) for value in values)
+
+    def overwritten(use, aliases) -> bool:
+        """Whether the load ``use`` reads a count the forward set itself: an earlier statement of a block
+        around it (or of a with/try body before it) assigns that name from something that is not the count
+        (``if labels is not None: n = (labels != -100).sum(); loss = ... / n``; but not a fallback under an
+        if, which the load after that if may or may not read)."""
+        name, node = key(use), use
+        while node in parents:
+            parent = parents[node]
+            for field in ("body", "orelse", "finalbody"):
+                block = getattr(parent, field, None)
+                if isinstance(block, list) and node in block:  # the latest assignment before it decides
+                    found = next((found for s in reversed(block[:block.index(node)])
+                                  if (found := sets(s, name, aliases)) is not None), None)
+                    if found is not None:
+                        return found
+            node = parent
+        return False
 
     def assigned(nodes) -> list[tuple[list[str], ast.AST]]:  # (target names, value) of the assignments
         found = []
         for node in nodes:
             if isinstance(node, ast.Assign):
-                targets = [key(n) for t in node.targets  # unpacked or not (not d["k"] = ...)
-                           for n in ([t] if key(t) else getattr(t, "elts", [])) if key(n)]
-                found.append((targets, node.value))
+                for target in node.targets:
+                    value = node.value
+                    pairs = (zip(target.elts, value.elts) if isinstance(target, ast.Tuple)
+                             and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts)
+                             else [(target, value)])  # a, n = x, count: n alone takes the count
+                    for t, value in pairs:
+                        names = [key(n) for n in ([t] if key(t) else getattr(t, "elts", [])) if key(n)]
+                        found.append((names, value))  # unpacked or not (not d["k"] = ...)
             elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
                 found.append(([key(node.target)] if key(node.target) else [], node.value))
+            elif isinstance(node, ast.AugAssign) and key(node.target):  # denom *= count
+                found.append(([key(node.target)], node.value))
+            elif isinstance(node, (ast.For, ast.AsyncFor)) and key(node.target):  # for n in [count]
+                found.append(([key(node.target)], node.iter))
         return found
 
     assignments = assigned(ast.walk(function))
-    aliases = set()
-    if _COUNT in names:  # the parameter, unless the forward always sets its own first (a statement of its
-        # body, not a fallback under an if: labels.ne(-100).sum() for every call)
-        values = [v for targets, v in assigned(function.body) if _COUNT in targets]
-        if not values or any(carries(v, {_COUNT}) for v in values):
-            aliases.add(_COUNT)
+    aliases = {_COUNT} if _COUNT in names else set()  # the parameter (where not overwritten before a read)
     grown = True
     while grown:  # names assigned from the count, from names assigned from it, ...
         grown = False
@@ -130,7 +170,8 @@ def _normalizes_by_items(model) -> bool:
         elif isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Div, ast.FloorDiv)):
             if carries(node.value, aliases):
                 return True
-        elif isinstance(node, ast.Call) and not looks_up(node) and not _only_reads(node):
+        elif isinstance(node, ast.Call) and not looks_up(node) and not _only_reads(node) \
+                and not _converts(node):  # int(n) alone computes no loss (loss / int(n) does, above)
             if any(carries(a, aliases) for a in node.args):
                 return True
             for k in node.keywords:  # num_items_in_batch=..., any name, or **{"num_items_in_batch": n}
@@ -142,13 +183,36 @@ def _normalizes_by_items(model) -> bool:
     return False
 
 
+def _text(node) -> bool:
+    """A string constant (the left side of ``"..." % n``, the receiver of ``"...".format(n)``)."""
+    import ast
+
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def _converts(call) -> bool:
+    """``int(n)``, ``float(n)``, ``bool(n)``, ...: a call that hands back the value converted, which carries
+    the count into what uses it but computes no loss itself."""
+    return getattr(call.func, "id", None) in ("int", "float", "bool", "abs", "round")
+
+
 def _only_reads(call) -> bool:
-    """A call that reads a value without computing a loss with it: isinstance, print, a logger's or
-    warnings' message."""
+    """A call that reads a value without computing a loss with it: isinstance, print, type, a text
+    (``str(n)``, ``"...".format(n)``), a message to a logger or to warnings (``logger.info``,
+    ``logging.warning``, ``warnings.warn``: not ``torch.log`` or a tensor's ``n.type(dtype)``)."""
+    import ast
+
     func = call.func
-    name = getattr(func, "id", None) or getattr(func, "attr", None)
-    return name in ("isinstance", "print", "type", "repr", "str", "id", "hasattr", "warn", "debug", "info",
-                    "warning", "error", "log", "exception")
+    if isinstance(func, ast.Name):
+        return func.id in ("isinstance", "print", "type", "repr", "str", "id", "hasattr")
+    if not isinstance(func, ast.Attribute):
+        return False
+    if func.attr == "format" and _text(func.value):
+        return True
+    receiver = ast.unparse(func.value).lower()
+    return ("log" in receiver or "warn" in receiver) and receiver not in ("torch", "math", "np", "numpy") \
+        and func.attr in ("warn", "debug", "info", "warning", "warning_once", "info_once", "error", "log",
+                          "exception", "critical")
 
 
 @lru_cache(maxsize=None)
