@@ -3,6 +3,8 @@ query padding, state_dict compatibility, the learnable hybrid weight and argumen
 
 from __future__ import annotations
 
+import copy
+
 import warnings
 
 import numpy as np
@@ -287,7 +289,7 @@ def test_torch_state_dict_loads_and_hnas_adds_only_theta(kwargs):
 
 
 @pytest.mark.parametrize("build", ["multihead", "transformer", "content"])
-def test_a_meta_built_hnas_module_gets_u0_from_a_load_without_theta(build):
+def test_a_meta_built_hnas_module_gets_u0_from_a_load_without_theta(build, monkeypatch):
     """Built on the meta device, given memory by to_empty() and loaded strictly from a torch state_dict:
     "All keys matched" and theta kept what was in memory (u 0 on some heads, NaN outputs for a NaN); with
     assign=True theta stayed on meta ("hybrid_weight is on meta")."""
@@ -304,10 +306,9 @@ def test_a_meta_built_hnas_module_gets_u0_from_a_load_without_theta(build):
     weights = {k: v for k, v in reference.state_dict().items() if not k.endswith("theta")}
     with torch.device("meta"):
         empty = make()
-    empty.to_empty(device="cpu")
-    for name, p in empty.named_parameters():
-        if name.endswith("theta"):
-            p.data = torch.full_like(p, float("nan"))  # what the memory held (not set in place: no version)
+    with monkeypatch.context() as m:  # the memory to_empty() gives holds NaN
+        m.setattr(torch, "empty_like", lambda t, **kw: torch.full_like(t, float("nan"), **kw))
+        empty.to_empty(device="cpu")
     assert empty.load_state_dict(weights).missing_keys == []
     with torch.device("meta"):
         assigned = make()
@@ -324,8 +325,23 @@ def test_a_meta_built_hnas_module_gets_u0_from_a_load_without_theta(build):
         for n, p in chosen.named_parameters():
             if n.endswith("theta"):
                 torch.nn.init.constant_(p, 2.0)
-    chosen.load_state_dict(weights)
-    assert all(p.eq(2.0).all() for n, p in chosen.named_parameters() if n.endswith("theta"))
+    # the second look: the user's value survives a deepcopy and the conversion flags; a second to_empty()
+    # gives u0 again (its memory was whatever it was, with the version counter of the first)
+    copied = copy.deepcopy(chosen)
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        converted = copy.deepcopy(chosen).double().float()
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(False)
+    again = copy.deepcopy(chosen)
+    with monkeypatch.context() as m:
+        m.setattr(torch, "empty_like", lambda t, **kw: torch.full_like(t, float("nan"), **kw))
+        again.to_empty(device="cpu")
+    users = float(torch.sigmoid(torch.tensor(2.0)))
+    for model, expected in ((chosen, users), (copied, users), (converted, users), (again, 0.3)):
+        model.load_state_dict(weights)
+        u = torch.sigmoid(torch.cat([p.detach() for n, p in model.named_parameters() if n.endswith("theta")]))
+        torch.testing.assert_close(u, torch.full_like(u, expected))
     trained = make()  # a module with values keeps them, as documented
     with torch.no_grad():
         next(p for n, p in trained.named_parameters() if n.endswith("theta")).fill_(2.0)

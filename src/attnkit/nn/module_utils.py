@@ -145,12 +145,23 @@ class HybridWeightAccess:
         """``sigmoid(theta)`` with its gradient, or ``None`` when the mechanism is not hnas."""
         return sigmoid_weight(self.theta) if self.theta is not None else None
 
+    def _apply(self, fn, recurse: bool = True):
+        """torch's ``_apply``; after ``to_empty()`` (which leaves whatever memory held, NaN too) an hnas
+        ``theta`` gets ``logit(u0)``, as a newly built module has it: it is not in every state_dict
+        (torch's modules have none), so a load after ``to_empty()`` may leave it as it is."""
+        module = super()._apply(fn, recurse)
+        if self.theta is not None and _from_to_empty(fn) and not self.theta.is_meta:
+            with torch.no_grad():
+                self.theta.fill_(initial_theta(self._hybrid_config()))
+            self._theta_unset = False
+        return module
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs) -> None:
         """torch's loading, except that a state_dict without ``theta`` loads into an hnas module, whose
-        ``theta`` then keeps its value (``logit(u0)`` when new, and when built on the meta device and
-        never set since: ``to_empty`` left whatever was in memory), and that a strict load of an hnas layer's
-        ``theta`` into a module of another mechanism says so (torch says only "Unexpected key(s)")."""
+        ``theta`` then keeps its value (``logit(u0)`` when new or after ``to_empty()``, and when built on
+        the meta device and loaded with ``assign=True``), and that a strict load of an hnas layer's ``theta``
+        into a module of another mechanism says so (torch says only "Unexpected key(s)")."""
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
         key = prefix + "theta"
@@ -168,26 +179,24 @@ class HybridWeightAccess:
 
     def _init_unset_theta(self, state_dict, prefix: str) -> None:
         """``theta = logit(u0)`` where it never had a value: a module built on the meta device, then given
-        memory (``to_empty``: whatever was there, NaN too) or its other weights by ``assign=True`` (theta
-        left on meta), as a newly built module has it."""
-        if not getattr(self, "_theta_unset", False):
-            return
-        if not self.theta.is_meta and self.theta._version != 0:  # set in place since to_empty() (the user's
-            self._theta_unset = False  # nn.init / copy_ of a trained value): kept, as the docstring says
+        its other weights by ``assign=True`` (theta left on meta), as a newly built module has it."""
+        if not getattr(self, "_theta_unset", False) or not self.theta.is_meta:
             return
         value = initial_theta(self._hybrid_config())
-        if self.theta.is_meta:  # load_state_dict(..., assign=True): the weights' device and dtype
-            like = next((v for k, v in state_dict.items()  # (children load after their parent)
-                         if k.startswith(prefix) and isinstance(v, Tensor) and not v.is_meta), None)
-            if like is None:
-                return
-            dtype = like.dtype if like.is_floating_point() else self.theta.dtype
-            full = torch.full(self.theta.shape, value, device=like.device, dtype=dtype)
-            self.theta = nn.Parameter(full, requires_grad=self.theta.requires_grad)
-        else:
-            with torch.no_grad():
-                self.theta.fill_(value)
+        # load_state_dict(..., assign=True): the weights' device and dtype
+        like = next((v for k, v in state_dict.items()  # (children load after their parent)
+                     if k.startswith(prefix) and isinstance(v, Tensor) and not v.is_meta), None)
+        if like is None:
+            return
+        dtype = like.dtype if like.is_floating_point() else self.theta.dtype
+        full = torch.full(self.theta.shape, value, device=like.device, dtype=dtype)
+        self.theta = nn.Parameter(full, requires_grad=self.theta.requires_grad)
         self._theta_unset = False
+
+
+def _from_to_empty(fn) -> bool:
+    """Whether ``fn`` (given to ``nn.Module._apply``) is ``to_empty()``'s: new memory, no values."""
+    return getattr(fn, "__qualname__", "").startswith("Module.to_empty.")
 
 
 def _loading_strictly() -> bool:
