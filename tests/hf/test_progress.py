@@ -215,3 +215,34 @@ def test_a_head_for_the_same_labels_in_another_order_is_reordered_not_replaced(t
     assert torch.equal(loaded.classifier.weight.detach(), saved["classifier.weight"][order])
     assert torch.equal(loaded.classifier.bias.detach(), saved["classifier.bias"][order])
     assert any("same labels in another order" in line for line in lines)
+
+
+def test_a_head_outside_the_usual_names_is_reordered_or_replaced_as_said(tmp_path):
+    """XLNet's head (sequence_summary, logits_proj) is none of HEAD_PREFIXES: it was neither reordered nor
+    replaced while the log said "a new one is randomly initialized" (labels came out permuted); an id2label
+    whose keys are not 0..n-1 was a bare KeyError."""
+    import transformers as T
+    from safetensors.torch import load_file
+
+    from attnkit.hf.progress import load_classifier
+
+    names = ["earn", "trade", "acq"]
+    torch.manual_seed(0)
+    config = T.XLNetConfig(vocab_size=64, d_model=16, n_layer=1, n_head=2, d_inner=32, num_labels=3,
+                           id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
+    T.XLNetForSequenceClassification(config).save_pretrained(tmp_path / "xlnet")
+    saved = load_file(tmp_path / "xlnet" / "model.safetensors")
+    asked = ["acq", "earn", "trade"]
+    loaded = load_classifier(str(tmp_path / "xlnet"), log=lambda line: None, num_labels=3,
+                             id2label=dict(enumerate(asked)), label2id={n: i for i, n in enumerate(asked)})
+    order = [names.index(n) for n in asked]
+    assert torch.equal(loaded.logits_proj.weight.detach(), saved["logits_proj.weight"][order])
+    lines = []
+    torch.manual_seed(1)
+    other = load_classifier(str(tmp_path / "xlnet"), log=lines.append, num_labels=3,
+                            id2label=dict(enumerate("xyz")), label2id={n: i for i, n in enumerate("xyz")})
+    assert not torch.equal(other.logits_proj.weight.detach(), saved["logits_proj.weight"])
+    assert any("a new one is randomly initialized" in line for line in lines)
+    with pytest.raises(ValueError, match=r"id2label=.*expected the keys 0 to 2"):
+        load_classifier(str(tmp_path / "xlnet"), log=lambda line: None, num_labels=3,
+                        id2label={1: "x", 2: "y", 3: "z"}, label2id={"x": 0, "y": 1, "z": 2})

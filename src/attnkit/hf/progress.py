@@ -92,7 +92,8 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
         model, info = from_pretrained(
             AutoModelForSequenceClassification, model_dir, "--model", output_loading_info=True, **kwargs
         )
-        damaged = [k for k in damaged_keys(model, info, heads=False) if not k.startswith(HEAD_PREFIXES)]
+        heads = _head_prefixes(model)
+        damaged = [k for k in damaged_keys(model, info, heads=False) if not k.startswith(heads)]
         if damaged:  # trained from a random tensor with a warning before
             raise ValueError(
                 f"the weights in {model_dir} do not match {model_dir}/config.json ({', '.join(damaged[:3])}"
@@ -100,7 +101,7 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
                 "layer count edited); restore the matching pair of files from the original model"
             )
         resized = _mismatched(info)
-        if any(not key.startswith(HEAD_PREFIXES) for key in resized):
+        if any(not key.startswith(heads) for key in resized):
             raise ValueError(
                 f"{weights_file(model_dir)} holds tensors whose shapes differ from the sizes in "
                 f"{model_dir}/config.json ({', '.join(resized)}); restore the matching pair of files"
@@ -117,7 +118,7 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
         import torch
 
         # the same labels in another order: the output rows are put in the new order (the trained head kept)
-        last = [m for n, m in model.named_modules() if f"{n}.".startswith(HEAD_PREFIXES)
+        last = [m for n, m in model.named_modules() if f"{n}.".startswith(heads)
                 and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.shape[0] == len(asked)]
         if last:
             order = torch.tensor([before.index(label) for label in asked])
@@ -131,7 +132,7 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
     if before is not None:  # as many labels, other names: the head's rows meant other classes
         for name, module in model.named_modules():
             own = list(module.parameters(recurse=False))
-            if f"{name}.".startswith(HEAD_PREFIXES) and own:
+            if f"{name}.".startswith(heads) and own:
                 for p in own:  # loaded weights are flagged initialized, and transformers' init skips them
                     if getattr(p, "_is_hf_initialized", False):
                         p._is_hf_initialized = False
@@ -139,6 +140,15 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
         log(f"the checkpoint's classification head is for other labels ({', '.join(before)}); a new one is "
             f"randomly initialized and trained for {', '.join(asked)}")
     return model
+
+
+def _head_prefixes(model) -> tuple[str, ...]:
+    """The prefixes of the head's weights in ``model``: ``HEAD_PREFIXES`` and every top-level module but
+    the base model (``base_model_prefix``: XLNet's ``sequence_summary.`` and ``logits_proj.``)."""
+    base = getattr(model, "base_model_prefix", "")
+    if not base or not hasattr(model, base):
+        return HEAD_PREFIXES
+    return HEAD_PREFIXES + tuple(f"{name}." for name, _ in model.named_children() if name != base)
 
 
 def _other_label_names(saved, kwargs: dict, other_head) -> tuple[Optional[list[str]], list[str]]:
@@ -150,6 +160,8 @@ def _other_label_names(saved, kwargs: dict, other_head) -> tuple[Optional[list[s
     if asked is None or other_head or n is None or saved.num_labels != n:
         return None, []
     saved_names = [str((saved.id2label or {}).get(i, f"LABEL_{i}")) for i in range(n)]
+    if not all(i in asked or str(i) in asked for i in range(n)):
+        raise ValueError(f"id2label={asked!r}: expected the keys 0 to {n - 1} (one per label, int or str)")
     asked_names = [str(asked[i] if i in asked else asked[str(i)]) for i in range(n)]  # int or str keys
     if saved_names == [f"LABEL_{i}" for i in range(n)] or saved_names == asked_names:
         return None, []
