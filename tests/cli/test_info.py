@@ -122,3 +122,17 @@ def test_ctrl_c_while_the_command_starts_is_interrupted_not_a_traceback():
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=60)
     assert child.returncode == 130 and err.strip() == "interrupted", (child.returncode, err[-500:])
+
+
+def test_python_dash_m_attnkit_runs_the_command():
+    """``python -m attnkit`` said "No module named attnkit.__main__" (exit 1)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "attnkit", "--version"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == f"attnkit {ak.__version__}", done.stderr
+    bad = subprocess.run([sys.executable, "-m", "attnkit", "compare", "--seeds", "0"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == ["error: seeds=0: expected an integer >= 1"]
