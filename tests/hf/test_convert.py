@@ -625,3 +625,17 @@ def test_an_encoder_decoder_built_from_a_converted_part_is_refused(tmp_path):
     decoder = BertLMHeadModel(BertConfig(is_decoder=True, add_cross_attention=True, **sizes))
     with pytest.raises(ValueError, match=r"built from a converted part \(encoder: dnas\)"):
         EncoderDecoderModel(encoder=encoder, decoder=decoder)
+
+
+def test_a_decoder_loaded_alone_from_a_converted_encoder_decoder_says_it_holds_no_converted_module(tmp_path):
+    """BartForCausalLM from a converted BART folder (the encoder converted, the decoder not):
+    converted_modules and hybrid_weights were a KeyError 'encoder.layers.0.self_attn'."""
+    from transformers import AutoModelForCausalLM
+
+    akhf.register()
+    akhf.convert(tiny_model("bart"), "hnas").save_pretrained(tmp_path / "bart")
+    decoder = AutoModelForCausalLM.from_pretrained(tmp_path / "bart")
+    for read in (akhf.converted_modules, akhf.hybrid_weights):
+        with pytest.raises(ValueError, match=r"BartForCausalLM does not hold the converted modules .*"
+                                             r"'encoder\.layers\.0\.self_attn'.*runs softmax"):
+            read(decoder)

@@ -628,6 +628,13 @@ def converted_modules(model) -> list[nn.Module]:
     if not record:
         raise ValueError(f"{type(model).__name__} was not converted with attnkit.hf.convert; nothing to read")
     by_name = dict(model.base_model.named_modules())
+    missing = [n for n in record["modules"] if n not in by_name]
+    if missing:  # BartForCausalLM from a converted BART folder: the decoder alone, which was not converted
+        raise ValueError(
+            f"{type(model).__name__} does not hold the converted modules its config records ({missing[0]!r}"
+            f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}): it is a part of the converted "
+            "model that was not converted, and runs softmax; load the whole model to read them"
+        )
     return [by_name[n] for n in record["modules"]]
 
 
