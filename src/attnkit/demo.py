@@ -2,7 +2,9 @@
 
 The same queries and keys go through softmax, DNAS, HNAS, Sinkhorn and CoDA; for each, the weights of one
 head and the explaining-away numbers of the papers: per-key weight sums ``sum_i pi_ij`` over real queries,
-their minimum, ``n_k * min`` (Lemma 1 says >= 1 for DNAS) and the share of keys with a sum below ``eps``.
+their minimum, ``min n_k*sum`` = ``min_j n_k sum_i pi_ij`` over every sequence's keys, each sum times its
+sequence's key count (Lemma 1 says >= 1 for DNAS; not ``n_k`` times the minimum), and the share of keys
+with a sum below ``eps``.
 """
 
 from __future__ import annotations

@@ -79,6 +79,7 @@ def test_page_is_self_contained_and_every_image_decodes(hf_view):
     partial = copy.copy(hf_view)
     partial.layer_names = {m: ["encoder.layer.1.attention.self"] for m in hf_view.layer_names}
     partial.weights = {m: w[1:] for m, w in hf_view.weights.items()}
+    partial.converted_in_part = True  # as view_from_hf sets it from the conversion record
     with pytest.raises(ValueError, match=r"0: encoder\.layer\.1\.attention\.self \(a model converted in"):
         render_view_html(partial, layers=[1])
 
@@ -409,6 +410,9 @@ def test_a_partly_converted_model_shows_its_converted_layers_under_their_names(t
         view = view_from_hf(folder, TEXT)
         assert view.num_layers == 1 and view.layer_names[mechanism] == ["encoder.layer.1.attention.self"]
         assert "encoder.layer.1.attention.self" in view.layer_name(0)
+        assert view.converted_in_part  # from the conversion record: 1 of the model's 2 modules
+        with pytest.raises(ValueError, match=r"\(a model converted in part shows its converted layers"):
+            render_view_html(view, layers=[1])
         stock = view_from_hf(tiny_bert, TEXT, mechanisms=(mechanism,))  # every layer converted
         assert stock.layer_names[mechanism] == [f"encoder.layer.{i}.attention.self" for i in (0, 1)]
         torch.testing.assert_close(view.weights[mechanism][0], stock.weights[mechanism][1])
@@ -613,3 +617,116 @@ def test_the_page_says_its_mean_panel_and_bars_are_over_all_heads(hf_view):
     page = render_view_html(hf_view, heads=[0])
     assert "the mean over all the layer&#x27;s heads" in page or "the mean over all the layer's heads" in page
     assert "heads shown and their mean" not in page
+
+
+def _captured_figures(monkeypatch) -> list:
+    """Patch the page's PNG encoder to keep each figure (drawn) instead of encoding it."""
+    from attnkit.analysis import attention_view as av
+
+    figures = []
+
+    def keep(fig):
+        fig.canvas.draw()
+        figures.append(fig)
+        return ""
+
+    monkeypatch.setattr(av, "_png", keep)
+    monkeypatch.setattr("matplotlib.pyplot.close", lambda fig=None: None)
+    return figures
+
+
+def test_a_coda_colour_scale_covers_its_activation_range_and_its_values(tiny_bert, tmp_path, monkeypatch):
+    # arctan's M lies in (-pi/2, pi/2): a scale fixed at +-1 drew nearly every cell saturated
+    import math
+
+    import attnkit as ak
+    import attnkit.hf as akhf
+    from attnkit.analysis.attention_view import view_from_hf
+
+    folder = tmp_path / "coda-arctan"
+    coda = ak.CoDA(e_activation="arctan", alpha=1e4, beta=0.01)
+    akhf.convert(akhf.load(tiny_bert), coda).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_bytes((tiny_bert / name).read_bytes())
+    view = view_from_hf(folder, TEXT)
+    largest = max(float(w.abs().max()) for w in view.weights["coda"])
+    assert largest > 1  # the values the old scale clipped
+    figures = _captured_figures(monkeypatch)
+    render_view_html(view)
+    for fig in figures:
+        low, high = fig.axes[0].images[0].get_clim()
+        assert low <= -math.pi / 2 + 1e-6 and high >= math.pi / 2 - 1e-6 and high >= largest
+        assert any("colour scale [-1.57, 1.57]" in ax.get_ylabel() for ax in fig.axes)  # said on the bar
+    assert view.value_ranges["coda"] == pytest.approx((-math.pi / 2, math.pi / 2))
+
+
+def _hand_view(layer_name: str = "encoder.albert_layer_groups.0.albert_layers.0.attention (call 2)"):
+    from attnkit.analysis.attention_view import AttentionView
+
+    torch.manual_seed(0)
+    w = [torch.softmax(torch.randn(2, 5, 5), -1) for _ in range(2)]
+    return AttentionView(text="a b c d e", tokens=list("abcde"), weights={"softmax": w},
+                         layer_names={"softmax": ["layer.0.attention", layer_name]})
+
+
+def test_the_title_fits_its_figure_and_the_legend_leaves_the_bars_free(monkeypatch):
+    # one mechanism over 5 tokens: the suptitle was cut at both ends, the legend lay over the bars
+    figures = _captured_figures(monkeypatch)
+    render_view_html(_hand_view(), layers=[1])
+    (fig,) = figures
+    title = fig._suptitle.get_window_extent()
+    assert title.x0 >= 0 and title.x1 <= fig.bbox.width
+    bars = next(ax for ax in fig.axes if ax.patches)  # the column-sum panel
+    legend = bars.get_legend().get_window_extent()
+    assert not legend.overlaps(bars.get_window_extent())
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    (dict(heads=[True]), "heads"), (dict(heads=[1.0]), "heads"), (dict(heads="01"), "heads"),
+    (dict(heads=0), "heads"), (dict(layers=1), "layers"), (dict(layers=[True]), "layers"),
+    (dict(layers=[0.0]), "layers"), (dict(layers=[]), "layers"),
+])
+def test_heads_and_layers_that_are_not_lists_of_indices_are_one_line_errors(kwargs, named):
+    with pytest.raises(ValueError, match=rf"^{named}=.*list of integers in 0\.\.1") as exc:
+        render_view_html(_hand_view(), **kwargs)
+    assert len(str(exc.value).splitlines()) == 1
+
+
+def test_an_empty_view_is_refused_when_drawn_and_when_written(tmp_path):
+    from attnkit.analysis.attention_view import AttentionView
+
+    empty = AttentionView(text="a", tokens=["a"])
+    with pytest.raises(ValueError, match="the view holds no attention weights"):
+        render_view_html(empty)
+    with pytest.raises(ValueError, match="no attention to write.*load_bertviz would refuse"):
+        write_bertviz(empty, tmp_path / "out")
+    assert not any(tmp_path.rglob("attention.*"))
+
+
+def test_only_causal_calls_are_named_causal_not_unconverted():
+    import attnkit as ak
+    from attnkit.analysis.attention_view import record_attention
+
+    q = torch.randn(1, 1, 3, 4)
+    with pytest.raises(ValueError, match="were all causal, and record_attention records non-causal") as exc:
+        record_attention(lambda: ak.attention(q, q, q, "softmax", causal=True))
+    assert "convert" not in str(exc.value)
+
+
+def test_a_whole_albert_model_is_not_called_converted_in_part(tiny_bert, tmp_path):
+    # ALBERT calls one shared module per layer ("... (call 2)"): module names do not count layers
+    import transformers as T
+
+    from attnkit.analysis.attention_view import view_from_hf
+
+    T.AlbertModel(T.AlbertConfig(vocab_size=30522, hidden_size=16, embedding_size=16, num_hidden_layers=2,
+                                 num_attention_heads=2, intermediate_size=32, max_position_embeddings=64)
+                  ).save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((tiny_bert / name).read_bytes())
+    view = view_from_hf(tmp_path, "a small test", mechanisms=["softmax"])
+    assert view.layer_names["softmax"][1].endswith("(call 2)")
+    with pytest.raises(ValueError, match=r"layers \[2\] out of range") as exc:
+        render_view_html(view, layers=[2])
+    assert "converted in part" not in str(exc.value)
+    assert not view.converted_in_part

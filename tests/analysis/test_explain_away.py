@@ -276,3 +276,14 @@ def test_log_sum_histogram_takes_numpy_bins_and_refuses_a_nan_floor():
             log_sum_histogram(stats, floor=floor)
     with pytest.raises(ValueError, match="bins=True"):
         log_sum_histogram(stats, bins=True)
+
+
+def test_log_sum_histogram_puts_only_sums_of_zero_at_floor():
+    # a key with sum 1e-30 (log -69.1) was binned at floor = -50 with the sums of exactly 0
+    w = _weights([[0.5, 0.5, 1e-30, 0.0], [0.5, 0.5, 0.0, 0.0]])
+    stats = explain_away(w)
+    counts, edges = log_sum_histogram(stats, bins=4, range=(-100.0, 0.0))
+    assert edges.tolist() == [-100.0, -75.0, -50.0, -25.0, 0.0]
+    assert counts.tolist() == [0, 1, 1, 2]  # log 1e-30 in [-75, -50); the sum of 0 at floor; keys 0, 1: log 1
+    counts, edges = log_sum_histogram(stats, bins=2)
+    assert edges[0] == pytest.approx(math.log(1e-30)) and counts.sum() == 4

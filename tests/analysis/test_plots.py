@@ -113,3 +113,19 @@ def test_plot_text_with_dollar_signs_is_drawn_as_written(tmp_path, monkeypatch):
     plot_lemma1(rows, tmp_path / "l1.png", title="Lemma 1 at $5")
     plot_coda_histograms({"$a$ and $b$": np.zeros(4)}, tmp_path / "coda.png", title="$x^$")
     assert_drawn_as_written(figures, ["$x^$", "cost $5 to $10", "Lemma 1 at $5", "$a$ and $b$"])
+
+
+def test_log_sum_histograms_draw_only_sums_of_zero_at_floor(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    drawn = {}
+    hist = matplotlib.axes.Axes.hist
+
+    def keep(self, values, *args, label=None, **kwargs):
+        drawn[label] = np.asarray(values)
+        return hist(self, values, *args, label=label, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "hist", keep)
+    plot_log_sum_histograms({"softmax": np.array([-69.0, -np.inf, -1.0])}, tmp_path / "h.png", floor=-50.0)
+    (values,) = drawn.values()
+    assert values.tolist() == [-69.0, -50.0, -1.0]  # -69 was drawn at floor with the sum of 0

@@ -17,7 +17,7 @@ def test_demo_prints_every_mechanism_and_dnas_keeps_lemma1(capsys):
         assert name in out
     dnas_row = next(line for line in out.splitlines() if re.search(r"\bdnas\b", line) and "%" in line)
     numbers = re.findall(r"[-+]?\d+\.\d+(?:e[-+]\d+)?", dnas_row)
-    assert float(numbers[3]) >= 1 - 1e-6  # n_k * min: Lemma 1
+    assert float(numbers[3]) >= 1 - 1e-6  # min n_k*sum: Lemma 1
     assert len(out.splitlines()) > 3 * len(ak.MECHANISMS)  # one weight grid per mechanism
 
 
@@ -42,3 +42,10 @@ def test_demo_refuses_a_seed_out_of_range_naming_it(seed, capsys):
 def test_demo_takes_every_seed_torch_takes(capsys):
     main(["demo", "--seed", str(2**64 - 1)])  # only a torch.Generator is seeded (NumPy stops at 2**32)
     assert "dnas" in capsys.readouterr().out
+
+
+def test_demo_names_its_lemma1_column_for_what_it_computes(capsys):
+    # min_j n_k(b) * sum_i pi_ij is not n_k times the "min key sum" printed beside it
+    main(["demo", "--seed", "0"])
+    out = capsys.readouterr().out
+    assert "min n_k*sum" in out and "n_k * min" not in out

@@ -26,8 +26,9 @@ import copy
 import html
 import io
 import json
+import operator
 import os
-import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -50,7 +51,10 @@ class AttentionView:
     ``layer_names[mechanism]``: the attention module of each entry of ``weights`` (e.g.
     ``encoder.layer.1.attention.self``), ``hybrid_u_names[mechanism]``: of each row of ``hybrid_u``.
     ``pair``: the text is a sentence pair ``a | b``, cut (if at all) at the end of each sentence, the longer
-    first, as a sentence-pair run's models read it."""
+    first, as a sentence-pair run's models read it. ``converted_in_part``: the model's conversion record
+    names fewer attention modules than the model has (``attnkit convert --layers``), so the page draws those
+    only. ``value_ranges[mechanism]``: the ``(low, high)`` its weights can take (CoDA's depends on its
+    activations: arctan's ``(-pi/2, pi/2)``), where known; the colour scale covers it."""
 
     text: str
     tokens: list[str]
@@ -63,6 +67,8 @@ class AttentionView:
     layer_names: dict[str, list[str]] = field(default_factory=dict)
     hybrid_u_names: dict[str, list[str]] = field(default_factory=dict)
     pair: bool = False
+    converted_in_part: bool = False
+    value_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def layer_name(self, layer: int) -> str:
         """How the page names ``layer``: its module (the first mechanism's), else ``layer i``."""
@@ -97,6 +103,7 @@ def record_attention(forward) -> list[Tensor]:
         raise ValueError(f"forward must be a callable, got {type(forward).__name__}; pass e.g. "
                          "record_attention(lambda: model(x))")
     calls: list[Tensor] = []
+    causal: list[int] = []
 
     def observer(weights, mask_info, config) -> None:
         if weights.shape[0] == 0:
@@ -104,9 +111,14 @@ def record_attention(forward) -> list[Tensor]:
                              "item 0, pass at least one sample")
         if not mask_info.causal:
             calls.append(weights[0].detach().float().cpu())  # (H, Lq, Lk)
+        else:
+            causal.append(1)
 
     with torch.no_grad(), observe_weights(observer):
         forward()
+    if not calls and causal:
+        raise ValueError(f"the model's {len(causal)} attnkit attention call(s) were all causal, and "
+                         "record_attention records non-causal calls only; record a non-causal (encoder) call")
     if not calls:
         raise ValueError("the model made no attnkit attention call; convert it first (attnkit convert) "
                          "or pass a run directory of attnkit compare")
@@ -317,6 +329,7 @@ def view_from_run(run_dir: Union[str, os.PathLike], text: str, seed: Optional[in
         calls = record_module_attention(lambda: model(ids, mask), modules)
         view.layer_names[mech] = [name for name, _ in calls]
         view.weights[mech] = [w[:, : len(tokens), : len(tokens)] for _, w in calls]
+        view.value_ranges[mech] = _value_range(modules[0][1].config)
         if mech.partition("+")[0] == "hnas":
             view.hybrid_u[mech] = hybrid_weights(model).tolist()
             view.hybrid_u_names[mech] = [n for n, m in modules if m.theta is not None]
@@ -383,6 +396,9 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
     view = AttentionView(text=text, tokens=tokens, source=str(model_dir), text_tokens=whole,
                          token_limit=limit, limit_reason=reason, pair=pair is not None)
     models = {own.name: base} if own is not None else {}
+    if own is not None:  # a stock model is converted whole below: never "in part"
+        recorded = set(getattr(base.config, CONFIG_KEY)["modules"])
+        view.converted_in_part = not {n for n, _ in akhf.attention_modules(base)} <= recorded
     if own is None:
         for m in mechanisms:
             models[m] = akhf.convert(copy.deepcopy(base), m)
@@ -396,10 +412,24 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
         )
         view.layer_names[name] = [n for n, _ in calls]
         view.weights[name] = [w for _, w in calls]
+        view.value_ranges[name] = _value_range(akhf.conversion(model))
         if name == "hnas":
             view.hybrid_u[name] = akhf.hybrid_weights(model).tolist()
             view.hybrid_u_names[name] = list(converted)
     return view
+
+
+def _value_range(config) -> tuple[float, float]:
+    """The ``(low, high)`` that the weights of mechanism ``config`` can take: ``(0, 1)`` for the normalized
+    mechanisms; CoDA's ``M = f_E(E) * gate`` lies in the range of ``f_E`` (``ACTIVATION_RANGES``: tanh's
+    ``(-1, 1)``, arctan's ``(-pi/2, pi/2)``, sigmoid's ``(0, 1)``), its gate in ``[0, 1]`` (``N <= 0`` keeps
+    the scaled gate ``2 f_N(N)`` at most 1; a centered gate is ``f_N(N)`` alone)."""
+    from ..config import CoDA
+    from ..mechanisms.coda import ACTIVATION_RANGES
+
+    if not isinstance(config, CoDA):
+        return (0.0, 1.0)
+    return ACTIVATION_RANGES[config.e_activation]
 
 
 def _pair_dataset(model_dir) -> Optional[str]:
@@ -478,22 +508,34 @@ def _layer_figure(view: AttentionView, layer: int, heads: Sequence[int]) -> str:
     L = len(view.tokens)
     labels = [literal_text(t if len(t) <= 12 else t[:11] + "…") for t in view.tokens]  # drawn as written
     rows = [*[f"head {h}" for h in heads], f"mean over all {view.weights[mechs[0]][layer].shape[0]} heads"]
+    title = literal_text(view.layer_name(layer))
     size = 1.2 + 0.16 * L
-    fig, axes = plt.subplots(len(rows) + 1, len(mechs), figsize=(size * len(mechs), size * len(rows) + 2.2),
-                             squeeze=False)
+    # wide enough, per mechanism, for the legend below its bars, and for the title (about 0.09 inch a
+    # character at fontsize 10) up to 6 inches, whatever the token count; a longer title is wrapped
+    width = max(max(size, 2.0) * len(mechs), min(0.09 * len(title) + 0.6, 6.0))
+    title = textwrap.fill(title, width=int((width - 0.6) / 0.09))
+    lines = title.count("\n") + 1
+    height = size * len(rows) + 2.6 + 0.2 * lines
+    fig, axes = plt.subplots(len(rows) + 1, len(mechs), figsize=(width, height), squeeze=False)
     for c, mech in enumerate(mechs):
         w = view.weights[mech][layer]  # (H, L, L)
         panels = [w[h] for h in heads] + [w.mean(0)]
-        # one scale per mechanism (weights lie in [0, 1], CoDA's in [-1, 1], signed wherever any head of the
-        # layer has a negative weight): a near-uniform head is drawn pale, not as saturated as a one-hot one,
-        # and the mechanisms compare side by side; its colour bar beside its first panel
-        signed = mech.split("+")[0] == "coda" or bool((w < 0).any())
+        # one scale per mechanism: the range its weights can take (view.value_ranges: [0, 1], CoDA's the range
+        # of its f_E, arctan's (-pi/2, pi/2)), widened to the largest |weight| of the layer where that is
+        # larger, symmetric wherever the mechanism or any head of the layer is signed: a near-uniform head is
+        # drawn pale, not as saturated as a one-hot one, and the mechanisms compare side by side; its colour
+        # bar, which says the range, beside its first panel
+        low, high = view.value_ranges.get(mech, (-1.0, 1.0) if mech.split("+")[0] == "coda" else (0.0, 1.0))
+        signed = low < 0 or bool((w < 0).any())
+        top = max(abs(low), abs(high), float(w.abs().max()) if w.numel() else 0.0)
         for r, (name, panel) in enumerate(zip(rows, panels)):
             ax = axes[r][c]
-            image = ax.imshow(panel.numpy(), cmap="RdBu_r" if signed else "viridis", vmin=-1 if signed else 0,
-                              vmax=1)
+            image = ax.imshow(panel.numpy(), cmap="RdBu_r" if signed else "viridis",
+                              vmin=-top if signed else 0, vmax=top)
             if r == 0:
-                fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02).ax.tick_params(labelsize=6)
+                bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02, panchor=False)  # panel in place
+                bar.ax.tick_params(labelsize=6)
+                bar.set_label(f"colour scale [{-top if signed else 0:.3g}, {top:.3g}]", fontsize=6)
             ax.set_title(literal_text(f"{mech}: {name}"), fontsize=8)
             ax.set_xticks(range(L), labels, rotation=90, fontsize=6)
             ax.set_yticks(range(L), labels if c == 0 else [""] * L, fontsize=6)
@@ -507,9 +549,10 @@ def _layer_figure(view: AttentionView, layer: int, heads: Sequence[int]) -> str:
             ax.set_yscale("log")
         ax.set_title(literal_text(f"{mech}: Σ_i π_ij per key"), fontsize=8)
         ax.set_xticks(range(L), labels, rotation=90, fontsize=6)
-        ax.legend(fontsize=6)
-    fig.suptitle(literal_text(view.layer_name(layer)), fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))  # room for the title above the first row's titles
+        # below the panel, outside the bars
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=1, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 1 - (0.1 + 0.2 * lines) / height))  # room for the title's lines
     image = _png(fig)
     plt.close(fig)
     return image
@@ -537,16 +580,18 @@ def _u_table(view: AttentionView) -> str:
 
 def selected_layers(view: AttentionView, layers: Optional[Sequence[int]] = None) -> list[int]:
     """The layers a page of ``view`` draws, each once, in the order given (default: all); a layer out of
-    range is a ``ValueError`` that names the valid ones."""
+    range, one that is not an integer, or none at all is a ``ValueError`` that names the valid ones."""
+    _check_drawable(view)
+    if layers is not None:
+        layers = _indices(layers, "layers", view.num_layers)
     layers = list(range(view.num_layers)) if layers is None else list(dict.fromkeys(layers))
     bad = [i for i in layers if not 0 <= i < view.num_layers]
     if bad:
         names = next(iter(view.layer_names.values()), [])
         listed = "; ".join(f"{i}: {n}" for i, n in enumerate(names[:6])) + ("; ..." if len(names) > 6 else "")
-        found = [re.search(r"\.(\d+)\.", f".{n}.") for n in names]
-        numbers = [int(m[1]) if m else -1 for m in found]
-        partial = bool(names) and numbers != list(range(len(names)))  # layers 1 and 4 of a model's 6
-        why = " (a model converted in part shows its converted layers only)" if partial else ""
+        # from the conversion record (layers 1 and 4 of a model's 6), not from module names: ALBERT calls one
+        # shared module per layer, other models number stages and blocks
+        why = " (a model converted in part shows its converted layers only)" if view.converted_in_part else ""
         raise ValueError(f"layers {bad} out of range; --layers counts the attention layers drawn, 0.."
                          f"{view.num_layers - 1}, which are the model's modules {listed}{why}")
     return layers
@@ -561,11 +606,37 @@ _CSS = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1180px;
         ".note{background:#fff6dd;border-left:4px solid #e0a800;padding:6px 10px}")
 
 
+def _check_drawable(view: AttentionView) -> None:
+    """A ``ValueError`` unless ``view`` holds at least one mechanism with at least one layer of weights."""
+    if not view.weights or view.num_layers == 0:
+        raise ValueError(f"the view holds no attention weights (mechanisms {view.mechanisms}, "
+                         f"{view.num_layers} layers); build it with view_from_hf or view_from_run")
+
+
+def _indices(values, name: str, count: int, allow_empty: bool = False) -> list[int]:
+    """``values`` as a list of integers, non-empty unless ``allow_empty`` (a bool or float is refused:
+    ``True`` is not layer 1)."""
+    valid = f"pass a {'' if allow_empty else 'non-empty '}list of integers in 0..{count - 1}, e.g. {name}=[0]"
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise ValueError(f"{name}={values!r} is not a list of indices; {valid}")
+    bad = [v for v in values if isinstance(v, bool) or not hasattr(v, "__index__")]
+    if bad or not (values or allow_empty):
+        raise ValueError(f"{name}={list(values)!r} " + (f"holds {bad}, not integers" if bad else "is empty")
+                         + f"; {valid}")
+    return [operator.index(v) for v in values]
+
+
 def render_view_html(view: AttentionView, heads: Optional[Sequence[int]] = None,
                      layers: Optional[Sequence[int]] = None) -> str:
     """One self-contained HTML page (PNG figures inlined as base64; every text escaped). A text the model
-    read only in part (:attr:`AttentionView.truncation_note`) says so above the figures."""
+    read only in part (:attr:`AttentionView.truncation_note`) says so above the figures. ``heads`` and
+    ``layers`` are lists of indices (default: the first 4 heads, every layer); a value that is not one, out
+    of range, or an empty ``layers`` is a ``ValueError``; an empty ``heads`` draws the mean over heads
+    only."""
+    _check_drawable(view)
     H = min(w[0].shape[0] for w in view.weights.values())
+    if heads is not None:
+        heads = _indices(heads, "heads", H, allow_empty=True)
     heads = list(range(min(H, 4))) if heads is None else list(dict.fromkeys(heads))
     bad = [h for h in heads if not 0 <= h < H]
     if bad:
@@ -616,6 +687,11 @@ def write_bertviz(view: AttentionView, out: Union[str, os.PathLike], *, overwrit
 
     from .._files import write_file_with, write_text_file
 
+    empty = [m for m in view.mechanisms if not view.weights[m]]
+    if not view.tokens or not view.mechanisms or empty:
+        raise ValueError(f"the view has no attention to write (tokens {len(view.tokens)}, mechanisms "
+                         f"{view.mechanisms}, without layers {empty}); load_bertviz would refuse the file: "
+                         "build the view with view_from_hf or view_from_run")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {f"{m}.{l}": w.unsqueeze(0).contiguous() for m in view.mechanisms

@@ -143,7 +143,8 @@ def log_sum_histogram(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Histogram of ``log sum_i pi_ij`` over the valid keys of one or several :class:`ExplainAway`.
 
-    Sums of exactly 0 (log = -inf) are put at ``floor`` so that they stay visible. Returns
+    Sums of 0 (log = -inf, as :func:`explain_away` gives for sums <= 0) are put at ``floor`` so that they stay
+    visible; every finite log is binned where it is, below ``floor`` too. Returns
     ``(counts (bins,), edges (bins + 1,))`` as ``numpy.histogram`` does.
     """
     items = [stats] if isinstance(stats, ExplainAway) else list(stats)
@@ -152,7 +153,7 @@ def log_sum_histogram(
     bins = check_int(bins, f"bins={bins!r}", "expected an integer >= 1", low=1)
     floor = check_number(floor, f"floor={floor!r}", "expected a finite number (the log put for sums of 0)")
     values = np.concatenate([item.log_sums[item.valid_keys].double().cpu().numpy() for item in items])
-    values = np.maximum(values, floor)
+    values = np.where(np.isneginf(values), floor, values)  # only the sums of 0 (log -inf)
     if range is None:
         range = (float(values.min()), float(values.max())) if values.size else (floor, 0.0)
         if range[0] == range[1]:

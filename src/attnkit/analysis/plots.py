@@ -255,10 +255,12 @@ def plot_log_sum_histograms(
     title: str = "Distribution of log key weight sums",
 ) -> Path:
     """AEA Fig. 1: histograms of ``log sum_i pi_ij`` per mechanism, with ``log eps`` and
-    ``log(1/n_k)`` marked. Sums of exactly 0 are drawn at ``floor``."""
+    ``log(1/n_k)`` marked. Sums of 0 (log = -inf) are drawn at ``floor``; every finite log where it is, below
+    ``floor`` too."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    clipped = {k: np.maximum(np.asarray(v, dtype=np.float64), floor) for k, v in log_sums.items()}
+    arrays = {k: np.asarray(v, dtype=np.float64) for k, v in log_sums.items()}
+    clipped = {k: np.where(np.isneginf(v), floor, v) for k, v in arrays.items()}  # only log 0 = -inf
     lo = min(float(v.min()) for v in clipped.values())
     hi = max(float(v.max()) for v in clipped.values())
     edges = np.linspace(lo, hi if hi > lo else lo + 1, 50)

@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         table = Table(
             title="Mechanisms on one padded batch (lengths 8 and 5, 2 heads; key 0 matches every query)"
         )
-        for col in ("mechanism", "row sums", "min key sum", "n_k * min", f"keys < {eps:g}"):
+        for col in ("mechanism", "row sums", "min key sum", "min n_k*sum", f"keys < {eps:g}"):
             table.add_column(col, justify="right" if col != "mechanism" else "left")
         for s in summaries:
             table.add_row(
@@ -36,7 +36,8 @@ def register(app: typer.Typer) -> None:
                 f"{100 * s.fraction_below_eps:.1f}%",
             )
         console.print(table)
-        console.print("Lemma 1: DNAS gives n_k * min >= 1 (no key explained away); softmax need not.\n")
+        console.print("min n_k*sum: the smallest key sum times its sequence's key count n_k. Lemma 1: DNAS "
+                      "gives min n_k*sum >= 1 (no key explained away); softmax need not.\n")
         for s in summaries:
             w = s.weights
             grid = Table(

@@ -107,8 +107,8 @@ def write_results_json(path: Path, config: CompareConfig, task, records: list[di
                 "median) / the baseline mechanism's"
             ),
             "explain_away_min_normalized": (
-                "min over non-causal self-attention layers, eval samples and seeds of n_k * min_j sum_i "
-            "pi_ij "
+                "min over non-causal self-attention layers, the first explain_away_samples (config) "
+                "evaluation examples and seeds of min_j n_k * sum_i pi_ij "
                 "(Lemma 1: >= 1 for DNAS); explain_away_min_raw is min_j sum_i pi_ij"
             ),
             "hybrid_u": "final u = sigmoid(theta) per layer (rows) and head (columns), mean over seeds",
@@ -254,8 +254,10 @@ def render_html(config: CompareConfig, task, records: list[dict], runs: list[dic
         "<p><b>step time</b>: median time per optimizer step, evaluation excluded (noisy on a shared CPU), "
         "relative to "
         f"<code>{html.escape(records[0]['step_time_baseline'] if records else '')}</code>. "
-        "<b>explain-away min</b>: the smallest <code>n_k · min_j Σ_i π_ij</code> over the non-causal "
-        "attention layers, evaluation samples and seeds (Lemma 1: ≥ 1 for DNAS; near 0 means some key is "
+        "<b>explain-away min</b>: the smallest <code>n_k · Σ_i π_ij</code> over the keys j of the "
+        "non-causal attention layers, the first "
+        f"{min(config.explain_away_samples, runs[0]['eval_examples']) if runs else 0} evaluation examples "
+        "(<code>explain_away_samples</code>) and the seeds (Lemma 1: ≥ 1 for DNAS; near 0 means some key is "
         "explained away; CoDA's quasi-attention is not normalized, so its value is not a weight share). "
         "<b>hybrid u</b>: final share of DNAS per layer "
         "(rows, separated by ;) and head.</p>",
