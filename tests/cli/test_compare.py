@@ -331,3 +331,20 @@ def _frames(exc: BaseException):
     while exc is not None:
         yield from traceback.extract_tb(exc.__traceback__)
         exc = exc.__cause__
+
+
+@pytest.mark.parametrize("package, extra", [("matplotlib", "plot"), ("accelerate", "hf")])
+def test_a_missing_optional_package_is_one_line_naming_its_extra_before_any_training(
+    package, extra, tmp_path, data, capsys, monkeypatch
+):
+    """Without accelerate compare ended in a 43-line traceback; without matplotlib it trained every run,
+    then crashed (exit 1) before the report."""
+    monkeypatch.setitem(sys.modules, package, None)  # import of it fails as when it is not installed
+    out = tmp_path / "out"
+    args = ["--task", str(data), "--mechanisms", "softmax", "--seeds", "1", "--max-steps", "1", "--progress",
+            "none", "--out", str(out)]
+    code, err = _exit_code_and_stderr(args, capsys)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and f"pip install 'attnkit[{extra}]'" in lines[0], err
+    assert not out.exists()

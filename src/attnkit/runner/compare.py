@@ -346,6 +346,10 @@ def run_compare(
     import torch
     from accelerate import Accelerator
 
+    if config.plots:  # before any training: the plots and the report come after every run
+        from ..analysis.plots import _pyplot
+
+        _pyplot()
     if accelerator is None:
         # On a machine without a GPU, processes started by ``accelerate launch --multi_gpu`` or ``torchrun``
         # train together on the CPU (gloo); Accelerate only forms that group when told to use the CPU.
