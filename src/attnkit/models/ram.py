@@ -42,9 +42,18 @@ __all__ = ["RAMOutput", "RecurrentAttentionModel", "glimpse_sensor", "location_t
 
 
 def location_to_pixels(loc: Tensor, height: int, width: int) -> Tensor:
-    """``loc (B, 2)`` ``(y, x)`` in [-1, 1] -> integer pixel centres ``(B, 2)`` (row, column), 0-based."""
-    scale = torch.tensor([height - 1, width - 1], device=loc.device, dtype=loc.dtype)
-    return torch.round((loc.clamp(-1, 1) + 1) / 2 * scale).long()
+    """``loc (B, 2)`` ``(y, x)`` in [-1, 1] -> integer pixel centres ``(B, 2)`` (row, column), 0-based.
+
+    Computed in float32 (float64 stays float64), so bfloat16/float16 locations reach every pixel.
+    """
+    check_positive_int("height", height)
+    check_positive_int("width", width)
+    if not loc.is_floating_point() or not bool(torch.isfinite(loc).all()):
+        raise ValueError(f"loc is {describe(loc)} with non-finite or integer entries; expected finite (y, x) "
+                         "in [-1, 1]")
+    dtype = torch.float64 if loc.dtype == torch.float64 else torch.float32
+    scale = torch.tensor([height - 1, width - 1], device=loc.device, dtype=dtype)
+    return torch.round((loc.to(dtype).clamp(-1, 1) + 1) / 2 * scale).long()  # (B, 2)
 
 
 def glimpse_sensor(images: Tensor, loc: Tensor, size: int, scales: int) -> Tensor:

@@ -82,10 +82,10 @@ class GMMLocationAttention(nn.Module):
 
     def _inverse(self, y: float) -> float:
         """``f^{-1}(y)`` for the chosen parameterization (used to set the initial bias)."""
-        y_t = torch.tensor(y, dtype=torch.float64)
+        # Python math, not a tensor: reset_parameters must also run under torch.device("meta")
         if self.parameterization == "exp":
-            return float(torch.log(y_t))
-        return float(y_t + torch.log(-torch.expm1(-y_t)))  # inverse softplus
+            return math.log(y)
+        return y + math.log(-math.expm1(-y))  # inverse softplus
 
     def reset_parameters(self) -> None:
         K = self.num_components
