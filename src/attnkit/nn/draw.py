@@ -95,10 +95,14 @@ def filterbank(window: DRAWWindow, width: int, height: int, N: int) -> tuple[Ten
         raise ValueError(f"N={N!r}; expected a grid size >= 1")
     for name, value in (("width", width), ("height", height)):
         _check_size(name, value)
-    device, dtype = window.gx.device, window.gx.dtype
+    device, given = window.gx.device, window.gx.dtype
+    # positions in float32 for a bfloat16 / float16 window (whose integers end at 256 / 2048: at width 300
+    # in bfloat16 only 98 of 300 filters sat on their own pixel); the filters are returned in its dtype
+    dtype = torch.promote_types(given, torch.float32)
+    gx, gy, stride = (t.to(dtype) for t in (window.gx, window.gy, window.stride))
     offsets = torch.arange(1, N + 1, device=device, dtype=dtype) - N / 2 - 0.5  # (N,)
-    mu_x = window.gx[:, None] + offsets * window.stride[:, None]  # (B, N)
-    mu_y = window.gy[:, None] + offsets * window.stride[:, None]  # (B, N)
+    mu_x = gx[:, None] + offsets * stride[:, None]  # (B, N)
+    mu_y = gy[:, None] + offsets * stride[:, None]  # (B, N)
     a = torch.arange(1, width + 1, device=device, dtype=dtype)  # (A,)
     b = torch.arange(1, height + 1, device=device, dtype=dtype)  # (Bh,)
     # sigma^2 that underflowed to 0 (log sigma^2 = -200) is the limit sigma -> 0: each filter on its nearest
@@ -107,18 +111,18 @@ def filterbank(window: DRAWWindow, width: int, height: int, N: int) -> tuple[Ten
     # division: the backward of d2 / (2 sigma^2) forms sigma^2 * sigma^2, which underflows to 0 (NaN
     # gradients for log sigma^2 below -44 in float32, -355 in float64). log sigma^2 is floored at log(tiny)
     # so that 1 / (2 sigma^2) stays finite (the floor passes no gradient; the filters are one-hot there).
-    tiny = torch.finfo(dtype).tiny
+    tiny = torch.finfo(given).tiny  # the window's own range: its sigma^2 underflows there
     if window.log_sigma2 is not None:
-        log_s2 = window.log_sigma2.clamp_min(math.log(tiny))
+        log_s2 = window.log_sigma2.to(dtype).clamp_min(math.log(tiny))
     else:
-        log_s2 = torch.log(window.sigma2.clamp_min(tiny))
+        log_s2 = torch.log(window.sigma2.to(dtype).clamp_min(tiny))
     inv_2s2 = (0.5 * torch.exp(-log_s2))[:, None, None]  # (B, 1, 1) = 1 / (2 sigma^2)
 
     def bank(pixels: Tensor, mu: Tensor) -> Tensor:
         d2 = (pixels - mu[..., None]) ** 2  # (B, N, pixels)
         return torch.softmax(-(d2 - d2.amin(dim=-1, keepdim=True)) * inv_2s2, dim=-1)
 
-    return bank(a, mu_x), bank(b, mu_y)  # (B, N, A), (B, N, Bh)
+    return bank(a, mu_x).to(given), bank(b, mu_y).to(given)  # (B, N, A), (B, N, Bh)
 
 
 def _check_image(x: Tensor, what: str = "image") -> None:

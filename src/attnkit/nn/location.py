@@ -45,9 +45,17 @@ def gmm_window_weights(alpha: Tensor, beta: Tensor, kappa: Tensor, length: int) 
 
     ``alpha, beta, kappa (B, K)`` -> ``phi (B, length)``.
     """
-    u = torch.arange(1, length + 1, device=kappa.device, dtype=kappa.dtype)  # (U,): positions 1 .. U
-    dist2 = (kappa[:, :, None] - u) ** 2  # (B, K, U)
-    return (alpha[:, :, None] * torch.exp(-beta[:, :, None] * dist2)).sum(dim=1)  # (B, U)
+    exact = _positions_dtype(kappa.dtype)  # positions past 256 exist in float32, not in bfloat16
+    u = torch.arange(1, length + 1, device=kappa.device, dtype=exact)  # (U,): positions 1 .. U
+    dist2 = (kappa.to(exact)[:, :, None] - u) ** 2  # (B, K, U)
+    phi = (alpha.to(exact)[:, :, None] * torch.exp(-beta.to(exact)[:, :, None] * dist2)).sum(dim=1)  # (B, U)
+    return phi.to(alpha.dtype)
+
+
+def _positions_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype positions are kept in: float32 for bfloat16 and float16 (whose integers end at 256 and
+    2048: kappa stuck at 256 in bfloat16 with steps of 1), else ``dtype`` (float64 stays float64)."""
+    return torch.promote_types(dtype, torch.float32) if dtype.is_floating_point else dtype
 
 
 class GMMLocationAttention(nn.Module):
@@ -98,9 +106,11 @@ class GMMLocationAttention(nn.Module):
             self.proj.bias[2 * K :].fill_(self._inverse(self.init_offset))
 
     def initial_kappa(self, batch_size: int, device=None, dtype=None) -> Tensor:
-        """``kappa_0 = 0``: ``(B, K)``."""
+        """``kappa_0 = 0``: ``(B, K)``, in float32 for a bfloat16 or float16 module (positions past 256
+        are exact in float32; kappa stuck at 256 in bfloat16)."""
         return torch.zeros(
-            batch_size, self.num_components, device=device, dtype=dtype or self.proj.weight.dtype
+            batch_size, self.num_components, device=device,
+            dtype=_positions_dtype(dtype or self.proj.weight.dtype),
         )
 
     def _f(self, x: Tensor) -> Tensor:
@@ -109,7 +119,7 @@ class GMMLocationAttention(nn.Module):
     def parameters_from(self, query: Tensor, kappa: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``(alpha, beta, kappa_t)``, each ``(B, K)``, from ``query (B, Dq)`` and ``kappa_{t-1} (B, K)``."""
         a_hat, b_hat, k_hat = self.proj(query).chunk(3, dim=-1)  # 3 x (B, K)
-        return self._f(a_hat), self._f(b_hat), kappa + self._f(k_hat)
+        return self._f(a_hat), self._f(b_hat), kappa + self._f(k_hat).to(kappa.dtype)
 
     def forward(
         self, query: Tensor, values: Tensor, kappa: Tensor, key_mask: Optional[Tensor] = None
@@ -119,8 +129,11 @@ class GMMLocationAttention(nn.Module):
             got = tuple(query.shape) if isinstance(query, Tensor) else type(query).__name__
             raise ValueError(f"query has shape {got}; expected (B, Dq) = (B, {Dq}) (one step)")
         autocast = torch.is_autocast_enabled(query.device.type)  # mixed dtypes are autocast's to reconcile
+        weight = self.proj.weight.dtype
         for name, t in (("query", query), ("values", values), ("kappa", kappa)):
-            if isinstance(t, Tensor) and t.dtype != self.proj.weight.dtype and not autocast:
+            if name == "kappa" and isinstance(t, Tensor) and t.dtype == _positions_dtype(weight):
+                continue  # positions in float32 for a half-precision module (initial_kappa)
+            if isinstance(t, Tensor) and t.dtype != weight and not autocast:
                 raise ValueError(
                     f"{name} has dtype {t.dtype} but the module's weights are {self.proj.weight.dtype}; "
                     "convert one of them with .to(dtype)"
@@ -163,7 +176,7 @@ class GMMLocationAttention(nn.Module):
             phi = phi.masked_fill(~key_mask, 0.0)
             # a select, not 0 * value: padded values that hold NaN or inf never reach the window
             values = zero_where(key_mask[:, :, None], values)  # (B, U, Dv)
-        window = (phi[:, None, :] @ values)[:, 0]  # (B, 1, U) @ (B, U, Dv) -> (B, Dv)
+        window = (phi.to(values.dtype)[:, None, :] @ values)[:, 0]  # (B, 1, U) @ (B, U, Dv) -> (B, Dv)
         return window, phi, kappa
 
     def extra_repr(self) -> str:
