@@ -104,3 +104,13 @@ def test_position_encoding_of_a_float64_model_matches_the_float64_reference():
     assert MemN2N(10, dim=7, sentence_len=6).pe.dtype == torch.float32
     no_position = MemN2N(10, dim=7, sentence_len=6, position_encoding=False).double()
     assert torch.equal(no_position.pe, torch.ones(6, 7, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("args, needle", [((3.5, 4), "sentence_len=3.5"), ((0, 4), "sentence_len=0"),
+                                          ((3, 0), "dim=0"), ((3, 4, torch.long), "floating dtype")])
+def test_position_encoding_matrix_refuses_sizes_and_dtypes_that_give_no_encoding(args, needle):
+    """(3.5, 4) built a (4, 4) matrix with J = 3.5, (0, 4) an empty one, dtype=torch.long all zeros."""
+    from attnkit.models.memn2n import position_encoding_matrix
+
+    with pytest.raises(ValueError, match=needle):
+        position_encoding_matrix(*args)

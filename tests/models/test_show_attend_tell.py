@@ -181,3 +181,15 @@ def test_an_all_pad_caption_is_refused():
     with pytest.raises(ValueError, match=r"tokens row 1 is all <pad> \(id 0\): an empty caption"):
         model.loss(IMAGES, tokens)
     model.loss(IMAGES, torch.tensor([[3, 4, 2], [2, 0, 0]]))  # <eos> alone: a caption
+
+
+def test_reset_parameters_resets_the_reinforce_baseline_as_batchnorm_resets_its_statistics():
+    """The moving-average baseline kept its value and count through reset_parameters (and, after meta ->
+    to_empty -> reset_parameters, whatever memory held became the REINFORCE baseline)."""
+    model = ShowAttendTell(10, hidden_dim=16, feature_dim=8, embed_dim=8, attention_dim=8)
+    for reward in (torch.tensor([-7.0]), torch.tensor([-8.0])):
+        model.baseline.update(reward)
+    assert model.baseline.count == 2
+    model.reset_parameters()
+    assert model.baseline.count == 0 and model.baseline.value == 0
+    assert model.baseline.update(torch.tensor([3.0])) == 3.0  # the first batch's own mean again

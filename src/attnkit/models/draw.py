@@ -46,7 +46,11 @@ class DRAWOutput:
 
 
 class DRAW(nn.Module):
-    """DRAW with attention: ``steps`` glimpses, ``read_n x read_n`` read, ``write_n x write_n`` write."""
+    """DRAW with attention: ``steps`` glimpses, ``read_n x read_n`` read, ``write_n x write_n`` write.
+
+    ``forward`` samples ``z = mu + sigma * eps`` at every step in ``eval()`` too (the paper's generative
+    model; unlike dropout, sampling is not switched off): two forwards of one image differ. Seed torch's
+    generator (``torch.manual_seed``) before a forward for a reproducible reconstruction."""
 
     def __init__(
         self,

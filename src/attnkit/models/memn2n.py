@@ -34,7 +34,12 @@ def position_encoding_matrix(
     sentence_len: int, dim: int, dtype: torch.dtype = torch.float32, device: torch.device | None = None
 ) -> Tensor:
     """``l (S, d)`` with ``l_kj = (1 - j/J) - (k/d)(1 - 2j/J)``, 1-based ``j`` (word), ``k`` (dim); computed
-    in float64 and rounded once to ``dtype``."""
+    in float64 and rounded once to ``dtype``. ``J`` is ``sentence_len``, the padded length every sentence
+    is stored in (as common implementations do), not the paper's number of words of each sentence: a word's
+    encoding depends on the model's ``sentence_len``."""
+    sentence_len, dim = check_positive_int("sentence_len", sentence_len), check_positive_int("dim", dim)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype={dtype!r}; expected a floating dtype (an integer one rounds all to 0)")
     J, d = sentence_len, dim
     j = torch.arange(1, J + 1, dtype=torch.float64, device=device)[:, None]  # (S, 1)
     k = torch.arange(1, d + 1, dtype=torch.float64, device=device)[None, :]  # (1, d)

@@ -138,7 +138,8 @@ class ShowAttendTell(nn.Module):
 
     def reset_parameters(self) -> None:
         for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Conv2d, nn.Embedding, nn.LSTMCell)) and module is not self:
+            if isinstance(module, (nn.Linear, nn.Conv2d, nn.Embedding, nn.LSTMCell, MovingAverageBaseline)) \
+                    and module is not self:  # the REINFORCE baseline forgets its batches, as BatchNorm's
                 module.reset_parameters()
         self.attend.reset_parameters()
 

@@ -252,6 +252,13 @@ class MovingAverageBaseline(nn.Module):
         self.register_buffer("count", torch.zeros((), dtype=torch.long))
 
     @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Forget the batches seen (as BatchNorm's ``reset_running_stats``): after ``to_empty()`` the
+        buffers hold whatever memory held."""
+        self.value.zero_()
+        self.count.zero_()
+
+    @torch.no_grad()
     def update(self, reward: Tensor) -> Tensor:
         mean = reward.detach().float().mean()
         if not torch.isfinite(mean):
