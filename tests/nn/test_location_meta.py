@@ -41,3 +41,17 @@ def test_a_half_precision_draw_filterbank_reads_every_pixel_past_256():
     fx, fy = filterbank(window_from_params(params, W, W, W), W, W, W)
     assert fx.dtype == torch.bfloat16
     assert torch.equal(fx[0].float().argmax(-1), torch.arange(W))
+
+
+@pytest.mark.parametrize("length, shapes, needle", [
+    (2.5, ((2, 3),) * 3, "length=2.5"), (True, ((2, 3),) * 3, "length=True"),
+    (-3, ((2, 3),) * 3, "length=-3"),
+    (4, ((2, 1), (2, 3), (2, 3)), "must have one shape"), (4, ((3,), (3,), (3,)), "expected a floating"),
+])
+def test_gmm_window_weights_refuses_what_gives_no_window(length, shapes, needle):
+    """length=2.5 gave 3 positions, True 1, alpha (B, 1) broadcast against kappa (B, K), 1-D inputs an
+    IndexError, a negative length torch's arange error."""
+    from attnkit.nn.location import gmm_window_weights
+
+    with pytest.raises(ValueError, match=needle):
+        gmm_window_weights(*(torch.ones(shape) for shape in shapes), length)

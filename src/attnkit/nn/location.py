@@ -45,6 +45,16 @@ def gmm_window_weights(alpha: Tensor, beta: Tensor, kappa: Tensor, length: int) 
 
     ``alpha, beta, kappa (B, K)`` -> ``phi (B, length)``.
     """
+    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+        raise ValueError(f"length={length!r}; expected the number of positions, an integer >= 0")
+    for name, t in (("alpha", alpha), ("beta", beta), ("kappa", kappa)):
+        if not isinstance(t, Tensor) or t.dim() != 2 or not t.is_floating_point():
+            raise ValueError(f"{name} is {t.dtype if isinstance(t, Tensor) else type(t).__name__} of shape "
+                             f"{tuple(t.shape) if isinstance(t, Tensor) else ()}; expected a floating (B, K)")
+    if not alpha.shape == beta.shape == kappa.shape:
+        named = (("alpha", alpha), ("beta", beta), ("kappa", kappa))
+        shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in named)
+        raise ValueError(f"{shapes}: they must have one shape (B, K)")
     exact = _positions_dtype(kappa.dtype)  # positions past 256 exist in float32, not in bfloat16
     u = torch.arange(1, length + 1, device=kappa.device, dtype=exact)  # (U,): positions 1 .. U
     dist2 = (kappa.to(exact)[:, :, None] - u) ** 2  # (B, K, U)
