@@ -307,8 +307,7 @@ def causal_pattern(mask: MaskInfo) -> bool:
                 if m is not None:
                     p = _and(p, m[_at(index, m)])
                     real = m[_at(index, m)].expand(Lq, Lk) if real is None else _and(real, m[_at(index, m)])
-            if _causal_leaks(p, real, offset, own_key) or _ordered_leaks(p, offset) \
-                    or (offset == 0 and _block_order_leaks(p)):
+            if _causal_leaks(p, real, offset, own_key) or _ordered_leaks(p, offset):
                 return True
             if offset == 0 and Lq == Lk and _prefix_lm_leaks(p) and bool(_any(p.triu(1))):
                 return True
@@ -598,38 +597,6 @@ def _ordered_leaks(p: Tensor, offset: int) -> bool:
     if bool((sees & more).any()):
         return False  # not an order: a query sees a position that sees more than it (one hidden pair)
     return bool((more & ~sees & (counts >= 2)[:, None]).any())
-
-
-def _block_order_leaks(p: Tensor) -> bool:
-    """Whether the square pattern ``p`` (padding merged) is, read left to right or right to left, causal
-    over blocks of three or more: runs of positions whose rows and columns are alike (chunks of a streaming
-    mask, single positions of a right-to-left one), no block sees a later block, some block an earlier
-    one; windows of blocks too (each chunk sees itself and the one before), which ``_ordered_leaks`` leaves
-    to this check as they are no chain; and a query of two keys or more shares a key with a later block's
-    queries (which it cannot see). Two blocks are the register pattern ``_ordered_leaks`` lets through."""
-    if p.shape[0] != p.shape[1]:
-        return False
-    real = _any(p, -1) & _any(p, -2)  # (L,): padded positions (no key seen, or seen by none) left out
-    p = p[real][:, real]
-    L = p.shape[0]
-    if L < 3:
-        return False
-    for q in (p, p.flip(0, 1)):
-        change = torch.ones(L, dtype=torch.bool, device=p.device)
-        change[1:] = (q[1:] != q[:-1]).any(-1) | (q[:, 1:] != q[:, :-1]).any(0)  # a new block starts
-        starts = change.nonzero().flatten()
-        blocks = q[starts][:, starts]  # (n, n): one entry per pair of blocks (constant within)
-        n = blocks.shape[0]
-        if int(_any(blocks, -1).sum()) < 3 or bool(blocks.triu(1).any()) or not bool(blocks.tril(-1).any()):
-            continue
-        sizes = torch.diff(torch.cat([starts, starts.new_tensor([L])]))  # (n,): positions per block
-        keys = (blocks.to(sizes.dtype) * sizes).sum(-1)  # (n,): the keys each block's queries see
-        order = torch.arange(n, device=p.device)
-        last = _last_true(blocks, 0)  # (n,): the last block that sees each block's keys
-        later = _any(blocks & (last[None, :] > order[:, None]), -1)  # shares a key with a later block,
-        if bool(((keys >= 2) & later).any()):  # which it cannot see (no block sees a later one)
-            return True
-    return False
 
 
 def _leaks(p: Tensor) -> bool:
