@@ -368,3 +368,9 @@ def test_orders_of_two_key_sets_and_hidden_pairs_are_not_read_as_orders():
     packed = torch.block_diag(torch.ones(3, 3), torch.ones(3, 3)).bool()
     for pattern in (two_blocks, hidden_pair, window, packed):
         assert not _pattern(pattern, 6, 6), pattern.int()
+    # packed sequences whose padded rows see every key (Hugging Face's unmasking of empty rows against NaN):
+    # refused by a check of the second look, reverted
+    seg = torch.tensor([1, 1, 2, 2, 2, 3, 3, 3, 3, 0, 0, 0])
+    unmasked = (seg[:, None] == seg[None, :]) & (seg[None, :] > 0)
+    unmasked[~unmasked.any(-1)] = True
+    assert not _pattern(unmasked, 12, 12), unmasked.int()

@@ -559,15 +559,15 @@ def _prefix_lm_leaks(p: Tensor) -> bool:
 
 
 def _maybe_ordered(patterns: Optional[Tensor]) -> Tensor:
-    """Which ``(Lq, Lk)`` patterns of ``patterns`` ``(B|1, H|1)`` have queries that see different numbers of
-    keys (queries that see none left out): the only ones ``_ordered_leaks`` can flag."""
+    """Which square ``(Lq, Lk)`` patterns of ``patterns`` ``(B|1, H|1)`` ``_ordered_leaks`` may flag, from
+    their corners alone (no pass over the patterns): an order hides the last key from the first query or the
+    first key from the last one, not both where each sees itself (neither key set holds the other: a
+    window)."""
     if patterns is None or patterns.shape[-1] != patterns.shape[-2]:
         return torch.zeros((), dtype=torch.bool)
-    counts = patterns.sum(-1)  # (B|1, H|1, Lq)
-    seen = counts > 0
-    top = counts.masked_fill(~seen, 0).amax(-1)
-    low = counts.masked_fill(~seen, patterns.shape[-1] + 1).amin(-1)
-    return seen.any(-1) & (low < top)
+    first_last, last_first = patterns[..., 0, -1], patterns[..., -1, 0]  # (B|1, H|1)
+    ends = patterns[..., 0, 0] & patterns[..., -1, -1]
+    return ~(first_last & last_first) & ~(~first_last & ~last_first & ends)
 
 
 def _ordered_leaks(p: Tensor, offset: int) -> bool:
@@ -584,7 +584,13 @@ def _ordered_leaks(p: Tensor, offset: int) -> bool:
     Lq, Lk = p.shape
     if Lq != Lk or offset != 0:
         return False
-    counts = p.sum(-1)  # (Lq,)
+    real = _any(p, -1) & _any(p, -2)  # (L,): positions that see a key and are seen
+    if int(real.sum()) < 3:
+        return False
+    first, last = int(real.to(torch.uint8).argmax()), Lq - 1 - int(real.flip(0).to(torch.uint8).argmax())
+    if bool(p[first, last]) == bool(p[last, first]) or not bool(p[first, first] and p[last, last]):
+        return False  # the ends see each other both ways or neither (bidirectional, a window): no order
+    counts = p.sum(-1, dtype=torch.int32)  # (Lq,)
     real = counts > 0
     held = counts[real]
     if held.numel() < 3 or int(held.unique().numel()) < 3:
