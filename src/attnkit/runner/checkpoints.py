@@ -468,9 +468,14 @@ def _load_checkpoint(accelerator, path: Path, model, optimizer, scheduler, reg=N
         except RuntimeError as exc:  # another model: name what differs (the first line says nothing)
             raise _checkpoint_error(file=state_file, problem=f"does not fit this run's model "
                                     f"({state_mismatch(exc)})") from None
-        optimizer.load_state_dict(_split_hybrid_group(state["optimizer"], optimizer,
-                                                      accelerator.unwrap_model(model)))
-        scheduler.load_state_dict(state["scheduler"])
+        saved = _split_hybrid_group(state["optimizer"], optimizer, accelerator.unwrap_model(model))
+        optimizer.load_state_dict(saved)
+        schedule = state["scheduler"]
+        if saved is not state["optimizer"] and isinstance(schedule, dict):  # its per-group lists too
+            schedule = {k: (v[:1] + v[:1] + v[1:] if k in ("base_lrs", "_last_lr", "lr_lambdas")
+                            and isinstance(v, list) and len(v) == len(optimizer.param_groups) - 1 else v)
+                        for k, v in schedule.items()}
+        scheduler.load_state_dict(schedule)
         if reg is not None and "regularizer" in state:
             reg._generator.set_state(state["regularizer_rng"])
 
