@@ -256,6 +256,16 @@ def _reads(source: str) -> bool:
      "    return F.cross_entropy(x, y, reduction='sum') / denom", True),
     ("def forward(self, x, y, num_items_in_batch=None):\n    for n in [num_items_in_batch]:\n"
      "        loss = F.cross_entropy(x, y, reduction='sum') / n\n    return loss", True),
+    # the second look at the third: n *= k keeps the Trainer's count; both branches of an if, or a try's
+    # else, setting their own replace it
+    ("def forward(self, x, y, num_items_in_batch=None):\n    num_items_in_batch *= 2\n"
+     "    return F.cross_entropy(x, y, reduction='sum') / num_items_in_batch", True),
+    ("def forward(self, x, labels=None, num_items_in_batch=None):\n    if labels is None:\n"
+     "        num_items_in_batch = x.numel()\n    else:\n        num_items_in_batch = labels.ne(-100).sum()\n"
+     "    return F.cross_entropy(x, labels, reduction='sum') / num_items_in_batch", False),
+    ("def forward(self, x, y, num_items_in_batch=None):\n    try:\n        pass\n    except KeyError:\n"
+     "        pass\n    else:\n        num_items_in_batch = y.numel()\n"
+     "    return F.cross_entropy(x, y, reduction='sum') / num_items_in_batch", False),
     # read without a loss: one of a pair, a counter, a log line, a test choosing the reduction
     ("def forward(self, x, y, num_items_in_batch=None):\n    logits, n = self.lin(x), num_items_in_batch\n"
      "    return F.cross_entropy(logits, y)", False),

@@ -106,10 +106,19 @@ def _normalizes_by_items(model) -> bool:
             return not overwritten(node, aliases)
         return any(carries(child, aliases) for child in ast.iter_child_nodes(node))
 
+    def last_word(block, name: str, aliases) -> Optional[bool]:
+        return next((found for s in reversed(block) if (found := sets(s, name, aliases)) is not None), None)
+
     def sets(statement, name: str, aliases) -> Optional[bool]:  # True: a count of the forward's own
-        if isinstance(statement, (ast.With, ast.AsyncWith, ast.Try)):  # bodies that run: their last word
-            return next((found for s in reversed(statement.body)
-                         if (found := sets(s, name, aliases)) is not None), None)
+        if isinstance(statement, (ast.With, ast.AsyncWith)):  # a body that runs: its last word
+            return last_word(statement.body, name, aliases)
+        if isinstance(statement, ast.Try):  # body, else, finally (an except may not run)
+            return last_word([*statement.body, *statement.orelse, *statement.finalbody], name, aliases)
+        if isinstance(statement, ast.If):  # own only where both branches set their own
+            both = (last_word(statement.body, name, aliases), last_word(statement.orelse, name, aliases))
+            return True if both == (True, True) else None
+        if isinstance(statement, ast.AugAssign):  # n *= k keeps n's value: decided by what came before
+            return False if key(statement.target) == name and carries(statement.value, aliases) else None
         values = [value for targets, value in assigned([statement]) if name in targets]
         return None if not values else not any(carries(value, aliases) for value in values)
 
