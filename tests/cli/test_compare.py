@@ -348,3 +348,13 @@ def test_a_missing_optional_package_is_one_line_naming_its_extra_before_any_trai
     lines = err.strip().splitlines()
     assert len(lines) == 1 and f"pip install 'attnkit[{extra}]'" in lines[0], err
     assert not out.exists()
+
+
+def test_a_module_missing_inside_an_installed_package_keeps_its_traceback():
+    """ModuleNotFoundError for transformers.models.does_not_exist (transformers installed: a version mismatch
+    or a defect) was told to install the 'hf' extra."""
+    from attnkit.cli import _missing_extra
+
+    assert _missing_extra(ModuleNotFoundError("No module named 'accelerate'", name="accelerate")) is not None
+    inner = ModuleNotFoundError("No module named 'transformers.models.gone'", name="transformers.models.gone")
+    assert _missing_extra(inner) is None

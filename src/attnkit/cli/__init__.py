@@ -86,7 +86,8 @@ def _missing_extra(exc: ImportError) -> Optional[str]:
     defect, with its traceback)."""
     if "pip install 'attnkit[" in str(exc):  # our own message (plotting needs matplotlib, ...)
         return _one_line(str(exc))
-    name = (getattr(exc, "name", None) or "").split(".")[0]
+    # the package itself; a module missing inside an installed one is a version mismatch: a traceback
+    name = getattr(exc, "name", None) or ""
     if isinstance(exc, ModuleNotFoundError) and name in _EXTRAS:
         extra = _EXTRAS[name]
         return (f"this command needs {name}, which is in the '{extra}' extra: pip install 'attnkit[{extra}]' "
