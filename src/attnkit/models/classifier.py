@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from ..registry import resolve_mechanism
 from ..validators import check_bool
 from ..nn import SinusoidalPositionalEncoding, TransformerEncoder, TransformerEncoderLayer
+from ..nn.module_utils import reset_submodules
 from .building_blocks import (
     PerLayer,
     TokenEmbedding,
@@ -100,10 +101,16 @@ class TransformerClassifier(nn.Module):
         self.cls = nn.Parameter(torch.zeros(1, 1, d_model)) if pooling == "cls" else None
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(d_model, num_classes)
-        self.reset_parameters()
+        self._init_weights()  # the submodules were just built with their own initializations
 
     def reset_parameters(self) -> None:
-        """Embeddings ``N(0, 1/d)``; encoder matrices Xavier-uniform (as ``nn.Transformer``); head Xavier."""
+        """Every layer's own initialization (``nn.LayerNorm``, attention: zero projection biases, ``theta =
+        logit(u0)``), then embeddings ``N(0, 1/d)``, encoder matrices Xavier-uniform (as ``nn.Transformer``)
+        and the head Xavier with a zero bias. After ``to_empty()`` no leftover memory stays."""
+        reset_submodules(self)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
         self.embed.reset_parameters()
         for p in self.encoder.parameters():
             if p.dim() > 1:

@@ -239,6 +239,11 @@ class CTCModel(nn.Module):
         self.output = nn.Linear(hidden_dim, upsample * tgt_vocab_size)
         self.ctc = nn.CTCLoss(blank=blank_id, reduction="sum", zero_infinity=False)
 
+    def reset_parameters(self) -> None:
+        """Every layer as at construction (PyTorch's default initializations; the padding row zero)."""
+        for module in (self.embed, self.encoder, self.output):
+            module.reset_parameters()
+
     def forward(self, src_ids: Tensor, src_mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         src_mask = check_ids_and_mask(
             src_ids, src_mask, self.src_vocab_size, _MAX_LEN, self.pad_id, "src_ids", "src_mask"

@@ -158,6 +158,14 @@ class RNNSeq2Seq(nn.Module):
         self.pre_output = nn.Linear(2 * hidden_dim + embed_dim, hidden_dim)
         self.output = nn.Linear(hidden_dim, tgt_vocab_size)
 
+    def reset_parameters(self) -> None:
+        """Every layer as at construction: PyTorch's default initializations (the embeddings' padding rows
+        zero) and the attention's own."""
+        for module in (self.src_embed, self.tgt_embed, self.encoder, self.init_state, self.decoder,
+                       self.attention, self.pre_output, self.output):
+            if module is not None:
+                module.reset_parameters()
+
     # ------------------------------------------------------------------ encoder
 
     def encode(self, src_ids: Tensor, src_mask: Optional[Tensor] = None) -> dict:

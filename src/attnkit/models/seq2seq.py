@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from ..registry import resolve_mechanism
 from ..validators import check_bool
 from ..nn import Transformer
+from ..nn.module_utils import reset_submodules
 from .building_blocks import (
     PerLayer,
     TokenEmbedding,
@@ -109,13 +110,19 @@ class Seq2SeqTransformer(nn.Module):
             max_len=max_len,
         )
         self.generator = nn.Linear(d_model, tgt_vocab_size)
-        self.reset_parameters()
+        self._init_weights()  # the submodules were just built with their own initializations
 
     def reset_parameters(self) -> None:
-        """Embeddings ``N(0, 1/d)``; the Transformer as ``nn.Transformer``; output layer Xavier, bias 0."""
+        """Every layer's own initialization, then embeddings ``N(0, 1/d)``, the Transformer's matrices as
+        ``nn.Transformer``'s, the output layer Xavier with a zero bias. After ``to_empty()`` no leftover
+        memory stays."""
+        reset_submodules(self)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
         self.src_embed.reset_parameters()
         self.tgt_embed.reset_parameters()
-        self.transformer.reset_parameters()
+        self.transformer._init_matrices()
         nn.init.xavier_uniform_(self.generator.weight)
         nn.init.zeros_(self.generator.bias)
 

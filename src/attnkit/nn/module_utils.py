@@ -194,6 +194,17 @@ class HybridWeightAccess:
         self._theta_unset = False
 
 
+def reset_submodules(module: nn.Module) -> None:
+    """Call every submodule's own ``reset_parameters``, each before that of the modules holding it (so a
+    module's choice for its children's tensors, such as zero output biases, is applied last).
+
+    torch's ``nn.Transformer`` re-initializes only its matrices, so after ``to_empty()`` its biases and
+    LayerNorm weights would keep whatever memory held; a model's ``reset_parameters`` calls this first."""
+    for sub in reversed(list(module.modules())):
+        if sub is not module and callable(getattr(sub, "reset_parameters", None)):
+            sub.reset_parameters()
+
+
 def _from_to_empty(fn) -> bool:
     """Whether ``fn`` (given to ``nn.Module._apply``) is ``to_empty()``'s: new memory, no values."""
     return getattr(fn, "__qualname__", "").startswith("Module.to_empty.")

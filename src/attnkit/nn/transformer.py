@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from ..config import MechanismLike
 from ..validators import values_hidden
-from .module_utils import positive_int
+from .module_utils import positive_int, reset_submodules
 from .layers import Activation, TransformerDecoderLayer, TransformerEncoderLayer
 from .multihead import _flag
 from .positional import POSITIONAL, LearnedPositionalEncoding, SinusoidalPositionalEncoding
@@ -274,15 +274,21 @@ class Transformer(nn.Module):
         self.nhead = nhead
         self.batch_first = batch_first
         self.positional = positional
-        self.reset_parameters()
+        self._init_matrices()  # the submodules were just built: the numbers a seeded nn.Transformer draws
 
     def _reset_parameters(self) -> None:
         """torch's name for ``reset_parameters`` (code written for ``torch.nn.Transformer`` calls it)."""
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """torch's ``nn.Transformer`` initialisation: Xavier-uniform for every matrix of the encoder and
-        decoder; ``theta`` keeps ``logit(u0)``; learned positions keep ``N(0, 0.02^2)``."""
+        """Every layer's own initialization (``nn.Linear``, ``nn.LayerNorm``, attention: zero projection
+        biases, ``theta = logit(u0)``; learned positions ``N(0, 0.02^2)``), then torch's ``nn.Transformer``
+        initialisation: Xavier-uniform for every matrix of the encoder and decoder. A model built on the
+        meta device and materialized by ``to_empty()`` holds no leftover memory after it."""
+        reset_submodules(self)
+        self._init_matrices()
+
+    def _init_matrices(self) -> None:
         for p in list(self.encoder.parameters()) + list(self.decoder.parameters()):
             if p.dim() > 1:
                 nn.init.xavier_uniform_(p)
