@@ -43,6 +43,27 @@ def test_a_half_precision_draw_filterbank_reads_every_pixel_past_256():
     assert torch.equal(fx[0].float().argmax(-1), torch.arange(W))
 
 
+def test_a_half_precision_draw_window_centre_is_exact_at_even_widths_past_256():
+    """The centre (W + 1) / 2 = 150.5 of a width-300 image was 150 in bfloat16: every filter sat half a pixel
+    left, so a unit-stride grid of tiny variance read pixel i - 1 (or a mix) for filter i. The read of a
+    bfloat16 image equals the float32 read within bfloat16's rounding."""
+    from attnkit.nn.draw import draw_read, filterbank, window_from_params
+
+    W = 300
+    params = torch.tensor([[0.0, 0.0, -30.0, 0.0, 0.0]], dtype=torch.bfloat16)
+    window = window_from_params(params, W, W, W)
+    assert float(window.gx) == 150.5 and float(window.stride) == 1.0
+    fx, _ = filterbank(window, W, W, W)
+    assert fx.dtype == torch.bfloat16
+    assert torch.equal(fx[0].float().argmax(-1), torch.arange(W))
+    image = torch.rand(2, 1, W, W, generator=torch.Generator().manual_seed(0))
+    params32 = torch.tensor([[0.1, -0.2, 0.3, -0.1, 0.0]] * 2)
+    expected = draw_read(image, window_from_params(params32, W, W, 4), 4)
+    got = draw_read(image.bfloat16(), window_from_params(params32.bfloat16(), W, W, 4), 4)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("length, shapes, needle", [
     (2.5, ((2, 3),) * 3, "length=2.5"), (True, ((2, 3),) * 3, "length=True"),
     (-3, ((2, 3),) * 3, "length=-3"),

@@ -39,8 +39,10 @@ __all__ = ["DRAWRead", "DRAWWindow", "draw_read", "draw_write", "filterbank", "w
 @dataclass
 class DRAWWindow:
     """The attention window in pixel units: centre ``gx, gy`` (1-based), ``stride``, ``sigma2`` (variance),
-    ``gamma`` (intensity); each ``(B,)``. ``log_sigma2 (B,)``, when given, is what the filters are computed
-    from (``sigma2`` then only reports it): their gradient stays finite where ``sigma2`` underflows."""
+    ``gamma`` (intensity); each ``(B,)``, in the image's dtype (``gx``, ``gy`` and ``stride`` may be float32
+    for a bfloat16 / float16 image, as ``window_from_params`` makes them). ``log_sigma2 (B,)``, when given,
+    is what the filters are computed from (``sigma2`` then only reports it): their gradient stays finite
+    where ``sigma2`` underflows."""
 
     gx: Tensor
     gy: Tensor
@@ -61,6 +63,10 @@ def window_from_params(params: Tensor, width: int, height: int, N: int) -> DRAWW
     for name, value in (("width", width), ("height", height), ("N", N)):
         _check_size(name, value)
     gx_t, gy_t, log_s2, log_d, log_g = params.unbind(-1)
+    # centres and stride in float32 for bfloat16 / float16 params (a centre of 150.5 in bfloat16 is 150: the
+    # grid half a pixel off at widths past 256); the filters come out in the params' dtype
+    positions = torch.promote_types(params.dtype, torch.float32)
+    gx_t, gy_t, log_d = (t.to(positions) for t in (gx_t, gy_t, log_d))
     gx = (width + 1) / 2 * (gx_t + 1)
     gy = (height + 1) / 2 * (gy_t + 1)
     stride = (max(width, height) - 1) / max(N - 1, 1) * torch.exp(log_d)
@@ -95,7 +101,7 @@ def filterbank(window: DRAWWindow, width: int, height: int, N: int) -> tuple[Ten
         raise ValueError(f"N={N!r}; expected a grid size >= 1")
     for name, value in (("width", width), ("height", height)):
         _check_size(name, value)
-    device, given = window.gx.device, window.gx.dtype
+    device, given = window.gamma.device, window.gamma.dtype
     # positions in float32 for a bfloat16 / float16 window (whose integers end at 256 / 2048: at width 300
     # in bfloat16 only 98 of 300 filters sat on their own pixel); the filters are returned in its dtype
     dtype = torch.promote_types(given, torch.float32)
@@ -141,7 +147,11 @@ def _check_window(window: DRAWWindow, x: Tensor, what: str = "image") -> None:
         if not isinstance(t, Tensor) or tuple(t.shape) != (B,):
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"window.{name} has shape {got}; expected ({B},), one value per image")
-        check_same_device_dtype(t, f"window.{name}", x, f"the {what}",
+        if name in ("gx", "gy", "stride") and t.dtype == torch.promote_types(x.dtype, torch.float32):
+            like = x.new_empty(0, dtype=t.dtype)  # positions may be float32 for a half-precision image
+        else:
+            like = x
+        check_same_device_dtype(t, f"window.{name}", like, f"the {what}",
                                 hint=" (e.g. the module that computes the window)")
 
 
