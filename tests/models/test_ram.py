@@ -90,6 +90,9 @@ def _small_ram():
         (lambda m: m.loss(torch.rand(2, 1, 8, 8), torch.tensor([0])), r"labels \(1,\) for 2 images"),
         (lambda m: m.loss(torch.rand(0, 1, 8, 8), torch.zeros(0, dtype=torch.long)), r"empty batch \(B=0\)"),
         (lambda m: m(torch.rand(2, 3, 8, 8)), r"expected \(B, C=1, H, W\)"),
+        # an empty image was named by its height alone ("height=0; expected a positive integer")
+        (lambda m: m(torch.rand(2, 1, 0, 8)), r"images have shape \(2, 1, 0, 8\): an image with no pixels"),
+        (lambda m: m(torch.rand(2, 1, 8, 0)), r"images have shape \(2, 1, 8, 0\): an image with no pixels"),
         (lambda m: RecurrentAttentionModel(location_std=float("inf")), "location_std=inf"),
         (lambda m: RecurrentAttentionModel(location_std=True), "location_std=True"),
         # a NaN pixel failed inside torch.distributions; a NaN location indexed at -9e18

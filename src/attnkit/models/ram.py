@@ -162,6 +162,11 @@ class RecurrentAttentionModel(nn.Module):
             raise ValueError(
                 f"images have shape {tuple(images.shape)}; expected (B, C={self.in_channels}, H, W)"
             )
+        if 0 in images.shape[2:]:
+            raise ValueError(
+                f"images have shape {tuple(images.shape)}: an image with no pixels has nothing to glimpse; "
+                "give images of height and width >= 1"
+            )
         check_input_dtype(images, self.classify.weight, "RecurrentAttentionModel")
         check_finite_pixels(images)
         B = images.shape[0]

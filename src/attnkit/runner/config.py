@@ -41,8 +41,8 @@ TRACKERS: tuple[str, ...] = ("tensorboard",)  # Accelerate trackers that ``log_w
 
 # Hyperparameters per task kind and preset (the README's table lists them; tests/runner/test_config.py keeps
 # it true). ``quick`` fits the default comparison (five mechanisms and the baseline x two seeds on Reuters-R8)
-# in about three minutes on two CPU cores; ``paper`` is larger (on Reuters-R8 about three hours on two cores;
-# the papers trained for 100K steps on GPUs).
+# in about one and a half minutes of training on two CPU cores; ``paper`` is larger (on Reuters-R8 2 to 5
+# hours on two cores, as the README measured; the papers trained for 100K steps on GPUs).
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "classification": {
         "quick": dict(
