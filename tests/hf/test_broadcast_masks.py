@@ -113,3 +113,24 @@ def test_a_vision_model_with_a_bias_table_gives_each_image_what_it_gives_alone(b
         for b in range(2):
             alone = model(pixel_values=pixels[b : b + 1]).last_hidden_state
             torch.testing.assert_close(both[b : b + 1], alone, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("build", (_beit, _swin), ids=("beit", "swin"))
+def test_a_bias_table_built_at_zero_gets_the_gradient_of_the_unconverted_model(build):
+    """An all-zero float mask was read as a padding mask (a bool tensor): BEiT's and the unshifted Swin
+    blocks' relative position bias tables, zero when built from a config, got no gradient after conversion
+    (softmax included) and stayed 0 for the whole training run."""
+    torch.manual_seed(0)
+    base = build().double()  # eval(): no stochastic depth, whose draws would differ between the two models
+    pixels = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    grads = []
+    for model in (copy.deepcopy(base), akhf.convert(copy.deepcopy(base), "softmax")):
+        model(pixel_values=pixels).last_hidden_state.pow(2).mean().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if "relative_position_bias_table" in n})
+    assert grads[0]
+    for name, eager in grads[0].items():
+        assert eager is not None and eager.abs().max() > 0
+        converted = grads[1][name]
+        assert converted is not None, f"{name} got no gradient"
+        # transformers' eager softmax runs in float32 even for float64 inputs
+        torch.testing.assert_close(converted, eager, atol=1e-6 * float(eager.abs().max()), rtol=1e-4)

@@ -122,6 +122,8 @@ def _split_mask(mask: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tens
     if mask.dtype == torch.bool:
         return mask, None
     if mask.dtype.is_floating_point:
+        if mask.requires_grad and torch.is_grad_enabled():
+            return None, mask  # a learned bias (BEiT's, Swin's: zero when built) keeps its gradient
         allowed = mask > MASKED_BIAS  # transformers' own float masks hold 0 and finfo(dtype).min
         if bool(((mask == 0) | ~allowed).all()):
             return allowed, None
