@@ -197,3 +197,65 @@ def test_coda_on_a_model_that_scales_q_before_attention_reads_the_projections(ga
         q, k, v = (p(x).view(2, 7, 4, 8).transpose(1, 2) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
         expected = ak.attention(q, k, v, ak.CoDA(gate=gate), causal=True, scale=8**-0.5)  # (B, H, L, d)
     torch.testing.assert_close(seen["out"], expected.transpose(1, 2).reshape(2, 7, 32), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("module_name, class_name", [
+    ("opt", "OPTAttention"),  # q_proj(hidden_states) * self.scaling
+    ("kosmos2_5", "Kosmos2_5TextAttention"),  # self.scaling * query_states
+    ("openai_privacy_filter", "OpenAIPrivacyFilterAttention"),  # query_states * self.scaling
+])
+def test_coda_finds_the_query_prescale_however_the_model_writes_it(module_name, class_name):
+    """Kosmos-2.5's text decoder writes ``self.scaling * query_states``: the pattern missed it, so CoDA's gate
+    took the L1 distance of q / 8 and k (the outputs shrank to 7e-20 at head size 64)."""
+    import importlib
+
+    from attnkit.hf.attention_interface import _query_prescale
+
+    cls = getattr(importlib.import_module(f"transformers.models.{module_name}.modeling_{module_name}"),
+                  class_name)
+    module = cls.__new__(cls)
+    torch.nn.Module.__init__(module)
+    module.scaling = 0.125
+    assert _query_prescale(module, 1.0) == 0.125
+
+
+def test_coda_is_refused_for_a_model_whose_query_scale_cannot_be_undone():
+    """TimesFM multiplies q by a learned per-dimension scale and calls attention with scaling=1.0: CoDA was
+    accepted and took its L1 distance between that scaled q and an unscaled k."""
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.for_model("timesfm", num_hidden_layers=1, hidden_size=32, intermediate_size=64,
+                                  num_attention_heads=2, head_dim=16)
+    model = AutoModel.from_config(config)
+    with pytest.raises(ValueError, match="TimesFmAttention scales its queries before attention"):
+        akhf.convert(model, "coda")
+    assert akhf.conversion(model) is None
+    akhf.convert(model, "softmax")  # the scores are the model's own: the other mechanisms take them
+
+
+@pytest.mark.parametrize("family", ["beit", "swin"])
+def test_coda_is_refused_for_a_model_that_adds_a_bias_table_through_its_mask(family):
+    """BEiT and Swin add their relative position bias to the scores through attention_mask: convert took
+    CoDA, and the first forward failed on "an additive float mask" the user never passed (BEiT, built with a
+    zero table, ran and dropped the bias until the table moved)."""
+    from transformers import AutoConfig, AutoModel
+
+    kwargs = (dict(num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                   image_size=16, patch_size=8, use_relative_position_bias=True) if family == "beit" else
+              dict(image_size=16, patch_size=2, embed_dim=8, depths=[2], num_heads=[2], window_size=4))
+    model = AutoModel.from_config(AutoConfig.for_model(family, **kwargs))
+    with pytest.raises(ValueError, match="adds a position bias to its attention scores .*relative_position"):
+        akhf.convert(model, "coda")
+    assert akhf.conversion(model) is None
+
+
+def test_a_float_score_bias_reaching_coda_names_the_module_and_the_fix():
+    import attnkit as ak
+
+    module = torch.nn.Module()
+    module.is_causal = False
+    module.attnkit_mechanism = ak.CoDA()
+    q = torch.randn(1, 2, 3, 4)
+    bias = torch.randn(1, 2, 3, 3)
+    with pytest.raises(ValueError, match="Module passes a float score bias as its attention_mask"):
+        attention_forward(module, q, q, q, bias, scaling=0.5)

@@ -70,7 +70,10 @@ _BACKEND_ATTR = "attnkit_backend"  # set by attnkit.hf.set_backend; "auto" when 
 # does not implement. (``position_bias``, T5's relative position bias, is taken: an additive score bias.)
 # Modules that scale q after its projection and pass scaling=1.0 (OPT, Whisper, Qwen2-Audio, Voxtral, ...):
 # the scores are the same, but CoDA's L1 distance would be taken between a scaled q and an unscaled k.
-_PRESCALED_QUERY = re.compile(r"q_proj\(hidden_states\)\s*\*\s*self\.scaling")
+# Kosmos-2.5 writes ``self.scaling * query_states``, another ``query_states * self.scaling``.
+_PRESCALED_QUERY = re.compile(
+    r"(q_proj\(hidden_states\)|query_states)\s*\*\s*self\.scaling\b|self\.scaling\s*\*\s*query_states"
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,14 +85,28 @@ def forward_source(cls: type) -> str:
         return ""
 
 
+def prescales_query(module: nn.Module) -> bool:
+    """Whether ``module``'s forward calls its attention function with ``scaling=1.0``: it scaled q itself."""
+    return "scaling=1.0" in forward_source(type(module))
+
+
 def _query_prescale(module: nn.Module, scaling: Optional[float]) -> Optional[float]:
     """The factor ``s`` by which ``module`` multiplied q before its attention function, or None. Only for a
-    module whose own forward reads ``q_proj(hidden_states) * self.scaling`` and calls with ``scaling=1.0``."""
+    module whose own forward multiplies q (``q_proj(hidden_states)`` or ``query_states``) by a float
+    ``self.scaling`` and calls with ``scaling=1.0``."""
     s = getattr(module, "scaling", None)
     if scaling != 1.0 or not isinstance(s, float) or not math.isfinite(s) or s in (0.0, 1.0):
         return None
     source = forward_source(type(module))
-    return s if _PRESCALED_QUERY.search(source) and "scaling=1.0" in source else None
+    return s if _PRESCALED_QUERY.search(source) and prescales_query(module) else None
+
+
+def _coda_prescale_problem(module: nn.Module) -> str:
+    return (
+        f"{type(module).__name__} scales its queries before attention (it passes scaling=1.0) by a factor "
+        "attnkit cannot undo (a learned or per-dimension scale), so CoDA's L1 distance would be taken "
+        "between a scaled q and an unscaled k; convert it to softmax, dnas, hnas or sinkhorn"
+    )
 
 
 UNSUPPORTED_FEATURES = {
@@ -176,6 +193,8 @@ def attention_forward(
                 "does not implement, so its attention cannot run through attnkit; use the model without "
                 "attnkit.hf.convert"
             )
+    if isinstance(config, CoDA) and prescales_query(module) and _query_prescale(module, 1.0) is None:
+        raise ValueError(_coda_prescale_problem(module))
     if position_bias is not None and isinstance(config, CoDA):
         raise ValueError(
             f"{type(module).__name__} adds a position bias to the attention scores, which "
@@ -203,6 +222,12 @@ def attention_forward(
         key_valid = key_mask
     else:
         valid, bias = _split_mask(attention_mask)
+        if bias is not None and isinstance(config, CoDA):
+            raise ValueError(
+                f"{type(module).__name__} passes a float score bias as its attention_mask (a relative "
+                "position bias, or an additive mask), which CoDA cannot take (its masks are multiplicative); "
+                "convert the model to softmax, dnas, hnas or sinkhorn, or pass a boolean attention_mask"
+            )
         # the keys some query sees, from the boolean mask or the float bias alike (whether a learned bias
         # table happens to be all zeros must not change the query mask); a batch-1 mask broadcasts over B
         allowed = valid if valid is not None else None if bias is None else bias > MASKED_BIAS

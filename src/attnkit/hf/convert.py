@@ -45,9 +45,12 @@ from .attention_interface import (
     _THETA_ATTR,
     IMPLEMENTATION,
     UNSUPPORTED_FEATURES,
+    _coda_prescale_problem,
+    _query_prescale,
     attention_forward,
     attention_mask,
     forward_source,
+    prescales_query,
 )
 from .own_attention import own_forward, own_forward_problem, own_method, takes_position_bias
 
@@ -503,12 +506,18 @@ def convert(
         )
     if isinstance(config, CoDA):
         biased = [name for name, module in modules if _takes_position_bias(module)]
+        # BEiT and Swin add a learned relative position bias to their scores through attention_mask
+        biased += [name for name, _ in model.named_parameters() if "relative_position_bias" in name]
         if biased:
             raise ValueError(
                 f"{type(model).__name__} adds a position bias to its attention scores ({biased[0]}), which "
                 "CoDA cannot take (its masks are multiplicative); convert it to softmax, dnas, hnas or "
                 "sinkhorn"
             )
+        prescaled = [(name, m) for name, m in modules
+                     if prescales_query(m) and _query_prescale(m, 1.0) is None]
+        if prescaled:
+            raise ValueError(f"{prescaled[0][0]}: {_coda_prescale_problem(prescaled[0][1])}")
     chosen = _choose_layers(layers, len(modules), type(model).__name__)
     problem = causal_problem(config)
     if problem is not None:
