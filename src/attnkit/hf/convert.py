@@ -206,7 +206,8 @@ def _check_model(model) -> None:
     if not isinstance(model, PreTrainedModel):
         hint = ""
         if callable(getattr(model, "get_base_model", None)):  # PEFT's PeftModel
-            hint = "; for a model with adapters pass model.get_base_model() (or convert before adding them)"
+            hint = ("; for a model with adapters pass model.get_base_model() (converting before adding them "
+                    "leaves HNAS's attnkit_theta frozen by PEFT)")
         raise ValueError(
             "expected a transformers PreTrainedModel (e.g. AutoModel.from_pretrained(...)), got "
             f"{type(model).__name__}{hint}"
