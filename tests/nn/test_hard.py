@@ -56,6 +56,21 @@ def test_gumbel_samples_follow_softmax():
     torch.testing.assert_close(y.mean(0), torch.softmax(logits[0], 0), atol=0.01, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gumbel_samples_in_half_precision_follow_softmax_in_the_tail(dtype):
+    """The noise was drawn and summed in the logits' dtype: in bfloat16 a location of probability 0.0009 was
+    drawn 23x too rarely (0.00004) and one of 0.0184 at 0.0164, float16 less so. 400k samples: each
+    frequency within 5 standard errors of the float32 softmax."""
+    logits = torch.tensor([0.0, -3.0, -6.0, 0.5])
+    p = torch.softmax(logits, 0).double()
+    N = 400_000
+    y = gumbel_straight_through(logits.to(dtype).expand(N, -1), generator=torch.Generator().manual_seed(0))
+    assert y.dtype == dtype
+    freq = y.double().mean(0)
+    z = (freq - p) / (p * (1 - p) / N).sqrt()
+    assert z.abs().max() < 5, (freq.tolist(), p.tolist())
+
+
 def test_soft_mode_is_expectation_of_hard_samples():
     torch.manual_seed(0)
     scores, values = torch.randn(3, 6, dtype=torch.float64), torch.randn(3, 6, 4, dtype=torch.float64)

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from ..config import CoDA
 from ..functional import normalize
 from ..scores import neg_l1_distance
-from .module_utils import check_like_parameters, check_same_device_dtype
+from .module_utils import check_like_parameters, check_same_device_dtype, reset_submodules
 
 __all__ = ["CoDACrossAttention", "AlignCompose", "CROSS_MECHANISMS"]
 
@@ -94,6 +94,10 @@ class CoDACrossAttention(nn.Module):
         self.f_e = nn.Linear(d_model, proj_dim)
         self.f_n = nn.Linear(d_model, proj_dim) if mechanism == "coda" else None
 
+    def reset_parameters(self) -> None:
+        """The projections' own (``nn.Linear``) initialization, as at construction."""
+        reset_submodules(self)
+
     def weights(self, a: Tensor, b: Tensor, a_mask: Tensor, b_mask: Tensor) -> tuple[Tensor, Tensor]:
         """Weights for ``A' = W_a B`` and ``B' = W_b^T A``: both ``(B, La, Lb)`` (the same ``M`` for CoDA)."""
         valid = a_mask[:, :, None] & b_mask[:, None, :]  # (B, La, Lb)
@@ -140,6 +144,10 @@ class AlignCompose(nn.Module):
         self.mlp = nn.Sequential(
             nn.Linear(2 * d_model, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()
         )
+
+    def reset_parameters(self) -> None:
+        """The MLP's own (``nn.Linear``) initialization, as at construction."""
+        reset_submodules(self)
 
     def forward(self, x_prime: Tensor, x: Tensor, mask: Tensor) -> Tensor:
         if x.dim() != 3 or x.shape[-1] != self.d_model or x_prime.shape != x.shape:

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from ..config import CoDA, MechanismLike
 from ..registry import normalizes_over_queries, resolve_mechanism
 from ..validators import check_number
-from .module_utils import flag, mechanism_label, positive_int
+from .module_utils import flag, mechanism_label, positive_int, reset_submodules
 from .multihead import MultiheadAttention
 
 __all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "Activation"]
@@ -116,6 +116,10 @@ class _Sublayers(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias, **factory)
         self.activation = _activation(activation)
+
+    def reset_parameters(self) -> None:
+        """Every sublayer's own initialization (attention, feed-forward, LayerNorm), as at construction."""
+        reset_submodules(self)
 
     def _ff_block(self, x: Tensor, dropout: nn.Dropout) -> Tensor:
         return dropout(self.linear2(self.dropout(self.activation(self.linear1(x)))))

@@ -176,16 +176,21 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         else:
             self.bias_k = self.bias_v = None
         self._init_hybrid_weight(num_heads, **factory)
-        self.reset_parameters()
+        self._init_projections()  # out_proj was just built: the numbers torch's module draws
 
     def _reset_parameters(self) -> None:
         """torch's name for ``reset_parameters`` (code written for torch's module calls it)."""
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """torch's initialisation: Xavier-uniform input projections, zero biases, Xavier-normal ``bias_k/v``;
-        ``theta = logit(u0)``. As in torch, ``out_proj.weight`` keeps ``nn.Linear``'s initialisation, so
-        a seeded construction draws exactly the numbers ``torch.nn.MultiheadAttention`` draws."""
+        """torch's initialisation: ``out_proj`` as ``nn.Linear``, Xavier-uniform input projections, zero
+        biases, Xavier-normal ``bias_k/v``; ``theta = logit(u0)``. A seeded construction draws exactly the
+        numbers ``torch.nn.MultiheadAttention`` draws; after ``to_empty()`` no leftover memory stays (torch's
+        own reset leaves ``out_proj.weight`` as it was)."""
+        self.out_proj.reset_parameters()
+        self._init_projections()
+
+    def _init_projections(self) -> None:
         if self._same_dims:
             nn.init.xavier_uniform_(self.in_proj_weight)
         else:

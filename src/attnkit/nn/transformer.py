@@ -105,6 +105,10 @@ class TransformerEncoder(nn.Module):
         self.num_layers = num_layers
         self.norm = norm
 
+    def reset_parameters(self) -> None:
+        """Every layer's own initialization (and the final norm's), as at construction."""
+        reset_submodules(self)
+
     def forward(
         self,
         src: Tensor,
@@ -156,6 +160,10 @@ class TransformerDecoder(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.num_layers = num_layers
         self.norm = norm
+
+    def reset_parameters(self) -> None:
+        """Every layer's own initialization (and the final norm's), as at construction."""
+        reset_submodules(self)
 
     def forward(
         self,
