@@ -795,3 +795,21 @@ def test_reference_backend_dropout_draws_torchs_masks_for_the_same_seed(need_wei
     got, _ = ours(x, x, x, need_weights=need_weights)
     torch.testing.assert_close(got, expected)
     assert torch.equal(torch.rand(3), after_theirs)
+
+
+@pytest.mark.parametrize("batch_first, shape", [(True, (1, 0, 8)), (False, (0, 1, 8)), (True, (0, 8))])
+def test_keys_with_no_positions_are_refused_naming_key_and_value(batch_first, shape):
+    """Zero keys failed deep inside with "k has an empty sequence (shape (1, 2, 0, 4))", a per-head tensor
+    the user never passed; with add_bias_kv or add_zero_attn the queries still have a key (torch's result)."""
+    query = torch.randn(*((1, 3, 8) if batch_first else (3, 1, 8))) if len(shape) == 3 else torch.randn(3, 8)
+    empty = torch.randn(*shape)
+    module = ak.nn.MultiheadAttention(8, 2, batch_first=batch_first)
+    with pytest.raises(ValueError, match=r"key \(.*\) and value \(.*\) hold no positions"):
+        module(query, empty, empty)
+    for extra in (dict(add_bias_kv=True), dict(add_zero_attn=True)):
+        torch.manual_seed(0)
+        ours = ak.nn.MultiheadAttention(8, 2, batch_first=batch_first, **extra)
+        torch.manual_seed(0)
+        theirs = torch.nn.MultiheadAttention(8, 2, batch_first=batch_first, **extra)
+        ours.load_state_dict(theirs.state_dict())
+        torch.testing.assert_close(ours(query, empty, empty)[0], theirs(query, empty, empty)[0])

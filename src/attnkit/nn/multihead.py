@@ -500,6 +500,13 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
                     f"query {tuple(query.shape)} and key {tuple(key.shape)} have different batch sizes "
                     f"(layout {layout}, batch_first={self.batch_first})"
                 )
+        seq = 1 if batched and self.batch_first else 0
+        if key.shape[seq] == 0 and self.bias_k is None and not self.add_zero_attn:
+            raise ValueError(
+                f"key {tuple(key.shape)} and value {tuple(value.shape)} hold no positions (layout {layout}, "
+                f"batch_first={self.batch_first}): the queries have nothing to attend to; give at least one "
+                "key (or build the module with add_bias_kv=True or add_zero_attn=True)"
+            )
         return batched
 
     def _check_masks(
