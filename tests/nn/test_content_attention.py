@@ -301,3 +301,26 @@ def test_hnas_content_attention_loads_a_state_dict_without_theta_and_takes_float
     assert context.dtype == torch.float64
     context.sum().backward()
     assert dot.theta.grad is not None and dot.theta.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype, fill", [(torch.float32, 1e20), (torch.float16, 200.0)])
+@pytest.mark.parametrize("name, mechanism", [("dot", "softmax"), ("bilinear", "softmax"), ("dot", "dnas"),
+                                             ("scaled_dot", "coda")])
+def test_large_finite_padding_equals_truncation(dtype, fill, name, mechanism):
+    """A padded query and key holding large finite values (1e20 in float32, 200 in float16) made a padded
+    pair's score inf, refused as "scores contain NaN or +inf" though the docstring says padding never
+    matters."""
+    module = _modules()[name].to(dtype)
+    module.mechanism = ak.resolve_mechanism(mechanism)
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 3, 6, generator=g).to(dtype)
+    keys = torch.randn(2, 5, 6, generator=g).to(dtype)
+    query_mask, key_mask = _lengths_mask([3, 2], 3), _lengths_mask([5, 3], 5)
+    q[~query_mask] = fill
+    keys[~key_mask] = fill
+    context, weights = module(q, keys, key_mask=key_mask, query_mask=query_mask)
+    c_alone, w_alone = module(q[1:, :2], keys[1:, :3])
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(context[1, :2], c_alone[0], **tol)
+    torch.testing.assert_close(weights[1, :2, :3], w_alone[0], **tol)
+    assert torch.all(weights[1, :, 3:] == 0) and torch.all(context[1, 2:] == 0)

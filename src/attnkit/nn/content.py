@@ -45,6 +45,19 @@ from .module_utils import HybridWeightAccess, check_like_parameters, zero_where
 __all__ = ["ContentAttention"]
 
 
+def _hidden_pairs(key_mask: Optional[Tensor], query_mask: Optional[Tensor]) -> Optional[Tensor]:
+    """``(B, 1, Lq, Lk)`` True where a padded query or key hides the pair (``query_mask (B, Lq)``, ``key_mask
+    (B, Lk)``; either may be None), or None when nothing is hidden."""
+    if key_mask is None and query_mask is None:
+        return None
+    visible = True
+    if key_mask is not None:
+        visible = key_mask[:, None, None, :]  # (B, 1, 1, Lk)
+    if query_mask is not None:
+        visible = query_mask[:, None, :, None] & visible  # (B, 1, Lq, Lk | 1)
+    return ~visible
+
+
 class ContentAttention(HybridWeightAccess, nn.Module):
     """Base class: ``score(q (B, 1, Lq, Dq), k (B, 1, Lk, Dk)) -> (B, 1, Lq, Lk)`` is given by subclasses.
 
@@ -115,6 +128,12 @@ class ContentAttention(HybridWeightAccess, nn.Module):
         k = keys[:, None]  # (B, 1, Lk, Dk)
         scores = self.score(q, k)  # (B, 1, Lq, Lk)
         gate = self.gate_scores(q, k)
+        hidden = _hidden_pairs(key_mask, query_mask)  # (B, 1, Lq | 1, Lk) or None
+        if hidden is not None:
+            # large finite padding (1e20 in float32, 200 in float16) can overflow a padded pair's score to
+            # inf, which normalize refuses; those pairs get no weight, so their scores are set to 0
+            scores = scores.masked_fill(hidden, 0.0)
+            gate = None if gate is None else gate.masked_fill(hidden, 0.0)
         weights = normalize(
             scores, self.mechanism, key_mask=key_mask, query_mask=query_mask, gate_scores=gate,
             hybrid_weight=None if self.theta is None else self._hybrid_weight().to(scores.dtype),
