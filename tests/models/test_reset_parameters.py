@@ -5,7 +5,6 @@ leftover value."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 import attnkit as ak
 from attnkit.models import (
@@ -19,6 +18,7 @@ from attnkit.models import (
     ShowAttendTell,
     TransformerClassifier,
 )
+from tests.nn.test_reset_parameters import assert_reset_leaves_no_leftover_memory
 
 BUILDERS = {
     "rnn_seq2seq_additive": lambda: RNNSeq2Seq(12, 11, embed_dim=8, hidden_dim=8),
@@ -44,14 +44,4 @@ BUILDERS = {
 def test_reset_parameters_after_to_empty_leaves_no_leftover_memory(name):
     """RNNSeq2Seq and CTCModel had no reset_parameters, and the Transformer models' re-initialized only their
     matrices (as nn.Transformer does): after to_empty, biases and LayerNorm weights held leftover memory."""
-    with torch.device("meta"):
-        model = BUILDERS[name]()
-    model = model.to_empty(device="cpu")
-    with torch.no_grad():
-        for tensor in [*model.parameters(), *model.buffers()]:
-            if tensor.is_floating_point():
-                tensor.fill_(float("nan"))
-    model.reset_parameters()
-    for key, tensor in model.state_dict().items():
-        if tensor.is_floating_point():
-            assert torch.isfinite(tensor).all(), f"{name}: {key} kept its leftover values"
+    assert_reset_leaves_no_leftover_memory(BUILDERS[name], name)

@@ -10,6 +10,22 @@ import torch
 import attnkit as ak
 from attnkit.nn.coda_cross import AlignCompose, CoDACrossAttention
 
+def assert_reset_leaves_no_leftover_memory(build, name: str) -> None:
+    """Build on the meta device, ``to_empty``, fill every float tensor with NaN, ``reset_parameters``: every
+    float tensor of the state dict must be finite."""
+    with torch.device("meta"):
+        module = build()
+    module = module.to_empty(device="cpu")
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            if tensor.is_floating_point():
+                tensor.fill_(float("nan"))
+    module.reset_parameters()
+    for key, tensor in module.state_dict().items():
+        if tensor.is_floating_point():
+            assert torch.isfinite(tensor).all(), f"{name}: {key} kept its leftover values"
+
+
 BUILDERS = {
     "multihead": lambda: ak.nn.MultiheadAttention(8, 2),
     "multihead_kdim_bias_kv_hnas": lambda: ak.nn.MultiheadAttention(8, 2, kdim=4, vdim=6, add_bias_kv=True,
@@ -39,17 +55,7 @@ BUILDERS = {
 def test_reset_parameters_after_to_empty_leaves_no_leftover_memory(name):
     """MultiheadAttention's reset left out_proj.weight as it was (torch's does too): NaN outputs after
     to_empty; the layers, stacks and CoDA cross-attention modules had no reset_parameters."""
-    with torch.device("meta"):
-        module = BUILDERS[name]()
-    module = module.to_empty(device="cpu")
-    with torch.no_grad():
-        for tensor in [*module.parameters(), *module.buffers()]:
-            if tensor.is_floating_point():
-                tensor.fill_(float("nan"))
-    module.reset_parameters()
-    for key, tensor in module.state_dict().items():
-        if tensor.is_floating_point():
-            assert torch.isfinite(tensor).all(), f"{name}: {key} kept its leftover values"
+    assert_reset_leaves_no_leftover_memory(BUILDERS[name], name)
 
 
 def test_seeded_multihead_construction_still_draws_torchs_numbers():
