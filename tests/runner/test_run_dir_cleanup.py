@@ -59,6 +59,30 @@ def test_a_compare_that_fails_before_any_run_finished_removes_the_run_dir_it_cre
     assert (out / "results.json").is_file()
 
 
+
+def test_a_failed_compare_removes_the_empty_parent_folders_it_made_for_out(tmp_path):
+    """--out a/b/run with a/ and b/ new: the failed run removed run/ but left a/b/ behind, empty."""
+    data = write_classification_file(tmp_path / "topics.json")
+    out = tmp_path / "a" / "b" / "run"
+    with pytest.raises(ValueError, match="became nan"):
+        run_compare(_diverging(data, out))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["topics.json"]
+
+
+def test_a_failed_compare_keeps_a_parent_folder_that_holds_another_file(tmp_path, monkeypatch):
+    data = write_classification_file(tmp_path / "topics.json")
+    out = tmp_path / "a" / "b" / "run"
+    real_rmtree = rc.shutil.rmtree
+
+    def rmtree_while_another_writes(path, *args, **kwargs):  # another program writes into a/ meanwhile
+        (tmp_path / "a" / "notes.txt").write_text("mine")
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(rc.shutil, "rmtree", rmtree_while_another_writes)
+    with pytest.raises(ValueError, match="became nan"):
+        run_compare(_diverging(data, out))
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["notes.txt"]  # b/ was empty: removed
+
 def test_a_failed_compare_keeps_a_folder_it_did_not_create_and_says_to_overwrite(tmp_path):
     data = write_classification_file(tmp_path / "topics.json")
     out = tmp_path / "out"

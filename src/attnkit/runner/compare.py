@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from .._files import json_loads, lock_folder, write_text_file
 from .config import CompareConfig, _is_file_task, canonical_task
@@ -375,7 +375,8 @@ def _run_compare(config: CompareConfig, accelerator, task, on_step) -> CompareRe
     batch_indices(0, task.num_train(data), config.batch_size, 0)  # batch_size fits the training set
     check_batch_split(config.batch_size, accelerator.num_processes)
     out = Path(config.out)
-    created = not os.path.lexists(out)  # a run that fails before any finishes removes only a folder it made
+    # a run that fails before any finishes removes only the folders it made: --out, then its new parents
+    made = [folder for folder in (out, *out.parents) if not os.path.lexists(folder)]  # deepest first
     # Every process checks the directory before any creates it, then the main process writes.
     error = None
     try:
@@ -406,7 +407,7 @@ def _run_compare(config: CompareConfig, accelerator, task, on_step) -> CompareRe
         if error is not None:
             raise error
         accelerator.wait_for_everyone()
-        return _train_all(config, accelerator, task, data, out, on_step, created)
+        return _train_all(config, accelerator, task, data, out, on_step, made)
     finally:
         for fd in locks:
             if fd is not None:
@@ -429,17 +430,24 @@ def _record_kernels(record: dict, run_dir: Path, is_main: bool) -> None:
         write_text_file(run_dir / RESULT_FILE, json.dumps(record, indent=1, allow_nan=False), overwrite=True)
 
 
-def _failed_training(exc: ValueError, config: CompareConfig, out: Path, created: bool, is_main: bool) -> None:
-    """After a run failed on a setting (the loss became NaN, ...): a run directory this call created with no
-    finished run and no checkpoint in it is removed, so that the corrected command is not refused; otherwise
-    the error names the way on (``--overwrite``: a resume with other settings is refused). Raises in both
-    cases. (A checkpoint is kept: the error may be a defect rather than a setting, and ``--resume`` goes on
-    from it once fixed.)"""
+def _failed_training(exc: ValueError, config: CompareConfig, out: Path, made: Sequence[Path],
+                     is_main: bool) -> None:
+    """After a run failed on a setting (the loss became NaN, ...): a run directory this call created
+    (``made``: the folders it made, ``out`` first, then the parents it made for it) with no finished run
+    and no checkpoint in it is removed, with those parents while they are empty, so that the corrected
+    command is not refused and leaves nothing behind; otherwise the error names the way on
+    (``--overwrite``: a resume with other settings is refused). Raises in both cases. (A checkpoint is
+    kept: the error may be a defect rather than a setting, and ``--resume`` goes on from it once fixed.)"""
     finished = any((out / "runs").glob(f"*/{RESULT_FILE}"))
     saved = any((out / "runs").glob("*/checkpoints/*"))
-    if created and not finished and not saved:
+    if made and not finished and not saved:
         if is_main:
             shutil.rmtree(out, ignore_errors=True)
+            for folder in made[1:]:
+                try:
+                    folder.rmdir()  # only while empty: never another's file
+                except OSError:
+                    break
         raise exc
     if not config.resume:
         raise ValueError(
@@ -451,7 +459,7 @@ def _failed_training(exc: ValueError, config: CompareConfig, out: Path, created:
 
 
 def _train_all(
-    config: CompareConfig, accelerator, task, data, out: Path, on_step, created: bool = False
+    config: CompareConfig, accelerator, task, data, out: Path, on_step, made: Sequence[Path] = ()
 ) -> CompareResult:
     from .progress import make_progress
     from .report import write_report
@@ -483,7 +491,7 @@ def _train_all(
                 _record_kernels(result.record, run_dir, accelerator.is_main_process)
             runs.append(result.record)
     except ValueError as exc:  # a setting to correct (the loss became NaN); a crash keeps its checkpoints
-        _failed_training(exc, config, out, created, accelerator.is_main_process)
+        _failed_training(exc, config, out, made, accelerator.is_main_process)
     finally:
         if progress is not None:
             progress.close()
