@@ -32,6 +32,14 @@ def test_bare_command_prints_help_and_exits_0(capsys):
     assert code == 0 and "Usage:" in out and "compare" in out and err == ""
 
 
+def test_a_command_group_alone_prints_its_help_and_exits_0_as_attnkit_alone_does(capsys):
+    """``attnkit data`` alone printed its help and exited 2 (a usage error), ``attnkit`` alone 0."""
+    code, out, err = _run(["data"], capsys)
+    assert code == 0 and " data [OPTIONS] COMMAND" in out and "fetch" in out and err == ""
+    code, _, err = _run(["data", "bogus"], capsys)
+    assert code == 2 and "No such command 'bogus'" in err
+
+
 def _commands() -> list[str]:
     import typer.main
 

@@ -31,10 +31,15 @@ def catalog_rows(cache_dir: Optional[Path] = None) -> list[dict]:
 
 
 def register(app: typer.Typer) -> None:
-    data_app = typer.Typer(
-        help="The dataset catalog: list datasets, fetch them into the cache.", no_args_is_help=True
-    )
+    data_app = typer.Typer(help="The dataset catalog: list datasets, fetch them into the cache.")
     app.add_typer(data_app, name="data")
+
+    @data_app.callback(invoke_without_command=True)
+    def _data(ctx: typer.Context) -> None:
+        """The dataset catalog: list datasets, fetch them into the cache."""
+        if ctx.invoked_subcommand is None:  # ``attnkit data`` alone: its help, exit 0 as ``attnkit`` alone
+            typer.echo(ctx.get_help())
+            raise typer.Exit(0)
 
     cache_option = typer.Option(
         None, "--cache-dir", help="Cache root (default $ATTNKIT_CACHE or ~/.cache/attnkit)."
