@@ -20,6 +20,19 @@ def test_ece_known_answer():
     assert r.counts.sum() == 4 and r.counts[8] == 2 and r.counts[5] == 2
 
 
+@pytest.mark.parametrize("n_bins", [7, 10, 15, 20, 50])
+def test_a_confidence_on_a_bin_edge_falls_in_the_bin_it_closes(n_bins):
+    """Bins are ((m-1)/M, m/M]: a confidence of exactly m/M (0.55 with 20 bins, 0.7 with 10) went to the
+    bin above, where ceil(confidence * M) rounded up past m."""
+    m = torch.arange(n_bins // 2 + 1, n_bins + 1)
+    confidence = m.double() / n_bins  # m / M > 1/2: the largest class probability of [c, 1 - c]
+    probs = torch.stack([confidence, 1 - confidence], dim=1)
+    r = reliability(probs, torch.zeros(len(m), dtype=torch.long), n_bins=n_bins)
+    expected = torch.zeros(n_bins, dtype=torch.float64).index_fill_(0, m - 1, 1.0)
+    assert torch.equal(r.counts, expected)
+    assert torch.equal(r.edges[m], confidence)  # each confidence is the upper edge of its bin
+
+
 def test_ece_is_zero_when_calibrated():
     probs = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
     assert ece(probs, torch.tensor([0, 1, 0])) == 0.0
