@@ -525,12 +525,20 @@ def test_a_csv_text_cell_is_text_as_written_like_a_json_string(tmp_path):
     ("train.jsonl", '["a", 1]\n', r"train\.jsonl line 1 is not an object"),
     ("train.jsonl", '{"text": "a", "label": 1\n', r"train\.jsonl line 1 is not JSON"),
     ("labels.json", "[" * 50_000 + "]" * 50_000, r"labels\.json is not a JSON list of class names"),
-    ("labels.json", '["negative"]', r"cached label 1 is not a class of .*labels\.json \(1 classes\)"),
+    ("labels.json", '["negative"]', r"labels\.json names the classes \['negative'\], not sst2's"),
+    ("labels.json", '["a", "b", "c"]',
+     r"names the classes \['a', 'b', 'c'\], not sst2's \['negative', 'positive'\]"),
+    ("train.jsonl", '{"text": "a", "label": 5}\n',
+     r"cached label 5 is not a class of .*labels\.json \(2 classes\)"),
+    ("test.jsonl", "", r"test\.jsonl has no rows"),
+    ("train.jsonl", '{"text": "a", "label": 1, "text_pair": "b"}\n{"text": "c", "label": 0}\n',
+     r"train\.jsonl gives a text_pair on 1 of its 2 rows"),
 ])
 def test_a_cached_hub_dataset_of_another_shape_is_one_error_naming_the_file(sst2_dir, tmp_path, file, content,
                                                                            message):
     """A cache copied from elsewhere whose manifest matches its files (a KeyError, TypeError or
-    RecursionError traceback before)."""
+    RecursionError traceback before; an empty test split loaded as a test set of 0 examples, a labels.json of
+    other classes gave SST-2 three classes)."""
     from attnkit.data.cache import write_manifest
     from attnkit.data.containers import DatasetChecksumError
 

