@@ -83,6 +83,40 @@ def test_a_failed_compare_keeps_a_parent_folder_that_holds_another_file(tmp_path
         run_compare(_diverging(data, out))
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["notes.txt"]  # b/ was empty: removed
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_a_compare_stopped_before_its_first_checkpoint_removes_the_folders_it_made(tmp_path, stop):
+    """Ctrl-C or SIGTERM (SystemExit in the CLI) before the first checkpoint left --out with config.json and
+    an empty run folder, and its new parents: the same command was then refused ("exists and is not
+    empty"), though the README says a stopped command removes the folders it made for --out."""
+    data = write_classification_file(tmp_path / "topics.json")
+    out = tmp_path / "a" / "run"
+    settings = {**COMMON, "steps": 6, "checkpoint_every": 4}
+
+    def stop_at(mech, seed, step):
+        if step == 2:
+            raise stop(143) if stop is SystemExit else stop()
+
+    with pytest.raises(stop):
+        run_compare(build_config(tiny_overrides(data, out, **settings)), on_step=stop_at)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["topics.json"]
+    run_compare(build_config(tiny_overrides(data, out, **settings)))  # the same command again runs
+    assert (out / "results.json").is_file()
+
+
+def test_a_compare_stopped_after_a_checkpoint_keeps_it_for_resume(tmp_path):
+    data = write_classification_file(tmp_path / "topics.json")
+    out = tmp_path / "a" / "run"
+    settings = {**COMMON, "steps": 6, "checkpoint_every": 2}
+
+    def stop_at(mech, seed, step):
+        if step == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_compare(build_config(tiny_overrides(data, out, **settings)), on_step=stop_at)
+    assert list(out.glob("runs/softmax-seed0/checkpoints/step-*"))
+
+
 def test_a_failed_compare_keeps_a_folder_it_did_not_create_and_says_to_overwrite(tmp_path):
     data = write_classification_file(tmp_path / "topics.json")
     out = tmp_path / "out"

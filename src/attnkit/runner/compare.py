@@ -430,6 +430,22 @@ def _record_kernels(record: dict, run_dir: Path, is_main: bool) -> None:
         write_text_file(run_dir / RESULT_FILE, json.dumps(record, indent=1, allow_nan=False), overwrite=True)
 
 
+def _kept(out: Path) -> tuple[bool, bool]:
+    """Whether the run directory ``out`` holds a finished run, and a checkpoint."""
+    return any((out / "runs").glob(f"*/{RESULT_FILE}")), any((out / "runs").glob("*/checkpoints/*"))
+
+
+def _remove_made(out: Path, made: Sequence[Path]) -> None:
+    """Remove the run directory ``out`` and then the parents this call made for it (``made[1:]``, deepest
+    first) while they are empty: never another's file."""
+    shutil.rmtree(out, ignore_errors=True)
+    for folder in made[1:]:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
 def _failed_training(exc: ValueError, config: CompareConfig, out: Path, made: Sequence[Path],
                      is_main: bool) -> None:
     """After a run failed on a setting (the loss became NaN, ...): a run directory this call created
@@ -438,16 +454,10 @@ def _failed_training(exc: ValueError, config: CompareConfig, out: Path, made: Se
     command is not refused and leaves nothing behind; otherwise the error names the way on
     (``--overwrite``: a resume with other settings is refused). Raises in both cases. (A checkpoint is
     kept: the error may be a defect rather than a setting, and ``--resume`` goes on from it once fixed.)"""
-    finished = any((out / "runs").glob(f"*/{RESULT_FILE}"))
-    saved = any((out / "runs").glob("*/checkpoints/*"))
+    finished, saved = _kept(out)
     if made and not finished and not saved:
         if is_main:
-            shutil.rmtree(out, ignore_errors=True)
-            for folder in made[1:]:
-                try:
-                    folder.rmdir()  # only while empty: never another's file
-                except OSError:
-                    break
+            _remove_made(out, made)
         raise exc
     if not config.resume:
         raise ValueError(
@@ -492,6 +502,12 @@ def _train_all(
             runs.append(result.record)
     except ValueError as exc:  # a setting to correct (the loss became NaN); a crash keeps its checkpoints
         _failed_training(exc, config, out, made, accelerator.is_main_process)
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, SIGTERM (the CLI's SystemExit): as the README says,
+        # the folders made for --out go when nothing is kept in them (before the first checkpoint the same
+        # command was then refused: "exists and is not empty"); a checkpoint or finished run stays: --resume
+        if made and not any(_kept(out)) and accelerator.is_main_process:
+            _remove_made(out, made)
+        raise
     finally:
         if progress is not None:
             progress.close()
