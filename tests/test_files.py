@@ -1,8 +1,10 @@
-"""Files written for the user get the mode ``open()`` would give them (safetensors itself writes 0600)."""
+"""Files written for the user get the mode ``open()`` would give them (safetensors itself writes 0600); a
+folder another attnkit command holds is refused naming that command."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -151,3 +153,37 @@ def test_a_write_with_overwrite_never_replaces_a_device_a_pipe_or_a_folder(tmp_p
     assert stat.S_ISFIFO(os.stat(pipe).st_mode)
     with pytest.raises(ValueError, match="is a folder"):
         write_text_file(tmp_path, "{}", overwrite=True)
+
+
+def _hold_lock_as(folder, argv_tail):
+    """A process whose command line reads ``... attnkit <argv_tail>`` holding the lock on ``folder``."""
+    import subprocess
+    import sys
+
+    code = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(folder), "/venv/bin/attnkit", *argv_tail],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="the holder is read from /proc/locks (Linux)")
+def test_a_folder_locked_by_another_command_names_that_command(tmp_path):
+    """A reproduce into a folder a compare was running in said "in use by another attnkit reproduce
+    process": the refusal named the refused command, not the one holding the folder."""
+    from attnkit._files import lock_folder
+
+    holder = _hold_lock_as(tmp_path, ["compare", "--out", str(tmp_path)])
+    try:
+        with pytest.raises(ValueError, match=rf"in use by another attnkit process \(attnkit compare, pid "
+                                             rf"{holder.pid}\): wait for it to finish"):
+            lock_folder(tmp_path, "attnkit reproduce process: wait for it to finish (or stop it)")
+        # the same command holding it: the caller's own wording
+        with pytest.raises(ValueError, match=r"in use by another attnkit compare process: wait"):
+            lock_folder(tmp_path, "attnkit compare process: wait for it to finish (or stop it)")
+        with pytest.raises(ValueError, match=r"in use by another attnkit process \(attnkit compare"):
+            lock_folder(tmp_path, "attnkit convert or finetune process writing into it: wait")
+    finally:
+        holder.kill()
+        holder.wait()

@@ -187,8 +187,37 @@ def lock_folder(folder: Union[str, os.PathLike], in_use: str) -> Optional[int]:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
+        holder = _lock_holder(folder)
+        if holder is not None and holder[0] not in in_use.split(":")[0].split():
+            # another command holds it (a reproduce into a folder a compare runs in): ``in_use`` names ours
+            raise ValueError(f"{str(folder)!r} is in use by another attnkit process (attnkit {holder[0]}, "
+                             f"pid {holder[1]}): wait for it to finish (or stop it), or choose another --out"
+                             ) from None
         raise ValueError(f"{str(folder)!r} is in use by another {in_use}") from None
     return fd
+
+
+def _lock_holder(folder: Union[str, os.PathLike]) -> Optional[tuple[str, int]]:
+    """``(command, pid)`` of the attnkit command (``compare``, ``reproduce``, ...) whose process holds the
+    ``flock`` on ``folder``, read from ``/proc/locks`` and the holder's command line (Linux); ``None`` where
+    it cannot be told (another platform, a process that is not the ``attnkit`` script, one that just
+    ended)."""
+    try:
+        st = os.stat(folder)
+        key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            # "1: FLOCK  ADVISORY  WRITE 14362 fe:00:2376650 0 EOF" (a waiter's line has "->" after "1:")
+            pids = [int(p[4]) for p in (line.split() for line in f)
+                    if len(p) >= 6 and p[1] == "FLOCK" and p[5] == key and p[4].isdigit()]
+        for pid in pids:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0")]
+            for i, arg in enumerate(argv[:-1]):
+                if os.path.basename(arg) == "attnkit" or (arg == "attnkit" and argv[i - 1] == "-m"):
+                    return argv[i + 1], pid
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def remove_stale(folder: Union[str, os.PathLike], pattern: str, older_than_s: float) -> None:
