@@ -49,3 +49,8 @@ def test_demo_names_its_lemma1_column_for_what_it_computes(capsys):
     main(["demo", "--seed", "0"])
     out = capsys.readouterr().out
     assert "min n_k*sum" in out and "n_k * min" not in out
+    # the footnote said "the smallest key sum times its sequence's key count", the other number (3.431 is not
+    # the smallest sum 0.521 times 8 or 5)
+    footnote = " ".join(out.split())
+    assert "the smallest over keys of n_k times the key's weight sum" in footnote
+    assert "smallest key sum times" not in footnote

@@ -144,8 +144,9 @@ def log_sum_histogram(
     """Histogram of ``log sum_i pi_ij`` over the valid keys of one or several :class:`ExplainAway`.
 
     Sums of 0 (log = -inf, as :func:`explain_away` gives for sums <= 0) are put at ``floor`` so that they stay
-    visible; every finite log is binned where it is, below ``floor`` too. Returns
-    ``(counts (bins,), edges (bins + 1,))`` as ``numpy.histogram`` does.
+    visible; every finite log is binned where it is, below ``floor`` too. By default the bins span all the
+    values; with an explicit ``range`` the values outside it are not counted, as in ``numpy.histogram``.
+    Returns ``(counts (bins,), edges (bins + 1,))`` as ``numpy.histogram`` does.
     """
     items = [stats] if isinstance(stats, ExplainAway) else list(stats)
     if not items or not all(isinstance(item, ExplainAway) for item in items):

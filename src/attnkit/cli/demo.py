@@ -36,8 +36,9 @@ def register(app: typer.Typer) -> None:
                 f"{100 * s.fraction_below_eps:.1f}%",
             )
         console.print(table)
-        console.print("min n_k*sum: the smallest key sum times its sequence's key count n_k. Lemma 1: DNAS "
-                      "gives min n_k*sum >= 1 (no key explained away); softmax need not.\n")
+        console.print("min n_k*sum: the smallest over keys of n_k times the key's weight sum, n_k its "
+                      "sequence's key count. Lemma 1: DNAS gives min n_k*sum >= 1 (no key explained away); "
+                      "softmax need not.\n")
         for s in summaries:
             w = s.weights
             grid = Table(
