@@ -87,6 +87,23 @@ def test_a_float_mask_of_zeros_and_finfo_min_is_the_boolean_mask():
         torch.testing.assert_close(out_float, out, atol=1e-12, rtol=0)
 
 
+def test_coda_reads_a_padding_mask_that_requires_grad_as_the_padding_it_is():
+    """A float mask of 0 and finfo.min that requires grad is kept as a bias (for the gradient of learned
+    tables); CoDA, which takes no bias, refused it as "a float score bias" though the same mask without
+    requires_grad ran."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 4, 4, dtype=torch.float64) for _ in range(3))
+    mask, pad = _padding_mask((4, 2), 4)
+    additive = torch.zeros(2, 1, 4, 4, dtype=torch.float64).masked_fill(
+        ~pad[:, None, None, :], torch.finfo(torch.float64).min
+    )
+    out, _ = attention_forward(_module("coda"), q, k, v, mask, scaling=0.5)
+    out_grad, _ = attention_forward(_module("coda"), q, k, v, additive.requires_grad_(), scaling=0.5)
+    torch.testing.assert_close(out_grad, out, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="CoDA cannot take"):  # a bias of other values still is one
+        attention_forward(_module("coda"), q, k, v, (additive.detach() + 0.5).requires_grad_(), scaling=0.5)
+
+
 def test_causal_mask_is_always_materialized():
     from transformers.masking_utils import causal_mask_function
 

@@ -131,15 +131,16 @@ def _repeat_kv(x: Tensor, groups: int) -> Tensor:
     return x[:, :, None].expand(B, Hkv, groups, L, D).reshape(B, Hkv * groups, L, D)  # (B, H, L, D)
 
 
-def _split_mask(mask: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
+def _split_mask(mask: Optional[Tensor], keep_grad: bool = True) -> tuple[Optional[Tensor], Optional[Tensor]]:
     """``(bool_mask, additive_bias)`` of a transformers mask: ours is boolean; a user's 4-D mask may be
-    float."""
+    float. With ``keep_grad`` a float mask that requires grad stays a bias, whatever its values (CoDA, which
+    takes no bias, reads one of 0 and masked entries as the padding it is)."""
     if mask is None:
         return None, None
     if mask.dtype == torch.bool:
         return mask, None
     if mask.dtype.is_floating_point:
-        if mask.requires_grad and torch.is_grad_enabled():
+        if keep_grad and mask.requires_grad and torch.is_grad_enabled():
             return None, mask  # a learned bias (BEiT's, Swin's: zero when built) keeps its gradient
         allowed = mask > MASKED_BIAS  # transformers' own float masks hold 0 and finfo(dtype).min
         if bool(((mask == 0) | ~allowed).all()):
@@ -221,7 +222,7 @@ def attention_forward(
         key_mask, valid, bias = attention_mask, None, None  # (B, Lk): key padding from our mask interface
         key_valid = key_mask
     else:
-        valid, bias = _split_mask(attention_mask)
+        valid, bias = _split_mask(attention_mask, keep_grad=not isinstance(config, CoDA))
         if bias is not None and isinstance(config, CoDA):
             raise ValueError(
                 f"{type(module).__name__} passes a float score bias as its attention_mask (a relative "
