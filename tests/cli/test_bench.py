@@ -233,6 +233,19 @@ def test_an_out_that_names_a_folder_is_refused_not_written_as_a_file(out, tmp_pa
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("below", ["x.json", "sub/x.json"])
+def test_an_out_below_a_file_names_the_file(below, tmp_path, capsys):
+    """``--out afile/x.json`` said "cannot be written (File exists)", which reads as x.json existing."""
+    from attnkit.cli import main
+
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--quick", "--out", str(tmp_path / "afile" / below)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"{str(tmp_path / 'afile')!r} is a file, not a directory" in err
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
 def test_an_out_that_is_a_pipe_is_refused_before_the_run(tmp_path, capsys):
     """``--out FIFO --overwrite`` ran the whole benchmark, then refused to write and lost the JSON."""
     import os

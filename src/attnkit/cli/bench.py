@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .._files import check_link
+from .._files import check_output_parents
 from ._lists import parse_list
 
 __all__ = ["register"]
@@ -18,7 +18,7 @@ def _check_writable(out: Path) -> list[Path]:
     """Fail before a long benchmark, not after it, when ``out`` cannot be written (``PermissionError``) or is,
     or lies in, a symbolic link to nothing (``FileNotFoundError``; no folder is made for it). Returns the
     folders it created for ``out``, innermost first (removed again when the run ends without writing)."""
-    check_link(out, "--out")
+    check_output_parents(out)  # a file where a folder above --out should be: named (mkdir said "File exists")
     created = [p for p in (out.parent, *out.parent.parents) if not os.path.lexists(p)]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
