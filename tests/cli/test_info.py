@@ -136,3 +136,19 @@ def test_python_dash_m_attnkit_runs_the_command():
                          text=True, timeout=120)
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == ["error: seeds=0: expected an integer >= 1"]
+
+
+def test_info_says_when_it_builds_the_cpp_kernels(capsys, monkeypatch):
+    """A first ``attnkit info`` was silent for a minute while the compiler ran."""
+    from attnkit.cli.info import _cpu_kernels
+    from attnkit.kernels import cpu_ext
+
+    monkeypatch.setitem(cpu_ext._state, "loaded", False)
+    monkeypatch.setattr(cpu_ext, "_intact", lambda folder: False)  # not built yet
+    monkeypatch.setattr(cpu_ext, "load", lambda warn=True: True)  # the build itself is not run here
+    _cpu_kernels()
+    assert capsys.readouterr().err.startswith("building the C++ CPU kernels (once")
+    monkeypatch.setattr(cpu_ext, "_intact", lambda folder: True)  # built: nothing said
+    _cpu_kernels()
+    assert capsys.readouterr().err == ""
+
