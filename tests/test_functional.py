@@ -573,7 +573,8 @@ BAD_ATTENTION_CALLS = [
     _bad(
         "attn-mask-rank-1",
         lambda: ak.attention(Q, K, V, attn_mask=torch.ones(4, dtype=torch.bool)),
-        r"attn_mask has shape \(4,\)",
+        # (4,) broadcasts to (2, 2, 3, 4) by torch's rules: the message says 2 to 4 dimensions and the way on
+        r"attn_mask has shape \(4,\); expected 2 to 4 dimensions .*per-key mask pass key_mask \(B, Lk\)",
     ),
     _bad(
         "attn-mask-batch",

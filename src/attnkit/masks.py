@@ -653,10 +653,11 @@ def build_mask(
         expected = (B, H, Lq, Lk)
         shape = tuple(attn_mask.shape)
         if not 2 <= len(shape) <= 4 or any(s not in (1, e) for s, e in zip(shape[::-1], expected[::-1])):
+            per_key = ("; for a per-key mask pass key_mask (B, Lk) or attn_mask.view(1, Lk)"
+                       if len(shape) < 2 else "")
             raise ValueError(
-                f"attn_mask has shape {shape}; expected a shape broadcastable to (B, H, Lq, Lk) = "
-                f"{expected}, "
-                f"e.g. ({Lq}, {Lk}) or ({B}, 1, {Lq}, {Lk})"
+                f"attn_mask has shape {shape}; expected 2 to 4 dimensions broadcastable to (B, H, Lq, Lk) = "
+                f"{expected}, e.g. ({Lq}, {Lk}) or ({B}, 1, {Lq}, {Lk}){per_key}"
             )
         m = attn_mask.reshape((1,) * (4 - len(shape)) + shape)  # (B|1, H|1, Lq|1, Lk|1)
         if m.dtype == torch.bool:
