@@ -224,7 +224,7 @@ def attention(
             most 7.6e-6 off: a rate below that drops nothing there): the same distribution as torch's
             dropout but other masks for a given seed; ``backend="reference"`` takes torch's ``F.dropout``
             (the masks SDPA's math path and ``torch.nn.MultiheadAttention`` draw).
-        hybrid_weight: ``u`` for ``"hnas"``: a number or a tensor of shape ``()`` / ``(H,)``.
+        hybrid_weight: ``u`` for ``"hnas"``: a number or a tensor of ``()``, ``(H,)`` or ``(B, H, 1, 1)``.
             Defaults to the config's ``u0`` (0.5).
         sinkhorn_iters: iterations for ``"sinkhorn"`` (default 3).
         return_weights: also return the weights (uses the reference backend).
