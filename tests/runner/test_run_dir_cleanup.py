@@ -103,6 +103,23 @@ def test_a_compare_stopped_before_its_first_checkpoint_removes_the_folders_it_ma
     assert (out / "results.json").is_file()
 
 
+def test_a_compare_stopped_before_training_starts_removes_the_folders_it_made(tmp_path, monkeypatch):
+    """Ctrl-C while the progress display or a tracker started (after --out was made, before the training
+    loop) left config.json, and the same command was refused."""
+    import attnkit.runner.progress as progress
+
+    data = write_classification_file(tmp_path / "topics.json")
+    out = tmp_path / "a" / "run"
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(progress, "make_progress", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_compare(build_config(tiny_overrides(data, out, **COMMON)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["topics.json"]
+
+
 def test_a_compare_stopped_after_a_checkpoint_keeps_it_for_resume(tmp_path):
     data = write_classification_file(tmp_path / "topics.json")
     out = tmp_path / "a" / "run"

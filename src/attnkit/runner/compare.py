@@ -406,8 +406,16 @@ def _run_compare(config: CompareConfig, accelerator, task, on_step) -> CompareRe
                 error = ValueError(shared[0])
         if error is not None:
             raise error
-        accelerator.wait_for_everyone()
-        return _train_all(config, accelerator, task, data, out, on_step, made)
+        try:
+            accelerator.wait_for_everyone()
+            return _train_all(config, accelerator, task, data, out, on_step, made)
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C, SIGTERM (the CLI's SystemExit): as the README says,
+            # the folders made for --out go when nothing is kept in them (stopped before the first checkpoint,
+            # or while trackers start, the same command was then refused: "exists and is not empty"); a
+            # checkpoint or a finished run stays for --resume
+            if made and not any(_kept(out)) and accelerator.is_main_process:
+                _remove_made(out, made)
+            raise
     finally:
         for fd in locks:
             if fd is not None:
@@ -502,12 +510,6 @@ def _train_all(
             runs.append(result.record)
     except ValueError as exc:  # a setting to correct (the loss became NaN); a crash keeps its checkpoints
         _failed_training(exc, config, out, made, accelerator.is_main_process)
-    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, SIGTERM (the CLI's SystemExit): as the README says,
-        # the folders made for --out go when nothing is kept in them (before the first checkpoint the same
-        # command was then refused: "exists and is not empty"); a checkpoint or finished run stays: --resume
-        if made and not any(_kept(out)) and accelerator.is_main_process:
-            _remove_made(out, made)
-        raise
     finally:
         if progress is not None:
             progress.close()
