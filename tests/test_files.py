@@ -155,15 +155,17 @@ def test_a_write_with_overwrite_never_replaces_a_device_a_pipe_or_a_folder(tmp_p
         write_text_file(tmp_path, "{}", overwrite=True)
 
 
-def _hold_lock_as(folder, argv_tail):
-    """A process whose command line reads ``... attnkit <argv_tail>`` holding the lock on ``folder``."""
+def _hold_lock_as(folder, script, argv_tail):
+    """A process running ``python <script> <argv_tail>`` that holds the lock on ``folder`` (the last
+    argument)."""
     import subprocess
     import sys
 
-    code = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); "
-            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(folder), "/venv/bin/attnkit", *argv_tail],
-                            stdout=subprocess.PIPE, text=True)
+    script.parent.mkdir(exist_ok=True)
+    script.write_text("import fcntl, os, sys, time\nfd = os.open(sys.argv[-1], os.O_RDONLY)\n"
+                      "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, str(script), *argv_tail, str(folder)], stdout=subprocess.PIPE,
+                            text=True)
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -174,16 +176,36 @@ def test_a_folder_locked_by_another_command_names_that_command(tmp_path):
     process": the refusal named the refused command, not the one holding the folder."""
     from attnkit._files import lock_folder
 
-    holder = _hold_lock_as(tmp_path, ["compare", "--out", str(tmp_path)])
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = _hold_lock_as(out, tmp_path / "bin" / "attnkit", ["compare", "--out"])
     try:
         with pytest.raises(ValueError, match=rf"in use by another attnkit process \(attnkit compare, pid "
                                              rf"{holder.pid}\): wait for it to finish"):
-            lock_folder(tmp_path, "attnkit reproduce process: wait for it to finish (or stop it)")
+            lock_folder(out, "attnkit reproduce process: wait for it to finish (or stop it)")
         # the same command holding it: the caller's own wording
         with pytest.raises(ValueError, match=r"in use by another attnkit compare process: wait"):
-            lock_folder(tmp_path, "attnkit compare process: wait for it to finish (or stop it)")
+            lock_folder(out, "attnkit compare process: wait for it to finish (or stop it)")
         with pytest.raises(ValueError, match=r"in use by another attnkit process \(attnkit compare"):
-            lock_folder(tmp_path, "attnkit convert or finetune process writing into it: wait")
+            lock_folder(out, "attnkit convert or finetune process writing into it: wait")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="the holder is read from /proc/locks (Linux)")
+def test_a_folder_locked_by_a_script_that_merely_names_attnkit_keeps_the_callers_wording(tmp_path):
+    """A user's script run as ``python train.py --data ~/attnkit --epochs 3`` holding the lock was named
+    "attnkit --epochs"."""
+    from attnkit._files import lock_folder
+
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = _hold_lock_as(out, tmp_path / "train.py", ["--data", str(tmp_path / "attnkit"), "--epochs", "3"])
+    try:
+        with pytest.raises(ValueError, match=r"in use by another attnkit reproduce process: wait"):
+            lock_folder(out, "attnkit reproduce process: wait for it to finish (or stop it)")
     finally:
         holder.kill()
         holder.wait()

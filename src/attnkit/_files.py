@@ -212,11 +212,29 @@ def _lock_holder(folder: Union[str, os.PathLike]) -> Optional[tuple[str, int]]:
         for pid in pids:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0")]
-            for i, arg in enumerate(argv[:-1]):
-                if os.path.basename(arg) == "attnkit" or (arg == "attnkit" and argv[i - 1] == "-m"):
-                    return argv[i + 1], pid
+            command = _attnkit_command(argv)
+            if command is not None:
+                return command, pid
     except (OSError, ValueError, IndexError):
         return None
+    return None
+
+
+# the commands that lock their output folder (lock_folder's callers)
+_LOCKING_COMMANDS = ("compare", "reproduce", "convert", "finetune")
+
+
+def _attnkit_command(argv: list[str]) -> Optional[str]:
+    """The subcommand of an ``attnkit`` command line (``attnkit compare ...``, ``python .../attnkit compare``,
+    ``python -m attnkit[.cli] compare``), or ``None`` for another program (a script of the user's whose
+    arguments name a folder ``.../attnkit`` is not one)."""
+    words = list(argv)
+    if words and os.path.basename(words[0]).startswith("python"):  # the interpreter running the script
+        words = words[1:]
+        if len(words) >= 2 and words[0] == "-m" and words[1] in ("attnkit", "attnkit.cli"):
+            words = ["attnkit", *words[2:]]
+    if len(words) >= 2 and os.path.basename(words[0]) == "attnkit" and words[1] in _LOCKING_COMMANDS:
+        return words[1]
     return None
 
 
