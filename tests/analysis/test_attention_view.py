@@ -611,6 +611,33 @@ def test_a_model_fine_tuned_on_pairs_draws_a_b_as_the_pair_it_read(tiny_bert, tm
     assert "|" in plain.tokens and not plain.pair
 
 
+def test_a_converted_pair_fine_tune_still_draws_a_b_as_the_pair(tiny_bert, tmp_path):
+    """``attnkit convert`` of a pair fine-tune dropped its metrics.json, where the pairing was recorded:
+    show then read "a | b" as one text with a literal "|" (DNAS weights 0.04 off the model's)."""
+    from transformers import AutoTokenizer
+
+    from attnkit.analysis.attention_view import view_from_hf
+    from attnkit.cli.hf import convert_directory
+    from attnkit.data.containers import TextClassificationData
+    from attnkit.hf.finetune import FinetuneConfig, finetune
+
+    data = TextClassificationData(
+        name="pairs", train_texts=["the bank raised rates", "shares fell"] * 2, train_labels=[0, 1] * 2,
+        test_texts=["rates rose"], test_labels=[0], label_names=["no", "yes"], test_text_pairs=["rates fell"],
+        train_text_pairs=["rates went up", "stocks dropped"] * 2)
+    tuned = tmp_path / "tuned"
+    finetune(FinetuneConfig(model=str(tiny_bert), out=str(tuned), max_steps=1, batch_size=2, max_length=24),
+             data=data)
+    convert_directory(str(tuned), str(tmp_path / "dnas"), mechanism="dnas")
+    assert not (tmp_path / "dnas" / "metrics.json").exists()  # the fine-tune's numbers are not the copy's
+    view = view_from_hf(tmp_path / "dnas", "the bank raised rates | oil prices rose")
+    tokenizer = AutoTokenizer.from_pretrained(tuned)
+    expected = tokenizer("the bank raised rates", "oil prices rose")["input_ids"]
+    assert view.tokens == tokenizer.convert_ids_to_tokens(expected) and view.pair
+    with pytest.raises(ValueError, match="one sentence, but the model fine-tuned on 'pairs' reads sentence"):
+        view_from_hf(tmp_path / "dnas", "the bank raised rates")
+
+
 def test_the_page_says_its_mean_panel_and_bars_are_over_all_heads(hf_view):
     """The page said "the heads shown and their mean" while the mean panel and the column-sum bars took every
     head: with --heads 0 of an identity head and a uniform one, the "mean" showed 0.667 / 0.167."""

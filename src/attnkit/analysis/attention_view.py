@@ -432,10 +432,21 @@ def _value_range(config) -> tuple[float, float]:
     return ACTIVATION_RANGES[config.e_activation]
 
 
+PAIRS_CONFIG_KEY = "attnkit_sentence_pairs"  # config.json of a converted pair fine-tune: the words below
+
+
 def _pair_dataset(model_dir) -> Optional[str]:
     """Words naming the model in ``model_dir`` as ``attnkit finetune`` trained it on sentence pairs (its
     ``metrics.json`` says so: ``sentence_pairs``, or for a fine-tune of an earlier version a catalog
-    dataset of pairs), else ``None``."""
+    dataset of pairs; or ``attnkit convert`` of such a fine-tune recorded them in ``config.json``), else
+    ``None``."""
+    try:
+        config = json_loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        config = None
+    words = config.get(PAIRS_CONFIG_KEY) if isinstance(config, dict) else None
+    if isinstance(words, str) and words:
+        return words
     path = Path(model_dir) / "metrics.json"
     try:
         metrics = json_loads(path.read_text(encoding="utf-8"))
