@@ -757,3 +757,33 @@ def test_a_whole_albert_model_is_not_called_converted_in_part(tiny_bert, tmp_pat
         render_view_html(view, layers=[2])
     assert "converted in part" not in str(exc.value)
     assert not view.converted_in_part
+
+
+def test_a_fine_tune_is_drawn_on_the_tokens_it_reads_cut_at_its_max_length(tiny_bert, tmp_path):
+    """A model ``attnkit finetune`` trained with ``--max-length 12`` classifies the first 12 tokens of a
+    text; show drew up to its own 128, attention over tokens the model never reads when it predicts (its
+    converted copy too, whose metrics.json is not copied)."""
+    from transformers import AutoTokenizer
+
+    from attnkit.analysis.attention_view import HF_MAX_TOKENS, view_from_hf
+    from attnkit.cli.hf import convert_directory
+    from attnkit.data.containers import TextClassificationData
+    from attnkit.hf.finetune import FinetuneConfig, finetune
+
+    data = TextClassificationData(
+        name="texts", train_texts=["the bank raised rates", "shares fell"] * 2, train_labels=[0, 1] * 2,
+        test_texts=["rates rose"], test_labels=[0], label_names=["no", "yes"])
+    tuned = tmp_path / "tuned"
+    finetune(FinetuneConfig(model=str(tiny_bert), out=str(tuned), max_steps=1, batch_size=2, max_length=12),
+             data=data)
+    convert_directory(str(tuned), str(tmp_path / "dnas"), mechanism="dnas")
+    text = "the bank raised rates again as shares fell and oil rose to a high not seen in years"
+    tokenizer = AutoTokenizer.from_pretrained(tuned)
+    read = tokenizer.convert_ids_to_tokens(tokenizer(text, truncation=True, max_length=12)["input_ids"])
+    for model in (tuned, tmp_path / "dnas"):
+        view = view_from_hf(model, text)
+        assert view.tokens == read and view.token_limit == 12
+        assert view.weights[next(iter(view.weights))][0].shape[-1] == 12
+        assert "fine-tuned on at most 12 tokens" in view.truncation_note
+    stock = view_from_hf(tiny_bert, text, mechanisms=("softmax",))  # not a fine-tune: show's own limit
+    assert len(stock.tokens) == len(tokenizer(text)["input_ids"]) < HF_MAX_TOKENS

@@ -386,6 +386,10 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
         limit, reason = positions - offset, f"the model has {positions} positions (max_position_embeddings)"
         if offset:
             reason += f" numbered from padding_idx + 1 = {offset}, so a text fits in {limit}"
+    trained = _finetune_max_length(model_dir)
+    if trained is not None and trained < limit:  # a fine-tune reads (and predicts from) that many tokens
+        limit = trained
+        reason = f"the model was fine-tuned on at most {trained} tokens of a text (finetune --max-length)"
     # a model fine-tuned on sentence pairs (attnkit finetune on MRPC, SNLI) reads "a | b" as the pair
     dataset = _pair_dataset(model_dir)
     pair = _split_pair(text, dataset) if dataset is not None else None  # "the model fine-tuned on ..."
@@ -433,6 +437,30 @@ def _value_range(config) -> tuple[float, float]:
 
 
 PAIRS_CONFIG_KEY = "attnkit_sentence_pairs"  # config.json of a converted pair fine-tune: the words below
+MAX_LENGTH_CONFIG_KEY = "attnkit_max_length"  # config.json of a converted fine-tune: its --max-length
+
+
+def _read_json(path: Path):
+    """The JSON in ``path``, or ``None`` where there is none or it is not JSON (not ours: ignored)."""
+    try:
+        return json_loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def _finetune_max_length(model_dir) -> Optional[int]:
+    """The ``--max-length`` that ``attnkit finetune`` trained the model in ``model_dir`` with (its
+    ``metrics.json``, or the ``config.json`` of an ``attnkit convert`` copy), else ``None``: the model
+    reads, and predicts from, that many tokens of a text."""
+    config = _read_json(Path(model_dir) / "config.json")
+    length = config.get(MAX_LENGTH_CONFIG_KEY) if isinstance(config, dict) else None
+    if length is None:
+        metrics = _read_json(Path(model_dir) / "metrics.json")
+        run = metrics.get("config") if isinstance(metrics, dict) else None
+        length = run.get("max_length") if isinstance(run, dict) else None
+    if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+        return length
+    return None
 
 
 def _pair_dataset(model_dir) -> Optional[str]:

@@ -95,7 +95,12 @@ def convert_directory(
     are kept. ``out`` is locked from its checks to the last move (``attnkit.hf.publish.claim_out``): a
     second conversion or fine-tune into it meanwhile is refused."""
     import attnkit.hf as akhf
-    from attnkit.analysis.attention_view import PAIRS_CONFIG_KEY, _pair_dataset
+    from attnkit.analysis.attention_view import (
+        MAX_LENGTH_CONFIG_KEY,
+        PAIRS_CONFIG_KEY,
+        _finetune_max_length,
+        _pair_dataset,
+    )
     from attnkit.hf.checks import check_model_dir, has_tokenizer_files, load_tokenizer
     from attnkit.hf.publish import (
         MAX_SHARD_SIZE,
@@ -134,11 +139,14 @@ def convert_directory(
         model = _quiet_load(model_dir)  # first: a damaged config.json is named as such, not as the tokenizer
         tokenizer = load_tokenizer(model_dir, "MODEL_DIR") if has_tokenizer_files(model_dir) else None
         akhf.convert(model, mechanism, u0=u0, layers=layers, sinkhorn_iters=sinkhorn_iters)
-        # a fine-tune on sentence pairs stays one: show encodes its "a | b" as the pair (metrics.json, where
-        # finetune records it, is the fine-tune's own and is not copied)
+        # a fine-tune on sentence pairs stays one: show encodes its "a | b" as the pair and cuts a text at the
+        # fine-tune's --max-length (metrics.json, where finetune records both, is its own and is not copied)
         pairs = _pair_dataset(model_dir)
         if pairs is not None:
             setattr(model.config, PAIRS_CONFIG_KEY, pairs)
+        trained = _finetune_max_length(model_dir)  # and reads the tokens the fine-tune read
+        if trained is not None:
+            setattr(model.config, MAX_LENGTH_CONFIG_KEY, trained)
         check_shards(out_path, model)  # a sharded earlier output, refused before the save
 
         def write(folder: Path) -> None:
