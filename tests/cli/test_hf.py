@@ -96,6 +96,7 @@ def test_classification_metrics_known_answer():
     assert m["macro_f1"] == pytest.approx((0.5 + 0.8 + 0.0) / 3)
     # exact, as compare's: float32's mean wrote 3/9 as 0.3333333432674408
     assert classification_metrics([0] * 9, [0] * 3 + [1] * 6)["accuracy"] == 3 / 9
+    assert classification_metrics([0, 0, 1, 1], [0, 2, 1, 1])["macro_f1"] == pytest.approx(5 / 9)  # 2: F1 0
 
 
 def test_finetune_writes_metrics_and_model(tiny_bert, fixture_dataset, tmp_path, capsys, monkeypatch):

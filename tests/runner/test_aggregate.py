@@ -98,6 +98,8 @@ def test_batch_larger_than_the_training_set_is_rejected():
 def test_macro_f1_known_answer():
     # class 0: tp=1 fp=1 fn=1 -> F1 0.5; class 1: tp=1 fp=1 fn=1 -> 0.5; class 2: tp=1 -> 1.0
     assert macro_f1([0, 0, 1, 1, 2], [0, 1, 1, 0, 2]) == pytest.approx((0.5 + 0.5 + 1.0) / 3)
+    # a class only predicted counts with F1 0, as sklearn's f1_score(average='macro'): (2/3 + 1 + 0) / 3
+    assert macro_f1([0, 0, 1, 1], [0, 2, 1, 1]) == pytest.approx(5 / 9)
 
 
 def test_format_value_shows_std_only_with_several_seeds():

@@ -4,11 +4,21 @@ comparisons in words, timing spread, diverse sample predictions, mechanisms not 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 
 import pytest
 
 from attnkit.runner import build_config, run_compare
-from attnkit.runner.stats import load_note, mcnemar, paired_seed_interval, per_class, token_accuracy, verdict
+from attnkit.runner.stats import (
+    load_note,
+    mcnemar,
+    paired_seed_interval,
+    per_class,
+    t975,
+    token_accuracy,
+    verdict,
+)
 from tests.runner._fixtures import tiny_overrides, write_classification_file, write_seq2seq_jsonl
 
 
@@ -38,6 +48,26 @@ def test_paired_interval_and_verdict():
         "dnas", "softmax", "accuracy", wide, mcnemar([True], [False])
     )
     assert paired_seed_interval([0.8], [0.7])["low"] is None
+
+
+def test_paired_interval_known_answer_with_students_t():
+    """The half-width is t_{0.975, n-1} * sample std / sqrt(n) (mutating the quantile's index, the std's
+    denominator or sqrt(n) passed the test above)."""
+    interval = paired_seed_interval([0.80, 0.83, 0.81], [0.70, 0.71, 0.72])  # diffs 0.10, 0.12, 0.09
+    half = 4.303 * statistics.stdev([0.10, 0.12, 0.09]) / math.sqrt(3)  # 0.0379
+    assert interval["mean"] == pytest.approx(0.31 / 3)
+    assert (interval["low"], interval["high"]) == pytest.approx((0.31 / 3 - half, 0.31 / 3 + half))
+    diffs = [0.01 * (i % 7) for i in range(41)]  # 41 seeds: df 40 is past the table
+    wide = paired_seed_interval([0.5 + d for d in diffs], [0.5] * 41)
+    half = 2.021075 * statistics.stdev(diffs) / math.sqrt(41)
+    assert wide["high"] - wide["mean"] == pytest.approx(half, rel=1e-6)
+
+
+def test_students_t_quantiles_match_the_published_values():
+    # t_{0.975, df}: df 1-30 from the table, 40, 60 and 120 as printed in t tables, then the normal's
+    expected = {1: 12.706, 5: 2.571, 30: 2.042, 31: 2.0395, 40: 2.0211, 60: 2.0003, 120: 1.9799, 10**6: 1.96}
+    for df, value in expected.items():
+        assert t975(df) == pytest.approx(value, abs=1e-3), df
 
 
 def test_token_accuracy_counts_positions_and_the_end():
