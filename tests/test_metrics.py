@@ -20,6 +20,21 @@ def test_ece_known_answer():
     assert r.counts.sum() == 4 and r.counts[8] == 2 and r.counts[5] == 2
 
 
+def test_ece_weighs_each_bins_absolute_gap_by_its_share_of_samples():
+    """Gaps of both signs do not cancel, and a bin of one sample is that sample (the known answer above
+    has one sign and two samples per bin: mutating either passed it)."""
+    probs = torch.tensor([[0.95, 0.05], [0.65, 0.35], [0.55, 0.45], [0.58, 0.42]], dtype=torch.float64)
+    labels = torch.tensor([0, 1, 0, 0])
+    r = reliability(probs, labels, n_bins=10)
+    assert r.counts.tolist() == [0, 0, 0, 0, 0, 2, 1, 0, 0, 1]
+    assert r.accuracy[[5, 6, 9]].tolist() == [1.0, 0.0, 1.0]
+    assert r.confidence[[5, 6, 9]].tolist() == pytest.approx([0.565, 0.65, 0.95])
+    # (2 |1 - 0.565| + |0 - 0.65| + |1 - 0.95|) / 4 = (0.87 + 0.65 + 0.05) / 4
+    assert r.ece == pytest.approx(1.57 / 4)
+    with pytest.raises(ValueError, match="sum to 1"):  # off by 1e-3 in float64: not softmax output
+        ece(torch.tensor([[0.5, 0.501]], dtype=torch.float64), torch.tensor([0]))
+
+
 @pytest.mark.parametrize("n_bins", [7, 10, 15, 20, 50])
 def test_a_confidence_on_a_bin_edge_falls_in_the_bin_it_closes(n_bins):
     """Bins are ((m-1)/M, m/M]: a confidence of exactly m/M (0.55 with 20 bins, 0.7 with 10) went to the

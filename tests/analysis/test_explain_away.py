@@ -151,6 +151,21 @@ def test_nan_rows_of_fully_masked_queries_do_not_reach_the_sums():
         explain_away(w)  # unmasked, the NaN row counts
 
 
+def test_keys_of_a_sequence_without_real_queries_and_padded_keys_do_not_count():
+    """A batch row whose queries are all padding contributes no key (its sums would read 0: explained
+    away); a padded key's sum reads 0 whatever weight it got; a sum of exactly eps is not below eps."""
+    w = torch.tensor([[[0.999, 0.001, 0.0], [0.5, 0.25, 0.25]], [[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]]],
+                     dtype=torch.float64)[:, None]  # (2, 1, 2, 3)
+    query_mask = torch.tensor([[True, False], [False, False]])
+    key_mask = torch.tensor([[True, True, False], [True, True, True]])
+    stats = explain_away(w, key_mask=key_mask, query_mask=query_mask, eps=0.001)
+    assert stats.valid_keys.tolist() == [[[True, True, False]], [[False, False, False]]]
+    assert stats.key_sums[:, 0].tolist() == [[0.999, 0.001, 0.0], [0.0, 0.0, 0.0]]
+    assert stats.min == 0.001 and stats.min_normalized == 0.002 and stats.fraction_below_eps == 0.0
+    padded_key = explain_away(w[:1], key_mask=key_mask[:1])  # row 1 gives the padded key 0.25
+    assert padded_key.key_sums[0, 0, 2] == 0.0 and padded_key.log_sums[0, 0, 2] == -math.inf
+
+
 def test_no_query_means_no_key_counts():
     stats = explain_away(torch.zeros(2, 1, 0, 3))
     assert not stats.valid_keys.any() and math.isnan(stats.min) and stats.fraction_below_eps == 0.0
