@@ -104,6 +104,8 @@ def test_synthetic_test_set_holding_every_training_string_is_refused():
 
 def test_metrics_known_values():
     assert edit_distance("kitten", "sitting") == 3
+    assert (edit_distance("xab", "ab"), edit_distance("ab", "xab"), edit_distance("abc", "")) == (1, 1, 3)
+    assert (edit_distance("", "abc"), edit_distance("", ""), edit_distance("abc", "cab")) == (3, 0, 2)
     assert token_error_rate([["a", "b", "c"], ["d"]], [["a", "c"], ["d", "e"]]) == pytest.approx(2 / 4)
     assert sequence_error_rate([["a"], ["b"]], [["a"], ["c"]]) == 0.5
 
