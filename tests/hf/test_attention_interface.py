@@ -164,3 +164,72 @@ def test_float_additive_mask_is_accepted():
     out, _ = attention_forward(_module("softmax"), q, q, q, bias, scaling=0.5)
     expected = torch.softmax(0.5 * q @ q.transpose(-1, -2) + bias, dim=-1) @ q
     torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-12, rtol=0)
+
+
+def test_a_cached_self_attention_query_is_the_last_position_of_the_key_padding():
+    """With a cache the ``Lq`` queries are the last ``Lq`` keys: a left-padded row's one new query is real
+    (the first ``Lq`` positions are its padding)."""
+    from attnkit.hf.attention_interface import _query_mask
+
+    key_valid = torch.tensor([[False, False, True, True], [True, True, True, True]])
+    assert _query_mask(key_valid, 1).tolist() == [[True], [True]]
+    assert _query_mask(key_valid, 3).tolist() == [[False, True, True], [True, True, True]]
+
+
+def test_a_causal_module_called_without_a_mask_at_one_cached_query_sees_every_key():
+    """Incremental decoding without a mask: one new query after the cached keys sees them all (a top-left
+    causal mask would leave it key 0 alone); a whole prefix without a mask is causal."""
+    torch.manual_seed(4)
+    q, k, v = torch.randn(1, 2, 1, 4, dtype=torch.float64), *torch.randn(2, 1, 2, 5, 4, dtype=torch.float64)
+    out, _ = attention_forward(_module("softmax", causal=True), q, k, v, None, scaling=0.5)
+    expected = torch.softmax(0.5 * q @ k.transpose(-1, -2), dim=-1) @ v  # (1, 2, 1, 4)
+    torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-12, rtol=0)
+    q5 = torch.randn(1, 2, 5, 4, dtype=torch.float64)
+    out, _ = attention_forward(_module("softmax", causal=True), q5, k, v, None, scaling=0.5)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    s = (0.5 * q5 @ k.transpose(-1, -2)).masked_fill(~causal, float("-inf"))
+    torch.testing.assert_close(out, (torch.softmax(s, dim=-1) @ v).transpose(1, 2), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("mechanism", ["softmax", "dnas"])
+def test_a_float_mask_and_a_position_bias_are_both_added_to_the_scores(mechanism):
+    torch.manual_seed(5)
+    q, k, v = torch.randn(3, 1, 2, 3, 4, dtype=torch.float64)
+    bias = torch.tensor([[0.0, -1.0, 0.5], [0.3, 0.0, -2.0], [1.0, 0.2, 0.0]], dtype=torch.float64)
+    bias = bias[None, None]  # (1, 1, 3, 3): a float mask that masks nothing
+    position_bias = torch.randn(1, 2, 3, 3, dtype=torch.float64)
+    out, _ = attention_forward(_module(mechanism), q, k, v, bias, scaling=0.5, position_bias=position_bias)
+    s = 0.5 * q @ k.transpose(-1, -2) + bias + position_bias
+    weights = ak.normalize(s, mechanism)  # (1, 2, 3, 3)
+    torch.testing.assert_close(out, (weights @ v).transpose(1, 2), atol=1e-12, rtol=0)
+
+
+def test_observing_converted_softmax_keeps_its_padded_query_rows():
+    """An observer sees softmax's padded query rows as padding, but the module's outputs stay those of an
+    unobserved call (transformers keeps those rows); only the observed weights leave them out."""
+    from attnkit.functional import observe_weights
+
+    torch.manual_seed(6)
+    q, k, v = torch.randn(3, 2, 2, 4, 4, dtype=torch.float64)
+    mask, pad = _padding_mask((4, 2), 4)
+    full = mask[:, None, None, :].expand(2, 1, 4, 4)  # transformers' (B, 1, Lq, Lk) form of the padding
+    plain, _ = attention_forward(_module("softmax"), q, k, v, full, scaling=0.5)
+    seen = []
+    with observe_weights(lambda weights, info, config: seen.append(weights)):
+        observed, _ = attention_forward(_module("softmax"), q, k, v, full, scaling=0.5)
+    torch.testing.assert_close(observed, plain, atol=1e-12, rtol=0)
+    assert bool(plain[1, 2:].abs().sum() > 0)  # the padded rows hold softmax's outputs, not zeros
+    assert seen and bool((seen[0][1, :, 2:] == 0).all())  # the observer's weights leave them out
+
+
+def test_the_models_attention_dropout_is_applied_unbiased():
+    """``dropout`` (the model's attention dropout in training) reaches the mechanism: outputs vary between
+    calls and average to the output without dropout."""
+    torch.manual_seed(7)
+    q, k, v = torch.randn(3, 1, 1, 3, 2, dtype=torch.float64)
+    plain, _ = attention_forward(_module("dnas"), q, k, v, None, scaling=1.0)
+    draws = torch.stack([attention_forward(_module("dnas"), q, k, v, None, scaling=1.0, dropout=0.5)[0]
+                         for _ in range(3000)])
+    assert not torch.equal(draws[0], draws[1])
+    z = (draws.mean(0) - plain) / (draws.std(0) / len(draws) ** 0.5)  # each entry ~ N(0, 1) if unbiased
+    assert float(z.abs().max()) < 4.5
