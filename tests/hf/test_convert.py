@@ -121,6 +121,21 @@ def test_padding_equals_alone_for_encoders(family, mechanism):
     _padding_equals_alone(model, *padded_batch())
 
 
+@pytest.mark.parametrize("config", [ak.CoDA(gate="centered"), ak.CoDA(center_e=True, alpha=2.0, beta=0.5)],
+                         ids=["centered-gate", "center_e"])
+@pytest.mark.parametrize("family", ["bert", "distilbert"])
+def test_centred_coda_means_leave_padded_queries_out(family, config):
+    """Centred CoDA subtracts means over the valid pairs (eqs. 4, 6): the padded query rows of a converted
+    model entered them, so a real token's output moved with its batch's padding (0.02 of the hidden state
+    at these weights, 1.1 with every weight x 20)."""
+    model = akhf.convert(tiny_model(family), config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if any(part in name for part in ("query", "key", "q_lin", "k_lin")):
+                param.mul_(20)  # sharp scores, so that the means differ visibly with and without the padding
+    _padding_equals_alone(model, *padded_batch())
+
+
 @pytest.mark.parametrize("mechanism", ["softmax", "coda"])
 def test_padding_equals_alone_for_decoder(mechanism):
     _padding_equals_alone(akhf.convert(tiny_model("llama"), mechanism), *padded_batch())

@@ -234,11 +234,14 @@ def attention_forward(
         allowed = valid if valid is not None else None if bias is None else bias > MASKED_BIAS
         if allowed is not None:
             key_valid = allowed.any(dim=-2).any(dim=1).expand(B, allowed.shape[-1])  # (B, Lk)
-    padded = normalizes_over_queries(config) or observing()  # observed softmax: padded query rows left out
+    # the padded queries of self-attention: out of the column sums of dnas, hnas and sinkhorn and out of the
+    # means of centred CoDA (docs/design.md sections 2-3), so that a padded batch gives each sequence alone
+    over_queries = normalizes_over_queries(config) or (isinstance(config, CoDA) and config.uses_global_means)
+    padded = over_queries or observing()  # observed softmax: padded query rows left out
     if padded and key_valid is not None and getattr(module, _SELF_ATTR, False):
         query_mask = _query_mask(key_valid, Lq)
     observed_only = None  # softmax keeps its padded query rows, as transformers; an observer leaves them out
-    if query_mask is not None and not normalizes_over_queries(config):
+    if query_mask is not None and not over_queries:
         observed_only, query_mask = query_mask, None
     if position_bias is not None:  # (B|1, H, Lq, Lk), added to the scores where a pair may attend
         if bias is not None:

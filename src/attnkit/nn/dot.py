@@ -8,8 +8,10 @@ All You Need" (arXiv:1706.03762), eq. (1); lecture "Various Attention Score Func
     \alpha = \mathrm{normalize}(e), \qquad c_i = \sum_j \alpha_{ij} h_j
 
 No parameters but the hybrid weight ``theta`` of ``mechanism="hnas"`` (which takes the inputs' dtype); queries
-and keys must have the same size ``d``. With ``mechanism="coda"`` the gate scores are the negative L1
-distances of CoDA (``attnkit.scores.neg_l1_distance``). Shapes and masks as in :mod:`attnkit.nn.content`.
+and keys must have the same size ``d``. With ``mechanism="coda"`` ``e`` is CoDA's ``E`` and the gate scores
+are CoDA's ``N = -||s_i - h_j||_1 / sqrt(d)`` (``attnkit.scores.neg_l1_distance`` at its default scale, eq. 10
+of "Compositional De-Attention Networks") whether or not ``scaled`` divides ``e``, as for every content score.
+Shapes and masks as in :mod:`attnkit.nn.content`.
 """
 
 from __future__ import annotations
