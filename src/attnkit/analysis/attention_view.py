@@ -363,7 +363,9 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
     CoDA)."""
     import attnkit.hf as akhf
     from attnkit.hf.checks import load_tokenizer
-    from attnkit.hf.convert import CONFIG_KEY
+    from attnkit.hf.convert import CONFIG_KEY, _causal
+
+    from ..registry import causal_problem, resolve_mechanism
 
     text = _check_text(text)
     mechanisms = canonical_mechanisms(mechanisms)  # an unknown name fails before the model loads
@@ -375,9 +377,19 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
             f"{model_dir} is converted to {own.name!r} and shows that mechanism alone; drop --mechanisms "
             "or pass the unconverted model"
         )
+    # causal as convert reads it: the module's is_causal, a decoder's is_decoder, or a forward above that
+    # passes is_causal=True down (CLIP's text tower, whose modules say is_causal=False)
+    causal = next((n for n, m in akhf.attention_modules(base) if _causal(base, n, m)), None)
     if mechanisms is None:
-        causal = any(getattr(m, "is_causal", False) for _, m in akhf.attention_modules(base))
-        mechanisms = DEFAULT_CAUSAL_MECHANISMS if causal else DEFAULT_HF_MECHANISMS
+        mechanisms = DEFAULT_CAUSAL_MECHANISMS if causal is not None else DEFAULT_HF_MECHANISMS
+    elif own is None and causal is not None:
+        leaking = [m for m in mechanisms if causal_problem(resolve_mechanism(m)) is not None]
+        if leaking:  # convert's own message would advise its --layers, which picks the layers show draws
+            raise ValueError(
+                f"{model_dir} has causal self-attention ({causal}), which {leaking[0]!r} cannot take (it "
+                "normalizes over queries, so a position would see later ones); show it with --mechanisms "
+                f"{','.join(DEFAULT_CAUSAL_MECHANISMS)} (its default) or mechanisms of those"
+            )
     tokenizer = load_tokenizer(model_dir, "model directory")
     limit, reason = HF_MAX_TOKENS, f"attnkit show reads at most {HF_MAX_TOKENS} tokens of a text"
     positions = getattr(base.config, "max_position_embeddings", None)
