@@ -222,3 +222,15 @@ def test_a_frame_where_every_label_is_impossible_is_refused_by_both_decoders():
         ctc_greedy_decode(lp[None])
     # a dead frame beyond a sequence's length is padding: decoded as before
     assert ctc_greedy_decode(lp[None], torch.tensor([2])) == ctc_greedy_decode(lp[None, :2])
+
+
+def test_prefix_beam_search_takes_a_live_model_output_without_warnings():
+    """A model's log-probabilities that require grad: torch warned "Converting a tensor with
+    requires_grad=True to a scalar" from inside the search."""
+    import warnings
+
+    log_probs = torch.log_softmax(torch.randn(5, 4), dim=-1).requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found = ctc_prefix_beam_search(log_probs, beam_width=4)
+    assert found == ctc_prefix_beam_search(log_probs.detach(), 4)

@@ -149,6 +149,7 @@ def ctc_prefix_beam_search(log_probs: Tensor, beam_width: int = 8, blank_id: int
         raise ValueError(
             f"log_probs must be a (T, V) tensor, got {getattr(log_probs, 'shape', type(log_probs))}"
         )
+    log_probs = log_probs.detach()  # a model's live output: a search, no gradient (torch warned per float())
     _check_log_probs(log_probs)
     check_id("blank_id", blank_id, log_probs.shape[1], "V")
     high = float(log_probs.max()) if log_probs.numel() else 0.0
