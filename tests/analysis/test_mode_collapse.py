@@ -172,6 +172,33 @@ def test_the_sensitivity_sweep_is_reported_as_a_note_not_judged_as_a_paper_claim
     assert "starts as two clusters at std 0.2 only" in result.note
 
 
+def test_the_sweep_counts_a_pattern_only_where_the_data_started_as_two_clusters(tmp_path, monkeypatch):
+    """The note said the balanced pattern ("both keep two clusters") held at spreads where the data started
+    as one cluster that attention then split: kept means two at the start and at the end."""
+    from attnkit.analysis import repro_mode_collapse as mc
+    from attnkit.analysis.report import ReproduceResult
+
+    monkeypatch.setattr(mc, "SWEEP_STDS", (0.2, 0.6))
+    monkeypatch.setattr(mc, "SWEEP_SCALES", (1.0,))
+
+    def fake_sweep(seeds):  # at 0.6 the balanced data starts as one cluster and ends as two
+        rows = []
+        for std in mc.SWEEP_STDS:
+            for case in mc._CASES_2D:
+                for name in mc._MECHANISMS_2D:
+                    start = 1 if (std > 0.5 and case == "balanced") else 2
+                    final = 1 if (case == "unbalanced" and name == "softmax") else 2
+                    rows += [{"case": case, "std": std, "scale": 1.0, "seed": s, "mechanism": name,
+                              "initial_clusters": start, "final_clusters": final} for s in seeds]
+        return rows
+
+    monkeypatch.setattr(mc, "mode_collapse_sweep", fake_sweep)
+    result = ReproduceResult(name="mode-collapse-2d", out=tmp_path)
+    mc._sweep_into(result, [0, 1])
+    assert "holds in every seed at std 0.2 of (0.2, 0.6)" in result.note
+    assert mc._two_cluster_share(fake_sweep([0]), "balanced", "dnas", 1.0, (0.2, 0.6)).tolist() == [1.0, 0.0]
+
+
 def _closed_forms_mp(r: float, a: float) -> tuple[float, float]:
     """Eqs. (11)/(13) and (12)/(14) at 60 digits: the reference for the float64 closed forms."""
     mpmath = pytest.importorskip("mpmath")

@@ -239,8 +239,11 @@ def mode_collapse_sweep(
 def _two_cluster_share(
     rows: list[dict], case: str, name: str, scale: float, stds: Sequence[float]
 ) -> np.ndarray:
-    return np.asarray([np.mean([r["final_clusters"] == 2 for r in rows if r["case"] == case and
-                                r["mechanism"] == name and r["scale"] == scale and r["std"] == std])
+    # kept: two clusters at the start and after the last step (data that starts as one cluster and is split
+    # in two by attention did not keep anything)
+    return np.asarray([np.mean([r["initial_clusters"] == 2 and r["final_clusters"] == 2 for r in rows
+                                if r["case"] == case and r["mechanism"] == name and r["scale"] == scale
+                                and r["std"] == std])
                        for std in stds])
 
 
@@ -295,9 +298,10 @@ def _sweep_into(result: ReproduceResult, seeds: Sequence[int]) -> None:
                                 **{name: _std_range(_two_cluster_share(rows, case, name, scale, SWEEP_STDS),
                                                     SWEEP_STDS) for name in _MECHANISMS_2D}})
     # The paper's pattern (unbalanced: LNAS 1 cluster and DNAS 2; balanced: both 2) per std and scale.
-    def all_seeds(case, name, k, std, scale):
-        return all(r["final_clusters"] == k for r in rows if r["case"] == case and r["mechanism"] == name
-                   and r["scale"] == scale and r["std"] == std)
+    def all_seeds(case, name, k, std, scale):  # two clusters at the start, k after the last step
+        return all(r["initial_clusters"] == 2 and r["final_clusters"] == k for r in rows
+                   if r["case"] == case and r["mechanism"] == name and r["scale"] == scale
+                   and r["std"] == std)
 
     def pattern_at(scale: float) -> list[bool]:
         return [all_seeds("unbalanced", "softmax", 1, std, scale)
