@@ -387,3 +387,38 @@ def test_a_checkpoint_with_the_hybrid_weights_among_the_decayed_ones_resumes_exa
                           task=task)
     (a,), (b,) = full.runs, resumed.runs
     assert a["history"] == b["history"] and a["metrics"] == b["metrics"] and a["hybrid_u"] == b["hybrid_u"]
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"mixed_precision": "bf16", "gradient_accumulation_steps": 1}, "mixed precision is 'bf16'"),
+    ({"mixed_precision": "no", "gradient_accumulation_steps": 4}, "gradient_accumulation_steps is 4"),
+])
+def test_accelerate_settings_compare_would_follow_unrecorded_are_refused(tmp_path, setting, message):
+    """``accelerate launch --mixed_precision bf16`` trained under bf16 autocast and a resume mixed float32 and
+    bf16 steps (losses 1.7e-3 apart), and an accumulation setting divided every loss by 4 (accuracy 78.2% for
+    71.3%), none of it recorded; both are refused before anything is written."""
+    from types import SimpleNamespace
+
+    data = write_classification_file(tmp_path / "data.json")
+    config = build_config(tiny_overrides(data, tmp_path / "run"))
+    accelerator = SimpleNamespace(num_processes=1, **setting)
+    with pytest.raises(ValueError, match=message):
+        run_compare(config, accelerator=accelerator)
+    assert not (tmp_path / "run").exists()
+
+
+def test_accelerate_launch_with_bf16_is_one_line_and_exit_2(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    data = write_classification_file(tmp_path / "data.json")
+    env = dict(os.environ, ACCELERATE_MIXED_PRECISION="bf16", OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "attnkit", "compare", "--task", str(data), "--mechanisms", "softmax",
+         "--out", str(tmp_path / "run"), "--progress", "none"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "mixed precision is 'bf16'" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()

@@ -367,6 +367,27 @@ def run_compare(
         torch.set_num_threads(threads_before)
 
 
+def check_accelerator_settings(accelerator) -> None:
+    """Refuse the settings an ``accelerate launch`` (or its environment) can hand ``compare`` that its runs
+    would follow without recording them: mixed precision (bf16 autocast; a run resumed under it would mix
+    float32 and bf16 steps) and gradient accumulation (Accelerate divides each step's loss by its steps while
+    ``compare`` steps the optimizer every batch)."""
+    precision = str(getattr(accelerator, "mixed_precision", "no"))
+    if precision != "no":
+        raise ValueError(
+            f"accelerate's mixed precision is {precision!r} (accelerate launch --mixed_precision, its config "
+            "file or ACCELERATE_MIXED_PRECISION); compare trains in float32 and its results do not record "
+            "another precision: launch without it"
+        )
+    steps = getattr(accelerator, "gradient_accumulation_steps", 1)
+    if steps != 1:
+        raise ValueError(
+            f"accelerate's gradient_accumulation_steps is {steps} (ACCELERATE_GRADIENT_ACCUMULATION_STEPS or "
+            "its config); compare steps the optimizer every batch and would only divide the loss by it: "
+            "unset it and raise batch_size instead"
+        )
+
+
 def _run_compare(config: CompareConfig, accelerator, task, on_step) -> CompareResult:
     from .tasks import get_task
 
@@ -374,6 +395,7 @@ def _run_compare(config: CompareConfig, accelerator, task, on_step) -> CompareRe
     data = task.prepare(config)  # before touching the run directory: a missing dataset leaves nothing behind
     batch_indices(0, task.num_train(data), config.batch_size, 0)  # batch_size fits the training set
     check_batch_split(config.batch_size, accelerator.num_processes)
+    check_accelerator_settings(accelerator)
     out = Path(config.out)
     # a run that fails before any finishes removes only the folders it made: --out, then its new parents
     made = [folder for folder in (out, *out.parents) if not os.path.lexists(folder)]  # deepest first
