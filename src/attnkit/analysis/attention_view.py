@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import copy
 import html
+import inspect
 import io
 import json
 import operator
@@ -529,9 +530,13 @@ def _forward_text(model, enc, model_dir):
         return forward(**enc)
     except Exception as exc:  # noqa: BLE001 - a model that cannot read the text fails in many ways
         first = (str(exc).strip().splitlines() or [""])[0]
+        hint = "check that it runs with model(**tokenizer(text, return_tensors='pt'))"
+        if "pixel_values" in inspect.signature(forward.forward).parameters and "pixel_values" not in enc:
+            # CLIP, SigLIP, BLIP: the whole model wants an image beside the text
+            hint = ("it reads an image too (pixel_values), and show draws a text; show its text model alone "
+                    "(e.g. CLIPTextModel.from_pretrained(...).save_pretrained(...))")
         raise ValueError(
-            f"the model in {model_dir} cannot read the text ({type(exc).__name__}: {first[:200]}); check "
-            "that it runs with model(**tokenizer(text, return_tensors='pt'))"
+            f"the model in {model_dir} cannot read the text ({type(exc).__name__}: {first[:200]}); {hint}"
         ) from None
 
 
