@@ -121,6 +121,22 @@ def test_finetune_writes_metrics_and_model(tiny_bert, fixture_dataset, tmp_path,
     assert sorted(p.name for p in out.iterdir() if p.suffix not in (".json", ".txt")) == ["model.safetensors"]
 
 
+def test_finetune_refuses_accelerates_mixed_precision(tiny_bert, fixture_dataset, tmp_path):
+    """Under ``accelerate launch --mixed_precision bf16`` the Trainer trained in bf16 autocast (it reads
+    ACCELERATE_MIXED_PRECISION), and metrics.json said nothing of it."""
+    env = dict(os.environ, ACCELERATE_MIXED_PRECISION="bf16", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "attnkit", "finetune", "--model", str(tiny_bert), "--dataset",
+         str(fixture_dataset), "--max-steps", "1", "--batch-size", "4", "--max-length", "16",
+         "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "mixed precision is 'bf16'" in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists()
+
+
 def test_finetune_of_a_decoder_whose_tokenizer_has_no_padding_token(fixture_dataset, tmp_path, capsys):
     """Llama-style classifiers pad with the end-of-sequence token (the collator raised before, with advice for
     Python code), and the alignment regularizer attaches to their grouped-query attention."""

@@ -678,6 +678,13 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
             data_collator=_right_padding(DataCollatorWithPadding)(tokenizer),
             callbacks=[timer],
         )
+        precision = str(getattr(trainer.accelerator, "mixed_precision", "no"))
+        if precision != "no":  # the Trainer takes it from accelerate launch's environment, unrecorded
+            raise ValueError(
+                f"accelerate's mixed precision is {precision!r} (accelerate launch --mixed_precision, its "
+                "config file or ACCELERATE_MIXED_PRECISION); finetune trains in float32 and metrics.json "
+                "would not record another precision: launch without it"
+            )
         trainer.remove_callback(ProgressCallback)
         for callback in progress_callbacks(len(test), config.batch_size * trainer.args.world_size, log=log):
             trainer.add_callback(callback)
