@@ -829,3 +829,36 @@ def test_a_fine_tune_is_drawn_on_the_tokens_it_reads_cut_at_its_max_length(tiny_
         assert "fine-tuned on at most 12 tokens" in view.truncation_note
     stock = view_from_hf(tiny_bert, text, mechanisms=("softmax",))  # not a fine-tune: show's own limit
     assert len(stock.tokens) == len(tokenizer(text)["input_ids"]) < HF_MAX_TOKENS
+
+
+def test_a_converted_fine_tune_fine_tuned_again_is_drawn_as_the_second_fine_tune_read_it(tiny_bert, tmp_path):
+    """convert records a fine-tune's pairing and --max-length in config.json; fine-tuning that copy again on
+    single texts at --max-length 30 kept them, and show cut at 12 tokens and encoded "a | b" as a pair."""
+    from transformers import AutoTokenizer
+
+    from json import loads as json_loads
+
+    from attnkit.analysis.attention_view import MAX_LENGTH_CONFIG_KEY, PAIRS_CONFIG_KEY, view_from_hf
+    from attnkit.cli.hf import convert_directory
+    from attnkit.data.containers import TextClassificationData
+    from attnkit.hf.finetune import FinetuneConfig, finetune
+
+    pairs = TextClassificationData(
+        name="pairs", train_texts=["the bank raised rates", "shares fell"] * 2, train_labels=[0, 1] * 2,
+        test_texts=["rates rose"], test_labels=[0], label_names=["no", "yes"], test_text_pairs=["rates fell"],
+        train_text_pairs=["rates went up", "stocks dropped"] * 2)
+    texts = TextClassificationData(
+        name="texts", train_texts=["the bank raised rates", "shares fell"] * 2, train_labels=[0, 1] * 2,
+        test_texts=["rates rose"], test_labels=[0], label_names=["no", "yes"])
+    finetune(FinetuneConfig(model=str(tiny_bert), out=str(tmp_path / "one"), max_steps=1, batch_size=2,
+                            max_length=12), data=pairs)
+    convert_directory(str(tmp_path / "one"), str(tmp_path / "dnas"), mechanism="dnas")
+    finetune(FinetuneConfig(model=str(tmp_path / "dnas"), out=str(tmp_path / "two"), max_steps=1,
+                            batch_size=2, max_length=30), data=texts)
+    text = "the bank raised rates again | as shares fell and oil rose to a high not seen in years " * 2
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "two")
+    read = tokenizer.convert_ids_to_tokens(tokenizer(text, truncation=True, max_length=30)["input_ids"])
+    view = view_from_hf(tmp_path / "two", text)
+    assert view.tokens == read and not view.pair and view.token_limit == 30
+    config = json_loads((tmp_path / "two" / "config.json").read_text())
+    assert PAIRS_CONFIG_KEY not in config and MAX_LENGTH_CONFIG_KEY not in config  # the first run's records

@@ -68,6 +68,9 @@ def test_students_t_quantiles_match_the_published_values():
     expected = {1: 12.706, 5: 2.571, 30: 2.042, 31: 2.0395, 40: 2.0211, 60: 2.0003, 120: 1.9799, 10**6: 1.96}
     for df, value in expected.items():
         assert t975(df) == pytest.approx(value, abs=1e-3), df
+    for df in (0, -1, 2.0, True):  # T975[-2] would read the table from its end
+        with pytest.raises(ValueError, match="expected an integer >= 1"):
+            t975(df)
 
 
 def test_token_accuracy_counts_positions_and_the_end():

@@ -461,43 +461,44 @@ def _read_json(path: Path):
         return None
 
 
+def _finetune_record(model_dir) -> Optional[dict]:
+    """The ``metrics.json`` that ``attnkit finetune`` wrote beside the model in ``model_dir`` (a dict with the
+    run's ``config``), else ``None`` (a stock or converted model, or a file that is not ours)."""
+    metrics = _read_json(Path(model_dir) / "metrics.json")
+    if not isinstance(metrics, dict) or not ("config" in metrics or "sentence_pairs" in metrics):
+        return None
+    return metrics | {"config": metrics["config"] if isinstance(metrics.get("config"), dict) else {}}
+
+
 def _finetune_max_length(model_dir) -> Optional[int]:
-    """The ``--max-length`` that ``attnkit finetune`` trained the model in ``model_dir`` with (its
-    ``metrics.json``, or the ``config.json`` of an ``attnkit convert`` copy), else ``None``: the model
-    reads, and predicts from, that many tokens of a text."""
-    config = _read_json(Path(model_dir) / "config.json")
-    length = config.get(MAX_LENGTH_CONFIG_KEY) if isinstance(config, dict) else None
-    if length is None:
-        metrics = _read_json(Path(model_dir) / "metrics.json")
-        run = metrics.get("config") if isinstance(metrics, dict) else None
-        length = run.get("max_length") if isinstance(run, dict) else None
+    """The ``--max-length`` that ``attnkit finetune`` trained the model in ``model_dir`` with: its own
+    ``metrics.json`` first (a converted fine-tune fine-tuned again is that second run's), else what ``attnkit
+    convert`` of a fine-tune recorded in ``config.json``; ``None`` for neither. The model reads, and predicts
+    from, that many tokens of a text."""
+    record = _finetune_record(model_dir)
+    if record is not None:
+        length = record["config"].get("max_length")
+    else:
+        config = _read_json(Path(model_dir) / "config.json")
+        length = config.get(MAX_LENGTH_CONFIG_KEY) if isinstance(config, dict) else None
     if isinstance(length, int) and not isinstance(length, bool) and length > 0:
         return length
     return None
 
 
 def _pair_dataset(model_dir) -> Optional[str]:
-    """Words naming the model in ``model_dir`` as ``attnkit finetune`` trained it on sentence pairs (its
-    ``metrics.json`` says so: ``sentence_pairs``, or for a fine-tune of an earlier version a catalog
-    dataset of pairs; or ``attnkit convert`` of such a fine-tune recorded them in ``config.json``), else
+    """Words naming the model in ``model_dir`` as ``attnkit finetune`` trained it on sentence pairs (its own
+    ``metrics.json`` says so: ``sentence_pairs``, or for a fine-tune of an earlier version a catalog dataset
+    of pairs; without one, ``attnkit convert`` of such a fine-tune recorded them in ``config.json``), else
     ``None``."""
-    try:
-        config = json_loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        config = None
-    words = config.get(PAIRS_CONFIG_KEY) if isinstance(config, dict) else None
-    if isinstance(words, str) and words:
-        return words
-    path = Path(model_dir) / "metrics.json"
-    try:
-        metrics = json_loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # none (a converted or stock model), or not ours
-        return None
-    if not isinstance(metrics, dict):
-        return None
-    config = metrics.get("config")
-    dataset = str(config.get("dataset")) if isinstance(config, dict) else None
-    pairs = metrics.get("sentence_pairs")
+    record = _finetune_record(model_dir)
+    if record is None:  # a converted copy of a fine-tune, or a stock model
+        config = _read_json(Path(model_dir) / "config.json")
+        words = config.get(PAIRS_CONFIG_KEY) if isinstance(config, dict) else None
+        return words if isinstance(words, str) and words else None
+    dataset = record["config"].get("dataset")
+    dataset = str(dataset) if dataset is not None else None
+    pairs = record.get("sentence_pairs")
     if not (pairs is True or (not isinstance(pairs, bool) and dataset in _PAIR_DATASETS)):
         return None
     return f"the model fine-tuned on {dataset!r}" if dataset is not None else "the fine-tuned model"

@@ -279,7 +279,8 @@ def _plot_sweep(rows: list[dict], stds, scales, path, title: str):
                 ax.set_xlabel("point std")
             if j == 0:
                 ax.set_ylabel("score scale")
-    fig.colorbar(im, ax=axes, shrink=0.8, label="share of seeds with 2 clusters after 4 steps")
+    fig.colorbar(im, ax=axes, shrink=0.8,
+                 label="share of seeds starting and ending with 2 clusters (4 steps)")
     fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=110)
     plt.close(fig)

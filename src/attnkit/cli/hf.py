@@ -141,12 +141,13 @@ def convert_directory(
         akhf.convert(model, mechanism, u0=u0, layers=layers, sinkhorn_iters=sinkhorn_iters)
         # a fine-tune on sentence pairs stays one: show encodes its "a | b" as the pair and cuts a text at the
         # fine-tune's --max-length (metrics.json, where finetune records both, is its own and is not copied)
-        pairs = _pair_dataset(model_dir)
-        if pairs is not None:
-            setattr(model.config, PAIRS_CONFIG_KEY, pairs)
-        trained = _finetune_max_length(model_dir)  # and reads the tokens the fine-tune read
-        if trained is not None:
-            setattr(model.config, MAX_LENGTH_CONFIG_KEY, trained)
+        # (set or removed: a converted fine-tune fine-tuned again carries the first fine-tune's keys)
+        for key, value in ((PAIRS_CONFIG_KEY, _pair_dataset(model_dir)),
+                           (MAX_LENGTH_CONFIG_KEY, _finetune_max_length(model_dir))):  # the tokens it read
+            if value is not None:
+                setattr(model.config, key, value)
+            elif hasattr(model.config, key):
+                delattr(model.config, key)
         check_shards(out_path, model)  # a sharded earlier output, refused before the save
 
         def write(folder: Path) -> None:

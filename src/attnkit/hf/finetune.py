@@ -715,6 +715,13 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
     if trainer.is_world_process_zero():
         from .publish import publish
 
+        from ..analysis.attention_view import MAX_LENGTH_CONFIG_KEY, PAIRS_CONFIG_KEY
+
+        # a converted fine-tune's records (convert writes them); this run's are in its metrics.json
+        for key in (PAIRS_CONFIG_KEY, MAX_LENGTH_CONFIG_KEY):
+            if hasattr(trainer.model.config, key):
+                delattr(trainer.model.config, key)
+
         def write(folder: Path) -> None:
             # the model alone: Trainer.save_model would add training_args.bin, a pickle of the run's arguments
             trainer.model.save_pretrained(str(folder), max_shard_size=MAX_SHARD_SIZE)

@@ -42,6 +42,8 @@ def t975(df: int) -> float:
     """``t_{0.975, df}``, the two-sided 95% quantile of Student's t with ``df >= 1`` degrees of freedom: the
     table for df <= 30, above it the Cornish-Fisher expansion around the normal quantile (Abramowitz and
     Stegun 26.7.5, four terms; within 3e-8 of the exact value from df = 30 on, where 1.96 was 4% low)."""
+    if isinstance(df, bool) or not isinstance(df, int) or df < 1:
+        raise ValueError(f"df={df!r}; expected an integer >= 1 (degrees of freedom: seeds - 1)")
     if df <= len(T975):
         return T975[df - 1]
     z = 1.959963984540054  # the normal distribution's 0.975 quantile
