@@ -50,6 +50,19 @@ def test_paired_interval_and_verdict():
     assert paired_seed_interval([0.8], [0.7])["low"] is None
 
 
+def test_an_interval_that_reaches_zero_as_printed_is_within_the_spread():
+    """The printed bounds are what the verdict judges: [+0.0, +1.0] (a low end of +0.04 points, printed as
+    +0.0) says "within", as does an interval that ends exactly at 0; one wholly above 0.05 points does not."""
+    for low in (0.0, 0.0004, -0.0004):
+        interval = {"n": 3, "mean": 0.005, "low": low, "high": 0.01}
+        text = verdict("dnas", "softmax", "accuracy", interval, None)
+        assert "[+0.0, +1.0]: within the spread over seeds" in text, low
+    above = {"n": 3, "mean": 0.005, "low": 0.0006, "high": 0.01}
+    assert "[+0.1, +1.0]: larger than the spread" in verdict("dnas", "softmax", "accuracy", above, None)
+    below = {"n": 3, "mean": -0.005, "low": -0.01, "high": 0.0}
+    assert "[-1.0, +0.0]: within the spread over seeds" in verdict("dnas", "softmax", "accuracy", below, None)
+
+
 def test_paired_interval_known_answer_with_students_t():
     """The half-width is t_{0.975, n-1} * sample std / sqrt(n) (mutating the quantile's index, the std's
     denominator or sqrt(n) passed the test above)."""
