@@ -178,13 +178,14 @@ def _alignment(task: TransductionTask, data, model, index: int):
             shown = data.tgt_vocab.decode_ids(labels, generated=True, eos_ends=False)  # one per label
             names = shown or ["(blank only)"]
             cols = [c for c in src_tokens for _ in range(model.upsample)]
-            return rows.numpy(), names, cols, "label posteriors per frame"
+            what = "label posteriors per frame;\nrows: the labels that win a frame, by id"
+            return rows.numpy(), names, cols, what
         tokens, align = task.predict_tokens(model, data, idx, "cpu")
         if align is None:
             return None
         # the step that generated <eos>, when the output ended before the decoding cap (not otherwise)
         out = tokens[0] + (["<eos>"] if align.shape[1] > len(tokens[0]) else [])
-        return align[0, : len(out)].numpy(), out, src_tokens, "attention weights"
+        return align[0, : len(out)].numpy(), out, src_tokens, "attention weights;\nrows: the outputs in order"
 
 
 def _plot_alignments(path: Path, task_name: str, panels: dict) -> Path:
@@ -199,7 +200,7 @@ def _plot_alignments(path: Path, task_name: str, panels: dict) -> Path:
         ax.set_xticks(range(len(cols)), cols, fontsize=7)
         ax.set_yticks(range(len(rows)), rows, fontsize=7)
         ax.set_title(f"{LABELS[name]}\n({what})", fontsize=9)
-    fig.suptitle(f"{task_name}: alignments of one test example (rows: outputs, columns: inputs)")
+    fig.suptitle(f"{task_name}: alignments of one test example (columns: inputs)")
     return _save(fig, path)
 
 
