@@ -101,6 +101,9 @@ def test_count_clusters_gap_rule_on_hand_built_points():
     counts = count_clusters(points, gap=0.5, min_fraction=0.2)  # min size ceil(0.2 * 7) = 2
     assert counts.count == 2 and counts.sizes == (4, 2, 1) and counts.min_size == 2
     assert count_clusters(points, gap=0.3, min_fraction=0.0).count == 6  # the chain breaks into 4 points
+    # "shorter than gap": points exactly gap apart are not linked (binary fractions, no rounding)
+    assert count_clusters(torch.tensor([[0.0], [0.5], [1.0]]), gap=0.5, min_fraction=0.0).count == 3
+    assert count_clusters(torch.tensor([[0.0], [0.5], [1.0]]), gap=0.5625, min_fraction=0.0).count == 1
     with pytest.raises(ValueError, match="gap"):
         count_clusters(points, gap=0)
 
