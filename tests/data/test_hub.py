@@ -165,7 +165,7 @@ _GOOD = '{"sentence": "fine", "label": 1}\n{"sentence": "dull", "label": 0}\n'
         ("train.jsonl", _GOOD + "{not json\n", r"train\.jsonl line 3 is not JSON"),
         ("train.jsonl", _GOOD + "[1, 2]\n", r"train\.jsonl line 3 is not a JSON object"),
         ("train.jsonl", "", r"train\.jsonl has no rows"),
-        ("train.csv", "sentence,label\nfine,1\nx,1,2,3\n", r"cannot read .*train\.csv .*line 3"),
+        ("train.csv", "sentence,label\nfine,1\nx,1,2,3\n", r"train\.csv line 3: 4 field\(s\) where"),
         ("train.parquet", "garbage", r"cannot read .*train\.parquet"),
     ],
 )
@@ -217,6 +217,20 @@ def test_csv_label_column_with_an_empty_cell_drops_that_row_and_keeps_the_intege
     data = load_dataset("sst2", source=tmp_path)
     assert data.train_texts == ["good film", "ok"] and data.train_labels == [1, 0]
     assert all(type(y) is int for y in data.train_labels)
+
+
+@pytest.mark.parametrize("row, fields", [("shares fell,1", 2), ("a b,c d,1,", 4)])
+def test_a_csv_row_with_fields_missing_or_extra_is_refused_by_its_line(tmp_path, row, fields):
+    """A pair row that lost a field ("shares fell,1") was dropped as unlabeled without a word (pandas reads
+    the missing label cell as empty), and a trailing comma shifted every column by one."""
+    header = "sentence1,sentence2,label\n"
+    (tmp_path / "train.csv").write_text(header + f"a b,c d,1\n{row}\ne f,g h,0\n")
+    (tmp_path / "validation.csv").write_text(header + "q r,s t,1\n")
+    with pytest.raises(ValueError, match=rf"train\.csv line 3: {fields} field\(s\) where the header names 3"):
+        load_dataset("mrpc", source=tmp_path)
+    (tmp_path / "train.csv").write_text(header + 'a b,"c, d",1\n"e\nf",g h,0\n')  # quoted: one field each
+    data = load_dataset("mrpc", source=tmp_path)
+    assert data.train_text_pairs == ["c, d", "g h"] and data.train_labels == [1, 0]
 
 
 def test_a_csv_with_a_long_first_row_still_has_its_labels_checked(tmp_path):

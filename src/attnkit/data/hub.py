@@ -365,8 +365,17 @@ def _check_csv(spec: HubSpec, path: Path) -> None:
             header, first = next(lines, None), next(lines, None)
             column = header.index(spec.label_column) if header and spec.label_column in header else None
             row = first
-            while row is not None and column is not None:
-                cell = row[column].strip() if column < len(row) else ""
+            while row is not None and header is not None:
+                if len(row) != len(header):  # pandas: a missing cell reads as unlabeled, an extra one shifts
+                    raise ValueError(
+                        f"{spec.name}: {path} line {reader.line_num}: {len(row)} field(s) where the header "
+                        f"names {len(header)} ({', '.join(header)}); quote fields that hold commas, and "
+                        "remove a trailing comma"
+                    )
+                if column is None:
+                    row = next(lines, None)
+                    continue
+                cell = row[column].strip()
                 if cell and not _CSV_INTEGER.fullmatch(cell):
                     raise ValueError(
                         f"{spec.name}: {path} line {reader.line_num}: label {cell!r} is not an integer; "
