@@ -366,6 +366,33 @@ def test_a_model_directory_without_tokenizer_files_is_refused_not_read_as_unknow
         assert not (tmp_path / "o").exists()
 
 
+def test_a_gpt2_tokenizer_saved_as_tokenizer_json_alone_is_read(tmp_path, capsys):
+    """GPT-2's tokenizer class names vocab.json and merges.txt, which transformers 5 no longer saves: a
+    converted or fine-tuned GPT-2 (tokenizer.json only) was refused as having no tokenizer files."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+
+    from attnkit.hf.checks import load_tokenizer
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(["the bank raised rates", "the goat sleeps near the deer"] * 5, trainer)
+    tokenizer = GPT2TokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
+                                  unk_token="<|endoftext|>")
+    model_dir = tmp_path / "gpt2"
+    tokenizer.save_pretrained(model_dir)
+    assert not (model_dir / "vocab.json").exists() and (model_dir / "tokenizer.json").exists()
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=32, n_embd=16, n_layer=1, n_head=2,
+                               bos_token_id=0, eos_token_id=0)).save_pretrained(model_dir)
+    loaded = load_tokenizer(model_dir)
+    assert loaded("the bank")["input_ids"] == tokenizer("the bank")["input_ids"]
+    main(["show", str(model_dir), "--text", "the bank raised rates", "--out", str(tmp_path / "o")])
+    assert "2 mechanism(s) x 1 layer(s)" in capsys.readouterr().out
+
+
 def test_convert_of_a_model_directory_without_tokenizer_files_writes_the_weights_alone(
     weights_only_bert, tmp_path, capsys
 ):

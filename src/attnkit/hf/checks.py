@@ -464,6 +464,9 @@ def load_tokenizer(path: str | os.PathLike, option: str = "model directory"):
             f"({_first_line(exc)}); restore them from the original model (tokenizer.save_pretrained(...))"
         ) from None
     names = sorted(set(getattr(tokenizer, "vocab_files_names", {}).values()))
-    if names and not any(os.path.isfile(os.path.join(path, name)) for name in names):
+    # a fast tokenizer's tokenizer.json holds its whole vocabulary; GPT-2's class names only vocab.json and
+    # merges.txt, which its save_pretrained no longer writes
+    whole = getattr(tokenizer, "is_fast", False) and os.path.isfile(os.path.join(path, "tokenizer.json"))
+    if names and not whole and not any(os.path.isfile(os.path.join(path, name)) for name in names):
         raise ValueError(f"{option} {path} has no tokenizer files ({' or '.join(names)}); {_NO_TOKENIZER}")
     return tokenizer
