@@ -42,7 +42,10 @@ BACKENDS: tuple[str, ...] = ("auto", "reference", "efficient")
 
 
 WeightObserver = Callable[[Tensor, MaskInfo, MechanismConfig], None]
-_OBSERVERS: list[WeightObserver] = []
+# per thread (and asyncio task): a block open in one thread neither observes nor reroutes another's calls
+_OBSERVERS: contextvars.ContextVar[tuple[WeightObserver, ...]] = contextvars.ContextVar(
+    "attnkit_observers", default=()
+)
 
 
 @contextlib.contextmanager
@@ -52,20 +55,21 @@ def observe_weights(observer: WeightObserver) -> Iterator[None]:
     ``weights`` is the detached ``(B, H, Lq, Lk)`` matrix of the mechanism, before attention dropout (a model
     in training mode is observed as its mechanism weighs, not as the dropout mask thins it); calls inside
     the block use the reference backend so that the weights exist. Diagnostics (``attnkit.analysis``) build
-    on this.
+    on this. The block observes the calls of its own thread (and asyncio task), not those that other
+    threads make meanwhile.
     """
-    _OBSERVERS.append(observer)
+    token = _OBSERVERS.set((*_OBSERVERS.get(), observer))
     try:
         yield
     finally:
-        _OBSERVERS.remove(observer)
+        _OBSERVERS.reset(token)
 
 
 def observing() -> bool:
     """Whether an ``observe_weights`` block is active. Self-attention modules (``ak.nn.MultiheadAttention``,
     converted Hugging Face models) then infer the query padding of softmax from the key padding too, and
     give it to the observers only (:func:`observed_query_padding`)."""
-    return bool(_OBSERVERS)
+    return bool(_OBSERVERS.get())
 
 
 _OBSERVED_QUERY: contextvars.ContextVar[Optional[Tensor]] = contextvars.ContextVar(
@@ -266,13 +270,14 @@ def _attention(q, k, v, mechanism, key_mask, query_mask, attn_mask, causal, scal
     check_bool(return_weights, f"return_weights={return_weights!r}")
     u = _hybrid_u(config, hybrid_weight, q.shape[1], q)
 
-    if _OBSERVERS:
+    observers = _OBSERVERS.get()
+    if observers:
         q, k, v = _zero_padding(q, k, v, mask)
         mechanism_weights: list = []  # before attention dropout: Lemma 1 and the column sums are of these
         out, w = _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights=True,
                                       before_dropout=mechanism_weights)
         observed, observed_mask = _observed(mechanism_weights[0].detach(), mask, config)
-        for observer in list(_OBSERVERS):
+        for observer in observers:
             observer(observed, observed_mask, config)
         out = _stop_gradient_of_empty_rows(out, mask)
         return (out, w) if return_weights else out
@@ -522,7 +527,7 @@ def explain_dispatch(
         sinkhorn_iters, backend,
     )
     check_bool(return_weights, f"return_weights={return_weights!r}")
-    if _OBSERVERS:
+    if _OBSERVERS.get():
         return Plan("reference", "inside observe_weights(): the observers need the weights")
     return _plan(q, k, v, config, mask, dropout_p, backend, return_weights)
 

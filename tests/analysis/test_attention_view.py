@@ -246,7 +246,7 @@ def test_record_attention_names_an_empty_batch_and_a_non_callable():
     x = torch.randn(0, 3, 8)
     with pytest.raises(ValueError, match=r"empty batch \(B = 0\)"):
         record_attention(lambda: mha(x, x, x))
-    assert not _OBSERVERS
+    assert not _OBSERVERS.get()
     with pytest.raises(ValueError, match="forward must be a callable, got tuple"):
         record_attention(mha(x, x, x))
     y = torch.randn(2, 3, 8)

@@ -92,7 +92,7 @@ def test_collector_records_every_layer_and_forward_pass():
         model(x, key_mask=key_mask)
     assert [(r.forward_pass, r.layer, r.mechanism) for r in log.records] == [
         (0, 0, "softmax"), (0, 1, "dnas"), (1, 0, "softmax"), (1, 1, "dnas")]
-    assert not _OBSERVERS  # the observer is removed on exit
+    assert not _OBSERVERS.get()  # the observer is removed on exit
     _, w = ak.attention(x, x, x, "softmax", key_mask=key_mask, return_weights=True)
     expected = explain_away(w, key_mask=key_mask)
     assert torch.allclose(log.records[0].stats.key_sums, expected.key_sums)
@@ -264,6 +264,35 @@ def test_an_observed_module_computes_what_an_unobserved_one_does(mechanism):
     torch.testing.assert_close(observed_weights, weights)
     w, mask = seen[0]  # the observer still sees the padded queries left out
     assert torch.equal(mask.query_mask, ~pad) and (w[1, :, 3:] == 0).all()
+
+
+def test_an_observer_sees_its_own_threads_calls_not_another_threads():
+    """The observers were one process-wide list: a diagnostics block open in one thread recorded (and moved
+    to the reference route) the calls a serving thread made meanwhile (9 of 10 records)."""
+    import threading
+
+    from attnkit.functional import explain_dispatch, observe_weights
+
+    x = torch.randn(1, 2, 4, 8)
+    inside, done = threading.Event(), threading.Event()
+    routes = []
+
+    def serve():
+        inside.wait(10)
+        for _ in range(3):
+            ak.attention(x, x, x, "dnas")
+        routes.append(explain_dispatch(x, x, x, "dnas").route)
+        done.set()
+
+    seen = []
+    thread = threading.Thread(target=serve)
+    thread.start()
+    with observe_weights(lambda w, mask, config: seen.append(config.name)):
+        ak.attention(x, x, x, "softmax")
+        inside.set()
+        assert done.wait(10)
+    thread.join()
+    assert seen == ["softmax"] and routes != ["reference"] and not _OBSERVERS.get()
 
 
 @pytest.mark.parametrize("shape", [(3, 3), (1, 3), (3,), (2, 1, 3, 3), (1, 3, 1)])
