@@ -18,6 +18,19 @@ def test_bleu_known_values():
     assert short < corpus_bleu(["one two three four"], ["one two three four"])
 
 
+def test_bleu_reads_captions_split_at_whitespace_only():
+    """Tokens are the captions' words as written: "d." is one token (sacrebleu's 13a would split it)."""
+    assert corpus_bleu(["a b c d."], ["a b c d ."]) < 90
+
+
+def test_accuracy_beats_needs_two_standard_errors_of_the_difference():
+    from attnkit.analysis.repro_lecture_visual import _beats
+
+    # n = 100: se = sqrt((0.6 * 0.4 + 0.5 * 0.5) / 100) = 0.070, so a gap of 0.10 is 1.4 se, of 0.20 2.9 se
+    assert not _beats(0.6, 0.5, 100) and _beats(0.7, 0.5, 100)
+    assert not _beats(0.5, 0.7, 100)
+
+
 def test_exact_match_counts_whole_captions():
     assert exact_match(["one two", "three"], ["one two", "three four"]) == 0.5
 
