@@ -24,7 +24,7 @@ from .mechanisms import check_hybrid_weight
 from .registry import causal_problem, check_causal, normalizes_over_queries, resolve_options, spec_of
 from .scores import neg_l1_distance, scaled_dot
 from .scores._checks import check_scale
-from .validators import check_bool, check_number, unbatched_values, values_hidden
+from .validators import check_bool, check_not_traced, check_number, unbatched_values, values_hidden
 
 __all__ = [
     "attention",
@@ -358,6 +358,7 @@ def _boundary(
     sinkhorn_iters, backend,
 ) -> tuple[MechanismConfig, MaskInfo, float, float]:
     """Resolve and validate one call once: the config, the call's one ``MaskInfo``, scale and dropout."""
+    check_not_traced("ak.attention")
     config = resolve_call(mechanism, hybrid_weight, sinkhorn_iters)
     check_qkv(q, k, v)
     B, H, Lq, D = q.shape
@@ -642,6 +643,7 @@ def normalize(
     (future tokens leak through the column sums), so pass a causal mask as ``causal=True`` or ``attn_mask``,
     where a fill 100 below is refused. Softmax (and ``Sinkhorn(iters=0)``) is ``torch.softmax`` on the rest.
     """
+    check_not_traced("ak.normalize")
     config = resolve_call(mechanism, hybrid_weight, sinkhorn_iters)
     if not isinstance(scores, Tensor) or scores.dim() != 4 or not scores.dtype.is_floating_point:
         got = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__

@@ -131,3 +131,25 @@ def unbatched_values(t: Tensor, trailing: int = 0) -> Optional[Tensor]:
         if batched and bdim >= t.dim() - trailing:
             return None
     return t
+
+
+_TORCHSCRIPT = (
+    "attnkit's attention reads masks and shapes on the host to choose its path (self- or cross-attention, "
+    "a 0/-inf float mask read as padding, the kernel route), which TorchScript would freeze into the graph "
+    "and replay for other inputs; use torch.compile, which reruns those checks"
+)
+
+
+def check_not_traced(what: str) -> None:
+    """A ``ValueError`` under ``torch.jit.trace``, whose recording keeps the host-side decisions of the
+    traced call (a traced self-attention call reused for cross-attention was off by 0.96)."""
+    if torch.jit.is_tracing():
+        raise ValueError(f"{what} cannot be traced with torch.jit.trace: {_TORCHSCRIPT}")
+
+
+class NotScriptable:
+    """Refuses ``torch.jit.script`` of the module (or of a model holding it) with a sentence, not
+    TorchScript's error about a type annotation."""
+
+    def __prepare_scriptable__(self):
+        raise ValueError(f"{type(self).__name__} cannot be compiled with torch.jit.script: {_TORCHSCRIPT}")

@@ -94,3 +94,36 @@ def test_compiled_coda_scores_and_weights_match_eager():
         return ak.normalize(ak.scores.scaled_dot(q, k), "coda", gate_scores=ak.scores.neg_l1_distance(q, k))
 
     assert torch.equal(torch.compile(weights, backend="aot_eager")(q, k), weights(q, k))
+
+
+def test_torchscript_is_refused_with_a_sentence_not_a_frozen_trace():
+    """torch.jit.trace recorded the traced call's host decisions: a softmax module traced with a 0/-inf
+    padding mask read a later additive bias as padding (0.54 off), a dnas trace of self-attention reused for
+    cross-attention was 0.96 off; torch.jit.script failed on a type annotation."""
+    module = ak.nn.MultiheadAttention(8, 2, mechanism="dnas", batch_first=True).eval()
+    x = torch.randn(2, 5, 8)
+    with pytest.raises(ValueError, match="MultiheadAttention cannot be traced with torch.jit.trace: .*"
+                                         "use torch.compile"):
+        torch.jit.trace(lambda a, b: module(a, b, b)[0], (x, x))
+    with pytest.raises(ValueError, match="ak.normalize cannot be traced"):
+        torch.jit.trace(lambda s: ak.normalize(s, "dnas"), (torch.randn(1, 1, 3, 3),))
+    with pytest.raises(ValueError, match="ak.attention cannot be traced"):
+        torch.jit.trace(lambda q: ak.attention(q, q, q), (torch.randn(1, 1, 3, 4),))
+    for model in (module, torch.nn.Sequential(torch.nn.Linear(4, 4), ak.nn.DotAttention())):
+        with pytest.raises(ValueError, match="cannot be compiled with torch.jit.script: .*use torch.compile"):
+            torch.jit.script(model)
+
+
+def test_dynamic_quantization_leaves_the_output_projection_as_torch_does():
+    """quantize_dynamic swapped out_proj for a quantized Linear, whose weight is a method, and the forward
+    failed ('function' object has no attribute 'device'); torch's module keeps out_proj unquantized."""
+    from torch.ao.quantization import quantize_dynamic
+
+    torch.manual_seed(0)
+    module = ak.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    stock = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    stock.load_state_dict(module.state_dict())
+    x = torch.randn(2, 5, 8)
+    quantized = quantize_dynamic(torch.nn.Sequential(module), {torch.nn.Linear}, dtype=torch.qint8)[0]
+    torch.testing.assert_close(quantized(x, x, x)[0], module(x, x, x)[0])
+    assert type(quantized.out_proj) is type(stock.out_proj)

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from ..config import CoDA
 from ..functional import normalize
 from ..scores import neg_l1_distance
+from ..validators import NotScriptable
 from .module_utils import check_like_parameters, check_same_device_dtype, reset_submodules
 
 __all__ = ["CoDACrossAttention", "AlignCompose", "CROSS_MECHANISMS"]
@@ -60,7 +61,7 @@ def _check_pair(a: Tensor, b: Tensor, a_mask: Optional[Tensor], b_mask: Optional
     return a_mask, b_mask
 
 
-class CoDACrossAttention(nn.Module):
+class CoDACrossAttention(NotScriptable, nn.Module):
     """``A', B' = CoDA(A, B)`` (eqs. 7-8). Shapes: ``a (B, La, d)``, ``b (B, Lb, d)``, masks bool True = real.
 
     Returns ``(a_prime (B, La, d), b_prime (B, Lb, d), m (B, La, Lb))``; rows and columns of padding are 0.

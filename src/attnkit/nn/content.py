@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from ..config import Hybrid
 from ..functional import normalize
 from ..registry import initial_theta, normalizes_over_queries, resolve_mechanism
-from ..validators import check_int
+from ..validators import NotScriptable, check_int
 from .module_utils import HybridWeightAccess, check_like_parameters, zero_where
 
 __all__ = ["ContentAttention"]
@@ -58,7 +58,7 @@ def _hidden_pairs(key_mask: Optional[Tensor], query_mask: Optional[Tensor]) -> O
     return ~visible
 
 
-class ContentAttention(HybridWeightAccess, nn.Module):
+class ContentAttention(HybridWeightAccess, NotScriptable, nn.Module):
     """Base class: ``score(q (B, 1, Lq, Dq), k (B, 1, Lk, Dk)) -> (B, 1, Lq, Lk)`` is given by subclasses.
 
     ``mechanism`` is the resolved config (``ak.Hybrid(...)``, ...); for hnas ``theta`` ``(1,)`` is the

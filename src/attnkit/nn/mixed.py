@@ -34,12 +34,13 @@ from torch import Tensor, nn
 from ..registry import normalizes_over_queries, resolve_mechanism
 from ..functional import normalize
 from ..scores import additive
+from ..validators import NotScriptable
 from .content import check_key_mask, zero_padding
 
 __all__ = ["MixedAttention"]
 
 
-class MixedAttention(nn.Module):
+class MixedAttention(NotScriptable, nn.Module):
     """``MixedAttention(query_dim, key_dim, hidden_dim=None, num_filters=8, kernel_size=15,
     mechanism="softmax")``.
 

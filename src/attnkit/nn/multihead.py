@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from ..config import CoDA, MechanismLike
 from ..functional import (
@@ -31,7 +32,7 @@ from ..functional import (
 )
 from ..masks import MASKED_BIAS, build_mask, check_dense
 from ..registry import normalizes_over_queries
-from ..validators import check_number, values_hidden
+from ..validators import NotScriptable, check_not_traced, check_number, values_hidden
 from .module_utils import (
     HybridWeightMixin,
     append_columns,
@@ -47,7 +48,7 @@ from .module_utils import (
 __all__ = ["MultiheadAttention"]
 
 
-class MultiheadAttention(HybridWeightMixin, nn.Module):
+class MultiheadAttention(HybridWeightMixin, NotScriptable, nn.Module):
     r"""Multi-head attention with ``mechanism`` in ``softmax | dnas | hnas | sinkhorn | coda``.
 
     With ``mechanism="softmax"`` it computes what ``torch.nn.MultiheadAttention`` computes (same
@@ -169,7 +170,9 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
             self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim, **factory))
         else:
             self.register_parameter("in_proj_bias", None)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        # torch's class: dynamic quantization leaves it alone, as it does torch's module's (the forward
+        # reads its weight's device and dtype)
+        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, **factory)
         if add_bias_kv:
             self.bias_k = nn.Parameter(torch.empty(1, 1, embed_dim, **factory))
             self.bias_v = nn.Parameter(torch.empty(1, 1, embed_dim, **factory))
@@ -261,6 +264,7 @@ class MultiheadAttention(HybridWeightMixin, nn.Module):
         lets SDPA's top-left ``is_causal`` over the ``Lk + 1`` keys hide the appended key, so the two
         differ there.
         """
+        check_not_traced(type(self).__name__)
         need_weights = _flag(need_weights, "need_weights")
         average_attn_weights = _flag(average_attn_weights, "average_attn_weights")
         if query.is_nested and query is key and key is value:

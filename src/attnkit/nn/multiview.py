@@ -37,12 +37,13 @@ from torch import Tensor, nn
 
 from ..config import MechanismLike
 from ..functional import BACKENDS, attention
+from ..validators import NotScriptable
 from .module_utils import HybridWeightMixin, canonical_mask, mechanism_label, resolve_module_mechanism
 
 __all__ = ["MultiViewAttention"]
 
 
-class MultiViewAttention(HybridWeightMixin, nn.Module):
+class MultiViewAttention(HybridWeightMixin, NotScriptable, nn.Module):
     r"""Fuse a primary view with ``num_views`` secondary views by attention (Appendix B, "Attention that does
     not Explain Away").
 

@@ -282,7 +282,9 @@ class Transformer(nn.Module):
         self.nhead = nhead
         self.batch_first = batch_first
         self.positional = positional
-        self._init_matrices()  # the submodules were just built: the numbers a seeded nn.Transformer draws
+        # torch's scheme (xavier on every matrix), not a seeded nn.Transformer's numbers: torch deep-copies
+        # one layer per stack, attnkit builds each layer for its own mechanism
+        self._init_matrices()
 
     def _reset_parameters(self) -> None:
         """torch's name for ``reset_parameters`` (code written for ``torch.nn.Transformer`` calls it)."""
