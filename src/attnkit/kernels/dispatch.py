@@ -122,7 +122,8 @@ def _sdpa_supports(call: Call) -> Optional[str]:
     mask = call.mask
     if mask.bias is not None and mask.bias.requires_grad:
         return "a learnable float attn_mask (SDPA gives it no gradient here)"
-    if mask.causal and (mask.key is not None or mask.pair is not None or mask.bias is not None):
+    key = _unless_all_true(mask.key)  # a collate's all-False key_padding_mask is no mask
+    if mask.causal and (key is not None or mask.pair is not None or mask.bias is not None):
         return "causal together with another mask (SDPA takes one mask)"
     return None
 
@@ -137,15 +138,22 @@ def _unless_all_true(m: Optional[Tensor]) -> Optional[Tensor]:
 
 
 def _without_all_true_attn_mask(mask: MaskInfo) -> MaskInfo:
-    """``mask`` without its boolean ``attn_mask`` when that holds no False (all-True masks count as none), so
-    that the call takes the routes of an unmasked or padded one: the C++, Triton and ATen kernels take
-    padding masks only, SDPA ``is_causal`` alone. One read of the mask (a host sync on CUDA), for boolean
-    masks only: a float mask that allows every pair has no ``pair`` already."""
+    """``mask`` without its boolean ``attn_mask`` when that holds no False (all-True masks count as none), or
+    under ``causal`` when it allows every pair the causal mask allows (torch's ``is_causal`` beside its own
+    causal mask, as ``nn.TransformerDecoderLayer(tgt_mask=..., tgt_is_causal=True)`` passes it), so that the
+    call takes the routes of an unmasked, padded or causal one: the C++, Triton and ATen kernels take padding
+    masks only, SDPA ``is_causal`` alone. One read of the mask (a host sync on CUDA), for boolean masks only:
+    a float mask that allows every pair has no ``pair`` already."""
     pair = mask.pair
     if pair is None or mask.bias is not None or values_hidden(pair) or pair.device.type == "meta":
         return mask
     if not bool(pair.all()):
-        return mask
+        if not mask.causal:
+            return mask
+        Lq, Lk = pair.shape[-2:]
+        later = torch.ones(Lq, Lk, dtype=torch.bool, device=pair.device).triu(1)  # what causal hides
+        if not bool((pair | later).all()):
+            return mask
     return replace(mask, attn_mask=None, pair=None, _valid=None, _valid_built=False)
 
 
@@ -153,7 +161,7 @@ def _sdpa_run(call: Call, scale: float, u: Optional[Tensor]) -> Tensor:
     mask = call.mask
     key, query = _unless_all_true(mask.key), _unless_all_true(mask.query)
     pair = _unless_all_true(mask.pair) if mask.bias is None else mask.pair
-    if mask.causal and pair is not None:  # plan takes SDPA under causal with an all-True attn_mask only
+    if mask.causal and pair is not None:  # plan takes SDPA under causal with a redundant attn_mask only
         pair = _without_all_true_attn_mask(mask).pair  # SDPA refuses a mask beside is_causal
     attn: Optional[Tensor] = None
     if key is not None or pair is not None:
