@@ -365,6 +365,19 @@ def test_a_run_moved_with_its_dataset_file_resumes_from_the_new_path(interrupted
         run_compare(build_config(tiny_overrides(other, out2, resume=True, **COMMON)))
 
 
+def test_resume_of_a_run_whose_dataset_file_is_gone_names_the_new_path_option(interrupted, tmp_path, capsys):
+    """The error named built-in tasks ("give a built-in task (reuters8, mlu, ...)"), not --task NEW_PATH."""
+    import json
+
+    out, _, _ = _copy_run(interrupted, tmp_path)
+    saved = json.loads((out / "config.json").read_text())
+    saved["config"]["task"] = str(tmp_path / "gone" / "topics.json")  # the file as if moved away
+    (out / "config.json").write_text(json.dumps(saved))
+    code, err = resume_cli(out, capsys)
+    assert code == 2
+    assert_one_line(err, "gone/topics.json' is not there any more", "--resume --task NEW_PATH")
+
+
 def test_a_catalog_dataset_fetched_again_is_told_apart_from_the_one_a_run_started_on(tmp_path, monkeypatch):
     """A run on a hub dataset recorded no digest: `data fetch sst2 --force` from another source left
     --resume and `attnkit show` working on other data with the old model (show re-fitted its vocabulary)."""

@@ -149,11 +149,27 @@ def register(app: typer.Typer) -> None:
                     f"outputs of the run directory {layered['out']!r}; move it out of the folder first"
                 )
         base = saved_config(layered["out"]) if layered.get("resume") else None
+        _check_saved_task_file(base, layered)
         config = build_config(layered, base=base, keep_none=True)  # --set KEY=null / KEY: null: no value
         result = run_compare(config)
         _print_summary(result)
 
     return None
+
+
+def _check_saved_task_file(base: Optional[dict], layered: dict) -> None:
+    """``--resume`` without ``--task`` of a run whose dataset file is gone: say how to resume from where it
+    is now (the generic "not found" named built-in tasks)."""
+    from attnkit.runner.dataset_file import is_dataset_file_name
+
+    task = (base or {}).get("task")
+    if layered.get("task") is not None or not isinstance(task, str) or not is_dataset_file_name(task):
+        return
+    if not Path(task).is_file():
+        raise FileNotFoundError(
+            f"--resume: the run's dataset file {task!r} is not there any more; if it moved, pass --resume "
+            "--task NEW_PATH (the same contents), or put it back"
+        )
 
 
 def _print_summary(result) -> None:
