@@ -4,6 +4,7 @@ and dataset folders (``train.tsv``/``test.tsv``) are read as UTF-8 with errors t
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -117,6 +118,31 @@ def test_a_label_only_in_test_tsv_is_refused_with_its_line(tmp_path):
         load_text_classification(str(folder))
 
 
+def test_a_list_of_labels_only_in_test_is_cut_short(tmp_path):
+    """Texts read as labels (a header the reader did not know) printed every one: one line of 106,633
+    characters at SST-2's 872 dev rows."""
+    test = "".join(f"x{i}{'y' * 60}\tthe text\n" for i in range(9)).encode()
+    folder = _folder(tmp_path, b"sport\tthe goal\npolitics\tthe vote\n", test)
+    with pytest.raises(ValueError) as exc:
+        load_text_classification(str(folder))
+    message = str(exc.value)
+    assert f"'x0{'y' * 38}...'" in message and "and 4 more" in message and len(message) < 600
+
+
+@pytest.mark.parametrize("rows, needle", [
+    (b"0.0\ta\n2.4\tb\n5.0\tc\n", "'2.4' is not a whole number: finetune classifies"),
+    (b"1\ta\n1.0\tb\n0\tc\n", "labels '1', '1.0' are one number written 2 ways"),
+])
+def test_numeric_labels_must_be_class_ids_written_one_way(tmp_path, rows, needle):
+    """An STS-B-like file of scores 0.0-5.0 trained 26 classes without a word; "1" beside "1.0" were two."""
+    folder = _folder(tmp_path, rows, rows)
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        load_text_classification(str(folder))
+    (tmp_path / "ids").mkdir()
+    folder = _folder(tmp_path / "ids", b"0\ta\n1\tb\n-1\tc\n", b"1\td\n")  # whole numbers: classes
+    assert load_text_classification(str(folder)).label_names == ["-1", "0", "1"]
+
+
 def test_a_single_class_is_refused(tmp_path):
     """One class was trained as a regression (num_labels=1) with accuracy 1.0."""
     folder = _folder(tmp_path, b"pos\tgood\npos\tfine\n", b"pos\tok\n")
@@ -135,11 +161,12 @@ def test_a_tsv_without_examples_is_refused(tmp_path, empty, content):
         load_text_classification(str(folder))
 
 
-@pytest.mark.parametrize("header", ["Label\tText\n", "LABEL\tTEXT\n", " label \t text\n", "Text\tLabel\n"])
+@pytest.mark.parametrize("header", ["Label\tText\n", "LABEL\tTEXT\n", " label \t text\n", "Text\tLabel\n",
+                                    "sentence\tlabel\n"])
 def test_a_header_line_in_any_case_is_not_a_class(tmp_path, header):
     """A header ``Label<TAB>Text`` in train.tsv became a class "Label" (with the example "Text"); in test.tsv
     it was refused as a label only in the test split."""
-    text_first = header.lower().startswith("text")
+    text_first = not header.strip().lower().startswith("label")  # GLUE's SST-2: sentence<TAB>label
     rows = ["good\tpos\n", "bad\tneg\n"] if text_first else ["pos\tgood\n", "neg\tbad\n"]
     folder = _folder(tmp_path, (header + "".join(rows)).encode(), (header + rows[0]).encode())
     data = load_text_classification(str(folder))

@@ -200,7 +200,8 @@ def _read_tsv(path: Path, label_column: int = 0) -> tuple[list[str], list[str], 
             if first:  # the first line that is not blank may be the header
                 first = False
                 names = [field.strip().lower() for field in row]
-                if sorted(names) == ["label", "text"]:  # a header (Label<TAB>Text too), not a class "Label"
+                # a header names one column "label" (Label<TAB>Text, GLUE's sentence<TAB>label), not a class
+                if len(names) == 2 and names.count("label") == 1:
                     label_column = names.index("label")
                     continue
             if len(row) != 2:
@@ -249,10 +250,11 @@ def load_text_classification(dataset: str, cache_dir: Optional[str] = None, down
     """A ``TextClassificationData``: a catalog name (``reuters8``, ...) or a folder with
     ``train.tsv``/``test.tsv``.
 
-    The TSV files have two columns, label and text, and may start with the header line ``label<TAB>text``
-    (or ``text<TAB>label``, for the columns in that order; in any case, e.g. ``Label<TAB>Text``). Each file
-    needs an example; the training set needs at least 2 classes, and every test label must occur in it. The
-    classes are the labels, sorted. Any other ``dataset`` is a catalog name (:func:`dataset_info`).
+    The TSV files have two columns, label and text, and may start with a header line that names one column
+    ``label`` in any case (``label<TAB>text``, ``Text<TAB>Label``, GLUE's ``sentence<TAB>label``). Numeric
+    labels must be class ids, each written one way (no scores with a fraction, not ``1`` beside ``1.0``).
+    Each file needs an example; the training set needs at least 2 classes, and every test label must occur in
+    it. The classes are the labels, sorted. Any other ``dataset`` is a catalog name (:func:`dataset_info`).
     """
     from ..data import TextClassificationData, load_dataset
 
@@ -297,13 +299,51 @@ def _check_tsv_labels(folder: Path, train_labels: list[str], test_labels: list[s
             f"{folder / 'train.tsv'}: every label is {classes[0]!r}; a classification task needs examples "
             "of at least 2 classes"
         )
+    _check_numeric_labels(folder, [*classes, *test_labels])
     seen = set(classes)
     only = list(dict.fromkeys(y for y in test_labels if y not in seen))
     if only:
         first = test_lines[test_labels.index(only[0])]
         raise ValueError(
-            f"{folder / 'test.tsv'}:{first}: label(s) {', '.join(map(repr, only))} occur only in the test "
-            "split; no training example has them: correct the label, or add training examples of it"
+            f"{folder / 'test.tsv'}:{first}: label(s) {_some(only)} occur only in the test split; no "
+            "training example has them: correct the label, or add training examples of it (is the header "
+            "line label<TAB>text or text<TAB>label?)"
+        )
+
+
+def _some(labels: list[str], shown: int = 5) -> str:
+    """The first ``shown`` labels, each cut at 40 characters, and how many more (a text read as labels
+    filled a line of 100,000 characters)."""
+    cut = [repr(y if len(y) <= 40 else y[:40] + "...") for y in labels[:shown]]
+    return ", ".join(cut) + (f" and {len(labels) - shown} more" if len(labels) > shown else "")
+
+
+def _check_numeric_labels(folder: Path, labels: list[str]) -> None:
+    """Labels that are all numbers must be class ids: a score with a fraction (STS-B's 0.0-5.0) would make
+    each value a class, and "1" beside "1.0" two classes."""
+    values = {}
+    for y in dict.fromkeys(labels):
+        try:
+            values[y] = float(y)
+        except ValueError:
+            return  # words: classes by name
+    if not all(math.isfinite(v) for v in values.values()):
+        return  # "nan", "inf": names, not scores
+    fractional = [y for y, v in values.items() if not v.is_integer()]
+    if fractional:
+        raise ValueError(
+            f"{folder}: the labels are numbers and {_some(fractional)} "
+            f"{'is' if len(fractional) == 1 else 'are'} not a whole number: finetune classifies (each "
+            "label a class), it does not regress scores; bin the scores into classes first"
+        )
+    by_value: dict = {}
+    for y, v in values.items():
+        by_value.setdefault(v, []).append(y)
+    twice = next((ys for ys in by_value.values() if len(ys) > 1), None)
+    if twice is not None:
+        raise ValueError(
+            f"{folder}: labels {_some(twice)} are one number written {len(twice)} ways, which would be "
+            f"{len(twice)} classes; write each class one way"
         )
 
 
