@@ -125,6 +125,8 @@ def test_offline_mode_fails_at_once_with_one_message(tmp_path, monkeypatch):
         load_dataset("sst2", cache_dir=tmp_path, download=True)
     assert time.monotonic() - start < 2
     assert "attnkit data fetch sst2" in str(info.value) and "\n" not in str(info.value)
+    # the command that takes a local copy ("--source DIR" alone named an option finetune and compare lack)
+    assert "`attnkit data fetch sst2 --source DIR`" in str(info.value)
 
 
 def test_unreachable_hub_fails_fast(tmp_path, monkeypatch):
@@ -152,8 +154,9 @@ def test_a_broken_hf_endpoint_is_named(tmp_path, monkeypatch, endpoint, message)
 
 
 def test_hub_dataset_not_cached_names_fetch(tmp_path):
-    with pytest.raises(DatasetUnavailableError, match="attnkit data fetch snli"):
+    with pytest.raises(DatasetUnavailableError, match="attnkit data fetch snli") as info:
         load_dataset("snli", cache_dir=tmp_path)
+    assert "download=True" not in str(info.value)  # compare has no such option; its fix is data fetch
 
 
 _GOOD = '{"sentence": "fine", "label": 1}\n{"sentence": "dull", "label": 0}\n'

@@ -166,7 +166,8 @@ def verify_manifest(name: str, folder: Path, required: tuple[str, ...] = ()) -> 
     if manifest is None:
         raise DatasetUnavailableError(
             f"dataset {name!r} is not in the cache ({folder}); run `attnkit data fetch {name}` "
-            f"(or attnkit.data.fetch({name!r})), or pass download=True"
+            f"(attnkit.data.fetch({name!r}) in Python; a hub dataset where the hub is not reachable: with "
+            "--source DIR, a local copy)"
         )
     if manifest.get("corrupt") or not manifest["files"]:
         raise DatasetChecksumError(f"dataset {name!r}: the manifest {folder / MANIFEST} is unreadable; {fix}")

@@ -464,7 +464,8 @@ def _load_from_hub(spec: HubSpec) -> TextClassificationData:
         raise DatasetUnavailableError(
             f"{spec.name}: the Hugging Face hub dataset {spec.hub_id} cannot be downloaded here: {reason}. "
             f"Run `attnkit data fetch {spec.name}` where the hub is reachable and copy the attnkit cache "
-            f"($ATTNKIT_CACHE), or pass source=DIR (CLI: --source DIR) with train.<ext> and "
+            f"($ATTNKIT_CACHE), or run `attnkit data fetch {spec.name} --source DIR` (source=DIR in Python) "
+            f"with a folder DIR of train.<ext> and "
             f"{spec.test_split}.<ext> files (ext jsonl, json, parquet or csv) in the hub's columns "
             f"{list(spec.text_columns)} + [{spec.label_column!r}]"
         )
