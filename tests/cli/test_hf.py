@@ -22,7 +22,7 @@ import attnkit.hf as akhf
 from attnkit.cli import main
 from attnkit.hf.finetune import classification_metrics
 from tests.hf._fixtures import cli_error as _error
-from tests.hf._fixtures import failing_save, save_tiny_bert
+from tests.hf._fixtures import failing_save, save_tiny_bert, tiny_gpt2_tokenizer
 
 pytestmark = pytest.mark.hf
 
@@ -369,18 +369,11 @@ def test_a_model_directory_without_tokenizer_files_is_refused_not_read_as_unknow
 def test_a_gpt2_tokenizer_saved_as_tokenizer_json_alone_is_read(tmp_path, capsys):
     """GPT-2's tokenizer class names vocab.json and merges.txt, which transformers 5 no longer saves: a
     converted or fine-tuned GPT-2 (tokenizer.json only) was refused as having no tokenizer files."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     from attnkit.hf.checks import load_tokenizer
 
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    bpe.train_from_iterator(["the bank raised rates", "the goat sleeps near the deer"] * 5, trainer)
-    tokenizer = GPT2TokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
-                                  unk_token="<|endoftext|>")
+    tokenizer = tiny_gpt2_tokenizer()
     model_dir = tmp_path / "gpt2"
     tokenizer.save_pretrained(model_dir)
     assert not (model_dir / "vocab.json").exists() and (model_dir / "tokenizer.json").exists()

@@ -22,6 +22,21 @@ def save_tiny_bert(path, hidden: int = 16, layers: int = 1, heads: int = 2, posi
     return path
 
 
+def tiny_gpt2_tokenizer(texts=("the bank raised rates", "the goat sleeps near the deer")):
+    """A byte-level BPE tokenizer trained on ``texts`` as a ``GPT2TokenizerFast`` (its end of text
+    ``<|endoftext|>`` also its bos and unk); ``save_pretrained`` writes ``tokenizer.json`` alone."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2TokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(list(texts) * 5, trainer)
+    return GPT2TokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
+                             unk_token="<|endoftext|>")
+
+
 def failing_save(code: int):
     """A stand-in for ``save_pretrained`` that writes part of the weights and then fails with
     ``OSError(code)`` (``errno.ENOSPC``: disk full, ``errno.EFBIG``: a file-size limit)."""

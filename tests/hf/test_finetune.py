@@ -224,3 +224,23 @@ def test_a_header_after_blank_lines_is_still_a_header(tmp_path, start):
     folder = _folder(tmp_path, f"{start}label\ttext\npos\tgood\n \nneg\tbad\n".encode(), b"pos\tgreat\n")
     data = load_text_classification(str(folder))
     assert data.label_names == ["neg", "pos"] and data.train_texts == ["good", "bad"]
+
+
+def test_a_pair_is_separated_for_a_tokenizer_whose_template_joins_it_with_nothing(tmp_path):
+    """GPT-2's tokenizer read ("the goat sleeps near the deer", "a goat ...") as "...the deera goat ...": no
+    separator, no token types; BERT's template keeps its [SEP] and token types unchanged."""
+    from transformers import AutoTokenizer
+
+    from attnkit.hf.finetune import _encode
+    from tests.hf._fixtures import save_tiny_bert, tiny_gpt2_tokenizer
+
+    gpt2 = tiny_gpt2_tokenizer()
+    a, b = "the goat sleeps near the deer", "a goat sleeps near a deer"
+    ids = _encode(gpt2, [a], [b], [0], max_length=64).encodings["input_ids"][0]
+    assert ids == gpt2(a)["input_ids"] + [gpt2.eos_token_id] + gpt2(b)["input_ids"]
+    assert gpt2.decode(ids) == f"{a}<|endoftext|>{b}"
+    short = _encode(gpt2, [a], [b], [0], max_length=8).encodings["input_ids"][0]
+    assert len(short) == 8 and gpt2.eos_token_id in short  # longest_first cuts the texts, not the separator
+    bert = AutoTokenizer.from_pretrained(save_tiny_bert(tmp_path))
+    assert _encode(bert, [a], [b], [0], max_length=64).encodings == dict(bert([a], [b], truncation=True,
+                                                                              max_length=64))

@@ -390,9 +390,10 @@ def _save_unconverted_config(path: Path, model_dir: str) -> None:
 
 
 def _encode(tokenizer, texts, pairs, labels, max_length: int) -> _TextDataset:
-    enc = tokenizer(
-        list(texts), list(pairs) if pairs is not None else None, truncation=True, max_length=max_length
-    )
+    from .checks import separated_second_texts
+
+    second = separated_second_texts(tokenizer, list(pairs)) if pairs is not None else None
+    enc = tokenizer(list(texts), second, truncation=True, max_length=max_length)
     return _TextDataset(dict(enc), list(labels))
 
 
