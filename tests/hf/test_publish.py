@@ -304,3 +304,62 @@ def test_a_backup_of_the_weights_under_another_name_is_neither_read_nor_refused(
         (folder / name).write_bytes(b"")
     assert sorted(p.name for p in model_files(folder)) == [
         "model-00001-of-00002.safetensors", "model.safetensors", "pytorch_model-00002-of-00002.bin"]
+
+
+def _earlier_output(out):
+    out.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (out / name).write_text(f"earlier {name}")
+    return _snapshot(out)
+
+
+def _write_new(staging):
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (staging / name).write_text(f"new {name}")
+
+
+def test_an_overwrite_stopped_between_two_moves_restores_the_earlier_output(tmp_path, monkeypatch):
+    """Ctrl-C between the moves of finetune --overwrite left the new weights under the earlier config.json:
+    a dnas fine-tune loaded silently as the earlier softmax model."""
+    import attnkit.hf.publish as publish_module
+
+    real = os.replace
+    for stop_after in range(6):  # 3 files aside, then 3 new ones in: a stop before each of the 6 moves
+        out = tmp_path / f"out{stop_after}"
+        before = _earlier_output(out)
+        calls = []
+
+        def replace(src, dst):
+            if len(calls) == stop_after:  # one Ctrl-C, here
+                calls.append("stopped")
+                raise KeyboardInterrupt
+            calls.append(dst)
+            real(src, dst)
+
+        monkeypatch.setattr(publish_module.os, "replace", replace)
+        with pytest.raises(KeyboardInterrupt):
+            publish_module.publish(out, _write_new, "the model", "finetune")
+        monkeypatch.setattr(publish_module.os, "replace", real)
+        assert _snapshot(out) == before, stop_after  # and no staging folder left
+
+
+def test_an_overwrite_killed_between_two_moves_never_leaves_new_weights_under_the_earlier_config(
+        tmp_path, monkeypatch):
+    """A SIGKILL runs no cleanup: every state --out passes through has the earlier output whole, or no
+    config.json (it fails to load), or the new output whole."""
+    import attnkit.hf.publish as publish_module
+
+    out = tmp_path / "out"
+    _earlier_output(out)
+    real, states = os.replace, []
+
+    def replace(src, dst):
+        real(src, dst)
+        states.append({p.name: p.read_text() for p in out.iterdir() if p.is_file()})
+
+    monkeypatch.setattr(publish_module.os, "replace", replace)
+    publish_module.publish(out, _write_new, "the model", "finetune")
+    for state in states:
+        config = state.get("config.json")
+        assert config is None or all(v.split()[0] == config.split()[0] for v in state.values()), state
+    assert states[-1] == {n: f"new {n}" for n in ("config.json", "model.safetensors", "tokenizer.json")}

@@ -338,10 +338,12 @@ def publish(out: Path, write: Callable[[Path], None], what: str, command: str,
     or processor file in ``out`` that ``write`` did not write is refused before any file of ``out`` changes
     (:func:`check_stale`); so is anything in an ``out`` that the run found empty (``found_empty``) or
     created, which another program wrote meanwhile. Each move replaces the file or symbolic link of that
-    name (never its target). A failed save (disk full) is one ``OSError`` and leaves ``out`` as it was; a
-    failed or interrupted run removes its staging folder, in an ``out`` it found empty the files it moved
-    there that are still its own, and then the folders it created while they are empty: never another's
-    file."""
+    name (never its target): the earlier output's files of those names first step aside into the staging
+    folder (``config.json`` first), so that ``out`` never holds new files beside the earlier ``config.json``.
+    A failed save (disk full) is one ``OSError`` and leaves ``out`` as it was; a failed or interrupted run
+    removes the files it moved there that are still its own, moves the earlier output's back, removes its
+    staging folder and then the folders it created while they are empty: never another's file. A SIGKILL
+    between the moves leaves ``out`` without ``config.json`` (it fails to load rather than load wrong)."""
     from .._files import match_umask
 
     check_out_link(out)
@@ -354,6 +356,7 @@ def publish(out: Path, write: Callable[[Path], None], what: str, command: str,
         _remove_if_empty(made)
         raise
     moved: dict[str, tuple[int, int]] = {}  # name -> (device, inode) of each file this run moves into out
+    backed: list[str] = []  # the earlier output's files moved aside into the staging folder, in order
     done = False
     try:
         (staging / MARKER).write_text(_marker_text(), encoding="utf-8")
@@ -371,22 +374,40 @@ def publish(out: Path, write: Callable[[Path], None], what: str, command: str,
                 f"{f' and {len(others) - 5} more' if len(others) > 5 else ''}, written meanwhile by another "
                 "program; nothing was replaced: move them out of --out or choose another --out"
             )
-        # config.json last: stopped between two moves (Ctrl-C), --out holds some new files beside the earlier
-        # config.json, and reads as the earlier output until the end (--overwrite then runs again)
+        # --overwrite: the earlier output's files step aside into the staging folder first, config.json
+        # first, so that a stop between two moves never leaves new weights under the earlier config.json (it
+        # loaded as the earlier mechanism): an interrupt (Ctrl-C, SIGTERM) restores them, a SIGKILL leaves an
+        # --out without config.json, which fails to load rather than load wrong
+        old = staging / _OLD
+        old.mkdir()
+        for name in sorted(new, key=lambda name: name != "config.json"):
+            if os.path.lexists(out / name):
+                os.replace(out / name, old / name)
+                backed.append(name)
+        # config.json last: stopped between two moves, --out has no config.json until the end
         for name in sorted(new, key=lambda name: name == "config.json"):
             st = os.lstat(staging / name)
             moved[name] = (st.st_dev, st.st_ino)  # before the move: an interrupt may come right after it
             os.replace(staging / name, out / name)  # a symbolic link is replaced, not written through
         done = True
     except BaseException:
-        if found_empty:  # --out as it was: without the files this run moved in (a later one's are kept)
-            _unpublish(out, moved)
+        # --out as it was: without the files this run moved in (a later one's are kept), with the earlier
+        # output's files back
+        _unpublish(out, moved)
+        for name in reversed(backed):
+            try:
+                os.replace(staging / _OLD / name, out / name)
+            except OSError:
+                continue
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         if not done:
             _remove_if_empty(made)
     return new
+
+
+_OLD = ".attnkit-earlier-output"  # in the staging folder: the files an --overwrite replaces, until done
 
 
 def _unpublish(out: Path, moved: dict[str, tuple[int, int]]) -> None:
