@@ -426,6 +426,37 @@ def test_a_folder_finished_by_hand_inside_an_interrupted_run_of_all_is_kept(tmp_
     assert [c.held for c in results[0].claims] == [True, True]  # the interrupted run's folders replaced
 
 
+def test_a_target_rerun_alone_in_its_folder_of_an_interrupted_run_of_all_asks_for_overwrite(
+        tmp_path, monkeypatch, constructed_targets):
+    """The user finished the interrupted target by hand in its own folder (seed 5); the next run of all,
+    without --overwrite, deleted those results as the interrupted run's and wrote seed 0 in their place."""
+    monkeypatch.setitem(reproduce_module.TARGETS, "stops", _writes_then_stops)
+    root = tmp_path / "all"
+    with pytest.raises(KeyboardInterrupt):
+        reproduce_all(root, targets=["constructed-pass", "stops"])
+    monkeypatch.setitem(reproduce_module.TARGETS, "stops", _constructed_target(True))
+    reproduce_module.reproduce("stops", root / "stops", seed=5)  # the folder holds only the staging folder
+    mine = (root / "stops" / "summary.json").read_bytes()
+    with pytest.raises(FileExistsError, match=r"results in stops that it did not write .*--overwrite"):
+        reproduce_all(root, targets=["constructed-pass", "stops"])
+    assert (root / "stops" / "summary.json").read_bytes() == mine
+    assert (root / "constructed-pass" / "summary.json").is_file()  # the interrupted run's, not yet removed
+    results, _ = reproduce_all(root, targets=["constructed-pass", "stops"], overwrite=True)
+    assert json.loads((root / "stops" / "summary.json").read_text())["seed"] == 0
+
+
+def test_the_targets_an_interrupted_run_of_all_finished_are_replaced_without_overwrite(
+        tmp_path, monkeypatch, constructed_targets):
+    monkeypatch.setitem(reproduce_module.TARGETS, "stops", _writes_then_stops)
+    root = tmp_path / "all"
+    with pytest.raises(KeyboardInterrupt):
+        reproduce_all(root, targets=["constructed-pass", "stops"], seed=4)
+    assert json.loads((root / "constructed-pass" / "summary.json").read_text())["seed"] == 4
+    monkeypatch.setitem(reproduce_module.TARGETS, "stops", _constructed_target(True))
+    reproduce_all(root, targets=["constructed-pass", "stops"])  # its own finished results: no --overwrite
+    assert json.loads((root / "constructed-pass" / "summary.json").read_text())["seed"] == 0
+
+
 def test_a_summary_records_the_seed_and_budget_its_numbers_depend_on(tmp_path, constructed_targets):
     """summary.json held neither --seed nor --quick: two runs' numbers differed with nothing to say why."""
     from attnkit.analysis.fidelity import load_result

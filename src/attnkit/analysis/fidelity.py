@@ -25,7 +25,8 @@ from .._files import json_loads
 from ..validators import check_bool, check_seed
 from .report import (
     UNFINISHED_MARKER, ReproduceResult, format_value, from_jsonable, is_unfinished, mark_finished,
-    prepare_output_dir, record_replaced, record_written, release, replaced_in_mark, unfinished_without_record,
+    prepare_output_dir, record_finished, record_replaced, record_written, release, replaced_in_mark,
+    results_saved_since, unfinished_without_record,
     written_in_mark, table_columns, verdict,
 )
 
@@ -205,6 +206,13 @@ def reproduce_all(
     # by file, as is a folder that run was replacing (--overwrite). A folder the user made there since is
     # refused as any non-empty --out is. A mark without these lists (an older version's): every target
     # folder is replaced.
+    saved = [] if overwrite else results_saved_since(root)
+    if saved:
+        raise FileExistsError(
+            f"{str(root)!r} holds a run of all targets that did not finish, and finished results in "
+            f"{', '.join(saved)} that it did not write (a target run alone since, or earlier results); pass "
+            "--overwrite to replace them, or move them out first"
+        )
     overwrite = overwrite or unfinished_without_record(root)
     replacing = set(replaced_in_mark(root)) | set(written_in_mark(root))
     root = prepare_output_dir(root, overwrite=overwrite)
@@ -239,7 +247,10 @@ def _run_targets(root: Path, names: list[str], replace: dict, quick: bool, seed:
                  jobs: int) -> tuple[list[ReproduceResult], Path]:
     start = time.perf_counter()
     if jobs == 1:
-        results = [_run_target(name, root / name, replace[name], quick, seed) for name in names]
+        results = []
+        for name in names:
+            results.append(_run_target(name, root / name, replace[name], quick, seed))
+            record_finished(root / name)
     else:
         from concurrent.futures.process import BrokenProcessPool
 
@@ -250,6 +261,7 @@ def _run_targets(root: Path, names: list[str], replace: dict, quick: bool, seed:
             for n, f in futures.items():
                 try:
                     by_name[n] = f.result()
+                    record_finished(root / n)  # here, in one process: the mark is the root's
                 except BrokenProcessPool:  # a worker died (killed, out of memory): every pending one fails
                     broken.append(n)
                 except Exception as exc:
@@ -258,6 +270,7 @@ def _run_targets(root: Path, names: list[str], replace: dict, quick: bool, seed:
             with _workers(1) as alone:
                 try:
                     by_name[n] = alone.submit(_run_target, n, root / n, replace[n], quick, seed).result()
+                    record_finished(root / n)
                 except Exception as exc:
                     why = f"its worker process died ({type(exc).__name__}: {exc})"
                     by_name[n] = _failed(n, root / n, why)

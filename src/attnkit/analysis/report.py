@@ -234,10 +234,61 @@ def prepare_output_dir(out: Union[str, Path], overwrite: bool = False) -> Path:
     return out
 
 
-def _write_mark(out: Path, written: list[str], replaced: Sequence[str] = ()) -> None:
+def _write_mark(out: Path, written: list[str], replaced: Sequence[str] = (),
+                finished: Optional[Mapping[str, str]] = None) -> None:
     note = "attnkit: this run did not finish; the next run replaces its files\n"
-    record = {"written": written, **({"replaced": list(replaced)} if replaced else {})}
+    record = {"written": written, **({"replaced": list(replaced)} if replaced else {}),
+              **({"finished": dict(finished)} if finished else {})}
     (out / UNFINISHED_MARKER).write_text(note + json.dumps(record) + "\n", encoding="utf-8")
+
+
+def _finished(marker: Path) -> dict[str, str]:
+    """The target folders a run of all targets finished, each with its ``summary.json``'s SHA-256."""
+    try:
+        lines = marker.read_text(encoding="utf-8").splitlines()
+        found = json_loads(lines[1]).get("finished", {}) if len(lines) > 1 else {}
+    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError, AttributeError):
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _summary_digest(folder: Path) -> Optional[str]:
+    import hashlib
+
+    summary = folder / "summary.json"
+    if not summary.is_file() or summary.is_symlink():
+        return None
+    try:
+        return hashlib.sha256(summary.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def record_finished(folder: Union[str, Path]) -> None:
+    """Note in the mark of ``folder``'s parent (a run of all targets) the digest of the ``summary.json`` the
+    target just wrote into ``folder``: the next run removes those results only while they are still these."""
+    folder = Path(folder)
+    marker = folder.parent / UNFINISHED_MARKER
+    digest = _summary_digest(folder)
+    if marker.is_file() and digest is not None:
+        _write_mark(folder.parent, _written(marker) or [], _mark_list(marker, "replaced") or [],
+                    {**_finished(marker), folder.name: digest})
+
+
+def results_saved_since(out: Union[str, Path]) -> list[str]:
+    """The target folders of the unfinished run of all targets in ``out`` that now hold finished results
+    that run did not write (a target run alone into its folder since, or the earlier results an interrupted
+    ``--overwrite`` had not reached yet)."""
+    out = Path(out)
+    marker = out / UNFINISHED_MARKER
+    if not marker.is_file():
+        return []
+    finished = _finished(marker)
+    names = dict.fromkeys([*(_written(marker) or []), *(_mark_list(marker, "replaced") or [])])
+    return [n for n in names if Path(n).name == n and not n.startswith(STAGING_PREFIX)
+            and (digest := _summary_digest(out / n)) is not None and finished.get(n) != digest]
 
 
 def _mark_list(marker: Path, key: str) -> Optional[list[str]]:
@@ -277,7 +328,7 @@ def record_replaced(path: Union[str, Path]) -> None:
     if marker.is_file():
         replaced = _mark_list(marker, "replaced") or []
         if path.name not in replaced:
-            _write_mark(path.parent, _written(marker) or [], replaced + [path.name])
+            _write_mark(path.parent, _written(marker) or [], replaced + [path.name], _finished(marker))
 
 
 def record_written(path: Union[str, Path]) -> None:
@@ -288,7 +339,8 @@ def record_written(path: Union[str, Path]) -> None:
         return
     written = _written(marker) or []
     if path.name not in written and path.name != UNFINISHED_MARKER:
-        _write_mark(path.parent, written + [path.name], _mark_list(marker, "replaced") or [])
+        _write_mark(path.parent, written + [path.name], _mark_list(marker, "replaced") or [],
+                    _finished(marker))
 
 
 def _remove_unfinished_files(out: Path) -> None:
@@ -296,6 +348,7 @@ def _remove_unfinished_files(out: Path) -> None:
     a file saved there since, or before with ``--overwrite``, stays. A listed folder is a staging folder
     (removed whole) or a target's folder of a run of all targets, of which only the run's own files go
     (:func:`_remove_run_folder`), so that a file saved in it since stays too."""
+    finished = _finished(out / UNFINISHED_MARKER)
     for name in _written(out / UNFINISHED_MARKER) or []:
         path = out / name
         if Path(name).name != name or name in ("", ".", ".."):  # a hand-edited mark: only plain names
@@ -303,7 +356,7 @@ def _remove_unfinished_files(out: Path) -> None:
         if path.is_dir() and not path.is_symlink():
             if name.startswith(STAGING_PREFIX):
                 shutil.rmtree(path)
-            else:
+            elif _summary_digest(path) in (None, finished.get(name)):  # results saved there since stay
                 _remove_run_folder(path)
         elif (path.exists() or path.is_symlink()) and is_output_name(name):  # an older version's partial
             path.unlink()
