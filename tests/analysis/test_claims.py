@@ -47,6 +47,26 @@ def test_strict_exits_one_when_a_claim_is_not_held(tmp_path, capsys, constructed
     assert [c["verdict"] for c in summary["claims"]] == ["not held", "held"]
 
 
+@pytest.mark.parametrize("strict", [[], ["--strict"]])
+def test_all_exits_two_naming_a_target_that_did_not_run(tmp_path, capsys, monkeypatch, strict):
+    """A target that raised inside `reproduce all` exited 0 (its claims counted as one "not held"), and with
+    --strict 1, as for any claim not held: no exit code told a crash from a verdict."""
+    def broken(result, quick, seed):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(reproduce_module, "TARGETS", {"constructed-pass": _constructed_target(True),
+                                                      "broken": broken})
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", "all", "--out", str(tmp_path / "all"), "--jobs", "1", *strict])
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert "2 of 3 claims held" in out
+    assert "error: 1 target(s) did not run (broken)" in err.strip().splitlines()[-1]
+    page = (tmp_path / "all" / "fidelity.md").read_text()
+    assert "2 of 3 claims held; 2 targets (1 did not run: broken)" in page
+    assert "RuntimeError: out of memory" in page
+
+
 def test_without_strict_a_failed_claim_still_exits_zero(tmp_path, capsys, constructed_targets):
     main(["reproduce", "constructed-fail", "--out", str(tmp_path / "a")])
     assert "not held" in capsys.readouterr().out

@@ -122,14 +122,23 @@ def _run_target(name: str, out: Path, overwrite: bool, quick: bool, seed: int) -
         return _failed(name, out, f"{type(exc).__name__}: {exc}{where}")
 
 
+TARGET_RAN = "the target ran"  # the one claim of a target that raised
+
+
 def _failed(name: str, out: Path, evidence: str) -> ReproduceResult:
     """The result of a target that raised: one failed claim, "the target ran"."""
     from .report import Claim
 
     failed = ReproduceResult(name=name, out=out)
     # the error in "ours" too: the Markdown table has no evidence column
-    failed.claims.append(Claim(name, "the target ran", False, evidence, ours=evidence))
+    failed.claims.append(Claim(name, TARGET_RAN, False, evidence, ours=evidence))
     return failed
+
+
+def did_not_run(results: Sequence[ReproduceResult]) -> list[str]:
+    """The names of the targets that raised (their one claim "the target ran" not held)."""
+    return [r.name for r in results
+            if len(r.claims) == 1 and r.claims[0].statement == TARGET_RAN and not r.claims[0].held]
 
 
 def _worker_start(parent: int) -> None:
@@ -475,9 +484,11 @@ def _md(text: str) -> str:
 def run_summary(results: Sequence[ReproduceResult], run: RunInfo) -> str:
     """One sentence: budgets (quick or full), claims held, targets, wall and CPU time, worker processes."""
     claims = [c for r in results for c in r.claims]
+    crashed = did_not_run(results)
+    failed = f" ({len(crashed)} did not run: {', '.join(crashed)})" if crashed else ""
     return (
         f"{'Quick' if run.quick else 'Full'} budgets, first seed {run.seed}: "
-        f"{sum(c.held for c in claims)} of {len(claims)} claims held; {len(results)} targets in "
+        f"{sum(c.held for c in claims)} of {len(claims)} claims held; {len(results)} targets{failed} in "
         f"{run.seconds:.0f} s wall "
         f"({run.cpu_seconds:.0f} s CPU, {run.jobs} worker process{'es' if run.jobs > 1 else ''}, one thread "
         "each)."

@@ -6,6 +6,7 @@ whether each paper claim held. ``NAME=all`` runs every target and writes one HTM
 from __future__ import annotations
 
 import math
+import sys
 from typing import Optional
 
 import typer
@@ -73,7 +74,7 @@ def register(app: typer.Typer) -> None:
             0, "--jobs", help="With 'all': targets run at once in worker processes (0: one per free core)."
         ),
     ) -> None:
-        from attnkit.analysis.fidelity import reproduce_all
+        from attnkit.analysis.fidelity import did_not_run, reproduce_all
         from attnkit.analysis.reproduce import check_output_parents, reproduce as run
 
         if out is not None and not out.strip():
@@ -98,5 +99,10 @@ def register(app: typer.Typer) -> None:
         if page is not None:
             print(f"fidelity page: {page}")
         print(f"{total - len(failed)} of {total} claims held")
+        crashed = did_not_run(results) if name == "all" else []
+        if crashed:  # an error, not a verdict: exit 2 with or without --strict (a quick run never holds all)
+            print(f"error: {len(crashed)} target(s) did not run ({', '.join(crashed)}); their errors are on "
+                  "the page, under 'the target ran'", file=sys.stderr)
+            raise typer.Exit(2)
         if strict and failed:
             raise typer.Exit(1)
