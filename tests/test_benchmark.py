@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import attnkit as ak
 from attnkit import benchmark
 from attnkit.benchmark import BenchConfig, default_backends, format_table, run_bench
 from attnkit.kernels.xtransformers_peer import xtransformers_available
@@ -268,3 +269,71 @@ def test_memory_warm_up_fits_every_length_and_pads_where_the_measured_call_does(
             assert tuple(small.shape) == (batch, min(L, 8))
             assert bool(small.all()) == bool(measured.all())
             assert bool(small[:, 0].all())  # no sequence without a token
+
+
+def test_a_ratio_is_the_median_of_the_same_rounds_row_over_sdpa_times(monkeypatch):
+    """Known answer from scripted round times (the ratio inverted, or rounds paired with another round's
+    SDPA time, passed every test). Even rounds time the row first, odd ones SDPA first."""
+    row, sdpa = [2.0, 9.0, 4.0, 1.0, 6.0], [1.0, 3.0, 1.0, 1.0, 2.0]  # per round 2, 3, 4, 1, 3: median 3
+    seq = [t for r in range(5) for t in ((row[r], sdpa[r]) if r % 2 == 0 else (sdpa[r], row[r]))]
+    calls = iter(range(10**6))
+
+    def scripted(fn, n, device):
+        fn()
+        return seq[next(calls) % len(seq)]
+
+    monkeypatch.setattr(benchmark, "_one_round", scripted)
+    cfg = BenchConfig(lengths=(8,), mechanisms=("dnas",), backends=("efficient",), repeats=5, memory=False)
+    result = run_bench(cfg)["rows"][1]
+    for mode in ("fwd", "fwd_bwd"):
+        assert result[f"{mode}_ratio"] == 3.0, mode
+        assert (result[f"{mode}_ratio_spread"]["min"], result[f"{mode}_ratio_spread"]["max"]) == (1.0, 4.0)
+
+
+def test_forward_rounds_run_without_grad_and_backward_rounds_fill_every_input_gradient(monkeypatch):
+    """The 'fwd' rows timed with autograd on, or fwd+bwd rows without their backward, passed every test."""
+    seen, rounds = [], []
+    real_call, real_round = benchmark._call, benchmark._one_round
+
+    def spy_call(mechanism, backend, *args, **kwargs):
+        f = real_call(mechanism, backend, *args, **kwargs)
+
+        def call(q, k, v):
+            seen.append((torch.is_grad_enabled(), (q, k, v)))
+            return f(q, k, v)
+        return call
+
+    def checked_round(fn, n, device):
+        for x in seen[-1][1] if seen else ():
+            x.grad = None
+        t = real_round(fn, n, device)
+        grad_on, qkv = seen[-1]
+        rounds.append((grad_on, [x.grad is not None for x in qkv]))
+        return t
+
+    monkeypatch.setattr(benchmark, "_call", spy_call)
+    monkeypatch.setattr(benchmark, "_one_round", checked_round)
+    cfg = BenchConfig(lengths=(8,), mechanisms=("dnas",), backends=("efficient",), repeats=2, memory=False)
+    run_bench(cfg)
+    forward, backward = rounds[:4], rounds[4:8]  # 2 rounds x (row, SDPA), the forward ones first
+    assert all(not grad_on for grad_on, _ in forward), forward
+    assert all(grad_on and all(has) for grad_on, has in backward), backward
+
+
+def test_the_timed_call_computes_its_rows_mechanism_with_both_padding_masks():
+    """Sinkhorn's --sinkhorn-iters ignored (always 3), or the query mask dropped (padded queries entering
+    DNAS's column sums), passed every test."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 12, 8) for _ in range(3))
+    mask = benchmark._mask(12, 2, 0.5, "cpu")
+    real = mask[:, None, :, None]
+    got = benchmark._call("sinkhorn", "efficient", 7, 0.0, mask)(q, k, v)
+    want = ak.attention(q, k, v, ak.Sinkhorn(iters=7), key_mask=mask, query_mask=mask, backend="reference")
+    torch.testing.assert_close(got * real, want * real, atol=1e-5, rtol=0)
+    three = ak.attention(q, k, v, ak.Sinkhorn(iters=3), key_mask=mask, query_mask=mask, backend="reference")
+    assert not torch.allclose(three * real, want * real, atol=1e-4)
+    got = benchmark._call("dnas", "efficient", 3, 0.0, mask)(q, k, v)
+    want = ak.attention(q, k, v, "dnas", key_mask=mask, query_mask=mask, backend="reference")
+    keys_only = ak.attention(q, k, v, "dnas", key_mask=mask, backend="reference")
+    torch.testing.assert_close(got * real, want * real, atol=1e-5, rtol=0)
+    assert not torch.allclose(keys_only * real, want * real, atol=1e-4)

@@ -66,6 +66,8 @@ def test_hf_step_time_writes_a_ratio_per_mechanism(tmp_path):
     order = hf_step_time.round_order(["softmax", "dnas", "hnas"], 3)  # each in every position once
     assert all(sorted(r[i] for r in order) == ["dnas", "hnas", "softmax"] for i in range(3))
     assert rows[1]["ratio"] == sorted(rows[1]["round_ratios"])[1]
+    # each round's ratio pairs that round's two steps (pairing another round's passed the line above)
+    assert rows[1]["round_ratios"] == [t / s for t, s in zip(rows[1]["times_s"], rows[0]["times_s"])]
     with pytest.raises(SystemExit) as exc:
         hf_step_time.main(["--mechanisms", "softmax", "--out", str(out)])
     assert exc.value.code == 2
