@@ -195,6 +195,21 @@ def test_only_a_marked_staging_folder_of_a_dead_run_of_this_host_is_removed(tmp_
     assert users.exists() and other_host.exists() and live.exists() and not killed.exists()
 
 
+@pytest.mark.parametrize("command", ["convert", "finetune"])
+def test_an_out_holding_only_another_hosts_unfinished_save_names_it(command, tiny_bert, data, tmp_path,
+                                                                     capsys):
+    """A save killed on another host (or in a container since restarted) left a hidden full-size copy of
+    the model; the rerun said only "exists and is not empty" of a folder that `ls` shows empty."""
+    out = tmp_path / "out"
+    left = _staging(out, ".attnkit-finetune-4242-abc", host="node-b", pid=4242)
+    argv = (["convert", str(tiny_bert), "--mechanism", "dnas"] if command == "convert" else
+            ["finetune", "--model", str(tiny_bert), "--dataset", str(data), "--max-steps", "1"])
+    err = _error(capsys, [*argv, "--out", str(out)])
+    assert ("it holds only the hidden .attnkit-finetune-4242-abc (the unfinished save of pid 4242 on host "
+            "node-b); if that run is gone") in err
+    assert left.exists()
+
+
 def test_convert_keeps_a_users_folder_named_as_a_staging_folder(tiny_bert, tmp_path, capsys):
     out = tmp_path / "userdir"
     users = _staging(out, f".attnkit-convert-{_dead_pid()}-mine")

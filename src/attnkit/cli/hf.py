@@ -21,8 +21,12 @@ def _check_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file; pass a directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
+        from attnkit.hf.publish import staging_left
+
+        left = staging_left(out)
         raise FileExistsError(
-            f"--out {out} exists and is not empty; pass --overwrite to replace its files or pick another"
+            f"--out {out} exists and is not empty{left}; {'or ' if left else ''}pass --overwrite to replace "
+            "its files or pick another"
         )
 
 

@@ -528,14 +528,15 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
     Every process of a multi-process run checks it; another process's write test (a ``.write-test-*`` file
     that lives for an instant, or one left by a killed run) does not make the directory "not empty"."""
-    from .publish import WRITE_TEST, is_empty
+    from .publish import WRITE_TEST, is_empty, staging_left
 
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file; pass a directory")
     if out.is_dir() and not is_empty(out) and not overwrite:
+        left = staging_left(out)
         raise FileExistsError(
-            f"--out {out} exists and is not empty; pass --overwrite to replace its files "
-            "or pick another"
+            f"--out {out} exists and is not empty{left}; "
+            f"{'or ' if left else ''}pass --overwrite to replace its files or pick another"
         )
     try:
         out.mkdir(parents=True, exist_ok=True)

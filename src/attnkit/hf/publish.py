@@ -179,6 +179,30 @@ def _is_dead_staging(folder: Path) -> bool:
     return False
 
 
+def staging_left(out: Path) -> str:
+    """When every entry of ``out`` is a marked staging folder that :func:`remove_dead_staging` left (a live
+    run's, another host's, or one whose pid was taken again): the words that name them, for the error of an
+    ``out`` that reads as empty in ``ls``; else ``""``."""
+    from .._files import json_loads
+
+    try:
+        entries = sorted(out.iterdir())
+    except OSError:
+        return ""
+    if not entries or not all(e.name.startswith(_PREFIX) and (e / MARKER).is_file() for e in entries):
+        return ""
+    described = []
+    for entry in entries[:3]:
+        try:
+            record = json_loads((entry / MARKER).read_text(encoding="utf-8")[:_MARKER_BYTES])
+            who = f"pid {record['pid']} on host {record['host']}"
+        except (OSError, ValueError, TypeError, KeyError):
+            who = "a run"
+        described.append(f"{entry.name} (the unfinished save of {who})")
+    return (f": it holds only the hidden {', '.join(described)}; if that run is gone (killed on another "
+            "host, or in a container since restarted), delete the folder")
+
+
 def remove_dead_staging(out: Path) -> None:
     """Remove the staging folders in ``out`` of runs that were killed (SIGKILL leaves them), so that they
     neither make ``out`` non-empty nor stay in it. Only a folder holding the :data:`MARKER` of a run of this
