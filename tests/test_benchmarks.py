@@ -80,6 +80,10 @@ def test_hf_step_time_rejects_an_unknown_mechanism(tmp_path, capsys):
         hf_step_time.main(["--mechanisms", "nope", "--rounds", "1", "--out", str(tmp_path / "x.json")])
     assert exc.value.code == 2
     assert "nope" in capsys.readouterr().err
+    for twice in ("softmax,lnas", "dnas,DNAS"):  # one mechanism timed twice under two spellings
+        with pytest.raises(SystemExit) as exc:
+            hf_step_time.main(["--mechanisms", twice, "--rounds", "1", "--out", str(tmp_path / "x.json")])
+        assert exc.value.code == 2 and "more than once" in capsys.readouterr().err
 
 
 def test_tile_sweep_holds_its_tiles_through_the_backward(monkeypatch):

@@ -38,7 +38,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .config import MAX_SINKHORN_ITERS
+from .config import MAX_SINKHORN_ITERS, Hybrid
 from .registry import MECHANISMS, canonical_name, resolve_options
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
 DEFAULT_LENGTHS = (256, 1024, 4096, 8192)
 QUICK_LENGTHS = (256, 1024)
 DEFAULT_MECHANISMS = MECHANISMS
+HNAS_U = Hybrid().u0  # the mixing weight of every hnas row: attnkit's default u0, given to the peers too
 BACKENDS = ("reference", "efficient")
 # Peers: FlexAttention (compiled; ``flex_peer``) on CUDA, where it has a backward pass; the naive versions
 # (``naive_peer``); x-transformers' DNAS option (``xtransformers_peer``).
@@ -296,7 +297,7 @@ def _call(
     if backend == "naive":
         from .kernels.naive_peer import naive_call
 
-        return naive_call(mechanism, sinkhorn_iters)
+        return naive_call(mechanism, sinkhorn_iters, u=HNAS_U)
     if backend == "xtransformers":
         from .kernels.xtransformers_peer import xtransformers_call
 
@@ -673,6 +674,7 @@ def _run_bench(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
         "dtype": str(_dtype(cfg.device)).replace("torch.", ""),
         "device": cfg.device, "threads": torch.get_num_threads(), "torch": torch.__version__,
         "repeats": cfg.repeats, "sinkhorn_iters": cfg.sinkhorn_iters, "cores": os.cpu_count(),
+        "hnas_u": HNAS_U,
         "dropout": cfg.dropout, "padding": cfg.padding, "score_cache_mb": _score_cache_mb(),
         "valid_lengths": (
             {L: valid_lengths(L, cfg.batch, cfg.padding) for L in cfg.lengths} if cfg.padding else None
@@ -781,6 +783,11 @@ def format_table(result: dict) -> str:
         shape += f", padded (valid lengths from L to {1 - meta['padding']:.2g} L)"
     if meta.get("score_cache_mb") not in (None, 64):
         shape += f", Sinkhorn score cache {meta['score_cache_mb']:g} MiB"
+    timed = {r["mechanism"] for r in result["rows"]}
+    if "sinkhorn" in timed and meta.get("sinkhorn_iters") is not None:
+        shape += f", sinkhorn k={meta['sinkhorn_iters']}"
+    if "hnas" in timed and meta.get("hnas_u") is not None:
+        shape += f", hnas u={meta['hnas_u']:g}"
     threads = meta.get('threads', '?')
     lines.append(f"{shape}, {threads} thread{'' if threads == 1 else 's'}; "
                  f"times: median of {meta.get('repeats', '?')} rounds, fewer where a configuration passed "
