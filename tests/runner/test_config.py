@@ -325,3 +325,17 @@ def test_the_readme_preset_table_lists_what_each_preset_sets():
     for line, key in zip(table, keys):
         expected = [cell(t, key, getattr(c, key)) for (t, _), c in zip(columns, configs)]
         assert line == f"| `{key}` | " + " | ".join(expected) + " |"
+
+
+def test_numpy_scalars_are_taken_as_python_numbers():
+    """seeds=np.int64(2) was refused with "expected an integer >= 1", and np.float32 lr and dropout alike."""
+    import json
+
+    import numpy as np
+
+    config = build_config({"seeds": np.int64(2), "lr": np.float32(0.001), "dropout": np.float32(0.25)})
+    assert (config.seeds, config.dropout) == (2, 0.25) and type(config.seeds) is int
+    assert type(config.lr) is float and config.lr == pytest.approx(0.001)
+    json.dumps(config.result_dict())  # saved as JSON numbers
+    with pytest.raises(ValueError, match="seeds=0"):
+        build_config({"seeds": np.int64(0)})

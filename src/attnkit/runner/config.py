@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import os
 import re
 from dataclasses import asdict, dataclass, fields
@@ -234,6 +235,12 @@ class CompareConfig:
     align_weight: float = 0.01
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # NumPy scalars (np.int64 seeds, np.float32 lr) as Python numbers
+            value = getattr(self, f.name)
+            if isinstance(value, (bool, int, float)) or not isinstance(value, numbers.Real):
+                continue
+            python = int(value) if isinstance(value, numbers.Integral) else float(value)
+            object.__setattr__(self, f.name, python)
         _check_align(self)
         if not isinstance(self.task, str) or not self.task:
             raise ValueError(
