@@ -120,3 +120,46 @@ def test_non_finite_pixels_are_refused(steps, bad):
         DRAWClassifier(8, 8, num_classes=3, read_n=2, steps=steps, hidden_dim=4).eval()(x)
     with pytest.raises(ValueError, match=message):
         DRAW(8, 8, steps=steps, hidden_dim=4, latent_dim=2)(x)
+
+
+def test_the_loss_is_the_papers_reconstruction_plus_latent_loss_in_float64():
+    """Eqs. 3-12 of "DRAW" (arXiv:1502.04623) as a loop: x_hat = x - sigmoid(c_{t-1}), reads of x and x_hat,
+    the encoder LSTM, z = mu + sigma eps, the decoder LSTM, the write, and the loss L^x + L^z with
+    L^z = sum_t 1/2 (mu^2 + sigma^2 - log sigma^2) - T/2 per latent; the KL with -log sigma, or x - c for
+    x_hat, passed every test (which checked kl >= 0)."""
+    from attnkit.nn.draw import draw_read, draw_write, window_from_params
+
+    torch.manual_seed(14)
+    model = DRAW(9, 7, steps=3, read_n=2, write_n=3, hidden_dim=5, latent_dim=2).double()
+    with torch.no_grad():
+        model.read.params.weight.normal_(0, 0.3)  # windows that move with the decoder state
+    x = torch.rand(2, 1, 9, 7, dtype=torch.float64)
+    torch.manual_seed(0)
+    loss, out = model.loss(x)
+
+    def lstm(cell, inp, h, c):
+        gates = inp @ cell.weight_ih.T + cell.bias_ih + h @ cell.weight_hh.T + cell.bias_hh
+        i, f, g, o = gates.chunk(4, -1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(c), c
+
+    torch.manual_seed(0)
+    B, zero = 2, torch.zeros(2, 5, dtype=torch.float64)
+    c, (he, ce), (hd, cd), kl = torch.zeros_like(x), (zero, zero), (zero, zero), 0.0
+    with torch.no_grad():
+        for _ in range(3):
+            x_hat = x - torch.sigmoid(c)
+            read = window_from_params(hd @ model.read.params.weight.T + model.read.params.bias, 7, 9, 2)
+            r = torch.cat([draw_read(x, read, 2).flatten(1), draw_read(x_hat, read, 2).flatten(1)], -1)
+            he, ce = lstm(model.encoder, torch.cat([r, hd], -1), he, ce)
+            mu, log_sigma = (he @ model.posterior.weight.T + model.posterior.bias).chunk(2, -1)
+            z = mu + log_sigma.exp() * torch.randn_like(mu)
+            hd, cd = lstm(model.decoder, z, hd, cd)
+            write = window_from_params(hd @ model.write_params.weight.T + model.write_params.bias, 7, 9, 3)
+            patch = (hd @ model.write_patch.weight.T + model.write_patch.bias).view(B, 1, 3, 3)
+            c = c + draw_write(patch, write, 7, 9)
+            kl = kl + 0.5 * (mu**2 + (2 * log_sigma).exp() - 2 * log_sigma).sum(-1) - 0.5 * 2
+        p = torch.sigmoid(c)
+        reconstruction = -(x * p.log() + (1 - x) * (1 - p).log()).flatten(1).sum(1)
+    torch.testing.assert_close(loss.detach(), (reconstruction + kl).mean(), atol=1e-10, rtol=0)
+    torch.testing.assert_close(out.canvases[:, -1], p, atol=1e-12, rtol=0)

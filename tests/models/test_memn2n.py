@@ -114,3 +114,40 @@ def test_position_encoding_matrix_refuses_sizes_and_dtypes_that_give_no_encoding
 
     with pytest.raises(ValueError, match=needle):
         position_encoding_matrix(*args)
+
+
+@pytest.mark.parametrize("trial", range(8))
+def test_hops_match_a_float64_loop_over_the_papers_equations(trial):
+    """Eqs. 1-3 of "End-To-End Memory Networks" (arXiv:1503.08895) with adjacent tying (A^{k+1} = C^k,
+    W^T = C^K), position and temporal encoding, written as a loop over the real sentences: dropping the
+    hop's residual u + o, shifting the temporal index or reading the answer from A^1 passed every test."""
+    torch.manual_seed(trial)
+    V, d, K, S = 11, (1, 4)[trial % 2], (1, 2, 3)[trial % 3], (1, 3, 5)[trial % 3]
+    pe_on, te_on = bool(trial % 2), bool((trial // 2) % 2)
+    model = MemN2N(V, dim=d, hops=K, memory_size=6, sentence_len=S, position_encoding=pe_on,
+                   temporal_encoding=te_on).double()
+    B, M = (1, 3)[trial % 2], (1, 4, 6)[trial % 3]
+    stories, questions = torch.randint(0, V, (B, M, S)), torch.randint(0, V, (B, S))
+    mask = torch.rand(B, M) < 0.7
+    mask[:, 0] |= trial % 5 != 0  # trial 0 and 5: maybe an empty story
+    logits, attention = model(stories, questions, mask)
+    J = S
+    l = torch.ones(J, d, dtype=torch.float64)  # eq. 4's l_kj = (1 - j/J) - (k/d)(1 - 2j/J), or none
+    if pe_on:
+        l = torch.tensor([[(1 - j / J) - (k / d) * (1 - 2 * j / J) for k in range(1, d + 1)]
+                          for j in range(1, J + 1)], dtype=torch.float64)
+    E, T = [e.weight for e in model.embed], list(model.temporal)
+    for b in range(B):
+        real = [i for i in range(M) if mask[b, i]]
+        age = {i: sum(j > i for j in real) for i in real}  # 0 for the most recent real sentence
+        u = (E[0][questions[b]] * l).sum(0)
+        for k in range(K):
+            m = {i: (E[k][stories[b, i]] * l).sum(0) + (T[k][age[i]] if te_on else 0) for i in real}
+            c = {i: (E[k + 1][stories[b, i]] * l).sum(0) + (T[k + 1][age[i]] if te_on else 0) for i in real}
+            o = 0
+            if real:
+                p = torch.softmax(torch.stack([m[i] @ u for i in real]), 0)
+                o = sum(p[j] * c[i] for j, i in enumerate(real))
+                torch.testing.assert_close(attention[b, k, real], p, atol=1e-12, rtol=0)
+            u = u + o
+        torch.testing.assert_close(logits[b], E[K] @ u, atol=1e-12, rtol=0)

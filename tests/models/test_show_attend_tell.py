@@ -193,3 +193,36 @@ def test_reset_parameters_resets_the_reinforce_baseline_as_batchnorm_resets_its_
     model.reset_parameters()
     assert model.baseline.count == 0 and model.baseline.value == 0
     assert model.baseline.update(torch.tensor([3.0])) == 3.0  # the first batch's own mean again
+
+
+def _caption_log_prob(model, image, ids) -> float:
+    """log p(ids | image) by teacher forcing through ``_step`` (soft attention, as decoding reads)."""
+    from attnkit.models.show_attend_tell import BOS
+
+    a = model.annotations(image[None])
+    state, prev, total = model._init_state(a), torch.tensor([BOS]), 0.0
+    for w in ids:
+        logits, state, *_ = model._step(a, prev, state, mode="soft")
+        total += torch.log_softmax(logits, -1)[0, w].item()
+        prev = torch.tensor([w])
+    return total
+
+
+def test_a_beam_as_wide_as_every_caption_finds_the_most_probable_one_and_beam_three_beats_greedy():
+    """Beam search against exhaustive search on a 4-word vocabulary (captions of up to 4 words ending in
+    <eos>); sorting the candidates worst-first passed every test (it kept the least probable ones)."""
+    import itertools
+
+    from attnkit.models.show_attend_tell import EOS
+
+    for seed in range(6):
+        torch.manual_seed(seed)
+        model = ShowAttendTell(4, feature_dim=4, embed_dim=3, hidden_dim=5, attention_dim=3).double().eval()
+        image = torch.randn(1, 8, 8, dtype=torch.float64)
+        captions = [[*body, EOS] for n in range(4) for body in itertools.product((0, 1, 3), repeat=n)]
+        best = max(captions, key=lambda ids: _caption_log_prob(model, image, ids))
+        assert model.beam_search(image, beam=500, max_len=4)[0] == best, seed
+        greedy = [w for w in model.greedy(image[None], 4)[0][0].tolist()]
+        greedy = greedy[: greedy.index(EOS) + 1] if EOS in greedy else greedy
+        three = model.beam_search(image, beam=3, max_len=4)[0]
+        assert _caption_log_prob(model, image, three) >= _caption_log_prob(model, image, greedy) - 1e-12, seed
