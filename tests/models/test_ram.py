@@ -138,3 +138,23 @@ def test_images_of_another_dtype_are_named():
                        r"parameters are torch.float64; cast the images with .to\(torch.float64\) or the"):
         model(torch.rand(2, 1, 8, 8))
     assert model(torch.rand(2, 1, 8, 8, dtype=torch.float64)).logits.dtype == torch.float64
+
+
+def test_the_loss_is_cross_entropy_plus_reinforce_with_the_baseline_plus_the_baselines_squared_error():
+    """Mnih et al. (arXiv:1406.6247), sec. 3: reward R = 1 for a right answer, the REINFORCE surrogate
+    -sum_t (R - b_t) log pi(l_t) (summed over the glimpses, mean over the batch), and the baseline fitted by
+    (b_t - R)^2; passing baseline 0 or dropping the sum over steps passed every test."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = RecurrentAttentionModel(num_classes=3, glimpse_size=2, scales=2, glimpses=3, hidden_dim=8,
+                                    glimpse_dim=4, location_dim=4).double()
+    images, labels = torch.randn(4, 1, 8, 8, dtype=torch.float64), torch.tensor([0, 1, 2, 1])
+    torch.manual_seed(1)
+    loss, out = model.loss(images, labels)
+    reward = (out.logits.argmax(-1) == labels).double()  # (B,)
+    reinforce = -((reward[:, None] - out.baselines).detach() * out.log_probs).sum(1).mean()
+    baseline = ((out.baselines - reward[:, None]) ** 2).mean()
+    expected = F.cross_entropy(out.logits, labels) + reinforce + baseline
+    torch.testing.assert_close(loss, expected, atol=1e-12, rtol=0)
+    assert out.log_probs.shape == out.baselines.shape == (4, 3) and bool((out.baselines != 0).all())
