@@ -226,3 +226,36 @@ def test_a_beam_as_wide_as_every_caption_finds_the_most_probable_one_and_beam_th
         greedy = greedy[: greedy.index(EOS) + 1] if EOS in greedy else greedy
         three = model.beam_search(image, beam=3, max_len=4)[0]
         assert _caption_log_prob(model, image, three) >= _caption_log_prob(model, image, greedy) - 1e-12, seed
+
+
+@pytest.mark.parametrize("attention", ["soft", "none"])
+def test_teacher_forcing_matches_the_papers_equations_in_float64(attention):
+    """Eqs. 4-7 of "Show, Attend and Tell" (arXiv:1502.03044) with the gate beta = sigmoid(f_beta(h))
+    (sec. 4.2.1) and the deep output, as a loop: dropping the gate passed every test."""
+    torch.manual_seed(1)
+    model = ShowAttendTell(7, attention=attention, feature_dim=5, embed_dim=4, hidden_dim=6,
+                           attention_dim=3).double().eval()
+    images, tokens = torch.randn(3, 1, 8, 12, dtype=torch.float64), torch.randint(3, 7, (3, 4))
+    logits, alphas, _, _ = model(images, tokens)
+    a = model.annotations(images)  # (B, L, D)
+    B, L, _ = a.shape
+    s, mean = model.attend.score, a.mean(1)
+    h, c = torch.tanh(model.init_h(mean)), torch.tanh(model.init_c(mean))
+    prev = torch.full((B,), 1)  # <bos>
+    with torch.no_grad():
+        for t in range(4):
+            if attention == "none":
+                alpha = torch.full((B, L), 1.0 / L, dtype=torch.float64)
+            else:  # eq. 4: e = w^T tanh(W_q h + W_k a + b)
+                alpha = torch.softmax(torch.tanh((h @ s.w_q.T + s.bias)[:, None, :] + a @ s.w_k.T) @ s.w, -1)
+            z = torch.sigmoid(h @ model.gate.weight.T + model.gate.bias) * (alpha[:, :, None] * a).sum(1)
+            e = model.embed.weight[prev]
+            gates = torch.cat([e, z], -1) @ model.lstm.weight_ih.T + model.lstm.bias_ih \
+                + h @ model.lstm.weight_hh.T + model.lstm.bias_hh
+            i, f, g, o = gates.chunk(4, -1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            deep = e + model.out_h(h) + model.out_z(z)  # eq. 7's L_0 (E y + L_h h + L_z z)
+            torch.testing.assert_close(logits[:, t], model.out(deep), atol=1e-12, rtol=0)
+            torch.testing.assert_close(alphas[:, t], alpha, atol=1e-12, rtol=0)
+            prev = tokens[:, t]
