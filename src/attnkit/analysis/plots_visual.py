@@ -101,7 +101,7 @@ def plot_glimpse_paths(images, locations, glimpses, labels, predictions, path: P
             for s in reversed(range(k)):  # coarse first, finer scales pasted in the centre
                 side = size * 2**s
                 patch = np.kron(glimpses[b, t, s, 0].numpy(), np.ones((2**s, 2**s)))
-                o = (full - side) // 2
+                o = full // 2 - side // 2  # where glimpse_sensor cuts it (odd sizes: not (full - side) // 2)
                 canvas[o : o + side, o : o + side] = patch
             axes[b, t + 1].imshow(canvas, cmap="gray")
             axes[b, t + 1].set_title(f"glimpse {t + 1}", fontsize=7)
