@@ -288,6 +288,10 @@ def test_a_ratio_is_the_median_of_the_same_rounds_row_over_sdpa_times(monkeypatc
     for mode in ("fwd", "fwd_bwd"):
         assert result[f"{mode}_ratio"] == 3.0, mode
         assert (result[f"{mode}_ratio_spread"]["min"], result[f"{mode}_ratio_spread"]["max"]) == (1.0, 4.0)
+        # the rounds are in the JSON: the ratios recomputed from its times
+        assert result[f"{mode}_spread_s"]["times_s"] == row
+        assert result[f"sdpa_{mode}_spread_s"]["times_s"] == sdpa
+        assert result[f"{mode}_ratio_spread"]["per_round"] == [a / b for a, b in zip(row, sdpa)]
 
 
 def test_forward_rounds_run_without_grad_and_backward_rounds_fill_every_input_gradient(monkeypatch):

@@ -438,7 +438,9 @@ def _interleaved(f: Callable, base: Callable, q, k, v, cfg: BenchConfig) -> dict
             if sum(times[0]) * counts[0] + sum(times[1]) * counts[1] > cfg.time_limit_s:
                 break
         ratios = [a / b for a, b in zip(*times)]
-        out[mode] = (spread(times[0]), spread(times[1]), spread(ratios))
+        # every round kept (in round order), so that the JSON's ratios can be recomputed from its times
+        out[mode] = ({**spread(times[0]), "times_s": times[0]}, {**spread(times[1]), "times_s": times[1]},
+                     {**spread(ratios), "per_round": ratios})
     return out
 
 
