@@ -354,6 +354,31 @@ def test_a_worker_that_dies_fails_only_its_own_target(tmp_path, monkeypatch):
     assert "worker process died" in results[0].claims[0].evidence
 
 
+def test_the_targets_other_workers_finished_before_a_stop_are_the_runs_own(tmp_path, monkeypatch):
+    """With --jobs 2, a target that finished while an earlier-submitted one was still running was not recorded
+    when Ctrl-C came, and the next run refused its results as "not written by it"."""
+    import os
+    from pathlib import Path
+
+    helpers = Path(__file__).parent / "_dying"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(helpers), os.environ.get("PYTHONPATH", "")]))
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_dying_targets", helpers / "sitecustomize.py")
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    try:
+        monkeypatch.setenv("STOP_SLOW", "1")
+        with pytest.raises(KeyboardInterrupt):
+            reproduce_all(tmp_path / "all", targets=["slow-stops", "fine-a"], jobs=2)
+        assert (tmp_path / "all" / "fine-a" / "summary.json").is_file()
+        monkeypatch.setenv("STOP_SLOW", "0")
+        results, _ = reproduce_all(tmp_path / "all", targets=["slow-stops", "fine-a"], jobs=2)
+    finally:
+        for name in ("dies", "slow-stops", "fine-a", "fine-b"):
+            reproduce_module.TARGETS.pop(name, None)
+    assert all(c.held for r in results for c in r.claims)
+
+
 def _run_all_of_slow_targets(tmp_path, monkeypatch):
     """``reproduce_all`` of four sleeping targets, jobs=2, in a process group of its own (as a terminal
     starts a command), once two targets have started; returns the process and the output folder."""
@@ -463,6 +488,19 @@ def test_a_target_rerun_alone_in_its_folder_of_an_interrupted_run_of_all_asks_fo
     assert (root / "constructed-pass" / "summary.json").is_file()  # the interrupted run's, not yet removed
     results, _ = reproduce_all(root, targets=["constructed-pass", "stops"], overwrite=True)
     assert json.loads((root / "stops" / "summary.json").read_text())["seed"] == 0
+
+
+def test_a_mark_of_an_older_version_without_digests_takes_its_folders_as_its_own(tmp_path,
+                                                                                  constructed_targets):
+    """A mark written before the digests were recorded made every finished folder "saved since"."""
+    from attnkit.analysis.report import UNFINISHED_MARKER
+
+    root = tmp_path / "all"
+    reproduce_module.reproduce("constructed-pass", root / "constructed-pass", seed=4)
+    old_mark = 'attnkit: this run did not finish\n{"written": ["constructed-pass"]}\n'  # no "finished"
+    (root / UNFINISHED_MARKER).write_text(old_mark)
+    reproduce_all(root, targets=["constructed-pass"])
+    assert json.loads((root / "constructed-pass" / "summary.json").read_text())["seed"] == 0
 
 
 def test_the_targets_an_interrupted_run_of_all_finished_are_replaced_without_overwrite(

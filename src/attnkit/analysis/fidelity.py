@@ -176,6 +176,13 @@ def _workers(jobs: int) -> Iterator:
     pool.shutdown()
 
 
+def _record_done(futures: dict, root: Path) -> None:
+    """Record the targets among ``futures`` (future -> name) that finished with a result, on a stop."""
+    for f, n in futures.items():
+        if f.done() and not f.cancelled() and f.exception() is None:
+            record_finished(root / n)
+
+
 def _terminate(pool) -> None:
     """Cancel the pool's queued targets and end its worker processes."""
     processes = list((getattr(pool, "_processes", None) or {}).values())
@@ -266,20 +273,27 @@ def _run_targets(root: Path, names: list[str], replace: dict, quick: bool, seed:
             results.append(_run_target(name, root / name, replace[name], quick, seed))
             record_finished(root / name)
     else:
+        from concurrent.futures import as_completed
         from concurrent.futures.process import BrokenProcessPool
 
         order = sorted(names, key=lambda n: -QUICK_CPU_SECONDS.get(n, float("inf")))
         by_name, broken = {}, []
         with _workers(jobs) as pool:
-            futures = {n: pool.submit(_run_target, n, root / n, replace[n], quick, seed) for n in order}
-            for n, f in futures.items():
-                try:
-                    by_name[n] = f.result()
-                    record_finished(root / n)  # here, in one process: the mark is the root's
-                except BrokenProcessPool:  # a worker died (killed, out of memory): every pending one fails
-                    broken.append(n)
-                except Exception as exc:
-                    by_name[n] = _failed(n, root / n, f"{type(exc).__name__}: {exc}")
+            futures = {pool.submit(_run_target, n, root / n, replace[n], quick, seed): n for n in order}
+            try:
+                for f in as_completed(futures):  # each recorded as it finishes, in this one process
+                    n = futures[f]
+                    try:
+                        by_name[n] = f.result()
+                        record_finished(root / n)
+                    except BrokenProcessPool:  # a worker died (killed, out of memory): all pending fail
+                        broken.append(n)
+                    except Exception as exc:
+                        by_name[n] = _failed(n, root / n, f"{type(exc).__name__}: {exc}")
+            except BaseException:  # Ctrl-C: the targets finished meanwhile are this run's results too
+                _record_done(futures, root)
+                raise
+        broken.sort(key=order.index)
         # each again in a process of its own, so that only a target whose process dies fails, still `jobs`
         # at a time (one at a time, a dying target made the rest of the run serial: 2.6x the time)
         if broken:
@@ -296,11 +310,13 @@ def _run_targets(root: Path, names: list[str], replace: dict, quick: bool, seed:
                         return _failed(n, root / n, f"its worker process died ({type(exc).__name__}: {exc})")
 
             threads = ThreadPoolExecutor(jobs)
+            retries = {threads.submit(alone, n): n for n in broken}
             try:
-                for n, result in zip(broken, threads.map(alone, broken)):
-                    by_name[n] = result
-                    record_finished(root / n)
+                for f in as_completed(retries):
+                    by_name[retries[f]] = f.result()
+                    record_finished(root / retries[f])
             except BaseException:  # Ctrl-C: end the workers, whose threads then return at once
+                _record_done(retries, root)
                 threads.shutdown(wait=False, cancel_futures=True)
                 for pool in list(pools):
                     _terminate(pool)

@@ -237,20 +237,22 @@ def prepare_output_dir(out: Union[str, Path], overwrite: bool = False) -> Path:
 def _write_mark(out: Path, written: list[str], replaced: Sequence[str] = (),
                 finished: Optional[Mapping[str, str]] = None) -> None:
     note = "attnkit: this run did not finish; the next run replaces its files\n"
+    # "finished" always (empty at first): a mark without it is an older version's, which recorded no digests
     record = {"written": written, **({"replaced": list(replaced)} if replaced else {}),
-              **({"finished": dict(finished)} if finished else {})}
+              "finished": dict(finished or {})}
     (out / UNFINISHED_MARKER).write_text(note + json.dumps(record) + "\n", encoding="utf-8")
 
 
-def _finished(marker: Path) -> dict[str, str]:
-    """The target folders a run of all targets finished, each with its ``summary.json``'s SHA-256."""
+def _finished(marker: Path) -> Optional[dict[str, str]]:
+    """The target folders a run of all targets finished, each with its ``summary.json``'s SHA-256; ``None``
+    for a mark that records none (an older version's, or an unreadable one)."""
     try:
         lines = marker.read_text(encoding="utf-8").splitlines()
-        found = json_loads(lines[1]).get("finished", {}) if len(lines) > 1 else {}
+        found = json_loads(lines[1]).get("finished") if len(lines) > 1 else None
     except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError, AttributeError):
-        return {}
+        return None
     if not isinstance(found, dict):
-        return {}
+        return None
     return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)}
 
 
@@ -274,7 +276,7 @@ def record_finished(folder: Union[str, Path]) -> None:
     digest = _summary_digest(folder)
     if marker.is_file() and digest is not None:
         _write_mark(folder.parent, _written(marker) or [], _mark_list(marker, "replaced") or [],
-                    {**_finished(marker), folder.name: digest})
+                    {**(_finished(marker) or {}), folder.name: digest})
 
 
 def results_saved_since(out: Union[str, Path]) -> list[str]:
@@ -286,6 +288,8 @@ def results_saved_since(out: Union[str, Path]) -> list[str]:
     if not marker.is_file():
         return []
     finished = _finished(marker)
+    if finished is None:  # an older version's mark: its folders are taken as its own, as that version did
+        return []
     names = dict.fromkeys([*(_written(marker) or []), *(_mark_list(marker, "replaced") or [])])
     return [n for n in names if Path(n).name == n and not n.startswith(STAGING_PREFIX)
             and (digest := _summary_digest(out / n)) is not None and finished.get(n) != digest]
@@ -356,7 +360,7 @@ def _remove_unfinished_files(out: Path) -> None:
         if path.is_dir() and not path.is_symlink():
             if name.startswith(STAGING_PREFIX):
                 shutil.rmtree(path)
-            elif _summary_digest(path) in (None, finished.get(name)):  # results saved there since stay
+            elif finished is None or _summary_digest(path) in (None, finished.get(name)):  # saved since: stay
                 _remove_run_folder(path)
         elif (path.exists() or path.is_symlink()) and is_output_name(name):  # an older version's partial
             path.unlink()
