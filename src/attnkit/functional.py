@@ -43,9 +43,9 @@ BACKENDS: tuple[str, ...] = ("auto", "reference", "efficient")
 
 WeightObserver = Callable[[Tensor, MaskInfo, MechanismConfig], None]
 # per thread (and asyncio task): a block open in one thread neither observes nor reroutes another's calls
-_OBSERVERS: contextvars.ContextVar[tuple[WeightObserver, ...]] = contextvars.ContextVar(
+_OBSERVERS: contextvars.ContextVar[tuple[tuple[WeightObserver, object], ...]] = contextvars.ContextVar(
     "attnkit_observers", default=()
-)
+)  # (observer, a key of its block): a block leaves by its key, in any order (two generators' blocks)
 
 
 @contextlib.contextmanager
@@ -58,18 +58,39 @@ def observe_weights(observer: WeightObserver) -> Iterator[None]:
     on this. The block observes the calls of its own thread (and asyncio task), not those that other
     threads make meanwhile.
     """
-    token = _OBSERVERS.set((*_OBSERVERS.get(), observer))
+    key = object()
+    _OBSERVERS.set((*_OBSERVERS.get(), (observer, key)))
     try:
         yield
-    finally:
-        _OBSERVERS.reset(token)
+    finally:  # by its key, not by resetting: blocks that close out of order must not bring a closed one back
+        entries = _OBSERVERS.get()
+        if any(entry[1] is key for entry in entries):
+            _OBSERVERS.set(tuple(entry for entry in entries if entry[1] is not key))
+        else:  # closed from another thread (a generator finished there): its own context drops it when read
+            _CLOSED_ELSEWHERE.add(key)
+
+
+_CLOSED_ELSEWHERE: set = set()  # keys of blocks closed outside the context that opened them
+
+
+def _active_observers() -> tuple[tuple[WeightObserver, object], ...]:
+    """This context's open observers (without blocks closed from another thread)."""
+    entries = _OBSERVERS.get()
+    if entries and _CLOSED_ELSEWHERE:
+        closed = [entry for entry in entries if entry[1] in _CLOSED_ELSEWHERE]
+        if closed:
+            entries = tuple(entry for entry in entries if entry[1] not in _CLOSED_ELSEWHERE)
+            _OBSERVERS.set(entries)
+            for _, key in closed:
+                _CLOSED_ELSEWHERE.discard(key)
+    return entries
 
 
 def observing() -> bool:
     """Whether an ``observe_weights`` block is active. Self-attention modules (``ak.nn.MultiheadAttention``,
     converted Hugging Face models) then infer the query padding of softmax from the key padding too, and
     give it to the observers only (:func:`observed_query_padding`)."""
-    return bool(_OBSERVERS.get())
+    return bool(_active_observers())
 
 
 _OBSERVED_QUERY: contextvars.ContextVar[Optional[Tensor]] = contextvars.ContextVar(
@@ -270,14 +291,14 @@ def _attention(q, k, v, mechanism, key_mask, query_mask, attn_mask, causal, scal
     check_bool(return_weights, f"return_weights={return_weights!r}")
     u = _hybrid_u(config, hybrid_weight, q.shape[1], q)
 
-    observers = _OBSERVERS.get()
+    observers = _active_observers()
     if observers:
         q, k, v = _zero_padding(q, k, v, mask)
         mechanism_weights: list = []  # before attention dropout: Lemma 1 and the column sums are of these
         out, w = _reference_attention(q, k, v, config, mask, scale, dropout_p, u, return_weights=True,
                                       before_dropout=mechanism_weights)
         observed, observed_mask = _observed(mechanism_weights[0].detach(), mask, config)
-        for observer in observers:
+        for observer, _ in observers:
             observer(observed, observed_mask, config)
         out = _stop_gradient_of_empty_rows(out, mask)
         return (out, w) if return_weights else out
@@ -528,7 +549,7 @@ def explain_dispatch(
         sinkhorn_iters, backend,
     )
     check_bool(return_weights, f"return_weights={return_weights!r}")
-    if _OBSERVERS.get():
+    if _active_observers():
         return Plan("reference", "inside observe_weights(): the observers need the weights")
     return _plan(q, k, v, config, mask, dropout_p, backend, return_weights)
 

@@ -295,6 +295,40 @@ def test_an_observer_sees_its_own_threads_calls_not_another_threads():
     assert seen == ["softmax"] and routes != ["reference"] and not _OBSERVERS.get()
 
 
+def test_observe_blocks_closed_out_of_order_or_from_another_thread_stay_closed():
+    """Two blocks in generators closed out of order brought the first one back for good (a reset restores a
+    snapshot); a generator's block closed from another thread raised a ValueError and left its thread
+    observing."""
+    import threading
+
+    from attnkit.functional import observe_weights, observing
+
+    x = torch.randn(1, 1, 4, 8)
+    seen = {"a": 0, "b": 0}
+
+    def block(name):
+        with observe_weights(lambda w, mask, config: seen.__setitem__(name, seen[name] + 1)):
+            yield
+            yield
+
+    a, b = block("a"), block("b")
+    next(a), next(b)
+    a.close()  # the first one opened closes first
+    ak.attention(x, x, x)
+    assert seen == {"a": 0, "b": 1} and observing()
+    b.close()
+    ak.attention(x, x, x)
+    assert seen == {"a": 0, "b": 1} and not observing() and not _OBSERVERS.get()
+    c = block("a")
+    next(c)
+    closer = threading.Thread(target=c.close)
+    closer.start()
+    closer.join()
+    assert not observing()
+    ak.attention(x, x, x)
+    assert seen == {"a": 0, "b": 1}
+
+
 @pytest.mark.parametrize("shape", [(3, 3), (1, 3), (3,), (2, 1, 3, 3), (1, 3, 1)])
 def test_a_valid_mask_that_broadcasts_equals_the_full_mask(shape):
     """valid's message said "broadcastable" but a 2-D (Lq, Lk) mask was refused."""
