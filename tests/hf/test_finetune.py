@@ -118,6 +118,22 @@ def test_a_label_only_in_test_tsv_is_refused_with_its_line(tmp_path):
         load_text_classification(str(folder))
 
 
+def test_a_first_example_of_class_label_is_an_example_not_a_header(tmp_path):
+    """A form-field dataset with classes Label and Button lost its first example of each file to the header
+    rule; only a text column name beside "label" makes a header."""
+    folder = _folder(tmp_path, b"Label\tName:\nButton\tOK\nLabel\tAge:\nButton\tCancel\n",
+                     b"Label\tCity:\nButton\tSave\n")
+    data = load_text_classification(str(folder))
+    assert data.label_names == ["Button", "Label"]
+    assert len(data.train_texts) == 4 and len(data.test_texts) == 2
+
+
+def test_large_integer_class_ids_stay_apart(tmp_path):
+    """Ids past 2**53 read through float were "one number written 2 ways"."""
+    folder = _folder(tmp_path, b"90071992547409930\ta\n90071992547409931\tb\n", b"90071992547409931\tc\n")
+    assert len(load_text_classification(str(folder)).label_names) == 2
+
+
 def test_a_list_of_labels_only_in_test_is_cut_short(tmp_path):
     """Texts read as labels (a header the reader did not know) printed every one: one line of 106,633
     characters at SST-2's 872 dev rows."""

@@ -200,8 +200,9 @@ def _read_tsv(path: Path, label_column: int = 0) -> tuple[list[str], list[str], 
             if first:  # the first line that is not blank may be the header
                 first = False
                 names = [field.strip().lower() for field in row]
-                # a header names one column "label" (Label<TAB>Text, GLUE's sentence<TAB>label), not a class
-                if len(names) == 2 and names.count("label") == 1:
+                # a header names one column "label" and the other as a text column (Label<TAB>Text, GLUE's
+                # sentence<TAB>label); a class "label" of a text "Name:" is an example
+                if len(names) == 2 and names.count("label") == 1 and (set(names) - {"label"}) <= TEXT_HEADERS:
                     label_column = names.index("label")
                     continue
             if len(row) != 2:
@@ -251,7 +252,8 @@ def load_text_classification(dataset: str, cache_dir: Optional[str] = None, down
     ``train.tsv``/``test.tsv``.
 
     The TSV files have two columns, label and text, and may start with a header line that names one column
-    ``label`` in any case (``label<TAB>text``, ``Text<TAB>Label``, GLUE's ``sentence<TAB>label``). Numeric
+    ``label`` and the other one of :data:`TEXT_HEADERS`, in any case (``label<TAB>text``, ``Text<TAB>Label``,
+    GLUE's ``sentence<TAB>label``). Numeric
     labels must be class ids, each written one way (no scores with a fraction, not ``1`` beside ``1.0``).
     Each file needs an example; the training set needs at least 2 classes, and every test label must occur in
     it. The classes are the labels, sorted. Any other ``dataset`` is a catalog name (:func:`dataset_info`).
@@ -311,6 +313,11 @@ def _check_tsv_labels(folder: Path, train_labels: list[str], test_labels: list[s
         )
 
 
+# the names a TSV header may give the text column beside "label"
+TEXT_HEADERS = frozenset({"text", "sentence", "document", "content", "review", "tweet", "comment", "body",
+                          "question", "title", "utterance"})
+
+
 def _some(labels: list[str], shown: int = 5) -> str:
     """The first ``shown`` labels, each cut at 40 characters, and how many more (a text read as labels
     filled a line of 100,000 characters)."""
@@ -321,15 +328,17 @@ def _some(labels: list[str], shown: int = 5) -> str:
 def _check_numeric_labels(folder: Path, labels: list[str]) -> None:
     """Labels that are all numbers must be class ids: a score with a fraction (STS-B's 0.0-5.0) would make
     each value a class, and "1" beside "1.0" two classes."""
+    from decimal import Decimal, InvalidOperation
+
     values = {}
     for y in dict.fromkeys(labels):
-        try:
-            values[y] = float(y)
-        except ValueError:
+        try:  # exact: ids past 2**53 stay apart (as floats 90071992547409930 and ...931 are one number)
+            values[y] = Decimal(y)
+        except InvalidOperation:
             return  # words: classes by name
-    if not all(math.isfinite(v) for v in values.values()):
+    if not all(v.is_finite() for v in values.values()):
         return  # "nan", "inf": names, not scores
-    fractional = [y for y, v in values.items() if not v.is_integer()]
+    fractional = [y for y, v in values.items() if v % 1 != 0]
     if fractional:
         raise ValueError(
             f"{folder}: the labels are numbers and {_some(fractional)} "
