@@ -257,6 +257,9 @@ def test_a_pair_is_separated_for_a_tokenizer_whose_template_joins_it_with_nothin
     assert gpt2.decode(ids) == f"{a}<|endoftext|>{b}"
     short = _encode(gpt2, [a], [b], [0], max_length=8).encodings["input_ids"][0]
     assert len(short) == 8 and gpt2.eos_token_id in short  # longest_first cuts the texts, not the separator
+    gpt2.truncation_side = "left"  # cuts each text's start: the separator ends the first text
+    left = _encode(gpt2, [a], [b], [0], max_length=8).encodings["input_ids"][0]
+    assert len(left) == 8 and gpt2.eos_token_id in left
     bert = AutoTokenizer.from_pretrained(save_tiny_bert(tmp_path))
     assert _encode(bert, [a], [b], [0], max_length=64).encodings == dict(bert([a], [b], truncation=True,
                                                                               max_length=64))

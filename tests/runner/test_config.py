@@ -339,3 +339,4 @@ def test_numpy_scalars_are_taken_as_python_numbers():
     json.dumps(config.result_dict())  # saved as JSON numbers
     with pytest.raises(ValueError, match="seeds=0"):
         build_config({"seeds": np.int64(0)})
+    assert build_config({"plots": np.bool_(False)}).plots is False

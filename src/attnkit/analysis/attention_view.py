@@ -363,7 +363,7 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
     normalization; by default softmax, dnas and hnas, or for a decoder, whose attention is causal, softmax and
     CoDA)."""
     import attnkit.hf as akhf
-    from attnkit.hf.checks import load_tokenizer, separated_second_texts
+    from attnkit.hf.checks import load_tokenizer, separated_pairs
     from attnkit.hf.convert import CONFIG_KEY, _causal
 
     from ..registry import causal_problem, resolve_mechanism
@@ -406,7 +406,9 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
     # a model fine-tuned on sentence pairs (attnkit finetune on MRPC, SNLI) reads "a | b" as the pair
     dataset = _pair_dataset(model_dir)
     pair = _split_pair(text, dataset) if dataset is not None else None  # "the model fine-tuned on ..."
-    parts = (pair[0], *separated_second_texts(tokenizer, [pair[1]])) if pair is not None else (text,)
+    parts = (text,)
+    if pair is not None:  # as finetune encoded the pairs
+        parts = tuple(side[0] for side in separated_pairs(tokenizer, [pair[0]], [pair[1]]))
     enc = tokenizer(*parts, return_tensors="pt", truncation=True, max_length=limit)
     tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][0].tolist())
     whole = len(tokenizer(*parts, verbose=False)["input_ids"])  # not cut (no warning past the model's limit)

@@ -442,16 +442,21 @@ _NO_TOKENIZER = (
 )
 
 
-def separated_second_texts(tokenizer, pairs: list[str]) -> list[str]:
-    """The second texts of sentence pairs as ``tokenizer(texts, pairs)`` should read them: as given where the
-    tokenizer's pair template puts something between the two (BERT's ``[SEP]``, RoBERTa's ``</s></s>``),
-    else each after the tokenizer's separator (its ``sep_token``, else its ``eos_token``): a GPT-2 tokenizer
-    joins a pair with nothing between ("the deer" + "a goat" read "the deera goat"). ``attnkit finetune``
-    and ``attnkit show`` encode pairs through this, so a fine-tune is drawn as it was trained."""
+def separated_pairs(tokenizer, texts: list[str], pairs: list[str]) -> tuple[list[str], list[str]]:
+    """Sentence pairs as ``tokenizer(texts, pairs)`` should read them: as given where the tokenizer's pair
+    template puts something between the two (BERT's ``[SEP]``, RoBERTa's ``</s></s>``), else with the
+    tokenizer's separator (its ``sep_token``, else its ``eos_token``) between them: a GPT-2 tokenizer joins a
+    pair with nothing between ("the deer" + "a goat" read "the deera goat"). The separator goes where
+    truncation does not cut (``longest_first`` cuts each text's end, or with ``truncation_side="left"`` its
+    start): at the start of the second text, or at the end of the first. ``attnkit finetune`` and ``attnkit
+    show`` encode pairs through this, so a fine-tune is drawn as it was trained."""
+    texts, pairs = list(texts), list(pairs)
     if tokenizer.num_special_tokens_to_add(pair=True) > tokenizer.num_special_tokens_to_add(pair=False):
-        return list(pairs)
-    sep = tokenizer.sep_token or tokenizer.eos_token
-    return [f"{sep}{b}" if sep else f" {b}" for b in pairs]
+        return texts, pairs
+    sep = tokenizer.sep_token or tokenizer.eos_token or " "
+    if getattr(tokenizer, "truncation_side", "right") == "left":
+        return [f"{a}{sep}" for a in texts], pairs
+    return texts, [f"{sep}{b}" for b in pairs]
 
 
 def load_tokenizer(path: str | os.PathLike, option: str = "model directory"):

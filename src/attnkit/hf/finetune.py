@@ -399,10 +399,10 @@ def _save_unconverted_config(path: Path, model_dir: str) -> None:
 
 
 def _encode(tokenizer, texts, pairs, labels, max_length: int) -> _TextDataset:
-    from .checks import separated_second_texts
+    from .checks import separated_pairs
 
-    second = separated_second_texts(tokenizer, list(pairs)) if pairs is not None else None
-    enc = tokenizer(list(texts), second, truncation=True, max_length=max_length)
+    texts, second = (list(texts), None) if pairs is None else separated_pairs(tokenizer, texts, pairs)
+    enc = tokenizer(texts, second, truncation=True, max_length=max_length)
     return _TextDataset(dict(enc), list(labels))
 
 

@@ -235,8 +235,11 @@ class CompareConfig:
     align_weight: float = 0.01
 
     def __post_init__(self) -> None:
-        for f in fields(self):  # NumPy scalars (np.int64 seeds, np.float32 lr) as Python numbers
+        for f in fields(self):  # NumPy scalars (np.int64 seeds, np.float32 lr, np.bool_) as Python values
             value = getattr(self, f.name)
+            if type(value).__name__ == "bool" and type(value).__module__ == "numpy":  # np.bool_
+                object.__setattr__(self, f.name, bool(value))
+                continue
             if isinstance(value, (bool, int, float)) or not isinstance(value, numbers.Real):
                 continue
             python = int(value) if isinstance(value, numbers.Integral) else float(value)
