@@ -7,6 +7,8 @@ import pytest
 import torch
 
 import attnkit as ak
+import attnkit.nn as aknn
+from attnkit.nn.coda_cross import CoDACrossAttention
 from attnkit.models.ctc import ctc_greedy_decode, ctc_prefix_beam_search
 from attnkit.nn.draw import DRAWRead, DRAWWindow, draw_read, draw_write, filterbank, window_from_params
 from attnkit.nn.hard import MovingAverageBaseline, hard_attention, reinforce_loss
@@ -149,3 +151,32 @@ def test_show_attend_tell_names_a_non_number_probability_and_non_tensor_images()
     model = ShowAttendTell(10, feature_dim=8, embed_dim=8, hidden_dim=16, attention_dim=8)
     with pytest.raises(ValueError, match="expected a floating tensor"):  # an AttributeError before
         model.greedy([[1.0]], 3)
+
+
+def _mha():
+    return aknn.MultiheadAttention(8, 2, batch_first=True)
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda x, m: _mha()(x, x, x, key_padding_mask=m),
+         "key_padding_mask"),
+        (lambda x, m: _mha()(x, x, x, query_padding_mask=m),
+         "query_padding_mask"),
+        (lambda x, m: _mha()(x, x, x, attn_mask=m[0] | m[0, :, None]),
+         "attn_mask"),
+        (lambda x, m: CoDACrossAttention(8)(x, x, a_mask=m), "a_mask"),
+        (lambda x, m: CoDACrossAttention(8)(x, x, b_mask=m), "b_mask"),
+        (lambda x, m: aknn.MultiViewAttention(8, 1)(x, [x], query_padding_mask=m), "query_padding_mask"),
+        (lambda x, m: aknn.MultiViewAttention(8, 1)(x, [x], key_padding_masks=[m]),
+         r"key_padding_masks\[0\]"),
+    ],
+)
+def test_mask_on_another_device_is_named_by_the_modules_own_argument(call, name):
+    """A mask on another device than the inputs is refused under the name the caller passed it by (the
+    module's ``key_padding_mask``, not the functional core's ``key_mask``) with the ``.to`` that fixes it."""
+    x = torch.randn(2, 5, 8)
+    mask = torch.zeros(2, 5, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError, match=rf"^{name} is on meta but .* on cpu; move it with \.to\('cpu'\)"):
+        call(x, mask)

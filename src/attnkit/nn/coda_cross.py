@@ -58,6 +58,10 @@ def _check_pair(a: Tensor, b: Tensor, a_mask: Optional[Tensor], b_mask: Optional
         raise ValueError(
             f"a_mask and b_mask must be bool (B, La) = {(B, La)} and (B, Lb) = {(B, Lb)}; True = real"
         )
+    for name, mask, x in (("a_mask", a_mask, a), ("b_mask", b_mask, b)):
+        if mask.device != x.device:
+            raise ValueError(f"{name} is on {mask.device} but {name[0]} is on {x.device}; move it with "
+                             f".to({str(x.device)!r})")
     return a_mask, b_mask
 
 

@@ -306,7 +306,7 @@ class MultiheadAttention(HybridWeightMixin, NotScriptable, nn.Module):
                         f"{name} is {what}; CoDA's masks are multiplicative: pass a boolean mask (True = not "
                         "allowed, as torch) or a float mask of 0 and -inf only"
                     )
-        self._check_masks(key_padding_mask, query_padding_mask, attn_mask, B, Lq, Lk)
+        self._check_masks(key_padding_mask, query_padding_mask, attn_mask, B, Lq, Lk, query.device)
         if attn_mask is not None and attn_mask.dim() == 3:
             attn_mask = attn_mask.view(B, H, Lq, Lk)  # (B*H, Lq, Lk) -> (B, H, Lq, Lk), batch-major as torch
         query_mask = self._query_mask(self_attention, key_padding_mask, query_padding_mask, Lq, Lk)
@@ -521,7 +521,15 @@ class MultiheadAttention(HybridWeightMixin, NotScriptable, nn.Module):
         B: int,
         Lq: int,
         Lk: int,
+        device: torch.device,
     ) -> None:
+        for name, m in (
+            ("key_padding_mask", key_padding_mask), ("query_padding_mask", query_padding_mask),
+            ("attn_mask", attn_mask),
+        ):
+            if m is not None and m.device != device:
+                raise ValueError(f"{name} is on {m.device} but the inputs are on {device}; move it with "
+                                 f".to({str(device)!r})")
         for name, m, L in (
             ("key_padding_mask", key_padding_mask, Lk),
             ("query_padding_mask", query_padding_mask, Lq),

@@ -192,6 +192,9 @@ class MultiViewAttention(HybridWeightMixin, NotScriptable, nn.Module):
             for s, (m, x) in enumerate(zip(key_padding_masks, secondary))
         ]
         for name, mask, L in named:
+            if isinstance(mask, Tensor) and mask.device != secondary[0].device:
+                raise ValueError(f"{name} is on {mask.device} but the inputs are on {secondary[0].device}; "
+                                 f"move it with .to({str(secondary[0].device)!r})")
             mask = canonical_mask(mask, name, dtype)
             if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (B, L)):
                 raise ValueError(
