@@ -262,6 +262,28 @@ def test_an_interrupted_overwrite_keeps_the_earlier_results_it_did_not_replace(t
     assert {name: (out / name).read_bytes() for name in earlier} == earlier
 
 
+def test_an_interrupted_overwrite_of_all_targets_leaves_the_earlier_page_named_as_earlier(tmp_path,
+                                                                                         monkeypatch):
+    """The earlier run's page stayed as fidelity.html beside target folders the stopped run had replaced,
+    its numbers no longer those of the folders."""
+    from attnkit.analysis import reproduce as repro
+    from attnkit.analysis.fidelity import reproduce_all
+
+    root = tmp_path / "all"
+    reproduce_all(root, quick=True, targets=["lemma1"])
+    earlier = (root / "fidelity.md").read_bytes()
+    monkeypatch.setitem(repro.TARGETS, "mode-collapse-curves", _interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        reproduce_all(root, quick=True, targets=["lemma1", "mode-collapse-curves"], overwrite=True)
+    assert not any((root / f"fidelity.{ext}").exists() for ext in ("html", "md", "json"))
+    assert (root / "fidelity.earlier.md").read_bytes() == earlier
+    assert all((root / f"fidelity.earlier.{ext}").is_file() for ext in ("html", "json"))
+    monkeypatch.undo()
+    reproduce_all(root, quick=True, targets=["lemma1", "mode-collapse-curves"])
+    assert "mode-collapse-curves" in (root / "fidelity.md").read_text()
+    assert not list(root.glob("fidelity.earlier.*"))
+
+
 def test_after_an_interrupted_overwrite_the_finished_results_still_ask_for_overwrite(tmp_path, capsys,
                                                                                      monkeypatch):
     """The unfinished mark let any later run in without --overwrite, and it removed the finished results

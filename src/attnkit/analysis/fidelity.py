@@ -243,9 +243,19 @@ def reproduce_all(
         release(root)  # a failed or interrupted call in a live session must not keep the folder locked
 
 
+#: the root's page, and the names an earlier run's page takes while a new run is going: a run stopped before
+#: it finished leaves that page under these names (its numbers are of target folders the run may have
+#: replaced since), and a run that finishes removes them
+PAGE_FILES = ("fidelity.html", "fidelity.md", "fidelity.json")
+EARLIER_PAGE_FILES = tuple(name.replace("fidelity.", "fidelity.earlier.") for name in PAGE_FILES)
+
+
 def _run_all(root: Path, names: list[str], overwrite: bool, replacing: set, quick: bool, seed: int,
              jobs: int) -> tuple[list[ReproduceResult], Path]:
     replace = {name: overwrite or name in replacing for name in names}
+    for name, earlier in zip(PAGE_FILES, EARLIER_PAGE_FILES):
+        if (root / name).is_file():
+            os.replace(root / name, root / earlier)
     made = []
     for name in names:  # listed here, in one process: workers writing the root's mark at once lose names
         folder = root / name
@@ -328,6 +338,8 @@ def _run_targets(root: Path, names: list[str], replace: dict, quick: bool, seed:
     page = write_fidelity_html(results, root / "fidelity.html", run=run)
     write_fidelity_markdown(results, root / "fidelity.md", run=run)
     _write_fidelity_json(results, root / "fidelity.json", run=run)
+    for earlier in EARLIER_PAGE_FILES:
+        (root / earlier).unlink(missing_ok=True)
     mark_finished(root)
     return results, page
 
