@@ -352,6 +352,12 @@ def test_a_worker_that_dies_fails_only_its_own_target(tmp_path, monkeypatch):
     assert verdicts["fine-a"] == verdicts["fine-b"] == [("a claim that holds", True)]
     assert verdicts["dies"] == [("the target ran", False)]
     assert "worker process died" in results[0].claims[0].evidence
+    # the page says which targets ran again alone (the wall time counts those reruns)
+    entries = {e["name"]: e for e in json.loads((tmp_path / "all" / "fidelity.json").read_text())}
+    assert entries["dies"]["rerun_alone"] is True
+    page = (tmp_path / "all" / "fidelity.md").read_text()
+    rerun = [n for n, e in entries.items() if e["rerun_alone"]]
+    assert f"A worker process died; {', '.join(rerun)} (the targets it stopped) ran again" in page
 
 
 def test_the_targets_other_workers_finished_before_a_stop_are_the_runs_own(tmp_path, monkeypatch):

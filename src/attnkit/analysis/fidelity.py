@@ -71,13 +71,15 @@ def paper_of(target: str) -> str:
 @dataclass(frozen=True)
 class RunInfo:
     """How a fidelity page was made: ``quick`` budgets or full, the first seed, worker processes, the wall
-    time of the whole run and the CPU time summed over its targets."""
+    time of the whole run and the CPU time summed over its targets; the targets that a worker process's
+    death stopped and that ran again, each in a process of its own (``rerun_alone``)."""
 
     quick: bool
     seed: int = 0
     jobs: int = 1
     seconds: float = 0.0
     cpu_seconds: float = 0.0
+    rerun_alone: tuple[str, ...] = ()
 
 
 def default_jobs(n_targets: int) -> int:
@@ -277,6 +279,7 @@ def _run_all(root: Path, names: list[str], overwrite: bool, replacing: set, quic
 def _run_targets(root: Path, names: list[str], replace: dict, quick: bool, seed: int,
                  jobs: int) -> tuple[list[ReproduceResult], Path]:
     start = time.perf_counter()
+    rerun_alone: tuple[str, ...] = ()
     if jobs == 1:
         results = []
         for name in names:
@@ -333,8 +336,10 @@ def _run_targets(root: Path, names: list[str], replace: dict, quick: bool, seed:
                 raise
             threads.shutdown()
         results = [by_name[n] for n in names]
+        rerun_alone = tuple(n for n in names if n in broken)  # in the page's order
     run = RunInfo(quick=quick, seed=seed, jobs=jobs, seconds=time.perf_counter() - start,
-                  cpu_seconds=sum(r.cpu_seconds for r in results))
+                  cpu_seconds=sum(r.cpu_seconds for r in results),
+                  rerun_alone=rerun_alone)
     page = write_fidelity_html(results, root / "fidelity.html", run=run)
     write_fidelity_markdown(results, root / "fidelity.md", run=run)
     _write_fidelity_json(results, root / "fidelity.json", run=run)
@@ -356,6 +361,8 @@ def _write_fidelity_json(results: Sequence[ReproduceResult], path: Path, *, run:
             "cpu_seconds": round(r.cpu_seconds, 1),
             "budget": r.budget,
             "note": r.note,
+            # a worker process died while it ran (its own or another target's): it ran again alone
+            "rerun_alone": r.name in run.rerun_alone,
             "claims": [{**c.__dict__, "verdict": c.verdict} for c in r.claims],
         }
         for r in results
@@ -537,12 +544,16 @@ def run_summary(results: Sequence[ReproduceResult], run: RunInfo) -> str:
     claims = [c for r in results for c in r.claims]
     crashed = did_not_run(results)
     failed = f" ({len(crashed)} did not run: {', '.join(crashed)})" if crashed else ""
+    rerun = (
+        f" A worker process died; {', '.join(run.rerun_alone)} (the targets it stopped) ran again, each in a "
+        "process of its own." if run.rerun_alone else ""
+    )
     return (
         f"{'Quick' if run.quick else 'Full'} budgets, first seed {run.seed}: "
         f"{sum(c.held for c in claims)} of {len(claims)} claims held; {len(results)} targets{failed} in "
         f"{run.seconds:.0f} s wall "
         f"({run.cpu_seconds:.0f} s CPU, {run.jobs} worker process{'es' if run.jobs > 1 else ''}, one thread "
-        "each)."
+        f"each).{rerun}"
     )
 
 
