@@ -114,6 +114,29 @@ def test_torchscript_is_refused_with_a_sentence_not_a_frozen_trace():
             torch.jit.script(model)
 
 
+def test_the_classic_modules_refuse_torchscript_with_the_same_sentence():
+    """GMM location, hard and DRAW-read attention failed torch.jit.script with an empty RuntimeError, an
+    AttributeError about 'lineno' and an OSError about source, and torch.jit.trace with "length=tensor(6)" or
+    "width=tensor(10)" (their host checks fed traced sizes)."""
+    from attnkit.nn.draw import DRAWRead
+    from attnkit.nn.hard import HardAttention
+    from attnkit.nn.location import GMMLocationAttention
+
+    q = torch.randn(2, 8)
+    calls = (
+        (GMMLocationAttention(8, 2), (q, torch.randn(2, 6, 4), torch.zeros(2, 2))),
+        (HardAttention(8, 8), (q, torch.randn(2, 5, 8))),
+        (DRAWRead(8, 3, 10, 10), (torch.randn(2, 1, 10, 10), q)),
+    )
+    for module, inputs in calls:
+        name = type(module).__name__
+        fix = ": .*use torch.compile"
+        with pytest.raises(ValueError, match=f"^{name} cannot be traced with torch.jit.trace{fix}"):
+            torch.jit.trace(module, inputs)
+        with pytest.raises(ValueError, match=f"^{name} cannot be compiled with torch.jit.script{fix}"):
+            torch.jit.script(torch.nn.Sequential(module))
+
+
 def test_dynamic_quantization_leaves_the_output_projection_as_torch_does():
     """quantize_dynamic swapped out_proj for a quantized Linear, whose weight is a method, and the forward
     failed ('function' object has no attribute 'device'); torch's module keeps out_proj unquantized."""

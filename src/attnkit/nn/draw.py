@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from ..validators import NotScriptable, check_not_traced
 from .module_utils import check_like_parameters, check_same_device_dtype
 
 __all__ = ["DRAWRead", "DRAWWindow", "draw_read", "draw_write", "filterbank", "window_from_params"]
@@ -220,7 +221,7 @@ def draw_write(w: Tensor, window: DRAWWindow, width: int, height: int) -> Tensor
     return image / window.gamma[:, None, None, None]
 
 
-class DRAWRead(nn.Module):
+class DRAWRead(NotScriptable, nn.Module):
     """Read an ``N x N`` glimpse at a window computed from a state ``h`` by a linear layer (eq. 21).
 
     ``forward(x (B, C, H, W), h (B, state_dim)) -> (glimpse (B, C, N, N), DRAWWindow)``. The linear layer
@@ -245,6 +246,7 @@ class DRAWRead(nn.Module):
         return window_from_params(self.params(h), self.width, self.height, self.N)
 
     def forward(self, x: Tensor, h: Tensor) -> tuple[Tensor, DRAWWindow]:
+        check_not_traced(type(self).__name__)
         _check_image(x)
         if x.shape[-2:] != (self.height, self.width):
             raise ValueError(

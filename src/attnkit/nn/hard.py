@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from ..scores import AdditiveScore
-from ..validators import check_number
+from ..validators import NotScriptable, check_not_traced, check_number
 from .module_utils import check_like_parameters, check_same_device_dtype, flag, zero_where
 
 __all__ = [
@@ -276,7 +276,7 @@ class MovingAverageBaseline(nn.Module):
         return f"decay={self.decay}"
 
 
-class HardAttention(nn.Module):
+class HardAttention(NotScriptable, nn.Module):
     """Show-Attend-Tell attention ``e_i = f_att(a_i, h)`` (additive MLP, eq. 4) with a hard or soft choice.
 
     ``mode`` is used in training; in ``eval()`` a ``"reinforce"`` or ``"gumbel"`` module picks the argmax
@@ -316,6 +316,7 @@ class HardAttention(nn.Module):
         mode: str | None = None,
         generator: torch.Generator | None = None,
     ) -> HardAttentionOutput:
+        check_not_traced(type(self).__name__)
         mode = self.mode if mode is None else mode
         if not self.training and mode in ("reinforce", "gumbel") and not self.sample_in_eval:
             mode = "argmax"

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..validators import NotScriptable, check_not_traced
 from .content import check_key_mask
 from .module_utils import zero_where
 
@@ -68,7 +69,7 @@ def _positions_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32) if dtype.is_floating_point else dtype
 
 
-class GMMLocationAttention(nn.Module):
+class GMMLocationAttention(NotScriptable, nn.Module):
     """``GMMLocationAttention(query_dim, num_components, parameterization="exp", init_offset=1.0)``.
 
     ``init_offset``: the step size ``f(kappa_hat)`` of the initial bias (1 = one position per step).
@@ -134,6 +135,7 @@ class GMMLocationAttention(nn.Module):
     def forward(
         self, query: Tensor, values: Tensor, kappa: Tensor, key_mask: Optional[Tensor] = None
     ) -> tuple[Tensor, Tensor, Tensor]:
+        check_not_traced(type(self).__name__)
         Dq = self.proj.in_features
         if not isinstance(query, Tensor) or query.dim() != 2 or query.shape[1] != Dq:
             got = tuple(query.shape) if isinstance(query, Tensor) else type(query).__name__
