@@ -234,9 +234,13 @@ def test_a_tiny_temperature_gives_a_one_hot_sample_not_nan():
     from attnkit.nn.hard import gumbel_straight_through
 
     logits = torch.tensor([[10.0, 20.0, float("-inf")]], requires_grad=True)
-    y = gumbel_straight_through(logits, tau=1e-38, generator=torch.Generator().manual_seed(0))
-    assert torch.isfinite(y).all() and y.sum().item() == 1.0 and y[0, 2] == 0
-    assert torch.isfinite(torch.autograd.grad(y[0, 1], logits)[0]).all()
+    # below float32's smallest normal (1e-46, 1e-300) tau rounded to 0 there: 0 / 0, all NaN
+    for tau, dtype in [(1e-38, torch.float32), (1e-46, torch.float32), (1e-300, torch.bfloat16),
+                       (1e-300, torch.float16), (1e-300, torch.float64)]:
+        x = logits.detach().to(dtype).requires_grad_()
+        y = gumbel_straight_through(x, tau=tau, generator=torch.Generator().manual_seed(0))
+        assert torch.isfinite(y).all() and y.sum().item() == 1.0 and y[0, 2] == 0, (tau, dtype, y)
+        assert torch.isfinite(torch.autograd.grad(y[0, 1], x)[0]).all(), (tau, dtype)
 
 
 def test_entropy_is_minus_sum_alpha_log_alpha_over_the_allowed_locations():

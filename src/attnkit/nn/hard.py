@@ -115,7 +115,8 @@ def gumbel_straight_through(
     z = logits.to(work) + g
     top = z.amax(dim=-1, keepdim=True).detach()
     z = z - torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # <= 0: a tiny tau cannot overflow
-    y_soft = torch.softmax(z / tau, dim=-1)
+    # a tau below the work dtype's smallest normal (1e-46 in float32) would round to 0 there: 0 / 0 at the top
+    y_soft = torch.softmax(z / max(tau, torch.finfo(work).tiny), dim=-1)
     index = z.detach().argmax(dim=-1, keepdim=True)
     y_hard = torch.zeros_like(y_soft).scatter_(-1, index, 1.0)
     return (y_hard + (y_soft - y_soft.detach())).to(logits.dtype)
