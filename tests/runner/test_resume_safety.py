@@ -408,3 +408,39 @@ def test_a_catalog_dataset_fetched_again_is_told_apart_from_the_one_a_run_starte
         assert _task_digest(SimpleNamespace(task=task)) is None
     monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path / "empty"))  # not fetched in this cache: not "changed"
     check_task_unchanged(config, out, "--resume")
+
+
+def test_a_checkpoint_write_that_fails_leaves_the_earlier_checkpoint_and_no_partial_state(tmp_path,
+                                                                                           monkeypatch):
+    """A full disk during state.pt left the partial file in its step folder (space the user needed) until the
+    next run removed it."""
+    import errno
+
+    from attnkit.runner import checkpoints
+
+    accelerator = SimpleNamespace(is_main_process=True, process_index=0, wait_for_everyone=lambda: None,
+                                  unwrap_model=lambda m: m)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    checkpoints.save_checkpoint(accelerator, tmp_path, 1, model, optimizer, scheduler, {"step": 1})
+    real_save = torch.save
+
+    def full_disk(obj, path):
+        real_save(obj, path)
+        with open(path, "r+b") as f:
+            f.truncate(10)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def full_disk_text(self, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    for where, target, replacement in [("state.pt", checkpoints.torch, full_disk),
+                                       ("trainer state", type(tmp_path), full_disk_text)]:
+        with monkeypatch.context() as patch:
+            patch.setattr(target, "save" if where == "state.pt" else "write_text", replacement)
+            with pytest.raises(OSError, match="No space left"):
+                checkpoints.save_checkpoint(accelerator, tmp_path, 2, model, optimizer, scheduler, {"s": 2})
+        folders = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+        assert folders == ["step-0000001"], where
+        assert checkpoints.latest_checkpoint(tmp_path).name == "step-0000001"

@@ -341,21 +341,30 @@ def save_checkpoint(
             shutil.rmtree(path)
         path.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    _save_rng(path / f"rng-rank{accelerator.process_index}.safetensors")
-    if accelerator.is_main_process:
-        state = {
-            "model": accelerator.unwrap_model(model).state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-        }
-        if reg is not None:  # the alignment regularizer's discriminator / critic and its subsampling stream
-            state["regularizer"] = reg.state_dict()
-            state["regularizer_rng"] = reg._generator.get_state()
-        torch.save(state, path / "state.pt")  # tensors and numbers only: read back with weights_only=True
+    try:
+        _save_rng(path / f"rng-rank{accelerator.process_index}.safetensors")
+        if accelerator.is_main_process:
+            state = {
+                "model": accelerator.unwrap_model(model).state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+            }
+            if reg is not None:  # the alignment regularizer's discriminator / critic and its sampling stream
+                state["regularizer"] = reg.state_dict()
+                state["regularizer_rng"] = reg._generator.get_state()
+            torch.save(state, path / "state.pt")  # tensors and numbers only: read back with weights_only=True
+    except BaseException:  # a full disk, Ctrl-C: the partial step folder goes (the earlier one stays whole)
+        if accelerator.is_main_process:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         tmp = path / (TRAINER_FILE + ".tmp")
-        tmp.write_text(json.dumps(trainer))
+        try:
+            tmp.write_text(json.dumps(trainer))
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
         os.replace(tmp, path / TRAINER_FILE)
         for old in (Path(run_dir) / "checkpoints").glob("step-*"):
             if old != path:
