@@ -365,3 +365,33 @@ def test_log_sum_histogram_puts_only_sums_of_zero_at_floor():
     assert counts.tolist() == [0, 1, 1, 2]  # log 1e-30 in [-75, -50); the sum of 0 at floor; keys 0, 1: log 1
     counts, edges = log_sum_histogram(stats, bins=2)
     assert edges[0] == pytest.approx(math.log(1e-30)) and counts.sum() == 4
+
+
+def test_a_decoders_cross_attention_record_leaves_the_padded_target_queries_out():
+    """The target padding of ak.nn.Transformer's decoder reached its self-attention records only: all 8 target
+    rows entered each memory key's sum in the cross-attention record (min 1.21 instead of 0.55 and
+    min_normalized 6.06 instead of 1.66 on this input), overstating how well keys are attended."""
+    from attnkit.functional import observe_weights
+
+    torch.manual_seed(0)
+    d, H = 16, 2
+    model = ak.nn.Transformer(d, H, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32,
+                              dropout=0.0, batch_first=True).double().eval()
+    src, tgt = torch.randn(2, 5, d, dtype=torch.float64), torch.randn(2, 8, d, dtype=torch.float64)
+    src_pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    tgt_pad = torch.tensor([[False] * 8, [False] * 2 + [True] * 6])
+    masks = dict(src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad)
+    with torch.no_grad():
+        plain = model(src, tgt, **masks)
+        seen = []
+        with observe_weights(lambda w, mask, config: seen.append(w.clone())):
+            model(src, tgt, **masks)
+        with collect_explain_away(model) as log:
+            observed = model(src, tgt, **masks)
+    torch.testing.assert_close(observed, plain, rtol=1e-12, atol=1e-12)  # observing changes no output (route)
+    cross = seen[2]  # (B, H, Lt, Ls): encoder self, decoder self, decoder cross
+    assert cross[1, :, 2:].abs().max() == 0  # the padded target rows are left out of what observers see
+    hand = explain_away(cross, key_mask=~src_pad, query_mask=~tgt_pad)
+    assert log[2].stats.min == pytest.approx(hand.min, rel=1e-12)
+    assert log[2].stats.min_normalized == pytest.approx(hand.min_normalized, rel=1e-12)
+    assert log[2].stats.min == pytest.approx(0.5530, abs=1e-4)

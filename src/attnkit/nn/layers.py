@@ -21,13 +21,17 @@ all decoder positions (future targets under teacher forcing): both leak, and bot
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Callable, Optional, Union
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import CoDA, MechanismLike
+from ..functional import observed_query_padding, observing
+from ..masks import MASKED_BIAS
 from ..registry import normalizes_over_queries, resolve_mechanism
 from ..validators import check_number
 from .module_utils import flag, mechanism_label, positive_int, reset_submodules
@@ -312,13 +316,15 @@ class TransformerDecoderLayer(_Sublayers):
         if self.norm_first:
             x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
             x = x + self._mha_block(
-                self.norm2(x), memory, memory_mask, memory_key_padding_mask, memory_is_causal
+                self.norm2(x), memory, memory_mask, memory_key_padding_mask, memory_is_causal,
+                tgt_key_padding_mask,
             )
             x = x + self._ff_block(self.norm3(x), self.dropout3)
         else:
             x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
             x = self.norm2(
-                x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask, memory_is_causal)
+                x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask, memory_is_causal,
+                                    tgt_key_padding_mask)
             )
             x = self.norm3(x + self._ff_block(x, self.dropout3))
         return x
@@ -335,9 +341,18 @@ class TransformerDecoderLayer(_Sublayers):
         )[0]
         return self.dropout1(out)
 
-    def _mha_block(self, x: Tensor, mem: Tensor, attn_mask, key_padding_mask, is_causal: bool) -> Tensor:
-        out = self.multihead_attn(
-            x, mem, mem, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False,
-            is_causal=is_causal,
-        )[0]
+    def _mha_block(self, x: Tensor, mem: Tensor, attn_mask, key_padding_mask, is_causal: bool,
+                   tgt_key_padding_mask: Optional[Tensor] = None) -> Tensor:
+        hint = contextlib.nullcontext()
+        if tgt_key_padding_mask is not None and observing():
+            # the observers of the cross-attention leave the padded target rows out (they entered its
+            # column sums); the outputs keep them, as torch's
+            padded = (tgt_key_padding_mask if tgt_key_padding_mask.dtype == torch.bool
+                      else tgt_key_padding_mask.detach() <= MASKED_BIAS)
+            hint = observed_query_padding(~padded.reshape(-1, padded.shape[-1]))  # (B, Lt), True = real
+        with hint:
+            out = self.multihead_attn(
+                x, mem, mem, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False,
+                is_causal=is_causal,
+            )[0]
         return self.dropout2(out)

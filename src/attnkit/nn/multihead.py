@@ -19,6 +19,7 @@ The parameters, call signature, mask conventions and return values are those of
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -309,7 +310,9 @@ class MultiheadAttention(HybridWeightMixin, NotScriptable, nn.Module):
         self._check_masks(key_padding_mask, query_padding_mask, attn_mask, B, Lq, Lk, query.device)
         if attn_mask is not None and attn_mask.dim() == 3:
             attn_mask = attn_mask.view(B, H, Lq, Lk)  # (B*H, Lq, Lk) -> (B, H, Lq, Lk), batch-major as torch
-        query_mask = self._query_mask(self_attention, key_padding_mask, query_padding_mask, Lq, Lk)
+        query_mask = self._query_mask(
+            self_attention, key_padding_mask, query_padding_mask, attn_mask, B, Lq, Lk
+        )
 
         causal = _flag(is_causal, "is_causal")
         if attn_mask is not None and not causal and (self.bias_k is not None or self.add_zero_attn):
@@ -350,7 +353,9 @@ class MultiheadAttention(HybridWeightMixin, NotScriptable, nn.Module):
         # softmax keeps its padded query rows, as torch does; an observer leaves them out
         observed_only = (query_mask is not None and query_padding_mask is None
                          and self.config.name == "softmax")
-        with observed_query_padding(~query_mask if observed_only else None):
+        # a call without query padding of its own keeps an outer hint (a decoder layer's target padding for
+        # its cross-attention)
+        with observed_query_padding(~query_mask) if observed_only else contextlib.nullcontext():
             result = attention(
                 q, k, v, self.config,
                 key_mask=key_mask,
@@ -432,10 +437,14 @@ class MultiheadAttention(HybridWeightMixin, NotScriptable, nn.Module):
         self_attention: bool,
         key_padding_mask: Optional[Tensor],
         query_padding_mask: Optional[Tensor],
+        attn_mask: Optional[Tensor],
+        B: int,
         Lq: int,
         Lk: int,
     ) -> Optional[Tensor]:
-        """The query padding (True = ignore): given, or inferred from the key padding of self-attention."""
+        """The query padding (True = ignore): given, or inferred in self-attention from the key padding and
+        from the keys that ``attn_mask`` ``(Lq, Lk)`` / ``(B, H, Lq, Lk)`` hides from every query of every
+        head (padding given as an ``attn_mask`` alone, as the converted models infer it)."""
         if query_padding_mask is not None:
             if query_padding_mask.dtype != torch.bool:
                 raise ValueError(
@@ -447,13 +456,21 @@ class MultiheadAttention(HybridWeightMixin, NotScriptable, nn.Module):
         # softmax's outputs do not depend on padded queries (torch's module keeps them); the weights observed
         # for diagnostics leave them out (their rows entered the softmax column sums): see forward
         padded = self.config.name != "softmax" or observing()
-        if self_attention and padded and key_padding_mask is not None and Lq == Lk:
-            if key_padding_mask.dtype == torch.bool:
-                return key_padding_mask
+        if not (self_attention and padded and Lq == Lk):
+            return None
+        query_mask = None
+        if key_padding_mask is not None:
             # a float mask that also holds biases (or requires grad): its masked entries (-inf, or at or
             # below MASKED_BIAS) are padded keys, and so padded queries (they entered the column sums)
-            return key_padding_mask.detach() <= MASKED_BIAS
-        return None
+            query_mask = (key_padding_mask if key_padding_mask.dtype == torch.bool
+                          else key_padding_mask.detach() <= MASKED_BIAS)  # (B, Lk)
+        if attn_mask is not None and not values_hidden(attn_mask):
+            hidden = attn_mask if attn_mask.dtype == torch.bool else attn_mask.detach() <= MASKED_BIAS
+            hidden = hidden.all(dim=-2)  # (Lk,) or (B, H, Lk): seen by no query
+            hidden = hidden.expand(B, Lk) if hidden.dim() == 1 else hidden.all(dim=1)  # (B, Lk)
+            if bool(hidden.any()):
+                query_mask = hidden if query_mask is None else query_mask | hidden
+        return query_mask
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> bool:
         """Validate shapes and return whether the inputs are batched."""
