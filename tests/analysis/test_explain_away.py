@@ -395,3 +395,21 @@ def test_a_decoders_cross_attention_record_leaves_the_padded_target_queries_out(
     assert log[2].stats.min == pytest.approx(hand.min, rel=1e-12)
     assert log[2].stats.min_normalized == pytest.approx(hand.min_normalized, rel=1e-12)
     assert log[2].stats.min == pytest.approx(0.5530, abs=1e-4)
+
+
+def test_summary_averages_each_layers_share_below_eps_over_its_calls():
+    """summary()'s fraction_below_eps is the mean over a layer's calls; its largest (or first) passed every
+    test, which only ever ran one call per layer."""
+    torch.manual_seed(0)
+    module = ak.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    sharp, flat = torch.randn(1, 12, 8) * 6.0, torch.randn(1, 12, 8) * 0.05
+    with torch.no_grad(), collect_explain_away(module, eps=0.3) as log:
+        module(sharp, sharp, sharp)
+        module(flat, flat, flat)
+        module(sharp, sharp, sharp)
+    shares = [r.stats.fraction_below_eps for r in log.records]
+    assert len(set(shares)) == 2 and shares[0] == shares[2]  # two calls alike, one not
+    (row,) = log.summary()
+    assert row["calls"] == 3
+    assert row["fraction_below_eps"] == pytest.approx(sum(shares) / 3, rel=1e-12)
+    assert row["min_sum"] == min(r.stats.min for r in log.records)

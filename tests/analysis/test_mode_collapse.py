@@ -256,3 +256,27 @@ def test_a_cluster_holding_exactly_min_fraction_of_the_points_counts(n0, n1, fra
     """ceil(0.07 * 100) is 8 in floats (0.07 * 100 = 7.000000000000001): the 7-point cluster was dropped."""
     counts = count_clusters(two_clusters(n0, n1, [0.0], [5.0]), min_fraction=fraction)
     assert counts.min_size == n1 and counts.count == 2
+
+
+@pytest.mark.parametrize("lnas_unbalanced, held", [((1, 1), True), ((1, 2), False), ((2, 2), False)])
+def test_the_2d_claims_need_every_seed(lnas_unbalanced, held, tmp_path, monkeypatch):
+    """"LNAS collapses to one cluster" is judged on every seed's final count: one seed of two was enough when
+    the rule read any() for all(), and no test caught it."""
+    from attnkit.analysis import repro_mode_collapse
+    from attnkit.analysis.report import ReproduceResult
+
+    def run(n0, n1, steps, seed, std=MODE_COLLAPSE_2D_STD, scale=1.0):
+        final = {name: 2 for name in repro_mode_collapse._MECHANISMS_2D}
+        if n0 != n1 and std == MODE_COLLAPSE_2D_STD and scale == 1.0:  # the unbalanced case of the claims
+            final["softmax"] = lnas_unbalanced[seed]
+        counts = {name: [2] * steps + [c] for name, c in final.items()}
+        points = np.zeros((steps + 1, n0 + n1, 2))
+        return np.r_[np.zeros(n0, dtype=int), np.ones(n1, dtype=int)], dict.fromkeys(final, points), counts
+
+    monkeypatch.setattr(repro_mode_collapse, "_run_2d", run)
+    monkeypatch.setattr(repro_mode_collapse, "plot_mode_collapse_2d", lambda *a, **k: tmp_path / "x.png")
+    result = ReproduceResult(name="mode-collapse-2d", out=tmp_path)
+    repro_mode_collapse.mode_collapse_2d(result, quick=True)
+    claim = next(c for c in result.claims if "LNAS collapses to one cluster" in c.statement)
+    assert claim.held is held
+    assert f"1 cluster in {sum(c == 1 for c in lnas_unbalanced)}/2 seeds" in claim.evidence

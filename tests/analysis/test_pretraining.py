@@ -84,3 +84,38 @@ def test_the_budget_and_table2_claim_say_the_spread_is_over_fine_tuning_seeds_on
     table2 = [c for c in result.claims if c.source == "AEA Table 2"]
     assert len(table2) == 1 and said in table2[0].ours
     assert "one pretraining run per mechanism" in " ".join(repro_pretraining.__doc__.split())
+
+
+@pytest.mark.parametrize("final, held", [
+    ([[0.8, 0.6], [0.7, 0.5]], {"always larger than 0.5": True, "decreases with depth": True}),
+    ([[0.6, 0.4], [0.7, 0.7]], {"always larger than 0.5": False, "decreases with depth": False}),
+    ([[0.6, 0.6], [0.9, 0.9]], {"always larger than 0.5": True, "decreases with depth": False}),
+])
+def test_the_fig4_claims_judge_the_final_u_of_each_layer(final, held, tmp_path, monkeypatch):
+    """The Fig. 4 claims read u after pretraining, averaged over each layer's heads, bottom to top; reading
+    it at step 0 (u0 = 0.5 everywhere), or the slope's sign reversed, passed every test."""
+    import numpy as np
+
+    from attnkit.analysis import repro_pretraining
+    from attnkit.analysis.report import ReproduceResult
+    from tests.data._fixtures import write_text_dataset_cache
+
+    write_text_dataset_cache(tmp_path / "cache", monkeypatch)
+    sizes = {k: getattr(TINY, k) for k in ("d_model", "nhead", "num_layers", "dim_feedforward", "vocab_size")}
+    monkeypatch.setattr(repro_pretraining, "PretrainConfig",
+                        lambda **steps: PretrainConfig(**sizes, pretrain_steps=2, finetune_steps=1,
+                                                       record_every=1))
+    # u (layers=2, heads=2): u0 = 0.5, halfway, then `final`
+    trajectory = [np.full((2, 2), 0.5), (np.full((2, 2), 0.5) + np.array(final)) / 2, np.array(final)]
+    monkeypatch.setattr(repro_pretraining, "pretrain",
+                        lambda corpus, config, mech, seed: (None, [0, 1, 2], trajectory, 1.0))
+    monkeypatch.setattr(repro_pretraining, "finetune", lambda *args: 0.5)
+    (tmp_path / "out").mkdir()
+    result = ReproduceResult(name="hnas-pretraining", out=tmp_path / "out")
+    repro_pretraining.hnas_pretraining(result, quick=True)
+    fig4 = {key: c.held for c in result.claims if c.source == "AEA Fig. 4 / sec. 6.2"
+            for key in held if key in c.statement}
+    assert fig4 == held
+    layer_u = np.array(final).mean(axis=1)
+    assert f"final u per layer (bottom to top) {np.round(layer_u, 3).tolist()}" in " ".join(
+        c.evidence for c in result.claims)

@@ -82,3 +82,30 @@ def test_eps_explained_away_claim_keeps_the_papers_majority(tmp_path, monkeypatc
     result = ReproduceResult(name="explain-away", out=tmp_path)
     repro_explain_away.explain_away_training(result, quick=True)
     assert next(c for c in result.claims if c.source == "AEA sec. 4 (eps = 1e-3)").held
+
+
+def test_hybrid_weight_claims_judge_each_seeds_final_u(tmp_path, monkeypatch):
+    """The u -> 1 claims read u at the first evaluation (u0 = 0.5) as the final one, or held when any one seed
+    ended above 0.9: neither was caught."""
+    finals = {0: 0.95, 1: 0.97, 2: 0.93}
+
+    def run(name, *args, seed=0, **kwargs):
+        trained = _multiview_run(name, 0.6 if name == "softmax" else 0.0)
+        if name == "hnas":  # from u0 = 0.5, past 0.9 midway, ending at this seed's final u
+            trained.hybrid_u = np.array([0.5, finals[seed]])
+        return trained
+
+    def claims():
+        result = ReproduceResult(name="explain-away", out=tmp_path)
+        repro_explain_away.explain_away_training(result, quick=True)
+        return {c.statement.split(":")[0]: c for c in result.claims if c.paper == "u -> 1.0"}
+
+    monkeypatch.setattr(repro_explain_away, "train_multiview", run)
+    held = claims()
+    assert len(held) == 2 and all(c.held for c in held.values())
+    assert "[0.95, 0.97, 0.93]" in next(iter(held.values())).evidence
+    finals[1] = 0.8  # one seed short of 0.9: the strict claim fails, the direction still holds
+    judged = {c.criterion: c.held for c in claims().values()}
+    assert judged == {"paper": False, "weaker": True}
+    finals.update({0: 0.45, 1: 0.45, 2: 0.45})  # ends below u0: neither holds
+    assert not any(c.held for c in claims().values())
