@@ -654,3 +654,25 @@ def test_a_decoder_loaded_alone_from_a_converted_encoder_decoder_says_it_holds_n
         with pytest.raises(ValueError, match=r"BartForCausalLM does not hold the converted modules .*"
                                              r"'encoder\.layers\.0\.self_attn'.*runs softmax"):
             read(decoder)
+
+
+def test_the_readers_of_a_conversion_look_through_training_wrappers(tmp_path):
+    """Under accelerate the model is DDP-wrapped: conversion() returned None ("not converted"),
+    hybrid_weights said "got mechanism none" and set_backend "was not converted"; a PEFT model was said to
+    be "a part of the converted model that was not converted, and runs softmax"."""
+    import torch.distributed as dist
+
+    model = akhf.convert(tiny_model("bert"), "hnas", u0=0.3)
+    u = akhf.hybrid_weights(model)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        wrappers = [torch.nn.DataParallel(model), torch.nn.parallel.DistributedDataParallel(model),
+                    torch.compile(torch.nn.DataParallel(model))]
+        for wrapped in wrappers:
+            assert akhf.conversion(wrapped) == akhf.conversion(model)
+            assert torch.equal(akhf.hybrid_weights(wrapped), u)
+            assert akhf.converted_modules(wrapped) == akhf.converted_modules(model)
+            akhf.set_backend(wrapped, "reference")
+    finally:
+        dist.destroy_process_group()
+    assert akhf.conversion(torch.nn.DataParallel(tiny_model("bert"))) is None

@@ -556,9 +556,29 @@ def convert(
     return model
 
 
+def unwrapped(model):
+    """The model inside the wrappers training puts around it, in any order: ``torch.compile``'s
+    ``OptimizedModule``, ``DistributedDataParallel`` / ``DataParallel`` (what ``accelerate`` prepares) and a
+    PEFT model (``get_base_model()``); ``model`` itself when it is none of them."""
+    for _ in range(8):
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            inner = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            inner = model._orig_mod
+        elif type(model).__module__.partition(".")[0] == "peft" and hasattr(model, "get_base_model"):
+            inner = model.get_base_model()
+        else:
+            return model
+        if inner is model:
+            return model
+        model = inner
+    return model
+
+
 def conversion(model) -> Optional[MechanismConfig]:
-    """The mechanism config recorded in ``model.config`` (``None`` for a model that was not converted)."""
-    record = getattr(getattr(model, "config", None), CONFIG_KEY, None)
+    """The mechanism config recorded in ``model.config`` (``None`` for a model that was not converted); a
+    wrapped model (``torch.compile``, DDP, DataParallel, PEFT) is read through its wrappers."""
+    record = getattr(getattr(unwrapped(model), "config", None), CONFIG_KEY, None)
     if not record:
         return None
     return resolve_mechanism(record["mechanism"], **record.get("options", {}))
@@ -633,7 +653,9 @@ def _beyond_layers(name: str, by_name: dict) -> bool:
 
 
 def converted_modules(model) -> list[nn.Module]:
-    """The converted attention modules of ``model``, in the recorded layer order."""
+    """The converted attention modules of ``model`` (read through its wrappers: ``torch.compile``, DDP,
+    DataParallel, PEFT), in the recorded layer order."""
+    model = unwrapped(model)
     record = getattr(getattr(model, "config", None), CONFIG_KEY, None)
     if not record:
         raise ValueError(f"{type(model).__name__} was not converted with attnkit.hf.convert; nothing to read")
