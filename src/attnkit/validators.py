@@ -140,11 +140,23 @@ _TORCHSCRIPT = (
 )
 
 
+_EXPORT = (
+    "attnkit's attention reads masks and shapes on the host to choose its path (self- or cross-attention, "
+    "a 0/-inf float mask read as padding, the kernel route) and runs kernels a graph cannot hold, so no "
+    "exported program can carry it; run the model in PyTorch (torch.compile speeds it up), or export a "
+    "softmax model without attnkit"
+)
+
+
 def check_not_traced(what: str) -> None:
     """A ``ValueError`` under ``torch.jit.trace``, whose recording keeps the host-side decisions of the
-    traced call (a traced self-attention call reused for cross-attention was off by 0.96)."""
+    traced call (a traced self-attention call reused for cross-attention was off by 0.96), and under
+    ``torch.export`` / ``torch.onnx.export`` (which failed with torch-internal errors asking to report an
+    issue to PyTorch)."""
     if torch.jit.is_tracing():
         raise ValueError(f"{what} cannot be traced with torch.jit.trace: {_TORCHSCRIPT}")
+    if torch.compiler.is_exporting():
+        raise ValueError(f"{what} cannot be exported (torch.export, torch.onnx.export): {_EXPORT}")
 
 
 class NotScriptable:

@@ -137,6 +137,31 @@ def test_the_classic_modules_refuse_torchscript_with_the_same_sentence():
             torch.jit.script(torch.nn.Sequential(module))
 
 
+def test_torch_export_is_refused_with_a_sentence_not_a_torch_internal_error():
+    """torch.export (and torch.onnx.export, which runs it) failed with "Could not guard on data-dependent
+    expression" or "Dynamo does not know how to trace method `set` of class `ContextVar` ... Please report an
+    issue to PyTorch"."""
+    module = ak.nn.MultiheadAttention(8, 2, mechanism="dnas", batch_first=True).eval()
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = module
+
+        def forward(self, x):
+            return self.attn(x, x, x)[0] + ak.attention(x[:, None], x[:, None], x[:, None], "dnas")[:, 0]
+
+    x = torch.randn(2, 5, 8)
+    with pytest.raises(ValueError, match=r"^MultiheadAttention cannot be exported \(torch.export, "
+                                         r"torch.onnx.export\): .*run the model in PyTorch"):
+        torch.export.export(Model(), (x,), strict=False)
+    with pytest.raises(Exception, match="MultiheadAttention cannot be exported"):  # inside dynamo's report
+        torch.export.export(Model(), (x,), strict=True)
+    with pytest.raises(ValueError, match=r"^ak.attention cannot be exported"):
+        bare = type("Bare", (torch.nn.Module,), {"forward": lambda self, q: ak.attention(q, q, q)})
+        torch.export.export(bare(), (x[:, None],), strict=False)
+
+
 def test_dynamic_quantization_leaves_the_output_projection_as_torch_does():
     """quantize_dynamic swapped out_proj for a quantized Linear, whose weight is a method, and the forward
     failed ('function' object has no attribute 'device'); torch's module keeps out_proj unquantized."""
