@@ -621,3 +621,34 @@ def test_show_on_a_vision_model_says_it_has_no_tokenizer_files_not_that_they_are
     line = _cli_error(capsys, ["show", str(tmp_path / "deit"), "--text", "a cat"])
     assert "has no tokenizer files" in line and "over a text" in line
     assert "cannot be loaded" not in line and "restore" not in line
+
+
+@pytest.mark.parametrize("family", ["vit", "deit"])
+def test_an_hnas_vision_transformer_loads_back_though_transformers_renames_its_layers(family, tmp_path):
+    """ViT-style models name their layers layers.N.attention in memory (the record) and save them as
+    encoder.layer.N.attention: attnkit.hf.load refused every such hnas folder ("has no attnkit_theta for
+    it"), which `attnkit convert` wrote with exit 0."""
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    config_class, model_class = {"vit": ("ViTConfig", "ViTForImageClassification"),
+                                 "deit": ("DeiTConfig", "DeiTModel")}[family]
+    config = getattr(transformers, config_class)(hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                                 intermediate_size=32, image_size=16, patch_size=8)
+    model = akhf.convert(getattr(transformers, model_class)(config), "hnas", u0=0.3).eval()
+    with torch.no_grad():
+        for module in akhf.converted_modules(model):
+            module.attnkit_theta.copy_(torch.tensor([2.0, -1.0]))
+    model.save_pretrained(tmp_path / family)
+    loaded = akhf.load(tmp_path / family).eval()
+    assert torch.equal(akhf.hybrid_weights(loaded), akhf.hybrid_weights(model))
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(loaded(pixel_values=x)[0], model(pixel_values=x)[0])
+    weights = tmp_path / family / "model.safetensors"  # the file without one layer's theta: still refused
+    tensors = load_file(weights)
+    theta = next(k for k in tensors if k.endswith("1.attention.attnkit_theta"))
+    save_file({k: v for k, v in tensors.items() if k != theta}, weights, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"records an hnas conversion of layers.1.attention but .* has no "
+                                         "attnkit_theta for it"):
+        akhf.load(tmp_path / family)

@@ -193,6 +193,20 @@ def _check_record(config: dict, config_path: str, weights: str, tensors: list[st
     def owner(path: str):  # weights of a head model prefix the base model's module names
         return next((m for m in modules if path == m or path.endswith("." + m)), None)
 
+    if thetas and all(owner(t) is None for t in thetas):
+        # a checkpoint layout that transformers renames on load (ViT's file holds encoder.layer.N.attention
+        # for the layers.N.attention that the record names): the owners by their layer indices, where those
+        # tell the recorded modules apart
+        def indices(path: str) -> tuple[int, ...]:
+            return tuple(int(part) for part in path.split(".") if part.isdigit())
+
+        by_indices: dict = {}
+        for m in modules:
+            by_indices.setdefault(indices(m), []).append(m)
+        if all(len(names) == 1 for names in by_indices.values()):
+            def owner(path: str):  # noqa: F811 (the renamed layout's reading)
+                return by_indices.get(indices(path), [None])[0]
+
     if isinstance(resolved, Hybrid):
         owners = {owner(t) for t in thetas}
         missing = [m for m in modules if m not in owners]
