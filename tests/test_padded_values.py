@@ -153,3 +153,20 @@ def _check_not_hidden(mechanism, tensor, value, dtype, backend, masks):
         return
     for name, a, ref in zip("qkv", grads, ref_grads):
         assert a.isfinite().all() <= ref.isfinite().all(), f"d{name} is finite where the reference's is not"
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_padded_query_rows_are_zero_on_every_route_without_grad_too(mechanism, any_route):
+    """Padded query rows return zeros (README: "a query with no valid key returns zeros", padded queries
+    likewise). The SDPA route's zeroing of them was checked only with gradients on, where another step hides
+    it: without it, under no_grad and without the C++ kernels, they held values up to 0.65."""
+    backend, with_attn_mask = any_route
+    masks = _masks(with_attn_mask)
+    if "query_mask" not in masks:
+        pytest.skip("no query padding on the unmasked routes")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64) for L in (Lq, Lk, Lk))
+    with torch.no_grad():
+        out = ak.attention(q, k, v, _mechanism(mechanism), backend=backend, **masks)
+    padded = ~masks["query_mask"]  # (B, Lq)
+    assert out[padded[:, None, :, None].expand_as(out)].abs().max() == 0
