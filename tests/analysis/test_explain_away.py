@@ -413,3 +413,22 @@ def test_summary_averages_each_layers_share_below_eps_over_its_calls():
     assert row["calls"] == 3
     assert row["fraction_below_eps"] == pytest.approx(sum(shares) / 3, rel=1e-12)
     assert row["min_sum"] == min(r.stats.min for r in log.records)
+
+
+def test_min_normalized_counts_each_examples_own_keys_and_sums_bfloat16_in_float64():
+    """n_k is each example's (and head's) count of valid keys: counted over the whole batch it read 5.744
+    for 3.627 here; and the key sums of bfloat16 weights are taken in float64 (bfloat16 sums of 256 weights
+    moved min_normalized from 224.27 to 224.0). Neither change was caught."""
+    from attnkit.functional import normalize
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 1, 8, 4, generator=g), torch.randn(2, 1, 8, 4, generator=g)
+    mask = torch.ones(2, 8, dtype=torch.bool)
+    mask[0, 4:] = False  # example 0: 4 real keys, example 1: 8
+    w = normalize(q @ k.transpose(-1, -2) / 2, "dnas", key_mask=mask, query_mask=mask)
+    stats = explain_away(w, key_mask=mask, query_mask=mask)
+    hand = min(float(w[b, 0][mask[b]][:, mask[b]].sum(0).min()) * int(mask[b].sum()) for b in range(2))
+    assert stats.min_normalized == pytest.approx(hand, rel=1e-6) and stats.min_normalized >= 1 - 1e-6
+    q, k = torch.randn(1, 1, 256, 16, generator=g), torch.randn(1, 1, 256, 16, generator=g)
+    w = normalize(q @ k.transpose(-1, -2) / 4, "dnas").to(torch.bfloat16)
+    assert explain_away(w).min_normalized == explain_away(w.double()).min_normalized

@@ -50,6 +50,21 @@ def test_paired_interval_and_verdict():
     assert paired_seed_interval([0.8], [0.7])["low"] is None
 
 
+def test_stats_known_answers_at_their_edges():
+    """Mutations that passed every test: McNemar's p above 1 (1.5 for one discordant pair each way), a
+    prediction longer than its target scored by the target's positions alone (0.75 -> 1.0), the one-seed
+    verdict printing "+0.0 points" for a 10-point difference, the no-shared-seed sentence, and the load note
+    at load == cores."""
+    assert mcnemar([True, False], [False, True])["p"] == 1.0  # b = c = 1: 2 * 3/4 capped at 1
+    assert mcnemar([True] * 3 + [False] * 3, [False] * 3 + [True] * 3)["p"] == 1.0
+    assert token_accuracy(["1234"], ["123"]) == pytest.approx(3 / 4)  # the end position is wrong
+    one = verdict("dnas", "softmax", "accuracy", paired_seed_interval([0.80], [0.70]), None)
+    assert one == "dnas vs softmax: accuracy +10.0 points (one seed: no spread over seeds to compare with)."
+    none = verdict("dnas", "softmax", "accuracy", paired_seed_interval([], []), None)
+    assert none == "dnas: no seed shared with softmax, no paired comparison."
+    assert load_note(2.0, 2) is None and load_note(2.01, 2) is not None
+
+
 def test_an_interval_that_reaches_zero_as_printed_is_within_the_spread():
     """The printed bounds are what the verdict judges: [+0.0, +1.0] (a low end of +0.04 points, printed as
     +0.0) says "within", as does an interval that ends exactly at 0; one wholly above 0.05 points does not."""
