@@ -358,3 +358,56 @@ def test_a_module_missing_inside_an_installed_package_keeps_its_traceback():
     assert _missing_extra(ModuleNotFoundError("No module named 'accelerate'", name="accelerate")) is not None
     inner = ModuleNotFoundError("No module named 'transformers.models.gone'", name="transformers.models.gone")
     assert _missing_extra(inner) is None
+
+
+def test_the_summary_on_a_narrow_terminal_keeps_every_name_and_number(tmp_path, data, monkeypatch):
+    """Up to 70 columns the table cut the mechanism column to nothing (no row said which mechanism it was),
+    and at 40 rich cropped the columns past the edge."""
+    import io
+
+    from rich.console import Console
+
+    import attnkit.cli._screen as screen
+
+    screen_out = io.StringIO()
+    monkeypatch.setattr(screen, "console", lambda *a, **k: Console(file=screen_out, width=40, markup=False,
+                                                                    force_terminal=True, no_color=True))
+    args = [*TINY, "--task", str(data), "--out", str(tmp_path / "run"), "--mechanisms", "softmax,hnas,coda"]
+    main(["compare", *args])
+    text = screen_out.getvalue()
+    rows = {name: line for line in text.splitlines() for name in ("softmax", "hnas", "coda")
+            if line.startswith(f"│ {name} ")}
+    assert set(rows) == {"softmax", "hnas", "coda"} and "…" not in text
+    records = json.loads((tmp_path / "run" / "results.json").read_text())["results"]
+    u = next(r for r in records if r["mechanism"] == "hnas")["hybrid_u_mean"]
+    assert f"{u:.3f}" in rows["hnas"]  # the last column too
+
+
+def test_characters_the_output_encoding_lacks_print_as_question_marks(monkeypatch):
+    """On a cp1252 or ASCII stdout compare finished and saved its results, then exited 2 with "'charmap'
+    codec can't encode characters" when it printed its table's "×" and "Σπ"."""
+    import io
+
+    from attnkit.cli import _replace_unencodable_output
+
+    raw = io.BytesIO()
+    stdout = io.TextIOWrapper(raw, encoding="ascii", errors="strict")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    _replace_unencodable_output()
+    print("step × min n_k·Σπ ≥ 1")
+    stdout.flush()
+    assert raw.getvalue().decode("ascii") == "step ? min n_k??? ? 1\n"
+
+
+def test_a_home_folder_in_an_out_option_or_config_file_is_expanded(tmp_path, data, monkeypatch):
+    """``--out=~/runs`` (the shell leaves a "~" after "=" alone) and ``out: ~/runs`` in a config file made a
+    folder named "~" in the working directory."""
+    from attnkit.cli import _expand_home
+    from attnkit.runner import build_config
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    home = str(tmp_path / "home")
+    assert _expand_home(["compare", "--out=~/runs", "--task=~/t.json", "--text=~x", "--out", "~/y"]) == [
+        "compare", f"--out={home}/runs", f"--task={home}/t.json", "--text=~x", "--out", "~/y"]
+    config = build_config({"task": str(data), "out": "~/runs/a"})
+    assert config.out == f"{home}/runs/a"

@@ -159,9 +159,38 @@ def _refused_write(exc: BaseException) -> Optional[str]:
     return None
 
 
+#: options whose value is a path: ``--out=~/runs`` reaches the program with its "~" (the shell expands a
+#: "~" only at the start of a word), which made a folder named "~" in the working directory
+_PATH_OPTIONS = ("--out", "--model", "--dataset", "--source", "--config", "--task", "--cache-dir")
+
+
+def _expand_home(args: list[str]) -> list[str]:
+    """``--out=~/x`` (and the other path options' ``=`` form) with the home folder in place of "~", as the
+    shell gives ``--out ~/x``."""
+    expanded = []
+    for arg in args:
+        name, sep, value = arg.partition("=")
+        if sep and name in _PATH_OPTIONS and value.startswith("~"):
+            arg = f"{name}={os.path.expanduser(value)}"
+        expanded.append(arg)
+    return expanded
+
+
+def _replace_unencodable_output() -> None:
+    """Characters the terminal's encoding cannot show (the tables' "×", "Σπ", "≥" on a cp1252 or ASCII
+    stdout) print as "?" rather than fail: compare finished and saved its results, then exited 2 with
+    "'charmap' codec can't encode characters" and no summary."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", "strict") == "strict":
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="replace")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Entry point of the ``attnkit`` script."""
-    args = list(argv) if argv is not None else sys.argv[1:]
+    args = _expand_home(list(argv) if argv is not None else sys.argv[1:])
+    _replace_unencodable_output()
     try:
         with _terminate_as_exit():
             if args and not {"--help", "--version"} & set(args):

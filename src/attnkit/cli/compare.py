@@ -185,12 +185,17 @@ def _print_summary(result) -> None:
     header, rows = table_rows(result.records, result.task.metric_names, detail=False)
     table = Table(title=f"attnkit compare: {result.config.task} ({result.config.preset})",
                   caption=table_legend(result.records), caption_justify="left")
-    for h in header:
-        table.add_column(h, justify="left" if h == "mechanism" else "right", no_wrap=h != "mechanism")
+    for i, h in enumerate(header):
+        # on a narrow terminal the headers fold, never a cell: a mechanism's name or a number cut to "…"
+        # (at 70 columns every name was) would leave rows that say nothing; a table still wider than the
+        # terminal is printed whole (crop=False below), for the terminal to wrap
+        widest = max([len(str(row[i])) for row in rows] + [len(h) if h == "mechanism" else 0])
+        table.add_column(h, justify="left" if h == "mechanism" else "right", min_width=widest,
+                         overflow="fold")
     for row in rows:
         table.add_row(*row)
     console = make_console()
-    console.print(table)
+    console.print(table, crop=False)
     for line in [c["text"] for c in result.extras.get("comparisons", [])]:
         console.print(line, soft_wrap=True)
     if result.extras.get("load_note"):

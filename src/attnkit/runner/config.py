@@ -251,6 +251,8 @@ class CompareConfig:
                 "file"
             )
         object.__setattr__(self, "task", canonical_task(self.task))
+        if self.task.startswith("~"):  # "task: ~/data/topics.json" in a config file
+            object.__setattr__(self, "task", os.path.expanduser(self.task))
         if _is_file_task(self.task):  # saved absolute: show and --resume work from any working directory
             object.__setattr__(self, "task", os.path.abspath(self.task))
         if self.preset not in PRESET_NAMES:
@@ -352,6 +354,7 @@ class CompareConfig:
             raise ValueError(f"log_with={self.log_with!r}: expected one of {TRACKERS} (or leave it unset)")
         if not isinstance(self.out, str) or not self.out:
             raise ValueError(f"out={self.out!r}: expected a directory path")
+        object.__setattr__(self, "out", os.path.expanduser(self.out))  # "out: ~/runs" in a config file
 
     @property
     def total_steps(self) -> int:
