@@ -411,3 +411,15 @@ def test_a_home_folder_in_an_out_option_or_config_file_is_expanded(tmp_path, dat
         "compare", f"--out={home}/runs", f"--task={home}/t.json", "--text=~x", "--out", "~/y"]
     config = build_config({"task": str(data), "out": "~/runs/a"})
     assert config.out == f"{home}/runs/a"
+
+
+@pytest.mark.parametrize("task", ["", "nosuch"])
+def test_an_empty_or_unknown_task_lists_every_task(task, capsys):
+    """An empty --task listed 7 task names, leaving out reuters52, 20newsgroups, sst2, mrpc and snli, which an
+    unknown name listed."""
+    from attnkit.data import DATASETS
+    from attnkit.runner.transduction import TRANSDUCTION_TASKS
+
+    code, err = _exit_code_and_stderr(["--task", task], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert all(name in err for name in [*DATASETS, *TRANSDUCTION_TASKS]) and "dataset file" in err

@@ -127,6 +127,21 @@ def test_an_empty_cache_dir_is_refused_not_read_as_the_working_directory(tmp_pat
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_empty_source_is_refused_not_read_as_the_working_directory(tmp_path, capsys, monkeypatch):
+    """``data fetch sst2 --source ''`` read the working directory as the source (listing its files as the
+    ones it found) and left an empty datasets folder in the cache."""
+    from attnkit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "notes.txt").write_text("the user's")
+    with pytest.raises(SystemExit) as exc:
+        main(["data", "fetch", "sst2", "--source", ""])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "--source is empty" in err[0], err
+    assert not (tmp_path / "cache").exists()
+
+
 @pytest.mark.parametrize("cached", [True, False])
 def test_a_source_for_mlu_is_refused_whether_cached_or_not_without_naming_force(tmp_path, capsys, cached):
     """With mlu cached, ``data fetch mlu --source X`` said to add --force, which then failed with "mlu is

