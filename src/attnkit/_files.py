@@ -139,6 +139,17 @@ def check_output_parents(out: Union[str, Path]) -> None:
             return
 
 
+def make_out_dir(out: Union[str, Path]) -> None:
+    """``out.mkdir(parents=True, exist_ok=True)``, a refusal naming ``--out`` when the system refuses it (a
+    working directory that cannot be written: the default ``--out`` printed only "[Errno 2] No such file or
+    directory: 'runs'")."""
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except (FileNotFoundError, PermissionError) as exc:
+        why = exc.strerror or type(exc).__name__
+        raise PermissionError(f"--out {str(out)!r} cannot be made ({why}); choose another --out") from None
+
+
 def save_figure(fig, path: Union[str, os.PathLike], **kwargs) -> None:
     """``fig.savefig`` whole or not at all (through a temporary file; the format from ``path``'s suffix)."""
     fmt = Path(path).suffix.lstrip(".") or "png"

@@ -4,6 +4,7 @@ targets."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -398,3 +399,15 @@ def test_a_run_still_going_is_in_use_not_a_run_that_did_not_finish(tmp_path, mon
             repro.reproduce("lemma1", out, quick=True)
     finally:
         os.close(held)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs a folder no one can write in (/proc)")
+def test_a_default_out_the_system_cannot_make_is_one_line_naming_out(capsys, monkeypatch):
+    """Run from a folder that cannot be written, the default --out printed "[Errno 2] No such file or
+    directory: 'runs'", naming neither --out nor the fix."""
+    monkeypatch.chdir("/proc")
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", "lemma1", "--quick"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert "--out 'runs/reproduce/lemma1' cannot be made" in err[0] and "choose another --out" in err[0]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-from .._files import json_loads, lock_folder
+from .._files import json_loads, lock_folder, make_out_dir
 
 __all__ = [
     "Claim",
@@ -224,7 +224,7 @@ def prepare_output_dir(out: Union[str, Path], overwrite: bool = False) -> Path:
                 "choose another --out"
             )
         created = not out.is_dir()
-        out.mkdir(parents=True, exist_ok=True)
+        make_out_dir(out)
         if created:
             _lock(out)
         _write_mark(out, [])

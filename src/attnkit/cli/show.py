@@ -116,11 +116,11 @@ def _write_together(out: Path, view, document: str, *, overwrite: bool) -> None:
     kept (``FileExistsError``); with it, the files moved in before the interruption stay beside the earlier
     run's others (the same command replaces them all). Folders it made for ``out`` are removed on failure
     while they are empty."""
-    from attnkit._files import write_file_with, write_text_file
+    from attnkit._files import make_out_dir, write_file_with, write_text_file
     from attnkit.analysis.attention_view import BERTVIZ_FILES, write_bertviz
 
     made = [p for p in (out, *out.parents) if not p.exists()]  # deepest first: this command makes them
-    out.mkdir(parents=True, exist_ok=True)
+    make_out_dir(out)
     failed = True
     try:
         staging = Path(tempfile.mkdtemp(dir=out, prefix=".attnkit-show.", suffix=".tmp"))
