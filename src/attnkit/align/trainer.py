@@ -339,18 +339,26 @@ def alignment_trainer_class(base=None):
             return getattr(self, "label_smoother", None) is not None or _normalizes_by_items(self.model)
 
         def _save_checkpoint(self, model, trial, *args, **kwargs):
+            states = None
+            if self.accelerator.num_processes > 1:  # every process saves (a collective: all take part)
+                from accelerate.utils import gather_object
+
+                # each process's subsampling stream: with max_tokens each draws over its own padded length,
+                # so the streams part, and rank 0's alone resumed the others on another one
+                states = gather_object([self.regularizer._generator.get_state()])
             if self.args.should_save:  # written first: the folder is complete when the Trainer's files are
                 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
                 folder = os.path.join(
                     self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
                 )
-                save_regularizer(self.regularizer, folder)
+                save_regularizer(self.regularizer, folder, rank_generators=states)
             return super()._save_checkpoint(model, trial, *args, **kwargs)
 
         def _load_from_checkpoint(self, resume_from_checkpoint, *args, **kwargs):
             # the regularizer first: a checkpoint refused for its settings leaves the model as it was
-            load_regularizer(self.regularizer, resume_from_checkpoint)
+            load_regularizer(self.regularizer, resume_from_checkpoint, rank=self.accelerator.process_index,
+                             world=self.accelerator.num_processes)
             return super()._load_from_checkpoint(resume_from_checkpoint, *args, **kwargs)
 
         def create_optimizer(self, *args, **kwargs):
@@ -366,8 +374,9 @@ def alignment_trainer_class(base=None):
     return AlignmentTrainer
 
 
-def save_regularizer(regularizer, folder) -> None:
-    """Write ``regularizer``'s parameters and subsampling generator to ``folder/REGULARIZER_FILE``."""
+def save_regularizer(regularizer, folder, rank_generators=None) -> None:
+    """Write ``regularizer``'s parameters and subsampling generator to ``folder/REGULARIZER_FILE``;
+    ``rank_generators``: every process's generator state, in rank order (a run on several processes)."""
     from safetensors.torch import save_file
 
     from .._files import match_umask
@@ -375,6 +384,8 @@ def save_regularizer(regularizer, folder) -> None:
     os.makedirs(folder, exist_ok=True)
     tensors = {f"state.{k}": v.detach().cpu().contiguous() for k, v in regularizer.state_dict().items()}
     tensors[_GENERATOR_KEY] = regularizer._generator.get_state()
+    for rank, state in enumerate(rank_generators or ()):
+        tensors[f"{_GENERATOR_KEY}.rank{rank}"] = state.detach().cpu().contiguous()
     path = os.path.join(folder, REGULARIZER_FILE)
     save_file(tensors, path + ".tmp", metadata={_SETTINGS_KEY: json.dumps(_settings(regularizer))})
     os.replace(path + ".tmp", path)
@@ -391,9 +402,10 @@ def _settings(regularizer) -> dict:
     return json.loads(json.dumps(settings))  # tuples as lists, as they come back from the file
 
 
-def load_regularizer(regularizer, folder) -> None:
-    """Restore what :func:`save_regularizer` wrote; a ``ValueError`` naming the file when it is missing,
-    damaged, holds non-finite parameters or does not fit ``regularizer``."""
+def load_regularizer(regularizer, folder, rank: int = 0, world: int = 1) -> None:
+    """Restore what :func:`save_regularizer` wrote (on process ``rank`` of ``world``: its own generator state
+    where the checkpoint holds one per process of a run on as many); a ``ValueError`` naming the file when
+    it is missing, damaged, holds non-finite parameters or does not fit ``regularizer``."""
     import torch
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
@@ -433,13 +445,19 @@ def load_regularizer(regularizer, folder) -> None:
         raise ValueError(f"{path} holds non-finite values (NaN or inf) in {bad}: the run had diverged before "
                          "this checkpoint; resume from an earlier checkpoint or train again with a lower "
                          "learning rate or alignment weight")
-    generator = tensors.get(_GENERATOR_KEY)
-    if generator is not None and (generator.dtype != torch.uint8 or generator.dim() != 1):
-        raise ValueError(f"{path} has a damaged {_GENERATOR_KEY} ({generator.dtype}, shape "
-                         f"{tuple(generator.shape)}; a 1-D uint8 tensor was expected); delete the checkpoint")
+    per_rank = sorted(k for k in tensors if k.startswith(_GENERATOR_KEY + ".rank"))
+    key = _GENERATOR_KEY  # rank 0's: a run of one process, or of another number than this one
+    if world > 1 and len(per_rank) == world:
+        key = f"{_GENERATOR_KEY}.rank{rank}"
+    for name in (n for n in (_GENERATOR_KEY, *per_rank) if n in tensors):  # a missing one: "does not fit"
+        generator = tensors[name]
+        if generator.dtype != torch.uint8 or generator.dim() != 1:
+            raise ValueError(f"{path} has a damaged {name} ({generator.dtype}, shape "
+                             f"{tuple(generator.shape)}; a 1-D uint8 tensor was expected); delete the "
+                             "checkpoint")
     try:
         regularizer.load_state_dict(state)
-        regularizer._generator.set_state(tensors[_GENERATOR_KEY])
+        regularizer._generator.set_state(tensors[key])
     except (RuntimeError, KeyError) as exc:
         from .._files import state_mismatch
 
