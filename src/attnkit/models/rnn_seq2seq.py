@@ -330,9 +330,12 @@ class RNNSeq2Seq(nn.Module):
             logp = F.log_softmax(logits.to(dtype), dim=-1)  # (k, V)
             scores = torch.tensor([s for _, s, _ in alive], dtype=dtype, device=logp.device)  # (k,)
             total = scores[:, None] + logp  # (k, V)
-            top = total.flatten().topk(min(width, total.numel()))
+            # a stable sort: among equal scores the lowest index first, as greedy's argmax takes it (topk
+            # took the later of two tied bfloat16 logits, and width 1 was not greedy_decode)
+            values, indices = total.flatten().sort(descending=True, stable=True)
+            keep = min(width, total.numel())
             keep_rows, next_alive = [], []
-            for score, flat in zip(top.values.tolist(), top.indices.tolist()):
+            for score, flat in zip(values[:keep].tolist(), indices[:keep].tolist()):
                 row, token = divmod(flat, logp.shape[1])
                 tokens, _, rows = alive[row]
                 rows = rows + ([] if w is None else [w[row]])
