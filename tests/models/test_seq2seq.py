@@ -264,3 +264,17 @@ def test_src_mask_defaults_to_ids_not_pad_in_forward_and_greedy_decode():
         model.greedy_decode(src, max_len=4, eos_id=2)
     with pytest.raises(ValueError, match=r"greedy_decode needs max_len, bos_id, eos_id"):
         model.greedy_decode(src)  # it said "max_len=None; expected a positive integer"
+
+
+def test_an_unpadded_source_is_numbered_from_zero_up_to_max_len():
+    """Source positions counted from 1 moved the logits by up to 0.04 and refused a source of max_len tokens
+    ("positions span 1..8"), which no test ran; the output bias's documented zero start was unchecked."""
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(20, 15, d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                               dim_feedforward=32, dropout=0.0, max_len=8).double().eval()
+    assert torch.equal(model.generator.bias, torch.zeros_like(model.generator.bias))
+    src = torch.randint(1, 20, (2, 8))  # Ls = max_len
+    memory, _ = model.encode(src)
+    plain = model.transformer.encode(model.src_embed(src), src_positions=torch.arange(8).expand(2, 8))
+    torch.testing.assert_close(memory, plain, atol=1e-12, rtol=1e-10)
+    assert model(src, None, torch.randint(1, 15, (2, 4))).shape == (2, 4, 15)
