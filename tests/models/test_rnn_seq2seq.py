@@ -278,3 +278,44 @@ def test_greedy_pads_after_eos_and_beam_width_one_breaks_ties_as_greedy():
     greedy, _ = model.greedy_decode(torch.tensor([[4, 5, 6]]), max_len=3)
     beam, _ = model.beam_search(torch.tensor([[4, 5, 6]]), beam_width=1, max_len=3)
     assert greedy.tolist() == [[4, 4, 4]] and beam == [[4, 4, 4]]
+
+
+@pytest.mark.parametrize("attention", ["none", "additive", "mixed", "gmm"])
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_teacher_forcing_follows_the_decoder_equations_step_by_step(attention, cell):
+    """The module docstring's decoder, replayed in float64: s_0 = tanh(W_0 v) (and c_0 = 0 for an LSTM),
+    c_i = attend(s_{i-1}, H) (the bottleneck v without attention; the previous step's weights for mixed
+    attention, starting on the first source token), s_i = RNNCell([E y_{i-1}; c_i], s_{i-1}),
+    logits = W_o tanh(W_h [s_i; c_i; E y_{i-1}]). Dropping the tanh of s_0, c_0 = h, a zero bottleneck or
+    mixed attention's location feature never updated passed every test."""
+    model = _model(attention, cell, seed=2)
+    src, mask = _batch()
+    tgt = torch.tensor([[1, 4, 5, 6, 3], [1, 7, 3, 5, 4]])
+    logits, _ = model(src, mask, tgt)
+    with torch.no_grad():
+        enc = model.encode(src, mask)
+        H, v = enc["memory"], enc["summary"]
+        s = torch.tanh(v @ model.init_state.weight.T + model.init_state.bias)
+        c_cell = torch.zeros_like(s)
+        kappa = model.attention.initial_kappa(2, dtype=s.dtype) if attention == "gmm" else None
+        prev = torch.zeros(2, 6, dtype=torch.float64)  # mixed: all of alpha_0 on the first source token
+        prev[:, 0] = 1.0
+        expected = []
+        for t in range(tgt.shape[1]):
+            if attention == "none":
+                context = v
+            elif attention == "mixed":
+                context, prev = model.attention(s, H, prev, key_mask=mask)
+            elif attention == "gmm":
+                context, _, kappa = model.attention(s, H, kappa, key_mask=mask)
+            else:
+                context, _ = model.attention(s, H, key_mask=mask)
+            e = model.tgt_embed.weight[tgt[:, t]]
+            if cell == "lstm":
+                s, c_cell = model.decoder(torch.cat([e, context], -1), (s, c_cell))
+            else:
+                s = model.decoder(torch.cat([e, context], -1), s)
+            W_h, b_h = model.pre_output.weight, model.pre_output.bias
+            hidden = torch.tanh(torch.cat([s, context, e], -1) @ W_h.T + b_h)
+            expected.append(hidden @ model.output.weight.T + model.output.bias)
+    torch.testing.assert_close(logits, torch.stack(expected, 1), atol=1e-12, rtol=1e-10)
