@@ -289,3 +289,59 @@ def test_a_resume_that_mixes_cpp_kernels_and_fallback_says_so(tmp_path, monkeypa
     assert [r["cpp_kernels"] for r in saved["runs"]] == [True, False]
     assert "mix the C++ CPU kernels and their PyTorch fallback (hnas seed 0" in saved["load_note"]
     assert result.extras["load_note"] == saved["load_note"]
+
+
+def _hand_runs():
+    """Two mechanisms x two seeds with known step times, per-class scores and predictions."""
+    runs = []
+    for mech, times in (("softmax", {0: (0.010, 0.008, 0.020), 1: (0.012, 0.009, 0.030)}),
+                        ("dnas", {0: (0.011, 0.010, 0.015), 1: (0.013, 0.0095, 0.040)})):
+        for seed, (med, lo, hi) in times.items():
+            runs.append({
+                "mechanism": mech, "seed": seed, "step_times_s": {"median": med, "min": lo, "max": hi},
+                "classes": [
+                    {"name": "a", "support": 2, "precision": 0.5 + 0.25 * seed, "recall": 1.0, "f1": 0.6},
+                    {"name": "b", "support": 2, "precision": 1.0, "recall": 0.5, "f1": 0.7 - 0.1 * seed},
+                ],
+                "confusion": [[2, 0], [1, 1]],
+                "metrics": {"accuracy": 0.75 - 0.05 * seed + (0.1 if mech == "dnas" else 0)},
+                "predictions": ([0, 1, 1, 0, 1] if mech == "dnas" else [0, 0, 1, 1, 1]) if seed == 0 else
+                               ([1, 1, 0, 0, 1] if mech == "dnas" else [0, 1, 0, 1, 1]),
+            })
+    return runs
+
+
+def test_summary_numbers_known_answers_on_hand_made_runs():
+    """The step-time spread taken from the medians (8 -> 10 ms), per-class scores of one seed (0.625 ->
+    0.75), McNemar over the first seed only (3/1 -> 2/0), and the count of examples whose predictions
+    differ (2 -> 3) passed every test."""
+    from types import SimpleNamespace
+
+    from attnkit.runner import summary
+
+    runs = _hand_runs()
+    timing = summary._timing(runs, ("softmax", "dnas"), "softmax")
+    softmax, dnas = timing["softmax"], timing["dnas"]
+    assert softmax["median_ms"] == pytest.approx(11.0) and softmax["min_ms"] == pytest.approx(8.0)
+    assert softmax["max_ms"] == pytest.approx(30.0) and dnas["max_ms"] == pytest.approx(40.0)
+    assert dnas["median_rel"] == pytest.approx(12.0 / 11.0)
+    per_class = summary._per_class(runs, ("softmax", "dnas"))
+    assert per_class["softmax"]["classes"][0]["precision"] == pytest.approx(0.625)
+    assert per_class["softmax"]["classes"][1]["f1"] == pytest.approx(0.65)
+    assert per_class["softmax"]["confusion"] == [[4, 0], [2, 2]]
+    gold = [0, 1, 1, 0, 0]
+    task = SimpleNamespace(metric_names=("accuracy",), show_prediction=lambda data, p: str(p),
+                           correct=lambda data, preds: [p == g for p, g in zip(preds, gold)],
+                           example=lambda data, i: {"text": f"ex{i}", "label": gold[i]})
+    config = SimpleNamespace(variants=("softmax", "dnas"), seed_list=[0, 1])
+    (comparison,) = summary._comparisons(task, None, runs, config, "softmax")
+    # seed 0: dnas alone right on 1 and 3, softmax alone on none; seed 1: dnas alone on 0, softmax on 2
+    assert (comparison["mcnemar"]["only_a"], comparison["mcnemar"]["only_b"]) == (3, 1)
+    assert comparison["mcnemar"]["p"] == pytest.approx(0.625)
+    samples = summary.diverse_samples(task, None, runs, ("softmax", "dnas"))
+    assert samples["differing"] == 2  # seed 0's predictions differ on examples 1 and 3 only
+    assert [row[0] for row in samples["rows"]][:2] == ["ex1", "ex3"]  # one right, one wrong: first
+    same_text = SimpleNamespace(**{**vars(task), "example": lambda data, i: {"text": f"ex{min(i, 1)}",
+                                                                              "label": gold[min(i, 1)]}})
+    shown = [row[0] for row in summary.diverse_samples(same_text, None, runs, ("softmax", "dnas"))["rows"]]
+    assert len(shown) == len(set(shown))  # an example met twice (a duplicated text) is shown once
