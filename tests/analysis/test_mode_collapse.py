@@ -280,3 +280,27 @@ def test_the_2d_claims_need_every_seed(lnas_unbalanced, held, tmp_path, monkeypa
     claim = next(c for c in result.claims if "LNAS collapses to one cluster" in c.statement)
     assert claim.held is held
     assert f"1 cluster in {sum(c == 1 for c in lnas_unbalanced)}/2 seeds" in claim.evidence
+
+
+def test_the_simulation_options_each_change_the_trajectory_as_stated():
+    """Dot scores on points of unequal norms (the tests' clusters at +-a gave dot = gaussian + a^2, which
+    every normalization cancels), the score scale, hnas's hybrid weight and the second cluster's seed were
+    each droppable without a failing test."""
+    from attnkit.analysis.mode_collapse import two_clusters
+
+    x = two_clusters(6, 4, [1.0, 0.5], [-0.8, 0.2], std=0.3, seed=1)
+    for mech in ("softmax", "dnas"):
+        dot = simulate_self_attention(x, mech, steps=2, scores="dot")
+        y = x
+        for _ in range(2):  # x <- normalize(x x^T) x, by hand
+            y = ak.normalize((y @ y.T)[None, None], mech)[0, 0] @ y
+        torch.testing.assert_close(dot[-1], y, atol=1e-12, rtol=0)
+        # scale c on gaussian scores = scale 1 on the points times sqrt(c), scaled back
+        torch.testing.assert_close(simulate_self_attention(x, mech, steps=3, scale=4.0),
+                                   simulate_self_attention(2 * x, mech, steps=3) / 2, atol=1e-12, rtol=0)
+    for u, same_as in ((0.0, "softmax"), (1.0, "dnas")):
+        torch.testing.assert_close(simulate_self_attention(x, "hnas", steps=2, hybrid_weight=u),
+                                   simulate_self_attention(x, same_as, steps=2), atol=1e-12, rtol=0)
+    again = two_clusters(6, 4, [1.0, 0.5], [-0.8, 0.2], std=0.3, seed=1)
+    other = two_clusters(6, 4, [1.0, 0.5], [-0.8, 0.2], std=0.3, seed=2)
+    assert torch.equal(again, x) and not torch.equal(other[6:], x[6:]) and not torch.equal(other[:6], x[:6])
