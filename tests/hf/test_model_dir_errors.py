@@ -652,3 +652,19 @@ def test_an_hnas_vision_transformer_loads_back_though_transformers_renames_its_l
     with pytest.raises(ValueError, match=r"records an hnas conversion of layers.1.attention but .* has no "
                                          "attnkit_theta for it"):
         akhf.load(tmp_path / family)
+
+
+def test_show_of_a_converted_model_with_other_mechanisms_is_one_line_without_a_progress_bar(tmp_path, capsys):
+    """transformers' "Loading weights" bar (with its carriage returns) stood on stderr above the one-line
+    error, so the error was not the only line (convert already loaded quietly, show did not)."""
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32)
+    model_dir = _tiny_saved(tmp_path, akhf.convert(BertModel(config), "dnas"))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["show", str(model_dir), "--text", "a cat", "--mechanisms", "softmax"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "\r" not in err and "Loading weights" not in err
+    assert len(err.strip().splitlines()) == 1 and "shows that mechanism alone" in err

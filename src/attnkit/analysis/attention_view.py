@@ -365,12 +365,13 @@ def view_from_hf(model_dir: Union[str, os.PathLike], text: str,
     import attnkit.hf as akhf
     from attnkit.hf.checks import load_tokenizer, separated_pairs
     from attnkit.hf.convert import CONFIG_KEY, _causal
+    from attnkit.hf.progress import quiet_load
 
     from ..registry import causal_problem, resolve_mechanism
 
     text = _check_text(text)
     mechanisms = canonical_mechanisms(mechanisms)  # an unknown name fails before the model loads
-    base = akhf.load(model_dir)
+    base = quiet_load(model_dir)  # no progress bar above a one-line error about the options
     base.eval()
     own = akhf.conversion(base)
     if own is not None and mechanisms and list(mechanisms) != [own.name]:

@@ -60,22 +60,9 @@ def check_dataset(dataset: str, cache_dir: Optional[str], download: bool) -> Non
 
 
 def _quiet_load(model_dir: str):
-    """``attnkit.hf.load`` without transformers' "Loading weights" progress bar (an encoder loads in about a
-    second; the bar would stand on stderr above any error about the options)."""
-    from transformers.utils import logging as hf_logging
+    from attnkit.hf.progress import quiet_load
 
-    import attnkit.hf as akhf
-
-    bars = hf_logging.is_progress_bar_enabled()
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()  # its loading report stood above our one-line error
-    try:
-        return akhf.load(model_dir)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
+    return quiet_load(model_dir)
 
 
 def convert_directory(
