@@ -174,3 +174,17 @@ def test_data_list_refuses_a_cache_that_is_a_file_as_fetch_does(tmp_path, capsys
         errors.append(capsys.readouterr().err.strip())
     assert errors[0] == errors[1] and "a part of that path is a file, not a folder" in errors[0]
     assert cache.read_text() == "not a folder"
+
+
+def test_load_or_fetch_into_a_cache_that_is_a_file_refuses_before_saying_it_downloads(tmp_path, capsys,
+                                                                                        monkeypatch):
+    """compare with ATTNKIT_CACHE at a file printed "reuters8 is not in the cache yet: downloading it once"
+    above the right error."""
+    from attnkit.data import load_or_fetch
+
+    cache = tmp_path / "a-file"
+    cache.write_text("not a folder")
+    monkeypatch.setenv("ATTNKIT_CACHE", str(cache))
+    with pytest.raises(Exception, match="a part of that path is a file"):
+        load_or_fetch("reuters8")
+    assert "downloading" not in capsys.readouterr().err

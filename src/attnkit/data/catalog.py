@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Optional, Union
 
 from .cache import (
-    PathLike, dataset_cache_dir, make_cache_folder, read_manifest, write_bytes_atomic, write_manifest,
+    PathLike, check_cache_folder, dataset_cache_dir, make_cache_folder, read_manifest, write_bytes_atomic,
+    write_manifest,
 )
 from .containers import DatasetUnavailableError, Seq2SeqData, TextClassificationData
 from .hub import HUB_SPECS, fetch_hub, load_hub_cached, load_hub_source
@@ -235,6 +236,8 @@ def load_or_fetch(
 
     info = get_info(name)
     if info.offline and info.name != "mlu" and not is_cached(info.name, cache_dir):
+        # a cache that cannot be made (a file in its path) is refused first, not after a "downloading" line
+        check_cache_folder(dataset_cache_dir(info.name, cache_dir))
         print(f"{info.name} is not in the cache yet: downloading it once from {info.source} "
               "(tens of MB; later runs read the cache)", file=sys.stderr, flush=True)
     return load_dataset(info.name, cache_dir, download=info.offline)
