@@ -345,3 +345,16 @@ def test_summary_numbers_known_answers_on_hand_made_runs():
                                                                               "label": gold[min(i, 1)]}})
     shown = [row[0] for row in summary.diverse_samples(same_text, None, runs, ("softmax", "dnas"))["rows"]]
     assert len(shown) == len(set(shown))  # an example met twice (a duplicated text) is shown once
+
+
+def test_the_load_recorded_is_the_largest_seen(monkeypatch):
+    """results.json's load_average_max took the last run's load (or ignored the load at the end) under
+    mutations no test caught."""
+    import os
+
+    from attnkit.runner import stats
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.4, 0.3))
+    assert stats.environment(0.0, 1.0, load_max=3.25)["load_average_max"] == 3.25
+    assert stats.environment(0.0, 1.0, load_max=0.25)["load_average_max"] == 0.5  # the end's own
+    assert stats.environment(0.0, 1.0)["load_average_max"] is None
