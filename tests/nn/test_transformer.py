@@ -109,7 +109,7 @@ def test_encoder_layer_padding_equals_truncation(mechanism, norm_first, backend)
 
 
 @pytest.mark.parametrize("mechanism", ["dnas", "hnas", ak.Sinkhorn(iters=2)], ids=str)
-@pytest.mark.parametrize("form", ["bool (B*H, L, L)", "float (B*H, L, L)", "bool (L, L)"])
+@pytest.mark.parametrize("form", ["bool (B*H, L, L)", "float (B*H, L, L)"])
 def test_padding_given_as_an_attn_mask_alone_equals_truncation(mechanism, form, backend):
     """Padding passed only as an attn_mask that hides the padded keys from every query (torch accepts it):
     the padded queries stayed in the column sums of dnas / hnas / sinkhorn, 0.11-0.23 off the sequence run
@@ -117,15 +117,34 @@ def test_padding_given_as_an_attn_mask_alone_equals_truncation(mechanism, form, 
     torch.manual_seed(0)
     layer = aknn.TransformerEncoderLayer(D, NH, FF, mechanism=mechanism, backend=backend, batch_first=True,
                                          **F64).eval()
-    lengths = [5, 2, 3] if form != "bool (L, L)" else [3, 3, 3]
+    lengths = [5, 2, 3]
     x, pad = _x(3, 5, seed=5), _pad(lengths, 5)  # pad: (B, L) True = padded
     hidden = pad[:, None, None, :].expand(3, NH, 5, 5).reshape(3 * NH, 5, 5)  # (B*H, L, L) True = not allowed
     mask = {"bool (B*H, L, L)": hidden,
-            "float (B*H, L, L)": torch.zeros(hidden.shape, **F64).masked_fill(hidden, float("-inf")),
-            "bool (L, L)": hidden[0]}[form]
+            "float (B*H, L, L)": torch.zeros(hidden.shape, **F64).masked_fill(hidden, float("-inf"))}[form]
     out = layer(x, src_mask=mask)
     for b, n in enumerate(lengths):
         torch.testing.assert_close(out[b : b + 1, :n], layer(x[b : b + 1, :n]), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("mechanism", ["dnas", "hnas", ak.Sinkhorn(iters=2), "softmax"], ids=str)
+@pytest.mark.parametrize("form", ["(L, L) hiding key 0", "(B*H, L, L) hiding key 0 and one pair"])
+def test_a_structural_mask_that_hides_a_key_from_every_query_keeps_that_query(mechanism, form):
+    """Only a per-example mask in a key padding mask's form is read as padding: a real query whose own key a
+    structural mask hides from everyone (a BOS key hidden, rows not alike) stays a query, as with the same
+    call made as cross-attention (its output row was zeroed and the other rows moved by up to 0.08)."""
+    torch.manual_seed(0)
+    module = aknn.MultiheadAttention(D, NH, mechanism=mechanism, batch_first=True, **F64).eval()
+    x = _x(2, 5, seed=3)
+    mask = torch.zeros(5, 5, dtype=torch.bool)
+    mask[:, 0] = True  # key 0 hidden from every query
+    if form.startswith("(B*H"):
+        mask = mask.expand(2 * NH, 5, 5).clone()
+        mask[:, 2, 3] = True  # one more pair: the rows are not alike
+    self_out = module(x, x, x, attn_mask=mask)[0]
+    cross_out = module(x, x.clone(), x.clone(), attn_mask=mask)[0]  # never read as self-attention
+    torch.testing.assert_close(self_out, cross_out, atol=1e-12, rtol=0)
+    assert self_out[:, 0].abs().max() > 0
 
 
 @pytest.mark.parametrize("mechanism", ["dnas", "hnas", ak.Sinkhorn(iters=2)], ids=str)

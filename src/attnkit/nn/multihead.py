@@ -443,8 +443,8 @@ class MultiheadAttention(HybridWeightMixin, NotScriptable, nn.Module):
         Lk: int,
     ) -> Optional[Tensor]:
         """The query padding (True = ignore): given, or inferred in self-attention from the key padding and
-        from the keys that ``attn_mask`` ``(Lq, Lk)`` / ``(B, H, Lq, Lk)`` hides from every query of every
-        head (padding given as an ``attn_mask`` alone, as the converted models infer it)."""
+        from a per-example ``attn_mask`` ``(B, H, Lq, Lk)`` that is a key padding mask in form (every query
+        row alike) and hides keys from every query of every head (padding given as an ``attn_mask`` alone)."""
         if query_padding_mask is not None:
             if query_padding_mask.dtype != torch.bool:
                 raise ValueError(
@@ -464,11 +464,16 @@ class MultiheadAttention(HybridWeightMixin, NotScriptable, nn.Module):
             # below MASKED_BIAS) are padded keys, and so padded queries (they entered the column sums)
             query_mask = (key_padding_mask if key_padding_mask.dtype == torch.bool
                           else key_padding_mask.detach() <= MASKED_BIAS)  # (B, Lk)
-        if attn_mask is not None and not values_hidden(attn_mask):
+        if attn_mask is not None and attn_mask.dim() == 4 and not values_hidden(attn_mask):
+            # padding given as a per-example attn_mask alone: a mask whose query rows are all alike (a key
+            # padding mask in attn_mask's form) hides the padded keys from every query, and those positions
+            # are padded queries too. A structural mask (a (Lq, Lk) one, alike for every sequence; causal
+            # ones; a key hidden from some queries only) is not read as padding: a real query whose key it
+            # hides from everyone stays a query
             hidden = attn_mask if attn_mask.dtype == torch.bool else attn_mask.detach() <= MASKED_BIAS
-            hidden = hidden.all(dim=-2)  # (Lk,) or (B, H, Lk): seen by no query
-            hidden = hidden.expand(B, Lk) if hidden.dim() == 1 else hidden.all(dim=1)  # (B, Lk)
-            if bool(hidden.any()):
+            padding_form = bool((hidden.all(dim=-2) == hidden.any(dim=-2)).all())  # rows alike
+            hidden = hidden.all(dim=-2).all(dim=1)  # (B, Lk): hidden from every query of every head
+            if padding_form and bool(hidden.any()):
                 query_mask = hidden if query_mask is None else query_mask | hidden
         return query_mask
 
