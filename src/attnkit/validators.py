@@ -154,7 +154,8 @@ def check_not_traced(what: str) -> None:
     ``torch.export`` / ``torch.onnx.export`` (which failed with torch-internal errors asking to report an
     issue to PyTorch)."""
     if torch.jit.is_tracing():
-        raise ValueError(f"{what} cannot be traced with torch.jit.trace: {_TORCHSCRIPT}")
+        raise ValueError(f"{what} cannot be traced with torch.jit.trace (nor exported by torch.onnx.export("
+                         f"dynamo=False), which traces): {_TORCHSCRIPT}")
     if torch.compiler.is_exporting():
         raise ValueError(f"{what} cannot be exported (torch.export, torch.onnx.export): {_EXPORT}")
 

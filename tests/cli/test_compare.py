@@ -423,3 +423,24 @@ def test_an_empty_or_unknown_task_lists_every_task(task, capsys):
     code, err = _exit_code_and_stderr(["--task", task], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert all(name in err for name in [*DATASETS, *TRANSDUCTION_TASKS]) and "dataset file" in err
+
+
+def test_the_command_line_expands_home_and_prints_on_an_ascii_stdout(tmp_path, monkeypatch):
+    """The two entry-point fixes as a user meets them (the helpers were tested alone, and main() could drop
+    either call unnoticed): ``attnkit reproduce lemma1 --out=~/r`` writes under the home folder, and any
+    command leaves an ASCII stdout printing "?" for what it cannot encode."""
+    import io
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    main(["reproduce", "lemma1", "--quick", "--out=~/r"])
+    assert (tmp_path / "home" / "r" / "summary.json").is_file() and not (tmp_path / "~").exists()
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="ascii", errors="strict"))
+    try:
+        main(["--version"])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    print("step \u00d7")
+    sys.stdout.flush()
+    assert raw.getvalue().decode("ascii").endswith("step ?\n")

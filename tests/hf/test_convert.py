@@ -676,3 +676,16 @@ def test_the_readers_of_a_conversion_look_through_training_wrappers(tmp_path):
     finally:
         dist.destroy_process_group()
     assert akhf.conversion(torch.nn.DataParallel(tiny_model("bert"))) is None
+
+    class PeftModel(torch.nn.Module):  # PEFT's wrapper, as far as the readers see it
+        def __init__(self, base):
+            super().__init__()
+            self.base_model = torch.nn.ModuleDict({"model": base})
+
+        def get_base_model(self):
+            return self.base_model["model"]
+
+    PeftModel.__module__ = "peft.peft_model"
+    peft = PeftModel(model)
+    assert akhf.conversion(peft) == akhf.conversion(model) and torch.equal(akhf.hybrid_weights(peft), u)
+    assert akhf.converted_modules(torch.nn.DataParallel(peft)) == akhf.converted_modules(model)

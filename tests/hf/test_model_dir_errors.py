@@ -648,6 +648,10 @@ def test_an_hnas_vision_transformer_loads_back_though_transformers_renames_its_l
     weights = tmp_path / family / "model.safetensors"  # the file without one layer's theta: still refused
     tensors = load_file(weights)
     theta = next(k for k in tensors if k.endswith("1.attention.attnkit_theta"))
+    extra = theta.replace("1.attention.", "0.output.")  # a theta at a recorded index, of another module
+    save_file({**tensors, extra: tensors[theta].clone()}, weights, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"holds .*0\.output\.attnkit_theta.*does not have"):
+        akhf.load(tmp_path / family)
     save_file({k: v for k, v in tensors.items() if k != theta}, weights, metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"records an hnas conversion of layers.1.attention but .* has no "
                                          "attnkit_theta for it"):

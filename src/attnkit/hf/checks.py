@@ -205,7 +205,10 @@ def _check_record(config: dict, config_path: str, weights: str, tensors: list[st
             by_indices.setdefault(indices(m), []).append(m)
         if all(len(names) == 1 for names in by_indices.values()):
             def owner(path: str):  # noqa: F811 (the renamed layout's reading)
-                return by_indices.get(indices(path), [None])[0]
+                found = by_indices.get(indices(path), [None])[0]
+                # the same module under its saved name: the same indices and the same last part
+                # (encoder.layer.0.attention for layers.0.attention, not encoder.layer.0.output)
+                return found if found is not None and path.split(".")[-1] == found.split(".")[-1] else None
 
     if isinstance(resolved, Hybrid):
         owners = {owner(t) for t in thetas}
