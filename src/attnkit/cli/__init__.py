@@ -176,21 +176,40 @@ def _expand_home(args: list[str]) -> list[str]:
     return expanded
 
 
-def _replace_unencodable_output() -> None:
+def _replace_unencodable_output() -> list:
     """Characters the terminal's encoding cannot show (the tables' "×", "Σπ", "≥" on a cp1252 or ASCII
     stdout) print as "?" rather than fail: compare finished and saved its results, then exited 2 with
-    "'charmap' codec can't encode characters" and no summary."""
+    "'charmap' codec can't encode characters" and no summary. Returns the streams changed, for
+    :func:`_restore_output` to set back."""
+    changed = []
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None and getattr(stream, "errors", "strict") == "strict":
             with contextlib.suppress(ValueError, OSError):
                 reconfigure(errors="replace")
+                changed.append(stream)
+    return changed
+
+
+def _restore_output(changed: list) -> None:
+    """Set the streams :func:`_replace_unencodable_output` changed back to strict, so that a program calling
+    :func:`main` in its own process keeps its own encoding errors after it returns."""
+    for stream in changed:
+        with contextlib.suppress(ValueError, OSError):
+            stream.reconfigure(errors="strict")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Entry point of the ``attnkit`` script."""
     args = _expand_home(list(argv) if argv is not None else sys.argv[1:])
-    _replace_unencodable_output()
+    changed = _replace_unencodable_output()
+    try:
+        _main(args)
+    finally:
+        _restore_output(changed)
+
+
+def _main(args: list) -> None:
     try:
         with _terminate_as_exit():
             if args and not {"--help", "--version"} & set(args):
