@@ -54,3 +54,33 @@ def test_demo_names_its_lemma1_column_for_what_it_computes(capsys):
     footnote = " ".join(out.split())
     assert "the smallest over keys of n_k times the key's weight sum" in footnote
     assert "smallest key sum times" not in footnote
+
+
+def _narrow_console(monkeypatch, width):
+    import io
+
+    from rich.console import Console
+
+    import attnkit.cli._screen as screen
+
+    out = io.StringIO()
+    monkeypatch.setattr(screen, "console", lambda *a, **k: Console(file=out, width=width, markup=False,
+                                                                    force_terminal=True, no_color=True))
+    return out
+
+
+@pytest.mark.parametrize("width", [40, 60])
+def test_demo_on_a_narrow_terminal_cuts_no_name_or_number(width, monkeypatch):
+    """On a 60-column terminal the summary table printed "sinkhorn…", "hnas(u=0…" and "1.000..1…"."""
+    out = _narrow_console(monkeypatch, width)
+    main(["demo", "--seed", "0"])
+    text = out.getvalue()
+    assert "…" not in text
+    rows = [line for line in text.splitlines() if "%" in line and line.startswith("│")]
+    assert [line.split()[1] for line in rows] == [
+        "softmax", "dnas", "hnas(u=0.5)", "sinkhorn(k=3)", "coda(scaled)"]
+    for line in rows:  # row sums, min key sum, min n_k*sum, share below eps: whole in one line
+        assert re.search(r"\d\.\d{3}\.\.\d\.\d{3} │ +-?\d\.\d\de[-+]\d\d │ +-?\d+\.\d{3} │ +\d+\.\d%", line)
+    grid_rows = [line for line in text.splitlines() if re.match(r"│ q\d ", line)]
+    assert len(grid_rows) == 5 * len(rows)  # the weight grids: every weight whole, "+0.37"
+    assert all(len(re.findall(r"[-+]\d\.\d\d\b", line)) == 6 for line in grid_rows)

@@ -99,15 +99,33 @@ def test_classification_metrics_known_answer():
     assert classification_metrics([0, 0, 1, 1], [0, 2, 1, 1])["macro_f1"] == pytest.approx(5 / 9)  # 2: F1 0
 
 
+def _narrow_screen(monkeypatch, width):
+    import io
+
+    from rich.console import Console
+
+    import attnkit.cli._screen as screen
+
+    out = io.StringIO()
+    monkeypatch.setattr(screen, "console", lambda *a, **k: Console(file=out, width=width, markup=False,
+                                                                    force_terminal=True, no_color=True))
+    return out
+
+
 def test_finetune_writes_metrics_and_model(tiny_bert, fixture_dataset, tmp_path, capsys, monkeypatch):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     out = tmp_path / "run"
+    screen = _narrow_screen(monkeypatch, 40)  # the table on a narrow terminal: nothing cut to "…"
     main(["finetune", "--model", str(tiny_bert), "--mechanism", "hnas", "--dataset", str(fixture_dataset),
           "--max-steps", "3", "--batch-size", "4", "--lr", "1e-2", "--max-length", "16", "--out", str(out)])
-    assert "hnas" in capsys.readouterr().out
     metrics = json.loads((out / "metrics.json").read_text())
+    row = next(line for line in screen.getvalue().splitlines() if line.startswith("│ hnas "))
+    assert "…" not in screen.getvalue()
+    assert [cell.strip() for cell in row.split("│")[2:7]] == [
+        f"{metrics['accuracy']:.4f}", f"{metrics['macro_f1']:.4f}", "3",
+        f"{metrics['mean_step_seconds']:.3f}", f"{metrics['train_loss']:.4f}"]
     assert metrics["train_steps"] == 3 and metrics["num_test"] == len(TEST) and metrics["num_labels"] == 3
     assert 0.0 <= metrics["accuracy"] <= 1.0 and 0.0 <= metrics["macro_f1"] <= 1.0
     assert metrics["mean_step_seconds"] > 0

@@ -152,3 +152,24 @@ def test_info_says_when_it_builds_the_cpp_kernels(capsys, monkeypatch):
     _cpu_kernels()
     assert capsys.readouterr().err == ""
 
+
+
+def test_info_on_a_narrow_terminal_folds_and_cuts_nothing(monkeypatch):
+    """On a 60-column terminal the C++ kernels' folder printed as "(/root/.cache/attnkit/ext/torch-…"."""
+    import io
+
+    from rich.console import Console
+
+    import attnkit.cli._screen as screen
+    from attnkit.cli.info import info_dict
+
+    out = io.StringIO()
+    monkeypatch.setattr(screen, "console", lambda *a, **k: Console(file=out, width=40, markup=False,
+                                                                    force_terminal=True, no_color=True))
+    main(["info"])
+    text = out.getvalue()
+    assert "…" not in text
+    joined = "".join(line.split("│")[2].strip() for line in text.splitlines() if line.count("│") == 3)
+    for key, value in info_dict().items():
+        if isinstance(value, str):
+            assert value.replace(" ", "") in joined.replace(" ", ""), key

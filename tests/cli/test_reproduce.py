@@ -411,3 +411,26 @@ def test_a_default_out_the_system_cannot_make_is_one_line_naming_out(capsys, mon
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1, err
     assert "--out 'runs/reproduce/lemma1' cannot be made" in err[0] and "choose another --out" in err[0]
+
+
+@pytest.mark.parametrize("width", [40, 60])
+def test_the_tables_on_a_narrow_terminal_cut_no_name_or_number(width, tmp_path, monkeypatch):
+    """On a 60-column terminal lemma1's table printed "2.144e…" for softmax's 2.144e-56 and "sinkho…"."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    import attnkit.cli._screen as screen
+
+    out = io.StringIO()
+    monkeypatch.setattr(screen, "console", lambda *a, **k: Console(file=out, width=width, markup=False,
+                                                                    force_terminal=True, no_color=True))
+    main(["reproduce", "lemma1", "--quick", "--out", str(tmp_path / "r")])
+    text = out.getvalue()
+    assert "…" not in text
+    rows = json.loads((tmp_path / "r" / "summary.json").read_text())["rows"]
+    lines = [line for line in text.splitlines() if line.startswith("│ ")]
+    for row in rows:  # each row's name and its number sit whole on one line
+        value = row["min n_k*sum"]
+        assert any(line.split()[1] == row["mechanism"] and f" {value:.4g} " in line for line in lines), row

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import Optional, TextIO
 
-__all__ = ["console", "hide_flag_types", "escape_help_markup", "PIPE_WIDTH"]
+__all__ = ["console", "add_fitted_columns", "hide_flag_types", "escape_help_markup", "PIPE_WIDTH"]
 
 PIPE_WIDTH = 400  # wide enough for every table attnkit prints; rich tables take only the width they need
 
@@ -30,6 +30,30 @@ def console(file: Optional[TextIO] = None, stderr: bool = False):
     return Console(
         file=stream, width=PIPE_WIDTH, no_color=True, highlight=False, soft_wrap=False, markup=False
     )
+
+
+def add_fitted_columns(table, header, rows, left: tuple = ("mechanism",)) -> None:
+    """Add ``header``'s columns to a rich ``table`` so that no cell is cut: each column is at least as wide
+    as the longest word among its cells (a mechanism's name, a number), and longer text wraps at spaces.
+    rich's default cut "2.144e-56" to "2.144e…" and every "sinkhorn" to "sinkho…" on a 60-column terminal.
+    Print the table with ``crop=False``: one still wider than the terminal is printed whole, for the
+    terminal to wrap, rather than cut at its edge. Columns named in ``left`` (the row names) are
+    left-justified and keep their header whole too; the others are right-justified when every cell is a
+    number."""
+    for i, name in enumerate(header):
+        cells = [str(row[i]) for row in rows] + ([name] if name in left else [])
+        widest = max([len(word) for cell in cells for word in cell.split()] or [0])
+        numeric = bool(cells) and all(_is_number(cell) for cell in cells if cell not in ("", "-"))
+        justify = "left" if name in left or not numeric else "right"
+        table.add_column(name, justify=justify, min_width=widest, overflow="fold")
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell.rstrip("%").lstrip("+"))
+    except ValueError:
+        return False
+    return True
 
 
 def hide_flag_types() -> None:

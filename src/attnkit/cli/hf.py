@@ -251,6 +251,7 @@ def register(app: typer.Typer) -> None:
         metrics = run(config)
         if int(os.environ.get("RANK", "0")) != 0:
             return
+        from attnkit.cli._screen import add_fitted_columns
         from attnkit.cli._screen import console as make_console
         from rich.table import Table
 
@@ -261,13 +262,11 @@ def register(app: typer.Typer) -> None:
         loss_column = "train loss"
         if aligned:
             loss_column += f" (+ {metrics['align']} x {metrics['align_weight']:g})"
-        for column in ("mechanism", "accuracy", "macro-F1", "steps", "s/step", loss_column):
-            table.add_column(column)
         label = f"{metrics['mechanism']}+{metrics['align']}" if aligned else metrics["mechanism"]
-        table.add_row(
-            label, f"{metrics['accuracy']:.4f}", f"{metrics['macro_f1']:.4f}",
-            str(metrics["train_steps"]), f"{metrics['mean_step_seconds']:.3f}",
-            f"{metrics['train_loss']:.4f}",
-        )
-        make_console().print(table)
+        row = [label, f"{metrics['accuracy']:.4f}", f"{metrics['macro_f1']:.4f}", str(metrics["train_steps"]),
+               f"{metrics['mean_step_seconds']:.3f}", f"{metrics['train_loss']:.4f}"]
+        header = ["mechanism", "accuracy", "macro-F1", "steps", "s/step", loss_column]
+        add_fitted_columns(table, header, [row])
+        table.add_row(*row)
+        make_console().print(table, crop=False)
         typer.echo(f"saved model and metrics.json to {out}")

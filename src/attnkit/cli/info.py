@@ -88,6 +88,8 @@ def register(app: typer.Typer) -> None:
 
         routes = data.pop("dispatch (backend='auto')")
         table = Table(title="attnkit", show_header=False)
+        table.add_column("key", no_wrap=True, min_width=max(map(len, data)))
+        table.add_column("value", overflow="fold")  # a path folds, not "ext/torch-…"
         for key, value in data.items():
             table.add_row(key, ", ".join(map(str, value)) if isinstance(value, list) else str(value))
         console = make_console()
@@ -95,7 +97,7 @@ def register(app: typer.Typer) -> None:
         for example, by_mechanism in routes.items():
             grid = Table(title=f"backend='auto' routes, {example} (ak.explain_dispatch)")
             grid.add_column("mechanism")
-            grid.add_column("route: reason")
+            grid.add_column("route: reason", overflow="fold")
             for mechanism, plan in by_mechanism.items():
                 grid.add_row(mechanism, plan)
             console.print(grid)

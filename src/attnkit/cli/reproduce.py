@@ -15,6 +15,7 @@ __all__ = ["register"]
 
 
 def _print_result(result) -> None:
+    from attnkit.cli._screen import add_fitted_columns
     from attnkit.cli._screen import console as make_console
     from rich.table import Table
 
@@ -24,22 +25,25 @@ def _print_result(result) -> None:
     if result.rows:
         table = Table(title=f"attnkit reproduce {result.name}")
         columns = table_columns(result.rows)
-        for column in columns:
-            table.add_column(column)
+        rows = []
         for row in result.rows:
             cells = []
             for column in columns:
                 value = row.get(column, "")
                 cells.append("-" if isinstance(value, float) and math.isnan(value) else format_value(value))
+            rows.append(cells)
+        add_fitted_columns(table, columns, rows, left=columns[:1])
+        for cells in rows:
             table.add_row(*cells)
-        console.print(table)
+        console.print(table, crop=False)
     claims = Table(title="paper claims")
-    for column in ("#", "verdict", "claim (source)", "paper", "ours", "criterion"):
-        claims.add_column(column, overflow="fold")
-    for i, claim in enumerate(result.claims, 1):
-        claims.add_row(str(i), claim.verdict, f"{claim.statement} ({claim.source})", claim.paper or "-",
-                       claim.ours or "-", claim.criterion)
-    console.print(claims)
+    rows = [[str(i), claim.verdict, f"{claim.statement} ({claim.source})", claim.paper or "-",
+             claim.ours or "-", claim.criterion] for i, claim in enumerate(result.claims, 1)]
+    add_fitted_columns(claims, ["#", "verdict", "claim (source)", "paper", "ours", "criterion"], rows,
+                       left=())
+    for cells in rows:
+        claims.add_row(*cells)
+    console.print(claims, crop=False)
     for i, claim in enumerate(result.claims, 1):
         console.print(f"{i}. {claim.verdict}: {claim.evidence}", highlight=False)
     if result.budget:
