@@ -358,3 +358,15 @@ def test_the_load_recorded_is_the_largest_seen(monkeypatch):
     assert stats.environment(0.0, 1.0, load_max=3.25)["load_average_max"] == 3.25
     assert stats.environment(0.0, 1.0, load_max=0.25)["load_average_max"] == 0.5  # the end's own
     assert stats.environment(0.0, 1.0)["load_average_max"] is None
+
+
+def test_the_comparisons_load_is_the_largest_any_run_saw():
+    """summarize() took the maximum over the runs' loads; taking the last run's (or the first's) passed every
+    test."""
+    from attnkit.runner import summary
+
+    runs = [{"load_average_max": 1.5}, {"load_average_max": 4.25}, {}, {"load_average_max": None},
+            {"load_average_max": 2.0}]
+    assert summary.runs_load_max(runs) == 4.25
+    assert summary.runs_load_max([{}, {"load_average_max": None}]) is None
+    assert summary.runs_load_max([]) is None

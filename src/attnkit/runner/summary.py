@@ -210,14 +210,20 @@ def _kernels_note(runs: list[dict]) -> Optional[str]:
             "with --overwrite in one environment for timings.")
 
 
+def runs_load_max(runs: list[dict]) -> Optional[float]:
+    """The largest load average any run saw (runs resumed from an older results file may have none), or
+    ``None``: the load of the whole comparison, not of its last run."""
+    loads = [r["load_average_max"] for r in runs if r.get("load_average_max") is not None]
+    return max(loads) if loads else None
+
+
 def summarize(task, data, config: CompareConfig, runs: list[dict], records: list[dict],
               started: Optional[float] = None) -> dict:
     """Everything ``results.json`` and ``report.html`` say besides the aggregated records."""
     import os
 
     baseline = records[0]["step_time_baseline"] if records else config.variants[0]
-    loads = [r["load_average_max"] for r in runs if r.get("load_average_max") is not None]
-    load_max = max(loads) if loads else None
+    load_max = runs_load_max(runs)
     kernels, why = cpp_kernels()
     notes = [note for note in (load_note(load_max, os.cpu_count()), _kernels_note(runs)) if note]
     return {
