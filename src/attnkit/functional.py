@@ -711,7 +711,7 @@ def normalize(
     # -inf scores hide pairs as a mask does, so they can make the pattern causal too; for the mechanisms that
     # normalize over queries, so does a finite causal fill far below its row's largest (-1e4, -1e6)
     check_causal_pattern(config, folded, "attn_mask" if folded is mask else "the mask with the masked scores")
-    if normalizes_over_queries(config):
+    if normalizes_over_queries(config) and Lk > 0:  # no keys: no pattern to read (amax of nothing)
         total = _with_bias(scores, folded)  # (B, H, Lq, Lk)
         valid = folded.valid
         seen = total if valid is None else total.masked_fill(~valid, float("-inf"))  # (B, H, Lq, Lk)

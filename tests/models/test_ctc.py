@@ -44,11 +44,13 @@ def test_prefix_beam_search_matches_greedy_on_a_peaked_posterior():
     assert ctc_prefix_beam_search(log_probs, beam_width=3) == [1, 2, 3, 3]
 
 
+@pytest.mark.parametrize("blank_id", [0, 2])
 @pytest.mark.parametrize("seed", range(40))
-def test_prefix_beam_probabilities_sum_over_alignments(seed):
+def test_prefix_beam_probabilities_sum_over_alignments(seed, blank_id):
     """Exhaustive check on random posteriors (40 of them; one passed a beam that let a repeated label follow
     its copy without a blank): with a beam wider than the labellings the answer is the arg-max over all
-    labellings of the summed probabilities of their alignments."""
+    labellings of the summed probabilities of their alignments; with the blank first or last (a beam
+    search reading blank 0 whatever ``blank_id`` passed with the blank first only)."""
     import itertools
 
     g = torch.Generator().manual_seed(seed)
@@ -58,7 +60,7 @@ def test_prefix_beam_probabilities_sum_over_alignments(seed):
     for path in itertools.product(range(V), repeat=T):
         labels, prev = [], None
         for t in path:
-            if t != prev and t != 0:
+            if t != prev and t != blank_id:
                 labels.append(t)
             prev = t
         totals[tuple(labels)] = totals.get(tuple(labels), 0.0) + math.exp(
@@ -68,7 +70,16 @@ def test_prefix_beam_probabilities_sum_over_alignments(seed):
     if ranked[0] - ranked[1] < 1e-9:  # a tie: either labelling is right
         pytest.skip("two labellings tie")
     best = max(totals, key=totals.get)
-    assert tuple(ctc_prefix_beam_search(log_probs, beam_width=500)) == best
+    assert tuple(ctc_prefix_beam_search(log_probs, beam_width=500, blank_id=blank_id)) == best
+
+
+def test_greedy_decoding_drops_the_blank_it_is_given():
+    """Best-path decoding reading blank 0 whatever ``blank_id`` passed every test: with the blank last
+    (id 3), the path c t t a t decodes "ca", not "ctat"."""
+    log_probs = _one_hot_path([1, 3, 3, 2, 3], p=0.97)
+    assert ctc_greedy_decode(log_probs[None], blank_id=3) == [[1, 2]]
+    assert ctc_greedy_decode(log_probs[None], blank_id=0) == [[1, 3, 2, 3]]
+    assert ctc_prefix_beam_search(log_probs, beam_width=8, blank_id=3) == [1, 2]
 
 
 def test_loss_matches_torch_and_refuses_infeasible_targets():
@@ -89,6 +100,49 @@ def test_loss_matches_torch_and_refuses_infeasible_targets():
         model.loss(
             src, None, torch.tensor([[1, 1, 2], [3, 0, 0]]), torch.tensor([3, 1])
         )  # needs 4 frames, has 3
+
+
+def _loss_inputs():
+    torch.manual_seed(0)
+    model = CTCModel(5, 4, embed_dim=4, hidden_dim=4, num_layers=1, upsample=2)
+    logits = torch.randn(2, 6, 4)
+    return model, logits, torch.tensor([6, 6]), torch.tensor([[1, 2, 3], [1, 1, 0]]), torch.tensor([3, 2])
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda lp, fr: (lp[..., :3].log_softmax(-1), fr), r"expected a \(B, T, V\) tensor with V = "
+         r"tgt_vocab_size = 4"),  # label 3 read past the class axis: a finite loss out of other memory
+        (lambda lp, fr: (lp.exp(), fr), r"log_probs holds 0\.\d+ > 0, which is no log-probability"),
+        (lambda lp, fr: (lp + 5, fr), r"holds \d\.\d+ > 0"),  # raw logits
+        (lambda lp, fr: (lp, torch.tensor([8, 6])), r"frames holds \[8, 6\]; each is a frame count in "
+         r"\[0, T=6\]"),
+        (lambda lp, fr: (lp, torch.tensor([-1, 6])), r"frames holds \[-1, 6\]"),
+        (lambda lp, fr: (lp, fr.float()), r"frames is .*; expected an integer tensor \(B,\) = \(2,\)"),
+        (lambda lp, fr: (lp, torch.tensor([6, 6, 6])), r"frames is .*; expected an integer tensor"),
+        (lambda lp, fr: (lp.long(), fr), r"expected floating log-probabilities"),
+        (lambda lp, fr: (lp[0], fr), r"expected a \(B, T, V\) tensor"),
+    ],
+)
+def test_loss_from_log_probs_refuses_outputs_that_are_not_the_models(edit, message):
+    """Probabilities gave a "loss" of -5.58, log-probabilities over 3 classes for a 4-class model read past
+    the class axis (3.92, then 9.26 for the same values as a strided view), and frame counts past T, float
+    or of the wrong size surfaced as torch's RuntimeErrors."""
+    model, logits, frames, targets, lengths = _loss_inputs()
+    log_probs, frames = edit(logits.log_softmax(-1), frames)
+    with pytest.raises(ValueError, match=message):
+        model.loss_from_log_probs(log_probs, frames, targets, lengths)
+
+
+def test_loss_from_log_probs_takes_half_precision_as_float32():
+    """float16 log-probabilities raised torch's NotImplementedError (no CPU kernel)."""
+    model, logits, frames, targets, lengths = _loss_inputs()
+    log_probs = logits.log_softmax(-1)
+    for dtype in (torch.float16, torch.bfloat16):
+        half = model.loss_from_log_probs(log_probs.to(dtype), frames, targets, lengths)
+        full = model.loss_from_log_probs(log_probs.to(dtype).float(), frames, targets, lengths)
+        assert half.dtype == torch.float32 and torch.equal(half, full)
 
 
 def test_frames_needed_counts_blanks_between_repeats():

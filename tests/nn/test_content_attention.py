@@ -80,6 +80,26 @@ def test_fully_masked_row_gives_zero_context(name):
     torch.testing.assert_close(weights[0].sum(), torch.tensor(1.0, dtype=torch.float64), **F64)
 
 
+@pytest.mark.parametrize(
+    "name, mechanism",
+    [(name, m) for name in ("additive", "bilinear", "dot") for m in ak.MECHANISMS
+     if m != "coda" or name == "dot"],  # CoDA's gate: DotAttention only
+)
+def test_no_keys_at_all_gives_zero_context_with_every_mechanism(name, mechanism):
+    """Keys of length 0 (B, 0, D) gave a zero context under softmax and coda but an IndexError from an amax
+    of nothing under dnas, hnas and sinkhorn (so did ``ak.normalize`` of (B, H, Lq, 0) scores)."""
+    D = 6
+    cls = {"additive": ak.nn.AdditiveAttention, "bilinear": ak.nn.BilinearAttention}.get(name)
+    module = (cls(D, D, mechanism=mechanism) if cls else ak.nn.DotAttention(D, mechanism=mechanism)).double()
+    queries = torch.randn(2, 3, D, dtype=torch.float64, requires_grad=True)
+    context, weights = module(queries, torch.randn(2, 0, D, dtype=torch.float64))
+    assert context.shape == (2, 3, D) and weights.shape == (2, 3, 0) and torch.all(context == 0)
+    context.sum().backward()
+    assert torch.all(queries.grad == 0)
+    gate = {"gate_scores": torch.zeros(1, 2, 3, 0)} if mechanism == "coda" else {}
+    assert ak.normalize(torch.zeros(1, 2, 3, 0), mechanism, **gate).shape == (1, 2, 3, 0)
+
+
 def test_dnas_normalizes_over_the_given_queries():
     module = ak.nn.DotAttention(6, mechanism="dnas").double()
     g = torch.Generator().manual_seed(3)

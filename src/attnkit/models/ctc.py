@@ -277,8 +277,30 @@ class CTCModel(nn.Module):
         """:meth:`loss` from the outputs of ``forward`` (``log_probs (B, T, V)``, ``frames (B,)``), for a
         caller that runs the forward through a wrapper (DistributedDataParallel syncs the gradients of what
         runs through its own forward only)."""
-        B = log_probs.shape[0]
+        V = self.tgt_vocab_size
+        if not isinstance(log_probs, Tensor) or log_probs.dim() != 3 or log_probs.shape[-1] != V:
+            raise ValueError(
+                f"log_probs is {describe(log_probs)}; expected a (B, T, V) tensor with V = tgt_vocab_size = "
+                f"{V}, as forward returns"
+            )
+        _check_log_probs(log_probs)
+        B, T = log_probs.shape[:2]
         check_loss_batch(B, "src_ids")
+        high = float(log_probs.detach().max()) if log_probs.numel() else 0.0
+        if high > _LOG_PROB_TOL:  # probabilities or logits: the "loss" came out negative
+            raise ValueError(
+                f"log_probs holds {high:g} > 0, which is no log-probability; pass forward's outputs "
+                "(log_softmax(logits, -1)), not probabilities or logits"
+            )
+        if not isinstance(frames, Tensor) or tuple(frames.shape) != (B,) or not _is_integer(frames):
+            raise ValueError(
+                f"frames is {describe(frames)}; expected an integer tensor (B,) = ({B},) of frame counts, as "
+                "forward returns"
+            )
+        if any(not 0 <= t <= T for t in frames.tolist()):
+            raise ValueError(f"frames holds {frames.tolist()}; each is a frame count in [0, T={T}]")
+        # half precision: F.ctc_loss has no CPU kernel for it; forward returns float32 already
+        log_probs = log_probs.to(torch.promote_types(log_probs.dtype, torch.float32))
         if not isinstance(targets, Tensor) or targets.dim() != 2 or targets.dtype != torch.long:
             raise ValueError(f"targets is {describe(targets)}; expected a LongTensor (B, S) of padded labels")
         if not isinstance(target_lengths, Tensor) or not _is_integer(target_lengths):
