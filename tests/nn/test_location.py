@@ -64,6 +64,30 @@ def test_padding_equals_truncation():
     torch.testing.assert_close(new[1], k1[0])
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_padding_before_or_between_the_values_equals_truncation(dtype):
+    """Positions were absolute (u = 1 .. U) while kappa starts at 0: two padded positions in front moved
+    the window by two (up to 5.3 off the truncated sequence over 4 steps); the docstring promised
+    padding = truncation."""
+    torch.manual_seed(4)
+    attn = ak.nn.GMMLocationAttention(6, 2).to(dtype)
+    real = torch.tensor([True, True, False, True, True, True, False])  # (U,): 5 real values
+    layouts = torch.stack([real, torch.cat([torch.tensor([False, False]), real[real]])])  # hole; left pad
+    values = torch.randn(2, 7, 3, dtype=dtype)
+    kappa = attn.initial_kappa(2).to(dtype)
+    alone = [attn.initial_kappa(1).to(dtype) for _ in range(2)]  # each example's kappa, run alone
+    tol = dict(atol=1e-12, rtol=1e-10) if dtype == torch.float64 else dict(atol=2e-2, rtol=2e-2)
+    for _ in range(4):
+        q = torch.randn(2, 6, dtype=dtype)
+        window, phi, kappa = attn(q, values, kappa, key_mask=layouts)
+        for b in range(2):
+            w1, p1, alone[b] = attn(q[b:b + 1], values[b, layouts[b]][None], alone[b])  # (1, 5, 3) values
+            torch.testing.assert_close(window[b], w1[0], **tol)
+            torch.testing.assert_close(phi[b, layouts[b]], p1[0], **tol)
+            assert torch.all(phi[b, ~layouts[b]] == 0)
+            torch.testing.assert_close(kappa[b], alone[b][0], **tol)
+
+
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="parameterization"):
         ak.nn.GMMLocationAttention(4, 2, parameterization="relu")

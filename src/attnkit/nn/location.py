@@ -18,7 +18,8 @@ step: the window only moves forward, which suits monotonic alignments and cannot
 Shapes: ``query (B, Dq)``; ``values (B, U, Dv)``; ``kappa (B, K)`` from the previous step
 (``initial_kappa(B)`` for the first); ``key_mask (B, U)`` bool, True = real. Returns ``window (B, Dv)``,
 ``phi (B, U)`` (exactly 0 on padded positions, so padding = truncation, whatever the padded values hold, NaN
-and inf included) and the new ``kappa (B, K)``.
+and inf included) and the new ``kappa (B, K)``. Positions count the real values only: padding before or
+between them equals truncation too.
 """
 
 from __future__ import annotations
@@ -58,7 +59,14 @@ def gmm_window_weights(alpha: Tensor, beta: Tensor, kappa: Tensor, length: int) 
         raise ValueError(f"{shapes}: they must have one shape (B, K)")
     exact = _positions_dtype(kappa.dtype)  # positions past 256 exist in float32, not in bfloat16
     u = torch.arange(1, length + 1, device=kappa.device, dtype=exact)  # (U,): positions 1 .. U
-    dist2 = (kappa.to(exact)[:, :, None] - u) ** 2  # (B, K, U)
+    return _window_at(alpha, beta, kappa, u)
+
+
+def _window_at(alpha: Tensor, beta: Tensor, kappa: Tensor, u: Tensor) -> Tensor:
+    """``phi`` at positions ``u``: ``(U,)`` shared by the batch or ``(B, U)`` per example -> ``(B, U)``."""
+    exact = u.dtype
+    u = u if u.dim() == 2 else u[None]  # (B or 1, U)
+    dist2 = (kappa.to(exact)[:, :, None] - u[:, None, :]) ** 2  # (B, K, U)
     phi = (alpha.to(exact)[:, :, None] * torch.exp(-beta.to(exact)[:, :, None] * dist2)).sum(dim=1)  # (B, U)
     return phi.to(alpha.dtype)
 
@@ -183,9 +191,14 @@ class GMMLocationAttention(NotScriptable, nn.Module):
                 "projected query overflowed (exp of more than about 88 in float32); use "
                 "parameterization='softplus', which grows linearly, or keep the query smaller"
             )
-        phi = gmm_window_weights(alpha, beta, kappa, U)  # (B, U)
-        if key_mask is not None:
-            phi = phi.masked_fill(~key_mask, 0.0)
+        if key_mask is None:
+            phi = gmm_window_weights(alpha, beta, kappa, U)  # (B, U)
+        else:
+            # positions count the real values only (1, 2, ... over True), so that padding anywhere, before
+            # or between the real values too, equals truncation; absolute positions moved a left-padded
+            # window by the padding's length (up to 5.3 off over 4 steps)
+            u = key_mask.cumsum(-1, dtype=_positions_dtype(kappa.dtype))  # (B, U)
+            phi = _window_at(alpha, beta, kappa, u).masked_fill(~key_mask, 0.0)
             # a select, not 0 * value: padded values that hold NaN or inf never reach the window
             values = zero_where(key_mask[:, :, None], values)  # (B, U, Dv)
         window = (phi.to(values.dtype)[:, None, :] @ values)[:, 0]  # (B, 1, U) @ (B, U, Dv) -> (B, Dv)
