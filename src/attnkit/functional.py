@@ -24,7 +24,14 @@ from .mechanisms import check_hybrid_weight
 from .registry import causal_problem, check_causal, normalizes_over_queries, resolve_options, spec_of
 from .scores import neg_l1_distance, scaled_dot
 from .scores._checks import check_scale
-from .validators import check_bool, check_not_traced, check_number, unbatched_values, values_hidden
+from .validators import (
+    EAGER_UNDER_COMPILE,
+    check_bool,
+    check_not_traced,
+    check_number,
+    unbatched_values,
+    values_hidden,
+)
 
 __all__ = [
     "attention",
@@ -86,6 +93,7 @@ def _active_observers() -> tuple[tuple[WeightObserver, object], ...]:
     return entries
 
 
+@torch.compiler.disable(reason=EAGER_UNDER_COMPILE)
 def observing() -> bool:
     """Whether an ``observe_weights`` block is active. Self-attention modules (``ak.nn.MultiheadAttention``,
     converted Hugging Face models) then infer the query padding of softmax from the key padding too, and
@@ -209,7 +217,7 @@ def _has_padding(m: Optional[Tensor]) -> bool:
 
 # Under torch.compile the call runs eagerly, one graph break, and the model around it compiles: its route is
 # chosen from the masks' values (host reads), and its kernels (C++, Triton) are opaque to the tracer.
-@torch.compiler.disable
+@torch.compiler.disable(reason=EAGER_UNDER_COMPILE)
 def attention(
     q: Tensor,
     k: Tensor,

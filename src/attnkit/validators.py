@@ -26,6 +26,7 @@ __all__ = [
     "check_float_tensor",
     "values_hidden",
     "unbatched_values",
+    "EAGER_UNDER_COMPILE",
 ]
 
 
@@ -166,3 +167,12 @@ class NotScriptable:
 
     def __prepare_scriptable__(self):
         raise ValueError(f"{type(self).__name__} cannot be compiled with torch.jit.script: {_TORCHSCRIPT}")
+
+
+# The reason torch.compile(fullgraph=True) prints when it meets attnkit's eager calls (its own hint said to
+# remove the torch.compiler.disable call, or to report ContextVar.get to PyTorch)
+EAGER_UNDER_COMPILE = (
+    "attnkit's attention runs eagerly under torch.compile (one graph break per call: its route reads the "
+    "masks' values and its kernels are opaque to the tracer); torch.compile(fullgraph=True) is not "
+    "supported, compile without fullgraph=True (attnkit README, torch.compile)"
+)

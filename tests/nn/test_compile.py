@@ -176,3 +176,17 @@ def test_dynamic_quantization_leaves_the_output_projection_as_torch_does():
     quantized = quantize_dynamic(torch.nn.Sequential(module), {torch.nn.Linear}, dtype=torch.qint8)[0]
     torch.testing.assert_close(quantized(x, x, x)[0], module(x, x, x)[0])
     assert type(quantized.out_proj) is type(stock.out_proj)
+
+
+@pytest.mark.parametrize("mechanism", ["softmax", "hnas", "coda"])
+def test_fullgraph_compile_is_refused_with_attnkits_reason(mechanism):
+    """torch.compile(fullgraph=True) stopped on "Dynamo does not know how to trace method `get` of class
+    `ContextVar` ... Please report an issue to PyTorch" (softmax) or a disabled function with "reason: None"
+    and the hint to remove the disable call (hnas, coda)."""
+    torch._dynamo.reset()
+    module = ak.nn.MultiheadAttention(16, 4, batch_first=True, mechanism=mechanism)
+    x = torch.randn(2, 5, 16)
+    with pytest.raises(Exception, match=r"(?s)attnkit's attention runs eagerly under torch\.compile.*"
+                                        r"fullgraph=True\) is not supported, compile without fullgraph=True"):
+        torch.compile(module, fullgraph=True, backend="aot_eager")(x, x, x, need_weights=False)
+    torch._dynamo.reset()

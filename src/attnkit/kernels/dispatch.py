@@ -45,7 +45,7 @@ from torch import Tensor
 from ..config import MechanismConfig
 from ..masks import MaskInfo
 from ..registry import spec_of
-from ..validators import values_hidden
+from ..validators import EAGER_UNDER_COMPILE, values_hidden
 from .aten_fallback import fused_available, fused_dnas_attention
 from .blockwise import potential_attention
 from .autodiff import unsupported_autodiff
@@ -450,7 +450,7 @@ def plan(
     return Plan(route, f"Lq*Lk = {Lq * Lk} >= {MIN_PAIRS}; {reason}")
 
 
-@torch.compiler.disable  # the kernels (C++, Triton) are opaque to torch.compile: one graph break, run eagerly
+@torch.compiler.disable(reason=EAGER_UNDER_COMPILE)  # kernels opaque to the tracer: run eagerly
 def run_route(
     route: str,
     q: Tensor,

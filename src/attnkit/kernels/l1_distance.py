@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..validators import EAGER_UNDER_COMPILE
 from . import cpu_ext
 from .autodiff import unsupported_autodiff
 
@@ -33,7 +34,7 @@ class _L1Distance(torch.autograd.Function):
         return dx, dy
 
 
-@torch.compiler.disable  # the C++ kernel is opaque to torch.compile: one graph break, run eagerly
+@torch.compiler.disable(reason=EAGER_UNDER_COMPILE)  # kernels opaque to the tracer: run eagerly
 def l1_distance(x: Tensor, y: Tensor) -> Tensor:
     """``dist (N, n, m)`` with ``dist[b, i, j] = sum_d |x[b, i, d] - y[b, j, d]|``; ``x (N, n, D)``, ``y (N,
     m, D)``.
