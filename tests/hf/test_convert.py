@@ -656,6 +656,29 @@ def test_a_decoder_loaded_alone_from_a_converted_encoder_decoder_says_it_holds_n
             read(decoder)
 
 
+def test_the_hybrid_weight_readers_gather_the_heads_fsdp2_shards(tmp_path):
+    """Under FSDP2 (``fully_shard``) theta is a DTensor: ``attnkit.hf.hybrid_weights``, ``ak.nn``'s
+    ``hybrid_weights`` and ``module.u`` returned DTensors of this process's heads, which ``.tolist()`` (what
+    finetune writes to metrics.json after training, before saving) refused."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    model = akhf.convert(tiny_model("bert"), "hnas", u0=0.3)
+    layer = ak.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, mechanism=ak.Hybrid(u0=0.3))
+    u, u_layer = akhf.hybrid_weights(model), layer.self_attn.u
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        fully_shard(model)
+        fully_shard(layer)
+        assert type(next(iter(model.parameters()))).__name__ == "DTensor"
+        for read, expected in ((lambda: akhf.hybrid_weights(model), u), (lambda: layer.self_attn.u, u_layer),
+                               (lambda: ak.nn.hybrid_weights(layer)[0], u_layer)):
+            value = read()
+            assert type(value) is torch.Tensor and value.tolist() == expected.tolist()
+    finally:
+        dist.destroy_process_group()
+
+
 def test_the_readers_of_a_conversion_look_through_training_wrappers(tmp_path):
     """Under accelerate the model is DDP-wrapped: conversion() returned None ("not converted"),
     hybrid_weights said "got mechanism none" and set_backend "was not converted"; a PEFT model was said to

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import CoDA, Hybrid, MechanismConfig, MechanismLike
+from ..mechanisms import whole_theta
 from ..registry import causal_problem, config_label, initial_theta, resolve_mechanism, resolve_options
 from .attention_interface import (
     _BACKEND_ATTR,
@@ -687,7 +688,8 @@ def set_backend(model, backend: str) -> None:
 def hybrid_weights(model) -> Tensor:
     """The hybrid weights ``u = sigmoid(theta)`` of an hnas-converted model, shape ``(layers, H)``, detached.
 
-    ``layers`` counts converted attention modules (ALBERT shares one module across its layers).
+    ``layers`` counts converted attention modules (ALBERT shares one module across its layers). Under
+    FSDP2 (``fully_shard``) every process must call it: it gathers the heads each one holds.
     """
     config = conversion(model)
     if not isinstance(config, Hybrid):
@@ -696,7 +698,7 @@ def hybrid_weights(model) -> Tensor:
             "hybrid_weights needs a model converted with mechanism='hnas', got mechanism "
             f"{name}"
         )
-    thetas = [getattr(m, _THETA_ATTR).detach() for m in converted_modules(model)]
+    thetas = [whole_theta(getattr(m, _THETA_ATTR)) for m in converted_modules(model)]  # FSDP2: all heads
     return torch.sigmoid(torch.stack(thetas).float())  # (layers, H)
 
 

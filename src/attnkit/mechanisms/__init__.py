@@ -2,7 +2,7 @@
 
 from .coda import ACTIVATION_FNS, GATE_FNS, coda_affinity, coda_gate, coda_weights
 from .dnas import dnas_weights, key_log_normalizer
-from .hybrid import check_hybrid_weight, hnas_weights, sigmoid_weight
+from .hybrid import check_hybrid_weight, hnas_weights, sigmoid_weight, whole_theta
 from .sinkhorn import sinkhorn_column_potential, sinkhorn_weights
 from .softmax import softmax_weights
 
@@ -17,6 +17,7 @@ __all__ = [
     "check_hybrid_weight",
     "hnas_weights",
     "sigmoid_weight",
+    "whole_theta",
     "sinkhorn_column_potential",
     "sinkhorn_weights",
     "softmax_weights",

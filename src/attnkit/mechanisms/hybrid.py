@@ -20,7 +20,7 @@ from .dnas import dnas_weights
 from .softmax import softmax_weights
 from ..validators import is_number, unbatched_values, values_hidden
 
-__all__ = ["hnas_weights", "check_hybrid_weight", "sigmoid_weight"]
+__all__ = ["hnas_weights", "check_hybrid_weight", "sigmoid_weight", "whole_theta"]
 
 _UNIT_INTERVAL = "_attnkit_in_unit_interval"
 
@@ -31,6 +31,14 @@ def sigmoid_weight(theta: Tensor) -> Tensor:
     u = torch.sigmoid(theta)
     setattr(u, _UNIT_INTERVAL, True)
     return u
+
+
+def whole_theta(theta: Tensor) -> Tensor:
+    """All of ``theta``, detached: a parameter sharded by FSDP2 (``fully_shard``) is a ``DTensor`` holding
+    this process's heads only, which ``.tolist()``, ``numpy()`` and ``torch.equal`` refuse; its
+    ``full_tensor()`` gathers the other processes' heads (a collective: every process must read it)."""
+    full = getattr(theta, "full_tensor", None)
+    return (full() if callable(full) else theta).detach()
 
 
 def check_hybrid_weight(

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from ..config import Hybrid, MechanismConfig, MechanismLike
 from ..masks import MASKED_BIAS
-from ..mechanisms import sigmoid_weight
+from ..mechanisms import sigmoid_weight, whole_theta
 from ..registry import config_label, initial_theta, resolve_options
 from ..validators import values_hidden
 
@@ -126,7 +126,7 @@ class HybridWeightAccess:
         mechanisms have none: ``AttributeError`` (so ``hasattr(module, "u")`` is False)."""
         if self.theta is None:
             raise AttributeError(self._no_u())
-        return torch.sigmoid(self.theta.detach())
+        return torch.sigmoid(whole_theta(self.theta))  # all heads, also under FSDP2
 
     def __getattr__(self, name: str) -> Any:
         # Reached when a property raises AttributeError: nn.Module's lookup would replace the message by
