@@ -190,3 +190,38 @@ def test_fullgraph_compile_is_refused_with_attnkits_reason(mechanism):
                                         r"fullgraph=True\) is not supported, compile without fullgraph=True"):
         torch.compile(module, fullgraph=True, backend="aot_eager")(x, x, x, need_weights=False)
     torch._dynamo.reset()
+
+
+def test_static_quantization_is_refused_with_a_fix_that_works():
+    """Eager static quantization failed with "'function' object has no attribute 'device'" (the quantized
+    out_proj's weight is a method); with the attention left out of it (qconfig = None) its quantized input
+    was told to ".to(torch.float32)" (which raises for a quantized tensor) or the module ".to(torch.quint8)"
+    (which nn.Module.to refuses)."""
+    from torch.ao.quantization import DeQuantStub, QuantStub, convert, get_default_qconfig, prepare
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.quant, self.inner, self.dequant = QuantStub(), inner, DeQuantStub()
+
+        def forward(self, x):
+            return self.dequant(self.inner(self.quant(x)))
+
+    x = torch.randn(2, 5, 8)
+    torch.manual_seed(0)
+    for leave_out in (False, True):
+        layer = ak.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True, mechanism="hnas")
+        model = Wrapped(layer).eval()
+        model.qconfig = get_default_qconfig("x86")
+        if leave_out:
+            layer.self_attn.qconfig = None
+        prepared = prepare(model)
+        prepared(x)  # calibration
+        with pytest.raises(ValueError, match=r"^query is a quantized tensor \(torch\.quint8\); .*dequantize"):
+            convert(prepared)(x)
+    module = ak.nn.MultiheadAttention(8, 2, batch_first=True)
+    module.out_proj = torch.ao.nn.quantized.Linear(8, 8)
+    with pytest.raises(ValueError, match=r"^out_proj is statically quantized; .*qconfig = None"):
+        module(x, x, x)
+    with pytest.raises(ValueError, match=r"^query has dtype torch\.int64; expected floating embeddings"):
+        ak.nn.MultiheadAttention(8, 2, batch_first=True)(x.long(), x, x)

@@ -483,6 +483,13 @@ class MultiheadAttention(HybridWeightMixin, NotScriptable, nn.Module):
             if not isinstance(t, Tensor):
                 raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             check_dense(t, name)
+            if t.is_quantized:
+                raise ValueError(
+                    f"{name} is a quantized tensor ({t.dtype}); attnkit's attention runs in floating point: "
+                    f"dequantize before it (a DeQuantStub, or {name}.dequantize()) and leave the module out "
+                    "of static quantization (its qconfig = None), or use "
+                    "torch.ao.quantization.quantize_dynamic"
+                )
         if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
             raise ValueError(
                 f"query, key, value have shapes {tuple(query.shape)}, {tuple(key.shape)}, "
@@ -490,11 +497,23 @@ class MultiheadAttention(HybridWeightMixin, NotScriptable, nn.Module):
                 "expected all 3-D (batched) or all 2-D (unbatched, (L, E))"
             )
         weight = self.out_proj.weight
+        if callable(weight) or weight.is_quantized:  # a statically quantized out_proj: weight() is qint8
+            raise ValueError(
+                "out_proj is statically quantized; attnkit's MultiheadAttention runs in floating point: set "
+                "its qconfig = None before torch.ao.quantization.prepare (dequantize its inputs with a "
+                "DeQuantStub), or use torch.ao.quantization.quantize_dynamic (which keeps out_proj in "
+                "floating point, as for torch's module)"
+            )
         for name, t in (("query", query), ("key", key), ("value", value)):
             if t.device != weight.device:
                 raise ValueError(
                     f"{name} is on {t.device} but the module's parameters are on {weight.device}; move one "
                     f"with .to(device)"
+                )
+            if not t.is_floating_point():  # token ids, say: no module dtype would take them
+                raise ValueError(
+                    f"{name} has dtype {t.dtype}; expected floating embeddings of the module's dtype "
+                    f"{weight.dtype} (embed token ids first, e.g. with nn.Embedding)"
                 )
             if t.dtype != weight.dtype and not torch.is_autocast_enabled(t.device.type):
                 raise ValueError(
