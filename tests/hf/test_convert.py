@@ -656,6 +656,41 @@ def test_a_decoder_loaded_alone_from_a_converted_encoder_decoder_says_it_holds_n
             read(decoder)
 
 
+def test_a_model_converted_on_the_meta_device_gets_u0_after_to_empty():
+    """Built on the meta device, converted, ``to_empty()`` and loaded with the stock weights (the FSDP2 and
+    large-model pattern), an hnas model kept theta as whatever memory held: u 0.5 or 1.0 for u0 = 0.3, logits
+    0.37-1.96 off the model converted after loading. ak.nn's modules set logit(u0) there already."""
+    import copy
+    import pickle
+
+    from transformers import AutoModel
+
+    from tests.hf._models import tiny_config
+
+    stock = tiny_model("bert")
+    reference = akhf.convert(twin(stock), "hnas", u0=0.3)
+    with torch.device("meta"):
+        model = AutoModel.from_config(tiny_config("bert"), attn_implementation="eager")
+    akhf.convert(model, "hnas", u0=0.3)
+    with torch.no_grad():
+        for _ in range(3):  # what freed memory may hold, where theta's new memory comes from
+            torch.full((64,), float("nan")).sum()
+    model.to_empty(device="cpu")
+    missing = model.load_state_dict(stock.state_dict(), strict=False).missing_keys
+    assert missing and all(key.endswith("attnkit_theta") for key in missing)
+    for name, buffer in stock.named_buffers():  # non-persistent buffers (position ids) are not in state_dict
+        model.get_buffer(name).copy_(buffer)
+    model.eval()
+    assert torch.equal(akhf.hybrid_weights(model), akhf.hybrid_weights(reference))
+    ids = torch.randint(5, 50, (2, 7))
+    torch.testing.assert_close(model(ids).last_hidden_state, reference(ids).last_hidden_state)
+    model.to(torch.float64).to(torch.float32)  # other conversions keep a trained theta
+    for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert torch.equal(akhf.hybrid_weights(copied), akhf.hybrid_weights(reference))
+        copied.to_empty(device="cpu")
+        assert torch.equal(akhf.hybrid_weights(copied), akhf.hybrid_weights(reference))
+
+
 def test_the_hybrid_weight_readers_gather_the_heads_fsdp2_shards(tmp_path):
     """Under FSDP2 (``fully_shard``) theta is a DTensor: ``attnkit.hf.hybrid_weights``, ``ak.nn``'s
     ``hybrid_weights`` and ``module.u`` returned DTensors of this process's heads, which ``.tolist()`` (what

@@ -307,6 +307,23 @@ def _apply(module: nn.Module, config: MechanismConfig, H: int) -> None:
             device=like.device if like is not None else None,
         )
         module.register_parameter(_THETA_ATTR, nn.Parameter(theta))
+        # to_empty() leaves theta as whatever memory held (the meta-device build of FSDP2 and large models:
+        # build on meta, convert, to_empty, load the stock weights, which hold no theta); as ak.nn's modules,
+        # the module then sets theta to logit(u0). A partial, not a bound method: it pickles and deep-copies.
+        module._apply = functools.partial(_apply_setting_theta, module)
+
+
+def _apply_setting_theta(module: nn.Module, fn, recurse: bool = True):
+    """``nn.Module._apply`` of a converted hnas module: after ``to_empty()`` theta is ``logit(u0)``."""
+    from ..nn.module_utils import _from_to_empty
+
+    result = type(module)._apply(module, fn, recurse)
+    theta = getattr(module, _THETA_ATTR, None)
+    config = getattr(module, _MECHANISM_ATTR, None)
+    if theta is not None and isinstance(config, Hybrid) and _from_to_empty(fn) and not theta.is_meta:
+        with torch.no_grad():
+            theta.fill_(initial_theta(config))
+    return result
 
 
 def _choose_layers(layers, n: int, model_name: str) -> list[int]:
