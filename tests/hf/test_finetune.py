@@ -134,6 +134,19 @@ def test_large_integer_class_ids_stay_apart(tmp_path):
     assert len(load_text_classification(str(folder)).label_names) == 2
 
 
+def test_numeric_labels_are_ordered_by_value_so_ids_0_to_n_are_their_index(tmp_path):
+    """Labels 0..11 were sorted as text: '10' and '11' took indices 2 and 3, and 200 of 240 examples had a
+    model index other than their class id (the README: numeric labels are class ids)."""
+    rows = b"".join(f"{y}\ttext {y}\n".encode() for y in range(12))
+    folder = _folder(tmp_path, rows, b"10\tx\n2\ty\n")
+    data = load_text_classification(str(folder))
+    assert data.label_names == [str(y) for y in range(12)]
+    assert data.train_labels == list(range(12)) and data.test_labels == [10, 2]
+    (tmp_path / "words").mkdir()  # names stay sorted as text
+    words = _folder(tmp_path / "words", b"b10\ta\nb9\tb\n", b"b9\tc\n")
+    assert load_text_classification(str(words)).label_names == ["b10", "b9"]
+
+
 def test_a_list_of_labels_only_in_test_is_cut_short(tmp_path):
     """Texts read as labels (a header the reader did not know) printed every one: one line of 106,633
     characters at SST-2's 872 dev rows."""

