@@ -188,3 +188,23 @@ def test_load_or_fetch_into_a_cache_that_is_a_file_refuses_before_saying_it_down
     with pytest.raises(Exception, match="a part of that path is a file"):
         load_or_fetch("reuters8")
     assert "downloading" not in capsys.readouterr().err
+
+
+def test_load_or_fetch_into_a_cache_it_may_not_write_refuses_before_saying_it_downloads(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """With a read-only HOME and no ATTNKIT_CACHE, compare printed "reuters8 is not in the cache yet:
+    downloading it once" above "cannot write to the cache": only a file in the path was checked first."""
+    import os
+
+    from attnkit.data import load_or_fetch
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("ATTNKIT_CACHE", str(home / ".cache" / "attnkit"))
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **k: False if os.fspath(p) == str(home)
+                        else real_access(p, mode, **k))  # as for a non-root user and a 0555 HOME
+    with pytest.raises(Exception, match=rf"^cannot write to the cache at {home}/\.cache/attnkit/datasets/"
+                                        r"reuters8 \(Permission denied\); point cache_dir"):
+        load_or_fetch("reuters8")
+    assert capsys.readouterr().err == "" and not (home / ".cache").exists()

