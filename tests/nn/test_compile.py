@@ -5,6 +5,8 @@ and its C++ / Triton kernels are opaque to the tracer); the layers around it com
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -51,8 +53,12 @@ def test_a_compiled_converted_hugging_face_model_matches_eager(mechanism):
     mask = torch.ones(2, 7, dtype=torch.long)
     mask[1, 4:] = 0
     eager = model(input_ids=ids, attention_mask=mask).last_hidden_state
-    compiled = torch.compile(model, backend="aot_eager")(input_ids=ids, attention_mask=mask).last_hidden_state
-    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = torch.compile(model, backend="aot_eager")(input_ids=ids, attention_mask=mask)
+    torch.testing.assert_close(compiled.last_hidden_state, eager, rtol=1e-5, atol=1e-6)
+    # CoDA read its query prescale through an lru_cache at every call: Dynamo warned of "silent incorrectness"
+    assert not [w for w in caught if "lru_cache" in str(w.message)]
 
 
 def test_inductor_compiles_a_padded_dnas_encoder():

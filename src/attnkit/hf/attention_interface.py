@@ -101,6 +101,20 @@ def _query_prescale(module: nn.Module, scaling: Optional[float]) -> Optional[flo
     return s if _PRESCALED_QUERY.search(source) and prescales_query(module) else None
 
 
+_PRESCALE_ATTR = "_attnkit_query_prescale"
+
+
+def coda_prescale(module: nn.Module) -> tuple[bool, Optional[float]]:
+    """``(prescales_query(module), _query_prescale(module, 1.0))``, read from the module's source once and
+    kept on the module (``convert`` reads it): read at every call, the cached source lookup made
+    torch.compile warn of "silent incorrectness" for every converted CoDA model."""
+    found = module.__dict__.get(_PRESCALE_ATTR)
+    if found is None:
+        found = (prescales_query(module), _query_prescale(module, 1.0))
+        module.__dict__[_PRESCALE_ATTR] = found
+    return found
+
+
 def _coda_prescale_problem(module: nn.Module) -> str:
     return (
         f"{type(module).__name__} scales its queries before attention (it passes scaling=1.0) by a factor "
@@ -194,7 +208,8 @@ def attention_forward(
                 "does not implement, so its attention cannot run through attnkit; use the model without "
                 "attnkit.hf.convert"
             )
-    if isinstance(config, CoDA) and prescales_query(module) and _query_prescale(module, 1.0) is None:
+    prescaled, factor = coda_prescale(module) if isinstance(config, CoDA) else (False, None)
+    if prescaled and factor is None:
         raise ValueError(_coda_prescale_problem(module))
     if position_bias is not None and isinstance(config, CoDA):
         raise ValueError(
@@ -213,7 +228,7 @@ def attention_forward(
         )
     key, value = _repeat_kv(key, H // Hkv), _repeat_kv(value, H // Hkv)  # (B, H, Lk, D)
     if isinstance(config, CoDA):
-        s = _query_prescale(module, scaling)
+        s = factor if scaling == 1.0 else None  # _query_prescale(module, scaling)
         if s is not None:  # E = alpha s q.k as the model's scores; N = -beta s ||q - k||_1 of the projections
             query, scaling = query / s, s
 

@@ -48,6 +48,7 @@ from .attention_interface import (
     UNSUPPORTED_FEATURES,
     _coda_prescale_problem,
     _query_prescale,
+    coda_prescale,
     attention_forward,
     attention_mask,
     forward_source,
@@ -299,6 +300,8 @@ def _apply(module: nn.Module, config: MechanismConfig, H: int) -> None:
     forward = own_forward(module)
     if forward is not None:  # a partial, not a bound method: it pickles and deep-copies
         setattr(module, own_method(module), functools.partial(forward, module))
+    if isinstance(config, CoDA):
+        coda_prescale(module)  # read once here, not under torch.compile
     if isinstance(config, Hybrid):
         like = next(module.parameters(), None)
         theta = torch.full(
