@@ -94,3 +94,33 @@ def test_the_best_composition_is_judged_among_table_9s_compositions_only(tmp_pat
     best = result.claims[2]
     assert best.held and best.ours == "best: coda (2 sigmoid, eq. 5)"
     assert "centered" not in best.evidence and "sigmoid gate" not in best.evidence
+
+
+def test_quick_note_does_not_say_softmax_learns_at_the_budget(tmp_path, monkeypatch):
+    """The quick note said 600 steps was "the smallest budget at which softmax learns" while the same run
+    measured softmax at 0.46 (precondition not held); it now states the measured accuracy and that 63% was
+    before the train/test overlap was removed."""
+    from attnkit.analysis import repro_mlu
+    from attnkit.analysis.report import ReproduceResult
+
+    monkeypatch.setattr(repro_mlu, "train_mlu", lambda mechanism, steps, seed: 0.46)
+    result = ReproduceResult(name="mlu", out=tmp_path)
+    repro_mlu.mlu_ablations(result, quick=True, seed=0)
+    assert "softmax learns" not in result.note
+    assert "this run 0.460" in result.note and "overlap was removed" in result.note
+    assert "below the 50% precondition" in result.note
+    doc = " ".join(repro_mlu.__doc__.split())
+    assert "first reaches >= 50%" not in doc and "before the overlap between train and test" in doc
+
+
+def test_paper_column_is_in_the_unit_of_ours(tmp_path, monkeypatch):
+    """The "paper (Table 6)" column showed 76.1 / 84.3 (percent) beside our fractions (0.46)."""
+    from attnkit.analysis import repro_mlu
+    from attnkit.analysis.report import ReproduceResult
+
+    monkeypatch.setattr(repro_mlu, "train_mlu", lambda mechanism, steps, seed: 0.46)
+    result = ReproduceResult(name="mlu", out=tmp_path)
+    repro_mlu.mlu_ablations(result, quick=True, seed=0)
+    paper = {row["variant"]: row["paper (Table 6)"] for row in result.rows}
+    assert paper["softmax"] == 0.761 and paper["coda (2 sigmoid, eq. 5)"] == 0.843
+    assert result.claims[0].paper.startswith("0.761")

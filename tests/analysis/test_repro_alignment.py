@@ -55,6 +55,14 @@ def test_smoke_budget_writes_table_claims_and_files(tmp_path, text_cache):
     experiments = {row["experiment"].split(" ")[0] for row in result.rows}
     assert experiments == {"in-domain", "20NG", "GAT,"}
     assert len({tuple(row) for row in result.rows}) == 1  # one set of columns
+    # GAT rows quote Cora in their own column, not "Cora 83.0" under the MRPC/ALBERT one
+    from attnkit.analysis.repro_alignment import PAPER
+
+    gat_rows = [row for row in result.rows if row["experiment"].startswith("GAT")]
+    assert gat_rows and all(row["paper acc % (MRPC, ALBERT)"] == "" for row in gat_rows)
+    assert [row["paper acc % (Cora, GAT)"] for row in gat_rows if row["method"] == "none"] == [
+        PAPER["gat"]["none"]["accuracy"]
+    ]
     names = {p.name for p in result.files}
     assert {
         "alignment_mmd_heads.png",
@@ -163,3 +171,50 @@ def test_the_papers_aligned_mmd_is_credited_to_no_method_and_ours_is_not_its_qua
         assert "0.0038 with the alignment loss (method not named)" in claim.paper
         assert "standard Gaussian kernels" in claim.paper and "not the paper's MMD" in claim.ours
     assert "not the paper's (standard Gaussian kernels)" in budget.describe()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"methods": ("ct",)}, r"Budget.methods=\('ct',\): expected a tuple that includes 'none'"),
+        ({"gat_methods": ("gan", "ct")}, r"Budget.gat_methods=.*includes 'none'"),
+        ({"methods": ("none", "cT")}, r"Budget.methods=.*\['cT'\].*use each of \('none', 'gan'"),
+        ({"cross_methods": ("none", "ct", "ct")}, r"Budget.cross_methods=.*repeated"),
+        ({"steps": 0}, r"Budget.steps=0: expected a positive integer"),
+        ({"gat_epochs": 0}, r"Budget.gat_epochs=0: expected a positive integer"),
+        ({"batch_size": 8.0}, r"Budget.batch_size=8.0: expected a positive integer"),
+        ({"seeds": ()}, r"Budget.seeds=\(\): expected a non-empty tuple"),
+        ({"gat_seeds": ()}, r"Budget.gat_seeds=\(\): expected a non-empty tuple"),
+        ({"lr": 0.0}, r"Budget.lr=0.0: expected a positive finite number"),
+    ],
+)
+def test_budget_refuses_a_bad_value_before_any_training(change, message):
+    """Budget validated nothing: methods=("ct",) failed with KeyError 'none' after the training (hours at the
+    full budget), steps=0 with a bare ZeroDivisionError, gat_epochs=0 reported GAT accuracy 0.00, and a
+    misspelled method was refused only after the runs before it had trained."""
+    from dataclasses import asdict
+
+    from attnkit.analysis.repro_alignment import Budget
+
+    with pytest.raises(ValueError, match=message):
+        Budget(**{**asdict(Budget.smoke()), **change})
+
+
+def test_the_shipped_budgets_are_valid():
+    from attnkit.analysis.repro_alignment import Budget
+
+    for budget in (Budget(), Budget.quick(), Budget.smoke()):
+        assert "none" in budget.methods and budget.steps > 0
+
+
+def test_loading_the_encoder_prints_no_progress_bar_and_restores_logging(capfd):
+    """Each run printed a transformers "Loading weights" progress bar to stderr (9 per quick run) and left
+    transformers' verbosity at ERROR for the rest of the user's session."""
+    from transformers.utils import logging
+
+    from attnkit.analysis.repro_alignment import _encoder
+
+    before = (logging.get_verbosity(), logging.is_progress_bar_enabled())
+    _encoder(2, 0)
+    assert "Loading weights" not in capfd.readouterr().err
+    assert (logging.get_verbosity(), logging.is_progress_bar_enabled()) == before

@@ -69,6 +69,51 @@ DOMAINS = {  # label 0 = comp, label 1 = rec
 }
 
 
+_BUDGET_INTS = (
+    "steps",
+    "batch_size",
+    "max_length",
+    "train_size",
+    "test_size",
+    "cross_steps",
+    "cross_train_size",
+    "cross_test_size",
+    "gat_nodes_per_class",
+    "gat_classes",
+    "gat_epochs",
+    "gat_max_tokens",
+    "timing_rounds",
+    "timing_steps",
+)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_positive_int(name: str, value) -> None:
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"Budget.{name}={value!r}: expected a positive integer")
+
+
+def _check_methods(name: str, methods) -> None:
+    """``"none"`` (the baseline every claim compares with) plus alignment methods, each once."""
+    from ..align import METHODS
+
+    valid = ("none", *METHODS)
+    if not isinstance(methods, tuple) or "none" not in methods:
+        raise ValueError(
+            f"Budget.{name}={methods!r}: expected a tuple that includes 'none' (the baseline every claim "
+            f"compares with), e.g. ('none', 'ct')"
+        )
+    unknown = [m for m in methods if m not in valid]
+    if unknown or len(set(methods)) != len(methods):
+        raise ValueError(
+            f"Budget.{name}={methods!r}: unknown or repeated method(s) {unknown or 'repeated'}; "
+            f"use each of {valid} at most once"
+        )
+
+
 @dataclass(frozen=True)
 class Budget:
     """How much each experiment trains. ``seeds`` runs per method; sizes are example counts."""
@@ -95,6 +140,21 @@ class Budget:
     timing_rounds: int = 4
     timing_steps: int = 3
     verbose: bool = False  # one line per finished run on stderr
+
+    def __post_init__(self) -> None:
+        """Refuse a budget that would fail (or report zeros) only after minutes or hours of training."""
+        for name in _BUDGET_INTS:
+            _check_positive_int(name, getattr(self, name))
+        for name in ("lr", "weight"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"Budget.{name}={value!r}: expected a positive finite number")
+        for name in ("seeds", "gat_seeds"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple) or not value or not all(_is_int(v) for v in value):
+                raise ValueError(f"Budget.{name}={value!r}: expected a non-empty tuple of integer seeds")
+        for name in ("methods", "cross_methods", "gat_methods"):
+            _check_methods(name, getattr(self, name))
 
     @classmethod
     def quick(cls) -> "Budget":
@@ -166,13 +226,21 @@ def _encoder(num_labels: int, seed: int):
 
     from ..hf.finetune import default_model_path
 
-    logging.set_verbosity_error()  # the new classifier head is expected, not news
-
     path = default_model_path()
     torch.manual_seed(seed)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        path, num_labels=num_labels, use_safetensors=True
-    )
+    # quiet while loading (the new classifier head is expected, not news; the "Loading weights" bar is
+    # printed once per run), then the user's transformers logging settings back
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=num_labels, use_safetensors=True
+        )
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
     return model, AutoTokenizer.from_pretrained(path)
 
 
@@ -499,7 +567,8 @@ def gat(result: ReproduceResult, budget: Budget) -> dict:
                 "method": method,
                 "seeds": len(runs[method]),
                 "accuracy %": _fmt(runs[method], 100),
-                "paper acc % (MRPC, ALBERT)": f"Cora {PAPER['gat'].get(method, {}).get('accuracy', '')}",
+                "paper acc % (MRPC, ALBERT)": "",
+                "paper acc % (Cora, GAT)": PAPER["gat"].get(method, {}).get("accuracy", ""),
                 "ECE %": "",
                 "total MMD": "",
                 "paper MMD": "",

@@ -5,9 +5,11 @@ The paper trains a Transformer and a CoDA Transformer for 100k steps on MLU (ope
 learns that task at all (about 1%), so the comparison would say nothing. ``mlu`` therefore shrinks the task,
 a stated deviation: operands in ``[-RANGE, RANGE)`` (default 16: results up to three digits; 2400 training
 expressions), the same operators and the same random assignment order, a small encoder-decoder (2 + 2
-layers, d 64) and a budget at which the softmax Transformer first reaches >= 50% sequence accuracy on held-
-out expressions: 600 Adam steps (batch 64, one-cycle schedule, peak lr 3e-3) gave 63% on seed 0 in 22 s of
-CPU time (one thread); 1500 steps at lr 1e-3 had given 0%. Then softmax vs CoDA and the paper's ablations:
+layers, d 64) and 600 Adam steps (batch 64, one-cycle schedule, peak lr 3e-3; 22 s of CPU time on one thread;
+1500 steps at lr 1e-3 had given 0%). That budget was chosen when softmax reached 63% sequence accuracy on
+seed 0, before the overlap between train and test expressions was removed; on disjoint splits it reaches
+about 0.45 (0.447 +- 0.029 over seeds 0-2 at the full budget), so the precondition claim "softmax learns
+(>= 50%)" does not hold at this budget. Then softmax vs CoDA and the paper's ablations:
 gate variants (plain sigmoid, 2 sigmoid = eq. 5, centered = eq. 4), centering E (Table 8) and the Table 9
 activations (with the gate mapped onto [0, 1], see ``attnkit.mechanisms.coda``), over seeds.
 """
@@ -26,8 +28,9 @@ from .report import Claim, ReproduceResult, exceeds, spread, write_csv
 
 __all__ = ["train_mlu", "mlu_ablations", "MLU_VARIANTS"]
 
-# Table 6: Transformer 76.1, CoDA Transformer 84.3 (sequence accuracy, 100k steps).
-PAPER_TABLE6 = {"softmax": 76.1, "coda": 84.3}
+# Table 6: Transformer 76.1%, CoDA Transformer 84.3% (sequence accuracy, 100k steps); as fractions, the unit
+# of our "sequence accuracy" column beside them.
+PAPER_TABLE6 = {"softmax": 0.761, "coda": 0.843}
 MLU_VARIANTS = {
     "softmax": "softmax",
     "coda (2 sigmoid, eq. 5)": CoDA(gate="scaled"),
@@ -126,17 +129,22 @@ def train_mlu(
     return sequence_accuracy(preds, data.test_tgt)
 
 
+def _quick_note(steps: int, softmax: float) -> str:
+    return (
+        f"quick: one seed of softmax and CoDA at {steps} steps, the budget at which softmax had reached 63% "
+        "before the train/test overlap was removed; on disjoint splits it reaches about 0.45 (0.447 +- 0.029 "
+        f"over 3 seeds at the full budget; this run {softmax:.3f}), below the 50% precondition; no spread "
+        "over seeds, and the Table 8/9 ablations run only in full mode"
+    )
+
+
 def mlu_ablations(result: ReproduceResult, quick: bool = False, seed: int = 0) -> None:
-    # 600 steps is the smallest budget at which softmax learns the task (400 steps: 0.33-0.40), so quick mode
-    # keeps it and runs one seed of softmax and CoDA instead of three seeds of every variant.
+    # 600 steps: the budget at which softmax had reached 63% on seed 0 before the train/test overlap was
+    # removed (now about 0.45, below the 50% precondition). Quick mode keeps it and runs one seed of softmax
+    # and CoDA instead of three seeds of every variant.
     n_seeds, steps = (1, 600) if quick else (3, 600)
     variants = dict(list(MLU_VARIANTS.items())[:2]) if quick else MLU_VARIANTS
     seeds = list(range(seed, seed + n_seeds))
-    if quick:
-        result.note = (
-            "quick: one seed of softmax and CoDA at the smallest budget at which softmax learns (600 steps); "
-            "no spread over seeds, and the Table 8/9 ablations run only in full mode"
-        )
     result.budget = (
         f"{n_seeds} seed{'s' if n_seeds > 1 else ''} x {steps} Adam steps (batch 64, one-cycle lr 3e-3), "
         "2+2 layers d 64; "
@@ -166,6 +174,8 @@ def mlu_ablations(result: ReproduceResult, quick: bool = False, seed: int = 0) -
             }
         )
     soft, coda = np.mean(acc["softmax"]), np.mean(acc["coda (2 sigmoid, eq. 5)"])
+    if quick:
+        result.note = _quick_note(steps, soft)
     beats = exceeds(acc["coda (2 sigmoid, eq. 5)"], acc["softmax"])  # beyond the seeds' noise
     result.claims += [
         Claim(
@@ -173,7 +183,7 @@ def mlu_ablations(result: ReproduceResult, quick: bool = False, seed: int = 0) -
             "the softmax Transformer learns the task (>= 50% sequence accuracy)",
             soft >= 0.5,
             f"softmax mean sequence accuracy {soft:.3f} at this budget",
-            paper="76.1",
+            paper="0.761 (76.1%)",
             ours=spread(acc["softmax"]),
             criterion="different",
         ),
@@ -183,7 +193,7 @@ def mlu_ablations(result: ReproduceResult, quick: bool = False, seed: int = 0) -
             beats[0],
             f"mean sequence accuracy CoDA {coda:.3f} vs softmax {soft:.3f} (operands in [-16, 16)); "
             f"{beats[1]}",
-            paper="84.3 vs 76.1",
+            paper="0.843 vs 0.761 (84.3% vs 76.1%)",
             ours=f"{spread(acc['coda (2 sigmoid, eq. 5)'])} vs {spread(acc['softmax'])}",
             criterion="different",
         ),
