@@ -209,3 +209,19 @@ def test_a_folder_locked_by_a_script_that_merely_names_attnkit_keeps_the_callers
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_an_out_still_to_be_made_under_a_read_only_folder_is_refused_naming_out(tmp_path, monkeypatch):
+    """check_out_writable judges an --out that does not exist yet by the nearest folder above it (the
+    check that replaced errors naming a hidden temporary folder after the model work)."""
+    from attnkit._files import check_out_writable
+
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, m, *a, **k: False if str(p) == str(tmp_path) else real(p, m))
+    out = tmp_path / "new" / "view"
+    with pytest.raises(PermissionError) as exc:
+        check_out_writable(out)
+    assert str(exc.value) == f"--out {out} cannot be written (Permission denied); choose another --out"
+    assert not (tmp_path / "new").exists()
+    check_out_writable(tmp_path.parent / "other")  # a writable folder above: no error, nothing made
+    assert not (tmp_path.parent / "other").exists()

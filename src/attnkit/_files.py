@@ -9,6 +9,7 @@ result file whole or not at all, and never over a file that appeared meanwhile u
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import json
 import os
@@ -17,7 +18,8 @@ import threading
 from pathlib import Path
 from typing import Optional, Union
 
-__all__ = ["match_umask", "write_text_file", "write_file_with", "check_link", "check_output_parents"]
+__all__ = ["match_umask", "write_text_file", "write_file_with", "check_link", "check_output_parents",
+           "check_out_writable", "check_deletable", "rmtree_named"]
 
 _LOCK = threading.Lock()
 
@@ -148,6 +150,57 @@ def make_out_dir(out: Union[str, Path]) -> None:
     except (FileNotFoundError, PermissionError) as exc:
         why = exc.strerror or type(exc).__name__
         raise PermissionError(f"--out {str(out)!r} cannot be made ({why}); choose another --out") from None
+
+
+def check_out_writable(out: Union[str, Path], name: str = "--out") -> None:
+    """Refuse, before any work, an ``out`` that cannot be written: a ``PermissionError`` "--out OUT cannot be
+    written (why); choose another --out". An existing folder is probed with a temporary file (removed at
+    once); one still to be made is judged by the nearest folder above it that exists (``os.access``)."""
+    out = Path(out)
+    try:
+        if out.is_dir():
+            with tempfile.NamedTemporaryFile(dir=out, prefix=".attnkit-write-test-"):
+                pass
+            return
+        parent = next((p for p in out.parents if p.is_dir()), Path("."))
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(parent))
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise PermissionError(f"{name} {out} cannot be written ({why}); choose another {name}") from None
+
+
+def check_deletable(paths, what: str) -> None:
+    """Refuse, before anything is deleted, to delete ``paths`` (files, and folders with all they hold) when
+    one of them cannot be: a ``PermissionError`` naming the first folder that cannot be written (a folder
+    owned by another user, mode 0555), which would have stopped the deletion half-way. ``what`` says who
+    deletes (e.g. "--overwrite")."""
+    need = os.R_OK | os.W_OK | os.X_OK
+    for path in map(Path, paths):
+        folders = [path.parent]
+        if path.is_dir() and not path.is_symlink():
+            folders += [Path(root) for root, _dirs, _files in os.walk(path)]  # links are not followed
+        for folder in folders:
+            if not os.access(folder, need):
+                raise PermissionError(
+                    f"{what}: cannot delete what {str(folder)!r} holds ({os.strerror(errno.EACCES)}); "
+                    "nothing was deleted: make it writable or choose another --out"
+                )
+
+
+def rmtree_named(path: Union[str, os.PathLike]) -> None:
+    """``shutil.rmtree(path)`` whose refusal names the full path of what could not be deleted and the fix
+    (``shutil.rmtree`` names only the entry, relative to its folder: "Permission denied: 'model.pt'")."""
+    import shutil
+
+    def refused(_function, where, exc_info) -> None:  # ``where``: the full path (the error has the name)
+        exc = exc_info[1]
+        if not isinstance(exc, OSError):
+            raise exc
+        raise PermissionError(f"cannot delete {str(where)!r} ({exc.strerror or type(exc).__name__}); make it "
+                              "writable or choose another --out") from None
+
+    shutil.rmtree(path, onerror=refused)
 
 
 def save_figure(fig, path: Union[str, os.PathLike], **kwargs) -> None:

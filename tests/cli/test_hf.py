@@ -833,3 +833,25 @@ def test_finetune_pads_batches_on_the_right_and_keeps_the_tokenizers_side(tiny_b
     batch = collate([tokenizer("a b c d e"), tokenizer("a")])
     assert batch["attention_mask"][1].tolist() == [1, 1, 1] + [0] * 4
     assert tokenizer.padding_side == "left"
+
+
+def test_convert_refuses_a_read_only_out_before_the_model_is_converted(tiny_bert, tmp_path, capsys,
+                                                                       monkeypatch):
+    """An existing read-only --out (mode 0555) failed only after the model was loaded and converted, on
+    "[Errno 13] Permission denied: 'OUT/.attnkit-convert-...'", a hidden folder the user never made."""
+    out = tmp_path / "empty555"
+    out.mkdir()
+    real = tempfile.NamedTemporaryFile
+
+    def read_only(*args, **kwargs):  # the folder's mode, for a user who is not root
+        if str(kwargs.get("dir")) == str(out):
+            raise PermissionError(errno.EACCES, "Permission denied", str(out / ".probe"))
+        return real(*args, **kwargs)
+
+    def converted(*args, **kwargs):
+        raise AssertionError("the model was converted before --out was found read-only")
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", read_only)
+    monkeypatch.setattr(akhf, "convert", converted)
+    err = _error(capsys, ["convert", str(tiny_bert), "--out", str(out)])
+    assert err == f"error: --out {out} cannot be written (Permission denied); choose another --out"

@@ -434,3 +434,55 @@ def test_the_tables_on_a_narrow_terminal_cut_no_name_or_number(width, tmp_path, 
     for row in rows:  # each row's name and its number sit whole on one line
         value = row["min n_k*sum"]
         assert any(line.split()[1] == row["mechanism"] and f" {value:.4g} " in line for line in lines), row
+
+
+def test_a_read_only_out_is_refused_naming_out_not_the_hidden_mark(tmp_path, capsys, monkeypatch):
+    """An existing read-only --out printed "[Errno 13] Permission denied: 'OUT/.attnkit-unfinished'" (a hidden
+    file the user never made) instead of naming --out and the fix, as compare and finetune do."""
+    import pathlib
+
+    out = tmp_path / "empty555"
+    out.mkdir()
+    real = pathlib.Path.write_text
+
+    def read_only(self, *args, **kwargs):  # the folder's mode 0555, for a user who is not root
+        if self.parent == out:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", read_only)
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", "mode-collapse-curves", "--quick", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1
+    assert err == f"error: --out {out} cannot be written (Permission denied); choose another --out"
+
+
+def test_the_attnkit_script_ignores_a_second_ctrl_c_while_it_exits(capsys, monkeypatch):
+    """Two Ctrl-C 20 ms apart: the second landed in the interpreter's exit handlers (torch's
+    dump_compile_times) and printed a 20-44-line "Exception ignored ... KeyboardInterrupt" traceback under
+    "interrupted". A caller of main(argv) in its own process keeps its handlers."""
+    import signal
+    import sys
+
+    from attnkit.analysis import reproduce as repro
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(repro, "reproduce", interrupted)
+    argv = ["reproduce", "lemma1", "--quick", "--out", "unused"]
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(SystemExit) as exc:
+            main(argv)  # in-process: the handlers stay
+        assert exc.value.code == 130 and {s: signal.getsignal(s) for s in before} == before
+        monkeypatch.setattr(sys, "argv", ["attnkit", *argv])
+        with pytest.raises(SystemExit) as exc:
+            main()  # the script: the process exits, and a second Ctrl-C is ignored meanwhile
+        assert exc.value.code == 130 and "interrupted" in capsys.readouterr().err
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)

@@ -142,3 +142,50 @@ def test_a_failed_write_removes_the_folders_it_made_and_keeps_the_users(tiny_ber
     assert kept.is_dir() and list(kept.iterdir()) == []
     _error(capsys, [*argv, str(kept)])
     assert kept.is_dir() and list(kept.iterdir()) == []
+
+
+def test_a_read_only_out_is_refused_before_the_model_loads(tiny_bert, tmp_path, capsys, monkeypatch):
+    """An existing read-only --out (mode 0555) failed only after both conversions ran, on "[Errno 13]
+    Permission denied: 'OUT/.attnkit-show.XXXX.tmp'", a hidden folder the user never made."""
+    import errno
+    import tempfile
+
+    _no_model_work(monkeypatch)
+    out = tmp_path / "empty555"
+    out.mkdir()
+    real = tempfile.NamedTemporaryFile
+
+    def read_only(*args, **kwargs):  # the folder's mode, for a user who is not root
+        if str(kwargs.get("dir")) == str(out):
+            raise PermissionError(errno.EACCES, "Permission denied", str(out / ".probe"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", read_only)
+    err = _error(capsys, ["show", str(tiny_bert), "--text", TEXT, "--out", str(out)])
+    assert err == f"error: --out {out} cannot be written (Permission denied); choose another --out"
+
+
+def test_the_folder_of_a_killed_show_is_removed_by_the_next(tiny_bert, tmp_path, capsys):
+    """A SIGKILL while show wrote its hidden staging folder (a whole attention export, GBs for a large
+    model) left .attnkit-show.*.tmp in --out: no later show, even with --overwrite, removed it."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from attnkit.hf.publish import MARKER
+
+    out = tmp_path / "view"
+    argv = ["show", str(tiny_bert), "--text", TEXT, "--mechanisms", "softmax", "--out", str(out)]
+    main(argv)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that is no longer alive
+    killed = out / ".attnkit-show.abc123.tmp"
+    killed.mkdir()
+    (killed / "attention.safetensors").write_bytes(b"x" * 100)
+    (killed / MARKER).write_text(json.dumps({"host": socket.gethostname(), "pid": gone.pid}))
+    users = out / ".attnkit-show.mine.tmp"  # no marker: not a staging folder of attnkit's
+    users.mkdir()
+    main([*argv, "--overwrite"])
+    assert not killed.exists() and users.is_dir()
+    assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUTS, users.name])

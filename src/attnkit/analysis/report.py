@@ -240,7 +240,12 @@ def _write_mark(out: Path, written: list[str], replaced: Sequence[str] = (),
     # "finished" always (empty at first): a mark without it is an older version's, which recorded no digests
     record = {"written": written, **({"replaced": list(replaced)} if replaced else {}),
               "finished": dict(finished or {})}
-    (out / UNFINISHED_MARKER).write_text(note + json.dumps(record) + "\n", encoding="utf-8")
+    try:
+        (out / UNFINISHED_MARKER).write_text(note + json.dumps(record) + "\n", encoding="utf-8")
+    except PermissionError as exc:  # named the hidden mark: "Permission denied: '.../.attnkit-unfinished'"
+        raise PermissionError(
+            f"--out {out} cannot be written ({exc.strerror or type(exc).__name__}); choose another --out"
+        ) from None
 
 
 def _finished(marker: Path) -> Optional[dict[str, str]]:

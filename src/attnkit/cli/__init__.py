@@ -205,8 +205,24 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     changed = _replace_unencodable_output()
     try:
         _main(args)
+    except SystemExit as exc:
+        if argv is None and exc.code in (INTERRUPTED, TERMINATED):  # the process's own entry, stopping
+            _ignore_further_stops()
+        raise
     finally:
         _restore_output(changed)
+
+
+def _ignore_further_stops() -> None:
+    """Ignore Ctrl-C and SIGTERM from here on: the process is exiting after the first, and a second (an
+    impatient user, 20 ms later) landed in the interpreter's exit handlers (torch's dump_compile_times) as a
+    20-44-line "Exception ignored ... KeyboardInterrupt" traceback under "interrupted". Only for the
+    ``attnkit`` script (``main()`` without ``argv``): a caller of ``main(argv)`` in its own process keeps its
+    handlers."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread sets handlers
+        return
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _main(args: list) -> None:

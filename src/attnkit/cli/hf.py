@@ -28,6 +28,9 @@ def _check_out(out: Path, overwrite: bool) -> None:
             f"--out {out} exists and is not empty{left}; {'or ' if left else ''}pass --overwrite to replace "
             "its files or pick another"
         )
+    from attnkit._files import check_out_writable
+
+    check_out_writable(out)  # before the model loads: a read-only --out failed after the conversion
 
 
 def check_mechanism(

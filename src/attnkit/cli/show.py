@@ -46,7 +46,8 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace the files of an existing --out."),
     ) -> None:
         """Draw attention over a text per layer, head and mechanism (HTML), and export it for bertviz."""
-        from attnkit._files import check_output_parents
+        from attnkit._files import check_out_writable, check_output_parents
+        from attnkit.hf.publish import remove_dead_staging
         from attnkit.analysis.attention_view import (
             BERTVIZ_FILES,
             canonical_mechanisms,
@@ -69,6 +70,8 @@ def register(app: typer.Typer) -> None:
         page = out / "attention.html"
         if out.exists() and not out.is_dir():
             raise NotADirectoryError(f"--out {out} is a file; pass a directory")
+        check_out_writable(out)  # a read-only --out failed after the models ran, naming a hidden folder
+        remove_dead_staging(out)  # what a killed show (SIGKILL) left: a whole attention export
         for path in (page, *(out / name for name in BERTVIZ_FILES)):
             if path.exists() and not overwrite:
                 raise FileExistsError(
@@ -118,6 +121,7 @@ def _write_together(out: Path, view, document: str, *, overwrite: bool) -> None:
     while they are empty."""
     from attnkit._files import make_out_dir, write_file_with, write_text_file
     from attnkit.analysis.attention_view import BERTVIZ_FILES, write_bertviz
+    from attnkit.hf.publish import MARKER, _marker_text
 
     made = [p for p in (out, *out.parents) if not p.exists()]  # deepest first: this command makes them
     make_out_dir(out)
@@ -126,6 +130,8 @@ def _write_together(out: Path, view, document: str, *, overwrite: bool) -> None:
         staging = Path(tempfile.mkdtemp(dir=out, prefix=".attnkit-show.", suffix=".tmp"))
         placed: list[Path] = []
         try:
+            # first: this host and pid, by which the next show removes the folder of one that was killed
+            (staging / MARKER).write_text(_marker_text(), encoding="utf-8")
             write_text_file(staging / "attention.html", document, overwrite=True)
             write_bertviz(view, staging, overwrite=True)
             for name in ("attention.html", *BERTVIZ_FILES):

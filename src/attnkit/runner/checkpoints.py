@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._files import json_loads, state_mismatch
+from .._files import json_loads, rmtree_named, state_mismatch
 from .config import CompareConfig
 
 __all__ = [
@@ -368,7 +368,7 @@ def save_checkpoint(
         os.replace(tmp, path / TRAINER_FILE)
         for old in (Path(run_dir) / "checkpoints").glob("step-*"):
             if old != path:
-                shutil.rmtree(old)
+                rmtree_named(old)  # a refusal names the full path (rmtree named 'rng-rank0.safetensors')
     accelerator.wait_for_everyone()
 
 

@@ -12,6 +12,7 @@ resuming, aggregates mean +- std over seeds and writes ``results.json``, ``resul
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -158,6 +159,21 @@ def _check_writable(out: Path) -> None:
             f"cannot write to the run directory {str(out)!r} ({exc.strerror or type(exc).__name__}); "
             "choose another --out"
         ) from None
+    _check_run_folders(out)
+
+
+def _check_run_folders(out: Path) -> None:
+    """The folders a resumed run writes into and deletes from (runs/, each run's folder, its checkpoints/
+    and step folders) can be written: a read-only one failed only after training, naming a bare file
+    ("Permission denied: 'rng-rank0.safetensors'")."""
+    runs = out / "runs"
+    folders = [runs, *runs.glob("*"), *runs.glob("*/checkpoints"), *runs.glob("*/checkpoints/*")]
+    for folder in folders:
+        if folder.is_dir() and not os.access(folder, os.R_OK | os.W_OK | os.X_OK):
+            raise PermissionError(
+                f"cannot write to {str(folder)!r}, a folder of the run directory {str(out)!r} "
+                f"({os.strerror(errno.EACCES)}); make it writable or choose another --out"
+            )
 
 
 def _lock_run_dir(out: Path, overwrite: bool = False) -> Optional[int]:
@@ -190,6 +206,25 @@ def own_outputs(out: str | Path) -> list[Path]:
     names = (*_OWN_OUTPUTS, *TRACKERS)
     found = [Path(out) / name for name in names if os.path.lexists(Path(out) / name)]
     return sorted(found, key=lambda p: p.name == CONFIG_FILE)
+
+
+def _delete_outputs(out: Path) -> None:
+    """Delete the earlier run's outputs in ``out`` for ``--overwrite``, or nothing when one of them cannot be
+    deleted (a folder of another user's, mode 0555: the deletion stopped half-way, the error named a bare
+    file). Each run's result.json, by which --resume keeps a run as finished, goes first: a run stopped
+    (Ctrl-C) meanwhile never leaves one without its model.pt; config.json, the mark by which --overwrite and
+    --resume know the folder, goes last."""
+    from .._files import check_deletable, rmtree_named
+
+    outputs = own_outputs(out)
+    check_deletable(outputs, f"--overwrite of {str(out)!r}")
+    for finished in (out / "runs").glob(f"*/{RESULT_FILE}"):
+        finished.unlink()
+    for child in outputs:
+        if child.is_dir() and not child.is_symlink():
+            rmtree_named(child)
+        else:
+            child.unlink()
 
 
 def doomed_by_overwrite(path: str | Path, out: str | Path) -> bool:
@@ -314,11 +349,7 @@ def prepare_run_dir(config: CompareConfig, is_main_process: bool = True) -> Path
             # config.json, the mark by which --overwrite and --resume know the folder, goes last: a run
             # stopped (Ctrl-C) while runs/ is deleted leaves a folder that --overwrite still replaces;
             # the user's other files in it stay
-            for child in own_outputs(out):
-                if child.is_dir() and not child.is_symlink():
-                    shutil.rmtree(child)
-                else:
-                    child.unlink()
+            _delete_outputs(out)
         _check_writable(out)
         if config.resume and moved:
             payload = json_loads((out / CONFIG_FILE).read_text())
@@ -435,8 +466,11 @@ def _run_compare(config: CompareConfig, accelerator, task, on_step) -> CompareRe
             # the folders made for --out go when nothing is kept in them (stopped before the first checkpoint,
             # or while trackers start, the same command was then refused: "exists and is not empty"); a
             # checkpoint or a finished run stays for --resume
-            if made and not any(_kept(out)) and accelerator.is_main_process:
-                _remove_made(out, made)
+            if not any(_kept(out)) and accelerator.is_main_process:
+                if made:
+                    _remove_made(out, made)
+                elif not config.resume:  # an --out that existed (made empty beforehand): what this run wrote
+                    _remove_started(out)
             raise
     finally:
         for fd in locks:
@@ -474,6 +508,22 @@ def _remove_made(out: Path, made: Sequence[Path]) -> None:
             folder.rmdir()
         except OSError:
             break
+
+
+def _remove_started(out: Path) -> None:
+    """Remove from ``out``, a folder this run did not make, what a run stopped before its first checkpoint
+    wrote there: its config.json and the empty folders of runs/ (the same command was refused, "exists and is
+    not empty"); never another file. config.json, by which --overwrite knows the folder, stays while any
+    other output of the run does (a tracker's logs)."""
+    runs = out / "runs"
+    if runs.is_dir() and not runs.is_symlink():
+        for folder, _dirs, _files in os.walk(runs, topdown=False):  # the deepest first; links not followed
+            try:
+                os.rmdir(folder)
+            except OSError:  # not empty: what the run keeps
+                continue
+    if _is_run_dir(out) and own_outputs(out) == [out / CONFIG_FILE]:
+        (out / CONFIG_FILE).unlink(missing_ok=True)
 
 
 def _failed_training(exc: ValueError, config: CompareConfig, out: Path, made: Sequence[Path],
