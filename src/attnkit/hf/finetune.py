@@ -108,8 +108,8 @@ class FinetuneConfig:
                 "align=None; pass --align METHOD or drop --align-weight"
             )
         object.__setattr__(self, "seed", check_seed(self.seed))  # NumPy integers become Python ints
-        if self.mechanism is not None and self.mechanism not in MECHANISMS:
-            raise ValueError(f"mechanism={self.mechanism!r}; expected one of {MECHANISMS}")
+        if self.mechanism is not None:  # any case or alias, as convert takes it; recorded by its name
+            object.__setattr__(self, "mechanism", _mechanism_name(self.mechanism))
         if self.u0 is not None and self.mechanism not in (None, "hnas"):  # None: the model's own, read later
             raise ValueError(
                 f"u0={self.u0} is only used by mechanism 'hnas', got {self.mechanism!r}; pass --mechanism "
@@ -136,6 +136,18 @@ class FinetuneConfig:
         return {} if self.align_weight is None else {"weight": self.align_weight}
 
 
+def _mechanism_name(mechanism) -> str:
+    """The registered name of ``mechanism`` written in any case or as an alias (``"HNAS"`` is ``"hnas"``)."""
+    from ..registry import canonical_name
+
+    if not isinstance(mechanism, str):
+        raise ValueError(f"mechanism={mechanism!r}; expected one of {MECHANISMS}")
+    try:
+        return canonical_name(mechanism)
+    except ValueError:
+        raise ValueError(f"mechanism={mechanism!r}; expected one of {MECHANISMS}") from None
+
+
 def classification_metrics(labels: Sequence[int], predictions: Sequence[int]) -> dict:
     """Accuracy and macro-F1 (mean per-class F1 over the classes that occur in labels or predictions)."""
     y = torch.as_tensor(list(labels), dtype=torch.long)
@@ -156,9 +168,9 @@ def _read_tsv(path: Path, label_column: int = 0) -> tuple[list[str], list[str], 
     """The (labels, texts, line numbers, label column) of the examples of a UTF-8 TSV file (a byte-order
     mark is allowed); errors name file and line.
 
-    A first line whose two fields are ``label`` and ``text`` (compared case-insensitively, surrounding spaces
-    ignored: ``Label<TAB>Text`` too) is a header and skipped; when ``text`` comes first the columns are read
-    in that order. Any other first line is an example, and the columns are in ``label_column``'s order
+    A first line that names the columns (:func:`_header_label_column`: ``label<TAB>text``, ``Label<TAB>Text``,
+    ``category<TAB>tweet_text``) is a header and skipped; when the text column comes first the columns are
+    read in that order. Any other first line is an example, and the columns are in ``label_column``'s order
     (test.tsv without a header reads as train.tsv's header said). Blank lines (or lines of spaces) are
     skipped, before
     the header too; a label is read without the spaces around it (``pos `` is ``pos``), and an empty one is
@@ -199,11 +211,9 @@ def _read_tsv(path: Path, label_column: int = 0) -> tuple[list[str], list[str], 
                 continue
             if first:  # the first line that is not blank may be the header
                 first = False
-                names = [field.strip().lower() for field in row]
-                # a header names one column "label" and the other as a text column (Label<TAB>Text, GLUE's
-                # sentence<TAB>label); a class "label" of a text "Name:" is an example
-                if len(names) == 2 and names.count("label") == 1 and (set(names) - {"label"}) <= TEXT_HEADERS:
-                    label_column = names.index("label")
+                header = _header_label_column(row)
+                if header is not None:
+                    label_column = header
                     continue
             if len(row) != 2:
                 raise ValueError(
@@ -252,9 +262,10 @@ def load_text_classification(dataset: str, cache_dir: Optional[str] = None, down
     ``train.tsv``/``test.tsv``.
 
     The TSV files have two columns, label and text, and may start with a header line that names one column
-    ``label`` and the other one of :data:`TEXT_HEADERS`, in any case (``label<TAB>text``, ``Text<TAB>Label``,
-    GLUE's ``sentence<TAB>label``). Numeric
-    labels must be class ids, each written one way (no scores with a fraction, not ``1`` beside ``1.0``).
+    with a word of :data:`LABEL_HEADERS` and the other with a word of :data:`TEXT_HEADERS` (alone or in a
+    name such as ``tweet_text``), in any case (``label<TAB>text``, ``Text<TAB>Label``, GLUE's
+    ``sentence<TAB>label``, ``category<TAB>content_text``). Numeric labels must be class ids, each written
+    one way (no scores with a fraction, not ``1`` beside ``1.0``).
     Each file needs an example; the training set needs at least 2 classes, and every test label must occur in
     it. The classes are the labels, sorted (numeric labels by value: labels 0..n-1 are the model's class
     indices). Any other ``dataset`` is a catalog name (:func:`dataset_info`).
@@ -314,9 +325,35 @@ def _check_tsv_labels(folder: Path, train_labels: list[str], test_labels: list[s
         )
 
 
-# the names a TSV header may give the text column beside "label"
+# the names a TSV header may give the text column beside a label column, alone or as a part of a longer name
 TEXT_HEADERS = frozenset({"text", "sentence", "document", "content", "review", "tweet", "comment", "body",
-                          "question", "title", "utterance"})
+                          "question", "title", "utterance", "message", "headline", "description", "abstract"})
+# the names a TSV header may give the label column
+LABEL_HEADERS = frozenset({"label", "labels", "category", "class"})
+
+
+def _is_text_header(name: str) -> bool:
+    """``name`` (lower case) names a text column: a word of :data:`TEXT_HEADERS`, alone or as a part of an
+    identifier joined by ``_`` or ``-`` (``tweet_text``, ``content_text``, ``review-body``)."""
+    if re.fullmatch(r"[a-z][a-z0-9]*(?:[_-][a-z0-9]+)*", name) is None:  # "Name:", "the film": text
+        return False
+    return any(part in TEXT_HEADERS for part in re.split(r"[_-]", name))
+
+
+def _header_label_column(row: list[str]) -> Optional[int]:
+    """The label column's index when ``row`` is a header, else ``None``.
+
+    A header has two fields: one a word of :data:`LABEL_HEADERS` and the other a text column name
+    (:func:`_is_text_header`), compared case-insensitively with surrounding spaces ignored
+    (``Label<TAB>Text``, GLUE's ``sentence<TAB>label``, ``category<TAB>tweet_text``). Anything else is an
+    example: a class ``Label`` of the text ``Name:`` (a form-field dataset) is one."""
+    names = [field.strip().lower() for field in row]
+    if len(names) != 2:
+        return None
+    for column in (0, 1):
+        if names[column] in LABEL_HEADERS and _is_text_header(names[1 - column]):
+            return column
+    return None
 
 
 def _some(labels: list[str], shown: int = 5) -> str:
@@ -536,6 +573,43 @@ def _position_limit(model) -> Optional[int]:
     return None
 
 
+# outputs of a classifier beside its logits (encoder-decoders: the encoder's last hidden state, (B, L, D))
+_OTHER_OUTPUTS = (
+    "past_key_values", "cache", "hidden_states", "attentions", "encoder_last_hidden_state",
+    "encoder_hidden_states", "encoder_attentions", "decoder_hidden_states", "decoder_attentions",
+    "cross_attentions",
+)
+
+
+def _not_logits(model) -> list[str]:
+    """The output keys ``Trainer.predict`` leaves out: the model's ``keys_to_ignore_at_inference`` and every
+    known output beside the logits, so that no encoder state is gathered for the whole test set."""
+    own = getattr(model.config, "keys_to_ignore_at_inference", None) or []
+    return list(dict.fromkeys([*own, *_OTHER_OUTPUTS]))
+
+
+def _logits(predictions) -> torch.Tensor:
+    """The logits (N, num_labels) of ``Trainer.predict``'s predictions: the first entry when the model
+    returned more than its logits (BART's and T5's classifiers add the encoder's last hidden state)."""
+    while isinstance(predictions, (tuple, list)):
+        predictions = predictions[0]
+    return torch.as_tensor(predictions)
+
+
+def _close_progress_bars(trainer) -> None:
+    """Close the progress bars a failed ``train`` or ``predict`` left open (transformers closes them only at
+    the end of a run): the bar ends its line before an error is printed."""
+    from transformers.trainer_callback import ProgressCallback
+
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, ProgressCallback):
+            for name in ("training_bar", "prediction_bar"):
+                bar = getattr(callback, name, None)
+                if bar is not None:
+                    bar.close()
+                    setattr(callback, name, None)
+
+
 def _first(dataset: _TextDataset, n: int) -> _TextDataset:
     return _TextDataset({k: v[:n] for k, v in dataset.encodings.items()}, dataset.labels[:n])
 
@@ -679,6 +753,9 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
         num_labels=len(labels),
         id2label=dict(enumerate(labels)),
         label2id={n: i for i, n in enumerate(labels)},
+        # a checkpoint's recorded problem_type (regression, multi-label: the Trainer writes it into every
+        # classifier it trains) would pick another loss for these class ids
+        problem_type="single_label_classification",
     )
     # a stock model fine-tuned with softmax is saved as transformers gives it (attnkit's softmax has no
     # parameters): any library loads it, and attnkit can still convert it to another mechanism
@@ -756,10 +833,13 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
         trainer.remove_callback(ProgressCallback)
         for callback in progress_callbacks(len(test), config.batch_size * trainer.args.world_size, log=log):
             trainer.add_callback(callback)
-        result = trainer.train()
-        _check_finite(trainer, extra.get("regularizer"), result, config)
-        prediction = trainer.predict(test)
-    predictions = torch.as_tensor(prediction.predictions).argmax(-1).tolist()
+        try:
+            result = trainer.train()
+            _check_finite(trainer, extra.get("regularizer"), result, config)
+            prediction = trainer.predict(test, ignore_keys=_not_logits(model))
+        finally:  # an error is printed below a closed bar, not on its line (and the bar not redrawn after it)
+            _close_progress_bars(trainer)
+    predictions = _logits(prediction.predictions).argmax(-1).tolist()
     steps = timer.times[1:] if len(timer.times) > 1 else timer.times
     metrics = {
         **classification_metrics(prediction.label_ids.tolist(), predictions),
