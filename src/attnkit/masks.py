@@ -267,6 +267,8 @@ def causal_pattern(mask: MaskInfo) -> bool:
     (Hugging Face merges it into a 4-D mask), and a short example does not look causal for being truncated.
     """
     Lq, Lk = mask.Lq, mask.Lk
+    if Lq == 0 or Lk == 0:  # no pair: nothing can leak (and an amax over no keys raised an IndexError)
+        return False
     hard = _full_pattern(mask.pair, Lq, Lk)
     soft = hard
     bias = mask.bias

@@ -197,6 +197,14 @@ def test_coda_on_a_model_that_scales_q_before_attention_reads_the_projections(ga
         q, k, v = (p(x).view(2, 7, 4, 8).transpose(1, 2) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
         expected = ak.attention(q, k, v, ak.CoDA(gate=gate), causal=True, scale=8**-0.5)  # (B, H, L, d)
     torch.testing.assert_close(seen["out"], expected.transpose(1, 2).reshape(2, 7, 32), atol=1e-6, rtol=1e-5)
+    # a scaling set after convert (a temperature) is read at its new value, as before convert: the source's
+    # verdict is kept on the module, the factor is not (it was, 1.8e-3 off in the logits)
+    attn.scaling = 2 * 8**-0.5
+    seen.clear()
+    with torch.no_grad():
+        model(input_ids=ids)
+        expected = ak.attention(q, k, v, ak.CoDA(gate=gate), causal=True, scale=2 * 8**-0.5)
+    torch.testing.assert_close(seen["out"], expected.transpose(1, 2).reshape(2, 7, 32), atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("module_name, class_name", [

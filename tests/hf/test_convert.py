@@ -684,11 +684,17 @@ def test_a_model_converted_on_the_meta_device_gets_u0_after_to_empty():
     assert torch.equal(akhf.hybrid_weights(model), akhf.hybrid_weights(reference))
     ids = torch.randint(5, 50, (2, 7))
     torch.testing.assert_close(model(ids).last_hidden_state, reference(ids).last_hidden_state)
-    model.to(torch.float64).to(torch.float32)  # other conversions keep a trained theta
     for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         assert torch.equal(akhf.hybrid_weights(copied), akhf.hybrid_weights(reference))
         copied.to_empty(device="cpu")
         assert torch.equal(akhf.hybrid_weights(copied), akhf.hybrid_weights(reference))
+    with torch.no_grad():  # a trained theta: other conversions keep it (a refill at every _apply reset it)
+        for module in akhf.converted_modules(model):
+            module.attnkit_theta.copy_(torch.linspace(-2.0, 2.0, module.attnkit_theta.numel()))
+    trained = akhf.hybrid_weights(model)
+    model.to(torch.float64).to(torch.float32)
+    assert torch.equal(akhf.hybrid_weights(model), trained) and not torch.equal(trained, akhf.hybrid_weights(
+        reference))
 
 
 def test_the_hybrid_weight_readers_gather_the_heads_fsdp2_shards(tmp_path):

@@ -135,6 +135,16 @@ def test_loss_from_log_probs_refuses_outputs_that_are_not_the_models(edit, messa
         model.loss_from_log_probs(log_probs, frames, targets, lengths)
 
 
+def test_a_diverged_models_nan_log_probs_give_a_nan_loss_for_the_training_loop_to_report():
+    """The new input checks refused NaN with "log_probs contains NaN; check the model's outputs", which
+    came before the runner's "the training loss became nan at step 3; lower lr" and lost the step and the
+    advice."""
+    model, logits, frames, targets, lengths = _loss_inputs()
+    log_probs = logits.log_softmax(-1)
+    log_probs[0, 2] = float("nan")
+    assert torch.isnan(model.loss_from_log_probs(log_probs, frames, targets, lengths))
+
+
 def test_loss_from_log_probs_takes_half_precision_as_float32():
     """float16 log-probabilities raised torch's NotImplementedError (no CPU kernel)."""
     model, logits, frames, targets, lengths = _loss_inputs()

@@ -97,7 +97,10 @@ def test_no_keys_at_all_gives_zero_context_with_every_mechanism(name, mechanism)
     context.sum().backward()
     assert torch.all(queries.grad == 0)
     gate = {"gate_scores": torch.zeros(1, 2, 3, 0)} if mechanism == "coda" else {}
-    assert ak.normalize(torch.zeros(1, 2, 3, 0), mechanism, **gate).shape == (1, 2, 3, 0)
+    float_mask = torch.zeros(1, 2, 3, 0) if mechanism != "coda" else torch.ones(1, 2, 3, 0, dtype=torch.bool)
+    for masks in ({}, {"attn_mask": torch.ones(3, 0, dtype=torch.bool)}, {"attn_mask": float_mask},
+                  {"key_mask": torch.ones(1, 0, dtype=torch.bool)}):  # an attn_mask raised an IndexError
+        assert ak.normalize(torch.zeros(1, 2, 3, 0), mechanism, **gate, **masks).shape == (1, 2, 3, 0)
 
 
 def test_dnas_normalizes_over_the_given_queries():

@@ -370,3 +370,20 @@ def test_the_comparisons_load_is_the_largest_any_run_saw():
     assert summary.runs_load_max(runs) == 4.25
     assert summary.runs_load_max([{}, {"load_average_max": None}]) is None
     assert summary.runs_load_max([]) is None
+
+
+def test_summarize_records_the_largest_load_any_run_saw(monkeypatch):
+    """summarize() reading the last run's load (not the helper's maximum) passed every test."""
+    import os
+    from types import SimpleNamespace
+
+    from attnkit.runner import summary
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.4, 0.3))
+    for name in ("_per_class", "_comparisons", "_timing", "skipped_mechanisms", "diverse_samples"):
+        monkeypatch.setattr(summary, name, lambda *args, **kwargs: None)
+    monkeypatch.setattr(summary, "cpp_kernels", lambda: (True, None))
+    runs = [{"load_average_max": 1.5}, {"load_average_max": 4.25}, {"load_average_max": 2.0}]
+    config = SimpleNamespace(variants=("softmax",), resume=False)
+    result = summary.summarize(None, None, config, runs, [], started=0.0)
+    assert result["environment"]["load_average_max"] == 4.25

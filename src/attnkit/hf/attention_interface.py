@@ -94,23 +94,30 @@ def _query_prescale(module: nn.Module, scaling: Optional[float]) -> Optional[flo
     """The factor ``s`` by which ``module`` multiplied q before its attention function, or None. Only for a
     module whose own forward multiplies q (``q_proj(hidden_states)`` or ``query_states``) by a float
     ``self.scaling`` and calls with ``scaling=1.0``."""
+    return _prescale_factor(module, scaling, coda_prescale(module)[1])
+
+
+def _prescale_factor(module: nn.Module, scaling: Optional[float], multiplies: bool) -> Optional[float]:
+    """:func:`_query_prescale` from the source's verdict ``multiplies``; ``self.scaling`` is read now, not
+    kept (a model whose scaling changes after ``convert`` is read at its current value)."""
     s = getattr(module, "scaling", None)
-    if scaling != 1.0 or not isinstance(s, float) or not math.isfinite(s) or s in (0.0, 1.0):
+    if not multiplies or scaling != 1.0 or not isinstance(s, float) or not math.isfinite(s):
         return None
-    source = forward_source(type(module))
-    return s if _PRESCALED_QUERY.search(source) and prescales_query(module) else None
+    return None if s in (0.0, 1.0) else s
 
 
 _PRESCALE_ATTR = "_attnkit_query_prescale"
 
 
-def coda_prescale(module: nn.Module) -> tuple[bool, Optional[float]]:
-    """``(prescales_query(module), _query_prescale(module, 1.0))``, read from the module's source once and
-    kept on the module (``convert`` reads it): read at every call, the cached source lookup made
-    torch.compile warn of "silent incorrectness" for every converted CoDA model."""
+def coda_prescale(module: nn.Module) -> tuple[bool, bool]:
+    """What ``module``'s source says: whether it calls its attention function with ``scaling=1.0``
+    (:func:`prescales_query`), and whether it multiplies q by ``self.scaling`` first. Read once and kept on
+    the module (``convert`` reads it): read at every call, the cached source lookup made torch.compile warn of
+    "silent incorrectness" for every converted CoDA model."""
     found = module.__dict__.get(_PRESCALE_ATTR)
     if found is None:
-        found = (prescales_query(module), _query_prescale(module, 1.0))
+        prescaled = prescales_query(module)
+        found = (prescaled, prescaled and bool(_PRESCALED_QUERY.search(forward_source(type(module)))))
         module.__dict__[_PRESCALE_ATTR] = found
     return found
 
@@ -208,8 +215,8 @@ def attention_forward(
                 "does not implement, so its attention cannot run through attnkit; use the model without "
                 "attnkit.hf.convert"
             )
-    prescaled, factor = coda_prescale(module) if isinstance(config, CoDA) else (False, None)
-    if prescaled and factor is None:
+    prescaled, multiplies = coda_prescale(module) if isinstance(config, CoDA) else (False, False)
+    if prescaled and _prescale_factor(module, 1.0, multiplies) is None:
         raise ValueError(_coda_prescale_problem(module))
     if position_bias is not None and isinstance(config, CoDA):
         raise ValueError(
@@ -228,7 +235,7 @@ def attention_forward(
         )
     key, value = _repeat_kv(key, H // Hkv), _repeat_kv(value, H // Hkv)  # (B, H, Lk, D)
     if isinstance(config, CoDA):
-        s = factor if scaling == 1.0 else None  # _query_prescale(module, scaling)
+        s = _prescale_factor(module, scaling, multiplies)
         if s is not None:  # E = alpha s q.k as the model's scores; N = -beta s ||q - k||_1 of the projections
             query, scaling = query / s, s
 

@@ -283,7 +283,9 @@ class CTCModel(nn.Module):
                 f"log_probs is {describe(log_probs)}; expected a (B, T, V) tensor with V = tgt_vocab_size = "
                 f"{V}, as forward returns"
             )
-        _check_log_probs(log_probs)
+        if not log_probs.dtype.is_floating_point:  # NaN passes: a diverged run's loss is NaN, which the
+            # training loop reports with its step and the advice to lower lr (a ValueError here lost both)
+            raise ValueError(f"log_probs has dtype {log_probs.dtype}; expected floating log-probabilities")
         B, T = log_probs.shape[:2]
         check_loss_batch(B, "src_ids")
         high = float(log_probs.detach().max()) if log_probs.numel() else 0.0
