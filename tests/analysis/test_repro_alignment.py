@@ -214,7 +214,30 @@ def test_loading_the_encoder_prints_no_progress_bar_and_restores_logging(capfd):
 
     from attnkit.analysis.repro_alignment import _encoder
 
-    before = (logging.get_verbosity(), logging.is_progress_bar_enabled())
-    _encoder(2, 0)
-    assert "Loading weights" not in capfd.readouterr().err
-    assert (logging.get_verbosity(), logging.is_progress_bar_enabled()) == before
+    saved = (logging.get_verbosity(), logging.is_progress_bar_enabled())
+    logging.set_verbosity_info()  # a user's own settings (an earlier test may have left the bars off)
+    logging.enable_progress_bar()
+    try:
+        _encoder(2, 0)
+        assert "Loading weights" not in capfd.readouterr().err
+        assert (logging.get_verbosity(), logging.is_progress_bar_enabled()) == (logging.INFO, True)
+    finally:
+        logging.set_verbosity(saved[0])
+        (logging.enable_progress_bar if saved[1] else logging.disable_progress_bar)()
+
+
+def test_budget_takes_numpy_numbers_as_pythons():
+    """Budget(steps=np.int64(20)) was refused as "expected a positive integer", and np.float32 lr as "expected
+    a positive finite number" (CompareConfig and the seeds take NumPy's numbers)."""
+    from dataclasses import asdict
+
+    import numpy as np
+
+    from attnkit.analysis.repro_alignment import Budget
+
+    budget = Budget(**{**asdict(Budget.smoke()), "steps": np.int64(20), "lr": np.float32(1e-4),
+                       "seeds": tuple(np.arange(2))})
+    assert (budget.steps, budget.seeds) == (20, (0, 1)) and type(budget.steps) is int
+    assert type(budget.lr) is float and budget.lr == pytest.approx(1e-4)
+    with pytest.raises(ValueError, match="expected a positive integer"):
+        Budget(**{**asdict(Budget.smoke()), "steps": np.True_})

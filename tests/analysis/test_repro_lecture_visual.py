@@ -1,6 +1,7 @@
 """``lecture-visual`` reproduction: BLEU and exact match on known values; the quick run end to end (slow)."""
 
 import json
+import math
 
 import pytest
 
@@ -18,9 +19,10 @@ def test_bleu_known_values():
     # unsmoothed (the default): no matched 4-gram, BLEU-4 0
     assert corpus_bleu(["one two three five"], ["one two three four"]) == 0.0
     assert matched_ngrams(["one two three five"], ["one two three four"]) == [3, 2, 1, 0]
-    # a shorter hypothesis pays the brevity penalty exp(1 - r / c)
-    short = corpus_bleu(["one two three"], ["one two three four"])
-    assert short < corpus_bleu(["one two three four"], ["one two three four"])
+    # a shorter hypothesis pays the brevity penalty exp(1 - r / c): every n-gram of "one two three four"
+    # matches the five-word reference (precisions 1), so BLEU = 100 * exp(1 - 5 / 4)
+    short = corpus_bleu(["one two three four"], ["one two three four five"])
+    assert short == pytest.approx(100 * math.exp(1 - 5 / 4), abs=1e-6)
 
 
 def test_bleu_reads_captions_split_at_whitespace_only():

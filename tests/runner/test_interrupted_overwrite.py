@@ -135,6 +135,8 @@ def test_a_compare_stopped_early_in_an_out_made_beforehand_leaves_it_as_it_was(t
 
 
 def test_a_compare_stopped_early_keeps_the_users_files_in_an_out_made_beforehand(tmp_path):
+    """A file of the user's beside the run (their --config file): the stopped run removed its config.json,
+    and the same --overwrite command was then refused ("not an attnkit compare run directory")."""
     data = write_classification_file(tmp_path / "topics.json")
     out = tmp_path / "pre"
     out.mkdir()
@@ -148,7 +150,30 @@ def test_a_compare_stopped_early_keeps_the_users_files_in_an_out_made_beforehand
 
     with pytest.raises(KeyboardInterrupt):
         run_compare(build_config(tiny_overrides(data, out, **settings)), on_step=stop_at)
-    assert _tree(out) == ["mine.txt"]
+    assert _tree(out) == ["config.json", "mine.txt"]
+    run_compare(build_config(tiny_overrides(data, out, **settings)))  # the same command again runs
+    assert (out / "results.json").is_file() and (out / "mine.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("linked", ["runs", "runs/softmax-seed0"])
+def test_an_overwrite_deletes_links_in_runs_not_what_they_point_to(tmp_path, linked):
+    """runs/ or a run's folder as a symbolic link to another run directory: --overwrite deleted the
+    result.json files it found through the link, outside --out (it deletes each result.json first)."""
+    data = write_classification_file(tmp_path / "topics.json")
+    out = tmp_path / "out"
+    rc.prepare_run_dir(build_config(tiny_overrides(data, out, **COMMON)))
+    elsewhere = tmp_path / "elsewhere"
+    for name in ("softmax-seed0", "dnas-seed0"):
+        (elsewhere / name).mkdir(parents=True)
+        (elsewhere / name / "result.json").write_text("{}")
+    if linked == "runs":
+        (out / "runs").symlink_to(elsewhere)
+    else:
+        (out / "runs").mkdir()
+        (out / "runs" / "softmax-seed0").symlink_to(elsewhere / "softmax-seed0")
+    rc.prepare_run_dir(build_config(tiny_overrides(data, out, overwrite=True, **COMMON)))
+    assert sorted(p.name for p in elsewhere.glob("*/result.json")) == ["result.json", "result.json"]
+    assert not os.path.lexists(out / "runs")
 
 
 def test_a_stopped_compare_keeps_config_json_while_another_output_of_its_stays(tmp_path):

@@ -21,11 +21,13 @@ beside ours as the direction to compare, not as values to match.
 
 from __future__ import annotations
 
+import numbers
 import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -88,7 +90,8 @@ _BUDGET_INTS = (
 
 
 def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """Python's or NumPy's integers (``np.int64(20)``), not ``bool``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def _check_positive_int(name: str, value) -> None:
@@ -145,14 +148,18 @@ class Budget:
         """Refuse a budget that would fail (or report zeros) only after minutes or hours of training."""
         for name in _BUDGET_INTS:
             _check_positive_int(name, getattr(self, name))
+            object.__setattr__(self, name, int(getattr(self, name)))  # NumPy's integers as Python's
         for name in ("lr", "weight"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            if (isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real)
+                    or not 0 < value < float("inf")):
                 raise ValueError(f"Budget.{name}={value!r}: expected a positive finite number")
+            object.__setattr__(self, name, float(value))
         for name in ("seeds", "gat_seeds"):
             value = getattr(self, name)
             if not isinstance(value, tuple) or not value or not all(_is_int(v) for v in value):
                 raise ValueError(f"Budget.{name}={value!r}: expected a non-empty tuple of integer seeds")
+            object.__setattr__(self, name, tuple(int(v) for v in value))
         for name in ("methods", "cross_methods", "gat_methods"):
             _check_methods(name, getattr(self, name))
 

@@ -208,6 +208,17 @@ def own_outputs(out: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name == CONFIG_FILE)
 
 
+def _own_run_files(out: Path, name: str) -> list[Path]:
+    """``runs/*/name`` in real folders of ``out`` only: a symbolic link (``runs`` itself, or a run's folder)
+    is deleted as a link, never followed (``glob`` followed them, and --overwrite deleted result.json files
+    outside ``out``)."""
+    runs = out / "runs"
+    if runs.is_symlink() or not runs.is_dir():
+        return []
+    return [d / name for d in runs.iterdir()
+            if d.is_dir() and not d.is_symlink() and (d / name).is_file() and not (d / name).is_symlink()]
+
+
 def _delete_outputs(out: Path) -> None:
     """Delete the earlier run's outputs in ``out`` for ``--overwrite``, or nothing when one of them cannot be
     deleted (a folder of another user's, mode 0555: the deletion stopped half-way, the error named a bare
@@ -218,7 +229,7 @@ def _delete_outputs(out: Path) -> None:
 
     outputs = own_outputs(out)
     check_deletable(outputs, f"--overwrite of {str(out)!r}")
-    for finished in (out / "runs").glob(f"*/{RESULT_FILE}"):
+    for finished in _own_run_files(out, RESULT_FILE):
         finished.unlink()
     for child in outputs:
         if child.is_dir() and not child.is_symlink():
@@ -513,8 +524,9 @@ def _remove_made(out: Path, made: Sequence[Path]) -> None:
 def _remove_started(out: Path) -> None:
     """Remove from ``out``, a folder this run did not make, what a run stopped before its first checkpoint
     wrote there: its config.json and the empty folders of runs/ (the same command was refused, "exists and is
-    not empty"); never another file. config.json, by which --overwrite knows the folder, stays while any
-    other output of the run does (a tracker's logs)."""
+    not empty"); never another file. config.json, by which --overwrite knows the folder, stays while anything
+    else does (a tracker's logs, or a file of the user's: without it the same --overwrite command was refused,
+    "not an attnkit compare run directory")."""
     runs = out / "runs"
     if runs.is_dir() and not runs.is_symlink():
         for folder, _dirs, _files in os.walk(runs, topdown=False):  # the deepest first; links not followed
@@ -522,7 +534,7 @@ def _remove_started(out: Path) -> None:
                 os.rmdir(folder)
             except OSError:  # not empty: what the run keeps
                 continue
-    if _is_run_dir(out) and own_outputs(out) == [out / CONFIG_FILE]:
+    if _is_run_dir(out) and list(out.iterdir()) == [out / CONFIG_FILE]:
         (out / CONFIG_FILE).unlink(missing_ok=True)
 
 
