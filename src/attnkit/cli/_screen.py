@@ -37,12 +37,12 @@ def add_fitted_columns(table, header, rows, left: tuple = ("mechanism",)) -> Non
     as the longest word among its cells (a mechanism's name, a number), and longer text wraps at spaces.
     rich's default cut "2.144e-56" to "2.144e…" and every "sinkhorn" to "sinkho…" on a 60-column terminal.
     Print the table with ``crop=False``: one still wider than the terminal is printed whole, for the
-    terminal to wrap, rather than cut at its edge. Columns named in ``left`` (the row names) are
-    left-justified and keep their header whole too; the others are right-justified when every cell is a
-    number."""
+    terminal to wrap, rather than cut at its edge. A header wraps at its spaces, never inside a word
+    ("criterion" folded to "criterio" / "n"). Columns named in ``left`` (the row names) are left-justified;
+    the others are right-justified when every cell is a number."""
     for i, name in enumerate(header):
-        cells = [str(row[i]) for row in rows] + ([name] if name in left else [])
-        widest = max([len(word) for cell in cells for word in cell.split()] or [0])
+        cells = [str(row[i]) for row in rows]
+        widest = max([len(word) for cell in (*cells, name) for word in cell.split()] or [0])
         numeric = bool(cells) and all(_is_number(cell) for cell in cells if cell not in ("", "-"))
         justify = "left" if name in left or not numeric else "right"
         table.add_column(name, justify=justify, min_width=widest, overflow="fold")

