@@ -16,3 +16,19 @@ def save_during_bench(monkeypatch, out, text: str = '{"user": "precious"}') -> N
         return result
 
     monkeypatch.setattr(benchmark, "run_bench", run_then_someone_saves)
+
+
+def read_only_folder(monkeypatch, folder) -> None:
+    """Make ``folder`` refuse new files as a mode-0555 folder does for a user who is not root (the tests run
+    as root, whom permission bits do not stop): the write probe's temporary file there fails."""
+    import errno
+    import tempfile
+
+    real = tempfile.NamedTemporaryFile
+
+    def refuse(*args, **kwargs):
+        if str(kwargs.get("dir")) == str(folder):
+            raise PermissionError(errno.EACCES, "Permission denied", str(folder / ".probe"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", refuse)

@@ -839,19 +839,15 @@ def test_convert_refuses_a_read_only_out_before_the_model_is_converted(tiny_bert
                                                                        monkeypatch):
     """An existing read-only --out (mode 0555) failed only after the model was loaded and converted, on
     "[Errno 13] Permission denied: 'OUT/.attnkit-convert-...'", a hidden folder the user never made."""
+    from tests.cli._fixtures import read_only_folder
+
     out = tmp_path / "empty555"
     out.mkdir()
-    real = tempfile.NamedTemporaryFile
-
-    def read_only(*args, **kwargs):  # the folder's mode, for a user who is not root
-        if str(kwargs.get("dir")) == str(out):
-            raise PermissionError(errno.EACCES, "Permission denied", str(out / ".probe"))
-        return real(*args, **kwargs)
 
     def converted(*args, **kwargs):
         raise AssertionError("the model was converted before --out was found read-only")
 
-    monkeypatch.setattr(tempfile, "NamedTemporaryFile", read_only)
+    read_only_folder(monkeypatch, out)
     monkeypatch.setattr(akhf, "convert", converted)
     err = _error(capsys, ["convert", str(tiny_bert), "--out", str(out)])
     assert err == f"error: --out {out} cannot be written (Permission denied); choose another --out"

@@ -147,20 +147,12 @@ def test_a_failed_write_removes_the_folders_it_made_and_keeps_the_users(tiny_ber
 def test_a_read_only_out_is_refused_before_the_model_loads(tiny_bert, tmp_path, capsys, monkeypatch):
     """An existing read-only --out (mode 0555) failed only after both conversions ran, on "[Errno 13]
     Permission denied: 'OUT/.attnkit-show.XXXX.tmp'", a hidden folder the user never made."""
-    import errno
-    import tempfile
+    from tests.cli._fixtures import read_only_folder
 
     _no_model_work(monkeypatch)
     out = tmp_path / "empty555"
     out.mkdir()
-    real = tempfile.NamedTemporaryFile
-
-    def read_only(*args, **kwargs):  # the folder's mode, for a user who is not root
-        if str(kwargs.get("dir")) == str(out):
-            raise PermissionError(errno.EACCES, "Permission denied", str(out / ".probe"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(tempfile, "NamedTemporaryFile", read_only)
+    read_only_folder(monkeypatch, out)
     err = _error(capsys, ["show", str(tiny_bert), "--text", TEXT, "--out", str(out)])
     assert err == f"error: --out {out} cannot be written (Permission denied); choose another --out"
 

@@ -71,6 +71,15 @@ def kill_at(step_to_kill: int):
     return hook
 
 
+def ctrl_c_at(step_to_stop: int):
+    """An ``on_step`` hook of ``run_compare`` that stops the run at ``step_to_stop`` as Ctrl-C does."""
+    def hook(mechanism, seed, step):
+        if step == step_to_stop:
+            raise KeyboardInterrupt
+
+    return hook
+
+
 def resume_cli(out, capsys) -> tuple[int, str]:
     """``attnkit compare --out OUT --resume``: its exit code and standard error."""
     capsys.readouterr()

@@ -10,7 +10,7 @@ import pytest
 
 import attnkit.runner.compare as rc
 from attnkit.runner import build_config, run_compare
-from tests.runner._fixtures import tiny_overrides, write_classification_file
+from tests.runner._fixtures import ctrl_c_at, tiny_overrides, write_classification_file
 
 COMMON = dict(mechanisms="softmax", seeds=1, steps=6, checkpoint_every=2, eval_every=3)
 
@@ -82,12 +82,8 @@ def test_a_resume_refuses_a_checkpoint_folder_it_cannot_write_before_training(tm
     out = tmp_path / "out"
     settings = {**COMMON, "steps": 6, "checkpoint_every": 2}
 
-    def stop_at(mech, seed, step):
-        if step == 3:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        run_compare(build_config(tiny_overrides(data, out, **settings)), on_step=stop_at)
+        run_compare(build_config(tiny_overrides(data, out, **settings)), on_step=ctrl_c_at(3))
     (step,) = out.glob("runs/softmax-seed0/checkpoints/step-*")
     _refuse_access_to(monkeypatch, step)
     with pytest.raises(PermissionError, match="make it writable or choose another --out") as exc:
@@ -123,12 +119,8 @@ def test_a_compare_stopped_early_in_an_out_made_beforehand_leaves_it_as_it_was(t
     out.mkdir()
     settings = {**COMMON, "steps": 6, "checkpoint_every": 4}
 
-    def stop_at(mech, seed, step):
-        if step == 2:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        run_compare(build_config(tiny_overrides(data, out, **settings)), on_step=stop_at)
+        run_compare(build_config(tiny_overrides(data, out, **settings)), on_step=ctrl_c_at(2))
     assert list(out.iterdir()) == []
     run_compare(build_config(tiny_overrides(data, out, **settings)))  # the same command again runs
     assert (out / "results.json").is_file()
@@ -144,12 +136,8 @@ def test_a_compare_stopped_early_keeps_the_users_files_in_an_out_made_beforehand
     rc.prepare_run_dir(build_config(tiny_overrides(data, out, **settings)))
     (out / "mine.txt").write_text("mine")
 
-    def stop_at(mech, seed, step):
-        if step == 2:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        run_compare(build_config(tiny_overrides(data, out, **settings)), on_step=stop_at)
+        run_compare(build_config(tiny_overrides(data, out, **settings)), on_step=ctrl_c_at(2))
     assert _tree(out) == ["config.json", "mine.txt"]
     run_compare(build_config(tiny_overrides(data, out, **settings)))  # the same command again runs
     assert (out / "results.json").is_file() and (out / "mine.txt").read_text() == "mine"
