@@ -129,3 +129,14 @@ def test_zero_weight_keeps_the_regularizer_parameters_in_the_graph():
     grads = [p.grad for p in reg.parameters()]
     assert grads and all(g is not None for g in grads)
     assert all(torch.count_nonzero(g).item() == 0 for g in grads)
+
+
+def test_a_float_key_padding_mask_reads_small_negative_biases_as_real_tokens():
+    """capture read torch's additive key padding mask by "> MASKED_BIAS"; a mutant reading ">= 0" (every
+    negative bias as padding, as an ALiBi-like -0.5 would be) survived every test."""
+    from attnkit.align.capture import _real
+
+    mask = torch.tensor([[0.0, -0.5, -30.0, float("-inf"), -1e9]])  # (B, L) additive: -inf / huge = padding
+    assert _real(mask, 1, 5, "cpu").tolist() == [[True, True, True, False, False]]
+    assert _real(mask == float("-inf"), 1, 5, "cpu").tolist() == [[True, True, True, False, True]]
+    assert _real(None, 1, 5, "cpu").all()

@@ -181,3 +181,25 @@ def test_the_folder_of_a_killed_show_is_removed_by_the_next(tiny_bert, tmp_path,
     main([*argv, "--overwrite"])
     assert not killed.exists() and users.is_dir()
     assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUTS, users.name])
+
+
+def test_show_marks_its_staging_folder_before_it_writes_the_export(tiny_bert, tmp_path, monkeypatch):
+    """The sweep of killed shows' folders reads a marker with the host and pid; a show that stopped writing
+    it (the test above writes one by hand) would leave every killed export behind again."""
+    import json
+    import os
+    import socket
+
+    import attnkit.analysis.attention_view as attention_view
+    from attnkit.hf.publish import MARKER
+
+    real = attention_view.write_bertviz
+    seen = []
+
+    def write_bertviz(view, folder, **kwargs):  # the moment a kill leaves the biggest files behind
+        seen.append(json.loads((folder / MARKER).read_text()))
+        return real(view, folder, **kwargs)
+
+    monkeypatch.setattr(attention_view, "write_bertviz", write_bertviz)
+    main(["show", str(tiny_bert), "--text", TEXT, "--mechanisms", "softmax", "--out", str(tmp_path / "view")])
+    assert seen and seen[0]["pid"] == os.getpid() and seen[0]["host"] == socket.gethostname()

@@ -322,12 +322,25 @@ def _recomputed_metrics(out, folder) -> dict:
 
 
 @pytest.mark.parametrize("family", ["bart", "t5"])
-def test_an_encoder_decoder_classifier_is_evaluated_on_its_logits(tmp_path, family):
+def test_an_encoder_decoder_classifier_is_evaluated_on_its_logits(tmp_path, family, monkeypatch):
     """BART's and T5's classifiers also return the encoder's last hidden state: Trainer.predict gave a tuple,
     torch.as_tensor failed on it after the whole training ("expected sequence of length 3 at dim 2") and
-    nothing was saved."""
+    nothing was saved. The encoder states are not gathered at all (ignore_keys at the predict call)."""
+    import numpy as np
+    from transformers import Trainer
+
     from attnkit.hf.finetune import finetune
     from tests.hf._fixtures import write_tsv_dataset
+
+    real_predict = Trainer.predict
+    predicted = []
+
+    def predict(self, *args, **kwargs):
+        result = real_predict(self, *args, **kwargs)
+        predicted.append(result.predictions)
+        return result
+
+    monkeypatch.setattr(Trainer, "predict", predict)
 
     model = _tiny_encoder_decoder(family, tmp_path / family)
     folder = tmp_path / "data"
@@ -337,6 +350,8 @@ def test_an_encoder_decoder_classifier_is_evaluated_on_its_logits(tmp_path, fami
     metrics = finetune(FinetuneConfig(out=str(out), model=model, dataset=str(folder), mechanism="dnas",
                                       max_steps=2, batch_size=4, max_length=16))
     assert metrics["num_test"] == 9 and metrics["mechanism"] == "dnas"
+    (predictions,) = predicted
+    assert isinstance(predictions, np.ndarray) and predictions.shape == (9, 3)  # the logits alone
     recomputed = _recomputed_metrics(out, folder)
     assert metrics["accuracy"] == recomputed["accuracy"] and metrics["macro_f1"] == recomputed["macro_f1"]
 

@@ -109,6 +109,13 @@ def test_a_checkpoint_that_cannot_be_deleted_is_named_by_its_full_path(tmp_path,
     with pytest.raises(PermissionError, match="make it writable") as exc:
         rmtree_named(folder)
     assert str(folder / "rng-rank0.safetensors") in str(exc.value)
+    # as a run meets it: the superseded checkpoint of step 2 cannot be deleted when step 4's is saved
+    data = write_classification_file(tmp_path / "topics.json")
+    out = tmp_path / "out"
+    with pytest.raises(PermissionError, match="make it writable or choose another --out") as exc:
+        run_compare(build_config(tiny_overrides(data, out, **{**COMMON, "steps": 6, "checkpoint_every": 2})))
+    step2 = out / "runs" / "softmax-seed0" / "checkpoints" / "step-0000002"
+    assert str(step2 / "rng-rank0.safetensors") in str(exc.value)
 
 
 def test_a_compare_stopped_early_in_an_out_made_beforehand_leaves_it_as_it_was(tmp_path):
