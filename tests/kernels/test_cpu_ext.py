@@ -252,3 +252,21 @@ def test_a_record_that_is_not_text_is_a_damaged_build_to_rebuild(monkeypatch, tm
 def test_an_unbounded_lock_wait_is_accepted(monkeypatch):
     monkeypatch.setenv("ATTNKIT_EXT_LOCK_TIMEOUT", "inf")
     assert cpu_ext._lock_timeout() == float("inf")
+
+
+def test_a_first_build_says_so_on_stderr_before_it_starts(monkeypatch, tmp_path, capsys):
+    """The build takes a minute or more (3.5 min on a busy 2-core machine); before, it ran without a word."""
+    monkeypatch.setenv("ATTNKIT_CACHE", str(tmp_path))
+    monkeypatch.delenv("ATTNKIT_NO_CPP", raising=False)
+    seen = []
+
+    def fake_build(path, verbose):
+        seen.append(capsys.readouterr().err)  # what was said before the compiler would start
+        raise RuntimeError("compiler not run in this test")
+
+    monkeypatch.setattr(cpu_ext, "_build", fake_build)
+    monkeypatch.setattr(cpu_ext, "_state", {"loaded": False, "ok": False, "error": None})
+    assert not cpu_ext.load(warn=False)
+    assert len(seen) == 1
+    assert "building the C++ CPU kernels" in seen[0] and str(cpu_ext.build_dir()) in seen[0]
+    assert seen[0].count("\n") == 1

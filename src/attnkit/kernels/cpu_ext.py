@@ -240,6 +240,16 @@ def _build(final: Path, verbose: bool) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _announce_build(final: Path) -> None:
+    """One line on stderr before the first build, which takes one to a few minutes and is otherwise silent."""
+    print(
+        f"attnkit: building the C++ CPU kernels into {final} (once per PyTorch version; a minute or more; "
+        "ATTNKIT_NO_CPP=1 skips them)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def load(verbose: bool = False, *, warn: bool = True) -> bool:
     """Build (if needed) and load the extension; True when ``torch.ops.attnkit_cpu`` is usable."""
     if _state["loaded"]:
@@ -260,6 +270,7 @@ def load(verbose: bool = False, *, warn: bool = True) -> bool:
                     final.parent.mkdir(parents=True, exist_ok=True)
                     with build_lock(final.parent / (final.name + ".lock")):
                         if not _intact(final):  # nobody finished it while we waited
+                            _announce_build(final)
                             _build(final, verbose)
                             built_here = True
                 except Exception:
