@@ -192,7 +192,8 @@ def test_reset_parameters_resets_the_reinforce_baseline_as_batchnorm_resets_its_
     assert model.baseline.count == 2
     model.reset_parameters()
     assert model.baseline.count == 0 and model.baseline.value == 0
-    assert model.baseline.update(torch.tensor([3.0])) == 3.0  # the first batch's own mean again
+    assert model.baseline.update(torch.tensor([3.0, 5.0])).tolist() == [5.0, 3.0]  # a first batch again
+    assert model.baseline.value == 4.0
 
 
 def _caption_log_prob(model, image, ids) -> float:

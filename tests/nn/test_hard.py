@@ -102,7 +102,8 @@ def test_masked_locations_are_never_chosen_and_empty_rows_are_zero(mode):
 
 def test_moving_average_baseline_decays_at_point_nine():
     b = MovingAverageBaseline(0.9)
-    assert b.update(torch.tensor([2.0, 4.0])) == 3.0  # first batch: its own mean
+    assert b.update(torch.tensor([2.0, 4.0])).tolist() == [4.0, 2.0]  # first batch: the others' mean
+    assert b.value.item() == 3.0  # the estimate is the first batch's mean
     assert b.update(torch.tensor([13.0])) == 3.0  # the estimate before this batch
     assert b.value.item() == pytest.approx(0.9 * 3.0 + 0.1 * 13.0)
     with pytest.raises(ValueError, match="decay"):
@@ -269,3 +270,25 @@ def test_the_straight_through_gradient_is_that_of_softmax_of_logits_plus_gumbel_
         (expected,) = torch.autograd.grad((soft * weights).sum(), logits)
         torch.testing.assert_close(grad, expected, atol=1e-10, rtol=0)
         assert sample.detach().sum() == 1 and sample.detach().max() == 1
+
+
+def test_first_batch_baseline_leaves_each_reward_out_so_reinforce_is_unbiased():
+    """Before, the first batch's baseline was its own mean: the REINFORCE gradient of sample n was scaled by
+    1 - 1/N (no signal at all for a batch of one). Here the expected gradient of a 3-way categorical policy
+    over batches of 2 matches the exact gradient of E[R] (to Monte Carlo error) only with leave-one-out."""
+    logits = torch.zeros(3, requires_grad=True)
+    rewards = torch.tensor([1.0, 0.0, 0.0])
+    g = torch.Generator().manual_seed(0)
+    total = torch.zeros(3)
+    trials = 4000
+    for _ in range(trials):
+        choice = torch.multinomial(torch.ones(3), 2, replacement=True, generator=g)  # (N=2,)
+        log_prob = torch.log_softmax(logits, -1)[choice]
+        reward = rewards[choice]
+        baseline = MovingAverageBaseline(0.9).update(reward)  # always a first call
+        (grad,) = torch.autograd.grad(reinforce_loss(log_prob, reward, baseline), logits)
+        total -= grad
+    exact = torch.tensor([2.0, -1.0, -1.0]) / 9  # d E[R] / d logits at uniform p: p_j (R_j - E[R])
+    torch.testing.assert_close(total / trials, exact, atol=0.012, rtol=0)
+    single = MovingAverageBaseline(0.9).update(torch.tensor([5.0]))
+    assert single.tolist() == [0.0]  # a batch of one: no other sample to compare with

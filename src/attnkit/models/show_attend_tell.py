@@ -250,7 +250,7 @@ class ShowAttendTell(nn.Module):
                 entropy_weight=self.entropy_weight,
             )
             total = total + reinforce
-            reward_mean, baseline = float(reward.mean()), float(b)
+            reward_mean, baseline = float(reward.mean()), float(b.mean())  # (N,) on the first batch
         return CaptionLoss(
             total,
             float(nll.detach().mean()),

@@ -241,12 +241,22 @@ def reinforce_loss(
     return -surrogate.mean()
 
 
+def _leave_one_out_mean(reward: Tensor) -> Tensor:
+    """``(N,) -> (N,)``: the mean of the other samples' rewards; zeros for a single sample."""
+    n = reward.numel()
+    if n == 1:
+        return torch.zeros_like(reward)
+    return (reward.sum() - reward) / (n - 1)
+
+
 class MovingAverageBaseline(nn.Module):
     """``b_k = decay * b_{k-1} + (1 - decay) * mean(R_k)`` (Show-Attend-Tell sec. 4.1, decay 0.9).
 
-    ``update(reward)`` returns the baseline to subtract from this batch (the estimate before the batch,
-    or the batch mean on the first call), then folds the batch in. The value is a buffer (saved with
-    ``state_dict``)."""
+    ``update(reward (N,))`` returns the baseline to subtract from this batch, then folds the batch in: the
+    estimate before the batch (a scalar), or on the first call, when there is none yet, each sample's
+    leave-one-out mean ``(sum_m R_m - R_n) / (N - 1)`` (``(N,)``; zeros when ``N = 1``). A baseline that
+    contains a sample's own reward biases its REINFORCE gradient by ``1 - 1/N`` (none at all at ``N = 1``);
+    the leave-one-out one does not. The value is a buffer (saved with ``state_dict``)."""
 
     def __init__(self, decay: float = 0.9) -> None:
         super().__init__()
@@ -268,8 +278,12 @@ class MovingAverageBaseline(nn.Module):
         mean = reward.detach().float().mean()
         if not torch.isfinite(mean):
             raise ValueError(f"reward has non-finite mean {mean.item()}; check the reward computation")
-        current = mean.clone() if self.count == 0 else self.value.clone()
-        self.value.copy_(mean if self.count == 0 else self.decay * self.value + (1 - self.decay) * mean)
+        if self.count == 0:
+            current = _leave_one_out_mean(reward.detach().float().reshape(-1))  # (N,)
+            self.value.copy_(mean)
+        else:
+            current = self.value.clone()
+            self.value.copy_(self.decay * self.value + (1 - self.decay) * mean)
         self.count += 1
         return current
 
