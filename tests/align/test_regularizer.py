@@ -838,13 +838,16 @@ def test_broadcast_parameters_gives_every_process_rank_zeros_regularizer(tmp_pat
 
 @pytest.mark.parametrize("method", ("mmd", "gan"))
 def test_a_nan_query_of_a_real_token_is_named_by_layer_and_head_instead_of_a_nan_loss(method):
-    model = _encoder()
+    """The first bad layer and, in it, the first bad head are named (later ones may be NaN through it)."""
+    model = _encoder(layers=3)
     x, pad = _batch()
     reg = AlignmentRegularizer(model, method=method)
     model(x, src_key_padding_mask=pad)
     assert torch.isfinite(reg.loss())
     index, c = reg._captured[1]
     c.q[0, 2, 1, 0] = float("nan")  # sample 0, head 2, a real token of layer 1
+    c.q[1, 3, 0, 1] = float("inf")  # a later head of the same layer
+    reg._captured[2][1].k[0, 0, 0, 0] = float("nan")  # and a later layer
     reg._drawn = None
     with pytest.raises(ValueError, match=r"layer 'layers\.1\.self_attn', head 2, hold NaN or inf at real"):
         reg.loss()
