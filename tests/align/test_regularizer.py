@@ -719,6 +719,24 @@ def test_query_padding_mask_keeps_padded_queries_out_of_mmd_per_head(float_mask)
     assert torch.equal(reg._captured[0][1].k_mask, torch.ones(2, 5, dtype=torch.bool))
 
 
+def test_an_unbatched_call_keeps_its_query_padding_mask_in_the_capture():
+    """An unbatched (L, E) call reshapes its masks to (1, L): dropping the query mask there let the padded
+    queries into the loss (the keys' all-real mask served them)."""
+    torch.manual_seed(0)
+    m = ak.nn.MultiheadAttention(8, 2, mechanism="dnas", batch_first=True).double()
+    reg = AlignmentRegularizer(m, method="mmd")
+    x = torch.randn(5, 8, dtype=torch.float64)
+    qpad = torch.tensor([0, 0, 0, 1, 1], dtype=torch.bool)  # True = padded query
+    m(x, x, x, query_padding_mask=qpad)
+    c = reg._captured[0][1]
+    assert torch.equal(c.q_mask, ~qpad[None]) and torch.equal(c.k_mask, torch.ones(1, 5, dtype=torch.bool))
+    w_q, w_k, _ = m.in_proj_weight.chunk(3)
+    b_q, b_k, _ = m.in_proj_bias.chunk(3)
+    q = (x @ w_q.T + b_q).view(1, 5, 2, 4).transpose(1, 2)[:, :, :3]  # (1, H, 3 real queries, D)
+    k = (x @ w_k.T + b_k).view(1, 5, 2, 4).transpose(1, 2)  # (1, H, 5, D)
+    torch.testing.assert_close(reg.mmd_per_head()[0].double(), mmd(q, k)[0], rtol=1e-5, atol=1e-6)
+
+
 def test_a_model_holding_a_hugging_face_model_names_the_submodule_to_attach_to():
     from tests.hf._models import tiny_model
 
