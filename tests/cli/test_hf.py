@@ -57,8 +57,14 @@ def fixture_dataset(tmp_path_factory):
 
 def test_convert_writes_a_restorable_model(tiny_bert, tmp_path, capsys):
     out = tmp_path / "hnas"
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
     main(["convert", str(tiny_bert), "--mechanism", "hnas", "--u0", "0.25", "--out", str(out)])
-    assert "converted 2 attention module(s)" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "converted 2 attention module(s)" in captured.out
+    assert "Writing model shards" not in captured.err  # transformers' bar under the command's own lines
+    assert hf_logging.is_progress_bar_enabled() == bars  # and its setting restored for the caller
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     assert json.loads((out / "config.json").read_text())["attnkit"]["mechanism"] == "hnas"
     torch.testing.assert_close(
@@ -121,6 +127,7 @@ def test_finetune_writes_metrics_and_model(tiny_bert, fixture_dataset, tmp_path,
     main(["finetune", "--model", str(tiny_bert), "--mechanism", "hnas", "--dataset", str(fixture_dataset),
           "--max-steps", "3", "--batch-size", "4", "--lr", "1e-2", "--max-length", "16", "--out", str(out)])
     metrics = json.loads((out / "metrics.json").read_text())
+    assert "Writing model shards" not in capsys.readouterr().err
     row = next(line for line in screen.getvalue().splitlines() if line.startswith("│ hnas "))
     assert "…" not in screen.getvalue()
     assert [cell.strip() for cell in row.split("│")[2:7]] == [

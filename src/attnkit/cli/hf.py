@@ -96,6 +96,7 @@ def convert_directory(
         _pair_dataset,
     )
     from attnkit.hf.checks import check_model_dir, has_tokenizer_files, load_tokenizer
+    from attnkit.hf.progress import quiet_transformers
     from attnkit.hf.publish import (
         MAX_SHARD_SIZE,
         PROCESSOR_FILES,
@@ -145,7 +146,8 @@ def convert_directory(
         check_shards(out_path, model)  # a sharded earlier output, refused before the save
 
         def write(folder: Path) -> None:
-            model.save_pretrained(folder, max_shard_size=MAX_SHARD_SIZE)
+            with quiet_transformers():  # its "Writing model shards" bar: publish says what was written
+                model.save_pretrained(folder, max_shard_size=MAX_SHARD_SIZE)
             if tokenizer is not None:
                 tokenizer.save_pretrained(folder)
             for name in processor:  # an image or feature processor (AutoImageProcessor): its files as is

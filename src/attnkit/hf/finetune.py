@@ -861,6 +861,7 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
     if mechanism == "hnas":
         metrics["hybrid_weights"] = hybrid_weights(model).tolist()
     if trainer.is_world_process_zero():
+        from .progress import quiet_transformers
         from .publish import publish
 
         from ..analysis.attention_view import MAX_LENGTH_CONFIG_KEY, PAIRS_CONFIG_KEY
@@ -872,7 +873,8 @@ def _finetune(config: FinetuneConfig, data=None) -> dict:
 
         def write(folder: Path) -> None:
             # the model alone: Trainer.save_model would add training_args.bin, a pickle of the run's arguments
-            trainer.model.save_pretrained(str(folder), max_shard_size=MAX_SHARD_SIZE)
+            with quiet_transformers():  # its "Writing model shards" bar: publish says what was written
+                trainer.model.save_pretrained(str(folder), max_shard_size=MAX_SHARD_SIZE)
             if plain_softmax:
                 _save_unconverted_config(folder / "config.json", model_dir)
             tokenizer.save_pretrained(str(folder))

@@ -11,35 +11,44 @@ estimate.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 __all__ = ["load_classifier", "describe_loading", "progress_callbacks", "estimate_line", "HEAD_PREFIXES",
-           "quiet_load"]
+           "quiet_load", "quiet_transformers"]
 
 HEAD_PREFIXES = (  # classification_head: BART, mBART, LED, T5 and their kin
     "classifier.", "score.", "pre_classifier.", "qa_outputs.", "classification_head.",
 )
 
 
-def quiet_load(model_dir: str):
-    """``attnkit.hf.load`` without transformers' "Loading weights" progress bar and loading report (an
-    encoder loads in about a second; they stood on stderr above any one-line error about the options)."""
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Within: no transformers progress bars ("Loading weights", "Writing model shards") and only its errors;
+    the settings before are restored after. The commands' own lines and bars say what happens instead."""
     from transformers.utils import logging as hf_logging
-
-    from .convert import load
 
     bars = hf_logging.is_progress_bar_enabled()
     verbosity = hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     try:
-        return load(model_dir)
+        yield
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
+
+
+def quiet_load(model_dir: str):
+    """``attnkit.hf.load`` without transformers' "Loading weights" progress bar and loading report (an
+    encoder loads in about a second; they stood on stderr above any one-line error about the options)."""
+    from .convert import load
+
+    with quiet_transformers():
+        return load(model_dir)
 
 
 def _mismatched(info: dict) -> list[str]:
