@@ -469,3 +469,31 @@ def test_a_mechanism_in_any_case_is_taken_and_recorded_by_its_name(tmp_path, giv
     assert FinetuneConfig(out=str(tmp_path / "o"), mechanism="HNAS", u0=0.3).mechanism == "hnas"
     with pytest.raises(ValueError, match=r"mechanism='nope'; expected one of \("):
         FinetuneConfig(out=str(tmp_path / "o"), mechanism="nope")
+
+
+@pytest.mark.parametrize("order", [("a", "b", "c"), ("c", "a", "b")])
+def test_a_kept_multi_label_head_is_said_to_change_its_loss(tmp_path, order):
+    """A multi-label checkpoint with the same labels kept its head (trained for one sigmoid per label) under
+    the single-label softmax loss without a line; a head of the same problem type gets none."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, BertConfig
+
+    from attnkit.hf.progress import load_classifier
+
+    labels = ["a", "b", "c"]
+    for problem_type, expect in (("multi_label_classification", True),
+                                 ("single_label_classification", False)):
+        torch.manual_seed(0)
+        config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=32, problem_type=problem_type,
+                            id2label=dict(enumerate(order)), label2id={n: i for i, n in enumerate(order)})
+        folder = tmp_path / problem_type / "-".join(order)
+        AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
+        lines = []
+        load_classifier(str(folder), log=lines.append, num_labels=3, id2label=dict(enumerate(labels)),
+                        label2id={n: i for i, n in enumerate(labels)},
+                        problem_type="single_label_classification")
+        said = [line for line in lines if "trained for multi-label classification" in line]
+        assert len(said) == int(expect), lines
+        if expect:
+            assert "kept and trained on for single-label classification (softmax" in said[0]

@@ -142,6 +142,8 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
     for line in describe_loading(info, other_task=other_head if saved.num_labels == kwargs.get("num_labels")
                                  else None):
         log(line)
+    kept = not any(k.startswith(heads) for k in [*resized, *(info.get("missing_keys") or [])])
+    other_loss = _other_problem_type(saved, kwargs) if kept else None
     before, asked = _other_label_names(saved, kwargs, other_head)
     if before is not None and sorted(before) == sorted(asked) and len(set(asked)) == len(asked):
         import torch
@@ -157,6 +159,8 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
                         p.copy_(p[order.to(p.device)])
             log(f"the checkpoint's classification head is for the same labels in another order "
                 f"({', '.join(before)}); its rows are reordered for {', '.join(asked)}")
+            if other_loss:
+                log(other_loss)
             return model
     if before is not None:  # as many labels, other names: the head's rows meant other classes
         for name, module in model.named_modules():
@@ -168,7 +172,22 @@ def load_classifier(model_dir: str, log: Optional[Callable[[str], None]] = None,
                 model._init_weights(module)
         log(f"the checkpoint's classification head is for other labels ({', '.join(before)}); a new one is "
             f"randomly initialized and trained for {', '.join(asked)}")
+    elif other_loss:
+        log(other_loss)
     return model
+
+
+def _other_problem_type(saved, kwargs: dict) -> Optional[str]:
+    """The line for a kept head trained with another loss than the one asked for (a multi-label head's
+    independent sigmoids, now one softmax); None when the losses agree or nothing was asked."""
+    before, asked = getattr(saved, "problem_type", None), kwargs.get("problem_type")
+    if before is None or asked is None or before == asked:
+        return None
+    names = {"multi_label_classification": "multi-label classification (one sigmoid per label)",
+             "single_label_classification": "single-label classification (softmax cross-entropy)",
+             "regression": "regression (mean squared error)"}
+    return (f"the checkpoint's classification head was trained for {names.get(before, before)}; it is kept "
+            f"and trained on for {names.get(asked, asked)}")
 
 
 def _head_prefixes(model) -> tuple[str, ...]:
