@@ -110,7 +110,8 @@ def plot_glimpse_paths(images, locations, glimpses, labels, predictions, path: P
     return _save(fig, path)
 
 
-def _rect(ax, window, b, N, color):
+def _rect(ax, window, b, N, color) -> tuple[float, float, float, float]:
+    """Draw sample ``b``'s ``N x N`` window; return its box ``(x0, y0, x1, y1)`` in pixel coordinates."""
     from matplotlib import patches
 
     gx, gy, d = float(window.gx[b]) - 1, float(window.gy[b]) - 1, float(window.stride[b])
@@ -125,6 +126,23 @@ def _rect(ax, window, b, N, color):
             linewidth=max(0.5, 2.0 / (1 + float(window.sigma2[b]) ** 0.5)),
         )
     )
+    return gx - half, gy - half, gx + half, gy + half
+
+
+def _show_whole(ax, boxes, height: int, width: int) -> None:
+    """Widen the view past the canvas to every window in ``boxes`` (``imshow`` limits it to the image, so
+    a window larger than the canvas, as DRAW's first reads often are, was cut off), with the canvas framed."""
+    from matplotlib import patches
+
+    x0 = min([-0.5] + [box[0] for box in boxes]) - 0.5
+    y0 = min([-0.5] + [box[1] for box in boxes]) - 0.5
+    x1 = max([width - 0.5] + [box[2] for box in boxes]) + 0.5
+    y1 = max([height - 0.5] + [box[3] for box in boxes]) + 0.5
+    if (x0, y0, x1, y1) != (-1.0, -1.0, width, height):
+        frame = patches.Rectangle((-0.5, -0.5), width, height, fill=False, edgecolor="0.6", linewidth=0.5)
+        ax.add_patch(frame)
+    ax.set_xlim(x0, x1)
+    ax.set_ylim(y1, y0)  # image rows grow downwards
 
 
 def plot_draw_windows(images, windows, path: Path) -> Path:
@@ -136,7 +154,7 @@ def plot_draw_windows(images, windows, path: Path) -> Path:
         for t, w in enumerate(windows):
             ax = axes[b, t]
             ax.imshow(images[b, 0].numpy(), cmap="gray")
-            _rect(ax, w, b, 6, "lime")
+            _show_whole(ax, [_rect(ax, w, b, 6, "lime")], *images.shape[-2:])
             ax.set_title(f"read {t + 1}", fontsize=7)
             ax.axis("off")
     return _save(fig, path)
@@ -153,8 +171,9 @@ def plot_draw_steps(images, out, path: Path) -> Path:
         for t in range(T):
             ax = axes[b, t + 1]
             ax.imshow(out.canvases[b, t, 0].numpy(), cmap="gray", vmin=0, vmax=1)
-            _rect(ax, out.write_windows[t], b, 4, "red")
-            _rect(ax, out.read_windows[t], b, 4, "lime")
+            boxes = [_rect(ax, out.write_windows[t], b, 4, "red"),
+                     _rect(ax, out.read_windows[t], b, 4, "lime")]
+            _show_whole(ax, boxes, *images.shape[-2:])
             ax.set_title(f"t={t + 1}", fontsize=7)
         for ax in axes[b]:
             ax.axis("off")
