@@ -40,3 +40,48 @@ def test_mmd_heads_accepts_lists_and_numpy_arrays_like_tensors(tmp_path):
     panels = {"lists": [[0.1, 0.2], [0.3, 0.4]], "numpy": [np.array([0.1, 0.2]), np.array([0.3, 0.4])]}
     written = plot_mmd_heads(panels, tmp_path / "mmd")
     assert written == tmp_path / "mmd.png" and written.read_bytes()[:8] == PNG
+
+
+def _closed_figure(monkeypatch, draw):
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # kept open to measure; closed by the test
+    draw()
+    return figures[0]
+
+
+def _overlap(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+@pytest.mark.parametrize("figure", ["mmd", "reliability"])
+def test_the_figure_title_overlaps_no_panel_title_or_axes(monkeypatch, tmp_path, figure):
+    """The MMD figure's suptitle stood over its middle panels' titles, and each panel's "layer" label ran
+    into the panel to its left."""
+
+    g = torch.Generator().manual_seed(0)
+    if figure == "mmd":
+        names = ("pretrained", "gan", "ot", "ct")
+        panels = {n: [torch.rand(12, generator=g) for _ in range(6)] for n in names}
+        fig = _closed_figure(monkeypatch, lambda: plot_mmd_heads(
+            panels, tmp_path / "m", title="MiniLM-L6 on R8: MMD(q, k) per layer and head (seed 0)"))
+    else:
+        probs = torch.softmax(torch.randn(64, 3, generator=g), -1)
+        diagrams = {n: reliability(probs, torch.randint(0, 3, (64,), generator=g)) for n in ("a", "b", "c")}
+        fig = _closed_figure(monkeypatch, lambda: plot_reliability(diagrams, tmp_path / "r",
+                                                                   title="calibration of every method"))
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    suptitle = fig._suptitle.get_window_extent(renderer)
+    axes = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    for ax in axes:
+        assert not _overlap(suptitle, ax.title.get_window_extent(renderer)), ax.get_title()
+        assert not _overlap(suptitle, ax.get_window_extent(renderer))
+    for left, right in zip(axes, axes[1:]):
+        labels = right.yaxis.label.get_window_extent(renderer) if right.get_ylabel() else None
+        assert labels is None or not _overlap(labels, left.get_window_extent(renderer))
+    monkeypatch.undo()
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)

@@ -41,7 +41,7 @@ def plot_reliability(diagrams: Mapping[str, Reliability], path: PathLike, title:
         raise ValueError("diagrams is empty; pass {name: attnkit.metrics.reliability(probs, labels)}")
     plt = _pyplot()
     n = len(diagrams)
-    fig, axes = plt.subplots(1, n, figsize=(3.4 * n, 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, n, figsize=(3.4 * n, 3.4), squeeze=False, layout="constrained")
     for ax, (name, r) in zip(axes[0], diagrams.items()):
         edges = r.edges.numpy()
         width = edges[1] - edges[0]
@@ -102,13 +102,15 @@ def plot_mmd_heads(
     }
     vmax = max(float(g.max()) for g in grids.values()) or 1.0
     n = len(grids)
-    fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.0), squeeze=False)
+    # constrained: the suptitle stood over the middle panels' titles and each "layer" label in the panel to
+    # its left
+    fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.0), squeeze=False, layout="constrained")
     image = None
     for ax, (name, grid) in zip(axes[0], grids.items()):
         image = ax.imshow(grid.numpy(), vmin=0, vmax=vmax, cmap="viridis", aspect="auto")
         ax.set_xlabel("head")
-        ax.set_ylabel("layer")
         ax.set_title(f"{name}: total {float(grid.sum()):.3g}", fontsize=9)
+    axes[0][0].set_ylabel("layer")
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8)
     fig.suptitle(title, fontsize=10)
     path = _png_path(path)
