@@ -85,3 +85,16 @@ def test_the_figure_title_overlaps_no_panel_title_or_axes(monkeypatch, tmp_path,
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+def test_names_and_titles_with_dollar_signs_are_drawn_as_written(monkeypatch, tmp_path):
+    """Panel names and titles went to matplotlib as they were: "$5 to $10" entered math mode."""
+    panels = {"cost $5 to $10": [torch.rand(3)], "b": [torch.rand(3)]}
+    fig = _closed_figure(monkeypatch, lambda: plot_mmd_heads(panels, tmp_path / "m", title="MMD $x^$"))
+    fig.canvas.draw()  # "$x^$" as math fails to draw
+    assert fig.axes[0].get_title().startswith(r"cost \$5 to \$10: total ")
+    assert fig._suptitle.get_text() == r"MMD \$x^\$"
+    import matplotlib.pyplot as plt
+
+    monkeypatch.undo()
+    plt.close(fig)

@@ -28,6 +28,13 @@ def _pyplot():
     return plt
 
 
+def literal_text(text: object) -> str:
+    """``text`` drawn as written (``$`` escaped: matplotlib reads text between two as math)."""
+    from ..analysis.plots import literal_text as literal
+
+    return literal(text)
+
+
 def _png_path(path: PathLike) -> Path:
     """``path`` as written: matplotlib adds ``.png`` to a name without a suffix, so the name returned does."""
     path = Path(path)
@@ -70,10 +77,10 @@ def plot_reliability(diagrams: Mapping[str, Reliability], path: PathLike, title:
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
         ax.set_xlabel("confidence")
-        ax.set_title(f"{name}: ECE {100 * r.ece:.2f}%", fontsize=9)
+        ax.set_title(f"{literal_text(name)}: ECE {100 * r.ece:.2f}%", fontsize=9)
     axes[0][0].set_ylabel("accuracy")
     axes[0][0].legend(fontsize=7, loc="upper left")
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(literal_text(title), fontsize=10)
     path = _png_path(path)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
@@ -109,10 +116,10 @@ def plot_mmd_heads(
     for ax, (name, grid) in zip(axes[0], grids.items()):
         image = ax.imshow(grid.numpy(), vmin=0, vmax=vmax, cmap="viridis", aspect="auto")
         ax.set_xlabel("head")
-        ax.set_title(f"{name}: total {float(grid.sum()):.3g}", fontsize=9)
+        ax.set_title(f"{literal_text(name)}: total {float(grid.sum()):.3g}", fontsize=9)
     axes[0][0].set_ylabel("layer")
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(literal_text(title), fontsize=10)
     path = _png_path(path)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
