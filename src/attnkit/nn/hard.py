@@ -40,7 +40,14 @@ from torch import Tensor, nn
 
 from ..scores import AdditiveScore
 from ..validators import NotScriptable, check_not_traced, check_number
-from .module_utils import check_like_parameters, check_same_device_dtype, flag, zero_where
+from .module_utils import (
+    all_finite,
+    check_like_parameters,
+    check_same_device_dtype,
+    flag,
+    readable,
+    zero_where,
+)
 
 __all__ = [
     "HARD_MODES",
@@ -118,7 +125,7 @@ def gumbel_straight_through(
     # a tau below the work dtype's smallest normal (1e-46 in float32) would round to 0 there: 0 / 0 at the top
     y_soft = torch.softmax(z / max(tau, torch.finfo(work).tiny), dim=-1)
     index = z.detach().argmax(dim=-1, keepdim=True)
-    y_hard = torch.zeros_like(y_soft).scatter_(-1, index, 1.0)
+    y_hard = torch.zeros_like(y_soft).scatter(-1, index, 1.0)
     return (y_hard + (y_soft - y_soft.detach())).to(logits.dtype)
 
 
@@ -156,7 +163,7 @@ def hard_attention(
         bad = torch.isnan(scores) | torch.isposinf(scores)  # (B, L)
         if key_mask is not None:
             bad = bad & key_mask  # masked locations may hold anything
-        if bool(bad.any()):
+        if bool(readable(bad).any()):  # inside torch.func.vmap: every example's
             raise ValueError(
                 "scores contain NaN or +inf, which have no weight; check the score function's inputs, and "
                 "mark locations that may not be chosen with -inf or key_mask"
@@ -182,10 +189,10 @@ def hard_attention(
             if mode == "argmax":
                 index = alpha.detach().argmax(-1)
             else:
-                probs = alpha.detach().clone()
-                probs[probs.sum(-1) == 0] = 1.0  # empty rows: any index, zeroed below
+                empty = alpha.detach().sum(-1, keepdim=True) == 0  # (B, 1)
+                probs = torch.where(empty, 1.0, alpha.detach())  # empty rows: any index, zeroed below
                 index = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
-            selection = torch.zeros_like(alpha).scatter_(-1, index[:, None], 1.0)
+            selection = torch.zeros_like(alpha).scatter(-1, index[:, None], 1.0)
         log_prob = log_alpha.gather(-1, index[:, None]).squeeze(-1)  # (B,)
         selection = selection * any_real
         log_prob = torch.where(any_real.squeeze(-1), log_prob, 0.0)  # (B,)
@@ -216,7 +223,7 @@ def reinforce_loss(
             f"log_prob and reward are empty {tuple(log_prob.shape)}; the loss is a mean over samples: "
             "skip the batch"
         )
-    if reward.device.type == "cpu" and not bool(torch.isfinite(reward).all()):  # no device sync per step
+    if reward.device.type == "cpu" and not all_finite(reward):  # no device sync per step
         raise ValueError("reward contains NaN or inf; check the reward computation")
     if isinstance(baseline, Tensor):
         if baseline.dim() > 1 or baseline.numel() not in (1, reward.numel()):
@@ -224,7 +231,7 @@ def reinforce_loss(
                 f"baseline has shape {tuple(baseline.shape)}; expected a float, a scalar tensor or (N,) = "
                 f"({reward.numel()},)"
             )
-        if baseline.device.type == "cpu" and not bool(torch.isfinite(baseline).all()):
+        if baseline.device.type == "cpu" and not all_finite(baseline):
             raise ValueError("baseline contains NaN or inf; check the baseline (e.g. MovingAverageBaseline)")
     else:
         expected = "expected a finite number or a tensor (N,)"

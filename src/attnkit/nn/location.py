@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from ..validators import NotScriptable, check_not_traced
 from .content import check_key_mask
-from .module_utils import zero_where
+from .module_utils import all_finite, zero_where
 
 __all__ = ["GMMLocationAttention", "gmm_window_weights", "PARAMETERIZATIONS"]
 
@@ -158,9 +158,10 @@ class GMMLocationAttention(NotScriptable, nn.Module):
                     f"{name} has dtype {t.dtype} but the module's weights are {self.proj.weight.dtype}; "
                     "convert one of them with .to(dtype)"
                 )
-        # value checks on the CPU only: on an accelerator each would synchronize the device at every step
+        # value checks on the CPU only: on an accelerator each would synchronize the device at every step;
+        # inside torch.func.vmap they read every example's values
         checked = query.device.type == "cpu"
-        if checked and not bool(torch.isfinite(query).all()):
+        if checked and not all_finite(query):
             raise ValueError("query contains NaN or inf; check the decoder state that feeds the attention")
         B = query.shape[0]
         if not isinstance(values, Tensor) or values.dim() != 3 or values.shape[0] != B:
@@ -172,7 +173,7 @@ class GMMLocationAttention(NotScriptable, nn.Module):
                 f"kappa has shape {got}; expected (B, K) = ({B}, {self.num_components}); start from "
                 f"initial_kappa(B)"
             )
-        if checked and not bool(torch.isfinite(kappa).all()):
+        if checked and not all_finite(kappa):
             raise ValueError(
                 "kappa contains NaN or inf; pass the kappa returned by the previous step (initial_kappa(B) "
                 "for the first)"
@@ -185,7 +186,7 @@ class GMMLocationAttention(NotScriptable, nn.Module):
                 "move it with .to(device)"
             )
         alpha, beta, kappa = self.parameters_from(query, kappa)  # (B, K) each
-        if checked and not bool(torch.isfinite(torch.stack([alpha, beta, kappa])).all()):
+        if checked and not all_finite(torch.stack([alpha, beta, kappa])):
             raise ValueError(
                 f"the window parameters (alpha, beta, kappa) are not finite: {self.parameterization} of the "
                 "projected query overflowed (exp of more than about 88 in float32); use "

@@ -36,6 +36,7 @@ from ..functional import normalize
 from ..scores import additive
 from ..validators import NotScriptable
 from .content import check_key_mask, zero_padding
+from .module_utils import all_finite
 
 __all__ = ["MixedAttention"]
 
@@ -151,7 +152,7 @@ class MixedAttention(NotScriptable, nn.Module):
                 )
             prev_weights = prev_weights.masked_fill(~key_mask, 0.0)
             query, keys, values = zero_padding(query, keys, values, key_mask)  # NaN in padding never matters
-        if prev_weights.device.type == "cpu" and not bool(torch.isfinite(prev_weights).all()):  # no GPU sync
+        if prev_weights.device.type == "cpu" and not all_finite(prev_weights):  # no GPU sync
             raise ValueError(
                 "prev_weights contains NaN or inf on a real key; pass the weights of the previous step "
                 "(initial_weights(key_mask) for the first)"

@@ -24,7 +24,7 @@ from ..config import Hybrid, MechanismConfig, MechanismLike
 from ..masks import MASKED_BIAS
 from ..mechanisms import sigmoid_weight, whole_theta
 from ..registry import config_label, initial_theta, resolve_options
-from ..validators import values_hidden
+from ..validators import unbatched_values, values_hidden
 
 __all__ = [
     "HybridWeightMixin",
@@ -38,6 +38,8 @@ __all__ = [
     "check_like_parameters",
     "check_same_device_dtype",
     "zero_where",
+    "readable",
+    "all_finite",
 ]
 
 
@@ -341,7 +343,19 @@ def zero_where(keep: Tensor, x: Tensor) -> Tensor:
     """``x`` with the entries where ``keep`` is False replaced by 0, by a select. On the CPU a tensor whose
     sum is finite (no NaN or inf anywhere) is returned as it is: its padded entries already weigh exactly 0,
     and the copies cost an RNN decoder, which attends to the same keys at every step, 25x the step's
-    product."""
-    if x.device.type == "cpu" and bool(torch.isfinite(x.detach().sum())):
+    product. Inside ``torch.func.vmap``, where the sum cannot be read, always the select."""
+    if x.device.type == "cpu" and not values_hidden(x) and bool(torch.isfinite(x.detach().sum())):
         return x
     return torch.where(keep, x, 0.0)
+
+
+def readable(t: Tensor) -> Tensor:
+    """``t`` itself, or inside ``torch.func.vmap`` the plain tensor of every example's values (the mapped
+    dimensions among its leading ones), so that a check of the values (``.all()``, ``.min()``) can read them
+    on the host there too: ``bool`` of a batched tensor raises torch's "data-dependent control flow"."""
+    return unbatched_values(t) if values_hidden(t) else t
+
+
+def all_finite(t: Tensor) -> bool:
+    """Whether ``t`` holds no NaN or inf (read on the host; for every example inside ``torch.func.vmap``)."""
+    return bool(torch.isfinite(readable(t)).all())

@@ -17,6 +17,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from .module_utils import readable
+
 __all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEncoding", "POSITIONAL"]
 
 POSITIONAL: tuple[str, ...] = ("sinusoidal", "learned")
@@ -37,10 +39,11 @@ def _sinusoids(positions: Tensor, d_model: int) -> Tensor:
     div = torch.exp(
         torch.arange(0, d_model, 2, dtype=torch.float64, device=device) * (-math.log(10000.0) / d_model)
     )  # (ceil(d/2),)
-    pe = torch.zeros(*positions.shape, d_model, dtype=torch.float64, device=device)
-    pe[..., 0::2] = torch.sin(position * div)
-    pe[..., 1::2] = torch.cos(position * div[: d_model // 2])
-    return pe
+    angle = position * div  # (..., ceil(d/2))
+    # sin and cos interleaved (columns 0::2 and 1::2), built without writes into a new tensor, which
+    # torch.func.vmap cannot batch; an odd d_model drops the last cos
+    pe = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1)  # (..., ceil(d/2), 2)
+    return pe.flatten(-2)[..., :d_model]  # (..., d_model)
 
 
 class _PositionalEncoding(nn.Module):
@@ -143,8 +146,9 @@ class _PositionalEncoding(nn.Module):
                 got = f"{tuple(positions.shape)} {positions.dtype}"
             raise ValueError(f"positions {got}; expected integer positions of shape {tuple(x.shape[:2])} "
                              "(e.g. (attention_mask.long().cumsum(1) - 1).clamp(min=0))")
-        if positions.numel() and (positions.min() < 0 or positions.max() >= self.max_len):
-            low, high = positions.min().item(), positions.max().item()
+        plain = readable(positions)  # inside torch.func.vmap: every example's positions
+        if plain.numel() and (plain.min() < 0 or plain.max() >= self.max_len):
+            low, high = plain.min().item(), plain.max().item()
             fix = ("positions are >= 0: clamp them, e.g. (attention_mask.cumsum(1) - 1).clamp(min=0) for "
                    "left padding" if low < 0 else "build the module with a larger max_len")
             raise ValueError(f"positions span {low}..{high}, outside [0, max_len={self.max_len}); {fix}")
