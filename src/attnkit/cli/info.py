@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import platform
-import sys
 
 import typer
 
@@ -54,11 +53,7 @@ def _cpu_kernels() -> str:
     """Which CPU kernels the efficient backend runs for DNAS/HNAS/Sinkhorn (builds the C++ ones if needed)."""
     from attnkit.kernels import cpu_ext
 
-    if not cpu_ext._state["loaded"] and not cpu_ext.disabled() and not cpu_ext._intact(cpu_ext.build_dir()):
-        # a first run says why it is silent for a minute (the compiler runs)
-        print("building the C++ CPU kernels (once per torch build and CPU, about a minute) ...",
-              file=sys.stderr, flush=True)
-    if cpu_ext.load(warn=False):
+    if cpu_ext.load(warn=False):  # a first build says so on stderr itself, once it holds the build lock
         return f"C++ ({cpu_ext.build_dir()})"
     return f"PyTorch fallback ({cpu_ext.load_error()})"
 

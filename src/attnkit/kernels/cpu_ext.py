@@ -243,8 +243,8 @@ def _build(final: Path, verbose: bool) -> None:
 def _announce_build(final: Path) -> None:
     """One line on stderr before the first build, which takes one to a few minutes and is otherwise silent."""
     print(
-        f"attnkit: building the C++ CPU kernels into {final} (once per PyTorch version; a minute or more; "
-        "ATTNKIT_NO_CPP=1 skips them)",
+        f"attnkit: building the C++ CPU kernels into {final} (once per PyTorch build and CPU; a minute or "
+        "more; ATTNKIT_NO_CPP=1 skips them)",
         file=sys.stderr,
         flush=True,
     )
