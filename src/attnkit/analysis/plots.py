@@ -109,11 +109,13 @@ def plot_hybrid_trajectories(
     path: PathLike,
     title: str = "Hybrid weight u per layer and head",
     line_labels: Optional[Sequence[str]] = None,
+    xlabel: str = "training step",
 ) -> Path:
     """Plot ``u`` (``(T, layers, heads)``, values in [0, 1]) against the training ``steps`` (``(T,)``).
 
     One panel per layer, one line per head (``line_labels`` names the lines otherwise, e.g. seeds of a
     one-head model); ``u = 1`` is DNAS, ``u = 0`` softmax ("Doubly-Normalized Attention" Figs. 3, 4).
+    ``xlabel`` names the steps (compare's report says "optimizer step", as its other figures do).
     """
     u = np.asarray(u, dtype=np.float64)
     steps = np.asarray(steps, dtype=np.float64)
@@ -151,7 +153,7 @@ def plot_hybrid_trajectories(
         ax.axhline(0.5, color="grey", lw=0.8, ls=":")
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"layer {layer}")
-        ax.set_xlabel("training step")
+        ax.set_xlabel(literal_text(xlabel))
         if layer % cols == 0:
             ax.set_ylabel("u  (1 = DNAS, 0 = softmax)")
         if layer == 0 and n_heads <= 12:

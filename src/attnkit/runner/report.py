@@ -179,9 +179,23 @@ def plot_learning_curves(path: Path, runs: list[dict], mechanisms: tuple[str, ..
     plt.close(fig)
 
 
+def _initial_u(mechanism: str) -> Optional[float]:
+    """``u`` before the first optimizer step of a compare run of ``mechanism`` (``"hnas"``, ``"hnas+ct"``).
+
+    results.json does not record it: compare builds each model from the mechanism's name, so every hybrid
+    weight starts at that config's ``u0`` (``theta = logit(u0)``). ``None`` for a name without one."""
+    from ..registry import resolve_mechanism
+
+    try:
+        config = resolve_mechanism(_base(mechanism))
+    except ValueError:  # "none" or a transduction model's name
+        return None
+    return getattr(config, "u0", None)
+
+
 def plot_hybrid(path: Path, runs: list[dict]) -> bool:
     """Hybrid-weight trajectories ``u`` (one line per layer and head) of the first hnas seed (plain hnas
-    first, else an aligned one such as ``hnas+ct``)."""
+    first, else an aligned one such as ``hnas+ct``), from ``u0`` at step 0 through every evaluation."""
     hybrid = [r for r in runs if r["history"] and r["history"][0].get("hybrid_u")]
     run = next((r for r in hybrid if r["mechanism"] == "hnas"), hybrid[0] if hybrid else None)
     if run is None:
@@ -192,8 +206,13 @@ def plot_hybrid(path: Path, runs: list[dict]) -> bool:
 
     steps = [h["step"] for h in run["history"]]
     u = np.array([h["hybrid_u"] for h in run["history"]])  # (T, layers, heads)
+    u0 = _initial_u(run["mechanism"])
+    if u0 is not None and steps[0] > 0:  # the first evaluation (e.g. step 15) left out where u starts
+        steps = [0, *steps]
+        u = np.concatenate([np.full_like(u[:1], u0), u])  # (T + 1, layers, heads)
     plot_hybrid_trajectories(
-        steps, u, path, title=f"{run['mechanism']}: hybrid weight u per layer and head (seed {run['seed']})"
+        steps, u, path, title=f"{run['mechanism']}: hybrid weight u per layer and head (seed {run['seed']})",
+        xlabel="optimizer step",  # as the learning curves beside it
     )
     return True
 

@@ -62,6 +62,16 @@ def _moving_average(values: list[float], window: int) -> list[float]:
     return out
 
 
+def _seeds_note(runs: list[dict], mechanisms: tuple[str, ...]) -> str:
+    """What the lines and bands of the learning curves are over: ``"one seed"`` (no band is drawn), else
+    ``"mean; band: range over 3 seeds"`` (``"2-3 seeds"`` when the mechanisms ran different numbers)."""
+    counts = [c for c in (sum(1 for r in runs if r["mechanism"] == m) for m in mechanisms) if c]
+    lo, hi = min(counts, default=1), max(counts, default=1)
+    if hi <= 1:
+        return "one seed"
+    return f"mean; band: range over {hi if lo == hi else f'{lo}-{hi}'} seeds"
+
+
 def plot_learning_curves_band(path: Path, runs: list[dict], mechanisms: tuple[str, ...], metric: str) -> None:
     """Training loss per step (moving average) and the evaluation metric at every evaluation: the mean over
     seeds as a line, the range over seeds (min to max) as a band."""
@@ -98,11 +108,11 @@ def plot_learning_curves_band(path: Path, runs: list[dict], mechanisms: tuple[st
                            label=literal_text(mech))
             ax_metric.fill_between(steps_m, [v.min() for v in values], [v.max() for v in values], color=color,
                                    alpha=0.2, linewidth=0)
-    seeds = max((sum(1 for r in runs if r["mechanism"] == m) for m in mechanisms), default=1)
+    seeds = _seeds_note(runs, mechanisms)
     ax_loss.set(xlabel="optimizer step", ylabel="training loss",
-                title=f"training loss (moving average; band: range over {seeds} seeds)")
+                title=f"training loss, moving average\n({seeds})")
     ax_metric.set(xlabel="optimizer step", ylabel=literal_text(f"{metric} (%)"),
-                  title=literal_text(f"evaluation {metric} (mean; band: range over {seeds} seeds)"))
+                  title=literal_text(f"evaluation {metric}\n({seeds})"))
     for ax in (ax_loss, ax_metric):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -130,7 +140,8 @@ def plot_confusions(path: Path, per_class: dict) -> bool:
              for n in (c["name"] for c in per_class[mechs[0]]["classes"])]
     k = len(names)
     width = max(2.3 * len(mechs) + 1.5, 4.8)  # the caption below fits one mechanism's figure too
-    fig, axes = plt.subplots(1, len(mechs), figsize=(width, 2.6 + 0.12 * k), squeeze=False)
+    fig, axes = plt.subplots(1, len(mechs), figsize=(width, 2.6 + 0.12 * k), squeeze=False,
+                             layout="constrained")
     for ax, mech in zip(axes[0], mechs):
         m = np.array(per_class[mech]["confusion"], dtype=float)
         rows = m / np.maximum(m.sum(1, keepdims=True), 1)  # share of each true class
@@ -145,8 +156,9 @@ def plot_confusions(path: Path, per_class: dict) -> bool:
                             color="white" if rows[i, j] > 0.5 else "black")
     axes[0][0].set_ylabel("true class", fontsize=8)
     fig.supxlabel("predicted class\n(counts summed over seeds; colour: share of the true class)", fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, path, dpi=100)
+    # saved with the box of every text: a layout pass runs before imshow's equal aspect moves the panels, and
+    # with few classes and several mechanisms the titles stood above the picture ("hnas" drawn as "nnas")
+    save_figure(fig, path, dpi=100, bbox_inches="tight", pad_inches=0.05)
     plt.close(fig)
     return True
 
