@@ -349,6 +349,15 @@ def test_an_unknown_top_level_key_is_refused(tmp_path, extra, needle):
         load_file_dataset(_json_file(tmp_path, {**CLASSIFICATION, **extra}))
 
 
+@pytest.mark.parametrize("instead", ["validation", "dev", "tset"])
+def test_a_file_without_test_names_the_key_it_holds_instead(tmp_path, instead):
+    """A file of train and "validation" (or a misspelt "tset") was told only "'test' must be a non-empty
+    list of examples", not which key it held instead."""
+    data = {k: v for k, v in CLASSIFICATION.items() if k != "test"}
+    with pytest.raises(ValueError, match=rf"unknown key\(s\) '{instead}'.*merge it into train or test"):
+        load_file_dataset(_json_file(tmp_path, {**data, instead: CLASSIFICATION["test"]}))
+
+
 def test_an_unknown_example_key_is_refused(tmp_path):
     """A second sentence under another name ("sentence2") was dropped: the model read the first only."""
     data = json.loads(json.dumps(CLASSIFICATION))

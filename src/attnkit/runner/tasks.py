@@ -107,19 +107,21 @@ def load_file_dataset(path: str, *, max_len: Optional[int] = None, max_target_le
     kind = file_task_kind(path)
     raw = _read_file(path)
     name = Path(path).stem
-    for split in ("train", "test"):
-        if not isinstance(raw.get(split), list) or not raw[split]:
-            raise ValueError(f"dataset file {path!r}: {split!r} must be a non-empty list of examples")
     fields = ("text", "label") if kind == "classification" else ("source", "target")
     jsonl = str(path).lower().endswith(".jsonl")
     lines = raw.get("lines") if jsonl else None  # a .jsonl file: its line numbers
     known = {"kind", "train", "test", "label_names", *(("lines",) if jsonl else ())}
     extra = sorted(k for k in raw if k not in known)
+    # before the splits' check: a file of train and "validation" (or a misspelt "tset") was told only that
+    # 'test' must be a non-empty list, not which key it holds instead
     if extra:  # a misspelt label_names, or a split that would be left out without a word
         raise ValueError(
             f"dataset file {path!r}: unknown key(s) {', '.join(map(repr, extra))}; a dataset file holds "
             "kind, train, test and optionally label_names (a validation split: merge it into train or test)"
         )
+    for split in ("train", "test"):
+        if not isinstance(raw.get(split), list) or not raw[split]:
+            raise ValueError(f"dataset file {path!r}: {split!r} must be a non-empty list of examples")
     optional = ("text_pair",) if kind == "classification" else ()
     allowed = {*fields, *optional, "split", "id", "idx"}  # an example's identifier (GLUE's idx) is read past
     for split in ("train", "test"):
