@@ -28,6 +28,7 @@ __all__ = [
     "explain_dispatch",
     "scores",
     "nn",
+    "explain_away",
 ]
 
 

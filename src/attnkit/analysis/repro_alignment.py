@@ -630,6 +630,20 @@ def step_overhead(result: ReproduceResult, budget: Budget) -> dict:
 
 
 def run_alignment(result: ReproduceResult, budget: Budget) -> None:
+    """Run every experiment of the ``alignment`` target at ``budget`` and fill ``result`` (its table, claims
+    and files); the files go into the existing folder ``result.out``. For a budget of your own::
+
+        from pathlib import Path
+        from attnkit.analysis.report import ReproduceResult
+        from attnkit.analysis.repro_alignment import Budget, run_alignment
+
+        out = Path("runs/alignment-custom"); out.mkdir(parents=True)
+        result = ReproduceResult("alignment", out)
+        run_alignment(result, Budget(seeds=(0, 1), steps=40))
+        print(result.rows, [c.held for c in result.claims])
+
+    ``attnkit reproduce alignment`` (``Budget()``, ``--quick``: ``Budget.quick()``) does the same through a
+    staging folder, with the summary and page."""
     result.budget = budget.describe()
     result.rows_raw = []
     result.extra = {}

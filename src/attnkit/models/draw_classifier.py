@@ -26,6 +26,14 @@ __all__ = ["DRAWClassifier"]
 
 
 class DRAWClassifier(nn.Module):
+    r"""Classify an image from ``steps`` DRAW read glimpses (DRAW arXiv:1502.04623 eqs. 19-27, sec. 4.1).
+
+    ``r_t = gamma F_Y x F_X^T`` (a ``read_n x read_n`` Gaussian glimpse placed by ``h_{t-1}``),
+    ``h_t = GRU(h_{t-1}, r_t)``, ``p(y | x) = softmax(W h_T)``. Shapes: ``images (B, C, H, W)`` with
+    ``(H, W) = (height, width)`` and ``C = in_channels`` -> ``logits (B, num_classes)``; :meth:`forward`
+    also returns the windows of every step.
+    """
+
     def __init__(
         self,
         height: int,
