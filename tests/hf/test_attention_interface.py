@@ -233,3 +233,23 @@ def test_the_models_attention_dropout_is_applied_unbiased():
     assert not torch.equal(draws[0], draws[1])
     z = (draws.mean(0) - plain) / (draws.std(0) / len(draws) ** 0.5)  # each entry ~ N(0, 1) if unbiased
     assert float(z.abs().max()) < 4.5
+
+
+@pytest.mark.parametrize("kv_offset", [0, 2])
+def test_the_key_padding_shortcut_is_taken_only_where_it_equals_transformers_mask(kv_offset):
+    """The bidirectional padding mask is passed on as (B, Lk) only without a key offset: with one,
+    transformers reads the padding at positions kv_offset.. (the mask shifted), which the mask as given is
+    not."""
+    from transformers.masking_utils import bidirectional_mask_function, sdpa_mask
+
+    from attnkit.hf.attention_interface import attention_mask
+
+    padding = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)  # (B, Lk)
+    args = dict(batch_size=2, q_length=5, kv_length=5, kv_offset=kv_offset,
+                mask_function=bidirectional_mask_function, attention_mask=padding)
+    ours = attention_mask(**args)
+    theirs = sdpa_mask(**args, allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
+    if ours.dim() == 2:  # the shortcut: a key padding mask (B, Lk)
+        assert kv_offset == 0
+        ours = ours[:, None, None, :].expand(2, 1, 5, 5)
+    assert torch.equal(ours, theirs)
