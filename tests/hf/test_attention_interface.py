@@ -253,3 +253,18 @@ def test_the_key_padding_shortcut_is_taken_only_where_it_equals_transformers_mas
         assert kv_offset == 0
         ours = ours[:, None, None, :].expand(2, 1, 5, 5)
     assert torch.equal(ours, theirs)
+
+
+def test_a_key_hidden_in_one_head_only_keeps_its_query_in_every_head():
+    """A per-head 4-D mask hiding key 3 from head 0 only: the key (and so its query) is real, because head 1
+    reads it; reading the first head alone took query 3 for padding, out of dnas's column sums."""
+    torch.manual_seed(0)
+    B, H, L, D = 1, 2, 5, 4
+    q, k, v = (torch.randn(B, H, L, D, dtype=torch.float64) for _ in range(3))
+    mask = torch.ones(B, H, L, L, dtype=torch.bool)
+    mask[:, 0, :, 3] = False  # head 0 does not read key 3; head 1 reads every key
+    out, _ = attention_forward(_module("dnas", H=H), q, k, v, mask, scaling=0.5)
+    every_query = torch.ones(B, 1, L, 1, dtype=torch.bool)
+    expected = _dnas_reference(0.5 * q @ k.transpose(-1, -2), mask & every_query) @ v  # (B, H, L, D)
+    torch.testing.assert_close(out.transpose(1, 2), expected, atol=1e-12, rtol=0)
+    assert out[0, 3].abs().sum() > 0  # query 3's row is there in both heads
