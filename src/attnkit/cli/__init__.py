@@ -159,6 +159,27 @@ def _refused_write(exc: BaseException) -> Optional[str]:
     return None
 
 
+_PEER_LOST = ("another process of this launch failed (its error is above); rerun the same command once that "
+             "is resolved, with --resume if it kept a checkpoint")
+# what the collectives of ``accelerate launch`` / ``torchrun`` raise in the processes left when one of them
+# stopped: gloo's "Connection closed by peer" (in backward's all-reduce, forward's bucket rebuild), or a
+# reset connection
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+
+
+def _peer_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is a process of a multi-process launch losing another one (which printed its own
+    error): ``torch.distributed.DistBackendError``, or a ``RuntimeError`` naming a closed connection. Its
+    58-line traceback hid the other process's one line."""
+    if not isinstance(exc, RuntimeError):
+        return False
+    dist = sys.modules.get("torch.distributed")  # not imported: no process group, no peer to lose
+    backend_error = getattr(dist, "DistBackendError", None) if dist is not None else None
+    if backend_error is not None and isinstance(exc, backend_error):
+        return True
+    return any(text in str(exc) for text in _PEER_GONE)
+
+
 #: options whose value is a path: ``--out=~/runs`` reaches the program with its "~" (the shell expands a
 #: "~" only at the start of a word), which made a folder named "~" in the working directory
 _PATH_OPTIONS = ("--out", "--model", "--dataset", "--source", "--config", "--task", "--cache-dir")
@@ -268,9 +289,12 @@ def _main(args: list) -> None:
         sys.exit(2)
     except Exception as exc:  # noqa: BLE001 - a library's own error type around a refused write
         why = _refused_write(exc)
-        if why is None:  # a defect, with its traceback
+        if why is not None:
+            _error(_one_line(f"{why}; choose another path or free the space"))
+        elif _peer_lost(exc):
+            _error(_PEER_LOST)
+        else:  # a defect, with its traceback
             raise
-        _error(_one_line(f"{why}; choose another path or free the space"))
         sys.exit(2)
     if code == INTERRUPTED:  # typer turns Ctrl-C inside a command into this return code, without a word
         print("interrupted", file=sys.stderr)

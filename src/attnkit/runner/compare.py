@@ -473,15 +473,13 @@ def _run_compare(config: CompareConfig, accelerator, task, on_step) -> CompareRe
         try:
             accelerator.wait_for_everyone()
             return _train_all(config, accelerator, task, data, out, on_step, made)
-        except (KeyboardInterrupt, SystemExit):  # Ctrl-C, SIGTERM (the CLI's SystemExit): as the README says,
-            # the folders made for --out go when nothing is kept in them (stopped before the first checkpoint,
-            # or while trackers start, the same command was then refused: "exists and is not empty"); a
-            # checkpoint or a finished run stays for --resume
-            if not any(_kept(out)) and accelerator.is_main_process:
-                if made:
-                    _remove_made(out, made)
-                elif not config.resume:  # an --out that existed (made empty beforehand): what this run wrote
-                    _remove_started(out)
+        except BaseException as exc:  # Ctrl-C, SIGTERM (the CLI's SystemExit), a crash, another process of
+            # the launch lost (gloo's "Connection closed by peer"): as the README says, the folders made for
+            # --out go when nothing is kept in them (stopped before the first checkpoint, or while trackers
+            # start, the same command was then refused: "exists and is not empty"); a checkpoint or a
+            # finished run stays for --resume
+            if accelerator.is_main_process:
+                _remove_unkept(out, made, config, keep_config=isinstance(exc, ValueError))
             raise
     finally:
         for fd in locks:
@@ -508,6 +506,20 @@ def _record_kernels(record: dict, run_dir: Path, is_main: bool) -> None:
 def _kept(out: Path) -> tuple[bool, bool]:
     """Whether the run directory ``out`` holds a finished run, and a checkpoint."""
     return any((out / "runs").glob(f"*/{RESULT_FILE}")), any((out / "runs").glob("*/checkpoints/*"))
+
+
+def _remove_unkept(out: Path, made: Sequence[Path], config: CompareConfig, keep_config: bool = False) -> None:
+    """After a compare stopped or failed: unless ``out`` keeps a finished run or a checkpoint, remove what
+    this call created there, the folders it made (``made``, ``out`` first) or, in an ``--out`` that existed
+    (not for ``--resume``), its config.json and empty run folders; never a file of the user's.
+    ``keep_config``: a setting's error (``_failed_training``) keeps the config.json of an ``--out`` that
+    existed, and names ``--overwrite``."""
+    if any(_kept(out)):
+        return
+    if made:
+        _remove_made(out, made)
+    elif not config.resume and not keep_config:
+        _remove_started(out)
 
 
 def _remove_made(out: Path, made: Sequence[Path]) -> None:
@@ -538,18 +550,16 @@ def _remove_started(out: Path) -> None:
         (out / CONFIG_FILE).unlink(missing_ok=True)
 
 
-def _failed_training(exc: ValueError, config: CompareConfig, out: Path, made: Sequence[Path],
-                     is_main: bool) -> None:
+def _failed_training(exc: ValueError, config: CompareConfig, out: Path, made: Sequence[Path]) -> None:
     """After a run failed on a setting (the loss became NaN, ...): a run directory this call created
     (``made``: the folders it made, ``out`` first, then the parents it made for it) with no finished run
-    and no checkpoint in it is removed, with those parents while they are empty, so that the corrected
-    command is not refused and leaves nothing behind; otherwise the error names the way on
-    (``--overwrite``: a resume with other settings is refused). Raises in both cases. (A checkpoint is
-    kept: the error may be a defect rather than a setting, and ``--resume`` goes on from it once fixed.)"""
+    and no checkpoint in it is removed by ``_run_compare`` (``_remove_unkept``), with those parents while
+    they are empty, so that the corrected command is not refused and leaves nothing behind; otherwise the
+    error names the way on (``--overwrite``: a resume with other settings is refused). Raises in both
+    cases. (A checkpoint is kept: the error may be a defect rather than a setting, and ``--resume`` goes on
+    from it once fixed.)"""
     finished, saved = _kept(out)
     if made and not finished and not saved:
-        if is_main:
-            _remove_made(out, made)
         raise exc
     if not config.resume:
         raise ValueError(
@@ -593,7 +603,7 @@ def _train_all(
                 _record_kernels(result.record, run_dir, accelerator.is_main_process)
             runs.append(result.record)
     except ValueError as exc:  # a setting to correct (the loss became NaN); a crash keeps its checkpoints
-        _failed_training(exc, config, out, made, accelerator.is_main_process)
+        _failed_training(exc, config, out, made)
     finally:
         if progress is not None:
             progress.close()

@@ -17,9 +17,11 @@ so a run continued from a checkpoint ends with the same metrics as an uninterrup
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import time
@@ -192,6 +194,57 @@ def _explain_away(accelerator, task, data, model, config: CompareConfig) -> dict
     return stats
 
 
+# the reasons the model's input checks give for values out of range: ``functional``'s score-range check
+# ("the scores ... would overflow to inf"), the score functions' and recurrent attentions' ("scores contain
+# NaN or +inf", "query contains NaN or inf"). After optimizer steps, on inputs that are token ids, they are
+# the weights grown by too large a learning rate, which the user fixes with lr, not by scaling q and k.
+_OUT_OF_RANGE = re.compile(r"\bNaN\b|non-finite|overflow")
+
+
+@contextlib.contextmanager
+def _divergence_named(mechanism: str, seed: int, step: int, lr: float, trained: bool = True):
+    """Re-raise a ``ValueError`` of the model's forward at (1-based) ``step`` that names values out of range
+    (``_OUT_OF_RANGE``) as the run's divergence: the mechanism, seed, step and lr, and what to change (the
+    kernel's reason kept). ``trained``: the weights have had optimizer steps (a fresh model's overflow is no
+    matter of lr: raised as it is)."""
+    try:
+        yield
+    except ValueError as exc:
+        if not trained or _OUT_OF_RANGE.search(str(exc)) is None:
+            raise
+        raise ValueError(
+            f"{mechanism} seed {seed}: training diverged at step {step} with lr={lr:g} ({exc}); "
+            "lower lr or raise warmup_steps"
+        ) from exc
+
+
+def _check_outputs_after_last_step(accelerator, task, data, model, config: CompareConfig, local_idx: Tensor,
+                                   mechanism: str, seed: int, step: int) -> None:
+    """A ``ValueError`` when the model's outputs are not finite after the last optimizer step ``step``.
+
+    The loop reads each step's loss before that step's update, so a last update that diverged (weights of
+    1e30, finite themselves) went unseen: the evaluation took the arg-max of NaN logits, class 0, and
+    reported its share as the accuracy. The last batch's loss is computed again, in evaluation mode and
+    without drawing random numbers: one forward per run, not per step.
+    """
+    net = accelerator.unwrap_model(model)
+    devices = [accelerator.device] if accelerator.device.type == "cuda" else []
+    net.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            loss_sum = task.loss_sum(net, data, local_idx, config, accelerator.device).float()
+    finally:
+        net.train()
+    if accelerator.num_processes > 1:  # every process the same verdict (one raising alone left the others)
+        loss_sum = accelerator.reduce(loss_sum, reduction="sum")
+    value = float(loss_sum)
+    if not math.isfinite(value):
+        raise ValueError(
+            f"{mechanism} seed {seed}: the model's outputs became {value} after step {step}, the last (its "
+            "loss on that step's batch, computed again after the update); lower lr or raise warmup_steps"
+        )
+
+
 def _remove_scratch(run_dir: Path) -> None:
     """A finished run's checkpoints, and the temporary model files of a process killed while it saved one
     (the run directory is this locked run's alone: none is being written)."""
@@ -287,7 +340,8 @@ def train_run(
         start = time.perf_counter()
         global_idx = batch_indices(step, n_train, config.batch_size, seed)  # (batch_size,)
         local_idx = global_idx[rank::world]
-        loss_sum = task.loss_sum(model, data, local_idx, config, accelerator.device)
+        with _divergence_named(mechanism, seed, step + 1, config.lr, trained=step > 0):
+            loss_sum = task.loss_sum(model, data, local_idx, config, accelerator.device)
         denominator = task.count(data, global_idx)
         loss = loss_sum * (world / denominator)  # DDP averages over processes: the mean over the global batch
         if reg is not None:
@@ -329,8 +383,13 @@ def train_run(
                 step, loss_value, len(global_idx) / max(1e-9, trainer["time_sum"] / trainer["time_count"])
             )
 
+        if step == total:  # the loss above was read before this last update: the outputs after it
+            with _divergence_named(mechanism, seed, step, config.lr):
+                _check_outputs_after_last_step(accelerator, task, data, model, config, local_idx, mechanism,
+                                               seed, step)
         if step % config.eval_every == 0 or step == total:
-            metrics, _ = _evaluate(accelerator, task, data, model, config)
+            with _divergence_named(mechanism, seed, step, config.lr):
+                metrics, _ = _evaluate(accelerator, task, data, model, config)
             trainer["history"].append({
                 "step": step,
                 "train_loss": trainer["loss_sum"] / max(1, trainer["loss_count"]),
