@@ -268,3 +268,35 @@ def test_a_key_hidden_in_one_head_only_keeps_its_query_in_every_head():
     expected = _dnas_reference(0.5 * q @ k.transpose(-1, -2), mask & every_query) @ v  # (B, H, L, D)
     torch.testing.assert_close(out.transpose(1, 2), expected, atol=1e-12, rtol=0)
     assert out[0, 3].abs().sum() > 0  # query 3's row is there in both heads
+
+
+def test_cross_attention_keeps_every_query_whatever_the_key_padding():
+    """A cross-attention module's queries are not its keys: the encoder's padding at key 3 must not take the
+    decoder's query 3 out of dnas's column sums (it did when the query mask was inferred wherever
+    Lk >= Lq)."""
+    torch.manual_seed(0)
+    B, H, L, D = 1, 2, 5, 4
+    q, k, v = (torch.randn(B, H, L, D, dtype=torch.float64) for _ in range(3))
+    module = _module("dnas", H=H)
+    module.attnkit_self_attention = False
+    keys = torch.tensor([[1, 1, 1, 0, 1]], dtype=torch.bool)  # (B, Lk): the encoder's padding
+    out, _ = attention_forward(module, q, k, v, keys, scaling=0.5)
+    valid = torch.ones(B, 1, L, 1, dtype=torch.bool) & keys[:, None, None, :]  # every query, real keys
+    expected = _dnas_reference(0.5 * q @ k.transpose(-1, -2), valid) @ v
+    torch.testing.assert_close(out.transpose(1, 2), expected, atol=1e-12, rtol=0)
+
+
+def test_the_modules_backend_is_the_one_the_call_takes(monkeypatch):
+    """A converted module's recorded backend (e.g. "reference" for a debugging run) reaches ak.attention; a
+    call that always took "auto" would ignore it."""
+    import attnkit.hf.attention_interface as interface
+
+    seen = []
+    real = interface.attention
+    monkeypatch.setattr(interface, "attention", lambda *a, **kw: seen.append(kw["backend"]) or real(*a, **kw))
+    q = torch.randn(1, 2, 3, 4)
+    module = _module("dnas", H=2)
+    attention_forward(module, q, q, q, None, scaling=0.5)
+    module.attnkit_backend = "reference"
+    attention_forward(module, q, q, q, None, scaling=0.5)
+    assert seen == ["auto", "reference"]
