@@ -94,7 +94,14 @@ def test_names_and_titles_with_dollar_signs_are_drawn_as_written(monkeypatch, tm
     fig.canvas.draw()  # "$x^$" as math fails to draw
     assert fig.axes[0].get_title().startswith(r"cost \$5 to \$10: total ")
     assert fig._suptitle.get_text() == r"MMD \$x^\$"
+    probs = torch.softmax(torch.randn(16, 3), -1)
+    diagrams = {"cost $5 to $10": reliability(probs, torch.randint(0, 3, (16,)))}
+    fig2 = _closed_figure(monkeypatch, lambda: plot_reliability(diagrams, tmp_path / "r", title="ECE $x^$"))
+    fig2.canvas.draw()
+    assert fig2.axes[0].get_title().startswith(r"cost \$5 to \$10: ECE ")
+    assert fig2._suptitle.get_text() == r"ECE \$x^\$"
     import matplotlib.pyplot as plt
 
     monkeypatch.undo()
     plt.close(fig)
+    plt.close(fig2)

@@ -497,3 +497,16 @@ def test_a_kept_multi_label_head_is_said_to_change_its_loss(tmp_path, order):
         assert len(said) == int(expect), lines
         if expect:
             assert "kept and trained on for single-label classification (softmax" in said[0]
+    # a head that is replaced (another number of labels) or made new (a model without one) is not "kept"
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, problem_type="multi_label_classification", num_labels=4)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(tmp_path / "four")
+    from transformers import BertModel
+
+    BertModel(config).save_pretrained(tmp_path / "base")
+    for folder in ("four", "base"):
+        lines = []
+        load_classifier(str(tmp_path / folder), log=lines.append, num_labels=3,
+                        id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)},
+                        problem_type="single_label_classification")
+        assert not any("it is kept" in line for line in lines), lines

@@ -260,3 +260,16 @@ def test_teacher_forcing_matches_the_papers_equations_in_float64(attention):
             torch.testing.assert_close(logits[:, t], model.out(deep), atol=1e-12, rtol=0)
             torch.testing.assert_close(alphas[:, t], alpha, atol=1e-12, rtol=0)
             prev = tokens[:, t]
+
+
+def test_the_logged_baseline_of_the_first_batch_is_its_mean_reward():
+    """The first batch's baseline is per sample (leave-one-out); the loss logs their mean, which equals the
+    batch's mean reward (one sample's leave-one-out value would not)."""
+    torch.manual_seed(0)
+    model = ShowAttendTell(10, attention="reinforce", hidden_dim=16, feature_dim=8, embed_dim=8,
+                           attention_dim=8)
+    images = torch.rand(3, 1, 12, 36)
+    tokens = torch.tensor([[3, 4, 2], [5, 2, 0], [6, 7, 2]])
+    out = model.loss(images, tokens)
+    assert out.baseline == pytest.approx(out.reward)
+    assert model.loss(images, tokens).baseline == pytest.approx(out.reward)  # the estimate after batch one

@@ -292,3 +292,19 @@ def test_first_batch_baseline_leaves_each_reward_out_so_reinforce_is_unbiased():
     torch.testing.assert_close(total / trials, exact, atol=0.012, rtol=0)
     single = MovingAverageBaseline(0.9).update(torch.tensor([5.0]))
     assert single.tolist() == [0.0]  # a batch of one: no other sample to compare with
+
+
+def test_first_batch_baseline_of_column_rewards_keeps_their_shape_and_stays_unbiased():
+    """Rewards as an (N, 1) column got a flat (N,) leave-one-out baseline, which reinforce_loss broadcast to
+    (N, N): the mean over that grid is the own-batch-mean baseline again (loss -0.9023 where the flat rewards
+    give -1.2030). The baseline now takes the rewards' shape, and a baseline of another shape is refused."""
+    g = torch.Generator().manual_seed(0)
+    log_prob = torch.randn(4, generator=g)
+    reward = torch.tensor([1.0, 0.0, 2.0, 5.0])
+    flat = reinforce_loss(log_prob, reward, MovingAverageBaseline(0.9).update(reward))
+    column_baseline = MovingAverageBaseline(0.9).update(reward[:, None])
+    assert column_baseline.shape == (4, 1)
+    column = reinforce_loss(log_prob[:, None], reward[:, None], column_baseline)
+    torch.testing.assert_close(column, flat)
+    with pytest.raises(ValueError, match=r"baseline has shape \(4,\); expected .*reward's shape \(4, 1\)"):
+        reinforce_loss(log_prob[:, None], reward[:, None], column_baseline.reshape(-1))

@@ -226,10 +226,12 @@ def reinforce_loss(
     if reward.device.type == "cpu" and not all_finite(reward):  # no device sync per step
         raise ValueError("reward contains NaN or inf; check the reward computation")
     if isinstance(baseline, Tensor):
-        if baseline.dim() > 1 or baseline.numel() not in (1, reward.numel()):
+        # one value, or one per sample in reward's own shape: a (N,) baseline against (N, 1) rewards
+        # broadcast to (N, N), every sample's advantage taken against every baseline
+        if baseline.numel() != 1 and tuple(baseline.shape) != tuple(reward.shape):
             raise ValueError(
-                f"baseline has shape {tuple(baseline.shape)}; expected a float, a scalar tensor or (N,) = "
-                f"({reward.numel()},)"
+                f"baseline has shape {tuple(baseline.shape)}; expected a float, a one-element tensor or "
+                f"reward's shape {tuple(reward.shape)}"
             )
         if baseline.device.type == "cpu" and not all_finite(baseline):
             raise ValueError("baseline contains NaN or inf; check the baseline (e.g. MovingAverageBaseline)")
@@ -261,7 +263,8 @@ class MovingAverageBaseline(nn.Module):
 
     ``update(reward (N,))`` returns the baseline to subtract from this batch, then folds the batch in: the
     estimate before the batch (a scalar), or on the first call, when there is none yet, each sample's
-    leave-one-out mean ``(sum_m R_m - R_n) / (N - 1)`` (``(N,)``; zeros when ``N = 1``). A baseline that
+    leave-one-out mean ``(sum_m R_m - R_n) / (N - 1)`` (``reward``'s shape; zeros when ``N = 1``: log it with
+    ``.mean()``, not ``float()``). A baseline that
     contains a sample's own reward biases its REINFORCE gradient by ``1 - 1/N`` (none at all at ``N = 1``);
     the leave-one-out one does not. The value is a buffer (saved with ``state_dict``)."""
 
@@ -285,8 +288,8 @@ class MovingAverageBaseline(nn.Module):
         mean = reward.detach().float().mean()
         if not torch.isfinite(mean):
             raise ValueError(f"reward has non-finite mean {mean.item()}; check the reward computation")
-        if self.count == 0:
-            current = _leave_one_out_mean(reward.detach().float().reshape(-1))  # (N,)
+        if self.count == 0:  # reward's own shape: an (N, 1) column with a flat (N,) broadcast to (N, N)
+            current = _leave_one_out_mean(reward.detach().float().reshape(-1)).reshape(reward.shape)
             self.value.copy_(mean)
         else:
             current = self.value.clone()
