@@ -246,3 +246,23 @@ def test_a_head_outside_the_usual_names_is_reordered_or_replaced_as_said(tmp_pat
     with pytest.raises(ValueError, match=r"id2label=.*expected the keys 0 to 2"):
         load_classifier(str(tmp_path / "xlnet"), log=lambda line: None, num_labels=3,
                         id2label={1: "x", 2: "y", 3: "z"}, label2id={"x": 0, "y": 1, "z": 2})
+
+
+def test_quiet_transformers_leaves_the_users_hub_progress_bar_groups_as_they_were():
+    """Restoring transformers' bars re-enabled every huggingface_hub bar, a group the user had turned
+    off too."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    from attnkit.hf.progress import quiet_transformers
+
+    group = "huggingface_hub.http_get"
+    assert hf_logging.is_progress_bar_enabled()
+    disable_progress_bars(group)
+    try:
+        with quiet_transformers():
+            assert not hf_logging.is_progress_bar_enabled()
+        assert hf_logging.is_progress_bar_enabled()
+        assert are_progress_bars_disabled(group) and not are_progress_bars_disabled("huggingface_hub.other")
+    finally:
+        enable_progress_bars()

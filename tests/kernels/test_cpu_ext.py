@@ -91,7 +91,8 @@ def test_lock_of_a_killed_builder_is_released(monkeypatch, tmp_path):
     assert "compiler not run" in cpu_ext.load_error()
 
 
-def test_lock_wait_times_out_naming_the_file_to_delete(tmp_path):
+def test_lock_wait_times_out_naming_the_file_to_delete(tmp_path, capsys):
+    """The wait says so once on stderr (it was silent for up to ATTNKIT_EXT_LOCK_TIMEOUT, 900 s)."""
     lock = tmp_path / "ext.lock"
     holder = _spawn_lock_holder(lock)
     try:
@@ -100,6 +101,8 @@ def test_lock_wait_times_out_naming_the_file_to_delete(tmp_path):
             with cpu_ext.build_lock(lock, timeout=0.5):
                 pass
         assert time.monotonic() - start < 5
+        err = capsys.readouterr().err.splitlines()
+        assert err == [f"attnkit: waiting for another process building the C++ CPU kernels (lock {lock})"]
     finally:
         holder.kill()
         holder.wait(timeout=30)

@@ -213,7 +213,7 @@ def verify_manifest(name: str, folder: Path, required: tuple[str, ...] = ()) -> 
         raise DatasetChecksumError(
             f"dataset {name!r}: the manifest {folder / MANIFEST} does not list {unlisted}; {fix}"
         )
-    for file_name, expected in manifest["files"].items():
+    for file_name in manifest["files"]:  # every file there and of its recorded size before any is hashed
         path = folder / file_name
         if not path.is_file():
             raise DatasetChecksumError(f"dataset {name!r}: cached file {path} is missing; {fix}")
@@ -223,6 +223,8 @@ def verify_manifest(name: str, folder: Path, required: tuple[str, ...] = ()) -> 
                 f"dataset {name!r}: cached file {path} has {size} bytes, the manifest says {recorded} "
                 f"(corrupt or edited); {fix}"
             )
+    for file_name, expected in manifest["files"].items():
+        path = folder / file_name
         actual = sha256_file(path)
         if actual != expected:
             raise DatasetChecksumError(

@@ -32,6 +32,8 @@ def quiet_transformers() -> Iterator[None]:
 
     bars = hf_logging.is_progress_bar_enabled()
     verbosity = hf_logging.get_verbosity()
+    hub = _hub_bar_states()  # transformers' switch turns every huggingface_hub bar on or off with its own
+    saved = dict(hub) if hub is not None else None
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     try:
@@ -40,6 +42,21 @@ def quiet_transformers() -> Iterator[None]:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
+        if hub is not None:  # a group of hub bars the user had turned off stays off
+            hub.clear()
+            hub.update(saved)
+
+
+def _hub_bar_states() -> Optional[dict]:
+    """huggingface_hub's per-group progress bar switches (its ``disable_progress_bars(name)``), if found."""
+    import importlib
+
+    try:  # the module: ``huggingface_hub.utils.tqdm`` as an attribute is its tqdm class
+        hub_tqdm = importlib.import_module("huggingface_hub.utils.tqdm")
+    except ImportError:  # pragma: no cover - huggingface_hub is a transformers dependency
+        return None
+    states = getattr(hub_tqdm, "progress_bar_states", None)
+    return states if isinstance(states, dict) else None
 
 
 def quiet_load(model_dir: str):

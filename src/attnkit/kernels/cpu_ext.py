@@ -150,11 +150,16 @@ def build_lock(path: Path, timeout: Optional[float] = None) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         deadline = time.monotonic() + timeout
+        waiting = False
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if not waiting:  # the other build may take minutes: say why this process is silent
+                    print(f"attnkit: waiting for another process building the C++ CPU kernels (lock {path})",
+                          file=sys.stderr, flush=True)
+                    waiting = True
                 if time.monotonic() >= deadline:
                     raise TimeoutError(
                         f"waited {timeout:g} s for another process building the C++ kernels (lock {path}); "
@@ -243,8 +248,8 @@ def _build(final: Path, verbose: bool) -> None:
 def _announce_build(final: Path) -> None:
     """One line on stderr before the first build, which takes one to a few minutes and is otherwise silent."""
     print(
-        f"attnkit: building the C++ CPU kernels into {final} (once per PyTorch build and CPU; a minute or "
-        "more; ATTNKIT_NO_CPP=1 skips them)",
+        f"attnkit: building the C++ CPU kernels into {final} (a minute or more; a finished build is kept for "
+        "later runs; ATTNKIT_NO_CPP=1 skips them)",
         file=sys.stderr,
         flush=True,
     )
