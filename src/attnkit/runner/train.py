@@ -235,14 +235,19 @@ def _check_outputs_after_last_step(accelerator, task, data, model, config: Compa
             loss_sum = task.loss_sum(net, data, local_idx, config, accelerator.device).float()
     finally:
         net.train()
-    if accelerator.num_processes > 1:  # every process the same verdict (one raising alone left the others)
-        loss_sum = accelerator.reduce(loss_sum, reduction="sum")
-    value = float(loss_sum)
+    value = _summed(accelerator, loss_sum)  # every process one verdict (one raising alone left the others)
     if not math.isfinite(value):
         raise ValueError(
             f"{mechanism} seed {seed}: the model's outputs became {value} after step {step}, the last (its "
             "loss on that step's batch, computed again after the update); lower lr or raise warmup_steps"
         )
+
+
+def _summed(accelerator, value: Tensor) -> float:
+    """``value`` summed over the processes of the launch (itself on one), as a Python float."""
+    if accelerator.num_processes > 1:
+        value = accelerator.reduce(value, reduction="sum")
+    return float(value)
 
 
 def _remove_scratch(run_dir: Path) -> None:
@@ -358,10 +363,7 @@ def train_run(
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        global_loss = loss.detach() / world
-        if world > 1:
-            global_loss = accelerator.reduce(global_loss, reduction="sum")
-        loss_value = float(global_loss)
+        loss_value = _summed(accelerator, loss.detach() / world)
         if not math.isfinite(loss_value):
             raise ValueError(
                 f"{mechanism} seed {seed}: the training loss became {loss_value} at step {step + 1}; "
