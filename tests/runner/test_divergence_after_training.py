@@ -118,3 +118,18 @@ def test_the_check_after_the_last_step_is_one_forward_per_run_and_draws_no_rando
     assert calls == [True, True, True, True, False]  # four training steps, then the check in eval mode
     assert len(states) == 2 and torch.equal(states[0], states[1])
     assert result.runs[0]["metrics"]["accuracy"] is not None
+
+
+def test_a_forward_that_fails_before_any_update_keeps_its_own_message(tmp_path, monkeypatch):
+    """Step 1's forward runs on the initial weights: an out-of-range error there is no matter of lr, and the
+    training loop must not rename it "training diverged at step 1 with lr"."""
+    from attnkit.runner import tasks
+
+    def overflowing(self, *args, **kwargs):
+        raise ValueError("the scores of this call may reach 1e+40, which would overflow to inf")
+
+    monkeypatch.setattr(tasks.ClassificationTask, "loss_sum", overflowing)
+    data = write_classification_file(tmp_path / "topics.json")
+    with pytest.raises(ValueError) as exc:
+        run_compare(_config(data, tmp_path / "out", "softmax", lr=1e-3, steps=2))
+    assert "training diverged" not in str(exc.value) and "would overflow to inf" in str(exc.value)

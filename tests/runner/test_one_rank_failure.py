@@ -70,14 +70,45 @@ def test_a_lost_process_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, er
         raise error
 
     monkeypatch.setattr(rc, "run_compare", lost)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as accelerate launch / torchrun set it
     data = write_classification_file(tmp_path / "topics.json")
     with pytest.raises(SystemExit) as exc:
         main(["compare", "--task", str(data), "--out", str(tmp_path / "out"), "--progress", "none"])
     assert exc.value.code == 2
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(
-        "error: another process of this launch failed (its error is above); rerun the same command"
+    assert len(lines) == 1 and lines[0] == (
+        "error: another process of this launch failed (its error is above); rerun the same command once "
+        "that is resolved, with --resume if it kept a checkpoint"
     )
+
+
+@pytest.mark.parametrize("world", ["1", "2"])
+def test_a_backend_error_of_this_process_keeps_its_traceback(tmp_path, monkeypatch, world):
+    """Every DistBackendError was read as another process's failure: NCCL's "Duplicate GPU detected" (this
+    launch's own mistake, raised on every rank) became "another process failed (its error is above)" on
+    every rank, with no error above. And a single process has no other process to lose."""
+    import attnkit.runner.compare as rc
+
+    own = torch.distributed.DistBackendError("NCCL error: invalid usage, Duplicate GPU detected : rank 0 and "
+                                             "rank 1 both on CUDA device 0")
+    errors = {"1": RuntimeError(GLOO), "2": own}
+
+    def failed(config):
+        raise errors[world]
+
+    monkeypatch.setattr(rc, "run_compare", failed)
+    monkeypatch.setenv("WORLD_SIZE", world)
+    data = write_classification_file(tmp_path / "topics.json")
+    with pytest.raises(RuntimeError):
+        main(["compare", "--task", str(data), "--out", str(tmp_path / "out"), "--progress", "none"])
+
+
+def test_finetune_is_not_told_to_resume():
+    """finetune has no --resume: the line named it for every command."""
+    from attnkit.cli import _peer_lost_line
+
+    assert "--resume" in _peer_lost_line(["compare", "--out", "x"])
+    assert "--resume" not in _peer_lost_line(["finetune", "--dataset", "d"])
 
 
 def test_another_runtime_error_keeps_its_traceback(tmp_path, monkeypatch):
@@ -133,3 +164,19 @@ def test_two_processes_where_one_raises_leave_nothing_that_refuses_the_rerun(tmp
             if "/src/attnkit/" in line or "site-packages/attnkit" in line]
     assert not ours, proc.stderr[-3000:]
     assert not out.exists()
+
+
+def test_only_the_main_process_says_what_a_failed_run_keeps(tmp_path):
+    """Rank 1's ValueError said "the run directory ... is kept: pass --overwrite" while the main process,
+    which met the lost peer, removed it: the other ranks now raise their error as it is."""
+    from attnkit.runner.compare import _failed_training
+    from attnkit.runner.config import CompareConfig
+
+    out = tmp_path / "existing"  # an --out the user made: not this run's to remove
+    out.mkdir()
+    error = ValueError("injected error on rank 1")
+    with pytest.raises(ValueError) as raised:
+        _failed_training(error, CompareConfig(), out, made=(), is_main=False)
+    assert raised.value is error
+    with pytest.raises(ValueError, match="is kept: pass --overwrite"):
+        _failed_training(error, CompareConfig(), out, made=(), is_main=True)

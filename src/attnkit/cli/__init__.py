@@ -160,24 +160,33 @@ def _refused_write(exc: BaseException) -> Optional[str]:
 
 
 _PEER_LOST = ("another process of this launch failed (its error is above); rerun the same command once that "
-             "is resolved, with --resume if it kept a checkpoint")
+              "is resolved")
 # what the collectives of ``accelerate launch`` / ``torchrun`` raise in the processes left when one of them
-# stopped: gloo's "Connection closed by peer" (in backward's all-reduce, forward's bucket rebuild), or a
-# reset connection
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+# stopped: gloo's "Connection closed by peer" (in backward's all-reduce, forward's bucket rebuild), a reset
+# connection, NCCL's "remote process exited" or an aborted communicator. Other backend errors (an NCCL
+# "Duplicate GPU detected", a watchdog timeout) are this process's own: they keep their traceback.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote process exited",
+              "communicator was aborted")
 
 
 def _peer_lost(exc: BaseException) -> bool:
     """Whether ``exc`` is a process of a multi-process launch losing another one (which printed its own
-    error): ``torch.distributed.DistBackendError``, or a ``RuntimeError`` naming a closed connection. Its
-    58-line traceback hid the other process's one line."""
+    error): a ``RuntimeError`` (``DistBackendError`` too) naming a closed connection or an exited peer, in a
+    launch of more than one process. Its 58-line traceback hid the other process's one line."""
     if not isinstance(exc, RuntimeError):
         return False
-    dist = sys.modules.get("torch.distributed")  # not imported: no process group, no peer to lose
-    backend_error = getattr(dist, "DistBackendError", None) if dist is not None else None
-    if backend_error is not None and isinstance(exc, backend_error):
-        return True
-    return any(text in str(exc) for text in _PEER_GONE)
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        world = 1
+    return world > 1 and any(text in str(exc) for text in _PEER_GONE)
+
+
+def _peer_lost_line(argv: list[str]) -> str:
+    """``_PEER_LOST``, with compare's way back to a kept checkpoint (``finetune`` has no ``--resume``)."""
+    if argv and argv[0] == "compare":
+        return f"{_PEER_LOST}, with --resume if it kept a checkpoint"
+    return _PEER_LOST
 
 
 #: options whose value is a path: ``--out=~/runs`` reaches the program with its "~" (the shell expands a
@@ -292,7 +301,7 @@ def _main(args: list) -> None:
         if why is not None:
             _error(_one_line(f"{why}; choose another path or free the space"))
         elif _peer_lost(exc):
-            _error(_PEER_LOST)
+            _error(_peer_lost_line(args))
         else:  # a defect, with its traceback
             raise
         sys.exit(2)

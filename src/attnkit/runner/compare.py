@@ -550,14 +550,19 @@ def _remove_started(out: Path) -> None:
         (out / CONFIG_FILE).unlink(missing_ok=True)
 
 
-def _failed_training(exc: ValueError, config: CompareConfig, out: Path, made: Sequence[Path]) -> None:
+def _failed_training(exc: ValueError, config: CompareConfig, out: Path, made: Sequence[Path],
+                     is_main: bool = True) -> None:
     """After a run failed on a setting (the loss became NaN, ...): a run directory this call created
     (``made``: the folders it made, ``out`` first, then the parents it made for it) with no finished run
     and no checkpoint in it is removed by ``_run_compare`` (``_remove_unkept``), with those parents while
     they are empty, so that the corrected command is not refused and leaves nothing behind; otherwise the
     error names the way on (``--overwrite``: a resume with other settings is refused). Raises in both
     cases. (A checkpoint is kept: the error may be a defect rather than a setting, and ``--resume`` goes on
-    from it once fixed.)"""
+    from it once fixed.) Only the main process says what is kept: it decides, and when another process
+    failed alone it meets a lost peer, not this error (a rank's "is kept" was false after the main process
+    had removed the run directory)."""
+    if not is_main:
+        raise exc
     finished, saved = _kept(out)
     if made and not finished and not saved:
         raise exc
@@ -603,7 +608,7 @@ def _train_all(
                 _record_kernels(result.record, run_dir, accelerator.is_main_process)
             runs.append(result.record)
     except ValueError as exc:  # a setting to correct (the loss became NaN); a crash keeps its checkpoints
-        _failed_training(exc, config, out, made)
+        _failed_training(exc, config, out, made, accelerator.is_main_process)
     finally:
         if progress is not None:
             progress.close()
