@@ -238,10 +238,33 @@ def json_loads(text: Union[str, bytes], **kwargs):
         raise json.JSONDecodeError("nested deeper than can be read", doc, 0) from None
 
 
+#: what ``flock`` raises on a file system without file locks: NFS without its lock daemon or with a lock
+#: emulation that wants a file open for writing (EBADF on a folder), FUSE and SMB mounts
+NO_LOCKS = frozenset(e for e in (errno.ENOLCK, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", None),
+                                 errno.EINVAL, errno.ENOSYS, errno.EBADF) if e is not None)
+
+
+_SAID_WITHOUT_LOCK: set[str] = set()
+
+
+def without_lock(path: Union[str, os.PathLike], exc: OSError, what: str) -> None:
+    """Say on stderr, in one line (once per path and process), that ``path`` could not be locked because its
+    file system has no locks, and what goes on without the lock (``what``)."""
+    import sys
+
+    if str(path) in _SAID_WITHOUT_LOCK:
+        return
+    _SAID_WITHOUT_LOCK.add(str(path))
+    reason = errno.errorcode.get(exc.errno, str(exc.errno))
+    print(f"attnkit: cannot lock {str(path)!r} (its file system has no file locks: {reason}); {what}",
+          file=sys.stderr, flush=True)
+
+
 def lock_folder(folder: Union[str, os.PathLike], in_use: str) -> Optional[int]:
     """An exclusive ``fcntl.flock`` on ``folder`` (released when the descriptor is closed or this process
     ends, even killed); a second process gets a ``ValueError``: "folder ... is in use by another ``in_use``".
-    Returns the descriptor to close, or ``None`` where the platform has no ``flock``."""
+    Returns the descriptor to close, or ``None`` where the platform has no ``flock`` or the folder's file
+    system has no locks (said in one line: the run goes on, unguarded against a second one)."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows
@@ -249,7 +272,15 @@ def lock_folder(folder: Union[str, os.PathLike], in_use: str) -> Optional[int]:
     fd = os.open(folder, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    except OSError as exc:
+        if not isinstance(exc, BlockingIOError):
+            os.close(fd)
+            if exc.errno not in NO_LOCKS:
+                raise
+            # a traceback before (a 54-line one on NFS-like mounts): the run needs no lock to be right
+            without_lock(folder, exc, "going on without it: a second run into it at the same time is not "
+                         "refused")
+            return None
         os.close(fd)
         holder = _lock_holder(folder)
         if holder is not None and holder[0] not in in_use.split(":")[0].split():

@@ -37,7 +37,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from .._files import _umask
+from .._files import NO_LOCKS, _umask, without_lock
 
 __all__ = ["available", "load", "build_dir", "disabled", "load_error", "build_lock"]
 
@@ -151,11 +151,20 @@ def build_lock(path: Path, timeout: Optional[float] = None) -> Iterator[None]:
     try:
         deadline = time.monotonic() + timeout
         waiting = False
+        locked = True
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
-            except BlockingIOError:
+            except OSError as exc:
+                if not isinstance(exc, BlockingIOError):
+                    if exc.errno not in NO_LOCKS:
+                        raise
+                    # a cache on a file system without locks (an NFS home): the build is still whole, made
+                    # in a private folder renamed into place; only concurrent builders are not serialized
+                    without_lock(path, exc, "building without it")
+                    locked = False
+                    break
                 if not waiting:  # the other build may take minutes: say why this process is silent
                     print(f"attnkit: waiting for another process building the C++ CPU kernels (lock {path})",
                           file=sys.stderr, flush=True)
@@ -169,7 +178,8 @@ def build_lock(path: Path, timeout: Optional[float] = None) -> Iterator[None]:
         try:
             yield
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            if locked:
+                fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
 
