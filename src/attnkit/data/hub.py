@@ -11,14 +11,17 @@ loader fail at once, otherwise a connection to the hub is tried with a short tim
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import csv
+import errno
 import json
 import logging
 import math
 import os
 import re
 import socket
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +35,9 @@ from .containers import DatasetChecksumError, DatasetUnavailableError, TextClass
 __all__ = ["HubSpec", "HUB_SPECS", "fetch_hub", "load_hub_cached", "load_hub_source", "hub_reachable"]
 
 CONNECT_TIMEOUT_S = 3.0
+MAX_LINE_BYTES = 64 << 20  # a longer line (or CSV field) of a text split is refused, not read into memory
+_READ_CHUNK = 1 << 20  # text splits are checked in chunks of this many bytes
+_LOCK_ERRNOS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}  # flock unsupported there
 _EXTENSIONS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
@@ -190,16 +196,34 @@ def _to_data(spec: HubSpec, train: Any, test: Any) -> TextClassificationData:
     )
 
 
+def _not_a_file_kind(path: Path) -> Optional[str]:
+    """What stands at ``path`` when it exists and is not a regular file (a folder, a FIFO, ...), else None."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kinds = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a named pipe (FIFO)", stat.S_ISSOCK: "a socket",
+             stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device"}
+    return next((kind for test, kind in kinds.items() if test(mode)), "not a regular file")
+
+
 def _split_file(folder: Path, names: tuple[str, ...]) -> Optional[Path]:
     """The file of the first of the split ``names`` found in ``folder`` (``train.jsonl``, ...), or None; a
     symbolic link to nothing at such a name is refused by name (it read as no file, while the error listed
-    it among the files found)."""
+    it among the files found), and so is a folder or a FIFO there (it read as no file too)."""
     for name in names:
         for path in (folder / f"{name}{ext}" for ext in _EXTENSIONS):
             if path.is_symlink() and not path.exists():
                 raise DatasetUnavailableError(
                     f"{path} is a symbolic link to {os.readlink(path)}, which does not exist; point it at "
                     f"the {name} split's file, or remove it"
+                )
+            kind = _not_a_file_kind(path)
+            if kind is not None:
+                raise DatasetUnavailableError(
+                    f"{path} is {kind}, not a regular file; put the {name} split's file there, or remove it"
                 )
         found = [folder / f"{name}{ext}" for ext in _EXTENSIONS if (folder / f"{name}{ext}").is_file()]
         if len(found) > 1:
@@ -240,17 +264,57 @@ def load_hub_source(spec: HubSpec, source: PathLike) -> TextClassificationData:
         return _to_data(spec, *tables)
 
 
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+
+def _line_too_long(spec: HubSpec, path: Path, number: int) -> ValueError:
+    return ValueError(
+        f"{spec.name}: {path} line {number} is longer than {_size(MAX_LINE_BYTES)}; a split file holds "
+        "one example per line (JSON lines) or row (CSV): check that it is the right file"
+    )
+
+
 def _check_utf8(spec: HubSpec, path: Path) -> None:
-    """Text files must be UTF-8 (a byte-order mark allowed): a ``ValueError`` naming the file and line."""
+    """Text files must be UTF-8 (a byte-order mark allowed), without a NUL byte (a binary file) and without
+    a line over ``MAX_LINE_BYTES``: a ``ValueError`` naming the file and line. The file is read in chunks of
+    ``_READ_CHUNK`` bytes (a file without a newline was one line, read whole into memory)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    size = max(1, min(_READ_CHUNK, MAX_LINE_BYTES))  # a line inside one chunk is within the cap
+    number, offset, line_start = 1, 0, 0  # line number, file offset of the chunk, of the current line
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
+        while chunk := f.read(size):
+            nul = chunk.find(b"\0")
+            if nul >= 0:
                 raise ValueError(
-                    f"{spec.name}: {path} line {number} is not UTF-8 ({exc.reason} at byte {exc.start} of "
-                    "the line); save the file as UTF-8"
+                    f"{spec.name}: {path} is binary (a NUL byte at offset {offset + nul}), not a UTF-8 text "
+                    "file; give the split as UTF-8 .jsonl, .json or .csv text, or as .parquet"
+                )
+            pending = len(decoder.getstate()[0])  # bytes of a character begun in the previous chunk
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as exc:
+                at = max(0, exc.start - pending)  # in the chunk; the character began at offset + at
+                number += chunk.count(b"\n", 0, at)
+                start = chunk.rfind(b"\n", 0, at)
+                line_start = offset + start + 1 if start >= 0 else line_start
+                raise ValueError(
+                    f"{spec.name}: {path} line {number} is not UTF-8 ({exc.reason} at byte "
+                    f"{offset + exc.start - pending - line_start} of the line); save the file as UTF-8"
                 ) from None
+            first, last = chunk.find(b"\n"), chunk.rfind(b"\n")
+            if (offset + (first if first >= 0 else len(chunk))) - line_start > MAX_LINE_BYTES:
+                raise _line_too_long(spec, path, number)
+            if last >= 0:
+                number += chunk.count(b"\n")
+                line_start = offset + last + 1
+            offset += len(chunk)
+    pending = len(decoder.getstate()[0])  # a character cut off by the end of the file
+    if pending:
+        raise ValueError(
+            f"{spec.name}: {path} line {number} is not UTF-8 (unexpected end of data at byte "
+            f"{offset - pending - line_start} of the line); save the file as UTF-8"
+        )
 
 
 def _check_label_type(spec: HubSpec, path: Path, where: str, row: dict) -> None:
@@ -388,6 +452,7 @@ def _check_csv(spec: HubSpec, path: Path) -> None:
     """A ``.csv`` file: a header line and at least one row (a quoted field may span lines)."""
     try:
         with open(path, encoding="utf-8-sig", newline="") as f, wide_csv_fields():  # a long document too
+            csv.field_size_limit(MAX_LINE_BYTES)  # but not a 2 GB field (restored on leaving the block)
             reader = csv.reader(f)
             lines = (row for row in reader if row)  # a blank line is no row
             header, first = next(lines, None), next(lines, None)
@@ -415,7 +480,13 @@ def _check_csv(spec: HubSpec, path: Path) -> None:
                         "expected a class id, or -1 or an empty cell for an unlabeled row"
                     )
                 row = next(lines, None)
-    except csv.Error:
+    except csv.Error as exc:
+        if "field larger than field limit" in str(exc):  # a quoted field spanning lines, over the cap
+            raise ValueError(
+                f"{spec.name}: {path} line {reader.line_num}: a field is longer than "
+                f"{_size(MAX_LINE_BYTES)}; check the file's quotes (a quote left open reads the rest of the "
+                "file as one field)"
+            ) from None
         return  # the reader names the problem
     if header is None:
         raise ValueError(
@@ -466,11 +537,41 @@ def _quiet(datasets):
             datasets.utils.enable_progress_bars()
 
 
+def _check_source_file(spec: HubSpec, path: Path) -> None:
+    """The checks of one split file before the reader; memory running out in them is a ``ValueError``."""
+    try:
+        if path.suffix in (".jsonl", ".json", ".csv"):
+            _check_utf8(spec, path)
+        _CHECKS[path.suffix](spec, path)
+    except MemoryError:
+        raise ValueError(
+            f"{spec.name}: {path} ({path.stat().st_size} bytes) does not fit in memory while being checked; "
+            "split it into smaller files, or run where more memory is free"
+        ) from None
+
+
+def _reader_error(spec: HubSpec, path: Path, scratch: str, exc: BaseException) -> ValueError:
+    """One line for a reader's failure: the file it could not read, or its scratch folder without locks."""
+    if isinstance(exc, MemoryError):
+        return ValueError(
+            f"{spec.name}: cannot read {path} (MemoryError: out of memory); split it into smaller files, or "
+            "run where more memory is free"
+        )
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if isinstance(exc, OSError) and exc.errno in _LOCK_ERRNOS:  # the reader locks files in its scratch
+        return ValueError(
+            f"{spec.name}: the datasets reader cannot lock files in its scratch folder {scratch} "
+            f"({type(exc).__name__}: {first}): that file system has no file locks; set TMPDIR to a local "
+            "folder (e.g. TMPDIR=$HOME/tmp) and run again"
+        )
+    return ValueError(f"{spec.name}: cannot read {path} ({type(exc).__name__}: {first})")
+
+
 def _read_source_file(datasets, spec: HubSpec, path: Path, scratch: str):
     """One local split file as a ``datasets.Dataset``; a file it cannot read is a ``ValueError`` naming it."""
-    if path.suffix in (".jsonl", ".json", ".csv"):
-        _check_utf8(spec, path)
-    _CHECKS[path.suffix](spec, path)
+    _check_source_file(spec, path)
     # a CSV label cell is missing only when empty: pandas' default missing-value strings ("NA", "null",
     # "None", "nan", ...) are an error there, not an unlabeled row; a text cell is text as written, as in
     # JSON: "null" and "42" are not None and 42, an empty cell is "" (it was None, refused)
@@ -484,11 +585,8 @@ def _read_source_file(datasets, spec: HubSpec, path: Path, scratch: str):
                 _EXTENSIONS[path.suffix], data_files={"train": str(path)}, split="train",
                 cache_dir=scratch, keep_in_memory=True, **options,
             )
-    except Exception as exc:  # the readers' errors are many (pyarrow, pandas, empty file); report one line
-        while exc.__cause__ is not None or exc.__context__ is not None:
-            exc = exc.__cause__ or exc.__context__
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ValueError(f"{spec.name}: cannot read {path} ({type(exc).__name__}: {first})") from None
+    except Exception as exc:  # the readers' errors are many (pyarrow, pandas, empty file): one line
+        raise _reader_error(spec, path, scratch, exc) from None
 
 
 def _load_from_hub(spec: HubSpec) -> TextClassificationData:
