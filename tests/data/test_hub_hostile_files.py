@@ -88,7 +88,7 @@ def test_memory_running_out_while_checking_is_one_line(tmp_path, monkeypatch):
         load_dataset("sst2", source=source)
 
 
-@pytest.mark.parametrize("code", ["ENOLCK", "EOPNOTSUPP"])
+@pytest.mark.parametrize("code", ["ENOLCK", "EOPNOTSUPP", "EINVAL", "EBADF"])
 def test_a_scratch_folder_without_locks_is_named_with_the_fix(tmp_path, monkeypatch, code):
     """With $TMPDIR on a file system without flock, the error blamed the user's file ("cannot read
     train.csv (OSError: [Errno 37] No locks available)"), which is fine; it now names the scratch folder
@@ -126,4 +126,40 @@ def test_a_split_name_that_is_not_a_regular_file_is_named(tmp_path, kind):
         os.mkfifo(source / "train.jsonl")
     named = rf"train\.jsonl is {re.escape(kind)}, not a regular file; put"
     with pytest.raises(DatasetUnavailableError, match=named):
+        load_dataset("sst2", source=source)
+
+
+def test_a_json_array_on_one_line_is_not_held_to_the_line_cap(tmp_path, monkeypatch):
+    """json.dump(rows, f) writes a .json split as one line: the 64 MiB line cap refused such a file (SNLI's
+    train split is about 85 MB so), which loaded before; the cap is for .jsonl and .csv lines."""
+    import json
+
+    monkeypatch.setattr(hub, "MAX_LINE_BYTES", 64)
+    rows = [{"sentence": f"text {i}", "label": i % 2} for i in range(20)]  # one line of ~700 bytes
+    source = tmp_path / "s"
+    source.mkdir()
+    (source / "train.json").write_text(json.dumps(rows))
+    (source / "validation.json").write_text(json.dumps(rows[:4]))
+    assert len(load_dataset("sst2", source=source).train_texts) == 20
+
+
+def test_a_stray_nul_in_a_cell_is_the_readers_and_utf16_is_named(tmp_path):
+    """A CSV cell holding one NUL loaded before and was refused as "binary"; a UTF-16 file (Excel's "Unicode
+    text") was called binary too, where its encoding is what to change."""
+    source = _source(tmp_path / "s", ".csv", b'sentence,label\n"fine\x00 work",1\nbad,0\n')
+    assert load_dataset("sst2", source=source).train_texts == ["fine\x00 work", "bad"]
+    (source / "train.csv").write_bytes("sentence,label\nfine work,1\n".encode("utf-16"))
+    with pytest.raises(ValueError, match=r"train\.csv is UTF-16 \(its byte-order mark\), not UTF-8; save"):
+        load_dataset("sst2", source=source)
+
+
+def test_a_character_split_across_chunks_is_placed_where_it_began(tmp_path, monkeypatch):
+    """The bad byte of a character begun in the previous chunk is placed at the character's start: with
+    3-byte chunks, b'ab\\xe2\\x82' then b'(' is an invalid continuation at byte 2 of line 1."""
+    monkeypatch.setattr(hub, "_READ_CHUNK", 3, raising=False)
+    source = _source(tmp_path / "s", ".jsonl", b'ab\xe2\x82(\n')
+    with pytest.raises(ValueError, match=r"line 1 is not UTF-8 \(invalid continuation byte at byte 2 of"):
+        load_dataset("sst2", source=source)
+    (source / "train.jsonl").write_bytes(_VALID[".jsonl"].encode() + b'{"a": "\xe2\x82')
+    with pytest.raises(ValueError, match=r"line 2 is not UTF-8 \(unexpected end of data at byte 7 of"):
         load_dataset("sst2", source=source)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import codecs
 import contextlib
 import csv
-import errno
 import json
 import logging
 import math
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlparse
 
-from .._files import json_loads, wide_csv_fields
+from .._files import NO_LOCKS, json_loads, wide_csv_fields
 from .cache import PathLike, verify_manifest, write_bytes_atomic, write_manifest
 from .containers import DatasetChecksumError, DatasetUnavailableError, TextClassificationData
 
@@ -37,7 +36,7 @@ __all__ = ["HubSpec", "HUB_SPECS", "fetch_hub", "load_hub_cached", "load_hub_sou
 CONNECT_TIMEOUT_S = 3.0
 MAX_LINE_BYTES = 64 << 20  # a longer line (or CSV field) of a text split is refused, not read into memory
 _READ_CHUNK = 1 << 20  # text splits are checked in chunks of this many bytes
-_LOCK_ERRNOS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}  # flock unsupported there
+_LOCK_ERRNOS = NO_LOCKS  # what flock raises where a file system has no locks
 _EXTENSIONS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
@@ -276,16 +275,26 @@ def _line_too_long(spec: HubSpec, path: Path, number: int) -> ValueError:
 
 
 def _check_utf8(spec: HubSpec, path: Path) -> None:
-    """Text files must be UTF-8 (a byte-order mark allowed), without a NUL byte (a binary file) and without
-    a line over ``MAX_LINE_BYTES``: a ``ValueError`` naming the file and line. The file is read in chunks of
+    """Text files must be UTF-8 (a byte-order mark allowed), not UTF-16, not binary (NUL bytes through the
+    text) and, but for a ``.json`` document, without a line over ``MAX_LINE_BYTES``: a ``ValueError`` naming
+    the file and line. The file is read in chunks of
     ``_READ_CHUNK`` bytes (a file without a newline was one line, read whole into memory)."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     size = max(1, min(_READ_CHUNK, MAX_LINE_BYTES))  # a line inside one chunk is within the cap
     number, offset, line_start = 1, 0, 0  # line number, file offset of the chunk, of the current line
+    # a .json split may be one array on one line (json.dump's default): no cap on its lines, its reading is
+    # bounded by the memory check around it
+    capped = path.suffix.lower() != ".json"
     with open(path, "rb") as f:
         while chunk := f.read(size):
+            if offset == 0 and chunk[:2] in (b"\xff\xfe", b"\xfe\xff"):  # NULs of every ASCII character
+                raise ValueError(
+                    f"{spec.name}: {path} is UTF-16 (its byte-order mark), not UTF-8; save the file as UTF-8"
+                )
             nul = chunk.find(b"\0")
-            if nul >= 0:
+            # NULs through the text (more than 16, and more than 1 byte in 100) are a binary file; a stray one
+            # in a cell is the reader's to judge, as before
+            if nul >= 0 and chunk.count(b"\0") > max(16, len(chunk) // 100):
                 raise ValueError(
                     f"{spec.name}: {path} is binary (a NUL byte at offset {offset + nul}), not a UTF-8 text "
                     "file; give the split as UTF-8 .jsonl, .json or .csv text, or as .parquet"
@@ -303,7 +312,7 @@ def _check_utf8(spec: HubSpec, path: Path) -> None:
                     f"{offset + exc.start - pending - line_start} of the line); save the file as UTF-8"
                 ) from None
             first, last = chunk.find(b"\n"), chunk.rfind(b"\n")
-            if (offset + (first if first >= 0 else len(chunk))) - line_start > MAX_LINE_BYTES:
+            if capped and (offset + (first if first >= 0 else len(chunk))) - line_start > MAX_LINE_BYTES:
                 raise _line_too_long(spec, path, number)
             if last >= 0:
                 number += chunk.count(b"\n")
